@@ -1,0 +1,146 @@
+// splice/core/tensor.h: a strided view over typed storage on one device.
+//
+// A `Tensor` is (storage, element offset, shape, strides in elements, dtype). Storage is owned
+// (allocated here, freed with the last view) or borrowed (a caller's pointer, never freed).
+// Views (`slice`, `permute`, `reshape` of contiguous data, `select`) share storage, so
+// non-contiguous tensors are ordinary. Shapes are concrete here; symbolic shapes live in the IR.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "splice/core/dtype.h"
+
+namespace splice {
+
+enum class DeviceKind : std::uint8_t { cpu, cuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::cpu;
+  int index = 0;
+  static Device cpu() { return {DeviceKind::cpu, 0}; }
+  static Device cuda(int index = 0) { return {DeviceKind::cuda, index}; }
+  bool is_cpu() const { return kind == DeviceKind::cpu; }
+  bool is_cuda() const { return kind == DeviceKind::cuda; }
+  bool operator==(const Device&) const = default;
+  std::string str() const;
+};
+
+using Dims = std::vector<std::int64_t>;
+std::string dims_str(const Dims& dims);
+
+// Raw memory on one device. `deleter` is empty for borrowed memory.
+struct Storage {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  Device device;
+  std::function<void(void*)> deleter;
+  Storage() = default;
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() {
+    if (deleter && data) deleter(data);
+  }
+};
+
+// Allocator hook for non-CPU devices (the CUDA backend registers itself when it is linked).
+using DeviceAllocFn = std::shared_ptr<Storage> (*)(std::size_t bytes, Device device);
+void register_device_allocator(DeviceKind kind, DeviceAllocFn fn);
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // A new, uninitialized, contiguous tensor.
+  static Tensor empty(const Dims& shape, DType dtype, Device device = Device::cpu());
+  // A new contiguous tensor filled with zeros (CPU only).
+  static Tensor zeros(const Dims& shape, DType dtype, Device device = Device::cpu());
+  // A view over caller memory that this tensor never frees. Empty `strides` means contiguous.
+  static Tensor borrow(void* data, const Dims& shape, DType dtype, Dims strides = {},
+                       Device device = Device::cpu());
+  // A view over shared storage at an element offset.
+  static Tensor view_of(std::shared_ptr<Storage> storage, std::int64_t offset, const Dims& shape,
+                        const Dims& strides, DType dtype);
+  // Contiguous row-major strides of `shape`.
+  static Dims contiguous_strides(const Dims& shape);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Dims& shape() const { return shape_; }
+  const Dims& strides() const { return strides_; }
+  std::int64_t dim() const { return static_cast<std::int64_t>(shape_.size()); }
+  std::int64_t size(std::int64_t axis) const;
+  std::int64_t stride(std::int64_t axis) const;
+  std::int64_t numel() const;
+  std::int64_t offset() const { return offset_; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device : Device::cpu(); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+  void* raw_data() const;
+  template <typename T>
+  T* data() const;
+
+  // Views sharing storage.
+  Tensor slice(std::int64_t axis, std::int64_t start, std::int64_t end) const;
+  Tensor select(std::int64_t axis, std::int64_t index) const;  // drops `axis`
+  Tensor permute(const std::vector<std::int64_t>& perm) const;
+  Tensor reshape(const Dims& shape) const;  // contiguous input only; -1 infers one dim
+  Tensor unsqueeze(std::int64_t axis) const;
+
+  // A contiguous deep copy (CPU).
+  Tensor contiguous() const;
+  Tensor clone() const;
+  // Copies `src` element by element into this tensor (same shape; casts dtype) (CPU).
+  void copy_from(const Tensor& src);
+  // Converts to `dtype` (CPU).
+  Tensor to(DType dtype) const;
+  // Copies to another device (host <-> CUDA through the registered backend).
+  Tensor to_device(Device device) const;
+
+  // Element access by multi-index, as double (CPU; for tests, references and tools).
+  double at(const Dims& index) const;
+  void set(const Dims& index, double value);
+  // Element at flat row-major logical position `linear` (handles strides).
+  double at_linear(std::int64_t linear) const;
+  void set_linear(std::int64_t linear, double value);
+  std::int64_t element_offset(const Dims& index) const;
+  std::int64_t linear_to_offset(std::int64_t linear) const;
+
+  void fill(double value);  // CPU
+
+  std::string describe() const;  // "bf16[2, 8, 128] on cpu"
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  std::int64_t offset_ = 0;
+  Dims shape_;
+  Dims strides_;
+  DType dtype_ = DType::f32;
+};
+
+template <typename T>
+T* Tensor::data() const {
+  return static_cast<T*>(raw_data());
+}
+
+// Hooks for device copies (registered by the CUDA backend).
+using DeviceCopyFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device,
+                              std::size_t bytes);
+void register_device_copy(DeviceCopyFn fn);
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device,
+                 std::size_t bytes);
+
+// Argument checks used by every public entry point; each throws a typed error naming `name`.
+void check_dtype(const Tensor& t, const char* name, std::initializer_list<DType> allowed);
+void check_rank(const Tensor& t, const char* name, std::int64_t rank);
+void check_shape(const Tensor& t, const char* name, const Dims& expected);
+void check_contiguous(const Tensor& t, const char* name);
+void check_defined(const Tensor& t, const char* name);
+
+}  // namespace splice

@@ -1,0 +1,65 @@
+// splice/ops/contract.h: kernel contracts, the one table per fused kernel and backend.
+//
+// A contract row says what a fused kernel accepts: dtypes, head dims, the largest query length,
+// and which optional features it implements. The same row drives (1) the optimizer's gate (an arm
+// is offered only when the row supports every feature the spec uses, else the decline reason
+// names the missing feature), (2) the verifier's inputs and tolerance, and (3) the launcher's
+// argument checks and error messages, so the three cannot drift apart.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "splice/core/dtype.h"
+#include "splice/core/tensor.h"
+#include "splice/core/tolerance.h"
+
+namespace splice {
+
+// Optional features a fused attention kernel may implement.
+enum class AttentionFeature : std::uint8_t {
+  causal,        // causal masking for Sq > 1 (Sq == 1 needs none)
+  window_left,   // sliding window bound to the left of the query position
+  window_right,  // window bound to the right
+  softcap,       // s = cap * tanh(s / cap)
+  alibi,         // s += -slope[h] * (p_i - j)
+  per_seq_klen,  // k_len as [B] int32 (ragged batch) instead of one scalar
+  lse,           // optional fp32 log-sum-exp output
+};
+const char* attention_feature_name(AttentionFeature f);
+
+struct AttentionContract {
+  std::string kernel;                  // "flash_decode"
+  std::string backend;                 // "cpu" or "cuda"
+  std::string revision;                // bumped whenever the kernel's numerics change
+  std::vector<DType> dtypes;           // q/k/v/o dtypes (all one dtype)
+  std::vector<std::int64_t> head_dims; // supported D
+  std::int64_t max_sq = 1;             // largest query length per call
+  std::int64_t max_group = 0;          // largest Hq/Hkv (0 = any)
+  std::vector<AttentionFeature> features;
+  bool supports(AttentionFeature f) const;
+  bool supports_dtype(DType d) const;
+  bool supports_head_dim(std::int64_t d) const;
+  // Verification tolerance for outputs in `dtype` (the policy default, loosened where needed).
+  Tolerance tolerance(DType dtype) const;
+};
+
+// The seed's capacity-K kernel as a contract row: no ALiBi, no windows, no softcap, Sq == 1.
+AttentionContract seed_capacity_k_contract();
+
+// Contracts for the fused KDA decode kernel (spec kda_decode.md §4).
+struct KdaContract {
+  std::string kernel;                  // "kda_decode"
+  std::string backend;
+  std::string revision;
+  std::vector<DType> state_dtypes;     // f32, bf16
+  std::vector<std::int64_t> head_dims; // 128
+  std::int64_t max_t = 0;              // 0 = any T the device can hold
+  bool softplus_gate_any_t = true;     // lower_bound = none for T > 1 [beyond]
+  Tolerance output_tolerance;          // against the float64 reference / the oracle
+  Tolerance state_tolerance;
+};
+
+}  // namespace splice

@@ -1,0 +1,332 @@
+// Tensor views, element access and the shared argument checks (see tensor.h).
+#include "splice/core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "splice/core/error.h"
+
+namespace splice {
+
+namespace {
+DeviceAllocFn g_device_alloc[2] = {nullptr, nullptr};
+DeviceCopyFn g_device_copy = nullptr;
+constexpr std::size_t kHostAlignment = 64;  // cache line: lets kernels use aligned vector loads
+}  // namespace
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+
+std::string dims_str(const Dims& dims) {
+  std::ostringstream out;
+  out << "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) out << (i ? ", " : "") << dims[i];
+  out << "]";
+  return out.str();
+}
+
+void register_device_allocator(DeviceKind kind, DeviceAllocFn fn) {
+  g_device_alloc[static_cast<int>(kind)] = fn;
+}
+void register_device_copy(DeviceCopyFn fn) { g_device_copy = fn; }
+
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device,
+                 std::size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  if (!g_device_copy)
+    fail<DeviceError>("cannot copy between ", src_device.str(), " and ", dst_device.str(),
+                      ": this build has no CUDA backend");
+  g_device_copy(dst, dst_device, src, src_device, bytes);
+}
+
+Dims Tensor::contiguous_strides(const Dims& shape) {
+  Dims strides(shape.size());
+  std::int64_t running = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = running;
+    running *= shape[i];
+  }
+  return strides;
+}
+
+static std::int64_t checked_numel(const Dims& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) {
+    if (d < 0) fail<ShapeError>("tensor dims must be >= 0, got ", dims_str(shape));
+    n *= d;
+  }
+  return n;
+}
+
+Tensor Tensor::empty(const Dims& shape, DType dtype, Device device) {
+  const std::size_t bytes = static_cast<std::size_t>(checked_numel(shape)) * dtype_size(dtype);
+  std::shared_ptr<Storage> storage;
+  if (device.is_cpu()) {
+    storage = std::make_shared<Storage>();
+    const std::size_t padded = ((bytes + kHostAlignment - 1) / kHostAlignment) * kHostAlignment;
+    storage->data = std::aligned_alloc(kHostAlignment, padded == 0 ? kHostAlignment : padded);
+    if (!storage->data) fail<Error>("out of host memory allocating ", bytes, " bytes");
+    storage->bytes = bytes;
+    storage->device = device;
+    storage->deleter = [](void* p) { std::free(p); };
+  } else {
+    auto alloc = g_device_alloc[static_cast<int>(device.kind)];
+    if (!alloc) fail<DeviceError>("device ", device.str(), " is not available in this build");
+    storage = alloc(bytes, device);
+  }
+  return view_of(std::move(storage), 0, shape, contiguous_strides(shape), dtype);
+}
+
+Tensor Tensor::zeros(const Dims& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, Device::cpu());
+  if (t.nbytes()) std::memset(t.raw_data(), 0, t.nbytes());
+  return device.is_cpu() ? t : t.to_device(device);
+}
+
+Tensor Tensor::borrow(void* data, const Dims& shape, DType dtype, Dims strides, Device device) {
+  auto storage = std::make_shared<Storage>();
+  storage->data = data;
+  storage->bytes = 0;  // unknown extent: borrowed
+  storage->device = device;
+  if (strides.empty()) strides = contiguous_strides(shape);
+  return view_of(std::move(storage), 0, shape, strides, dtype);
+}
+
+Tensor Tensor::view_of(std::shared_ptr<Storage> storage, std::int64_t offset, const Dims& shape,
+                       const Dims& strides, DType dtype) {
+  SPLICE_INTERNAL_CHECK(shape.size() == strides.size(), "shape ", dims_str(shape), " strides ",
+                        dims_str(strides));
+  Tensor t;
+  t.storage_ = std::move(storage);
+  t.offset_ = offset;
+  t.shape_ = shape;
+  t.strides_ = strides;
+  t.dtype_ = dtype;
+  return t;
+}
+
+static std::int64_t wrap_axis(std::int64_t axis, std::int64_t rank) {
+  const std::int64_t a = axis < 0 ? axis + rank : axis;
+  if (a < 0 || a >= rank) fail<ShapeError>("axis ", axis, " is out of range for rank ", rank);
+  return a;
+}
+
+std::int64_t Tensor::size(std::int64_t axis) const { return shape_[wrap_axis(axis, dim())]; }
+std::int64_t Tensor::stride(std::int64_t axis) const { return strides_[wrap_axis(axis, dim())]; }
+std::int64_t Tensor::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape_) n *= d;
+  return n;
+}
+
+bool Tensor::is_contiguous() const {
+  std::int64_t running = 1;
+  for (std::size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] != 1 && strides_[i] != running) return false;
+    running *= shape_[i];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  if (!storage_) return nullptr;
+  return static_cast<char*>(storage_->data) +
+         offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
+}
+
+Tensor Tensor::slice(std::int64_t axis, std::int64_t start, std::int64_t end) const {
+  const std::int64_t a = wrap_axis(axis, dim());
+  if (start < 0 || end < start || end > shape_[a])
+    fail<ShapeError>("slice [", start, ", ", end, ") of axis ", a, " is out of range for shape ",
+                     dims_str(shape_));
+  Dims shape = shape_;
+  shape[a] = end - start;
+  return view_of(storage_, offset_ + start * strides_[a], shape, strides_, dtype_);
+}
+
+Tensor Tensor::select(std::int64_t axis, std::int64_t index) const {
+  const std::int64_t a = wrap_axis(axis, dim());
+  if (index < 0 || index >= shape_[a])
+    fail<ShapeError>("index ", index, " is out of range for axis ", a, " of shape ",
+                     dims_str(shape_));
+  Dims shape = shape_, strides = strides_;
+  shape.erase(shape.begin() + a);
+  strides.erase(strides.begin() + a);
+  return view_of(storage_, offset_ + index * strides_[a], shape, strides, dtype_);
+}
+
+Tensor Tensor::permute(const std::vector<std::int64_t>& perm) const {
+  if (static_cast<std::int64_t>(perm.size()) != dim())
+    fail<ShapeError>("permutation ", dims_str(perm), " does not match rank ", dim());
+  Dims shape(perm.size()), strides(perm.size());
+  std::vector<bool> seen(perm.size(), false);
+  for (std::size_t i = 0; i < perm.size(); ++i) {
+    const std::int64_t p = wrap_axis(perm[i], dim());
+    if (seen[p]) fail<ShapeError>("permutation ", dims_str(perm), " repeats axis ", p);
+    seen[p] = true;
+    shape[i] = shape_[p];
+    strides[i] = strides_[p];
+  }
+  return view_of(storage_, offset_, shape, strides, dtype_);
+}
+
+Tensor Tensor::reshape(const Dims& shape) const {
+  if (!is_contiguous())
+    fail<LayoutError>("reshape needs a contiguous tensor, got strides ", dims_str(strides_));
+  Dims out = shape;
+  std::int64_t known = 1, infer = -1;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      if (infer >= 0) fail<ShapeError>("reshape ", dims_str(shape), " infers more than one dim");
+      infer = static_cast<std::int64_t>(i);
+    } else {
+      known *= out[i];
+    }
+  }
+  if (infer >= 0) out[infer] = known == 0 ? 0 : numel() / known;
+  if (checked_numel(out) != numel())
+    fail<ShapeError>("cannot reshape ", dims_str(shape_), " into ", dims_str(shape));
+  return view_of(storage_, offset_, out, contiguous_strides(out), dtype_);
+}
+
+Tensor Tensor::unsqueeze(std::int64_t axis) const {
+  const std::int64_t a = axis < 0 ? axis + dim() + 1 : axis;
+  if (a < 0 || a > dim()) fail<ShapeError>("unsqueeze axis ", axis, " out of range");
+  Dims shape = shape_, strides = strides_;
+  const std::int64_t stride = a < dim() ? strides_[a] * shape_[a] : 1;
+  shape.insert(shape.begin() + a, 1);
+  strides.insert(strides.begin() + a, stride);
+  return view_of(storage_, offset_, shape, strides, dtype_);
+}
+
+std::int64_t Tensor::element_offset(const Dims& index) const {
+  SPLICE_INTERNAL_CHECK(index.size() == shape_.size(), "index rank");
+  std::int64_t off = offset_;
+  for (std::size_t i = 0; i < index.size(); ++i) off += index[i] * strides_[i];
+  return off;
+}
+
+std::int64_t Tensor::linear_to_offset(std::int64_t linear) const {
+  std::int64_t off = offset_;
+  for (std::size_t i = shape_.size(); i-- > 0;) {
+    const std::int64_t d = shape_[i];
+    off += (linear % d) * strides_[i];
+    linear /= d;
+  }
+  return off;
+}
+
+static void require_cpu(const Tensor& t, const char* what) {
+  if (!t.device().is_cpu())
+    fail<DeviceError>(what, " needs a cpu tensor, got one on ", t.device().str());
+}
+
+double Tensor::at(const Dims& index) const {
+  require_cpu(*this, "Tensor::at");
+  return load_as_double(storage_->data, dtype_, element_offset(index));
+}
+void Tensor::set(const Dims& index, double value) {
+  require_cpu(*this, "Tensor::set");
+  store_from_double(storage_->data, dtype_, element_offset(index), value);
+}
+double Tensor::at_linear(std::int64_t linear) const {
+  return load_as_double(storage_->data, dtype_, linear_to_offset(linear));
+}
+void Tensor::set_linear(std::int64_t linear, double value) {
+  store_from_double(storage_->data, dtype_, linear_to_offset(linear), value);
+}
+
+void Tensor::fill(double value) {
+  require_cpu(*this, "Tensor::fill");
+  const std::int64_t n = numel();
+  for (std::int64_t i = 0; i < n; ++i) set_linear(i, value);
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  if (src.shape_ != shape_)
+    fail<ShapeError>("copy_from: source shape ", dims_str(src.shape_), " != destination ",
+                     dims_str(shape_));
+  if (!device().is_cpu() || !src.device().is_cpu()) {
+    if (src.dtype_ != dtype_ || !src.is_contiguous() || !is_contiguous())
+      fail<LayoutError>("device copies need contiguous tensors of one dtype");
+    device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+    return;
+  }
+  const std::int64_t n = numel();
+  if (src.dtype_ == dtype_ && src.is_contiguous() && is_contiguous()) {
+    if (n) std::memmove(raw_data(), src.raw_data(), nbytes());
+    return;
+  }
+  const std::size_t es = dtype_size(dtype_);
+  if (src.dtype_ == dtype_) {
+    char* dst = static_cast<char*>(storage_->data);
+    const char* s = static_cast<const char*>(src.storage_->data);
+    for (std::int64_t i = 0; i < n; ++i)
+      std::memcpy(dst + linear_to_offset(i) * es, s + src.linear_to_offset(i) * es, es);
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) set_linear(i, src.at_linear(i));
+}
+
+Tensor Tensor::contiguous() const {
+  Tensor out = empty(shape_, dtype_, device());
+  out.copy_from(*this);
+  return out;
+}
+Tensor Tensor::clone() const { return contiguous(); }
+
+Tensor Tensor::to(DType dtype) const {
+  require_cpu(*this, "Tensor::to");
+  Tensor out = empty(shape_, dtype);
+  out.copy_from(*this);
+  return out;
+}
+
+Tensor Tensor::to_device(Device device) const {
+  const Tensor src = is_contiguous() ? *this : contiguous();
+  Tensor out = empty(shape_, dtype_, device);
+  device_copy(out.raw_data(), device, src.raw_data(), src.device(), nbytes());
+  return out;
+}
+
+std::string Tensor::describe() const {
+  return std::string(dtype_name(dtype_)) + dims_str(shape_) + " on " + device().str();
+}
+
+void check_defined(const Tensor& t, const char* name) {
+  if (!t.defined()) fail<ValueError>("`", name, "` is required but was not given");
+}
+
+void check_dtype(const Tensor& t, const char* name, std::initializer_list<DType> allowed) {
+  for (DType d : allowed)
+    if (t.dtype() == d) return;
+  std::string list;
+  for (DType d : allowed) list += std::string(list.empty() ? "" : " or ") + dtype_name(d);
+  fail<DTypeError>("`", name, "` must be ", list, ", got ", dtype_name(t.dtype()));
+}
+
+void check_rank(const Tensor& t, const char* name, std::int64_t rank) {
+  if (t.dim() != rank)
+    fail<ShapeError>("`", name, "` must have rank ", rank, ", got shape ", dims_str(t.shape()));
+}
+
+void check_shape(const Tensor& t, const char* name, const Dims& expected) {
+  if (t.shape() != expected)
+    fail<ShapeError>("`", name, "` must have shape ", dims_str(expected), ", got ",
+                     dims_str(t.shape()));
+}
+
+void check_contiguous(const Tensor& t, const char* name) {
+  if (!t.is_contiguous())
+    fail<LayoutError>("`", name, "` must be contiguous, got shape ", dims_str(t.shape()),
+                      " with strides ", dims_str(t.strides()));
+}
+
+}  // namespace splice
