@@ -1,0 +1,470 @@
+// CPU flash-decode attention (spec decode_attention.md §5; interface in
+// splice/backend/cpu/flash_decode.h). One pass over the live prefix with an online softmax, the key
+// axis split into chunks whose partial results merge by log-sum-exp.
+//
+// Notation: batch b, kv head c, group size G = Hq / Hkv, query heads h = c*G + g (g < G), query
+// rows i < Sq at positions p_i = k_len[b] - Sq + i, keys j, scale = softmax_scale (or 1/sqrt(D)).
+//
+//  1. Visibility. Row i of sequence b sees the key interval [lo_i, hi_i) with
+//       lo_i = max(0, p_i - window_left)                       (0 without a left window)
+//       hi_i = min(k_len[b], p_i + 1 if causal, p_i + window_right + 1 if a right window)
+//     (empty when hi_i <= lo_i). The union U_b = [min lo_i, max hi_i) over non-empty rows is the
+//     only range ever touched; inside it a key is loaded only when some row sees it, and a row
+//     only ever uses keys inside its own interval. Nothing at or beyond k_len, nor outside every
+//     window, is read, so NaN there cannot reach a result.
+//  2. Split-KV planning. U_b is cut into S chunks of ceil(|U_b| / S) keys. S is the caller's
+//     num_splits, or planned so that batch * Hkv * S tasks keep every thread busy while each chunk
+//     keeps at least kMinKeysPerSplit keys. Threads run tasks (b, c, split).
+//  3. Per task: the G*Sq query rows of kv head c are converted to fp32 once (rows r = g*Sq + i).
+//     Running state per row: m_r = -inf, l_r = 0, acc_r[0..D) = 0.
+//  4. Per key tile [t0, t0 + kKeyTile) of the chunk: each needed key row k_j is converted to fp32
+//     scratch once and shared by all G*Sq rows of the group (one K read per GQA group). Scores
+//       s_rj = scale * (q_r . k_j);  softcap: s_rj = cap * tanh(s_rj / cap);
+//       ALiBi: s_rj += -slope[h] * (p_i - j).
+//  5. Online softmax per row over the tile's visible keys:
+//       m' = max(m_r, max_j s_rj);  alpha = exp(m_r - m');  l_r = alpha * l_r + sum_j exp(s_rj - m')
+//       acc_r = alpha * acc_r + sum_j exp(s_rj - m') * v_j      (v_j converted once per tile)
+//       m_r = m'.
+//  6. Merge (per row, over the S partials (m_s, l_s, acc_s) with m_s > -inf):
+//       M = max_s m_s;  L = sum_s l_s exp(m_s - M);  o = (sum_s acc_s exp(m_s - M)) / L;
+//       lse = M + log(L)  (natural log). A row with no visible key writes o = 0 and lse = -inf.
+//     o is rounded once to the output dtype.
+// All arithmetic is fp32. The D loops are written as fixed-width lanes so GCC vectorizes them;
+// on x86-64 the hot task is compiled twice (AVX2+FMA and baseline) and picked at load time.
+#include "splice/backend/cpu/flash_decode.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "splice/core/error.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define SPLICE_FD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SPLICE_FD_CLONES
+#endif
+#define SPLICE_FD_INLINE inline __attribute__((always_inline))
+
+namespace splice::cpu {
+namespace {
+
+using i64 = std::int64_t;
+
+// Keys per tile: the [G*Sq, kKeyTile] score block and kKeyTile fp32 K and V rows stay in L1/L2.
+constexpr i64 kKeyTile = 64;
+// A split shorter than this spends more on its partial state and merge than it saves.
+constexpr i64 kMinKeysPerSplit = 256;
+// Tasks per thread the split planner aims for, so uneven tasks still balance.
+constexpr i64 kTasksPerThread = 4;
+// Below this many multiply-adds the call runs on the calling thread (thread start costs ~50 us).
+constexpr i64 kSerialWorkLimit = i64{1} << 20;
+// Lanes of the vectorized dot product: one AVX-512 register, two AVX2 registers.
+constexpr i64 kDotLanes = 16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- fp32 row conversion (stage 3/4: every row is converted once, then reused) -------------------
+
+// f16 bits -> f32, branch-free so the loop vectorizes: the 15 magnitude bits shifted into an f32
+// and scaled by 2^(127-15) give normals and subnormals exactly; exponent 31 maps to inf/NaN.
+SPLICE_FD_INLINE float f16_to_f32_fast(std::uint16_t bits) {
+  constexpr float kRebias = 0x1p112f;
+  constexpr std::uint32_t kF16ExpMask = 0x7C00u;
+  constexpr int kMantissaShift = 13;
+  const std::uint32_t magnitude = bits & 0x7FFFu;
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  const float scaled = f32_from_bits(magnitude << kMantissaShift) * kRebias;
+  const std::uint32_t finite_bits = f32_bits(scaled);
+  const std::uint32_t special_bits = 0x7F800000u | (magnitude << kMantissaShift);
+  return f32_from_bits(sign | (magnitude >= kF16ExpMask ? special_bits : finite_bits));
+}
+
+SPLICE_FD_INLINE void load_row(const char* src, DType dtype, i64 n, float* __restrict dst) {
+  switch (dtype) {
+    case DType::f32:
+      std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+      return;
+    case DType::bf16: {
+      const auto* s = reinterpret_cast<const std::uint16_t*>(src);
+      for (i64 d = 0; d < n; ++d) dst[d] = f32_from_bits(static_cast<std::uint32_t>(s[d]) << 16);
+      return;
+    }
+    default: {  // f16
+      const auto* s = reinterpret_cast<const std::uint16_t*>(src);
+      for (i64 d = 0; d < n; ++d) dst[d] = f16_to_f32_fast(s[d]);
+      return;
+    }
+  }
+}
+
+SPLICE_FD_INLINE float dot(const float* __restrict a, const float* __restrict b, i64 n) {
+  float lanes[kDotLanes] = {};
+  i64 d = 0;
+  for (; d + kDotLanes <= n; d += kDotLanes)
+    for (i64 l = 0; l < kDotLanes; ++l) lanes[l] += a[d + l] * b[d + l];
+  float tail = 0.0f;
+  for (; d < n; ++d) tail += a[d] * b[d];
+  for (i64 width = kDotLanes / 2; width > 0; width /= 2)
+    for (i64 l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  return lanes[0] + tail;
+}
+
+// ---- problem description -----------------------------------------------------------------------
+
+struct Strided {
+  const char* data = nullptr;  // element (0, ...) of the view
+  i64 s0 = 0, s1 = 0, s2 = 0;  // element strides of the outer axes (the last is unit)
+};
+
+struct Problem {
+  DType dtype = DType::f32;
+  std::size_t elem = 4;
+  i64 batch = 0, num_qo_heads = 0, num_kv_heads = 0, group = 0, q_len = 0, head_dim = 0;
+  Strided q, k, v;  // q [B, Hq, Sq, D]; k, v [B, Hkv, capacity, D]
+  float scale = 1.0f;
+  bool causal = true;
+  bool has_softcap = false;
+  float softcap = 0.0f;
+  std::vector<float> slopes;     // [Hq] ALiBi slopes, empty without ALiBi
+  std::vector<i64> kv_len;       // [B] live prefix per sequence
+  std::vector<i64> lo, hi;       // [B, Sq] visible key interval of each query row (stage 1)
+  std::vector<i64> u_lo, u_hi;   // [B] union of the rows' intervals
+  i64 num_splits = 1;
+  i64 rows = 0;                  // G * Sq rows per task
+  // Partial results, [B, Hkv, S, rows] (+ [D] for acc).
+  std::vector<float> part_m, part_l, part_acc;
+
+  const char* q_row(i64 b, i64 h, i64 i) const {
+    return q.data + static_cast<i64>(elem) * (b * q.s0 + h * q.s1 + i * q.s2);
+  }
+  const char* k_row(i64 b, i64 c, i64 j) const {
+    return k.data + static_cast<i64>(elem) * (b * k.s0 + c * k.s1 + j * k.s2);
+  }
+  const char* v_row(i64 b, i64 c, i64 j) const {
+    return v.data + static_cast<i64>(elem) * (b * v.s0 + c * v.s1 + j * v.s2);
+  }
+  void split_range(i64 b, i64 s, i64& begin, i64& end) const {
+    const i64 span = u_hi[b] - u_lo[b];
+    const i64 chunk = (span + num_splits - 1) / num_splits;
+    begin = std::min(u_hi[b], u_lo[b] + s * chunk);
+    end = std::min(u_hi[b], begin + chunk);
+  }
+};
+
+// Per-thread scratch, sized once per call.
+struct Scratch {
+  std::vector<float> qf, kf, vf, scores;  // [rows, D], [tile, D], [tile, D], [rows, tile]
+  std::vector<unsigned char> needed;      // [tile]
+  void resize(i64 rows, i64 head_dim) {
+    qf.resize(static_cast<std::size_t>(rows * head_dim));
+    kf.resize(static_cast<std::size_t>(kKeyTile * head_dim));
+    vf.resize(static_cast<std::size_t>(kKeyTile * head_dim));
+    scores.resize(static_cast<std::size_t>(rows * kKeyTile));
+    needed.resize(static_cast<std::size_t>(kKeyTile));
+  }
+};
+
+// ---- stages 3-5: one (batch, kv head, split) task ------------------------------------------------
+
+SPLICE_FD_CLONES
+void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* __restrict m,
+              float* __restrict l, float* __restrict acc) {
+  const i64 D = pb.head_dim, Sq = pb.q_len, G = pb.group, R = pb.rows;
+  for (i64 r = 0; r < R; ++r) {
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+  }
+  std::fill(acc, acc + R * D, 0.0f);
+  i64 begin, end;
+  pb.split_range(b, s, begin, end);
+  if (begin >= end) return;
+
+  float* __restrict qf = scratch.qf.data();
+  float* __restrict kf = scratch.kf.data();
+  float* __restrict vf = scratch.vf.data();
+  float* __restrict scores = scratch.scores.data();
+  unsigned char* needed = scratch.needed.data();
+  const i64* row_lo = pb.lo.data() + b * Sq;
+  const i64* row_hi = pb.hi.data() + b * Sq;
+  const i64 pos0 = pb.kv_len[b] - Sq;  // p_i = pos0 + i
+
+  for (i64 g = 0; g < G; ++g)
+    for (i64 i = 0; i < Sq; ++i) load_row(pb.q_row(b, c * G + g, i), pb.dtype, D, qf + (g * Sq + i) * D);
+
+  for (i64 t0 = begin; t0 < end; t0 += kKeyTile) {
+    const i64 t1 = std::min(end, t0 + kKeyTile);
+    // Stage 4: mark and convert the key rows some query row sees (each exactly once).
+    std::fill(needed, needed + (t1 - t0), static_cast<unsigned char>(0));
+    for (i64 i = 0; i < Sq; ++i)
+      for (i64 j = std::max(t0, row_lo[i]); j < std::min(t1, row_hi[i]); ++j) needed[j - t0] = 1;
+    for (i64 j = t0; j < t1; ++j)
+      if (needed[j - t0]) load_row(pb.k_row(b, c, j), pb.dtype, D, kf + (j - t0) * D);
+
+    // Stages 4-5: scores, tile max, rescale, probabilities (stored over the scores).
+    for (i64 g = 0; g < G; ++g) {
+      const i64 h = c * G + g;
+      const float slope = pb.slopes.empty() ? 0.0f : pb.slopes[h];
+      for (i64 i = 0; i < Sq; ++i) {
+        const i64 r = g * Sq + i;
+        const i64 a = std::max(t0, row_lo[i]), e = std::min(t1, row_hi[i]);
+        if (a >= e) continue;
+        const float* qr = qf + r * D;
+        float* sr = scores + r * kKeyTile;  // sr[j - t0] for j in [t0, t1)
+        float tile_max = kNegInf;
+        for (i64 j = a; j < e; ++j) {
+          float score = pb.scale * dot(qr, kf + (j - t0) * D, D);
+          if (pb.has_softcap) score = pb.softcap * std::tanh(score / pb.softcap);
+          if (!pb.slopes.empty()) score += -slope * static_cast<float>(pos0 + i - j);
+          sr[j - t0] = score;
+          tile_max = std::max(tile_max, score);
+        }
+        const float m_new = std::max(m[r], tile_max);
+        if (m_new == kNegInf) {  // every visible score is -inf: all probabilities are 0
+          for (i64 j = a; j < e; ++j) sr[j - t0] = 0.0f;
+          continue;
+        }
+        const float alpha = std::exp(m[r] - m_new);  // exp(-inf) = 0 on the first visible tile
+        if (alpha != 1.0f) {
+          float* __restrict ar = acc + r * D;
+          for (i64 d = 0; d < D; ++d) ar[d] *= alpha;
+          l[r] *= alpha;
+        }
+        float sum = 0.0f;
+        for (i64 j = a; j < e; ++j) {
+          const float p = std::exp(sr[j - t0] - m_new);
+          sr[j - t0] = p;
+          sum += p;
+        }
+        l[r] += sum;
+        m[r] = m_new;
+      }
+    }
+
+    // Stage 5: acc_r += p_rj * v_j, each V row converted once for the whole group.
+    for (i64 j = t0; j < t1; ++j)
+      if (needed[j - t0]) load_row(pb.v_row(b, c, j), pb.dtype, D, vf + (j - t0) * D);
+    for (i64 g = 0; g < G; ++g) {
+      for (i64 i = 0; i < Sq; ++i) {
+        const i64 r = g * Sq + i;
+        const i64 a = std::max(t0, row_lo[i]), e = std::min(t1, row_hi[i]);
+        float* __restrict ar = acc + r * D;
+        const float* sr = scores + r * kKeyTile;
+        for (i64 j = a; j < e; ++j) {
+          const float p = sr[j - t0];
+          const float* __restrict vj = vf + (j - t0) * D;
+          for (i64 d = 0; d < D; ++d) ar[d] += p * vj[d];
+        }
+      }
+    }
+  }
+}
+
+// ---- threads -----------------------------------------------------------------------------------
+
+int thread_count() {
+  static const int count = [] {
+    if (const char* env = std::getenv("SPLICE_NUM_THREADS")) {
+      const int n = std::atoi(env);
+      if (n > 0) return n;
+    }
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw == 0 ? 1 : static_cast<int>(hw);
+  }();
+  return count;
+}
+
+// Runs fn(task, worker) for task in [0, n) on `workers` threads (the caller is worker 0); tasks
+// are handed out one at a time from an atomic counter. The first exception is rethrown.
+void parallel_for(i64 n, int workers, const std::function<void(i64, int)>& fn) {
+  if (workers <= 1 || n <= 1) {
+    for (i64 t = 0; t < n; ++t) fn(t, 0);
+    return;
+  }
+  std::atomic<i64> next{0};
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  auto body = [&](int worker) {
+    try {
+      for (i64 t = next.fetch_add(1); t < n && !failed.load(); t = next.fetch_add(1)) fn(t, worker);
+    } catch (...) {
+      if (!failed.exchange(true)) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(workers - 1));
+  for (int w = 1; w < workers; ++w) threads.emplace_back(body, w);
+  body(0);
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+// ---- output stores -----------------------------------------------------------------------------
+
+void store_row(const float* src, DType dtype, i64 n, char* dst) {
+  switch (dtype) {
+    case DType::f32:
+      std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+      return;
+    case DType::bf16: {
+      auto* d = reinterpret_cast<std::uint16_t*>(dst);
+      for (i64 x = 0; x < n; ++x) d[x] = f32_to_bf16_bits(src[x]);
+      return;
+    }
+    default: {
+      auto* d = reinterpret_cast<std::uint16_t*>(dst);
+      for (i64 x = 0; x < n; ++x) d[x] = f32_to_f16_bits(src[x]);
+      return;
+    }
+  }
+}
+
+Strided strided_of(const Tensor& t) {
+  Strided s;
+  s.data = static_cast<const char*>(t.raw_data());
+  s.s0 = t.stride(0);
+  s.s1 = t.stride(1);
+  s.s2 = t.stride(2);
+  return s;
+}
+
+}  // namespace
+
+void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_len,
+                  const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,
+                  Tensor* lse) {
+  Problem pb;
+  pb.dtype = q.dtype();
+  pb.elem = dtype_size(pb.dtype);
+  pb.batch = q.size(0);
+  pb.num_qo_heads = q.size(1);
+  pb.q_len = q.size(2);
+  pb.head_dim = q.size(3);
+  pb.num_kv_heads = k.size(1);
+  SPLICE_INTERNAL_CHECK(pb.num_kv_heads > 0 && pb.num_qo_heads % pb.num_kv_heads == 0,
+                        "flash_decode: Hq ", pb.num_qo_heads, " Hkv ", pb.num_kv_heads);
+  SPLICE_INTERNAL_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 &&
+                            out.stride(3) == 1,
+                        "flash_decode: last axes must be unit stride");
+  pb.group = pb.num_qo_heads / pb.num_kv_heads;
+  pb.rows = pb.group * pb.q_len;
+  pb.q = strided_of(q);
+  pb.k = strided_of(k);
+  pb.v = strided_of(v);
+  pb.scale = options.softmax_scale != 0.0f
+                 ? options.softmax_scale
+                 : 1.0f / std::sqrt(static_cast<float>(pb.head_dim));
+  pb.causal = options.causal;
+  pb.has_softcap = options.softcap.has_value();
+  pb.softcap = options.softcap.value_or(0.0f);
+  if (alibi) {
+    pb.slopes.resize(static_cast<std::size_t>(pb.num_qo_heads));
+    const float* slope_data = alibi->data<float>();
+    for (i64 h = 0; h < pb.num_qo_heads; ++h) pb.slopes[h] = slope_data[h * alibi->stride(0)];
+  }
+
+  // Stage 1: per-row visible intervals and their union per sequence.
+  const i64 B = pb.batch, Sq = pb.q_len, Hkv = pb.num_kv_heads, D = pb.head_dim;
+  const std::int32_t* len_data = k_len.data<std::int32_t>();
+  const i64 len_stride = k_len.stride(0);
+  pb.kv_len.resize(B);
+  pb.lo.resize(B * Sq);
+  pb.hi.resize(B * Sq);
+  pb.u_lo.assign(B, 0);
+  pb.u_hi.assign(B, 0);
+  i64 max_span = 0;
+  for (i64 b = 0; b < B; ++b) {
+    const i64 len = len_data[(k_len.size(0) == 1 ? 0 : b) * len_stride];
+    SPLICE_INTERNAL_CHECK(len >= 0 && len <= k.size(2), "flash_decode: k_len ", len);
+    pb.kv_len[b] = len;
+    i64 u_lo = std::numeric_limits<i64>::max(), u_hi = std::numeric_limits<i64>::min();
+    for (i64 i = 0; i < Sq; ++i) {
+      const i64 p = len - Sq + i;
+      i64 lo = 0, hi = len;
+      if (pb.causal) hi = std::min(hi, p + 1);
+      if (options.window_left) lo = std::max(lo, p - *options.window_left);
+      if (options.window_right) hi = std::min(hi, p + *options.window_right + 1);
+      if (hi < lo) hi = lo;
+      pb.lo[b * Sq + i] = lo;
+      pb.hi[b * Sq + i] = hi;
+      if (hi > lo) {
+        u_lo = std::min(u_lo, lo);
+        u_hi = std::max(u_hi, hi);
+      }
+    }
+    if (u_hi > u_lo) {
+      pb.u_lo[b] = u_lo;
+      pb.u_hi[b] = u_hi;
+      max_span = std::max(max_span, u_hi - u_lo);
+    }
+  }
+
+  // Stage 2: split planning.
+  const i64 heads = B * Hkv;
+  const i64 work = heads * pb.rows * max_span * D;
+  const int workers = work < kSerialWorkLimit ? 1 : thread_count();
+  if (options.num_splits > 0) {
+    pb.num_splits = std::min(options.num_splits, std::max<i64>(1, max_span));
+  } else {
+    const i64 wanted = (kTasksPerThread * workers + heads - 1) / heads;
+    const i64 longest = std::max<i64>(1, max_span / kMinKeysPerSplit);
+    pb.num_splits = std::max<i64>(1, std::min(wanted, longest));
+  }
+  const i64 S = pb.num_splits, R = pb.rows;
+  pb.part_m.resize(static_cast<std::size_t>(heads * S * R));
+  pb.part_l.resize(static_cast<std::size_t>(heads * S * R));
+  pb.part_acc.resize(static_cast<std::size_t>(heads * S * R * D));
+
+  // Stages 3-5 over tasks (b, c, s).
+  const int task_workers = static_cast<int>(std::min<i64>(workers, heads * S));
+  std::vector<Scratch> scratch(static_cast<std::size_t>(std::max(task_workers, 1)));
+  for (auto& sc : scratch) sc.resize(R, D);
+  parallel_for(heads * S, task_workers, [&](i64 task, int worker) {
+    const i64 bc = task / S, s = task % S;
+    const i64 slot = task * R;  // [B, Hkv, S, rows] flattened
+    run_task(pb, bc / Hkv, bc % Hkv, s, scratch[worker], pb.part_m.data() + slot,
+             pb.part_l.data() + slot, pb.part_acc.data() + slot * D);
+  });
+
+  // Stage 6: merge the splits of every row and store o (and lse).
+  char* out_data = static_cast<char*>(out.raw_data());
+  const i64 out_elem = static_cast<i64>(dtype_size(out.dtype()));
+  float* lse_data = lse ? lse->data<float>() : nullptr;
+  const int merge_workers = static_cast<int>(std::min<i64>(workers, heads));
+  parallel_for(heads, merge_workers, [&](i64 bc, int) {
+    const i64 b = bc / Hkv, c = bc % Hkv;
+    std::vector<float> o(static_cast<std::size_t>(D));
+    for (i64 r = 0; r < R; ++r) {
+      const i64 g = r / Sq, i = r % Sq, h = c * pb.group + g;
+      float big_m = kNegInf;
+      for (i64 s = 0; s < S; ++s) big_m = std::max(big_m, pb.part_m[(bc * S + s) * R + r]);
+      std::fill(o.begin(), o.end(), 0.0f);
+      float big_l = 0.0f;
+      if (big_m != kNegInf) {
+        for (i64 s = 0; s < S; ++s) {
+          const i64 slot = (bc * S + s) * R + r;
+          if (pb.part_m[slot] == kNegInf) continue;
+          const float w = std::exp(pb.part_m[slot] - big_m);
+          big_l += w * pb.part_l[slot];
+          const float* a = pb.part_acc.data() + slot * D;
+          for (i64 d = 0; d < D; ++d) o[d] += w * a[d];
+        }
+        const float inv_l = 1.0f / big_l;
+        for (i64 d = 0; d < D; ++d) o[d] *= inv_l;
+      }
+      store_row(o.data(), out.dtype(), D,
+                out_data + out_elem * (b * out.stride(0) + h * out.stride(1) + i * out.stride(2)));
+      if (lse_data)
+        lse_data[b * lse->stride(0) + h * lse->stride(1) + i * lse->stride(2)] =
+            big_m == kNegInf ? kNegInf : big_m + std::log(big_l);
+    }
+  });
+}
+
+}  // namespace splice::cpu

@@ -1,0 +1,56 @@
+// Attention kernel contracts (see splice/ops/contract.h): feature names, the row queries, and the
+// seed's capacity-K kernel row. The flash-decode rows live beside their op in decode_attention.cc.
+//
+//  1. `supports*` are plain lookups in the row; nothing is inferred.
+//  2. `tolerance(dtype)` is the written policy default for that dtype (tolerance.h). The flash rows
+//     need no loosening: outputs round once to the storage dtype after fp32 accumulation, which
+//     the default's two-roundings budget already covers (measured by the kernel grid tests).
+#include <algorithm>
+
+#include "splice/ops/contract.h"
+
+namespace splice {
+
+const char* attention_feature_name(AttentionFeature f) {
+  switch (f) {
+    case AttentionFeature::causal: return "causal";
+    case AttentionFeature::window_left: return "window_left";
+    case AttentionFeature::window_right: return "window_right";
+    case AttentionFeature::softcap: return "softcap";
+    case AttentionFeature::alibi: return "alibi";
+    case AttentionFeature::per_seq_klen: return "per_seq_klen";
+    case AttentionFeature::lse: return "lse";
+  }
+  return "?";
+}
+
+bool AttentionContract::supports(AttentionFeature f) const {
+  return std::find(features.begin(), features.end(), f) != features.end();
+}
+
+bool AttentionContract::supports_dtype(DType d) const {
+  return std::find(dtypes.begin(), dtypes.end(), d) != dtypes.end();
+}
+
+bool AttentionContract::supports_head_dim(std::int64_t d) const {
+  return std::find(head_dims.begin(), head_dims.end(), d) != head_dims.end();
+}
+
+Tolerance AttentionContract::tolerance(DType dtype) const { return default_tolerance(dtype); }
+
+AttentionContract seed_capacity_k_contract() {
+  AttentionContract row;
+  row.kernel = "capacity_k_decode";
+  row.backend = "cuda";
+  row.revision = "seed";
+  row.dtypes = {DType::bf16, DType::f16, DType::f32};
+  row.head_dims = {64, 128};
+  row.max_sq = 1;
+  row.max_group = 0;
+  // `causal` is accepted and ignored: with Sq == 1 the query sits at k_len - 1 and sees the whole
+  // [0, k_len) prefix either way. No ALiBi, windows, softcap, ragged k_len or LSE output.
+  row.features = {AttentionFeature::causal};
+  return row;
+}
+
+}  // namespace splice
