@@ -1,0 +1,430 @@
+// The CPU backend's fused KDA decode kernel (spec kda_decode.md §2-§3), fp32 throughout with the
+// spec's rounding points. Arguments arrive validated (splice/ops/kda_decode.h), value contracts
+// included, so every slot read or written here is in range and no two tasks touch one slot.
+//
+// Notation: D = 128, H heads, C = H*D, R rows, N sequences, T verify tokens; per sequence rows
+// b .. b+L-1, accepted offset a, conv slot cs, source slot ss, destinations dst[t].
+// Work is split into tasks (live sequence n, head h); each task owns head h's 3*D conv channels
+// of slot cs and head h's D x D state block of every slot it writes, so tasks never conflict and
+// each result is computed by one thread in a fixed order (bitwise deterministic).
+//
+// Stages of one task:
+//   1. Conv window. Read the old history hist[p][j][d] = conv_state[cs, p*C + h*D + d, a + j]
+//      (j = 0..2) for the q, k, v blocks p; the extended window is ext = [hist0, hist1, hist2,
+//      x[b], .., x[b+L-1]]. Token t's conv: pre = ext[t] w0 + ext[t+1] w1 + ext[t+2] w2 +
+//      ext[t+3] w3 (fp32, no bias), mixed = bf16(pre * sigmoid(pre)).
+//      Then (all of this task's history is read) write back: conv_state[cs, c, 0] = hist1,
+//      [cs, c, 1] = hist2, [cs, c, 2 + t] = x[b+t] (bit copies); later positions keep their bits.
+//   2. Per token t (row r = b+t): q^ = q / sqrt(sum q^2 + 1e-6) * D^-0.5,
+//      k^ = k / sqrt(sum k^2 + 1e-6); z = raw_gate[r,h,:] + dt_bias[h*D:], a_h = exp(A_log[h]),
+//      g = lb * sigmoid(a_h z) (lower bound given) or g = -a_h * softplus(z);
+//      decay = exp(g); beta = sigmoid(raw_beta[r,h]).
+//   3. One sweep over the 128 state rows (row v of S is the value index, columns the keys):
+//        S[v,:] *= decay              (t == 0 reads the row from slot ss, widened to fp32)
+//        pred    = S[v,:] . k^
+//        S[v,:] += beta (v[v] - pred) k^
+//        o_raw[v] = S[v,:] . q^       (the updated row)
+//      The updated row goes back to the fp32 scratch (carried unrounded to the next token) and,
+//      when dst[t] > 0, to state[dst[t], h, v, :] rounded to the state dtype. Each row is read
+//      before it is written, so dst == ss is safe.
+//   4. Gated RMSNorm: o = bf16(o_raw); inv = 1 / sqrt(mean(o^2) + eps);
+//      out[r,h,v] = bf16(o[v] * inv * norm_weight[v] * sigmoid(output_gate[r,h,v])).
+// Rows not owned by a live sequence (null sequences, null rows, rows >= qsl[N]) get exact zeros.
+//
+// Reductions use kLanes fp32 partial sums (a GCC vector of 16 floats) added in a fixed tree, so
+// the result does not depend on the thread count or scheduling.
+#include "splice/backend/cpu/kda_decode.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "splice/core/error.h"
+
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace splice::cpu {
+namespace {
+
+constexpr std::int64_t kD = kKdaHeadDim;
+constexpr int kLanes = 16;
+using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+using UVec = std::uint32_t __attribute__((vector_size(kLanes * sizeof(std::uint32_t))));
+using HVec = std::uint16_t __attribute__((vector_size(kLanes * sizeof(std::uint16_t))));
+static_assert(kD % kLanes == 0, "head dim must be a multiple of the vector width");
+
+constexpr std::uint32_t kF32AbsMask = 0x7FFFFFFFu;
+constexpr std::uint32_t kF32Inf = 0x7F800000u;
+constexpr std::uint32_t kBf16QuietBit = 0x40u;
+constexpr std::uint32_t kBf16RoundBias = 0x7FFFu;
+constexpr int kBf16Shift = 16;
+
+inline float bf16f(std::uint16_t bits) { return bf16_bits_to_f32(bits); }
+inline std::uint16_t to_bf16(float v) { return f32_to_bf16_bits(v); }
+inline float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+inline float softplus(float z) { return z > kKdaSoftplusThreshold ? z : std::log1p(std::exp(z)); }
+
+// Vector load/store of 16 consecutive elements (unaligned).
+inline Vec load_f32(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_f32(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+inline Vec load_bf16(const std::uint16_t* p) {
+  HVec h;
+  std::memcpy(&h, p, sizeof h);
+  const UVec bits = __builtin_convertvector(h, UVec) << kBf16Shift;
+  Vec v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+// Round-to-nearest-even f32 -> bf16, NaN kept quiet: the vector form of f32_to_bf16_bits.
+inline void store_bf16(std::uint16_t* p, Vec v) {
+  UVec bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const UVec rounded = (bits + kBf16RoundBias + ((bits >> kBf16Shift) & 1u)) >> kBf16Shift;
+  const UVec quiet = (bits >> kBf16Shift) | kBf16QuietBit;
+  const UVec out = ((bits & kF32AbsMask) > kF32Inf) ? quiet : rounded;
+  const HVec h = __builtin_convertvector(out, HVec);
+  std::memcpy(p, &h, sizeof h);
+}
+// Fixed-order tree sum of the 16 lanes.
+inline float reduce(Vec v) {
+  float lanes[kLanes];
+  std::memcpy(lanes, &v, sizeof lanes);
+  for (int width = kLanes / 2; width >= 1; width /= 2)
+    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+  return lanes[0];
+}
+inline float sum_squares(const float* p) {
+  Vec acc = {};
+  for (std::int64_t j = 0; j < kD; j += kLanes) {
+    const Vec v = load_f32(p + j);
+    acc += v * v;
+  }
+  return reduce(acc);
+}
+
+// Where state row v comes from / goes to in one token's sweep.
+enum class RowSource : std::uint8_t { scratch, slot_f32, slot_bf16 };
+enum class RowSink : std::uint8_t { none, slot_f32, slot_bf16 };
+
+struct SweepArgs {
+  float* scratch;            // [D, D] fp32, the carried state (rows = value index)
+  const void* source;        // [D, D] slot block of ss (t == 0 only)
+  void* sink;                // [D, D] slot block of dst[t] (or null)
+  const float* decay;        // [D] exp(g)
+  const float* k_hat;        // [D]
+  const float* q_hat;        // [D]
+  const float* v;            // [D] bf16-exact values
+  float beta;
+  float* o_raw;              // [D]
+};
+
+// Stage 3 for one row, with the source and sink kinds fixed at compile time.
+template <RowSource kSrc, RowSink kSink>
+inline void sweep_rows(const SweepArgs& s) {
+  for (std::int64_t row = 0; row < kD; ++row) {
+    float* cur = s.scratch + row * kD;
+    Vec acc = {};
+    for (std::int64_t j = 0; j < kD; j += kLanes) {
+      Vec x;
+      if constexpr (kSrc == RowSource::scratch) x = load_f32(cur + j);
+      if constexpr (kSrc == RowSource::slot_f32)
+        x = load_f32(static_cast<const float*>(s.source) + row * kD + j);
+      if constexpr (kSrc == RowSource::slot_bf16)
+        x = load_bf16(static_cast<const std::uint16_t*>(s.source) + row * kD + j);
+      x *= load_f32(s.decay + j);
+      store_f32(cur + j, x);
+      acc += x * load_f32(s.k_hat + j);
+    }
+    const float delta = s.beta * (s.v[row] - reduce(acc));
+    Vec out = {};
+    for (std::int64_t j = 0; j < kD; j += kLanes) {
+      const Vec x = load_f32(cur + j) + delta * load_f32(s.k_hat + j);
+      store_f32(cur + j, x);
+      out += x * load_f32(s.q_hat + j);
+      if constexpr (kSink == RowSink::slot_f32)
+        store_f32(static_cast<float*>(s.sink) + row * kD + j, x);
+      if constexpr (kSink == RowSink::slot_bf16)
+        store_bf16(static_cast<std::uint16_t*>(s.sink) + row * kD + j, x);
+    }
+    s.o_raw[row] = reduce(out);
+  }
+}
+
+template <RowSource kSrc>
+inline void sweep_with_source(const SweepArgs& s, RowSink sink) {
+  switch (sink) {
+    case RowSink::none: sweep_rows<kSrc, RowSink::none>(s); break;
+    case RowSink::slot_f32: sweep_rows<kSrc, RowSink::slot_f32>(s); break;
+    case RowSink::slot_bf16: sweep_rows<kSrc, RowSink::slot_bf16>(s); break;
+  }
+}
+
+// One token's state sweep, compiled for the widest vector ISA the machine has.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void sweep_state(
+    const SweepArgs& s, RowSource source, RowSink sink) {
+  switch (source) {
+    case RowSource::scratch: sweep_with_source<RowSource::scratch>(s, sink); break;
+    case RowSource::slot_f32: sweep_with_source<RowSource::slot_f32>(s, sink); break;
+    case RowSource::slot_bf16: sweep_with_source<RowSource::slot_bf16>(s, sink); break;
+  }
+}
+
+// One sequence as the kernel sees it (plain/t1 rows are sequences of length 1 with a = 0).
+struct SeqWork {
+  std::int64_t begin = 0;        // first row b
+  std::int64_t len = 0;          // L
+  std::int64_t accepted = 0;     // a
+  std::int32_t conv_slot = 0;    // cs
+  std::int32_t source_slot = 0;  // ss
+  const std::int32_t* dst = nullptr;  // dst[t], t < L
+};
+
+// Raw pointers and element strides of the validated arguments.
+struct Kernel {
+  const std::uint16_t* x;  // [R, 3C]
+  std::int64_t x_row;
+  const float* weight;     // [3, 4, C]
+  std::uint16_t* conv;     // [slots, 3C, T+2], position stride 3C
+  std::int64_t conv_slot;
+  const std::uint16_t* gate;  // [R, H, D]
+  std::int64_t gate_row, gate_head;
+  const std::uint16_t* beta;  // [R, H]
+  std::int64_t beta_row, beta_head;
+  const float* a_log;       // [H]
+  const float* dt_bias;     // [C]
+  const float* norm_weight; // [D]
+  char* state;              // [slots, H, D, D] bytes
+  std::int64_t state_slot_bytes, state_head_bytes;
+  bool state_bf16;
+  const std::uint16_t* out_gate;  // [R, H, D]
+  std::int64_t og_row, og_head;
+  std::uint16_t* out;       // [R, H, D] contiguous
+  std::int64_t H, C;
+  std::optional<float> lower_bound;
+  float norm_eps;
+};
+
+// Per-thread working memory, sized for T tokens.
+struct Scratch {
+  std::vector<float> state;                // [D, D]
+  std::vector<float> mixed;                // [T, 3, D]
+  std::vector<std::uint16_t> hist;         // [3, 3, D] old history (projection, position, d)
+  std::vector<float> q_hat, k_hat, decay, o_raw;  // [D] each
+  explicit Scratch(std::int64_t T)
+      : state(kD * kD),
+        mixed(T * kKdaNumProjections * kD),
+        hist(kKdaNumProjections * (kKdaConvWidth - 1) * kD),
+        q_hat(kD),
+        k_hat(kD),
+        decay(kD),
+        o_raw(kD) {}
+};
+
+void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
+  const std::int64_t C = k.C, width = kKdaNumProjections * C, L = w.len;
+  constexpr std::int64_t kHist = kKdaConvWidth - 1;  // 3 history taps
+
+  // Stage 1: conv window of head h's q, k, v channels.
+  std::uint16_t* conv_base = k.conv + w.conv_slot * k.conv_slot;
+  for (std::int64_t p = 0; p < kKdaNumProjections; ++p) {
+    const std::int64_t c0 = p * C + h * kD;
+    std::uint16_t* hist = sc.hist.data() + p * kHist * kD;
+    for (std::int64_t j = 0; j < kHist; ++j)
+      std::memcpy(hist + j * kD, conv_base + (w.accepted + j) * width + c0,
+                  kD * sizeof(std::uint16_t));
+    const float* wt = k.weight + p * kKdaConvWidth * C + h * kD;  // taps w = 0..3
+    for (std::int64_t t = 0; t < L; ++t) {
+      float* mixed = sc.mixed.data() + (t * kKdaNumProjections + p) * kD;
+      for (std::int64_t d = 0; d < kD; ++d) {
+        float pre = 0.0f;
+        for (std::int64_t tap = 0; tap < kKdaConvWidth; ++tap) {
+          const std::int64_t e = t + tap;  // index into ext = [hist0..2, x[b..]]
+          const std::uint16_t bits =
+              e < kHist ? hist[e * kD + d] : k.x[(w.begin + e - kHist) * k.x_row + c0 + d];
+          pre += bf16f(bits) * wt[tap * C + d];
+        }
+        mixed[d] = bf16f(to_bf16(pre * sigmoid(pre)));
+      }
+    }
+    // Write-back (every history read of these channels is done): [h1, h2, x[b], .., x[b+L-1]].
+    for (std::int64_t j = 0; j < kHist - 1; ++j)
+      std::memcpy(conv_base + j * width + c0, hist + (j + 1) * kD, kD * sizeof(std::uint16_t));
+    for (std::int64_t t = 0; t < L; ++t)
+      std::memcpy(conv_base + (kHist - 1 + t) * width + c0, k.x + (w.begin + t) * k.x_row + c0,
+                  kD * sizeof(std::uint16_t));
+  }
+
+  const float a_h = std::exp(k.a_log[h]);
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  const std::int64_t head_bytes = h * k.state_head_bytes;
+  for (std::int64_t t = 0; t < L; ++t) {
+    const std::int64_t r = w.begin + t;
+    const float* q = sc.mixed.data() + (t * kKdaNumProjections + 0) * kD;
+    const float* kk = q + kD;
+    const float* v = kk + kD;
+
+    // Stage 2: normalized q, k, the gate and beta.
+    const float q_inv = 1.0f / std::sqrt(sum_squares(q) + kKdaL2NormEps);
+    const float k_inv = 1.0f / std::sqrt(sum_squares(kk) + kKdaL2NormEps);
+    for (std::int64_t d = 0; d < kD; ++d) {
+      sc.q_hat[d] = q[d] * q_inv * q_scale;
+      sc.k_hat[d] = kk[d] * k_inv;
+    }
+    const std::uint16_t* gate = k.gate + r * k.gate_row + h * k.gate_head;
+    for (std::int64_t d = 0; d < kD; ++d) {
+      const float z = bf16f(gate[d]) + k.dt_bias[h * kD + d];
+      const float g = k.lower_bound ? *k.lower_bound * sigmoid(a_h * z) : -a_h * softplus(z);
+      sc.decay[d] = std::exp(g);
+    }
+    const float beta = sigmoid(bf16f(k.beta[r * k.beta_row + h * k.beta_head]));
+
+    // Stage 3: the fused state sweep.
+    SweepArgs s{sc.state.data(), nullptr, nullptr, sc.decay.data(), sc.k_hat.data(),
+                sc.q_hat.data(), v, beta, sc.o_raw.data()};
+    RowSource source = RowSource::scratch;
+    if (t == 0) {
+      s.source = k.state + w.source_slot * k.state_slot_bytes + head_bytes;
+      source = k.state_bf16 ? RowSource::slot_bf16 : RowSource::slot_f32;
+    }
+    RowSink sink = RowSink::none;
+    if (w.dst[t] > 0) {
+      s.sink = k.state + w.dst[t] * k.state_slot_bytes + head_bytes;
+      sink = k.state_bf16 ? RowSink::slot_bf16 : RowSink::slot_f32;
+    }
+    sweep_state(s, source, sink);
+
+    // Stage 4: gated RMSNorm of the bf16-rounded output.
+    float* o = sc.o_raw.data();
+    for (std::int64_t d = 0; d < kD; ++d) o[d] = bf16f(to_bf16(o[d]));
+    const float inv = 1.0f / std::sqrt(sum_squares(o) / static_cast<float>(kD) + k.norm_eps);
+    const std::uint16_t* og = k.out_gate + r * k.og_row + h * k.og_head;
+    std::uint16_t* out = k.out + (r * k.H + h) * kD;
+    for (std::int64_t d = 0; d < kD; ++d)
+      out[d] = to_bf16(o[d] * inv * k.norm_weight[d] * sigmoid(bf16f(og[d])));
+  }
+}
+
+int thread_count() {
+  static const int count = [] {
+    if (const char* env = std::getenv("SPLICE_NUM_THREADS")) {
+      const int n = std::atoi(env);
+      if (n > 0) return n;
+    }
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw == 0 ? 1 : static_cast<int>(hw);
+  }();
+  return count;
+}
+
+// Runs fn(task, scratch) for task in [0, count) over a few threads with dynamic scheduling.
+// The first exception (an internal error) is rethrown on the caller's thread.
+template <typename Fn>
+void parallel_tasks(std::int64_t count, std::int64_t max_t, const Fn& fn) {
+  const int workers = static_cast<int>(std::min<std::int64_t>(thread_count(), count));
+  if (workers <= 1) {
+    Scratch sc(max_t);
+    for (std::int64_t i = 0; i < count; ++i) fn(i, sc);
+    return;
+  }
+  std::atomic<std::int64_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto body = [&] {
+    try {
+      Scratch sc(max_t);
+      for (std::int64_t i = next++; i < count; i = next++) fn(i, sc);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+      next = count;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int i = 1; i < workers; ++i) pool.emplace_back(body);
+  body();
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+void kda_decode(const KdaDecodeArgs& a) {
+  SPLICE_INTERNAL_CHECK(a.x.device().is_cpu(), "cpu::kda_decode got ", a.x.device().str());
+  SPLICE_INTERNAL_CHECK(a.head_dim == kD, "head_dim ", a.head_dim);
+  const std::int64_t R = a.num_rows, H = a.num_heads, T = a.max_t;
+  const std::int64_t state_elem = static_cast<std::int64_t>(dtype_size(a.state_dtype));
+
+  Kernel k{};
+  k.x = a.x.data<std::uint16_t>();
+  k.x_row = a.x.stride(0);
+  k.weight = a.weight.data<float>();
+  k.conv = a.conv_state.data<std::uint16_t>();
+  k.conv_slot = a.conv_state.stride(0);
+  k.gate = a.raw_gate.data<std::uint16_t>();
+  k.gate_row = a.raw_gate.stride(0);
+  k.gate_head = a.raw_gate.stride(1);
+  k.beta = a.raw_beta.data<std::uint16_t>();
+  k.beta_row = a.raw_beta.stride(0);
+  k.beta_head = a.raw_beta.stride(1);
+  k.a_log = a.A_log.data<float>();
+  k.dt_bias = a.dt_bias.data<float>();
+  k.norm_weight = a.norm_weight.data<float>();
+  k.state = static_cast<char*>(a.state.raw_data());
+  k.state_slot_bytes = a.state.stride(0) * state_elem;
+  k.state_head_bytes = a.state.stride(1) * state_elem;
+  k.state_bf16 = a.state_dtype == DType::bf16;
+  k.out_gate = a.output_gate.data<std::uint16_t>();
+  k.og_row = a.output_gate.stride(0);
+  k.og_head = a.output_gate.stride(1);
+  k.out = a.output.data<std::uint16_t>();
+  k.H = H;
+  k.C = a.channels;
+  k.lower_bound = a.lower_bound;
+  k.norm_eps = a.norm_eps;
+
+  // Live sequences and the rows they own.
+  std::vector<SeqWork> live;
+  std::vector<char> row_live(static_cast<std::size_t>(R), 0);
+  if (a.mode == KdaMode::plain || a.mode == KdaMode::t1) {
+    const std::int32_t* slots = a.row_slots.data<std::int32_t>();
+    for (std::int64_t r = 0; r < R; ++r) {
+      if (slots[r] <= 0) continue;
+      live.push_back({r, 1, 0, slots[r], slots[r], slots + r});
+      row_live[r] = 1;
+    }
+  } else {
+    const std::int32_t* qsl = a.query_start_loc.data<std::int32_t>();
+    const std::int32_t* nat = a.num_accepted_tokens.data<std::int32_t>();
+    const std::int32_t* si = a.state_indices.data<std::int32_t>();
+    for (std::int64_t n = 0; n < a.num_seqs; ++n) {
+      const std::int64_t b = qsl[n], len = static_cast<std::int64_t>(qsl[n + 1]) - qsl[n];
+      const std::int64_t acc = std::clamp<std::int64_t>(nat[n] - 1, 0, T - 1);
+      const std::int32_t* row = si + n * T;
+      if (len <= 0 || row[0] <= 0 || row[acc] <= 0) continue;  // empty or null sequence
+      SPLICE_INTERNAL_CHECK(b >= 0 && b + len <= R && len <= T, "sequence ", n, " rows");
+      live.push_back({b, len, acc, row[0], row[acc], row});
+      std::fill(row_live.begin() + b, row_live.begin() + b + len, 1);
+    }
+  }
+  for (std::int64_t r = 0; r < R; ++r)
+    if (!row_live[r]) std::memset(k.out + r * H * kD, 0, H * kD * sizeof(std::uint16_t));
+
+  const std::int64_t tasks = static_cast<std::int64_t>(live.size()) * H;
+  parallel_tasks(tasks, T, [&](std::int64_t task, Scratch& sc) {
+    run_task(k, live[task / H], task % H, sc);
+  });
+}
+
+}  // namespace splice::cpu
