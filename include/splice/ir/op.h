@@ -1,0 +1,69 @@
+// splice/ir/op.h: the closed set of graph operations, one sentence of semantics each.
+//
+// Shapes are symbolic (SymShape); scalar parameters are DynScalars bound per pass. Every op reads
+// its inputs in order and produces one tensor. Numeric ops accumulate in fp32 and store in the
+// node's dtype. Ops marked (view) produce a view of their input and own no memory; ops marked
+// (effect) write persistent state and are kept by dead-code elimination.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace splice {
+
+enum class Op : std::uint8_t {
+  // --- sources ---
+  Input,      // A per-step input fed by name (token ids, positions); shape may be symbolic.
+  Param,      // A weight tensor owned by the graph; read-only.
+  Constant,   // A small literal tensor owned by the graph.
+  State,      // A persistent buffer that lives across steps (KV cache, recurrent state, conv
+              // history), allocated once at its shape's upper bound and zero-initialized.
+  SymValue,   // A [1] i32/i64 tensor holding the value of a DynScalar under the pass's SymEnv.
+  Iota,       // out[..., i on `axis`, ...] = i (i32/i64/f32), shape from the node.
+  // --- unary (elementwise) ---
+  Exp, Log, Neg, Abs, Sqrt, Rsqrt, Reciprocal, Sigmoid, Silu, Softplus, Tanh,
+  // --- binary with NumPy broadcasting ---
+  Add, Sub, Mul, Div, Minimum, Maximum,
+  // --- comparisons (bool result, broadcasting) and selection ---
+  Less, LessEqual, Greater, GreaterEqual, Equal,
+  Where,      // out = cond ? a : b, broadcasting over all three.
+  // --- reductions over `axis` (keepdim optional) ---
+  ReduceSum, ReduceMax, ReduceMean,
+  Softmax,    // Softmax over `axis` with fp32 accumulation; an all -inf slice gives zeros.
+  MatMul,     // Batched a[..., m, k] @ b[..., k, n] (b read as [..., n, k] if transpose_b),
+              // batch dims broadcast.
+  // --- layout ---
+  Reshape,    // (view when the input is contiguous, else a copy) Same elements, the node's shape.
+  Permute,    // (view) Axes reordered by `perm`.
+  Slice,      // (view) input[..., start:end on `axis`, ...] with DynScalar bounds: the exact
+              // live prefix k[:, :, 0:k_len] is a Slice with end = k_len.
+  Concat,     // Inputs concatenated along `axis`.
+  Gather,     // table[indices] along axis 0 (embedding lookup); out = indices.shape + row shape.
+  Cast,       // Elementwise dtype conversion (round to nearest even for 16-bit floats).
+  WriteAt,    // (view, effect) state.slice(axis, offset, offset + value.size(axis)) = value;
+              // returns the state, so later readers of the new contents consume this node.
+  Sequence,   // (view) Returns input 0 once every other input has run: orders side effects so
+              // that a branch arm's exit depends on the cache writes inside the arm.
+  // --- fused ops (each has a decomposition into the primitives above) ---
+  FlashDecode,  // Decode attention of spec decode_attention.md §5: inputs q, k, v [, alibi];
+                // k_len and the features in attrs.flash.
+  KdaDecode,    // (effect) Fused KDA decode of spec kda_decode.md: inputs as the spec's argument
+                // list; attrs.kda; updates conv_state and state in place; output [1, R, H, D].
+  // --- control ---
+  Branch,     // (view) Equivalent arms: inputs are the arms' exits (arm 0 first, the oracle);
+              // returns the chosen arm's exit (arm 0 unless a decision selects another).
+};
+
+const char* op_name(Op op);
+bool is_unary(Op op);
+bool is_binary_arith(Op op);
+bool is_compare(Op op);
+bool is_reduce(Op op);
+bool is_source(Op op);
+// Produces a view of (aliases) one of its inputs: Permute, Slice, WriteAt, Sequence, Branch.
+// Reshape aliases when its input is contiguous at run time and copies otherwise.
+bool is_view(Op op);
+// Writes persistent state: WriteAt, KdaDecode.
+bool has_effect(Op op);
+
+}  // namespace splice

@@ -1,0 +1,108 @@
+// Node dispatch: maps each compute op to its backend kernel (cpu::* on the CPU) and each fused op
+// to its public op entry point (which validates and picks the device).
+#include "exec/node_kernels.h"
+
+#include "splice/backend/cpu/primitives.h"
+#include "splice/core/error.h"
+#include "splice/ops/decode_attention.h"
+
+namespace splice {
+namespace {
+
+cpu::UnaryKind unary_kind(Op op) {
+  switch (op) {
+    case Op::Exp: return cpu::UnaryKind::exp;
+    case Op::Log: return cpu::UnaryKind::log;
+    case Op::Neg: return cpu::UnaryKind::neg;
+    case Op::Abs: return cpu::UnaryKind::abs;
+    case Op::Sqrt: return cpu::UnaryKind::sqrt;
+    case Op::Rsqrt: return cpu::UnaryKind::rsqrt;
+    case Op::Reciprocal: return cpu::UnaryKind::reciprocal;
+    case Op::Sigmoid: return cpu::UnaryKind::sigmoid;
+    case Op::Silu: return cpu::UnaryKind::silu;
+    case Op::Softplus: return cpu::UnaryKind::softplus;
+    default: return cpu::UnaryKind::tanh;
+  }
+}
+
+cpu::BinaryKind binary_kind(Op op) {
+  switch (op) {
+    case Op::Add: return cpu::BinaryKind::add;
+    case Op::Sub: return cpu::BinaryKind::sub;
+    case Op::Mul: return cpu::BinaryKind::mul;
+    case Op::Div: return cpu::BinaryKind::div;
+    case Op::Minimum: return cpu::BinaryKind::minimum;
+    default: return cpu::BinaryKind::maximum;
+  }
+}
+
+cpu::CompareKind compare_kind(Op op) {
+  switch (op) {
+    case Op::Less: return cpu::CompareKind::less;
+    case Op::LessEqual: return cpu::CompareKind::less_equal;
+    case Op::Greater: return cpu::CompareKind::greater;
+    case Op::GreaterEqual: return cpu::CompareKind::greater_equal;
+    default: return cpu::CompareKind::equal;
+  }
+}
+
+cpu::ReduceKind reduce_kind(Op op) {
+  switch (op) {
+    case Op::ReduceSum: return cpu::ReduceKind::sum;
+    case Op::ReduceMax: return cpu::ReduceKind::max;
+    default: return cpu::ReduceKind::mean;
+  }
+}
+
+void run_cpu(const Node& n, const std::vector<Tensor>& in, Tensor& out, const NodeScalars& s) {
+  if (is_unary(n.op)) return cpu::unary(unary_kind(n.op), in[0], out);
+  if (is_binary_arith(n.op)) return cpu::binary(binary_kind(n.op), in[0], in[1], out);
+  if (is_compare(n.op)) return cpu::compare(compare_kind(n.op), in[0], in[1], out);
+  if (is_reduce(n.op)) return cpu::reduce(reduce_kind(n.op), in[0], n.attrs.axis, n.attrs.keepdim, out);
+  switch (n.op) {
+    case Op::SymValue: out.set({0}, static_cast<double>(s.value)); return;
+    case Op::Iota: return cpu::iota(out, n.attrs.axis);
+    case Op::Where: return cpu::where(in[0], in[1], in[2], out);
+    case Op::Softmax: return cpu::softmax(in[0], n.attrs.axis, out);
+    case Op::MatMul: return cpu::matmul(in[0], in[1], out, n.attrs.transpose_b);
+    case Op::Reshape: {  // reached only when the input is not contiguous: copy, then view
+      Tensor view = out.reshape(in[0].shape());
+      return cpu::cast(in[0], view);
+    }
+    case Op::Concat: return cpu::concat(in, n.attrs.axis, out);
+    case Op::Gather: return cpu::gather(in[0], in[1], out);
+    case Op::Cast: return cpu::cast(in[0], out);
+    default: break;
+  }
+  SPLICE_INTERNAL_CHECK(false, "run_cpu: op ", op_name(n.op), " is not a compute op");
+}
+
+}  // namespace
+
+void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
+                      const NodeScalars& s, Tensor& aux) {
+  if (n.op == Op::FlashDecode) {
+    const FlashDecodeAttrs& f = *n.attrs.flash;
+    DecodeAttentionOptions options;
+    options.softmax_scale = f.softmax_scale;
+    options.causal = f.causal;
+    options.window_left = f.window_left;
+    options.window_right = f.window_right;
+    options.softcap = f.softcap;
+    if (!aux.defined()) aux = Tensor::empty({1}, DType::i32, out.device());
+    if (aux.device().is_cpu()) {
+      aux.data<std::int32_t>()[0] = static_cast<std::int32_t>(s.value);
+    } else {
+      const auto v = static_cast<std::int32_t>(s.value);
+      device_copy(aux.raw_data(), aux.device(), &v, Device::cpu(), sizeof v);
+    }
+    decode_attention(in[0], in[1], in[2], aux, f.has_alibi ? &in[3] : nullptr, options, out);
+    return;
+  }
+  if (!out.device().is_cpu())
+    fail<UnsupportedError>("op ", op_name(n.op), " has no kernel on ", out.device().str(),
+                           " in this build");
+  run_cpu(n, in, out, s);
+}
+
+}  // namespace splice
