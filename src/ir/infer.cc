@@ -37,8 +37,13 @@ void require_arity(const Node& n, std::size_t count) {
 bool same_numel(const SymShape& a, const SymShape& b) {
   std::int64_t ca = 1, cb = 1;
   std::vector<SymExpr> sa, sb;
-  for (const auto& d : a) d.is_constant() ? void(ca *= d.constant()) : sa.push_back(d);
-  for (const auto& d : b) d.is_constant() ? void(cb *= d.constant()) : sb.push_back(d);
+  auto factor = [](const SymExpr& d, std::int64_t& c, std::vector<SymExpr>& syms) {
+    if (d.is_constant()) c *= d.constant();
+    else if (d.kind() == SymExpr::Kind::mul_const) c *= d.factor(), syms.push_back(d.lhs());
+    else syms.push_back(d);
+  };
+  for (const auto& d : a) factor(d, ca, sa);
+  for (const auto& d : b) factor(d, cb, sb);
   if (ca != cb || sa.size() != sb.size()) return false;
   std::vector<bool> used(sb.size(), false);
   for (const auto& d : sa) {

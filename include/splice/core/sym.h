@@ -55,6 +55,7 @@ class SymExpr {
   Kind kind() const { return node_->kind; }
   bool is_constant() const { return node_->kind == Kind::constant; }
   std::int64_t constant() const { return node_->value; }
+  std::int64_t factor() const { return node_->value; }  // the constant of a mul_const node
   SymId symbol() const { return node_->symbol; }
   const SymExpr& lhs() const { return node_->operands[0]; }
   const SymExpr& rhs() const { return node_->operands[1]; }

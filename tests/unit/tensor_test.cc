@@ -1,0 +1,103 @@
+// Tensors: owning and borrowed storage, strided views, copies, element access and the argument
+// checks every entry point uses (typed errors naming the argument).
+#include <gtest/gtest.h>
+
+#include "splice/core/error.h"
+#include "splice/core/random.h"
+#include "splice/core/tensor.h"
+#include "splice/core/tolerance.h"
+
+namespace splice {
+namespace {
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = Tensor::empty({2, 3, 4}, DType::f32);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.set_linear(i, static_cast<double>(i));
+  EXPECT_TRUE(t.is_contiguous());
+  Tensor s = t.slice(2, 1, 3);
+  EXPECT_EQ(s.shape(), (Dims{2, 3, 2}));
+  EXPECT_FALSE(s.is_contiguous());
+  EXPECT_EQ(s.at({1, 2, 0}), 1 * 12 + 2 * 4 + 1);
+  Tensor p = t.permute({2, 0, 1});
+  EXPECT_EQ(p.shape(), (Dims{4, 2, 3}));
+  EXPECT_EQ(p.at({3, 1, 2}), t.at({1, 2, 3}));
+  Tensor r = t.reshape({6, -1});
+  EXPECT_EQ(r.shape(), (Dims{6, 4}));
+  r.set({5, 3}, -1.0);
+  EXPECT_EQ(t.at({1, 2, 3}), -1.0);
+  EXPECT_EQ(t.select(0, 1).shape(), (Dims{3, 4}));
+  EXPECT_EQ(t.unsqueeze(1).shape(), (Dims{2, 1, 3, 4}));
+  Tensor c = p.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_TRUE(compare_bits(c, p).ok);
+}
+
+TEST(Tensor, BorrowedAndCasts) {
+  float buffer[6] = {1, 2, 3, 4, 5, 6};
+  {
+    Tensor b = Tensor::borrow(buffer, {2, 3}, DType::f32);
+    EXPECT_EQ(b.at({1, 0}), 4.0);
+    Tensor h = b.to(DType::bf16);
+    EXPECT_EQ(h.dtype(), DType::bf16);
+    EXPECT_EQ(h.at({1, 2}), 6.0);
+    Tensor strided = Tensor::borrow(buffer, {2, 2}, DType::f32, {3, 1});
+    EXPECT_EQ(strided.at({1, 1}), 5.0);
+  }
+  EXPECT_EQ(buffer[0], 1.0f);  // borrowed memory is never freed or changed
+}
+
+TEST(Tensor, ErrorsNameTheArgument) {
+  Tensor t = Tensor::empty({2, 3}, DType::f32);
+  EXPECT_THROW(t.slice(1, 2, 5), ShapeError);
+  EXPECT_THROW(t.permute({0, 0}), ShapeError);
+  EXPECT_THROW(t.reshape({4, 2}), ShapeError);
+  EXPECT_THROW(t.permute({1, 0}).reshape({6}), LayoutError);
+  EXPECT_THROW(t.size(2), ShapeError);
+  try {
+    check_dtype(t, "state_indices", {DType::i32});
+    FAIL();
+  } catch (const DTypeError& e) {
+    EXPECT_STREQ(e.what(), "`state_indices` must be i32, got f32");
+  }
+  try {
+    check_shape(t, "x", {3, 2});
+    FAIL();
+  } catch (const ShapeError& e) {
+    EXPECT_STREQ(e.what(), "`x` must have shape [3, 2], got [2, 3]");
+  }
+  EXPECT_THROW(check_rank(t, "x", 3), ShapeError);
+  EXPECT_THROW(check_contiguous(t.permute({1, 0}), "x"), LayoutError);
+  EXPECT_THROW(check_defined(Tensor(), "out"), ValueError);
+  EXPECT_THROW(Tensor::empty({2, -1}, DType::f32), ShapeError);
+}
+
+TEST(Tensor, CompareReportsWorstIndex) {
+  Rng rng(1);
+  Tensor a = Tensor::empty({3, 4}, DType::f32);
+  rng.normal(a);
+  Tensor b = a.clone();
+  b.set({2, 1}, b.at({2, 1}) + 1.0);
+  const CompareReport r = compare_tensors(b, a, default_tolerance(DType::f32));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.mismatches, 1);
+  EXPECT_EQ(r.worst_index, (Dims{2, 1}));
+  EXPECT_NEAR(r.max_abs_error, 1.0, 1e-6);
+  EXPECT_NE(r.str().find("[2, 1]"), std::string::npos);
+  Tensor n = a.clone();
+  n.set({0, 0}, NAN);
+  EXPECT_FALSE(compare_tensors(n, a, {1.0, 1.0}).ok);  // NaN never passes
+  EXPECT_FALSE(compare_bits(b, a).ok);
+  EXPECT_TRUE(compare_bits(a.clone(), a).ok);
+}
+
+TEST(Internal, InvariantCheckSaysInternalError) {
+  try {
+    SPLICE_INTERNAL_CHECK(1 + 1 == 3, "math");
+    FAIL();
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("internal error at"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace splice
