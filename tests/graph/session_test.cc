@@ -1,0 +1,147 @@
+// Plan-once Session on the CPU backend: the toy persistent decode loop of issue 2 (one attention
+// layer from primitives over a KV capacity cache, 50 steps, k_len a symbol bound each step)
+// against a naive float64 recompute at every step; NaN-poisoned cache rows beyond k_len never
+// reach the output; every step error path leaves the caches untouched; the plan reuses memory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "splice/core/error.h"
+#include "splice/core/random.h"
+#include "splice/exec/session.h"
+#include "splice/model/demo.h"
+#include "support/test_util.h"
+
+namespace splice {
+namespace {
+
+using testing::close;
+
+// Naive recompute of one layer at step t over the inputs x_0..x_t (float64).
+Tensor naive_step(const Graph& g, const std::vector<Tensor>& xs, const DemoAttentionOptions& o) {
+  auto weight = [&](const std::string& name) {
+    for (NodeId id : g.live_nodes())
+      if (g.node(id).op == Op::Param && g.node(id).attrs.name == name) return g.node(id).attrs.tensor;
+    throw std::runtime_error("no weight " + name);
+  };
+  const Tensor wq = weight("layer0.wq"), wk = weight("layer0.wk"), wv = weight("layer0.wv"),
+               wo = weight("layer0.wo");
+  const std::int64_t dim = o.num_qo_heads * o.head_dim, D = o.head_dim;
+  const std::int64_t group = o.num_qo_heads / o.num_kv_heads;
+  const std::int64_t t = static_cast<std::int64_t>(xs.size()) - 1;
+  auto project = [&](const Tensor& x, const Tensor& w, std::int64_t col) {
+    double acc = 0;
+    for (std::int64_t i = 0; i < dim; ++i) acc += x.at({0, 0, i}) * w.at({i, col});
+    return acc;
+  };
+  std::vector<double> attn(dim);
+  for (std::int64_t h = 0; h < o.num_qo_heads; ++h) {
+    const std::int64_t kvh = h / group;
+    std::vector<double> q(D), scores(t + 1);
+    for (std::int64_t d = 0; d < D; ++d) q[d] = project(xs[t], wq, h * D + d);
+    double mx = -INFINITY;
+    for (std::int64_t j = 0; j <= t; ++j) {
+      double s = 0;
+      for (std::int64_t d = 0; d < D; ++d) s += q[d] * project(xs[j], wk, kvh * D + d);
+      scores[j] = s / std::sqrt(static_cast<double>(D));
+      mx = std::max(mx, scores[j]);
+    }
+    double sum = 0;
+    for (auto& s : scores) sum += (s = std::exp(s - mx));
+    for (std::int64_t d = 0; d < D; ++d) {
+      double acc = 0;
+      for (std::int64_t j = 0; j <= t; ++j) acc += scores[j] / sum * project(xs[j], wv, kvh * D + d);
+      attn[h * D + d] = acc;
+    }
+  }
+  Tensor y = Tensor::empty({1, 1, dim}, DType::f32);
+  for (std::int64_t c = 0; c < dim; ++c) {
+    double acc = xs[t].at({0, 0, c});
+    for (std::int64_t i = 0; i < dim; ++i) acc += attn[i] * wo.at({i, c});
+    y.set({0, 0, c}, acc);
+  }
+  return y;
+}
+
+TEST(Session, ToyDecodeLoopMatchesNaiveRecompute) {
+  DemoAttentionOptions o;
+  o.num_layers = 1;
+  o.num_qo_heads = 4;
+  o.num_kv_heads = 2;
+  o.head_dim = 16;
+  o.capacity = 64;
+  DemoAttentionGraph demo = build_demo_attention_graph(o);
+  const Graph reference_graph = demo.graph;
+  Session session(std::move(demo.graph));
+  // NaN everywhere in the caches: rows at and beyond k_len must never reach the output.
+  Tensor kc = session.state("layer0.k_cache"), vc = session.state("layer0.v_cache");
+  poison_nan(kc);
+  poison_nan(vc);
+  Rng rng(7);
+  std::vector<Tensor> xs;
+  for (std::int64_t step = 1; step <= 50; ++step) {
+    xs.push_back(testing::random_tensor(rng, {1, 1, 64}, DType::f32));
+    session.step({{"k_len", step}}, {{"x", xs.back()}});
+    const Tensor y = session.output("y");
+    const Tensor expected = naive_step(reference_graph, xs, o);
+    ASSERT_TRUE(close(y, expected, {1e-4, 1e-4})) << "step " << step;
+  }
+  EXPECT_EQ(session.steps(), 50);
+}
+
+TEST(Session, PlansOnceAndReusesMemory) {
+  DemoAttentionOptions o;
+  o.num_layers = 3;
+  DemoAttentionGraph demo = build_demo_attention_graph(o);
+  Session session(std::move(demo.graph));
+  const Plan& plan = session.plan();
+  EXPECT_GT(plan.arena_bytes, 0);
+  EXPECT_LT(plan.arena_bytes, plan.unshared_bytes);  // buffers share space
+  for (std::int64_t i = 0; i + 1 < static_cast<std::int64_t>(plan.schedule.size()); ++i)
+    EXPECT_GE(plan.position[plan.schedule[i].index], 0);
+  // Each state write comes after every reader of the version it overwrites.
+  for (NodeId id : plan.schedule) {
+    const Node& n = session.graph().node(id);
+    if (n.op != Op::WriteAt) continue;
+    for (NodeId other : plan.schedule)
+      for (NodeId in : session.graph().node(other).inputs)
+        if (in == n.inputs[0] && other != id) {
+          EXPECT_LT(plan.position[other.index], plan.position[id.index]);
+        }
+  }
+}
+
+TEST(Session, BadStepsThrowAndLeaveCachesUntouched) {
+  DemoAttentionOptions o;
+  o.num_layers = 1;
+  o.capacity = 16;
+  DemoAttentionGraph demo = build_demo_attention_graph(o);
+  Session session(std::move(demo.graph));
+  Rng rng(3);
+  const Tensor x = testing::random_tensor(rng, {1, 1, 256}, DType::f32);
+  session.step({{"k_len", 1}}, {{"x", x}});
+  const Tensor before = session.state("layer0.k_cache").clone();
+  EXPECT_THROW(session.step({}, {{"x", x}}), UnboundSymbolError);
+  EXPECT_THROW(session.step({{"k_len", 17}}, {{"x", x}}), SymbolBindingError);
+  EXPECT_THROW(session.step({{"k_len", 0}}, {{"x", x}}), SymbolBindingError);
+  EXPECT_THROW(session.step({{"nope", 2}}, {{"x", x}}), ValueError);
+  EXPECT_THROW(session.step({{"k_len", 2}}, {}), ValueError);
+  EXPECT_THROW(session.step({{"k_len", 2}}, {{"x", x.to(DType::bf16)}}), DTypeError);
+  EXPECT_THROW(session.step({{"k_len", 2}}, {{"x", testing::random_tensor(rng, {1, 2, 256}, DType::f32)}}),
+               ShapeError);
+  EXPECT_THROW(session.step({{"k_len", 2}}, {{"x", x}, {"extra", x}}), ValueError);
+  EXPECT_TRUE(testing::bit_equal(session.state("layer0.k_cache"), before));
+  EXPECT_THROW(session.output("missing"), ValueError);
+  EXPECT_THROW(session.state("missing"), ValueError);
+  session.step({{"k_len", 2}}, {{"x", x}});  // still usable
+  EXPECT_EQ(session.steps(), 2);
+}
+
+TEST(Session, OutputBeforeFirstStepIsAnError) {
+  DemoAttentionGraph demo = build_demo_attention_graph({});
+  Session session(std::move(demo.graph));
+  EXPECT_THROW(session.output("y"), ValueError);
+}
+
+}  // namespace
+}  // namespace splice
