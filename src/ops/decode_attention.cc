@@ -39,8 +39,8 @@ namespace {
 constexpr std::int64_t kAttentionRank = 4;  // [batch, heads, length, head_dim]
 
 const std::vector<AttentionFeature> kAllAttentionFeatures = {
-    AttentionFeature::causal,  AttentionFeature::window_left,  AttentionFeature::window_right,
-    AttentionFeature::softcap, AttentionFeature::alibi,        AttentionFeature::per_seq_klen,
+    AttentionFeature::causal,  AttentionFeature::window_left, AttentionFeature::window_right,
+    AttentionFeature::softcap, AttentionFeature::alibi,       AttentionFeature::per_seq_klen,
     AttentionFeature::lse};
 
 template <typename T>
@@ -83,8 +83,8 @@ void check_k_len_values(const Tensor& k_len_host, std::int64_t capacity) {
   for (std::int64_t b = 0; b < k_len_host.size(0); ++b) {
     const std::int64_t len = data[b * k_len_host.stride(0)];
     if (len < 0 || len > capacity)
-      fail<ValueError>("`k_len[", b, "]` must be in [0, ", capacity, "] (the capacity of `k`), got ",
-                       len);
+      fail<ValueError>("`k_len[", b, "]` must be in [0, ", capacity,
+                       "] (the capacity of `k`), got ", len);
   }
 }
 
@@ -154,9 +154,10 @@ Tensor decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
                      head_dim = q.size(3);
   const std::int64_t num_kv_heads = k.size(1), capacity = k.size(2);
   if (batch < 1 || num_qo_heads < 1 || q_len < 1 || head_dim < 1)
-    fail<ShapeError>("`q` must have shape [batch, num_qo_heads, q_len, head_dim] with every dim "
-                     ">= 1, got ",
-                     dims_str(q.shape()));
+    fail<ShapeError>(
+        "`q` must have shape [batch, num_qo_heads, q_len, head_dim] with every dim "
+        ">= 1, got ",
+        dims_str(q.shape()));
 
   // Stage 2: the contract row.
   if (!row.supports_dtype(q.dtype()))
@@ -181,8 +182,8 @@ Tensor decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
                      "] to match `q` ", dims_str(q.shape()), ", got ", dims_str(k.shape()));
   check_shape(v, "v", k.shape());
   if (num_qo_heads % num_kv_heads != 0)
-    fail<ShapeError>("`q` num_qo_heads (", num_qo_heads, ") must be a multiple of `k` num_kv_heads (",
-                     num_kv_heads, ")");
+    fail<ShapeError>("`q` num_qo_heads (", num_qo_heads,
+                     ") must be a multiple of `k` num_kv_heads (", num_kv_heads, ")");
   const std::int64_t group = num_qo_heads / num_kv_heads;
   if (row.max_group > 0 && group > row.max_group)
     fail<UnsupportedError>("num_qo_heads / num_kv_heads must be <= ", row.max_group, " for the ",

@@ -22,8 +22,8 @@
 //       s_rj = scale * (q_r . k_j);  softcap: s_rj = cap * tanh(s_rj / cap);
 //       ALiBi: s_rj += -slope[h] * (p_i - j).
 //  5. Online softmax per row over the tile's visible keys:
-//       m' = max(m_r, max_j s_rj);  alpha = exp(m_r - m');  l_r = alpha * l_r + sum_j exp(s_rj - m')
-//       acc_r = alpha * acc_r + sum_j exp(s_rj - m') * v_j      (v_j converted once per tile)
+//       m' = max(m_r, max_j s_rj);  alpha = exp(m_r - m');  l_r = alpha * l_r + sum_j exp(s_rj -
+//       m') acc_r = alpha * acc_r + sum_j exp(s_rj - m') * v_j      (v_j converted once per tile)
 //       m_r = m'.
 //  6. Merge (per row, over the S partials (m_s, l_s, acc_s) with m_s > -inf):
 //       M = max_s m_s;  L = sum_s l_s exp(m_s - M);  o = (sum_s acc_s exp(m_s - M)) / L;
@@ -70,7 +70,8 @@ constexpr i64 kSerialWorkLimit = i64{1} << 20;
 constexpr i64 kDotLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// ---- fp32 row conversion (stage 3/4: every row is converted once, then reused) -------------------
+// ---- fp32 row conversion (stage 3/4: every row is converted once, then reused)
+// -------------------
 
 // f16 bits -> f32, branch-free so the loop vectorizes: the 15 magnitude bits shifted into an f32
 // and scaled by 2^(127-15) give normals and subnormals exactly; exponent 31 maps to inf/NaN.
@@ -132,12 +133,12 @@ struct Problem {
   bool causal = true;
   bool has_softcap = false;
   float softcap = 0.0f;
-  std::vector<float> slopes;     // [Hq] ALiBi slopes, empty without ALiBi
-  std::vector<i64> kv_len;       // [B] live prefix per sequence
-  std::vector<i64> lo, hi;       // [B, Sq] visible key interval of each query row (stage 1)
-  std::vector<i64> u_lo, u_hi;   // [B] union of the rows' intervals
+  std::vector<float> slopes;    // [Hq] ALiBi slopes, empty without ALiBi
+  std::vector<i64> kv_len;      // [B] live prefix per sequence
+  std::vector<i64> lo, hi;      // [B, Sq] visible key interval of each query row (stage 1)
+  std::vector<i64> u_lo, u_hi;  // [B] union of the rows' intervals
   i64 num_splits = 1;
-  i64 rows = 0;                  // G * Sq rows per task
+  i64 rows = 0;  // G * Sq rows per task
   // Partial results, [B, Hkv, S, rows] (+ [D] for acc).
   std::vector<float> part_m, part_l, part_acc;
 
@@ -171,7 +172,8 @@ struct Scratch {
   }
 };
 
-// ---- stages 3-5: one (batch, kv head, split) task ------------------------------------------------
+// ---- stages 3-5: one (batch, kv head, split) task
+// ------------------------------------------------
 
 SPLICE_FD_CLONES
 void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* __restrict m,
@@ -196,7 +198,8 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
   const i64 pos0 = pb.kv_len[b] - Sq;  // p_i = pos0 + i
 
   for (i64 g = 0; g < G; ++g)
-    for (i64 i = 0; i < Sq; ++i) load_row(pb.q_row(b, c * G + g, i), pb.dtype, D, qf + (g * Sq + i) * D);
+    for (i64 i = 0; i < Sq; ++i)
+      load_row(pb.q_row(b, c * G + g, i), pb.dtype, D, qf + (g * Sq + i) * D);
 
   for (i64 t0 = begin; t0 < end; t0 += kKeyTile) {
     const i64 t1 = std::min(end, t0 + kKeyTile);
@@ -349,17 +352,16 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   pb.num_kv_heads = k.size(1);
   SPLICE_INTERNAL_CHECK(pb.num_kv_heads > 0 && pb.num_qo_heads % pb.num_kv_heads == 0,
                         "flash_decode: Hq ", pb.num_qo_heads, " Hkv ", pb.num_kv_heads);
-  SPLICE_INTERNAL_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 &&
-                            out.stride(3) == 1,
-                        "flash_decode: last axes must be unit stride");
+  SPLICE_INTERNAL_CHECK(
+      q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && out.stride(3) == 1,
+      "flash_decode: last axes must be unit stride");
   pb.group = pb.num_qo_heads / pb.num_kv_heads;
   pb.rows = pb.group * pb.q_len;
   pb.q = strided_of(q);
   pb.k = strided_of(k);
   pb.v = strided_of(v);
-  pb.scale = options.softmax_scale != 0.0f
-                 ? options.softmax_scale
-                 : 1.0f / std::sqrt(static_cast<float>(pb.head_dim));
+  pb.scale = options.softmax_scale != 0.0f ? options.softmax_scale
+                                           : 1.0f / std::sqrt(static_cast<float>(pb.head_dim));
   pb.causal = options.causal;
   pb.has_softcap = options.softcap.has_value();
   pb.softcap = options.softcap.value_or(0.0f);
