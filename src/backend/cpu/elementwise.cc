@@ -312,7 +312,7 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
   check_dtype(cond, "cond", {DType::boolean});
   if (out.dtype() == DType::boolean)
     where_impl<std::uint8_t>(loop, cond, a, b, out);
-  else if (is_floating(out.dtype()))
+  else if (is_floating(out.dtype()) || is_floating(a.dtype()) || is_floating(b.dtype()))
     where_impl<float>(loop, cond, a, b, out);
   else
     where_impl<std::int64_t>(loop, cond, a, b, out);

@@ -4,8 +4,9 @@
 // copy_broadcast:
 //   1. Align src's strides to dst's shape (stride 0 on stretched axes) and coalesce both.
 //   2. Same dtype: move raw bits per run (memmove for unit-stride runs), so copies are exact.
-//   3. Different dtypes: stage tiles through a compute type chosen by the destination: float for
-//      float destinations, int64 for integer ones, uint8 truthiness for bool.
+//   3. Different dtypes: stage tiles through a compute type: uint8 truthiness into bool, float when
+//      either side is a float dtype (float -> int saturates straight into the target range), int64
+//      between integers (i64 -> i32 wraps modulo 2^32, as in C++ and torch).
 #include "backend/cpu/kernel_util.h"
 
 #include "backend/cpu/parallel.h"
@@ -121,7 +122,8 @@ void copy_runs(const Loop<2>& loop, const Operand& dst, std::int64_t dst_base, c
       }
     }
     if (dst.dtype == DType::boolean) return convert_run<std::uint8_t>(dst, src, d0, ds, s0, ss, n);
-    if (is_floating(dst.dtype)) return convert_run<float>(dst, src, d0, ds, s0, ss, n);
+    if (is_floating(dst.dtype) || is_floating(src.dtype))
+      return convert_run<float>(dst, src, d0, ds, s0, ss, n);
     return convert_run<std::int64_t>(dst, src, d0, ds, s0, ss, n);
   });
 }
