@@ -1,0 +1,73 @@
+// splice/backend/cuda/flash_decode.h: the CUDA flash-decode attention kernel (spec
+// decode_attention.md §5), its split plan and its launcher.
+//
+// Called by splice::decode_attention after argument validation. All tensors are device tensors:
+//   q      [batch, num_qo_heads, q_len, head_dim]       bf16 / f16 (row strides multiples of 8)
+//   k, v   [batch, num_kv_heads, capacity, head_dim]    q's dtype, 16-byte aligned rows
+//   k_len  [batch] or [1] int32 in device memory: the live prefix per sequence (or for all)
+//   alibi  optional [num_qo_heads] f32 slopes (device)
+//   out    [batch, num_qo_heads, q_len, head_dim]       q's dtype
+//   lse    optional [batch, num_qo_heads, q_len] f32 (natural log; -inf for rows with no key)
+//
+// Work decomposition (the plan): one CTA per (row block, KV split, batch x kv head). A row block
+// packs 16 query rows of one GQA group (row = g * q_len + i for group member g, query i), so a
+// CTA reads its K/V rows once for all of them. The grid's split dimension is sized by the host at
+// a length bound (the capacity when a CUDA graph is captured); the kernel reads k_len from device
+// memory, re-plans the live split count on the device with the same rule, and CTAs past the live
+// split count exit at once. Nothing on the launch path reads device memory back to the host, so a
+// captured launch replays correctly for any k_len <= the bound.
+#pragma once
+
+#include <cstdint>
+
+#include "splice/core/tensor.h"
+#include "splice/ops/decode_attention.h"
+
+struct CUstream_st;
+
+namespace splice::cuda {
+
+using Stream = CUstream_st*;  // a cudaStream_t; nullptr is the legacy default stream
+
+// Keys per warp tile and per-CTA layout constants shared by the planner and the kernel.
+inline constexpr int kFlashDecodeRowsPerCta = 16;   // one m16 tensor-core tile of query rows
+inline constexpr int kFlashDecodeTileKeys = 16;     // keys a warp consumes per step
+inline constexpr int kFlashDecodeWarps = 4;         // warps per CTA, each its own key stream
+inline constexpr int kFlashDecodeMinChunk = 64;     // fewest keys per split (one tile per warp)
+
+struct FlashDecodePlan {
+  int row_blocks = 1;       // ceil(group * q_len / 16)
+  int num_splits = 1;       // the grid's split dimension (an upper bound on live splits)
+  int ctas_per_sm = 2;      // resident CTAs per SM the split rule assumes
+  int min_chunk = kFlashDecodeMinChunk;
+  std::int64_t grid_x = 1;  // row_blocks
+  std::int64_t grid_y = 1;  // num_splits
+  std::int64_t grid_z = 1;  // batch * num_kv_heads
+  std::size_t workspace_bytes = 0;  // fp32 partials + per-row lse + merge counters
+};
+
+// Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
+// capturing a graph that must serve every k_len). Rule: fill one wave of resident CTAs,
+//   num_splits = clamp(floor(sm_count * ctas_per_sm / (batch * num_kv_heads * row_blocks)),
+//                      1, ceil(max_live_k_len / min_chunk)),
+// and on the device, for the live visible range of n keys,
+//   chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)), live splits = ceil(n / chunk).
+FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
+                                  std::int64_t num_kv_heads, std::int64_t q_len,
+                                  std::int64_t head_dim, std::int64_t capacity,
+                                  std::int64_t max_live_k_len, int sm_count);
+
+// Multiprocessor count of the current device (cached).
+int sm_count();
+
+// Computes attention into `out` (and `*lse` when non-null) on `stream`. The grid is planned at
+// the capacity bound so the launch can be captured in a graph and replayed with new k_len values;
+// `options.num_splits > 0` forces that many splits (tests use it to check split invariance).
+// The fp32 split workspace is owned by this module and grows on demand: the first call for a
+// shape must happen outside stream capture (a growth during capture raises UnsupportedError).
+// Throws DTypeError / ShapeError / LayoutError / DeviceError naming the argument on bad input.
+void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_len,
+                  const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,
+                  Tensor* lse, Stream stream = nullptr);
+
+}  // namespace splice::cuda

@@ -1,0 +1,536 @@
+// Device code of the flash-decode attention kernel (spec decode_attention.md §5). POD params in,
+// nothing from ir/plan/exec; the launcher (flash_decode.cu) plans the grid and checks arguments.
+//
+// One CTA = (row block rb, split s, batch b x kv head h); 4 warps; 16 query rows (one m16 tile:
+// row = g * q_len + i for group member g and query i, padded with empty rows).
+//   1. Live range. k_len is read from device memory (clamped to [0, capacity]); query i sits at
+//      p_i = k_len - q_len + i; the keys any row may see are [lo, hi) with
+//      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1). The split plan is redone here
+//      from n = hi - lo: chunk = max(min_chunk, round_up(ceil(n / gridDim.y), 16)) (or from a
+//      forced split count), live = ceil(n / chunk); CTAs with s >= live exit. Split s owns keys
+//      [c0, c1) = [lo + s * chunk, min(hi, lo + (s + 1) * chunk)).
+//   2. Loads. Each warp streams its own 16-key tiles t = warp, warp + 4, ... of [c0, c1) through
+//      a private cp.async ring (16-byte loads, kStages - 1 tiles in flight, rows swizzled by
+//      chunk ^ (row & 7) so ldmatrix is conflict-free). Keys >= c1 are zero-filled, never read:
+//      a NaN at or beyond k_len cannot reach a result. No CTA-wide barrier in the main loop.
+//   3. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
+//      in log2 units t = log2(e) * s with s = scale * (q . k_j), then s = cap * tanh(s / cap)
+//      (softcap), s += -slope_h * (p_i - j) (ALiBi), and t = -inf outside
+//      max(c0, p_i - left) <= j < min(c1, p_i + 1 [causal], p_i + right + 1).
+//   4. Online softmax per row: m' = max(m, max_j t_j), alpha = 2^(m - m'), l' = alpha l + sum 2^(t_j - m'),
+//      O' = alpha O + P V with P = 2^(t - m') rounded to the input dtype (mma.sync again).
+//   5. Warps merge in shared memory: M = max_w m_w, w_w = 2^(m_w - M), L = sum w_w l_w,
+//      O = sum w_w O_w / L, lse2 = M + log2 L (-inf and O = 0 when L = 0: no visible key).
+//   6. One live split: write o and lse = lse2 * ln 2. Otherwise write the fp32 partial (O, lse2),
+//      fence, bump the (b, h, rb) counter; the CTA that brings it to `live` merges the partials in
+//      split order (deterministic whoever finishes last): M = max_s lse2_s,
+//      o = sum_s 2^(lse2_s - M) O_s / sum_s 2^(lse2_s - M), lse2 = M + log2 sum_s 2^(lse2_s - M),
+//      and resets the counter to 0 for the next launch (graph replay safe).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace splice::cuda::detail {
+
+inline constexpr int kRows = 16;     // query rows per CTA (one m16 tile)
+inline constexpr int kTileKeys = 16; // keys per warp step
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = kWarps * 32;
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+struct FlashDecodeParams {
+  const void* q;        // [batch, num_qo_heads, q_len, head_dim]
+  const void* k;        // [batch, num_kv_heads, capacity, head_dim]
+  const void* v;        // [batch, num_kv_heads, capacity, head_dim]
+  void* out;            // [batch, num_qo_heads, q_len, head_dim]
+  float* lse;           // [batch, num_qo_heads, q_len] or null
+  const std::int32_t* k_len;  // [batch] or [1]
+  const float* alibi;   // [num_qo_heads] or null
+  float* partial_o;     // [batch * num_kv_heads, row_blocks, grid splits, 16, head_dim]
+  float* partial_lse;   // [batch * num_kv_heads, row_blocks, grid splits, 16]
+  unsigned* counters;   // [batch * num_kv_heads, row_blocks], zero between launches
+  std::int64_t q_stride_b, q_stride_h, q_stride_s;
+  std::int64_t k_stride_b, k_stride_h, k_stride_s;
+  std::int64_t v_stride_b, v_stride_h, v_stride_s;
+  std::int64_t o_stride_b, o_stride_h, o_stride_s;
+  std::int64_t lse_stride_b, lse_stride_h, lse_stride_s;
+  int k_len_stride;     // 0 for one shared k_len, 1 for one per sequence
+  int num_kv_heads, group, q_len, rows, capacity;
+  int forced_splits;    // > 0: split into this many (split-invariance tests); 0: plan
+  int min_chunk;
+  int window_left, window_right;  // -1 = unbounded
+  int causal;
+  int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
+  float scale_log2;     // softmax_scale * log2(e)
+  float softmax_scale;
+  float softcap;        // 0 = none
+};
+
+template <int kHeadDim>
+struct FlashDecodeConfig {
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kStages = kHeadDim == 256 ? 2 : (kHeadDim == 64 ? 4 : 3);
+  static constexpr int kTileBytes = kTileKeys * kHeadDim * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K tile then V tile
+  static constexpr int kQBytes = kRows * kHeadDim * 2;
+  static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
+  static constexpr int kRedStride = kHeadDim + 4;  // floats per row of the warp-merge scratch
+  static constexpr int kMergeBytes = kWarps * kRows * (kRedStride + 2) * 4;
+  static constexpr int kSmemBytes =
+      kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
+  static constexpr bool kQInRegs = kHeadDim <= 128;
+};
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The dtype-specific pieces: the mma instruction and the fp32 <-> 16-bit conversions.
+template <typename T>
+struct Num;
+
+template <>
+struct Num<__nv_bfloat16> {
+  __device__ __forceinline__ static void mma(float (&d)[4], const std::uint32_t (&a)[4],
+                                             std::uint32_t b0, std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+  __device__ __forceinline__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ __forceinline__ static __nv_bfloat16 from_float(float x) {
+    return __float2bfloat16_rn(x);
+  }
+};
+
+template <>
+struct Num<__half> {
+  __device__ __forceinline__ static void mma(float (&d)[4], const std::uint32_t (&a)[4],
+                                             std::uint32_t b0, std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+  __device__ __forceinline__ static float to_float(__half x) { return __half2float(x); }
+  __device__ __forceinline__ static __half from_float(float x) { return __float2half_rn(x); }
+};
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, head_dim] 16-bit tile.
+template <int kHeadDim>
+__device__ __forceinline__ std::uint32_t swizzle(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * kHeadDim * 2 + ((chunk ^ (row & 7)) << 4));
+}
+
+// Writes four consecutive outputs of one row (and nothing for rows past `rows`).
+template <typename T>
+__device__ __forceinline__ void store_out4(const FlashDecodeParams& p, T* dst, const float (&o)[4]) {
+  if (p.o_vec8) {
+    union {
+      T h[4];
+      uint2 u;
+    } pack;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pack.h[e] = Num<T>::from_float(o[e]);
+    *reinterpret_cast<uint2*>(dst) = pack.u;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[e] = Num<T>::from_float(o[e]);
+  }
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_decode_kernel(const __grid_constant__ FlashDecodeParams p) {
+  using Cfg = FlashDecodeConfig<kHeadDim>;
+  constexpr int kChunks = Cfg::kChunks;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kSlotsPerRow = kHeadDim / 4;  // float4 slots per output row
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int rb = blockIdx.x;
+  const int split = blockIdx.y;
+  const int bh = blockIdx.z;
+  const int b = bh / p.num_kv_heads;
+  const int kv_head = bh % p.num_kv_heads;
+
+  // Stage 1: live range and the device-side split plan.
+  int k_len = p.k_len[b * p.k_len_stride];
+  k_len = k_len < 0 ? 0 : (k_len > p.capacity ? p.capacity : k_len);
+  const int pos_first = k_len - p.q_len;
+  const int pos_last = k_len - 1;
+  int lo = 0;
+  int hi = k_len;
+  if (p.window_left >= 0) lo = max(lo, pos_first - p.window_left);
+  if (p.window_right >= 0) hi = min(hi, pos_last + p.window_right + 1);
+  const int n = max(hi - lo, 0);
+  int chunk;
+  if (p.forced_splits > 0) {
+    chunk = ceil_div(ceil_div(n, p.forced_splits), kTileKeys) * kTileKeys;
+  } else {
+    chunk = max(p.min_chunk, ceil_div(ceil_div(n, gridDim.y), kTileKeys) * kTileKeys);
+  }
+  chunk = max(chunk, kTileKeys);
+  const int live_splits = max(1, ceil_div(n, chunk));
+  if (split >= live_splits) return;
+  const int c0 = lo + split * chunk;
+  const int c1 = min(hi, c0 + chunk);
+
+  // Stage 2: start this warp's K/V stream before anything else.
+  const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
+  const int my_tiles = num_tiles > warp ? ceil_div(num_tiles - warp, kWarps) : 0;
+  const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
+  const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
+  unsigned char* q_smem = smem;
+  unsigned char* pipe = smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes;
+  const std::uint32_t pipe_u32 = smem_u32(pipe);
+
+  auto load_tile = [&](int it, int stage) {
+    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
+    const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes;
+    const std::uint32_t v_dst = k_dst + Cfg::kTileBytes;
+#pragma unroll
+    for (int u = 0; u < kTileKeys * kChunks / 32; ++u) {
+      const int c = lane + 32 * u;
+      const int row = c / kChunks;
+      const int ch = c % kChunks;
+      const int key = key0 + row;
+      const bool ok = key < c1;
+      const std::int64_t koff = ok ? key * p.k_stride_s + ch * 8 : 0;
+      const std::int64_t voff = ok ? key * p.v_stride_s + ch * 8 : 0;
+      const std::uint32_t so = swizzle<kHeadDim>(row, ch);
+      cp_async_16(k_dst + so, k_base + koff, ok ? 16 : 0);
+      cp_async_16(v_dst + so, v_base + voff, ok ? 16 : 0);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < my_tiles) load_tile(s, s);
+    cp_async_commit();
+  }
+
+  // Stage 2b: the 16 query rows into shared memory (zeros for padding rows).
+  const int row_base = rb * kRows;
+  for (int c = tid; c < kRows * kChunks; c += kThreads) {
+    const int row = c / kChunks;
+    const int ch = c % kChunks;
+    const int gr = row_base + row;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (gr < p.rows) {
+      const int g = gr / p.q_len;
+      const int i = gr % p.q_len;
+      const T* src = static_cast<const T*>(p.q) + b * p.q_stride_b +
+                     (kv_head * p.group + g) * p.q_stride_h + i * p.q_stride_s + ch * 8;
+      if (p.q_vec16) {
+        val = *reinterpret_cast<const uint4*>(src);
+      } else {
+        T tmp[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) tmp[e] = src[e];
+        val = *reinterpret_cast<const uint4*>(tmp);
+      }
+    }
+    *reinterpret_cast<uint4*>(q_smem + swizzle<kHeadDim>(row, ch)) = val;
+  }
+  __syncthreads();
+
+  std::uint32_t q_frag[Cfg::kQInRegs ? kHeadDim / 16 : 1][4];
+  const int frag_row = (lane / 8 % 2) * 8 + lane % 8;  // ldmatrix row this lane addresses
+  const int frag_hi = lane / 16;                       // second 8-column half for Q / V
+  const std::uint32_t q_u32 = smem_u32(q_smem);
+  if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks)
+      ldmatrix_x4(q_frag[ks], q_u32 + swizzle<kHeadDim>(frag_row, 2 * ks + frag_hi));
+  }
+
+  // Per-thread row data: rows lane/4 and lane/4 + 8 of the block (mma C-fragment rows).
+  int vis_lo[2], vis_hi[2];
+  float pos[2], slope_log2[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int gr = row_base + lane / 4 + 8 * rr;
+    vis_lo[rr] = 0;
+    vis_hi[rr] = 0;
+    pos[rr] = 0.0f;
+    slope_log2[rr] = 0.0f;
+    if (gr < p.rows) {
+      const int g = gr / p.q_len;
+      const int pi = pos_first + gr % p.q_len;
+      int l = c0;
+      int h = c1;
+      if (p.causal) h = min(h, pi + 1);
+      if (p.window_left >= 0) l = max(l, pi - p.window_left);
+      if (p.window_right >= 0) h = min(h, pi + p.window_right + 1);
+      vis_lo[rr] = l;
+      vis_hi[rr] = h;
+      pos[rr] = static_cast<float>(pi);
+      if (p.alibi) slope_log2[rr] = p.alibi[kv_head * p.group + g] * kLog2e;
+    }
+  }
+
+  // Stages 3-4: the warp's main loop.
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float o[kHeadDim / 8][4];
+#pragma unroll
+  for (int dn = 0; dn < kHeadDim / 8; ++dn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dn][e] = 0.0f;
+  const int frag_key = (lane / 16) * 8 + lane % 8;  // K ldmatrix row: keys 0-7 or 8-15
+  const int frag_kc = lane / 8 % 2;                 // K ldmatrix chunk half
+
+  for (int it = 0; it < my_tiles; ++it) {
+    const int pre = it + kStages - 1;
+    if (pre < my_tiles) load_tile(pre, pre % kStages);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const std::uint32_t k_tile = pipe_u32 + (it % kStages) * Cfg::kStageBytes;
+    const std::uint32_t v_tile = k_tile + Cfg::kTileBytes;
+    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
+
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      std::uint32_t a[4];
+      if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = q_frag[ks][e];
+      } else {
+        ldmatrix_x4(a, q_u32 + swizzle<kHeadDim>(frag_row, 2 * ks + frag_hi));
+      }
+      std::uint32_t kb[4];
+      ldmatrix_x4(kb, k_tile + swizzle<kHeadDim>(frag_key, 2 * ks + frag_kc));
+      Num<T>::mma(s[0], a, kb[0], kb[1]);
+      Num<T>::mma(s[1], a, kb[2], kb[3]);
+    }
+
+    // Scores in log2 units, masked.
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int rr = e / 2;
+        const int j = key0 + nt * 8 + 2 * (lane % 4) + e % 2;
+        float t;
+        if (p.softcap > 0.0f) {
+          t = p.softcap * tanhf(s[nt][e] * p.softmax_scale / p.softcap) * kLog2e;
+        } else {
+          t = s[nt][e] * p.scale_log2;
+        }
+        t += slope_log2[rr] * (static_cast<float>(j) - pos[rr]);
+        s[nt][e] = (j >= vis_lo[rr] && j < vis_hi[rr]) ? t : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = fmaxf(fmaxf(s[0][2 * rr], s[0][2 * rr + 1]), fmaxf(s[1][2 * rr], s[1][2 * rr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[rr], mx);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m[rr] - m_use);
+      m[rr] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = exp2f(s[nt][2 * rr + e] - m_use);
+          s[nt][2 * rr + e] = pe;
+          sum += pe;
+        }
+      }
+      l[rr] = l[rr] * alpha + sum;
+#pragma unroll
+      for (int dn = 0; dn < kHeadDim / 8; ++dn) {
+        o[dn][2 * rr] *= alpha;
+        o[dn][2 * rr + 1] *= alpha;
+      }
+    }
+
+    // O += P V: P's C-fragments are exactly the A-fragment of a 16 x 16 (rows x keys) tile.
+    const std::uint32_t pa[4] = {Num<T>::pack(s[0][0], s[0][1]), Num<T>::pack(s[0][2], s[0][3]),
+                                 Num<T>::pack(s[1][0], s[1][1]), Num<T>::pack(s[1][2], s[1][3])};
+#pragma unroll
+    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+      std::uint32_t vb[4];
+      ldmatrix_x4_trans(vb, v_tile + swizzle<kHeadDim>(frag_row, 2 * dp + frag_hi));
+      Num<T>::mma(o[2 * dp], pa, vb[0], vb[1]);
+      Num<T>::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+    }
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+
+  // Stage 5: merge the four warps' states in shared memory.
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+  }
+  __syncthreads();  // every warp is done with its ring: reuse it as scratch
+  float* red_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);  // [warps][16][kRedStride]
+  float* red_m = red_o + kWarps * kRows * Cfg::kRedStride;       // [warps][16]
+  float* red_l = red_m + kWarps * kRows;                         // [warps][16]
+#pragma unroll
+  for (int dn = 0; dn < kHeadDim / 8; ++dn) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row = lane / 4 + 8 * rr;
+      float* dst = red_o + (warp * kRows + row) * Cfg::kRedStride + dn * 8 + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(dst) = make_float2(o[dn][2 * rr], o[dn][2 * rr + 1]);
+    }
+  }
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      red_m[warp * kRows + lane / 4 + 8 * rr] = m[rr];
+      red_l[warp * kRows + lane / 4 + 8 * rr] = l[rr];
+    }
+  }
+  __syncthreads();
+
+  const int valid_rows = min(kRows, p.rows - row_base);
+  const std::int64_t unit = static_cast<std::int64_t>(bh) * gridDim.x + rb;
+  const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row index base
+  for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
+    const int row = slot / kSlotsPerRow;
+    const int d = (slot % kSlotsPerRow) * 4;
+    float big = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, red_m[w * kRows + row]);
+    float denom = 0.0f;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (big != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = red_m[w * kRows + row];
+        const float ww = mw == -INFINITY ? 0.0f : exp2f(mw - big);
+        denom += ww * red_l[w * kRows + row];
+        const float4 ow =
+            *reinterpret_cast<const float4*>(red_o + (w * kRows + row) * Cfg::kRedStride + d);
+        acc[0] += ww * ow.x;
+        acc[1] += ww * ow.y;
+        acc[2] += ww * ow.z;
+        acc[3] += ww * ow.w;
+      }
+    }
+    const bool empty = !(denom > 0.0f);
+    const float inv = empty ? 0.0f : 1.0f / denom;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] *= inv;
+    const float lse2 = empty ? -INFINITY : big + log2f(denom);
+    if (live_splits == 1) {
+      const int gr = row_base + row;
+      const int g = gr / p.q_len;
+      const int i = gr % p.q_len;
+      const int qo_head = kv_head * p.group + g;
+      T* dst = static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h +
+               i * p.o_stride_s + d;
+      store_out4<T>(p, dst, acc);
+      if (p.lse && d == 0)
+        p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] = lse2 * kLn2;
+    } else {
+      *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
+          make_float4(acc[0], acc[1], acc[2], acc[3]);
+      if (d == 0) p.partial_lse[part_row0 + row] = lse2;
+    }
+  }
+  if (live_splits == 1) return;
+
+  // Stage 6: the last split to finish merges every split's partial, in split order.
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const unsigned done = atomicAdd(p.counters + unit, 1u);
+    is_last = done == static_cast<unsigned>(live_splits - 1);
+    if (is_last) p.counters[unit] = 0u;  // every live split has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const std::int64_t first_row = unit * gridDim.y * kRows;  // split 0's row 0
+  for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
+    const int row = slot / kSlotsPerRow;
+    const int d = (slot % kSlotsPerRow) * 4;
+    float big = -INFINITY;
+    for (int s = 0; s < live_splits; ++s)
+      big = fmaxf(big, __ldcg(p.partial_lse + first_row + s * kRows + row));
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float denom = 0.0f;
+    if (big != -INFINITY) {
+#pragma unroll 4
+      for (int s = 0; s < live_splits; ++s) {
+        const float ls = __ldcg(p.partial_lse + first_row + s * kRows + row);
+        const float ws = exp2f(ls - big);  // 0 for an empty split (ls = -inf)
+        const float4 os = __ldcg(
+            reinterpret_cast<const float4*>(p.partial_o + (first_row + s * kRows + row) * kHeadDim + d));
+        denom += ws;
+        acc[0] += ws * os.x;
+        acc[1] += ws * os.y;
+        acc[2] += ws * os.z;
+        acc[3] += ws * os.w;
+      }
+    }
+    const bool empty = !(denom > 0.0f);
+    const float inv = empty ? 0.0f : 1.0f / denom;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] *= inv;
+    const int gr = row_base + row;
+    const int g = gr / p.q_len;
+    const int i = gr % p.q_len;
+    const int qo_head = kv_head * p.group + g;
+    T* dst = static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h +
+             i * p.o_stride_s + d;
+    store_out4<T>(p, dst, acc);
+    if (p.lse && d == 0)
+      p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] =
+          empty ? -INFINITY : (big + log2f(denom)) * kLn2;
+  }
+}
+
+}  // namespace splice::cuda::detail

@@ -1,0 +1,530 @@
+// GPU tests of the CUDA flash-decode kernel (spec decode_attention.md §5) against a float64
+// reference written here with plain loops.
+//
+//   1. Grid: bf16/f16 x head_dim {64, 128, 256} x GQA groups x q_len {1, 3, 8} x causal /
+//      windows / softcap / ALiBi / LSE, at k_len 1, 17, 97, 4095, 4097; K/V rows at and beyond
+//      k_len are NaN (they must not leak), strides are padded, the output is NaN before the call.
+//   2. Ragged batches (k_len per sequence, one of them 0) and misaligned q / out rows.
+//   3. Split invariance: forced split counts 1, 2, 5, 13 against the planned one, within one
+//      output rounding (1 ulp of the dtype) and 1e-5 relative in the LSE.
+//   4. CUDA graph: one capture at the capacity bound replayed with k_len changed in device memory
+//      between replays (and K/V re-poisoned beyond each new k_len), each replay against the
+//      reference.
+//   5. Bad arguments raise the typed errors that name them.
+#include "splice/backend/cuda/flash_decode.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "splice/backend/cuda/runtime.h"
+#include "splice/core/error.h"
+#include "splice/core/random.h"
+#include "splice/core/tolerance.h"
+#include "support/test_util.h"
+
+namespace splice {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                      \
+  do {                                                                          \
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device available"; \
+    cuda::ensure_registered();                                                  \
+  } while (0)
+
+void cuda_ok(cudaError_t status, const char* what) {
+  ASSERT_EQ(status, cudaSuccess) << what << ": " << cudaGetErrorString(status);
+}
+
+// A tensor with a host copy and a device copy of one padded layout (same strides on both).
+struct Mirrored {
+  Tensor host_base, host;      // host_base: the whole padded allocation; host: the logical view
+  Tensor device_base, device;
+  Dims shape;
+  std::int64_t pad = 0;
+
+  // Copies the whole padded host allocation (poison included) to the device.
+  void upload() {
+    device_copy(device_base.raw_data(), device_base.device(), host_base.raw_data(),
+                Device::cpu(), host_base.nbytes());
+  }
+  // Copies the device allocation back and returns the logical host view of it.
+  Tensor download() {
+    device_copy(host_base.raw_data(), Device::cpu(), device_base.raw_data(), device_base.device(),
+                host_base.nbytes());
+    return host;
+  }
+};
+
+Tensor slice_to(const Tensor& base, const Dims& shape) {
+  Tensor view = base;
+  for (std::size_t axis = 0; axis < shape.size(); ++axis)
+    view = view.slice(static_cast<std::int64_t>(axis), 0, shape[axis]);
+  return view;
+}
+
+// Every axis but the last gets `pad` extra entries; `last_pad` widens the last axis's row (for
+// misaligned rows). The host allocation is NaN before anything is written.
+Mirrored mirrored(const Dims& shape, DType dtype, std::int64_t pad, std::int64_t last_pad = 0) {
+  Mirrored m;
+  m.shape = shape;
+  m.pad = pad;
+  Dims padded = shape;
+  for (std::size_t axis = 0; axis + 1 < padded.size(); ++axis) padded[axis] += pad;
+  padded.back() += last_pad;
+  m.host_base = Tensor::empty(padded, dtype);
+  poison_nan(m.host_base);
+  m.host = slice_to(m.host_base, shape);
+  m.device_base = Tensor::empty(padded, dtype, Device::cuda());
+  m.device = slice_to(m.device_base, shape);
+  return m;
+}
+
+struct Case {
+  DType dtype = DType::bf16;
+  std::int64_t batch = 1, num_qo_heads = 4, num_kv_heads = 1, q_len = 1, head_dim = 128;
+  std::int64_t capacity = 64;
+  std::vector<std::int32_t> k_len = {17};  // one value (shared) or one per sequence
+  bool causal = true;
+  std::optional<std::int64_t> window_left, window_right;
+  std::optional<float> softcap;
+  bool alibi = false;
+  bool want_lse = true;
+  std::int64_t num_splits = 0;
+  std::int64_t pad = 0;       // padding of every non-last axis of q, k, v, out
+  std::int64_t row_pad = 0;   // extra row width of q and out (misaligned rows)
+  float softmax_scale = 0.0f;
+
+  std::string str() const {
+    std::string s = std::string(dtype_name(dtype)) + " B=" + std::to_string(batch) +
+                    " Hq=" + std::to_string(num_qo_heads) + " Hkv=" + std::to_string(num_kv_heads) +
+                    " Sq=" + std::to_string(q_len) + " D=" + std::to_string(head_dim) +
+                    " cap=" + std::to_string(capacity) + " k_len=";
+    for (auto l : k_len) s += std::to_string(l) + ",";
+    s += causal ? " causal" : " full";
+    if (window_left) s += " wl=" + std::to_string(*window_left);
+    if (window_right) s += " wr=" + std::to_string(*window_right);
+    if (softcap) s += " softcap=" + std::to_string(*softcap);
+    if (alibi) s += " alibi";
+    if (num_splits) s += " splits=" + std::to_string(num_splits);
+    if (pad) s += " pad=" + std::to_string(pad);
+    if (row_pad) s += " row_pad=" + std::to_string(row_pad);
+    return s;
+  }
+  std::int32_t len(std::int64_t b) const { return k_len.size() == 1 ? k_len[0] : k_len[b]; }
+};
+
+// The logical elements of a CPU tensor, row-major, as doubles.
+std::vector<double> to_doubles(const Tensor& t) {
+  std::vector<double> values(static_cast<std::size_t>(t.numel()));
+  for (std::int64_t i = 0; i < t.numel(); ++i) values[static_cast<std::size_t>(i)] = t.at_linear(i);
+  return values;
+}
+
+// The inputs of one case on both sides, and the float64 reference of §5.
+struct Problem {
+  Case c;
+  Mirrored q, k, v, out, lse;
+  Tensor k_len_host, k_len_device, alibi_host, alibi_device;
+
+  explicit Problem(const Case& cs, Rng& rng) : c(cs) {
+    q = mirrored({c.batch, c.num_qo_heads, c.q_len, c.head_dim}, c.dtype, c.pad, c.row_pad);
+    k = mirrored({c.batch, c.num_kv_heads, c.capacity, c.head_dim}, c.dtype, c.pad);
+    v = mirrored({c.batch, c.num_kv_heads, c.capacity, c.head_dim}, c.dtype, c.pad);
+    out = mirrored({c.batch, c.num_qo_heads, c.q_len, c.head_dim}, c.dtype, c.pad, c.row_pad);
+    lse = mirrored({c.batch, c.num_qo_heads, c.q_len}, DType::f32, 0);
+    rng.normal(q.host);
+    fill_kv(rng);
+    q.upload();
+    Tensor lens = Tensor::empty({static_cast<std::int64_t>(c.k_len.size())}, DType::i32);
+    for (std::size_t i = 0; i < c.k_len.size(); ++i) lens.data<std::int32_t>()[i] = c.k_len[i];
+    k_len_host = lens;
+    k_len_device = lens.to_device(Device::cuda());
+    if (c.alibi) {
+      alibi_host = Tensor::empty({c.num_qo_heads}, DType::f32);
+      for (std::int64_t h = 0; h < c.num_qo_heads; ++h)  // the usual geometric slopes
+        alibi_host.data<float>()[h] =
+            std::pow(2.0f, -8.0f * static_cast<float>(h + 1) / static_cast<float>(c.num_qo_heads));
+      alibi_device = alibi_host.to_device(Device::cuda());
+    }
+  }
+
+  // Random K/V below each sequence's k_len, NaN at and beyond it; uploads both.
+  void fill_kv(Rng& rng) {
+    rng.normal(k.host);
+    rng.normal(v.host);
+    for (std::int64_t b = 0; b < c.batch; ++b)
+      for (std::int64_t h = 0; h < c.num_kv_heads; ++h)
+        for (std::int64_t j = c.len(b); j < c.capacity; ++j) {
+          const std::int64_t ko = k.host.element_offset({b, h, j, 0});
+          const std::int64_t vo = v.host.element_offset({b, h, j, 0});
+          for (std::int64_t d = 0; d < c.head_dim; ++d) {
+            store_from_double(k.host.storage()->data, c.dtype, ko + d, NAN);
+            store_from_double(v.host.storage()->data, c.dtype, vo + d, NAN);
+          }
+        }
+    k.upload();
+    v.upload();
+  }
+
+  DecodeAttentionOptions options() const {
+    DecodeAttentionOptions o;
+    o.softmax_scale = c.softmax_scale;
+    o.causal = c.causal;
+    o.window_left = c.window_left;
+    o.window_right = c.window_right;
+    o.softcap = c.softcap;
+    o.num_splits = c.num_splits;
+    return o;
+  }
+
+  // Runs the kernel on a NaN-poisoned output; returns (out, lse) on the host.
+  std::pair<Tensor, Tensor> run(cuda::Stream stream = nullptr) {
+    poison_nan(out.host_base);
+    out.upload();
+    poison_nan(lse.host_base);
+    lse.upload();
+    Tensor* lse_ptr = c.want_lse ? &lse.device : nullptr;
+    cuda::flash_decode(q.device, k.device, v.device, k_len_device,
+                       c.alibi ? &alibi_device : nullptr, options(), out.device, lse_ptr, stream);
+    cuda::synchronize();
+    return {out.download().clone(), lse.download().clone()};
+  }
+
+  // float64 reference of §5: returns (out f32, lse f32) on the host.
+  std::pair<Tensor, Tensor> reference() const {
+    Tensor ro = Tensor::empty({c.batch, c.num_qo_heads, c.q_len, c.head_dim}, DType::f32);
+    Tensor rl = Tensor::empty({c.batch, c.num_qo_heads, c.q_len}, DType::f32);
+    const std::int64_t group = c.num_qo_heads / c.num_kv_heads;
+    const double scale = c.softmax_scale != 0.0f ? c.softmax_scale
+                                                 : 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    const std::vector<double> qd = to_doubles(q.host), kd = to_doubles(k.host),
+                              vd = to_doubles(v.host);
+    const auto kv_row = [&](std::int64_t b, std::int64_t h, std::int64_t j) {
+      return ((b * c.num_kv_heads + h) * c.capacity + j) * c.head_dim;
+    };
+    std::vector<double> scores, acc(c.head_dim);
+    for (std::int64_t b = 0; b < c.batch; ++b) {
+      const std::int64_t kl = c.len(b);
+      for (std::int64_t h = 0; h < c.num_qo_heads; ++h) {
+        const std::int64_t kvh = h / group;
+        for (std::int64_t i = 0; i < c.q_len; ++i) {
+          const std::int64_t pos = kl - c.q_len + i;
+          const double* qrow = qd.data() + ((b * c.num_qo_heads + h) * c.q_len + i) * c.head_dim;
+          scores.assign(kl, -INFINITY);
+          double best = -INFINITY;
+          for (std::int64_t j = 0; j < kl; ++j) {
+            if (c.causal && j > pos) continue;
+            if (c.window_left && j < pos - *c.window_left) continue;
+            if (c.window_right && j > pos + *c.window_right) continue;
+            const double* krow = kd.data() + kv_row(b, kvh, j);
+            double dot = 0.0;
+            for (std::int64_t d = 0; d < c.head_dim; ++d) dot += qrow[d] * krow[d];
+            double s = scale * dot;
+            if (c.softcap) s = *c.softcap * std::tanh(s / *c.softcap);
+            if (c.alibi) s += -static_cast<double>(alibi_host.data<float>()[h]) * (pos - j);
+            scores[j] = s;
+            best = std::max(best, s);
+          }
+          std::fill(acc.begin(), acc.end(), 0.0);
+          double denom = 0.0;
+          if (best != -INFINITY) {
+            for (std::int64_t j = 0; j < kl; ++j) {
+              if (scores[j] == -INFINITY) continue;
+              const double w = std::exp(scores[j] - best);
+              denom += w;
+              const double* vrow = vd.data() + kv_row(b, kvh, j);
+              for (std::int64_t d = 0; d < c.head_dim; ++d) acc[d] += w * vrow[d];
+            }
+          }
+          for (std::int64_t d = 0; d < c.head_dim; ++d)
+            ro.set({b, h, i, d}, denom > 0 ? acc[d] / denom : 0.0);
+          rl.set({b, h, i}, denom > 0 ? best + std::log(denom) : -INFINITY);
+        }
+      }
+    }
+    return {ro, rl};
+  }
+};
+
+constexpr Tolerance kLseTolerance{1e-4, 1e-4};
+
+void check_case(const Case& c, std::uint64_t seed) {
+  SCOPED_TRACE(c.str());
+  Rng rng(seed);
+  Problem problem(c, rng);
+  const auto [out, lse] = problem.run();
+  const auto [ref_out, ref_lse] = problem.reference();
+  EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)));
+  if (c.want_lse) {
+    EXPECT_TRUE(testing::close(lse, ref_lse, kLseTolerance));
+  }
+  // The CPU kernel through the op entry on the same (host) inputs: the previous link of the chain.
+  Tensor cpu_lse;
+  const Tensor cpu_out = decode_attention(problem.q.host, problem.k.host, problem.v.host,
+                                          problem.k_len_host,
+                                          c.alibi ? &problem.alibi_host : nullptr,
+                                          problem.options(), Tensor{}, &cpu_lse);
+  EXPECT_TRUE(testing::close(out, cpu_out, default_tolerance(c.dtype))) << "vs the CPU kernel";
+  if (c.want_lse) {
+    EXPECT_TRUE(testing::close(lse, cpu_lse, kLseTolerance)) << "vs the CPU kernel";
+  }
+}
+
+TEST(FlashDecodeCuda, OpEntryDispatchesToTheCudaKernel) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.num_qo_heads = 8;
+  c.num_kv_heads = 2;
+  c.q_len = 4;
+  c.capacity = 700;
+  c.k_len = {600};
+  c.alibi = true;
+  c.softcap = 30.0f;
+  Rng rng(50);
+  Problem problem(c, rng);
+  Tensor lse;
+  const Tensor out = decode_attention(problem.q.device, problem.k.device, problem.v.device,
+                                      problem.k_len_device, &problem.alibi_device,
+                                      problem.options(), Tensor{}, &lse);
+  cuda::synchronize();
+  const auto [ref_out, ref_lse] = problem.reference();
+  EXPECT_TRUE(testing::close(out.to_device(Device::cpu()), ref_out, default_tolerance(c.dtype)));
+  EXPECT_TRUE(testing::close(lse.to_device(Device::cpu()), ref_lse, kLseTolerance));
+}
+
+TEST(FlashDecodeCuda, SpecGridMatchesFloat64Reference) {
+  SKIP_WITHOUT_GPU();
+  const std::int32_t lengths[] = {1, 17, 97, 4095, 4097};
+  struct Heads {
+    std::int64_t qo, kv;
+  };
+  const Heads heads[] = {{4, 1}, {8, 8}, {6, 2}, {32, 8}};
+  const std::int64_t q_lens[] = {1, 3, 8};
+  std::uint64_t seed = 1;
+  int index = 0;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (std::int64_t head_dim : {64, 128, 256}) {
+      for (const Heads& hd : heads) {
+        for (std::int64_t q_len : q_lens) {
+          ++index;
+          Case c;
+          c.dtype = dtype;
+          c.batch = 2;
+          c.num_qo_heads = hd.qo;
+          c.num_kv_heads = hd.kv;
+          c.q_len = q_len;
+          c.head_dim = head_dim;
+          const std::int32_t len = lengths[index % 5];
+          c.k_len = {len};
+          c.capacity = len + 3 + index % 7;
+          c.pad = index % 3 == 0 ? 2 : 0;
+          c.causal = index % 4 != 1;
+          if (index % 5 == 2) c.window_left = 5 + index % 11;
+          if (index % 7 == 3) c.window_right = 1 + index % 4;
+          if (index % 3 == 1) c.softcap = 2.0f + static_cast<float>(index % 5);
+          c.alibi = index % 4 == 2;
+          c.want_lse = index % 6 != 5;
+          if (head_dim == 256 && len > 97 && hd.qo == 32) c.k_len = {97};  // keep the reference fast
+          if (c.k_len[0] != len) c.capacity = c.k_len[0] + 5;
+          check_case(c, seed++);
+        }
+      }
+    }
+  }
+}
+
+TEST(FlashDecodeCuda, OddLengthsWithPoisonedTails) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 100;
+  for (std::int32_t len : {1, 17, 97, 4095, 4097}) {
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      Case c;
+      c.dtype = dtype;
+      c.batch = 1;
+      c.num_qo_heads = 32;
+      c.num_kv_heads = 8;
+      c.k_len = {len};
+      c.capacity = 8192;
+      check_case(c, seed++);
+    }
+  }
+}
+
+TEST(FlashDecodeCuda, RaggedBatchAndEmptySequence) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.batch = 5;
+  c.num_qo_heads = 8;
+  c.num_kv_heads = 2;
+  c.q_len = 2;
+  c.capacity = 4100;
+  c.k_len = {4097, 0, 1, 17, 2050};
+  check_case(c, 200);
+  c.dtype = DType::f16;
+  c.q_len = 8;
+  c.window_left = 100;
+  c.k_len = {300, 4095, 8, 0, 1};
+  check_case(c, 201);
+}
+
+TEST(FlashDecodeCuda, MisalignedQueryAndOutputRows) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.batch = 2;
+  c.num_qo_heads = 8;
+  c.num_kv_heads = 2;
+  c.q_len = 3;
+  c.head_dim = 64;
+  c.capacity = 300;
+  c.k_len = {257};
+  c.row_pad = 1;
+  check_case(c, 300);
+}
+
+// Returns true when |a - b| is within one rounding of the output dtype at max(|a|, |b|).
+::testing::AssertionResult within_one_rounding(const Tensor& a, const Tensor& b, DType dtype) {
+  const double ulp = dtype == DType::bf16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+  return testing::close(a, b, Tolerance{1e-6, ulp});
+}
+
+TEST(FlashDecodeCuda, OutputIndependentOfSplitCount) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    Case c;
+    c.dtype = dtype;
+    c.batch = 2;
+    c.num_qo_heads = 16;
+    c.num_kv_heads = 4;
+    c.q_len = 4;
+    c.capacity = 5000;
+    c.k_len = {4097, 1500};
+    c.alibi = true;
+    Rng rng(400);
+    Problem problem(c, rng);
+    const auto [base_out, base_lse] = problem.run();
+    const auto [ref_out, ref_lse] = problem.reference();
+    EXPECT_TRUE(testing::close(base_out, ref_out, default_tolerance(dtype)));
+    for (std::int64_t splits : {1, 2, 5, 13, 64}) {
+      SCOPED_TRACE("num_splits=" + std::to_string(splits));
+      problem.c.num_splits = splits;
+      const auto [out, lse] = problem.run();
+      EXPECT_TRUE(within_one_rounding(out, base_out, dtype));
+      EXPECT_TRUE(testing::close(lse, base_lse, Tolerance{1e-6, 1e-5}));
+    }
+  }
+}
+
+TEST(FlashDecodeCuda, RepeatedRunsAreBitwiseIdentical) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.capacity = 16384;
+  c.k_len = {16000};
+  Rng rng(500);
+  Problem problem(c, rng);
+  const auto first = problem.run();
+  for (int r = 0; r < 3; ++r) {
+    const auto again = problem.run();
+    EXPECT_TRUE(testing::bit_equal(again.first, first.first));
+    EXPECT_TRUE(testing::bit_equal(again.second, first.second));
+  }
+}
+
+TEST(FlashDecodeCuda, GraphReplayWithChangingKLen) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  Case c;
+  c.batch = 2;
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.q_len = 2;
+  c.capacity = 8192;
+  c.k_len = {8192, 8192};
+  Rng rng(600);
+  Problem problem(c, rng);
+  problem.run(stream);  // sizes the workspace outside capture
+
+  Tensor* lse_ptr = &problem.lse.device;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+  cuda::flash_decode(problem.q.device, problem.k.device, problem.v.device, problem.k_len_device,
+                     nullptr, problem.options(), problem.out.device, lse_ptr, stream);
+  cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+
+  const std::vector<std::vector<std::int32_t>> schedule = {
+      {1, 17}, {4095, 4097}, {8192, 1}, {97, 3000}, {0, 5000}, {4097, 4095}};
+  for (const auto& lens : schedule) {
+    SCOPED_TRACE("k_len=" + std::to_string(lens[0]) + "," + std::to_string(lens[1]));
+    problem.c.k_len = lens;
+    problem.fill_kv(rng);  // fresh data, NaN from the new k_len on
+    cuda_ok(cudaMemcpyAsync(problem.k_len_device.raw_data(), lens.data(),
+                            lens.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream),
+            "k_len upload");
+    poison_nan(problem.out.host_base);
+    problem.out.upload();
+    cuda_ok(cudaGraphLaunch(exec, stream), "replay");
+    cuda_ok(cudaStreamSynchronize(stream), "sync");
+    const Tensor out = problem.out.download().clone();
+    const Tensor lse = problem.lse.download().clone();
+    const auto [ref_out, ref_lse] = problem.reference();
+    EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)));
+    EXPECT_TRUE(testing::close(lse, ref_lse, kLseTolerance));
+  }
+  cuda_ok(cudaGraphExecDestroy(exec), "exec destroy");
+  cuda_ok(cudaGraphDestroy(graph), "graph destroy");
+  cuda_ok(cudaStreamDestroy(stream), "stream destroy");
+}
+
+TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
+  // Host-only: the plan rule of flash_decode.h.
+  const auto small = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132);
+  EXPECT_EQ(small.row_blocks, 1);
+  EXPECT_EQ(small.num_splits, 132 * small.ctas_per_sm / 8);
+  const auto tiny = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 100, 132);
+  EXPECT_EQ(tiny.num_splits, 2);  // ceil(100 / 64)
+  const auto big = cuda::plan_flash_decode(128, 32, 8, 1, 128, 16384, 16384, 132);
+  EXPECT_EQ(big.num_splits, 1);
+  const auto spec = cuda::plan_flash_decode(2, 64, 8, 8, 128, 1024, 1024, 132);
+  EXPECT_EQ(spec.row_blocks, 4);  // 8 heads x 8 queries = 64 rows
+}
+
+TEST(FlashDecodeCuda, BadArgumentsRaiseTypedErrors) {
+  SKIP_WITHOUT_GPU();
+  const Device gpu = Device::cuda();
+  const Tensor q = Tensor::empty({1, 4, 1, 128}, DType::bf16, gpu);
+  const Tensor k = Tensor::empty({1, 1, 64, 128}, DType::bf16, gpu);
+  Tensor k_len = Tensor::empty({1}, DType::i32, gpu);
+  Tensor out = Tensor::empty({1, 4, 1, 128}, DType::bf16, gpu);
+  const DecodeAttentionOptions options;
+  const Tensor q32 = Tensor::empty({1, 4, 1, 128}, DType::f32, gpu);
+  EXPECT_THROW(cuda::flash_decode(q32, k, k, k_len, nullptr, options, out, nullptr), DTypeError);
+  const Tensor q96 = Tensor::empty({1, 4, 1, 96}, DType::bf16, gpu);
+  const Tensor k96 = Tensor::empty({1, 1, 64, 96}, DType::bf16, gpu);
+  Tensor out96 = Tensor::empty({1, 4, 1, 96}, DType::bf16, gpu);
+  EXPECT_THROW(cuda::flash_decode(q96, k96, k96, k_len, nullptr, options, out96, nullptr),
+               ShapeError);
+  const Tensor k_odd = Tensor::empty({1, 1, 64, 129}, DType::bf16, gpu).slice(3, 0, 128);
+  EXPECT_THROW(cuda::flash_decode(q, k_odd, k_odd, k_len, nullptr, options, out, nullptr),
+               LayoutError);
+  const Tensor q_bad_heads = Tensor::empty({1, 3, 1, 128}, DType::bf16, gpu);
+  const Tensor k2 = Tensor::empty({1, 2, 64, 128}, DType::bf16, gpu);
+  Tensor out3 = Tensor::empty({1, 3, 1, 128}, DType::bf16, gpu);
+  EXPECT_THROW(cuda::flash_decode(q_bad_heads, k2, k2, k_len, nullptr, options, out3, nullptr),
+               ShapeError);
+  const Tensor host_q = Tensor::empty({1, 4, 1, 128}, DType::bf16);
+  EXPECT_THROW(cuda::flash_decode(host_q, k, k, k_len, nullptr, options, out, nullptr),
+               DeviceError);
+}
+
+}  // namespace
+}  // namespace splice
