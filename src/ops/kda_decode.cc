@@ -42,13 +42,14 @@ const char* kda_mode_name(KdaMode mode) {
 namespace {
 
 // Measured against the float64 reference over the test grid (tests/kernels/kda_decode_test.cc,
-// docs/perf-cpu-kda.md): worst output error 1 bf16 ulp of a value near 1 plus reassociation;
-// worst fp32 state error ~3e-6 abs; bf16 state within one bf16 rounding.
-constexpr Tolerance kCpuOutputTolerance{4e-3, 8e-3};
-constexpr Tolerance kCpuStateTolerance{2e-4, 8e-3};
-// The CUDA kernel's row until its helper measures its own (same policy bound as the CPU).
-constexpr Tolerance kCudaOutputTolerance{4e-3, 8e-3};
-constexpr Tolerance kCudaStateTolerance{2e-4, 8e-3};
+// docs/perf-cpu-kda.md): output worst 1.95e-3 abs (one bf16 ulp), state worst 1.07e-4 (f32) and
+// 2.44e-4 (bf16) abs, dominated by conv outputs whose bf16 rounding flips by one ulp between the
+// fp32 kernel and the float64 reference. FlashInfer accepts output 2e-2/3e-2, state 2e-3/3e-2.
+constexpr Tolerance kCpuOutputTolerance{2e-3, 8e-3};
+constexpr Tolerance kCpuStateTolerance{4e-4, 1e-2};
+// The CUDA kernel's row until its helper measures its own: the same bounds.
+constexpr Tolerance kCudaOutputTolerance{2e-3, 8e-3};
+constexpr Tolerance kCudaStateTolerance{4e-4, 1e-2};
 
 void check_same_device(const Tensor& t, const char* name, const Tensor& x) {
   if (t.device() != x.device())
