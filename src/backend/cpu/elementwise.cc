@@ -164,16 +164,19 @@ Loop<N> broadcast_loop(const Tensor& out, const std::array<const Tensor*, N - 1>
                        const std::array<const char*, N - 1>& names) {
   std::vector<const Dims*> shapes;
   std::vector<const char*> name_list;
-  std::string why = "the broadcast of";
   for (int i = 0; i < N - 1; ++i) {
     detail::check_cpu(*inputs[i], names[i]);
     shapes.push_back(&inputs[i]->shape());
     name_list.push_back(names[i]);
-    why += std::string(i ? ", `" : " `") + names[i] + "` " + dims_str(inputs[i]->shape());
   }
   detail::check_cpu(out, "out");
   const Dims shape = detail::broadcast_shapes(shapes, name_list);
-  detail::check_out_shape(out, shape, why);
+  detail::check_out_shape_lazy(out, shape, [&] {
+    std::string why = "the broadcast of";
+    for (int i = 0; i < N - 1; ++i)
+      why += std::string(i ? ", `" : " `") + names[i] + "` " + dims_str(inputs[i]->shape());
+    return why;
+  });
   std::array<Dims, N> strides;
   strides[0] = out.strides();
   for (int i = 0; i < N - 1; ++i)

@@ -65,9 +65,8 @@ Dims broadcast_strides(const Tensor& t, const Dims& shape, const char* name) {
   return broadcast_strides(t.shape(), t.strides(), shape, name);
 }
 
-void check_out_shape(const Tensor& out, const Dims& expected, const std::string& why) {
-  if (out.shape() != expected)
-    fail<ShapeError>("`out` must have shape ", dims_str(expected), " (", why, "), got ",
+void fail_out_shape(const Tensor& out, const Dims& expected, const std::string& why) {
+  fail<ShapeError>("`out` must have shape ", dims_str(expected), " (", why, "), got ",
                      dims_str(out.shape()));
 }
 

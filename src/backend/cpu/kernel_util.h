@@ -196,7 +196,15 @@ Dims broadcast_strides(const Dims& from_shape, const Dims& from_strides, const D
                        const char* name);
 
 // Throws ShapeError unless `out` has `expected` shape; `why` explains where `expected` came from.
-void check_out_shape(const Tensor& out, const Dims& expected, const std::string& why);
+[[noreturn]] void fail_out_shape(const Tensor& out, const Dims& expected, const std::string& why);
+inline void check_out_shape(const Tensor& out, const Dims& expected, const char* why) {
+  if (out.shape() != expected) fail_out_shape(out, expected, why);
+}
+// The same with the explanation built only on failure (decode loops call kernels every token).
+template <typename WhyFn>
+void check_out_shape_lazy(const Tensor& out, const Dims& expected, WhyFn&& why) {
+  if (out.shape() != expected) fail_out_shape(out, expected, why());
+}
 
 // Throws DeviceError unless `t` lives on the CPU (and ValueError when it is undefined).
 void check_cpu(const Tensor& t, const char* name);

@@ -14,6 +14,8 @@
 //          kLanes interleaved partial sums per (i, j);
 //        otherwise (weights [k, n]):  C[i, j0:j1] += A[i, kk] * B[kk, j0:j1] for kk = 0..k-1,
 //          an fp32 accumulator tile of kTile columns per row.
+//      B is read in its storage type inside the inner loop (bf16 -> f32 is a 16-bit shift), so
+//      a 16-bit weight is never expanded to an fp32 copy.
 //   4. Otherwise (larger m with 16-bit operands, or layouts BLAS cannot read): A and B are
 //      converted into contiguous f32 matrices, sgemm runs into an f32 C, C is converted back.
 // No path rounds anything before the final store into C's dtype.
@@ -36,6 +38,8 @@ using detail::Operand;
 constexpr std::int64_t kDirectMaxRows = 8;  // the direct loop streams B once for up to 8 rows
 constexpr int kLanes = 8;                   // partial sums per dot product (one AVX register)
 constexpr std::int64_t kMinChunkCols = 16;  // smallest column chunk worth a thread
+// fp32 accumulators of the [k, n]-weight direct loop: 16 KiB, half of L1, so B streams past them.
+constexpr std::int64_t kAxpyAccFloats = 4096;
 
 // One 2-D operand of one batch: element (r, c) is at base[offset + r*rs + c*cs].
 struct Matrix {
@@ -146,60 +150,81 @@ void packed_gemm(const Matrix& a, const Matrix& b, const Matrix& c) {
   detail::copy_broadcast(c32, c_view, "matmul result");
 }
 
-// Path 3 over columns [j0, j1) of C; `a_rows` holds A in fp32, [m, k] row-major.
-void direct_columns(const float* a_rows, const Matrix& b, const Matrix& c, std::int64_t j0,
-                    std::int64_t j1) {
-  const std::int64_t m = c.rows, k = b.rows;
-  const Operand ob(*b.tensor), oc(*c.tensor);
-  float scratch[kTile];
-  if (b.rs == 1 && k > 1) {
-    // C[i, j] = sum_kk A[i, kk] * B[kk, j], B's column j contiguous in k.
-    float out_row[kDirectMaxRows][kTile];
+// B's element (as fp32) for the typed direct loops: a shift for bf16, identity for f32.
+template <typename TB>
+inline float b_value(TB v) {
+  return detail::load_value<float>(v);
+}
+
+// Sum of kLanes partials, pairwise: ((p0+p4)+(p2+p6)) + ((p1+p5)+(p3+p7)).
+inline float lane_total(const float* partial) {
+  float v[kLanes];
+  std::copy(partial, partial + kLanes, v);
+  for (int width = kLanes / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) v[l] += v[l + width];
+  return v[0];
+}
+
+// dot(a[0:k], b[0:k]) in kLanes interleaved fp32 partial sums; b read in its storage type.
+template <typename TB>
+float dot(const float* a, const TB* b, std::int64_t k) {
+  float partial[kLanes] = {};
+  std::int64_t q = 0;
+  for (; q + kLanes <= k; q += kLanes)
+    for (int l = 0; l < kLanes; ++l) partial[l] += a[q + l] * b_value(b[q + l]);
+  for (; q < k; ++q) partial[q % kLanes] += a[q] * b_value(b[q]);
+  return lane_total(partial);
+}
+
+// Path 3 over columns [j0, j1) of C; `a_rows` holds A in fp32, [m, k] row-major; `b` points at
+// B(0, 0) in its storage type TB.
+template <typename TB>
+void direct_columns(const float* a_rows, const TB* b, const Matrix& bm, const Matrix& c,
+                    std::int64_t j0, std::int64_t j1) {
+  const std::int64_t m = c.rows, k = bm.rows;
+  const Operand oc(*c.tensor);
+  if (bm.rs == 1 && k > 1) {
+    float out_tile[kDirectMaxRows][kTile];  // C rows of the current column tile, fp32
+    // C[i, j] = dot(A[i, :], B[:, j]): B's columns are contiguous in k (weights stored [n, k]).
     for (std::int64_t jt = j0; jt < j1; jt += kTile) {
       const std::int64_t w = std::min(kTile, j1 - jt);
-      for (std::int64_t j = 0; j < w; ++j) {
-        float acc[kDirectMaxRows][kLanes] = {};
-        for (std::int64_t t = 0; t < k; t += kTile) {
-          const std::int64_t len = std::min(kTile, k - t);
-          const float* col = detail::tile_in<float>(ob, b.offset + (jt + j) * b.cs + t, 1, len,
-                                                    scratch);
-          for (std::int64_t i = 0; i < m; ++i) {
-            const float* arow = a_rows + i * k + t;
-            std::int64_t q = 0;
-            for (; q + kLanes <= len; q += kLanes)
-              for (int l = 0; l < kLanes; ++l) acc[i][l] += arow[q + l] * col[q + l];
-            for (; q < len; ++q) acc[i][q % kLanes] += arow[q] * col[q];
-          }
-        }
-        for (std::int64_t i = 0; i < m; ++i) {
-          float v[kLanes];
-          std::copy(acc[i], acc[i] + kLanes, v);
-          for (int width = kLanes / 2; width >= 1; width /= 2)
-            for (int l = 0; l < width; ++l) v[l] += v[l + width];
-          out_row[i][j] = v[0];
-        }
-      }
+      for (std::int64_t j = 0; j < w; ++j)
+        for (std::int64_t i = 0; i < m; ++i)
+          out_tile[i][j] = dot(a_rows + i * k, b + (jt + j) * bm.cs, k);
       for (std::int64_t i = 0; i < m; ++i)
-        detail::store_tile<float>(oc, c.offset + i * c.rs + jt * c.cs, c.cs, w, out_row[i]);
+        detail::store_tile<float>(oc, c.offset + i * c.rs + jt * c.cs, c.cs, w, out_tile[i]);
     }
     return;
   }
-  // C[i, j0:j1] = sum_kk A[i, kk] * B[kk, j0:j1], B streamed row by row.
-  float acc[kDirectMaxRows][kTile];
-  for (std::int64_t jt = j0; jt < j1; jt += kTile) {
-    const std::int64_t w = std::min(kTile, j1 - jt);
-    for (std::int64_t i = 0; i < m; ++i) std::fill(acc[i], acc[i] + w, 0.0f);
+  // C[i, jt:jt+w] += A[i, kk] * B[kk, jt:jt+w] for kk = 0..k-1 (weights stored [k, n]). The
+  // tile is as wide as the accumulators allow (kAxpyAccFloats in all), so each B row is read in
+  // long contiguous pieces; rows with a non-unit column stride are staged into fp32 first.
+  const std::int64_t tile = std::clamp<std::int64_t>(kAxpyAccFloats / m, 1, kAxpyAccFloats);
+  std::vector<float> acc_storage(static_cast<std::size_t>(m * tile));  // [m, tile]
+  std::vector<float> staged(static_cast<std::size_t>(bm.cs == 1 ? 0 : tile));
+  for (std::int64_t jt = j0; jt < j1; jt += tile) {
+    const std::int64_t w = std::min(tile, j1 - jt);
+    std::fill(acc_storage.begin(), acc_storage.end(), 0.0f);
     for (std::int64_t kk = 0; kk < k; ++kk) {
-      const float* brow =
-          detail::tile_in<float>(ob, b.offset + kk * b.rs + jt * b.cs, b.cs, w, scratch);
-      for (std::int64_t i = 0; i < m; ++i) {
-        const float aik = a_rows[i * k + kk];
-        float* acc_i = acc[i];
-        for (std::int64_t j = 0; j < w; ++j) acc_i[j] += aik * brow[j];
+      const TB* brow = b + kk * bm.rs + jt * bm.cs;
+      if (bm.cs == 1 || w == 1) {
+        for (std::int64_t i = 0; i < m; ++i) {
+          const float aik = a_rows[i * k + kk];
+          float* acc = acc_storage.data() + i * tile;
+          for (std::int64_t j = 0; j < w; ++j) acc[j] += aik * b_value(brow[j]);
+        }
+      } else {
+        for (std::int64_t j = 0; j < w; ++j) staged[j] = b_value(brow[j * bm.cs]);
+        for (std::int64_t i = 0; i < m; ++i) {
+          const float aik = a_rows[i * k + kk];
+          float* acc = acc_storage.data() + i * tile;
+          for (std::int64_t j = 0; j < w; ++j) acc[j] += aik * staged[j];
+        }
       }
     }
     for (std::int64_t i = 0; i < m; ++i)
-      detail::store_tile<float>(oc, c.offset + i * c.rs + jt * c.cs, c.cs, w, acc[i]);
+      detail::store_tile<float>(oc, c.offset + i * c.rs + jt * c.cs, c.cs, w,
+                                acc_storage.data() + i * tile);
   }
 }
 
@@ -213,8 +238,16 @@ void direct_gemm(const Matrix& a, const Matrix& b, const Matrix& c, bool split_c
   const std::int64_t grain =
       split_columns ? std::max(kMinChunkCols, kParallelGrain / std::max<std::int64_t>(m * k, 1))
                     : n;
-  parallel_for(0, n, grain, [&](std::int64_t j0, std::int64_t j1) {
-    direct_columns(a_rows.data(), b, c, j0, j1);
+  detail::dispatch_dtype(b.tensor->dtype(), [&](auto tag) {
+    using TB = decltype(tag);
+    if constexpr (std::is_same_v<TB, float> || detail::kIsHalfType<TB>) {
+      const TB* pb = b.tensor->data<TB>() + b.offset;
+      parallel_for(0, n, grain, [&](std::int64_t j0, std::int64_t j1) {
+        direct_columns<TB>(a_rows.data(), pb, b, c, j0, j1);
+      });
+    } else {
+      SPLICE_INTERNAL_CHECK(false, "matmul `b` dtype ", dtype_name(b.tensor->dtype()));
+    }
   });
 }
 
@@ -245,9 +278,10 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
   Dims expected = batch;
   expected.push_back(m);
   expected.push_back(n);
-  detail::check_out_shape(out, expected,
-                          "`a` " + dims_str(a.shape()) + " @ `b` " + dims_str(b.shape()) +
-                              (transpose_b ? " transposed" : ""));
+  detail::check_out_shape_lazy(out, expected, [&] {
+    return "`a` " + dims_str(a.shape()) + " @ `b` " + dims_str(b.shape()) +
+           (transpose_b ? " transposed" : "");
+  });
   const std::int64_t rc = out.dim();
   const Problem p{m,
                   k,

@@ -60,9 +60,10 @@ void gather(const Tensor& table, const Tensor& indices, Tensor& out) {
   const Dims rest(table.shape().begin() + 1, table.shape().end());
   Dims expected = indices.shape();
   expected.insert(expected.end(), rest.begin(), rest.end());
-  detail::check_out_shape(out, expected,
-                          "`indices` " + dims_str(indices.shape()) + " followed by `table` " +
-                              dims_str(table.shape()) + " without its first axis");
+  detail::check_out_shape_lazy(out, expected, [&] {
+    return "`indices` " + dims_str(indices.shape()) + " followed by `table` " +
+           dims_str(table.shape()) + " without its first axis";
+  });
 
   // 1. Indices -> int64 list in row-major order, with out's offset of each position.
   const std::int64_t positions = indices.numel();

@@ -164,10 +164,10 @@ void reduce(ReduceKind kind, const Tensor& in, std::int64_t axis, bool keepdim, 
     expected[a] = 1;
   else
     expected.erase(expected.begin() + a);
-  detail::check_out_shape(out, expected,
-                          std::string(kReduceNames[static_cast<int>(kind)]) + " over axis " +
-                              std::to_string(a) + (keepdim ? " with keepdim" : "") + " of `in` " +
-                              dims_str(in.shape()));
+  detail::check_out_shape_lazy(out, expected, [&] {
+    return std::string(kReduceNames[static_cast<int>(kind)]) + " over axis " + std::to_string(a) +
+           (keepdim ? " with keepdim" : "") + " of `in` " + dims_str(in.shape());
+  });
   const Axis r{in.shape()[a], in.strides()[a]};
   if (r.length == 0 && kind == ReduceKind::max)
     fail<ShapeError>("`in` ", dims_str(in.shape()), " has size 0 on axis ", a,
