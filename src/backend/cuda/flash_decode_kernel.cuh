@@ -265,10 +265,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (p.q_vec16) {
         val = *reinterpret_cast<const uint4*>(src);
       } else {
-        T tmp[8];
+        union {
+          T h[8];
+          uint4 u;
+        } tmp;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) tmp[e] = src[e];
-        val = *reinterpret_cast<const uint4*>(tmp);
+        for (int e = 0; e < 8; ++e) tmp.h[e] = src[e];
+        val = tmp.u;
       }
     }
     *reinterpret_cast<uint4*>(q_smem + swizzle<kHeadDim>(row, ch)) = val;

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Peers of splice's CUDA flash-decode kernel, timed exactly like bench/cuda/flash_decode_cuda_bench.
+
+1. Grid (same as the splice benchmark): batch {1, 8, 32, 128} x k_len {1K, 4K, 16K, 64K} x
+   (Hq, Hkv) {(32, 8), (32, 32), (64, 8)}, head_dim 128, bf16, q_len 1; shapes whose K+V exceed
+   --max-kv-gb are skipped.
+2. Peers: PyTorch SDPA pinned to the cuDNN backend and to the flash (FA2) backend, with
+   enable_gqa=True (no K/V expansion). FlashInfer's decode is used when `import flashinfer` works
+   (it is not installed on the device image and no wheel is carried; it is then reported absent).
+3. Timing: `sets` rotating input sets (>= 512 MB touched per replay, so the L2 cannot flatter), one
+   CUDA graph with one call per set, warm-up replays, then --reps replays timed with CUDA events;
+   time per call = median replay / sets.
+4. With --splice JSON (the splice benchmark's output from the same gpu-check run), prints the
+   combined table last (shape, splice us, GB/s, % of the 4.4 TB/s floor, best peer us, ratio) and
+   writes it as JSON.
+"""
+import argparse
+import json
+import math
+import sys
+
+FLOOR_BYTES_PER_S = 4.4e12
+ROTATE_BYTES = 512 << 20
+MAX_SETS = 64
+WARMUP_REPLAYS = 3
+HEAD_DIM = 128
+
+
+def grid(max_kv_gb, quick):
+    shapes = []
+    for hq, hkv in ((32, 8), (32, 32), (64, 8)):
+        for batch in (1, 8, 32, 128):
+            for k_len in (1024, 4096, 16384, 65536):
+                kv = 2 * batch * hkv * k_len * HEAD_DIM * 2
+                if quick and not (batch == 1 and (hq, hkv) == (32, 8)) and kv < (1 << 30):
+                    continue
+                if kv <= max_kv_gb * 1e9:
+                    shapes.append((batch, hq, hkv, k_len, kv))
+    return shapes
+
+
+def time_graph(torch, fn, sets, reps):
+    """Captures one call per set into a graph; returns (median us per call, spread us)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(sets):  # warm-up outside capture (plans, handles, workspaces)
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(sets):
+            fn(i)
+    for _ in range(WARMUP_REPLAYS):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / sets)
+    times.sort()
+    del graph
+    return times[len(times) // 2], times[-1] - times[0]
+
+
+def run_peers(args):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        import flashinfer  # noqa: F401
+        have_flashinfer = True
+    except Exception:  # absent on the device image
+        have_flashinfer = False
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(), "device": torch.cuda.get_device_name(),
+            "flashinfer": "present" if have_flashinfer else "absent (not on the image, no wheel carried)"}
+    print("peers:", json.dumps(info), flush=True)
+
+    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+    rows = []
+    for batch, hq, hkv, k_len, kv in grid(args.max_kv_gb, args.quick):
+        sets = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / kv)))
+        gen = torch.Generator(device="cuda").manual_seed(batch * 7 + k_len)
+        qs = [torch.randn(batch, hq, 1, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+              for _ in range(sets)]
+        ks = [torch.randn(batch, hkv, k_len, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+              for _ in range(sets)]
+        vs = [torch.randn(batch, hkv, k_len, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+              for _ in range(sets)]
+        outs = [None] * sets
+        row = {"batch": batch, "num_qo_heads": hq, "num_kv_heads": hkv, "k_len": k_len,
+               "head_dim": HEAD_DIM, "kv_bytes": kv, "sets": sets}
+        reference = None
+        for name, backend in backends.items():
+            def call(i, backend=backend):
+                with sdpa_kernel([backend]):
+                    outs[i] = F.scaled_dot_product_attention(qs[i], ks[i], vs[i], is_causal=False,
+                                                             enable_gqa=hkv != hq)
+            try:
+                us, spread = time_graph(torch, call, sets, args.reps)
+                row[name + "_us"] = us
+                row[name + "_spread_us"] = spread
+                if reference is None:
+                    reference = outs[0].float()
+                else:  # peers must agree with each other
+                    row[name + "_max_diff_vs_first"] = float((outs[0].float() - reference).abs().max())
+            except Exception as error:  # a backend that refuses the shape is reported, not fatal
+                row[name + "_us"] = None
+                row[name + "_error"] = str(error).splitlines()[0][:160]
+        rows.append(row)
+        print("  B=%-3d Hq=%-2d Hkv=%-2d k_len=%-6d sets=%-2d cudnn %s us, flash %s us" % (
+            batch, hq, hkv, k_len, sets, fmt(row.get("cudnn_us")), fmt(row.get("flash_us"))), flush=True)
+        del qs, ks, vs, outs, reference
+        torch.cuda.empty_cache()
+    return info, rows
+
+
+def fmt(value, digits=2):
+    return "-" if value is None else ("%.*f" % (digits, value))
+
+
+def combine(splice_json, peers, info, out_json):
+    with open(splice_json) as f:
+        splice = json.load(f)
+    by_shape = {(r["batch"], r["num_qo_heads"], r["num_kv_heads"], r["k_len"]): r for r in peers}
+    table = []
+    header = "%-22s %9s %7s %7s %9s %9s %9s %7s" % (
+        "B,Hq,Hkv,k_len", "splice us", "GB/s", "%floor", "cudnn us", "flash us", "best peer", "ratio")
+    lines = [header]
+    for r in splice["rows"]:
+        key = (r["batch"], r["num_qo_heads"], r["num_kv_heads"], r["k_len"])
+        p = by_shape.get(key, {})
+        peer_times = [t for t in (p.get("cudnn_us"), p.get("flash_us")) if t is not None]
+        best = min(peer_times) if peer_times else None
+        ratio = best / r["us"] if best else None  # > 1: splice is faster than the best peer
+        floor_pct = 100.0 * r["floor_us"] / r["us"]
+        table.append({**r, "cudnn_us": p.get("cudnn_us"), "flash_us": p.get("flash_us"),
+                      "best_peer_us": best, "ratio_best_peer_over_splice": ratio,
+                      "pct_of_floor": floor_pct})
+        lines.append("%-22s %9.2f %7.0f %6.1f%% %9s %9s %9s %7s" % (
+            "%d,%d,%d,%d" % key, r["us"], r["gbps"], floor_pct, fmt(p.get("cudnn_us")),
+            fmt(p.get("flash_us")), fmt(best), fmt(ratio)))
+    with open(out_json, "w") as f:
+        json.dump({"splice_device": splice.get("device"), "peers": info, "floor_tbps": 4.4,
+                   "method": splice.get("method"), "rows": table}, f, indent=1)
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default="attention_peers.json")
+    parser.add_argument("--splice", help="splice benchmark JSON to combine with")
+    parser.add_argument("--combined", default="attention_combined.json")
+    parser.add_argument("--table", help="also write the combined table here")
+    parser.add_argument("--max-kv-gb", type=float, default=40.0)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            print("attention_peers: no CUDA device, skipped")
+            return 0
+    except ImportError:
+        print("attention_peers: PyTorch is not installed, peers skipped")
+        return 0
+    info, rows = run_peers(args)
+    with open(args.json, "w") as f:
+        json.dump({"info": info, "rows": rows}, f, indent=1)
+    if args.splice:
+        table = combine(args.splice, rows, info, args.combined)
+        if args.table:
+            with open(args.table, "w") as f:
+                f.write(table + "\n")
+        print("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
