@@ -886,6 +886,64 @@ TEST_F(Primitives, ParallelForCoversRangeNestsAndRethrows) {
   EXPECT_THROW(cpu::set_num_threads(0), ValueError);
 }
 
+// ---- empty tensors and aliasing -------------------------------------------------------------
+
+TEST_F(Primitives, EmptyTensorsAreNoOpsOrIdentities) {
+  Tensor a = Tensor::empty({0, 5}, DType::f32), b = Tensor::empty({5}, DType::bf16);
+  Tensor out = Tensor::empty({0, 5}, DType::f32);
+  cpu::binary(BinaryKind::add, a, b, out);
+  cpu::unary(UnaryKind::exp, a, out);
+  Tensor soft = Tensor::empty({3, 0}, DType::f32);
+  cpu::softmax(Tensor::empty({3, 0}, DType::f32), 1, soft);
+  // Sum over an empty axis is 0, mean is 0/0 = NaN.
+  Tensor sum = Tensor::empty({3}, DType::f32), mean = Tensor::empty({3}, DType::f32);
+  cpu::reduce(ReduceKind::sum, Tensor::empty({3, 0}, DType::f32), 1, false, sum);
+  cpu::reduce(ReduceKind::mean, Tensor::empty({3, 0}, DType::f32), 1, false, mean);
+  for (std::int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(sum.at({i}), 0.0);
+    EXPECT_TRUE(std::isnan(mean.at({i})));
+  }
+  Tensor gathered = Tensor::empty({0, 4}, DType::bf16);
+  cpu::gather(normal(rng_, {3, 4}, DType::bf16), Tensor::empty({0}, DType::i64), gathered);
+  // A zero-length piece in concat, a zero-length append at the very end of a cache.
+  Tensor x = normal(rng_, {2, 3}, DType::f32), cat = Tensor::empty({2, 3}, DType::f32);
+  cpu::concat({Tensor::empty({2, 0}, DType::f32), x}, 1, cat);
+  EXPECT_TRUE(bit_equal(cat, x));
+  Tensor state = normal(rng_, {2, 4}, DType::bf16);
+  const Tensor before = state.contiguous();
+  cpu::write_at(state, Tensor::empty({2, 0}, DType::bf16), 1, 4);
+  EXPECT_TRUE(bit_equal(state, before));
+}
+
+TEST_F(Primitives, OverlappingOutputsAreRejected) {
+  Tensor base = normal(rng_, {4, 8}, DType::f32);
+  Tensor left = base.slice(1, 0, 6), right = base.slice(1, 2, 8);
+  expect_error<LayoutError>([&] { cpu::binary(BinaryKind::add, left, left, right); },
+                            {"`out`", "overlaps `a`"});
+  expect_error<LayoutError>([&] { cpu::unary(UnaryKind::neg, left, right); }, {"overlaps `in`"});
+  expect_error<LayoutError>([&] { cpu::softmax(left, 1, right); }, {"overlaps `in`"});
+  Tensor square = base.slice(1, 0, 4);  // [4, 4]
+  expect_error<LayoutError>([&] { cpu::matmul(square, square, square); }, {"overlaps `a`"});
+  Tensor transposed = left.permute({1, 0}).slice(1, 0, 4);  // [6, 4], same storage
+  Tensor cast_out = base.slice(1, 1, 7).permute({1, 0});  // [6, 4], shifted by one element
+  expect_error<LayoutError>([&] { cpu::cast(transposed, cast_out); }, {"overlaps"});
+  Tensor column = base.slice(1, 0, 1);
+  expect_error<LayoutError>([&] { cpu::concat({left.slice(1, 0, 1)}, 1, column); },
+                            {"overlaps `inputs[0]`"});
+  Tensor table = normal(rng_, {4, 8}, DType::f32);
+  Tensor indices = integers(rng_, {2}, DType::i64, 0, 3);
+  Tensor rows = table.slice(0, 2, 4);
+  expect_error<LayoutError>([&] { cpu::gather(table, indices, rows); }, {"overlaps `table`"});
+  // Disjoint views of one storage are fine, and so is an identical in-place view.
+  Tensor top = base.slice(0, 0, 2), bottom = base.slice(0, 2, 4);
+  cpu::unary(UnaryKind::neg, top, bottom);
+  EXPECT_EQ(bottom.at({1, 7}), -top.at({1, 7}));
+  cpu::binary(BinaryKind::mul, top, top, top);
+  cpu::cast(top, top);
+  Tensor window = base.slice(1, 2, 4);
+  cpu::write_at(base, window, 1, 2);  // value is the window itself: a no-op
+}
+
 // ---- errors ---------------------------------------------------------------------------------
 
 TEST_F(Primitives, ErrorsNameOperandsAndShapes) {
