@@ -177,11 +177,8 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
   for (std::size_t b = 0; b < plan_.branches.size(); ++b) {
     const BranchRegion& region = plan_.branches[b];
     const BranchAttrs& attrs = *graph_.node(region.branch).attrs.branch;
-    int arm = 0;
-    if (attrs.recipe.selector) {
-      im.selectors[b] = attrs.recipe.selector->eval(env);
-      arm = dispatch_arm(attrs, im.selectors[b]);
-    }
+    im.selectors[b] = attrs.recipe.selector ? attrs.recipe.selector->eval(env) : 0;
+    const int arm = dispatch_arm(attrs, im.selectors[b]);
     choices_[b] = arm;
     key[2 * b] = arm;
     key[2 * b + 1] = shadow_step && arm != 0 && !region.arms_have_effects;  // also run arm 0

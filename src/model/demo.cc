@@ -14,7 +14,8 @@ DemoAttentionGraph build_demo_attention_graph(const DemoAttentionOptions& o) {
   const std::int64_t kv_dim = o.num_kv_heads * o.head_dim;
   out.model_dim = dim;
   out.k_len = g.declare_symbol("k_len", 1, o.capacity);
-  const DynScalar k_len = DynScalar::Sym(out.k_len);
+  const DynScalar k_len =
+      o.concrete_k_len ? DynScalar::Concrete(*o.concrete_k_len) : DynScalar::Sym(out.k_len);
   const SymExpr B(o.batch), one(1);
   Rng rng(o.seed);
   auto weight = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {

@@ -20,6 +20,10 @@ std::string DecisionLog::str() const {
     out << d.kind << " at " << (d.site.empty() ? "?" : d.site) << ": "
         << (d.offered ? "OFFERED" : "DECLINED") << " (" << d.reason << ")";
     if (d.offered) out << " branch %" << d.branch.index;
+    if (d.collapsed_to >= 0)
+      out << ", collapsed to arm " << d.collapsed_to << " ("
+          << (static_cast<std::size_t>(d.collapsed_to) < d.arm_labels.size() ? d.arm_labels[d.collapsed_to] : "?")
+          << ")";
     out << "\n";
     for (const auto& b : d.buckets) {
       out << "    bucket [" << b.lo << ", " << b.hi << "]" << (b.from_cache ? " (tuning cache)" : "")

@@ -30,6 +30,8 @@ struct DemoAttentionOptions {
   std::optional<float> softcap;
   std::optional<std::size_t> window_left;
   std::uint64_t seed = 1;
+  // A per-step graph: k_len fixed to this value (DynScalar::Concrete) instead of a symbol.
+  std::optional<std::int64_t> concrete_k_len;
 };
 
 struct DemoAttentionGraph {

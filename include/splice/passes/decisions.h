@@ -33,6 +33,7 @@ struct Decision {
   NodeId branch;                   // valid when offered
   std::vector<std::string> arm_labels;
   std::vector<BucketDecision> buckets;
+  int collapsed_to = -1;           // the arm a unanimous branch was collapsed to (-1: kept)
 };
 
 class DecisionLog {

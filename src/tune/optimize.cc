@@ -1,0 +1,43 @@
+// The optimizer driver (see optimize.h).
+#include "splice/tune/optimize.h"
+
+#include <cstdlib>
+#include <iostream>
+
+#include "splice/ops/decode_attention.h"
+
+namespace splice {
+
+int debug_level() {
+  const char* v = std::getenv("SPLICE_DEBUG");
+  if (!v) return 0;
+  const int level = std::atoi(v);
+  return level < 0 ? 0 : level;
+}
+
+const AttentionContract& flash_decode_contract_for(Device device) {
+  return device.is_cpu() ? cpu_flash_decode_contract() : cuda_flash_decode_contract();
+}
+
+DecisionLog optimize_graph(Graph& graph, const std::vector<DecodeFlashSpec>& attention_specs,
+                           const OptimizeOptions& options) {
+  DecisionLog log;
+  const int debug = debug_level();
+  auto after = [&](const char* stage) {
+    verify_graph(graph);
+    if (debug >= 2) std::cerr << "[splice] IR after " << stage << ":\n" << print_graph(graph);
+  };
+  const AttentionContract& contract = flash_decode_contract_for(options.tune.device);
+  for (const auto& spec : attention_specs) offer_decode_flash_arm(graph, spec, contract, &log);
+  after("offer_decode_flash_arm");
+  if (options.select) {
+    select_arms(graph, log, options.tune);
+    after("select_arms");
+  }
+  eliminate_dead_code(graph);
+  after("eliminate_dead_code");
+  if (debug >= 1) std::cerr << "[splice] decisions:\n" << log.str();
+  return log;
+}
+
+}  // namespace splice

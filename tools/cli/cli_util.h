@@ -1,0 +1,37 @@
+// Helpers shared by the CLI subcommands: device parsing, a progress bar, JSON of decisions.
+#pragma once
+
+#include <chrono>
+#include <iostream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "splice/core/tensor.h"
+#include "splice/passes/decisions.h"
+
+namespace splice::cli {
+
+// "cpu", "cuda" or "cuda:N"; throws ValueError naming --device otherwise (and DeviceError when
+// CUDA is asked for but unavailable).
+Device parse_device(const std::string& name);
+// A tuning-cache key for the device: "cpu" or the GPU's name.
+std::string device_key(Device device);
+
+nlohmann::json decisions_json(const DecisionLog& log);
+
+// A one-line progress indicator on a terminal stream (nothing when `out` is null).
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::ostream* out) : out_(out), start_(std::chrono::steady_clock::now()) {}
+  void tick(const std::string& what);
+  void done();
+
+ private:
+  std::ostream* out_;
+  std::chrono::steady_clock::time_point start_;
+  int count_ = 0;
+  bool dirty_ = false;
+};
+
+}  // namespace splice::cli
