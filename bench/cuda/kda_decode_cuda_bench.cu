@@ -1,0 +1,305 @@
+// Benchmark of the CUDA fused KDA decode kernel on the H200 (issue 6), against its bandwidth floor
+// and FLA's Triton path (timed in the same run by bench/peers/kda_peers.py).
+//
+//  1. Shapes: H = 32, D = 128, fp32 and bf16 state, N in {1, 8, 32, 128, 512}, T in {1, 2, 4, 8};
+//     every sequence verifies L = T tokens, num_accepted_tokens random in [1, T], all T
+//     checkpoints live (the floor's "one checkpoint write per token").
+//  2. Floor bytes = source state read (N H D^2 s) + T checkpoint writes (T N H D^2 s) + inputs and
+//     outputs (x, raw_gate, raw_beta, output_gate, output, conv history read + write, params),
+//     over the measured copy bandwidth 4.24 TB/s (bytes read + written).
+//  3. Timing: G launches over G disjoint slot sets (so the state working set is >= 400 MB and the
+//     50 MB L2 cannot flatter small N) captured in one CUDA graph; the graph is replayed after
+//     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
+//  4. Every variant (wide, split2, split4) is timed; the table reports the automatic choice.
+// Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if given,
+// is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "splice/backend/cuda/kda_decode.h"
+#include "splice/backend/cuda/runtime.h"
+#include "splice/ops/kda_decode.h"
+
+namespace {
+
+constexpr int kH = 32;
+constexpr int kD = 128;
+constexpr double kCopyBandwidth = 4.24e12;          // bytes/s, measured copy ceiling (design.md)
+constexpr double kTargetWorkingSet = 400.0 * (1 << 20);  // bytes of state per graph replay
+constexpr int kMaxSets = 64;
+constexpr int kWarmup = 3;
+constexpr int kReplays = 21;
+
+#define CHECK(call)                                                                       \
+  do {                                                                                    \
+    cudaError_t e_ = (call);                                                              \
+    if (e_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #call, __FILE__, __LINE__,          \
+                   cudaGetErrorString(e_));                                               \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+__device__ float hash_uniform(std::uint64_t i, std::uint32_t seed) {
+  std::uint64_t z = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) / static_cast<float>(1ull << 24) * 2.0f - 1.0f;  // [-1, 1)
+}
+__global__ void fill_f32(float* p, std::int64_t n, float scale, std::uint32_t seed) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    p[i] = scale * hash_uniform(i, seed);
+}
+__global__ void fill_bf16(__nv_bfloat16* p, std::int64_t n, float scale, std::uint32_t seed) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16(scale * hash_uniform(i, seed));
+}
+
+void* dalloc(std::size_t bytes) {
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+void fill(float* p, std::int64_t n, float scale, std::uint32_t seed) {
+  fill_f32<<<1024, 256>>>(p, n, scale, seed);
+  CHECK(cudaGetLastError());
+}
+void fill(__nv_bfloat16* p, std::int64_t n, float scale, std::uint32_t seed) {
+  fill_bf16<<<1024, 256>>>(p, n, scale, seed);
+  CHECK(cudaGetLastError());
+}
+
+struct Result {
+  std::string dtype;
+  int n = 0, t = 0;
+  double floor_bytes = 0, floor_us = 0;
+  std::map<std::string, double> variant_us;
+  std::string chosen;
+  double us = 0;
+  double fla_us = -1, fla_rec_us = -1;
+};
+
+splice::Tensor borrow(void* p, const splice::Dims& shape, splice::DType dt,
+                      splice::Dims strides = {}) {
+  return splice::Tensor::borrow(p, shape, dt, std::move(strides), splice::Device::cuda());
+}
+
+Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
+  using splice::DType;
+  const std::int64_t C = std::int64_t(kH) * kD, R = std::int64_t(N) * T, hist = T + 2;
+  const std::int64_t es = splice::dtype_size(sdt);
+  const double state_head_bytes = double(kD) * kD * es;
+  const double per_set = double(N) * kH * state_head_bytes * (1 + T);
+  const int G = std::clamp(static_cast<int>(std::ceil(kTargetWorkingSet / per_set)), 1, kMaxSets);
+  const std::int64_t slots = std::int64_t(G) * N * T + 1;
+
+  // Inputs shared by every set (small next to the state, except at large N where G = 1).
+  auto* x = static_cast<__nv_bfloat16*>(dalloc(R * 3 * C * 2));
+  auto* weight = static_cast<float*>(dalloc(12 * C * 4));
+  auto* gate = static_cast<__nv_bfloat16*>(dalloc(R * C * 2));
+  auto* beta = static_cast<__nv_bfloat16*>(dalloc(R * kH * 2));
+  auto* alog = static_cast<float*>(dalloc(kH * 4));
+  auto* dtb = static_cast<float*>(dalloc(C * 4));
+  auto* og = static_cast<__nv_bfloat16*>(dalloc(R * C * 2));
+  auto* nw = static_cast<float*>(dalloc(kD * 4));
+  auto* out = static_cast<__nv_bfloat16*>(dalloc(R * C * 2));
+  auto* conv = static_cast<__nv_bfloat16*>(dalloc(slots * 3 * C * hist * 2));
+  void* state = dalloc(static_cast<std::size_t>(slots * kH * state_head_bytes));
+  fill(x, R * 3 * C, 1.5f, 1);
+  fill(weight, 12 * C, 0.15f, 2);
+  fill(gate, R * C, 1.5f, 3);
+  fill(beta, R * kH, 1.5f, 4);
+  fill(alog, kH, 0.7f, 5);
+  fill(dtb, C, 0.15f, 6);
+  fill(og, R * C, 1.5f, 7);
+  fill(nw, kD, 1.5f, 8);
+  fill(conv, slots * 3 * C * hist, 0.15f, 9);
+  const std::int64_t state_elems = slots * kH * kD * kD;
+  if (sdt == DType::f32) fill(static_cast<float*>(state), state_elems, 0.015f, 10);
+  else fill(static_cast<__nv_bfloat16*>(state), state_elems, 0.015f, 10);
+
+  // Metadata: L = T for every sequence, nat random in [1, T], set g uses slots g N T + 1 ...
+  std::vector<int> qsl(N + 1), nat(N);
+  for (int n = 0; n <= N; ++n) qsl[n] = n * T;
+  std::srand(42);
+  for (int n = 0; n < N; ++n) nat[n] = 1 + std::rand() % T;
+  auto* d_qsl = static_cast<int*>(dalloc((N + 1) * 4));
+  auto* d_nat = static_cast<int*>(dalloc(N * 4));
+  CHECK(cudaMemcpy(d_qsl, qsl.data(), (N + 1) * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_nat, nat.data(), N * 4, cudaMemcpyHostToDevice));
+  std::vector<int*> d_si(G);
+  for (int g = 0; g < G; ++g) {
+    std::vector<int> si(std::int64_t(N) * T);
+    for (std::int64_t i = 0; i < std::int64_t(N) * T; ++i) si[i] = int(1 + g * std::int64_t(N) * T + i);
+    d_si[g] = static_cast<int*>(dalloc(si.size() * 4));
+    CHECK(cudaMemcpy(d_si[g], si.data(), si.size() * 4, cudaMemcpyHostToDevice));
+  }
+  CHECK(cudaDeviceSynchronize());
+
+  std::vector<splice::KdaDecodeArgs> args(G);
+  for (int g = 0; g < G; ++g) {
+    splice::KdaDecodeArgs& a = args[g];
+    a.x = borrow(x, {R, 3 * C}, DType::bf16);
+    a.weight = borrow(weight, {3, 4, C}, DType::f32);
+    a.conv_state = borrow(conv, {slots, 3 * C, hist}, DType::bf16, {3 * C * hist, 1, 3 * C});
+    a.raw_gate = borrow(gate, {R, kH, kD}, DType::bf16);
+    a.raw_beta = borrow(beta, {R, kH}, DType::bf16);
+    a.A_log = borrow(alog, {kH}, DType::f32);
+    a.dt_bias = borrow(dtb, {C}, DType::f32);
+    a.state_indices = borrow(d_si[g], {N, T}, DType::i32);
+    a.state = borrow(state, {slots, kH, kD, kD}, sdt);
+    a.output_gate = borrow(og, {R, kH, kD}, DType::bf16);
+    a.norm_weight = borrow(nw, {kD}, DType::f32);
+    a.output = borrow(out, {R, kH, kD}, DType::bf16);
+    a.query_start_loc = borrow(d_qsl, {N + 1}, DType::i32);
+    a.num_accepted_tokens = borrow(d_nat, {N}, DType::i32);
+    a.mode = splice::KdaMode::packed;
+    a.num_rows = R;
+    a.num_heads = kH;
+    a.channels = C;
+    a.num_seqs = N;
+    a.max_t = T;
+    a.hist_len = hist;
+    a.num_slots = slots;
+    a.state_dtype = sdt;
+    a.lower_bound = -5.0f;
+    a.norm_eps = 1e-5f;
+  }
+
+  Result res;
+  res.dtype = splice::dtype_name(sdt);
+  res.n = N;
+  res.t = T;
+  res.floor_bytes = double(N) * kH * state_head_bytes * (1 + T) +  // state read + T writes
+                    double(R) * 3 * C * 2 +                        // x
+                    3.0 * R * C * 2 + double(R) * kH * 2 +         // raw_gate, output_gate, output, beta
+                    double(N) * 3 * C * 2 * (3 + hist - 1) +       // conv history read 3, write L+2
+                    12.0 * C * 4 + C * 4.0 + kH * 4.0 + kD * 4.0;   // weight, dt_bias, A_log, nw
+  res.floor_us = res.floor_bytes / kCopyBandwidth * 1e6;
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  res.chosen = splice::cuda::kda_variant_name(splice::cuda::choose_kda_variant(N, kH, sms));
+
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  for (auto variant : {splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::split2,
+                       splice::cuda::KdaVariant::split4}) {
+    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);  // warm
+    CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < kWarmup; ++i) CHECK(cudaGraphLaunch(exec, stream));
+    std::vector<float> times;
+    for (int i = 0; i < kReplays; ++i) {
+      CHECK(cudaEventRecord(start, stream));
+      CHECK(cudaGraphLaunch(exec, stream));
+      CHECK(cudaEventRecord(stop, stream));
+      CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, start, stop));
+      times.push_back(ms);
+    }
+    std::sort(times.begin(), times.end());
+    res.variant_us[splice::cuda::kda_variant_name(variant)] = times[times.size() / 2] * 1e3 / G;
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+  }
+  res.us = res.variant_us[res.chosen];
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(weight), static_cast<void*>(gate),
+                  static_cast<void*>(beta), static_cast<void*>(alog), static_cast<void*>(dtb),
+                  static_cast<void*>(og), static_cast<void*>(nw), static_cast<void*>(out),
+                  static_cast<void*>(conv), state, static_cast<void*>(d_qsl),
+                  static_cast<void*>(d_nat)})
+    CHECK(cudaFree(p));
+  for (int* p : d_si) CHECK(cudaFree(p));
+  return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string json_path = argc > 1 ? argv[1] : "kda_decode_cuda_bench.json";
+  std::map<std::string, std::pair<double, double>> peers;
+  if (argc > 2) {
+    std::ifstream in(argv[2]);
+    std::string dt;
+    int n, t;
+    double us, rec;
+    while (in >> dt >> n >> t >> us >> rec)
+      peers[dt + " " + std::to_string(n) + " " + std::to_string(t)] = {us, rec};
+    std::printf("read %zu FLA peer timings from %s\n", peers.size(), argv[2]);
+  }
+  splice::cuda::ensure_registered();
+  std::printf("device: %s\n", splice::cuda::device_name().c_str());
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  const bool quick = std::getenv("KDA_BENCH_QUICK") != nullptr;
+  std::vector<int> ns = {1, 8, 32, 128, 512}, ts = {1, 2, 4, 8};
+  if (quick) ts = {1, 4};
+  std::vector<Result> results;
+  for (auto sdt : {splice::DType::f32, splice::DType::bf16})
+    for (int t : ts)
+      for (int n : ns) {
+        results.push_back(run_shape(sdt, n, t, stream));
+        const Result& r = results.back();
+        std::printf("  %s N=%d T=%d: wide %.2f split2 %.2f split4 %.2f us (floor %.2f)\n",
+                    r.dtype.c_str(), n, t, r.variant_us.at("wide"), r.variant_us.at("split2"),
+                    r.variant_us.at("split4"), r.floor_us);
+        std::fflush(stdout);
+      }
+
+  std::ofstream json(json_path);
+  json << "[\n";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    Result& r = results[i];
+    const auto it = peers.find(r.dtype + " " + std::to_string(r.n) + " " + std::to_string(r.t));
+    if (it != peers.end()) {
+      r.fla_us = it->second.first;
+      r.fla_rec_us = it->second.second;
+    }
+    json << "  {\"state\": \"" << r.dtype << "\", \"H\": " << kH << ", \"N\": " << r.n
+         << ", \"T\": " << r.t << ", \"floor_bytes\": " << r.floor_bytes
+         << ", \"floor_us\": " << r.floor_us << ", \"variant\": \"" << r.chosen
+         << "\", \"us\": " << r.us << ", \"wide_us\": " << r.variant_us["wide"]
+         << ", \"split2_us\": " << r.variant_us["split2"]
+         << ", \"split4_us\": " << r.variant_us["split4"] << ", \"fla_us\": " << r.fla_us
+         << ", \"fla_recurrent_us\": " << r.fla_rec_us << "}" << (i + 1 < results.size() ? "," : "")
+         << "\n";
+  }
+  json << "]\n";
+
+  std::printf("\n%-6s %4s %2s %-7s %9s %8s %7s %9s %7s %9s %7s\n", "state", "N", "T", "variant",
+              "us", "GB/s", "%floor", "FLA us", "ratio", "FLArec", "best");
+  for (const Result& r : results) {
+    double best = 1e30;
+    for (const auto& [k, v] : r.variant_us) best = std::min(best, v);
+    std::printf("%-6s %4d %2d %-7s %9.2f %8.0f %6.1f%% %9.2f %7.2f %9.2f %7.2f\n", r.dtype.c_str(),
+                r.n, r.t, r.chosen.c_str(), r.us, r.floor_bytes / r.us * 1e-3,
+                100.0 * r.floor_us / r.us, r.fla_us, r.fla_us > 0 ? r.fla_us / r.us : 0.0,
+                r.fla_rec_us, best);
+  }
+  CHECK(cudaStreamDestroy(stream));
+  return 0;
+}

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""FLA's Triton KDA decode path, timed in CUDA graphs, for the shapes of kda_decode_cuda_bench.
+
+The path (flash-linear-attention / fla-core, imported as an installed package, never vendored):
+  1. conv: fla.modules.convolution causal_conv1d_update with SiLU, one launch per projection
+     (q, k, v, as models with separate q/k/v short convolutions run it) over the R rows;
+  2. fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd with the gate (lower_bound), L2 norm
+     and beta sigmoid in kernel, state in place through ssm_state_indices [N, T],
+     num_accepted_tokens and cu_seqlens (continuous batching / speculative decoding), state
+     layout [V, K] (state_v_first) like splice's;
+  3. fla.modules.norm.fused_norm_gate rms_norm_gated with a sigmoid gate.
+For T > 1 the conv is timed as the per-row update over all R rows (FLA has no speculative
+rolling-window conv update); that is a lower bound on what a T > 1 conv costs.
+
+Timing: G iterations over disjoint slot sets (>= 400 MB of state per replay, as the C++ bench)
+captured in one torch CUDA graph, replayed after warm-up; median replay time / G. The recurrent
+kernel alone is timed the same way. FlashInfer's fused_kda_decode needs SM10x for T > 1 and is
+not installed on the device; it is reported as skipped.
+
+Writes "<dtype> <N> <T> <fla_us> <fla_recurrent_us>" lines to argv[1].
+"""
+import math
+import sys
+
+import torch
+
+H, D = 32, 128
+TARGET_SET_BYTES = 400 * 2**20
+MAX_SETS = 64
+WARMUP, REPLAYS = 3, 21
+
+
+def main():
+    out_path = sys.argv[1] if len(sys.argv) > 1 else "kda_peers.txt"
+    try:
+        from fla.modules.convolution import causal_conv1d_update  # noqa: F401
+    except Exception:  # older layout
+        pass
+    try:
+        from fla.modules.causal_conv1d.ops import causal_conv1d_update
+        from fla.modules.norm.fused_norm_gate import rms_norm_gated
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    except Exception as e:  # noqa: BLE001
+        print(f"FLA not importable, peers skipped: {e!r}")
+        open(out_path, "w").close()
+        return
+    try:
+        import flashinfer  # noqa: F401
+        print("flashinfer is installed but its KDA decode targets SM10x; not timed on Hopper")
+    except Exception:
+        print("flashinfer: not installed on this machine (its packed KDA decode also refuses "
+              "Hopper for T > 1); skipped")
+
+    dev = torch.device("cuda")
+    C = H * D
+    lines = []
+    for sdt in (torch.float32, torch.bfloat16):
+        for T in (1, 2, 4, 8):
+            for N in (1, 8, 32, 128, 512):
+                R = N * T
+                es = torch.finfo(sdt).bits // 8
+                per_set = N * H * D * D * es * (1 + T)
+                G = max(1, min(MAX_SETS, math.ceil(TARGET_SET_BYTES / per_set)))
+                slots = G * N * T + 1
+                g = torch.Generator(device=dev).manual_seed(0)
+                xq = torch.randn(R, C, device=dev, dtype=torch.bfloat16, generator=g)
+                xk = torch.randn(R, C, device=dev, dtype=torch.bfloat16, generator=g)
+                xv = torch.randn(R, C, device=dev, dtype=torch.bfloat16, generator=g)
+                wq, wk, wv = (0.1 * torch.randn(C, 4, device=dev, generator=g) for _ in range(3))
+                caches = [0.1 * torch.randn(R, C, 4, device=dev, generator=g).to(torch.bfloat16)
+                          for _ in range(3)]
+                raw_gate = torch.randn(1, R, H, D, device=dev, dtype=torch.bfloat16, generator=g)
+                raw_beta = torch.randn(1, R, H, device=dev, dtype=torch.bfloat16, generator=g)
+                A_log = 0.5 * torch.randn(H, device=dev, generator=g)
+                dt_bias = 0.1 * torch.randn(C, device=dev, generator=g)
+                og = torch.randn(R * H, D, device=dev, dtype=torch.bfloat16, generator=g)
+                nw = torch.randn(D, device=dev, generator=g)
+                state = (0.01 * torch.randn(slots, H, D, D, device=dev, generator=g)).to(sdt)
+                cu = torch.arange(0, R + 1, T, device=dev, dtype=torch.int32)
+                nat = torch.randint(1, T + 1, (N,), device=dev, dtype=torch.int32, generator=g)
+                sis = [(1 + s * N * T + torch.arange(N * T, device=dev, dtype=torch.int32)).view(N, T)
+                       for s in range(G)]
+                out = torch.empty(1, R, H, D, device=dev, dtype=torch.bfloat16)
+
+                def recurrent(si, q, k, v):
+                    fused_recurrent_kda_fwd(
+                        q=q, k=k, v=v, g=raw_gate, beta=raw_beta, A_log=A_log, dt_bias=dt_bias,
+                        scale=D ** -0.5, initial_state=state, inplace_final_state=True,
+                        cu_seqlens=cu, ssm_state_indices=si,
+                        num_accepted_tokens=nat if T > 1 else None,
+                        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                        use_beta_sigmoid_in_kernel=True, lower_bound=-5.0,
+                        state_v_first=True, out=out)
+
+                def full(si):
+                    q, _ = causal_conv1d_update(xq, caches[0], weight=wq, activation="silu")
+                    k, _ = causal_conv1d_update(xk, caches[1], weight=wk, activation="silu")
+                    v, _ = causal_conv1d_update(xv, caches[2], weight=wv, activation="silu")
+                    recurrent(si, q.view(1, R, H, D), k.view(1, R, H, D), v.view(1, R, H, D))
+                    return rms_norm_gated(out.view(R * H, D), og, nw, None, activation="sigmoid",
+                                          eps=1e-5)
+
+                qf = torch.randn(1, R, H, D, device=dev, dtype=torch.bfloat16, generator=g)
+                kf = torch.randn(1, R, H, D, device=dev, dtype=torch.bfloat16, generator=g)
+                vf = torch.randn(1, R, H, D, device=dev, dtype=torch.bfloat16, generator=g)
+                times = {}
+                for name, fn in (("full", lambda si: full(si)),
+                                 ("rec", lambda si: recurrent(si, qf, kf, vf))):
+                    try:
+                        s = torch.cuda.Stream()
+                        s.wait_stream(torch.cuda.current_stream())
+                        with torch.cuda.stream(s):
+                            for si in sis[:2]:
+                                fn(si)  # compile / autotune outside capture
+                        torch.cuda.current_stream().wait_stream(s)
+                        torch.cuda.synchronize()
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph):
+                            for si in sis:
+                                fn(si)
+                        for _ in range(WARMUP):
+                            graph.replay()
+                        torch.cuda.synchronize()
+                        ts = []
+                        for _ in range(REPLAYS):
+                            a = torch.cuda.Event(enable_timing=True)
+                            b = torch.cuda.Event(enable_timing=True)
+                            a.record()
+                            graph.replay()
+                            b.record()
+                            b.synchronize()
+                            ts.append(a.elapsed_time(b))
+                        ts.sort()
+                        times[name] = ts[len(ts) // 2] * 1e3 / G
+                        del graph
+                    except Exception as e:  # noqa: BLE001
+                        print(f"FLA {name} failed for {sdt} N={N} T={T}: {e!r}")
+                        times[name] = -1.0
+                dt = "f32" if sdt == torch.float32 else "bf16"
+                print(f"FLA {dt} N={N} T={T}: full {times['full']:.2f} us, recurrent "
+                      f"{times['rec']:.2f} us (G={G})", flush=True)
+                lines.append(f"{dt} {N} {T} {times['full']:.3f} {times['rec']:.3f}\n")
+                del state, sis
+                torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        f.writelines(lines)
+
+
+if __name__ == "__main__":
+    main()

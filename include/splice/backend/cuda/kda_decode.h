@@ -1,0 +1,53 @@
+// splice/backend/cuda/kda_decode.h: the CUDA fused KDA decode kernel (spec kda_decode.md) and its
+// launcher.
+//
+// Called by splice::packed_fused_kda_decode / fused_kda_decode after host validation (the op layer
+// builds a KdaDecodeArgs and, in validate mode, checks the value contracts). All tensors are
+// device tensors with the layouts KdaDecodeArgs guarantees. The launcher reads nothing back from
+// the device: query_start_loc, num_accepted_tokens and the slot tables are read by the kernel, so
+// one captured launch replays correctly when they change between replays.
+//
+// Work decomposition: one CTA (or one thread-block cluster of `slices` CTAs) per (work unit,
+// head), where a work unit is a sequence (packed mode) or a row (plain / t1 modes). Each CTA owns
+// 128 / slices value rows of the head's 128 x 128 state, keeps them in registers (fp32) across
+// all T tokens, reads the source state once and writes each checkpoint once. The variant (threads
+// per CTA, slices) is picked by one rule, choose_kda_variant, from the grid size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "splice/ops/kda_decode.h"
+
+struct CUstream_st;
+
+namespace splice::cuda {
+
+using Stream = CUstream_st*;  // a cudaStream_t; nullptr is the legacy default stream
+
+// Kernel variants: how a head's 128 value rows are spread over CTAs.
+enum class KdaVariant : std::uint8_t {
+  automatic,  // choose_kda_variant decides
+  wide,       // 1 CTA of 256 threads per head: 4 rows x 16 columns of state per thread
+  split2,     // a cluster of 2 CTAs of 128 threads per head (64 rows each), 4 rows per thread
+  split4,     // a cluster of 4 CTAs of 128 threads per head (32 rows each), 2 rows per thread
+};
+const char* kda_variant_name(KdaVariant variant);
+
+// The one config rule: the variant that fills the GPU for `units` work units (sequences, or rows
+// in plain/t1 mode) x `heads` heads on a device with `sm_count` multiprocessors.
+//   units * heads >= 2 * sm_count      -> wide   (enough heads for 2 resident CTAs per SM)
+//   units * heads >= sm_count / 2      -> split2
+//   otherwise                          -> split4 (a tiny batch: 4 SMs per head)
+KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, int sm_count);
+
+// Runs the decode described by `args` on `stream` with `variant` (automatic: the rule above).
+// Writes args.output, updates args.conv_state and args.state in place. Never synchronizes and
+// never reads device memory on the host, so it can be captured in a CUDA graph.
+void kda_decode(const KdaDecodeArgs& args, Stream stream,
+                KdaVariant variant = KdaVariant::automatic);
+
+// The op layer's entry: the legacy default stream, automatic variant.
+void kda_decode(const KdaDecodeArgs& args);
+
+}  // namespace splice::cuda

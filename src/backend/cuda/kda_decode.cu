@@ -1,0 +1,189 @@
+// The CUDA fused KDA decode launcher (splice/backend/cuda/kda_decode.h): variant choice, kernel
+// parameters and launch. The kernel itself is in kda_decode.cuh.
+//
+//  1. Checks the layout guarantees of KdaDecodeArgs it relies on (internal errors: the op layer
+//     validated them) and that every tensor is on the current CUDA device.
+//  2. Chooses the variant (choose_kda_variant) unless one is forced, and whether the state can be
+//     moved in 16-byte vectors (base pointer and slot stride 16-byte aligned) or element-wise.
+//  3. Fills the POD Params (pointers, element strides, scalars) and launches one grid of
+//     slices * H * units CTAs; split variants launch thread-block clusters of `slices` CTAs
+//     (cudaLaunchKernelEx). Nothing is read back from the device.
+#include "splice/backend/cuda/kda_decode.h"
+
+#include <cuda_runtime.h>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/kda_decode.cuh"
+#include "splice/core/error.h"
+
+namespace splice::cuda {
+namespace {
+
+constexpr std::size_t kVecAlign = 16;  // bytes of one state vector
+constexpr int kWideThreads = 256;
+constexpr int kSplitThreads = 128;
+
+int current_sm_count() {
+  int device = 0;
+  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
+  int count = 0;
+  SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+template <int kThreads, int kSlices, typename StateT, bool kVec>
+void launch(const kda::Params& params, std::int64_t units, std::int64_t heads, cudaStream_t stream) {
+  const std::int64_t blocks = units * heads * kSlices;
+  SPLICE_INTERNAL_CHECK(blocks > 0 && blocks <= 0x7fffffff, "kda grid of ", blocks, " CTAs");
+  auto kernel = &kda::kda_decode_kernel<kThreads, kSlices, StateT, kVec>;
+  if constexpr (kSlices == 1) {
+    kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+  } else {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = 0;
+    config.stream = stream;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = kSlices;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  }
+  SPLICE_CUDA_CHECK_LAUNCH("kda_decode_kernel");
+}
+
+template <typename StateT, bool kVec>
+void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t units,
+                    std::int64_t heads, cudaStream_t stream) {
+  switch (variant) {
+    case KdaVariant::wide:
+      launch<kWideThreads, 1, StateT, kVec>(params, units, heads, stream);
+      return;
+    case KdaVariant::split2:
+      launch<kSplitThreads, 2, StateT, kVec>(params, units, heads, stream);
+      return;
+    case KdaVariant::split4:
+      launch<kSplitThreads, 4, StateT, kVec>(params, units, heads, stream);
+      return;
+    case KdaVariant::automatic:
+      break;
+  }
+  SPLICE_INTERNAL_CHECK(false, "kda variant not resolved");
+}
+
+void check_cuda(const Tensor& t, const char* name, int device) {
+  SPLICE_INTERNAL_CHECK(!t.defined() || (t.device().is_cuda() && t.device().index == device),
+                        "cuda::kda_decode: `", name, "` is on ", t.device().str());
+}
+
+}  // namespace
+
+const char* kda_variant_name(KdaVariant variant) {
+  switch (variant) {
+    case KdaVariant::automatic: return "automatic";
+    case KdaVariant::wide: return "wide";
+    case KdaVariant::split2: return "split2";
+    case KdaVariant::split4: return "split4";
+  }
+  return "?";
+}
+
+KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, int sm_count) {
+  const std::int64_t ctas = units * heads;
+  if (ctas >= 2 * static_cast<std::int64_t>(sm_count)) return KdaVariant::wide;
+  if (2 * ctas >= sm_count) return KdaVariant::split2;
+  return KdaVariant::split4;
+}
+
+void kda_decode(const KdaDecodeArgs& args) { kda_decode(args, nullptr, KdaVariant::automatic); }
+
+void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant) {
+  // Stage 1: what the kernel relies on (validated by the op layer).
+  SPLICE_INTERNAL_CHECK(args.head_dim == kda::kD, "head_dim ", args.head_dim);
+  SPLICE_INTERNAL_CHECK(args.state_dtype == DType::f32 || args.state_dtype == DType::bf16,
+                        "state dtype ", dtype_name(args.state_dtype));
+  SPLICE_INTERNAL_CHECK(args.hist_len == args.max_t + 2, "hist_len ", args.hist_len);
+  const int device = args.x.device().index;
+  check_cuda(args.x, "x", device);
+  check_cuda(args.weight, "weight", device);
+  check_cuda(args.conv_state, "conv_state", device);
+  check_cuda(args.raw_gate, "raw_gate", device);
+  check_cuda(args.raw_beta, "raw_beta", device);
+  check_cuda(args.A_log, "A_log", device);
+  check_cuda(args.dt_bias, "dt_bias", device);
+  check_cuda(args.state_indices, "state_indices", device);
+  check_cuda(args.state, "state", device);
+  check_cuda(args.output_gate, "output_gate", device);
+  check_cuda(args.norm_weight, "norm_weight", device);
+  check_cuda(args.output, "output", device);
+  check_cuda(args.query_start_loc, "query_start_loc", device);
+  check_cuda(args.num_accepted_tokens, "num_accepted_tokens", device);
+  check_cuda(args.row_slots, "row_slots", device);
+  const bool per_row = args.mode != KdaMode::packed;
+  SPLICE_INTERNAL_CHECK(!per_row || args.row_slots.defined(), "row_slots missing");
+  SPLICE_INTERNAL_CHECK(per_row || (args.query_start_loc.defined() &&
+                                    args.num_accepted_tokens.defined()),
+                        "packed metadata missing");
+
+  // Stage 2: variant and vector width.
+  const std::int64_t units = per_row ? args.num_rows : args.num_seqs;
+  const std::int64_t heads = args.num_heads;
+  if (variant == KdaVariant::automatic)
+    variant = choose_kda_variant(units, heads, current_sm_count());
+  const std::size_t elem = dtype_size(args.state_dtype);
+  const auto base = reinterpret_cast<std::uintptr_t>(args.state.raw_data());
+  const bool vec = base % kVecAlign == 0 &&
+                   (args.state.size(0) == 1 ||
+                    (static_cast<std::size_t>(args.state.stride(0)) * elem) % kVecAlign == 0);
+
+  // Stage 3: parameters and launch.
+  kda::Params p{};
+  p.x = args.x.data<std::uint16_t>();
+  p.x_row = args.x.stride(0);
+  p.weight = args.weight.data<float>();
+  p.conv = args.conv_state.data<std::uint16_t>();
+  p.conv_slot = args.conv_state.stride(0);
+  p.gate = args.raw_gate.data<std::uint16_t>();
+  p.gate_row = args.raw_gate.stride(0);
+  p.gate_head = args.raw_gate.stride(1);
+  p.beta = args.raw_beta.data<std::uint16_t>();
+  p.beta_row = args.raw_beta.stride(0);
+  p.beta_head = args.raw_beta.stride(1);
+  p.a_log = args.A_log.data<float>();
+  p.dt_bias = args.dt_bias.data<float>();
+  p.norm_weight = args.norm_weight.data<float>();
+  p.state = args.state.raw_data();
+  p.state_slot = args.state.stride(0);
+  p.out_gate = args.output_gate.data<std::uint16_t>();
+  p.og_row = args.output_gate.stride(0);
+  p.og_head = args.output_gate.stride(1);
+  p.out = args.output.data<std::uint16_t>();
+  p.state_indices = per_row ? nullptr : args.state_indices.data<std::int32_t>();
+  p.row_slots = per_row ? args.row_slots.data<std::int32_t>() : nullptr;
+  p.qsl = per_row ? nullptr : args.query_start_loc.data<std::int32_t>();
+  p.nat = per_row ? nullptr : args.num_accepted_tokens.data<std::int32_t>();
+  p.num_units = static_cast<int>(units);
+  p.num_heads = static_cast<int>(heads);
+  p.num_rows = static_cast<int>(args.num_rows);
+  p.max_t = static_cast<int>(args.max_t);
+  p.num_slots = static_cast<int>(args.num_slots);
+  p.channels = static_cast<int>(args.channels);
+  p.use_lower_bound = args.lower_bound.has_value() ? 1 : 0;
+  p.lower_bound = args.lower_bound.value_or(0.0f);
+  p.norm_eps = args.norm_eps;
+
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  if (args.state_dtype == DType::f32) {
+    if (vec) launch_variant<float, true>(variant, p, units, heads, s);
+    else launch_variant<float, false>(variant, p, units, heads, s);
+  } else {
+    if (vec) launch_variant<__nv_bfloat16, true>(variant, p, units, heads, s);
+    else launch_variant<__nv_bfloat16, false>(variant, p, units, heads, s);
+  }
+}
+
+}  // namespace splice::cuda

@@ -1,0 +1,612 @@
+// GPU tests of the CUDA fused KDA decode kernel (spec kda_decode.md) against the CPU kernel (the
+// oracle) and the float64 reference (tests/support/reference_kda.h).
+//
+// Per case:
+//   1. One random problem in CPU memory (spec §6 distributions; caches, padding and unread slots
+//      poisoned with NaN bit patterns, only what live sequences read filled with random values).
+//   2. A byte-for-byte device mirror of every storage (same offsets and strides), the op run on
+//      both (CPU kernel, CUDA kernel of each variant), the device storages copied back.
+//   3. conv_state: the whole storage bit-identical to the CPU kernel's (history, untouched slots
+//      and positions, padding). state: written checkpoints within kStateTol* of the CPU kernel's
+//      and of the float64 reference, every other byte of the storage bit-identical.
+//      output: within kOutputTol of the reference and of the CPU kernel; unowned rows exact zeros.
+// Plus: CUDA-graph replay with query_start_loc, num_accepted_tokens and slots changed between
+// replays equals per-call results bit for bit; repeated runs bitwise identical; the plain T = 1
+// call equals the packed T = 1 call bit for bit. The worst errors are printed at the end.
+// Skips without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "splice/backend/cuda/kda_decode.h"
+#include "splice/backend/cuda/runtime.h"
+#include "splice/core/random.h"
+#include "splice/core/tolerance.h"
+#include "splice/ops/kda_decode.h"
+#include "support/reference_kda.h"
+#include "support/test_util.h"
+
+namespace splice {
+namespace {
+
+constexpr std::int64_t kD = 128;
+// Stated, measured bounds (docs/perf-gpu-kda.md), tighter than FlashInfer's output rtol 3e-2 /
+// atol 2e-2 and state rtol 3e-2 / atol 2e-3. Against the float64 reference:
+constexpr Tolerance kOutputTol{2e-3, 8e-3};
+constexpr Tolerance kStateTolF32{2e-6, 1e-4};
+constexpr Tolerance kStateTolBf16{1e-5, 8e-3};  // one bf16 rounding of the state (2^-8 relative)
+// At most this fraction of bf16 outputs may be more than one bf16 ulp from the reference's.
+constexpr double kMaxFractionBeyondOneUlp = 1e-3;
+constexpr std::uint8_t kPoisonByte = 0xFF;
+
+struct Stats {
+  double out_abs = 0, out_rel = 0;
+  std::int64_t out_count = 0, out_beyond_ulp = 0;
+  double state_abs[2] = {0, 0}, state_rel[2] = {0, 0};
+};
+Stats g_stats;
+
+class StatsPrinter : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::printf("[kda cuda stats] output vs f64 reference: max abs %.3g, max rel %.3g; %lld of %lld "
+                "(%.2e) bf16 outputs > 1 ulp off\n",
+                g_stats.out_abs, g_stats.out_rel, static_cast<long long>(g_stats.out_beyond_ulp),
+                static_cast<long long>(g_stats.out_count),
+                g_stats.out_count ? double(g_stats.out_beyond_ulp) / g_stats.out_count : 0.0);
+    std::printf("[kda cuda stats] state checkpoints vs f64 reference: f32 max abs %.3g rel %.3g; "
+                "bf16 max abs %.3g rel %.3g\n",
+                g_stats.state_abs[0], g_stats.state_rel[0], g_stats.state_abs[1],
+                g_stats.state_rel[1]);
+  }
+};
+[[maybe_unused]] const auto* const g_env = ::testing::AddGlobalTestEnvironment(new StatsPrinter);
+
+bool have_gpu() {
+  if (!cuda::device_available()) return false;
+  cuda::ensure_registered();
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Problems.
+
+struct Meta {
+  std::int64_t T = 1;
+  std::vector<int> lens, nat;
+  std::vector<std::vector<int>> si;  // [N][T]
+  std::int64_t trailing = 0;
+  std::int64_t slots = 1;
+  std::int64_t rows() const {
+    std::int64_t r = trailing;
+    for (int l : lens) r += l;
+    return r;
+  }
+};
+
+struct Layout {
+  std::int64_t row_pad = 0;
+  std::int64_t slot_pad = 0;
+  bool shared_page = false;
+};
+
+struct Problem {
+  std::int64_t H = 1, T = 1, R = 1, slots = 1;
+  DType state_dtype = DType::f32;
+  Meta meta;
+  Tensor x, weight, conv_state, raw_gate, raw_beta, A_log, dt_bias, state_indices, state,
+      output_gate, norm_weight, qsl, nat, output;
+};
+
+std::shared_ptr<Storage> poisoned_storage(std::size_t bytes) {
+  Tensor t = Tensor::empty({static_cast<std::int64_t>((bytes + 3) / 4)}, DType::f32);
+  std::memset(t.raw_data(), kPoisonByte, t.nbytes());
+  return t.storage();
+}
+
+Tensor row_padded(const Dims& shape, DType dtype, std::int64_t pad) {
+  Dims base_shape = shape;
+  base_shape.back() += pad;
+  Tensor base = Tensor::empty(base_shape, dtype);
+  std::memset(base.raw_data(), kPoisonByte, base.nbytes());
+  return pad ? base.slice(static_cast<std::int64_t>(shape.size()) - 1, 0, shape.back()) : base;
+}
+
+Tensor int_tensor(const std::vector<int>& values, const Dims& shape) {
+  Tensor t = Tensor::empty(shape, DType::i32);
+  std::copy(values.begin(), values.end(), t.data<std::int32_t>());
+  return t;
+}
+
+Problem make_problem(std::uint64_t seed, std::int64_t H, const Meta& meta, DType state_dtype,
+                     std::optional<float> /*unused*/ = std::nullopt, const Layout& layout = {}) {
+  Rng rng(seed);
+  Problem p;
+  p.H = H;
+  p.T = meta.T;
+  p.meta = meta;
+  p.R = meta.rows();
+  p.slots = meta.slots;
+  p.state_dtype = state_dtype;
+  const std::int64_t C = H * kD, N = static_cast<std::int64_t>(meta.lens.size()), T = meta.T;
+  p.x = row_padded({p.R, 3 * C}, DType::bf16, layout.row_pad);
+  rng.normal(p.x, 0.0, 1.0);
+  p.weight = testing::random_tensor(rng, {3, 4, C}, DType::f32, 0.1);
+  p.raw_gate = row_padded({1, p.R, H, kD}, DType::bf16, layout.row_pad);
+  rng.normal(p.raw_gate);
+  p.raw_beta = row_padded({1, p.R, H}, DType::bf16, layout.row_pad);
+  rng.normal(p.raw_beta);
+  p.A_log = testing::random_tensor(rng, {H}, DType::f32, 0.5);
+  p.dt_bias = testing::random_tensor(rng, {C}, DType::f32, 0.1);
+  p.output_gate = row_padded({1, p.R, H, kD}, DType::bf16, layout.row_pad);
+  rng.normal(p.output_gate);
+  p.norm_weight = testing::random_tensor(rng, {kD}, DType::f32, 1.0);
+  std::vector<int> flat, qsl{0};
+  for (const auto& row : meta.si) flat.insert(flat.end(), row.begin(), row.end());
+  for (int l : meta.lens) qsl.push_back(qsl.back() + l);
+  p.state_indices = int_tensor(flat, {N, T});
+  p.qsl = int_tensor(qsl, {N + 1});
+  p.nat = int_tensor(meta.nat, {N});
+
+  const std::int64_t C3 = 3 * C, hist = T + 2;
+  const std::int64_t conv_elems = C3 * hist, state_elems = H * kD * kD;
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(state_dtype));
+  const Dims conv_shape{p.slots, C3, hist}, state_shape{p.slots, H, kD, kD};
+  if (layout.shared_page) {
+    const std::int64_t page = conv_elems * 2 + state_elems * es + layout.slot_pad * 16;
+    auto storage = poisoned_storage(static_cast<std::size_t>(page * p.slots));
+    p.conv_state = Tensor::view_of(storage, 0, conv_shape, {page / 2, 1, C3}, DType::bf16);
+    p.state = Tensor::view_of(storage, conv_elems * 2 / es, state_shape,
+                              {page / es, kD * kD, kD, 1}, state_dtype);
+  } else {
+    const std::int64_t conv_stride = conv_elems + layout.slot_pad;
+    const std::int64_t state_stride = state_elems + layout.slot_pad;
+    auto cs = poisoned_storage(static_cast<std::size_t>(conv_stride * p.slots * 2));
+    auto ss = poisoned_storage(static_cast<std::size_t>(state_stride * p.slots * es));
+    p.conv_state = Tensor::view_of(cs, 0, conv_shape, {conv_stride, 1, C3}, DType::bf16);
+    p.state = Tensor::view_of(ss, 0, state_shape, {state_stride, kD * kD, kD, 1}, state_dtype);
+  }
+  for (std::int64_t n = 0; n < N; ++n) {
+    const int a = std::clamp(meta.nat[n] - 1, 0, static_cast<int>(T) - 1);
+    const int cs = meta.si[n][0], ss = meta.si[n][a];
+    if (meta.lens[n] == 0 || cs <= 0 || ss <= 0) continue;
+    Tensor window = p.conv_state.select(0, cs).slice(1, a, a + 3);
+    rng.normal(window, 0.0, 0.1);
+    Tensor source = p.state.select(0, ss);
+    rng.normal(source, 0.0, 0.01);
+  }
+  // Untouched slots: random too (they must come back bit-identical).
+  for (std::int64_t s = 1; s < p.slots; ++s) {
+    Tensor st = p.state.select(0, s);
+    if (std::isnan(st.at({0, 0, 0}))) rng.normal(st, 0.0, 0.01);
+  }
+  p.output = Tensor::empty({1, p.R, H, kD}, DType::bf16);
+  std::memset(p.output.raw_data(), kPoisonByte, p.output.nbytes());
+  return p;
+}
+
+// Random metadata: N sequences, ragged lengths in [0, T], every accepted offset, optional null
+// conv / source / destination slots; every live slot distinct across sequences.
+Meta random_meta(Rng& rng, int N, int T, int trailing, bool nulls) {
+  Meta m;
+  m.T = T;
+  m.trailing = trailing;
+  int next = 1;
+  for (int n = 0; n < N; ++n) {
+    m.lens.push_back(static_cast<int>(rng.integer(n % 3 == 0 ? T : 0, T)));
+    m.nat.push_back(static_cast<int>(rng.integer(1, T)));
+    std::vector<int> row(T);
+    for (int t = 0; t < T; ++t) row[t] = next++;
+    if (nulls && n % 5 == 1) row[0] = 0;                                         // null conv slot
+    if (nulls && n % 5 == 2) row[std::clamp(m.nat.back() - 1, 0, T - 1)] = -1;   // null source
+    if (nulls && n % 5 == 3 && T > 1) row[T - 1 - (n % T == T - 1)] = 0;         // null dest
+    m.si.push_back(row);
+  }
+  m.slots = next + 2;  // two untouched slots at the end
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device mirrors.
+
+// A tensor with the same storage bytes, offset, shape and strides on `device`.
+Tensor mirror(const Tensor& t, Device device) {
+  const auto& st = t.storage();
+  Tensor flat = Tensor::empty({static_cast<std::int64_t>((st->bytes + 3) / 4)}, DType::f32, device);
+  device_copy(flat.raw_data(), device, st->data, st->device, st->bytes);
+  return Tensor::view_of(flat.storage(), t.offset(), t.shape(), t.strides(), t.dtype());
+}
+
+Problem to_device(const Problem& p, Device d) {
+  Problem q = p;
+  q.x = mirror(p.x, d);
+  q.weight = mirror(p.weight, d);
+  q.raw_gate = mirror(p.raw_gate, d);
+  q.raw_beta = mirror(p.raw_beta, d);
+  q.A_log = mirror(p.A_log, d);
+  q.dt_bias = mirror(p.dt_bias, d);
+  q.state_indices = mirror(p.state_indices, d);
+  q.output_gate = mirror(p.output_gate, d);
+  q.norm_weight = mirror(p.norm_weight, d);
+  q.qsl = mirror(p.qsl, d);
+  q.nat = mirror(p.nat, d);
+  q.output = mirror(p.output, d);
+  if (p.conv_state.storage() == p.state.storage()) {
+    q.conv_state = mirror(p.conv_state, d);
+    q.state = Tensor::view_of(q.conv_state.storage(), p.state.offset(), p.state.shape(),
+                              p.state.strides(), p.state.dtype());
+  } else {
+    q.conv_state = mirror(p.conv_state, d);
+    q.state = mirror(p.state, d);
+  }
+  return q;
+}
+
+KdaDecodeOptions options_for(std::optional<float> lb) {
+  KdaDecodeOptions o;
+  o.lower_bound = lb;
+  o.norm_eps = 1e-5f;
+  return o;
+}
+
+void run_packed(Problem& p, std::optional<float> lb) {
+  packed_fused_kda_decode(p.x, p.weight, p.conv_state, p.raw_gate, p.raw_beta, p.A_log,
+                          p.dt_bias, p.state_indices, p.state, p.output_gate, p.norm_weight,
+                          options_for(lb), p.output, p.qsl, p.nat);
+}
+
+// The KdaDecodeArgs the op layer would build for a packed call on `p` (device tensors).
+KdaDecodeArgs packed_args(Problem& p, std::optional<float> lb) {
+  KdaDecodeArgs a;
+  a.x = p.x;
+  a.weight = p.weight;
+  a.conv_state = p.conv_state;
+  a.raw_gate = p.raw_gate.select(0, 0);
+  a.raw_beta = p.raw_beta.select(0, 0);
+  a.A_log = p.A_log;
+  a.dt_bias = p.dt_bias;
+  a.state_indices = p.state_indices;
+  a.state = p.state;
+  a.output_gate = p.output_gate.select(0, 0);
+  a.norm_weight = p.norm_weight;
+  a.output = p.output.select(0, 0);
+  a.query_start_loc = p.qsl;
+  a.num_accepted_tokens = p.nat;
+  a.mode = KdaMode::packed;
+  a.num_rows = p.R;
+  a.num_heads = p.H;
+  a.head_dim = kD;
+  a.channels = p.H * kD;
+  a.num_seqs = static_cast<std::int64_t>(p.meta.lens.size());
+  a.max_t = p.T;
+  a.hist_len = p.T + 2;
+  a.num_slots = p.slots;
+  a.state_dtype = p.state_dtype;
+  a.lower_bound = lb;
+  a.norm_eps = 1e-5f;
+  return a;
+}
+
+// Raw bytes of a tensor's whole storage.
+std::vector<std::uint8_t> storage_bytes(const Tensor& t) {
+  const auto& st = t.storage();
+  std::vector<std::uint8_t> out(st->bytes);
+  device_copy(out.data(), Device::cpu(), st->data, st->device, st->bytes);
+  return out;
+}
+
+// Slots holding a checkpoint written by a live sequence.
+std::set<int> written_slots(const Meta& m) {
+  std::set<int> out;
+  for (std::size_t n = 0; n < m.lens.size(); ++n) {
+    const int a = std::clamp(m.nat[n] - 1, 0, static_cast<int>(m.T) - 1);
+    if (m.lens[n] == 0 || m.si[n][0] <= 0 || m.si[n][a] <= 0) continue;
+    for (int t = 0; t < m.lens[n]; ++t)
+      if (m.si[n][t] > 0) out.insert(m.si[n][t]);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The comparison of one case.
+
+void check_case(const Problem& host, std::optional<float> lb, cuda::KdaVariant variant,
+                const std::string& what) {
+  SCOPED_TRACE(what + " variant=" + cuda::kda_variant_name(variant));
+  // Oracle runs on copies of the host problem.
+  Problem cpu = to_device(host, Device::cpu());
+  const auto ref = testing::reference_packed_kda_decode(
+      host.x, host.weight, host.conv_state, host.raw_gate, host.raw_beta, host.A_log,
+      host.dt_bias, host.state_indices, host.state, host.output_gate, host.norm_weight,
+      lb ? std::optional<double>(*lb) : std::nullopt, 1e-5, host.qsl, host.nat);
+  run_packed(cpu, lb);
+
+  Problem gpu = to_device(host, Device::cuda());
+  KdaDecodeArgs args = packed_args(gpu, lb);
+  cuda::kda_decode(args, nullptr, variant);
+  cuda::synchronize();
+
+  // conv_state: the whole storage bit for bit (shared-page layouts compare the cache elsewhere).
+  const Tensor gpu_conv = mirror(gpu.conv_state, Device::cpu());
+  const Tensor gpu_state = mirror(gpu.state, Device::cpu());
+  const Tensor gpu_out = mirror(gpu.output, Device::cpu());
+  EXPECT_TRUE(testing::bit_equal(gpu_conv, cpu.conv_state)) << "conv_state";
+  EXPECT_TRUE(testing::bit_equal(gpu_conv, ref.conv_state)) << "conv_state vs reference";
+
+  // Output against the reference and the oracle.
+  const Tolerance state_tol = host.state_dtype == DType::f32 ? kStateTolF32 : kStateTolBf16;
+  EXPECT_TRUE(testing::close(gpu_out, ref.output, kOutputTol)) << "output vs reference";
+  EXPECT_TRUE(testing::close(gpu_out, cpu.output, kOutputTol)) << "output vs CPU kernel";
+  {
+    const CompareReport r = compare_tensors(gpu_out, ref.output, kOutputTol);
+    g_stats.out_abs = std::max(g_stats.out_abs, r.max_abs_error);
+    g_stats.out_rel = std::max(g_stats.out_rel, r.max_rel_error);
+    std::int64_t beyond = 0;
+    const std::int64_t count = gpu_out.numel();
+    for (std::int64_t i = 0; i < count; ++i) {
+      const double g = gpu_out.at_linear(i), e = ref.output.at_linear(i);
+      const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(e), 1e-30)) - 7);
+      if (std::fabs(g - e) > ulp * 1.0001) ++beyond;
+    }
+    g_stats.out_count += count;
+    g_stats.out_beyond_ulp += beyond;
+    EXPECT_LE(static_cast<double>(beyond), kMaxFractionBeyondOneUlp * count + 1) << "ulp budget";
+  }
+  // Unowned rows: exact zeros (the oracle's rows are zeros there; compare bits to it).
+  {
+    std::vector<char> live(static_cast<std::size_t>(host.R), 0);
+    std::int64_t b = 0;
+    for (std::size_t n = 0; n < host.meta.lens.size(); ++n) {
+      const int a = std::clamp(host.meta.nat[n] - 1, 0, static_cast<int>(host.T) - 1);
+      const bool ok = host.meta.si[n][0] > 0 && host.meta.si[n][a] > 0;
+      for (int t = 0; t < host.meta.lens[n]; ++t) live[b + t] = ok;
+      b += host.meta.lens[n];
+    }
+    for (std::int64_t r = 0; r < host.R; ++r) {
+      if (live[r]) continue;
+      const Tensor row = gpu_out.select(1, r);
+      for (std::int64_t i = 0; i < row.numel(); ++i)
+        if (row.at_linear(i) != 0.0 || std::signbit(row.at_linear(i))) {
+          ADD_FAILURE() << "unowned row " << r << " not zero at " << i;
+          break;
+        }
+    }
+  }
+  // State: checkpoints within tolerance, every other slot bit-identical.
+  const std::set<int> written = written_slots(host.meta);
+  for (std::int64_t s = 0; s < host.slots; ++s) {
+    const Tensor g = gpu_state.select(0, s), c = cpu.state.select(0, s), e = ref.state.select(0, s);
+    if (written.count(static_cast<int>(s))) {
+      EXPECT_TRUE(testing::close(g, e, state_tol)) << "state slot " << s << " vs reference";
+      EXPECT_TRUE(testing::close(g, c, state_tol)) << "state slot " << s << " vs CPU kernel";
+      const CompareReport r = compare_tensors(g, e, state_tol);
+      const int k = host.state_dtype == DType::f32 ? 0 : 1;
+      g_stats.state_abs[k] = std::max(g_stats.state_abs[k], r.max_abs_error);
+      g_stats.state_rel[k] = std::max(g_stats.state_rel[k], r.max_rel_error);
+    } else {
+      EXPECT_TRUE(testing::bit_equal(g, c)) << "untouched state slot " << s;
+    }
+  }
+  // Bytes outside every logical element (slot padding, shared pages): unchanged.
+  if (host.conv_state.storage() != host.state.storage()) {
+    EXPECT_EQ(storage_bytes(gpu.conv_state), storage_bytes(cpu.conv_state)) << "conv storage";
+  }
+}
+
+const cuda::KdaVariant kVariants[] = {cuda::KdaVariant::wide, cuda::KdaVariant::split2,
+                                      cuda::KdaVariant::split4};
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(KdaCuda, T1Grid) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(11);
+  for (DType sdt : {DType::f32, DType::bf16})
+    for (std::optional<float> lb : {std::optional<float>(-5.0f), std::optional<float>()})
+      for (int H : {1, 3, 32}) {
+        const Meta m = random_meta(rng, 7, 1, 2, true);
+        const Problem p = make_problem(rng.integer(0, 1 << 30), H, m, sdt);
+        for (auto v : kVariants)
+          check_case(p, lb, v, "T=1 H=" + std::to_string(H) + " " + dtype_name(sdt) +
+                                   (lb ? " lb" : " softplus"));
+      }
+}
+
+TEST(KdaCuda, PackedGrid) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(12);
+  for (int T : {2, 3, 4, 5, 8, 9, 40})
+    for (DType sdt : {DType::f32, DType::bf16}) {
+      const std::optional<float> lb = (T % 2) ? std::optional<float>() : std::optional<float>(-3.0f);
+      const Meta m = random_meta(rng, T == 40 ? 3 : 9, T, T % 3, true);
+      const Problem p = make_problem(rng.integer(0, 1 << 30), T == 40 ? 2 : 5, m, sdt);
+      for (auto v : kVariants)
+        check_case(p, lb, v, "T=" + std::to_string(T) + " " + dtype_name(sdt));
+    }
+}
+
+TEST(KdaCuda, EveryAcceptedOffset) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(13);
+  const int T = 4;
+  Meta m = random_meta(rng, 8, T, 1, false);
+  for (int n = 0; n < 8; ++n) {
+    m.nat[n] = n % T + 1;
+    m.lens[n] = (n / T) ? T : 1 + n % T;
+  }
+  for (DType sdt : {DType::f32, DType::bf16}) {
+    const Problem p = make_problem(rng.integer(0, 1 << 30), 2, m, sdt);
+    check_case(p, -5.0f, cuda::KdaVariant::automatic, "accepted offsets");
+  }
+}
+
+TEST(KdaCuda, PaddedAndSharedLayouts) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(14);
+  const Meta m = random_meta(rng, 6, 3, 2, true);
+  for (DType sdt : {DType::f32, DType::bf16}) {
+    // Odd paddings: the state is then not 16-byte aligned per slot (element-wise path).
+    for (std::int64_t slot_pad : {0, 3, 8}) {
+      Layout layout;
+      layout.row_pad = 5;
+      layout.slot_pad = slot_pad;
+      const Problem p = make_problem(rng.integer(0, 1 << 30), 3, m, sdt, std::nullopt, layout);
+      for (auto v : kVariants) check_case(p, -5.0f, v, "padded " + std::to_string(slot_pad));
+    }
+    Layout shared;
+    shared.shared_page = true;
+    shared.slot_pad = 1;
+    const Problem p = make_problem(rng.integer(0, 1 << 30), 2, m, sdt, std::nullopt, shared);
+    check_case(p, std::nullopt, cuda::KdaVariant::automatic, "shared page");
+  }
+}
+
+// The plain T = 1 call, the packed T = 1 call and the t1_state_indices call agree bit for bit.
+TEST(KdaCuda, PlainPackedT1Agree) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(15);
+  const int R = 9;
+  Meta m;
+  m.T = 1;
+  std::vector<int> slots;
+  for (int r = 0; r < R; ++r) {
+    m.lens.push_back(1);
+    m.nat.push_back(1);
+    slots.push_back(r % 4 == 3 ? 0 : r + 1);
+    m.si.push_back({slots.back()});
+  }
+  m.slots = R + 2;
+  for (DType sdt : {DType::f32, DType::bf16}) {
+    const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
+    Problem a = to_device(p, Device::cuda()), b = to_device(p, Device::cuda()),
+            c = to_device(p, Device::cuda());
+    run_packed(a, -5.0f);
+    const Tensor plain_idx = mirror(int_tensor(slots, {R}), Device::cuda());
+    fused_kda_decode(b.x, b.weight, b.conv_state, b.raw_gate, b.raw_beta, b.A_log, b.dt_bias,
+                     plain_idx, b.state, b.output_gate, b.norm_weight, options_for(-5.0f),
+                     b.output);
+    // t1: structural qsl (garbage values are not read) and per-row slots.
+    const Tensor junk_qsl = mirror(int_tensor(std::vector<int>(R + 1, 12345), {R + 1}), Device::cuda());
+    packed_fused_kda_decode(c.x, c.weight, c.conv_state, c.raw_gate, c.raw_beta, c.A_log,
+                            c.dt_bias, c.state_indices, c.state, c.output_gate, c.norm_weight,
+                            options_for(-5.0f), c.output, junk_qsl, c.nat, &plain_idx);
+    cuda::synchronize();
+    for (Problem* q : {&b, &c}) {
+      EXPECT_EQ(storage_bytes(q->output), storage_bytes(a.output));
+      EXPECT_EQ(storage_bytes(q->conv_state), storage_bytes(a.conv_state));
+      EXPECT_EQ(storage_bytes(q->state), storage_bytes(a.state));
+    }
+  }
+}
+
+// Repeated runs are bitwise identical; every variant agrees with the others within tolerance.
+TEST(KdaCuda, Deterministic) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(16);
+  const Meta m = random_meta(rng, 20, 4, 3, true);
+  const Problem p = make_problem(rng.integer(0, 1 << 30), 8, m, DType::f32);
+  for (auto v : kVariants) {
+    std::vector<std::uint8_t> first_out, first_state;
+    for (int rep = 0; rep < 3; ++rep) {
+      Problem g = to_device(p, Device::cuda());
+      KdaDecodeArgs args = packed_args(g, -5.0f);
+      cuda::kda_decode(args, nullptr, v);
+      cuda::synchronize();
+      if (rep == 0) {
+        first_out = storage_bytes(g.output);
+        first_state = storage_bytes(g.state);
+      } else {
+        EXPECT_EQ(storage_bytes(g.output), first_out) << cuda::kda_variant_name(v);
+        EXPECT_EQ(storage_bytes(g.state), first_state) << cuda::kda_variant_name(v);
+      }
+    }
+  }
+}
+
+// One captured launch replayed with new query_start_loc, num_accepted_tokens and slot tables
+// equals a direct call on the same inputs, bit for bit.
+TEST(KdaCuda, GraphReplayWithChangingMetadata) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(17);
+  const int N = 6, T = 4, H = 4;
+  // Slot pool large enough for every metadata set; rows = N * T + 2 trailing.
+  const Meta base = random_meta(rng, N, T, 2, true);
+  Meta pool = base;
+  pool.slots = N * T * 2 + 3;
+  pool.trailing = N * T + 2 - base.rows() + base.trailing;
+  const Problem p = make_problem(rng.integer(0, 1 << 30), H, pool, DType::f32);
+  // All slots filled (any set may read any).
+  Problem host = p;
+  {
+    Rng fill(99);
+    for (std::int64_t s = 1; s < host.slots; ++s) {
+      Tensor st = host.state.select(0, s);
+      fill.normal(st, 0.0, 0.01);
+      Tensor cv = host.conv_state.select(0, s);
+      fill.normal(cv, 0.0, 0.1);
+    }
+  }
+  for (DType sdt : {DType::f32}) {
+    (void)sdt;
+    Problem g = to_device(host, Device::cuda());
+    KdaDecodeArgs args = packed_args(g, -5.0f);
+    const std::vector<std::uint8_t> conv0 = storage_bytes(g.conv_state), state0 = storage_bytes(g.state);
+    auto restore = [&] {
+      device_copy(g.conv_state.storage()->data, Device::cuda(), conv0.data(), Device::cpu(), conv0.size());
+      device_copy(g.state.storage()->data, Device::cuda(), state0.data(), Device::cpu(), state0.size());
+    };
+    auto set_meta = [&](const Meta& m) {
+      std::vector<int> flat, qsl{0};
+      for (const auto& row : m.si) flat.insert(flat.end(), row.begin(), row.end());
+      for (int l : m.lens) qsl.push_back(qsl.back() + l);
+      device_copy(g.state_indices.raw_data(), Device::cuda(), flat.data(), Device::cpu(), flat.size() * 4);
+      device_copy(g.qsl.raw_data(), Device::cuda(), qsl.data(), Device::cpu(), qsl.size() * 4);
+      device_copy(g.nat.raw_data(), Device::cuda(), m.nat.data(), Device::cpu(), m.nat.size() * 4);
+    };
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    cuda::kda_decode(args, stream);  // warm-up outside capture
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    cuda::kda_decode(args, stream);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int round = 0; round < 4; ++round) {
+      Meta m = random_meta(rng, N, T, 0, round % 2 == 1);
+      // Shift the slots so each round uses different ones.
+      for (auto& row : m.si)
+        for (int& s : row)
+          if (s > 0) s += round * 3 % (N * T);
+      restore();
+      set_meta(m);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const auto out_g = storage_bytes(g.output), conv_g = storage_bytes(g.conv_state),
+                 state_g = storage_bytes(g.state);
+      restore();
+      set_meta(m);
+      cuda::kda_decode(args, stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(storage_bytes(g.output), out_g) << "round " << round;
+      EXPECT_EQ(storage_bytes(g.conv_state), conv_g) << "round " << round;
+      EXPECT_EQ(storage_bytes(g.state), state_g) << "round " << round;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+}  // namespace
+}  // namespace splice
