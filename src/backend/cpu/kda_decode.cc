@@ -49,6 +49,11 @@
 
 #include "splice/core/error.h"
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#define SPLICE_KDA_STREAM_STORES 1
+#endif
+
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace splice::cpu {
@@ -73,13 +78,15 @@ inline float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 inline float softplus(float z) { return z > kKdaSoftplusThreshold ? z : std::log1p(std::exp(z)); }
 
 // Vector load/store of 16 consecutive elements (unaligned).
-inline Vec load_f32(const float* p) {
+#define SPLICE_KDA_INLINE inline __attribute__((always_inline))
+
+SPLICE_KDA_INLINE Vec load_f32(const float* p) {
   Vec v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store_f32(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
-inline Vec load_bf16(const std::uint16_t* p) {
+SPLICE_KDA_INLINE void store_f32(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+SPLICE_KDA_INLINE Vec load_bf16(const std::uint16_t* p) {
   HVec h;
   std::memcpy(&h, p, sizeof h);
   const UVec bits = __builtin_convertvector(h, UVec) << kBf16Shift;
@@ -88,24 +95,53 @@ inline Vec load_bf16(const std::uint16_t* p) {
   return v;
 }
 // Round-to-nearest-even f32 -> bf16, NaN kept quiet: the vector form of f32_to_bf16_bits.
-inline void store_bf16(std::uint16_t* p, Vec v) {
+SPLICE_KDA_INLINE HVec to_bf16_vec(Vec v) {
   UVec bits;
   std::memcpy(&bits, &v, sizeof bits);
   const UVec rounded = (bits + kBf16RoundBias + ((bits >> kBf16Shift) & 1u)) >> kBf16Shift;
   const UVec quiet = (bits >> kBf16Shift) | kBf16QuietBit;
   const UVec out = ((bits & kF32AbsMask) > kF32Inf) ? quiet : rounded;
-  const HVec h = __builtin_convertvector(out, HVec);
+  return __builtin_convertvector(out, HVec);
+}
+SPLICE_KDA_INLINE void store_bf16(std::uint16_t* p, Vec v) {
+  const HVec h = to_bf16_vec(v);
   std::memcpy(p, &h, sizeof h);
 }
+
+// Checkpoint stores bypass the cache (non-temporal) when the destination is 16-byte aligned: a
+// checkpoint is not read again in this call, and streaming avoids reading each line before
+// writing it (the write-allocate traffic would add half again to the state bytes).
+constexpr std::uintptr_t kStreamAlignment = 16;
+SPLICE_KDA_INLINE void stream_f32(float* p, Vec v) {
+#ifdef SPLICE_KDA_STREAM_STORES
+  __m128 parts[sizeof(Vec) / sizeof(__m128)];
+  std::memcpy(parts, &v, sizeof v);
+  for (std::size_t i = 0; i < sizeof(Vec) / sizeof(__m128); ++i)
+    _mm_stream_ps(p + i * (sizeof(__m128) / sizeof(float)), parts[i]);
+#else
+  store_f32(p, v);
+#endif
+}
+SPLICE_KDA_INLINE void stream_bf16(std::uint16_t* p, Vec v) {
+#ifdef SPLICE_KDA_STREAM_STORES
+  const HVec h = to_bf16_vec(v);
+  __m128i parts[sizeof(HVec) / sizeof(__m128i)];
+  std::memcpy(parts, &h, sizeof h);
+  for (std::size_t i = 0; i < sizeof(HVec) / sizeof(__m128i); ++i)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p) + i, parts[i]);
+#else
+  store_bf16(p, v);
+#endif
+}
 // Fixed-order tree sum of the 16 lanes.
-inline float reduce(Vec v) {
+SPLICE_KDA_INLINE float reduce(Vec v) {
   float lanes[kLanes];
   std::memcpy(lanes, &v, sizeof lanes);
   for (int width = kLanes / 2; width >= 1; width /= 2)
     for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
   return lanes[0];
 }
-inline float sum_squares(const float* p) {
+SPLICE_KDA_INLINE float sum_squares(const float* p) {
   Vec acc = {};
   for (std::int64_t j = 0; j < kD; j += kLanes) {
     const Vec v = load_f32(p + j);
@@ -116,7 +152,7 @@ inline float sum_squares(const float* p) {
 
 // Where state row v comes from / goes to in one token's sweep.
 enum class RowSource : std::uint8_t { scratch, slot_f32, slot_bf16 };
-enum class RowSink : std::uint8_t { none, slot_f32, slot_bf16 };
+enum class RowSink : std::uint8_t { none, slot_f32, slot_bf16, stream_f32, stream_bf16 };
 
 struct SweepArgs {
   float* scratch;            // [D, D] fp32, the carried state (rows = value index)
@@ -130,44 +166,70 @@ struct SweepArgs {
   float* o_raw;              // [D]
 };
 
-// Stage 3 for one row, with the source and sink kinds fixed at compile time.
+// Stage 3 with the source and sink kinds fixed at compile time. Rows are swept kRowBlock at a
+// time so the block's independent dot-product chains overlap; each row's sums still run over j in
+// order and end in the same lane tree, so the blocking does not change any result.
+constexpr std::int64_t kRowBlock = 4;
+static_assert(kD % kRowBlock == 0, "head dim must be a multiple of the row block");
+
 template <RowSource kSrc, RowSink kSink>
-inline void sweep_rows(const SweepArgs& s) {
-  for (std::int64_t row = 0; row < kD; ++row) {
-    float* cur = s.scratch + row * kD;
-    Vec acc = {};
+SPLICE_KDA_INLINE void sweep_rows(const SweepArgs& s) {
+  // Locals so that stores through the row pointers cannot be assumed to alias the arguments.
+  float* const __restrict scratch = s.scratch;
+  const float* const __restrict src_f32 = static_cast<const float*>(s.source);
+  const std::uint16_t* const __restrict src_bf16 = static_cast<const std::uint16_t*>(s.source);
+  float* const __restrict sink_f32 = static_cast<float*>(s.sink);
+  std::uint16_t* const __restrict sink_bf16 = static_cast<std::uint16_t*>(s.sink);
+  const float* const __restrict decay_v = s.decay;
+  const float* const __restrict k_hat_v = s.k_hat;
+  const float* const __restrict q_hat_v = s.q_hat;
+  const float beta = s.beta;
+  for (std::int64_t row0 = 0; row0 < kD; row0 += kRowBlock) {
+    float* cur = scratch + row0 * kD;
+    const std::int64_t base = row0 * kD;
+    Vec acc[kRowBlock] = {};
     for (std::int64_t j = 0; j < kD; j += kLanes) {
-      Vec x;
-      if constexpr (kSrc == RowSource::scratch) x = load_f32(cur + j);
-      if constexpr (kSrc == RowSource::slot_f32)
-        x = load_f32(static_cast<const float*>(s.source) + row * kD + j);
-      if constexpr (kSrc == RowSource::slot_bf16)
-        x = load_bf16(static_cast<const std::uint16_t*>(s.source) + row * kD + j);
-      x *= load_f32(s.decay + j);
-      store_f32(cur + j, x);
-      acc += x * load_f32(s.k_hat + j);
+      const Vec decay = load_f32(decay_v + j), k_hat = load_f32(k_hat_v + j);
+      for (std::int64_t i = 0; i < kRowBlock; ++i) {
+        const std::int64_t at = i * kD + j;  // element (row0 + i, j) relative to row0
+        Vec x;
+        if constexpr (kSrc == RowSource::scratch) x = load_f32(cur + at);
+        if constexpr (kSrc == RowSource::slot_f32) x = load_f32(src_f32 + base + at);
+        if constexpr (kSrc == RowSource::slot_bf16) x = load_bf16(src_bf16 + base + at);
+        x *= decay;
+        store_f32(cur + at, x);
+        acc[i] += x * k_hat;
+      }
     }
-    const float delta = s.beta * (s.v[row] - reduce(acc));
-    Vec out = {};
+    float delta[kRowBlock];
+    for (std::int64_t i = 0; i < kRowBlock; ++i)
+      delta[i] = beta * (s.v[row0 + i] - reduce(acc[i]));
+    Vec out[kRowBlock] = {};
     for (std::int64_t j = 0; j < kD; j += kLanes) {
-      const Vec x = load_f32(cur + j) + delta * load_f32(s.k_hat + j);
-      store_f32(cur + j, x);
-      out += x * load_f32(s.q_hat + j);
-      if constexpr (kSink == RowSink::slot_f32)
-        store_f32(static_cast<float*>(s.sink) + row * kD + j, x);
-      if constexpr (kSink == RowSink::slot_bf16)
-        store_bf16(static_cast<std::uint16_t*>(s.sink) + row * kD + j, x);
+      const Vec k_hat = load_f32(k_hat_v + j), q_hat = load_f32(q_hat_v + j);
+      for (std::int64_t i = 0; i < kRowBlock; ++i) {
+        const std::int64_t at = i * kD + j;
+        const Vec x = load_f32(cur + at) + delta[i] * k_hat;
+        store_f32(cur + at, x);
+        out[i] += x * q_hat;
+        if constexpr (kSink == RowSink::slot_f32) store_f32(sink_f32 + base + at, x);
+        if constexpr (kSink == RowSink::slot_bf16) store_bf16(sink_bf16 + base + at, x);
+        if constexpr (kSink == RowSink::stream_f32) stream_f32(sink_f32 + base + at, x);
+        if constexpr (kSink == RowSink::stream_bf16) stream_bf16(sink_bf16 + base + at, x);
+      }
     }
-    s.o_raw[row] = reduce(out);
+    for (std::int64_t i = 0; i < kRowBlock; ++i) s.o_raw[row0 + i] = reduce(out[i]);
   }
 }
 
 template <RowSource kSrc>
-inline void sweep_with_source(const SweepArgs& s, RowSink sink) {
+SPLICE_KDA_INLINE void sweep_with_source(const SweepArgs& s, RowSink sink) {
   switch (sink) {
     case RowSink::none: sweep_rows<kSrc, RowSink::none>(s); break;
     case RowSink::slot_f32: sweep_rows<kSrc, RowSink::slot_f32>(s); break;
     case RowSink::slot_bf16: sweep_rows<kSrc, RowSink::slot_bf16>(s); break;
+    case RowSink::stream_f32: sweep_rows<kSrc, RowSink::stream_f32>(s); break;
+    case RowSink::stream_bf16: sweep_rows<kSrc, RowSink::stream_bf16>(s); break;
   }
 }
 
@@ -179,6 +241,19 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void sweep_state(
     case RowSource::slot_f32: sweep_with_source<RowSource::slot_f32>(s, sink); break;
     case RowSource::slot_bf16: sweep_with_source<RowSource::slot_bf16>(s, sink); break;
   }
+}
+
+// Stage 1 for one token and one projection block of one head: pre = sum_tap ext[t+tap] * w[tap]
+// (taps in order 0..3, fp32), mixed = bf16(pre * sigmoid(pre)).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void conv_silu(
+    const std::uint16_t* const* taps, const float* wt, std::int64_t C, float* mixed) {
+  for (std::int64_t d = 0; d < kD; d += kLanes) {
+    Vec pre = load_bf16(taps[0] + d) * load_f32(wt + d);
+    for (std::int64_t tap = 1; tap < kKdaConvWidth; ++tap)
+      pre += load_bf16(taps[tap] + d) * load_f32(wt + tap * C + d);
+    store_f32(mixed + d, pre);
+  }
+  for (std::int64_t d = 0; d < kD; ++d) mixed[d] = bf16f(to_bf16(mixed[d] * sigmoid(mixed[d])));
 }
 
 // One sequence as the kernel sees it (plain/t1 rows are sequences of length 1 with a = 0).
@@ -246,17 +321,12 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
                   kD * sizeof(std::uint16_t));
     const float* wt = k.weight + p * kKdaConvWidth * C + h * kD;  // taps w = 0..3
     for (std::int64_t t = 0; t < L; ++t) {
-      float* mixed = sc.mixed.data() + (t * kKdaNumProjections + p) * kD;
-      for (std::int64_t d = 0; d < kD; ++d) {
-        float pre = 0.0f;
-        for (std::int64_t tap = 0; tap < kKdaConvWidth; ++tap) {
-          const std::int64_t e = t + tap;  // index into ext = [hist0..2, x[b..]]
-          const std::uint16_t bits =
-              e < kHist ? hist[e * kD + d] : k.x[(w.begin + e - kHist) * k.x_row + c0 + d];
-          pre += bf16f(bits) * wt[tap * C + d];
-        }
-        mixed[d] = bf16f(to_bf16(pre * sigmoid(pre)));
+      const std::uint16_t* taps[kKdaConvWidth];  // ext[t + tap]
+      for (std::int64_t tap = 0; tap < kKdaConvWidth; ++tap) {
+        const std::int64_t e = t + tap;  // index into ext = [hist0..2, x[b..]]
+        taps[tap] = e < kHist ? hist + e * kD : k.x + (w.begin + e - kHist) * k.x_row + c0;
       }
+      conv_silu(taps, wt, C, sc.mixed.data() + (t * kKdaNumProjections + p) * kD);
     }
     // Write-back (every history read of these channels is done): [h1, h2, x[b], .., x[b+L-1]].
     for (std::int64_t j = 0; j < kHist - 1; ++j)
@@ -301,9 +371,16 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
     RowSink sink = RowSink::none;
     if (w.dst[t] > 0) {
       s.sink = k.state + w.dst[t] * k.state_slot_bytes + head_bytes;
-      sink = k.state_bf16 ? RowSink::slot_bf16 : RowSink::slot_f32;
+      const bool stream = reinterpret_cast<std::uintptr_t>(s.sink) % kStreamAlignment == 0;
+      if (k.state_bf16)
+        sink = stream ? RowSink::stream_bf16 : RowSink::slot_bf16;
+      else
+        sink = stream ? RowSink::stream_f32 : RowSink::slot_f32;
     }
     sweep_state(s, source, sink);
+#ifdef SPLICE_KDA_STREAM_STORES
+    if (sink == RowSink::stream_f32 || sink == RowSink::stream_bf16) _mm_sfence();
+#endif
 
     // Stage 4: gated RMSNorm of the bf16-rounded output.
     float* o = sc.o_raw.data();
