@@ -363,6 +363,76 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   return c;
 }
 
+std::string to_config_json(const ModelConfig& c) {
+  Json j = Json::object();
+  j["architectures"] = {c.architecture};
+  j["model_type"] =
+      c.model_type.empty() ? (c.family == ModelFamily::kda ? "kda" : "llama") : c.model_type;
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  auto ids = [](const std::vector<std::int64_t>& v) -> Json {
+    if (v.empty()) return nullptr;
+    if (v.size() == 1) return v.front();
+    return v;
+  };
+  j["bos_token_id"] = ids(c.bos_token_ids);
+  j["eos_token_id"] = ids(c.eos_token_ids);
+  j["pad_token_id"] = c.pad_token_id ? Json(*c.pad_token_id) : Json(nullptr);
+  if (!c.torch_dtype.empty()) j["torch_dtype"] = c.torch_dtype;
+  if (c.family == ModelFamily::llama) {
+    j["hidden_act"] = c.hidden_act;
+    j["num_attention_heads"] = c.num_attention_heads;
+    j["num_key_value_heads"] = c.num_key_value_heads;
+    j["head_dim"] = c.head_dim;
+    j["rms_norm_eps"] = c.rms_norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    if (c.rope_scaling) {
+      Json r = {{"rope_type", c.rope_scaling->type}, {"factor", c.rope_scaling->factor}};
+      if (c.rope_scaling->type == "llama3") {
+        r["low_freq_factor"] = c.rope_scaling->low_freq_factor;
+        r["high_freq_factor"] = c.rope_scaling->high_freq_factor;
+        r["original_max_position_embeddings"] = c.rope_scaling->original_max_position_embeddings;
+      }
+      j["rope_scaling"] = r;
+    } else {
+      j["rope_scaling"] = nullptr;
+    }
+    if (c.architecture != "Qwen2ForCausalLM") {
+      j["attention_bias"] = c.attention_bias;
+      j["mlp_bias"] = c.mlp_bias;
+    }
+    return j.dump(2);
+  }
+  const KdaLayerConfig& k = c.kda;
+  j["hidden_act"] = c.hidden_act == "silu" ? "swish" : c.hidden_act;
+  j["norm_eps"] = c.rms_norm_eps;
+  j["attn_mode"] = k.attn_mode;
+  j["num_heads"] = k.num_heads;
+  j["num_v_heads"] = k.num_v_heads;
+  j["head_dim"] = k.head_dim;
+  j["expand_v"] = k.expand_v;
+  j["use_short_conv"] = k.use_short_conv;
+  j["conv_size"] = k.conv_size;
+  j["allow_neg_eigval"] = k.allow_neg_eigval;
+  if (k.safe_gate) j["safe_gate"] = true;
+  if (k.lower_bound) j["lower_bound"] = *k.lower_bound;
+  if (c.attention_layers.empty()) {
+    j["attn"] = nullptr;
+  } else {
+    j["attn"] = {{"layers", c.attention_layers},
+                 {"num_heads", c.num_attention_heads},
+                 {"num_kv_heads", c.num_key_value_heads},
+                 {"qkv_bias", c.attention_bias},
+                 {"window_size", nullptr},
+                 {"rope_theta", c.rope_theta}};
+  }
+  return j.dump(2);
+}
+
 ModelConfig load_config(const std::string& path) {
   std::filesystem::path file(path);
   std::error_code ec;

@@ -270,5 +270,42 @@ TEST(ConfigTest, UnsupportedArchitecturesAndFeatures) {
                                  {"`attnres_block_size` 2"});
 }
 
+void expect_same(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.architecture, b.architecture);
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
+  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+  EXPECT_EQ(a.num_key_value_heads, b.num_key_value_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.rope_scaling.has_value(), b.rope_scaling.has_value());
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_EQ(a.bos_token_ids, b.bos_token_ids);
+  EXPECT_EQ(a.eos_token_ids, b.eos_token_ids);
+  EXPECT_EQ(a.layer_kinds, b.layer_kinds);
+  EXPECT_EQ(a.attention_bias, b.attention_bias);
+  EXPECT_EQ(a.kda.num_heads, b.kda.num_heads);
+  EXPECT_EQ(a.kda.num_v_heads, b.kda.num_v_heads);
+  EXPECT_EQ(a.kda.head_v_dim, b.kda.head_v_dim);
+  EXPECT_EQ(a.kda.conv_size, b.kda.conv_size);
+  EXPECT_EQ(a.kda.lower_bound, b.kda.lower_bound);
+}
+
+TEST(ConfigTest, WritesConfigJsonThatReadsBack) {
+  const ModelConfig llama =
+      parse_config(with(kSmolLM2, "rope_scaling",
+                        R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"));
+  expect_same(parse_config(to_config_json(llama)), llama);
+  const ModelConfig kda = parse_config(with(kKdaHybrid, "lower_bound", "-5.0"));
+  expect_same(parse_config(to_config_json(kda)), kda);
+  const ModelConfig pure = parse_config(with(kKdaHybrid, "attn", "null"));
+  expect_same(parse_config(to_config_json(pure)), pure);
+}
+
 }  // namespace
 }  // namespace splice

@@ -101,5 +101,8 @@ struct ModelConfig {
 ModelConfig load_config(const std::string& path);
 // The same from JSON text; `source` names it in messages.
 ModelConfig parse_config(const std::string& json_text, const std::string& source = "config.json");
+// The config.json that Hugging Face transformers (Llama family) or FLA (KDA) would write for
+// `config`; parse_config reads it back to the same ModelConfig.
+std::string to_config_json(const ModelConfig& config);
 
 }  // namespace splice
