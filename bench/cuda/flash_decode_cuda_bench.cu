@@ -74,7 +74,8 @@ splice::Tensor device_view(const std::shared_ptr<splice::Storage>& storage, std:
 }
 
 Result run_shape(const Shape& s, const std::shared_ptr<splice::Storage>& k_pool,
-                 const std::shared_ptr<splice::Storage>& v_pool, int reps, cudaStream_t stream) {
+                 const std::shared_ptr<splice::Storage>& v_pool, int reps, cudaStream_t stream,
+                 std::int64_t forced_splits = 0) {
   Result r;
   r.shape = s;
   const std::size_t per_tensor = static_cast<std::size_t>(s.kv_bytes() / 2);
@@ -95,10 +96,14 @@ Result run_shape(const Shape& s, const std::shared_ptr<splice::Storage>& k_pool,
   std::vector<std::int32_t> lens(static_cast<std::size_t>(s.batch), static_cast<std::int32_t>(s.k_len));
   splice::Tensor k_len = splice::Tensor::empty({s.batch}, splice::DType::i32, splice::Device::cuda());
   BENCH_CHECK(cudaMemcpy(k_len.raw_data(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-  const splice::DecodeAttentionOptions options;
-  r.splits = splice::cuda::plan_flash_decode(s.batch, s.num_qo_heads, s.num_kv_heads, 1, kHeadDim,
-                                             s.k_len, s.k_len, splice::cuda::sm_count())
-                 .num_splits;
+  splice::DecodeAttentionOptions options;
+  options.num_splits = forced_splits;
+  r.splits = forced_splits > 0
+                 ? static_cast<int>(forced_splits)
+                 : splice::cuda::plan_flash_decode(s.batch, s.num_qo_heads, s.num_kv_heads, 1,
+                                                   kHeadDim, s.k_len, s.k_len,
+                                                   splice::cuda::sm_count())
+                       .num_splits;
 
   for (int i = 0; i < r.sets; ++i)  // warm-up outside capture: sizes the workspace
     splice::cuda::flash_decode(q[i], k[i], v[i], k_len, nullptr, options, out[i], nullptr, stream);
@@ -142,14 +147,16 @@ int main(int argc, char** argv) {
   double max_kv_gb = 40.0;
   int reps = 20;
   bool quick = false;
+  bool sweep = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (arg == "--max-kv-gb" && i + 1 < argc) max_kv_gb = std::atof(argv[++i]);
     else if (arg == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (arg == "--quick") quick = true;
+    else if (arg == "--sweep") sweep = true;
     else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep]\n", argv[0]);
       return 2;
     }
   }
@@ -165,7 +172,7 @@ int main(int argc, char** argv) {
     for (std::int64_t batch : {1, 8, 32, 128})
       for (std::int64_t k_len : {1024, 4096, 16384, 65536}) {
         const Shape s{batch, h[0], h[1], k_len};
-        if (quick && !(batch == 1 && h[1] == 8 && h[0] == 32) && s.kv_bytes() < (std::int64_t{1} << 30))
+        if (quick && batch != 1 && s.kv_bytes() < (std::int64_t{1} << 30))
           continue;
         if (static_cast<double>(s.kv_bytes()) <= max_kv_gb * 1e9) shapes.push_back(s);
       }
@@ -195,6 +202,21 @@ int main(int argc, char** argv) {
                 static_cast<long long>(s.num_kv_heads), static_cast<long long>(s.k_len), r.sets,
                 r.splits, r.us, r.spread_us);
     std::fflush(stdout);
+  }
+
+  if (sweep) {  // forced split counts on the small-batch shapes: is the planned count the best?
+    std::printf("\nsplit sweep (B=1, (32,8) and (64,8)), us per call:\n");
+    for (const Shape& s : shapes) {
+      if (s.batch != 1 || s.num_kv_heads != 8 || s.k_len > 16384) continue;
+      std::printf("  Hq=%-2lld k_len=%-6lld", static_cast<long long>(s.num_qo_heads),
+                  static_cast<long long>(s.k_len));
+      for (std::int64_t splits : {8, 16, 24, 32, 48, 64, 96, 128, 192, 256}) {
+        const Result r = run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream, splits);
+        std::printf(" %lld:%.2f", static_cast<long long>(splits), r.us);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
   }
 
   std::ofstream json(json_path);

@@ -5,8 +5,8 @@
 //      windows / softcap / ALiBi / LSE, at k_len 1, 17, 97, 4095, 4097; K/V rows at and beyond
 //      k_len are NaN (they must not leak), strides are padded, the output is NaN before the call.
 //   2. Ragged batches (k_len per sequence, one of them 0) and misaligned q / out rows.
-//   3. Split invariance: forced split counts 1, 2, 5, 13 against the planned one, within one
-//      output rounding (1 ulp of the dtype) and 1e-5 relative in the LSE.
+//   3. Split invariance: forced split counts 1, 2, 5, 13, 64 against the planned one, within
+//      2 ulp of the dtype at the output's largest magnitude and 1e-5 relative in the LSE.
 //   4. CUDA graph: one capture at the capacity bound replayed with k_len changed in device memory
 //      between replays (and K/V re-poisoned beyond each new k_len), each replay against the
 //      reference.
@@ -387,10 +387,15 @@ TEST(FlashDecodeCuda, MisalignedQueryAndOutputRows) {
   check_case(c, 300);
 }
 
-// Returns true when |a - b| is within one rounding of the output dtype at max(|a|, |b|).
-::testing::AssertionResult within_one_rounding(const Tensor& a, const Tensor& b, DType dtype) {
+// The stated split rounding: P = 2^(t - m) is rounded to the input dtype before P V, and m is the
+// running max of the split, so another split rounds the probabilities differently. The output is
+// a cancelling weighted mean, so the difference is absolute at the output's scale:
+//   |a - b| <= 2 ulp(dtype) * max |b|   (ulp = 2^-7 for bf16, 2^-10 for f16, relative spacing).
+::testing::AssertionResult within_split_rounding(const Tensor& a, const Tensor& b, DType dtype) {
   const double ulp = dtype == DType::bf16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
-  return testing::close(a, b, Tolerance{1e-6, ulp});
+  double scale = 0.0;
+  for (std::int64_t i = 0; i < b.numel(); ++i) scale = std::max(scale, std::fabs(b.at_linear(i)));
+  return testing::close(a, b, Tolerance{2.0 * ulp * scale, 0.0});
 }
 
 TEST(FlashDecodeCuda, OutputIndependentOfSplitCount) {
@@ -414,7 +419,7 @@ TEST(FlashDecodeCuda, OutputIndependentOfSplitCount) {
       SCOPED_TRACE("num_splits=" + std::to_string(splits));
       problem.c.num_splits = splits;
       const auto [out, lse] = problem.run();
-      EXPECT_TRUE(within_one_rounding(out, base_out, dtype));
+      EXPECT_TRUE(within_split_rounding(out, base_out, dtype));
       EXPECT_TRUE(testing::close(lse, base_lse, Tolerance{1e-6, 1e-5}));
     }
   }

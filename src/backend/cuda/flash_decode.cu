@@ -17,6 +17,8 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/flash_decode_kernel.cuh"
 
+static_assert(splice::cuda::kFlashDecodeMaxSplits == splice::cuda::detail::kMaxSplits);
+
 namespace splice::cuda {
 namespace {
 
@@ -144,7 +146,8 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
   const std::int64_t max_useful = (bound + plan.min_chunk - 1) / plan.min_chunk;
   const std::int64_t slots = static_cast<std::int64_t>(sm_count) * plan.ctas_per_sm;
   const std::int64_t fill = std::max<std::int64_t>(1, slots / units);
-  plan.num_splits = static_cast<int>(std::clamp<std::int64_t>(fill, 1, std::min(max_useful, kMaxGridYZ)));
+  plan.num_splits = static_cast<int>(
+      std::clamp<std::int64_t>(fill, 1, std::min<std::int64_t>(max_useful, kFlashDecodeMaxSplits)));
   plan.grid_x = plan.row_blocks;
   plan.grid_y = plan.num_splits;
   plan.grid_z = batch * num_kv_heads;
@@ -242,7 +245,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                                                  capacity, capacity, sm_count());
   const std::int64_t max_splits =
       std::max<std::int64_t>(1, (capacity + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys);
-  const std::int64_t forced = std::min<std::int64_t>({options.num_splits, max_splits, kMaxGridYZ});
+  const std::int64_t forced =
+      std::min<std::int64_t>({options.num_splits, max_splits, kFlashDecodeMaxSplits});
   const std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced);
 
   // Stage 3: workspace, params, launch.

@@ -23,7 +23,8 @@
 //      O = sum w_w O_w / L, lse2 = M + log2 L (-inf and O = 0 when L = 0: no visible key).
 //   6. One live split: write o and lse = lse2 * ln 2. Otherwise write the fp32 partial (O, lse2),
 //      fence, bump the (b, h, rb) counter; the CTA that brings it to `live` merges the partials in
-//      split order (deterministic whoever finishes last): M = max_s lse2_s,
+//      split order (deterministic whoever finishes last), reading all lse2_s of a row in one warp
+//      pass and all O_s of a slot with independent loads: M = max_s lse2_s,
 //      o = sum_s 2^(lse2_s - M) O_s / sum_s 2^(lse2_s - M), lse2 = M + log2 sum_s 2^(lse2_s - M),
 //      and resets the counter to 0 for the next launch (graph replay safe).
 #pragma once
@@ -38,6 +39,7 @@ namespace splice::cuda::detail {
 inline constexpr int kRows = 16;     // query rows per CTA (one m16 tile)
 inline constexpr int kTileKeys = 16; // keys per warp step
 inline constexpr int kWarps = 4;
+inline constexpr int kMaxSplits = 256;  // grid splits are capped here (stage 6 keeps weights in smem)
 inline constexpr int kThreads = kWarps * 32;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
@@ -51,7 +53,7 @@ struct FlashDecodeParams {
   const std::int32_t* k_len;  // [batch] or [1]
   const float* alibi;   // [num_qo_heads] or null
   float* partial_o;     // [batch * num_kv_heads, row_blocks, grid splits, 16, head_dim]
-  float* partial_lse;   // [batch * num_kv_heads, row_blocks, grid splits, 16]
+  float* partial_lse;   // [batch * num_kv_heads, row_blocks, 16, grid splits]
   unsigned* counters;   // [batch * num_kv_heads, row_blocks], zero between launches
   std::int64_t q_stride_b, q_stride_h, q_stride_s;
   std::int64_t k_stride_b, k_stride_h, k_stride_s;
@@ -79,7 +81,8 @@ struct FlashDecodeConfig {
   static constexpr int kQBytes = kRows * kHeadDim * 2;
   static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
   static constexpr int kRedStride = kHeadDim + 4;  // floats per row of the warp-merge scratch
-  static constexpr int kMergeBytes = kWarps * kRows * (kRedStride + 2) * 4;
+  // Warp-merge scratch (o, m, l per warp and row), then the split weights of stage 6.
+  static constexpr int kMergeBytes = (kWarps * kRows * (kRedStride + 2) + kRows * kMaxSplits) * 4;
   static constexpr int kSmemBytes =
       kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
   static constexpr bool kQInRegs = kHeadDim <= 128;
@@ -479,13 +482,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (d == 0) p.partial_lse[part_row0 + row] = lse2;
+      if (d == 0) p.partial_lse[(unit * kRows + row) * gridDim.y + split] = lse2;
     }
   }
   if (live_splits == 1) return;
 
   // Stage 6: the last split to finish merges every split's partial, in split order.
   __shared__ int is_last;
+  __shared__ float row_scale[kRows];  // 1 / sum_s 2^(lse2_s - M), 0 for a row with no key
+  __shared__ float row_lse2[kRows];
   __threadfence();
   __syncthreads();
   if (tid == 0) {
@@ -496,33 +501,57 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (!is_last) return;
   __threadfence();
+  // 6a: per row, one warp reads all live lse2_s at once (one L2 round trip, not one per split)
+  //     and leaves the weights 2^(lse2_s - M) in shared memory.
+  float* weights = red_l + kWarps * kRows;  // [16][kMaxSplits], past the warp-merge scratch
+  for (int row = warp; row < valid_rows; row += kWarps) {
+    const float* lse_row = p.partial_lse + (unit * kRows + row) * gridDim.y;
+    float* w_row = weights + row * kMaxSplits;
+    float big = -INFINITY;
+    for (int s = lane; s < live_splits; s += 32) {
+      const float ls = __ldcg(lse_row + s);
+      w_row[s] = ls;
+      big = fmaxf(big, ls);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2)
+      big = fmaxf(big, __shfl_xor_sync(0xffffffffu, big, offset));
+    float denom = 0.0f;
+    for (int s = lane; s < live_splits; s += 32) {
+      const float ws = big == -INFINITY ? 0.0f : exp2f(w_row[s] - big);
+      w_row[s] = ws;
+      denom += ws;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2)
+      denom += __shfl_xor_sync(0xffffffffu, denom, offset);
+    if (lane == 0) {
+      const bool empty = !(denom > 0.0f);
+      row_scale[row] = empty ? 0.0f : 1.0f / denom;
+      row_lse2[row] = empty ? -INFINITY : big + log2f(denom);
+    }
+  }
+  __syncthreads();
+  // 6b: o = sum_s w_s O_s / sum_s w_s, the partial loads of a slot independent of each other.
   const std::int64_t first_row = unit * gridDim.y * kRows;  // split 0's row 0
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
-    float big = -INFINITY;
-    for (int s = 0; s < live_splits; ++s)
-      big = fmaxf(big, __ldcg(p.partial_lse + first_row + s * kRows + row));
+    const float* w_row = weights + row * kMaxSplits;
+    const float* o_base = p.partial_o + (first_row + row) * kHeadDim + d;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float denom = 0.0f;
-    if (big != -INFINITY) {
-#pragma unroll 4
-      for (int s = 0; s < live_splits; ++s) {
-        const float ls = __ldcg(p.partial_lse + first_row + s * kRows + row);
-        const float ws = exp2f(ls - big);  // 0 for an empty split (ls = -inf)
-        const float4 os = __ldcg(
-            reinterpret_cast<const float4*>(p.partial_o + (first_row + s * kRows + row) * kHeadDim + d));
-        denom += ws;
-        acc[0] += ws * os.x;
-        acc[1] += ws * os.y;
-        acc[2] += ws * os.z;
-        acc[3] += ws * os.w;
-      }
+#pragma unroll 8
+    for (int s = 0; s < live_splits; ++s) {
+      const float ws = w_row[s];
+      const float4 os = __ldcg(reinterpret_cast<const float4*>(o_base + s * kRows * kHeadDim));
+      acc[0] += ws * os.x;
+      acc[1] += ws * os.y;
+      acc[2] += ws * os.z;
+      acc[3] += ws * os.w;
     }
-    const bool empty = !(denom > 0.0f);
-    const float inv = empty ? 0.0f : 1.0f / denom;
+    const float scale = row_scale[row];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[e] *= inv;
+    for (int e = 0; e < 4; ++e) acc[e] *= scale;
     const int gr = row_base + row;
     const int g = gr / p.q_len;
     const int i = gr % p.q_len;
@@ -532,7 +561,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     store_out4<T>(p, dst, acc);
     if (p.lse && d == 0)
       p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] =
-          empty ? -INFINITY : (big + log2f(denom)) * kLn2;
+          row_lse2[row] * kLn2;
   }
 }
 

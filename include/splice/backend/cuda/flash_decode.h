@@ -34,6 +34,7 @@ inline constexpr int kFlashDecodeRowsPerCta = 16;   // one m16 tensor-core tile 
 inline constexpr int kFlashDecodeTileKeys = 16;     // keys a warp consumes per step
 inline constexpr int kFlashDecodeWarps = 4;         // warps per CTA, each its own key stream
 inline constexpr int kFlashDecodeMinChunk = 64;     // fewest keys per split (one tile per warp)
+inline constexpr int kFlashDecodeMaxSplits = 256;   // most splits (forced ones included)
 
 struct FlashDecodePlan {
   int row_blocks = 1;       // ceil(group * q_len / 16)
@@ -49,7 +50,7 @@ struct FlashDecodePlan {
 // Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
 // capturing a graph that must serve every k_len). Rule: fill one wave of resident CTAs,
 //   num_splits = clamp(floor(sm_count * ctas_per_sm / (batch * num_kv_heads * row_blocks)),
-//                      1, ceil(max_live_k_len / min_chunk)),
+//                      1, min(ceil(max_live_k_len / min_chunk), 256)),
 // and on the device, for the live visible range of n keys,
 //   chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)), live splits = ceil(n / chunk).
 FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
