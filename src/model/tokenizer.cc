@@ -274,6 +274,7 @@ Tokenizer Tokenizer::from_parts(std::vector<std::string> tokens,
                        m, "'");
     t.merge_ranks_.emplace(m, static_cast<std::int32_t>(r));  // the first rank of a repeat wins
   }
+  t.merges_ = merges;
   t.bos_id_ = bos_id;
   t.eos_id_ = eos_id;
   for (auto id : {bos_id, eos_id})
@@ -423,6 +424,57 @@ Tokenizer Tokenizer::from_json_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(file, ec)) file /= "tokenizer.json";
   return from_json(read_text_file(file.string(), "tokenizer.json"), file.string());
+}
+
+std::string Tokenizer::to_json() const {
+  Json vocab = Json::object();
+  Json added = Json::array();
+  for (std::size_t id = 0; id < tokens_.size(); ++id) {
+    const TokenKind k = kinds_[id];
+    if (k == TokenKind::control || k == TokenKind::user_defined) {
+      added.push_back({{"id", id},
+                       {"content", tokens_[id]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", k == TokenKind::user_defined},
+                       {"special", k == TokenKind::control}});
+    }
+    vocab[tokens_[id]] = id;
+  }
+  Json merges = Json::array();
+  for (const auto& m : merges_) {
+    const std::size_t space = m.find(' ');
+    merges.push_back({m.substr(0, space), m.substr(space + 1)});
+  }
+  const Json byte_level = {{"type", "ByteLevel"},
+                           {"add_prefix_space", false},
+                           {"trim_offsets", true},
+                           {"use_regex", true}};
+  Json pre = byte_level;
+  if (pre_ == PreTokenizer::smollm)
+    pre = {{"type", "Sequence"},
+           {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}};
+  Json j = {{"version", "1.0"},
+            {"truncation", nullptr},
+            {"padding", nullptr},
+            {"added_tokens", added},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", pre},
+            {"post_processor", nullptr},
+            {"decoder", byte_level},
+            {"model",
+             {{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", nullptr},
+              {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr},
+              {"fuse_unk", false},
+              {"byte_fallback", false},
+              {"ignore_merges", false},
+              {"vocab", vocab},
+              {"merges", merges}}}};
+  return j.dump();
 }
 
 void Tokenizer::check_id(std::int32_t id) const {

@@ -201,6 +201,22 @@ TEST(TokenizerTest, FromTokenizerJson) {
   EXPECT_THROW(g.encode("z"), ValueError);
 }
 
+TEST(TokenizerTest, WritesTokenizerJsonThatReadsBack) {
+  Toy toy;
+  const std::int32_t he = toy.merge("h", "e");
+  const std::int32_t special = toy.special("<|end|>");
+  for (PreTokenizer pre : {PreTokenizer::gpt2, PreTokenizer::smollm}) {
+    const Tokenizer t = toy.build(pre);
+    const Tokenizer back = Tokenizer::from_json(t.to_json());
+    EXPECT_EQ(back.pre_tokenizer(), pre);
+    EXPECT_EQ(back.vocab_size(), t.vocab_size());
+    const std::string text = "he said 12 <|end|>he";
+    EXPECT_EQ(back.encode(text), t.encode(text));
+    EXPECT_EQ(back.encode("he")[0], he);
+    EXPECT_EQ(back.kind(special), TokenKind::control);
+  }
+}
+
 TEST(TokenizerTest, BadPartsAreErrors) {
   EXPECT_THROW(Tokenizer::from_parts({}, {}, {}, PreTokenizer::gpt2), ValueError);
   EXPECT_THROW(Tokenizer::from_parts({"a", "b"}, {"ab"}, {}, PreTokenizer::gpt2), ValueError);

@@ -53,6 +53,10 @@ class Tokenizer {
                               PreTokenizer pre, std::optional<std::int32_t> bos_id = std::nullopt,
                               std::optional<std::int32_t> eos_id = std::nullopt);
 
+  // A Hugging Face tokenizer.json (BPE model, this pre-tokenizer, ByteLevel decoder, control and
+  // user-defined tokens as added tokens) that `tokenizers` and from_json load back.
+  std::string to_json() const;
+
   std::vector<std::int32_t> encode(const std::string& text, bool parse_special = true) const;
   std::string decode(const std::vector<std::int32_t>& ids, bool skip_special = false) const;
   // The raw bytes one token stands for (a special token's text); ValueError for a bad id.
@@ -77,6 +81,7 @@ class Tokenizer {
   std::vector<TokenKind> kinds_;
   std::unordered_map<std::string, std::int32_t> ids_;
   std::unordered_map<std::string, std::int32_t> merge_ranks_;  // "left right" -> rank
+  std::vector<std::string> merges_;                            // in rank order
   std::vector<std::int32_t> byte_ids_;                         // byte value -> its token (-1)
   std::vector<std::int32_t> specials_;  // control/user-defined ids, longest text first
   PreTokenizer pre_ = PreTokenizer::gpt2;
