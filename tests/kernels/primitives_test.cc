@@ -934,6 +934,14 @@ TEST_F(Primitives, OverlappingOutputsAreRejected) {
   Tensor indices = integers(rng_, {2}, DType::i64, 0, 3);
   Tensor rows = table.slice(0, 2, 4);
   expect_error<LayoutError>([&] { cpu::gather(table, indices, rows); }, {"overlaps `table`"});
+  // Two borrowed views of one caller buffer: different Storage objects, same memory.
+  std::vector<float> buffer(64, 1.0f);
+  Tensor first = Tensor::borrow(buffer.data(), {32}, DType::f32);
+  Tensor second = Tensor::borrow(buffer.data() + 16, {32}, DType::f32);
+  expect_error<LayoutError>([&] { cpu::unary(UnaryKind::exp, first, second); }, {"overlaps"});
+  Tensor same = Tensor::borrow(buffer.data(), {32}, DType::f32);
+  cpu::unary(UnaryKind::neg, first, same);  // identical view: in place
+  EXPECT_EQ(buffer[0], -1.0f);
   // Disjoint views of one storage are fine, and so is an identical in-place view.
   Tensor top = base.slice(0, 0, 2), bottom = base.slice(0, 2, 4);
   cpu::unary(UnaryKind::neg, top, bottom);

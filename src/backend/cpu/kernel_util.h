@@ -209,9 +209,9 @@ void check_out_shape_lazy(const Tensor& out, const Dims& expected, WhyFn&& why) 
 // Throws DeviceError unless `t` lives on the CPU (and ValueError when it is undefined).
 void check_cpu(const Tensor& t, const char* name);
 
-// Aliasing contract. Throws LayoutError when `out` and `in` share storage and their byte ranges
-// overlap, unless `allow_identical` and the two are the very same view (same offset, shape,
-// strides and dtype: an in-place elementwise update). Views that interleave without sharing an
+// Aliasing contract. Throws LayoutError when the byte ranges of `out` and `in` overlap (whatever
+// Storage objects they come from), unless `allow_identical` and the two are the very same view
+// (same first address, shape, strides and dtype: an in-place elementwise update). Views that interleave without sharing an
 // element are reported too (ranges, not elements, are compared); no planner produces those.
 void check_no_overlap(const Tensor& out, const char* out_name, const Tensor& in,
                       const char* in_name, bool allow_identical);
