@@ -87,7 +87,8 @@ class StatsPrinter : public ::testing::Environment {
 
 struct Layout {
   std::int64_t row_pad = 0;   // extra elements on the row/head strides of the per-row inputs
-  std::int64_t slot_pad = 0;  // extra elements per slot of conv_state and state
+  std::int64_t slot_pad = 0;  // extra elements per slot of conv_state and state (odd values
+                              // misalign some slots: both checkpoint store paths run)
   bool shared_page = false;   // conv_state and state of one slot in one allocation
   bool og_rank3 = false;      // output_gate as [R, H, D]
 };
@@ -415,7 +416,7 @@ class KdaGridTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(KdaGridTest, MatchesReferenceEveryGateStateAndLayout) {
   const std::int64_t T = GetParam();
-  const Layout layouts[4] = {{0, 0, false, false}, {8, 0, false, true}, {0, 40, false, false},
+  const Layout layouts[4] = {{0, 0, false, false}, {8, 0, false, true}, {0, 37, false, false},
                              {3, 24, true, false}};
   int variant = 0;
   for (DType sd : {DType::f32, DType::bf16}) {
@@ -723,6 +724,12 @@ TEST(KdaDecodeValidation, StructuralErrorsAreTypedAndNameTheArgument) {
                            "x no rows");
   expect_error<LayoutError>(p, [&](CA& c) { c.x = permuted_2d({R, 3 * C}, DType::bf16); }, "`x`",
                             "x channel stride");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.x = Tensor::view_of(c.x.storage(), 0, {R, 3 * C}, {3 * C - 1, 1}, DType::bf16);
+      },
+      "`x`", "x rows overlap (row stride < 3C)");
   expect_error<ShapeError>(p, [&](CA& c) { c.weight = Tensor::zeros({3, 3, C}, DType::f32); },
                            "`weight`", "weight shape");
   expect_error<DTypeError>(p, [](CA& c) { c.weight = c.weight.to(DType::bf16); }, "`weight`",
@@ -763,6 +770,8 @@ TEST(KdaDecodeValidation, StructuralErrorsAreTypedAndNameTheArgument) {
                            "`state_indices`", "state_indices dtype");
   expect_error<ShapeError>(p, [](CA& c) { c.state_indices = Tensor::zeros({0, 2}, DType::i32); },
                            "`state_indices`", "N = 0");
+  expect_error<ShapeError>(p, [](CA& c) { c.state_indices = Tensor::zeros({2, 0}, DType::i32); },
+                           "`state_indices`", "T = 0");
   expect_error<LayoutError>(p, [](CA& c) { c.state_indices = permuted_2d({2, 2}, DType::i32); },
                             "`state_indices`", "state_indices contiguity");
   expect_error<DTypeError>(p, [](CA& c) { c.state = Tensor::zeros({5, 1, kD, kD}, DType::f16); },
