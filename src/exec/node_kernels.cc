@@ -5,6 +5,7 @@
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
 #include "splice/ops/decode_attention.h"
+#include "splice/ops/kda_decode.h"
 
 namespace splice {
 namespace {
@@ -97,6 +98,24 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
       device_copy(aux.raw_data(), aux.device(), &v, Device::cpu(), sizeof v);
     }
     decode_attention(in[0], in[1], in[2], aux, f.has_alibi ? &in[3] : nullptr, options, out);
+    return;
+  }
+  if (n.op == Op::KdaDecode) {
+    // Inputs in the spec's order; conv_state and state are updated in place (they are views of
+    // the session's state buffers).
+    const KdaAttrs& k = *n.attrs.kda;
+    KdaDecodeOptions options;
+    options.lower_bound = k.lower_bound;
+    options.norm_eps = k.norm_eps;
+    Tensor conv_state = in[2], state = in[8];
+    if (!k.packed) {
+      fused_kda_decode(in[0], in[1], conv_state, in[3], in[4], in[5], in[6], in[7], state, in[9],
+                       in[10], options, out);
+    } else {
+      packed_fused_kda_decode(in[0], in[1], conv_state, in[3], in[4], in[5], in[6], in[7], state,
+                              in[9], in[10], options, out, in[11], in[12],
+                              k.has_t1_state_indices ? &in[13] : nullptr);
+    }
     return;
   }
   if (!out.device().is_cpu())

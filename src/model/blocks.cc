@@ -100,3 +100,99 @@ AttentionRegion emit_decomposed_attention(Graph& g, const AttentionRegionArgs& a
 }
 
 }  // namespace splice
+
+namespace splice {
+
+KdaRegion emit_decomposed_kda(Graph& g, const KdaRegionArgs& a) {
+  const Node& xn = g.node(a.x);
+  const Node& sn = g.node(a.state);
+  if (xn.shape.size() != 2 || sn.shape.size() != 4 || !xn.shape[0].is_constant() ||
+      !sn.shape[1].is_constant() || !sn.shape[3].is_constant())
+    fail<GraphError>("kda: x must be [R, 3C] and state [slots, H, D, D] with concrete R, H, D");
+  const std::int64_t rows = xn.shape[0].constant(), heads = sn.shape[1].constant(),
+                     dim = sn.shape[3].constant(), channels = heads * dim;
+  const DType state_dtype = sn.dtype;  // (node references dangle once the builders append)
+  const SymExpr R(rows), H(heads), D(dim), C(channels), one(1);
+  const DynScalar first = DynScalar::Concrete(a.first_slot);
+  const DynScalar end = DynScalar::Concrete(a.first_slot + rows);
+  auto L = [&](NodeId id, const char* what) { return g.labeled(id, a.site + "." + what); };
+  auto f32 = [&](NodeId id) { return g.cast(id, DType::f32); };
+  auto scalar = [&](double v) { return g.scalar(v, DType::f32); };
+  auto mul = [&](NodeId p, NodeId q) { return g.binary(Op::Mul, p, q); };
+  auto add = [&](NodeId p, NodeId q) { return g.binary(Op::Add, p, q); };
+
+  // 1. Conv over [history, x] + SiLU, rounded to bf16.
+  const NodeId history = L(g.slice(a.conv_state, 0, first, end), "conv_history");  // [R, 3, 3C]
+  const NodeId x_row = g.reshape(a.x, {R, one, C * 3});
+  const NodeId window = g.concat({history, x_row}, 1);                            // [R, 4, 3C]
+  const NodeId taps = g.reshape(g.permute(a.weight, {1, 0, 2}), {SymExpr(4), C * 3});  // [4, 3C]
+  const NodeId pre = g.reduce(Op::ReduceSum, mul(f32(window), taps), 1, false);   // [R, 3C]
+  const NodeId mixed = L(f32(g.cast(g.unary(Op::Silu, pre), DType::bf16)), "conv_silu");
+  auto head_slice = [&](int block) {
+    const NodeId s = g.slice(mixed, 1, DynScalar::Concrete(block * channels),
+                             DynScalar::Concrete((block + 1) * channels));
+    return g.reshape(s, {R, H, D});
+  };
+  const NodeId q = head_slice(0), k = head_slice(1), v = head_slice(2);
+  // 2. L2 norms.
+  auto l2 = [&](NodeId t, double scale) {
+    const NodeId ss = g.reduce(Op::ReduceSum, mul(t, t), -1, true);
+    return mul(mul(t, g.unary(Op::Rsqrt, add(ss, scalar(1e-6)))), scalar(scale));
+  };
+  const NodeId qn = L(l2(q, 1.0 / std::sqrt(static_cast<double>(dim))), "q_norm");
+  const NodeId kn = L(l2(k, 1.0), "k_norm");
+  // 3. Gate and beta.
+  const NodeId z = add(g.reshape(f32(a.raw_gate), {R, H, D}), g.reshape(a.dt_bias, {H, D}));
+  const NodeId decay_rate = g.reshape(g.unary(Op::Exp, a.A_log), {H, one});  // a = e^A_log
+  NodeId log_decay;
+  if (a.lower_bound) {
+    log_decay = mul(scalar(*a.lower_bound), g.unary(Op::Sigmoid, mul(decay_rate, z)));
+  } else {
+    log_decay = mul(g.unary(Op::Neg, decay_rate), g.unary(Op::Softplus, z));
+  }
+  const NodeId decay = L(g.unary(Op::Exp, log_decay), "decay");  // [R, H, D] over key channels
+  const NodeId beta = g.reshape(g.unary(Op::Sigmoid, f32(a.raw_beta)), {R, H, one, one});
+  // 4. Delta rule on S [R, H, V, K].
+  const NodeId s_old = f32(L(g.slice(a.state, 0, first, end), "state_rows"));
+  const NodeId s_decayed = mul(s_old, g.reshape(decay, {R, H, one, D}));
+  const NodeId pred = g.matmul(s_decayed, g.reshape(kn, {R, H, D, one}));          // [R, H, V, 1]
+  const NodeId delta = mul(beta, g.binary(Op::Sub, g.reshape(v, {R, H, D, one}), pred));
+  const NodeId s_new = L(add(s_decayed, g.matmul(delta, g.reshape(kn, {R, H, one, D}))), "state_new");
+  const NodeId o_raw = g.reshape(g.matmul(s_new, g.reshape(qn, {R, H, D, one})), {R, H, D});
+  // 5. Gated RMSNorm.
+  const NodeId o = f32(g.cast(o_raw, DType::bf16));
+  const NodeId inv = g.unary(Op::Rsqrt, add(g.reduce(Op::ReduceMean, mul(o, o), -1, true), scalar(a.norm_eps)));
+  const NodeId gated = mul(mul(mul(o, inv), a.norm_weight), g.unary(Op::Sigmoid, f32(a.output_gate)));
+  const NodeId out = L(g.reshape(g.cast(gated, DType::bf16), {one, R, H, D}), "kda_out");
+  // 6. Cache writes, then the exit after them.
+  const NodeId new_history = g.concat({g.slice(history, 1, DynScalar::Concrete(1), DynScalar::Concrete(3)), x_row}, 1);
+  const NodeId conv_write = L(g.write_at(a.conv_state, new_history, 0, first), "conv_write");
+  const NodeId state_write = L(g.write_at(a.state, g.cast(s_new, state_dtype), 0, first), "state_write");
+  const NodeId exit = L(g.sequence(out, {conv_write, state_write}), "kda_exit");
+  const NodeId merged = L(g.reshape(exit, {R, C}), "kda_merge");
+
+  KdaRegion region;
+  region.output = merged;
+  KdaDecodeSpec& s = region.spec;
+  s.x = a.x;
+  s.weight = a.weight;
+  s.conv_state = a.conv_state;
+  s.raw_gate = a.raw_gate;
+  s.raw_beta = a.raw_beta;
+  s.A_log = a.A_log;
+  s.dt_bias = a.dt_bias;
+  Tensor slots = Tensor::empty({rows}, DType::i32);
+  for (std::int64_t r = 0; r < rows; ++r) slots.set({r}, static_cast<double>(a.first_slot + r));
+  s.state_indices = g.constant(std::move(slots), a.site + ".state_indices");
+  s.state = a.state;
+  s.output_gate = a.output_gate;
+  s.norm_weight = a.norm_weight;
+  s.lower_bound = a.lower_bound;
+  s.norm_eps = a.norm_eps;
+  s.decomposed_out = exit;
+  s.reconverge = merged;
+  s.site = a.site;
+  return region;
+}
+
+}  // namespace splice

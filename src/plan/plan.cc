@@ -128,9 +128,11 @@ Plan make_plan(const Graph& g) {
     const Node& n = g.node(w);
     std::vector<NodeId> written;
     if (n.op == Op::WriteAt) written.push_back(n.inputs[0]);
-    if (n.op == Op::KdaDecode)
-      for (NodeId in : n.inputs)
-        if (g.node(in).op == Op::State || g.node(in).op == Op::WriteAt) written.push_back(in);
+    if (n.op == Op::KdaDecode)  // writes its conv_state and state inputs (through views) in place
+      for (NodeId in : n.inputs) {
+        const NodeId root = plan.storage_root[in.index];
+        if (g.node(root).op == Op::State) written.push_back(root);
+      }
     for (NodeId version : written)
       for (NodeId r : readers_of(version))
         if (r != w && !different_arms(r, w)) extra_after[w.index].push_back(r);

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "splice/ops/decode_attention.h"
+#include "splice/ops/kda_decode.h"
 
 namespace splice {
 
@@ -19,8 +20,12 @@ const AttentionContract& flash_decode_contract_for(Device device) {
   return device.is_cpu() ? cpu_flash_decode_contract() : cuda_flash_decode_contract();
 }
 
+const KdaContract& kda_contract_for(Device device) {
+  return device.is_cpu() ? cpu_kda_contract() : cuda_kda_contract();
+}
+
 DecisionLog optimize_graph(Graph& graph, const std::vector<DecodeFlashSpec>& attention_specs,
-                           const OptimizeOptions& options) {
+                           const OptimizeOptions& options, const std::vector<KdaDecodeSpec>& kda_specs) {
   DecisionLog log;
   const int debug = debug_level();
   auto after = [&](const char* stage) {
@@ -30,6 +35,8 @@ DecisionLog optimize_graph(Graph& graph, const std::vector<DecodeFlashSpec>& att
   const AttentionContract& contract = flash_decode_contract_for(options.tune.device);
   for (const auto& spec : attention_specs) offer_decode_flash_arm(graph, spec, contract, &log);
   after("offer_decode_flash_arm");
+  for (const auto& spec : kda_specs) offer_kda_arm(graph, spec, kda_contract_for(options.tune.device), &log);
+  after("offer_kda_arm");
   if (options.select) {
     select_arms(graph, log, options.tune);
     after("select_arms");

@@ -107,6 +107,7 @@ class Graph {
   }
 
   std::size_t size() const { return nodes_.size(); }
+  // References stay valid only until the next append (the arena is a vector).
   const Node& node(NodeId id) const;
   Node& mutable_node(NodeId id);
   bool contains(NodeId id) const { return id.valid() && id.index < nodes_.size(); }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "splice/passes/decode_flash.h"
+#include "splice/passes/kda.h"
 #include "splice/tune/select.h"
 
 namespace splice {
@@ -21,8 +22,11 @@ struct OptimizeOptions {
 // The flash-decode contract row of `device`'s backend.
 const AttentionContract& flash_decode_contract_for(Device device);
 
+const KdaContract& kda_contract_for(Device device);
+
 DecisionLog optimize_graph(Graph& graph, const std::vector<DecodeFlashSpec>& attention_specs,
-                           const OptimizeOptions& options);
+                           const OptimizeOptions& options,
+                           const std::vector<KdaDecodeSpec>& kda_specs = {});
 
 // Reads SPLICE_DEBUG (0 when unset or malformed).
 int debug_level();
