@@ -14,36 +14,38 @@
 //     window, is read, so NaN there cannot reach a result.
 //  2. Split-KV planning. U_b is cut into S chunks of ceil(|U_b| / S) keys. S is the caller's
 //     num_splits, or planned so that batch * Hkv * S tasks keep every thread busy while each chunk
-//     keeps at least kMinKeysPerSplit keys. Threads run tasks (b, c, split).
+//     keeps at least kMinKeysPerSplit keys. The backend's pool (parallel.h) runs contiguous
+//     ranges of tasks (b, c, split).
 //  3. Per task: the G*Sq query rows of kv head c are converted to fp32 once (rows r = g*Sq + i).
 //     Running state per row: m_r = -inf, l_r = 0, acc_r[0..D) = 0.
 //  4. Per key tile [t0, t0 + kKeyTile) of the chunk: each needed key row k_j is converted to fp32
 //     scratch once and shared by all G*Sq rows of the group (one K read per GQA group). Scores
 //       s_rj = scale * (q_r . k_j);  softcap: s_rj = cap * tanh(s_rj / cap);
 //       ALiBi: s_rj += -slope[h] * (p_i - j).
-//  5. Online softmax per row over the tile's visible keys:
-//       m' = max(m_r, max_j s_rj);  alpha = exp(m_r - m');  l_r = alpha * l_r + sum_j exp(s_rj -
-//       m') acc_r = alpha * acc_r + sum_j exp(s_rj - m') * v_j      (v_j converted once per tile)
+//  5. Online softmax per row over the tile's visible keys, with e_rj = exp(s_rj - m'):
+//       m' = max(m_r, max_j s_rj);  alpha = exp(m_r - m');
+//       l_r = alpha * l_r + sum_j e_rj;
+//       acc_r = alpha * acc_r + sum_j e_rj * v_j      (v_j converted once per tile);
 //       m_r = m'.
 //  6. Merge (per row, over the S partials (m_s, l_s, acc_s) with m_s > -inf):
 //       M = max_s m_s;  L = sum_s l_s exp(m_s - M);  o = (sum_s acc_s exp(m_s - M)) / L;
 //       lse = M + log(L)  (natural log). A row with no visible key writes o = 0 and lse = -inf.
 //     o is rounded once to the output dtype.
-// All arithmetic is fp32. The D loops are written as fixed-width lanes so GCC vectorizes them;
-// on x86-64 the hot task is compiled twice (AVX2+FMA and baseline) and picked at load time.
+// All arithmetic is fp32. The D loops are written as fixed-width lanes so GCC vectorizes them:
+// q . k_j keeps kDotLanes lane partials per (row, key) and sums them in a loop over the tile's
+// keys (no serial horizontal add per score); acc += e v folds kAxpyKeys value rows per pass.
+// On x86-64 the hot task is compiled twice (AVX2+FMA and baseline) and picked at load time.
 #include "splice/backend/cpu/flash_decode.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <limits>
-#include <thread>
 #include <vector>
 
+#include "backend/cpu/parallel.h"
+#include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
@@ -58,16 +60,21 @@ namespace {
 
 using i64 = std::int64_t;
 
-// Keys per tile: the [G*Sq, kKeyTile] score block and kKeyTile fp32 K and V rows stay in L1/L2.
-constexpr i64 kKeyTile = 64;
+// Keys per tile: kKeyTile fp32 K and V rows (16 KB each at D = 128) stay in L1/L2 between use.
+constexpr i64 kKeyTile = 32;
 // A split shorter than this spends more on its partial state and merge than it saves.
 constexpr i64 kMinKeysPerSplit = 256;
 // Tasks per thread the split planner aims for, so uneven tasks still balance.
 constexpr i64 kTasksPerThread = 4;
 // Below this many multiply-adds the call runs on the calling thread (thread start costs ~50 us).
 constexpr i64 kSerialWorkLimit = i64{1} << 20;
-// Lanes of the vectorized dot product: one AVX-512 register, two AVX2 registers.
-constexpr i64 kDotLanes = 16;
+// Lanes of the vectorized dot product (one AVX2 register, two SSE registers).
+constexpr i64 kDotLanes = 8;
+// Independent accumulator chains per dot product (4 x 8 lanes covers D = 32 per step).
+constexpr i64 kDotChains = 4;
+constexpr i64 kCacheLine = 64;
+// Value rows folded into the accumulator per pass (axpy_rows is written for 4).
+constexpr i64 kAxpyKeys = 4;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---- fp32 row conversion (stage 3/4: every row is converted once, then reused)
@@ -105,16 +112,41 @@ SPLICE_FD_INLINE void load_row(const char* src, DType dtype, i64 n, float* __res
   }
 }
 
-SPLICE_FD_INLINE float dot(const float* __restrict a, const float* __restrict b, i64 n) {
-  float lanes[kDotLanes] = {};
+// Lane partials of a . b: lane l accumulates sum_{d = l mod kDotLanes} a[d] b[d] and is stored at
+// out[l * out_stride]. Leaving the horizontal sum to a later loop over many keys (vectorized over
+// the key axis) avoids one serial shuffle-and-add chain per score.
+SPLICE_FD_INLINE void dot_lanes(const float* __restrict a, const float* __restrict b, i64 n,
+                                float* __restrict out, i64 out_stride) {
+  // kDotChains independent accumulator vectors hide the add latency of one chain.
+  float lanes[kDotChains][kDotLanes] = {};
   i64 d = 0;
+  for (; d + kDotChains * kDotLanes <= n; d += kDotChains * kDotLanes)
+    for (i64 c = 0; c < kDotChains; ++c)
+      for (i64 l = 0; l < kDotLanes; ++l)
+        lanes[c][l] += a[d + c * kDotLanes + l] * b[d + c * kDotLanes + l];
   for (; d + kDotLanes <= n; d += kDotLanes)
-    for (i64 l = 0; l < kDotLanes; ++l) lanes[l] += a[d + l] * b[d + l];
-  float tail = 0.0f;
-  for (; d < n; ++d) tail += a[d] * b[d];
-  for (i64 width = kDotLanes / 2; width > 0; width /= 2)
-    for (i64 l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-  return lanes[0] + tail;
+    for (i64 l = 0; l < kDotLanes; ++l) lanes[0][l] += a[d + l] * b[d + l];
+  for (; d < n; ++d) lanes[0][0] += a[d] * b[d];
+  for (i64 c = 1; c < kDotChains; ++c)
+    for (i64 l = 0; l < kDotLanes; ++l) lanes[0][l] += lanes[c][l];
+  for (i64 l = 0; l < kDotLanes; ++l) out[l * out_stride] = lanes[0][l];
+}
+
+// acc += sum_u p[u] * v[u * v_stride + :] over kAxpyKeys value rows: one load and one store of
+// acc per kAxpyKeys rows instead of one per row.
+SPLICE_FD_INLINE void axpy_rows(const float* __restrict p, const float* __restrict v, i64 v_stride,
+                                i64 n, float* __restrict acc) {
+  const float* __restrict v0 = v;
+  const float* __restrict v1 = v + v_stride;
+  const float* __restrict v2 = v + 2 * v_stride;
+  const float* __restrict v3 = v + 3 * v_stride;
+  for (i64 d = 0; d < n; ++d)
+    acc[d] += (p[0] * v0[d] + p[1] * v1[d]) + (p[2] * v2[d] + p[3] * v3[d]);
+}
+
+// Asks for the cache lines of `bytes` bytes at `p` ahead of use (a hint; never faults).
+SPLICE_FD_INLINE void prefetch_bytes(const char* p, i64 bytes) {
+  for (i64 x = 0; x < bytes; x += kCacheLine) __builtin_prefetch(p + x);
 }
 
 // ---- problem description -----------------------------------------------------------------------
@@ -162,12 +194,14 @@ struct Problem {
 // Per-thread scratch, sized once per call.
 struct Scratch {
   std::vector<float> qf, kf, vf, scores;  // [rows, D], [tile, D], [tile, D], [rows, tile]
+  std::vector<float> lanes;               // [rows, kDotLanes, tile] dot-product lane partials
   std::vector<unsigned char> needed;      // [tile]
   void resize(i64 rows, i64 head_dim) {
     qf.resize(static_cast<std::size_t>(rows * head_dim));
     kf.resize(static_cast<std::size_t>(kKeyTile * head_dim));
     vf.resize(static_cast<std::size_t>(kKeyTile * head_dim));
     scores.resize(static_cast<std::size_t>(rows * kKeyTile));
+    lanes.resize(static_cast<std::size_t>(rows * kDotLanes * kKeyTile));
     needed.resize(static_cast<std::size_t>(kKeyTile));
   }
 };
@@ -192,6 +226,7 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
   float* __restrict kf = scratch.kf.data();
   float* __restrict vf = scratch.vf.data();
   float* __restrict scores = scratch.scores.data();
+  float* __restrict lanes = scratch.lanes.data();
   unsigned char* needed = scratch.needed.data();
   const i64* row_lo = pb.lo.data() + b * Sq;
   const i64* row_hi = pb.hi.data() + b * Sq;
@@ -210,27 +245,52 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
     for (i64 j = t0; j < t1; ++j)
       if (needed[j - t0]) load_row(pb.k_row(b, c, j), pb.dtype, D, kf + (j - t0) * D);
 
+    // The next tile's K and V rows stream in while this one computes.
+    for (i64 j = t1; j < std::min(end, t1 + kKeyTile); ++j) {
+      prefetch_bytes(pb.k_row(b, c, j), D * static_cast<i64>(pb.elem));
+      prefetch_bytes(pb.v_row(b, c, j), D * static_cast<i64>(pb.elem));
+    }
+
+    // Stage 4: q_r . k_j as lane partials for every (row, visible key); k_j is loaded from L1
+    // once per row, never re-converted.
+    for (i64 j = t0; j < t1; ++j) {
+      if (!needed[j - t0]) continue;
+      const float* kj = kf + (j - t0) * D;
+      for (i64 i = 0; i < Sq; ++i) {
+        if (j < row_lo[i] || j >= row_hi[i]) continue;
+        for (i64 g = 0; g < G; ++g) {
+          const i64 r = g * Sq + i;
+          dot_lanes(qf + r * D, kj, D, lanes + r * kDotLanes * kKeyTile + (j - t0), kKeyTile);
+        }
+      }
+    }
+
     // Stages 4-5: scores, tile max, rescale, probabilities (stored over the scores).
     for (i64 g = 0; g < G; ++g) {
       const i64 h = c * G + g;
       const float slope = pb.slopes.empty() ? 0.0f : pb.slopes[h];
       for (i64 i = 0; i < Sq; ++i) {
         const i64 r = g * Sq + i;
-        const i64 a = std::max(t0, row_lo[i]), e = std::min(t1, row_hi[i]);
+        const i64 a = std::max(t0, row_lo[i]) - t0, e = std::min(t1, row_hi[i]) - t0;
         if (a >= e) continue;
-        const float* qr = qf + r * D;
-        float* sr = scores + r * kKeyTile;  // sr[j - t0] for j in [t0, t1)
-        float tile_max = kNegInf;
-        for (i64 j = a; j < e; ++j) {
-          float score = pb.scale * dot(qr, kf + (j - t0) * D, D);
-          if (pb.has_softcap) score = pb.softcap * std::tanh(score / pb.softcap);
-          if (!pb.slopes.empty()) score += -slope * static_cast<float>(pos0 + i - j);
-          sr[j - t0] = score;
-          tile_max = std::max(tile_max, score);
+        float* __restrict sr = scores + r * kKeyTile;  // sr[j - t0] for j in [t0, t1)
+        const float* __restrict lr = lanes + r * kDotLanes * kKeyTile;
+        for (i64 t = a; t < e; ++t) {
+          float dot = 0.0f;
+          for (i64 l = 0; l < kDotLanes; ++l) dot += lr[l * kKeyTile + t];
+          sr[t] = pb.scale * dot;
         }
+        if (pb.has_softcap)
+          for (i64 t = a; t < e; ++t) sr[t] = pb.softcap * std::tanh(sr[t] / pb.softcap);
+        if (!pb.slopes.empty()) {
+          const i64 distance0 = pos0 + i - t0;  // p_i - j = distance0 - t
+          for (i64 t = a; t < e; ++t) sr[t] += -slope * static_cast<float>(distance0 - t);
+        }
+        float tile_max = kNegInf;
+        for (i64 t = a; t < e; ++t) tile_max = std::max(tile_max, sr[t]);
         const float m_new = std::max(m[r], tile_max);
         if (m_new == kNegInf) {  // every visible score is -inf: all probabilities are 0
-          for (i64 j = a; j < e; ++j) sr[j - t0] = 0.0f;
+          for (i64 t = a; t < e; ++t) sr[t] = 0.0f;
           continue;
         }
         const float alpha = std::exp(m[r] - m_new);  // exp(-inf) = 0 on the first visible tile
@@ -240,9 +300,9 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
           l[r] *= alpha;
         }
         float sum = 0.0f;
-        for (i64 j = a; j < e; ++j) {
-          const float p = std::exp(sr[j - t0] - m_new);
-          sr[j - t0] = p;
+        for (i64 t = a; t < e; ++t) {
+          const float p = std::exp(sr[t] - m_new);
+          sr[t] = p;
           sum += p;
         }
         l[r] += sum;
@@ -259,7 +319,10 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
         const i64 a = std::max(t0, row_lo[i]), e = std::min(t1, row_hi[i]);
         float* __restrict ar = acc + r * D;
         const float* sr = scores + r * kKeyTile;
-        for (i64 j = a; j < e; ++j) {
+        i64 j = a;
+        for (; j + kAxpyKeys <= e; j += kAxpyKeys)
+          axpy_rows(sr + (j - t0), vf + (j - t0) * D, D, D, ar);
+        for (; j < e; ++j) {
           const float p = sr[j - t0];
           const float* __restrict vj = vf + (j - t0) * D;
           for (i64 d = 0; d < D; ++d) ar[d] += p * vj[d];
@@ -267,45 +330,6 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
       }
     }
   }
-}
-
-// ---- threads -----------------------------------------------------------------------------------
-
-int thread_count() {
-  static const int count = [] {
-    if (const char* env = std::getenv("SPLICE_NUM_THREADS")) {
-      const int n = std::atoi(env);
-      if (n > 0) return n;
-    }
-    const unsigned hw = std::thread::hardware_concurrency();
-    return hw == 0 ? 1 : static_cast<int>(hw);
-  }();
-  return count;
-}
-
-// Runs fn(task, worker) for task in [0, n) on `workers` threads (the caller is worker 0); tasks
-// are handed out one at a time from an atomic counter. The first exception is rethrown.
-void parallel_for(i64 n, int workers, const std::function<void(i64, int)>& fn) {
-  if (workers <= 1 || n <= 1) {
-    for (i64 t = 0; t < n; ++t) fn(t, 0);
-    return;
-  }
-  std::atomic<i64> next{0};
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-  auto body = [&](int worker) {
-    try {
-      for (i64 t = next.fetch_add(1); t < n && !failed.load(); t = next.fetch_add(1)) fn(t, worker);
-    } catch (...) {
-      if (!failed.exchange(true)) error = std::current_exception();
-    }
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(workers - 1));
-  for (int w = 1; w < workers; ++w) threads.emplace_back(body, w);
-  body(0);
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
 }
 
 // ---- output stores -----------------------------------------------------------------------------
@@ -410,7 +434,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // Stage 2: split planning.
   const i64 heads = B * Hkv;
   const i64 work = heads * pb.rows * max_span * D;
-  const int workers = work < kSerialWorkLimit ? 1 : thread_count();
+  const bool serial = work < kSerialWorkLimit;
+  const i64 workers = serial ? 1 : num_threads();
   if (options.num_splits > 0) {
     pb.num_splits = std::min(options.num_splits, std::max<i64>(1, max_span));
   } else {
@@ -423,23 +448,29 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   pb.part_l.resize(static_cast<std::size_t>(heads * S * R));
   pb.part_acc.resize(static_cast<std::size_t>(heads * S * R * D));
 
-  // Stages 3-5 over tasks (b, c, s).
-  const int task_workers = static_cast<int>(std::min<i64>(workers, heads * S));
-  std::vector<Scratch> scratch(static_cast<std::size_t>(std::max(task_workers, 1)));
-  for (auto& sc : scratch) sc.resize(R, D);
-  parallel_for(heads * S, task_workers, [&](i64 task, int worker) {
-    const i64 bc = task / S, s = task % S;
-    const i64 slot = task * R;  // [B, Hkv, S, rows] flattened
-    run_task(pb, bc / Hkv, bc % Hkv, s, scratch[worker], pb.part_m.data() + slot,
-             pb.part_l.data() + slot, pb.part_acc.data() + slot * D);
-  });
+  // Stages 3-5 over tasks (b, c, s), contiguous task ranges per pool thread.
+  const i64 num_tasks = heads * S;
+  auto run_tasks = [&](i64 first, i64 last) {
+    Scratch scratch;
+    scratch.resize(R, D);
+    for (i64 task = first; task < last; ++task) {
+      const i64 bc = task / S, s = task % S;
+      const i64 slot = task * R;  // [B, Hkv, S, rows] flattened
+      run_task(pb, bc / Hkv, bc % Hkv, s, scratch, pb.part_m.data() + slot, pb.part_l.data() + slot,
+               pb.part_acc.data() + slot * D);
+    }
+  };
+  if (serial) {
+    run_tasks(0, num_tasks);
+  } else {
+    parallel_for(0, num_tasks, 1, run_tasks);
+  }
 
   // Stage 6: merge the splits of every row and store o (and lse).
   char* out_data = static_cast<char*>(out.raw_data());
   const i64 out_elem = static_cast<i64>(dtype_size(out.dtype()));
   float* lse_data = lse ? lse->data<float>() : nullptr;
-  const int merge_workers = static_cast<int>(std::min<i64>(workers, heads));
-  parallel_for(heads, merge_workers, [&](i64 bc, int) {
+  auto merge = [&](i64 bc) {
     const i64 b = bc / Hkv, c = bc % Hkv;
     std::vector<float> o(static_cast<std::size_t>(D));
     for (i64 r = 0; r < R; ++r) {
@@ -466,7 +497,15 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
         lse_data[b * lse->stride(0) + h * lse->stride(1) + i * lse->stride(2)] =
             big_m == kNegInf ? kNegInf : big_m + std::log(big_l);
     }
-  });
+  };
+  // The merge touches S * rows * D floats per head: cheap, but split over the pool when large.
+  if (serial) {
+    for (i64 bc = 0; bc < heads; ++bc) merge(bc);
+  } else {
+    parallel_for(0, heads, 1, [&](i64 first, i64 last) {
+      for (i64 bc = first; bc < last; ++bc) merge(bc);
+    });
+  }
 }
 
 }  // namespace splice::cpu
