@@ -13,11 +13,12 @@
 //        B unit-stride along k (transposed weights [n, k]):  C[i, j] = dot(A[i, :], B[:, j]),
 //          kLanes interleaved partial sums per (i, j);
 //        otherwise (weights [k, n]):  C[i, j0:j1] += A[i, kk] * B[kk, j0:j1] for kk = 0..k-1,
-//          an fp32 accumulator tile of kTile columns per row.
+//          fp32 accumulator tiles of kAxpyAccFloats / m columns per row.
 //      B is read in its storage type inside the inner loop (bf16 -> f32 is a 16-bit shift), so
 //      a 16-bit weight is never expanded to an fp32 copy.
-//   4. Otherwise (larger m with 16-bit operands, or layouts BLAS cannot read): A and B are
-//      converted into contiguous f32 matrices, sgemm runs into an f32 C, C is converted back.
+//   4. Otherwise (larger m with 16-bit operands, or layouts BLAS cannot read): each operand BLAS
+//      cannot read as it is (not f32, or strides it cannot express; C also when column-major) is
+//      converted into a contiguous f32 matrix, sgemm runs, and a staged C is converted back.
 // No path rounds anything before the final store into C's dtype.
 #include <cblas.h>
 
@@ -36,7 +37,7 @@ using detail::kTile;
 using detail::Operand;
 
 constexpr std::int64_t kDirectMaxRows = 8;  // the direct loop streams B once for up to 8 rows
-constexpr int kLanes = 8;                   // partial sums per dot product (one AVX register)
+constexpr int kLanes = 8;  // partial sums per dot product (two SSE / one AVX register of floats)
 constexpr std::int64_t kMinChunkCols = 16;  // smallest column chunk worth a thread
 // fp32 accumulators of the [k, n]-weight direct loop: 16 KiB, half of L1, so B streams past them.
 constexpr std::int64_t kAxpyAccFloats = 4096;
@@ -137,17 +138,31 @@ Tensor matrix_view(const Matrix& x) {
                          {x.rs, x.cs}, x.tensor->dtype());
 }
 
-// Path 4: convert to contiguous f32, sgemm, convert back.
+// True when BLAS reads `x` in place: f32 in a row- or column-major layout (row-major only for
+// an output).
+bool blas_readable(const Matrix& x, bool output) {
+  if (x.tensor->dtype() != DType::f32) return false;
+  const BlasLayout layout = blas_layout(x.rows, x.cols, x.rs, x.cs);
+  return layout.ok && !(output && layout.trans);
+}
+
+// `x` itself when BLAS can read it, else a contiguous f32 copy held by `holder`.
+Matrix blas_operand(const Matrix& x, Tensor& holder, bool copy_in) {
+  if (blas_readable(x, /*output=*/!copy_in)) return x;
+  holder = Tensor::empty({x.rows, x.cols}, DType::f32);  // [rows, cols]
+  if (copy_in) detail::copy_broadcast(matrix_view(x), holder, "matmul operand");
+  return {&holder, 0, x.rows, x.cols, x.cols, 1};
+}
+
+// Path 4: stage what BLAS cannot read into contiguous f32, sgemm, convert a staged C back.
 void packed_gemm(const Matrix& a, const Matrix& b, const Matrix& c) {
-  Tensor a32 = Tensor::empty({a.rows, a.cols}, DType::f32);  // [m, k]
-  Tensor b32 = Tensor::empty({b.rows, b.cols}, DType::f32);  // [k, n]
-  Tensor c32 = Tensor::empty({c.rows, c.cols}, DType::f32);  // [m, n]
-  detail::copy_broadcast(matrix_view(a), a32, "a");
-  detail::copy_broadcast(matrix_view(b), b32, "b");
-  blas_gemm({&a32, 0, a.rows, a.cols, a.cols, 1}, {&b32, 0, b.rows, b.cols, b.cols, 1},
-            {&c32, 0, c.rows, c.cols, c.cols, 1});
-  Tensor c_view = matrix_view(c);
-  detail::copy_broadcast(c32, c_view, "matmul result");
+  Tensor a32, b32, c32;
+  const Matrix pc = blas_operand(c, c32, /*copy_in=*/false);
+  blas_gemm(blas_operand(a, a32, true), blas_operand(b, b32, true), pc);
+  if (pc.tensor == &c32) {
+    Tensor c_view = matrix_view(c);
+    detail::copy_broadcast(c32, c_view, "matmul result");
+  }
 }
 
 // B's element (as fp32) for the typed direct loops: a shift for bf16, identity for f32.
