@@ -176,6 +176,10 @@ int main(int argc, char** argv) {
           continue;
         if (static_cast<double>(s.kv_bytes()) <= max_kv_gb * 1e9) shapes.push_back(s);
       }
+  // Smallest KV first (the peers use the same order): a latency-bound shape is never timed right
+  // after a multi-GB one.
+  std::stable_sort(shapes.begin(), shapes.end(),
+                   [](const Shape& a, const Shape& b) { return a.kv_bytes() < b.kv_bytes(); });
   std::size_t pool_bytes = 0;  // per tensor (K or V): the largest sets x shape
   for (const Shape& s : shapes) {
     const std::size_t per = static_cast<std::size_t>(s.kv_bytes() / 2);

@@ -36,7 +36,7 @@ def grid(max_kv_gb, quick):
                     continue
                 if kv <= max_kv_gb * 1e9:
                     shapes.append((batch, hq, hkv, k_len, kv))
-    return shapes
+    return sorted(shapes, key=lambda shape: shape[4])  # smallest KV first, as the splice bench
 
 
 def time_graph(torch, fn, sets, reps):
@@ -135,7 +135,9 @@ def combine(splice_json, peers, info, out_json):
     header = "%-22s %9s %7s %7s %9s %9s %9s %7s" % (
         "B,Hq,Hkv,k_len", "splice us", "GB/s", "%floor", "cudnn us", "flash us", "best peer", "ratio")
     lines = [header]
-    for r in splice["rows"]:
+    grid_order = lambda r: (r["num_kv_heads"] != 8 or r["num_qo_heads"] != 32,
+                            r["num_qo_heads"], r["num_kv_heads"], r["batch"], r["k_len"])
+    for r in sorted(splice["rows"], key=grid_order):
         key = (r["batch"], r["num_qo_heads"], r["num_kv_heads"], r["k_len"])
         p = by_shape.get(key, {})
         peer_times = [t for t in (p.get("cudnn_us"), p.get("flash_us")) if t is not None]
