@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
 #include "splice/core/random.h"
 #include "splice/core/tolerance.h"
@@ -550,6 +551,20 @@ TEST(KdaDecode, RepeatedRunsAreBitwiseIdentical) {
     EXPECT_TRUE(testing::bit_equal(out_a, out_b));
     EXPECT_EQ(snapshot(a), snapshot(b));
   }
+}
+
+TEST(KdaDecode, ResultsDoNotDependOnTheThreadCount) {
+  const Meta m = grid_meta(6, 3);
+  const int saved = cpu::num_threads();
+  Problem a = make_problem(12, 5, m, DType::bf16);
+  Problem b = make_problem(12, 5, m, DType::bf16);
+  cpu::set_num_threads(1);
+  Tensor out_a = run_packed(a, gate_options(true), {});
+  cpu::set_num_threads(3);
+  Tensor out_b = run_packed(b, gate_options(true), {});
+  cpu::set_num_threads(saved);
+  EXPECT_TRUE(testing::bit_equal(out_a, out_b));
+  EXPECT_EQ(snapshot(a), snapshot(b));
 }
 
 TEST(KdaDecode, CallerOutputBufferIsReturned) {

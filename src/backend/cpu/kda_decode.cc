@@ -39,14 +39,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
+#include "backend/cpu/parallel.h"
+#include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
 
 #if defined(__SSE2__)
@@ -393,46 +391,18 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
   }
 }
 
-int thread_count() {
-  static const int count = [] {
-    if (const char* env = std::getenv("SPLICE_NUM_THREADS")) {
-      const int n = std::atoi(env);
-      if (n > 0) return n;
-    }
-    const unsigned hw = std::thread::hardware_concurrency();
-    return hw == 0 ? 1 : static_cast<int>(hw);
-  }();
-  return count;
-}
-
-// Runs fn(task, scratch) for task in [0, count) over a few threads with dynamic scheduling.
-// The first exception (an internal error) is rethrown on the caller's thread.
+// Runs fn(task, scratch) for task in [0, count) on the backend pool (parallel.h): one chunk per
+// thread, each pulling tasks from a shared counter (dynamic scheduling: sequences are ragged).
+// Every task is computed by one thread in a fixed order, so results do not depend on the thread
+// count. The first exception is rethrown on the caller's thread by parallel_for.
 template <typename Fn>
 void parallel_tasks(std::int64_t count, std::int64_t max_t, const Fn& fn) {
-  const int workers = static_cast<int>(std::min<std::int64_t>(thread_count(), count));
-  if (workers <= 1) {
-    Scratch sc(max_t);
-    for (std::int64_t i = 0; i < count; ++i) fn(i, sc);
-    return;
-  }
+  const std::int64_t workers = std::min<std::int64_t>(num_threads(), count);
   std::atomic<std::int64_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto body = [&] {
-    try {
-      Scratch sc(max_t);
-      for (std::int64_t i = next++; i < count; i = next++) fn(i, sc);
-    } catch (...) {
-      const std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-      next = count;
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int i = 1; i < workers; ++i) pool.emplace_back(body);
-  body();
-  for (auto& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
+  parallel_for(0, workers, 1, [&](std::int64_t, std::int64_t) {
+    Scratch sc(max_t);
+    for (std::int64_t i = next++; i < count; i = next++) fn(i, sc);
+  });
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // Consumes arguments already validated by the op layer (splice/ops/kda_decode.h), including the
 // value contracts, and computes in fp32 with the spec's rounding points (bf16 conv output, bf16
 // o before the norm, bf16 final output, state-dtype rounding at checkpoint stores only).
-// Work is split over (sequence, head) pairs across a small pool of std::threads.
+// Work is split over (sequence, head) pairs on the backend thread pool (parallel.h); results do
+// not depend on the thread count.
 #pragma once
 
 #include "splice/ops/kda_decode.h"
