@@ -33,9 +33,9 @@ void BM_MatmulDecode(benchmark::State& state) {
   const std::int64_t k = state.range(0), n = state.range(1);
   const DType dtype = dtype_arg(state.range(2));
   const bool transpose_b = state.range(3) != 0;
-  const Tensor a = random({1, k}, dtype);                                    // [1, k]
+  const Tensor a = random({1, k}, dtype);                                       // [1, k]
   const Tensor b = random(transpose_b ? Dims{n, k} : Dims{k, n}, dtype, 0.03);  // weights
-  Tensor out = Tensor::empty({1, n}, dtype);                                 // [1, n]
+  Tensor out = Tensor::empty({1, n}, dtype);                                    // [1, n]
   for (auto _ : state) {
     cpu::matmul(a, b, out, transpose_b);
     benchmark::DoNotOptimize(out.raw_data());
@@ -68,7 +68,12 @@ void BM_MatmulPrefill(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 2 * 64 * 576 * 1536);  // flops
   state.SetLabel(dtype_name(dtype));
 }
-BENCHMARK(BM_MatmulPrefill)->ArgNames({"bf16"})->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatmulPrefill)
+    ->ArgNames({"bf16"})
+    ->Arg(0)
+    ->Arg(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 enum class Elementwise : std::int64_t { add, mul_row, silu, cast, softmax };
 
@@ -84,11 +89,21 @@ void BM_Elementwise(benchmark::State& state) {
   std::int64_t bytes = a.nbytes() + out.nbytes();
   for (auto _ : state) {
     switch (op) {
-      case Elementwise::add: cpu::binary(cpu::BinaryKind::add, a, b, out); break;
-      case Elementwise::mul_row: cpu::binary(cpu::BinaryKind::mul, a, row, out); break;
-      case Elementwise::silu: cpu::unary(cpu::UnaryKind::silu, a, out); break;
-      case Elementwise::cast: cpu::cast(a, out); break;
-      case Elementwise::softmax: cpu::softmax(a, -1, out); break;
+      case Elementwise::add:
+        cpu::binary(cpu::BinaryKind::add, a, b, out);
+        break;
+      case Elementwise::mul_row:
+        cpu::binary(cpu::BinaryKind::mul, a, row, out);
+        break;
+      case Elementwise::silu:
+        cpu::unary(cpu::UnaryKind::silu, a, out);
+        break;
+      case Elementwise::cast:
+        cpu::cast(a, out);
+        break;
+      case Elementwise::softmax:
+        cpu::softmax(a, -1, out);
+        break;
     }
     benchmark::DoNotOptimize(out.raw_data());
   }

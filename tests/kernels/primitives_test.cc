@@ -10,6 +10,8 @@
 //     fully masked rows, matmul batch broadcasting / transpose_b / every path (BLAS, direct,
 //     packed, k = 0), in-place elementwise and softmax, thread-count independence.
 //  4. Every error path: its typed error, with the operand and shapes named in the message.
+#include "splice/backend/cpu/primitives.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,7 +23,6 @@
 #include <vector>
 
 #include "../../src/backend/cpu/parallel.h"  // internal: parallel_for is tested here too
-#include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
 #include "support/test_util.h"
 
@@ -46,10 +47,14 @@ constexpr Layout kLayouts[] = {Layout::contiguous, Layout::padded, Layout::inter
                                Layout::transposed};
 const char* layout_name(Layout l) {
   switch (l) {
-    case Layout::contiguous: return "contiguous";
-    case Layout::padded: return "padded";
-    case Layout::interleaved: return "interleaved";
-    case Layout::transposed: return "transposed";
+    case Layout::contiguous:
+      return "contiguous";
+    case Layout::padded:
+      return "padded";
+    case Layout::interleaved:
+      return "interleaved";
+    case Layout::transposed:
+      return "transposed";
   }
   return "?";
 }
@@ -58,8 +63,10 @@ const char* layout_name(Layout l) {
 // so a kernel reading it shows up.
 Tensor make(const Dims& shape, DType dtype, Layout layout = Layout::contiguous) {
   switch (layout) {
-    case Layout::contiguous: return Tensor::empty(shape, dtype);
-    case Layout::padded: return testing::padded_tensor(shape, dtype, kPad);
+    case Layout::contiguous:
+      return Tensor::empty(shape, dtype);
+    case Layout::padded:
+      return testing::padded_tensor(shape, dtype, kPad);
     case Layout::interleaved: {
       Dims wide = shape;
       wide.push_back(2);
@@ -161,17 +168,28 @@ class Primitives : public ::testing::Test {
 
 double unary_ref(UnaryKind kind, double x) {
   switch (kind) {
-    case UnaryKind::exp: return std::exp(x);
-    case UnaryKind::log: return std::log(x);
-    case UnaryKind::neg: return -x;
-    case UnaryKind::abs: return std::fabs(x);
-    case UnaryKind::sqrt: return std::sqrt(x);
-    case UnaryKind::rsqrt: return 1.0 / std::sqrt(x);
-    case UnaryKind::reciprocal: return 1.0 / x;
-    case UnaryKind::sigmoid: return 1.0 / (1.0 + std::exp(-x));
-    case UnaryKind::silu: return x / (1.0 + std::exp(-x));
-    case UnaryKind::softplus: return x > 20.0 ? x : std::log1p(std::exp(x));
-    case UnaryKind::tanh: return std::tanh(x);
+    case UnaryKind::exp:
+      return std::exp(x);
+    case UnaryKind::log:
+      return std::log(x);
+    case UnaryKind::neg:
+      return -x;
+    case UnaryKind::abs:
+      return std::fabs(x);
+    case UnaryKind::sqrt:
+      return std::sqrt(x);
+    case UnaryKind::rsqrt:
+      return 1.0 / std::sqrt(x);
+    case UnaryKind::reciprocal:
+      return 1.0 / x;
+    case UnaryKind::sigmoid:
+      return 1.0 / (1.0 + std::exp(-x));
+    case UnaryKind::silu:
+      return x / (1.0 + std::exp(-x));
+    case UnaryKind::softplus:
+      return x > 20.0 ? x : std::log1p(std::exp(x));
+    case UnaryKind::tanh:
+      return std::tanh(x);
   }
   return NAN;
 }
@@ -186,25 +204,34 @@ TEST_F(Primitives, UnaryEveryKindDtypeLayout) {
     for (DType dtype : kFloatTypes) {
       for (const Dims& shape : shapes) {
         for (Layout layout : kLayouts) {
-          SCOPED_TRACE(::testing::Message() << "kind " << static_cast<int>(kind) << " "
-                                            << dtype_name(dtype) << dims_str(shape) << " "
-                                            << layout_name(layout));
+          SCOPED_TRACE(::testing::Message()
+                       << "kind " << static_cast<int>(kind) << " " << dtype_name(dtype)
+                       << dims_str(shape) << " " << layout_name(layout));
           Tensor in;
           switch (kind) {
             case UnaryKind::log:
             case UnaryKind::sqrt:
-            case UnaryKind::rsqrt: in = uniform(rng_, shape, dtype, 0.05, 8.0, layout); break;
-            case UnaryKind::reciprocal: in = uniform(rng_, shape, dtype, 0.25, 4.0, layout); break;
-            case UnaryKind::softplus: in = uniform(rng_, shape, dtype, -30.0, 30.0, layout); break;
-            case UnaryKind::exp: in = normal(rng_, shape, dtype, layout, 2.0); break;
-            default: in = normal(rng_, shape, dtype, layout, 4.0); break;
+            case UnaryKind::rsqrt:
+              in = uniform(rng_, shape, dtype, 0.05, 8.0, layout);
+              break;
+            case UnaryKind::reciprocal:
+              in = uniform(rng_, shape, dtype, 0.25, 4.0, layout);
+              break;
+            case UnaryKind::softplus:
+              in = uniform(rng_, shape, dtype, -30.0, 30.0, layout);
+              break;
+            case UnaryKind::exp:
+              in = normal(rng_, shape, dtype, layout, 2.0);
+              break;
+            default:
+              in = normal(rng_, shape, dtype, layout, 4.0);
+              break;
           }
           // The output uses the next layout, so in and out strides differ.
           Tensor out = make(shape, dtype, kLayouts[(static_cast<int>(layout) + 1) % 4]);
           cpu::unary(kind, in, out);
-          const Tensor expected = reference(shape, DType::f32, [&](const Dims& i) {
-            return unary_ref(kind, in.at(i));
-          });
+          const Tensor expected = reference(
+              shape, DType::f32, [&](const Dims& i) { return unary_ref(kind, in.at(i)); });
           EXPECT_TRUE(close(out, expected, tol(dtype)));
         }
       }
@@ -218,16 +245,17 @@ TEST_F(Primitives, UnaryMixedDtypesLargeAndInPlace) {
   Tensor in = normal(rng_, shape, DType::bf16, Layout::padded, 3.0);
   Tensor out = make(shape, DType::f32);
   cpu::unary(UnaryKind::silu, in, out);
-  EXPECT_TRUE(close(out, reference(shape, DType::f32,
-                                   [&](const Dims& i) { return unary_ref(UnaryKind::silu, in.at(i)); }),
+  EXPECT_TRUE(close(out,
+                    reference(shape, DType::f32,
+                              [&](const Dims& i) { return unary_ref(UnaryKind::silu, in.at(i)); }),
                     tol(DType::f32)));
   // In place: out is the very same view as in.
   Tensor x = normal(rng_, {97, 5}, DType::f32, Layout::transposed);
   const Tensor before = x.contiguous();
   cpu::unary(UnaryKind::tanh, x, x);
-  EXPECT_TRUE(close(x, reference({97, 5}, DType::f32,
-                                 [&](const Dims& i) { return std::tanh(before.at(i)); }),
-                    tol(DType::f32)));
+  EXPECT_TRUE(close(
+      x, reference({97, 5}, DType::f32, [&](const Dims& i) { return std::tanh(before.at(i)); }),
+      tol(DType::f32)));
 }
 
 TEST_F(Primitives, UnaryEdgeValues) {
@@ -252,12 +280,18 @@ TEST_F(Primitives, UnaryEdgeValues) {
 
 double binary_ref(BinaryKind kind, double a, double b, bool integer) {
   switch (kind) {
-    case BinaryKind::add: return a + b;
-    case BinaryKind::sub: return a - b;
-    case BinaryKind::mul: return a * b;
-    case BinaryKind::div: return integer ? std::trunc(a / b) : a / b;
-    case BinaryKind::minimum: return std::min(a, b);
-    case BinaryKind::maximum: return std::max(a, b);
+    case BinaryKind::add:
+      return a + b;
+    case BinaryKind::sub:
+      return a - b;
+    case BinaryKind::mul:
+      return a * b;
+    case BinaryKind::div:
+      return integer ? std::trunc(a / b) : a / b;
+    case BinaryKind::minimum:
+      return std::min(a, b);
+    case BinaryKind::maximum:
+      return std::max(a, b);
   }
   return NAN;
 }
@@ -276,14 +310,12 @@ const BinaryCase kBroadcastCases[] = {
 };
 
 TEST_F(Primitives, BinaryFloatBroadcastDtypesLayouts) {
-  const BinaryKind kinds[] = {BinaryKind::add,     BinaryKind::sub,    BinaryKind::mul,
-                              BinaryKind::div,     BinaryKind::minimum, BinaryKind::maximum};
-  const DType combos[][3] = {{DType::f32, DType::f32, DType::f32},
-                             {DType::bf16, DType::bf16, DType::bf16},
-                             {DType::f16, DType::f16, DType::f16},
-                             {DType::f32, DType::bf16, DType::f32},
-                             {DType::bf16, DType::f16, DType::bf16},
-                             {DType::i32, DType::f32, DType::f32}};
+  const BinaryKind kinds[] = {BinaryKind::add, BinaryKind::sub,     BinaryKind::mul,
+                              BinaryKind::div, BinaryKind::minimum, BinaryKind::maximum};
+  const DType combos[][3] = {
+      {DType::f32, DType::f32, DType::f32},   {DType::bf16, DType::bf16, DType::bf16},
+      {DType::f16, DType::f16, DType::f16},   {DType::f32, DType::bf16, DType::f32},
+      {DType::bf16, DType::f16, DType::bf16}, {DType::i32, DType::f32, DType::f32}};
   int case_id = 0;
   for (BinaryKind kind : kinds) {
     for (const auto& dt : combos) {
@@ -292,9 +324,9 @@ TEST_F(Primitives, BinaryFloatBroadcastDtypesLayouts) {
                      lo = kLayouts[(case_id + 2) % 4];
         ++case_id;
         SCOPED_TRACE(::testing::Message()
-                     << "kind " << static_cast<int>(kind) << " " << dtype_name(dt[0]) << dims_str(c.a)
-                     << " " << dtype_name(dt[1]) << dims_str(c.b) << " " << layout_name(la) << "/"
-                     << layout_name(lb) << "/" << layout_name(lo));
+                     << "kind " << static_cast<int>(kind) << " " << dtype_name(dt[0])
+                     << dims_str(c.a) << " " << dtype_name(dt[1]) << dims_str(c.b) << " "
+                     << layout_name(la) << "/" << layout_name(lb) << "/" << layout_name(lo));
         Tensor a = dt[0] == DType::i32 ? integers(rng_, c.a, dt[0], -50, 50, la)
                                        : normal(rng_, c.a, dt[0], la, 2.0);
         Tensor b = kind == BinaryKind::div ? uniform(rng_, c.b, dt[1], 0.5, 3.0, lb)
@@ -311,8 +343,8 @@ TEST_F(Primitives, BinaryFloatBroadcastDtypesLayouts) {
 }
 
 TEST_F(Primitives, BinaryIntegersExact) {
-  const BinaryKind kinds[] = {BinaryKind::add,     BinaryKind::sub,    BinaryKind::mul,
-                              BinaryKind::div,     BinaryKind::minimum, BinaryKind::maximum};
+  const BinaryKind kinds[] = {BinaryKind::add, BinaryKind::sub,     BinaryKind::mul,
+                              BinaryKind::div, BinaryKind::minimum, BinaryKind::maximum};
   const DType combos[][3] = {{DType::i32, DType::i32, DType::i32},
                              {DType::i64, DType::i32, DType::i64},
                              {DType::i64, DType::i64, DType::i32}};
@@ -356,18 +388,16 @@ TEST_F(Primitives, BinaryLargeParallelAndInPlace) {
   Tensor b = normal(rng_, {33000}, DType::bf16);
   Tensor out = make(shape, DType::bf16, Layout::padded);
   cpu::binary(BinaryKind::mul, a, b, out);
-  EXPECT_TRUE(close(out, reference(shape, DType::f32, [&](const Dims& i) {
-                      return a.at(i) * b.at({i[1]});
-                    }),
-                    tol(DType::bf16)));
+  EXPECT_TRUE(close(
+      out, reference(shape, DType::f32, [&](const Dims& i) { return a.at(i) * b.at({i[1]}); }),
+      tol(DType::bf16)));
   // a += b in place (out is a).
   Tensor x = normal(rng_, shape, DType::f32, Layout::interleaved);
   const Tensor before = x.contiguous();
   cpu::binary(BinaryKind::add, x, b, x);
-  EXPECT_TRUE(close(x, reference(shape, DType::f32, [&](const Dims& i) {
-                      return before.at(i) + b.at({i[1]});
-                    }),
-                    tol(DType::f32)));
+  EXPECT_TRUE(close(
+      x, reference(shape, DType::f32, [&](const Dims& i) { return before.at(i) + b.at({i[1]}); }),
+      tol(DType::f32)));
 }
 
 TEST_F(Primitives, MinimumMaximumPropagateNan) {
@@ -387,10 +417,10 @@ TEST_F(Primitives, MinimumMaximumPropagateNan) {
 // ---- compare and where ----------------------------------------------------------------------
 
 TEST_F(Primitives, CompareEveryKindAndDtypeMix) {
-  const CompareKind kinds[] = {CompareKind::less,          CompareKind::less_equal,
-                               CompareKind::greater,       CompareKind::greater_equal,
-                               CompareKind::equal,         CompareKind::not_equal};
-  const DType combos[][2] = {{DType::f32, DType::f32}, {DType::bf16, DType::f32},
+  const CompareKind kinds[] = {CompareKind::less,    CompareKind::less_equal,
+                               CompareKind::greater, CompareKind::greater_equal,
+                               CompareKind::equal,   CompareKind::not_equal};
+  const DType combos[][2] = {{DType::f32, DType::f32},  {DType::bf16, DType::f32},
                              {DType::f16, DType::bf16}, {DType::i32, DType::i64},
                              {DType::i64, DType::f32},  {DType::i32, DType::bf16}};
   for (CompareKind kind : kinds) {
@@ -404,12 +434,18 @@ TEST_F(Primitives, CompareEveryKindAndDtypeMix) {
         const Tensor expected = reference(c.out, DType::boolean, [&](const Dims& i) {
           const double x = a.at(source_index(i, c.a)), y = b.at(source_index(i, c.b));
           switch (kind) {
-            case CompareKind::less: return x < y ? 1.0 : 0.0;
-            case CompareKind::less_equal: return x <= y ? 1.0 : 0.0;
-            case CompareKind::greater: return x > y ? 1.0 : 0.0;
-            case CompareKind::greater_equal: return x >= y ? 1.0 : 0.0;
-            case CompareKind::equal: return x == y ? 1.0 : 0.0;
-            case CompareKind::not_equal: return x != y ? 1.0 : 0.0;
+            case CompareKind::less:
+              return x < y ? 1.0 : 0.0;
+            case CompareKind::less_equal:
+              return x <= y ? 1.0 : 0.0;
+            case CompareKind::greater:
+              return x > y ? 1.0 : 0.0;
+            case CompareKind::greater_equal:
+              return x >= y ? 1.0 : 0.0;
+            case CompareKind::equal:
+              return x == y ? 1.0 : 0.0;
+            case CompareKind::not_equal:
+              return x != y ? 1.0 : 0.0;
           }
           return 0.0;
         });
@@ -471,9 +507,8 @@ TEST_F(Primitives, IotaEveryDtypeAxisLayout) {
         Tensor out = make(shape, dtype, layout);
         cpu::iota(out, axis, start, step);
         const std::int64_t a = axis < 0 ? axis + 3 : axis;
-        const Tensor expected = reference(shape, dtype, [&](const Dims& i) {
-          return start + static_cast<double>(i[a]) * step;
-        });
+        const Tensor expected = reference(
+            shape, dtype, [&](const Dims& i) { return start + static_cast<double>(i[a]) * step; });
         EXPECT_TRUE(bit_equal(out, expected)) << dtype_name(dtype) << " axis " << axis;
       }
     }
@@ -656,9 +691,9 @@ TEST_F(Primitives, SoftmaxAllMaskedGivesZerosAndInPlaceWorks) {
   Tensor x = normal(rng_, {8, 33}, DType::f32, Layout::padded, 2.0);
   const Tensor before = x.contiguous();
   cpu::softmax(x, 1, x);
-  EXPECT_TRUE(close(x, reference({8, 33}, DType::f32,
-                                 [&](const Dims& i) { return softmax_ref(before, i, 1); }),
-                    tol(DType::f32)));
+  EXPECT_TRUE(close(
+      x, reference({8, 33}, DType::f32, [&](const Dims& i) { return softmax_ref(before, i, 1); }),
+      tol(DType::f32)));
 }
 
 // ---- matmul ---------------------------------------------------------------------------------
@@ -694,15 +729,15 @@ struct MatmulCase {
 
 TEST_F(Primitives, MatmulShapesDtypesLayoutsPaths) {
   const MatmulCase cases[] = {
-      {{1, 17}, {17, 97}, {1, 97}, false},            // gemv (decode)
-      {{1, 97}, {17, 97}, {1, 17}, true},             // gemv on [n, k] weights
-      {{17, 97}, {97, 1}, {17, 1}, false},            // n = 1
-      {{1, 1}, {1, 1}, {1, 1}, false},                // scalar
-      {{5, 33}, {33, 40}, {5, 40}, false},            // direct (m <= 8)
-      {{33, 40}, {17, 40}, {33, 17}, true},           // BLAS / packed (m > 8)
+      {{1, 17}, {17, 97}, {1, 97}, false},               // gemv (decode)
+      {{1, 97}, {17, 97}, {1, 17}, true},                // gemv on [n, k] weights
+      {{17, 97}, {97, 1}, {17, 1}, false},               // n = 1
+      {{1, 1}, {1, 1}, {1, 1}, false},                   // scalar
+      {{5, 33}, {33, 40}, {5, 40}, false},               // direct (m <= 8)
+      {{33, 40}, {17, 40}, {33, 17}, true},              // BLAS / packed (m > 8)
       {{2, 1, 5, 17}, {3, 17, 7}, {2, 3, 5, 7}, false},  // batch broadcasting
-      {{4, 9, 16}, {16, 11}, {4, 9, 11}, false},      // b broadcast over a's batch
-      {{6, 16}, {2, 3, 11, 16}, {2, 3, 6, 11}, true}, // a broadcast over b's batch
+      {{4, 9, 16}, {16, 11}, {4, 9, 11}, false},         // b broadcast over a's batch
+      {{6, 16}, {2, 3, 11, 16}, {2, 3, 6, 11}, true},    // a broadcast over b's batch
   };
   const DType combos[][3] = {{DType::f32, DType::f32, DType::f32},
                              {DType::bf16, DType::bf16, DType::bf16},
@@ -712,7 +747,8 @@ TEST_F(Primitives, MatmulShapesDtypesLayoutsPaths) {
   for (const MatmulCase& c : cases) {
     for (const auto& dt : combos) {
       for (int variant = 0; variant < 4; ++variant) {
-        const Layout la = kLayouts[(case_id + variant) % 4], lb = kLayouts[(case_id + 2 * variant) % 4],
+        const Layout la = kLayouts[(case_id + variant) % 4],
+                     lb = kLayouts[(case_id + 2 * variant) % 4],
                      lo = kLayouts[(case_id + 3 * variant) % 4];
         ++case_id;
         SCOPED_TRACE(::testing::Message()
@@ -800,7 +836,8 @@ TEST_F(Primitives, GatherEmbeddingRows) {
       for (const Dims& index_shape : {Dims{}, Dims{1}, Dims{17}, Dims{3, 5}}) {
         const Dims table_shape = {11, 4, 3};
         Tensor table = normal(rng_, table_shape, table_dtype, kLayouts[case_id % 4]);
-        Tensor indices = integers(rng_, index_shape, index_dtype, 0, 10, kLayouts[(case_id + 1) % 4]);
+        Tensor indices =
+            integers(rng_, index_shape, index_dtype, 0, 10, kLayouts[(case_id + 1) % 4]);
         Dims out_shape = index_shape;
         out_shape.push_back(4);
         out_shape.push_back(3);
@@ -925,7 +962,7 @@ TEST_F(Primitives, OverlappingOutputsAreRejected) {
   Tensor square = base.slice(1, 0, 4);  // [4, 4]
   expect_error<LayoutError>([&] { cpu::matmul(square, square, square); }, {"overlaps `a`"});
   Tensor transposed = left.permute({1, 0}).slice(1, 0, 4);  // [6, 4], same storage
-  Tensor cast_out = base.slice(1, 1, 7).permute({1, 0});  // [6, 4], shifted by one element
+  Tensor cast_out = base.slice(1, 1, 7).permute({1, 0});    // [6, 4], shifted by one element
   expect_error<LayoutError>([&] { cpu::cast(transposed, cast_out); }, {"overlaps"});
   Tensor column = base.slice(1, 0, 1);
   expect_error<LayoutError>([&] { cpu::concat({left.slice(1, 0, 1)}, 1, column); },
@@ -985,7 +1022,8 @@ TEST_F(Primitives, ErrorsNameOperandsAndShapes) {
   const Tensor batch_a = normal(rng_, {2, 3, 4}, DType::f32);
   const Tensor batch_b = normal(rng_, {5, 4, 6}, DType::f32);
   Tensor batch_out = Tensor::empty({2, 3, 6}, DType::f32);
-  expect_error<ShapeError>([&] { cpu::matmul(batch_a, batch_b, batch_out); }, {"`a` [2]", "`b` [5]"});
+  expect_error<ShapeError>([&] { cpu::matmul(batch_a, batch_b, batch_out); },
+                           {"`a` [2]", "`b` [5]"});
 
   // reduce / softmax
   Tensor red_out = Tensor::empty({3}, DType::f32);
@@ -1014,15 +1052,19 @@ TEST_F(Primitives, ErrorsNameOperandsAndShapes) {
   expect_error<DTypeError>([&] { cpu::gather(table, a, gathered); }, {"`indices`"});
   Tensor bad_gather = Tensor::empty({2, 3, 5}, DType::bf16);
   indices.set({1, 2}, 0);
-  expect_error<ShapeError>([&] { cpu::gather(table, indices, bad_gather); }, {"`out`", "[2, 3, 4]"});
+  expect_error<ShapeError>([&] { cpu::gather(table, indices, bad_gather); },
+                           {"`out`", "[2, 3, 4]"});
   Tensor state = normal(rng_, {2, 10, 8}, DType::bf16);
   const Tensor state_before = state.contiguous();
   const Tensor value = normal(rng_, {2, 3, 8}, DType::bf16);
   expect_error<ValueError>([&] { cpu::write_at(state, value, 1, 8); },
                            {"[8, 11)", "`state` [2, 10, 8]"});
   expect_error<ValueError>([&] { cpu::write_at(state, value, 1, -1); }, {"[-1, 2)"});
-  expect_error<ShapeError>([&] { cpu::write_at(state, normal(rng_, {2, 3, 7}, DType::bf16), 1, 0); },
-                           {"`value` [2, 3, 7]"});
+  expect_error<ShapeError>(
+      [&] {
+        cpu::write_at(state, normal(rng_, {2, 3, 7}, DType::bf16), 1, 0);
+      },
+      {"`value` [2, 3, 7]"});
   EXPECT_TRUE(bit_equal(state, state_before));
   expect_error<ShapeError>([&] { cpu::cast(a, wrong); }, {"`out`"});
   expect_error<ShapeError>([&] { cpu::iota(out, 2); }, {"axis"});

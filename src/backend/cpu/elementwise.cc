@@ -188,9 +188,8 @@ Loop<N> broadcast_loop(const Tensor& out, const std::array<const Tensor*, N - 1>
 // Runs fn(offsets, count) over every run of `loop`, split over the pool.
 template <int N, typename Fn>
 void run_parallel(const Loop<N>& loop, Fn&& fn) {
-  parallel_for(0, loop.numel, kParallelGrain, [&](std::int64_t lo, std::int64_t hi) {
-    loop.for_each_run(lo, hi, fn);
-  });
+  parallel_for(0, loop.numel, kParallelGrain,
+               [&](std::int64_t lo, std::int64_t hi) { loop.for_each_run(lo, hi, fn); });
 }
 
 constexpr std::initializer_list<DType> kFloatTypes = {DType::f32, DType::f16, DType::bf16};

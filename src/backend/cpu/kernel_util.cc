@@ -20,7 +20,8 @@ std::int64_t wrap_axis(std::int64_t axis, std::int64_t rank, const char* what) {
   return a;
 }
 
-Dims broadcast_shapes(const std::vector<const Dims*>& shapes, const std::vector<const char*>& names) {
+Dims broadcast_shapes(const std::vector<const Dims*>& shapes,
+                      const std::vector<const char*>& names) {
   std::size_t rank = 0;
   for (const Dims* s : shapes) rank = std::max(rank, s->size());
   Dims out(rank, 1);
@@ -67,7 +68,7 @@ Dims broadcast_strides(const Tensor& t, const Dims& shape, const char* name) {
 
 void fail_out_shape(const Tensor& out, const Dims& expected, const std::string& why) {
   fail<ShapeError>("`out` must have shape ", dims_str(expected), " (", why, "), got ",
-                     dims_str(out.shape()));
+                   dims_str(out.shape()));
 }
 
 void check_cpu(const Tensor& t, const char* name) {
@@ -146,10 +147,14 @@ void copy_runs(const Loop<2>& loop, const Operand& dst, std::int64_t dst_base, c
     const std::int64_t d0 = dst_base + off[0], s0 = src_base + off[1];
     if (same) {
       switch (width) {
-        case 1: return copy_bits_run<std::uint8_t>(dst, src, d0, ds, s0, ss, n);
-        case 2: return copy_bits_run<std::uint16_t>(dst, src, d0, ds, s0, ss, n);
-        case 4: return copy_bits_run<std::uint32_t>(dst, src, d0, ds, s0, ss, n);
-        default: return copy_bits_run<std::uint64_t>(dst, src, d0, ds, s0, ss, n);
+        case 1:
+          return copy_bits_run<std::uint8_t>(dst, src, d0, ds, s0, ss, n);
+        case 2:
+          return copy_bits_run<std::uint16_t>(dst, src, d0, ds, s0, ss, n);
+        case 4:
+          return copy_bits_run<std::uint32_t>(dst, src, d0, ds, s0, ss, n);
+        default:
+          return copy_bits_run<std::uint64_t>(dst, src, d0, ds, s0, ss, n);
       }
     }
     if (dst.dtype == DType::boolean) return convert_run<std::uint8_t>(dst, src, d0, ds, s0, ss, n);
@@ -166,9 +171,8 @@ void copy_broadcast(const Tensor& src, Tensor& dst, const char* src_name) {
       make_loop<2>(dst.shape(), {dst.strides(), broadcast_strides(src, dst.shape(), src_name)});
   if (loop.numel == 0) return;
   const Operand d(dst), s(src);
-  parallel_for(0, loop.numel, kParallelGrain, [&](std::int64_t lo, std::int64_t hi) {
-    copy_runs(loop, d, 0, s, 0, lo, hi);
-  });
+  parallel_for(0, loop.numel, kParallelGrain,
+               [&](std::int64_t lo, std::int64_t hi) { copy_runs(loop, d, 0, s, 0, lo, hi); });
 }
 
 }  // namespace splice::cpu::detail

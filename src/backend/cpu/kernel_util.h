@@ -44,12 +44,18 @@ struct Bool8 {
 template <typename Fn>
 decltype(auto) dispatch_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::f32: return fn(float{});
-    case DType::f16: return fn(Half{});
-    case DType::bf16: return fn(BFloat16{});
-    case DType::i32: return fn(std::int32_t{});
-    case DType::i64: return fn(std::int64_t{});
-    case DType::boolean: return fn(Bool8{});
+    case DType::f32:
+      return fn(float{});
+    case DType::f16:
+      return fn(Half{});
+    case DType::bf16:
+      return fn(BFloat16{});
+    case DType::i32:
+      return fn(std::int32_t{});
+    case DType::i64:
+      return fn(std::int64_t{});
+    case DType::boolean:
+      return fn(Bool8{});
   }
   SPLICE_INTERNAL_CHECK(false, "unknown dtype ", static_cast<int>(dtype));
 }
@@ -75,12 +81,16 @@ inline C load_value(T v) {
   if constexpr (std::is_same_v<T, Bool8>) {
     return static_cast<C>(v.bits != 0);
   } else if constexpr (std::is_same_v<C, std::uint8_t>) {  // truthiness
-    if constexpr (kIsHalfType<T>) return static_cast<float>(v) != 0.0f;
-    else return v != 0;
+    if constexpr (kIsHalfType<T>)
+      return static_cast<float>(v) != 0.0f;
+    else
+      return v != 0;
   } else if constexpr (kIsHalfType<T>) {
     const float f = static_cast<float>(v);
-    if constexpr (std::is_integral_v<C>) return saturate_cast<C>(f);
-    else return static_cast<C>(f);
+    if constexpr (std::is_integral_v<C>)
+      return saturate_cast<C>(f);
+    else
+      return static_cast<C>(f);
   } else if constexpr (std::is_floating_point_v<T> && std::is_integral_v<C>) {
     return saturate_cast<C>(v);
   } else {
@@ -105,10 +115,14 @@ inline T store_value(C v) {
 // The DType whose storage is C, if any (float -> f32, int64 -> i64); used to read in place.
 template <typename C>
 inline bool is_native(DType dtype) {
-  if constexpr (std::is_same_v<C, float>) return dtype == DType::f32;
-  else if constexpr (std::is_same_v<C, std::int64_t>) return dtype == DType::i64;
-  else if constexpr (std::is_same_v<C, std::uint8_t>) return dtype == DType::boolean;
-  else return false;
+  if constexpr (std::is_same_v<C, float>)
+    return dtype == DType::f32;
+  else if constexpr (std::is_same_v<C, std::int64_t>)
+    return dtype == DType::i64;
+  else if constexpr (std::is_same_v<C, std::uint8_t>)
+    return dtype == DType::boolean;
+  else
+    return false;
 }
 
 // A tensor's data as seen by a kernel: element offsets are relative to `base`.
@@ -142,8 +156,8 @@ inline void load_tile(const Operand& src, std::int64_t offset, std::int64_t stri
 
 // dst[offset + i*stride] = store(src[i]) for i < n.
 template <typename C>
-inline void store_tile(const Operand& dst, std::int64_t offset, std::int64_t stride,
-                       std::int64_t n, const C* src) {
+inline void store_tile(const Operand& dst, std::int64_t offset, std::int64_t stride, std::int64_t n,
+                       const C* src) {
   dispatch_dtype(dst.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* p = dst.as<T>() + offset;
@@ -167,8 +181,7 @@ inline const C* tile_in(const Operand& src, std::int64_t offset, std::int64_t st
 
 // Where to compute an output tile: in place when possible, else `scratch` (then call tile_out).
 template <typename C>
-inline C* tile_out_ptr(const Operand& dst, std::int64_t offset, std::int64_t stride,
-                       C* scratch) {
+inline C* tile_out_ptr(const Operand& dst, std::int64_t offset, std::int64_t stride, C* scratch) {
   if (stride == 1 && is_native<C>(dst.dtype)) return dst.as<C>() + offset;
   return scratch;
 }
@@ -186,7 +199,8 @@ inline void tile_out(const Operand& dst, std::int64_t offset, std::int64_t strid
 std::int64_t wrap_axis(std::int64_t axis, std::int64_t rank, const char* what);
 
 // The NumPy broadcast of `shapes` (named by `names` for the error message).
-Dims broadcast_shapes(const std::vector<const Dims*>& shapes, const std::vector<const char*>& names);
+Dims broadcast_shapes(const std::vector<const Dims*>& shapes,
+                      const std::vector<const char*>& names);
 
 // Strides of `t` aligned to `shape` (t's shape must broadcast to it): 0 on stretched and on
 // missing leading axes.
@@ -211,8 +225,9 @@ void check_cpu(const Tensor& t, const char* name);
 
 // Aliasing contract. Throws LayoutError when the byte ranges of `out` and `in` overlap (whatever
 // Storage objects they come from), unless `allow_identical` and the two are the very same view
-// (same first address, shape, strides and dtype: an in-place elementwise update). Views that interleave without sharing an
-// element are reported too (ranges, not elements, are compared); no planner produces those.
+// (same first address, shape, strides and dtype: an in-place elementwise update). Views that
+// interleave without sharing an element are reported too (ranges, not elements, are compared); no
+// planner produces those.
 void check_no_overlap(const Tensor& out, const char* out_name, const Tensor& in,
                       const char* in_name, bool allow_identical);
 

@@ -122,14 +122,14 @@ void blas_gemm(const Matrix& a, const Matrix& b, const Matrix& c) {
         cblas_sgemv(CblasRowMajor, CblasTrans, k, n, 1.0f, pb, static_cast<int>(lb.ld), pa, inc_a,
                     0.0f, pc, inc_c);
       else
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, pb, static_cast<int>(lb.ld), pa,
-                    inc_a, 0.0f, pc, inc_c);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, pb, static_cast<int>(lb.ld), pa, inc_a,
+                    0.0f, pc, inc_c);
       return;
     }
   }
   cblas_sgemm(CblasRowMajor, la.trans ? CblasTrans : CblasNoTrans,
-              lb.trans ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, pa, static_cast<int>(la.ld),
-              pb, static_cast<int>(lb.ld), 0.0f, pc, static_cast<int>(lc.ld));
+              lb.trans ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, pa, static_cast<int>(la.ld), pb,
+              static_cast<int>(lb.ld), 0.0f, pc, static_cast<int>(lc.ld));
 }
 
 // A view tensor over one batch's matrix (for packing through copy_broadcast).
@@ -284,9 +284,9 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
   const std::int64_t bn_axis = transpose_b ? rb - 2 : rb - 1;
   const std::int64_t kb = b.shape()[bk_axis], n = b.shape()[bn_axis];
   if (kb != k)
-    fail<ShapeError>("matmul inner dims differ: `a` ", dims_str(a.shape()), " has k=", k, " but `b` ",
-                     dims_str(b.shape()), (transpose_b ? " (read as [..., n, k])" : ""), " has k=",
-                     kb);
+    fail<ShapeError>("matmul inner dims differ: `a` ", dims_str(a.shape()), " has k=", k,
+                     " but `b` ", dims_str(b.shape()),
+                     (transpose_b ? " (read as [..., n, k])" : ""), " has k=", kb);
   const Dims a_batch(a.shape().begin(), a.shape().end() - 2);
   const Dims b_batch(b.shape().begin(), b.shape().end() - 2);
   Dims batch = detail::broadcast_shapes({&a_batch, &b_batch}, {"a", "b"});

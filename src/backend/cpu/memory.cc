@@ -80,14 +80,14 @@ void gather(const Tensor& table, const Tensor& indices, Tensor& out) {
   {
     const Operand ix(indices);
     std::int64_t p = 0;
-    index_loop.for_each_run(0, positions, [&](const std::array<std::int64_t, 2>& off,
-                                              std::int64_t n) {
-      detail::load_tile<std::int64_t>(ix, off[0], index_loop.inner_stride(0), n,
-                                      row_of.data() + p);
-      for (std::int64_t i = 0; i < n; ++i)
-        out_offset[p + i] = off[1] + i * index_loop.inner_stride(1);
-      p += n;
-    });
+    index_loop.for_each_run(0, positions,
+                            [&](const std::array<std::int64_t, 2>& off, std::int64_t n) {
+                              detail::load_tile<std::int64_t>(
+                                  ix, off[0], index_loop.inner_stride(0), n, row_of.data() + p);
+                              for (std::int64_t i = 0; i < n; ++i)
+                                out_offset[p + i] = off[1] + i * index_loop.inner_stride(1);
+                              p += n;
+                            });
   }
   for (std::int64_t p = 0; p < positions; ++p) {
     if (row_of[p] >= 0 && row_of[p] < rows) continue;
@@ -96,8 +96,8 @@ void gather(const Tensor& table, const Tensor& indices, Tensor& out) {
       where[d] = rest_p % indices.shape()[d];
       rest_p /= indices.shape()[d];
     }
-    fail<ValueError>("gather `indices`", dims_str(where), " is ", row_of[p], ", outside [0, ",
-                     rows, ") (the rows of `table` ", dims_str(table.shape()), ")");
+    fail<ValueError>("gather `indices`", dims_str(where), " is ", row_of[p], ", outside [0, ", rows,
+                     ") (the rows of `table` ", dims_str(table.shape()), ")");
   }
 
   // 2. Row copies out[p, :] = table[row_of[p], :].
@@ -108,9 +108,9 @@ void gather(const Tensor& table, const Tensor& indices, Tensor& out) {
   if (row_elems == 0) return;
   const Operand o(out), t(table);
   const std::int64_t table_row_stride = table.strides()[0];
-  const bool memcpy_rows = table.dtype() == out.dtype() && row_loop.shape.size() == 1 &&
-                           (row_elems == 1 || (row_loop.inner_stride(0) == 1 &&
-                                               row_loop.inner_stride(1) == 1));
+  const bool memcpy_rows =
+      table.dtype() == out.dtype() && row_loop.shape.size() == 1 &&
+      (row_elems == 1 || (row_loop.inner_stride(0) == 1 && row_loop.inner_stride(1) == 1));
   const std::size_t width = dtype_size(out.dtype());
   const std::int64_t grain = std::max<std::int64_t>(1, kParallelGrain / row_elems);
   parallel_for(0, positions, grain, [&](std::int64_t lo, std::int64_t hi) {
@@ -131,8 +131,8 @@ void write_at(Tensor& state, const Tensor& value, std::int64_t axis, std::int64_
   detail::check_cpu(state, "state");
   detail::check_cpu(value, "value");
   if (value.dim() != state.dim())
-    fail<ShapeError>("write_at `value` ", dims_str(value.shape()), " must have the rank of `state` ",
-                     dims_str(state.shape()));
+    fail<ShapeError>("write_at `value` ", dims_str(value.shape()),
+                     " must have the rank of `state` ", dims_str(state.shape()));
   const std::int64_t a = detail::wrap_axis(axis, state.dim(), "axis");
   for (std::int64_t d = 0; d < state.dim(); ++d)
     if (d != a && value.shape()[d] != state.shape()[d])

@@ -35,7 +35,7 @@ thread_local bool t_inside_parallel = false;
 struct Job {
   const ChunkFn* body = nullptr;
   std::int64_t begin = 0;
-  std::int64_t count = 0;   // indices in the range
+  std::int64_t count = 0;  // indices in the range
   std::int64_t chunks = 0;
   std::atomic<std::int64_t> next{0};  // next chunk to claim
   std::atomic<std::int64_t> done{0};  // chunks finished

@@ -62,7 +62,8 @@ struct LaneAccumulator {
     float v[kLanes];
     std::copy(acc, acc + kLanes, v);
     for (int width = kLanes / 2; width >= 1; width /= 2)
-      for (int l = 0; l < width; ++l) v[l] = is_max ? nan_max(v[l], v[l + width]) : v[l] + v[l + width];
+      for (int l = 0; l < width; ++l)
+        v[l] = is_max ? nan_max(v[l], v[l + width]) : v[l] + v[l + width];
     return v[0];
   }
 };
@@ -97,10 +98,10 @@ Tensor kept_view(const Tensor& out, std::int64_t axis, bool keepdim) {
   return Tensor::view_of(out.storage(), out.offset(), shape, strides, out.dtype());
 }
 
-void reduce_rows(ReduceKind kind, const Loop<2>& loop, Axis r, const Operand& o,
-                 const Operand& x) {
+void reduce_rows(ReduceKind kind, const Loop<2>& loop, Axis r, const Operand& o, const Operand& x) {
   const std::int64_t so = loop.inner_stride(0), sx = loop.inner_stride(1);
-  const std::int64_t grain = std::max<std::int64_t>(1, kParallelGrain / std::max<std::int64_t>(r.length, 1));
+  const std::int64_t grain =
+      std::max<std::int64_t>(1, kParallelGrain / std::max<std::int64_t>(r.length, 1));
   parallel_for(0, loop.numel, grain, [&](std::int64_t lo, std::int64_t hi) {
     float tile[kTile];
     loop.for_each_run(lo, hi, [&](const std::array<std::int64_t, 2>& off, std::int64_t n) {
@@ -123,7 +124,8 @@ void reduce_columns(ReduceKind kind, const Loop<2>& loop, Axis r, const Operand&
                     const Operand& x) {
   const std::int64_t so = loop.inner_stride(0), sx = loop.inner_stride(1);
   const bool is_max = kind == ReduceKind::max;
-  const std::int64_t grain = std::max<std::int64_t>(1, kParallelGrain / std::max<std::int64_t>(r.length, 1));
+  const std::int64_t grain =
+      std::max<std::int64_t>(1, kParallelGrain / std::max<std::int64_t>(r.length, 1));
   parallel_for(0, loop.numel, grain, [&](std::int64_t lo, std::int64_t hi) {
     float acc[kTile], tile[kTile];
     loop.for_each_run(lo, hi, [&](const std::array<std::int64_t, 2>& off, std::int64_t n) {
