@@ -854,6 +854,14 @@ TEST_F(Primitives, GatherEmbeddingRows) {
       }
     }
   }
+  // A converting lookup: f32 table rows rounded (RNE) into a bf16 output.
+  Tensor table32 = normal(rng_, {7, 5}, DType::f32, Layout::interleaved);
+  Tensor ids = integers(rng_, {4}, DType::i32, 0, 6);
+  Tensor rows16 = make({4, 5}, DType::bf16, Layout::transposed);
+  cpu::gather(table32, ids, rows16);
+  EXPECT_TRUE(bit_equal(rows16, reference({4, 5}, DType::bf16, [&](const Dims& o) {
+                          return table32.at({static_cast<std::int64_t>(ids.at({o[0]})), o[1]});
+                        })));
   // A large lookup (parallel, memcpy rows) of a [vocab, hidden] table.
   Tensor table = normal(rng_, {1000, 576}, DType::bf16);
   Tensor indices = integers(rng_, {300}, DType::i64, 0, 999);
