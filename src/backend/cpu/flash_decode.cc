@@ -34,7 +34,8 @@
 // All arithmetic is fp32. The D loops are written as fixed-width lanes so GCC vectorizes them:
 // q . k_j keeps kDotLanes lane partials per (row, key) and sums them in a loop over the tile's
 // keys (no serial horizontal add per score); acc += e v folds kAxpyKeys value rows per pass.
-// On x86-64 the hot task is compiled twice (AVX2+FMA and baseline) and picked at load time.
+// On x86-64 the hot task is compiled three times (AVX-512, AVX2+FMA, baseline) and the loader
+// picks the best the CPU runs.
 #include "splice/backend/cpu/flash_decode.h"
 
 #include <algorithm>
@@ -49,7 +50,8 @@
 #include "splice/core/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define SPLICE_FD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define SPLICE_FD_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define SPLICE_FD_CLONES
 #endif
