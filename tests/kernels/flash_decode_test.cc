@@ -1,5 +1,5 @@
-// CPU flash-decode attention against the float64 reference (spec decode_attention.md §5), and every
-// validation error of the `decode_attention` op.
+// CPU flash-decode attention against the float64 reference (spec decode_attention.md §5), and
+// every validation error of the `decode_attention` op.
 //
 //  1. Grid: a deterministic sample of the cross product batch 1..4 x (Hq, Hkv) in {(1,1), (4,1),
 //     (12,4), (32,8)} x D in {64, 128} x Sq in {1, 2, 4} x k_len in {1, 17, 255, 256, 4097,
