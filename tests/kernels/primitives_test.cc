@@ -1075,6 +1075,16 @@ TEST_F(Primitives, ErrorsNameOperandsAndShapes) {
       {"`value` [2, 3, 7]"});
   EXPECT_TRUE(bit_equal(state, state_before));
   expect_error<ShapeError>([&] { cpu::cast(a, wrong); }, {"`out`"});
+
+  // Devices and missing tensors: a borrowed "device" view is never dereferenced.
+  float host[12] = {};
+  Tensor on_device = Tensor::borrow(host, {3, 4}, DType::f32, {}, Device::cuda(0));
+  expect_error<DeviceError>([&] { cpu::binary(BinaryKind::add, a, on_device, out); },
+                            {"`b`", "cuda:0"});
+  expect_error<DeviceError>([&] { cpu::matmul(a, w4, on_device); }, {"`out`", "cuda:0"});
+  expect_error<ValueError>([&] { cpu::unary(UnaryKind::exp, Tensor(), out); }, {"`in`"});
+  Tensor undefined;
+  expect_error<ValueError>([&] { cpu::softmax(a, 1, undefined); }, {"`out`"});
   expect_error<ShapeError>([&] { cpu::iota(out, 2); }, {"axis"});
 }
 
