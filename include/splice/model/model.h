@@ -1,0 +1,85 @@
+// splice/model/model.h: decode graphs of real models, built once and planned once.
+//
+// A model's decode step is one graph: input "tokens" [batch] i32, symbol "k_len" in
+// [1, max_seq_len] (the number of positions after this token is appended; the token sits at
+// position k_len - 1), output "logits" [batch, vocab] f32. KV caches and KDA caches are state
+// buffers sized by max_seq_len / batch. Every fused kernel enters through a spec (attention:
+// DecodeFlashSpec, KDA: KdaDecodeSpec) beside its primitive region.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "splice/ir/graph.h"
+#include "splice/model/config.h"
+#include "splice/passes/decode_flash.h"
+#include "splice/passes/kda.h"
+
+namespace splice {
+
+// Named weights (Hugging Face names), from safetensors files, GGUF, or memory.
+class Weights {
+ public:
+  // Every *.safetensors file in `dir` (sharded checkpoints included), memory-mapped.
+  static Weights from_directory(const std::string& dir);
+  static Weights from_tensors(std::vector<std::pair<std::string, Tensor>> tensors);
+  bool has(const std::string& name) const;
+  // The tensor converted to `dtype` (a zero-copy view when it already is); IoError naming the
+  // tensor and the source when it is missing, ShapeError when `shape` is given and differs.
+  Tensor get(const std::string& name, DType dtype, const Dims& shape = {}) const;
+  std::vector<std::string> names() const;
+
+ private:
+  struct Source;
+  std::vector<std::shared_ptr<Source>> sources_;
+  std::map<std::string, std::size_t> where_;
+  std::string description_;
+};
+
+struct BuildOptions {
+  std::int64_t batch = 1;
+  std::int64_t max_seq_len = 512;
+  DType dtype = DType::bf16;            // weights and activations between layers
+  DType kda_state_dtype = DType::f32;   // recurrent state storage
+};
+
+struct DecodeModel {
+  ModelConfig config;
+  BuildOptions options;
+  Graph graph;
+  SymId k_len;
+  std::vector<DecodeFlashSpec> attention_specs;
+  std::vector<KdaDecodeSpec> kda_specs;
+};
+
+// Builds the decode graph of `config` (Llama family or FLA's KDAForCausalLM) from `weights`.
+DecodeModel build_decode_model(const ModelConfig& config, const Weights& weights,
+                               const BuildOptions& options);
+
+// The Llama family (LlamaForCausalLM, Qwen2, SmolLM): RoPE, GQA attention, SwiGLU, RMSNorm.
+DecodeModel build_llama_decode_model(const ModelConfig& config, const Weights& weights,
+                                     const BuildOptions& options);
+// FLA's hybrid KDAForCausalLM: KDA layers and GQA attention layers at `attn.layers`.
+DecodeModel build_kda_decode_model(const ModelConfig& config, const Weights& weights,
+                                   const BuildOptions& options);
+
+// Shared building blocks for the builders (primitive regions).
+namespace layers {
+// y = x * rsqrt(mean(x^2, -1) + eps) * weight, computed in f32, returned in `out_dtype`.
+NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype);
+// x @ W^T (+ bias) for a Hugging Face [out, in] weight.
+NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias = {});
+// silu(x W_gate^T) * (x W_up^T) then W_down^T.
+NodeId swiglu(Graph& g, NodeId x, NodeId gate, NodeId up, NodeId down);
+// Rotary embedding of x [B, heads, 1, D] at position `position` (cos/sin rows gathered from the
+// [max_seq_len, D] tables; HF's rotate-half layout).
+NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId position);
+// cos/sin tables [max_seq_len, D] for rope_theta and optional llama3 scaling.
+std::pair<Tensor, Tensor> rope_tables(const ModelConfig& config, std::int64_t head_dim,
+                                      std::int64_t max_seq_len);
+}  // namespace layers
+
+}  // namespace splice

@@ -1,0 +1,171 @@
+// Weights, the shared layer blocks and the builder dispatch (see model.h).
+#include "splice/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "splice/core/error.h"
+#include "splice/model/safetensors.h"
+
+namespace splice {
+
+struct Weights::Source {
+  std::unique_ptr<SafeTensorsFile> file;                 // a safetensors file, or
+  std::map<std::string, Tensor> tensors;                  // tensors in memory
+};
+
+Weights Weights::from_directory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) fail<IoError>("model directory '", dir, "' does not exist");
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  if (files.empty()) fail<IoError>("model directory '", dir, "' has no *.safetensors file");
+  Weights w;
+  w.description_ = dir;
+  for (const auto& path : files) {
+    auto source = std::make_shared<Source>();
+    source->file = std::make_unique<SafeTensorsFile>(SafeTensorsFile::open(path.string()));
+    for (const auto& name : source->file->names()) {
+      if (w.where_.count(name))
+        fail<IoError>("tensor '", name, "' appears in two files of '", dir, "'");
+      w.where_[name] = w.sources_.size();
+    }
+    w.sources_.push_back(source);
+  }
+  return w;
+}
+
+Weights Weights::from_tensors(std::vector<std::pair<std::string, Tensor>> tensors) {
+  Weights w;
+  w.description_ = "in-memory weights";
+  auto source = std::make_shared<Source>();
+  for (auto& [name, t] : tensors) {
+    if (w.where_.count(name)) fail<ValueError>("tensor '", name, "' is given twice");
+    w.where_[name] = 0;
+    source->tensors[name] = std::move(t);
+  }
+  w.sources_.push_back(source);
+  return w;
+}
+
+bool Weights::has(const std::string& name) const { return where_.count(name) != 0; }
+
+std::vector<std::string> Weights::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, index] : where_) out.push_back(name);
+  return out;
+}
+
+Tensor Weights::get(const std::string& name, DType dtype, const Dims& shape) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) fail<IoError>("weight '", name, "' is missing from ", description_);
+  const Source& s = *sources_[it->second];
+  Tensor t = s.file ? s.file->tensor_as(name, dtype) : s.tensors.at(name);
+  if (t.dtype() != dtype) t = t.to(dtype);
+  if (!shape.empty() && t.shape() != shape)
+    fail<ShapeError>("weight '", name, "' must have shape ", dims_str(shape), ", got ",
+                     dims_str(t.shape()), " in ", description_);
+  return t;
+}
+
+DecodeModel build_decode_model(const ModelConfig& config, const Weights& weights,
+                               const BuildOptions& options) {
+  if (options.batch < 1) fail<ValueError>("batch must be >= 1, got ", options.batch);
+  if (options.max_seq_len < 1) fail<ValueError>("max_seq_len must be >= 1, got ", options.max_seq_len);
+  switch (config.family) {
+    case ModelFamily::llama: return build_llama_decode_model(config, weights, options);
+    case ModelFamily::kda: return build_kda_decode_model(config, weights, options);
+  }
+  fail<UnsupportedError>("unknown model family of '", config.architecture, "'");
+}
+
+namespace layers {
+
+NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype) {
+  const NodeId x32 = g.cast(x, DType::f32);
+  const NodeId mean_sq = g.reduce(Op::ReduceMean, g.binary(Op::Mul, x32, x32), -1, true);
+  const NodeId inv = g.unary(Op::Rsqrt, g.binary(Op::Add, mean_sq, g.scalar(eps, DType::f32)));
+  const NodeId w32 = g.cast(weight, DType::f32);
+  return g.cast(g.binary(Op::Mul, g.binary(Op::Mul, x32, inv), w32), out_dtype);
+}
+
+NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias) {
+  NodeId y = g.matmul(x, weight, /*transpose_b=*/true);
+  if (bias) y = g.binary(Op::Add, y, *bias);
+  return y;
+}
+
+NodeId swiglu(Graph& g, NodeId x, NodeId gate, NodeId up, NodeId down) {
+  const NodeId act = g.binary(Op::Mul, g.unary(Op::Silu, linear(g, x, gate)), linear(g, x, up));
+  return linear(g, act, down);
+}
+
+NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId position) {
+  const Node& xn = g.node(x);
+  const SymShape shape = xn.shape;  // [B, heads, 1, D]
+  const DType dtype = xn.dtype;
+  const std::int64_t d = shape[3].constant(), half = d / 2;
+  const NodeId cos = g.gather(cos_table, position);  // [1, D]
+  const NodeId sin = g.gather(sin_table, position);
+  const NodeId x32 = g.cast(x, DType::f32);
+  const NodeId x1 = g.slice(x32, 3, DynScalar::Concrete(0), DynScalar::Concrete(half));
+  const NodeId x2 = g.slice(x32, 3, DynScalar::Concrete(half), DynScalar::Concrete(d));
+  const NodeId rotated = g.concat({g.unary(Op::Neg, x2), x1}, 3);  // rotate_half
+  const NodeId y = g.binary(Op::Add, g.binary(Op::Mul, x32, cos), g.binary(Op::Mul, rotated, sin));
+  return g.cast(y, dtype);
+}
+
+std::pair<Tensor, Tensor> rope_tables(const ModelConfig& c, std::int64_t head_dim, std::int64_t max_seq_len) {
+  const std::int64_t half = head_dim / 2;
+  std::vector<double> inv_freq(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i)
+    inv_freq[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+  if (c.rope_scaling && c.rope_scaling->type == "llama3") {
+    // Llama 3 frequency scaling: low frequencies divided by `factor`, high ones kept, a smooth
+    // blend between the two wavelength thresholds.
+    const RopeScaling& s = *c.rope_scaling;
+    const double old_len = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+    for (auto& f : inv_freq) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen > low_wavelen) {
+        f = f / s.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+  } else if (c.rope_scaling && c.rope_scaling->type == "linear") {
+    for (auto& f : inv_freq) f /= c.rope_scaling->factor;
+  } else if (c.rope_scaling && !c.rope_scaling->type.empty() && c.rope_scaling->type != "default") {
+    fail<UnsupportedError>(c.source, ": rope_scaling type '", c.rope_scaling->type,
+                           "' is not supported (llama3, linear, default are)");
+  }
+  Tensor cos = Tensor::empty({max_seq_len, head_dim}, DType::f32);
+  Tensor sin = Tensor::empty({max_seq_len, head_dim}, DType::f32);
+  float* pc = cos.data<float>();
+  float* ps = sin.data<float>();
+  for (std::int64_t p = 0; p < max_seq_len; ++p)
+    for (std::int64_t i = 0; i < head_dim; ++i) {
+      // Angles in float32 like the reference implementations (position * inv_freq in fp32).
+      const float angle = static_cast<float>(p) * static_cast<float>(inv_freq[i % half]);
+      pc[p * head_dim + i] = std::cos(angle);
+      ps[p * head_dim + i] = std::sin(angle);
+    }
+  return {cos, sin};
+}
+
+}  // namespace layers
+}  // namespace splice
+
+namespace splice {
+// TEMPORARY (removed when src/model/kda_model.cc lands): keeps every binary linking while the
+// KDA builder is written in parallel.
+__attribute__((weak)) DecodeModel build_kda_decode_model(const ModelConfig& config, const Weights&,
+                                                         const BuildOptions&) {
+  fail<UnsupportedError>(config.source, ": the KDAForCausalLM builder is not built into this binary");
+}
+}  // namespace splice
