@@ -10,8 +10,9 @@
 //     would): scores = matmul(q as [B, Hkv, G, D], K[:, :, :k_len] transposed)  [B, Hkv, G, k_len]
 //     f32; scores *= scale; p = softmax(scores); o = matmul(p, V[:, :, :k_len])  [B, Hkv, G, D].
 //  4. Read bandwidth: every thread sums its share of a 512 MB buffer (16 fp32 lanes, vectorized).
-//  5. Summary: time per arm, effective KV GB/s = 2 * k_len * Hkv * D * 2 bytes / time, the bytes
-//     floor (KV bytes / measured read bandwidth), % of that floor, and the ratio flash/decomposed.
+//  5. Summary: wall time per arm, effective KV GB/s = 2 * k_len * Hkv * D * 2 bytes / time, the
+//     bytes floor (KV bytes / measured read bandwidth), % of that floor, process CPU time per call
+//     (all threads; robust when other processes share the cores), and flash/decomposed ratios.
 // Run: ./flash_decode_bench [--benchmark_out=flash_decode.json --benchmark_out_format=json]
 #include <benchmark/benchmark.h>
 
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <string>
@@ -86,18 +88,33 @@ const Inputs& inputs_for(std::int64_t k_len) {
   return *slot;
 }
 
-// Mean seconds per iteration of each arm, for the summary.
-std::map<std::string, std::map<std::int64_t, double>>& results() {
-  static std::map<std::string, std::map<std::int64_t, double>> r;
+// Mean wall seconds and process CPU seconds (all threads) per iteration of each arm.
+struct ArmResult {
+  double wall = 0.0;
+  double cpu = 0.0;
+};
+std::map<std::string, std::map<std::int64_t, ArmResult>>& results() {
+  static std::map<std::string, std::map<std::int64_t, ArmResult>> r;
   return r;
+}
+
+// CPU seconds used by every thread of this process: on a shared machine the wall clock includes
+// time other processes held the cores, the CPU time does not.
+double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 double g_read_bandwidth = 0.0;  // bytes / s
 
 using Clock = std::chrono::steady_clock;
 
-void finish(benchmark::State& state, const std::string& arm, std::int64_t k_len, double seconds) {
+void finish(benchmark::State& state, const std::string& arm, std::int64_t k_len, double seconds,
+            double cpu_seconds) {
   const double per_iter = seconds / static_cast<double>(state.iterations());
-  results()[arm][k_len] = per_iter;
+  const double cpu_per_iter = cpu_seconds / static_cast<double>(state.iterations());
+  results()[arm][k_len] = {per_iter, cpu_per_iter};
+  state.counters["cpu_ms"] = cpu_per_iter * 1e3;
   state.SetBytesProcessed(state.iterations() * kv_bytes(k_len));
   state.counters["KV_GBps"] = static_cast<double>(kv_bytes(k_len)) / per_iter / kGiga;
 }
@@ -108,15 +125,17 @@ void BM_FlashDecode(benchmark::State& state) {
   Tensor out = Tensor::empty({kBatch, kQoHeads, kQLen, kHeadDim}, DType::bf16);
   DecodeAttentionOptions options;
   std::size_t set = 0;
-  double seconds = 0.0;
+  double seconds = 0.0, cpu_seconds = 0.0;
   for (auto _ : state) {
+    const double cpu_start = process_cpu_seconds();
     const auto start = Clock::now();
     decode_attention(in.q, in.k[set], in.v[set], in.k_len, nullptr, options, out);
     seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    cpu_seconds += process_cpu_seconds() - cpu_start;
     set = (set + 1) % in.k.size();
   }
   benchmark::DoNotOptimize(out.raw_data());
-  finish(state, "flash", k_len, seconds);
+  finish(state, "flash", k_len, seconds, cpu_seconds);
 }
 
 void BM_Decomposed(benchmark::State& state) {
@@ -130,8 +149,9 @@ void BM_Decomposed(benchmark::State& state) {
   Tensor scale = Tensor::empty({1}, DType::f32);
   scale.data<float>()[0] = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
   std::size_t set = 0;
-  double seconds = 0.0;
+  double seconds = 0.0, cpu_seconds = 0.0;
   for (auto _ : state) {
+    const double cpu_start = process_cpu_seconds();
     const auto start = Clock::now();
     // The live prefix slice of the capacity buffers (here capacity == k_len).
     const Tensor k_live = in.k[set].slice(2, 0, k_len);
@@ -141,10 +161,11 @@ void BM_Decomposed(benchmark::State& state) {
     cpu::softmax(scaled, -1, probs);
     cpu::matmul(probs, v_live, out);
     seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    cpu_seconds += process_cpu_seconds() - cpu_start;
     set = (set + 1) % in.k.size();
   }
   benchmark::DoNotOptimize(out.raw_data());
-  finish(state, "decomposed", k_len, seconds);
+  finish(state, "decomposed", k_len, seconds, cpu_seconds);
 }
 
 // Sum of a float range with 16 independent lanes (vectorizes without -ffast-math).
@@ -208,22 +229,25 @@ BENCHMARK(BM_Decomposed)
 
 void print_summary() {
   auto& r = results();
-  std::printf("\nflash-decode vs decomposed, B=%lld Hq=%lld Hkv=%lld D=%lld Sq=%lld bf16\n",
-              static_cast<long long>(kBatch), static_cast<long long>(kQoHeads),
-              static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim),
-              static_cast<long long>(kQLen));
+  std::printf(
+      "\nflash-decode vs decomposed, B=%lld Hq=%lld Hkv=%lld D=%lld Sq=%lld bf16, %d threads\n",
+      static_cast<long long>(kBatch), static_cast<long long>(kQoHeads),
+      static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim),
+      static_cast<long long>(kQLen), cpu::num_threads());
   std::printf("measured read bandwidth: %.2f GB/s\n", g_read_bandwidth / kGiga);
-  std::printf("%8s %10s %10s %12s %10s %10s %10s %12s %10s\n", "k_len", "KV_MB", "floor_us",
-              "flash_us", "flash_GBps", "%floor", "decomp_us", "decomp_GBps", "flash/dec");
+  std::printf("%7s %7s %9s | %9s %7s %6s %8s | %9s %7s %8s | %9s %9s\n", "k_len", "KV_MB",
+              "floor_us", "flash_us", "GB/s", "%floor", "cpu_us", "decomp_us", "GB/s", "cpu_us",
+              "wall f/d", "cpu f/d");
   for (std::int64_t k_len : kLens) {
     if (!r["flash"].count(k_len) || !r["decomposed"].count(k_len)) continue;
     const double bytes = static_cast<double>(kv_bytes(k_len));
     const double floor_s = g_read_bandwidth > 0 ? bytes / g_read_bandwidth : 0.0;
-    const double flash = r["flash"][k_len], dec = r["decomposed"][k_len];
-    std::printf("%8lld %10.1f %10.1f %12.1f %10.2f %9.0f%% %10.1f %12.2f %10.3f\n",
-                static_cast<long long>(k_len), bytes / 1e6, floor_s * 1e6, flash * 1e6,
-                bytes / flash / kGiga, floor_s > 0 ? 100.0 * floor_s / flash : 0.0, dec * 1e6,
-                bytes / dec / kGiga, flash / dec);
+    const ArmResult flash = r["flash"][k_len], dec = r["decomposed"][k_len];
+    std::printf("%7lld %7.1f %9.1f | %9.1f %7.2f %5.0f%% %8.1f | %9.1f %7.2f %8.1f | %9.3f %9.3f\n",
+                static_cast<long long>(k_len), bytes / 1e6, floor_s * 1e6, flash.wall * 1e6,
+                bytes / flash.wall / kGiga, floor_s > 0 ? 100.0 * floor_s / flash.wall : 0.0,
+                flash.cpu * 1e6, dec.wall * 1e6, bytes / dec.wall / kGiga, dec.cpu * 1e6,
+                flash.wall / dec.wall, flash.cpu / dec.cpu);
   }
 }
 

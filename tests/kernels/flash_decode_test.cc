@@ -568,6 +568,23 @@ TEST(DecodeAttentionValidation, Devices) {
   expect_error<DeviceError>(
       [](ValidCall& c) { c.k_len = Tensor::borrow(fake, {2}, DType::i32, {}, Device::cuda()); },
       "`k_len`");
+  expect_error<DeviceError>(
+      [](ValidCall& c) {
+        c.alibi = Tensor::borrow(fake, {4}, DType::f32, {}, Device::cuda());
+        c.with_alibi = true;
+      },
+      "`alibi`");
+  expect_error<DeviceError>(
+      [](ValidCall& c) {
+        c.out = Tensor::borrow(fake, {2, 4, 1, 64}, DType::bf16, {}, Device::cuda());
+      },
+      "`out`");
+  expect_error<DeviceError>(
+      [](ValidCall& c) {
+        c.lse = Tensor::borrow(fake, {2, 4, 1}, DType::f32, {}, Device::cuda());
+        c.with_lse = true;
+      },
+      "`lse`");
 #ifndef SPLICE_WITH_CUDA
   expect_error<DeviceError>(
       [](ValidCall& c) {
