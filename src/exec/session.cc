@@ -2,6 +2,7 @@
 #include "splice/exec/session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "exec/node_kernels.h"
@@ -99,6 +100,9 @@ Tensor arena_view(const std::shared_ptr<Storage>& arena, std::int64_t offset_byt
 void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
   Impl& im = *impl_;
   const SymTable& table = graph_.symbols();
+  using Clock = std::chrono::steady_clock;
+  const auto step_start = Clock::now();
+  double kernel_us = 0;
 
   // Stage 1: bind.
   SymEnv env(table);
@@ -282,9 +286,17 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
     value = arena_view(im.arena, plan_.buffer_offset[id.index], shape, n.dtype);
     args.clear();
     for (NodeId in : n.inputs) args.push_back(im.values[in.index]);
-    run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index]);
+    if (options_.measure_host_overhead) {
+      const auto k0 = Clock::now();
+      run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index]);
+      kernel_us += std::chrono::duration<double, std::micro>(Clock::now() - k0).count();
+    } else {
+      run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index]);
+    }
   }
   ++steps_;
+  timing_.total_us = std::chrono::duration<double, std::micro>(Clock::now() - step_start).count();
+  timing_.kernel_us = kernel_us;
 }
 
 }  // namespace splice

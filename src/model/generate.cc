@@ -57,6 +57,7 @@ Generator::Generator(DecodeModel model, const GeneratorOptions& options)
   decisions_ = optimize_graph(model.graph, model.attention_specs, opt, model.kda_specs);
   SessionOptions so;
   so.device = options.device;
+  so.measure_host_overhead = options.measure_host_overhead;
   session_ = std::make_unique<Session>(std::move(model.graph), so);
   token_host_ = Tensor::empty({1}, DType::i32);
 }

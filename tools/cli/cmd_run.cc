@@ -1,94 +1,205 @@
-// splice run / splice bench on the demo attention decoder (demo.h): `run` decodes N steps through
-// the planned, optimized graph and prints the decisions and per-step latency; `bench` reports
-// steady-state per-step latency p50/p99. (Model loading replaces the demo when it lands.)
+// splice run / splice bench: decode with a model through the optimized, planned-once graph.
+//
+//   splice run [--model DIR|FILE.gguf] [--prompt TEXT | --prompt-ids 1,2,3] [--max-new-tokens N]
+//              [--temperature T --top-k K --top-p P --seed S] [--stop ID,...] [--max-seq-len N]
+//              [--dtype bf16|f32] [--device cpu|cuda] [--tuning-cache FILE] [--json]
+//   splice bench [same model options] [--steps N] [--json]
+// Without --model, the embedded default model (a small hybrid KDA/attention decoder whose weights
+// splice creates deterministically) is written to the cache directory on first use and loaded.
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <sstream>
 
 #include "cli_util.h"
 #include "commands.h"
-#include "splice/core/random.h"
-#include "splice/exec/session.h"
-#include "splice/model/demo.h"
-#include "splice/tune/optimize.h"
+#include "splice/core/error.h"
+#include "splice/model/default_model.h"
+#include "splice/model/generate.h"
+#include "splice/model/loader.h"
 
 namespace splice::cli {
-
 namespace {
 
-struct DemoLoopResult {
-  std::vector<double> step_us;
-  DecisionLog log;
+struct ModelArgs {
+  std::string model;
+  std::string device = "cpu";
+  std::string dtype = "bf16";
+  std::int64_t max_seq_len = 512;
+  std::string tuning_cache;
+  bool no_optimize = false;
 };
 
-DemoLoopResult demo_loop(std::int64_t steps, const std::string& device_name, const std::string& cache) {
-  DemoAttentionOptions o;
-  o.num_layers = 4;
-  o.capacity = std::max<std::int64_t>(steps, 16);
-  DemoAttentionGraph demo = build_demo_attention_graph(o);
-  OptimizeOptions opt;
-  opt.tune.device = parse_device(device_name);
-  opt.tune.device_name = device_key(opt.tune.device);
-  opt.tune.cache_path = cache;
-  ProgressBar bar(&std::cerr);
-  opt.tune.progress = [&](const std::string& what) { bar.tick(what); };
-  DemoLoopResult result;
-  result.log = optimize_graph(demo.graph, demo.specs, opt);
+void add_model_options(CLI::App& app, ModelArgs& m) {
+  app.add_option("--model", m.model, "a model directory (config.json + safetensors) or a .gguf file; "
+                                     "default: the embedded default model");
+  app.add_option("--device", m.device, "cpu or cuda")->capture_default_str();
+  app.add_option("--dtype", m.dtype, "weights and activations: bf16 or f32")->capture_default_str();
+  app.add_option("--max-seq-len", m.max_seq_len, "KV/KDA cache capacity in positions")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--tuning-cache", m.tuning_cache, "JSON tuning cache to read and update");
+  app.add_flag("--no-optimize", m.no_optimize, "run the decomposed (primitive) arms only");
+}
+
+struct Opened {
+  LoadedModel loaded;
+  std::unique_ptr<Generator> generator;
+};
+
+Opened open(const ModelArgs& m, bool quiet) {
+  Opened o;
+  const std::string path = m.model.empty() ? default_model_dir() : m.model;
+  const DType dtype = parse_dtype(m.dtype, "--dtype");
+  ProgressBar bar(quiet ? nullptr : &std::cerr);
+  bar.tick("loading " + path);
+  o.loaded = load_model(path, dtype);
+  BuildOptions build;
+  build.max_seq_len = m.max_seq_len;
+  build.dtype = dtype;
+  bar.tick("building the decode graph");
+  DecodeModel model = build_decode_model(o.loaded.config, o.loaded.weights, build);
+  GeneratorOptions go;
+  go.device = parse_device(m.device);
+  go.optimize.tune.device_name = device_key(go.device);
+  go.optimize.tune.cache_path = m.tuning_cache;
+  go.optimize.select = !m.no_optimize;
+  go.optimize.tune.progress = [&](const std::string& what) { bar.tick(what); };
+  go.measure_host_overhead = true;
+  o.generator = std::make_unique<Generator>(std::move(model), go);
   bar.done();
-  SessionOptions session_options;
-  session_options.device = opt.tune.device;
-  Session session(std::move(demo.graph), session_options);
-  Rng rng(1);
-  for (std::int64_t step = 1; step <= steps; ++step) {
-    Tensor x = Tensor::empty({1, 1, demo.model_dim}, DType::f32);
-    rng.normal(x);
-    if (!opt.tune.device.is_cpu()) x = x.to_device(opt.tune.device);
-    const auto t0 = std::chrono::steady_clock::now();
-    session.step({{"k_len", step}}, {{"x", x}});
-    result.step_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  return o;
+}
+
+std::vector<std::int32_t> parse_ids(const std::string& text, const char* what) {
+  std::vector<std::int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t used = 0;
+      ids.push_back(std::stoi(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      fail<ValueError>(what, " must be comma-separated token ids, got '", item, "'");
+    }
   }
-  return result;
+  return ids;
+}
+
+std::vector<std::int32_t> prompt_tokens(const Opened& o, const std::string& prompt, const std::string& ids) {
+  if (!ids.empty()) return parse_ids(ids, "--prompt-ids");
+  if (!o.loaded.tokenizer) {
+    if (!prompt.empty()) fail<ValueError>("--prompt: this model has no tokenizer; use --prompt-ids");
+    const auto& bos = o.loaded.config.bos_token_ids;
+    return {bos.empty() ? 0 : static_cast<std::int32_t>(bos.front())};
+  }
+  std::vector<std::int32_t> t = o.loaded.tokenizer->encode(prompt.empty() ? "Once upon a time" : prompt);
+  if (o.loaded.tokenizer->add_bos() && o.loaded.tokenizer->bos_id()) t.insert(t.begin(), *o.loaded.tokenizer->bos_id());
+  if (t.empty()) fail<ValueError>("--prompt encodes to no tokens");
+  return t;
 }
 
 }  // namespace
 
 Runner add_run(CLI::App& app) {
-  auto steps = std::make_shared<std::int64_t>(64);
-  auto device = std::make_shared<std::string>("cpu");
-  auto cache = std::make_shared<std::string>();
-  app.add_option("--steps", *steps, "decode steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  app.add_option("--device", *device, "cpu or cuda")->capture_default_str();
-  app.add_option("--tuning-cache", *cache, "JSON tuning cache to read and update");
+  auto m = std::make_shared<ModelArgs>();
+  auto prompt = std::make_shared<std::string>();
+  auto ids = std::make_shared<std::string>();
+  auto stop = std::make_shared<std::string>();
+  auto gen = std::make_shared<GenerateOptions>();
+  auto json = std::make_shared<bool>(false);
+  add_model_options(app, *m);
+  app.add_option("--prompt", *prompt, "prompt text (needs the model's tokenizer)");
+  app.add_option("--prompt-ids", *ids, "prompt as comma-separated token ids");
+  app.add_option("--max-new-tokens", gen->max_new_tokens, "token budget")->capture_default_str();
+  app.add_option("--temperature", gen->sampling.temperature, "0 = greedy")->capture_default_str();
+  app.add_option("--top-k", gen->sampling.top_k, "0 = off")->capture_default_str();
+  app.add_option("--top-p", gen->sampling.top_p, "1 = off")->capture_default_str();
+  app.add_option("--seed", gen->sampling.seed, "sampling seed")->capture_default_str();
+  app.add_option("--stop", *stop, "comma-separated stop token ids (default: the model's eos)");
+  app.add_flag("--json", *json, "machine-readable output (tokens, logits of the prompt, timings)");
   return [=]() {
-    DemoLoopResult r = demo_loop(*steps, *device, *cache);
-    std::cout << "decisions:\n" << r.log.str();
-    double total = 0;
-    for (double us : r.step_us) total += us;
-    std::cout << "decoded " << r.step_us.size() << " steps of the demo attention decoder: "
-              << total / static_cast<double>(r.step_us.size()) << " us/step, "
-              << 1e6 * static_cast<double>(r.step_us.size()) / total << " steps/s\n";
+    Opened o = open(*m, *json);
+    GenerateOptions options = *gen;
+    options.stop_tokens = stop->empty() ? std::vector<std::int32_t>{} : parse_ids(*stop, "--stop");
+    if (stop->empty())
+      for (auto id : o.loaded.config.eos_token_ids) options.stop_tokens.push_back(static_cast<std::int32_t>(id));
+    const std::vector<std::int32_t> prompt_ids = prompt_tokens(o, *prompt, *ids);
+    std::unique_ptr<StreamDecoder> stream;
+    if (o.loaded.tokenizer && !*json) stream = std::make_unique<StreamDecoder>(*o.loaded.tokenizer);
+    if (!*json) {
+      std::cout << "model: " << o.loaded.source << " (" << o.loaded.config.architecture << ", "
+                << o.loaded.config.num_hidden_layers << " layers) on " << m->device << "\n";
+      std::cout << "decisions:\n" << o.generator->decisions().str();
+      if (o.loaded.tokenizer) std::cout << "prompt: " << o.loaded.tokenizer->decode(prompt_ids) << "\n";
+      std::cout << "prompt ids:";
+      for (auto t : prompt_ids) std::cout << " " << t;
+      std::cout << "\noutput: " << std::flush;
+      options.on_token = [&](std::int32_t t) {
+        if (stream) std::cout << stream->push(t) << std::flush;
+        else std::cout << t << " " << std::flush;
+      };
+    }
+    const GenerateResult r = o.generator->generate(prompt_ids, options);
+    std::vector<double> s = r.step_us;
+    std::sort(s.begin(), s.end());
+    const double p50 = s.empty() ? 0 : s[s.size() / 2];
+    if (*json) {
+      nlohmann::json j;
+      j["prompt_ids"] = prompt_ids;
+      j["tokens"] = r.tokens;
+      if (o.loaded.tokenizer) j["text"] = o.loaded.tokenizer->decode(r.tokens);
+      j["stopped_on_token"] = r.stopped_on_token;
+      j["prefill_seconds"] = r.prefill_seconds;
+      j["step_us_p50"] = p50;
+      j["decisions"] = decisions_json(o.generator->decisions());
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+    if (stream) std::cout << stream->flush();
+    std::cout << "\ntokens:";
+    for (auto t : r.tokens) std::cout << " " << t;
+    std::cout << "\n" << r.tokens.size() << " tokens; prefill " << prompt_ids.size() << " tokens in "
+              << r.prefill_seconds * 1e3 << " ms; decode " << p50 << " us/token (p50), "
+              << (p50 > 0 ? 1e6 / p50 : 0) << " tokens/s\n";
     return 0;
   };
 }
 
 Runner add_bench(CLI::App& app) {
-  auto steps = std::make_shared<std::int64_t>(256);
-  auto device = std::make_shared<std::string>("cpu");
+  auto m = std::make_shared<ModelArgs>();
+  auto steps = std::make_shared<std::int64_t>(128);
   auto json = std::make_shared<bool>(false);
-  app.add_option("--steps", *steps, "decode steps")->capture_default_str()->check(CLI::Range(8, 1 << 20));
-  app.add_option("--device", *device, "cpu or cuda")->capture_default_str();
+  add_model_options(app, *m);
+  app.add_option("--steps", *steps, "decode steps to time")->capture_default_str()->check(CLI::Range(8, 1 << 20));
   app.add_flag("--json", *json, "machine-readable output");
   return [=]() {
-    DemoLoopResult r = demo_loop(*steps, *device, "");
-    std::vector<double> s = r.step_us;
-    std::sort(s.begin(), s.end());
-    const double p50 = s[s.size() / 2], p99 = s[std::min(s.size() - 1, s.size() * 99 / 100)];
+    ModelArgs args = *m;
+    args.max_seq_len = std::max(args.max_seq_len, *steps + 8);
+    Opened o = open(args, *json);
+    std::vector<double> total, host;
+    std::int32_t token = 1;
+    for (std::int64_t i = 0; i < *steps + 4; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const Tensor logits = o.generator->step(token);
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      token = static_cast<std::int32_t>(Sampler({}).sample(logits));
+      if (i < 4) continue;  // warm-up
+      total.push_back(us);
+      host.push_back(o.generator->session().last_timing().host_us());
+    }
+    std::sort(total.begin(), total.end());
+    std::sort(host.begin(), host.end());
+    const double p50 = total[total.size() / 2], p99 = total[std::min(total.size() - 1, total.size() * 99 / 100)];
+    const double host50 = host[host.size() / 2];
     if (*json) {
-      nlohmann::json j{{"steps", s.size()}, {"p50_us", p50}, {"p99_us", p99}, {"tokens_per_s", 1e6 / p50}};
+      nlohmann::json j{{"model", o.loaded.source}, {"device", m->device}, {"steps", total.size()},
+                       {"p50_us", p50}, {"p99_us", p99}, {"tokens_per_s", 1e6 / p50}, {"host_overhead_us_p50", host50}};
       std::cout << j.dump(2) << "\n";
     } else {
-      std::cout << "steps " << s.size() << "  p50 " << p50 << " us  p99 " << p99 << " us  " << 1e6 / p50
-                << " tokens/s\n";
+      std::cout << o.loaded.source << " on " << m->device << ": " << total.size() << " steps, p50 " << p50
+                << " us, p99 " << p99 << " us, " << 1e6 / p50 << " tokens/s, host overhead " << host50
+                << " us/token (p50)\n";
     }
     return 0;
   };

@@ -33,6 +33,14 @@ struct SessionOptions {
   int shadow_every = 0;  // 0: no shadow check
   // Tolerance of a branch's shadow check, by the exit's dtype (default_tolerance otherwise).
   std::function<Tolerance(const Graph&, NodeId branch)> shadow_tolerance;
+  // Time each kernel call so that host overhead = step time - kernel time (adds ~50 ns a node).
+  bool measure_host_overhead = false;
+};
+
+struct StepTiming {
+  double total_us = 0;   // the whole step() call
+  double kernel_us = 0;  // inside kernel calls (with measure_host_overhead)
+  double host_us() const { return total_us - kernel_us; }
 };
 
 struct ShadowEvent {
@@ -67,6 +75,7 @@ class Session {
   const std::vector<ShadowEvent>& shadow_events() const { return shadow_events_; }
   // The arm each branch ran in the last step, in plan().branches order.
   const std::vector<int>& last_choices() const { return choices_; }
+  const StepTiming& last_timing() const { return timing_; }
 
  private:
   struct Impl;
@@ -77,6 +86,7 @@ class Session {
   std::int64_t steps_ = 0;
   std::vector<ShadowEvent> shadow_events_;
   std::vector<int> choices_;
+  StepTiming timing_;
 };
 
 // The arm a branch's dispatch table picks for `selector` (arm 0 outside every bucket).

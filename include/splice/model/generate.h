@@ -42,6 +42,7 @@ class Sampler {
 struct GeneratorOptions {
   Device device = Device::cpu();
   OptimizeOptions optimize;  // optimize.tune.device is set from `device`
+  bool measure_host_overhead = false;
 };
 
 struct GenerateOptions {
