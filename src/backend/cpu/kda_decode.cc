@@ -32,7 +32,9 @@
 // Rows not owned by a live sequence (null sequences, null rows, rows >= qsl[N]) get exact zeros.
 //
 // Reductions use kLanes fp32 partial sums (a GCC vector of 16 floats) added in a fixed tree, so
-// the result does not depend on the thread count or scheduling.
+// the result does not depend on the thread count or scheduling. exp inside the sigmoids and the
+// decay is a 16-lane polynomial (exp_vec, ~2 fp32 ulp); the hot stages are compiled for AVX-512,
+// AVX2 and baseline x86-64 (target_clones) and picked at load time.
 #include "splice/backend/cpu/kda_decode.h"
 
 #include <algorithm>
@@ -105,6 +107,49 @@ SPLICE_KDA_INLINE void store_bf16(std::uint16_t* p, Vec v) {
   const HVec h = to_bf16_vec(v);
   std::memcpy(p, &h, sizeof h);
 }
+
+SPLICE_KDA_INLINE Vec widen_bf16(HVec h) {
+  const UVec bits = __builtin_convertvector(h, UVec) << kBf16Shift;
+  Vec v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+// bf16(v) as an fp32 value (round-to-nearest-even), the vector form of round_to(bf16, v).
+SPLICE_KDA_INLINE Vec round_bf16(Vec v) { return widen_bf16(to_bf16_vec(v)); }
+
+// exp(x) on 16 lanes (the Cephes expf scheme): n = floor(x log2(e) + 1/2), r = x - n ln2 with ln2
+// split in two (n * kLn2Hi is exact), exp(r) = 1 + r + r^2 P(r) with a degree-5 P, times 2^n
+// built in the exponent bits. Relative error ~2e-7 (a couple of fp32 ulp). Inputs are clamped to
+// [kExpLo, kExpHi] so that 2^n stays a normal float: below kExpLo the result is ~1.2e-38 instead
+// of a smaller number (invisible next to the values it is used with: decay factors and sigmoids);
+// NaN propagates.
+constexpr float kExpHi = 88.0f;
+constexpr float kExpLo = -87.33654f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+constexpr int kF32ExponentBias = 127;
+constexpr int kF32MantissaBits = 23;
+using IVec = std::int32_t __attribute__((vector_size(kLanes * sizeof(std::int32_t))));
+
+SPLICE_KDA_INLINE Vec exp_vec(Vec x) {
+  x = x > kExpHi ? Vec{} + kExpHi : x;
+  x = x < kExpLo ? Vec{} + kExpLo : x;
+  const Vec fx = x * kLog2e + 0.5f;
+  Vec n = __builtin_convertvector(__builtin_convertvector(fx, IVec), Vec);  // trunc
+  n = n > fx ? n - 1.0f : n;                                                   // floor
+  const Vec r = x - n * kLn2Hi - n * kLn2Lo;
+  Vec p = Vec{} + kExpP[0];
+  for (int i = 1; i < 6; ++i) p = p * r + kExpP[i];
+  const Vec y = p * (r * r) + r + 1.0f;
+  const IVec bits = (__builtin_convertvector(n, IVec) + kF32ExponentBias) << kF32MantissaBits;
+  Vec scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+SPLICE_KDA_INLINE Vec sigmoid_vec(Vec z) { return 1.0f / (1.0f + exp_vec(-z)); }
 
 // Checkpoint stores bypass the cache (non-temporal) when the destination is 16-byte aligned: a
 // checkpoint is not read again in this call, and streaming avoids reading each line before
@@ -249,9 +294,56 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void conv_silu(
     Vec pre = load_bf16(taps[0] + d) * load_f32(wt + d);
     for (std::int64_t tap = 1; tap < kKdaConvWidth; ++tap)
       pre += load_bf16(taps[tap] + d) * load_f32(wt + tap * C + d);
-    store_f32(mixed + d, pre);
+    store_f32(mixed + d, round_bf16(pre * sigmoid_vec(pre)));
   }
-  for (std::int64_t d = 0; d < kD; ++d) mixed[d] = bf16f(to_bf16(mixed[d] * sigmoid(mixed[d])));
+}
+
+// Stage 2 for one token and head: q^, k^ and the per-key decay exp(g).
+struct TokenGates {
+  const float* q;                // [D] bf16-exact conv outputs
+  const float* k;                // [D]
+  const std::uint16_t* gate;     // [D] raw_gate[r, h, :]
+  const float* dt_bias;          // [D] dt_bias[h*D:]
+  float a_h;                     // exp(A_log[h])
+  bool has_lower_bound;
+  float lower_bound;
+  float* q_hat;                  // [D] out
+  float* k_hat;                  // [D] out
+  float* decay;                  // [D] out
+};
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void token_gates(
+    const TokenGates& g) {
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  const float q_inv = 1.0f / std::sqrt(sum_squares(g.q) + kKdaL2NormEps);
+  const float k_inv = 1.0f / std::sqrt(sum_squares(g.k) + kKdaL2NormEps);
+  for (std::int64_t d = 0; d < kD; d += kLanes) {
+    store_f32(g.q_hat + d, load_f32(g.q + d) * q_inv * q_scale);
+    store_f32(g.k_hat + d, load_f32(g.k + d) * k_inv);
+  }
+  if (g.has_lower_bound) {
+    for (std::int64_t d = 0; d < kD; d += kLanes) {
+      const Vec z = load_bf16(g.gate + d) + load_f32(g.dt_bias + d);
+      store_f32(g.decay + d, exp_vec(g.lower_bound * sigmoid_vec(g.a_h * z)));
+    }
+  } else {
+    for (std::int64_t d = 0; d < kD; ++d)
+      g.decay[d] = -g.a_h * softplus(bf16f(g.gate[d]) + g.dt_bias[d]);
+    for (std::int64_t d = 0; d < kD; d += kLanes)
+      store_f32(g.decay + d, exp_vec(load_f32(g.decay + d)));
+  }
+}
+
+// Stage 4 for one token and head: o = bf16(o_raw), inv = 1/sqrt(mean(o^2) + eps),
+// out = bf16(o * inv * norm_weight * sigmoid(output_gate)).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void token_output(
+    float* o, const float* norm_weight, const std::uint16_t* out_gate, float norm_eps,
+    std::uint16_t* out) {
+  for (std::int64_t d = 0; d < kD; d += kLanes) store_f32(o + d, round_bf16(load_f32(o + d)));
+  const float inv = 1.0f / std::sqrt(sum_squares(o) / static_cast<float>(kD) + norm_eps);
+  for (std::int64_t d = 0; d < kD; d += kLanes)
+    store_bf16(out + d, load_f32(o + d) * inv * load_f32(norm_weight + d) *
+                            sigmoid_vec(load_bf16(out_gate + d)));
 }
 
 // One sequence as the kernel sees it (plain/t1 rows are sequences of length 1 with a = 0).
@@ -335,7 +427,6 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
   }
 
   const float a_h = std::exp(k.a_log[h]);
-  const float q_scale = 1.0f / std::sqrt(static_cast<float>(kD));
   const std::int64_t head_bytes = h * k.state_head_bytes;
   for (std::int64_t t = 0; t < L; ++t) {
     const std::int64_t r = w.begin + t;
@@ -344,18 +435,9 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
     const float* v = kk + kD;
 
     // Stage 2: normalized q, k, the gate and beta.
-    const float q_inv = 1.0f / std::sqrt(sum_squares(q) + kKdaL2NormEps);
-    const float k_inv = 1.0f / std::sqrt(sum_squares(kk) + kKdaL2NormEps);
-    for (std::int64_t d = 0; d < kD; ++d) {
-      sc.q_hat[d] = q[d] * q_inv * q_scale;
-      sc.k_hat[d] = kk[d] * k_inv;
-    }
-    const std::uint16_t* gate = k.gate + r * k.gate_row + h * k.gate_head;
-    for (std::int64_t d = 0; d < kD; ++d) {
-      const float z = bf16f(gate[d]) + k.dt_bias[h * kD + d];
-      const float g = k.lower_bound ? *k.lower_bound * sigmoid(a_h * z) : -a_h * softplus(z);
-      sc.decay[d] = std::exp(g);
-    }
+    token_gates({q, kk, k.gate + r * k.gate_row + h * k.gate_head, k.dt_bias + h * kD, a_h,
+                 k.lower_bound.has_value(), k.lower_bound.value_or(0.0f), sc.q_hat.data(),
+                 sc.k_hat.data(), sc.decay.data()});
     const float beta = sigmoid(bf16f(k.beta[r * k.beta_row + h * k.beta_head]));
 
     // Stage 3: the fused state sweep.
@@ -381,13 +463,8 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
 #endif
 
     // Stage 4: gated RMSNorm of the bf16-rounded output.
-    float* o = sc.o_raw.data();
-    for (std::int64_t d = 0; d < kD; ++d) o[d] = bf16f(to_bf16(o[d]));
-    const float inv = 1.0f / std::sqrt(sum_squares(o) / static_cast<float>(kD) + k.norm_eps);
-    const std::uint16_t* og = k.out_gate + r * k.og_row + h * k.og_head;
-    std::uint16_t* out = k.out + (r * k.H + h) * kD;
-    for (std::int64_t d = 0; d < kD; ++d)
-      out[d] = to_bf16(o[d] * inv * k.norm_weight[d] * sigmoid(bf16f(og[d])));
+    token_output(sc.o_raw.data(), k.norm_weight, k.out_gate + r * k.og_row + h * k.og_head,
+                 k.norm_eps, k.out + (r * k.H + h) * kD);
   }
 }
 
