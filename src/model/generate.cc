@@ -93,6 +93,7 @@ GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt, cons
   Tensor logits;
   for (std::int32_t t : prompt) logits = step(t);
   result.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  result.prompt_logits = logits.clone();
   for (std::int64_t i = 0; i < options.max_new_tokens; ++i) {
     const std::int32_t next = sampler.sample(logits);
     result.tokens.push_back(next);

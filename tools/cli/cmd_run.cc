@@ -17,6 +17,7 @@
 #include "splice/model/default_model.h"
 #include "splice/model/generate.h"
 #include "splice/model/loader.h"
+#include "splice/model/safetensors.h"
 
 namespace splice::cli {
 namespace {
@@ -108,7 +109,10 @@ Runner add_run(CLI::App& app) {
   auto stop = std::make_shared<std::string>();
   auto gen = std::make_shared<GenerateOptions>();
   auto json = std::make_shared<bool>(false);
+  auto logits_out = std::make_shared<std::string>();
   add_model_options(app, *m);
+  app.add_option("--logits-out", *logits_out, "write the logits at the last prompt position (f32 [vocab]) "
+                                              "to a safetensors file");
   app.add_option("--prompt", *prompt, "prompt text (needs the model's tokenizer)");
   app.add_option("--prompt-ids", *ids, "prompt as comma-separated token ids");
   app.add_option("--max-new-tokens", gen->max_new_tokens, "token budget")->capture_default_str();
@@ -141,6 +145,7 @@ Runner add_run(CLI::App& app) {
       };
     }
     const GenerateResult r = o.generator->generate(prompt_ids, options);
+    if (!logits_out->empty()) save_safetensors(*logits_out, {{"logits", r.prompt_logits}});
     std::vector<double> s = r.step_us;
     std::sort(s.begin(), s.end());
     const double p50 = s.empty() ? 0 : s[s.size() / 2];

@@ -55,6 +55,7 @@ struct GenerateOptions {
 struct GenerateResult {
   std::vector<std::int32_t> tokens;     // generated (stop token included when hit)
   bool stopped_on_token = false;
+  Tensor prompt_logits;                 // [vocab] f32 at the last prompt position
   double prefill_seconds = 0;
   std::vector<double> step_us;          // wall time of each decode step (logits on the host)
 };
