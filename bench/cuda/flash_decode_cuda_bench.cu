@@ -4,9 +4,10 @@
 //   1. Grid: batch {1, 8, 32, 128} x k_len {1K, 4K, 16K, 64K} x (Hq, Hkv) {(32, 8), (32, 32),
 //      (64, 8)}, head_dim 128, bf16, q_len 1 (shapes whose K+V exceed --max-kv-gb are skipped).
 //   2. Bytes first: KV = 2 * batch * Hkv * k_len * head_dim * 2 bytes, the floor is KV / 4.4 TB/s.
-//   3. Timing: `sets` independent input sets (K, V, q, out) rotate so at least 512 MB is touched per
-//      replay and the 60 MB L2 cannot flatter; one CUDA graph holds one call per set; after warm-up,
-//      each of --reps replays is timed with events; time per call = median replay / sets.
+//   3. Timing: `sets` independent input sets (K, V, q, out) rotate so at least 512 MB is touched
+//   per
+//      replay and the 60 MB L2 cannot flatter; one CUDA graph holds one call per set; after
+//      warm-up, each of --reps replays is timed with events; time per call = median replay / sets.
 //      The PyTorch peers (bench/peers/attention_peers.py) are timed the same way.
 //   4. Output: one row per shape (us, effective KV GB/s, % of the 4.4 TB/s floor) and JSON.
 #include <cuda_bf16.h>
@@ -26,19 +27,19 @@
 
 namespace {
 
-constexpr double kFloorBytesPerSecond = 4.4e12;        // measured read ceiling (design.md §4)
+constexpr double kFloorBytesPerSecond = 4.4e12;  // measured read ceiling (design.md §4)
 constexpr std::size_t kRotateBytes = std::size_t{512} << 20;
 constexpr int kMaxSets = 64;
 constexpr int kWarmupReplays = 3;
 constexpr std::int64_t kHeadDim = 128;
 
-#define BENCH_CHECK(call)                                                                   \
-  do {                                                                                      \
-    const cudaError_t status_ = (call);                                                     \
-    if (status_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(status_));          \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+#define BENCH_CHECK(call)                                                          \
+  do {                                                                             \
+    const cudaError_t status_ = (call);                                            \
+    if (status_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(status_)); \
+      std::exit(1);                                                                \
+    }                                                                              \
   } while (0)
 
 // Deterministic pseudo-random bf16 values in [-2, 2) (a hash of the index; never zeros).
@@ -79,8 +80,8 @@ Result run_shape(const Shape& s, const std::shared_ptr<splice::Storage>& k_pool,
   Result r;
   r.shape = s;
   const std::size_t per_tensor = static_cast<std::size_t>(s.kv_bytes() / 2);
-  r.sets = static_cast<int>(std::clamp<std::size_t>(
-      (kRotateBytes + s.kv_bytes() - 1) / s.kv_bytes(), 1, kMaxSets));
+  r.sets = static_cast<int>(
+      std::clamp<std::size_t>((kRotateBytes + s.kv_bytes() - 1) / s.kv_bytes(), 1, kMaxSets));
   const splice::Dims kv_shape = {s.batch, s.num_kv_heads, s.k_len, kHeadDim};
   const splice::Dims q_shape = {s.batch, s.num_qo_heads, 1, kHeadDim};
   const std::int64_t kv_elems = static_cast<std::int64_t>(per_tensor / 2);
@@ -93,17 +94,18 @@ Result run_shape(const Shape& s, const std::shared_ptr<splice::Storage>& k_pool,
     fill_random<<<256, 256, 0, stream>>>(q.back().data<__nv_bfloat16>(), q.back().numel(), 77u + i);
     out.push_back(splice::Tensor::empty(q_shape, splice::DType::bf16, splice::Device::cuda()));
   }
-  std::vector<std::int32_t> lens(static_cast<std::size_t>(s.batch), static_cast<std::int32_t>(s.k_len));
-  splice::Tensor k_len = splice::Tensor::empty({s.batch}, splice::DType::i32, splice::Device::cuda());
+  std::vector<std::int32_t> lens(static_cast<std::size_t>(s.batch),
+                                 static_cast<std::int32_t>(s.k_len));
+  splice::Tensor k_len =
+      splice::Tensor::empty({s.batch}, splice::DType::i32, splice::Device::cuda());
   BENCH_CHECK(cudaMemcpy(k_len.raw_data(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
   splice::DecodeAttentionOptions options;
   options.num_splits = forced_splits;
-  r.splits = forced_splits > 0
-                 ? static_cast<int>(forced_splits)
-                 : splice::cuda::plan_flash_decode(s.batch, s.num_qo_heads, s.num_kv_heads, 1,
-                                                   kHeadDim, s.k_len, s.k_len,
-                                                   splice::cuda::sm_count())
-                       .num_splits;
+  r.splits = forced_splits > 0 ? static_cast<int>(forced_splits)
+                               : splice::cuda::plan_flash_decode(
+                                     s.batch, s.num_qo_heads, s.num_kv_heads, 1, kHeadDim, s.k_len,
+                                     s.k_len, splice::cuda::sm_count())
+                                     .num_splits;
 
   for (int i = 0; i < r.sets; ++i)  // warm-up outside capture: sizes the workspace
     splice::cuda::flash_decode(q[i], k[i], v[i], k_len, nullptr, options, out[i], nullptr, stream);
@@ -150,13 +152,20 @@ int main(int argc, char** argv) {
   bool sweep = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (arg == "--max-kv-gb" && i + 1 < argc) max_kv_gb = std::atof(argv[++i]);
-    else if (arg == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (arg == "--quick") quick = true;
-    else if (arg == "--sweep") sweep = true;
+    if (arg == "--json" && i + 1 < argc)
+      json_path = argv[++i];
+    else if (arg == "--max-kv-gb" && i + 1 < argc)
+      max_kv_gb = std::atof(argv[++i]);
+    else if (arg == "--reps" && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+    else if (arg == "--quick")
+      quick = true;
+    else if (arg == "--sweep")
+      sweep = true;
     else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -172,8 +181,7 @@ int main(int argc, char** argv) {
     for (std::int64_t batch : {1, 8, 32, 128})
       for (std::int64_t k_len : {1024, 4096, 16384, 65536}) {
         const Shape s{batch, h[0], h[1], k_len};
-        if (quick && batch != 1 && s.kv_bytes() < (std::int64_t{1} << 30))
-          continue;
+        if (quick && batch != 1 && s.kv_bytes() < (std::int64_t{1} << 30)) continue;
         if (static_cast<double>(s.kv_bytes()) <= max_kv_gb * 1e9) shapes.push_back(s);
       }
   // Smallest KV first (the peers use the same order): a latency-bound shape is never timed right
@@ -183,12 +191,15 @@ int main(int argc, char** argv) {
   std::size_t pool_bytes = 0;  // per tensor (K or V): the largest sets x shape
   for (const Shape& s : shapes) {
     const std::size_t per = static_cast<std::size_t>(s.kv_bytes() / 2);
-    const std::size_t sets = std::clamp<std::size_t>((kRotateBytes + 2 * per - 1) / (2 * per), 1, kMaxSets);
+    const std::size_t sets =
+        std::clamp<std::size_t>((kRotateBytes + 2 * per - 1) / (2 * per), 1, kMaxSets);
     pool_bytes = std::max(pool_bytes, sets * per);
   }
   const std::int64_t pool_elems = static_cast<std::int64_t>(pool_bytes / 2);
-  splice::Tensor k_pool = splice::Tensor::empty({pool_elems}, splice::DType::bf16, splice::Device::cuda());
-  splice::Tensor v_pool = splice::Tensor::empty({pool_elems}, splice::DType::bf16, splice::Device::cuda());
+  splice::Tensor k_pool =
+      splice::Tensor::empty({pool_elems}, splice::DType::bf16, splice::Device::cuda());
+  splice::Tensor v_pool =
+      splice::Tensor::empty({pool_elems}, splice::DType::bf16, splice::Device::cuda());
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   fill_random<<<4096, 256, 0, stream>>>(k_pool.data<__nv_bfloat16>(), pool_elems, 1u);
@@ -201,10 +212,12 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     results.push_back(run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream));
     const Result& r = results.back();
-    std::printf("  B=%-3lld Hq=%-2lld Hkv=%-2lld k_len=%-6lld sets=%-2d splits=%-3d %9.2f us (spread %.2f)\n",
-                static_cast<long long>(s.batch), static_cast<long long>(s.num_qo_heads),
-                static_cast<long long>(s.num_kv_heads), static_cast<long long>(s.k_len), r.sets,
-                r.splits, r.us, r.spread_us);
+    std::printf(
+        "  B=%-3lld Hq=%-2lld Hkv=%-2lld k_len=%-6lld sets=%-2d splits=%-3d %9.2f us (spread "
+        "%.2f)\n",
+        static_cast<long long>(s.batch), static_cast<long long>(s.num_qo_heads),
+        static_cast<long long>(s.num_kv_heads), static_cast<long long>(s.k_len), r.sets, r.splits,
+        r.us, r.spread_us);
     std::fflush(stdout);
   }
 
@@ -227,7 +240,8 @@ int main(int argc, char** argv) {
   json << "{\n  \"device\": \"" << splice::cuda::device_name() << "\",\n  \"floor_tbps\": 4.4,\n"
        << "  \"method\": \"graph of `sets` rotating calls, median of " << reps
        << " replays / sets\",\n  \"rows\": [\n";
-  std::printf("\n%-28s %10s %9s %8s %8s\n", "shape (B,Hq,Hkv,k_len)", "splice us", "GB/s", "%4.4TB", "floor us");
+  std::printf("\n%-28s %10s %9s %8s %8s\n", "shape (B,Hq,Hkv,k_len)", "splice us", "GB/s", "%4.4TB",
+              "floor us");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bytes = static_cast<double>(r.shape.kv_bytes());
@@ -236,8 +250,10 @@ int main(int argc, char** argv) {
     char name[64];
     std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld)", static_cast<long long>(r.shape.batch),
                   static_cast<long long>(r.shape.num_qo_heads),
-                  static_cast<long long>(r.shape.num_kv_heads), static_cast<long long>(r.shape.k_len));
-    std::printf("%-28s %10.2f %9.0f %7.1f%% %8.2f\n", name, r.us, gbps, 100.0 * floor_us / r.us, floor_us);
+                  static_cast<long long>(r.shape.num_kv_heads),
+                  static_cast<long long>(r.shape.k_len));
+    std::printf("%-28s %10.2f %9.0f %7.1f%% %8.2f\n", name, r.us, gbps, 100.0 * floor_us / r.us,
+                floor_us);
     json << "    {\"batch\": " << r.shape.batch << ", \"num_qo_heads\": " << r.shape.num_qo_heads
          << ", \"num_kv_heads\": " << r.shape.num_kv_heads << ", \"k_len\": " << r.shape.k_len
          << ", \"head_dim\": " << kHeadDim << ", \"kv_bytes\": " << r.shape.kv_bytes()

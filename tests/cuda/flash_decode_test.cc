@@ -31,10 +31,10 @@
 namespace splice {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                      \
-  do {                                                                          \
+#define SKIP_WITHOUT_GPU()                                                     \
+  do {                                                                         \
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device available"; \
-    cuda::ensure_registered();                                                  \
+    cuda::ensure_registered();                                                 \
   } while (0)
 
 void cuda_ok(cudaError_t status, const char* what) {
@@ -43,15 +43,15 @@ void cuda_ok(cudaError_t status, const char* what) {
 
 // A tensor with a host copy and a device copy of one padded layout (same strides on both).
 struct Mirrored {
-  Tensor host_base, host;      // host_base: the whole padded allocation; host: the logical view
+  Tensor host_base, host;  // host_base: the whole padded allocation; host: the logical view
   Tensor device_base, device;
   Dims shape;
   std::int64_t pad = 0;
 
   // Copies the whole padded host allocation (poison included) to the device.
   void upload() {
-    device_copy(device_base.raw_data(), device_base.device(), host_base.raw_data(),
-                Device::cpu(), host_base.nbytes());
+    device_copy(device_base.raw_data(), device_base.device(), host_base.raw_data(), Device::cpu(),
+                host_base.nbytes());
   }
   // Copies the device allocation back and returns the logical host view of it.
   Tensor download() {
@@ -96,8 +96,8 @@ struct Case {
   bool alibi = false;
   bool want_lse = true;
   std::int64_t num_splits = 0;
-  std::int64_t pad = 0;       // padding of every non-last axis of q, k, v, out
-  std::int64_t row_pad = 0;   // extra row width of q and out (misaligned rows)
+  std::int64_t pad = 0;      // padding of every non-last axis of q, k, v, out
+  std::int64_t row_pad = 0;  // extra row width of q and out (misaligned rows)
   float softmax_scale = 0.0f;
 
   std::string str() const {
@@ -266,10 +266,9 @@ void check_case(const Case& c, std::uint64_t seed) {
   }
   // The CPU kernel through the op entry on the same (host) inputs: the previous link of the chain.
   Tensor cpu_lse;
-  const Tensor cpu_out = decode_attention(problem.q.host, problem.k.host, problem.v.host,
-                                          problem.k_len_host,
-                                          c.alibi ? &problem.alibi_host : nullptr,
-                                          problem.options(), Tensor{}, &cpu_lse);
+  const Tensor cpu_out = decode_attention(
+      problem.q.host, problem.k.host, problem.v.host, problem.k_len_host,
+      c.alibi ? &problem.alibi_host : nullptr, problem.options(), Tensor{}, &cpu_lse);
   EXPECT_TRUE(testing::close(out, cpu_out, default_tolerance(c.dtype))) << "vs the CPU kernel";
   if (c.want_lse) {
     EXPECT_TRUE(testing::close(lse, cpu_lse, kLseTolerance)) << "vs the CPU kernel";
@@ -289,9 +288,9 @@ TEST(FlashDecodeCuda, OpEntryDispatchesToTheCudaKernel) {
   Rng rng(50);
   Problem problem(c, rng);
   Tensor lse;
-  const Tensor out = decode_attention(problem.q.device, problem.k.device, problem.v.device,
-                                      problem.k_len_device, &problem.alibi_device,
-                                      problem.options(), Tensor{}, &lse);
+  const Tensor out =
+      decode_attention(problem.q.device, problem.k.device, problem.v.device, problem.k_len_device,
+                       &problem.alibi_device, problem.options(), Tensor{}, &lse);
   cuda::synchronize();
   const auto [ref_out, ref_lse] = problem.reference();
   EXPECT_TRUE(testing::close(out.to_device(Device::cpu()), ref_out, default_tolerance(c.dtype)));
@@ -330,7 +329,8 @@ TEST(FlashDecodeCuda, SpecGridMatchesFloat64Reference) {
           if (index % 3 == 1) c.softcap = 2.0f + static_cast<float>(index % 5);
           c.alibi = index % 4 == 2;
           c.want_lse = index % 6 != 5;
-          if (head_dim == 256 && len > 97 && hd.qo == 32) c.k_len = {97};  // keep the reference fast
+          if (head_dim == 256 && len > 97 && hd.qo == 32)
+            c.k_len = {97};  // keep the reference fast
           if (c.k_len[0] != len) c.capacity = c.k_len[0] + 5;
           check_case(c, seed++);
         }
@@ -466,8 +466,8 @@ TEST(FlashDecodeCuda, GraphReplayWithChangingKLen) {
   cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
 
-  const std::vector<std::vector<std::int32_t>> schedule = {
-      {1, 17}, {4095, 4097}, {8192, 1}, {97, 3000}, {0, 5000}, {4097, 4095}};
+  const std::vector<std::vector<std::int32_t>> schedule = {{1, 17},    {4095, 4097}, {8192, 1},
+                                                           {97, 3000}, {0, 5000},    {4097, 4095}};
   for (const auto& lens : schedule) {
     SCOPED_TRACE("k_len=" + std::to_string(lens[0]) + "," + std::to_string(lens[1]));
     problem.c.k_len = lens;

@@ -6,8 +6,6 @@
 //   3. Make sure the module-owned fp32 split workspace and the zeroed merge counters are large
 //      enough (growth is refused during stream capture), fill the POD params and launch the
 //      instantiation for (dtype, head_dim).
-#include "splice/backend/cuda/flash_decode.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,8 +14,13 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/flash_decode_kernel.cuh"
+#include "splice/backend/cuda/flash_decode.h"
 
+// The planner's constants (public header) and the kernel's must agree.
 static_assert(splice::cuda::kFlashDecodeMaxSplits == splice::cuda::detail::kMaxSplits);
+static_assert(splice::cuda::kFlashDecodeRowsPerCta == splice::cuda::detail::kRows);
+static_assert(splice::cuda::kFlashDecodeTileKeys == splice::cuda::detail::kTileKeys);
+static_assert(splice::cuda::kFlashDecodeWarps == splice::cuda::detail::kWarps);
 
 namespace splice::cuda {
 namespace {
@@ -28,16 +31,19 @@ using detail::FlashDecodeParams;
 constexpr std::int64_t kMaxLength = std::int64_t{1} << 30;  // int32 position arithmetic headroom
 constexpr std::int64_t kMaxGridYZ = 65535;
 constexpr int kMaxCtasPerSm = 4;
-constexpr std::size_t kSmemPerSm = 228 * 1024;   // Hopper: shared memory per SM
+constexpr std::size_t kSmemPerSm = 228 * 1024;  // Hopper: shared memory per SM
 constexpr std::size_t kSmemReservedPerCta = 1024;
-constexpr std::int64_t kVecElems = 8;            // 16 bytes of 16-bit elements
-constexpr std::int64_t kHalfVecElems = 4;        // 8 bytes of 16-bit elements
+constexpr std::int64_t kVecElems = 8;      // 16 bytes of 16-bit elements
+constexpr std::int64_t kHalfVecElems = 4;  // 8 bytes of 16-bit elements
 
 int smem_bytes(std::int64_t head_dim) {
   switch (head_dim) {
-    case 64: return FlashDecodeConfig<64>::kSmemBytes;
-    case 128: return FlashDecodeConfig<128>::kSmemBytes;
-    default: return FlashDecodeConfig<256>::kSmemBytes;
+    case 64:
+      return FlashDecodeConfig<64>::kSmemBytes;
+    case 128:
+      return FlashDecodeConfig<128>::kSmemBytes;
+    default:
+      return FlashDecodeConfig<256>::kSmemBytes;
   }
 }
 
@@ -92,7 +98,8 @@ void ensure_workspace(std::size_t counters, std::size_t partial_bytes, Stream st
 void check_cuda_tensor(const Tensor& t, const char* name) {
   check_defined(t, name);
   if (!t.device().is_cuda())
-    fail<DeviceError>("flash_decode: `", name, "` must be on a CUDA device, got ", t.device().str());
+    fail<DeviceError>("flash_decode: `", name, "` must be on a CUDA device, got ",
+                      t.device().str());
 }
 
 bool aligned(const Tensor& t, std::int64_t elems) {
@@ -122,9 +129,12 @@ template <typename T>
 void launch_head_dim(std::int64_t head_dim, const FlashDecodeParams& params,
                      const FlashDecodePlan& plan, std::int64_t grid_y, Stream stream) {
   switch (head_dim) {
-    case 64: return launch<T, 64>(params, plan, grid_y, stream);
-    case 128: return launch<T, 128>(params, plan, grid_y, stream);
-    default: return launch<T, 256>(params, plan, grid_y, stream);
+    case 64:
+      return launch<T, 64>(params, plan, grid_y, stream);
+    case 128:
+      return launch<T, 128>(params, plan, grid_y, stream);
+    default:
+      return launch<T, 256>(params, plan, grid_y, stream);
   }
 }
 
@@ -142,7 +152,8 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
   plan.row_blocks = static_cast<int>((rows + kFlashDecodeRowsPerCta - 1) / kFlashDecodeRowsPerCta);
   plan.ctas_per_sm = ctas_per_sm(head_dim);
   const std::int64_t units = batch * num_kv_heads * plan.row_blocks;
-  const std::int64_t bound = std::clamp<std::int64_t>(max_live_k_len, 1, std::max<std::int64_t>(capacity, 1));
+  const std::int64_t bound =
+      std::clamp<std::int64_t>(max_live_k_len, 1, std::max<std::int64_t>(capacity, 1));
   const std::int64_t max_useful = (bound + plan.min_chunk - 1) / plan.min_chunk;
   const std::int64_t slots = static_cast<std::int64_t>(sm_count) * plan.ctas_per_sm;
   const std::int64_t fill = std::max<std::int64_t>(1, slots / units);
@@ -151,10 +162,11 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
   plan.grid_x = plan.row_blocks;
   plan.grid_y = plan.num_splits;
   plan.grid_z = batch * num_kv_heads;
-  plan.workspace_bytes =
-      plan.num_splits > 1 ? static_cast<std::size_t>(units * plan.num_splits * kFlashDecodeRowsPerCta *
-                                                     (head_dim + 1)) * sizeof(float)
-                          : 0;
+  plan.workspace_bytes = plan.num_splits > 1
+                             ? static_cast<std::size_t>(units * plan.num_splits *
+                                                        kFlashDecodeRowsPerCta * (head_dim + 1)) *
+                                   sizeof(float)
+                             : 0;
   return plan;
 }
 
@@ -211,15 +223,16 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   if (k_len.size(0) != batch && k_len.size(0) != 1)
     fail<ShapeError>("flash_decode: `k_len` must have shape [", batch, "] or [1], got ",
                      dims_str(k_len.shape()));
-  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&q, "q"}, {&k, "k"},
-                                {&v, "v"}, {&out, "out"}})
+  for (const auto& [t, name] :
+       {std::pair<const Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}})
     if (t->stride(3) != 1)
       fail<LayoutError>("flash_decode: `", name, "` must have a unit head_dim stride, got ",
                         t->stride(3));
   if (!aligned(k, kVecElems) || !aligned(v, kVecElems))
-    fail<LayoutError>("flash_decode: `k` and `v` need 16-byte aligned rows (base address and "
-                      "strides multiples of 8 elements), got k strides ", dims_str(k.strides()),
-                      " and v strides ", dims_str(v.strides()));
+    fail<LayoutError>(
+        "flash_decode: `k` and `v` need 16-byte aligned rows (base address and "
+        "strides multiples of 8 elements), got k strides ",
+        dims_str(k.strides()), " and v strides ", dims_str(v.strides()));
   if (alibi) {
     check_cuda_tensor(*alibi, "alibi");
     check_dtype(*alibi, "alibi", {DType::f32});
@@ -251,7 +264,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 
   // Stage 3: workspace, params, launch.
   const std::int64_t units = plan.grid_x * plan.grid_z;
-  const std::size_t partial_rows = static_cast<std::size_t>(units * grid_y * kFlashDecodeRowsPerCta);
+  const std::size_t partial_rows =
+      static_cast<std::size_t>(units * grid_y * kFlashDecodeRowsPerCta);
   const std::size_t partial_bytes =
       grid_y > 1 ? partial_rows * static_cast<std::size_t>(head_dim + 1) * sizeof(float) : 0;
   ensure_workspace(static_cast<std::size_t>(units), partial_bytes, stream);

@@ -17,8 +17,9 @@
 //      in log2 units t = log2(e) * s with s = scale * (q . k_j), then s = cap * tanh(s / cap)
 //      (softcap), s += -slope_h * (p_i - j) (ALiBi), and t = -inf outside
 //      max(c0, p_i - left) <= j < min(c1, p_i + 1 [causal], p_i + right + 1).
-//   4. Online softmax per row: m' = max(m, max_j t_j), alpha = 2^(m - m'), l' = alpha l + sum 2^(t_j - m'),
-//      O' = alpha O + P V with P = 2^(t - m') rounded to the input dtype (mma.sync again).
+//   4. Online softmax per row: m' = max(m, max_j t_j), alpha = 2^(m - m'),
+//      l' = alpha l + sum_j 2^(t_j - m'), O' = alpha O + P V with P = 2^(t - m') rounded to the
+//      input dtype (mma.sync again).
 //   5. Warps merge in shared memory: M = max_w m_w, w_w = 2^(m_w - M), L = sum w_w l_w,
 //      O = sum w_w O_w / L, lse2 = M + log2 L (-inf and O = 0 when L = 0: no visible key).
 //   6. One live split: write o and lse = lse2 * ln 2. Otherwise write the fp32 partial (O, lse2),
@@ -36,40 +37,41 @@
 
 namespace splice::cuda::detail {
 
-inline constexpr int kRows = 16;     // query rows per CTA (one m16 tile)
-inline constexpr int kTileKeys = 16; // keys per warp step
+inline constexpr int kRows = 16;      // query rows per CTA (one m16 tile)
+inline constexpr int kTileKeys = 16;  // keys per warp step
 inline constexpr int kWarps = 4;
-inline constexpr int kMaxSplits = 256;  // grid splits are capped here (stage 6 keeps weights in smem)
+// Grid splits are capped here (stage 6 keeps every split's weight in shared memory).
+inline constexpr int kMaxSplits = 256;
 inline constexpr int kThreads = kWarps * 32;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
 struct FlashDecodeParams {
-  const void* q;        // [batch, num_qo_heads, q_len, head_dim]
-  const void* k;        // [batch, num_kv_heads, capacity, head_dim]
-  const void* v;        // [batch, num_kv_heads, capacity, head_dim]
-  void* out;            // [batch, num_qo_heads, q_len, head_dim]
-  float* lse;           // [batch, num_qo_heads, q_len] or null
+  const void* q;              // [batch, num_qo_heads, q_len, head_dim]
+  const void* k;              // [batch, num_kv_heads, capacity, head_dim]
+  const void* v;              // [batch, num_kv_heads, capacity, head_dim]
+  void* out;                  // [batch, num_qo_heads, q_len, head_dim]
+  float* lse;                 // [batch, num_qo_heads, q_len] or null
   const std::int32_t* k_len;  // [batch] or [1]
-  const float* alibi;   // [num_qo_heads] or null
-  float* partial_o;     // [batch * num_kv_heads, row_blocks, grid splits, 16, head_dim]
-  float* partial_lse;   // [batch * num_kv_heads, row_blocks, 16, grid splits]
-  unsigned* counters;   // [batch * num_kv_heads, row_blocks], zero between launches
+  const float* alibi;         // [num_qo_heads] or null
+  float* partial_o;           // [batch * num_kv_heads, row_blocks, grid splits, 16, head_dim]
+  float* partial_lse;         // [batch * num_kv_heads, row_blocks, 16, grid splits]
+  unsigned* counters;         // [batch * num_kv_heads, row_blocks], zero between launches
   std::int64_t q_stride_b, q_stride_h, q_stride_s;
   std::int64_t k_stride_b, k_stride_h, k_stride_s;
   std::int64_t v_stride_b, v_stride_h, v_stride_s;
   std::int64_t o_stride_b, o_stride_h, o_stride_s;
   std::int64_t lse_stride_b, lse_stride_h, lse_stride_s;
-  int k_len_stride;     // 0 for one shared k_len, 1 for one per sequence
+  int k_len_stride;  // 0 for one shared k_len, 1 for one per sequence
   int num_kv_heads, group, q_len, rows, capacity;
-  int forced_splits;    // > 0: split into this many (split-invariance tests); 0: plan
+  int forced_splits;  // > 0: split into this many (split-invariance tests); 0: plan
   int min_chunk;
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
   float scale_log2;     // softmax_scale * log2(e)
   float softmax_scale;
-  float softcap;        // 0 = none
+  float softcap;  // 0 = none
 };
 
 template <int kHeadDim>
@@ -83,8 +85,7 @@ struct FlashDecodeConfig {
   static constexpr int kRedStride = kHeadDim + 4;  // floats per row of the warp-merge scratch
   // Warp-merge scratch (o, m, l per warp and row), then the split weights of stage 6.
   static constexpr int kMergeBytes = (kWarps * kRows * (kRedStride + 2) + kRows * kMaxSplits) * 4;
-  static constexpr int kSmemBytes =
-      kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
+  static constexpr int kSmemBytes = kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
   static constexpr bool kQInRegs = kHeadDim <= 128;
 };
 
@@ -165,7 +166,8 @@ __device__ __forceinline__ std::uint32_t swizzle(int row, int chunk) {
 
 // Writes four consecutive outputs of one row (and nothing for rows past `rows`).
 template <typename T>
-__device__ __forceinline__ void store_out4(const FlashDecodeParams& p, T* dst, const float (&o)[4]) {
+__device__ __forceinline__ void store_out4(const FlashDecodeParams& p, T* dst,
+                                           const float (&o)[4]) {
   if (p.o_vec8) {
     union {
       T h[4];
@@ -372,7 +374,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      float mx = fmaxf(fmaxf(s[0][2 * rr], s[0][2 * rr + 1]), fmaxf(s[1][2 * rr], s[1][2 * rr + 1]));
+      float mx =
+          fmaxf(fmaxf(s[0][2 * rr], s[0][2 * rr + 1]), fmaxf(s[1][2 * rr], s[1][2 * rr + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[rr], mx);
@@ -474,8 +477,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int g = gr / p.q_len;
       const int i = gr % p.q_len;
       const int qo_head = kv_head * p.group + g;
-      T* dst = static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h +
-               i * p.o_stride_s + d;
+      T* dst =
+          static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
       store_out4<T>(p, dst, acc);
       if (p.lse && d == 0)
         p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] = lse2 * kLn2;
@@ -556,8 +559,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int g = gr / p.q_len;
     const int i = gr % p.q_len;
     const int qo_head = kv_head * p.group + g;
-    T* dst = static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h +
-             i * p.o_stride_s + d;
+    T* dst =
+        static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
     store_out4<T>(p, dst, acc);
     if (p.lse && d == 0)
       p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] =

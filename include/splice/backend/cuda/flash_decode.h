@@ -30,20 +30,20 @@ namespace splice::cuda {
 using Stream = CUstream_st*;  // a cudaStream_t; nullptr is the legacy default stream
 
 // Keys per warp tile and per-CTA layout constants shared by the planner and the kernel.
-inline constexpr int kFlashDecodeRowsPerCta = 16;   // one m16 tensor-core tile of query rows
-inline constexpr int kFlashDecodeTileKeys = 16;     // keys a warp consumes per step
-inline constexpr int kFlashDecodeWarps = 4;         // warps per CTA, each its own key stream
-inline constexpr int kFlashDecodeMinChunk = 64;     // fewest keys per split (one tile per warp)
-inline constexpr int kFlashDecodeMaxSplits = 256;   // most splits (forced ones included)
+inline constexpr int kFlashDecodeRowsPerCta = 16;  // one m16 tensor-core tile of query rows
+inline constexpr int kFlashDecodeTileKeys = 16;    // keys a warp consumes per step
+inline constexpr int kFlashDecodeWarps = 4;        // warps per CTA, each its own key stream
+inline constexpr int kFlashDecodeMinChunk = 64;    // fewest keys per split (one tile per warp)
+inline constexpr int kFlashDecodeMaxSplits = 256;  // most splits (forced ones included)
 
 struct FlashDecodePlan {
-  int row_blocks = 1;       // ceil(group * q_len / 16)
-  int num_splits = 1;       // the grid's split dimension (an upper bound on live splits)
-  int ctas_per_sm = 2;      // resident CTAs per SM the split rule assumes
+  int row_blocks = 1;   // ceil(group * q_len / 16)
+  int num_splits = 1;   // the grid's split dimension (an upper bound on live splits)
+  int ctas_per_sm = 2;  // resident CTAs per SM the split rule assumes
   int min_chunk = kFlashDecodeMinChunk;
-  std::int64_t grid_x = 1;  // row_blocks
-  std::int64_t grid_y = 1;  // num_splits
-  std::int64_t grid_z = 1;  // batch * num_kv_heads
+  std::int64_t grid_x = 1;          // row_blocks
+  std::int64_t grid_y = 1;          // num_splits
+  std::int64_t grid_z = 1;          // batch * num_kv_heads
   std::size_t workspace_bytes = 0;  // fp32 partials + per-row lse + merge counters
 };
 
