@@ -66,6 +66,7 @@ int sm_count();
 // `options.num_splits > 0` forces that many splits (tests use it to check split invariance).
 // The fp32 split workspace is owned by this module and grows on demand: the first call for a
 // shape must happen outside stream capture (a growth during capture raises UnsupportedError).
+// Its merge counters are shared, so launches must not run concurrently on different streams.
 // Throws DTypeError / ShapeError / LayoutError / DeviceError naming the argument on bad input.
 void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_len,
                   const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,
