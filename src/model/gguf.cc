@@ -44,7 +44,12 @@ namespace {
 constexpr std::uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr std::uint64_t kDefaultAlignment = 32;
 constexpr std::uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
-constexpr int kMaxArrayDepth = 4;      // arrays of arrays are legal; deeper is hostile
+constexpr int kMaxArrayDepth = 4;
+// Metadata array elements in one file, all arrays together: each costs a GgufValue (~100 bytes)
+// however small on disk, so a hostile file could otherwise ask for 100x its size. Real files
+// stay far below (vocabularies of 10^5 - 10^6 tokens and merges).
+constexpr std::uint64_t kMaxMetadataItems =
+    16'000'000;  // arrays of arrays are legal; deeper is hostile
 constexpr std::size_t kBufferAlignment = 64;
 constexpr std::int64_t kQK = 32;    // legacy quant block
 constexpr std::int64_t kQKK = 256;  // K-quant super-block
@@ -307,7 +312,7 @@ std::size_t min_value_bytes(GgufType type) {
 }
 
 GgufValue read_value(Cursor& in, GgufType type, const std::string& key, const std::string& file,
-                     int depth) {
+                     int depth, std::uint64_t& items_left) {
   GgufValue v;
   v.type = type;
   const std::string what = "value of '" + key + "'";
@@ -363,9 +368,13 @@ GgufValue read_value(Cursor& in, GgufType type, const std::string& key, const st
       if (count > in.remaining() / min_value_bytes(v.item_type))
         fail<IoError>(file, ": metadata '", key, "': array of ", count, " ",
                       gguf_type_name(v.item_type), " runs past the end of the file");
+      if (count > items_left)
+        fail<IoError>(file, ": metadata '", key, "': arrays hold more than ", kMaxMetadataItems,
+                      " elements in all");
+      items_left -= count;
       v.items.reserve(static_cast<std::size_t>(count));
       for (std::uint64_t k = 0; k < count; ++k)
-        v.items.push_back(read_value(in, v.item_type, key, file, depth + 1));
+        v.items.push_back(read_value(in, v.item_type, key, file, depth + 1, items_left));
       break;
     }
   }
@@ -593,12 +602,13 @@ void GgufFile::index_from(const std::uint8_t* base, std::size_t size) {
   constexpr std::uint64_t kMinKvBytes = 13, kMinTensorBytes = 24;
   if (kv_count > in.remaining() / kMinKvBytes)
     fail<IoError>(file, ": metadata count ", kv_count, " cannot fit in the file");
+  std::uint64_t items_left = kMaxMetadataItems;
   for (std::uint64_t k = 0; k < kv_count; ++k) {
     const std::string key = in.str("metadata key " + std::to_string(k));
     const std::uint32_t type = in.get<std::uint32_t>("the type of '" + key + "'");
     if (type > static_cast<std::uint32_t>(GgufType::f64))
       fail<IoError>(file, ": metadata '", key, "': unknown value type ", type);
-    GgufValue value = read_value(in, static_cast<GgufType>(type), key, file, 0);
+    GgufValue value = read_value(in, static_cast<GgufType>(type), key, file, 0, items_left);
     if (!metadata_.emplace(key, std::move(value)).second)
       fail<IoError>(file, ": metadata key '", key, "' appears twice");
     keys_.push_back(key);

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Builds the safetensors libFuzzer target with clang (address + undefined sanitizers) from just the
-# parser's sources, writes a seed corpus of valid files, and runs a bounded fuzzing session.
+# Builds the safetensors and GGUF libFuzzer targets with clang (address + undefined sanitizers)
+# from just the parsers' sources, writes seed corpora of valid files, and runs a bounded session of
+# each.
 #
-#   tests/fuzz/run_fuzz.sh [work dir] [runs]
+#   tests/fuzz/run_fuzz.sh [work dir] [runs]      (SPLICE_FUZZ_SECONDS caps each session, 30 s)
 #
 # 1. Install clang-14 and its runtime (libFuzzer) through apt-get when they are missing.
-# 2. Compile src/core/*.cc + src/model/safetensors.cc + the target into one binary.
-# 3. Write seeds: valid files of several dtypes, metadata, empty tensors, misaligned offsets.
-# 4. Fuzz for at most RUNS inputs or MAX_SECONDS, whichever comes first; a crash fails the script.
+# 2. Compile src/core/*.cc + the model loader sources + each target into one binary.
+# 3. Write seeds: safetensors files of several dtypes, metadata, empty tensors, misaligned
+#    offsets; GGUF files with every metadata type, nested arrays and plain/quantized tensors.
+# 4. Fuzz each for at most RUNS inputs or MAX_SECONDS; a crash or leak fails the script.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 work="${1:-${repo}/build-fuzz}"
 runs="${2:-20000}"
 max_seconds="${SPLICE_FUZZ_SECONDS:-30}"
-mkdir -p "${work}/corpus" "${work}/seeds"
+mkdir -p "${work}/corpus" "${work}/seeds" "${work}/gguf_corpus" "${work}/gguf_seeds"
 
 cxx="$(command -v clang++-14 || command -v clang++ || true)"
 fuzzer_rt="$(ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a 2>/dev/null || true)"
@@ -24,20 +26,28 @@ if [[ -z "${cxx}" || -z "${fuzzer_rt}" ]]; then
   cxx="$(command -v clang++-14)"
 fi
 
-binary="${work}/safetensors_fuzz"
-sources=("${repo}"/src/core/*.cc "${repo}/src/model/safetensors.cc" "${repo}/tests/fuzz/safetensors_fuzz.cc")
-stale=0
-if [[ ! -x "${binary}" ]]; then stale=1; else
-  for s in "${sources[@]}" "${repo}"/include/splice/core/*.h "${repo}/include/splice/model/safetensors.h"; do
-    [[ "${s}" -nt "${binary}" ]] && stale=1
-  done
-fi
-if [[ "${stale}" == 1 ]]; then
-  echo "run_fuzz.sh: compiling ${binary}"
-  "${cxx}" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"${repo}/include" -I"${repo}/src" "${sources[@]}" -o "${binary}.tmp" -lpthread
-  mv "${binary}.tmp" "${binary}"
-fi
+# build TARGET SOURCES...: (re)compiles ${work}/TARGET when any source or header is newer.
+build() {
+  local target="$1"
+  shift
+  local binary="${work}/${target}" stale=0 s
+  if [[ ! -x "${binary}" ]]; then stale=1; else
+    for s in "$@" "${repo}"/include/splice/core/*.h "${repo}"/include/splice/model/*.h; do
+      [[ "${s}" -nt "${binary}" ]] && stale=1
+    done
+  fi
+  if [[ "${stale}" == 1 ]]; then
+    echo "run_fuzz.sh: compiling ${binary}"
+    "${cxx}" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+      -I"${repo}/include" -I"${repo}/src" "$@" -o "${binary}.tmp" -lpthread
+    mv "${binary}.tmp" "${binary}"
+  fi
+}
+core=("${repo}"/src/core/*.cc)
+model=("${repo}"/src/model/{safetensors,gguf,config,tokenizer}.cc)
+build safetensors_fuzz "${core[@]}" "${repo}/src/model/safetensors.cc" \
+  "${repo}/tests/fuzz/safetensors_fuzz.cc"
+build gguf_fuzz "${core[@]}" "${model[@]}" "${repo}/tests/fuzz/gguf_fuzz.cc"
 
 python3 - "${work}/seeds" <<'PY'
 import json, struct, sys, os
@@ -63,8 +73,48 @@ write("empty", [("z", "F16", [0, 4], b""), ("s", "I32", [], struct.pack("<i", 5)
 write("misaligned", [("m", "U8", [1], b"\x01"), ("f", "F32", [1], struct.pack("<f", 3.25))])
 PY
 
-echo "run_fuzz.sh: fuzzing for at most ${runs} runs / ${max_seconds} s"
+python3 - "${work}/gguf_seeds" <<'PY'
+import os, struct, sys
+out = sys.argv[1]
+def s(text):
+    b = text.encode()
+    return struct.pack("<Q", len(b)) + b
+def kv(key, vtype, payload):
+    return s(key) + struct.pack("<I", vtype) + payload
+def gguf(name, kvs, tensors, align=32):
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs)
+    data, infos = b"", b""
+    for tname, ne, ttype, payload in tensors:
+        data += b"\0" * ((-len(data)) % align)
+        infos += s(tname) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+        infos += struct.pack("<IQ", ttype, len(data))
+        data += payload
+    blob = head + infos
+    blob += b"\0" * ((-len(blob)) % align)
+    open(os.path.join(out, name), "wb").write(blob + data)
+half = struct.pack("<e", 0.01)
+meta = [kv("general.architecture", 8, s("llama")), kv("llama.block_count", 4, struct.pack("<I", 1)),
+        kv("llama.embedding_length", 4, struct.pack("<I", 32)),
+        kv("llama.feed_forward_length", 4, struct.pack("<I", 64)),
+        kv("llama.attention.head_count", 4, struct.pack("<I", 2)),
+        kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + s("a") + s("b")),
+        kv("scores", 9, struct.pack("<IQ", 6, 2) + struct.pack("<2f", 0.5, -1)),
+        kv("nested", 9, struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 0, 1) + b"\x07"),
+        kv("flag", 7, b"\x01"), kv("f64", 12, struct.pack("<d", 2.5)), kv("i64", 11, struct.pack("<q", -3))]
+gguf("plain", meta, [("token_embd.weight", [32, 4], 0, struct.pack("<128f", *range(128))),
+                     ("output_norm.weight", [32], 1, struct.pack("<32e", *([1.0] * 32)))])
+gguf("quant", meta[:5], [("q8", [32], 8, half + bytes(range(32))), ("q4_1", [32], 3, half + half + bytes(16)),
+                         ("q4k", [256], 12, half + half + bytes(range(12)) + bytes(128)),
+                         ("q6k", [256], 14, bytes(range(128)) + bytes(64) + bytes(16) + half),
+                         ("q3k", [256], 11, bytes(32) + bytes(range(64)) + bytes(12) + half)])
+gguf("aligned64", [kv("general.alignment", 4, struct.pack("<I", 64))], [("w", [4], 26, struct.pack("<4i", 1, 2, 3, 4))], 64)
+PY
+
 cd "${work}"
-"${binary}" -runs="${runs}" -max_total_time="${max_seconds}" -max_len=4096 -timeout=10 \
-  -rss_limit_mb=2048 -print_final_stats=1 corpus seeds 2>&1 | tail -n 25
-echo "run_fuzz.sh: no crash in the bounded session"
+for target in safetensors gguf; do
+  if [[ "${target}" == safetensors ]]; then dirs=(corpus seeds); else dirs=(gguf_corpus gguf_seeds); fi
+  echo "run_fuzz.sh: fuzzing ${target} for at most ${runs} runs / ${max_seconds} s"
+  "./${target}_fuzz" -runs="${runs}" -max_total_time="${max_seconds}" -max_len=4096 -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 "${dirs[@]}" 2>&1 | tail -n 8
+done
+echo "run_fuzz.sh: no crash in the bounded sessions"
