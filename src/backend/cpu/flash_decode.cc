@@ -146,6 +146,33 @@ SPLICE_FD_INLINE void axpy_rows(const float* __restrict p, const float* __restri
     acc[d] += (p[0] * v0[d] + p[1] * v1[d]) + (p[2] * v2[d] + p[3] * v3[d]);
 }
 
+// exp(x) for x <= 0 (a score minus the running max), branch-free so the loop over a tile's keys
+// vectorizes: x = n ln2 + f with n = round(x / ln2), |f| <= ln2 / 2; exp(f) by the degree-6
+// minimax polynomial of Cephes' expf (about 1 ulp); 2^n added to the exponent bits. Below
+// kExpMinArg the result (< 2e-35, far under fp32 resolution of the row's sum, whose largest term
+// is 1) is flushed to 0; x = 0 gives exactly 1.
+SPLICE_FD_INLINE float exp_nonpositive(float x) {
+  constexpr float kExpMinArg = -80.0f;
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;  // ln 2 split so n * kLn2Hi is exact
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  constexpr int kMantissaBits = 23;
+  const float xc = x < kExpMinArg ? kExpMinArg : x;
+  const float n = (xc * kLog2e + kRoundMagic) - kRoundMagic;
+  const float f = (xc - n * kLn2Hi) - n * kLn2Lo;
+  float poly = 1.9875691500e-4f;
+  poly = poly * f + 1.3981999507e-3f;
+  poly = poly * f + 8.3334519073e-3f;
+  poly = poly * f + 4.1665795894e-2f;
+  poly = poly * f + 1.6666665459e-1f;
+  poly = poly * f + 5.0000001201e-1f;
+  const float y = poly * f * f + f + 1.0f;
+  const std::int32_t scale = static_cast<std::int32_t>(n) * (std::int32_t{1} << kMantissaBits);
+  const float result = f32_from_bits(f32_bits(y) + static_cast<std::uint32_t>(scale));
+  return x < kExpMinArg ? 0.0f : result;
+}
+
 // Asks for the cache lines of `bytes` bytes at `p` ahead of use (a hint; never faults).
 SPLICE_FD_INLINE void prefetch_bytes(const char* p, i64 bytes) {
   for (i64 x = 0; x < bytes; x += kCacheLine) __builtin_prefetch(p + x);
@@ -301,12 +328,14 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
           for (i64 d = 0; d < D; ++d) ar[d] *= alpha;
           l[r] *= alpha;
         }
+        for (i64 t = a; t < e; ++t) sr[t] = exp_nonpositive(sr[t] - m_new);
+        float sums[kDotLanes] = {};
+        i64 t = a;
+        for (; t + kDotLanes <= e; t += kDotLanes)
+          for (i64 u = 0; u < kDotLanes; ++u) sums[u] += sr[t + u];
+        for (; t < e; ++t) sums[0] += sr[t];
         float sum = 0.0f;
-        for (i64 t = a; t < e; ++t) {
-          const float p = std::exp(sr[t] - m_new);
-          sr[t] = p;
-          sum += p;
-        }
+        for (i64 u = 0; u < kDotLanes; ++u) sum += sums[u];
         l[r] += sum;
         m[r] = m_new;
       }
