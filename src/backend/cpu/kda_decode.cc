@@ -176,13 +176,17 @@ SPLICE_KDA_INLINE void stream_bf16(std::uint16_t* p, Vec v) {
   store_bf16(p, v);
 #endif
 }
-// Fixed-order tree sum of the 16 lanes.
+// Fixed-order tree sum of the 16 lanes: lanes i and i + 8, then i and i + 4, i and i + 2, 0 and 1
+// (in registers, by halving shuffles).
+using Vec8 = float __attribute__((vector_size(8 * sizeof(float))));
+using Vec4 = float __attribute__((vector_size(4 * sizeof(float))));
 SPLICE_KDA_INLINE float reduce(Vec v) {
-  float lanes[kLanes];
-  std::memcpy(lanes, &v, sizeof lanes);
-  for (int width = kLanes / 2; width >= 1; width /= 2)
-    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
-  return lanes[0];
+  const Vec8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Vec4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) +
+                  __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  const float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
+  return s0 + s1;
 }
 SPLICE_KDA_INLINE float sum_squares(const float* p) {
   Vec acc = {};
