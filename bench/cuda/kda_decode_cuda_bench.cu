@@ -10,9 +10,10 @@
 //  3. Timing: G launches over G disjoint slot sets (so the state working set is >= 400 MB and the
 //     50 MB L2 cannot flatter small N) captured in one CUDA graph; the graph is replayed after
 //     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
-//  4. Every variant (wide, split2, split4) is timed; the table reports the automatic choice.
-// Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if given,
-// is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
+//  4. Every variant (stream, wide, split2, split4) is timed; the table reports the automatic
+//  choice.
+// Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
+// given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,20 +36,20 @@ namespace {
 
 constexpr int kH = 32;
 constexpr int kD = 128;
-constexpr double kCopyBandwidth = 4.24e12;          // bytes/s, measured copy ceiling (design.md)
+constexpr double kCopyBandwidth = 4.24e12;  // bytes/s, measured copy ceiling (design.md)
 constexpr double kTargetWorkingSet = 400.0 * (1 << 20);  // bytes of state per graph replay
 constexpr int kMaxSets = 64;
 constexpr int kWarmup = 3;
 constexpr int kReplays = 21;
 
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    cudaError_t e_ = (call);                                                              \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #call, __FILE__, __LINE__,          \
-                   cudaGetErrorString(e_));                                               \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define CHECK(call)                                                               \
+  do {                                                                            \
+    cudaError_t e_ = (call);                                                      \
+    if (e_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #call, __FILE__, __LINE__, \
+                   cudaGetErrorString(e_));                                       \
+      std::exit(1);                                                               \
+    }                                                                             \
   } while (0)
 
 __device__ float hash_uniform(std::uint64_t i, std::uint32_t seed) {
@@ -129,8 +130,10 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   fill(nw, kD, 1.5f, 8);
   fill(conv, slots * 3 * C * hist, 0.15f, 9);
   const std::int64_t state_elems = slots * kH * kD * kD;
-  if (sdt == DType::f32) fill(static_cast<float*>(state), state_elems, 0.015f, 10);
-  else fill(static_cast<__nv_bfloat16*>(state), state_elems, 0.015f, 10);
+  if (sdt == DType::f32)
+    fill(static_cast<float*>(state), state_elems, 0.015f, 10);
+  else
+    fill(static_cast<__nv_bfloat16*>(state), state_elems, 0.015f, 10);
 
   // Metadata: L = T for every sequence, nat random in [1, T], set g uses slots g N T + 1 ...
   std::vector<int> qsl(N + 1), nat(N);
@@ -144,7 +147,8 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   std::vector<int*> d_si(G);
   for (int g = 0; g < G; ++g) {
     std::vector<int> si(std::int64_t(N) * T);
-    for (std::int64_t i = 0; i < std::int64_t(N) * T; ++i) si[i] = int(1 + g * std::int64_t(N) * T + i);
+    for (std::int64_t i = 0; i < std::int64_t(N) * T; ++i)
+      si[i] = int(1 + g * std::int64_t(N) * T + i);
     d_si[g] = static_cast<int*>(dalloc(si.size() * 4));
     CHECK(cudaMemcpy(d_si[g], si.data(), si.size() * 4, cudaMemcpyHostToDevice));
   }
@@ -186,18 +190,19 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   res.t = T;
   res.floor_bytes = double(N) * kH * state_head_bytes * (1 + T) +  // state read + T writes
                     double(R) * 3 * C * 2 +                        // x
-                    3.0 * R * C * 2 + double(R) * kH * 2 +         // raw_gate, output_gate, output, beta
-                    double(N) * 3 * C * 2 * (3 + hist - 1) +       // conv history read 3, write L+2
-                    12.0 * C * 4 + C * 4.0 + kH * 4.0 + kD * 4.0;   // weight, dt_bias, A_log, nw
+                    3.0 * R * C * 2 + double(R) * kH * 2 +    // raw_gate, output_gate, output, beta
+                    double(N) * 3 * C * 2 * (3 + hist - 1) +  // conv history read 3, write L+2
+                    12.0 * C * 4 + C * 4.0 + kH * 4.0 + kD * 4.0;  // weight, dt_bias, A_log, nw
   res.floor_us = res.floor_bytes / kCopyBandwidth * 1e6;
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  res.chosen = splice::cuda::kda_variant_name(splice::cuda::choose_kda_variant(N, kH, sms));
+  res.chosen = splice::cuda::kda_variant_name(splice::cuda::choose_kda_variant(N, kH, T, sdt, sms));
 
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
-  for (auto variant : {splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::split2,
+  for (auto variant : {splice::cuda::KdaVariant::stream, splice::cuda::KdaVariant::stream_plain,
+                       splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::split2,
                        splice::cuda::KdaVariant::split4}) {
     for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);  // warm
     CHECK(cudaStreamSynchronize(stream));
@@ -226,11 +231,11 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   res.us = res.variant_us[res.chosen];
   CHECK(cudaEventDestroy(start));
   CHECK(cudaEventDestroy(stop));
-  for (void* p : {static_cast<void*>(x), static_cast<void*>(weight), static_cast<void*>(gate),
-                  static_cast<void*>(beta), static_cast<void*>(alog), static_cast<void*>(dtb),
-                  static_cast<void*>(og), static_cast<void*>(nw), static_cast<void*>(out),
-                  static_cast<void*>(conv), state, static_cast<void*>(d_qsl),
-                  static_cast<void*>(d_nat)})
+  for (void* p :
+       {static_cast<void*>(x), static_cast<void*>(weight), static_cast<void*>(gate),
+        static_cast<void*>(beta), static_cast<void*>(alog), static_cast<void*>(dtb),
+        static_cast<void*>(og), static_cast<void*>(nw), static_cast<void*>(out),
+        static_cast<void*>(conv), state, static_cast<void*>(d_qsl), static_cast<void*>(d_nat)})
     CHECK(cudaFree(p));
   for (int* p : d_si) CHECK(cudaFree(p));
   return res;
@@ -264,9 +269,12 @@ int main(int argc, char** argv) {
       for (int n : ns) {
         results.push_back(run_shape(sdt, n, t, stream));
         const Result& r = results.back();
-        std::printf("  %s N=%d T=%d: wide %.2f split2 %.2f split4 %.2f us (floor %.2f)\n",
-                    r.dtype.c_str(), n, t, r.variant_us.at("wide"), r.variant_us.at("split2"),
-                    r.variant_us.at("split4"), r.floor_us);
+        std::printf(
+            "  %s N=%d T=%d: stream %.2f plain %.2f wide %.2f split2 %.2f split4 %.2f us (floor "
+            "%.2f)\n",
+            r.dtype.c_str(), n, t, r.variant_us.at("stream"), r.variant_us.at("stream_plain"),
+            r.variant_us.at("wide"), r.variant_us.at("split2"), r.variant_us.at("split4"),
+            r.floor_us);
         std::fflush(stdout);
       }
 
@@ -282,7 +290,9 @@ int main(int argc, char** argv) {
     json << "  {\"state\": \"" << r.dtype << "\", \"H\": " << kH << ", \"N\": " << r.n
          << ", \"T\": " << r.t << ", \"floor_bytes\": " << r.floor_bytes
          << ", \"floor_us\": " << r.floor_us << ", \"variant\": \"" << r.chosen
-         << "\", \"us\": " << r.us << ", \"wide_us\": " << r.variant_us["wide"]
+         << "\", \"us\": " << r.us << ", \"stream_us\": " << r.variant_us["stream"]
+         << ", \"stream_plain_us\": " << r.variant_us["stream_plain"]
+         << ", \"wide_us\": " << r.variant_us["wide"]
          << ", \"split2_us\": " << r.variant_us["split2"]
          << ", \"split4_us\": " << r.variant_us["split4"] << ", \"fla_us\": " << r.fla_us
          << ", \"fla_recurrent_us\": " << r.fla_rec_us << "}" << (i + 1 < results.size() ? "," : "")

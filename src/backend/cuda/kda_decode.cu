@@ -4,16 +4,18 @@
 //  1. Checks the layout guarantees of KdaDecodeArgs it relies on (internal errors: the op layer
 //     validated them) and that every tensor is on the current CUDA device.
 //  2. Chooses the variant (choose_kda_variant) unless one is forced, and whether the state can be
-//     moved in 16-byte vectors (base pointer and slot stride 16-byte aligned) or element-wise.
+//     moved in 16-byte vectors (base pointer and slot stride 16-byte aligned) or element-wise
+//     (then `stream`, whose copy engine needs alignment, falls back to `wide`).
 //  3. Fills the POD Params (pointers, element strides, scalars) and launches one grid of
 //     slices * H * units CTAs; split variants launch thread-block clusters of `slices` CTAs
 //     (cudaLaunchKernelEx). Nothing is read back from the device.
-#include "splice/backend/cuda/kda_decode.h"
-
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kda_decode.cuh"
+#include "splice/backend/cuda/kda_decode.h"
 #include "splice/core/error.h"
 
 namespace splice::cuda {
@@ -32,7 +34,8 @@ int current_sm_count() {
 }
 
 template <int kThreads, int kSlices, typename StateT, bool kVec>
-void launch(const kda::Params& params, std::int64_t units, std::int64_t heads, cudaStream_t stream) {
+void launch(const kda::Params& params, std::int64_t units, std::int64_t heads,
+            cudaStream_t stream) {
   const std::int64_t blocks = units * heads * kSlices;
   SPLICE_INTERNAL_CHECK(blocks > 0 && blocks <= 0x7fffffff, "kda grid of ", blocks, " CTAs");
   auto kernel = &kda::kda_decode_kernel<kThreads, kSlices, StateT, kVec>;
@@ -56,10 +59,43 @@ void launch(const kda::Params& params, std::int64_t units, std::int64_t heads, c
   SPLICE_CUDA_CHECK_LAUNCH("kda_decode_kernel");
 }
 
+template <typename StateT>
+void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t heads,
+                   cudaStream_t stream) {
+  constexpr int kCtasPerSm = 2;
+  constexpr int kStateBytes = kda::kD * kda::kD * sizeof(StateT);
+  auto kernel = &kda::kda_decode_stream_kernel<StateT>;
+  // Two resident CTAs need the largest shared-memory carveout (2 x (64 KB buffer + ~31 KB)); the
+  // grid is sized from the occupancy the driver reports, so it never exceeds one wave.
+  static const int resident = [&] {
+    SPLICE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStateBytes));
+    SPLICE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared));
+    int blocks = 0;
+    SPLICE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, kernel, kda::kStreamThreads, kStateBytes));
+    return std::max(1, std::min(blocks, kCtasPerSm));
+  }();
+  const std::int64_t items = units * heads;
+  const std::int64_t grid = std::min<std::int64_t>(items, resident * current_sm_count());
+  kernel<<<static_cast<unsigned>(grid), kda::kStreamThreads, kStateBytes, stream>>>(params);
+  SPLICE_CUDA_CHECK_LAUNCH("kda_decode_stream_kernel");
+}
+
 template <typename StateT, bool kVec>
 void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t units,
                     std::int64_t heads, cudaStream_t stream) {
   switch (variant) {
+    case KdaVariant::stream:
+    case KdaVariant::stream_plain:
+      if constexpr (kVec) {
+        kda::Params p = params;
+        p.prefetch = variant == KdaVariant::stream ? 1 : 0;
+        launch_stream<StateT>(p, units, heads, stream);
+        return;
+      }
+      [[fallthrough]];  // the copy engine needs 16-byte aligned state: the per-head kernel
     case KdaVariant::wide:
       launch<kWideThreads, 1, StateT, kVec>(params, units, heads, stream);
       return;
@@ -84,17 +120,27 @@ void check_cuda(const Tensor& t, const char* name, int device) {
 
 const char* kda_variant_name(KdaVariant variant) {
   switch (variant) {
-    case KdaVariant::automatic: return "automatic";
-    case KdaVariant::wide: return "wide";
-    case KdaVariant::split2: return "split2";
-    case KdaVariant::split4: return "split4";
+    case KdaVariant::automatic:
+      return "automatic";
+    case KdaVariant::stream:
+      return "stream";
+    case KdaVariant::stream_plain:
+      return "stream_plain";
+    case KdaVariant::wide:
+      return "wide";
+    case KdaVariant::split2:
+      return "split2";
+    case KdaVariant::split4:
+      return "split4";
   }
   return "?";
 }
 
-KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, int sm_count) {
+KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
+                              DType state_dtype, int sm_count) {
   const std::int64_t ctas = units * heads;
-  if (ctas >= 2 * static_cast<std::int64_t>(sm_count)) return KdaVariant::wide;
+  if (ctas >= 2 * static_cast<std::int64_t>(sm_count))
+    return state_dtype == DType::bf16 && max_t == 1 ? KdaVariant::stream : KdaVariant::wide;
   if (2 * ctas >= sm_count) return KdaVariant::split2;
   return KdaVariant::split4;
 }
@@ -125,15 +171,15 @@ void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant) {
   check_cuda(args.row_slots, "row_slots", device);
   const bool per_row = args.mode != KdaMode::packed;
   SPLICE_INTERNAL_CHECK(!per_row || args.row_slots.defined(), "row_slots missing");
-  SPLICE_INTERNAL_CHECK(per_row || (args.query_start_loc.defined() &&
-                                    args.num_accepted_tokens.defined()),
-                        "packed metadata missing");
+  SPLICE_INTERNAL_CHECK(
+      per_row || (args.query_start_loc.defined() && args.num_accepted_tokens.defined()),
+      "packed metadata missing");
 
   // Stage 2: variant and vector width.
   const std::int64_t units = per_row ? args.num_rows : args.num_seqs;
   const std::int64_t heads = args.num_heads;
   if (variant == KdaVariant::automatic)
-    variant = choose_kda_variant(units, heads, current_sm_count());
+    variant = choose_kda_variant(units, heads, args.max_t, args.state_dtype, current_sm_count());
   const std::size_t elem = dtype_size(args.state_dtype);
   const auto base = reinterpret_cast<std::uintptr_t>(args.state.raw_data());
   const bool vec = base % kVecAlign == 0 &&
@@ -178,11 +224,15 @@ void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant) {
 
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   if (args.state_dtype == DType::f32) {
-    if (vec) launch_variant<float, true>(variant, p, units, heads, s);
-    else launch_variant<float, false>(variant, p, units, heads, s);
+    if (vec)
+      launch_variant<float, true>(variant, p, units, heads, s);
+    else
+      launch_variant<float, false>(variant, p, units, heads, s);
   } else {
-    if (vec) launch_variant<__nv_bfloat16, true>(variant, p, units, heads, s);
-    else launch_variant<__nv_bfloat16, false>(variant, p, units, heads, s);
+    if (vec)
+      launch_variant<__nv_bfloat16, true>(variant, p, units, heads, s);
+    else
+      launch_variant<__nv_bfloat16, false>(variant, p, units, heads, s);
   }
 }
 

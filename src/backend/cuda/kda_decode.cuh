@@ -1,25 +1,33 @@
-// The fused KDA decode kernel (spec kda_decode.md §2-§3): device code only. Host logic (variant
+// The fused KDA decode kernels (spec kda_decode.md §2-§3): device code only. Host logic (variant
 // choice, launch, alignment checks) lives in kda_decode.cu.
 //
-// One CTA per (work unit u, head h, value slice s); a cluster of kSlices CTAs covers one head's
-// 128 value rows. Notation: D = 128, C = H*D, rows b .. b+L-1 of unit u, accepted offset a, conv
-// slot cs, source slot ss, checkpoint destinations dst[t].
+// Work item = (work unit u, head h); a unit is a sequence (packed) or a row (plain / t1). Two
+// kernels share the per-item body (run_item):
+//   kda_decode_kernel: one CTA per (item, value slice s); a cluster of kSlices CTAs covers one
+//     head's 128 value rows. The state loads are issued before the precompute.
+//   kda_decode_stream_kernel: persistent CTAs (one head each, all 128 rows) walk items with a
+//     grid stride; the next item's source state is copied into shared memory by the copy engine
+//     (cp.async.bulk + mbarrier) and its metadata resolved by a producer warp while the current
+//     item computes.
+// Notation: D = 128, C = H*D, rows b .. b+L-1 of unit u, accepted offset a, conv slot cs, source
+// slot ss, checkpoint destinations dst[t].
 //
-// Stages of one CTA:
-//   1. Metadata: packed mode reads qsl[u], qsl[u+1], qsl[N], nat[u] (T > 1 only) and the slot row
-//      state_indices[u, :]; per-row mode (plain / t1) has b = u, L = 1, a = 0 and
-//      cs = ss = dst[0] = row_slots[u]. Rows >= qsl[N] (packed) are zeroed, strided over units.
-//      A null unit (cs <= 0 or ss <= 0) zeroes its rows and stops; L == 0 stops.
-//   2. Issue the loads of this CTA's rows of S = state[ss, h] (kRows x D, 16-byte vectors) into
-//      registers, and of the old conv history this CTA writes back at the end; nothing waits yet.
+// Stages of one item:
+//   1. Metadata (resolve_item): packed mode reads qsl[u], qsl[u+1], nat[u] (T > 1 only) and the
+//      slot row state_indices[u, :]; per-row mode has b = u, L = 1, a = 0 and
+//      cs = ss = dst[0] = row_slots[u]. Packed rows >= qsl[N] are zeroed, strided over the units
+//      (zero_unowned). A null item (cs <= 0 or ss <= 0) zeroes its rows and stops; L == 0 stops.
+//   2. This CTA's rows of S = state[ss, h] (kRows x D, 16-byte vectors) reach registers (fp32)
+//      after the first precompute; the old conv history this CTA writes back is loaded now.
 //   3. For each chunk of up to kChunk tokens:
 //      a. Precompute (one warp per (token, kind)), into shared memory:
 //           q, k (128 channels): mixed = bf16(pre * sigmoid(pre)),
-//                pre = e[t]*w0 + e[t+1]*w1 + e[t+2]*w2 + e[t+3]*w3, e = [hist0..2, x[b], x[b+1], ..]
-//                q^ = q * (1/sqrt(sum q^2 + 1e-6)) * D^-0.5,  k^ = k * (1/sqrt(sum k^2 + 1e-6))
-//           gate: z = raw_gate + dt_bias, g = lb * sigmoid(e^A z) or -e^A softplus(z), decay = e^g;
+//             pre = e[t] w0 + e[t+1] w1 + e[t+2] w2 + e[t+3] w3, e = [hist0..2, x[b], x[b+1], ..]
+//             q^ = q * (1/sqrt(sum q^2 + 1e-6)) * D^-0.5,  k^ = k * (1/sqrt(sum k^2 + 1e-6))
+//           gate: z = raw_gate + dt_bias, g = lb sigmoid(e^A z) or -e^A softplus(z), decay = e^g;
 //                 beta = sigmoid(raw_beta); dst[t]
-//           v (this slice's rows): bf16 conv+SiLU as above; og = sigmoid(output_gate)
+//           v (this slice's rows): bf16 conv + SiLU as above; og = sigmoid(output_gate);
+//           the raw bits of x[b + t] for the write-back.
 //      b. State sweep, no barriers: each thread owns kRowsPerThread rows x kCols columns. Per token
 //           S[v,k] *= decay[k];  pred[v] = sum_k S[v,k] k^[k]      (per-thread partials, then a
 //           delta[v] = beta (v[v] - pred[v])                        transposing butterfly over
@@ -29,9 +37,10 @@
 //      c. Gated RMSNorm (one warp per token): inv = 1/sqrt(sum_v o_b^2 / D + eps), summed over
 //         the cluster's slices through distributed shared memory in rank order;
 //         out[r,h,v] = bf16(o_b[v] * inv * norm_weight[v] * og[v]).
-//   4. Conv write-back of this slice's share of head h's 384 channels in slot cs:
-//      positions 0, 1 <- old a+1, a+2 (bit copies loaded in stage 2), 2 .. L+1 <- x[b .. b+L-1].
-//      Every read of the history (stage 3a, all slices) precedes the last barrier / cluster sync.
+//      d. Conv write-back of this chunk into slot cs, for this slice's rows of each projection:
+//         positions 0, 1 <- old a+1, a+2 (first chunk), 2 + t <- x[b + t] (bit copies). Only the
+//         first chunk reads the history, and every slice's precompute of it precedes the barrier
+//         (cluster sync) before the first write.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -43,51 +52,52 @@ namespace splice::cuda::kda {
 
 namespace cg = cooperative_groups;
 
-constexpr int kD = 128;               // head dim (K = V)
-constexpr int kConvWidth = 4;         // conv taps
-constexpr int kHist = kConvWidth - 1; // history entries per channel
-constexpr int kProj = 3;              // q, k, v blocks of x
+constexpr int kD = 128;                    // head dim (K = V)
+constexpr int kConvWidth = 4;              // conv taps
+constexpr int kHist = kConvWidth - 1;      // history entries per channel
+constexpr int kProj = 3;                   // q, k, v blocks of x
 constexpr int kHeadChannels = kProj * kD;  // 384 conv channels per head
-constexpr int kChunk = 8;             // tokens precomputed per chunk
+constexpr int kChunk = 8;                  // tokens precomputed per chunk
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kKindsPerToken = 4;     // precompute work items per token: q, k, gate, v
+constexpr int kKindsPerToken = 4;  // precompute work items per token: q, k, gate, v
 constexpr float kL2Eps = 1e-6f;
 constexpr float kSoftplusThreshold = 20.0f;
 constexpr int kChannelsPerLane = kD / kWarp;  // 4
 
 // Kernel arguments: raw pointers, element strides, scalars (no splice types).
 struct Params {
-  const std::uint16_t* x;           // [R, 3C] bf16, row stride x_row
+  const std::uint16_t* x;  // [R, 3C] bf16, row stride x_row
   std::int64_t x_row;
-  const float* weight;              // [3, 4, C] f32 contiguous
-  std::uint16_t* conv;              // [slots, 3C, T+2] bf16, strides [conv_slot, 1, 3C]
+  const float* weight;  // [3, 4, C] f32 contiguous
+  std::uint16_t* conv;  // [slots, 3C, T+2] bf16, strides [conv_slot, 1, 3C]
   std::int64_t conv_slot;
-  const std::uint16_t* gate;        // [R, H, D] bf16
+  const std::uint16_t* gate;  // [R, H, D] bf16
   std::int64_t gate_row, gate_head;
-  const std::uint16_t* beta;        // [R, H] bf16
+  const std::uint16_t* beta;  // [R, H] bf16
   std::int64_t beta_row, beta_head;
-  const float* a_log;               // [H]
-  const float* dt_bias;             // [C]
-  const float* norm_weight;         // [D]
-  void* state;                      // [slots, H, D, D] f32 | bf16, slot stride state_slot (elems)
+  const float* a_log;        // [H]
+  const float* dt_bias;      // [C]
+  const float* norm_weight;  // [D]
+  void* state;               // [slots, H, D, D] f32 | bf16, slot stride state_slot (elems)
   std::int64_t state_slot;
-  const std::uint16_t* out_gate;    // [R, H, D] bf16
+  const std::uint16_t* out_gate;  // [R, H, D] bf16
   std::int64_t og_row, og_head;
-  std::uint16_t* out;               // [R, H, D] bf16 contiguous
+  std::uint16_t* out;                 // [R, H, D] bf16 contiguous
   const std::int32_t* state_indices;  // packed: [N, T]
   const std::int32_t* row_slots;      // plain / t1: [R] (null in packed mode)
   const std::int32_t* qsl;            // packed: [N + 1]
   const std::int32_t* nat;            // packed: [N]
-  int num_units;                    // N (packed) or R (per-row)
-  int num_heads;                    // H
-  int num_rows;                     // R
-  int max_t;                        // T
+  int num_units;                      // N (packed) or R (per-row)
+  int num_heads;                      // H
+  int num_rows;                       // R
+  int max_t;                          // T
   int num_slots;
-  int channels;                     // C
-  float lower_bound;                // used when use_lower_bound
+  int channels;       // C
+  float lower_bound;  // used when use_lower_bound
   int use_lower_bound;
   float norm_eps;
+  int prefetch;  // stream kernel: L2-prefetch the next item's inputs
 };
 
 __device__ __forceinline__ float bf16_to_f32(std::uint16_t bits) {
@@ -97,9 +107,17 @@ __device__ __forceinline__ std::uint16_t f32_to_bf16(float v) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 __device__ __forceinline__ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
-__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+// exp as the CPU oracle's std::exp(float): the correctly rounded fp32 value (via fp64), so the
+// bf16 rounding of the conv output (a spec rounding point) flips as rarely as possible between
+// the two backends. These run O(D) times per token, next to O(D^2) state work. Measured
+// (docs/perf-gpu-kda.md, v3): no visible accuracy gain over expf, and ~20% slower `stream`
+// (its precompute is on the critical path); switching back to expf is the next step.
+__device__ __forceinline__ float exp_f32(float z) {
+  return static_cast<float>(exp(static_cast<double>(z)));
+}
+__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + exp_f32(-z)); }
 __device__ __forceinline__ float softplus(float z) {
-  return z > kSoftplusThreshold ? z : log1pf(expf(z));
+  return z > kSoftplusThreshold ? z : static_cast<float>(log1p(static_cast<double>(exp_f32(z))));
 }
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -251,27 +269,28 @@ __device__ __forceinline__ uint4 pack(const float* in) {
 // Per-chunk shared memory of one CTA with kRows value rows.
 template <int kRows>
 struct Shared {
-  float q[kChunk][kD];      // q^
-  float k[kChunk][kD];      // k^
-  float decay[kChunk][kD];  // exp(g)
-  float v[kChunk][kRows];   // bf16-exact v of this slice's rows
-  float og[kChunk][kRows];  // sigmoid(output_gate)
-  float o[kChunk][kRows];   // bf16(o_raw)
-  float part[kChunk];       // this CTA's sum of o_b^2 per token (read by the cluster)
+  float q[kChunk][kD];                 // q^
+  float k[kChunk][kD];                 // k^
+  float decay[kChunk][kD];             // exp(g)
+  float v[kChunk][kRows];              // bf16-exact v of this slice's rows
+  float og[kChunk][kRows];             // sigmoid(output_gate)
+  float o[kChunk][kRows];              // bf16(o_raw)
+  float part[kChunk];                  // this CTA's sum of o_b^2 per token (read by the cluster)
+  std::uint16_t x[kChunk][kProj][kD];  // raw x bits of this head's channels (conv write-back)
   float beta[kChunk];
   int dst[kChunk];
 };
 
 template <int kThreads, int kSlices>
 struct Layout {
-  static constexpr int kRows = kD / kSlices;             // value rows per CTA
+  static constexpr int kRows = kD / kSlices;  // value rows per CTA
   static constexpr int kWarps = kThreads / kWarp;
-  static constexpr int kLanes = 8;                       // lanes sharing one state row
-  static constexpr int kGroups = kWarp / kLanes;         // rows per warp per instruction
+  static constexpr int kLanes = 8;                // lanes sharing one state row
+  static constexpr int kGroups = kWarp / kLanes;  // rows per warp per instruction
   static constexpr int kRowsPerThread = kRows / (kWarps * kGroups);
-  static constexpr int kCols = kD / kLanes;              // columns per thread
+  static constexpr int kCols = kD / kLanes;  // columns per thread
   static constexpr int kMinBlocks = (kThreads >= 256 ? 2 : 4);
-  static constexpr int kWriteback = (kHeadChannels / kSlices + kThreads - 1) / kThreads;
+  static constexpr int kWriteback = (kProj * kRows + kThreads - 1) / kThreads;
   static_assert(kRowsPerThread >= 1 && kRowsPerThread <= kLanes, "bad row split");
   static_assert((kRowsPerThread & (kRowsPerThread - 1)) == 0, "rows per thread: power of 2");
   static_assert(kRows % kWarp == 0, "rows per CTA must be a multiple of 32");
@@ -284,7 +303,7 @@ struct Layout {
 template <int kPer>
 __device__ __forceinline__ void conv_silu(const Params& p, const std::uint16_t* conv_slot_base,
                                           int a, std::int64_t b, int tt, int cg0,
-                                          float (&out)[kPer]) {
+                                          float (&out)[kPer], std::uint16_t (&x_bits)[kPer]) {
   const int width = kProj * p.channels;
   const int block = cg0 / p.channels;           // projection of the channel block
   const int within = cg0 - block * p.channels;  // h*D + d
@@ -292,7 +311,7 @@ __device__ __forceinline__ void conv_silu(const Params& p, const std::uint16_t* 
   float pre[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) pre[i] = 0.0f;
-#pragma unroll 1
+#pragma unroll
   for (int tap = 0; tap < kConvWidth; ++tap) {
     const int e = tt + tap;
     const std::uint16_t* src = e < kHist
@@ -300,117 +319,149 @@ __device__ __forceinline__ void conv_silu(const Params& p, const std::uint16_t* 
                                    : p.x + (b + e - kHist) * p.x_row + cg0;
     // Separate multiply and add, in tap order, as the spec writes it (no contraction).
 #pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      pre[i] = __fadd_rn(pre[i], __fmul_rn(bf16_to_f32(src[i * kWarp]),
-                                           __ldg(w + tap * p.channels + i * kWarp)));
+    for (int i = 0; i < kPer; ++i) {
+      const std::uint16_t bits = src[i * kWarp];
+      if (tap == kConvWidth - 1) x_bits[i] = bits;  // e = tt + 3 >= 3: always x[b + tt]
+      pre[i] =
+          __fadd_rn(pre[i], __fmul_rn(bf16_to_f32(bits), __ldg(w + tap * p.channels + i * kWarp)));
+    }
   }
 #pragma unroll
   for (int i = 0; i < kPer; ++i) out[i] = round_bf16(pre[i] * sigmoid(pre[i]));
 }
 
-template <int kThreads, int kSlices, typename StateT, bool kVec>
-__global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlocks)
-    kda_decode_kernel(const Params p) {
+// One work item: head h of work unit u, as the metadata resolves it (stage 1).
+struct Item {
+  std::int64_t b = 0;  // first row
+  int u = 0, h = 0;
+  int len = 0;                            // L (0: nothing to do)
+  int a = 0;                              // accepted offset
+  int cs = 0, ss = 0;                     // conv slot, source slot
+  int live = 0;                           // L > 0 and both slots valid
+  const std::int32_t* dst_row = nullptr;  // packed: state_indices[u, :]
+};
+
+// Stage 1 for item (u, h). Packed T = 1 reads no num_accepted_tokens (a = 0).
+__device__ __forceinline__ Item resolve_item(const Params& p, int u, int h) {
+  Item it;
+  it.u = u;
+  it.h = h;
+  if (p.row_slots == nullptr) {
+    const int q0 = p.qsl[u], q1 = p.qsl[u + 1];
+    const int T = p.max_t;
+    it.dst_row = p.state_indices + static_cast<std::int64_t>(u) * T;
+    it.a = T > 1 ? min(max(p.nat[u] - 1, 0), T - 1) : 0;
+    it.cs = it.dst_row[0];
+    it.ss = it.dst_row[it.a];
+    it.b = max(q0, 0);
+    it.len = min(min(q1, p.num_rows) - q0, T);  // value contract: L <= T, rows < R (guarded)
+  } else {
+    it.b = u;
+    it.len = 1;
+    it.cs = it.ss = p.row_slots[u];
+  }
+  it.live = it.len > 0 && it.cs > 0 && it.ss > 0 && it.cs < p.num_slots && it.ss < p.num_slots;
+  return it;
+}
+
+// Zeroes the outputs that item `it` owns but does not compute: its rows when null, and (packed)
+// the trailing rows [qsl[N], R) strided over the units. Rows row0 .. row0+kRows-1 of head h.
+template <int kThreads, int kRows>
+__device__ __forceinline__ void zero_unowned(const Params& p, const Item& it, int row0) {
+  const int tid = threadIdx.x;
+  if (p.row_slots == nullptr) {
+    const int qn = min(max(p.qsl[p.num_units], 0), p.num_rows);
+    for (int r = qn + it.u; r < p.num_rows; r += p.num_units)
+      for (int i = tid; i < kRows; i += kThreads)
+        p.out[(static_cast<std::int64_t>(r) * p.num_heads + it.h) * kD + row0 + i] = 0;
+  }
+  if (!it.live && it.len > 0) {
+    for (int i = tid; i < it.len * kRows; i += kThreads) {
+      const int t = i / kRows, v = i % kRows;
+      p.out[((it.b + t) * p.num_heads + it.h) * kD + row0 + v] = 0;
+    }
+  }
+}
+
+// Thread geometry of the state sweep: this thread's i-th row and c-th 16-byte column vector.
+template <int kThreads, int kSlices, typename StateT>
+struct Geometry {
   using L = Layout<kThreads, kSlices>;
+  static constexpr int kVecElems = StateVec<StateT>::kElems;
+  static constexpr int kVecs = L::kCols / kVecElems;  // 16-byte vectors per row per thread
+  static_assert(L::kCols % kVecElems == 0, "columns per thread must be whole vectors");
+  int warp, g, j;
+  __device__ Geometry() {
+    const int lane = threadIdx.x % kWarp;
+    warp = threadIdx.x / kWarp;
+    g = lane / L::kLanes;  // row group within the warp
+    j = lane % L::kLanes;  // lane within the row group
+  }
+  // Warps own contiguous blocks of kRt * kGroups rows; groups interleave inside them.
+  __device__ int row(int i) const {
+    return warp * (L::kRowsPerThread * L::kGroups) + i * L::kGroups + g;
+  }
+  // Vectors j, j + kLanes, ...: a row group reads 128 contiguous bytes per instruction.
+  __device__ int col(int c) const { return (j + c * L::kLanes) * kVecElems; }
+};
+
+// Stages 2-4 for one live item, given `load_state(s)`, which fills this thread's rows of the
+// source state (fp32) and is called after the first chunk's precompute and barrier.
+template <int kThreads, int kSlices, typename StateT, bool kVec, typename LoadState>
+__device__ __forceinline__ void run_item(const Params& p,
+                                         Shared<Layout<kThreads, kSlices>::kRows>& sm,
+                                         const Item& it, int slice, LoadState&& load_state) {
+  using L = Layout<kThreads, kSlices>;
+  using G = Geometry<kThreads, kSlices, StateT>;
   constexpr int kRows = L::kRows;
   constexpr int kRt = L::kRowsPerThread;
   constexpr int kLanes = L::kLanes;
-  constexpr int kVecElems = StateVec<StateT>::kElems;
-  constexpr int kVecs = L::kCols / kVecElems;  // 16-byte vectors per row per thread
-  static_assert(L::kCols % kVecElems == 0, "columns per thread must be whole vectors");
-
-  __shared__ Shared<kRows> sm;
-
+  constexpr int kVecElems = G::kVecElems;
+  constexpr int kVecs = G::kVecs;
+  const G geo;
   const int tid = threadIdx.x;
   const int warp = tid / kWarp;
   const int lane = tid % kWarp;
-  const int slice = static_cast<int>(blockIdx.x % kSlices);
-  const int h = static_cast<int>((blockIdx.x / kSlices) % p.num_heads);
-  const int u = static_cast<int>(blockIdx.x / (kSlices * p.num_heads));
-  const int row0 = slice * kRows;  // first value row of this CTA
+  const int h = it.h;
+  const int row0 = slice * kRows;
+  const std::int64_t b = it.b;
+  const int a = it.a, len = it.len;
   const bool packed = p.row_slots == nullptr;
-  const int T = p.max_t;
 
-  // Stage 1: metadata.
-  std::int64_t b;
-  int len, a = 0, cs, ss;
-  const std::int32_t* dst_row = nullptr;  // packed: state_indices[u, :]
-  if (packed) {
-    const int q0 = p.qsl[u], q1 = p.qsl[u + 1];
-    const int qn = min(max(p.qsl[p.num_units], 0), p.num_rows);
-    // Trailing capacity rows [qsl[N], R): zeroed, strided over the units.
-    for (int r = qn + u; r < p.num_rows; r += p.num_units)
-      for (int i = tid; i < kRows; i += kThreads)
-        p.out[(static_cast<std::int64_t>(r) * p.num_heads + h) * kD + row0 + i] = 0;
-    b = max(q0, 0);
-    len = min(min(q1, p.num_rows) - q0, T);  // value contract: L <= T, rows < R (guarded)
-    dst_row = p.state_indices + static_cast<std::int64_t>(u) * T;
-    if (T > 1) a = min(max(p.nat[u] - 1, 0), T - 1);
-    cs = dst_row[0];
-    ss = dst_row[a];
-  } else {
-    b = u;
-    len = 1;
-    cs = ss = p.row_slots[u];
-  }
-  if (len <= 0) return;
-  const bool null_unit = cs <= 0 || ss <= 0 || cs >= p.num_slots || ss >= p.num_slots;
-  if (null_unit) {
-    for (int i = tid; i < len * kRows; i += kThreads) {
-      const int t = i / kRows, v = i % kRows;
-      p.out[((b + t) * p.num_heads + h) * kD + row0 + v] = 0;
-    }
-    return;
-  }
-
-  // Stage 2: issue the state loads (consumed after the first precompute) and the old history.
-  const int g = lane / kLanes;  // row group within the warp
-  const int j = lane % kLanes;  // lane within the row group
-  // Local row of this thread's i-th row: warps own contiguous blocks of kRt * kGroups rows.
-  auto local_row = [&](int i) { return warp * (kRt * L::kGroups) + i * L::kGroups + g; };
-  // Column of element e of vector c: vectors j, j + kLanes, ... (coalesced across the group).
-  auto vec_col = [&](int c) { return (j + c * kLanes) * kVecElems; };
-
-  const std::int64_t head_off = static_cast<std::int64_t>(h) * kD * kD;
-  StateT* const state = static_cast<StateT*>(p.state);
-  uint4 raw[kRt][kVecs];
-  {
-    const StateT* src = state + static_cast<std::int64_t>(ss) * p.state_slot + head_off;
-#pragma unroll
-    for (int i = 0; i < kRt; ++i)
-#pragma unroll
-      for (int c = 0; c < kVecs; ++c)
-        raw[i][c] = load_state_vec<StateT, kVec>(src + (row0 + local_row(i)) * kD + vec_col(c));
-  }
+  // Old history for the write-back (stage 3d), loaded now.
   const int width = kProj * p.channels;
-  std::uint16_t* const conv_base = p.conv + static_cast<std::int64_t>(cs) * p.conv_slot;
+  std::uint16_t* const conv_base = p.conv + static_cast<std::int64_t>(it.cs) * p.conv_slot;
   std::uint16_t old1[L::kWriteback], old2[L::kWriteback];
   int wb_channel[L::kWriteback];
 #pragma unroll
   for (int k = 0; k < L::kWriteback; ++k) {
-    const int lc = slice * (kHeadChannels / kSlices) + tid + k * kThreads;
-    const bool mine = tid + k * kThreads < kHeadChannels / kSlices;
-    wb_channel[k] = mine ? (lc / kD) * p.channels + h * kD + lc % kD : -1;
+    // This slice writes back its rows' channels of each projection: (proj, row0 + d).
+    const int lc = tid + k * kThreads;
+    const bool mine = lc < kProj * kRows;
+    wb_channel[k] = mine ? (lc / kRows) * p.channels + h * kD + row0 + lc % kRows : -1;
     if (mine) {
       old1[k] = conv_base[static_cast<std::int64_t>(a + 1) * width + wb_channel[k]];
       old2[k] = conv_base[static_cast<std::int64_t>(a + 2) * width + wb_channel[k]];
     }
   }
 
-  float s[kRt][L::kCols];  // this thread's rows of S, fp32, carried across tokens
-  const float a_h = expf(__ldg(p.a_log + h));
+  const float a_h = exp_f32(__ldg(p.a_log + h));
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kD));
 
   // Stage 3a: precompute of tokens c0 .. c0+nt-1, one warp per (token, kind).
   auto precompute = [&](int c0, int nt) {
-    #pragma unroll 1
+#pragma unroll 1
     for (int item = warp; item < nt * kKindsPerToken; item += L::kWarps) {
       const int t = item / kKindsPerToken, kind = item % kKindsPerToken;
       const int tt = c0 + t;
       const std::int64_t row = b + tt;
       if (kind < 2) {  // q (kind 0) or k (kind 1): conv, SiLU, L2 norm
         float m[kChannelsPerLane];
-        conv_silu<kChannelsPerLane>(p, conv_base, a, b, tt, kind * p.channels + h * kD + lane, m);
+        std::uint16_t xb[kChannelsPerLane];
+        conv_silu<kChannelsPerLane>(p, conv_base, a, b, tt, kind * p.channels + h * kD + lane, m,
+                                    xb);
+#pragma unroll
+        for (int e = 0; e < kChannelsPerLane; ++e) sm.x[t][kind][lane + e * kWarp] = xb[e];
         float ssq = 0.0f;
 #pragma unroll
         for (int e = 0; e < kChannelsPerLane; ++e) ssq += m[e] * m[e];
@@ -420,27 +471,33 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
         for (int e = 0; e < kChannelsPerLane; ++e)
           dst[lane + e * kWarp] = kind == 0 ? m[e] * inv * q_scale : m[e] * inv;
       } else if (kind == 2) {  // gate, beta, destination
-        const std::uint16_t* gr = p.gate + row * p.gate_row + static_cast<std::int64_t>(h) * p.gate_head;
+        const std::uint16_t* gr =
+            p.gate + row * p.gate_row + static_cast<std::int64_t>(h) * p.gate_head;
 #pragma unroll
         for (int e = 0; e < kChannelsPerLane; ++e) {
           const int d = lane + e * kWarp;
           const float z = bf16_to_f32(ld_u16(gr + d)) + __ldg(p.dt_bias + h * kD + d);
-          const float gk = p.use_lower_bound ? p.lower_bound * sigmoid(a_h * z) : -a_h * softplus(z);
-          sm.decay[t][d] = expf(gk);
+          const float gk =
+              p.use_lower_bound ? p.lower_bound * sigmoid(a_h * z) : -a_h * softplus(z);
+          sm.decay[t][d] = exp_f32(gk);
         }
         if (lane == 0) {
-          sm.beta[t] = sigmoid(bf16_to_f32(ld_u16(p.beta + row * p.beta_row + static_cast<std::int64_t>(h) * p.beta_head)));
-          const int dst = packed ? dst_row[tt] : ss;
+          sm.beta[t] = sigmoid(bf16_to_f32(
+              ld_u16(p.beta + row * p.beta_row + static_cast<std::int64_t>(h) * p.beta_head)));
+          const int dst = packed ? it.dst_row[tt] : it.ss;
           sm.dst[t] = dst < p.num_slots ? dst : 0;
         }
       } else {  // v of this slice's rows, and the output gate
-        const std::uint16_t* ogr = p.out_gate + row * p.og_row + static_cast<std::int64_t>(h) * p.og_head;
+        const std::uint16_t* ogr =
+            p.out_gate + row * p.og_row + static_cast<std::int64_t>(h) * p.og_head;
         constexpr int kPer = kRows / kWarp;
         float vv[kPer];
-        conv_silu<kPer>(p, conv_base, a, b, tt, 2 * p.channels + h * kD + row0 + lane, vv);
+        std::uint16_t xb[kPer];
+        conv_silu<kPer>(p, conv_base, a, b, tt, 2 * p.channels + h * kD + row0 + lane, vv, xb);
 #pragma unroll
         for (int e = 0; e < kPer; ++e) {
           const int rr = lane + e * kWarp;
+          sm.x[t][2][row0 + rr] = xb[e];
           sm.v[t][rr] = vv[e];
           sm.og[t][rr] = sigmoid(bf16_to_f32(ld_u16(ogr + row0 + rr)));
         }
@@ -448,26 +505,26 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
     }
   };
 
+  float s[kRt][L::kCols];  // this thread's rows of S, fp32, carried across tokens
   precompute(0, min(kChunk, len));
   __syncthreads();
-  // The source state has had the whole first precompute to arrive; raw dies here.
-#pragma unroll
-  for (int i = 0; i < kRt; ++i)
-#pragma unroll
-    for (int c = 0; c < kVecs; ++c) unpack<StateT>(raw[i][c], &s[i][c * kVecElems]);
+  load_state(s);
 
-  #pragma unroll 1
+  StateT* const state = static_cast<StateT*>(p.state);
+  const std::int64_t head_off = static_cast<std::int64_t>(h) * kD * kD;
+  const int my_row = geo.j >> log2_int(kLanes / kRt);         // row reduced into lane j
+  const bool row_leader = (geo.j & (kLanes / kRt - 1)) == 0;  // one writer per reduced row
+#pragma unroll 1
   for (int c0 = 0; c0 < len; c0 += kChunk) {
     const int nt = min(kChunk, len - c0);
     if (c0 > 0) {
+      __syncthreads();  // the previous chunk's write-back has read sm.x
       precompute(c0, nt);
       __syncthreads();
     }
 
     // Stage 3b: the state sweep.
-    const int my_row = j >> log2_int(kLanes / kRt);          // row index reduced into lane j
-    const bool row_leader = (j & (kLanes / kRt - 1)) == 0;   // one writer per reduced row
-    #pragma unroll 1
+#pragma unroll 1
     for (int t = 0; t < nt; ++t) {
       float part[kRt];
 #pragma unroll
@@ -476,8 +533,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
       for (int c = 0; c < kVecs; ++c) {
 #pragma unroll
         for (int e = 0; e < kVecElems; e += 4) {
-          const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[t][vec_col(c) + e]);
-          const float4 kv = *reinterpret_cast<const float4*>(&sm.k[t][vec_col(c) + e]);
+          const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[t][geo.col(c) + e]);
+          const float4 kv = *reinterpret_cast<const float4*>(&sm.k[t][geo.col(c) + e]);
           const float dd[4] = {dv.x, dv.y, dv.z, dv.w};
           const float kq[4] = {kv.x, kv.y, kv.z, kv.w};
 #pragma unroll
@@ -491,10 +548,10 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
           }
         }
       }
-      const float pred = reduce_rows<kRt, kLanes>(part, j);
-      const float delta_mine = sm.beta[t] * (sm.v[t][local_row(my_row)] - pred);
+      const float pred = reduce_rows<kRt, kLanes>(part, geo.j);
+      const float delta_mine = sm.beta[t] * (sm.v[t][geo.row(my_row)] - pred);
       float delta[kRt];
-      gather_rows<kRt, kLanes>(delta_mine, delta, j);
+      gather_rows<kRt, kLanes>(delta_mine, delta, geo.j);
 
       float o[kRt];
 #pragma unroll
@@ -503,8 +560,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
       for (int c = 0; c < kVecs; ++c) {
 #pragma unroll
         for (int e = 0; e < kVecElems; e += 4) {
-          const float4 qv = *reinterpret_cast<const float4*>(&sm.q[t][vec_col(c) + e]);
-          const float4 kv = *reinterpret_cast<const float4*>(&sm.k[t][vec_col(c) + e]);
+          const float4 qv = *reinterpret_cast<const float4*>(&sm.q[t][geo.col(c) + e]);
+          const float4 kv = *reinterpret_cast<const float4*>(&sm.k[t][geo.col(c) + e]);
           const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
           const float kq[4] = {kv.x, kv.y, kv.z, kv.w};
 #pragma unroll
@@ -518,8 +575,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
           }
         }
       }
-      const float o_total = reduce_rows<kRt, kLanes>(o, j);
-      if (row_leader) sm.o[t][local_row(my_row)] = round_bf16(o_total);
+      const float o_total = reduce_rows<kRt, kLanes>(o, geo.j);
+      if (row_leader) sm.o[t][geo.row(my_row)] = round_bf16(o_total);
 
       const int dst = sm.dst[t];
       if (dst > 0) {
@@ -528,7 +585,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
         for (int i = 0; i < kRt; ++i)
 #pragma unroll
           for (int c = 0; c < kVecs; ++c)
-            store_state_vec<StateT, kVec>(out + (row0 + local_row(i)) * kD + vec_col(c),
+            store_state_vec<StateT, kVec>(out + (row0 + geo.row(i)) * kD + geo.col(c),
                                           pack<StateT>(&s[i][c * kVecElems]));
       }
     }
@@ -537,7 +594,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
     // Stage 3c: gated RMSNorm, one warp per token.
     constexpr int kPerLane = kRows / kWarp;
     if constexpr (kSlices > 1) {
-      #pragma unroll 1
+#pragma unroll 1
       for (int t = warp; t < nt; t += L::kWarps) {
         float ssq = 0.0f;
 #pragma unroll
@@ -550,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
       }
       cg::this_cluster().sync();
     }
-    #pragma unroll 1
+#pragma unroll 1
     for (int t = warp; t < nt; t += L::kWarps) {
       float total;
       if constexpr (kSlices > 1) {
@@ -576,22 +633,213 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
       }
     }
     if constexpr (kSlices > 1) {
-      cg::this_cluster().sync();  // partials read; also orders all history reads before stage 4
+      cg::this_cluster().sync();  // partials read; also orders all history reads before stage 3d
     } else {
       __syncthreads();
     }
-  }
 
-  // Stage 4: conv write-back of this slice's channels.
+    // Stage 3d: conv write-back of this chunk (the history is read only by the first chunk, whose
+    // precompute every slice finished before the barrier above): positions 0, 1 <- old a+1, a+2
+    // (first chunk), positions 2 + tt <- x[b + tt] (bits saved by the precompute).
 #pragma unroll
-  for (int k = 0; k < L::kWriteback; ++k) {
-    if (wb_channel[k] < 0) continue;
-    const int cgl = wb_channel[k];
-    conv_base[cgl] = old1[k];
-    conv_base[static_cast<std::int64_t>(width) + cgl] = old2[k];
-    #pragma unroll 1
-    for (int t = 0; t < len; ++t)
-      conv_base[static_cast<std::int64_t>(kHist - 1 + t) * width + cgl] = ld_u16(p.x + (b + t) * p.x_row + cgl);
+    for (int k = 0; k < L::kWriteback; ++k) {
+      if (wb_channel[k] < 0) continue;
+      const int cgl = wb_channel[k];
+      const int lc = tid + k * kThreads;
+      const int proj = lc / kRows, d = row0 + lc % kRows;
+      if (c0 == 0) {
+        conv_base[cgl] = old1[k];
+        conv_base[static_cast<std::int64_t>(width) + cgl] = old2[k];
+      }
+#pragma unroll 1
+      for (int t = 0; t < nt; ++t)
+        conv_base[static_cast<std::int64_t>(kHist - 1 + c0 + t) * width + cgl] = sm.x[t][proj][d];
+    }
+  }
+}
+
+// One CTA (or cluster of kSlices CTAs) per item: the state is loaded into registers at the start,
+// so its load overlaps the first precompute.
+template <int kThreads, int kSlices, typename StateT, bool kVec>
+__global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlocks)
+    kda_decode_kernel(const Params p) {
+  using L = Layout<kThreads, kSlices>;
+  using G = Geometry<kThreads, kSlices, StateT>;
+  __shared__ Shared<L::kRows> sm;
+  const int slice = static_cast<int>(blockIdx.x % kSlices);
+  const int h = static_cast<int>((blockIdx.x / kSlices) % p.num_heads);
+  const int u = static_cast<int>(blockIdx.x / (kSlices * p.num_heads));
+  const int row0 = slice * L::kRows;
+  const Item it = resolve_item(p, u, h);
+  zero_unowned<kThreads, L::kRows>(p, it, row0);
+  if (!it.live) return;  // uniform over the cluster: every slice resolves the same item
+
+  const G geo;
+  uint4 raw[L::kRowsPerThread][G::kVecs];
+  const StateT* src = static_cast<const StateT*>(p.state) +
+                      static_cast<std::int64_t>(it.ss) * p.state_slot +
+                      static_cast<std::int64_t>(h) * kD * kD;
+#pragma unroll
+  for (int i = 0; i < L::kRowsPerThread; ++i)
+#pragma unroll
+    for (int c = 0; c < G::kVecs; ++c)
+      raw[i][c] = load_state_vec<StateT, kVec>(src + (row0 + geo.row(i)) * kD + geo.col(c));
+  run_item<kThreads, kSlices, StateT, kVec>(
+      p, sm, it, slice, [&](float(&s)[L::kRowsPerThread][L::kCols]) {
+#pragma unroll
+        for (int i = 0; i < L::kRowsPerThread; ++i)
+#pragma unroll
+          for (int c = 0; c < G::kVecs; ++c) unpack<StateT>(raw[i][c], &s[i][c * G::kVecElems]);
+      });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The persistent, prefetching variant (one head of 128 rows per CTA, 16-byte aligned state):
+// each CTA walks items w = blockIdx.x, blockIdx.x + gridDim.x, ...; while it computes item w,
+// the copy engine moves item w + gridDim.x's source state into a shared buffer
+// (cp.async.bulk completing on an mbarrier), and one producer thread resolves the metadata one
+// item ahead, so neither the state load nor the metadata is on the per-item critical path.
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, std::uint32_t bytes,
+                                          std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase) {
+  std::uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(phase)
+        : "memory");
+  }
+}
+
+constexpr int kStreamThreads = 256;
+constexpr int kLineBytes = 128;
+
+// Warp-cooperative L2 prefetch of [ptr, ptr + bytes): the next item's inputs are small and
+// scattered (x rows, conv history, gates, the head's conv taps), so the producer warp pulls them
+// into L2 while the current item computes; the next precompute then waits on L2, not DRAM.
+__device__ __forceinline__ void prefetch_l2(const void* ptr, int bytes, int lane) {
+  const char* c = static_cast<const char*>(ptr);
+  for (int off = lane * kLineBytes; off < bytes; off += kWarp * kLineBytes)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
+  if (lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + bytes - 1));
+}
+
+// Every input the precompute of `it` reads (its first chunk), prefetched by one warp.
+__device__ __forceinline__ void prefetch_inputs(const Params& p, const Item& it, int lane) {
+  constexpr int kVecBytes = kD * 2;  // one head's 128 bf16 channels
+  const int h = it.h;
+  const std::int64_t width = kProj * p.channels;
+  const std::uint16_t* conv = p.conv + static_cast<std::int64_t>(it.cs) * p.conv_slot;
+  for (int pos = 0; pos < kHist; ++pos)
+    for (int pr = 0; pr < kProj; ++pr)
+      prefetch_l2(conv + (it.a + pos) * width + pr * p.channels + h * kD, kVecBytes, lane);
+  const int nt = min(kChunk, it.len);
+  for (int t = 0; t < nt; ++t) {
+    const std::int64_t row = it.b + t;
+    for (int pr = 0; pr < kProj; ++pr)
+      prefetch_l2(p.x + row * p.x_row + pr * p.channels + h * kD, kVecBytes, lane);
+    prefetch_l2(p.gate + row * p.gate_row + static_cast<std::int64_t>(h) * p.gate_head, kVecBytes,
+                lane);
+    prefetch_l2(p.out_gate + row * p.og_row + static_cast<std::int64_t>(h) * p.og_head, kVecBytes,
+                lane);
+    prefetch_l2(p.beta + row * p.beta_row + static_cast<std::int64_t>(h) * p.beta_head, 2, lane);
+  }
+  for (int pr = 0; pr < kProj; ++pr)
+    for (int tap = 0; tap < kConvWidth; ++tap)
+      prefetch_l2(
+          p.weight + (static_cast<std::int64_t>(pr) * kConvWidth + tap) * p.channels + h * kD,
+          kD * 4, lane);
+  prefetch_l2(p.dt_bias + h * kD, kD * 4, lane);
+}
+
+template <typename StateT>
+__global__ void __launch_bounds__(kStreamThreads, 2) kda_decode_stream_kernel(const Params p) {
+  using L = Layout<kStreamThreads, 1>;
+  using G = Geometry<kStreamThreads, 1, StateT>;
+  constexpr std::uint32_t kStateBytes = kD * kD * sizeof(StateT);
+  __shared__ Shared<kD> sm;
+  __shared__ alignas(8) std::uint64_t bar;
+  __shared__ Item next;
+  extern __shared__ uint4 buf[];  // [D, D] StateT: the next item's source state
+
+  const int tid = threadIdx.x;
+  const int producer = kStreamThreads - 1;  // last warp: no precompute work when T == 1
+  const int total = p.num_units * p.num_heads;
+  const int stride = gridDim.x;
+  const StateT* const state = static_cast<const StateT*>(p.state);
+  auto issue = [&](const Item& it) {  // producer only
+    next = it;
+    if (it.live)
+      bulk_load(buf,
+                state + static_cast<std::int64_t>(it.ss) * p.state_slot +
+                    static_cast<std::int64_t>(it.h) * kD * kD,
+                kStateBytes, &bar);
+  };
+  if (tid == producer) {
+    mbar_init(&bar);
+    const int w = blockIdx.x;
+    issue(resolve_item(p, w / p.num_heads, w % p.num_heads));
+  }
+  __syncthreads();
+  std::uint32_t phase = 0;
+  const G geo;
+#pragma unroll 1
+  for (int w = blockIdx.x; w < total; w += stride) {
+    const Item it = next;
+    __syncthreads();  // everyone has `it` before the producer overwrites `next`
+    Item ahead;       // the producer warp's item w + stride, resolved while this one runs
+    const int wn = w + stride;
+    const bool producer_warp = tid / kWarp == producer / kWarp;
+    if (producer_warp && wn < total) ahead = resolve_item(p, wn / p.num_heads, wn % p.num_heads);
+    // T == 1: warps 0-3 own the precompute, so the producer warp prefetches at once; T > 1: it
+    // has precompute work too and prefetches after it (below).
+    const bool early_prefetch = p.max_t == 1;
+    if (producer_warp && early_prefetch && p.prefetch && wn < total && ahead.live)
+      prefetch_inputs(p, ahead, tid % kWarp);
+    zero_unowned<kStreamThreads, kD>(p, it, 0);
+    if (!it.live) {
+      if (tid == producer && wn < total) issue(ahead);
+      __syncthreads();
+      continue;
+    }
+    run_item<kStreamThreads, 1, StateT, true>(
+        p, sm, it, 0, [&](float(&s)[L::kRowsPerThread][L::kCols]) {
+          mbar_wait(&bar, phase);
+          phase ^= 1u;
+          const StateT* src = reinterpret_cast<const StateT*>(buf);
+#pragma unroll
+          for (int i = 0; i < L::kRowsPerThread; ++i)
+#pragma unroll
+            for (int c = 0; c < G::kVecs; ++c)
+              unpack<StateT>(*reinterpret_cast<const uint4*>(src + geo.row(i) * kD + geo.col(c)),
+                             &s[i][c * G::kVecElems]);
+          __syncthreads();  // the buffer is free
+          if (tid == producer && wn < total) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue(ahead);
+          }
+          if (producer_warp && !early_prefetch && p.prefetch && wn < total && ahead.live)
+            prefetch_inputs(p, ahead, tid % kWarp);
+        });
   }
 }
 
