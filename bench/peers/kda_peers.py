@@ -2,7 +2,7 @@
 """FLA's Triton KDA decode path, timed in CUDA graphs, for the shapes of kda_decode_cuda_bench.
 
 The path (flash-linear-attention / fla-core, imported as an installed package, never vendored):
-  1. conv: fla.modules.convolution causal_conv1d_update with SiLU, one launch per projection
+  1. conv: fla.modules.causal_conv1d.ops.causal_conv1d_update with SiLU, one launch per projection
      (q, k, v, as models with separate q/k/v short convolutions run it) over the R rows;
   2. fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd with the gate (lower_bound), L2 norm
      and beta sigmoid in kernel, state in place through ssm_state_indices [N, T],
@@ -32,10 +32,6 @@ WARMUP, REPLAYS = 3, 21
 
 def main():
     out_path = sys.argv[1] if len(sys.argv) > 1 else "kda_peers.txt"
-    try:
-        from fla.modules.convolution import causal_conv1d_update  # noqa: F401
-    except Exception:  # older layout
-        pass
     try:
         from fla.modules.causal_conv1d.ops import causal_conv1d_update
         from fla.modules.norm.fused_norm_gate import rms_norm_gated
