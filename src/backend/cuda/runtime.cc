@@ -2,6 +2,9 @@
 //
 // Allocator: blocks are rounded up to a 512-byte multiple (and to a power-of-two bucket above
 // 1 MiB) and cached by size on free; a request reuses a cached block of exactly its rounded size.
+// Copies: cudaMemcpyAsync on the current stream, then a wait on that stream (a blocking stream,
+// so work queued on the legacy default stream is ordered too).
+// Streams and graphs: thin checked wrappers (runtime.h); the current stream is per host thread.
 #include "splice/backend/cuda/runtime.h"
 
 #include <cuda_runtime.h>
@@ -83,13 +86,17 @@ std::shared_ptr<Storage> allocate_storage(std::size_t bytes, Device device) {
   return storage;
 }
 
+thread_local Stream t_current_stream = nullptr;
+
 void copy_between(void* dst, Device dst_device, const void* src, Device src_device,
                   std::size_t bytes) {
   cudaMemcpyKind kind = cudaMemcpyDefault;
   if (dst_device.is_cuda() && src_device.is_cpu()) kind = cudaMemcpyHostToDevice;
   if (dst_device.is_cpu() && src_device.is_cuda()) kind = cudaMemcpyDeviceToHost;
   if (dst_device.is_cuda() && src_device.is_cuda()) kind = cudaMemcpyDeviceToDevice;
-  SPLICE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  const cudaStream_t stream = t_current_stream;
+  SPLICE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  SPLICE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace
@@ -115,5 +122,91 @@ std::string device_name(int index) {
 }
 
 void synchronize() { SPLICE_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+Stream current_stream() { return t_current_stream; }
+void set_current_stream(Stream stream) { t_current_stream = stream; }
+
+Stream create_stream(int device) {
+  int previous = 0;
+  SPLICE_CUDA_CHECK(cudaGetDevice(&previous));
+  SPLICE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream = nullptr;
+  const cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamDefault);
+  SPLICE_CUDA_CHECK(cudaSetDevice(previous));
+  SPLICE_CUDA_CHECK(status);
+  return stream;
+}
+
+void destroy_stream(Stream stream) {
+  if (stream) cudaStreamDestroy(stream);
+}
+
+void stream_synchronize(Stream stream) { SPLICE_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+
+bool is_capturing(Stream stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  SPLICE_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  SPLICE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+}
+
+void* alloc_pinned(std::size_t bytes) {
+  void* pointer = nullptr;
+  SPLICE_CUDA_CHECK(cudaMallocHost(&pointer, bytes == 0 ? 1 : bytes));
+  return pointer;
+}
+
+void free_pinned(void* pointer) {
+  if (pointer) cudaFreeHost(pointer);
+}
+
+Event create_event() {
+  cudaEvent_t event = nullptr;
+  SPLICE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+void destroy_event(Event event) {
+  if (event) cudaEventDestroy(event);
+}
+
+void record_event(Event event, Stream stream) { SPLICE_CUDA_CHECK(cudaEventRecord(event, stream)); }
+
+void event_synchronize(Event event) { SPLICE_CUDA_CHECK(cudaEventSynchronize(event)); }
+
+void begin_capture(Stream stream) {
+  SPLICE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+}
+
+GraphExec end_capture(Stream stream) {
+  cudaGraph_t graph = nullptr;
+  SPLICE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  SPLICE_CUDA_CHECK(status);
+  return exec;
+}
+
+void abort_capture(Stream stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) return;
+  if (status == cudaStreamCaptureStatusNone) return;
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // clear the sticky-free error the failed capture left
+}
+
+void launch_graph(GraphExec graph, Stream stream) {
+  SPLICE_CUDA_CHECK(cudaGraphLaunch(graph, stream));
+}
+
+void destroy_graph(GraphExec graph) {
+  if (graph) cudaGraphExecDestroy(graph);
+}
 
 }  // namespace splice::cuda

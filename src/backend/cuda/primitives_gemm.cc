@@ -1,0 +1,351 @@
+// CUDA matmul through cuBLASLt (primitives.h).
+//
+// cuBLASLt is column-major, splice tensors are strided row-major views, so the product is taken
+// transposed:  out^T [n, m] = b^T [n, k] . a^T [k, m],  fp32 compute (CUBLAS_COMPUTE_32F: true
+// fp32, no TF32), alpha = 1, beta = 0.
+//   1. Validate (ranks >= 2, inner dims agree, batch dims broadcast, out shape, float dtypes,
+//      no overlap between out and an input); m or n == 0 is a no-op, k == 0 fills zeros.
+//   2. Dtypes: a and b of one dtype are read as they are; mixed dtypes are first cast to
+//      contiguous f32 scratch. The result type cuBLASLt writes is out's dtype when allowed
+//      (f32 inputs -> f32; bf16 -> bf16/f32; f16 -> f16/f32), else an f32 scratch cast into out.
+//   3. Layouts: each matrix needs a unit stride along one of its two dims (either transpose
+//      flag) and a leading dimension >= its row count; out needs a unit last stride. Anything
+//      else is first copied into contiguous scratch.
+//   4. Batch dims of a, b and out (broadcast ones with stride 0) are merged where they are
+//      uniformly strided in all three; the innermost merged dim becomes one strided-batched call
+//      and the outer ones, if any, loop on the host.
+//   5. One cuBLASLt handle and a 32 MiB workspace per device, created on first use (run a shape
+//      once outside stream capture); the heuristic's algorithm is cached per problem key.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/primitives_internal.h"
+#include "splice/backend/cuda/primitives.h"
+#include "splice/backend/cuda/runtime.h"
+#include "splice/core/error.h"
+
+#define SPLICE_CUBLAS_CHECK(call)                                                            \
+  do {                                                                                       \
+    const cublasStatus_t splice_status_ = (call);                                            \
+    if (splice_status_ != CUBLAS_STATUS_SUCCESS)                                             \
+      ::splice::fail<::splice::CudaError>(#call, " failed at ", __FILE__, ":", __LINE__, ": ", \
+                                          cublasLtGetStatusString(splice_status_));          \
+  } while (0)
+
+namespace splice::cuda {
+namespace {
+
+constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;  // cuBLASLt's Hopper recommendation
+constexpr std::uint64_t kMaxAlignment = 256;                    // bytes cuBLASLt asks for by default
+
+struct DeviceContext {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<std::vector<long long>, cublasLtMatmulAlgo_t> algos;
+};
+
+std::mutex& context_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+
+DeviceContext& context(int device) {
+  static auto* contexts = new std::map<int, DeviceContext>();  // lives for the process
+  DeviceContext& c = (*contexts)[device];
+  if (!c.handle) {
+    if (is_capturing(current_stream()))
+      fail<UnsupportedError>(
+          "cuda matmul: the cuBLASLt handle is created on first use, which cannot happen during "
+          "stream capture; run the step once before capturing");
+    SPLICE_CUBLAS_CHECK(cublasLtCreate(&c.handle));
+    SPLICE_CUDA_CHECK(cudaMalloc(&c.workspace, kWorkspaceBytes));
+  }
+  return c;
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// A matrix of `rows` x `cols` (column-major terms) with element (r, c) at r * s_row + c * s_col.
+struct MatrixLayout {
+  bool ok = false;
+  bool transposed = false;  // stored as cols x rows with unit stride along cols
+  long long ld = 0;
+};
+
+MatrixLayout layout_of(long long rows, long long cols, long long s_row, long long s_col) {
+  MatrixLayout l;
+  const long long min_ld_n = std::max(rows, 1LL), min_ld_t = std::max(cols, 1LL);
+  if (s_row == 1 || rows == 1) {
+    const long long ld = cols == 1 ? min_ld_n : s_col;
+    if (ld >= min_ld_n) return {true, false, ld};
+  }
+  if (s_col == 1 || cols == 1) {
+    const long long ld = rows == 1 ? min_ld_t : s_row;
+    if (ld >= min_ld_t) return {true, true, ld};
+  }
+  return l;
+}
+
+std::uint64_t alignment_of(const void* p, std::size_t elem) {
+  auto address = reinterpret_cast<std::uintptr_t>(p);
+  std::uint64_t a = kMaxAlignment;
+  while (a > elem && address % a != 0) a /= 2;
+  return a;
+}
+
+Tensor contiguous_copy(const Tensor& t, DType dtype) {
+  Tensor c = detail::scratch(t.shape(), dtype, t.device());
+  cast(t, c);
+  return c;
+}
+
+struct LtDescriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtDescriptors() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+void set_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, long long rows, long long cols,
+                long long ld, int batch, long long batch_stride) {
+  SPLICE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(layout, type, static_cast<std::uint64_t>(rows),
+                                                 static_cast<std::uint64_t>(cols), ld));
+  if (batch > 1) {
+    SPLICE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                         &batch, sizeof batch));
+    const std::int64_t stride = batch_stride;
+    SPLICE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        *layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+}
+
+// One (strided-batched) product in column-major terms: D [mm, nn] = op(A) [mm, kk] . op(B) [kk, nn].
+struct LtProblem {
+  cudaDataType_t in_type = CUDA_R_32F, out_type = CUDA_R_32F;
+  std::size_t in_size = 4, out_size = 4;
+  long long mm = 0, nn = 0, kk = 0;
+  MatrixLayout la, lb;
+  long long ldd = 0;
+  int batch = 1;
+  long long stride_a = 0, stride_b = 0, stride_d = 0;  // elements
+};
+
+void run_lt(const LtProblem& p, const void* a, const void* b, void* d, int device) {
+  std::lock_guard<std::mutex> lock(context_mutex());
+  DeviceContext& ctx = context(device);
+  LtDescriptors desc;
+  SPLICE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = p.la.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = p.lb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  SPLICE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  SPLICE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  set_layout(&desc.a, p.in_type, p.la.transposed ? p.kk : p.mm, p.la.transposed ? p.mm : p.kk,
+             p.la.ld, p.batch, p.stride_a);
+  set_layout(&desc.b, p.in_type, p.lb.transposed ? p.nn : p.kk, p.lb.transposed ? p.kk : p.nn,
+             p.lb.ld, p.batch, p.stride_b);
+  set_layout(&desc.d, p.out_type, p.mm, p.nn, p.ldd, p.batch, p.stride_d);
+
+  const std::uint64_t align_a = alignment_of(a, p.in_size), align_b = alignment_of(b, p.in_size),
+                      align_d = alignment_of(d, p.out_size);
+  const std::vector<long long> key = {
+      device, p.in_type, p.out_type, p.mm, p.nn, p.kk, p.la.transposed, p.la.ld, p.lb.transposed,
+      p.lb.ld, p.ldd, p.batch, p.stride_a, p.stride_b, p.stride_d,
+      static_cast<long long>(align_a), static_cast<long long>(align_b),
+      static_cast<long long>(align_d)};
+  auto it = ctx.algos.find(key);
+  if (it == ctx.algos.end()) {
+    SPLICE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
+    const std::uint64_t workspace = kWorkspaceBytes;
+    SPLICE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint64_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+    for (const auto& [attr, value] : aligns)
+      SPLICE_CUBLAS_CHECK(
+          cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &value, sizeof value));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    SPLICE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.op, desc.a, desc.b, desc.d,
+                                                       desc.d, desc.pref, 1, &result, &found));
+    if (found < 1)
+      fail<UnsupportedError>("cuda matmul: cuBLASLt has no algorithm for [", p.mm, " x ", p.kk,
+                             "] . [", p.kk, " x ", p.nn, "] (batch ", p.batch, ")");
+    it = ctx.algos.emplace(key, result.algo).first;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  SPLICE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, desc.op, &alpha, a, desc.a, b, desc.b, &beta, d,
+                                     desc.d, d, desc.d, &it->second, ctx.workspace,
+                                     kWorkspaceBytes, current_stream()));
+}
+
+bool lt_output_allowed(DType in, DType out) {
+  return out == DType::f32 || (in == out && (in == DType::bf16 || in == DType::f16));
+}
+
+void check_matmul_device(const Tensor& t, const char* name) {
+  if (!t.defined()) fail<ValueError>("`", name, "` is required but was not given");
+  if (!t.device().is_cuda())
+    fail<DeviceError>("cuda matmul: `", name, "` must be on a CUDA device, got ", t.device().str());
+}
+
+}  // namespace
+
+void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
+  // Stage 1: validation.
+  check_matmul_device(a, "a");
+  check_matmul_device(b, "b");
+  check_matmul_device(out, "out");
+  if (!(a.device() == out.device()) || !(b.device() == out.device()))
+    fail<DeviceError>("cuda matmul: `a`, `b` and `out` must be on one device, got ",
+                      a.device().str(), ", ", b.device().str(), " and ", out.device().str());
+  check_dtype(a, "a", {DType::f32, DType::f16, DType::bf16});
+  check_dtype(b, "b", {DType::f32, DType::f16, DType::bf16});
+  check_dtype(out, "out", {DType::f32, DType::f16, DType::bf16});
+  if (a.dim() < 2 || b.dim() < 2)
+    fail<ShapeError>("matmul: `a` and `b` must have rank >= 2, got ", dims_str(a.shape()), " and ",
+                     dims_str(b.shape()));
+  const long long m = a.size(-2), k = a.size(-1);
+  const long long bk = transpose_b ? b.size(-1) : b.size(-2);
+  const long long n = transpose_b ? b.size(-2) : b.size(-1);
+  if (bk != k)
+    fail<ShapeError>("matmul: `a` ", dims_str(a.shape()), " and `b` ", dims_str(b.shape()),
+                     transpose_b ? " (transposed)" : "", " disagree on the inner dim");
+  const std::size_t batch_rank = static_cast<std::size_t>(std::max(a.dim(), b.dim()) - 2);
+  Dims batch(batch_rank, 1);
+  for (std::size_t i = 0; i < batch_rank; ++i) {
+    const auto dim_of = [&](const Tensor& t) -> std::int64_t {
+      const std::size_t lead = batch_rank - static_cast<std::size_t>(t.dim() - 2);
+      return i < lead ? 1 : t.shape()[i - lead];
+    };
+    const std::int64_t x = dim_of(a), y = dim_of(b);
+    if (x != y && x != 1 && y != 1)
+      fail<ShapeError>("matmul: batch dims of `a` ", dims_str(a.shape()), " and `b` ",
+                       dims_str(b.shape()), " do not broadcast");
+    batch[i] = x == 1 ? y : x;
+  }
+  Dims want = batch;
+  want.push_back(m);
+  want.push_back(n);
+  if (out.shape() != want)
+    fail<ShapeError>("matmul: `out` must have shape ", dims_str(want), ", got ",
+                     dims_str(out.shape()));
+  if (detail::overlaps(out, a) || detail::overlaps(out, b))
+    fail<LayoutError>("matmul: `out` must not overlap `a` or `b`");
+  if (m == 0 || n == 0) return;
+  if (k == 0) return fill(out, 0.0);
+
+  // Stage 2: dtypes.
+  if (a.dtype() != b.dtype()) {
+    const Tensor a32 = contiguous_copy(a, DType::f32), b32 = contiguous_copy(b, DType::f32);
+    return matmul(a32, b32, out, transpose_b);
+  }
+  if (!lt_output_allowed(a.dtype(), out.dtype()) || out.stride(-1) != 1 ||
+      layout_of(n, m, out.stride(-1), out.stride(-2)).transposed ||
+      !layout_of(n, m, out.stride(-1), out.stride(-2)).ok) {
+    Tensor staged = detail::scratch(out.shape(), lt_output_allowed(a.dtype(), out.dtype())
+                                                     ? out.dtype()
+                                                     : DType::f32,
+                                    out.device());
+    matmul(a, b, staged, transpose_b);
+    return cast(staged, out);
+  }
+
+  // Stage 3: layouts (Lt's A is b^T [n, k], Lt's B is a^T [k, m], D is out^T [n, m]).
+  const long long s_bk = transpose_b ? b.stride(-1) : b.stride(-2);
+  const long long s_bn = transpose_b ? b.stride(-2) : b.stride(-1);
+  const MatrixLayout lb = layout_of(n, k, s_bn, s_bk);
+  if (!lb.ok) return matmul(a, contiguous_copy(b, b.dtype()), out, transpose_b);
+  const MatrixLayout la = layout_of(k, m, a.stride(-1), a.stride(-2));
+  if (!la.ok) return matmul(contiguous_copy(a, a.dtype()), b, out, transpose_b);
+
+  // Stage 4: batch dims, merged where uniformly strided.
+  const auto batch_strides = [&](const Tensor& t) {
+    std::vector<long long> s(batch_rank, 0);
+    const std::size_t lead = batch_rank - static_cast<std::size_t>(t.dim() - 2);
+    for (std::size_t i = lead; i < batch_rank; ++i)
+      s[i] = t.shape()[i - lead] == 1 ? 0 : t.strides()[i - lead];
+    return s;
+  };
+  const std::vector<long long> sa = batch_strides(a), sb = batch_strides(b), so = batch_strides(out);
+  std::vector<long long> dims;
+  std::vector<std::array<long long, 3>> strides;  // [dim] -> {a, b, out}
+  for (std::size_t i = 0; i < batch_rank; ++i) {
+    if (batch[i] == 1) continue;
+    const std::array<long long, 3> s = {sa[i], sb[i], so[i]};
+    if (!dims.empty() && strides.back()[0] == s[0] * batch[i] &&
+        strides.back()[1] == s[1] * batch[i] && strides.back()[2] == s[2] * batch[i]) {
+      dims.back() *= batch[i];
+      strides.back() = s;
+      continue;
+    }
+    dims.push_back(batch[i]);
+    strides.push_back(s);
+  }
+  LtProblem p;
+  p.in_type = cuda_type(a.dtype());
+  p.out_type = cuda_type(out.dtype());
+  p.in_size = dtype_size(a.dtype());
+  p.out_size = dtype_size(out.dtype());
+  p.mm = n;
+  p.nn = m;
+  p.kk = k;
+  p.la = lb;
+  p.lb = la;
+  p.ldd = m == 1 ? std::max(n, 1LL) : out.stride(-2);
+  if (!dims.empty()) {
+    constexpr long long kMaxBatch = 1 << 30;
+    if (dims.back() > kMaxBatch)
+      fail<ShapeError>("matmul: a batch of ", dims.back(), " exceeds ", kMaxBatch);
+    p.batch = static_cast<int>(dims.back());
+    p.stride_a = strides.back()[1];  // Lt's A is b
+    p.stride_b = strides.back()[0];
+    p.stride_d = strides.back()[2];
+  }
+  long long outer = 1;
+  for (std::size_t i = 0; i + 1 < dims.size(); ++i) outer *= dims[i];
+  const auto* a_base = static_cast<const char*>(a.raw_data());
+  const auto* b_base = static_cast<const char*>(b.raw_data());
+  auto* d_base = static_cast<char*>(out.raw_data());
+  for (long long o = 0; o < outer; ++o) {
+    long long rest = o, off_a = 0, off_b = 0, off_d = 0;
+    for (std::size_t i = dims.empty() ? 0 : dims.size() - 1; i-- > 0;) {
+      const long long idx = rest % dims[i];
+      rest /= dims[i];
+      off_a += idx * strides[i][0];
+      off_b += idx * strides[i][1];
+      off_d += idx * strides[i][2];
+    }
+    run_lt(p, b_base + off_b * static_cast<long long>(p.in_size),
+           a_base + off_a * static_cast<long long>(p.in_size),
+           d_base + off_d * static_cast<long long>(p.out_size), out.device().index);
+  }
+}
+
+}  // namespace splice::cuda

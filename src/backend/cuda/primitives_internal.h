@@ -1,0 +1,19 @@
+// Internal helpers shared by the CUDA primitive sources (primitives.cu, primitives_gemm.cc).
+#pragma once
+
+#include "splice/core/tensor.h"
+
+namespace splice::cuda::detail {
+
+// Axes an iteration space may keep after merging (the kernels' index arrays).
+inline constexpr int kMaxDims = 6;
+// Axes a tensor may have before merging (host-side stride arrays).
+inline constexpr int kMaxRank = 8;
+
+// A fresh device tensor for intermediate results; also handed to the retain_scratch sink.
+Tensor scratch(const Dims& shape, DType dtype, Device device);
+
+// True when the byte ranges spanned by `a` and `b` in one storage intersect.
+bool overlaps(const Tensor& a, const Tensor& b);
+
+}  // namespace splice::cuda::detail
