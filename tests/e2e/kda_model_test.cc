@@ -259,6 +259,40 @@ TEST(KdaModelGeneric, NoShortConvAndPureKda) {
   decode_and_compare(session, config, weights, options.batch, 5);
 }
 
+// The config.json transformers 5 writes for FLA's KDAConfig via save_pretrained (every field it
+// serializes, training-only ones included; null bos/eos as the peer cross-check sets them).
+constexpr const char* kFlaSavedConfig = R"({
+  "allow_neg_eigval": false, "architectures": ["KDAForCausalLM"], "attn": null,
+  "attn_mode": "chunk", "attnres_block_size": null, "bos_token_id": null, "conv_size": 4,
+  "dtype": "bfloat16", "eos_token_id": null, "expand_v": 1.0, "fuse_cross_entropy": false,
+  "fuse_norm": true, "fuse_swiglu": true, "head_dim": 128, "hidden_act": "swish",
+  "hidden_ratio": 4, "hidden_size": 128, "initializer_range": 0.02, "intermediate_size": 192,
+  "lower_bound": -5.0, "max_position_embeddings": 2048, "model_type": "kda", "norm_eps": 1e-06,
+  "num_heads": 2, "num_hidden_layers": 2, "num_v_heads": null, "pad_token_id": null,
+  "safe_gate": true, "tie_word_embeddings": false, "transformers_version": "5.17.0",
+  "use_cache": true, "use_l2warp": false, "use_short_conv": true, "vocab_size": 97
+})";
+
+TEST(KdaModelFlaConfig, SavePretrainedConfigBuildsAPureKdaModelOnTheFusedPath) {
+  const ModelConfig config = parse_config(kFlaSavedConfig, "fla config.json");
+  EXPECT_EQ(config.family, ModelFamily::kda);
+  EXPECT_TRUE(config.attention_layers.empty());
+  EXPECT_EQ(config.kda.num_v_heads, 2);
+  EXPECT_EQ(config.kda.head_v_dim, 128);
+  ASSERT_TRUE(config.kda.lower_bound.has_value());
+  EXPECT_EQ(*config.kda.lower_bound, -5.0);
+  EXPECT_TRUE(config.eos_token_ids.empty());
+  const Weights weights = Weights::from_tensors(make_kda_weights(config, 14));
+  BuildOptions options;
+  options.batch = 1;
+  options.max_seq_len = 16;
+  DecodeModel model = build_kda_decode_model(config, weights, options);
+  EXPECT_EQ(model.kda_specs.size(), 2u);
+  EXPECT_TRUE(model.attention_specs.empty());
+  Session session(std::move(model.graph));
+  decode_and_compare(session, config, weights, options.batch, 6);
+}
+
 TEST(KdaModelErrors, MissingWeightAndWrongFamilyAreTypedErrors) {
   const ModelConfig config = tiny_config();
   auto tensors = make_kda_weights(config, 11);
