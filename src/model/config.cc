@@ -164,6 +164,8 @@ void read_common(const Fields& f, ModelConfig& c) {
   c.vocab_size = f.positive("vocab_size");
   c.hidden_size = f.positive("hidden_size");
   c.num_hidden_layers = f.positive("num_hidden_layers");
+  if (c.num_hidden_layers > kMaxModelLayers)
+    f.bad("num_hidden_layers", "must be at most ", kMaxModelLayers, ", got ", c.num_hidden_layers);
   c.bos_token_ids = f.token_ids("bos_token_id", {});
   c.eos_token_ids = f.token_ids("eos_token_id", {});
   if (f.has("pad_token_id")) c.pad_token_id = f.integer("pad_token_id", std::nullopt, 0);

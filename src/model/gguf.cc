@@ -919,6 +919,9 @@ ModelConfig config_from_gguf(const GgufFile& file) {
   c.hidden_size = positive("llama.embedding_length");
   c.intermediate_size = positive("llama.feed_forward_length");
   c.num_hidden_layers = positive("llama.block_count");
+  if (c.num_hidden_layers > kMaxModelLayers)
+    fail<ValueError>(file.path(), ": metadata 'llama.block_count' must be at most ",
+                     kMaxModelLayers, ", got ", c.num_hidden_layers);
   c.num_attention_heads = positive("llama.attention.head_count");
   c.num_key_value_heads = positive("llama.attention.head_count_kv", c.num_attention_heads);
   if (c.num_attention_heads % c.num_key_value_heads != 0)

@@ -8,6 +8,7 @@
 
 #include "splice/core/error.h"
 #include "splice/model/gguf.h"
+#include "splice/model/tokenizer.h"
 
 namespace {
 // Dequantizing is linear in the tensor size; bound it so each input stays fast.
@@ -22,7 +23,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const splice::GgufTensorInfo& info = file.info(name);
       if (info.numel() <= kMaxElements) (void)file.tensor(name);
     }
-    (void)splice::config_from_gguf(file);
+    try {
+      (void)splice::config_from_gguf(file);
+    } catch (const splice::Error&) {
+    }
+    (void)splice::Tokenizer::from_gguf(file).encode("Hello 123 <|im_start|>");
   } catch (const splice::Error&) {
     // Rejected input: the expected outcome for most mutations.
   }

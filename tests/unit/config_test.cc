@@ -248,6 +248,8 @@ TEST(ConfigTest, BadValuesAreClearErrors) {
                            {"`num_v_heads` (6) must be a multiple of `num_heads` (4)"});
   expect_error<ValueError>(with(kKdaHybrid, "lower_bound", "0.5"),
                            {"`lower_bound` must be negative"});
+  expect_error<ValueError>(with(kSmolLM2, "num_hidden_layers", "3000000000"),
+                           {"`num_hidden_layers` must be at most 4096, got 3000000000"});
   expect_error<IoError>("{\"architectures\": [", {"not valid JSON"});
   expect_error<IoError>("[1]", {"must be a JSON object"});
 }

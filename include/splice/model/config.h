@@ -26,6 +26,10 @@
 namespace splice {
 
 enum class ModelFamily : std::uint8_t { llama, kda };
+
+// Sanity bounds on sizes read from model files (far above any real model; a file asking for more
+// is malformed, and honouring it would allocate per-layer state without limit).
+inline constexpr std::int64_t kMaxModelLayers = 4096;
 enum class LayerKind : std::uint8_t { attention, kda };
 const char* layer_kind_name(LayerKind kind);
 
