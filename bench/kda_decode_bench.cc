@@ -49,9 +49,11 @@ double measure_copy_gbps(int threads) {
     std::vector<std::thread> pool;
     const std::size_t chunk = kCopyBytes / static_cast<std::size_t>(threads);
     for (int i = 0; i < threads; ++i)
-      pool.emplace_back([&, i] { std::memcpy(dst.data() + i * chunk, src.data() + i * chunk, chunk); });
+      pool.emplace_back(
+          [&, i] { std::memcpy(dst.data() + i * chunk, src.data() + i * chunk, chunk); });
     for (auto& t : pool) t.join();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     best = std::max(best, 2.0 * static_cast<double>(kCopyBytes) / s / 1e9);
   }
   return best;
@@ -91,12 +93,14 @@ Setup make_setup(std::int64_t N, std::int64_t T, DType state_dtype) {
       s.state_indices.data<std::int32_t>()[n * T + t] = static_cast<std::int32_t>(1 + n * T + t);
     s.nat.data<std::int32_t>()[n] = 1;
   }
-  for (std::int64_t n = 0; n <= N; ++n) s.qsl.data<std::int32_t>()[n] = static_cast<std::int32_t>(n * T);
+  for (std::int64_t n = 0; n <= N; ++n)
+    s.qsl.data<std::int32_t>()[n] = static_cast<std::int32_t>(n * T);
 
   const double es = static_cast<double>(splice::dtype_size(state_dtype));
   const double block = static_cast<double>(H * kD * kD);
   const double state_bytes = N * block * es + N * T * block * es;
-  const double row_bytes = static_cast<double>(R) * (3 * C * 2 + 2 * H * kD * 2 + H * 2 + H * kD * 2);
+  const double row_bytes =
+      static_cast<double>(R) * (3 * C * 2 + 2 * H * kD * 2 + H * 2 + H * kD * 2);
   const double conv_bytes = static_cast<double>(N) * (3 + T + 2) * 3 * C * 2;
   const double param_bytes = static_cast<double>(3 * 4 * C + H + C + kD) * 4;
   s.floor_bytes = state_bytes + row_bytes + conv_bytes + param_bytes;
@@ -111,17 +115,18 @@ void BM_KdaDecodeCpu(benchmark::State& state) {
   Setup s = make_setup(N, T, sd);
   const splice::KdaDecodeOptions options;
   for (auto _ : state) {
-    Tensor out = splice::packed_fused_kda_decode(s.x, s.weight, s.conv_state, s.raw_gate,
-                                                 s.raw_beta, s.A_log, s.dt_bias, s.state_indices,
-                                                 s.state, s.output_gate, s.norm_weight, options,
-                                                 s.output, s.qsl, s.nat);
+    Tensor out = splice::packed_fused_kda_decode(
+        s.x, s.weight, s.conv_state, s.raw_gate, s.raw_beta, s.A_log, s.dt_bias, s.state_indices,
+        s.state, s.output_gate, s.norm_weight, options, s.output, s.qsl, s.nat);
     benchmark::DoNotOptimize(out.raw_data());
   }
   const double floor_s = s.floor_bytes / (g_copy_gbps * 1e9);
   state.counters["floor_MB"] = s.floor_bytes / 1e6;
   state.counters["floor_us"] = floor_s * 1e6;
-  state.counters["GBps"] = benchmark::Counter(s.floor_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GFLOPs"] = benchmark::Counter(s.flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GBps"] =
+      benchmark::Counter(s.floor_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs"] =
+      benchmark::Counter(s.flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["copy_GBps"] = g_copy_gbps;
   state.counters["copy1_GBps"] = g_copy_one_gbps;
   state.counters["copyN_GBps"] = g_copy_all_gbps;
@@ -140,9 +145,11 @@ BENCHMARK(BM_KdaDecodeCpu)
     ->MeasureProcessCPUTime()
     ->MinTime(0.2)
     ->Repetitions(5)
-    ->ComputeStatistics("min", [](const std::vector<double>& v) {
-      return *std::min_element(v.begin(), v.end());  // least disturbed run on a shared machine
-    })
+    ->ComputeStatistics("min",
+                        [](const std::vector<double>& v) {
+                          return *std::min_element(
+                              v.begin(), v.end());  // least disturbed run on a shared machine
+                        })
     ->ReportAggregatesOnly(true);
 
 }  // namespace

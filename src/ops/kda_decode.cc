@@ -32,9 +32,12 @@ namespace splice {
 
 const char* kda_mode_name(KdaMode mode) {
   switch (mode) {
-    case KdaMode::plain: return "plain";
-    case KdaMode::packed: return "packed";
-    case KdaMode::t1: return "t1";
+    case KdaMode::plain:
+      return "plain";
+    case KdaMode::packed:
+      return "packed";
+    case KdaMode::t1:
+      return "t1";
   }
   return "?";
 }
@@ -88,7 +91,8 @@ Tensor rows_heads_dim(const Tensor& t, const char* name, std::int64_t R, std::in
                      " (head dim 128), got ", dims_str(t.shape()));
   }
   if (view.stride(2) != 1)
-    fail<LayoutError>("`", name, "` must have a unit stride on its last (head_dim) axis, got strides ",
+    fail<LayoutError>("`", name,
+                      "` must have a unit stride on its last (head_dim) axis, got strides ",
                       dims_str(t.strides()));
   return view;
 }
@@ -114,9 +118,9 @@ struct ArgInputs {
   const Tensor& norm_weight;
   const KdaDecodeOptions& options;
   Tensor& output;
-  const Tensor* query_start_loc;       // null in plain mode
-  const Tensor* num_accepted_tokens;   // null in plain mode
-  const Tensor* t1_state_indices;      // optional, packed mode only
+  const Tensor* query_start_loc;      // null in plain mode
+  const Tensor* num_accepted_tokens;  // null in plain mode
+  const Tensor* t1_state_indices;     // optional, packed mode only
 };
 
 // Stage 1 and 2: every structural check of spec §4; returns the normalized arguments.
@@ -129,7 +133,8 @@ KdaDecodeArgs build_args(const ArgInputs& in, bool plain) {
   const std::int64_t R = in.x.size(0);
   const std::int64_t width = in.x.size(1);
   const std::int64_t block = kKdaNumProjections * kKdaHeadDim;  // 384 channels per head
-  if (R <= 0) fail<ShapeError>("`x` must have at least one row (R > 0), got shape ", dims_str(in.x.shape()));
+  if (R <= 0)
+    fail<ShapeError>("`x` must have at least one row (R > 0), got shape ", dims_str(in.x.shape()));
   if (width <= 0 || width % block != 0)
     fail<ShapeError>("`x`.shape[1] must be a positive multiple of ", block,
                      " (3 * H * 128, head dim 128), got ", width);
@@ -314,8 +319,8 @@ struct SlotUse {
 void check_slot_range(std::int32_t slot, std::int64_t num_slots, const char* where_name,
                       const std::string& where) {
   if (slot >= num_slots)
-    fail<ValueError>("`", where_name, "`", where, " = ", slot, " must be < num_slots = ",
-                     num_slots, " (a live slot)");
+    fail<ValueError>("`", where_name, "`", where, " = ", slot, " must be < num_slots = ", num_slots,
+                     " (a live slot)");
 }
 
 // No slot written by one live sequence is read or written by another (spec §4).
@@ -334,9 +339,9 @@ void check_aliasing(std::vector<SlotUse>& uses, const char* unit) {
       for (std::size_t i = begin; i < end; ++i) {
         if (uses[i].seq != writer->seq)
           fail<ValueError>("slot ", writer->slot, " is written by ", unit, " ", writer->seq, " (",
-                           writer->role, ") and ", uses[i].write ? "written" : "read", " by ",
-                           unit, " ", uses[i].seq, " (", uses[i].role,
-                           "); live ", unit, "s must not share a slot that one of them writes");
+                           writer->role, ") and ", uses[i].write ? "written" : "read", " by ", unit,
+                           " ", uses[i].seq, " (", uses[i].role, "); live ", unit,
+                           "s must not share a slot that one of them writes");
       }
     }
     begin = end;
@@ -353,8 +358,8 @@ void check_kda_value_contracts(const KdaDecodeArgs& a) {
     for (std::int64_t r = 0; r < a.num_rows; ++r) {
       const std::int32_t s = slots[static_cast<std::size_t>(r)];
       if (s <= 0) continue;  // null row
-      check_slot_range(s, a.num_slots, name, "[" + std::to_string(r) + "] (row " +
-                                                 std::to_string(r) + ")");
+      check_slot_range(s, a.num_slots, name,
+                       "[" + std::to_string(r) + "] (row " + std::to_string(r) + ")");
       uses.push_back({s, r, true, "its slot"});
     }
     check_aliasing(uses, "row");
@@ -369,19 +374,19 @@ void check_kda_value_contracts(const KdaDecodeArgs& a) {
   for (std::int64_t n = 0; n < N; ++n) {
     const std::int64_t len = static_cast<std::int64_t>(qsl[n + 1]) - qsl[n];
     if (len < 0)
-      fail<ValueError>("`query_start_loc` must be non-decreasing, got [", n, "] = ", qsl[n],
-                       " > [", n + 1, "] = ", qsl[n + 1], " (sequence ", n, ")");
+      fail<ValueError>("`query_start_loc` must be non-decreasing, got [", n, "] = ", qsl[n], " > [",
+                       n + 1, "] = ", qsl[n + 1], " (sequence ", n, ")");
     if (len > T)
-      fail<ValueError>("sequence ", n, " has length ", len, " (`query_start_loc`[", n + 1,
-                       "] - [", n, "]), must be <= T = ", T);
+      fail<ValueError>("sequence ", n, " has length ", len, " (`query_start_loc`[", n + 1, "] - [",
+                       n, "]), must be <= T = ", T);
   }
   if (qsl[N] > a.num_rows)
-    fail<ValueError>("`query_start_loc`[N = ", N, "] = ", qsl[N], " must be <= num_rows R = ",
-                     a.num_rows);
+    fail<ValueError>("`query_start_loc`[N = ", N, "] = ", qsl[N],
+                     " must be <= num_rows R = ", a.num_rows);
   for (std::int64_t n = 0; n < N; ++n) {
     if (nat[n] < 1 || nat[n] > T)
-      fail<ValueError>("`num_accepted_tokens`[", n, "] (sequence ", n, ") must be in [1, T = ",
-                       T, "], got ", nat[n]);
+      fail<ValueError>("`num_accepted_tokens`[", n, "] (sequence ", n, ") must be in [1, T = ", T,
+                       "], got ", nat[n]);
   }
   for (std::int64_t n = 0; n < N; ++n) {
     const std::int64_t len = static_cast<std::int64_t>(qsl[n + 1]) - qsl[n];
@@ -434,9 +439,21 @@ Tensor packed_fused_kda_decode(const Tensor& x, const Tensor& weight, Tensor& co
                                const KdaDecodeOptions& options, Tensor output,
                                const Tensor& query_start_loc, const Tensor& num_accepted_tokens,
                                const Tensor* t1_state_indices) {
-  const ArgInputs in{x,           weight,  conv_state, raw_gate,         raw_beta,
-                     A_log,       dt_bias, state_indices, state,         output_gate,
-                     norm_weight, options, output,     &query_start_loc, &num_accepted_tokens,
+  const ArgInputs in{x,
+                     weight,
+                     conv_state,
+                     raw_gate,
+                     raw_beta,
+                     A_log,
+                     dt_bias,
+                     state_indices,
+                     state,
+                     output_gate,
+                     norm_weight,
+                     options,
+                     output,
+                     &query_start_loc,
+                     &num_accepted_tokens,
                      t1_state_indices};
   const KdaDecodeArgs args = build_args(in, /*plain=*/false);
   dispatch(args);
@@ -448,25 +465,24 @@ Tensor fused_kda_decode(const Tensor& x, const Tensor& weight, Tensor& conv_stat
                         const Tensor& dt_bias, const Tensor& state_indices, Tensor& state,
                         const Tensor& output_gate, const Tensor& norm_weight,
                         const KdaDecodeOptions& options, Tensor output) {
-  const ArgInputs in{x,       weight,        conv_state, raw_gate,    raw_beta,
-                     A_log,   dt_bias,       state_indices, state,    output_gate,
-                     norm_weight, options,   output,     nullptr,     nullptr,
-                     nullptr};
+  const ArgInputs in{x,       weight,        conv_state, raw_gate,    raw_beta,    A_log,
+                     dt_bias, state_indices, state,      output_gate, norm_weight, options,
+                     output,  nullptr,       nullptr,    nullptr};
   const KdaDecodeArgs args = build_args(in, /*plain=*/true);
   dispatch(args);
   return output;
 }
 
 const KdaContract& cpu_kda_contract() {
-  static const KdaContract row{"kda_decode", "cpu",  "cpu-kda-1", {DType::f32, DType::bf16},
-                               {kKdaHeadDim}, 0,     true,        kCpuOutputTolerance,
+  static const KdaContract row{"kda_decode",      "cpu", "cpu-kda-1", {DType::f32, DType::bf16},
+                               {kKdaHeadDim},     0,     true,        kCpuOutputTolerance,
                                kCpuStateTolerance};
   return row;
 }
 
 const KdaContract& cuda_kda_contract() {
-  static const KdaContract row{"kda_decode", "cuda", "cuda-kda-1", {DType::f32, DType::bf16},
-                               {kKdaHeadDim}, 0,     true,         kCudaOutputTolerance,
+  static const KdaContract row{"kda_decode",       "cuda", "cuda-kda-1", {DType::f32, DType::bf16},
+                               {kKdaHeadDim},      0,      true,         kCudaOutputTolerance,
                                kCudaStateTolerance};
   return row;
 }

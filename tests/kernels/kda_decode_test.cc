@@ -14,6 +14,8 @@
 // the plain / packed T = 1 / t1_state_indices equivalence, determinism, every validation error
 // (with caches left untouched), and a speculative-decoding accept/continue scenario.
 // The measured worst errors are printed at the end (docs/perf-cpu-kda.md records them).
+#include "splice/ops/kda_decode.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,7 +34,6 @@
 #include "splice/core/error.h"
 #include "splice/core/random.h"
 #include "splice/core/tolerance.h"
-#include "splice/ops/kda_decode.h"
 #include "support/reference_kda.h"
 #include "support/test_util.h"
 
@@ -80,8 +81,7 @@ class StatsPrinter : public ::testing::Environment {
                   g_stats.state_abs[i], g_stats.state_rel[i], g_stats.state_worst[i].c_str());
   }
 };
-[[maybe_unused]] const auto* const g_env =
-    ::testing::AddGlobalTestEnvironment(new StatsPrinter);
+[[maybe_unused]] const auto* const g_env = ::testing::AddGlobalTestEnvironment(new StatsPrinter);
 
 // ---------------------------------------------------------------------------------------------
 // Problem construction.
@@ -228,26 +228,33 @@ Meta grid_meta(std::uint64_t seed, std::int64_t T) {
   for (int i = 0; i < std::max(iT, kExtras); ++i) {
     if (i < iT) add(i % 3 == 0 ? iT : (i % 3 == 1 ? ragged() : 1), i + 1);
     switch (i) {
-      case 0: add(0, 1); break;                                      // empty sequence
-      case 1: m.si[add(ragged(), ragged())][0] = 0; break;           // null conv slot
-      case 2: {                                                      // null source slot
+      case 0:
+        add(0, 1);
+        break;  // empty sequence
+      case 1:
+        m.si[add(ragged(), ragged())][0] = 0;
+        break;   // null conv slot
+      case 2: {  // null source slot
         const auto n = add(ragged(), iT);
         m.si[n][iT - 1] = -1;
         break;
       }
-      case 3: {                                                      // null destinations
+      case 3: {  // null destinations
         const auto n = add(iT, 1);
         for (int t = 1; t < iT; t += 2) m.si[n][t] = 0;
         break;
       }
-      case 4: {                                                      // destination == source
+      case 4: {  // destination == source
         const int nat = ragged();
         const auto n = add(iT, nat);
         m.si[n][iT - 1] = m.si[n][nat - 1];
         break;
       }
-      case 5: add(0, iT); break;                                     // empty, nat = T
-      default: break;
+      case 5:
+        add(0, iT);
+        break;  // empty, nat = T
+      default:
+        break;
     }
   }
   m.trailing = 2;
@@ -273,21 +280,19 @@ Tensor poisoned_output(const Problem& p) {
   return out;
 }
 
-Tensor run_packed(Problem& p, const KdaDecodeOptions& o, Tensor out,
-                  const Tensor* t1 = nullptr) {
+Tensor run_packed(Problem& p, const KdaDecodeOptions& o, Tensor out, const Tensor* t1 = nullptr) {
   return packed_fused_kda_decode(p.x, p.weight, p.conv_state, p.raw_gate, p.raw_beta, p.A_log,
-                                 p.dt_bias, p.state_indices, p.state, p.output_gate,
-                                 p.norm_weight, o, std::move(out), p.qsl, p.nat, t1);
+                                 p.dt_bias, p.state_indices, p.state, p.output_gate, p.norm_weight,
+                                 o, std::move(out), p.qsl, p.nat, t1);
 }
 
 KdaReferenceResult reference(const Problem& p, const KdaDecodeOptions& o,
                              const Tensor* t1 = nullptr) {
   std::optional<double> lb;
   if (o.lower_bound) lb = *o.lower_bound;
-  return testing::reference_packed_kda_decode(p.x, p.weight, p.conv_state, p.raw_gate,
-                                              p.raw_beta, p.A_log, p.dt_bias, p.state_indices,
-                                              p.state, p.output_gate, p.norm_weight, lb,
-                                              o.norm_eps, p.qsl, p.nat, t1);
+  return testing::reference_packed_kda_decode(
+      p.x, p.weight, p.conv_state, p.raw_gate, p.raw_beta, p.A_log, p.dt_bias, p.state_indices,
+      p.state, p.output_gate, p.norm_weight, lb, o.norm_eps, p.qsl, p.nat, t1);
 }
 
 // Rows owned by live sequences and the state slots they write (packed mode).
@@ -417,8 +422,8 @@ class KdaGridTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(KdaGridTest, MatchesReferenceEveryGateStateAndLayout) {
   const std::int64_t T = GetParam();
-  const Layout layouts[4] = {{0, 0, false, false}, {8, 0, false, true}, {0, 37, false, false},
-                             {3, 24, true, false}};
+  const Layout layouts[4] = {
+      {0, 0, false, false}, {8, 0, false, true}, {0, 37, false, false}, {3, 24, true, false}};
   int variant = 0;
   for (DType sd : {DType::f32, DType::bf16}) {
     for (bool softplus : {false, true}) {
@@ -678,10 +683,9 @@ struct CallArgs {
 };
 
 CallArgs base_args(Problem& p) {
-  CallArgs c{p.x,     p.weight,      p.conv_state, p.raw_gate,    p.raw_beta,
-             p.A_log, p.dt_bias,     p.state_indices, p.state,    p.output_gate,
-             p.norm_weight, Tensor{}, p.qsl,        p.nat,         Tensor{},
-             KdaDecodeOptions{}, false};
+  CallArgs c{p.x,       p.weight,        p.conv_state, p.raw_gate,         p.raw_beta,    p.A_log,
+             p.dt_bias, p.state_indices, p.state,      p.output_gate,      p.norm_weight, Tensor{},
+             p.qsl,     p.nat,           Tensor{},     KdaDecodeOptions{}, false};
   return c;
 }
 
@@ -690,9 +694,9 @@ void call(CallArgs& c) {
     fused_kda_decode(c.x, c.weight, c.conv_state, c.raw_gate, c.raw_beta, c.A_log, c.dt_bias,
                      c.state_indices, c.state, c.output_gate, c.norm_weight, c.options, c.output);
   } else {
-    packed_fused_kda_decode(c.x, c.weight, c.conv_state, c.raw_gate, c.raw_beta, c.A_log,
-                            c.dt_bias, c.state_indices, c.state, c.output_gate, c.norm_weight,
-                            c.options, c.output, c.qsl, c.nat, c.t1.defined() ? &c.t1 : nullptr);
+    packed_fused_kda_decode(c.x, c.weight, c.conv_state, c.raw_gate, c.raw_beta, c.A_log, c.dt_bias,
+                            c.state_indices, c.state, c.output_gate, c.norm_weight, c.options,
+                            c.output, c.qsl, c.nat, c.t1.defined() ? &c.t1 : nullptr);
   }
 }
 
@@ -730,112 +734,197 @@ TEST(KdaDecodeValidation, StructuralErrorsAreTypedAndNameTheArgument) {
   Problem p = make_problem(21, 1, m, DType::f32);
   const std::int64_t R = p.R, C = kD;
   using CA = CallArgs;
-  expect_error<DTypeError>(p, [](CA& c) { c.x = c.x.to(DType::f32); }, "`x`", "x dtype");
-  expect_error<ShapeError>(p, [&](CA& c) { c.x = Tensor::zeros({R, 3 * C + 128}, DType::bf16); },
-                           "`x`", "x width");
-  expect_error<ShapeError>(p, [&](CA& c) { c.x = Tensor::zeros({R, 3 * C, 1}, DType::bf16); },
-                           "`x`", "x rank");
-  expect_error<ShapeError>(p, [&](CA& c) { c.x = Tensor::zeros({0, 3 * C}, DType::bf16); }, "`x`",
-                           "x no rows");
-  expect_error<LayoutError>(p, [&](CA& c) { c.x = permuted_2d({R, 3 * C}, DType::bf16); }, "`x`",
-                            "x channel stride");
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.x = c.x.to(DType::f32); }, "`x`", "x dtype");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.x = Tensor::zeros({R, 3 * C + 128}, DType::bf16);
+      },
+      "`x`", "x width");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.x = Tensor::zeros({R, 3 * C, 1}, DType::bf16);
+      },
+      "`x`", "x rank");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.x = Tensor::zeros({0, 3 * C}, DType::bf16);
+      },
+      "`x`", "x no rows");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.x = permuted_2d({R, 3 * C}, DType::bf16);
+      },
+      "`x`", "x channel stride");
   expect_error<LayoutError>(
       p,
       [&](CA& c) {
         c.x = Tensor::view_of(c.x.storage(), 0, {R, 3 * C}, {3 * C - 1, 1}, DType::bf16);
       },
       "`x`", "x rows overlap (row stride < 3C)");
-  expect_error<ShapeError>(p, [&](CA& c) { c.weight = Tensor::zeros({3, 3, C}, DType::f32); },
-                           "`weight`", "weight shape");
-  expect_error<DTypeError>(p, [](CA& c) { c.weight = c.weight.to(DType::bf16); }, "`weight`",
-                           "weight dtype");
-  expect_error<LayoutError>(
-      p, [&](CA& c) { c.weight = Tensor::zeros({3, C, 4}, DType::f32).permute({0, 2, 1}); },
-      "`weight`", "weight contiguity");
-  expect_error<DTypeError>(
-      p, [&](CA& c) { c.conv_state = Tensor::zeros({5, 3 * C, 4}, DType::f32); }, "`conv_state`",
-      "conv dtype");
   expect_error<ShapeError>(
-      p, [&](CA& c) { c.conv_state = Tensor::zeros({5, 4, 3 * C}, DType::bf16).permute({0, 2, 1}).slice(2, 0, 3); },
-      "`conv_state`", "conv history length != T + 2");
-  expect_error<LayoutError>(
-      p, [&](CA& c) { c.conv_state = Tensor::zeros({5, 3 * C, 4}, DType::bf16); }, "`conv_state`",
-      "conv row-major layout");
+      p,
+      [&](CA& c) {
+        c.weight = Tensor::zeros({3, 3, C}, DType::f32);
+      },
+      "`weight`", "weight shape");
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.weight = c.weight.to(DType::bf16); }, "`weight`", "weight dtype");
   expect_error<LayoutError>(
       p,
       [&](CA& c) {
-        c.conv_state = Tensor::view_of(c.conv_state.storage(), 0, {5, 3 * C, 4}, {100, 1, 3 * C},
-                                       DType::bf16);
+        c.weight = Tensor::zeros({3, C, 4}, DType::f32).permute({0, 2, 1});
+      },
+      "`weight`", "weight contiguity");
+  expect_error<DTypeError>(
+      p,
+      [&](CA& c) {
+        c.conv_state = Tensor::zeros({5, 3 * C, 4}, DType::f32);
+      },
+      "`conv_state`", "conv dtype");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.conv_state = Tensor::zeros({5, 4, 3 * C}, DType::bf16).permute({0, 2, 1}).slice(2, 0, 3);
+      },
+      "`conv_state`", "conv history length != T + 2");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.conv_state = Tensor::zeros({5, 3 * C, 4}, DType::bf16);
+      },
+      "`conv_state`", "conv row-major layout");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.conv_state =
+            Tensor::view_of(c.conv_state.storage(), 0, {5, 3 * C, 4}, {100, 1, 3 * C}, DType::bf16);
       },
       "`conv_state`", "conv slot stride too small");
   expect_error<ShapeError>(
-      p, [&](CA& c) { c.raw_gate = Tensor::zeros({1, R, 1, 64}, DType::bf16); }, "`raw_gate`",
-      "raw_gate head dim");
-  expect_error<DTypeError>(p, [](CA& c) { c.raw_gate = c.raw_gate.to(DType::f32); },
-                           "`raw_gate`", "raw_gate dtype");
-  expect_error<ShapeError>(p, [&](CA& c) { c.raw_beta = Tensor::zeros({R, 1}, DType::bf16); },
-                           "`raw_beta`", "raw_beta shape");
-  expect_error<ShapeError>(p, [](CA& c) { c.A_log = Tensor::zeros({2}, DType::f32); }, "`A_log`",
-                           "A_log count");
-  expect_error<DTypeError>(p, [](CA& c) { c.A_log = c.A_log.to(DType::bf16); }, "`A_log`",
-                           "A_log dtype");
-  expect_error<ShapeError>(p, [](CA& c) { c.dt_bias = Tensor::zeros({64}, DType::f32); },
-                           "`dt_bias`", "dt_bias count");
-  expect_error<DTypeError>(p, [](CA& c) { c.state_indices = c.state_indices.to(DType::i64); },
-                           "`state_indices`", "state_indices dtype");
-  expect_error<ShapeError>(p, [](CA& c) { c.state_indices = Tensor::zeros({0, 2}, DType::i32); },
-                           "`state_indices`", "N = 0");
-  expect_error<ShapeError>(p, [](CA& c) { c.state_indices = Tensor::zeros({2, 0}, DType::i32); },
-                           "`state_indices`", "T = 0");
-  expect_error<LayoutError>(p, [](CA& c) { c.state_indices = permuted_2d({2, 2}, DType::i32); },
-                            "`state_indices`", "state_indices contiguity");
-  expect_error<DTypeError>(p, [](CA& c) { c.state = Tensor::zeros({5, 1, kD, kD}, DType::f16); },
-                           "`state`", "state dtype");
-  expect_error<ShapeError>(p, [](CA& c) { c.state = Tensor::zeros({5, 2, kD, kD}, DType::f32); },
-                           "`state`", "state heads");
-  expect_error<ShapeError>(p, [](CA& c) { c.state = Tensor::zeros({4, 1, kD, kD}, DType::f32); },
-                           "`state`", "state slots != conv slots");
+      p,
+      [&](CA& c) {
+        c.raw_gate = Tensor::zeros({1, R, 1, 64}, DType::bf16);
+      },
+      "`raw_gate`", "raw_gate head dim");
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.raw_gate = c.raw_gate.to(DType::f32); }, "`raw_gate`", "raw_gate dtype");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.raw_beta = Tensor::zeros({R, 1}, DType::bf16);
+      },
+      "`raw_beta`", "raw_beta shape");
+  expect_error<ShapeError>(
+      p, [](CA& c) { c.A_log = Tensor::zeros({2}, DType::f32); }, "`A_log`", "A_log count");
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.A_log = c.A_log.to(DType::bf16); }, "`A_log`", "A_log dtype");
+  expect_error<ShapeError>(
+      p, [](CA& c) { c.dt_bias = Tensor::zeros({64}, DType::f32); }, "`dt_bias`", "dt_bias count");
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.state_indices = c.state_indices.to(DType::i64); }, "`state_indices`",
+      "state_indices dtype");
+  expect_error<ShapeError>(
+      p,
+      [](CA& c) {
+        c.state_indices = Tensor::zeros({0, 2}, DType::i32);
+      },
+      "`state_indices`", "N = 0");
+  expect_error<ShapeError>(
+      p,
+      [](CA& c) {
+        c.state_indices = Tensor::zeros({2, 0}, DType::i32);
+      },
+      "`state_indices`", "T = 0");
   expect_error<LayoutError>(
-      p, [](CA& c) { c.state = Tensor::zeros({5, 1, kD, kD}, DType::f32).permute({0, 1, 3, 2}); },
+      p,
+      [](CA& c) {
+        c.state_indices = permuted_2d({2, 2}, DType::i32);
+      },
+      "`state_indices`", "state_indices contiguity");
+  expect_error<DTypeError>(
+      p,
+      [](CA& c) {
+        c.state = Tensor::zeros({5, 1, kD, kD}, DType::f16);
+      },
+      "`state`", "state dtype");
+  expect_error<ShapeError>(
+      p,
+      [](CA& c) {
+        c.state = Tensor::zeros({5, 2, kD, kD}, DType::f32);
+      },
+      "`state`", "state heads");
+  expect_error<ShapeError>(
+      p,
+      [](CA& c) {
+        c.state = Tensor::zeros({4, 1, kD, kD}, DType::f32);
+      },
+      "`state`", "state slots != conv slots");
+  expect_error<LayoutError>(
+      p,
+      [](CA& c) {
+        c.state = Tensor::zeros({5, 1, kD, kD}, DType::f32).permute({0, 1, 3, 2});
+      },
       "`state`", "state transposed inner strides");
   expect_error<ShapeError>(
-      p, [&](CA& c) { c.output_gate = Tensor::zeros({1, R, 1, 64}, DType::bf16); },
+      p,
+      [&](CA& c) {
+        c.output_gate = Tensor::zeros({1, R, 1, 64}, DType::bf16);
+      },
       "`output_gate`", "output_gate shape");
   expect_error<ShapeError>(
       p, [](CA& c) { c.norm_weight = Tensor::zeros({64}, DType::f32); }, "`norm_weight`",
       "norm_weight count");
-  expect_error<ShapeError>(p, [&](CA& c) { c.output = Tensor::zeros({R, 1, kD}, DType::bf16); },
-                           "`output`", "output shape");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.output = Tensor::zeros({R, 1, kD}, DType::bf16);
+      },
+      "`output`", "output shape");
   expect_error<DTypeError>(
-      p, [&](CA& c) { c.output = Tensor::zeros({1, R, 1, kD}, DType::f32); }, "`output`",
-      "output dtype");
+      p,
+      [&](CA& c) {
+        c.output = Tensor::zeros({1, R, 1, kD}, DType::f32);
+      },
+      "`output`", "output dtype");
   expect_error<LayoutError>(
       p,
-      [&](CA& c) { c.output = Tensor::zeros({1, R, 1, kD + 8}, DType::bf16).slice(3, 0, kD); },
+      [&](CA& c) {
+        c.output = Tensor::zeros({1, R, 1, kD + 8}, DType::bf16).slice(3, 0, kD);
+      },
       "`output`", "output contiguity");
-  expect_error<ShapeError>(p, [](CA& c) { c.qsl = Tensor::zeros({2}, DType::i32); },
-                           "`query_start_loc`", "qsl shape");
-  expect_error<DTypeError>(p, [](CA& c) { c.qsl = c.qsl.to(DType::i64); }, "`query_start_loc`",
-                           "qsl dtype");
-  expect_error<ShapeError>(p, [](CA& c) { c.nat = Tensor::zeros({3}, DType::i32); },
-                           "`num_accepted_tokens`", "nat shape");
+  expect_error<ShapeError>(
+      p, [](CA& c) { c.qsl = Tensor::zeros({2}, DType::i32); }, "`query_start_loc`", "qsl shape");
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.qsl = c.qsl.to(DType::i64); }, "`query_start_loc`", "qsl dtype");
+  expect_error<ShapeError>(
+      p, [](CA& c) { c.nat = Tensor::zeros({3}, DType::i32); }, "`num_accepted_tokens`",
+      "nat shape");
   expect_error<LayoutError>(
-      p, [](CA& c) { c.nat = Tensor::zeros({2, 2}, DType::i32).select(1, 0); },
+      p,
+      [](CA& c) {
+        c.nat = Tensor::zeros({2, 2}, DType::i32).select(1, 0);
+      },
       "`num_accepted_tokens`", "nat contiguity");
-  expect_error<ValueError>(p, [](CA& c) { c.options.lower_bound = 1.0f; }, "`lower_bound`",
-                           "lower_bound positive");
-  expect_error<ValueError>(p, [](CA& c) { c.options.lower_bound = 0.0f; }, "`lower_bound`",
-                           "lower_bound zero");
-  expect_error<ValueError>(p, [](CA& c) { c.options.lower_bound = -INFINITY; }, "`lower_bound`",
-                           "lower_bound infinite");
-  expect_error<ValueError>(p, [](CA& c) { c.options.lower_bound = NAN; }, "`lower_bound`",
-                           "lower_bound NaN");
-  expect_error<ValueError>(p, [](CA& c) { c.options.norm_eps = -1e-5f; }, "`norm_eps`",
-                           "norm_eps negative");
-  expect_error<ValueError>(p, [](CA& c) { c.options.norm_eps = NAN; }, "`norm_eps`",
-                           "norm_eps NaN");
-  expect_error<ValueError>(p, [&](CA& c) { c.t1 = Tensor::zeros({R}, DType::i32); },
-                           "`t1_state_indices`", "t1_state_indices with T = 2");
+  expect_error<ValueError>(
+      p, [](CA& c) { c.options.lower_bound = 1.0f; }, "`lower_bound`", "lower_bound positive");
+  expect_error<ValueError>(
+      p, [](CA& c) { c.options.lower_bound = 0.0f; }, "`lower_bound`", "lower_bound zero");
+  expect_error<ValueError>(
+      p, [](CA& c) { c.options.lower_bound = -INFINITY; }, "`lower_bound`", "lower_bound infinite");
+  expect_error<ValueError>(
+      p, [](CA& c) { c.options.lower_bound = NAN; }, "`lower_bound`", "lower_bound NaN");
+  expect_error<ValueError>(
+      p, [](CA& c) { c.options.norm_eps = -1e-5f; }, "`norm_eps`", "norm_eps negative");
+  expect_error<ValueError>(
+      p, [](CA& c) { c.options.norm_eps = NAN; }, "`norm_eps`", "norm_eps NaN");
+  expect_error<ValueError>(
+      p, [&](CA& c) { c.t1 = Tensor::zeros({R}, DType::i32); }, "`t1_state_indices`",
+      "t1_state_indices with T = 2");
   // Tensors claiming another device (never dereferenced: validation rejects them first).
   expect_error<DeviceError>(
       p,
@@ -843,8 +932,13 @@ TEST(KdaDecodeValidation, StructuralErrorsAreTypedAndNameTheArgument) {
         c.A_log = Tensor::borrow(c.A_log.raw_data(), {1}, DType::f32, {}, Device::cuda());
       },
       "`A_log`", "A_log on another device");
-  expect_error<ValueError>(p, [](CA& c) { c.plain = true; c.x = Tensor{}; }, "`x`",
-                           "x missing");
+  expect_error<ValueError>(
+      p,
+      [](CA& c) {
+        c.plain = true;
+        c.x = Tensor{};
+      },
+      "`x`", "x missing");
 }
 
 TEST(KdaDecodeValidation, NoCudaBackendIsADeviceError) {
@@ -856,9 +950,8 @@ TEST(KdaDecodeValidation, NoCudaBackendIsADeviceError) {
   auto cuda_view = [](const Tensor& t) {
     return Tensor::borrow(t.raw_data(), t.shape(), t.dtype(), t.strides(), Device::cuda());
   };
-  for (Tensor* t : {&c.x, &c.weight, &c.conv_state, &c.raw_gate, &c.raw_beta, &c.A_log,
-                    &c.dt_bias, &c.state_indices, &c.state, &c.output_gate, &c.norm_weight,
-                    &c.qsl, &c.nat})
+  for (Tensor* t : {&c.x, &c.weight, &c.conv_state, &c.raw_gate, &c.raw_beta, &c.A_log, &c.dt_bias,
+                    &c.state_indices, &c.state, &c.output_gate, &c.norm_weight, &c.qsl, &c.nat})
     *t = cuda_view(*t);
   c.output = cuda_view(Tensor::empty({1, p.R, 1, kD}, DType::bf16));
   EXPECT_THROW(call(c), DeviceError);
@@ -881,40 +974,100 @@ TEST(KdaDecodeValidation, ValueContractsFailBeforeAnyWrite) {
     return int_tensor(v, {static_cast<std::int64_t>(v.size())});
   };
   auto si = [](std::vector<int> v) { return int_tensor(v, {3, 3}); };
-  expect_error<ValueError>(p, [&](CA& c) { c.qsl = ints({1, 3, 5, 5}); }, "`query_start_loc`",
-                           "qsl[0] != 0");
-  expect_error<ValueError>(p, [&](CA& c) { c.qsl = ints({0, 3, 2, 5}); }, "`query_start_loc`",
-                           "qsl decreasing");
-  expect_error<ValueError>(p, [&](CA& c) { c.qsl = ints({0, 4, 5, 5}); }, "sequence 0",
-                           "length > T");
-  expect_error<ValueError>(p, [&](CA& c) { c.qsl = ints({0, 3, 5, 7}); }, "`query_start_loc`",
-                           "qsl[N] > R");
-  expect_error<ValueError>(p, [&](CA& c) { c.nat = ints({2, 0, 1}); }, "`num_accepted_tokens`",
-                           "nat = 0");
-  expect_error<ValueError>(p, [&](CA& c) { c.nat = ints({2, 3, 4}); }, "`num_accepted_tokens`",
-                           "nat > T");
-  expect_error<ValueError>(p, [&](CA& c) { c.state_indices = si({10, 2, 3, 4, 5, 6, 7, 8, 9}); },
-                           "`state_indices`", "conv slot >= slots");
-  expect_error<ValueError>(p, [&](CA& c) { c.state_indices = si({1, 12, 3, 4, 5, 6, 7, 8, 9}); },
-                           "`state_indices`", "source slot >= slots");
-  expect_error<ValueError>(p, [&](CA& c) { c.state_indices = si({1, 2, 99, 4, 5, 6, 7, 8, 9}); },
-                           "`state_indices`", "destination slot >= slots");
-  expect_error<ValueError>(p, [&](CA& c) { c.state_indices = si({1, 2, 3, 4, 3, 6, 7, 8, 9}); },
-                           "slot 3", "two sequences write one slot");
-  expect_error<ValueError>(p, [&](CA& c) { c.state_indices = si({1, 2, 4, 4, 5, 6, 7, 8, 9}); },
-                           "slot 4", "one sequence writes another's conv slot");
-  expect_error<ValueError>(p, [&](CA& c) { c.state_indices = si({1, 5, 3, 4, 5, 6, 7, 8, 9}); },
-                           "slot 5", "one sequence reads another's checkpoint");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.qsl = ints({1, 3, 5, 5});
+      },
+      "`query_start_loc`", "qsl[0] != 0");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.qsl = ints({0, 3, 2, 5});
+      },
+      "`query_start_loc`", "qsl decreasing");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.qsl = ints({0, 4, 5, 5});
+      },
+      "sequence 0", "length > T");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.qsl = ints({0, 3, 5, 7});
+      },
+      "`query_start_loc`", "qsl[N] > R");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.nat = ints({2, 0, 1});
+      },
+      "`num_accepted_tokens`", "nat = 0");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.nat = ints({2, 3, 4});
+      },
+      "`num_accepted_tokens`", "nat > T");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.state_indices = si({10, 2, 3, 4, 5, 6, 7, 8, 9});
+      },
+      "`state_indices`", "conv slot >= slots");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.state_indices = si({1, 12, 3, 4, 5, 6, 7, 8, 9});
+      },
+      "`state_indices`", "source slot >= slots");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.state_indices = si({1, 2, 99, 4, 5, 6, 7, 8, 9});
+      },
+      "`state_indices`", "destination slot >= slots");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.state_indices = si({1, 2, 3, 4, 3, 6, 7, 8, 9});
+      },
+      "slot 3", "two sequences write one slot");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.state_indices = si({1, 2, 4, 4, 5, 6, 7, 8, 9});
+      },
+      "slot 4", "one sequence writes another's conv slot");
+  expect_error<ValueError>(
+      p,
+      [&](CA& c) {
+        c.state_indices = si({1, 5, 3, 4, 5, 6, 7, 8, 9});
+      },
+      "slot 5", "one sequence reads another's checkpoint");
   // Plain and t1 modes.
   Problem q = make_problem(24, 1, t1_meta(), DType::f32);
   expect_error<ValueError>(
-      q, [&](CA& c) { c.plain = true; c.state_indices = ints({3, 1, 1, 7, 0, 5, 0, 0, 0}); },
+      q,
+      [&](CA& c) {
+        c.plain = true;
+        c.state_indices = ints({3, 1, 1, 7, 0, 5, 0, 0, 0});
+      },
       "slot 1", "plain rows share a slot");
   expect_error<ValueError>(
-      q, [&](CA& c) { c.plain = true; c.state_indices = ints({3, 1, 10, 7, 0, 5, 0, 0, 0}); },
+      q,
+      [&](CA& c) {
+        c.plain = true;
+        c.state_indices = ints({3, 1, 10, 7, 0, 5, 0, 0, 0});
+      },
       "`state_indices`", "plain slot >= slots");
-  expect_error<ValueError>(q, [&](CA& c) { c.t1 = ints({3, 1, 12, 7, 0, 5, 0, 0, 0}); },
-                           "`t1_state_indices`", "t1 slot >= slots");
+  expect_error<ValueError>(
+      q,
+      [&](CA& c) {
+        c.t1 = ints({3, 1, 12, 7, 0, 5, 0, 0, 0});
+      },
+      "`t1_state_indices`", "t1 slot >= slots");
   // Slots of sequences that are not live (length 0 here) are not checked.
   CallArgs ok = base_args(p);
   ok.state_indices = si({1, 2, 3, 4, 5, 6, -1, 88, 99});

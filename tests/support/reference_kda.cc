@@ -171,11 +171,10 @@ double round_bf16(double value) {
 
 KdaReferenceResult reference_packed_kda_decode(
     const Tensor& x, const Tensor& weight, const Tensor& conv_state, const Tensor& raw_gate,
-    const Tensor& raw_beta, const Tensor& A_log, const Tensor& dt_bias,
-    const Tensor& state_indices, const Tensor& state, const Tensor& output_gate,
-    const Tensor& norm_weight, std::optional<double> lower_bound, double norm_eps,
-    const Tensor& query_start_loc, const Tensor& num_accepted_tokens,
-    const Tensor* t1_state_indices) {
+    const Tensor& raw_beta, const Tensor& A_log, const Tensor& dt_bias, const Tensor& state_indices,
+    const Tensor& state, const Tensor& output_gate, const Tensor& norm_weight,
+    std::optional<double> lower_bound, double norm_eps, const Tensor& query_start_loc,
+    const Tensor& num_accepted_tokens, const Tensor* t1_state_indices) {
   std::vector<Seq> seqs;
   if (t1_state_indices != nullptr && t1_state_indices->defined()) {
     for (std::int64_t r = 0; r < x.size(0); ++r) {
@@ -187,7 +186,8 @@ KdaReferenceResult reference_packed_kda_decode(
     for (std::int64_t n = 0; n < N; ++n) {
       const std::int64_t b = get_int(query_start_loc, n), e = get_int(query_start_loc, n + 1);
       if (e - b == 0) continue;
-      const std::int64_t a = std::clamp<std::int64_t>(get_int(num_accepted_tokens, n) - 1, 0, T - 1);
+      const std::int64_t a =
+          std::clamp<std::int64_t>(get_int(num_accepted_tokens, n) - 1, 0, T - 1);
       const std::int64_t cs = get_int(state_indices, n * T), ss = get_int(state_indices, n * T + a);
       if (cs <= 0 || ss <= 0) continue;  // null sequence: zero rows, no cache touched
       Seq s{b, e - b, a, cs, ss, {}};
@@ -199,11 +199,13 @@ KdaReferenceResult reference_packed_kda_decode(
              norm_weight, lower_bound, norm_eps, seqs);
 }
 
-KdaReferenceResult reference_fused_kda_decode(
-    const Tensor& x, const Tensor& weight, const Tensor& conv_state, const Tensor& raw_gate,
-    const Tensor& raw_beta, const Tensor& A_log, const Tensor& dt_bias,
-    const Tensor& state_indices, const Tensor& state, const Tensor& output_gate,
-    const Tensor& norm_weight, std::optional<double> lower_bound, double norm_eps) {
+KdaReferenceResult reference_fused_kda_decode(const Tensor& x, const Tensor& weight,
+                                              const Tensor& conv_state, const Tensor& raw_gate,
+                                              const Tensor& raw_beta, const Tensor& A_log,
+                                              const Tensor& dt_bias, const Tensor& state_indices,
+                                              const Tensor& state, const Tensor& output_gate,
+                                              const Tensor& norm_weight,
+                                              std::optional<double> lower_bound, double norm_eps) {
   std::vector<Seq> seqs;
   for (std::int64_t r = 0; r < x.size(0); ++r) {
     const std::int64_t slot = get_int(state_indices, r);

@@ -21,27 +21,28 @@
 namespace splice::testing {
 
 struct KdaReferenceResult {
-  Tensor output;             // [1, R, H, D] bf16
-  Tensor output_unrounded;   // [1, R, H, D] f32: the final value before its bf16 rounding
-  Tensor conv_state;         // [slots, 3C, T+2] bf16, a contiguous updated copy
-  Tensor state;              // [slots, H, D, D] in state's dtype, a contiguous updated copy
+  Tensor output;            // [1, R, H, D] bf16
+  Tensor output_unrounded;  // [1, R, H, D] f32: the final value before its bf16 rounding
+  Tensor conv_state;        // [slots, 3C, T+2] bf16, a contiguous updated copy
+  Tensor state;             // [slots, H, D, D] in state's dtype, a contiguous updated copy
 };
 
 // Packed T >= 1 (and T = 1 with t1_state_indices [R]).
 KdaReferenceResult reference_packed_kda_decode(
     const Tensor& x, const Tensor& weight, const Tensor& conv_state, const Tensor& raw_gate,
-    const Tensor& raw_beta, const Tensor& A_log, const Tensor& dt_bias,
-    const Tensor& state_indices, const Tensor& state, const Tensor& output_gate,
-    const Tensor& norm_weight, std::optional<double> lower_bound, double norm_eps,
-    const Tensor& query_start_loc, const Tensor& num_accepted_tokens,
-    const Tensor* t1_state_indices = nullptr);
+    const Tensor& raw_beta, const Tensor& A_log, const Tensor& dt_bias, const Tensor& state_indices,
+    const Tensor& state, const Tensor& output_gate, const Tensor& norm_weight,
+    std::optional<double> lower_bound, double norm_eps, const Tensor& query_start_loc,
+    const Tensor& num_accepted_tokens, const Tensor* t1_state_indices = nullptr);
 
 // Plain T = 1: state_indices [R], row r uses slot state_indices[r].
-KdaReferenceResult reference_fused_kda_decode(
-    const Tensor& x, const Tensor& weight, const Tensor& conv_state, const Tensor& raw_gate,
-    const Tensor& raw_beta, const Tensor& A_log, const Tensor& dt_bias,
-    const Tensor& state_indices, const Tensor& state, const Tensor& output_gate,
-    const Tensor& norm_weight, std::optional<double> lower_bound, double norm_eps);
+KdaReferenceResult reference_fused_kda_decode(const Tensor& x, const Tensor& weight,
+                                              const Tensor& conv_state, const Tensor& raw_gate,
+                                              const Tensor& raw_beta, const Tensor& A_log,
+                                              const Tensor& dt_bias, const Tensor& state_indices,
+                                              const Tensor& state, const Tensor& output_gate,
+                                              const Tensor& norm_weight,
+                                              std::optional<double> lower_bound, double norm_eps);
 
 // Rounds a double to the nearest bfloat16 value (round-to-nearest-even, no double rounding).
 double round_bf16(double value);

@@ -92,13 +92,13 @@ struct KdaDecodeArgs {
   Tensor row_slots;            // [R] int32 (plain and t1 modes only)
 
   KdaMode mode = KdaMode::packed;
-  std::int64_t num_rows = 0;   // R
-  std::int64_t num_heads = 0;  // H
+  std::int64_t num_rows = 0;            // R
+  std::int64_t num_heads = 0;           // H
   std::int64_t head_dim = kKdaHeadDim;  // D
-  std::int64_t channels = 0;   // C = H * D (one projection block)
-  std::int64_t num_seqs = 0;   // N (plain: R)
-  std::int64_t max_t = 1;      // T (plain: 1)
-  std::int64_t hist_len = 3;   // conv history positions = T + 2
+  std::int64_t channels = 0;            // C = H * D (one projection block)
+  std::int64_t num_seqs = 0;            // N (plain: R)
+  std::int64_t max_t = 1;               // T (plain: 1)
+  std::int64_t hist_len = 3;            // conv history positions = T + 2
   std::int64_t num_slots = 0;
   DType state_dtype = DType::f32;
   std::optional<float> lower_bound;  // none = softplus gate
@@ -109,21 +109,21 @@ struct KdaDecodeArgs {
 // Packed T >= 1 decode (spec §1, §3). `output` is the caller's [1, R, H, D] bf16 contiguous buffer
 // (allocated on x's device when undefined) and is returned. conv_state and state are updated in
 // place. `t1_state_indices` ([R] int32) is allowed only when T == 1.
-Tensor packed_fused_kda_decode(const Tensor& x,            // [R, 3C] bf16
-                               const Tensor& weight,       // [3, 4, C] f32
-                               Tensor& conv_state,         // [slots, 3C, T+2] bf16
-                               const Tensor& raw_gate,     // [1, R, H, D] bf16
-                               const Tensor& raw_beta,     // [1, R, H] bf16
-                               const Tensor& A_log,        // [H] f32
-                               const Tensor& dt_bias,      // [C] f32
+Tensor packed_fused_kda_decode(const Tensor& x,              // [R, 3C] bf16
+                               const Tensor& weight,         // [3, 4, C] f32
+                               Tensor& conv_state,           // [slots, 3C, T+2] bf16
+                               const Tensor& raw_gate,       // [1, R, H, D] bf16
+                               const Tensor& raw_beta,       // [1, R, H] bf16
+                               const Tensor& A_log,          // [H] f32
+                               const Tensor& dt_bias,        // [C] f32
                                const Tensor& state_indices,  // [N, T] int32
-                               Tensor& state,              // [slots, H, D, D] f32 | bf16
-                               const Tensor& output_gate,  // [R, H, D] or [1, R, H, D] bf16
-                               const Tensor& norm_weight,  // [D] f32
+                               Tensor& state,                // [slots, H, D, D] f32 | bf16
+                               const Tensor& output_gate,    // [R, H, D] or [1, R, H, D] bf16
+                               const Tensor& norm_weight,    // [D] f32
                                const KdaDecodeOptions& options,
-                               Tensor output,                        // [1, R, H, D] bf16 or {}
-                               const Tensor& query_start_loc,        // [N + 1] int32
-                               const Tensor& num_accepted_tokens,    // [N] int32
+                               Tensor output,                      // [1, R, H, D] bf16 or {}
+                               const Tensor& query_start_loc,      // [N + 1] int32
+                               const Tensor& num_accepted_tokens,  // [N] int32
                                const Tensor* t1_state_indices = nullptr);  // [R] int32
 
 // Plain T = 1 decode: row r uses slot state_indices[r] (<= 0: null row, zero output, no cache
@@ -140,7 +140,7 @@ Tensor fused_kda_decode(const Tensor& x,              // [R, 3C] bf16
                         const Tensor& output_gate,    // [R, H, D] or [1, R, H, D] bf16
                         const Tensor& norm_weight,    // [D] f32
                         const KdaDecodeOptions& options,
-                        Tensor output = {});          // [1, R, H, D] bf16 or {}
+                        Tensor output = {});  // [1, R, H, D] bf16 or {}
 
 // Checks every value contract of spec §4 on host copies of the metadata (throws ValueError naming
 // the sequence/row and the value). Reads nothing but the index tensors; writes nothing.

@@ -139,7 +139,7 @@ SPLICE_KDA_INLINE Vec exp_vec(Vec x) {
   x = x < kExpLo ? Vec{} + kExpLo : x;
   const Vec fx = x * kLog2e + 0.5f;
   Vec n = __builtin_convertvector(__builtin_convertvector(fx, IVec), Vec);  // trunc
-  n = n > fx ? n - 1.0f : n;                                                   // floor
+  n = n > fx ? n - 1.0f : n;                                                // floor
   const Vec r = x - n * kLn2Hi - n * kLn2Lo;
   Vec p = Vec{} + kExpP[0];
   for (int i = 1; i < 6; ++i) p = p * r + kExpP[i];
@@ -183,8 +183,8 @@ using Vec4 = float __attribute__((vector_size(4 * sizeof(float))));
 SPLICE_KDA_INLINE float reduce(Vec v) {
   const Vec8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                   __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const Vec4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) +
-                  __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  const Vec4 s4 =
+      __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
   const float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
   return s0 + s1;
 }
@@ -202,15 +202,15 @@ enum class RowSource : std::uint8_t { scratch, slot_f32, slot_bf16 };
 enum class RowSink : std::uint8_t { none, slot_f32, slot_bf16, stream_f32, stream_bf16 };
 
 struct SweepArgs {
-  float* scratch;            // [D, D] fp32, the carried state (rows = value index)
-  const void* source;        // [D, D] slot block of ss (t == 0 only)
-  void* sink;                // [D, D] slot block of dst[t] (or null)
-  const float* decay;        // [D] exp(g)
-  const float* k_hat;        // [D]
-  const float* q_hat;        // [D]
-  const float* v;            // [D] bf16-exact values
+  float* scratch;      // [D, D] fp32, the carried state (rows = value index)
+  const void* source;  // [D, D] slot block of ss (t == 0 only)
+  void* sink;          // [D, D] slot block of dst[t] (or null)
+  const float* decay;  // [D] exp(g)
+  const float* k_hat;  // [D]
+  const float* q_hat;  // [D]
+  const float* v;      // [D] bf16-exact values
   float beta;
-  float* o_raw;              // [D]
+  float* o_raw;  // [D]
 };
 
 // Stage 3 with the source and sink kinds fixed at compile time. Rows are swept kRowBlock at a
@@ -249,8 +249,7 @@ SPLICE_KDA_INLINE void sweep_rows(const SweepArgs& s) {
       }
     }
     float delta[kRowBlock];
-    for (std::int64_t i = 0; i < kRowBlock; ++i)
-      delta[i] = beta * (s.v[row0 + i] - reduce(acc[i]));
+    for (std::int64_t i = 0; i < kRowBlock; ++i) delta[i] = beta * (s.v[row0 + i] - reduce(acc[i]));
     Vec out[kRowBlock] = {};
     for (std::int64_t j = 0; j < kD; j += kLanes) {
       const Vec k_hat = load_f32(k_hat_v + j), q_hat = load_f32(q_hat_v + j);
@@ -272,21 +271,38 @@ SPLICE_KDA_INLINE void sweep_rows(const SweepArgs& s) {
 template <RowSource kSrc>
 SPLICE_KDA_INLINE void sweep_with_source(const SweepArgs& s, RowSink sink) {
   switch (sink) {
-    case RowSink::none: sweep_rows<kSrc, RowSink::none>(s); break;
-    case RowSink::slot_f32: sweep_rows<kSrc, RowSink::slot_f32>(s); break;
-    case RowSink::slot_bf16: sweep_rows<kSrc, RowSink::slot_bf16>(s); break;
-    case RowSink::stream_f32: sweep_rows<kSrc, RowSink::stream_f32>(s); break;
-    case RowSink::stream_bf16: sweep_rows<kSrc, RowSink::stream_bf16>(s); break;
+    case RowSink::none:
+      sweep_rows<kSrc, RowSink::none>(s);
+      break;
+    case RowSink::slot_f32:
+      sweep_rows<kSrc, RowSink::slot_f32>(s);
+      break;
+    case RowSink::slot_bf16:
+      sweep_rows<kSrc, RowSink::slot_bf16>(s);
+      break;
+    case RowSink::stream_f32:
+      sweep_rows<kSrc, RowSink::stream_f32>(s);
+      break;
+    case RowSink::stream_bf16:
+      sweep_rows<kSrc, RowSink::stream_bf16>(s);
+      break;
   }
 }
 
 // One token's state sweep, compiled for the widest vector ISA the machine has.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void sweep_state(
-    const SweepArgs& s, RowSource source, RowSink sink) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void sweep_state(const SweepArgs& s,
+                                                                              RowSource source,
+                                                                              RowSink sink) {
   switch (source) {
-    case RowSource::scratch: sweep_with_source<RowSource::scratch>(s, sink); break;
-    case RowSource::slot_f32: sweep_with_source<RowSource::slot_f32>(s, sink); break;
-    case RowSource::slot_bf16: sweep_with_source<RowSource::slot_bf16>(s, sink); break;
+    case RowSource::scratch:
+      sweep_with_source<RowSource::scratch>(s, sink);
+      break;
+    case RowSource::slot_f32:
+      sweep_with_source<RowSource::slot_f32>(s, sink);
+      break;
+    case RowSource::slot_bf16:
+      sweep_with_source<RowSource::slot_bf16>(s, sink);
+      break;
   }
 }
 
@@ -304,20 +320,19 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void conv_silu(
 
 // Stage 2 for one token and head: q^, k^ and the per-key decay exp(g).
 struct TokenGates {
-  const float* q;                // [D] bf16-exact conv outputs
-  const float* k;                // [D]
-  const std::uint16_t* gate;     // [D] raw_gate[r, h, :]
-  const float* dt_bias;          // [D] dt_bias[h*D:]
-  float a_h;                     // exp(A_log[h])
+  const float* q;             // [D] bf16-exact conv outputs
+  const float* k;             // [D]
+  const std::uint16_t* gate;  // [D] raw_gate[r, h, :]
+  const float* dt_bias;       // [D] dt_bias[h*D:]
+  float a_h;                  // exp(A_log[h])
   bool has_lower_bound;
   float lower_bound;
-  float* q_hat;                  // [D] out
-  float* k_hat;                  // [D] out
-  float* decay;                  // [D] out
+  float* q_hat;  // [D] out
+  float* k_hat;  // [D] out
+  float* decay;  // [D] out
 };
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void token_gates(
-    const TokenGates& g) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void token_gates(const TokenGates& g) {
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(kD));
   const float q_inv = 1.0f / std::sqrt(sum_squares(g.q) + kKdaL2NormEps);
   const float k_inv = 1.0f / std::sqrt(sum_squares(g.k) + kKdaL2NormEps);
@@ -352,11 +367,11 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void token_output(
 
 // One sequence as the kernel sees it (plain/t1 rows are sequences of length 1 with a = 0).
 struct SeqWork {
-  std::int64_t begin = 0;        // first row b
-  std::int64_t len = 0;          // L
-  std::int64_t accepted = 0;     // a
-  std::int32_t conv_slot = 0;    // cs
-  std::int32_t source_slot = 0;  // ss
+  std::int64_t begin = 0;             // first row b
+  std::int64_t len = 0;               // L
+  std::int64_t accepted = 0;          // a
+  std::int32_t conv_slot = 0;         // cs
+  std::int32_t source_slot = 0;       // ss
   const std::int32_t* dst = nullptr;  // dst[t], t < L
 };
 
@@ -364,22 +379,22 @@ struct SeqWork {
 struct Kernel {
   const std::uint16_t* x;  // [R, 3C]
   std::int64_t x_row;
-  const float* weight;     // [3, 4, C]
-  std::uint16_t* conv;     // [slots, 3C, T+2], position stride 3C
+  const float* weight;  // [3, 4, C]
+  std::uint16_t* conv;  // [slots, 3C, T+2], position stride 3C
   std::int64_t conv_slot;
   const std::uint16_t* gate;  // [R, H, D]
   std::int64_t gate_row, gate_head;
   const std::uint16_t* beta;  // [R, H]
   std::int64_t beta_row, beta_head;
-  const float* a_log;       // [H]
-  const float* dt_bias;     // [C]
-  const float* norm_weight; // [D]
-  char* state;              // [slots, H, D, D] bytes
+  const float* a_log;        // [H]
+  const float* dt_bias;      // [C]
+  const float* norm_weight;  // [D]
+  char* state;               // [slots, H, D, D] bytes
   std::int64_t state_slot_bytes, state_head_bytes;
   bool state_bf16;
   const std::uint16_t* out_gate;  // [R, H, D]
   std::int64_t og_row, og_head;
-  std::uint16_t* out;       // [R, H, D] contiguous
+  std::uint16_t* out;  // [R, H, D] contiguous
   std::int64_t H, C;
   std::optional<float> lower_bound;
   float norm_eps;
@@ -387,9 +402,9 @@ struct Kernel {
 
 // Per-thread working memory, sized for T tokens.
 struct Scratch {
-  std::vector<float> state;                // [D, D]
-  std::vector<float> mixed;                // [T, 3, D]
-  std::vector<std::uint16_t> hist;         // [3, 3, D] old history (projection, position, d)
+  std::vector<float> state;                       // [D, D]
+  std::vector<float> mixed;                       // [T, 3, D]
+  std::vector<std::uint16_t> hist;                // [3, 3, D] old history (projection, position, d)
   std::vector<float> q_hat, k_hat, decay, o_raw;  // [D] each
   explicit Scratch(std::int64_t T)
       : state(kD * kD),
@@ -446,7 +461,7 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
 
     // Stage 3: the fused state sweep.
     SweepArgs s{sc.state.data(), nullptr, nullptr, sc.decay.data(), sc.k_hat.data(),
-                sc.q_hat.data(), v, beta, sc.o_raw.data()};
+                sc.q_hat.data(), v,       beta,    sc.o_raw.data()};
     RowSource source = RowSource::scratch;
     if (t == 0) {
       s.source = k.state + w.source_slot * k.state_slot_bytes + head_bytes;
@@ -550,9 +565,8 @@ void kda_decode(const KdaDecodeArgs& a) {
     if (!row_live[r]) std::memset(k.out + r * H * kD, 0, H * kD * sizeof(std::uint16_t));
 
   const std::int64_t tasks = static_cast<std::int64_t>(live.size()) * H;
-  parallel_tasks(tasks, T, [&](std::int64_t task, Scratch& sc) {
-    run_task(k, live[task / H], task % H, sc);
-  });
+  parallel_tasks(
+      tasks, T, [&](std::int64_t task, Scratch& sc) { run_task(k, live[task / H], task % H, sc); });
 }
 
 }  // namespace splice::cpu
