@@ -28,11 +28,11 @@ constexpr std::int64_t kAttentionLayer = 2;
 constexpr std::int64_t kKdaHeads = 2, kKdaHeadDim = 128, kConvSize = 4;
 constexpr std::int64_t kAttnHeads = 4, kAttnKvHeads = 2;
 constexpr double kLowerBound = -5.0;
-constexpr double kNormJitter = 0.05;     // norm weights 1 + N(0, jitter^2)
-constexpr double kConvStd = 0.3;         // conv taps
-constexpr double kGateBiasStd = 0.1;     // g_proj.1.bias
+constexpr double kNormJitter = 0.05;                             // norm weights 1 + N(0, jitter^2)
+constexpr double kConvStd = 0.3;                                 // conv taps
+constexpr double kGateBiasStd = 0.1;                             // g_proj.1.bias
 constexpr double kDtMin = 1e-3, kDtMax = 1e-1, kDtFloor = 1e-4;  // FLA's dt_bias init
-constexpr double kALo = 1.0, kAHi = 16.0;                          // FLA's A_log init
+constexpr double kALo = 1.0, kAHi = 16.0;                        // FLA's A_log init
 
 class WeightMaker {
  public:
@@ -57,7 +57,8 @@ class WeightMaker {
     Tensor t = Tensor::empty({n}, DType::f32);
     rng_.uniform(t, 0.0, 1.0);
     for (std::int64_t i = 0; i < n; ++i) {
-      const double dt = std::max(kDtFloor, std::exp(t.at({i}) * (std::log(kDtMax) - std::log(kDtMin)) + std::log(kDtMin)));
+      const double dt = std::max(
+          kDtFloor, std::exp(t.at({i}) * (std::log(kDtMax) - std::log(kDtMin)) + std::log(kDtMin)));
       t.set({i}, dt + std::log(-std::expm1(-dt)));  // softplus^-1(dt)
     }
     out_.emplace_back(name, std::move(t));
@@ -73,7 +74,8 @@ std::filesystem::path cache_root() {
   namespace fs = std::filesystem;
   if (const char* dir = std::getenv("SPLICE_CACHE_DIR"); dir && *dir) return fs::path(dir);
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return fs::path(xdg) / "splice";
-  if (const char* home = std::getenv("HOME"); home && *home) return fs::path(home) / ".cache" / "splice";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return fs::path(home) / ".cache" / "splice";
   return fs::temp_directory_path() / "splice";
 }
 
@@ -113,14 +115,16 @@ ModelConfig default_model_config() {
   return c;
 }
 
-std::vector<std::pair<std::string, Tensor>> make_kda_weights(const ModelConfig& c, std::uint64_t seed) {
+std::vector<std::pair<std::string, Tensor>> make_kda_weights(const ModelConfig& c,
+                                                             std::uint64_t seed) {
   if (c.family != ModelFamily::kda)
     fail<ValueError>("make_kda_weights needs a KDAForCausalLM config, got '", c.architecture, "'");
   WeightMaker w(seed);
   const KdaLayerConfig& k = c.kda;
   const std::int64_t hidden = c.hidden_size, inter = c.intermediate_size, vocab = c.vocab_size;
   const std::int64_t kd = k.key_dim(), vd = k.value_dim(), dv = k.head_v_dim, hv = k.num_v_heads;
-  const std::int64_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+  const std::int64_t qd = c.num_attention_heads * c.head_dim,
+                     kvd = c.num_key_value_heads * c.head_dim;
   // A tied table doubles as lm_head: scale it like one so logits stay O(1) either way.
   w.normal("model.embeddings.weight", {vocab, hidden},
            c.tie_word_embeddings ? 1.0 / std::sqrt(static_cast<double>(hidden)) : 1.0);
@@ -182,7 +186,8 @@ void write_default_model(const std::string& dir) {
     if (!out) fail<IoError>("writing '", config_path.string(), "' failed");
   }
   save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors,
-                   {{"format", "pt"}, {"producer", "splice default model v" + std::to_string(kDefaultModelVersion)}});
+                   {{"format", "pt"},
+                    {"producer", "splice default model v" + std::to_string(kDefaultModelVersion)}});
 }
 
 std::string default_model_dir() {
@@ -190,7 +195,8 @@ std::string default_model_dir() {
   const fs::path root = cache_root();
   const fs::path dir = root / ("default-model-v" + std::to_string(kDefaultModelVersion));
   std::error_code ec;
-  if (fs::exists(dir / "config.json", ec) && fs::exists(dir / "model.safetensors", ec)) return dir.string();
+  if (fs::exists(dir / "config.json", ec) && fs::exists(dir / "model.safetensors", ec))
+    return dir.string();
   fs::create_directories(root, ec);
   if (ec) fail<IoError>("cannot create the cache directory '", root.string(), "': ", ec.message());
   const fs::path tmp = root / (dir.filename().string() + ".tmp." + std::to_string(::getpid()));

@@ -63,9 +63,9 @@ struct Builder {
   // Whether KDA layers fit the fused op's contract (see the file comment).
   bool kda_fits_fused_op() const {
     const KdaLayerConfig& k = c.kda;
-    return k.head_dim == kKdaHeadDim && k.head_v_dim == kKdaHeadDim && k.num_v_heads == k.num_heads &&
-           k.use_short_conv && k.conv_size == kKdaConvWidth && !k.allow_neg_eigval &&
-           o.dtype == DType::bf16;
+    return k.head_dim == kKdaHeadDim && k.head_v_dim == kKdaHeadDim &&
+           k.num_v_heads == k.num_heads && k.use_short_conv && k.conv_size == kKdaConvWidth &&
+           !k.allow_neg_eigval && o.dtype == DType::bf16;
   }
 
   // The three depthwise conv weights [dim, 1, W] as taps [W, sum dims] f32 (q | k | v channels).
@@ -75,8 +75,10 @@ struct Builder {
     Tensor taps = Tensor::empty({width, 2 * kd + vd}, DType::f32);
     std::int64_t base = 0;
     for (const auto& [name, dim] : {std::pair<const char*, std::int64_t>{"q_conv1d", kd},
-                                    {"k_conv1d", kd}, {"v_conv1d", vd}}) {
-      const Tensor wc = w.get(p + "attn." + name + ".weight", DType::f32, {dim, 1, width});  // [dim, 1, W]
+                                    {"k_conv1d", kd},
+                                    {"v_conv1d", vd}}) {
+      const Tensor wc =
+          w.get(p + "attn." + name + ".weight", DType::f32, {dim, 1, width});  // [dim, 1, W]
       for (std::int64_t ch = 0; ch < dim; ++ch)
         for (std::int64_t t = 0; t < width; ++t) taps.set({t, base + ch}, wc.at({ch, 0, t}));
       base += dim;
@@ -111,14 +113,16 @@ struct Builder {
     const NodeId kk = layers::linear(g, flat, param(p + "attn.k_proj.weight", {kd, hidden}));
     const NodeId v = layers::linear(g, flat, param(p + "attn.v_proj.weight", {vd, hidden}));
     const NodeId f_low = layers::linear(g, flat, param(p + "attn.f_proj.0.weight", {Dv, hidden}));
-    const NodeId raw_gate = L(layers::linear(g, f_low, param(p + "attn.f_proj.1.weight", {gate_dim, Dv})),
-                              "raw_gate");  // [B, HV*Dk]
-    const NodeId raw_beta = L(layers::linear(g, flat, param(p + "attn.b_proj.weight", {HV, hidden})),
-                              "raw_beta");  // [B, HV]
+    const NodeId raw_gate =
+        L(layers::linear(g, f_low, param(p + "attn.f_proj.1.weight", {gate_dim, Dv})),
+          "raw_gate");  // [B, HV*Dk]
+    const NodeId raw_beta =
+        L(layers::linear(g, flat, param(p + "attn.b_proj.weight", {HV, hidden})),
+          "raw_beta");  // [B, HV]
     const NodeId g_low = layers::linear(g, flat, param(p + "attn.g_proj.0.weight", {Dv, hidden}));
     const NodeId out_gate = L(layers::linear(g, g_low, param(p + "attn.g_proj.1.weight", {vd, Dv}),
                                              param(p + "attn.g_proj.1.bias", {vd})),
-                              "output_gate");  // [B, HV*Dv]
+                              "output_gate");          // [B, HV*Dv]
     const NodeId x = L(g.concat({q, kk, v}, 1), "x");  // [B, 2*kd + vd]
     const NodeId A_log = param(p + "attn.A_log", {HV}, DType::f32);
     const NodeId dt_bias = param(p + "attn.dt_bias", {gate_dim}, DType::f32);
@@ -130,8 +134,9 @@ struct Builder {
       KdaRegionArgs r;
       r.x = x;
       r.weight = g.param(p + "attn.conv_weight", fused_conv_weight(taps));
-      r.conv_state = g.state(p + "attn.conv_state", {slots, SymExpr(kKdaConvWidth - 1), SymExpr(3 * kd)},
-                             DType::bf16);  // [slots, 3, 3C]
+      r.conv_state =
+          g.state(p + "attn.conv_state", {slots, SymExpr(kKdaConvWidth - 1), SymExpr(3 * kd)},
+                  DType::bf16);  // [slots, 3, 3C]
       r.raw_gate = g.reshape(raw_gate, {one, B, SymExpr(H), SymExpr(Dk)});
       r.raw_beta = g.reshape(raw_beta, {one, B, SymExpr(H)});
       r.A_log = A_log;
@@ -141,14 +146,16 @@ struct Builder {
       r.state = g.state(p + "attn.recurrent_state", {slots, SymExpr(H), SymExpr(Dv), SymExpr(Dk)},
                         o.kda_state_dtype);  // [slots, H, V, K]
       r.first_slot = kFirstSlot;
-      r.lower_bound = k.lower_bound ? std::optional<float>(static_cast<float>(*k.lower_bound)) : std::nullopt;
+      r.lower_bound =
+          k.lower_bound ? std::optional<float>(static_cast<float>(*k.lower_bound)) : std::nullopt;
       r.norm_eps = static_cast<float>(c.rms_norm_eps);
       r.site = site;
       KdaRegion region = emit_decomposed_kda(g, r);
       m.kda_specs.push_back(region.spec);
       mixed_out = region.output;  // [B, C]
     } else {
-      mixed_out = generic_kda(p, site, x, raw_gate, raw_beta, out_gate, A_log, dt_bias, norm_weight);
+      mixed_out =
+          generic_kda(p, site, x, raw_gate, raw_beta, out_gate, A_log, dt_bias, norm_weight);
     }
     const NodeId proj = layers::linear(g, mixed_out, param(p + "attn.o_proj.weight", {hidden, vd}));
     return g.reshape(proj, {B, one, SymExpr(hidden)});
@@ -164,32 +171,38 @@ struct Builder {
                        channels = 2 * kd + vd, batch = o.batch;
     const DType dt = o.dtype;
     const SymExpr one(1), slots(batch + kFirstSlot);
-    const DynScalar first = DynScalar::Concrete(kFirstSlot), end = DynScalar::Concrete(kFirstSlot + batch);
+    const DynScalar first = DynScalar::Concrete(kFirstSlot),
+                    end = DynScalar::Concrete(kFirstSlot + batch);
     auto L = [&](NodeId id, const std::string& what) { return g.labeled(id, site + "." + what); };
     std::vector<NodeId> writes;
     // a. Short convs (+ SiLU), rounded to the activation dtype.
     NodeId mixed;
     if (k.use_short_conv) {
       if (width < 2)
-        fail<UnsupportedError>(c.source, ": `conv_size` ", width, " is not supported (must be >= 2)");
+        fail<UnsupportedError>(c.source, ": `conv_size` ", width,
+                               " is not supported (must be >= 2)");
       const NodeId taps = g.param(p + "attn.conv_taps", conv_taps(p));  // [W, channels] f32
-      const NodeId conv_state = g.state(p + "attn.conv_state",
-                                        {slots, SymExpr(width - 1), SymExpr(channels)}, dt);  // [slots, W-1, ch]
+      const NodeId conv_state =
+          g.state(p + "attn.conv_state", {slots, SymExpr(width - 1), SymExpr(channels)},
+                  dt);  // [slots, W-1, ch]
       const NodeId history = L(g.slice(conv_state, 0, first, end), "conv_history");  // [B, W-1, ch]
       const NodeId x_row = g.reshape(x, {B, one, SymExpr(channels)});
-      const NodeId window = g.concat({history, x_row}, 1);  // [B, W, ch]
+      const NodeId window = g.concat({history, x_row}, 1);                           // [B, W, ch]
       const NodeId pre = g.reduce(Op::ReduceSum, mul(f32(window), taps), 1, false);  // [B, ch]
       mixed = f32(g.cast(g.unary(Op::Silu, pre), dt));
-      const NodeId new_history =
-          width > 2 ? g.concat({g.slice(history, 1, DynScalar::Concrete(1), DynScalar::Concrete(width - 1)), x_row}, 1)
-                    : x_row;
+      const NodeId new_history = width > 2 ? g.concat({g.slice(history, 1, DynScalar::Concrete(1),
+                                                               DynScalar::Concrete(width - 1)),
+                                                       x_row},
+                                                      1)
+                                           : x_row;
       writes.push_back(L(g.write_at(conv_state, new_history, 0, first), "conv_write"));
     } else {
       mixed = f32(g.cast(g.unary(Op::Silu, f32(x)), dt));
     }
     mixed = L(mixed, "conv_silu");
     auto block = [&](std::int64_t begin, std::int64_t size, std::int64_t heads, std::int64_t dim) {
-      const NodeId s = g.slice(mixed, 1, DynScalar::Concrete(begin), DynScalar::Concrete(begin + size));
+      const NodeId s =
+          g.slice(mixed, 1, DynScalar::Concrete(begin), DynScalar::Concrete(begin + size));
       return g.reshape(s, {B, SymExpr(heads), SymExpr(dim)});
     };
     NodeId q = block(0, kd, H, Dk), kk = block(kd, kd, H, Dk);
@@ -206,7 +219,8 @@ struct Builder {
       ones.fill(1.0);
       const NodeId spread = g.constant(std::move(ones), site + ".gva_spread");
       auto expand = [&](NodeId t) {
-        const NodeId r = mul(g.reshape(t, {B, SymExpr(H), one, SymExpr(Dk)}), spread);  // [B, H, G, Dk]
+        const NodeId r =
+            mul(g.reshape(t, {B, SymExpr(H), one, SymExpr(Dk)}), spread);  // [B, H, G, Dk]
         return g.reshape(r, {B, SymExpr(HV), SymExpr(Dk)});
       };
       q = expand(q);
@@ -218,39 +232,46 @@ struct Builder {
     const NodeId z = add(g.reshape(f32(raw_gate), {B, SymExpr(HV), SymExpr(Dk)}),
                          g.reshape(dt_bias, {SymExpr(HV), SymExpr(Dk)}));
     const NodeId rate = g.reshape(g.unary(Op::Exp, A_log), {SymExpr(HV), one});
-    const NodeId log_decay =
-        k.lower_bound ? mul(scalar(*k.lower_bound), g.unary(Op::Sigmoid, mul(rate, z)))
-                      : mul(g.unary(Op::Neg, rate), g.unary(Op::Softplus, z));
+    const NodeId log_decay = k.lower_bound
+                                 ? mul(scalar(*k.lower_bound), g.unary(Op::Sigmoid, mul(rate, z)))
+                                 : mul(g.unary(Op::Neg, rate), g.unary(Op::Softplus, z));
     const NodeId decay = L(g.unary(Op::Exp, log_decay), "decay");  // [B, HV, Dk]
     // d. Beta.
     NodeId beta = g.unary(Op::Sigmoid, f32(raw_beta));  // [B, HV]
     if (k.allow_neg_eigval) beta = mul(beta, scalar(2.0));
     beta = g.reshape(beta, {B, SymExpr(HV), one, one});
     // e. Delta rule on S [B, HV, Dv, Dk].
-    const NodeId state = g.state(p + "attn.recurrent_state", {slots, SymExpr(HV), SymExpr(Dv), SymExpr(Dk)},
-                                 o.kda_state_dtype);
+    const NodeId state = g.state(p + "attn.recurrent_state",
+                                 {slots, SymExpr(HV), SymExpr(Dv), SymExpr(Dk)}, o.kda_state_dtype);
     const NodeId s_old = f32(L(g.slice(state, 0, first, end), "state_rows"));
     const NodeId s_decayed = mul(s_old, g.reshape(decay, {B, SymExpr(HV), one, SymExpr(Dk)}));
     const NodeId k_col = g.reshape(kk, {B, SymExpr(HV), SymExpr(Dk), one});
     const NodeId pred = g.matmul(s_decayed, k_col);  // [B, HV, Dv, 1]
-    const NodeId delta = mul(beta, g.binary(Op::Sub, g.reshape(v, {B, SymExpr(HV), SymExpr(Dv), one}), pred));
-    const NodeId s_new = L(add(s_decayed, g.matmul(delta, g.reshape(kk, {B, SymExpr(HV), one, SymExpr(Dk)}))),
-                           "state_new");
-    const NodeId o_raw = g.reshape(g.matmul(s_new, g.reshape(q, {B, SymExpr(HV), SymExpr(Dk), one})),
-                                   {B, SymExpr(HV), SymExpr(Dv)});
-    writes.push_back(L(g.write_at(state, g.cast(s_new, o.kda_state_dtype), 0, first), "state_write"));
-    // f. Gated RMSNorm over each value head (the kernel's output is stored in the activation dtype).
+    const NodeId delta =
+        mul(beta, g.binary(Op::Sub, g.reshape(v, {B, SymExpr(HV), SymExpr(Dv), one}), pred));
+    const NodeId s_new =
+        L(add(s_decayed, g.matmul(delta, g.reshape(kk, {B, SymExpr(HV), one, SymExpr(Dk)}))),
+          "state_new");
+    const NodeId o_raw =
+        g.reshape(g.matmul(s_new, g.reshape(q, {B, SymExpr(HV), SymExpr(Dk), one})),
+                  {B, SymExpr(HV), SymExpr(Dv)});
+    writes.push_back(
+        L(g.write_at(state, g.cast(s_new, o.kda_state_dtype), 0, first), "state_write"));
+    // f. Gated RMSNorm over each value head (the kernel's output is stored in the activation
+    // dtype).
     const NodeId o_act = f32(g.cast(o_raw, dt));
     const NodeId inv = g.unary(Op::Rsqrt, add(g.reduce(Op::ReduceMean, mul(o_act, o_act), -1, true),
                                               scalar(c.rms_norm_eps)));
-    const NodeId gate = g.unary(Op::Sigmoid, f32(g.reshape(out_gate, {B, SymExpr(HV), SymExpr(Dv)})));
+    const NodeId gate =
+        g.unary(Op::Sigmoid, f32(g.reshape(out_gate, {B, SymExpr(HV), SymExpr(Dv)})));
     const NodeId gated = g.cast(mul(mul(mul(o_act, inv), norm_weight), gate), dt);  // [B, HV, Dv]
     const NodeId out = L(g.sequence(gated, writes), "kda_exit");
     return L(g.reshape(out, {B, SymExpr(vd)}), "kda_merge");
   }
 
   // FLA's Attention of layer `l` on a [B, 1, hidden]; returns [B, 1, hidden].
-  NodeId attention_mixer(std::int64_t l, NodeId a, NodeId cos_table, NodeId sin_table, NodeId position) {
+  NodeId attention_mixer(std::int64_t l, NodeId a, NodeId cos_table, NodeId sin_table,
+                         NodeId position) {
     const std::string p = "model.layers." + std::to_string(l) + ".attn.";
     const std::string site = "layer" + std::to_string(l) + ".attn";
     const std::int64_t hidden = c.hidden_size, heads = c.num_attention_heads,
@@ -269,14 +290,16 @@ struct Builder {
     auto heads_of = [&](NodeId t, std::int64_t n) {  // [B, 1, n*D] -> [B, n, 1, D]
       return g.permute(g.reshape(t, {B, one, SymExpr(n), SymExpr(head_dim)}), {0, 2, 1, 3});
     };
-    const NodeId q_rot = g.labeled(layers::rope(g, heads_of(q, heads), cos_table, sin_table, position), site + ".q");
+    const NodeId q_rot =
+        g.labeled(layers::rope(g, heads_of(q, heads), cos_table, sin_table, position), site + ".q");
     const NodeId k_rot = layers::rope(g, heads_of(k, kv_heads), cos_table, sin_table, position);
     const SymShape cache{B, SymExpr(kv_heads), SymExpr(o.max_seq_len), SymExpr(head_dim)};
     const NodeId k_state = g.state(p + "k_cache", cache, o.dtype);  // [B, Hkv, capacity, D]
     const NodeId v_state = g.state(p + "v_cache", cache, o.dtype);
     const DynScalar write = DynScalar::Expr(k_len.expr() - 1);
     const NodeId k_cache = g.labeled(g.write_at(k_state, k_rot, 2, write), site + ".k_append");
-    const NodeId v_cache = g.labeled(g.write_at(v_state, heads_of(v, kv_heads), 2, write), site + ".v_append");
+    const NodeId v_cache =
+        g.labeled(g.write_at(v_state, heads_of(v, kv_heads), 2, write), site + ".v_append");
     AttentionRegionArgs args;
     args.q = q_rot;
     args.k_cache = k_cache;
@@ -301,13 +324,15 @@ struct Builder {
     if (dt != DType::bf16 && dt != DType::f16 && dt != DType::f32)
       fail<DTypeError>("BuildOptions.dtype must be a float dtype, got ", dtype_name(dt));
     if (o.kda_state_dtype != DType::f32 && o.kda_state_dtype != DType::bf16)
-      fail<DTypeError>("BuildOptions.kda_state_dtype must be f32 or bf16, got ", dtype_name(o.kda_state_dtype));
+      fail<DTypeError>("BuildOptions.kda_state_dtype must be f32 or bf16, got ",
+                       dtype_name(o.kda_state_dtype));
     if (static_cast<std::int64_t>(c.layer_kinds.size()) != c.num_hidden_layers)
-      fail<ValueError>(c.source, ": ", c.layer_kinds.size(), " layer kinds for ", c.num_hidden_layers, " layers");
+      fail<ValueError>(c.source, ": ", c.layer_kinds.size(), " layer kinds for ",
+                       c.num_hidden_layers, " layers");
     const bool has_attention = !c.attention_layers.empty();
     if (has_attention && c.max_position_embeddings > 0 && o.max_seq_len > c.max_position_embeddings)
-      fail<ValueError>("--max-seq-len ", o.max_seq_len, " exceeds the model's max_position_embeddings ",
-                       c.max_position_embeddings);
+      fail<ValueError>("--max-seq-len ", o.max_seq_len,
+                       " exceeds the model's max_position_embeddings ", c.max_position_embeddings);
     m.k_len = g.declare_symbol("k_len", 1, o.max_seq_len);
     k_len = DynScalar::Sym(m.k_len);
 
@@ -324,18 +349,22 @@ struct Builder {
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const std::string name = "layer" + std::to_string(l);
-      const NodeId a = layers::rms_norm(g, h, param(p + "attn_norm.weight", {hidden}), c.rms_norm_eps, dt);
-      const NodeId mixed = c.is_attention_layer(l) ? attention_mixer(l, a, *cos_table, *sin_table, *position)
-                                                   : kda_mixer(l, a);
+      const NodeId a =
+          layers::rms_norm(g, h, param(p + "attn_norm.weight", {hidden}), c.rms_norm_eps, dt);
+      const NodeId mixed = c.is_attention_layer(l)
+                               ? attention_mixer(l, a, *cos_table, *sin_table, *position)
+                               : kda_mixer(l, a);
       h = g.labeled(add(h, mixed), name + ".mixer.residual");
-      const NodeId n = layers::rms_norm(g, h, param(p + "mlp_norm.weight", {hidden}), c.rms_norm_eps, dt);
+      const NodeId n =
+          layers::rms_norm(g, h, param(p + "mlp_norm.weight", {hidden}), c.rms_norm_eps, dt);
       const std::int64_t inter = c.intermediate_size;
       const NodeId mlp = layers::swiglu(g, n, param(p + "mlp.gate_proj.weight", {inter, hidden}),
                                         param(p + "mlp.up_proj.weight", {inter, hidden}),
                                         param(p + "mlp.down_proj.weight", {hidden, inter}));
       h = g.labeled(add(h, mlp), name + ".mlp.residual");
     }
-    const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}), c.rms_norm_eps, dt);
+    const NodeId final_norm =
+        layers::rms_norm(g, h, param("model.norm.weight", {hidden}), c.rms_norm_eps, dt);
     const bool tied = c.tie_word_embeddings || !w.has("lm_head.weight");
     const NodeId head = tied ? embed : param("lm_head.weight", {vocab, hidden});
     const NodeId logits = g.cast(layers::linear(g, final_norm, head), DType::f32);  // [B, 1, vocab]

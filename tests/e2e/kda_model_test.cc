@@ -10,14 +10,15 @@
 //   4. the embedded default model: written, read back through config.json + safetensors, decoded
 //      greedily (varied ids), and matching the reference.
 // Tolerance (logits, stored as bf16 then widened): |splice - ref| <= kAtol + kRtol * |ref|, with
-// the measured worst cases printed (see kAtol). The reference rounds at FLA's bf16 storage points, so the only
-// differences are fp32-vs-float64 accumulation order flipping a bf16 rounding somewhere upstream.
+// the measured worst cases printed (see kAtol). The reference rounds at FLA's bf16 storage points,
+// so the only differences are fp32-vs-float64 accumulation order flipping a bf16 rounding somewhere
+// upstream.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <unistd.h>
 
 #include "splice/core/error.h"
 #include "splice/core/random.h"
@@ -144,7 +145,8 @@ TEST_P(TinyKdaModel, DecomposedMatchesFloat64ReferenceFor16Tokens) {
   EXPECT_EQ(model.attention_specs.size(), 1u);
   Session session(std::move(model.graph));
   const DecodeRun run = decode_and_compare(session, config, weights, options.batch, 3);
-  std::printf("[%s decomposed] max |logit err| %.4g, max rel %.4g\n", cs.name, run.max_abs, run.max_rel);
+  std::printf("[%s decomposed] max |logit err| %.4g, max rel %.4g\n", cs.name, run.max_abs,
+              run.max_rel);
 }
 
 TEST_P(TinyKdaModel, OptimizedWithFusedArmsChosenMatchesReference) {
@@ -189,12 +191,13 @@ TEST_P(TinyKdaModel, OptimizedWithFusedArmsChosenMatchesReference) {
   std::printf("[%s fused] max |logit err| %.4g, max rel %.4g\n", cs.name, run.max_abs, run.max_rel);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    GateAndState, TinyKdaModel,
-    ::testing::Values(Case{"lower_bound_f32_state", true, DType::f32},
-                      Case{"softplus_f32_state", false, DType::f32},
-                      Case{"lower_bound_bf16_state", true, DType::bf16}),
-    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(GateAndState, TinyKdaModel,
+                         ::testing::Values(Case{"lower_bound_f32_state", true, DType::f32},
+                                           Case{"softplus_f32_state", false, DType::f32},
+                                           Case{"lower_bound_bf16_state", true, DType::bf16}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // One feature the fused op cannot run at a time (plus the attention/head options qkv_bias and tied,
 // whose KDA layers still fit), then all of them together.
@@ -233,14 +236,15 @@ TEST_P(KdaModelGeneric, BuiltFromPrimitivesAndMatchesReference) {
   EXPECT_EQ(model.kda_specs.size(), kda_fits ? 2u : 0u);
   EXPECT_EQ(model.attention_specs.size(), 1u);
   Session session(std::move(model.graph));
-  const DecodeRun run = decode_and_compare(session, config, weights, options.batch, 4,
-                                           options.dtype == DType::bf16);
-  std::printf("[generic %s] max |logit err| %.4g, max rel %.4g\n", variant.c_str(), run.max_abs, run.max_rel);
+  const DecodeRun run =
+      decode_and_compare(session, config, weights, options.batch, 4, options.dtype == DType::bf16);
+  std::printf("[generic %s] max |logit err| %.4g, max rel %.4g\n", variant.c_str(), run.max_abs,
+              run.max_rel);
 }
 
 INSTANTIATE_TEST_SUITE_P(Features, KdaModelGeneric,
-                         ::testing::Values("gva", "head_dims", "conv3", "neg_eigval", "qkv_bias", "tied",
-                                           "f32_activations", "all"));
+                         ::testing::Values("gva", "head_dims", "conv3", "neg_eigval", "qkv_bias",
+                                           "tied", "f32_activations", "all"));
 
 TEST(KdaModelGeneric, NoShortConvAndPureKda) {
   ModelConfig config = tiny_config();
@@ -296,9 +300,10 @@ TEST(KdaModelFlaConfig, SavePretrainedConfigBuildsAPureKdaModelOnTheFusedPath) {
 TEST(KdaModelErrors, MissingWeightAndWrongFamilyAreTypedErrors) {
   const ModelConfig config = tiny_config();
   auto tensors = make_kda_weights(config, 11);
-  tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
-                               [](const auto& t) { return t.first == "model.layers.2.attn.dt_bias"; }),
-                tensors.end());
+  tensors.erase(
+      std::remove_if(tensors.begin(), tensors.end(),
+                     [](const auto& t) { return t.first == "model.layers.2.attn.dt_bias"; }),
+      tensors.end());
   const Weights missing = Weights::from_tensors(std::move(tensors));
   BuildOptions small;
   small.max_seq_len = 32;
@@ -306,7 +311,8 @@ TEST(KdaModelErrors, MissingWeightAndWrongFamilyAreTypedErrors) {
     build_kda_decode_model(config, missing, small);
     FAIL() << "expected IoError";
   } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("model.layers.2.attn.dt_bias"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.layers.2.attn.dt_bias"), std::string::npos)
+        << e.what();
   }
   ModelConfig llama = config;
   llama.family = ModelFamily::llama;
@@ -315,7 +321,8 @@ TEST(KdaModelErrors, MissingWeightAndWrongFamilyAreTypedErrors) {
 
 TEST(DefaultModel, RoundTripsThroughDiskAndDecodes) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("splice-default-model-test-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("splice-default-model-test-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   write_default_model(dir.string());
   const ModelConfig config = load_config(dir.string());
@@ -356,7 +363,8 @@ TEST(DefaultModel, RoundTripsThroughDiskAndDecodes) {
     const Tensor logits = session.output("logits");
     const auto want = reference.step({token});
     Tensor expected_logits = Tensor::empty({1, config.vocab_size}, DType::f32);
-    for (std::int64_t v = 0; v < config.vocab_size; ++v) expected_logits.set({0, v}, want[0][static_cast<std::size_t>(v)]);
+    for (std::int64_t v = 0; v < config.vocab_size; ++v)
+      expected_logits.set({0, v}, want[0][static_cast<std::size_t>(v)]);
     const CompareReport r = compare_tensors(logits, expected_logits, Tolerance{kAtol, kRtol});
     EXPECT_TRUE(r.ok) << "step " << step << ": " << r.str();
     max_abs = std::max(max_abs, r.max_abs_error);
@@ -369,14 +377,15 @@ TEST(DefaultModel, RoundTripsThroughDiskAndDecodes) {
   std::sort(generated.begin(), generated.end());
   const auto distinct = std::unique(generated.begin(), generated.end()) - generated.begin();
   EXPECT_GE(distinct, 4) << "the default model's greedy ids should vary";
-  std::printf("[default model] max |logit err| %.4g, %ld distinct greedy ids in %d steps\n", max_abs,
-              static_cast<long>(distinct), kSteps);
+  std::printf("[default model] max |logit err| %.4g, %ld distinct greedy ids in %d steps\n",
+              max_abs, static_cast<long>(distinct), kSteps);
   fs::remove_all(dir);
 }
 
 TEST(DefaultModel, CacheDirIsWrittenOnceAndReused) {
   namespace fs = std::filesystem;
-  const fs::path root = fs::temp_directory_path() / ("splice-cache-test-" + std::to_string(::getpid()));
+  const fs::path root =
+      fs::temp_directory_path() / ("splice-cache-test-" + std::to_string(::getpid()));
   fs::remove_all(root);
   ::setenv("SPLICE_CACHE_DIR", root.string().c_str(), 1);
   const std::string dir = default_model_dir();

@@ -12,7 +12,7 @@ namespace splice::testing {
 
 namespace {
 
-constexpr double kL2Eps = 1e-6;             // added to the sum of squares in the q/k L2 norm
+constexpr double kL2Eps = 1e-6;              // added to the sum of squares in the q/k L2 norm
 constexpr double kSoftplusThreshold = 20.0;  // softplus(z) = z above it (FLA, torch)
 
 std::vector<double> read(const Weights& w, const std::string& name, const Dims& shape) {
@@ -42,8 +42,9 @@ ReferenceKdaModel::ReferenceKdaModel(const ModelConfig& c, const Weights& w, std
   };
   embeddings_ = read(w, "model.embeddings.weight", {vocab, hidden});
   norm_ = read(w, "model.norm.weight", {hidden});
-  lm_head_ = (c.tie_word_embeddings || !w.has("lm_head.weight")) ? embeddings_
-                                                                  : read(w, "lm_head.weight", {vocab, hidden});
+  lm_head_ = (c.tie_word_embeddings || !w.has("lm_head.weight"))
+                 ? embeddings_
+                 : read(w, "lm_head.weight", {vocab, hidden});
   const KdaLayerConfig& k = c.kda;
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -56,7 +57,8 @@ ReferenceKdaModel::ReferenceKdaModel(const ModelConfig& c, const Weights& w, std
     layer.up_proj = linear(p + "mlp.up_proj", inter, hidden, false);
     layer.down_proj = linear(p + "mlp.down_proj", hidden, inter, false);
     if (layer.attention) {
-      const std::int64_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+      const std::int64_t qd = c.num_attention_heads * c.head_dim,
+                         kvd = c.num_key_value_heads * c.head_dim;
       layer.q_proj = linear(p + "attn.q_proj", qd, hidden, c.attention_bias);
       layer.k_proj = linear(p + "attn.k_proj", kvd, hidden, c.attention_bias);
       layer.v_proj = linear(p + "attn.v_proj", kvd, hidden, c.attention_bias);
@@ -81,7 +83,8 @@ ReferenceKdaModel::ReferenceKdaModel(const ModelConfig& c, const Weights& w, std
       const std::int64_t channels = 2 * kd + vd;
       if (k.use_short_conv) {
         for (const auto& [name, dim] : {std::pair<const char*, std::int64_t>{"q_conv1d", kd},
-                                        {"k_conv1d", kd}, {"v_conv1d", vd}}) {
+                                        {"k_conv1d", kd},
+                                        {"v_conv1d", vd}}) {
           const Vec wc = read(w, p + "attn." + name + ".weight", {dim, 1, W});
           layer.conv_weight.insert(layer.conv_weight.end(), wc.begin(), wc.end());
         }
@@ -89,7 +92,8 @@ ReferenceKdaModel::ReferenceKdaModel(const ModelConfig& c, const Weights& w, std
                                   std::vector<Vec>(static_cast<std::size_t>(W - 1),
                                                    Vec(static_cast<std::size_t>(channels), 0.0)));
       }
-      layer.state.assign(static_cast<std::size_t>(batch), Vec(static_cast<std::size_t>(HV * Dv * Dk), 0.0));
+      layer.state.assign(static_cast<std::size_t>(batch),
+                         Vec(static_cast<std::size_t>(HV * Dv * Dk), 0.0));
     }
     layers_.push_back(std::move(layer));
   }
@@ -144,8 +148,9 @@ ReferenceKdaModel::Vec ReferenceKdaModel::kda_mixer(Layer& layer, std::int64_t b
     for (std::int64_t ch = 0; ch < channels; ++ch) {
       double pre = 0;
       for (std::int64_t t = 0; t < W; ++t) {
-        const double in = t < W - 1 ? hist[static_cast<std::size_t>(t)][static_cast<std::size_t>(ch)]
-                                    : x[static_cast<std::size_t>(ch)];
+        const double in = t < W - 1
+                              ? hist[static_cast<std::size_t>(t)][static_cast<std::size_t>(ch)]
+                              : x[static_cast<std::size_t>(ch)];
         pre += in * layer.conv_weight[static_cast<std::size_t>(ch * W + t)];
       }
       mixed[static_cast<std::size_t>(ch)] = round(silu(pre));
@@ -156,8 +161,8 @@ ReferenceKdaModel::Vec ReferenceKdaModel::kda_mixer(Layer& layer, std::int64_t b
     for (std::int64_t ch = 0; ch < channels; ++ch)
       mixed[static_cast<std::size_t>(ch)] = round(silu(x[static_cast<std::size_t>(ch)]));
   }
-  const Vec f = linear(layer.f1, linear(layer.f0, a));      // [HV * Dk]
-  const Vec beta_raw = linear(layer.b_proj, a);             // [HV]
+  const Vec f = linear(layer.f1, linear(layer.f0, a));         // [HV * Dk]
+  const Vec beta_raw = linear(layer.b_proj, a);                // [HV]
   const Vec out_gate = linear(layer.g1, linear(layer.g0, a));  // [HV * Dv]
   Vec& S = layer.state[static_cast<std::size_t>(b)];
   Vec out(static_cast<std::size_t>(vd));
@@ -182,7 +187,8 @@ ReferenceKdaModel::Vec ReferenceKdaModel::kda_mixer(Layer& layer, std::int64_t b
     const double A = std::exp(layer.A_log[static_cast<std::size_t>(hv)]);
     Vec decay(static_cast<std::size_t>(Dk));
     for (std::int64_t i = 0; i < Dk; ++i) {
-      const double z = f[static_cast<std::size_t>(hv * Dk + i)] + layer.dt_bias[static_cast<std::size_t>(hv * Dk + i)];
+      const double z = f[static_cast<std::size_t>(hv * Dk + i)] +
+                       layer.dt_bias[static_cast<std::size_t>(hv * Dk + i)];
       const double g = k.lower_bound ? *k.lower_bound * sigmoid(A * z) : -A * softplus(z);
       decay[i] = std::exp(g);
     }
@@ -218,7 +224,8 @@ ReferenceKdaModel::Vec ReferenceKdaModel::kda_mixer(Layer& layer, std::int64_t b
   return linear(layer.o_proj, out);
 }
 
-ReferenceKdaModel::Vec ReferenceKdaModel::attention_mixer(Layer& layer, std::int64_t b, const Vec& a) {
+ReferenceKdaModel::Vec ReferenceKdaModel::attention_mixer(Layer& layer, std::int64_t b,
+                                                          const Vec& a) {
   const std::int64_t heads = c_.num_attention_heads, kv_heads = c_.num_key_value_heads,
                      D = c_.head_dim, half = D / 2, group = heads / kv_heads;
   Vec q = linear(layer.q_proj, a), k = linear(layer.k_proj, a);
@@ -228,7 +235,8 @@ ReferenceKdaModel::Vec ReferenceKdaModel::attention_mixer(Layer& layer, std::int
   auto rotate = [&](Vec& x, std::int64_t n) {
     for (std::int64_t h = 0; h < n; ++h)
       for (std::int64_t i = 0; i < half; ++i) {
-        const float inv_freq = static_cast<float>(1.0 / std::pow(c_.rope_theta, static_cast<double>(2 * i) / static_cast<double>(D)));
+        const float inv_freq = static_cast<float>(
+            1.0 / std::pow(c_.rope_theta, static_cast<double>(2 * i) / static_cast<double>(D)));
         const double angle = static_cast<double>(static_cast<float>(pos) * inv_freq);
         const double cs = std::cos(angle), sn = std::sin(angle);
         double& x1 = x[static_cast<std::size_t>(h * D + i)];
@@ -254,7 +262,8 @@ ReferenceKdaModel::Vec ReferenceKdaModel::attention_mixer(Layer& layer, std::int
     for (std::int64_t j = 0; j < n; ++j) {
       double dot = 0;
       for (std::int64_t i = 0; i < D; ++i)
-        dot += q[static_cast<std::size_t>(h * D + i)] * keys[j][static_cast<std::size_t>(kh * D + i)];
+        dot +=
+            q[static_cast<std::size_t>(h * D + i)] * keys[j][static_cast<std::size_t>(kh * D + i)];
       scores[j] = dot * scale;
       max_score = std::max(max_score, scores[j]);
     }
@@ -262,7 +271,8 @@ ReferenceKdaModel::Vec ReferenceKdaModel::attention_mixer(Layer& layer, std::int
     for (double& s : scores) total += (s = std::exp(s - max_score));
     for (std::int64_t i = 0; i < D; ++i) {
       double acc = 0;
-      for (std::int64_t j = 0; j < n; ++j) acc += scores[j] * values[j][static_cast<std::size_t>(kh * D + i)];
+      for (std::int64_t j = 0; j < n; ++j)
+        acc += scores[j] * values[j][static_cast<std::size_t>(kh * D + i)];
       out[static_cast<std::size_t>(h * D + i)] = round(acc / total);
     }
   }
@@ -286,7 +296,8 @@ std::vector<std::vector<double>> ReferenceKdaModel::step(const std::vector<std::
     Vec row(static_cast<std::size_t>(vocab));
     for (std::int64_t v = 0; v < vocab; ++v) {
       double acc = 0;
-      for (std::int64_t i = 0; i < hidden; ++i) acc += lm_head_[static_cast<std::size_t>(v * hidden + i)] * n[i];
+      for (std::int64_t i = 0; i < hidden; ++i)
+        acc += lm_head_[static_cast<std::size_t>(v * hidden + i)] * n[i];
       row[static_cast<std::size_t>(v)] = round(acc);
     }
     logits.push_back(std::move(row));

@@ -32,7 +32,8 @@ ModelConfig default_model_config();
 // Every weight FLA's KDAForCausalLM has for `config` (FLA's names; bf16, A_log and dt_bias f32),
 // drawn as described above from a generator seeded with `seed`. Also used by the tests for tiny
 // random models (any head sizes, GVA, biases, tied or untied head, with or without short convs).
-std::vector<std::pair<std::string, Tensor>> make_kda_weights(const ModelConfig& config, std::uint64_t seed);
+std::vector<std::pair<std::string, Tensor>> make_kda_weights(const ModelConfig& config,
+                                                             std::uint64_t seed);
 
 // Writes config.json and model.safetensors into `dir` (created if needed). Deterministic: the
 // same bytes on every machine.
