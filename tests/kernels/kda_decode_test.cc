@@ -476,6 +476,20 @@ TEST(KdaDecode, HeadCounts) {
   }
 }
 
+// Saturated gates: large decay rates and logits push exp(g) towards 0 and softplus past its
+// z > 20 branch; a lower bound far below -5 and a large norm_eps.
+TEST(KdaDecode, ExtremeGates) {
+  for (bool softplus : {false, true}) {
+    Problem p = make_problem(61, 2, grid_meta(61, 3), DType::f32);
+    Rng rng(62);
+    rng.normal(p.raw_gate, 0.0, 12.0);
+    rng.normal(p.A_log, 2.0, 0.5);
+    KdaDecodeOptions o = gate_options(softplus, 0.5f);
+    if (!softplus) o.lower_bound = -60.0f;
+    check_case(p, o, softplus ? "extreme softplus gates" : "extreme gates, lower_bound -60");
+  }
+}
+
 TEST(KdaDecode, AllTrailingAndAllNull) {
   Meta m;
   m.T = 3;
