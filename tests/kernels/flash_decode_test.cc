@@ -336,6 +336,73 @@ TEST(FlashDecodeCpu, FullSizeGqaWithEveryFeature) {
   run_case(c, 11);
 }
 
+// Every head dim the contract row advertises (non-multiples of 16 exercise the dot-product tails)
+// and the longest q_len it allows, with GQA, windows, softcap, ALiBi and LSE on.
+TEST(FlashDecodeCpu, EveryContractHeadDimAndLongestQueryLength) {
+  const AttentionContract& row = cpu_flash_decode_contract();
+  std::uint64_t seed = 300;
+  for (std::int64_t head_dim : row.head_dims) {
+    Case c;
+    c.batch = 2;
+    c.num_qo_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = head_dim;
+    c.q_len = 3;
+    c.k_lens = {70, 33};
+    c.capacity = 72;
+    c.dtype = DType::bf16;
+    c.padded = true;
+    c.alibi = true;
+    c.lse = true;
+    c.options.window_left = 40;
+    c.options.softcap = 10.0f;
+    run_case(c, seed++);
+  }
+  Case c;
+  c.batch = 2;
+  c.num_qo_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.q_len = row.max_sq;
+  c.k_lens = {300, 40};  // sequence 1 is shorter than q_len: its first 24 rows see no key
+  c.capacity = 300;
+  c.dtype = DType::f16;
+  c.lse = true;
+  c.options.window_left = 50;
+  c.options.window_right = 5;
+  for (bool causal : {true, false}) {
+    c.options.causal = causal;
+    run_case(c, seed++);
+  }
+}
+
+// The kernel itself handles any head dim (the op only admits the contract's): odd D exercises the
+// 8-lane and scalar tails of the dot products and value folds.
+TEST(FlashDecodeCpu, KernelHandlesHeadDimsOutsideTheContract) {
+  for (std::int64_t head_dim : {37, 72}) {
+    Case c;
+    c.batch = 2;
+    c.num_qo_heads = 4;
+    c.num_kv_heads = 1;
+    c.head_dim = head_dim;
+    c.q_len = 2;
+    c.k_lens = {45, 9};
+    c.capacity = 50;
+    c.dtype = DType::f32;
+    c.options.window_left = 30;
+    SCOPED_TRACE(c.str());
+    const Inputs in = make_inputs(c, 77);
+    Tensor out = Tensor::empty({c.batch, c.num_qo_heads, c.q_len, c.head_dim}, c.dtype);
+    Tensor lse = Tensor::empty({c.batch, c.num_qo_heads, c.q_len}, DType::f32);
+    cpu::flash_decode(in.q, in.k, in.v, in.k_len, nullptr, c.options, out, &lse);
+    Tensor ref_lse;
+    const Tensor ref =
+        reference_decode_attention(in.q, in.k, in.v, in.k_len, nullptr, c.options, &ref_lse);
+    EXPECT_TRUE(close(out, ref, cpu_flash_decode_contract().tolerance(c.dtype)));
+    EXPECT_TRUE(close(lse, ref_lse, cpu_flash_decode_contract().tolerance(DType::f32)));
+  }
+}
+
 // ---- split counts ------------------------------------------------------------------------------
 
 TEST(FlashDecodeCpu, SplitCountsAgreeWithinRounding) {
