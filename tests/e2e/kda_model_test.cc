@@ -27,6 +27,7 @@
 #include "splice/model/model.h"
 #include "splice/tune/optimize.h"
 #include "support/reference_kda_model.h"
+#include "support/test_util.h"
 
 namespace splice {
 namespace {
@@ -145,6 +146,19 @@ TEST_P(TinyKdaModel, DecomposedMatchesFloat64ReferenceFor16Tokens) {
   EXPECT_EQ(model.attention_specs.size(), 1u);
   Session session(std::move(model.graph));
   const DecodeRun run = decode_and_compare(session, config, weights, options.batch, 3);
+  // Cache layout: [batch + 1, ...] with slot 0 reserved (never written), rows 1..batch live.
+  for (const char* layer : {"model.layers.0.attn.", "model.layers.2.attn."}) {
+    const Tensor state = session.state(std::string(layer) + "recurrent_state");
+    const Tensor conv = session.state(std::string(layer) + "conv_state");
+    EXPECT_EQ(state.shape(), (Dims{options.batch + 1, 2, 128, 128})) << layer;
+    EXPECT_EQ(conv.shape(), (Dims{options.batch + 1, 3, 3 * 256})) << layer;
+    EXPECT_EQ(state.dtype(), cs.state_dtype);
+    EXPECT_TRUE(
+        testing::bit_equal(state.select(0, 0), Tensor::zeros({2, 128, 128}, cs.state_dtype)));
+    EXPECT_TRUE(testing::bit_equal(conv.select(0, 0), Tensor::zeros({3, 3 * 256}, DType::bf16)));
+    EXPECT_FALSE(testing::bit_equal(state.select(0, options.batch),
+                                    Tensor::zeros({2, 128, 128}, cs.state_dtype)));
+  }
   std::printf("[%s decomposed] max |logit err| %.4g, max rel %.4g\n", cs.name, run.max_abs,
               run.max_rel);
 }
