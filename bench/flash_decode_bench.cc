@@ -13,7 +13,8 @@
 //  5. Summary: wall time per arm, effective KV GB/s = 2 * k_len * Hkv * D * 2 bytes / time, the
 //     bytes floor (KV bytes / measured read bandwidth), % of that floor, process CPU time per call
 //     (all threads; robust when other processes share the cores), and flash/decomposed ratios.
-// Run: ./flash_decode_bench [--benchmark_out=flash_decode.json --benchmark_out_format=json]
+// Run: ./flash_decode_bench (JSON goes to flash_decode_bench.json unless --benchmark_out= is given;
+// SPLICE_NUM_THREADS=1 runs both arms on one core).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -254,9 +255,21 @@ void print_summary() {
 }  // namespace
 }  // namespace splice
 
+// Writes JSON to flash_decode_bench.json unless the caller names another --benchmark_out.
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  std::vector<char*> args(argv, argv + argc);
+  bool has_out = false;
+  for (int a = 1; a < argc; ++a)
+    has_out = has_out || std::string(argv[a]).rfind("--benchmark_out=", 0) == 0;
+  std::string out_flag = "--benchmark_out=flash_decode_bench.json";
+  std::string format_flag = "--benchmark_out_format=json";
+  if (!has_out) {
+    args.push_back(out_flag.data());
+    args.push_back(format_flag.data());
+  }
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   splice::print_summary();
