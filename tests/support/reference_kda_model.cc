@@ -279,6 +279,12 @@ ReferenceKdaModel::Vec ReferenceKdaModel::attention_mixer(Layer& layer, std::int
   return linear(layer.o_proj, out);
 }
 
+const std::vector<double>& ReferenceKdaModel::kda_state(std::int64_t layer, std::int64_t b) const {
+  static const std::vector<double> kNone;
+  const Layer& l = layers_.at(static_cast<std::size_t>(layer));
+  return l.attention ? kNone : l.state.at(static_cast<std::size_t>(b));
+}
+
 std::vector<std::vector<double>> ReferenceKdaModel::step(const std::vector<std::int64_t>& tokens) {
   const std::int64_t hidden = c_.hidden_size, vocab = c_.vocab_size;
   std::vector<std::vector<double>> logits;

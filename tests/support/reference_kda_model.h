@@ -37,6 +37,9 @@ class ReferenceKdaModel {
   // One decode step for every sequence: tokens[b] is sequence b's next token. Returns logits
   // [batch][vocab].
   std::vector<std::vector<double>> step(const std::vector<std::int64_t>& tokens);
+  // Layer `layer`'s recurrent state of sequence `b`, S[hv][v][k] flattened (FLA's state_v_first
+  // layout [HV, V, K]); empty for attention layers.
+  const std::vector<double>& kda_state(std::int64_t layer, std::int64_t b) const;
 
  private:
   using Vec = std::vector<double>;
