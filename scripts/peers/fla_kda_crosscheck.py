@@ -79,7 +79,7 @@ def setup_error(msg):
 def build_splice():
     build = os.path.join(ROOT, "build-flacheck")
     deps = os.path.join(ROOT, ".deps", "usr")
-    args = ["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DSPLICE_BUILD_BENCH=OFF",
+    args = ["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DSPLICE_BUILD_BENCH=OFF", "-DSPLICE_BUILD_TESTS=OFF",
             "-DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20",
             "-DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20"]
     env = dict(os.environ)
