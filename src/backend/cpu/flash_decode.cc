@@ -68,8 +68,9 @@ constexpr i64 kKeyTile = 32;
 constexpr i64 kMinKeysPerSplit = 256;
 // Tasks per thread the split planner aims for, so uneven tasks still balance.
 constexpr i64 kTasksPerThread = 4;
-// Below this many multiply-adds the call runs on the calling thread (thread start costs ~50 us).
-constexpr i64 kSerialWorkLimit = i64{1} << 20;
+// Below this many q.k multiply-adds (~50 us on one core) the call runs on the calling thread:
+// waking the pool and a second core's cold caches would cost about as much as they save.
+constexpr i64 kSerialWorkLimit = i64{1} << 18;
 // Lanes of the vectorized dot product (one AVX2 register, two SSE registers).
 constexpr i64 kDotLanes = 8;
 // Independent accumulator chains per dot product (2 x 8 lanes: D = 16 per step; measured
@@ -80,8 +81,7 @@ constexpr i64 kCacheLine = 64;
 constexpr i64 kAxpyKeys = 4;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// ---- fp32 row conversion (stage 3/4: every row is converted once, then reused)
-// -------------------
+// ---- fp32 row conversion (stages 3-4: every row is converted once, then reused) ---------------
 
 // f16 bits -> f32, branch-free so the loop vectorizes: the 15 magnitude bits shifted into an f32
 // and scaled by 2^(127-15) give normals and subnormals exactly; exponent 31 maps to inf/NaN.
@@ -221,7 +221,7 @@ struct Problem {
   }
 };
 
-// Per-thread scratch, sized once per call.
+// Scratch of one pool chunk (a range of tasks run by one thread).
 struct Scratch {
   std::vector<float> qf, kf, vf, scores;  // [rows, D], [tile, D], [tile, D], [rows, tile]
   std::vector<float> lanes;               // [rows, kDotLanes, tile] dot-product lane partials
@@ -236,8 +236,7 @@ struct Scratch {
   }
 };
 
-// ---- stages 3-5: one (batch, kv head, split) task
-// ------------------------------------------------
+// ---- stages 3-5: one (batch, kv head, split) task ----------------------------------------------
 
 SPLICE_FD_CLONES
 void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* __restrict m,
