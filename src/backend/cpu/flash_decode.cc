@@ -35,7 +35,8 @@
 // q . k_j keeps kDotLanes lane partials per (row, key) and sums them in a loop over the tile's
 // keys (no serial horizontal add per score); acc += e v folds kAxpyKeys value rows per pass.
 // On x86-64 the hot task is compiled three times (AVX-512, AVX2+FMA, baseline) and the loader
-// picks the best the CPU runs.
+// picks the best the CPU runs (the clones differ only by FMA contraction: checked equal within
+// 2e-4 relative on bf16/f16/f32 outputs, far inside the contract tolerance).
 #include "splice/backend/cpu/flash_decode.h"
 
 #include <algorithm>
