@@ -142,7 +142,9 @@ void BM_FlashDecode(benchmark::State& state) {
 void BM_Decomposed(benchmark::State& state) {
   const std::int64_t k_len = state.range(0);
   const Inputs& in = inputs_for(k_len);
+  // q [B, Hq, 1, D] viewed as [B, Hkv, G, D]: one matmul per kv head covers its query group.
   const Tensor q_group = in.q.reshape({kBatch, kKvHeads, kGroup * kQLen, kHeadDim});
+  // scores, scaled, probs [B, Hkv, G, k_len] f32; out [B, Hkv, G, D] bf16; scale [1] f32.
   Tensor scores = Tensor::empty({kBatch, kKvHeads, kGroup * kQLen, k_len}, DType::f32);
   Tensor scaled = Tensor::empty({kBatch, kKvHeads, kGroup * kQLen, k_len}, DType::f32);
   Tensor probs = Tensor::empty({kBatch, kKvHeads, kGroup * kQLen, k_len}, DType::f32);
@@ -155,6 +157,7 @@ void BM_Decomposed(benchmark::State& state) {
     const double cpu_start = process_cpu_seconds();
     const auto start = Clock::now();
     // The live prefix slice of the capacity buffers (here capacity == k_len).
+    // [B, Hkv, k_len, D] views of the capacity buffers.
     const Tensor k_live = in.k[set].slice(2, 0, k_len);
     const Tensor v_live = in.v[set].slice(2, 0, k_len);
     cpu::matmul(q_group, k_live, scores, /*transpose_b=*/true);
@@ -181,7 +184,7 @@ float sum_range(const float* data, std::int64_t n) {
 }
 
 void BM_ReadBandwidth(benchmark::State& state) {
-  static Tensor buffer = [] {
+  static Tensor buffer = [] {  // [kBandwidthBytes / 4] f32
     Tensor t = Tensor::empty({kBandwidthBytes / 4}, DType::f32);
     std::memset(t.raw_data(), 0, t.nbytes());
     return t;

@@ -32,6 +32,7 @@ Tensor reference_decode_attention(const Tensor& q, const Tensor& k, const Tensor
   const double scale = options.softmax_scale != 0.0f
                            ? static_cast<double>(options.softmax_scale)
                            : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  // out [batch, num_qo_heads, q_len, head_dim]; lse [batch, num_qo_heads, q_len].
   Tensor out = Tensor::empty({batch, num_qo_heads, q_len, head_dim}, DType::f32);
   if (lse) *lse = Tensor::empty({batch, num_qo_heads, q_len}, DType::f32);
 
