@@ -1,5 +1,7 @@
-// Attention kernel contracts (see splice/ops/contract.h): feature names, the row queries, and the
-// seed's capacity-K kernel row. The flash-decode rows live beside their op in decode_attention.cc.
+// Kernel contracts (see splice/ops/contract.h): feature names, the row queries, and the seed's
+// capacity-K kernel row. Compiled into core so the optimizer's gate, the verifier and the
+// launchers share one table without depending on each other. The flash-decode rows live beside
+// their op in src/ops/decode_attention.cc.
 //
 //  1. `supports*` are plain lookups in the row; nothing is inferred.
 //  2. `tolerance(dtype)` is the written policy default for that dtype (tolerance.h). The flash rows

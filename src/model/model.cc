@@ -161,11 +161,3 @@ std::pair<Tensor, Tensor> rope_tables(const ModelConfig& c, std::int64_t head_di
 }  // namespace layers
 }  // namespace splice
 
-namespace splice {
-// TEMPORARY (removed when src/model/kda_model.cc lands): keeps every binary linking while the
-// KDA builder is written in parallel.
-__attribute__((weak)) DecodeModel build_kda_decode_model(const ModelConfig& config, const Weights&,
-                                                         const BuildOptions&) {
-  fail<UnsupportedError>(config.source, ": the KDAForCausalLM builder is not built into this binary");
-}
-}  // namespace splice

@@ -1,0 +1,169 @@
+// The splice CLI as a user runs it (a real process): `op decode-attention` and `op kda-decode`
+// reproduce the library's results from safetensors files; bad input exits non-zero with one line
+// naming the argument and leaves OUT unwritten; `inspect` prints the graph before/after and the
+// decisions; `run` decodes the embedded default model; unknown flags fail cleanly.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "splice/core/random.h"
+#include "splice/model/safetensors.h"
+#include "splice/ops/decode_attention.h"
+#include "splice/ops/kda_decode.h"
+#include "support/reference_kda.h"
+#include "support/test_util.h"
+
+namespace splice {
+namespace {
+
+struct Result {
+  int status;
+  std::string output;
+};
+
+Result run_cli(const std::string& args) {
+  const std::string cmd = std::string(SPLICE_CLI_PATH) + " " + args + " 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), pipe.get())) out += buf.data();
+  const int status = pclose(pipe.release());
+  return {WEXITSTATUS(status), out};
+}
+
+std::string temp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+TEST(Cli, DecodeAttentionReproducesTheLibrary) {
+  Rng rng(5);
+  const Tensor q = testing::random_tensor(rng, {2, 8, 1, 64}, DType::bf16);
+  const Tensor k = testing::random_tensor(rng, {2, 2, 40, 64}, DType::bf16);
+  const Tensor v = testing::random_tensor(rng, {2, 2, 40, 64}, DType::bf16);
+  Tensor k_len = Tensor::empty({2}, DType::i32);
+  k_len.set({0}, 17);
+  k_len.set({1}, 40);
+  const std::string in = temp("attn_in.safetensors"), out = temp("attn_out.safetensors");
+  std::filesystem::remove(out);
+  save_safetensors(in, {{"q", q}, {"k", k}, {"v", v}, {"k_len", k_len}},
+                   {{"softmax_scale", "0.125"}, {"causal", "true"}, {"softcap", "30"}});
+  const Result r = run_cli("op decode-attention --in " + in + " --out " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const SafeTensorsFile f = SafeTensorsFile::open(out);
+  DecodeAttentionOptions options;
+  options.softmax_scale = 0.125f;
+  options.softcap = 30.0f;
+  Tensor lse;
+  const Tensor expected = decode_attention(q, k, v, k_len, nullptr, options, {}, &lse);
+  EXPECT_TRUE(testing::bit_equal(f.tensor("o"), expected));
+  EXPECT_TRUE(testing::bit_equal(f.tensor("lse"), lse));
+}
+
+TEST(Cli, DecodeAttentionBadInputNamesTheArgumentAndWritesNothing) {
+  Rng rng(6);
+  const std::string in = temp("attn_bad.safetensors"), out = temp("attn_bad_out.safetensors");
+  std::filesystem::remove(out);
+  Tensor k_len = Tensor::empty({1}, DType::i64);  // must be int32
+  k_len.set({0}, 3);
+  save_safetensors(in, {{"q", testing::random_tensor(rng, {1, 4, 1, 64}, DType::bf16)},
+                        {"k", testing::random_tensor(rng, {1, 2, 8, 64}, DType::bf16)},
+                        {"v", testing::random_tensor(rng, {1, 2, 8, 64}, DType::bf16)},
+                        {"k_len", k_len}});
+  Result r = run_cli("op decode-attention --in " + in + " --out " + out);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("k_len"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  save_safetensors(in, {{"q", testing::random_tensor(rng, {1, 4, 1, 64}, DType::bf16)}}, {{"causal", "maybe"}});
+  r = run_cli("op decode-attention --in " + in + " --out " + out);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("causal"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  r = run_cli("op decode-attention --in /nonexistent.safetensors --out " + out);
+  EXPECT_NE(r.status, 0);
+}
+
+TEST(Cli, KdaDecodeReproducesTheLibraryInLogicalLayout) {
+  Rng rng(7);
+  const std::int64_t R = 3, H = 2, D = 128, C = H * D, slots = 5, T = 2;
+  const Tensor x = testing::random_tensor(rng, {R, 3 * C}, DType::bf16);
+  const Tensor weight = testing::random_tensor(rng, {3, 4, C}, DType::f32, 0.1);
+  const Tensor conv = testing::random_tensor(rng, {slots, 3 * C, T + 2}, DType::bf16, 0.1);  // logical
+  const Tensor raw_gate = testing::random_tensor(rng, {1, R, H, D}, DType::bf16);
+  const Tensor raw_beta = testing::random_tensor(rng, {1, R, H}, DType::bf16);
+  const Tensor A_log = testing::random_tensor(rng, {H}, DType::f32, 0.5);
+  const Tensor dt_bias = testing::random_tensor(rng, {C}, DType::f32, 0.1);
+  const Tensor state = testing::random_tensor(rng, {slots, H, D, D}, DType::f32, 0.01);
+  const Tensor output_gate = testing::random_tensor(rng, {R, H, D}, DType::bf16);
+  const Tensor norm_weight = testing::random_tensor(rng, {D}, DType::f32);
+  Tensor indices = Tensor::empty({2, T}, DType::i32), qsl = Tensor::empty({3}, DType::i32),
+         nat = Tensor::empty({2}, DType::i32);
+  for (auto [i, v] : {std::pair{0, 1}, {1, 2}, {2, 3}, {3, 4}}) indices.set_linear(i, v);
+  qsl.set({0}, 0);
+  qsl.set({1}, 2);
+  qsl.set({2}, 3);
+  nat.set({0}, 1);
+  nat.set({1}, 2);
+  const std::string in = temp("kda_in.safetensors"), out = temp("kda_out.safetensors");
+  std::filesystem::remove(out);
+  save_safetensors(in, {{"x", x}, {"weight", weight}, {"conv_state", conv}, {"raw_gate", raw_gate},
+                        {"raw_beta", raw_beta}, {"A_log", A_log}, {"dt_bias", dt_bias},
+                        {"state_indices", indices}, {"state", state}, {"output_gate", output_gate},
+                        {"norm_weight", norm_weight}, {"query_start_loc", qsl}, {"num_accepted_tokens", nat}},
+                   {{"lower_bound", "none"}, {"norm_eps", "1e-5"}});
+  const Result r = run_cli("op kda-decode --in " + in + " --out " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  // The library on the same call (conv_state laid out as the op needs).
+  Tensor conv_op = Tensor::empty({slots, T + 2, 3 * C}, DType::bf16).permute({0, 2, 1});
+  conv_op.copy_from(conv);
+  Tensor state_op = state.clone();
+  KdaDecodeOptions options;
+  options.lower_bound.reset();
+  const Tensor expected = packed_fused_kda_decode(x, weight, conv_op, raw_gate, raw_beta, A_log, dt_bias,
+                                                  indices, state_op, output_gate, norm_weight, options,
+                                                  {}, qsl, nat);
+  const SafeTensorsFile f = SafeTensorsFile::open(out);
+  EXPECT_TRUE(testing::bit_equal(f.tensor("output"), expected));
+  EXPECT_TRUE(testing::bit_equal(f.tensor("conv_state"), conv_op.contiguous()));
+  EXPECT_EQ(f.tensor("conv_state").shape(), (Dims{slots, 3 * C, T + 2}));
+  EXPECT_TRUE(testing::bit_equal(f.tensor("state"), state_op));
+  // Bad input: nat out of [1, T].
+  nat.set({1}, 5);
+  save_safetensors(in, {{"x", x}, {"weight", weight}, {"conv_state", conv}, {"raw_gate", raw_gate},
+                        {"raw_beta", raw_beta}, {"A_log", A_log}, {"dt_bias", dt_bias},
+                        {"state_indices", indices}, {"state", state}, {"output_gate", output_gate},
+                        {"norm_weight", norm_weight}, {"query_start_loc", qsl}, {"num_accepted_tokens", nat}});
+  std::filesystem::remove(out);
+  const Result bad = run_cli("op kda-decode --in " + in + " --out " + out);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("num_accepted_tokens"), std::string::npos) << bad.output;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST(Cli, InspectPrintsGraphsAndDecisions) {
+  const std::string dot = temp("graph.dot");
+  const Result r = run_cli("inspect --layers 2 --capacity 64 --dot " + dot);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("== graph before the optimizer =="), std::string::npos);
+  EXPECT_NE(r.output.find("OFFERED"), std::string::npos);
+  EXPECT_NE(r.output.find("bucket [33, 64]"), std::string::npos);
+  EXPECT_NE(r.output.find("== graph after the optimizer =="), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(dot));
+  const Result json = run_cli("inspect --layers 1 --capacity 16 --json --no-select");
+  ASSERT_EQ(json.status, 0) << json.output;
+  EXPECT_NE(json.output.find("\"offered\": true"), std::string::npos) << json.output;
+}
+
+TEST(Cli, RunsTheDefaultModelAndRejectsBadFlags) {
+  const Result r = run_cli("run --max-new-tokens 4 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"tokens\""), std::string::npos) << r.output;
+  EXPECT_NE(run_cli("run --device tpu").status, 0);
+  const Result missing = run_cli("run --model /no/such/model");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.output.find("/no/such/model"), std::string::npos) << missing.output;
+  EXPECT_NE(run_cli("frobnicate").status, 0);
+}
+
+}  // namespace
+}  // namespace splice
