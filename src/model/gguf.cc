@@ -643,6 +643,13 @@ void GgufFile::index_from(const std::uint8_t* base, std::size_t size) {
       if (__builtin_mul_overflow(numel, extent, &numel)) overflow = true;
     }
     info.shape.assign(info.ne.rbegin(), info.ne.rend());
+    // Tensor code multiplies extents in int64 in any order: the product of the non-zero extents
+    // must fit, or an empty tensor like [2^40, 2^40, 0] would overflow there.
+    std::int64_t nonzero_product = 1;
+    for (auto extent : info.ne)
+      if (extent != 0 && __builtin_mul_overflow(nonzero_product, extent, &nonzero_product))
+        fail<IoError>(file, ": tensor '", name, "': dims ", dims_str(info.ne),
+                      " overflow a 64-bit element count");
     const std::uint32_t type = in.get<std::uint32_t>("the type of '" + name + "'");
     std::int64_t block_elems = 0, block_bytes = 0;
     if (!ggml_type_layout(type, &block_elems, &block_bytes))

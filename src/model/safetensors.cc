@@ -445,6 +445,12 @@ void SafeTensorsFile::index_from(const std::uint8_t* base, std::size_t size) {
       info.shape.push_back(static_cast<std::int64_t>(extent));
       if (__builtin_mul_overflow(numel, extent, &numel)) numel_overflow = true;
     }
+    // Tensor code multiplies extents in int64 in any order: the product of the non-zero extents
+    // must fit, or an empty tensor like [2^40, 2^40, 0] would overflow there.
+    std::int64_t nonzero_product = 1;
+    for (auto extent : info.shape)
+      if (extent != 0 && __builtin_mul_overflow(nonzero_product, extent, &nonzero_product))
+        bad_tensor(file, key, "`shape` ", shape.dump(), " overflows a 64-bit element count");
     const std::size_t itemsize = safetensors_dtype_size(info.dtype);
     std::uint64_t nbytes = 0;
     if (!numel_overflow && numel != 0 && __builtin_mul_overflow(numel, itemsize, &nbytes))

@@ -478,7 +478,10 @@ TEST(GgufTest, MalformedFilesAreClearErrors) {
   expect_bad(GgufBuilder().scalar<std::uint32_t>("general.alignment", GgufType::u32, 24).build(),
              {"general.alignment", "power of two"});
   expect_bad(GgufBuilder().tensor("w", {1ll << 40, 1ll << 40}, 0, "").build(),
-             {"tensor 'w'", "overflows"});
+             {"tensor 'w'", "overflow"});
+  // Found by the fuzzer: an empty tensor whose other extents multiply past int64.
+  expect_bad(GgufBuilder().tensor("w", {0, 4027252736ll, 72057594037927936ll}, 0, "").build(),
+             {"tensor 'w'", "overflow a 64-bit element count"});
 }
 
 TEST(GgufTest, UnsupportedVersionsAndMissingFile) {

@@ -383,6 +383,12 @@ TEST_F(SafeTensorsTest, SizeMismatch) {
                    "\"data_offsets\":[0,0]}}",
                    ""),
              {"tensor 'w'", "overflow"});
+  // An empty tensor whose other extents multiply past int64 (found by the fuzzer in GGUF).
+  expect_bad(file("empty_overflow.safetensors"),
+             image("{\"w\":{\"dtype\":\"U8\",\"shape\":[4294967296,2147483648,0],"
+                   "\"data_offsets\":[0,0]}}",
+                   ""),
+             {"tensor 'w'", "overflows a 64-bit element count"});
 }
 
 TEST_F(SafeTensorsTest, NegativeAndNonIntegerDims) {
