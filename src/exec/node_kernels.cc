@@ -1,11 +1,19 @@
-// Node dispatch: maps each compute op to its backend kernel (cpu::* on the CPU) and each fused op
-// to its public op entry point (which validates and picks the device).
+// Node dispatch: maps each compute op to its backend kernel (cpu::* on the CPU, cuda::* on a CUDA
+// device) and each fused op to its public op entry point (which validates and picks the device).
+// On CUDA every launch goes to cuda::current_stream() (the session's stream), and FlashDecode with
+// a device k_len scalar calls the CUDA launcher directly on that stream, so a step can be captured.
 #include "exec/node_kernels.h"
 
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
 #include "splice/ops/decode_attention.h"
 #include "splice/ops/kda_decode.h"
+
+#ifdef SPLICE_WITH_CUDA
+#include "splice/backend/cuda/flash_decode.h"
+#include "splice/backend/cuda/primitives.h"
+#include "splice/backend/cuda/runtime.h"
+#endif
 
 namespace splice {
 namespace {
@@ -78,7 +86,47 @@ void run_cpu(const Node& n, const std::vector<Tensor>& in, Tensor& out, const No
   SPLICE_INTERNAL_CHECK(false, "run_cpu: op ", op_name(n.op), " is not a compute op");
 }
 
+#ifdef SPLICE_WITH_CUDA
+// The same kinds as the CPU's (cuda:: re-exports cpu's enums).
+void run_cuda(const Node& n, const std::vector<Tensor>& in, Tensor& out, const NodeScalars& s) {
+  if (is_unary(n.op)) return cuda::unary(unary_kind(n.op), in[0], out);
+  if (is_binary_arith(n.op)) return cuda::binary(binary_kind(n.op), in[0], in[1], out);
+  if (is_compare(n.op)) return cuda::compare(compare_kind(n.op), in[0], in[1], out);
+  if (is_reduce(n.op))
+    return cuda::reduce(reduce_kind(n.op), in[0], n.attrs.axis, n.attrs.keepdim, out);
+  switch (n.op) {
+    case Op::SymValue:
+      if (s.device.defined()) return cuda::cast(s.device, out);
+      return cuda::fill(out, static_cast<double>(s.value));
+    case Op::Iota: return cuda::iota(out, n.attrs.axis);
+    case Op::Where: return cuda::where(in[0], in[1], in[2], out);
+    case Op::Softmax: return cuda::softmax(in[0], n.attrs.axis, out);
+    case Op::MatMul: return cuda::matmul(in[0], in[1], out, n.attrs.transpose_b);
+    case Op::Reshape: {  // reached only when the input is not contiguous: copy, then view
+      Tensor view = out.reshape(in[0].shape());
+      return cuda::cast(in[0], view);
+    }
+    case Op::Concat: return cuda::concat(in, n.attrs.axis, out);
+    case Op::Gather: return cuda::gather(in[0], in[1], out);
+    case Op::Cast: return cuda::cast(in[0], out);
+    default: break;
+  }
+  SPLICE_INTERNAL_CHECK(false, "run_cuda: op ", op_name(n.op), " is not a compute op");
+}
+#endif
+
 }  // namespace
+
+void run_write_at(const Node& n, Tensor& state, const Tensor& value, const NodeScalars& s) {
+  if (state.device().is_cpu()) return cpu::write_at(state, value, n.attrs.axis, s.value);
+#ifdef SPLICE_WITH_CUDA
+  if (state.device().is_cuda()) {
+    if (s.device.defined()) return cuda::write_at(state, value, n.attrs.axis, s.device);
+    return cuda::write_at(state, value, n.attrs.axis, s.value);
+  }
+#endif
+  fail<UnsupportedError>("write_at has no kernel on ", state.device().str(), " in this build");
+}
 
 void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
                       const NodeScalars& s, Tensor& aux) {
@@ -90,6 +138,14 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
     options.window_left = f.window_left;
     options.window_right = f.window_right;
     options.softcap = f.softcap;
+#ifdef SPLICE_WITH_CUDA
+    if (s.device.defined() && out.device().is_cuda()) {
+      // k_len lives in the session's step-scalar buffer: launch on the session's stream.
+      cuda::flash_decode(in[0], in[1], in[2], s.device, f.has_alibi ? &in[3] : nullptr, options,
+                         out, nullptr, cuda::current_stream());
+      return;
+    }
+#endif
     if (!aux.defined()) aux = Tensor::empty({1}, DType::i32, out.device());
     if (aux.device().is_cpu()) {
       aux.data<std::int32_t>()[0] = static_cast<std::int32_t>(s.value);
@@ -118,6 +174,9 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
     }
     return;
   }
+#ifdef SPLICE_WITH_CUDA
+  if (out.device().is_cuda()) return run_cuda(n, in, out, s);
+#endif
   if (!out.device().is_cpu())
     fail<UnsupportedError>("op ", op_name(n.op), " has no kernel on ", out.device().str(),
                            " in this build");

@@ -1,15 +1,90 @@
 // Session: plan once, step per token (see session.h for the stages of a step).
+//
+// CUDA execution of a step (after stages 1-3 of session.h, which never touch the device):
+//   a. stage 2 wrote every per-token scalar into its slot of a pinned host buffer (after waiting
+//      for the previous step's copy out of it);
+//   b. on the session's stream: one async copy of that buffer into the device step-scalar
+//      buffer, then each input into its session-owned device buffer;
+//   c. the arm choice's state machine: new -> (refused: eager for good) | warm-up (eager) ->
+//      capture (run the nodes under stream capture, instantiate, launch) -> replay (launch).
+// The graph's launches read offsets and lengths from the step-scalar buffer, inputs from the
+// staged buffers and write the same arena, so a replay computes this step's values.
 #include "splice/exec/session.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <sstream>
 
 #include "exec/node_kernels.h"
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
 
+#ifdef SPLICE_WITH_CUDA
+#include "splice/backend/cuda/primitives.h"
+#include "splice/backend/cuda/runtime.h"
+#endif
+
 namespace splice {
+
+namespace {
+
+constexpr std::size_t kScalarSlotBytes = 8;  // one i64 (or i32) per slot
+
+std::string symbol_names(const Graph& graph, const std::vector<SymExpr>& exprs) {
+  std::vector<SymId> ids;
+  for (const SymExpr& e : exprs) e.collect_symbols(ids);
+  std::string out;
+  std::vector<std::uint32_t> seen;
+  for (SymId id : ids) {
+    if (std::find(seen.begin(), seen.end(), id.id) != seen.end()) continue;
+    seen.push_back(id.id);
+    out += (out.empty() ? "`" : ", `") + graph.symbols().info(id).name + "`";
+  }
+  return out;
+}
+
+std::string node_name(const Graph& graph, NodeId id) {
+  const Node& n = graph.node(id);
+  std::ostringstream out;
+  out << "node %" << id.index << " (" << op_name(n.op);
+  if (!n.label.empty()) out << " `" << n.label << "`";
+  out << ")";
+  return out.str();
+}
+
+}  // namespace
+
+std::string cuda_graph_refusal(const Graph& graph, const Plan& plan, const std::vector<bool>& run) {
+  const std::string head = "cannot capture this step as one CUDA graph: ";
+  const std::string tail =
+      "; a captured graph would freeze the value of its first step (spec decode_attention.md "
+      "§6). Collapse the branch to an arm whose shapes are static, or run without "
+      "require_cuda_graph";
+  for (NodeId id : plan.schedule) {
+    if (!run.empty() && !run[id.index]) continue;
+    const Node& n = graph.node(id);
+    if (!plan.static_shape[id.index])
+      return head + node_name(graph, id) + " has shape " +
+             sym_shape_str(n.shape, &graph.symbols()) + ", which depends on symbol " +
+             symbol_names(graph, n.shape) + tail;
+    if (n.op == Op::Slice && (!n.attrs.start.is_concrete() || !n.attrs.end.is_concrete()))
+      return head + node_name(graph, id) + " has a slice bound [" +
+             n.attrs.start.str(&graph.symbols()) + ", " + n.attrs.end.str(&graph.symbols()) +
+             ") evaluated on the host from symbol " +
+             symbol_names(graph, {n.attrs.start.expr(), n.attrs.end.expr()}) + tail;
+    if (n.op == Op::SymValue && !n.attrs.value.is_concrete() && n.dtype != DType::i32 &&
+        n.dtype != DType::i64)
+      return head + node_name(graph, id) + " writes the value of symbol " +
+             symbol_names(graph, {n.attrs.value.expr()}) + " as " + dtype_name(n.dtype) +
+             ", which has no device step-scalar slot (only i32/i64 do)" + tail;
+    if (n.op == Op::KdaDecode)
+      return head + node_name(graph, id) +
+             " launches through the op layer on the legacy default stream, not the session's "
+             "stream, so it cannot be recorded in the session's graph";
+  }
+  return "";
+}
 
 int dispatch_arm(const BranchAttrs& branch, std::int64_t selector) {
   for (const auto& c : branch.dispatch)
@@ -27,11 +102,59 @@ struct Session::Impl {
   std::vector<std::int64_t> slice_start, slice_end;
   std::vector<std::int64_t> selectors; // [branch region] -> selector value
   std::map<std::vector<int>, std::vector<bool>> run_masks;  // choices -> nodes to run
+
+  // ---- CUDA execution state (unused on the CPU) ----
+  bool cuda = false;
+  std::shared_ptr<Storage> scalar_storage;  // device step scalars, kScalarSlotBytes a slot
+  unsigned char* scalar_host = nullptr;     // pinned staging for them
+  std::size_t scalar_bytes = 0;
+  std::vector<std::int64_t> scalar_slot;    // [node] -> byte offset of its slot, -1 if none
+  std::vector<Tensor> input_stage;          // [node] -> device buffer of an Input (upper bound)
+  enum class Mode { fresh, eager, warm, replay };
+  struct Replay {
+    Mode mode = Mode::fresh;
+    std::string reason;                     // why an eager choice is not captured
+    void* exec = nullptr;                   // cuda::GraphExec
+    std::vector<Tensor> scratch;            // kept alive for the graph's launches
+    std::vector<std::pair<std::size_t, Tensor>> outputs;  // output node -> its value
+  };
+  std::map<std::vector<int>, Replay> replays;  // arm choice -> graph state
+  void* stream = nullptr;                   // cuda::Stream
+  void* scalars_copied = nullptr;           // cuda::Event: the pinned buffer may be rewritten
+
+  void write_scalar(std::size_t node, DType dtype, std::int64_t value) {
+    if (!cuda || scalar_slot[node] < 0) return;
+    unsigned char* slot = scalar_host + scalar_slot[node];
+    if (dtype == DType::i32) {
+      const auto v = static_cast<std::int32_t>(value);
+      std::memcpy(slot, &v, sizeof v);
+    } else {
+      std::memcpy(slot, &value, sizeof value);
+    }
+  }
+  ~Impl();
 };
+
+Session::Impl::~Impl() {
+#ifdef SPLICE_WITH_CUDA
+  if (!cuda) return;
+  try {
+    cuda::stream_synchronize(static_cast<cuda::Stream>(stream));
+  } catch (const Error&) {  // a destructor reports nothing; the context may already be broken
+  }
+  for (auto& [key, r] : replays) cuda::destroy_graph(static_cast<cuda::GraphExec>(r.exec));
+  cuda::destroy_event(static_cast<cuda::Event>(scalars_copied));
+  cuda::destroy_stream(static_cast<cuda::Stream>(stream));
+  cuda::free_pinned(scalar_host);
+#endif
+}
 
 Session::Session(Graph graph, SessionOptions options)
     : graph_(std::move(graph)), options_(std::move(options)), impl_(std::make_unique<Impl>()) {
   verify_graph(graph_);
+#ifdef SPLICE_WITH_CUDA
+  if (options_.device.is_cuda()) cuda::ensure_registered();
+#endif
   plan_ = make_plan(graph_);
   const std::size_t count = graph_.size();
   Impl& im = *impl_;
@@ -57,6 +180,42 @@ Session::Session(Graph graph, SessionOptions options)
   }
   choices_.assign(plan_.branches.size(), 0);
   im.selectors.assign(plan_.branches.size(), 0);
+  if (!dev.is_cuda()) return;
+#ifdef SPLICE_WITH_CUDA
+  // Step scalars: one slot per node whose kernel reads a per-token scalar; inputs: staged.
+  im.cuda = true;
+  im.scalar_slot.assign(count, -1);
+  im.input_stage.resize(count);
+  std::vector<std::pair<std::size_t, DType>> slots;
+  for (NodeId id : plan_.schedule) {
+    const Node& n = graph_.node(id);
+    DType dtype = DType::i64;
+    if (n.op == Op::FlashDecode) dtype = DType::i32;
+    if (n.op == Op::SymValue) dtype = n.dtype;
+    if (n.op == Op::FlashDecode || n.op == Op::WriteAt ||
+        (n.op == Op::SymValue && (n.dtype == DType::i32 || n.dtype == DType::i64))) {
+      im.scalar_slot[id.index] = static_cast<std::int64_t>(slots.size() * kScalarSlotBytes);
+      slots.push_back({id.index, dtype});
+    }
+    if (n.op == Op::Input)
+      im.input_stage[id.index] =
+          Tensor::empty(upper_bound_shape(n.shape, graph_.symbols()), n.dtype, dev);
+  }
+  im.scalar_bytes = std::max<std::size_t>(slots.size(), 1) * kScalarSlotBytes;
+  const auto scalar_elems = static_cast<std::int64_t>(im.scalar_bytes / kScalarSlotBytes);
+  im.scalar_storage = Tensor::zeros({scalar_elems}, DType::i64, dev).storage();
+  im.scalar_host = static_cast<unsigned char*>(cuda::alloc_pinned(im.scalar_bytes));
+  std::memset(im.scalar_host, 0, im.scalar_bytes);
+  for (const auto& [node, dtype] : slots) {
+    const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+    im.scalars[node].device =
+        Tensor::view_of(im.scalar_storage, im.scalar_slot[node] / elem, {1}, {1}, dtype);
+  }
+  im.stream = cuda::create_stream(dev.index);
+  im.scalars_copied = cuda::create_event();
+#else
+  fail<DeviceError>("Session: ", dev.str(), " needs the CUDA backend, absent from this build");
+#endif
 }
 
 Session::~Session() = default;
@@ -109,6 +268,10 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
   for (const auto& [name, value] : symbols) env.bind(name, value);
 
   // Stage 2: check inputs and evaluate every shape and scalar before anything runs.
+#ifdef SPLICE_WITH_CUDA
+  // The previous step's copy out of the pinned scalar buffer must be done before it is rewritten.
+  if (im.cuda) cuda::event_synchronize(static_cast<cuda::Event>(im.scalars_copied));
+#endif
   std::size_t matched_inputs = 0;
   for (NodeId id : plan_.schedule) {
     const Node& n = graph_.node(id);
@@ -152,9 +315,13 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
           fail<ValueError>("step: write_at %", id.index, " writes rows [", offset, ", ",
                            offset + rows, ") of a state axis of size ", cap, " (", n.label, ")");
         im.scalars[id.index].value = offset;
+        im.write_scalar(id.index, DType::i64, offset);
         break;
       }
-      case Op::SymValue: im.scalars[id.index].value = n.attrs.value.eval(env); break;
+      case Op::SymValue:
+        im.scalars[id.index].value = n.attrs.value.eval(env);
+        im.write_scalar(id.index, n.dtype, im.scalars[id.index].value);
+        break;
       case Op::FlashDecode: {
         const std::int64_t k_len = n.attrs.flash->k_len.eval(env);
         const std::int64_t cap = im.shapes[n.inputs[1].index][2];
@@ -162,6 +329,7 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
           fail<ValueError>("step: flash_decode %", id.index, " k_len = ", k_len,
                            " is outside [0, ", cap, "]");
         im.scalars[id.index].value = k_len;
+        im.write_scalar(id.index, DType::i32, k_len);
         break;
       }
       default: break;
@@ -210,7 +378,22 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
   }
   const std::vector<bool>& run = mask_it->second;
 
-  // Stage 4: execute.
+  // Stage 4: execute (on CUDA: decide eager / capture / replay for this arm choice first).
+  last_replayed_ = false;
+  if (im.cuda) {
+    execute_cuda(key, run, inputs, kernel_us);
+  } else {
+    run_nodes(key, run, inputs, kernel_us);
+  }
+  ++steps_;
+  timing_.total_us = std::chrono::duration<double, std::micro>(Clock::now() - step_start).count();
+  timing_.kernel_us = kernel_us;
+}
+
+void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& run,
+                        const TensorMap& inputs, double& kernel_us) {
+  Impl& im = *impl_;
+  using Clock = std::chrono::steady_clock;
   std::vector<Tensor> args;
   for (NodeId id : plan_.schedule) {
     if (!run[id.index]) continue;
@@ -218,7 +401,11 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
     Tensor& value = im.values[id.index];
     const Dims& shape = im.shapes[id.index];
     switch (n.op) {
-      case Op::Input: value = inputs.at(n.attrs.name); continue;
+      case Op::Input:  // on CUDA: the session-owned buffer the input was copied into
+        value = im.cuda ? Tensor::view_of(im.input_stage[id.index].storage(), 0, shape,
+                                          Tensor::contiguous_strides(shape), n.dtype)
+                        : inputs.at(n.attrs.name);
+        continue;
       case Op::Param:
       case Op::Constant: value = im.persistent[id.index]; continue;
       case Op::State: {
@@ -234,16 +421,16 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
       case Op::Sequence: value = im.values[n.inputs[0].index]; continue;
       case Op::WriteAt: {
         Tensor state = im.values[n.inputs[0].index];
-        if (state.device().is_cpu()) {
-          cpu::write_at(state, im.values[n.inputs[1].index], n.attrs.axis, im.scalars[id.index].value);
-        } else {
-          Tensor window = state.slice(n.attrs.axis, im.scalars[id.index].value,
-                                      im.scalars[id.index].value + im.values[n.inputs[1].index].size(n.attrs.axis));
-          window.copy_from(im.values[n.inputs[1].index]);
-        }
+        run_write_at(n, state, im.values[n.inputs[1].index], im.scalars[id.index]);
         value = state;
         continue;
       }
+      case Op::SymValue:
+        if (im.scalars[id.index].device.defined()) {  // CUDA: the step-scalar slot itself
+          value = im.scalars[id.index].device;
+          continue;
+        }
+        break;
       case Op::Branch: {
         std::size_t b = 0;
         while (plan_.branches[b].branch != id) ++b;
@@ -294,9 +481,113 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
       run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index]);
     }
   }
-  ++steps_;
-  timing_.total_us = std::chrono::duration<double, std::micro>(Clock::now() - step_start).count();
-  timing_.kernel_us = kernel_us;
+}
+
+void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>& run,
+                           const TensorMap& inputs, double& kernel_us) {
+#ifdef SPLICE_WITH_CUDA
+  Impl& im = *impl_;
+  const auto stream = static_cast<cuda::Stream>(im.stream);
+  bool shadow = false;
+  for (std::size_t b = 0; b < plan_.branches.size(); ++b) shadow |= key[2 * b + 1] != 0;
+
+  // The arm choice's graph state; a refusal is decided before anything runs. A shadow step
+  // compares on the host, so it runs eagerly by design.
+  Impl::Replay* replay = nullptr;
+  bool warm_up = false;
+  if (options_.cuda_graph && !shadow) {
+    replay = &im.replays[key];
+    if (replay->mode == Impl::Mode::fresh) {
+      const std::string reason = cuda_graph_refusal(graph_, plan_, run);
+      if (!reason.empty()) {
+        if (options_.require_cuda_graph) {
+          im.replays.erase(key);
+          fail<UnsupportedError>("step: ", reason);
+        }
+        replay->mode = Impl::Mode::eager;
+        replay->reason = reason;
+      } else {
+        warm_up = true;
+      }
+    }
+  }
+
+  cuda::StreamGuard guard(stream);
+  // Step scalars, then inputs, into their device buffers.
+  cuda::copy_async(im.scalar_storage->data, im.scalar_host, im.scalar_bytes, stream);
+  cuda::record_event(static_cast<cuda::Event>(im.scalars_copied), stream);
+  for (NodeId id : plan_.schedule) {
+    const Node& n = graph_.node(id);
+    if (n.op != Op::Input || !run[id.index]) continue;
+    const Tensor& given = inputs.at(n.attrs.name);
+    const Dims& shape = im.shapes[id.index];
+    Tensor staged = Tensor::view_of(im.input_stage[id.index].storage(), 0, shape,
+                                    Tensor::contiguous_strides(shape), n.dtype);
+    if (given.is_contiguous())
+      cuda::copy_async(staged.raw_data(), given.raw_data(), given.nbytes(), stream);
+    else
+      cuda::cast(given, staged);
+  }
+
+  if (!replay || replay->mode == Impl::Mode::eager || warm_up) {
+    run_nodes(key, run, inputs, kernel_us);
+    if (warm_up) replay->mode = Impl::Mode::warm;  // captured the next time this choice runs
+    return;
+  }
+  if (replay->mode == Impl::Mode::warm) {
+    // Capture: the same launches as the eager run, recorded instead of executed.
+    cuda::GraphExec exec = nullptr;
+    std::vector<Tensor> scratch;
+    cuda::begin_capture(stream);
+    cuda::retain_scratch(&scratch);
+    try {
+      double ignored = 0;
+      run_nodes(key, run, inputs, ignored);
+      cuda::retain_scratch(nullptr);
+      exec = cuda::end_capture(stream);
+    } catch (const Error& e) {
+      cuda::retain_scratch(nullptr);
+      cuda::abort_capture(stream);
+      if (options_.require_cuda_graph) throw;
+      replay->mode = Impl::Mode::eager;
+      replay->reason = std::string("capture failed: ") + e.what();
+      run_nodes(key, run, inputs, kernel_us);  // nothing ran: run this step eagerly
+      return;
+    }
+    replay->exec = exec;
+    replay->scratch = std::move(scratch);
+    for (const auto& [name, id] : graph_.outputs())
+      replay->outputs.push_back({id.index, im.values[id.index]});
+    replay->mode = Impl::Mode::replay;
+  } else {
+    for (const auto& [node, value] : replay->outputs) im.values[node] = value;
+  }
+  cuda::launch_graph(static_cast<cuda::GraphExec>(replay->exec), stream);
+  last_replayed_ = true;
+#else
+  (void)key;
+  (void)run;
+  (void)inputs;
+  (void)kernel_us;
+  fail<DeviceError>("Session: CUDA execution needs the CUDA backend, absent from this build");
+#endif
+}
+
+std::string Session::cuda_graph_status() const {
+  std::ostringstream out;
+  for (const auto& [key, r] : impl_->replays) {
+    out << "arms [";
+    for (std::size_t b = 0; b < key.size(); b += 2) out << (b ? ", " : "") << key[b];
+    out << "]: ";
+    switch (r.mode) {
+      case Impl::Mode::replay: out << "captured"; break;
+      case Impl::Mode::warm: out << "warmed up, captured on its next step"; break;
+      case Impl::Mode::eager: out << "eager (" << r.reason << ")"; break;
+      default: out << "new"; break;
+    }
+    out << "\n";
+  }
+  return out.str();
 }
 
 }  // namespace splice

@@ -13,6 +13,18 @@
 //      that drifts (the bucket falls back to arm 0, and the event is recorded).
 // No re-planning happens after construction; outputs are views into the arena, valid until the
 // next step.
+//
+// On a CUDA device (spec decode_attention.md §6) every per-token scalar a kernel reads (write_at
+// offsets, FlashDecode's k_len, SymValue values) lives in one device "step scalars" buffer, filled
+// by a single async copy from pinned host memory before the step runs; per-step inputs are copied
+// into session-owned device buffers; everything runs on the session's own stream. With
+// `cuda_graph` on, each distinct arm-choice vector is first run eagerly once (warm-up: workspaces,
+// cuBLASLt handles), then captured once as a CUDA graph and replayed on every later step with that
+// choice. Capture is refused when a scheduled node would freeze a host-resolved symbol into a
+// launch (a shape or a slice bound that reads a symbol) or cannot run on the session's stream; the
+// refusal names the node and the symbol, is an UnsupportedError with `require_cuda_graph`, and
+// otherwise leaves that choice running eagerly (cuda_graph_status() says why). Shadow-check steps
+// always run eagerly.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +47,10 @@ struct SessionOptions {
   std::function<Tolerance(const Graph&, NodeId branch)> shadow_tolerance;
   // Time each kernel call so that host overhead = step time - kernel time (adds ~50 ns a node).
   bool measure_host_overhead = false;
+  // CUDA only: capture each arm choice's step once as a CUDA graph and replay it (when the step is
+  // capturable); `require_cuda_graph` turns a refused capture into an UnsupportedError.
+  bool cuda_graph = true;
+  bool require_cuda_graph = false;
 };
 
 struct StepTiming {
@@ -76,9 +92,18 @@ class Session {
   // The arm each branch ran in the last step, in plan().branches order.
   const std::vector<int>& last_choices() const { return choices_; }
   const StepTiming& last_timing() const { return timing_; }
+  // CUDA: whether the last step ran as a CUDA graph launch (the step that captures a graph
+  // launches it too); false for eager steps (warm-up, refused choices, shadow checks, the CPU).
+  bool last_step_replayed() const { return last_replayed_; }
+  // One line per arm choice seen so far: "arms [1, 1]: captured" / "...: eager (reason)".
+  std::string cuda_graph_status() const;
 
  private:
   struct Impl;
+  void run_nodes(const std::vector<int>& key, const std::vector<bool>& run, const TensorMap& inputs,
+                 double& kernel_us);
+  void execute_cuda(const std::vector<int>& key, const std::vector<bool>& run,
+                    const TensorMap& inputs, double& kernel_us);
   Graph graph_;
   SessionOptions options_;
   Plan plan_;
@@ -87,9 +112,16 @@ class Session {
   std::vector<ShadowEvent> shadow_events_;
   std::vector<int> choices_;
   StepTiming timing_;
+  bool last_replayed_ = false;
 };
 
 // The arm a branch's dispatch table picks for `selector` (arm 0 outside every bucket).
 int dispatch_arm(const BranchAttrs& branch, std::int64_t selector);
+
+// Why a step that runs the nodes marked in `run` ([node index]; empty = every scheduled node)
+// cannot be captured as one CUDA graph, naming the first offending node and the symbol it would
+// freeze; "" when it can. Host-only: usable without a GPU.
+std::string cuda_graph_refusal(const Graph& graph, const Plan& plan,
+                               const std::vector<bool>& run = {});
 
 }  // namespace splice

@@ -37,10 +37,10 @@ namespace {
 using detail::kMaxDims;
 using Strides = std::array<long long, detail::kMaxRank>;  // one operand's strides, host side
 
-constexpr int kThreads = 256;           // threads per block for every kernel here
-constexpr int kWarp = 32;               // lanes per warp
+constexpr int kThreads = 256;              // threads per block for every kernel here
+constexpr int kWarp = 32;                  // lanes per warp
 constexpr long long kMaxBlocks = 1 << 16;  // grid-stride loops cover the rest
-constexpr int kMaxOperands = 4;         // out + up to three inputs (where)
+constexpr int kMaxOperands = 4;            // out + up to three inputs (where)
 
 enum Family : int { kUnary, kBinary, kCompare, kWhere, kCast, kIota, kGather, kFill };
 
@@ -94,8 +94,10 @@ __device__ __forceinline__ Value load(const void* p, int dtype, long long off) {
     case DType::f16:
       return {0, __half2float(static_cast<const __half*>(p)[off]), false};
     case DType::bf16:
-      return {0, __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(p)[off]) << 16),
-              false};
+      return {
+          0,
+          __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(p)[off]) << 16),
+          false};
     case DType::i32:
       return {static_cast<const int*>(p)[off], 0.0f, true};
     case DType::i64:
@@ -105,7 +107,9 @@ __device__ __forceinline__ Value load(const void* p, int dtype, long long off) {
   }
 }
 
-__device__ __forceinline__ float as_float(Value v) { return v.is_int ? static_cast<float>(v.i) : v.f; }
+__device__ __forceinline__ float as_float(Value v) {
+  return v.is_int ? static_cast<float>(v.i) : v.f;
+}
 __device__ __forceinline__ double as_double(Value v) {
   return v.is_int ? static_cast<double>(v.i) : static_cast<double>(v.f);
 }
@@ -389,8 +393,8 @@ __global__ void row_kernel(RowParams p) {
   const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x / kWarp);
   const int lane = static_cast<int>(threadIdx.x % kWarp);
   const float kNegInf = -CUDART_INF_F;
-  for (long long row = static_cast<long long>(blockIdx.x) * (blockDim.x / kWarp) +
-                       threadIdx.x / kWarp;
+  for (long long row =
+           static_cast<long long>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
        row < p.rows; row += warps) {
     long long in_off = 0, out_off = 0, rest = row;
     for (int d = p.rank - 1; d >= 0; --d) {
@@ -481,8 +485,8 @@ Strides broadcast_strides(const Tensor& t, const Dims& shape, const char* name) 
 }
 
 // Fills shape/strides of `p` from the iteration `shape` and per-operand strides, coalesced.
-void set_space(ElementwiseParams& p, const Dims& shape,
-               const std::vector<Strides>& strides, bool coalesce) {
+void set_space(ElementwiseParams& p, const Dims& shape, const std::vector<Strides>& strides,
+               bool coalesce) {
   std::vector<long long> dims;
   std::vector<Strides> per_dim;  // [dim][operand]
   for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -503,9 +507,8 @@ void set_space(ElementwiseParams& p, const Dims& shape,
     per_dim.push_back(s);
   }
   if (dims.size() > static_cast<std::size_t>(kMaxDims))
-    fail<ShapeError>("cuda primitives: the iteration space ", dims_str(shape), " has ",
-                     dims.size(), " axes after merging contiguous ones; at most ", kMaxDims,
-                     " are supported");
+    fail<ShapeError>("cuda primitives: the iteration space ", dims_str(shape), " has ", dims.size(),
+                     " axes after merging contiguous ones; at most ", kMaxDims, " are supported");
   p.rank = static_cast<int>(dims.size());
   for (std::size_t d = 0; d < dims.size(); ++d) {
     p.shape[d] = dims[d];
@@ -523,7 +526,8 @@ void set_operand(ElementwiseParams& p, int k, const Tensor& t) {
 }
 
 unsigned blocks_for(long long work, long long per_block) {
-  return static_cast<unsigned>(std::clamp<long long>((work + per_block - 1) / per_block, 1, kMaxBlocks));
+  return static_cast<unsigned>(
+      std::clamp<long long>((work + per_block - 1) / per_block, 1, kMaxBlocks));
 }
 
 void launch(const ElementwiseParams& p) {
@@ -748,7 +752,8 @@ void gather(const Tensor& table, const Tensor& indices, Tensor& out) {
     fail<ShapeError>("cuda gather: `out` rank must be at most ", detail::kMaxRank, ", got ",
                      shape.size());
   Strides idx{}, rows{};
-  for (std::int64_t d = 0; d < indices.dim(); ++d) idx[d] = indices.shape()[d] == 1 ? 0 : indices.stride(d);
+  for (std::int64_t d = 0; d < indices.dim(); ++d)
+    idx[d] = indices.shape()[d] == 1 ? 0 : indices.stride(d);
   for (std::int64_t d = 1; d < table.dim(); ++d)
     rows[indices.dim() + d - 1] = table.size(d) == 1 ? 0 : table.stride(d);
   set_space(p, shape, {broadcast_strides(out, shape, "out"), idx, rows}, true);
@@ -759,8 +764,8 @@ namespace {
 
 void check_write_window(const Tensor& state, const Tensor& value, std::int64_t a) {
   if (value.dim() != state.dim())
-    fail<ShapeError>("write_at: `value` ", dims_str(value.shape()), " must have the rank of `state` ",
-                     dims_str(state.shape()));
+    fail<ShapeError>("write_at: `value` ", dims_str(value.shape()),
+                     " must have the rank of `state` ", dims_str(state.shape()));
   for (std::int64_t d = 0; d < state.dim(); ++d)
     if (d != a && value.size(d) != state.size(d))
       fail<ShapeError>("write_at: `value` ", dims_str(value.shape()), " must match `state` ",

@@ -31,19 +31,19 @@
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
 
-#define SPLICE_CUBLAS_CHECK(call)                                                            \
-  do {                                                                                       \
-    const cublasStatus_t splice_status_ = (call);                                            \
-    if (splice_status_ != CUBLAS_STATUS_SUCCESS)                                             \
+#define SPLICE_CUBLAS_CHECK(call)                                                              \
+  do {                                                                                         \
+    const cublasStatus_t splice_status_ = (call);                                              \
+    if (splice_status_ != CUBLAS_STATUS_SUCCESS)                                               \
       ::splice::fail<::splice::CudaError>(#call, " failed at ", __FILE__, ":", __LINE__, ": ", \
-                                          cublasLtGetStatusString(splice_status_));          \
+                                          cublasLtGetStatusString(splice_status_));            \
   } while (0)
 
 namespace splice::cuda {
 namespace {
 
 constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;  // cuBLASLt's Hopper recommendation
-constexpr std::uint64_t kMaxAlignment = 256;                    // bytes cuBLASLt asks for by default
+constexpr std::uint64_t kMaxAlignment = 256;  // bytes cuBLASLt asks for by default
 
 struct DeviceContext {
   cublasLtHandle_t handle = nullptr;
@@ -133,15 +133,16 @@ void set_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, long long r
   SPLICE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(layout, type, static_cast<std::uint64_t>(rows),
                                                  static_cast<std::uint64_t>(cols), ld));
   if (batch > 1) {
-    SPLICE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                         &batch, sizeof batch));
+    SPLICE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
     const std::int64_t stride = batch_stride;
     SPLICE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
         *layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
   }
 }
 
-// One (strided-batched) product in column-major terms: D [mm, nn] = op(A) [mm, kk] . op(B) [kk, nn].
+// One (strided-batched) product in column-major terms: D [mm, nn] = op(A) [mm, kk] . op(B) [kk,
+// nn].
 struct LtProblem {
   cudaDataType_t in_type = CUDA_R_32F, out_type = CUDA_R_32F;
   std::size_t in_size = 4, out_size = 4;
@@ -171,11 +172,24 @@ void run_lt(const LtProblem& p, const void* a, const void* b, void* d, int devic
 
   const std::uint64_t align_a = alignment_of(a, p.in_size), align_b = alignment_of(b, p.in_size),
                       align_d = alignment_of(d, p.out_size);
-  const std::vector<long long> key = {
-      device, p.in_type, p.out_type, p.mm, p.nn, p.kk, p.la.transposed, p.la.ld, p.lb.transposed,
-      p.lb.ld, p.ldd, p.batch, p.stride_a, p.stride_b, p.stride_d,
-      static_cast<long long>(align_a), static_cast<long long>(align_b),
-      static_cast<long long>(align_d)};
+  const std::vector<long long> key = {device,
+                                      p.in_type,
+                                      p.out_type,
+                                      p.mm,
+                                      p.nn,
+                                      p.kk,
+                                      p.la.transposed,
+                                      p.la.ld,
+                                      p.lb.transposed,
+                                      p.lb.ld,
+                                      p.ldd,
+                                      p.batch,
+                                      p.stride_a,
+                                      p.stride_b,
+                                      p.stride_d,
+                                      static_cast<long long>(align_a),
+                                      static_cast<long long>(align_b),
+                                      static_cast<long long>(align_d)};
   auto it = ctx.algos.find(key);
   if (it == ctx.algos.end()) {
     SPLICE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
@@ -201,8 +215,8 @@ void run_lt(const LtProblem& p, const void* a, const void* b, void* d, int devic
   }
   const float alpha = 1.0f, beta = 0.0f;
   SPLICE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, desc.op, &alpha, a, desc.a, b, desc.b, &beta, d,
-                                     desc.d, d, desc.d, &it->second, ctx.workspace,
-                                     kWorkspaceBytes, current_stream()));
+                                     desc.d, d, desc.d, &it->second, ctx.workspace, kWorkspaceBytes,
+                                     current_stream()));
 }
 
 bool lt_output_allowed(DType in, DType out) {
@@ -269,10 +283,9 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
   if (!lt_output_allowed(a.dtype(), out.dtype()) || out.stride(-1) != 1 ||
       layout_of(n, m, out.stride(-1), out.stride(-2)).transposed ||
       !layout_of(n, m, out.stride(-1), out.stride(-2)).ok) {
-    Tensor staged = detail::scratch(out.shape(), lt_output_allowed(a.dtype(), out.dtype())
-                                                     ? out.dtype()
-                                                     : DType::f32,
-                                    out.device());
+    Tensor staged = detail::scratch(
+        out.shape(), lt_output_allowed(a.dtype(), out.dtype()) ? out.dtype() : DType::f32,
+        out.device());
     matmul(a, b, staged, transpose_b);
     return cast(staged, out);
   }
@@ -293,7 +306,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
       s[i] = t.shape()[i - lead] == 1 ? 0 : t.strides()[i - lead];
     return s;
   };
-  const std::vector<long long> sa = batch_strides(a), sb = batch_strides(b), so = batch_strides(out);
+  const std::vector<long long> sa = batch_strides(a), sb = batch_strides(b),
+                               so = batch_strides(out);
   std::vector<long long> dims;
   std::vector<std::array<long long, 3>> strides;  // [dim] -> {a, b, out}
   for (std::size_t i = 0; i < batch_rank; ++i) {
@@ -319,6 +333,20 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
   p.la = lb;
   p.lb = la;
   p.ldd = m == 1 ? std::max(n, 1LL) : out.stride(-2);
+  // A 2-D b under batched row-major a: fold the batch into m (one GEMM instead of a batch of
+  // GEMVs that would re-read b), when a's and out's rows continue across batch entries.
+  if (dims.size() == 1 && strides[0][1] == 0 && (k == 1 || a.stride(-1) == 1)) {
+    const long long lda = m == 1 ? strides[0][0] : a.stride(-2);
+    const long long ldd = m == 1 ? strides[0][2] : out.stride(-2);
+    if (strides[0][0] == m * lda && strides[0][2] == m * ldd && lda >= std::max(k, 1LL) &&
+        ldd >= std::max(n, 1LL)) {
+      p.nn = m * dims[0];
+      p.lb = {true, false, lda};
+      p.ldd = ldd;
+      dims.clear();
+      strides.clear();
+    }
+  }
   if (!dims.empty()) {
     constexpr long long kMaxBatch = 1 << 30;
     if (dims.back() > kMaxBatch)

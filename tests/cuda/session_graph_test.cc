@@ -1,0 +1,212 @@
+// Plan-once CUDA-graph replay of a Session step (spec decode_attention.md §6, issue 5 item 2).
+//
+//  1. Refusal (host-only, runs without a GPU): a graph whose decomposed attention arm is still
+//     scheduled has a live-prefix slice whose shape reads `k_len`; cuda_graph_refusal names that
+//     node and the symbol. Collapsed to the fused arm, the same graph is capturable.
+//  2. 200 decode tokens of the bf16 demo model (fused arm collapsed) by graph replay on the GPU
+//     match the CPU backend at every step (tolerance below) and the KV caches at the end.
+//  3. Replay with changed bindings (k_len going forward, then jumping back and rewriting cache
+//     rows) is bitwise equal to the same session run eagerly step by step (same kernels, same
+//     order), so nothing of the first step is frozen into the graph.
+//  4. require_cuda_graph turns the refusal into an UnsupportedError before anything runs (caches
+//     untouched); without it the decomposed choice runs eagerly and still matches the CPU.
+//  5. Per-bucket dispatch: one capture per arm-choice vector; the decomposed buckets run
+//     eagerly, the fused ones by replay, and every step matches the CPU.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "splice/backend/cuda/runtime.h"
+#include "splice/core/error.h"
+#include "splice/core/random.h"
+#include "splice/exec/session.h"
+#include "splice/model/demo.h"
+#include "splice/ops/decode_attention.h"
+#include "splice/passes/decode_flash.h"
+#include "support/test_util.h"
+
+namespace splice {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                           \
+  do {                                                               \
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
+    cuda::ensure_registered();                                       \
+  } while (0)
+
+// Two bf16 layers: each side rounds every intermediate (projections, attention, residual) to
+// bf16 once, in a different summation order, and a one-ulp difference (2^-8 relative) in a
+// layer-0 K/V row propagates through layer 1; four default bf16 roundings bound that.
+constexpr Tolerance kBf16TwoLayers = {0.03, 0.06};
+
+DemoAttentionOptions demo_options(std::int64_t capacity = 256) {
+  DemoAttentionOptions o;
+  o.num_layers = 2;
+  o.batch = 1;
+  o.num_qo_heads = 4;
+  o.num_kv_heads = 2;
+  o.head_dim = 64;
+  o.capacity = capacity;
+  o.dtype = DType::bf16;
+  return o;
+}
+
+// The demo graph with the flash arm offered per layer and, when `arm` >= 0, collapsed to it.
+Graph demo_graph(const AttentionContract& contract, int arm, std::int64_t capacity = 256,
+                 std::vector<NodeId>* branches = nullptr) {
+  DemoAttentionGraph demo = build_demo_attention_graph(demo_options(capacity));
+  std::vector<NodeId> found;
+  for (const DecodeFlashSpec& spec : demo.specs) {
+    const OfferResult r = offer_decode_flash_arm(demo.graph, spec, contract);
+    EXPECT_TRUE(r.offered) << r.reason;
+    found.push_back(r.branch);
+  }
+  if (arm >= 0) {
+    for (NodeId b : found) collapse(demo.graph, b, arm);
+    eliminate_dead_code(demo.graph);
+  }
+  if (branches) *branches = found;
+  return demo.graph;
+}
+
+Tensor random_x(Rng& rng, std::int64_t dim) {
+  return testing::random_tensor(rng, {1, 1, dim}, DType::bf16);
+}
+
+constexpr std::int64_t kModelDim = 4 * 64;  // num_qo_heads * head_dim
+
+TEST(CudaGraphRefusal, DecomposedArmIsRefusedNamingTheNodeAndTheSymbol) {
+  const Graph offered = demo_graph(cpu_flash_decode_contract(), -1);
+  const std::string reason = cuda_graph_refusal(offered, make_plan(offered));
+  RecordProperty("refusal", reason);
+  EXPECT_NE(reason.find("node %"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("`k_len`"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("freeze"), std::string::npos) << reason;
+
+  const Graph decomposed = demo_graph(cpu_flash_decode_contract(), 0);
+  EXPECT_NE(cuda_graph_refusal(decomposed, make_plan(decomposed)).find("`k_len`"),
+            std::string::npos);
+
+  const Graph fused = demo_graph(cpu_flash_decode_contract(), 1);
+  EXPECT_EQ(cuda_graph_refusal(fused, make_plan(fused)), "");
+}
+
+TEST(CudaSessionGraph, Decode200TokensByReplayMatchCpuAtEveryStep) {
+  SKIP_WITHOUT_GPU();
+  const Graph graph = demo_graph(cuda_flash_decode_contract(), 1);
+  SessionOptions gpu_options;
+  gpu_options.device = Device::cuda();
+  gpu_options.require_cuda_graph = true;
+  Session gpu(graph, gpu_options);
+  Session cpu(graph);
+  Rng rng(200);
+  constexpr std::int64_t kTokens = 200;
+  for (std::int64_t step = 1; step <= kTokens; ++step) {
+    const Tensor x = random_x(rng, kModelDim);
+    gpu.step({{"k_len", step}}, {{"x", x.to_device(Device::cuda())}});
+    cpu.step({{"k_len", step}}, {{"x", x}});
+    EXPECT_EQ(gpu.last_step_replayed(), step >= 2) << "step " << step << "\n"
+                                                   << gpu.cuda_graph_status();
+    ASSERT_TRUE(
+        testing::close(gpu.output("y").to_device(Device::cpu()), cpu.output("y"), kBf16TwoLayers))
+        << "step " << step;
+  }
+  for (const char* name : {"layer0.k_cache", "layer1.v_cache"})
+    EXPECT_TRUE(
+        testing::close(gpu.state(name).to_device(Device::cpu()), cpu.state(name), kBf16TwoLayers))
+        << name;
+  EXPECT_NE(gpu.cuda_graph_status().find("captured"), std::string::npos);
+}
+
+TEST(CudaSessionGraph, ReplayWithChangedBindingsEqualsEagerSteps) {
+  SKIP_WITHOUT_GPU();
+  const Graph graph = demo_graph(cuda_flash_decode_contract(), 1, 128);
+  SessionOptions replay_options, eager_options;
+  replay_options.device = eager_options.device = Device::cuda();
+  eager_options.cuda_graph = false;
+  Session replayed(graph, replay_options);
+  Session eager(graph, eager_options);
+  std::vector<std::int64_t> lengths;
+  for (std::int64_t k = 1; k <= 70; ++k) lengths.push_back(k);
+  for (std::int64_t k : {5, 6, 128, 64, 65, 1, 2, 127}) lengths.push_back(k);  // rewrite rows
+  Rng rng(3);
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const Tensor x = random_x(rng, kModelDim).to_device(Device::cuda());
+    replayed.step({{"k_len", lengths[i]}}, {{"x", x}});
+    eager.step({{"k_len", lengths[i]}}, {{"x", x}});
+    EXPECT_FALSE(eager.last_step_replayed());
+    EXPECT_EQ(replayed.last_step_replayed(), i >= 1);
+    ASSERT_TRUE(testing::bit_equal(replayed.output("y").to_device(Device::cpu()),
+                                   eager.output("y").to_device(Device::cpu())))
+        << "step " << i << " k_len " << lengths[i];
+  }
+  EXPECT_TRUE(testing::bit_equal(replayed.state("layer1.k_cache").to_device(Device::cpu()),
+                                 eager.state("layer1.k_cache").to_device(Device::cpu())));
+}
+
+TEST(CudaSessionGraph, RequireCudaGraphRefusesTheDecomposedArmBeforeAnythingRuns) {
+  SKIP_WITHOUT_GPU();
+  const Graph graph = demo_graph(cuda_flash_decode_contract(), 0, 64);
+  SessionOptions strict;
+  strict.device = Device::cuda();
+  strict.require_cuda_graph = true;
+  Session session(graph, strict);
+  Rng rng(4);
+  const Tensor x = random_x(rng, kModelDim);
+  try {
+    session.step({{"k_len", 1}}, {{"x", x.to_device(Device::cuda())}});
+    FAIL() << "expected an UnsupportedError";
+  } catch (const UnsupportedError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("`k_len`"), std::string::npos) << message;
+    EXPECT_NE(message.find("node %"), std::string::npos) << message;
+  }
+  const Tensor cache = session.state("layer0.k_cache").to_device(Device::cpu());
+  for (std::int64_t i = 0; i < cache.numel(); ++i) ASSERT_EQ(cache.at_linear(i), 0.0);
+
+  // Without require_cuda_graph the same graph runs eagerly and matches the CPU.
+  SessionOptions lenient;
+  lenient.device = Device::cuda();
+  Session gpu(graph, lenient);
+  Session cpu(graph);
+  for (std::int64_t step = 1; step <= 20; ++step) {
+    const Tensor xs = random_x(rng, kModelDim);
+    gpu.step({{"k_len", step}}, {{"x", xs.to_device(Device::cuda())}});
+    cpu.step({{"k_len", step}}, {{"x", xs}});
+    EXPECT_FALSE(gpu.last_step_replayed());
+    ASSERT_TRUE(
+        testing::close(gpu.output("y").to_device(Device::cpu()), cpu.output("y"), kBf16TwoLayers))
+        << "step " << step;
+  }
+  EXPECT_NE(gpu.cuda_graph_status().find("eager"), std::string::npos) << gpu.cuda_graph_status();
+}
+
+TEST(CudaSessionGraph, PerBucketDispatchCapturesOneGraphPerArmChoice) {
+  SKIP_WITHOUT_GPU();
+  std::vector<NodeId> branches;
+  Graph graph = demo_graph(cuda_flash_decode_contract(), -1, 64, &branches);
+  for (NodeId b : branches)
+    graph.mutable_node(b).attrs.branch->dispatch = {{1, 16, 0}, {17, 64, 1}};
+  SessionOptions options;
+  options.device = Device::cuda();
+  Session gpu(graph, options);
+  Session cpu(graph);
+  Rng rng(5);
+  for (std::int64_t step = 1; step <= 40; ++step) {
+    const Tensor x = random_x(rng, kModelDim);
+    gpu.step({{"k_len", step}}, {{"x", x.to_device(Device::cuda())}});
+    cpu.step({{"k_len", step}}, {{"x", x}});
+    EXPECT_EQ(gpu.last_choices(), cpu.last_choices());
+    EXPECT_EQ(gpu.last_step_replayed(), step >= 18) << "step " << step;
+    ASSERT_TRUE(
+        testing::close(gpu.output("y").to_device(Device::cpu()), cpu.output("y"), kBf16TwoLayers))
+        << "step " << step;
+  }
+  const std::string status = gpu.cuda_graph_status();
+  EXPECT_NE(status.find("arms [0, 0]: eager"), std::string::npos) << status;
+  EXPECT_NE(status.find("arms [1, 1]: captured"), std::string::npos) << status;
+}
+
+}  // namespace
+}  // namespace splice
