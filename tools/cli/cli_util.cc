@@ -1,6 +1,8 @@
 // CLI helpers (see cli_util.h).
 #include "cli_util.h"
 
+#include <unistd.h>
+
 #include <cmath>
 
 #include "splice/core/error.h"
@@ -71,6 +73,10 @@ nlohmann::json decisions_json(const DecisionLog& log) {
   }
   return out;
 }
+
+ProgressBar::ProgressBar(std::ostream* out)
+    : out_(out != nullptr && isatty(STDERR_FILENO) ? out : nullptr),
+      start_(std::chrono::steady_clock::now()) {}
 
 void ProgressBar::tick(const std::string& what) {
   if (!out_) return;

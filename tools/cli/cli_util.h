@@ -23,7 +23,8 @@ nlohmann::json decisions_json(const DecisionLog& log);
 // A one-line progress indicator on a terminal stream (nothing when `out` is null).
 class ProgressBar {
  public:
-  explicit ProgressBar(std::ostream* out) : out_(out), start_(std::chrono::steady_clock::now()) {}
+  // Draws only when `out` is a terminal (stderr), so logs and pipes stay clean.
+  explicit ProgressBar(std::ostream* out);
   void tick(const std::string& what);
   void done();
 

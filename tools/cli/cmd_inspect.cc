@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "splice/core/error.h"
 #include "splice/model/demo.h"
+#include "splice/model/loader.h"
 #include "splice/tune/optimize.h"
 
 namespace splice::cli {
@@ -39,12 +40,28 @@ Runner add_inspect(CLI::App& app) {
   app.add_option("--tuning-cache", *cache, "JSON tuning cache to read and update");
   app.add_flag("--no-select", *no_select, "offer arms only; do not verify/time/choose");
   app.add_flag("--json", *json, "machine-readable decisions on stdout");
+  auto model = std::make_shared<std::string>();
+  app.add_option("--model", *model, "inspect a model (directory or .gguf) instead of the demo graph; "
+                                    "--capacity is its max_seq_len, --dtype its weight dtype");
   return [=]() {
     DemoAttentionOptions opts = *o;
     opts.dtype = parse_dtype(*dtype, "--dtype");
     if (*softcap > 0) opts.softcap = *softcap;
     if (*window >= 0) opts.window_left = static_cast<std::size_t>(*window);
-    DemoAttentionGraph demo = build_demo_attention_graph(opts);
+    DemoAttentionGraph demo;
+    std::vector<KdaDecodeSpec> kda_specs;
+    if (model->empty()) {
+      demo = build_demo_attention_graph(opts);
+    } else {
+      const LoadedModel loaded = load_model(*model, opts.dtype);
+      BuildOptions build;
+      build.max_seq_len = opts.capacity;
+      build.dtype = opts.dtype;
+      DecodeModel m = build_decode_model(loaded.config, loaded.weights, build);
+      demo.graph = std::move(m.graph);
+      demo.specs = std::move(m.attention_specs);
+      kda_specs = std::move(m.kda_specs);
+    }
     const std::string before = print_graph(demo.graph);
     OptimizeOptions opt;
     opt.tune.device = parse_device(*device);
@@ -53,7 +70,7 @@ Runner add_inspect(CLI::App& app) {
     opt.select = !*no_select;
     ProgressBar bar(*json ? nullptr : &std::cerr);
     opt.tune.progress = [&](const std::string& what) { bar.tick(what); };
-    DecisionLog log = optimize_graph(demo.graph, demo.specs, opt);
+    DecisionLog log = optimize_graph(demo.graph, demo.specs, opt, kda_specs);
     bar.done();
     if (!dot->empty()) {
       std::ofstream out(*dot);
