@@ -153,7 +153,8 @@ struct LtProblem {
   long long stride_a = 0, stride_b = 0, stride_d = 0;  // elements
 };
 
-void run_lt(const LtProblem& p, const void* a, const void* b, void* d, int device) {
+// Returns false when cuBLASLt offers no algorithm for this problem (nothing is launched).
+bool run_lt(const LtProblem& p, const void* a, const void* b, void* d, int device) {
   std::lock_guard<std::mutex> lock(context_mutex());
   DeviceContext& ctx = context(device);
   LtDescriptors desc;
@@ -196,11 +197,12 @@ void run_lt(const LtProblem& p, const void* a, const void* b, void* d, int devic
     const std::uint64_t workspace = kWorkspaceBytes;
     SPLICE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint64_t> aligns[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+    // The alignment preferences are uint32_t attributes (cublasLt.h).
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<std::uint32_t>(align_a)},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<std::uint32_t>(align_b)},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<std::uint32_t>(align_d)},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<std::uint32_t>(align_d)}};
     for (const auto& [attr, value] : aligns)
       SPLICE_CUBLAS_CHECK(
           cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &value, sizeof value));
@@ -208,16 +210,17 @@ void run_lt(const LtProblem& p, const void* a, const void* b, void* d, int devic
     int found = 0;
     SPLICE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.op, desc.a, desc.b, desc.d,
                                                        desc.d, desc.pref, 1, &result, &found));
-    if (found < 1)
-      fail<UnsupportedError>("cuda matmul: cuBLASLt has no algorithm for [", p.mm, " x ", p.kk,
-                             "] . [", p.kk, " x ", p.nn, "] (batch ", p.batch, ")");
+    if (found < 1) return false;
     it = ctx.algos.emplace(key, result.algo).first;
   }
   const float alpha = 1.0f, beta = 0.0f;
   SPLICE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, desc.op, &alpha, a, desc.a, b, desc.b, &beta, d,
                                      desc.d, d, desc.d, &it->second, ctx.workspace, kWorkspaceBytes,
                                      current_stream()));
+  return true;
 }
+
+thread_local bool t_contiguous_retry = false;  // inside matmul's contiguous-copy retry
 
 bool lt_output_allowed(DType in, DType out) {
   return out == DType::f32 || (in == out && (in == DType::bf16 || in == DType::f16));
@@ -370,9 +373,27 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
       off_b += idx * strides[i][1];
       off_d += idx * strides[i][2];
     }
-    run_lt(p, b_base + off_b * static_cast<long long>(p.in_size),
-           a_base + off_a * static_cast<long long>(p.in_size),
-           d_base + off_d * static_cast<long long>(p.out_size), out.device().index);
+    if (run_lt(p, b_base + off_b * static_cast<long long>(p.in_size),
+               a_base + off_a * static_cast<long long>(p.in_size),
+               d_base + off_d * static_cast<long long>(p.out_size), out.device().index))
+      continue;
+    // No algorithm for these leading dims / alignments (decided before anything launched, so
+    // o == 0): retry once on fresh contiguous copies, which are 256-byte aligned.
+    if (t_contiguous_retry || o != 0)
+      fail<UnsupportedError>("cuda matmul: cuBLASLt has no algorithm for ", dims_str(a.shape()),
+                             " x ", dims_str(b.shape()), transpose_b ? " (transposed)" : "", " in ",
+                             dtype_name(a.dtype()), " -> ", dtype_name(out.dtype()));
+    t_contiguous_retry = true;
+    try {
+      Tensor staged = detail::scratch(out.shape(), out.dtype(), out.device());
+      matmul(contiguous_copy(a, a.dtype()), contiguous_copy(b, b.dtype()), staged, transpose_b);
+      cast(staged, out);
+    } catch (...) {
+      t_contiguous_retry = false;
+      throw;
+    }
+    t_contiguous_retry = false;
+    return;
   }
 }
 
