@@ -335,6 +335,10 @@ std::int64_t ModelConfig::num_kda_layers() const {
   return std::count(layer_kinds.begin(), layer_kinds.end(), LayerKind::kda);
 }
 
+namespace {
+ModelConfig config_from_json(const Json& j, const std::string& source);
+}  // namespace
+
 ModelConfig parse_config(const std::string& json_text, const std::string& source) {
   Json j;
   try {
@@ -343,6 +347,16 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
     fail<IoError>(source, ": not valid JSON: ", e.what());
   }
   if (!j.is_object()) fail<IoError>(source, ": must be a JSON object, got ", j.type_name());
+  try {
+    return config_from_json(j, source);
+  } catch (const Json::exception& e) {
+    fail<IoError>(source, ": malformed config: ", e.what());
+  }
+}
+
+namespace {
+
+ModelConfig config_from_json(const Json& j, const std::string& source) {
   ModelConfig c;
   c.source = source;
   c.architecture = architecture_of(j, source);
@@ -364,6 +378,8 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   }
   return c;
 }
+
+}  // namespace
 
 std::string to_config_json(const ModelConfig& c) {
   Json j = Json::object();

@@ -29,6 +29,8 @@ using Json = nlohmann::json;
 constexpr std::uint32_t kInvalid = 0xFFFFFFFFu;
 constexpr int kNumBytes = 256;
 constexpr std::uint32_t kByteAlphabetShift = 256;  // unprintable bytes map to U+0100 + n
+// Largest vocabulary accepted from a file (real ones are 10^4 - 10^6 tokens).
+constexpr std::int64_t kMaxVocabSize = 1 << 24;
 
 enum class CharClass : std::uint8_t { letter, number, space, other };
 
@@ -351,6 +353,16 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
   } catch (const Json::exception& e) {
     fail<IoError>(source, ": not valid JSON: ", e.what());
   }
+  // A field of an unexpected JSON type surfaces from nlohmann as a type error: report it as the
+  // malformed file it is.
+  try {
+    return from_json_object(j, source);
+  } catch (const Json::exception& e) {
+    fail<IoError>(source, ": malformed tokenizer: ", e.what());
+  }
+}
+
+Tokenizer Tokenizer::from_json_object(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
     fail<IoError>(source, ": must be an object with a `model` object");
   const Json& model = j["model"];
@@ -378,17 +390,27 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
                            " is not supported (supported: ByteLevel, Sequence[Digits(individual), "
                            "ByteLevel])");
   }
+  // Ids index dense tables, so a hostile id must not size them: cap at kMaxVocabSize.
+  auto checked_id = [&](const Json& value, const std::string& what) {
+    const bool ok = value.is_number_integer() &&
+                    !(value.is_number_unsigned() && value.get<std::uint64_t>() >= kMaxVocabSize) &&
+                    value.get<std::int64_t>() >= 0 && value.get<std::int64_t>() < kMaxVocabSize;
+    if (!ok)
+      fail<IoError>(source, ": ", what, " must be an integer in [0, ", kMaxVocabSize, "), got ",
+                    value.dump());
+    return value.get<std::int64_t>();
+  };
   std::int64_t size = 0;
-  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<std::int64_t>() < 0)
-      fail<IoError>(source, ": vocab id of '", it.key(), "' must be a non-negative integer");
-    size = std::max(size, it.value().get<std::int64_t>() + 1);
-  }
+  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it)
+    size = std::max(size, checked_id(it.value(), "vocab id of '" + it.key() + "'") + 1);
   const Json added = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"]
                                                                                 : Json::array();
-  for (const auto& a : added)
-    if (a.contains("id") && a["id"].is_number_integer())
-      size = std::max(size, a["id"].get<std::int64_t>() + 1);
+  for (const auto& a : added) {
+    if (!a.is_object() || !a.contains("id") || !a.contains("content") || !a["content"].is_string())
+      fail<IoError>(source, ": `added_tokens` entries need an `id` and a `content`, got ",
+                    a.dump());
+    size = std::max(size, checked_id(a["id"], "added token id") + 1);
+  }
   std::vector<std::string> tokens(static_cast<std::size_t>(size));
   std::vector<TokenKind> kinds(static_cast<std::size_t>(size), TokenKind::unused);
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {

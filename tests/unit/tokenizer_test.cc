@@ -196,6 +196,14 @@ TEST(TokenizerTest, FromTokenizerJson) {
   EXPECT_THROW(Tokenizer::from_json(R"({"model": {"type": "Unigram", "vocab": []}})"),
                UnsupportedError);
   EXPECT_THROW(Tokenizer::from_json("{"), IoError);
+  // Ids size dense tables: a huge or negative id is an error, not an allocation.
+  EXPECT_THROW(Tokenizer::from_json(R"({"pre_tokenizer": {"type": "ByteLevel"},
+      "model": {"type": "BPE", "vocab": {"a": 1000000000000}, "merges": []}})"),
+               IoError);
+  EXPECT_THROW(Tokenizer::from_json(R"({"pre_tokenizer": {"type": "ByteLevel"},
+      "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+      "added_tokens": [{"id": -3, "content": "x"}]})"),
+               IoError);
   EXPECT_THROW(Tokenizer::from_json_file("/nonexistent/tokenizer.json"), IoError);
   // A byte that has no token and no byte fallback is a clear error.
   EXPECT_THROW(g.encode("z"), ValueError);

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -72,6 +73,7 @@ class Tokenizer {
   PreTokenizer pre_tokenizer() const { return pre_; }
 
  private:
+  static Tokenizer from_json_object(const nlohmann::json& j, const std::string& source);
   void build_indices();
   void encode_piece(const std::string& bytes, std::vector<std::int32_t>& out) const;
   void encode_plain(const std::string& text, std::vector<std::int32_t>& out) const;
