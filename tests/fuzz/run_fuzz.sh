@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the safetensors and GGUF libFuzzer targets with clang (address + undefined sanitizers)
+# Builds the safetensors, GGUF and JSON (config.json, tokenizer.json) libFuzzer targets with clang (address + undefined sanitizers)
 # from just the parsers' sources, writes seed corpora of valid files, and runs a bounded session of
 # each.
 #
@@ -8,7 +8,8 @@
 # 1. Install clang-14 and its runtime (libFuzzer) through apt-get when they are missing.
 # 2. Compile src/core/*.cc + the model loader sources + each target into one binary.
 # 3. Write seeds: safetensors files of several dtypes, metadata, empty tensors, misaligned
-#    offsets; GGUF files with every metadata type, nested arrays and plain/quantized tensors.
+#    offsets; GGUF files with every metadata type, nested arrays and plain/quantized tensors;
+#    Llama and KDA config.json files and a tokenizer.json.
 # 4. Fuzz each for at most RUNS inputs or MAX_SECONDS; a crash or leak fails the script.
 set -euo pipefail
 
@@ -16,7 +17,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 work="${1:-${repo}/build-fuzz}"
 runs="${2:-20000}"
 max_seconds="${SPLICE_FUZZ_SECONDS:-30}"
-mkdir -p "${work}/corpus" "${work}/seeds" "${work}/gguf_corpus" "${work}/gguf_seeds"
+mkdir -p "${work}"/{corpus,seeds,gguf_corpus,gguf_seeds,json_corpus,json_seeds}
 
 cxx="$(command -v clang++-14 || command -v clang++ || true)"
 fuzzer_rt="$(ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a 2>/dev/null || true)"
@@ -48,6 +49,7 @@ model=("${repo}"/src/model/{safetensors,gguf,config,tokenizer}.cc)
 build safetensors_fuzz "${core[@]}" "${repo}/src/model/safetensors.cc" \
   "${repo}/tests/fuzz/safetensors_fuzz.cc"
 build gguf_fuzz "${core[@]}" "${model[@]}" "${repo}/tests/fuzz/gguf_fuzz.cc"
+build json_fuzz "${core[@]}" "${model[@]}" "${repo}/tests/fuzz/json_fuzz.cc"
 
 python3 - "${work}/seeds" <<'PY'
 import json, struct, sys, os
@@ -110,9 +112,34 @@ gguf("quant", meta[:5], [("q8", [32], 8, half + bytes(range(32))), ("q4_1", [32]
 gguf("aligned64", [kv("general.alignment", 4, struct.pack("<I", 64))], [("w", [4], 26, struct.pack("<4i", 1, 2, 3, 4))], 64)
 PY
 
+python3 - "${work}/json_seeds" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def write(name, obj):
+    open(os.path.join(out, name), "w").write(json.dumps(obj))
+write("llama", {"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+                "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                "eos_token_id": [1, 2], "tie_word_embeddings": True})
+write("kda", {"architectures": ["KDAForCausalLM"], "model_type": "kda", "vocab_size": 10,
+              "hidden_size": 8, "num_hidden_layers": 3, "num_heads": 2, "head_dim": 4, "expand_v": 2.0,
+              "attn": {"layers": [1], "num_heads": 2, "num_kv_heads": 1, "rope_theta": 10000.0},
+              "lower_bound": -5.0})
+write("tokenizer", {"added_tokens": [{"id": 4, "content": "<|end|>", "special": True}],
+                    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                        {"type": "Digits", "individual_digits": True},
+                        {"type": "ByteLevel", "add_prefix_space": False}]},
+                    "model": {"type": "BPE", "vocab": {"H": 0, "i": 1, "Hi": 2, "\u0120": 3, "1": 5, "2": 6},
+                              "merges": [["H", "i"]]}})
+PY
+
 cd "${work}"
-for target in safetensors gguf; do
-  if [[ "${target}" == safetensors ]]; then dirs=(corpus seeds); else dirs=(gguf_corpus gguf_seeds); fi
+for target in safetensors gguf json; do
+  case "${target}" in
+    safetensors) dirs=(corpus seeds) ;;
+    *) dirs=("${target}_corpus" "${target}_seeds") ;;
+  esac
   echo "run_fuzz.sh: fuzzing ${target} for at most ${runs} runs / ${max_seconds} s"
   "./${target}_fuzz" -runs="${runs}" -max_total_time="${max_seconds}" -max_len=4096 -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 "${dirs[@]}" 2>&1 | tail -n 8
