@@ -110,6 +110,7 @@ struct Session::Impl {
   std::size_t scalar_bytes = 0;
   std::vector<std::int64_t> scalar_slot;    // [node] -> byte offset of its slot, -1 if none
   std::vector<Tensor> input_stage;          // [node] -> device buffer of an Input (upper bound)
+  bool use_input_stage = false;             // this step's Inputs read input_stage
   enum class Mode { fresh, eager, warm, replay };
   struct Replay {
     Mode mode = Mode::fresh;
@@ -402,7 +403,7 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
     const Dims& shape = im.shapes[id.index];
     switch (n.op) {
       case Op::Input:  // on CUDA: the session-owned buffer the input was copied into
-        value = im.cuda ? Tensor::view_of(im.input_stage[id.index].storage(), 0, shape,
+        value = im.use_input_stage ? Tensor::view_of(im.input_stage[id.index].storage(), 0, shape,
                                           Tensor::contiguous_strides(shape), n.dtype)
                         : inputs.at(n.attrs.name);
         continue;
@@ -513,16 +514,20 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
   }
 
   cuda::StreamGuard guard(stream);
-  // Step scalars, then inputs, into their device buffers.
+  // Step scalars, then (graph mode only) inputs, into their device buffers. An eager choice reads
+  // the caller's input tensors in place; a graph reads the session's buffers, skipping the copy
+  // when the caller filled the buffer itself (input_buffer).
   cuda::copy_async(im.scalar_storage->data, im.scalar_host, im.scalar_bytes, stream);
   cuda::record_event(static_cast<cuda::Event>(im.scalars_copied), stream);
+  im.use_input_stage = replay && replay->mode != Impl::Mode::eager;
   for (NodeId id : plan_.schedule) {
     const Node& n = graph_.node(id);
-    if (n.op != Op::Input || !run[id.index]) continue;
+    if (!im.use_input_stage || n.op != Op::Input || !run[id.index]) continue;
     const Tensor& given = inputs.at(n.attrs.name);
     const Dims& shape = im.shapes[id.index];
     Tensor staged = Tensor::view_of(im.input_stage[id.index].storage(), 0, shape,
                                     Tensor::contiguous_strides(shape), n.dtype);
+    if (given.raw_data() == staged.raw_data() && given.strides() == staged.strides()) continue;
     if (given.is_contiguous())
       cuda::copy_async(staged.raw_data(), given.raw_data(), given.nbytes(), stream);
     else
@@ -571,6 +576,21 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
   (void)kernel_us;
   fail<DeviceError>("Session: CUDA execution needs the CUDA backend, absent from this build");
 #endif
+}
+
+Tensor Session::input_buffer(const std::string& name, const SymBindings& symbols) const {
+  for (NodeId id : plan_.schedule) {
+    const Node& n = graph_.node(id);
+    if (n.op != Op::Input || n.attrs.name != name) continue;
+    if (!impl_->cuda) fail<DeviceError>("input_buffer: the session runs on ", device().str(),
+                                        ", which has no input buffers");
+    SymEnv env(graph_.symbols());
+    for (const auto& [sym, value] : symbols) env.bind(sym, value);
+    const Dims shape = eval_shape(n.shape, env);
+    return Tensor::view_of(impl_->input_stage[id.index].storage(), 0, shape,
+                           Tensor::contiguous_strides(shape), n.dtype);
+  }
+  fail<ValueError>("input_buffer: '", name, "' is not an input of this graph");
 }
 
 std::string Session::cuda_graph_status() const {

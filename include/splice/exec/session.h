@@ -16,15 +16,16 @@
 //
 // On a CUDA device (spec decode_attention.md §6) every per-token scalar a kernel reads (write_at
 // offsets, FlashDecode's k_len, SymValue values) lives in one device "step scalars" buffer, filled
-// by a single async copy from pinned host memory before the step runs; per-step inputs are copied
-// into session-owned device buffers; everything runs on the session's own stream. With
-// `cuda_graph` on, each distinct arm-choice vector is first run eagerly once (warm-up: workspaces,
-// cuBLASLt handles), then captured once as a CUDA graph and replayed on every later step with that
-// choice. Capture is refused when a scheduled node would freeze a host-resolved symbol into a
-// launch (a shape or a slice bound that reads a symbol) or cannot run on the session's stream; the
-// refusal names the node and the symbol, is an UnsupportedError with `require_cuda_graph`, and
-// otherwise leaves that choice running eagerly (cuda_graph_status() says why). Shadow-check steps
-// always run eagerly.
+// by a single async copy from pinned host memory before the step runs, and everything runs on the
+// session's own stream. With `cuda_graph` on, each distinct arm-choice vector is first run
+// eagerly once (warm-up: workspaces, cuBLASLt handles), then captured once as a CUDA graph and
+// replayed on every later step with that choice; a graph reads its inputs from session-owned
+// device buffers, which each step fills by a copy (or the caller fills through input_buffer),
+// while eager steps read the caller's tensors in place. Capture is refused when a scheduled node
+// would freeze a host-resolved symbol into a launch (a shape or a slice bound that reads a
+// symbol) or cannot run on the session's stream; the refusal names the node and the symbol, is
+// an UnsupportedError with `require_cuda_graph`, and otherwise leaves that choice running eagerly
+// (cuda_graph_status() says why). Shadow-check steps always run eagerly.
 #pragma once
 
 #include <cstdint>
@@ -95,6 +96,10 @@ class Session {
   // CUDA: whether the last step ran as a CUDA graph launch (the step that captures a graph
   // launches it too); false for eager steps (warm-up, refused choices, shadow checks, the CPU).
   bool last_step_replayed() const { return last_replayed_; }
+  // CUDA: the session-owned device buffer a captured step reads input `name` from, viewed at
+  // its shape under `symbols`. A caller that writes the input there and passes this very tensor
+  // to step() saves the per-step copy (large inputs, e.g. the caches of a tuning region).
+  Tensor input_buffer(const std::string& name, const SymBindings& symbols = {}) const;
   // One line per arm choice seen so far: "arms [1, 1]: captured" / "...: eager (reason)".
   std::string cuda_graph_status() const;
 
