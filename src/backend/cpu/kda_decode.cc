@@ -19,14 +19,17 @@
 //      k^ = k / sqrt(sum k^2 + 1e-6); z = raw_gate[r,h,:] + dt_bias[h*D:], a_h = exp(A_log[h]),
 //      g = lb * sigmoid(a_h z) (lower bound given) or g = -a_h * softplus(z);
 //      decay = exp(g); beta = sigmoid(raw_beta[r,h]).
-//   3. One sweep over the 128 state rows (row v of S is the value index, columns the keys):
-//        S[v,:] *= decay              (t == 0 reads the row from slot ss, widened to fp32)
-//        pred    = S[v,:] . k^
-//        S[v,:] += beta (v[v] - pred) k^
-//        o_raw[v] = S[v,:] . q^       (the updated row)
-//      The updated row goes back to the fp32 scratch (carried unrounded to the next token) and,
-//      when dst[t] > 0, to state[dst[t], h, v, :] rounded to the state dtype. Each row is read
-//      before it is written, so dst == ss is safe.
+//   3. The delta rule, for every token t in order, on each state row v (row = value index,
+//      columns = keys):
+//        S[v,:] *= decay_t
+//        pred    = S[v,:] . k^_t
+//        S[v,:] += beta_t (v_t[v] - pred) k^_t
+//        o_raw_t[v] = S[v,:] . q^_t   (the updated row)
+//      Rows never meet each other, so the sweep is row-block-major: a block of 4 rows is read
+//      once from slot ss (widened to fp32), carried unrounded in L1 through all L tokens, and
+//      after token t stored to state[dst[t], h, rows, :] (rounded to the state dtype) when
+//      dst[t] > 0. The source rows are read before any checkpoint of them is written, so
+//      dst == ss is safe. Stages 2 and 4 run for all tokens before and after the sweep.
 //   4. Gated RMSNorm: o = bf16(o_raw); inv = 1 / sqrt(mean(o^2) + eps);
 //      out[r,h,v] = bf16(o[v] * inv * norm_weight[v] * sigmoid(output_gate[r,h,v])).
 // Rows not owned by a live sequence (null sequences, null rows, rows >= qsl[N]) get exact zeros.
@@ -197,112 +200,105 @@ SPLICE_KDA_INLINE float sum_squares(const float* p) {
   return reduce(acc);
 }
 
-// Where state row v comes from / goes to in one token's sweep.
-enum class RowSource : std::uint8_t { scratch, slot_f32, slot_bf16 };
+// Where the state rows come from (the source slot) and where token t's checkpoint goes.
+enum class RowSource : std::uint8_t { slot_f32, slot_bf16 };
 enum class RowSink : std::uint8_t { none, slot_f32, slot_bf16, stream_f32, stream_bf16 };
 
+// Stage 3 for all L tokens of one (sequence, head). Rows are independent under the delta rule
+// (row v of S only meets row v), so the sweep runs row block by row block and, inside a block,
+// token by token: the block (kRowBlock rows, 2 KiB of fp32) stays in L1 across all tokens, the
+// source slot is read once and each checkpoint written once, and there is no state-sized scratch.
 struct SweepArgs {
-  float* scratch;      // [D, D] fp32, the carried state (rows = value index)
-  const void* source;  // [D, D] slot block of ss (t == 0 only)
-  void* sink;          // [D, D] slot block of dst[t] (or null)
-  const float* decay;  // [D] exp(g)
-  const float* k_hat;  // [D]
-  const float* q_hat;  // [D]
-  const float* v;      // [D] bf16-exact values
-  float beta;
-  float* o_raw;  // [D]
+  const void* source;        // [D, D] slot block of ss (f32 or bf16)
+  void* const* sinks;        // [L] slot block of dst[t], or null
+  const RowSink* sink_kind;  // [L]
+  const float* decay;        // [L, D] exp(g)
+  const float* k_hat;        // [L, D]
+  const float* q_hat;        // [L, D]
+  const float* v;            // token t's v (bf16-exact) at v + t * v_stride
+  std::int64_t v_stride;
+  const float* beta;  // [L]
+  float* o_raw;       // [L, D] out
+  std::int64_t len;   // L
 };
 
-// Stage 3 with the source and sink kinds fixed at compile time. Rows are swept kRowBlock at a
-// time so the block's independent dot-product chains overlap; each row's sums still run over j in
-// order and end in the same lane tree, so the blocking does not change any result.
+// Rows are swept kRowBlock at a time so the block's independent dot-product chains overlap; each
+// row's sums still run over j in order and end in the same lane tree.
 constexpr std::int64_t kRowBlock = 4;
 static_assert(kD % kRowBlock == 0, "head dim must be a multiple of the row block");
 
-template <RowSource kSrc, RowSink kSink>
-SPLICE_KDA_INLINE void sweep_rows(const SweepArgs& s) {
-  // Locals so that stores through the row pointers cannot be assumed to alias the arguments.
-  float* const __restrict scratch = s.scratch;
-  const float* const __restrict src_f32 = static_cast<const float*>(s.source);
-  const std::uint16_t* const __restrict src_bf16 = static_cast<const std::uint16_t*>(s.source);
-  float* const __restrict sink_f32 = static_cast<float*>(s.sink);
-  std::uint16_t* const __restrict sink_bf16 = static_cast<std::uint16_t*>(s.sink);
-  const float* const __restrict decay_v = s.decay;
-  const float* const __restrict k_hat_v = s.k_hat;
-  const float* const __restrict q_hat_v = s.q_hat;
-  const float beta = s.beta;
-  for (std::int64_t row0 = 0; row0 < kD; row0 += kRowBlock) {
-    float* cur = scratch + row0 * kD;
-    const std::int64_t base = row0 * kD;
-    Vec acc[kRowBlock] = {};
-    for (std::int64_t j = 0; j < kD; j += kLanes) {
-      const Vec decay = load_f32(decay_v + j), k_hat = load_f32(k_hat_v + j);
-      for (std::int64_t i = 0; i < kRowBlock; ++i) {
-        const std::int64_t at = i * kD + j;  // element (row0 + i, j) relative to row0
-        Vec x;
-        if constexpr (kSrc == RowSource::scratch) x = load_f32(cur + at);
-        if constexpr (kSrc == RowSource::slot_f32) x = load_f32(src_f32 + base + at);
-        if constexpr (kSrc == RowSource::slot_bf16) x = load_bf16(src_bf16 + base + at);
-        x *= decay;
-        store_f32(cur + at, x);
-        acc[i] += x * k_hat;
-      }
+// One token on one row block: S *= decay; pred = S.k^; S += beta (v - pred) k^; o = S.q^; and the
+// checkpoint store of the updated rows.
+template <RowSink kSink>
+SPLICE_KDA_INLINE void token_rows(float* __restrict block, std::int64_t row0, std::int64_t t,
+                                  const SweepArgs& s) {
+  const float* const __restrict decay_v = s.decay + t * kD;
+  const float* const __restrict k_hat_v = s.k_hat + t * kD;
+  const float* const __restrict q_hat_v = s.q_hat + t * kD;
+  float* const __restrict sink_f32 = static_cast<float*>(s.sinks[t]) + row0 * kD;
+  std::uint16_t* const __restrict sink_bf16 = static_cast<std::uint16_t*>(s.sinks[t]) + row0 * kD;
+  Vec acc[kRowBlock] = {};
+  for (std::int64_t j = 0; j < kD; j += kLanes) {
+    const Vec decay = load_f32(decay_v + j), k_hat = load_f32(k_hat_v + j);
+    for (std::int64_t i = 0; i < kRowBlock; ++i) {
+      const Vec x = load_f32(block + i * kD + j) * decay;
+      store_f32(block + i * kD + j, x);
+      acc[i] += x * k_hat;
     }
-    float delta[kRowBlock];
-    for (std::int64_t i = 0; i < kRowBlock; ++i) delta[i] = beta * (s.v[row0 + i] - reduce(acc[i]));
-    Vec out[kRowBlock] = {};
-    for (std::int64_t j = 0; j < kD; j += kLanes) {
-      const Vec k_hat = load_f32(k_hat_v + j), q_hat = load_f32(q_hat_v + j);
-      for (std::int64_t i = 0; i < kRowBlock; ++i) {
-        const std::int64_t at = i * kD + j;
-        const Vec x = load_f32(cur + at) + delta[i] * k_hat;
-        store_f32(cur + at, x);
-        out[i] += x * q_hat;
-        if constexpr (kSink == RowSink::slot_f32) store_f32(sink_f32 + base + at, x);
-        if constexpr (kSink == RowSink::slot_bf16) store_bf16(sink_bf16 + base + at, x);
-        if constexpr (kSink == RowSink::stream_f32) stream_f32(sink_f32 + base + at, x);
-        if constexpr (kSink == RowSink::stream_bf16) stream_bf16(sink_bf16 + base + at, x);
-      }
-    }
-    for (std::int64_t i = 0; i < kRowBlock; ++i) s.o_raw[row0 + i] = reduce(out[i]);
   }
+  float delta[kRowBlock];
+  for (std::int64_t i = 0; i < kRowBlock; ++i)
+    delta[i] = s.beta[t] * (s.v[t * s.v_stride + row0 + i] - reduce(acc[i]));
+  Vec out[kRowBlock] = {};
+  for (std::int64_t j = 0; j < kD; j += kLanes) {
+    const Vec k_hat = load_f32(k_hat_v + j), q_hat = load_f32(q_hat_v + j);
+    for (std::int64_t i = 0; i < kRowBlock; ++i) {
+      const std::int64_t at = i * kD + j;
+      const Vec x = load_f32(block + at) + delta[i] * k_hat;
+      store_f32(block + at, x);
+      out[i] += x * q_hat;
+      if constexpr (kSink == RowSink::slot_f32) store_f32(sink_f32 + at, x);
+      if constexpr (kSink == RowSink::slot_bf16) store_bf16(sink_bf16 + at, x);
+      if constexpr (kSink == RowSink::stream_f32) stream_f32(sink_f32 + at, x);
+      if constexpr (kSink == RowSink::stream_bf16) stream_bf16(sink_bf16 + at, x);
+    }
+  }
+  for (std::int64_t i = 0; i < kRowBlock; ++i) s.o_raw[t * kD + row0 + i] = reduce(out[i]);
 }
 
-template <RowSource kSrc>
-SPLICE_KDA_INLINE void sweep_with_source(const SweepArgs& s, RowSink sink) {
-  switch (sink) {
-    case RowSink::none:
-      sweep_rows<kSrc, RowSink::none>(s);
-      break;
-    case RowSink::slot_f32:
-      sweep_rows<kSrc, RowSink::slot_f32>(s);
-      break;
-    case RowSink::slot_bf16:
-      sweep_rows<kSrc, RowSink::slot_bf16>(s);
-      break;
-    case RowSink::stream_f32:
-      sweep_rows<kSrc, RowSink::stream_f32>(s);
-      break;
-    case RowSink::stream_bf16:
-      sweep_rows<kSrc, RowSink::stream_bf16>(s);
-      break;
-  }
-}
-
-// One token's state sweep, compiled for the widest vector ISA the machine has.
+// The whole stage 3, compiled for the widest vector ISA the machine has.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void sweep_state(const SweepArgs& s,
-                                                                              RowSource source,
-                                                                              RowSink sink) {
-  switch (source) {
-    case RowSource::scratch:
-      sweep_with_source<RowSource::scratch>(s, sink);
-      break;
-    case RowSource::slot_f32:
-      sweep_with_source<RowSource::slot_f32>(s, sink);
-      break;
-    case RowSource::slot_bf16:
-      sweep_with_source<RowSource::slot_bf16>(s, sink);
-      break;
+                                                                              RowSource source) {
+  alignas(64) float block[kRowBlock * kD];  // rows row0 .. row0 + kRowBlock - 1, fp32
+  for (std::int64_t row0 = 0; row0 < kD; row0 += kRowBlock) {
+    // Widen the source rows (read before any checkpoint of these rows is written: dst == ss is
+    // safe).
+    for (std::int64_t j = 0; j < kRowBlock * kD; j += kLanes) {
+      if (source == RowSource::slot_f32)
+        store_f32(block + j, load_f32(static_cast<const float*>(s.source) + row0 * kD + j));
+      else
+        store_f32(block + j,
+                  load_bf16(static_cast<const std::uint16_t*>(s.source) + row0 * kD + j));
+    }
+    for (std::int64_t t = 0; t < s.len; ++t) {
+      switch (s.sink_kind[t]) {
+        case RowSink::none:
+          token_rows<RowSink::none>(block, row0, t, s);
+          break;
+        case RowSink::slot_f32:
+          token_rows<RowSink::slot_f32>(block, row0, t, s);
+          break;
+        case RowSink::slot_bf16:
+          token_rows<RowSink::slot_bf16>(block, row0, t, s);
+          break;
+        case RowSink::stream_f32:
+          token_rows<RowSink::stream_f32>(block, row0, t, s);
+          break;
+        case RowSink::stream_bf16:
+          token_rows<RowSink::stream_bf16>(block, row0, t, s);
+          break;
+      }
+    }
   }
 }
 
@@ -402,18 +398,22 @@ struct Kernel {
 
 // Per-thread working memory, sized for T tokens.
 struct Scratch {
-  std::vector<float> state;                       // [D, D]
-  std::vector<float> mixed;                       // [T, 3, D]
+  std::vector<float> mixed;                       // [T, 3, D] conv outputs (q, k, v)
   std::vector<std::uint16_t> hist;                // [3, 3, D] old history (projection, position, d)
-  std::vector<float> q_hat, k_hat, decay, o_raw;  // [D] each
+  std::vector<float> q_hat, k_hat, decay, o_raw;  // [T, D] each
+  std::vector<float> beta;                        // [T]
+  std::vector<void*> sinks;                       // [T]
+  std::vector<RowSink> sink_kind;                 // [T]
   explicit Scratch(std::int64_t T)
-      : state(kD * kD),
-        mixed(T * kKdaNumProjections * kD),
+      : mixed(T * kKdaNumProjections * kD),
         hist(kKdaNumProjections * (kKdaConvWidth - 1) * kD),
-        q_hat(kD),
-        k_hat(kD),
-        decay(kD),
-        o_raw(kD) {}
+        q_hat(T * kD),
+        k_hat(T * kD),
+        decay(T * kD),
+        o_raw(T * kD),
+        beta(T),
+        sinks(T),
+        sink_kind(T) {}
 };
 
 void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
@@ -447,42 +447,52 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
 
   const float a_h = std::exp(k.a_log[h]);
   const std::int64_t head_bytes = h * k.state_head_bytes;
+  bool streamed = false;
   for (std::int64_t t = 0; t < L; ++t) {
     const std::int64_t r = w.begin + t;
-    const float* q = sc.mixed.data() + (t * kKdaNumProjections + 0) * kD;
-    const float* kk = q + kD;
-    const float* v = kk + kD;
-
-    // Stage 2: normalized q, k, the gate and beta.
-    token_gates({q, kk, k.gate + r * k.gate_row + h * k.gate_head, k.dt_bias + h * kD, a_h,
-                 k.lower_bound.has_value(), k.lower_bound.value_or(0.0f), sc.q_hat.data(),
-                 sc.k_hat.data(), sc.decay.data()});
-    const float beta = sigmoid(bf16f(k.beta[r * k.beta_row + h * k.beta_head]));
-
-    // Stage 3: the fused state sweep.
-    SweepArgs s{sc.state.data(), nullptr, nullptr, sc.decay.data(), sc.k_hat.data(),
-                sc.q_hat.data(), v,       beta,    sc.o_raw.data()};
-    RowSource source = RowSource::scratch;
-    if (t == 0) {
-      s.source = k.state + w.source_slot * k.state_slot_bytes + head_bytes;
-      source = k.state_bf16 ? RowSource::slot_bf16 : RowSource::slot_f32;
-    }
-    RowSink sink = RowSink::none;
+    const float* q = sc.mixed.data() + t * kKdaNumProjections * kD;
+    // Stage 2: normalized q, k, the gate and beta of token t.
+    token_gates({q, q + kD, k.gate + r * k.gate_row + h * k.gate_head, k.dt_bias + h * kD, a_h,
+                 k.lower_bound.has_value(), k.lower_bound.value_or(0.0f), sc.q_hat.data() + t * kD,
+                 sc.k_hat.data() + t * kD, sc.decay.data() + t * kD});
+    sc.beta[t] = sigmoid(bf16f(k.beta[r * k.beta_row + h * k.beta_head]));
+    // Where token t's checkpoint goes (streamed when 16-byte aligned).
+    sc.sinks[t] = nullptr;
+    sc.sink_kind[t] = RowSink::none;
     if (w.dst[t] > 0) {
-      s.sink = k.state + w.dst[t] * k.state_slot_bytes + head_bytes;
-      const bool stream = reinterpret_cast<std::uintptr_t>(s.sink) % kStreamAlignment == 0;
+      sc.sinks[t] = k.state + w.dst[t] * k.state_slot_bytes + head_bytes;
+      const bool stream = reinterpret_cast<std::uintptr_t>(sc.sinks[t]) % kStreamAlignment == 0;
+      streamed = streamed || stream;
       if (k.state_bf16)
-        sink = stream ? RowSink::stream_bf16 : RowSink::slot_bf16;
+        sc.sink_kind[t] = stream ? RowSink::stream_bf16 : RowSink::slot_bf16;
       else
-        sink = stream ? RowSink::stream_f32 : RowSink::slot_f32;
+        sc.sink_kind[t] = stream ? RowSink::stream_f32 : RowSink::slot_f32;
     }
-    sweep_state(s, source, sink);
+  }
+
+  // Stage 3: the fused state sweep over all tokens.
+  const SweepArgs s{k.state + w.source_slot * k.state_slot_bytes + head_bytes,
+                    sc.sinks.data(),
+                    sc.sink_kind.data(),
+                    sc.decay.data(),
+                    sc.k_hat.data(),
+                    sc.q_hat.data(),
+                    sc.mixed.data() + 2 * kD,
+                    kKdaNumProjections * kD,
+                    sc.beta.data(),
+                    sc.o_raw.data(),
+                    L};
+  sweep_state(s, k.state_bf16 ? RowSource::slot_bf16 : RowSource::slot_f32);
 #ifdef SPLICE_KDA_STREAM_STORES
-    if (sink == RowSink::stream_f32 || sink == RowSink::stream_bf16) _mm_sfence();
+  if (streamed) _mm_sfence();
+#else
+  (void)streamed;
 #endif
 
-    // Stage 4: gated RMSNorm of the bf16-rounded output.
-    token_output(sc.o_raw.data(), k.norm_weight, k.out_gate + r * k.og_row + h * k.og_head,
+  // Stage 4: gated RMSNorm of each token's bf16-rounded output.
+  for (std::int64_t t = 0; t < L; ++t) {
+    const std::int64_t r = w.begin + t;
+    token_output(sc.o_raw.data() + t * kD, k.norm_weight, k.out_gate + r * k.og_row + h * k.og_head,
                  k.norm_eps, k.out + (r * k.H + h) * kD);
   }
 }
