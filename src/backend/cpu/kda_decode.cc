@@ -67,7 +67,7 @@ constexpr int kLanes = 16;
 using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 using UVec = std::uint32_t __attribute__((vector_size(kLanes * sizeof(std::uint32_t))));
 using HVec = std::uint16_t __attribute__((vector_size(kLanes * sizeof(std::uint16_t))));
-static_assert(kD % kLanes == 0, "head dim must be a multiple of the vector width");
+static_assert(kD % (2 * kLanes) == 0, "head dim must be a multiple of two vectors");
 
 constexpr std::uint32_t kF32AbsMask = 0x7FFFFFFFu;
 constexpr std::uint32_t kF32Inf = 0x7F800000u;
@@ -168,15 +168,19 @@ SPLICE_KDA_INLINE void stream_f32(float* p, Vec v) {
   store_f32(p, v);
 #endif
 }
-SPLICE_KDA_INLINE void stream_bf16(std::uint16_t* p, Vec v) {
+// Two vectors (32 bf16 = one 64-byte line) at once, so that the line's four 16-byte streaming
+// stores are issued back to back and its write-combining buffer fills completely.
+SPLICE_KDA_INLINE void stream_bf16_pair(std::uint16_t* p, Vec v0, Vec v1) {
 #ifdef SPLICE_KDA_STREAM_STORES
-  const HVec h = to_bf16_vec(v);
-  __m128i parts[sizeof(HVec) / sizeof(__m128i)];
-  std::memcpy(parts, &h, sizeof h);
-  for (std::size_t i = 0; i < sizeof(HVec) / sizeof(__m128i); ++i)
+  constexpr std::size_t kParts = 2 * sizeof(HVec) / sizeof(__m128i);
+  const HVec h[2] = {to_bf16_vec(v0), to_bf16_vec(v1)};
+  __m128i parts[kParts];
+  std::memcpy(parts, h, sizeof parts);
+  for (std::size_t i = 0; i < kParts; ++i)
     _mm_stream_si128(reinterpret_cast<__m128i*>(p) + i, parts[i]);
 #else
-  store_bf16(p, v);
+  store_bf16(p, v0);
+  store_bf16(p + kLanes, v1);
 #endif
 }
 // Fixed-order tree sum of the 16 lanes: lanes i and i + 8, then i and i + 4, i and i + 2, 0 and 1
@@ -249,26 +253,40 @@ SPLICE_KDA_INLINE void token_rows(float* __restrict block, std::int64_t row0, st
   float delta[kRowBlock];
   for (std::int64_t i = 0; i < kRowBlock; ++i)
     delta[i] = s.beta[t] * (s.v[t * s.v_stride + row0 + i] - reduce(acc[i]));
+  // Two vectors per step: a whole 64-byte line of a bf16 checkpoint row per store burst.
   Vec out[kRowBlock] = {};
-  for (std::int64_t j = 0; j < kD; j += kLanes) {
-    const Vec k_hat = load_f32(k_hat_v + j), q_hat = load_f32(q_hat_v + j);
+  for (std::int64_t j = 0; j < kD; j += 2 * kLanes) {
+    const Vec k0 = load_f32(k_hat_v + j), k1 = load_f32(k_hat_v + j + kLanes);
+    const Vec q0 = load_f32(q_hat_v + j), q1 = load_f32(q_hat_v + j + kLanes);
     for (std::int64_t i = 0; i < kRowBlock; ++i) {
       const std::int64_t at = i * kD + j;
-      const Vec x = load_f32(block + at) + delta[i] * k_hat;
-      store_f32(block + at, x);
-      out[i] += x * q_hat;
-      if constexpr (kSink == RowSink::slot_f32) store_f32(sink_f32 + at, x);
-      if constexpr (kSink == RowSink::slot_bf16) store_bf16(sink_bf16 + at, x);
-      if constexpr (kSink == RowSink::stream_f32) stream_f32(sink_f32 + at, x);
-      if constexpr (kSink == RowSink::stream_bf16) stream_bf16(sink_bf16 + at, x);
+      const Vec x0 = load_f32(block + at) + delta[i] * k0;
+      const Vec x1 = load_f32(block + at + kLanes) + delta[i] * k1;
+      store_f32(block + at, x0);
+      store_f32(block + at + kLanes, x1);
+      out[i] += x0 * q0;
+      out[i] += x1 * q1;
+      if constexpr (kSink == RowSink::slot_f32) {
+        store_f32(sink_f32 + at, x0);
+        store_f32(sink_f32 + at + kLanes, x1);
+      }
+      if constexpr (kSink == RowSink::slot_bf16) {
+        store_bf16(sink_bf16 + at, x0);
+        store_bf16(sink_bf16 + at + kLanes, x1);
+      }
+      if constexpr (kSink == RowSink::stream_f32) {
+        stream_f32(sink_f32 + at, x0);
+        stream_f32(sink_f32 + at + kLanes, x1);
+      }
+      if constexpr (kSink == RowSink::stream_bf16) stream_bf16_pair(sink_bf16 + at, x0, x1);
     }
   }
   for (std::int64_t i = 0; i < kRowBlock; ++i) s.o_raw[t * kD + row0 + i] = reduce(out[i]);
 }
 
 // The whole stage 3, compiled for the widest vector ISA the machine has.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void sweep_state(const SweepArgs& s,
-                                                                              RowSource source) {
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void sweep_state(
+    const SweepArgs& s, RowSource source) {
   alignas(64) float block[kRowBlock * kD];  // rows row0 .. row0 + kRowBlock - 1, fp32
   for (std::int64_t row0 = 0; row0 < kD; row0 += kRowBlock) {
     // Widen the source rows (read before any checkpoint of these rows is written: dst == ss is
@@ -304,7 +322,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void sweep_state(co
 
 // Stage 1 for one token and one projection block of one head: pre = sum_tap ext[t+tap] * w[tap]
 // (taps in order 0..3, fp32), mixed = bf16(pre * sigmoid(pre)).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void conv_silu(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void conv_silu(
     const std::uint16_t* const* taps, const float* wt, std::int64_t C, float* mixed) {
   for (std::int64_t d = 0; d < kD; d += kLanes) {
     Vec pre = load_bf16(taps[0] + d) * load_f32(wt + d);
@@ -328,7 +346,8 @@ struct TokenGates {
   float* decay;  // [D] out
 };
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void token_gates(const TokenGates& g) {
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void token_gates(
+    const TokenGates& g) {
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(kD));
   const float q_inv = 1.0f / std::sqrt(sum_squares(g.q) + kKdaL2NormEps);
   const float k_inv = 1.0f / std::sqrt(sum_squares(g.k) + kKdaL2NormEps);
@@ -351,7 +370,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void token_gates(co
 
 // Stage 4 for one token and head: o = bf16(o_raw), inv = 1/sqrt(mean(o^2) + eps),
 // out = bf16(o * inv * norm_weight * sigmoid(output_gate)).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void token_output(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void token_output(
     float* o, const float* norm_weight, const std::uint16_t* out_gate, float norm_eps,
     std::uint16_t* out) {
   for (std::int64_t d = 0; d < kD; d += kLanes) store_f32(o + d, round_bf16(load_f32(o + d)));
