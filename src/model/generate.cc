@@ -91,7 +91,11 @@ GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt, cons
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   Tensor logits;
-  for (std::int32_t t : prompt) logits = step(t);
+  std::vector<Tensor> kept;
+  for (std::int32_t t : prompt) {
+    logits = step(t);
+    if (options.keep_logits) kept.push_back(logits.clone());
+  }
   result.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   result.prompt_logits = logits.clone();
   for (std::int64_t i = 0; i < options.max_new_tokens; ++i) {
@@ -106,6 +110,13 @@ GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt, cons
     const auto s0 = Clock::now();
     logits = step(next);
     result.step_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - s0).count());
+    if (options.keep_logits) kept.push_back(logits.clone());
+  }
+  if (options.keep_logits) {
+    const std::int64_t vocab = logits.numel();
+    result.all_logits = Tensor::empty({static_cast<std::int64_t>(kept.size()), vocab}, DType::f32);
+    for (std::size_t i = 0; i < kept.size(); ++i)
+      result.all_logits.select(0, static_cast<std::int64_t>(i)).copy_from(kept[i]);
   }
   return result;
 }

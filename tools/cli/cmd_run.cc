@@ -111,8 +111,9 @@ Runner add_run(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
   auto logits_out = std::make_shared<std::string>();
   add_model_options(app, *m);
-  app.add_option("--logits-out", *logits_out, "write the logits at the last prompt position (f32 [vocab]) "
-                                              "to a safetensors file");
+  app.add_option("--logits-out", *logits_out,
+                 "write logits to a safetensors file: `logits` [vocab] at the last prompt position and "
+                 "`all_logits` [steps, vocab] after every fed token (prompt and generated)");
   app.add_option("--prompt", *prompt, "prompt text (needs the model's tokenizer)");
   app.add_option("--prompt-ids", *ids, "prompt as comma-separated token ids");
   app.add_option("--max-new-tokens", gen->max_new_tokens, "token budget")->capture_default_str();
@@ -144,8 +145,10 @@ Runner add_run(CLI::App& app) {
         else std::cout << t << " " << std::flush;
       };
     }
+    options.keep_logits = !logits_out->empty();
     const GenerateResult r = o.generator->generate(prompt_ids, options);
-    if (!logits_out->empty()) save_safetensors(*logits_out, {{"logits", r.prompt_logits}});
+    if (!logits_out->empty())
+      save_safetensors(*logits_out, {{"logits", r.prompt_logits}, {"all_logits", r.all_logits}});
     std::vector<double> s = r.step_us;
     std::sort(s.begin(), s.end());
     const double p50 = s.empty() ? 0 : s[s.size() / 2];
