@@ -120,7 +120,7 @@ struct Session::Impl {
     std::vector<std::pair<std::size_t, Tensor>> outputs;  // output node -> its value
   };
   std::map<std::vector<int>, Replay> replays;  // arm choice -> graph state
-  void* stream = nullptr;                   // cuda::Stream
+  void* stream = nullptr;                   // cuda::Stream: the device's shared stream
   void* scalars_copied = nullptr;           // cuda::Event: the pinned buffer may be rewritten
 
   void write_scalar(std::size_t node, DType dtype, std::int64_t value) {
@@ -145,7 +145,6 @@ Session::Impl::~Impl() {
   }
   for (auto& [key, r] : replays) cuda::destroy_graph(static_cast<cuda::GraphExec>(r.exec));
   cuda::destroy_event(static_cast<cuda::Event>(scalars_copied));
-  cuda::destroy_stream(static_cast<cuda::Stream>(stream));
   cuda::free_pinned(scalar_host);
 #endif
 }
@@ -212,7 +211,7 @@ Session::Session(Graph graph, SessionOptions options)
     im.scalars[node].device =
         Tensor::view_of(im.scalar_storage, im.scalar_slot[node] / elem, {1}, {1}, dtype);
   }
-  im.stream = cuda::create_stream(dev.index);
+  im.stream = cuda::shared_stream(dev.index);
   im.scalars_copied = cuda::create_event();
 #else
   fail<DeviceError>("Session: ", dev.str(), " needs the CUDA backend, absent from this build");

@@ -17,15 +17,16 @@
 // On a CUDA device (spec decode_attention.md §6) every per-token scalar a kernel reads (write_at
 // offsets, FlashDecode's k_len, SymValue values) lives in one device "step scalars" buffer, filled
 // by a single async copy from pinned host memory before the step runs, and everything runs on the
-// session's own stream. With `cuda_graph` on, each distinct arm-choice vector is first run
-// eagerly once (warm-up: workspaces, cuBLASLt handles), then captured once as a CUDA graph and
-// replayed on every later step with that choice; a graph reads its inputs from session-owned
-// device buffers, which each step fills by a copy (or the caller fills through input_buffer),
-// while eager steps read the caller's tensors in place. Capture is refused when a scheduled node
-// would freeze a host-resolved symbol into a launch (a shape or a slice bound that reads a
-// symbol) or cannot run on the session's stream; the refusal names the node and the symbol, is
-// an UnsupportedError with `require_cuda_graph`, and otherwise leaves that choice running eagerly
-// (cuda_graph_status() says why). Shadow-check steps always run eagerly.
+// device's one shared session stream (cuda::shared_stream: kernels with module-owned workspaces
+// must not overlap across sessions). With `cuda_graph` on, each distinct arm-choice vector is
+// first run eagerly once (warm-up: workspaces, cuBLASLt handles), then captured once as a CUDA
+// graph and replayed on every later step with that choice; a graph reads its inputs from
+// session-owned device buffers, which each step fills by a copy (or the caller fills through
+// input_buffer), while eager steps read the caller's tensors in place. Capture is refused when a
+// scheduled node would freeze a host-resolved symbol into a launch (a shape or a slice bound that
+// reads a symbol) or cannot run on the session's stream; the refusal names the node and the
+// symbol, is an UnsupportedError with `require_cuda_graph`, and otherwise leaves that choice
+// running eagerly (cuda_graph_status() says why). Shadow-check steps always run eagerly.
 #pragma once
 
 #include <cstdint>

@@ -137,6 +137,15 @@ Stream create_stream(int device) {
   return stream;
 }
 
+Stream shared_stream(int device) {
+  static std::mutex mutex;
+  static auto* streams = new std::map<int, Stream>();  // lives for the process
+  std::lock_guard<std::mutex> lock(mutex);
+  Stream& stream = (*streams)[device];
+  if (!stream) stream = create_stream(device);
+  return stream;
+}
+
 void destroy_stream(Stream stream) {
   if (stream) cudaStreamDestroy(stream);
 }

@@ -8,7 +8,7 @@
 //
 // Streams and graphs (plan-once replay, spec decode_attention.md §6):
 //   1. Every primitive launches on `current_stream()` (per host thread; nullptr = the legacy
-//      default stream). A Session creates its own blocking stream and makes it current for the
+//      default stream). A Session makes its device's shared blocking stream current for the
 //      duration of a step (StreamGuard), so kernels, cuBLASLt calls and copies stay in order.
 //   2. A step is captured once with begin_capture / end_capture (thread-local capture mode, so a
 //      stray synchronous call on this thread fails loudly instead of escaping the graph) and then
@@ -56,6 +56,10 @@ class StreamGuard {
 // A blocking stream (ordered with the legacy default stream, so code that still uses it, e.g. a
 // synchronous copy, sees this stream's work) on `device`.
 Stream create_stream(int device = 0);
+// The process-wide blocking stream of `device` that every Session on it launches on (created on
+// first use, never destroyed). One stream orders the work of all sessions, which kernels with
+// module-owned workspaces (flash_decode's split partials and merge counters) require.
+Stream shared_stream(int device = 0);
 void destroy_stream(Stream stream);  // never throws
 void stream_synchronize(Stream stream);
 // True while `stream` is being captured into a graph.
