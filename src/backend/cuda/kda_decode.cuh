@@ -107,17 +107,14 @@ __device__ __forceinline__ std::uint16_t f32_to_bf16(float v) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 __device__ __forceinline__ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
-// exp as the CPU oracle's std::exp(float): the correctly rounded fp32 value (via fp64), so the
-// bf16 rounding of the conv output (a spec rounding point) flips as rarely as possible between
-// the two backends. These run O(D) times per token, next to O(D^2) state work. Measured
-// (docs/perf-gpu-kda.md, v3): no visible accuracy gain over expf, and ~20% slower `stream`
-// (its precompute is on the critical path); switching back to expf is the next step.
-__device__ __forceinline__ float exp_f32(float z) {
-  return static_cast<float>(exp(static_cast<double>(z)));
-}
+// exp in fp32 (expf, a few ulp from the correctly rounded value). v3 used fp64 exp to track the
+// CPU oracle's std::exp(float) bit for bit: no visible accuracy gain, ~20% slower `stream`
+// (its precompute is on the critical path) (docs/perf-gpu-kda.md). These run O(D) times per
+// token, next to O(D^2) state work.
+__device__ __forceinline__ float exp_f32(float z) { return expf(z); }
 __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + exp_f32(-z)); }
 __device__ __forceinline__ float softplus(float z) {
-  return z > kSoftplusThreshold ? z : static_cast<float>(log1p(static_cast<double>(exp_f32(z))));
+  return z > kSoftplusThreshold ? z : log1pf(exp_f32(z));
 }
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
