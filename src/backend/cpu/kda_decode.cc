@@ -158,6 +158,7 @@ SPLICE_KDA_INLINE Vec sigmoid_vec(Vec z) { return 1.0f / (1.0f + exp_vec(-z)); }
 // checkpoint is not read again in this call, and streaming avoids reading each line before
 // writing it (the write-allocate traffic would add half again to the state bytes).
 constexpr std::uintptr_t kStreamAlignment = 16;
+constexpr std::uintptr_t kLineAlignment = 64;
 SPLICE_KDA_INLINE void stream_f32(float* p, Vec v) {
 #ifdef SPLICE_KDA_STREAM_STORES
   __m128 parts[sizeof(Vec) / sizeof(__m128)];
@@ -183,6 +184,35 @@ SPLICE_KDA_INLINE void stream_bf16_pair(std::uint16_t* p, Vec v0, Vec v1) {
   store_bf16(p + kLanes, v1);
 #endif
 }
+// A checkpoint row block (kRowBlock rows, contiguous in the block and in the slot) written with
+// one 64-byte streaming store per line. Compiled for AVX-512F only and called (not inlined) when
+// the CPU has it; the stored bits are those of the generic paths.
+constexpr std::int64_t kBlockElems = 4 * kD;  // kRowBlock * D
+#ifdef SPLICE_KDA_STREAM_STORES
+__attribute__((target("avx512f"))) void stream64_rows_f32(void* sink, const float* block) {
+  float* dst = static_cast<float*>(sink);
+  for (std::int64_t j = 0; j < kBlockElems; j += kLanes)
+    _mm512_stream_ps(dst + j, _mm512_loadu_ps(block + j));
+}
+__attribute__((target("avx512f"))) void stream64_rows_bf16(void* sink, const float* block) {
+  std::uint16_t* dst = static_cast<std::uint16_t*>(sink);
+  for (std::int64_t j = 0; j < kBlockElems; j += 2 * kLanes) {
+    const HVec h[2] = {to_bf16_vec(load_f32(block + j)), to_bf16_vec(load_f32(block + j + kLanes))};
+    __m512i line;
+    std::memcpy(&line, h, sizeof line);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + j), line);
+  }
+}
+bool cpu_has_avx512f() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+#else
+void stream64_rows_f32(void*, const float*) { SPLICE_INTERNAL_CHECK(false, "no 64-byte stores"); }
+void stream64_rows_bf16(void*, const float*) { SPLICE_INTERNAL_CHECK(false, "no 64-byte stores"); }
+bool cpu_has_avx512f() { return false; }
+#endif
+
 // Fixed-order tree sum of the 16 lanes: lanes i and i + 8, then i and i + 4, i and i + 2, 0 and 1
 // (in registers, by halving shuffles).
 using Vec8 = float __attribute__((vector_size(8 * sizeof(float))));
@@ -206,7 +236,18 @@ SPLICE_KDA_INLINE float sum_squares(const float* p) {
 
 // Where the state rows come from (the source slot) and where token t's checkpoint goes.
 enum class RowSource : std::uint8_t { slot_f32, slot_bf16 };
-enum class RowSink : std::uint8_t { none, slot_f32, slot_bf16, stream_f32, stream_bf16 };
+// none: no checkpoint for this token; store: plain stores (unaligned destination); stream16 /
+// stream64: non-temporal 16-byte / 64-byte stores (16- / 64-byte aligned destination; 64 needs
+// AVX-512F at run time).
+enum class RowSink : std::uint8_t {
+  none,
+  store_f32,
+  store_bf16,
+  stream16_f32,
+  stream16_bf16,
+  stream64_f32,
+  stream64_bf16,
+};
 
 // Stage 3 for all L tokens of one (sequence, head). Rows are independent under the delta rule
 // (row v of S only meets row v), so the sweep runs row block by row block and, inside a block,
@@ -221,26 +262,24 @@ struct SweepArgs {
   const float* q_hat;        // [L, D]
   const float* v;            // token t's v (bf16-exact) at v + t * v_stride
   std::int64_t v_stride;
-  const float* beta;  // [L]
-  float* o_raw;       // [L, D] out
-  std::int64_t len;   // L
+  const float* beta;        // [L]
+  float* o_raw;             // [L, D] out
+  std::int64_t len;         // L
+  std::int64_t state_elem;  // bytes per state element (4 or 2)
 };
 
 // Rows are swept kRowBlock at a time so the block's independent dot-product chains overlap; each
 // row's sums still run over j in order and end in the same lane tree.
 constexpr std::int64_t kRowBlock = 4;
 static_assert(kD % kRowBlock == 0, "head dim must be a multiple of the row block");
+static_assert(kBlockElems == kRowBlock * kD, "kBlockElems is one row block");
 
-// One token on one row block: S *= decay; pred = S.k^; S += beta (v - pred) k^; o = S.q^; and the
-// checkpoint store of the updated rows.
-template <RowSink kSink>
+// One token on one row block: S *= decay; pred = S.k^; S += beta (v - pred) k^; o = S.q^.
 SPLICE_KDA_INLINE void token_rows(float* __restrict block, std::int64_t row0, std::int64_t t,
                                   const SweepArgs& s) {
   const float* const __restrict decay_v = s.decay + t * kD;
   const float* const __restrict k_hat_v = s.k_hat + t * kD;
   const float* const __restrict q_hat_v = s.q_hat + t * kD;
-  float* const __restrict sink_f32 = static_cast<float*>(s.sinks[t]) + row0 * kD;
-  std::uint16_t* const __restrict sink_bf16 = static_cast<std::uint16_t*>(s.sinks[t]) + row0 * kD;
   Vec acc[kRowBlock] = {};
   for (std::int64_t j = 0; j < kD; j += kLanes) {
     const Vec decay = load_f32(decay_v + j), k_hat = load_f32(k_hat_v + j);
@@ -253,35 +292,45 @@ SPLICE_KDA_INLINE void token_rows(float* __restrict block, std::int64_t row0, st
   float delta[kRowBlock];
   for (std::int64_t i = 0; i < kRowBlock; ++i)
     delta[i] = s.beta[t] * (s.v[t * s.v_stride + row0 + i] - reduce(acc[i]));
-  // Two vectors per step: a whole 64-byte line of a bf16 checkpoint row per store burst.
   Vec out[kRowBlock] = {};
-  for (std::int64_t j = 0; j < kD; j += 2 * kLanes) {
-    const Vec k0 = load_f32(k_hat_v + j), k1 = load_f32(k_hat_v + j + kLanes);
-    const Vec q0 = load_f32(q_hat_v + j), q1 = load_f32(q_hat_v + j + kLanes);
+  for (std::int64_t j = 0; j < kD; j += kLanes) {
+    const Vec k_hat = load_f32(k_hat_v + j), q_hat = load_f32(q_hat_v + j);
     for (std::int64_t i = 0; i < kRowBlock; ++i) {
-      const std::int64_t at = i * kD + j;
-      const Vec x0 = load_f32(block + at) + delta[i] * k0;
-      const Vec x1 = load_f32(block + at + kLanes) + delta[i] * k1;
-      store_f32(block + at, x0);
-      store_f32(block + at + kLanes, x1);
-      out[i] += x0 * q0;
-      out[i] += x1 * q1;
-      if constexpr (kSink == RowSink::slot_f32) {
-        store_f32(sink_f32 + at, x0);
-        store_f32(sink_f32 + at + kLanes, x1);
-      }
-      if constexpr (kSink == RowSink::slot_bf16) {
-        store_bf16(sink_bf16 + at, x0);
-        store_bf16(sink_bf16 + at + kLanes, x1);
-      }
-      if constexpr (kSink == RowSink::stream_f32) {
-        stream_f32(sink_f32 + at, x0);
-        stream_f32(sink_f32 + at + kLanes, x1);
-      }
-      if constexpr (kSink == RowSink::stream_bf16) stream_bf16_pair(sink_bf16 + at, x0, x1);
+      const Vec x = load_f32(block + i * kD + j) + delta[i] * k_hat;
+      store_f32(block + i * kD + j, x);
+      out[i] += x * q_hat;
     }
   }
   for (std::int64_t i = 0; i < kRowBlock; ++i) s.o_raw[t * kD + row0 + i] = reduce(out[i]);
+}
+
+// The checkpoint of one row block after token t: the fp32 block, rounded to the state dtype.
+SPLICE_KDA_INLINE void store_rows(RowSink kind, void* sink, const float* block) {
+  float* f = static_cast<float*>(sink);
+  std::uint16_t* b = static_cast<std::uint16_t*>(sink);
+  switch (kind) {
+    case RowSink::none:
+      break;
+    case RowSink::store_f32:
+      std::memcpy(f, block, kBlockElems * sizeof(float));
+      break;
+    case RowSink::store_bf16:
+      for (std::int64_t j = 0; j < kBlockElems; j += kLanes) store_bf16(b + j, load_f32(block + j));
+      break;
+    case RowSink::stream16_f32:
+      for (std::int64_t j = 0; j < kBlockElems; j += kLanes) stream_f32(f + j, load_f32(block + j));
+      break;
+    case RowSink::stream16_bf16:
+      for (std::int64_t j = 0; j < kBlockElems; j += 2 * kLanes)
+        stream_bf16_pair(b + j, load_f32(block + j), load_f32(block + j + kLanes));
+      break;
+    case RowSink::stream64_f32:
+      stream64_rows_f32(sink, block);
+      break;
+    case RowSink::stream64_bf16:
+      stream64_rows_bf16(sink, block);
+      break;
+  }
 }
 
 // The whole stage 3, compiled for the widest vector ISA the machine has.
@@ -299,23 +348,10 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void sweep_s
                   load_bf16(static_cast<const std::uint16_t*>(s.source) + row0 * kD + j));
     }
     for (std::int64_t t = 0; t < s.len; ++t) {
-      switch (s.sink_kind[t]) {
-        case RowSink::none:
-          token_rows<RowSink::none>(block, row0, t, s);
-          break;
-        case RowSink::slot_f32:
-          token_rows<RowSink::slot_f32>(block, row0, t, s);
-          break;
-        case RowSink::slot_bf16:
-          token_rows<RowSink::slot_bf16>(block, row0, t, s);
-          break;
-        case RowSink::stream_f32:
-          token_rows<RowSink::stream_f32>(block, row0, t, s);
-          break;
-        case RowSink::stream_bf16:
-          token_rows<RowSink::stream_bf16>(block, row0, t, s);
-          break;
-      }
+      token_rows(block, row0, t, s);
+      if (s.sink_kind[t] != RowSink::none)
+        store_rows(s.sink_kind[t], static_cast<char*>(s.sinks[t]) + row0 * kD * s.state_elem,
+                   block);
     }
   }
 }
@@ -480,12 +516,18 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
     sc.sink_kind[t] = RowSink::none;
     if (w.dst[t] > 0) {
       sc.sinks[t] = k.state + w.dst[t] * k.state_slot_bytes + head_bytes;
-      const bool stream = reinterpret_cast<std::uintptr_t>(sc.sinks[t]) % kStreamAlignment == 0;
+      const std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(sc.sinks[t]);
+      const bool line = addr % kLineAlignment == 0 && cpu_has_avx512f();
+      const bool stream = addr % kStreamAlignment == 0;
       streamed = streamed || stream;
       if (k.state_bf16)
-        sc.sink_kind[t] = stream ? RowSink::stream_bf16 : RowSink::slot_bf16;
+        sc.sink_kind[t] = line     ? RowSink::stream64_bf16
+                          : stream ? RowSink::stream16_bf16
+                                   : RowSink::store_bf16;
       else
-        sc.sink_kind[t] = stream ? RowSink::stream_f32 : RowSink::slot_f32;
+        sc.sink_kind[t] = line     ? RowSink::stream64_f32
+                          : stream ? RowSink::stream16_f32
+                                   : RowSink::store_f32;
     }
   }
 
@@ -500,7 +542,8 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
                     kKdaNumProjections * kD,
                     sc.beta.data(),
                     sc.o_raw.data(),
-                    L};
+                    L,
+                    k.state_bf16 ? 2 : 4};
   sweep_state(s, k.state_bf16 ? RowSource::slot_bf16 : RowSource::slot_f32);
 #ifdef SPLICE_KDA_STREAM_STORES
   if (streamed) _mm_sfence();
