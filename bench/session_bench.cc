@@ -41,7 +41,8 @@ void BM_SessionStep(benchmark::State& state) {
   state.counters["nodes"] = static_cast<double>(nodes);
   state.counters["host_us"] = host / static_cast<double>(state.iterations());
   state.counters["total_us"] = total / static_cast<double>(state.iterations());
-  state.counters["host_ns_per_node"] = 1e3 * host / static_cast<double>(state.iterations()) / static_cast<double>(nodes);
+  state.counters["host_ns_per_node"] =
+      1e3 * host / static_cast<double>(state.iterations()) / static_cast<double>(nodes);
 }
 BENCHMARK(BM_SessionStep)->Arg(1)->Arg(8)->Arg(30)->Unit(benchmark::kMicrosecond);
 

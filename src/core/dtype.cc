@@ -9,24 +9,36 @@ namespace splice {
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::f32: return 4;
-    case DType::f16: return 2;
-    case DType::bf16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::boolean: return 1;
+    case DType::f32:
+      return 4;
+    case DType::f16:
+      return 2;
+    case DType::bf16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::boolean:
+      return 1;
   }
   SPLICE_INTERNAL_CHECK(false, "unknown dtype ", static_cast<int>(dtype));
 }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::boolean: return "bool";
+    case DType::f32:
+      return "f32";
+    case DType::f16:
+      return "f16";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::boolean:
+      return "bool";
   }
   return "?";
 }
@@ -45,7 +57,8 @@ std::uint16_t f32_to_f16_bits(float value) {
   const std::uint32_t bits = f32_bits(value);
   const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
   const std::uint32_t abs_bits = bits & 0x7FFFFFFFu;
-  if (abs_bits > 0x7F800000u) return sign | 0x7E00u | static_cast<std::uint16_t>((abs_bits >> 13) & 0x3FFu);
+  if (abs_bits > 0x7F800000u)
+    return sign | 0x7E00u | static_cast<std::uint16_t>((abs_bits >> 13) & 0x3FFu);
   if (abs_bits >= 0x477FF000u) return sign | 0x7C00u;  // rounds to >= 65520: inf
   const int exponent = static_cast<int>(abs_bits >> 23) - 127;
   if (exponent >= -14) {
@@ -80,28 +93,42 @@ float f16_bits_to_f32(std::uint16_t bits) {
 
 double load_as_double(const void* data, DType dtype, std::int64_t index) {
   switch (dtype) {
-    case DType::f32: return static_cast<const float*>(data)[index];
-    case DType::f16: return f16_bits_to_f32(static_cast<const std::uint16_t*>(data)[index]);
-    case DType::bf16: return bf16_bits_to_f32(static_cast<const std::uint16_t*>(data)[index]);
-    case DType::i32: return static_cast<const std::int32_t*>(data)[index];
-    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(data)[index]);
-    case DType::boolean: return static_cast<const std::uint8_t*>(data)[index] ? 1.0 : 0.0;
+    case DType::f32:
+      return static_cast<const float*>(data)[index];
+    case DType::f16:
+      return f16_bits_to_f32(static_cast<const std::uint16_t*>(data)[index]);
+    case DType::bf16:
+      return bf16_bits_to_f32(static_cast<const std::uint16_t*>(data)[index]);
+    case DType::i32:
+      return static_cast<const std::int32_t*>(data)[index];
+    case DType::i64:
+      return static_cast<double>(static_cast<const std::int64_t*>(data)[index]);
+    case DType::boolean:
+      return static_cast<const std::uint8_t*>(data)[index] ? 1.0 : 0.0;
   }
   return 0.0;
 }
 
 void store_from_double(void* data, DType dtype, std::int64_t index, double value) {
   switch (dtype) {
-    case DType::f32: static_cast<float*>(data)[index] = static_cast<float>(value); return;
+    case DType::f32:
+      static_cast<float*>(data)[index] = static_cast<float>(value);
+      return;
     case DType::f16:
       static_cast<std::uint16_t*>(data)[index] = f32_to_f16_bits(static_cast<float>(value));
       return;
     case DType::bf16:
       static_cast<std::uint16_t*>(data)[index] = f32_to_bf16_bits(static_cast<float>(value));
       return;
-    case DType::i32: static_cast<std::int32_t*>(data)[index] = static_cast<std::int32_t>(value); return;
-    case DType::i64: static_cast<std::int64_t*>(data)[index] = static_cast<std::int64_t>(value); return;
-    case DType::boolean: static_cast<std::uint8_t*>(data)[index] = value != 0.0; return;
+    case DType::i32:
+      static_cast<std::int32_t*>(data)[index] = static_cast<std::int32_t>(value);
+      return;
+    case DType::i64:
+      static_cast<std::int64_t*>(data)[index] = static_cast<std::int64_t>(value);
+      return;
+    case DType::boolean:
+      static_cast<std::uint8_t*>(data)[index] = value != 0.0;
+      return;
   }
 }
 

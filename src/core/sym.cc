@@ -11,8 +11,7 @@ namespace splice {
 SymId SymTable::declare(const std::string& name, std::int64_t lo, std::int64_t hi) {
   if (lo > hi)
     fail<ValueError>("symbol '", name, "' range [", lo, ", ", hi, "] is empty: lo must be <= hi");
-  if (find(name))
-    fail<ValueError>("symbol '", name, "' is already declared");
+  if (find(name)) fail<ValueError>("symbol '", name, "' is already declared");
   symbols_.push_back({name, lo, hi});
   return SymId{static_cast<std::uint32_t>(symbols_.size() - 1)};
 }
@@ -79,17 +78,23 @@ SymExpr sym_max(const SymExpr& a, const SymExpr& b) {
 
 std::int64_t SymExpr::eval(const SymEnv& env) const {
   switch (kind()) {
-    case Kind::constant: return node_->value;
-    case Kind::symbol: return env.get(node_->symbol);
-    case Kind::add: return lhs().eval(env) + rhs().eval(env);
-    case Kind::sub: return lhs().eval(env) - rhs().eval(env);
-    case Kind::mul_const: return lhs().eval(env) * node_->value;
-    case Kind::min: return std::min(lhs().eval(env), rhs().eval(env));
-    case Kind::max: return std::max(lhs().eval(env), rhs().eval(env));
+    case Kind::constant:
+      return node_->value;
+    case Kind::symbol:
+      return env.get(node_->symbol);
+    case Kind::add:
+      return lhs().eval(env) + rhs().eval(env);
+    case Kind::sub:
+      return lhs().eval(env) - rhs().eval(env);
+    case Kind::mul_const:
+      return lhs().eval(env) * node_->value;
+    case Kind::min:
+      return std::min(lhs().eval(env), rhs().eval(env));
+    case Kind::max:
+      return std::max(lhs().eval(env), rhs().eval(env));
   }
   SPLICE_INTERNAL_CHECK(false, "unknown SymExpr kind");
 }
-
 
 std::int64_t SymExpr::upper_bound(const SymTable& table) const {
   if (kind() == Kind::mul_const) {
@@ -100,10 +105,14 @@ std::int64_t SymExpr::upper_bound(const SymTable& table) const {
     const std::int64_t a_hi = lhs().upper_bound(table), b_hi = rhs().upper_bound(table);
     const std::int64_t b_lo = rhs().lower_bound(table);
     switch (kind()) {
-      case Kind::add: return a_hi + b_hi;
-      case Kind::sub: return a_hi - b_lo;
-      case Kind::min: return std::min(a_hi, b_hi);
-      default: return std::max(a_hi, b_hi);
+      case Kind::add:
+        return a_hi + b_hi;
+      case Kind::sub:
+        return a_hi - b_lo;
+      case Kind::min:
+        return std::min(a_hi, b_hi);
+      default:
+        return std::max(a_hi, b_hi);
     }
   }
   if (kind() == Kind::symbol) return table.info(node_->symbol).hi;
@@ -119,10 +128,14 @@ std::int64_t SymExpr::lower_bound(const SymTable& table) const {
     const std::int64_t a_lo = lhs().lower_bound(table), b_lo = rhs().lower_bound(table);
     const std::int64_t b_hi = rhs().upper_bound(table);
     switch (kind()) {
-      case Kind::add: return a_lo + b_lo;
-      case Kind::sub: return a_lo - b_hi;
-      case Kind::min: return std::min(a_lo, b_lo);
-      default: return std::max(a_lo, b_lo);
+      case Kind::add:
+        return a_lo + b_lo;
+      case Kind::sub:
+        return a_lo - b_hi;
+      case Kind::min:
+        return std::min(a_lo, b_lo);
+      default:
+        return std::max(a_lo, b_lo);
     }
   }
   if (kind() == Kind::symbol) return table.info(node_->symbol).lo;
@@ -145,15 +158,21 @@ bool SymExpr::reads_symbols() const {
 
 std::string SymExpr::str(const SymTable* table) const {
   switch (kind()) {
-    case Kind::constant: return std::to_string(node_->value);
+    case Kind::constant:
+      return std::to_string(node_->value);
     case Kind::symbol:
       return table && node_->symbol.id < table->size() ? table->info(node_->symbol).name
                                                        : "s" + std::to_string(node_->symbol.id);
-    case Kind::add: return "(" + lhs().str(table) + " + " + rhs().str(table) + ")";
-    case Kind::sub: return "(" + lhs().str(table) + " - " + rhs().str(table) + ")";
-    case Kind::mul_const: return lhs().str(table) + "*" + std::to_string(node_->value);
-    case Kind::min: return "min(" + lhs().str(table) + ", " + rhs().str(table) + ")";
-    case Kind::max: return "max(" + lhs().str(table) + ", " + rhs().str(table) + ")";
+    case Kind::add:
+      return "(" + lhs().str(table) + " + " + rhs().str(table) + ")";
+    case Kind::sub:
+      return "(" + lhs().str(table) + " - " + rhs().str(table) + ")";
+    case Kind::mul_const:
+      return lhs().str(table) + "*" + std::to_string(node_->value);
+    case Kind::min:
+      return "min(" + lhs().str(table) + ", " + rhs().str(table) + ")";
+    case Kind::max:
+      return "max(" + lhs().str(table) + ", " + rhs().str(table) + ")";
   }
   return "?";
 }
@@ -191,8 +210,8 @@ void SymEnv::bind(SymId id, std::int64_t value) {
   const SymInfo& info = table_->info(id);
   if (values_.size() < table_->size()) values_.resize(table_->size());
   if (value < info.lo || value > info.hi)
-    fail<SymbolBindingError>("symbol '", info.name, "' = ", value, " is outside its declared range [",
-                             info.lo, ", ", info.hi, "]");
+    fail<SymbolBindingError>("symbol '", info.name, "' = ", value,
+                             " is outside its declared range [", info.lo, ", ", info.hi, "]");
   auto& slot = values_[id.id];
   if (slot && *slot != value)
     fail<SymbolBindingError>("symbol '", info.name, "' is already bound to ", *slot,
@@ -213,11 +232,11 @@ std::int64_t SymEnv::get(SymId id) const {
   return *values_[id.id];
 }
 
-bool SymEnv::is_bound(SymId id) const { return id.id < values_.size() && values_[id.id].has_value(); }
-
-void SymEnv::clear() {
-  values_.assign(table_->size(), std::nullopt);
+bool SymEnv::is_bound(SymId id) const {
+  return id.id < values_.size() && values_[id.id].has_value();
 }
+
+void SymEnv::clear() { values_.assign(table_->size(), std::nullopt); }
 
 std::vector<std::int64_t> eval_shape(const SymShape& shape, const SymEnv& env) {
   std::vector<std::int64_t> out(shape.size());

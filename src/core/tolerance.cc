@@ -11,10 +11,14 @@ namespace splice {
 
 Tolerance default_tolerance(DType dtype) {
   switch (dtype) {
-    case DType::f32: return {1e-5, 1e-4};
-    case DType::f16: return {1e-3, 4e-3};
-    case DType::bf16: return {8e-3, 1.6e-2};
-    default: return {0.0, 0.0};
+    case DType::f32:
+      return {1e-5, 1e-4};
+    case DType::f16:
+      return {1e-3, 4e-3};
+    case DType::bf16:
+      return {8e-3, 1.6e-2};
+    default:
+      return {0.0, 0.0};
   }
 }
 

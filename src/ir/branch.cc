@@ -62,7 +62,8 @@ void check_branch_arms(const Graph& graph, NodeId diverge, const std::vector<Nod
   if (exits.empty()) fail<GraphError>("branch at %", diverge.index, ": needs at least one arm");
   if (!graph.is_live(diverge))
     fail<GraphError>("branch: diverge node %", diverge.index, " is not a live node");
-  if (!graph.is_live(merge)) fail<GraphError>("branch: merge node %", merge.index, " is not a live node");
+  if (!graph.is_live(merge))
+    fail<GraphError>("branch: merge node %", merge.index, " is not a live node");
   const auto users = graph.users();
   const auto down = downstream_of(graph, diverge, users);
   if (merge == diverge || !down[merge.index])

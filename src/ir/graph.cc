@@ -12,12 +12,14 @@
 namespace splice {
 
 const Node& Graph::node(NodeId id) const {
-  if (!contains(id)) fail<GraphError>("node id ", id.index, " is out of range (", nodes_.size(), " nodes)");
+  if (!contains(id))
+    fail<GraphError>("node id ", id.index, " is out of range (", nodes_.size(), " nodes)");
   return nodes_[id.index];
 }
 
 Node& Graph::mutable_node(NodeId id) {
-  if (!contains(id)) fail<GraphError>("node id ", id.index, " is out of range (", nodes_.size(), " nodes)");
+  if (!contains(id))
+    fail<GraphError>("node id ", id.index, " is out of range (", nodes_.size(), " nodes)");
   return nodes_[id.index];
 }
 
@@ -165,7 +167,9 @@ NodeId Graph::binary(Op op, NodeId a, NodeId b) {
   return add(op, {a, b}, {}, DType::f32);
 }
 
-NodeId Graph::where(NodeId cond, NodeId a, NodeId b) { return add(Op::Where, {cond, a, b}, {}, DType::f32); }
+NodeId Graph::where(NodeId cond, NodeId a, NodeId b) {
+  return add(Op::Where, {cond, a, b}, {}, DType::f32);
+}
 
 NodeId Graph::reduce(Op op, NodeId x, std::int64_t axis, bool keepdim) {
   if (!is_reduce(op)) fail<GraphError>("reduce() needs a reduction op, got ", op_name(op));
@@ -187,7 +191,9 @@ NodeId Graph::matmul(NodeId a, NodeId b, bool transpose_b) {
   return add(Op::MatMul, {a, b}, {}, DType::f32, std::move(attrs));
 }
 
-NodeId Graph::reshape(NodeId x, SymShape shape) { return add(Op::Reshape, {x}, std::move(shape), DType::f32); }
+NodeId Graph::reshape(NodeId x, SymShape shape) {
+  return add(Op::Reshape, {x}, std::move(shape), DType::f32);
+}
 
 NodeId Graph::permute(NodeId x, std::vector<std::int64_t> perm) {
   Attrs a;
@@ -209,7 +215,9 @@ NodeId Graph::concat(const std::vector<NodeId>& xs, std::int64_t axis) {
   return add(Op::Concat, xs, {}, DType::f32, std::move(a));
 }
 
-NodeId Graph::gather(NodeId table, NodeId indices) { return add(Op::Gather, {table, indices}, {}, DType::f32); }
+NodeId Graph::gather(NodeId table, NodeId indices) {
+  return add(Op::Gather, {table, indices}, {}, DType::f32);
+}
 
 NodeId Graph::cast(NodeId x, DType dtype) { return add(Op::Cast, {x}, {}, dtype); }
 
@@ -236,7 +244,8 @@ NodeId Graph::flash_decode(NodeId q, NodeId k, NodeId v, std::optional<NodeId> a
   return add(Op::FlashDecode, std::move(inputs), {}, DType::f32, std::move(a));
 }
 
-NodeId Graph::kda_decode(const std::vector<NodeId>& inputs, const KdaAttrs& attrs, SymShape out_shape) {
+NodeId Graph::kda_decode(const std::vector<NodeId>& inputs, const KdaAttrs& attrs,
+                         SymShape out_shape) {
   Attrs a;
   a.kda = std::make_shared<KdaAttrs>(attrs);
   return add(Op::KdaDecode, inputs, std::move(out_shape), DType::bf16, std::move(a));
@@ -264,9 +273,12 @@ SymShape broadcast_shapes(const SymShape& a, const SymShape& b, const std::strin
     const SymExpr da = has_a ? a[a.size() - 1 - i] : SymExpr(1);
     const SymExpr db = has_b ? b[b.size() - 1 - i] : SymExpr(1);
     SymExpr d;
-    if (da.structurally_equal(db)) d = da;
-    else if (da.is_constant() && da.constant() == 1) d = db;
-    else if (db.is_constant() && db.constant() == 1) d = da;
+    if (da.structurally_equal(db))
+      d = da;
+    else if (da.is_constant() && da.constant() == 1)
+      d = db;
+    else if (db.is_constant() && db.constant() == 1)
+      d = da;
     else
       fail<GraphError>(what, ": shapes ", sym_shape_str(a), " and ", sym_shape_str(b),
                        " do not broadcast");

@@ -38,9 +38,12 @@ bool same_numel(const SymShape& a, const SymShape& b) {
   std::int64_t ca = 1, cb = 1;
   std::vector<SymExpr> sa, sb;
   auto factor = [](const SymExpr& d, std::int64_t& c, std::vector<SymExpr>& syms) {
-    if (d.is_constant()) c *= d.constant();
-    else if (d.kind() == SymExpr::Kind::mul_const) c *= d.factor(), syms.push_back(d.lhs());
-    else syms.push_back(d);
+    if (d.is_constant())
+      c *= d.constant();
+    else if (d.kind() == SymExpr::Kind::mul_const)
+      c *= d.factor(), syms.push_back(d.lhs());
+    else
+      syms.push_back(d);
   };
   for (const auto& d : a) factor(d, ca, sa);
   for (const auto& d : b) factor(d, cb, sb);
@@ -75,16 +78,34 @@ Inferred infer_node(const Graph& g, const Node& n) {
       require_arity(n, 0);
       wrap(n.attrs.axis, n.shape.size(), n);
       return {n.shape, n.dtype};
-    case Op::Exp: case Op::Log: case Op::Neg: case Op::Abs: case Op::Sqrt: case Op::Rsqrt:
-    case Op::Reciprocal: case Op::Sigmoid: case Op::Silu: case Op::Softplus: case Op::Tanh:
+    case Op::Exp:
+    case Op::Log:
+    case Op::Neg:
+    case Op::Abs:
+    case Op::Sqrt:
+    case Op::Rsqrt:
+    case Op::Reciprocal:
+    case Op::Sigmoid:
+    case Op::Silu:
+    case Op::Softplus:
+    case Op::Tanh:
       require_arity(n, 1);
       require_float(in(0).dtype, n, "x");
       return {in(0).shape, in(0).dtype};
-    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Minimum: case Op::Maximum:
+    case Op::Add:
+    case Op::Sub:
+    case Op::Mul:
+    case Op::Div:
+    case Op::Minimum:
+    case Op::Maximum:
       require_arity(n, 2);
       require_same_dtype(in(0).dtype, in(1).dtype, n);
       return {broadcast_shapes(in(0).shape, in(1).shape, op_name(n.op)), in(0).dtype};
-    case Op::Less: case Op::LessEqual: case Op::Greater: case Op::GreaterEqual: case Op::Equal:
+    case Op::Less:
+    case Op::LessEqual:
+    case Op::Greater:
+    case Op::GreaterEqual:
+    case Op::Equal:
       require_arity(n, 2);
       require_same_dtype(in(0).dtype, in(1).dtype, n);
       return {broadcast_shapes(in(0).shape, in(1).shape, op_name(n.op)), DType::boolean};
@@ -96,13 +117,17 @@ Inferred infer_node(const Graph& g, const Node& n) {
       SymShape s = broadcast_shapes(in(0).shape, in(1).shape, "where");
       return {broadcast_shapes(s, in(2).shape, "where"), in(1).dtype};
     }
-    case Op::ReduceSum: case Op::ReduceMax: case Op::ReduceMean: {
+    case Op::ReduceSum:
+    case Op::ReduceMax:
+    case Op::ReduceMean: {
       require_arity(n, 1);
       require_float(in(0).dtype, n, "x");
       SymShape s = in(0).shape;
       const std::int64_t a = wrap(n.attrs.axis, s.size(), n);
-      if (n.attrs.keepdim) s[a] = SymExpr(1);
-      else s.erase(s.begin() + a);
+      if (n.attrs.keepdim)
+        s[a] = SymExpr(1);
+      else
+        s.erase(s.begin() + a);
       return {s, in(0).dtype};
     }
     case Op::Softmax:
@@ -178,8 +203,8 @@ Inferred infer_node(const Graph& g, const Node& n) {
           fail<GraphError>("concat: input ", i, " has rank ", si.size(), ", expected ", s.size());
         for (std::size_t d = 0; d < s.size(); ++d)
           if (static_cast<std::int64_t>(d) != a && !si[d].structurally_equal(s[d]))
-            fail<GraphError>("concat: input ", i, " shape ", sym_shape_str(si),
-                             " differs from ", sym_shape_str(s), " off the concat axis");
+            fail<GraphError>("concat: input ", i, " shape ", sym_shape_str(si), " differs from ",
+                             sym_shape_str(s), " off the concat axis");
         total = total + si[a];
       }
       s[a] = total;
@@ -224,9 +249,10 @@ Inferred infer_node(const Graph& g, const Node& n) {
       if (!n.attrs.flash) fail<GraphError>("flash_decode: missing attributes");
       const SymShape &q = in(0).shape, &k = in(1).shape, &v = in(2).shape;
       if (q.size() != 4 || k.size() != 4 || !same_shape(k, v))
-        fail<GraphError>("flash_decode: q must be [B, Hq, Sq, D] and k, v [B, Hkv, capacity, D] "
-                         "of one shape; got q ", sym_shape_str(q), ", k ", sym_shape_str(k),
-                         ", v ", sym_shape_str(v));
+        fail<GraphError>(
+            "flash_decode: q must be [B, Hq, Sq, D] and k, v [B, Hkv, capacity, D] "
+            "of one shape; got q ",
+            sym_shape_str(q), ", k ", sym_shape_str(k), ", v ", sym_shape_str(v));
       if (!q[0].structurally_equal(k[0]) || !q[3].structurally_equal(k[3]))
         fail<GraphError>("flash_decode: q ", sym_shape_str(q), " and k ", sym_shape_str(k),
                          " disagree on batch or head_dim");

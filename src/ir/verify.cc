@@ -93,7 +93,8 @@ void verify_graph(const Graph& graph) {
       fail<GraphError>("verify: state '", n.attrs.name, "' is declared twice");
   }
   for (const auto& [name, id] : graph.outputs()) {
-    if (!outputs.insert(name).second) fail<GraphError>("verify: output '", name, "' is marked twice");
+    if (!outputs.insert(name).second)
+      fail<GraphError>("verify: output '", name, "' is marked twice");
     if (!graph.is_live(id)) fail<GraphError>("verify: output '", name, "' is not a live node");
   }
 
@@ -108,7 +109,8 @@ void verify_graph(const Graph& graph) {
     for (NodeId exit : n.inputs)
       for (NodeId m : arm_interior(graph, b.diverge, exit)) in_arm[m.index] = true;
     for (const auto& choice : b.dispatch)
-      if (choice.arm < 0 || choice.arm >= static_cast<int>(n.inputs.size()) || choice.lo > choice.hi)
+      if (choice.arm < 0 || choice.arm >= static_cast<int>(n.inputs.size()) ||
+          choice.lo > choice.hi)
         fail<GraphError>("verify: branch %", id.index, " dispatch [", choice.lo, ", ", choice.hi,
                          "] -> arm ", choice.arm, " is invalid");
   }

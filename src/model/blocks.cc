@@ -18,11 +18,12 @@ AttentionRegion emit_decomposed_attention(Graph& g, const AttentionRegionArgs& a
     fail<GraphError>("attention: head counts and head_dim must be concrete");
   const std::int64_t num_qo_heads = qn.shape[1].constant(), num_kv_heads = kn.shape[1].constant();
   if (num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0)
-    fail<GraphError>("attention: num_qo_heads ", num_qo_heads, " must be a multiple of num_kv_heads ",
-                     num_kv_heads);
+    fail<GraphError>("attention: num_qo_heads ", num_qo_heads,
+                     " must be a multiple of num_kv_heads ", num_kv_heads);
   const std::int64_t group = num_qo_heads / num_kv_heads;
-  const float scale = a.softmax_scale > 0 ? a.softmax_scale
-                                          : 1.0f / std::sqrt(static_cast<float>(head_dim.constant()));
+  const float scale = a.softmax_scale > 0
+                          ? a.softmax_scale
+                          : 1.0f / std::sqrt(static_cast<float>(head_dim.constant()));
   const DType io_dtype = qn.dtype;
   const std::string& site = a.site;
   auto L = [&](NodeId id, const char* what) { return g.labeled(id, site + "." + what); };
@@ -40,20 +41,23 @@ AttentionRegion emit_decomposed_attention(Graph& g, const AttentionRegionArgs& a
   scores = g.binary(Op::Mul, scores, g.scalar(scale, DType::f32));
   // 3. Softcap, then ALiBi.
   if (a.softcap) {
-    const NodeId inner = g.unary(Op::Tanh, g.binary(Op::Mul, scores, g.scalar(1.0 / *a.softcap, DType::f32)));
+    const NodeId inner =
+        g.unary(Op::Tanh, g.binary(Op::Mul, scores, g.scalar(1.0 / *a.softcap, DType::f32)));
     scores = g.binary(Op::Mul, inner, g.scalar(*a.softcap, DType::f32));
   }
   // Positions: row r = g*Sq + i holds query i at p_i = k_len - Sq + i; column j is key j.
-  const NodeId query_index = g.reshape(g.iota({SymExpr(group), q_len, SymExpr(1)}, 1, DType::i32),
-                                       {rows, SymExpr(1)});
-  const NodeId position = L(g.binary(Op::Add, query_index,
-                                     g.sym_value(DynScalar::Expr(a.k_len.expr() - q_len))),
-                            "query_position");  // [G*Sq, 1]
+  const NodeId query_index =
+      g.reshape(g.iota({SymExpr(group), q_len, SymExpr(1)}, 1, DType::i32), {rows, SymExpr(1)});
+  const NodeId position =
+      L(g.binary(Op::Add, query_index, g.sym_value(DynScalar::Expr(a.k_len.expr() - q_len))),
+        "query_position");  // [G*Sq, 1]
   const NodeId key_index = L(g.iota({SymExpr(1), a.k_len.expr()}, 1, DType::i32), "key_index");
   if (a.alibi) {
-    const NodeId distance = g.cast(g.binary(Op::Sub, position, key_index), DType::f32);  // [G*Sq, k_len]
+    const NodeId distance =
+        g.cast(g.binary(Op::Sub, position, key_index), DType::f32);  // [G*Sq, k_len]
     const NodeId distance3 = g.reshape(distance, {SymExpr(group), q_len, a.k_len.expr()});
-    const NodeId slopes = g.reshape(*a.alibi, {SymExpr(num_kv_heads), SymExpr(group), SymExpr(1), SymExpr(1)});
+    const NodeId slopes =
+        g.reshape(*a.alibi, {SymExpr(num_kv_heads), SymExpr(group), SymExpr(1), SymExpr(1)});
     NodeId bias = g.binary(Op::Mul, g.unary(Op::Neg, slopes), distance3);  // [Hkv, G, Sq, k_len]
     bias = g.reshape(bias, {SymExpr(num_kv_heads), rows, a.k_len.expr()});
     scores = L(g.binary(Op::Add, scores, bias), "alibi");
@@ -63,15 +67,17 @@ AttentionRegion emit_decomposed_attention(Graph& g, const AttentionRegionArgs& a
   auto both = [&](NodeId c) { visible = visible ? g.where(*visible, c, *visible) : c; };
   if (a.causal) both(g.binary(Op::LessEqual, key_index, position));
   if (a.window_left)
-    both(g.binary(Op::GreaterEqual, key_index,
-                  g.binary(Op::Sub, position, g.scalar(static_cast<double>(*a.window_left), DType::i32))));
+    both(g.binary(
+        Op::GreaterEqual, key_index,
+        g.binary(Op::Sub, position, g.scalar(static_cast<double>(*a.window_left), DType::i32))));
   if (a.window_right)
-    both(g.binary(Op::LessEqual, key_index,
-                  g.binary(Op::Add, position, g.scalar(static_cast<double>(*a.window_right), DType::i32))));
+    both(g.binary(
+        Op::LessEqual, key_index,
+        g.binary(Op::Add, position, g.scalar(static_cast<double>(*a.window_right), DType::i32))));
   if (visible)
-    scores = L(g.where(*visible, scores,
-                       g.scalar(-std::numeric_limits<double>::infinity(), DType::f32)),
-               "masked_scores");
+    scores =
+        L(g.where(*visible, scores, g.scalar(-std::numeric_limits<double>::infinity(), DType::f32)),
+          "masked_scores");
   // 5. Softmax, values, back to [B, Hq, Sq, D].
   const NodeId probs = L(g.softmax(scores, -1), "probs");
   const NodeId o = g.matmul(probs, v32);
@@ -124,9 +130,9 @@ KdaRegion emit_decomposed_kda(Graph& g, const KdaRegionArgs& a) {
   // 1. Conv over [history, x] + SiLU, rounded to bf16.
   const NodeId history = L(g.slice(a.conv_state, 0, first, end), "conv_history");  // [R, 3, 3C]
   const NodeId x_row = g.reshape(a.x, {R, one, C * 3});
-  const NodeId window = g.concat({history, x_row}, 1);                            // [R, 4, 3C]
+  const NodeId window = g.concat({history, x_row}, 1);                                 // [R, 4, 3C]
   const NodeId taps = g.reshape(g.permute(a.weight, {1, 0, 2}), {SymExpr(4), C * 3});  // [4, 3C]
-  const NodeId pre = g.reduce(Op::ReduceSum, mul(f32(window), taps), 1, false);   // [R, 3C]
+  const NodeId pre = g.reduce(Op::ReduceSum, mul(f32(window), taps), 1, false);        // [R, 3C]
   const NodeId mixed = L(f32(g.cast(g.unary(Op::Silu, pre), DType::bf16)), "conv_silu");
   auto head_slice = [&](int block) {
     const NodeId s = g.slice(mixed, 1, DynScalar::Concrete(block * channels),
@@ -155,19 +161,24 @@ KdaRegion emit_decomposed_kda(Graph& g, const KdaRegionArgs& a) {
   // 4. Delta rule on S [R, H, V, K].
   const NodeId s_old = f32(L(g.slice(a.state, 0, first, end), "state_rows"));
   const NodeId s_decayed = mul(s_old, g.reshape(decay, {R, H, one, D}));
-  const NodeId pred = g.matmul(s_decayed, g.reshape(kn, {R, H, D, one}));          // [R, H, V, 1]
+  const NodeId pred = g.matmul(s_decayed, g.reshape(kn, {R, H, D, one}));  // [R, H, V, 1]
   const NodeId delta = mul(beta, g.binary(Op::Sub, g.reshape(v, {R, H, D, one}), pred));
-  const NodeId s_new = L(add(s_decayed, g.matmul(delta, g.reshape(kn, {R, H, one, D}))), "state_new");
+  const NodeId s_new =
+      L(add(s_decayed, g.matmul(delta, g.reshape(kn, {R, H, one, D}))), "state_new");
   const NodeId o_raw = g.reshape(g.matmul(s_new, g.reshape(qn, {R, H, D, one})), {R, H, D});
   // 5. Gated RMSNorm.
   const NodeId o = f32(g.cast(o_raw, DType::bf16));
-  const NodeId inv = g.unary(Op::Rsqrt, add(g.reduce(Op::ReduceMean, mul(o, o), -1, true), scalar(a.norm_eps)));
-  const NodeId gated = mul(mul(mul(o, inv), a.norm_weight), g.unary(Op::Sigmoid, f32(a.output_gate)));
+  const NodeId inv =
+      g.unary(Op::Rsqrt, add(g.reduce(Op::ReduceMean, mul(o, o), -1, true), scalar(a.norm_eps)));
+  const NodeId gated =
+      mul(mul(mul(o, inv), a.norm_weight), g.unary(Op::Sigmoid, f32(a.output_gate)));
   const NodeId out = L(g.reshape(g.cast(gated, DType::bf16), {one, R, H, D}), "kda_out");
   // 6. Cache writes, then the exit after them.
-  const NodeId new_history = g.concat({g.slice(history, 1, DynScalar::Concrete(1), DynScalar::Concrete(3)), x_row}, 1);
+  const NodeId new_history =
+      g.concat({g.slice(history, 1, DynScalar::Concrete(1), DynScalar::Concrete(3)), x_row}, 1);
   const NodeId conv_write = L(g.write_at(a.conv_state, new_history, 0, first), "conv_write");
-  const NodeId state_write = L(g.write_at(a.state, g.cast(s_new, state_dtype), 0, first), "state_write");
+  const NodeId state_write =
+      L(g.write_at(a.state, g.cast(s_new, state_dtype), 0, first), "state_write");
   const NodeId exit = L(g.sequence(out, {conv_write, state_write}), "kda_exit");
   const NodeId merged = L(g.reshape(exit, {R, C}), "kda_merge");
 

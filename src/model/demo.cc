@@ -27,7 +27,8 @@ DemoAttentionGraph build_demo_attention_graph(const DemoAttentionOptions& o) {
   if (o.alibi) {
     Tensor slopes = Tensor::empty({o.num_qo_heads}, DType::f32);
     for (std::int64_t h = 0; h < o.num_qo_heads; ++h)
-      slopes.set({h}, std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(o.num_qo_heads)));
+      slopes.set({h}, std::pow(2.0, -8.0 * static_cast<double>(h + 1) /
+                                        static_cast<double>(o.num_qo_heads)));
     alibi = g.param("alibi_slopes", std::move(slopes));
   }
   NodeId x = g.input("x", {B, one, SymExpr(dim)}, o.dtype);
@@ -44,7 +45,8 @@ DemoAttentionGraph build_demo_attention_graph(const DemoAttentionOptions& o) {
     const NodeId q = g.labeled(heads(g.matmul(x, wq), o.num_qo_heads), site + ".q");
     const NodeId k = heads(g.matmul(x, wk), o.num_kv_heads);
     const NodeId v = heads(g.matmul(x, wv), o.num_kv_heads);
-    const SymShape cache_shape{B, SymExpr(o.num_kv_heads), SymExpr(o.capacity), SymExpr(o.head_dim)};
+    const SymShape cache_shape{B, SymExpr(o.num_kv_heads), SymExpr(o.capacity),
+                               SymExpr(o.head_dim)};
     const NodeId k_state = g.state("layer" + std::to_string(l) + ".k_cache", cache_shape, o.dtype);
     const NodeId v_state = g.state("layer" + std::to_string(l) + ".v_cache", cache_shape, o.dtype);
     const DynScalar write_pos = DynScalar::Expr(k_len.expr() - 1);

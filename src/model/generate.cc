@@ -28,13 +28,15 @@ std::int32_t Sampler::sample(const Tensor& logits) {
   std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
   std::int64_t keep = options_.top_k > 0 ? std::min(options_.top_k, vocab) : vocab;
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                    [&](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  std::partial_sort(
+      order.begin(), order.begin() + keep, order.end(),
+      [&](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
   order.resize(static_cast<std::size_t>(keep));
   std::vector<double> p(order.size());
   const double top = l[order[0]];
   double sum = 0;
-  for (std::size_t i = 0; i < order.size(); ++i) sum += (p[i] = std::exp((l[order[i]] - top) / options_.temperature));
+  for (std::size_t i = 0; i < order.size(); ++i)
+    sum += (p[i] = std::exp((l[order[i]] - top) / options_.temperature));
   double cumulative = 0;
   std::size_t cut = order.size();
   for (std::size_t i = 0; i < order.size(); ++i) {
@@ -45,13 +47,15 @@ std::int32_t Sampler::sample(const Tensor& logits) {
       break;
     }
   }
-  std::discrete_distribution<std::size_t> pick(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(cut));
+  std::discrete_distribution<std::size_t> pick(p.begin(),
+                                               p.begin() + static_cast<std::ptrdiff_t>(cut));
   return order[pick(rng_)];
 }
 
 Generator::Generator(DecodeModel model, const GeneratorOptions& options)
     : config_(model.config), max_seq_len_(model.options.max_seq_len), device_(options.device) {
-  if (model.options.batch != 1) fail<ValueError>("Generator decodes batch 1, got batch ", model.options.batch);
+  if (model.options.batch != 1)
+    fail<ValueError>("Generator decodes batch 1, got batch ", model.options.batch);
   OptimizeOptions opt = options.optimize;
   opt.tune.device = options.device;
   decisions_ = optimize_graph(model.graph, model.attention_specs, opt, model.kda_specs);
@@ -69,7 +73,8 @@ void Generator::reset() {
 
 Tensor Generator::step(std::int32_t token) {
   if (token < 0 || token >= config_.vocab_size)
-    fail<ValueError>("token id ", token, " is outside the vocabulary [0, ", config_.vocab_size, ")");
+    fail<ValueError>("token id ", token, " is outside the vocabulary [0, ", config_.vocab_size,
+                     ")");
   if (position_ >= max_seq_len_)
     fail<ValueError>("the sequence is full: max_seq_len ", max_seq_len_, " positions are used");
   token_host_.data<std::int32_t>()[0] = token;
@@ -80,11 +85,14 @@ Tensor Generator::step(std::int32_t token) {
   return (logits.device().is_cpu() ? logits : logits.to_device(Device::cpu())).select(0, 0);
 }
 
-GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt, const GenerateOptions& options) {
+GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt,
+                                   const GenerateOptions& options) {
   if (prompt.empty()) fail<ValueError>("the prompt must hold at least one token");
-  if (options.max_new_tokens < 0) fail<ValueError>("max_new_tokens must be >= 0, got ", options.max_new_tokens);
+  if (options.max_new_tokens < 0)
+    fail<ValueError>("max_new_tokens must be >= 0, got ", options.max_new_tokens);
   if (position_ + static_cast<std::int64_t>(prompt.size()) > max_seq_len_)
-    fail<ValueError>("the prompt (", prompt.size(), " tokens) does not fit: ", max_seq_len_ - position_,
+    fail<ValueError>("the prompt (", prompt.size(),
+                     " tokens) does not fit: ", max_seq_len_ - position_,
                      " positions are left of max_seq_len ", max_seq_len_);
   Sampler sampler(options.sampling);
   GenerateResult result;
@@ -102,7 +110,8 @@ GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt, cons
     const std::int32_t next = sampler.sample(logits);
     result.tokens.push_back(next);
     if (options.on_token) options.on_token(next);
-    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) != options.stop_tokens.end()) {
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
+        options.stop_tokens.end()) {
       result.stopped_on_token = true;
       break;
     }

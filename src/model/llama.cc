@@ -14,7 +14,8 @@
 
 namespace splice {
 
-DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w, const BuildOptions& o) {
+DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
+                                     const BuildOptions& o) {
   DecodeModel m;
   m.config = c;
   m.options = o;
@@ -25,14 +26,17 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w, con
     fail<ValueError>(c.source, ": inconsistent attention shape (hidden ", hidden, ", heads ", heads,
                      ", kv heads ", kv_heads, ", head_dim ", head_dim, ")");
   if (c.max_position_embeddings > 0 && o.max_seq_len > c.max_position_embeddings)
-    fail<ValueError>("--max-seq-len ", o.max_seq_len, " exceeds the model's max_position_embeddings ",
-                     c.max_position_embeddings);
+    fail<ValueError>("--max-seq-len ", o.max_seq_len,
+                     " exceeds the model's max_position_embeddings ", c.max_position_embeddings);
   m.k_len = g.declare_symbol("k_len", 1, o.max_seq_len);
   const DynScalar k_len = DynScalar::Sym(m.k_len);
   const SymExpr B(o.batch), one(1);
   const DType dt = o.dtype;
-  auto param = [&](const std::string& name, const Dims& shape) { return g.param(name, w.get(name, dt, shape)); };
-  auto maybe_bias = [&](const std::string& name, std::int64_t n, bool present) -> std::optional<NodeId> {
+  auto param = [&](const std::string& name, const Dims& shape) {
+    return g.param(name, w.get(name, dt, shape));
+  };
+  auto maybe_bias = [&](const std::string& name, std::int64_t n,
+                        bool present) -> std::optional<NodeId> {
     if (!present) return std::nullopt;
     return param(name, {n});
   };
@@ -48,24 +52,31 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w, con
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string site = "layer" + std::to_string(l) + ".attn";
-    const NodeId a = layers::rms_norm(g, h, param(p + "input_layernorm.weight", {hidden}), c.rms_norm_eps, dt);
-    const NodeId q = layers::linear(g, a, param(p + "self_attn.q_proj.weight", {heads * head_dim, hidden}),
-                                    maybe_bias(p + "self_attn.q_proj.bias", heads * head_dim, c.attention_bias));
-    const NodeId k = layers::linear(g, a, param(p + "self_attn.k_proj.weight", {kv_heads * head_dim, hidden}),
-                                    maybe_bias(p + "self_attn.k_proj.bias", kv_heads * head_dim, c.attention_bias));
-    const NodeId v = layers::linear(g, a, param(p + "self_attn.v_proj.weight", {kv_heads * head_dim, hidden}),
-                                    maybe_bias(p + "self_attn.v_proj.bias", kv_heads * head_dim, c.attention_bias));
+    const NodeId a =
+        layers::rms_norm(g, h, param(p + "input_layernorm.weight", {hidden}), c.rms_norm_eps, dt);
+    const NodeId q =
+        layers::linear(g, a, param(p + "self_attn.q_proj.weight", {heads * head_dim, hidden}),
+                       maybe_bias(p + "self_attn.q_proj.bias", heads * head_dim, c.attention_bias));
+    const NodeId k = layers::linear(
+        g, a, param(p + "self_attn.k_proj.weight", {kv_heads * head_dim, hidden}),
+        maybe_bias(p + "self_attn.k_proj.bias", kv_heads * head_dim, c.attention_bias));
+    const NodeId v = layers::linear(
+        g, a, param(p + "self_attn.v_proj.weight", {kv_heads * head_dim, hidden}),
+        maybe_bias(p + "self_attn.v_proj.bias", kv_heads * head_dim, c.attention_bias));
     auto heads_of = [&](NodeId x, std::int64_t n) {
-      return g.permute(g.reshape(x, {B, one, SymExpr(n), SymExpr(head_dim)}), {0, 2, 1, 3});  // [B, n, 1, D]
+      return g.permute(g.reshape(x, {B, one, SymExpr(n), SymExpr(head_dim)}),
+                       {0, 2, 1, 3});  // [B, n, 1, D]
     };
-    const NodeId q_rot = g.labeled(layers::rope(g, heads_of(q, heads), cos_table, sin_table, position), site + ".q");
+    const NodeId q_rot =
+        g.labeled(layers::rope(g, heads_of(q, heads), cos_table, sin_table, position), site + ".q");
     const NodeId k_rot = layers::rope(g, heads_of(k, kv_heads), cos_table, sin_table, position);
     const SymShape cache{B, SymExpr(kv_heads), SymExpr(o.max_seq_len), SymExpr(head_dim)};
     const NodeId k_state = g.state(p + "k_cache", cache, dt);
     const NodeId v_state = g.state(p + "v_cache", cache, dt);
     const DynScalar write = DynScalar::Expr(k_len.expr() - 1);
     const NodeId k_cache = g.labeled(g.write_at(k_state, k_rot, 2, write), site + ".k_append");
-    const NodeId v_cache = g.labeled(g.write_at(v_state, heads_of(v, kv_heads), 2, write), site + ".v_append");
+    const NodeId v_cache =
+        g.labeled(g.write_at(v_state, heads_of(v, kv_heads), 2, write), site + ".v_append");
     AttentionRegionArgs args;
     args.q = q_rot;
     args.k_cache = k_cache;
@@ -75,17 +86,20 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w, con
     AttentionRegion region = emit_decomposed_attention(g, args);
     m.attention_specs.push_back(region.spec);
     const NodeId attn = g.reshape(region.output, {B, one, SymExpr(heads * head_dim)});
-    const NodeId o_proj = layers::linear(g, attn, param(p + "self_attn.o_proj.weight", {hidden, heads * head_dim}),
-                                         maybe_bias(p + "self_attn.o_proj.bias", hidden, c.attention_out_bias));
+    const NodeId o_proj =
+        layers::linear(g, attn, param(p + "self_attn.o_proj.weight", {hidden, heads * head_dim}),
+                       maybe_bias(p + "self_attn.o_proj.bias", hidden, c.attention_out_bias));
     h = g.labeled(g.binary(Op::Add, h, o_proj), site + ".residual");
-    const NodeId n = layers::rms_norm(g, h, param(p + "post_attention_layernorm.weight", {hidden}), c.rms_norm_eps, dt);
+    const NodeId n = layers::rms_norm(g, h, param(p + "post_attention_layernorm.weight", {hidden}),
+                                      c.rms_norm_eps, dt);
     const std::int64_t inter = c.intermediate_size;
     const NodeId mlp = layers::swiglu(g, n, param(p + "mlp.gate_proj.weight", {inter, hidden}),
                                       param(p + "mlp.up_proj.weight", {inter, hidden}),
                                       param(p + "mlp.down_proj.weight", {hidden, inter}));
     h = g.labeled(g.binary(Op::Add, h, mlp), "layer" + std::to_string(l) + ".mlp.residual");
   }
-  const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}), c.rms_norm_eps, dt);
+  const NodeId final_norm =
+      layers::rms_norm(g, h, param("model.norm.weight", {hidden}), c.rms_norm_eps, dt);
   const bool tied = c.tie_word_embeddings || !w.has("lm_head.weight");
   const NodeId head = tied ? embed : param("lm_head.weight", {vocab, hidden});
   const NodeId logits = g.cast(layers::linear(g, final_norm, head), DType::f32);

@@ -29,7 +29,8 @@ LoadedModel load_model(const std::string& path, DType weight_dtype) {
     m.tokenizer = Tokenizer::from_gguf(file);
     return m;
   }
-  fail<IoError>("model '", path, "' is neither a directory (config.json + safetensors) nor a .gguf file");
+  fail<IoError>("model '", path,
+                "' is neither a directory (config.json + safetensors) nor a .gguf file");
 }
 
 }  // namespace splice

@@ -11,8 +11,8 @@
 namespace splice {
 
 struct Weights::Source {
-  std::unique_ptr<SafeTensorsFile> file;                 // a safetensors file, or
-  std::map<std::string, Tensor> tensors;                  // tensors in memory
+  std::unique_ptr<SafeTensorsFile> file;  // a safetensors file, or
+  std::map<std::string, Tensor> tensors;  // tensors in memory
 };
 
 Weights Weights::from_directory(const std::string& dir) {
@@ -74,10 +74,13 @@ Tensor Weights::get(const std::string& name, DType dtype, const Dims& shape) con
 DecodeModel build_decode_model(const ModelConfig& config, const Weights& weights,
                                const BuildOptions& options) {
   if (options.batch < 1) fail<ValueError>("batch must be >= 1, got ", options.batch);
-  if (options.max_seq_len < 1) fail<ValueError>("max_seq_len must be >= 1, got ", options.max_seq_len);
+  if (options.max_seq_len < 1)
+    fail<ValueError>("max_seq_len must be >= 1, got ", options.max_seq_len);
   switch (config.family) {
-    case ModelFamily::llama: return build_llama_decode_model(config, weights, options);
-    case ModelFamily::kda: return build_kda_decode_model(config, weights, options);
+    case ModelFamily::llama:
+      return build_llama_decode_model(config, weights, options);
+    case ModelFamily::kda:
+      return build_kda_decode_model(config, weights, options);
   }
   fail<UnsupportedError>("unknown model family of '", config.architecture, "'");
 }
@@ -118,23 +121,27 @@ NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId posit
   return g.cast(y, dtype);
 }
 
-std::pair<Tensor, Tensor> rope_tables(const ModelConfig& c, std::int64_t head_dim, std::int64_t max_seq_len) {
+std::pair<Tensor, Tensor> rope_tables(const ModelConfig& c, std::int64_t head_dim,
+                                      std::int64_t max_seq_len) {
   const std::int64_t half = head_dim / 2;
   std::vector<double> inv_freq(static_cast<std::size_t>(half));
   for (std::int64_t i = 0; i < half; ++i)
-    inv_freq[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+    inv_freq[i] =
+        1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
   if (c.rope_scaling && c.rope_scaling->type == "llama3") {
     // Llama 3 frequency scaling: low frequencies divided by `factor`, high ones kept, a smooth
     // blend between the two wavelength thresholds.
     const RopeScaling& s = *c.rope_scaling;
     const double old_len = static_cast<double>(s.original_max_position_embeddings);
-    const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+    const double low_wavelen = old_len / s.low_freq_factor,
+                 high_wavelen = old_len / s.high_freq_factor;
     for (auto& f : inv_freq) {
       const double wavelen = 2 * M_PI / f;
       if (wavelen > low_wavelen) {
         f = f / s.factor;
       } else if (wavelen >= high_wavelen) {
-        const double smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        const double smooth =
+            (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
         f = (1 - smooth) * f / s.factor + smooth * f;
       }
     }
@@ -160,4 +167,3 @@ std::pair<Tensor, Tensor> rope_tables(const ModelConfig& c, std::int64_t head_di
 
 }  // namespace layers
 }  // namespace splice
-

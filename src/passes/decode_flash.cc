@@ -25,7 +25,8 @@ void validate_spec(const Graph& g, const DecodeFlashSpec& s) {
   const Node &q = g.node(s.q), &k = g.node(s.k), &v = g.node(s.v), &out = g.node(s.decomposed_out);
   const SymTable* t = &g.symbols();
   if (q.shape.size() != 4)
-    fail<GraphError>("DecodeFlashSpec: `q` must be [B, Hq, Sq, D], got ", sym_shape_str(q.shape, t));
+    fail<GraphError>("DecodeFlashSpec: `q` must be [B, Hq, Sq, D], got ",
+                     sym_shape_str(q.shape, t));
   if (k.shape.size() != 4 || !same_shape(k.shape, v.shape))
     fail<GraphError>("DecodeFlashSpec: `k` and `v` must both be [B, Hkv, capacity, D], got ",
                      sym_shape_str(k.shape, t), " and ", sym_shape_str(v.shape, t));
@@ -50,7 +51,8 @@ void validate_spec(const Graph& g, const DecodeFlashSpec& s) {
                        "], got ", dtype_name(a.dtype), sym_shape_str(a.shape, t));
   }
   if (!(std::isfinite(s.softmax_scale) && s.softmax_scale > 0))
-    fail<GraphError>("DecodeFlashSpec: `softmax_scale` must be finite and > 0, got ", s.softmax_scale);
+    fail<GraphError>("DecodeFlashSpec: `softmax_scale` must be finite and > 0, got ",
+                     s.softmax_scale);
   if (s.softcap && !(std::isfinite(*s.softcap) && *s.softcap > 0))
     fail<GraphError>("DecodeFlashSpec: `softcap` must be finite and > 0, got ", *s.softcap);
   std::vector<SymId> syms;
@@ -68,12 +70,14 @@ void validate_spec(const Graph& g, const DecodeFlashSpec& s) {
   if (!only_reconverge || is_output)
     fail<GraphError>("DecodeFlashSpec: `reconverge` %", s.reconverge.index,
                      " must be the sole consumer of `decomposed_out` %", s.decomposed_out.index,
-                     ", which has ", consumers.size(), " consumer(s)", is_output ? " and is an output" : "");
+                     ", which has ", consumers.size(), " consumer(s)",
+                     is_output ? " and is an output" : "");
 }
 
 }  // namespace
 
-std::string decode_flash_gate(const Graph& g, const DecodeFlashSpec& s, const AttentionContract& c) {
+std::string decode_flash_gate(const Graph& g, const DecodeFlashSpec& s,
+                              const AttentionContract& c) {
   const Node& q = g.node(s.q);
   std::ostringstream why;
   if (!c.supports_dtype(q.dtype))

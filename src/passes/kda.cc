@@ -9,13 +9,22 @@ namespace splice {
 namespace {
 
 void validate(const Graph& g, const KdaDecodeSpec& s) {
-  const std::pair<const char*, NodeId> ids[] = {
-      {"x", s.x}, {"weight", s.weight}, {"conv_state", s.conv_state}, {"raw_gate", s.raw_gate},
-      {"raw_beta", s.raw_beta}, {"A_log", s.A_log}, {"dt_bias", s.dt_bias},
-      {"state_indices", s.state_indices}, {"state", s.state}, {"output_gate", s.output_gate},
-      {"norm_weight", s.norm_weight}, {"decomposed_out", s.decomposed_out}, {"reconverge", s.reconverge}};
+  const std::pair<const char*, NodeId> ids[] = {{"x", s.x},
+                                                {"weight", s.weight},
+                                                {"conv_state", s.conv_state},
+                                                {"raw_gate", s.raw_gate},
+                                                {"raw_beta", s.raw_beta},
+                                                {"A_log", s.A_log},
+                                                {"dt_bias", s.dt_bias},
+                                                {"state_indices", s.state_indices},
+                                                {"state", s.state},
+                                                {"output_gate", s.output_gate},
+                                                {"norm_weight", s.norm_weight},
+                                                {"decomposed_out", s.decomposed_out},
+                                                {"reconverge", s.reconverge}};
   for (const auto& [name, id] : ids)
-    if (!g.is_live(id)) fail<GraphError>("KdaDecodeSpec: `", name, "` = %", id.index, " is not a live node");
+    if (!g.is_live(id))
+      fail<GraphError>("KdaDecodeSpec: `", name, "` = %", id.index, " is not a live node");
   if (g.node(s.conv_state).op != Op::State || g.node(s.state).op != Op::State)
     fail<GraphError>("KdaDecodeSpec: `conv_state` and `state` must be state buffers");
   const Node& x = g.node(s.x);
@@ -25,7 +34,8 @@ void validate(const Graph& g, const KdaDecodeSpec& s) {
     fail<GraphError>("KdaDecodeSpec: `x` must be bf16 [R, 3C], got ", dtype_name(x.dtype),
                      sym_shape_str(x.shape));
   if (st.shape.size() != 4)
-    fail<GraphError>("KdaDecodeSpec: `state` must be [slots, H, D, D], got ", sym_shape_str(st.shape));
+    fail<GraphError>("KdaDecodeSpec: `state` must be [slots, H, D, D], got ",
+                     sym_shape_str(st.shape));
   const SymShape expected_out{SymExpr(1), x.shape[0], st.shape[1], st.shape[2]};
   if (!same_shape(out.shape, expected_out) || out.dtype != DType::bf16)
     fail<GraphError>("KdaDecodeSpec: `decomposed_out` must be bf16 ", sym_shape_str(expected_out),
@@ -39,7 +49,8 @@ void validate(const Graph& g, const KdaDecodeSpec& s) {
 
 }  // namespace
 
-OfferResult offer_kda_arm(Graph& g, const KdaDecodeSpec& s, const KdaContract& c, DecisionLog* log) {
+OfferResult offer_kda_arm(Graph& g, const KdaDecodeSpec& s, const KdaContract& c,
+                          DecisionLog* log) {
   validate(g, s);
   OfferResult result;
   Decision decision;
@@ -50,7 +61,8 @@ OfferResult offer_kda_arm(Graph& g, const KdaDecodeSpec& s, const KdaContract& c
   if (std::find(c.state_dtypes.begin(), c.state_dtypes.end(), st.dtype) == c.state_dtypes.end())
     reason = c.kernel + "/" + c.backend + " does not take state dtype " + dtype_name(st.dtype);
   const SymExpr& d = st.shape[3];
-  if (!d.is_constant() || std::find(c.head_dims.begin(), c.head_dims.end(), d.constant()) == c.head_dims.end())
+  if (!d.is_constant() ||
+      std::find(c.head_dims.begin(), c.head_dims.end(), d.constant()) == c.head_dims.end())
     reason += std::string(reason.empty() ? "" : "; ") + c.kernel + "/" + c.backend +
               " does not take head_dim " + d.str();
   if (!reason.empty()) {
@@ -60,20 +72,26 @@ OfferResult offer_kda_arm(Graph& g, const KdaDecodeSpec& s, const KdaContract& c
   }
   // The op's conv_state layout [slots, 3C, T+2] with strides [slot, 1, 3C] is a view of the
   // position-major state buffer [slots, T+2, 3C].
-  const NodeId conv_view = g.labeled(g.permute(s.conv_state, {0, 2, 1}), s.site + ".conv_state_view");
+  const NodeId conv_view =
+      g.labeled(g.permute(s.conv_state, {0, 2, 1}), s.site + ".conv_state_view");
   KdaAttrs attrs;
   attrs.lower_bound = s.lower_bound;
   attrs.norm_eps = s.norm_eps;
   attrs.packed = false;
   const SymShape out_shape = g.node(s.decomposed_out).shape;
-  const NodeId fused = g.kda_decode({s.x, s.weight, conv_view, s.raw_gate, s.raw_beta, s.A_log, s.dt_bias,
-                                     s.state_indices, s.state, s.output_gate, s.norm_weight},
-                                    attrs, out_shape);
+  const NodeId fused =
+      g.kda_decode({s.x, s.weight, conv_view, s.raw_gate, s.raw_beta, s.A_log, s.dt_bias,
+                    s.state_indices, s.state, s.output_gate, s.norm_weight},
+                   attrs, out_shape);
   g.labeled(fused, s.site + ".kda_decode");
   ArmRecipe recipe;
   recipe.kind = "kda_decode";
-  recipe.roles = {{"x", s.x}, {"raw_gate", s.raw_gate}, {"raw_beta", s.raw_beta},
-                  {"output_gate", s.output_gate}, {"conv_state", s.conv_state}, {"state", s.state}};
+  recipe.roles = {{"x", s.x},
+                  {"raw_gate", s.raw_gate},
+                  {"raw_beta", s.raw_beta},
+                  {"output_gate", s.output_gate},
+                  {"conv_state", s.conv_state},
+                  {"state", s.state}};
   recipe.contract_revision = c.revision;
   BranchBuilder builder(g, s.x);
   builder.add_arm(s.decomposed_out, "decomposed").add_arm(fused, c.kernel + "/" + c.backend);

@@ -16,7 +16,9 @@ namespace {
 
 bool needs_buffer(Op op) { return !is_source(op) && !(is_view(op)); }
 
-std::int64_t align_up(std::int64_t v) { return (v + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
+std::int64_t align_up(std::int64_t v) {
+  return (v + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+}
 
 // Which input a view aliases (WriteAt aliases its state, the rest their first input; a branch
 // aliases each of its exits).
@@ -118,8 +120,10 @@ Plan make_plan(const Graph& g) {
       stack.pop_back();
       for (NodeId u : users[v.index]) {
         const Op op = g.node(u).op;
-        if (op == Op::Slice || op == Op::Permute || op == Op::Reshape) stack.push_back(u);
-        else out.push_back(u);
+        if (op == Op::Slice || op == Op::Permute || op == Op::Reshape)
+          stack.push_back(u);
+        else
+          out.push_back(u);
       }
     }
     return out;
@@ -159,8 +163,9 @@ Plan make_plan(const Graph& g) {
       if (--pending[s.index] == 0) ready.push(s.index);
   }
   if (plan.schedule.size() != live.size())
-    fail<GraphError>("plan: state reads and writes cannot be ordered (a node reads a state "
-                     "version that is overwritten before or by something it depends on)");
+    fail<GraphError>(
+        "plan: state reads and writes cannot be ordered (a node reads a state "
+        "version that is overwritten before or by something it depends on)");
   plan.position.assign(count, -1);
   for (std::size_t i = 0; i < plan.schedule.size(); ++i)
     plan.position[plan.schedule[i].index] = static_cast<std::int64_t>(i);
@@ -209,9 +214,10 @@ Plan make_plan(const Graph& g) {
       offset = std::max(offset, b.offset + b.bytes);
     }
     Block placed{offset, bytes, plan.last_use[id.index]};
-    blocks.insert(std::upper_bound(blocks.begin(), blocks.end(), placed,
-                                   [](const Block& a, const Block& b) { return a.offset < b.offset; }),
-                  placed);
+    blocks.insert(
+        std::upper_bound(blocks.begin(), blocks.end(), placed,
+                         [](const Block& a, const Block& b) { return a.offset < b.offset; }),
+        placed);
     plan.buffer_offset[id.index] = offset;
     plan.buffer_bytes[id.index] = bytes;
     plan.arena_bytes = std::max(plan.arena_bytes, offset + bytes);

@@ -25,7 +25,8 @@ const KdaContract& kda_contract_for(Device device) {
 }
 
 DecisionLog optimize_graph(Graph& graph, const std::vector<DecodeFlashSpec>& attention_specs,
-                           const OptimizeOptions& options, const std::vector<KdaDecodeSpec>& kda_specs) {
+                           const OptimizeOptions& options,
+                           const std::vector<KdaDecodeSpec>& kda_specs) {
   DecisionLog log;
   const int debug = debug_level();
   auto after = [&](const char* stage) {
@@ -35,7 +36,8 @@ DecisionLog optimize_graph(Graph& graph, const std::vector<DecodeFlashSpec>& att
   const AttentionContract& contract = flash_decode_contract_for(options.tune.device);
   for (const auto& spec : attention_specs) offer_decode_flash_arm(graph, spec, contract, &log);
   after("offer_decode_flash_arm");
-  for (const auto& spec : kda_specs) offer_kda_arm(graph, spec, kda_contract_for(options.tune.device), &log);
+  for (const auto& spec : kda_specs)
+    offer_kda_arm(graph, spec, kda_contract_for(options.tune.device), &log);
   after("offer_kda_arm");
   if (options.select) {
     select_arms(graph, log, options.tune);

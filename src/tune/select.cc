@@ -7,9 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "splice/core/error.h"
 #include "splice/plan/plan.h"
@@ -22,10 +21,12 @@ namespace splice {
 
 // ---- generators ----
 
-std::vector<std::int64_t> ArmInputGenerator::verification_points(std::int64_t lo, std::int64_t hi) const {
+std::vector<std::int64_t> ArmInputGenerator::verification_points(std::int64_t lo,
+                                                                 std::int64_t hi) const {
   std::vector<std::int64_t> points{lo};
   const std::int64_t mid = lo + (hi - lo) / 2;
-  const std::int64_t misaligned = (mid % 2 == 0 && mid + 1 <= hi) ? mid + 1 : mid;  // odd: off any tile
+  const std::int64_t misaligned =
+      (mid % 2 == 0 && mid + 1 <= hi) ? mid + 1 : mid;  // odd: off any tile
   if (misaligned != lo) points.push_back(misaligned);
   if (hi != lo && hi != misaligned) points.push_back(hi);
   return points;
@@ -41,9 +42,8 @@ namespace {
 
 class GenericGenerator : public ArmInputGenerator {
  public:
-  void fill(const Graph& region, const ArmRecipe& recipe, Session& session,
-            std::int64_t selector, Rng& rng, SymBindings& symbols,
-            TensorMap& inputs) const override {
+  void fill(const Graph& region, const ArmRecipe& recipe, Session& session, std::int64_t selector,
+            Rng& rng, SymBindings& symbols, TensorMap& inputs) const override {
     for (NodeId id : region.live_nodes()) {
       const Node& n = region.node(id);
       if (n.op == Op::Input) {
@@ -53,7 +53,8 @@ class GenericGenerator : public ArmInputGenerator {
       } else if (n.op == Op::State) {
         Tensor host = Tensor::empty(session.state(n.attrs.name).shape(), n.dtype);
         rng.normal(host);
-        session.state(n.attrs.name).copy_from(session.device().is_cpu() ? host : host.to_device(session.device()));
+        session.state(n.attrs.name)
+            .copy_from(session.device().is_cpu() ? host : host.to_device(session.device()));
       }
     }
     bind_selector(region, recipe, selector, symbols);
@@ -98,7 +99,8 @@ std::shared_ptr<ArmInputGenerator> arm_generator(const std::string& kind) {
 
 Graph extract_arm_region(const Graph& g, NodeId branch, int arm) {
   const Node& b = g.node(branch);
-  if (b.op != Op::Branch) fail<GraphError>("extract_arm_region: %", branch.index, " is not a branch");
+  if (b.op != Op::Branch)
+    fail<GraphError>("extract_arm_region: %", branch.index, " is not a branch");
   const ArmRecipe& recipe = b.attrs.branch->recipe;
   std::map<std::uint32_t, std::string> role_of;
   for (const auto& [role, id] : recipe.roles) role_of[id.index] = role;
@@ -139,7 +141,8 @@ Graph extract_arm_region(const Graph& g, NodeId branch, int arm) {
   return region;
 }
 
-std::vector<std::pair<std::int64_t, std::int64_t>> selector_buckets(std::int64_t lo, std::int64_t hi,
+std::vector<std::pair<std::int64_t, std::int64_t>> selector_buckets(std::int64_t lo,
+                                                                    std::int64_t hi,
                                                                     std::int64_t max_buckets) {
   std::vector<std::pair<std::int64_t, std::int64_t>> buckets;
   std::int64_t start = lo;
@@ -175,14 +178,16 @@ std::string shape_key(const Graph& g, NodeId branch) {
   const ArmRecipe& r = b.attrs.branch->recipe;
   for (const auto& [role, id] : r.roles) {
     const Node& n = g.node(id);
-    key << role << ":" << dtype_name(n.dtype) << dims_str(upper_bound_shape(n.shape, g.symbols())) << ";";
+    key << role << ":" << dtype_name(n.dtype) << dims_str(upper_bound_shape(n.shape, g.symbols()))
+        << ";";
   }
   for (std::size_t arm = 1; arm < b.inputs.size(); ++arm) {
     const Node& e = g.node(b.inputs[arm]);
     if (e.attrs.flash) {
       const auto& f = *e.attrs.flash;
-      key << "flash:" << f.softmax_scale << (f.causal ? ",causal" : "") << ",wl="
-          << (f.window_left ? *f.window_left : -1) << ",wr=" << (f.window_right ? *f.window_right : -1)
+      key << "flash:" << f.softmax_scale << (f.causal ? ",causal" : "")
+          << ",wl=" << (f.window_left ? *f.window_left : -1)
+          << ",wr=" << (f.window_right ? *f.window_right : -1)
           << ",cap=" << (f.softcap ? *f.softcap : 0.0f) << (f.has_alibi ? ",alibi" : "") << ";";
     }
     if (e.attrs.kda) {
@@ -255,8 +260,9 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
       hi = recipe.selector->upper_bound(graph.symbols());
     }
     const auto buckets = selector_buckets(lo, hi, opt.max_buckets);
-    const std::string base_key = opt.device_name + "|" + recipe.kind + "|" + recipe.contract_revision +
-                                 "|" + dtype_name(bnode.dtype) + "|" + shape_key(graph, branch);
+    const std::string base_key = opt.device_name + "|" + recipe.kind + "|" +
+                                 recipe.contract_revision + "|" + dtype_name(bnode.dtype) + "|" +
+                                 shape_key(graph, branch);
 
     // Regions and sessions are built lazily: a full cache hit measures nothing.
     std::vector<std::unique_ptr<Session>> sessions;
@@ -338,11 +344,13 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
             }
             for (const auto& [name, expected] : oracle_states) {
               const Tensor st = to_host(sessions[arm]->state(name));
-              CompareReport rs = generator->bit_exact_state(name)
-                                     ? compare_bits(st, expected)
-                                     : compare_tensors(st, expected, generator->tolerance(st.dtype(), name));
+              CompareReport rs =
+                  generator->bit_exact_state(name)
+                      ? compare_bits(st, expected)
+                      : compare_tensors(st, expected, generator->tolerance(st.dtype(), name));
               if (!rs.ok) {
-                bd.failure[arm] = "state '" + name + "' at selector " + std::to_string(point) + ": " + rs.str();
+                bd.failure[arm] =
+                    "state '" + name + "' at selector " + std::to_string(point) + ": " + rs.str();
                 break;
               }
             }
@@ -398,7 +406,8 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
           e["max_abs_error"].push_back(bd.max_abs_error[a]);
           e["max_rel_error"].push_back(bd.max_rel_error[a]);
           e["failure"].push_back(bd.failure[a]);
-          e["median_us"].push_back(std::isnan(bd.median_us[a]) ? nlohmann::json() : nlohmann::json(bd.median_us[a]));
+          e["median_us"].push_back(std::isnan(bd.median_us[a]) ? nlohmann::json()
+                                                               : nlohmann::json(bd.median_us[a]));
         }
         cache["entries"][key] = e;
         cache_dirty = true;

@@ -74,7 +74,8 @@ TEST(Cli, DecodeAttentionBadInputNamesTheArgumentAndWritesNothing) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("k_len"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(out));
-  save_safetensors(in, {{"q", testing::random_tensor(rng, {1, 4, 1, 64}, DType::bf16)}}, {{"causal", "maybe"}});
+  save_safetensors(in, {{"q", testing::random_tensor(rng, {1, 4, 1, 64}, DType::bf16)}},
+                   {{"causal", "maybe"}});
   r = run_cli("op decode-attention --in " + in + " --out " + out);
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("causal"), std::string::npos) << r.output;
@@ -88,7 +89,8 @@ TEST(Cli, KdaDecodeReproducesTheLibraryInLogicalLayout) {
   const std::int64_t R = 3, H = 2, D = 128, C = H * D, slots = 5, T = 2;
   const Tensor x = testing::random_tensor(rng, {R, 3 * C}, DType::bf16);
   const Tensor weight = testing::random_tensor(rng, {3, 4, C}, DType::f32, 0.1);
-  const Tensor conv = testing::random_tensor(rng, {slots, 3 * C, T + 2}, DType::bf16, 0.1);  // logical
+  const Tensor conv =
+      testing::random_tensor(rng, {slots, 3 * C, T + 2}, DType::bf16, 0.1);  // logical
   const Tensor raw_gate = testing::random_tensor(rng, {1, R, H, D}, DType::bf16);
   const Tensor raw_beta = testing::random_tensor(rng, {1, R, H}, DType::bf16);
   const Tensor A_log = testing::random_tensor(rng, {H}, DType::f32, 0.5);
@@ -106,10 +108,20 @@ TEST(Cli, KdaDecodeReproducesTheLibraryInLogicalLayout) {
   nat.set({1}, 2);
   const std::string in = temp("kda_in.safetensors"), out = temp("kda_out.safetensors");
   std::filesystem::remove(out);
-  save_safetensors(in, {{"x", x}, {"weight", weight}, {"conv_state", conv}, {"raw_gate", raw_gate},
-                        {"raw_beta", raw_beta}, {"A_log", A_log}, {"dt_bias", dt_bias},
-                        {"state_indices", indices}, {"state", state}, {"output_gate", output_gate},
-                        {"norm_weight", norm_weight}, {"query_start_loc", qsl}, {"num_accepted_tokens", nat}},
+  save_safetensors(in,
+                   {{"x", x},
+                    {"weight", weight},
+                    {"conv_state", conv},
+                    {"raw_gate", raw_gate},
+                    {"raw_beta", raw_beta},
+                    {"A_log", A_log},
+                    {"dt_bias", dt_bias},
+                    {"state_indices", indices},
+                    {"state", state},
+                    {"output_gate", output_gate},
+                    {"norm_weight", norm_weight},
+                    {"query_start_loc", qsl},
+                    {"num_accepted_tokens", nat}},
                    {{"lower_bound", "none"}, {"norm_eps", "1e-5"}});
   const Result r = run_cli("op kda-decode --in " + in + " --out " + out);
   ASSERT_EQ(r.status, 0) << r.output;
@@ -119,9 +131,9 @@ TEST(Cli, KdaDecodeReproducesTheLibraryInLogicalLayout) {
   Tensor state_op = state.clone();
   KdaDecodeOptions options;
   options.lower_bound.reset();
-  const Tensor expected = packed_fused_kda_decode(x, weight, conv_op, raw_gate, raw_beta, A_log, dt_bias,
-                                                  indices, state_op, output_gate, norm_weight, options,
-                                                  {}, qsl, nat);
+  const Tensor expected =
+      packed_fused_kda_decode(x, weight, conv_op, raw_gate, raw_beta, A_log, dt_bias, indices,
+                              state_op, output_gate, norm_weight, options, {}, qsl, nat);
   const SafeTensorsFile f = SafeTensorsFile::open(out);
   EXPECT_TRUE(testing::bit_equal(f.tensor("output"), expected));
   EXPECT_TRUE(testing::bit_equal(f.tensor("conv_state"), conv_op.contiguous()));
@@ -129,10 +141,19 @@ TEST(Cli, KdaDecodeReproducesTheLibraryInLogicalLayout) {
   EXPECT_TRUE(testing::bit_equal(f.tensor("state"), state_op));
   // Bad input: nat out of [1, T].
   nat.set({1}, 5);
-  save_safetensors(in, {{"x", x}, {"weight", weight}, {"conv_state", conv}, {"raw_gate", raw_gate},
-                        {"raw_beta", raw_beta}, {"A_log", A_log}, {"dt_bias", dt_bias},
-                        {"state_indices", indices}, {"state", state}, {"output_gate", output_gate},
-                        {"norm_weight", norm_weight}, {"query_start_loc", qsl}, {"num_accepted_tokens", nat}});
+  save_safetensors(in, {{"x", x},
+                        {"weight", weight},
+                        {"conv_state", conv},
+                        {"raw_gate", raw_gate},
+                        {"raw_beta", raw_beta},
+                        {"A_log", A_log},
+                        {"dt_bias", dt_bias},
+                        {"state_indices", indices},
+                        {"state", state},
+                        {"output_gate", output_gate},
+                        {"norm_weight", norm_weight},
+                        {"query_start_loc", qsl},
+                        {"num_accepted_tokens", nat}});
   std::filesystem::remove(out);
   const Result bad = run_cli("op kda-decode --in " + in + " --out " + out);
   EXPECT_NE(bad.status, 0);

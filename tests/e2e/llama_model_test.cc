@@ -18,12 +18,13 @@ namespace {
 
 std::string write_tiny_llama(const std::string& dir, bool tied) {
   std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << R"({
+  std::ofstream(dir + "/config.json")
+      << R"({
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 97,
     "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2,
     "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": )"
-                                      << (tied ? "true" : "false") << R"(, "bos_token_id": 1, "eos_token_id": 2})";
+      << (tied ? "true" : "false") << R"(, "bos_token_id": 1, "eos_token_id": 2})";
   Rng rng(42);
   std::vector<std::pair<std::string, Tensor>> t;
   auto add = [&](const std::string& name, Dims shape, double stddev) {
@@ -46,7 +47,8 @@ std::string write_tiny_llama(const std::string& dir, bool tied) {
   }
   for (auto& [name, tensor] : t)
     if (name.find("norm") != std::string::npos)
-      for (std::int64_t i = 0; i < tensor.numel(); ++i) tensor.set_linear(i, 1.0 + tensor.at_linear(i));
+      for (std::int64_t i = 0; i < tensor.numel(); ++i)
+        tensor.set_linear(i, 1.0 + tensor.at_linear(i));
   save_safetensors(dir + "/model.safetensors", t);
   return dir;
 }
@@ -55,7 +57,8 @@ class TinyLlama : public ::testing::TestWithParam<bool> {};
 
 TEST_P(TinyLlama, MatchesFloat64ReferenceEveryStep) {
   const bool optimized = GetParam();
-  const std::string dir = write_tiny_llama(::testing::TempDir() + "/tiny_llama_" + std::to_string(optimized), optimized);
+  const std::string dir = write_tiny_llama(
+      ::testing::TempDir() + "/tiny_llama_" + std::to_string(optimized), optimized);
   const ModelConfig config = load_config(dir + "/config.json");
   const Weights weights = Weights::from_directory(dir);
   BuildOptions build;
@@ -63,7 +66,9 @@ TEST_P(TinyLlama, MatchesFloat64ReferenceEveryStep) {
   build.dtype = DType::f32;
   GeneratorOptions go;
   go.optimize.select = optimized;
-  go.optimize.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+  go.optimize.tune.time_override = [](NodeId, int arm, std::int64_t) {
+    return arm == 1 ? 1.0 : 2.0;
+  };
   Generator gen(build_decode_model(config, weights, build), go);
   if (optimized) {
     for (const auto& d : gen.decisions().entries()) EXPECT_EQ(d.collapsed_to, 1) << d.reason;
@@ -139,7 +144,8 @@ TEST(Loading, MissingOrMalformedWeightsAreClearErrors) {
     build_decode_model(wrong, weights, small);
     FAIL() << "expected a ShapeError";
   } catch (const ShapeError& e) {
-    EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight"), std::string::npos)
+        << e.what();
   }
 }
 

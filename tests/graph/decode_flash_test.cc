@@ -63,7 +63,8 @@ TEST(Offer, SeedContractDeclinesUnsupportedFeaturesAndLeavesGraphIdentical) {
     const std::string before = print_graph(demo.graph);
     const std::size_t nodes = demo.graph.size();
     DecisionLog log;
-    OfferResult r = offer_decode_flash_arm(demo.graph, demo.specs[0], seed_capacity_k_contract(), &log);
+    OfferResult r =
+        offer_decode_flash_arm(demo.graph, demo.specs[0], seed_capacity_k_contract(), &log);
     EXPECT_FALSE(r.offered);
     EXPECT_NE(r.reason.find(c.feature), std::string::npos) << r.reason;
     EXPECT_EQ(print_graph(demo.graph), before);
@@ -76,7 +77,8 @@ TEST(Offer, SeedContractDeclinesUnsupportedFeaturesAndLeavesGraphIdentical) {
   }
   // The seed kernel accepts a plain causal Sq == 1 spec.
   DemoAttentionGraph plain = build_demo_attention_graph(small());
-  EXPECT_TRUE(offer_decode_flash_arm(plain.graph, plain.specs[0], seed_capacity_k_contract()).offered);
+  EXPECT_TRUE(
+      offer_decode_flash_arm(plain.graph, plain.specs[0], seed_capacity_k_contract()).offered);
   // A contract without the dtype or head dim declines with the reason.
   AttentionContract narrow = full_contract();
   narrow.head_dims = {128};
@@ -138,7 +140,8 @@ struct TestBranch {
   NodeId branch;
   explicit TestBranch(int variant) {
     const NodeId x = g.input("x", {SymExpr(64), SymExpr(64)}, DType::f32);
-    const NodeId w = g.param("w", testing::random_tensor(*std::make_unique<Rng>(5), {64, 64}, DType::f32));
+    const NodeId w =
+        g.param("w", testing::random_tensor(*std::make_unique<Rng>(5), {64, 64}, DType::f32));
     const NodeId oracle = g.matmul(g.unary(Op::Tanh, x), w);
     const NodeId merge = g.unary(Op::Neg, oracle);
     g.mark_output("y", merge);
@@ -146,7 +149,8 @@ struct TestBranch {
     if (variant == 1) fused = g.binary(Op::Mul, fused, g.scalar(1.01, DType::f32));  // wrong
     if (variant == 2)  // slow: 40 extra round trips through a matmul that leave the value unchanged
       for (int i = 0; i < 40; ++i)
-        fused = g.binary(Op::Add, fused, g.binary(Op::Mul, g.matmul(fused, w), g.scalar(0.0, DType::f32)));
+        fused = g.binary(Op::Add, fused,
+                         g.binary(Op::Mul, g.matmul(fused, w), g.scalar(0.0, DType::f32)));
     ArmRecipe recipe;
     recipe.kind = "test";
     recipe.roles = {{"x", x}};
@@ -238,7 +242,9 @@ TEST(Select, RealFlashArmVerifiesAndDispatchesPerBucket) {
   DemoAttentionGraph demo = build_demo_attention_graph(small(true, 20.0f, 24));
   const Graph original = demo.graph;
   OptimizeOptions opt;
-  opt.tune.time_override = [](NodeId, int arm, std::int64_t k) { return arm == 1 ? (k >= 16 ? 1.0 : 3.0) : 2.0; };
+  opt.tune.time_override = [](NodeId, int arm, std::int64_t k) {
+    return arm == 1 ? (k >= 16 ? 1.0 : 3.0) : 2.0;
+  };
   DecisionLog log = optimize_graph(demo.graph, demo.specs, opt);
   for (const auto& d : log.entries()) {
     ASSERT_TRUE(d.offered) << d.reason;
@@ -256,7 +262,8 @@ TEST(Select, RealFlashArmVerifiesAndDispatchesPerBucket) {
     const Tensor x = testing::random_tensor(rng, {1, 1, 256}, DType::f32);
     fast.step({{"k_len", step}}, {{"x", x}});
     oracle.step({{"k_len", step}}, {{"x", x}});
-    ASSERT_TRUE(testing::close(fast.output("y"), oracle.output("y"), {1e-4, 1e-4})) << "step " << step;
+    ASSERT_TRUE(testing::close(fast.output("y"), oracle.output("y"), {1e-4, 1e-4}))
+        << "step " << step;
     // Buckets [9, 16] and above time the flash arm faster.
     for (int arm : fast.last_choices()) EXPECT_EQ(arm, step >= 9 ? 1 : 0) << "step " << step;
   }
@@ -309,7 +316,8 @@ TEST(Select, PlanOnceMatchesPerStepGraphsOver100Tokens) {
         const std::string name = "layer" + std::to_string(l) + kind;
         caches[name] = once.state(name).clone();
       }
-    ASSERT_TRUE(testing::close(planned.output("y"), once.output("y"), {1e-4, 1e-4})) << "step " << step;
+    ASSERT_TRUE(testing::close(planned.output("y"), once.output("y"), {1e-4, 1e-4}))
+        << "step " << step;
   }
 }
 

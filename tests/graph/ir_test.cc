@@ -11,7 +11,8 @@ namespace {
 TEST(Builder, InfersSymbolicShapes) {
   Graph g;
   const SymId k = g.declare_symbol("k_len", 1, 512);
-  const NodeId cache = g.state("k_cache", {SymExpr(1), SymExpr(4), SymExpr(512), SymExpr(64)}, DType::bf16);
+  const NodeId cache =
+      g.state("k_cache", {SymExpr(1), SymExpr(4), SymExpr(512), SymExpr(64)}, DType::bf16);
   const NodeId live = g.slice(cache, 2, DynScalar::Concrete(0), DynScalar::Sym(k));
   EXPECT_TRUE(same_shape(g.node(live).shape, {SymExpr(1), SymExpr(4), SymExpr(k), SymExpr(64)}));
   const NodeId q = g.input("q", {SymExpr(1), SymExpr(4), SymExpr(2), SymExpr(64)}, DType::bf16);
@@ -39,14 +40,15 @@ TEST(Builder, RejectsMalformedOps) {
   const NodeId a = g.input("a", {SymExpr(2), SymExpr(3)}, DType::f32);
   const NodeId b = g.input("b", {SymExpr(4), SymExpr(5)}, DType::f32);
   const NodeId h = g.input("h", {SymExpr(2), SymExpr(3)}, DType::bf16);
-  EXPECT_THROW(g.matmul(a, b), GraphError);                  // inner dims
-  EXPECT_THROW(g.binary(Op::Add, a, b), GraphError);         // broadcast
-  EXPECT_THROW(g.binary(Op::Add, a, h), GraphError);         // dtypes
+  EXPECT_THROW(g.matmul(a, b), GraphError);           // inner dims
+  EXPECT_THROW(g.binary(Op::Add, a, b), GraphError);  // broadcast
+  EXPECT_THROW(g.binary(Op::Add, a, h), GraphError);  // dtypes
   EXPECT_THROW(g.reduce(Op::ReduceSum, a, 2, false), GraphError);
   EXPECT_THROW(g.permute(a, {0, 0}), GraphError);
   EXPECT_THROW(g.reshape(a, {SymExpr(5)}), GraphError);
-  EXPECT_THROW(g.slice(a, 1, DynScalar::Concrete(0), DynScalar::Sym(k)), GraphError);  // k may exceed 3
-  EXPECT_THROW(g.where(a, a, a), GraphError);                // cond not bool
+  EXPECT_THROW(g.slice(a, 1, DynScalar::Concrete(0), DynScalar::Sym(k)),
+               GraphError);                                               // k may exceed 3
+  EXPECT_THROW(g.where(a, a, a), GraphError);                             // cond not bool
   EXPECT_THROW(g.write_at(a, a, 0, DynScalar::Concrete(0)), GraphError);  // not a state
   EXPECT_THROW(g.unary(Op::Add, a), GraphError);
   EXPECT_THROW(g.input("a", {SymExpr(1)}, DType::f32), GraphError);  // duplicate name
@@ -81,7 +83,8 @@ TEST(Branch, BuildsAndCollapses) {
   EXPECT_EQ(t.g.node(br).op, Op::Branch);
   EXPECT_EQ(t.g.node(t.merge).inputs[0], br);  // merge now reads the branch
   const auto interior0 = arm_interior(t.g, t.q, t.arm0);
-  EXPECT_EQ(interior0.size(), 2u);  // exp, mul (the scalar constant is outside: not downstream of q)
+  EXPECT_EQ(interior0.size(),
+            2u);  // exp, mul (the scalar constant is outside: not downstream of q)
   collapse(t.g, br, 1);
   EXPECT_EQ(t.g.node(t.merge).inputs[0], t.arm1);
   EXPECT_FALSE(t.g.is_live(t.arm0));

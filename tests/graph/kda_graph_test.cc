@@ -31,11 +31,13 @@ KdaLayer build_layer(std::optional<float> lower_bound, DType state_dtype, std::u
   a.raw_gate = g.input("raw_gate", {one, R, H, D}, DType::bf16);
   a.raw_beta = g.input("raw_beta", {one, R, H}, DType::bf16);
   a.output_gate = g.input("output_gate", {R, H, D}, DType::bf16);
-  a.weight = g.param("conv_weight", testing::random_tensor(rng, {3, 4, kChannels}, DType::f32, 0.1));
+  a.weight =
+      g.param("conv_weight", testing::random_tensor(rng, {3, 4, kChannels}, DType::f32, 0.1));
   a.A_log = g.param("A_log", testing::random_tensor(rng, {kHeads}, DType::f32, 0.5));
   a.dt_bias = g.param("dt_bias", testing::random_tensor(rng, {kChannels}, DType::f32, 0.1));
   a.norm_weight = g.param("norm_weight", testing::random_tensor(rng, {kDim}, DType::f32));
-  a.conv_state = g.state("conv_state", {SymExpr(kSlots), SymExpr(3), SymExpr(3 * kChannels)}, DType::bf16);
+  a.conv_state =
+      g.state("conv_state", {SymExpr(kSlots), SymExpr(3), SymExpr(3 * kChannels)}, DType::bf16);
   a.state = g.state("state", {SymExpr(kSlots), H, D, D}, state_dtype);
   a.lower_bound = lower_bound;
   a.site = "kda0";
@@ -64,7 +66,8 @@ class KdaArms : public ::testing::TestWithParam<std::tuple<bool, DType>> {};
 TEST_P(KdaArms, FusedMatchesDecomposedOver64Steps) {
   const auto [gated, state_dtype] = GetParam();
   const std::optional<float> lower_bound = gated ? std::optional<float>(-5.0f) : std::nullopt;
-  KdaLayer a = build_layer(lower_bound, state_dtype, 5), b = build_layer(lower_bound, state_dtype, 5);
+  KdaLayer a = build_layer(lower_bound, state_dtype, 5),
+           b = build_layer(lower_bound, state_dtype, 5);
   const OfferResult ra = offer_kda_arm(a.graph, a.spec, cpu_kda_contract());
   const OfferResult rb = offer_kda_arm(b.graph, b.spec, cpu_kda_contract());
   ASSERT_TRUE(ra.offered && rb.offered) << ra.reason;
@@ -81,12 +84,14 @@ TEST_P(KdaArms, FusedMatchesDecomposedOver64Steps) {
     const TensorMap inputs = step_inputs(rng);
     decomposed.step({}, inputs);
     fused.step({}, inputs);
-    ASSERT_TRUE(testing::close(fused.output("y"), decomposed.output("y"), default_tolerance(DType::bf16)))
+    ASSERT_TRUE(
+        testing::close(fused.output("y"), decomposed.output("y"), default_tolerance(DType::bf16)))
         << "step " << step;
   }
   // The conv history is a bit copy of the inputs either way.
   EXPECT_TRUE(testing::bit_equal(fused.state("conv_state"), decomposed.state("conv_state")));
-  const Tolerance state_tol = state_dtype == DType::f32 ? Tolerance{1e-4, 1e-3} : default_tolerance(DType::bf16);
+  const Tolerance state_tol =
+      state_dtype == DType::f32 ? Tolerance{1e-4, 1e-3} : default_tolerance(DType::bf16);
   EXPECT_TRUE(testing::close(fused.state("state"), decomposed.state("state"), state_tol));
   // Slot 0 is reserved and never written.
   EXPECT_TRUE(testing::bit_equal(fused.state("state").select(0, 0), slot0));
@@ -94,7 +99,8 @@ TEST_P(KdaArms, FusedMatchesDecomposedOver64Steps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GateAndState, KdaArms,
-                         ::testing::Combine(::testing::Bool(), ::testing::Values(DType::f32, DType::bf16)));
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(DType::f32, DType::bf16)));
 
 TEST(KdaBranch, OfferVerifyAndChoose) {
   KdaLayer layer = build_layer(-5.0f, DType::f32, 3);

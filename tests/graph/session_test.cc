@@ -2,13 +2,14 @@
 // layer from primitives over a KV capacity cache, 50 steps, k_len a symbol bound each step)
 // against a naive float64 recompute at every step; NaN-poisoned cache rows beyond k_len never
 // reach the output; every step error path leaves the caches untouched; the plan reuses memory.
+#include "splice/exec/session.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "splice/core/error.h"
 #include "splice/core/random.h"
-#include "splice/exec/session.h"
 #include "splice/model/demo.h"
 #include "support/test_util.h"
 
@@ -21,7 +22,8 @@ using testing::close;
 Tensor naive_step(const Graph& g, const std::vector<Tensor>& xs, const DemoAttentionOptions& o) {
   auto weight = [&](const std::string& name) {
     for (NodeId id : g.live_nodes())
-      if (g.node(id).op == Op::Param && g.node(id).attrs.name == name) return g.node(id).attrs.tensor;
+      if (g.node(id).op == Op::Param && g.node(id).attrs.name == name)
+        return g.node(id).attrs.tensor;
     throw std::runtime_error("no weight " + name);
   };
   const Tensor wq = weight("layer0.wq"), wk = weight("layer0.wk"), wv = weight("layer0.wv"),
@@ -50,7 +52,8 @@ Tensor naive_step(const Graph& g, const std::vector<Tensor>& xs, const DemoAtten
     for (auto& s : scores) sum += (s = std::exp(s - mx));
     for (std::int64_t d = 0; d < D; ++d) {
       double acc = 0;
-      for (std::int64_t j = 0; j <= t; ++j) acc += scores[j] / sum * project(xs[j], wv, kvh * D + d);
+      for (std::int64_t j = 0; j <= t; ++j)
+        acc += scores[j] / sum * project(xs[j], wv, kvh * D + d);
       attn[h * D + d] = acc;
     }
   }
@@ -127,8 +130,9 @@ TEST(Session, BadStepsThrowAndLeaveCachesUntouched) {
   EXPECT_THROW(session.step({{"nope", 2}}, {{"x", x}}), ValueError);
   EXPECT_THROW(session.step({{"k_len", 2}}, {}), ValueError);
   EXPECT_THROW(session.step({{"k_len", 2}}, {{"x", x.to(DType::bf16)}}), DTypeError);
-  EXPECT_THROW(session.step({{"k_len", 2}}, {{"x", testing::random_tensor(rng, {1, 2, 256}, DType::f32)}}),
-               ShapeError);
+  EXPECT_THROW(
+      session.step({{"k_len", 2}}, {{"x", testing::random_tensor(rng, {1, 2, 256}, DType::f32)}}),
+      ShapeError);
   EXPECT_THROW(session.step({{"k_len", 2}}, {{"x", x}, {"extra", x}}), ValueError);
   EXPECT_TRUE(testing::bit_equal(session.state("layer0.k_cache"), before));
   EXPECT_THROW(session.output("missing"), ValueError);

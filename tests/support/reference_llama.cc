@@ -16,7 +16,8 @@ ReferenceLlama::Matrix ReferenceLlama::load(const Weights& w, const std::string&
 ReferenceLlama::ReferenceLlama(const ModelConfig& c, const Weights& w) : c_(c) {
   embed_ = load(w, "model.embed_tokens.weight");
   final_norm_ = load(w, "model.norm.weight");
-  lm_head_ = (c.tie_word_embeddings || !w.has("lm_head.weight")) ? embed_ : load(w, "lm_head.weight");
+  lm_head_ =
+      (c.tie_word_embeddings || !w.has("lm_head.weight")) ? embed_ : load(w, "lm_head.weight");
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Layer L;
@@ -34,7 +35,8 @@ ReferenceLlama::ReferenceLlama(const ModelConfig& c, const Weights& w) : c_(c) {
 }
 
 namespace {
-std::vector<double> matvec(const std::vector<double>& W, const std::vector<double>& x, std::int64_t out) {
+std::vector<double> matvec(const std::vector<double>& W, const std::vector<double>& x,
+                           std::int64_t out) {
   const std::int64_t in = static_cast<std::int64_t>(x.size());
   std::vector<double> y(static_cast<std::size_t>(out), 0.0);
   for (std::int64_t o = 0; o < out; ++o)
@@ -59,7 +61,8 @@ std::vector<double> ReferenceLlama::step(std::int32_t token) {
   auto rope = [&](std::vector<double>& v, std::int64_t heads) {
     for (std::int64_t hd = 0; hd < heads; ++hd)
       for (std::int64_t i = 0; i < D / 2; ++i) {
-        const double freq = 1.0 / std::pow(c_.rope_theta, 2.0 * static_cast<double>(i) / static_cast<double>(D));
+        const double freq =
+            1.0 / std::pow(c_.rope_theta, 2.0 * static_cast<double>(i) / static_cast<double>(D));
         const double a = p * freq, cs = std::cos(a), sn = std::sin(a);
         double& x1 = v[hd * D + i];
         double& x2 = v[hd * D + i + D / 2];
@@ -89,7 +92,8 @@ std::vector<double> ReferenceLlama::step(std::int32_t token) {
       double sum = 0;
       for (auto& x : s) sum += (x = std::exp(x - mx));
       for (std::size_t j = 0; j < s.size(); ++j)
-        for (std::int64_t d = 0; d < D; ++d) attn[hd * D + d] += s[j] / sum * L.v_cache[j][kvh * D + d];
+        for (std::int64_t d = 0; d < D; ++d)
+          attn[hd * D + d] += s[j] / sum * L.v_cache[j][kvh * D + d];
     }
     const auto o = matvec(L.wo, attn, H);
     for (std::int64_t i = 0; i < H; ++i) h[i] += o[i];

@@ -1,13 +1,14 @@
 // DType conversions: every one of the 65,536 bf16 and f16 bit patterns round-trips through f32,
 // NaN stays NaN, infinities and signed zeros survive, subnormals are exact; f32 -> 16-bit rounds
 // to nearest even (checked against a float64 oracle of the representable neighbours).
+#include "splice/core/dtype.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <random>
 
-#include "splice/core/dtype.h"
 #include "splice/core/error.h"
 
 namespace splice {
@@ -89,20 +90,23 @@ TEST(DType, RoundsToNearestEven) {
     double t = (i % 10 == 0) ? 0.5 : frac(gen);
     double x = bf16_bits_to_f32(lo) + t * (bf16_bits_to_f32(hi) - bf16_bits_to_f32(lo));
     float xf = static_cast<float>(x);
-    EXPECT_EQ(f32_to_bf16_bits(xf),
-              nearest_even(xf, lo, hi, [](std::uint16_t b) { return double(bf16_bits_to_f32(b)); }));
+    EXPECT_EQ(f32_to_bf16_bits(xf), nearest_even(xf, lo, hi, [](std::uint16_t b) {
+                return double(bf16_bits_to_f32(b));
+              }));
     // f16 (finite, below the largest value).
     std::uint16_t flo = static_cast<std::uint16_t>(pattern(gen) % 0x7BFF);
     std::uint16_t fhi = flo + 1;
     double fx = f16_bits_to_f32(flo) + t * (f16_bits_to_f32(fhi) - f16_bits_to_f32(flo));
     float fxf = static_cast<float>(fx);
-    EXPECT_EQ(f32_to_f16_bits(fxf),
-              nearest_even(fxf, flo, fhi, [](std::uint16_t b) { return double(f16_bits_to_f32(b)); }))
+    EXPECT_EQ(
+        f32_to_f16_bits(fxf),
+        nearest_even(fxf, flo, fhi, [](std::uint16_t b) { return double(f16_bits_to_f32(b)); }))
         << "x=" << fxf << " lo=" << flo;
   }
   EXPECT_EQ(f32_to_f16_bits(65520.0f), 0x7C00);  // rounds up to inf
   EXPECT_EQ(f32_to_f16_bits(65519.0f), 0x7BFF);
-  EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.0f, -25)), 0x0000);  // halfway to the first subnormal: even
+  EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.0f, -25)),
+            0x0000);  // halfway to the first subnormal: even
   EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.5f, -25)), 0x0001);
   EXPECT_EQ(f32_to_bf16_bits(INFINITY), 0x7F80);
   EXPECT_EQ(f32_to_bf16_bits(-0.0f), 0x8000);

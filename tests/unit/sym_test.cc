@@ -1,8 +1,9 @@
 // Symbols: expressions, bounds, DynScalar and the write-once SymEnv with its error paths.
+#include "splice/core/sym.h"
+
 #include <gtest/gtest.h>
 
 #include "splice/core/error.h"
-#include "splice/core/sym.h"
 
 namespace splice {
 namespace {

@@ -25,7 +25,8 @@ Device parse_device(const std::string& name) {
       }
     }
 #ifdef SPLICE_WITH_CUDA
-    if (!cuda::device_available()) fail<DeviceError>("--device ", name, ": no CUDA device is available");
+    if (!cuda::device_available())
+      fail<DeviceError>("--device ", name, ": no CUDA device is available");
     cuda::ensure_registered();
     return Device::cuda(index);
 #else
@@ -65,7 +66,8 @@ nlohmann::json decisions_json(const DecisionLog& log) {
         jb["max_abs_error"].push_back(b.max_abs_error[a]);
         jb["max_rel_error"].push_back(b.max_rel_error[a]);
         jb["failure"].push_back(b.failure[a]);
-        jb["median_us"].push_back(std::isnan(b.median_us[a]) ? nlohmann::json() : nlohmann::json(b.median_us[a]));
+        jb["median_us"].push_back(std::isnan(b.median_us[a]) ? nlohmann::json()
+                                                             : nlohmann::json(b.median_us[a]));
       }
       j["buckets"].push_back(jb);
     }
@@ -83,7 +85,8 @@ void ProgressBar::tick(const std::string& what) {
   ++count_;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  *out_ << "\r\033[K[" << count_ << " | " << static_cast<int>(seconds) << "s] " << what << std::flush;
+  *out_ << "\r\033[K[" << count_ << " | " << static_cast<int>(seconds) << "s] " << what
+        << std::flush;
   dirty_ = true;
 }
 

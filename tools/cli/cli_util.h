@@ -3,9 +3,8 @@
 
 #include <chrono>
 #include <iostream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "splice/core/tensor.h"
 #include "splice/passes/decisions.h"

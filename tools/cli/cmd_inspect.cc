@@ -3,7 +3,6 @@
 // error, timings per bucket, winner). --dot FILE writes Graphviz of the optimized graph.
 #include <fstream>
 #include <iostream>
-
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
@@ -26,11 +25,13 @@ Runner add_inspect(CLI::App& app) {
   auto softcap = std::make_shared<float>(0.0f);
   auto window = std::make_shared<std::int64_t>(-1);
   o->capacity = 1024;
-  app.add_option("--layers", o->num_layers, "attention layers in the demo graph")->capture_default_str();
+  app.add_option("--layers", o->num_layers, "attention layers in the demo graph")
+      ->capture_default_str();
   app.add_option("--heads", o->num_qo_heads, "query heads")->capture_default_str();
   app.add_option("--kv-heads", o->num_kv_heads, "key/value heads (GQA)")->capture_default_str();
   app.add_option("--head-dim", o->head_dim, "head dimension")->capture_default_str();
-  app.add_option("--capacity", o->capacity, "KV capacity (k_len upper bound)")->capture_default_str();
+  app.add_option("--capacity", o->capacity, "KV capacity (k_len upper bound)")
+      ->capture_default_str();
   app.add_option("--dtype", *dtype, "f32, bf16 or f16")->capture_default_str();
   app.add_flag("--alibi", o->alibi, "use ALiBi slopes");
   app.add_option("--softcap", *softcap, "logit softcap (0 = none)");
@@ -41,8 +42,9 @@ Runner add_inspect(CLI::App& app) {
   app.add_flag("--no-select", *no_select, "offer arms only; do not verify/time/choose");
   app.add_flag("--json", *json, "machine-readable decisions on stdout");
   auto model = std::make_shared<std::string>();
-  app.add_option("--model", *model, "inspect a model (directory or .gguf) instead of the demo graph; "
-                                    "--capacity is its max_seq_len, --dtype its weight dtype");
+  app.add_option("--model", *model,
+                 "inspect a model (directory or .gguf) instead of the demo graph; "
+                 "--capacity is its max_seq_len, --dtype its weight dtype");
   return [=]() {
     DemoAttentionOptions opts = *o;
     opts.dtype = parse_dtype(*dtype, "--dtype");

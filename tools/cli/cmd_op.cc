@@ -39,29 +39,41 @@ Tensor required(const SafeTensorsFile& f, const char* name) {
   return f.tensor(name);
 }
 
-int run_attention(const std::string& in_path, const std::string& out_path, const std::string& device_name) {
+int run_attention(const std::string& in_path, const std::string& out_path,
+                  const std::string& device_name) {
   const Device device = parse_device(device_name);
   const SafeTensorsFile in = SafeTensorsFile::open(in_path);
   const auto& meta = in.metadata();
   DecodeAttentionOptions options;
-  if (meta.count("softmax_scale")) options.softmax_scale = static_cast<float>(parse_number(meta, "softmax_scale"));
+  if (meta.count("softmax_scale"))
+    options.softmax_scale = static_cast<float>(parse_number(meta, "softmax_scale"));
   if (meta.count("causal")) {
     const std::string& c = meta.at("causal");
-    if (c != "true" && c != "false") fail<ValueError>("metadata `causal` must be true or false, got '", c, "'");
+    if (c != "true" && c != "false")
+      fail<ValueError>("metadata `causal` must be true or false, got '", c, "'");
     options.causal = c == "true";
   }
-  if (meta.count("window_left")) options.window_left = static_cast<std::int64_t>(parse_number(meta, "window_left"));
-  if (meta.count("window_right")) options.window_right = static_cast<std::int64_t>(parse_number(meta, "window_right"));
+  if (meta.count("window_left"))
+    options.window_left = static_cast<std::int64_t>(parse_number(meta, "window_left"));
+  if (meta.count("window_right"))
+    options.window_right = static_cast<std::int64_t>(parse_number(meta, "window_right"));
   if (meta.count("softcap")) options.softcap = static_cast<float>(parse_number(meta, "softcap"));
-  auto to_dev = [&](const Tensor& t) { return device.is_cpu() ? t.contiguous() : t.to_device(device); };
-  const Tensor q = to_dev(required(in, "q")), k = to_dev(required(in, "k")), v = to_dev(required(in, "v"));
+  auto to_dev = [&](const Tensor& t) {
+    return device.is_cpu() ? t.contiguous() : t.to_device(device);
+  };
+  const Tensor q = to_dev(required(in, "q")), k = to_dev(required(in, "k")),
+               v = to_dev(required(in, "v"));
   const Tensor k_len = to_dev(required(in, "k_len"));
   Tensor alibi;
   if (in.has("alibi")) alibi = to_dev(in.tensor("alibi"));
   Tensor lse;
-  const Tensor o = decode_attention(q, k, v, k_len, alibi.defined() ? &alibi : nullptr, options, {}, &lse);
-  auto to_host = [](const Tensor& t) { return t.device().is_cpu() ? t : t.to_device(Device::cpu()); };
-  save_safetensors(out_path, {{"o", to_host(o)}, {"lse", to_host(lse)}}, {{"op", "decode-attention"}});
+  const Tensor o =
+      decode_attention(q, k, v, k_len, alibi.defined() ? &alibi : nullptr, options, {}, &lse);
+  auto to_host = [](const Tensor& t) {
+    return t.device().is_cpu() ? t : t.to_device(Device::cpu());
+  };
+  save_safetensors(out_path, {{"o", to_host(o)}, {"lse", to_host(lse)}},
+                   {{"op", "decode-attention"}});
   std::cout << "decode-attention: q " << dims_str(q.shape()) << ", k " << dims_str(k.shape())
             << " on " << device.str() << " -> " << out_path << "\n";
   return 0;
@@ -74,7 +86,8 @@ Runner add_op(CLI::App& app) {
   auto in = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto device = std::make_shared<std::string>("cpu");
-  CLI::App* attention = app.add_subcommand("decode-attention", "flash-decode attention (spec decode_attention.md §5)");
+  CLI::App* attention = app.add_subcommand("decode-attention",
+                                           "flash-decode attention (spec decode_attention.md §5)");
   CLI::App* kda = app.add_subcommand("kda-decode", "fused KDA decode (spec kda_decode.md)");
   for (CLI::App* sub : {attention, kda}) {
     sub->add_option("--in", *in, "input safetensors file")->required()->check(CLI::ExistingFile);

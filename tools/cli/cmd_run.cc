@@ -32,12 +32,14 @@ struct ModelArgs {
 };
 
 void add_model_options(CLI::App& app, ModelArgs& m) {
-  app.add_option("--model", m.model, "a model directory (config.json + safetensors) or a .gguf file; "
-                                     "default: the embedded default model");
+  app.add_option("--model", m.model,
+                 "a model directory (config.json + safetensors) or a .gguf file; "
+                 "default: the embedded default model");
   app.add_option("--device", m.device, "cpu or cuda")->capture_default_str();
   app.add_option("--dtype", m.dtype, "weights and activations: bf16 or f32")->capture_default_str();
   app.add_option("--max-seq-len", m.max_seq_len, "KV/KDA cache capacity in positions")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--tuning-cache", m.tuning_cache, "JSON tuning cache to read and update");
   app.add_flag("--no-optimize", m.no_optimize, "run the decomposed (primitive) arms only");
 }
@@ -87,15 +89,19 @@ std::vector<std::int32_t> parse_ids(const std::string& text, const char* what) {
   return ids;
 }
 
-std::vector<std::int32_t> prompt_tokens(const Opened& o, const std::string& prompt, const std::string& ids) {
+std::vector<std::int32_t> prompt_tokens(const Opened& o, const std::string& prompt,
+                                        const std::string& ids) {
   if (!ids.empty()) return parse_ids(ids, "--prompt-ids");
   if (!o.loaded.tokenizer) {
-    if (!prompt.empty()) fail<ValueError>("--prompt: this model has no tokenizer; use --prompt-ids");
+    if (!prompt.empty())
+      fail<ValueError>("--prompt: this model has no tokenizer; use --prompt-ids");
     const auto& bos = o.loaded.config.bos_token_ids;
     return {bos.empty() ? 0 : static_cast<std::int32_t>(bos.front())};
   }
-  std::vector<std::int32_t> t = o.loaded.tokenizer->encode(prompt.empty() ? "Once upon a time" : prompt);
-  if (o.loaded.tokenizer->add_bos() && o.loaded.tokenizer->bos_id()) t.insert(t.begin(), *o.loaded.tokenizer->bos_id());
+  std::vector<std::int32_t> t =
+      o.loaded.tokenizer->encode(prompt.empty() ? "Once upon a time" : prompt);
+  if (o.loaded.tokenizer->add_bos() && o.loaded.tokenizer->bos_id())
+    t.insert(t.begin(), *o.loaded.tokenizer->bos_id());
   if (t.empty()) fail<ValueError>("--prompt encodes to no tokens");
   return t;
 }
@@ -111,9 +117,10 @@ Runner add_run(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
   auto logits_out = std::make_shared<std::string>();
   add_model_options(app, *m);
-  app.add_option("--logits-out", *logits_out,
-                 "write logits to a safetensors file: `logits` [vocab] at the last prompt position and "
-                 "`all_logits` [steps, vocab] after every fed token (prompt and generated)");
+  app.add_option(
+      "--logits-out", *logits_out,
+      "write logits to a safetensors file: `logits` [vocab] at the last prompt position and "
+      "`all_logits` [steps, vocab] after every fed token (prompt and generated)");
   app.add_option("--prompt", *prompt, "prompt text (needs the model's tokenizer)");
   app.add_option("--prompt-ids", *ids, "prompt as comma-separated token ids");
   app.add_option("--max-new-tokens", gen->max_new_tokens, "token budget")->capture_default_str();
@@ -128,7 +135,8 @@ Runner add_run(CLI::App& app) {
     GenerateOptions options = *gen;
     options.stop_tokens = stop->empty() ? std::vector<std::int32_t>{} : parse_ids(*stop, "--stop");
     if (stop->empty())
-      for (auto id : o.loaded.config.eos_token_ids) options.stop_tokens.push_back(static_cast<std::int32_t>(id));
+      for (auto id : o.loaded.config.eos_token_ids)
+        options.stop_tokens.push_back(static_cast<std::int32_t>(id));
     const std::vector<std::int32_t> prompt_ids = prompt_tokens(o, *prompt, *ids);
     std::unique_ptr<StreamDecoder> stream;
     if (o.loaded.tokenizer && !*json) stream = std::make_unique<StreamDecoder>(*o.loaded.tokenizer);
@@ -136,13 +144,16 @@ Runner add_run(CLI::App& app) {
       std::cout << "model: " << o.loaded.source << " (" << o.loaded.config.architecture << ", "
                 << o.loaded.config.num_hidden_layers << " layers) on " << m->device << "\n";
       std::cout << "decisions:\n" << o.generator->decisions().str();
-      if (o.loaded.tokenizer) std::cout << "prompt: " << o.loaded.tokenizer->decode(prompt_ids) << "\n";
+      if (o.loaded.tokenizer)
+        std::cout << "prompt: " << o.loaded.tokenizer->decode(prompt_ids) << "\n";
       std::cout << "prompt ids:";
       for (auto t : prompt_ids) std::cout << " " << t;
       std::cout << "\noutput: " << std::flush;
       options.on_token = [&](std::int32_t t) {
-        if (stream) std::cout << stream->push(t) << std::flush;
-        else std::cout << t << " " << std::flush;
+        if (stream)
+          std::cout << stream->push(t) << std::flush;
+        else
+          std::cout << t << " " << std::flush;
       };
     }
     options.keep_logits = !logits_out->empty();
@@ -167,7 +178,8 @@ Runner add_run(CLI::App& app) {
     if (stream) std::cout << stream->flush();
     std::cout << "\ntokens:";
     for (auto t : r.tokens) std::cout << " " << t;
-    std::cout << "\n" << r.tokens.size() << " tokens; prefill " << prompt_ids.size() << " tokens in "
+    std::cout << "\n"
+              << r.tokens.size() << " tokens; prefill " << prompt_ids.size() << " tokens in "
               << r.prefill_seconds * 1e3 << " ms; decode " << p50 << " us/token (p50), "
               << (p50 > 0 ? 1e6 / p50 : 0) << " tokens/s\n";
     return 0;
@@ -179,7 +191,9 @@ Runner add_bench(CLI::App& app) {
   auto steps = std::make_shared<std::int64_t>(128);
   auto json = std::make_shared<bool>(false);
   add_model_options(app, *m);
-  app.add_option("--steps", *steps, "decode steps to time")->capture_default_str()->check(CLI::Range(8, 1 << 20));
+  app.add_option("--steps", *steps, "decode steps to time")
+      ->capture_default_str()
+      ->check(CLI::Range(8, 1 << 20));
   app.add_flag("--json", *json, "machine-readable output");
   return [=]() {
     ModelArgs args = *m;
@@ -190,7 +204,8 @@ Runner add_bench(CLI::App& app) {
     for (std::int64_t i = 0; i < *steps + 4; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       const Tensor logits = o.generator->step(token);
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       token = static_cast<std::int32_t>(Sampler({}).sample(logits));
       if (i < 4) continue;  // warm-up
       total.push_back(us);
@@ -198,16 +213,22 @@ Runner add_bench(CLI::App& app) {
     }
     std::sort(total.begin(), total.end());
     std::sort(host.begin(), host.end());
-    const double p50 = total[total.size() / 2], p99 = total[std::min(total.size() - 1, total.size() * 99 / 100)];
+    const double p50 = total[total.size() / 2],
+                 p99 = total[std::min(total.size() - 1, total.size() * 99 / 100)];
     const double host50 = host[host.size() / 2];
     if (*json) {
-      nlohmann::json j{{"model", o.loaded.source}, {"device", m->device}, {"steps", total.size()},
-                       {"p50_us", p50}, {"p99_us", p99}, {"tokens_per_s", 1e6 / p50}, {"host_overhead_us_p50", host50}};
+      nlohmann::json j{{"model", o.loaded.source},
+                       {"device", m->device},
+                       {"steps", total.size()},
+                       {"p50_us", p50},
+                       {"p99_us", p99},
+                       {"tokens_per_s", 1e6 / p50},
+                       {"host_overhead_us_p50", host50}};
       std::cout << j.dump(2) << "\n";
     } else {
-      std::cout << o.loaded.source << " on " << m->device << ": " << total.size() << " steps, p50 " << p50
-                << " us, p99 " << p99 << " us, " << 1e6 / p50 << " tokens/s, host overhead " << host50
-                << " us/token (p50)\n";
+      std::cout << o.loaded.source << " on " << m->device << ": " << total.size() << " steps, p50 "
+                << p50 << " us, p99 " << p99 << " us, " << 1e6 / p50 << " tokens/s, host overhead "
+                << host50 << " us/token (p50)\n";
     }
     return 0;
   };

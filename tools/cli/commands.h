@@ -2,9 +2,8 @@
 // function that runs it (exit code).
 #pragma once
 
-#include <functional>
-
 #include <CLI/CLI.hpp>
+#include <functional>
 
 namespace splice::cli {
 

@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(name, help);
     commands.emplace_back(sub, fn(*sub));
   };
-  add("run", "Generate tokens with a model (default: the embedded demo model)", &splice::cli::add_run);
+  add("run", "Generate tokens with a model (default: the embedded demo model)",
+      &splice::cli::add_run);
   add("inspect", "Print the graph before and after optimization and every arm decision",
       &splice::cli::add_inspect);
   add("bench", "Measure tokens/s, per-token latency (p50/p99) and host overhead per token",

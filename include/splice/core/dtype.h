@@ -20,7 +20,7 @@ namespace splice {
 enum class DType : std::uint8_t { f32, f16, bf16, i32, i64, boolean };
 
 inline constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16,
-                                      DType::i32, DType::i64, DType::boolean};
+                                       DType::i32, DType::i64, DType::boolean};
 
 std::size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
@@ -60,32 +60,62 @@ struct BFloat16 {
   BFloat16() = default;
   explicit BFloat16(float value) : bits(f32_to_bf16_bits(value)) {}
   explicit operator float() const { return bf16_bits_to_f32(bits); }
-  static BFloat16 from_bits(std::uint16_t b) { BFloat16 v; v.bits = b; return v; }
+  static BFloat16 from_bits(std::uint16_t b) {
+    BFloat16 v;
+    v.bits = b;
+    return v;
+  }
 };
 struct Half {
   std::uint16_t bits = 0;
   Half() = default;
   explicit Half(float value) : bits(f32_to_f16_bits(value)) {}
   explicit operator float() const { return f16_bits_to_f32(bits); }
-  static Half from_bits(std::uint16_t b) { Half v; v.bits = b; return v; }
+  static Half from_bits(std::uint16_t b) {
+    Half v;
+    v.bits = b;
+    return v;
+  }
 };
 
 // Rounds an f32 value to the nearest value representable in `dtype` (identity for f32).
 inline float round_to(DType dtype, float value) {
   switch (dtype) {
-    case DType::bf16: return bf16_bits_to_f32(f32_to_bf16_bits(value));
-    case DType::f16: return f16_bits_to_f32(f32_to_f16_bits(value));
-    default: return value;
+    case DType::bf16:
+      return bf16_bits_to_f32(f32_to_bf16_bits(value));
+    case DType::f16:
+      return f16_bits_to_f32(f32_to_f16_bits(value));
+    default:
+      return value;
   }
 }
 
-template <typename T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<Half> { static constexpr DType value = DType::f16; };
-template <> struct dtype_of<BFloat16> { static constexpr DType value = DType::bf16; };
-template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::i64; };
-template <> struct dtype_of<bool> { static constexpr DType value = DType::boolean; };
+template <typename T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<Half> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct dtype_of<BFloat16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<std::int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<std::int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<bool> {
+  static constexpr DType value = DType::boolean;
+};
 
 // Loads element `index` of a buffer of `dtype` as double / stores a double into it (rounding).
 double load_as_double(const void* data, DType dtype, std::int64_t index);

@@ -19,29 +19,53 @@ class Error : public std::runtime_error {
 };
 
 // A tensor's shape (rank or a dimension) is not what the callee allows.
-class ShapeError : public Error { using Error::Error; };
+class ShapeError : public Error {
+  using Error::Error;
+};
 // A tensor's element type is not what the callee allows.
-class DTypeError : public Error { using Error::Error; };
+class DTypeError : public Error {
+  using Error::Error;
+};
 // A scalar or a tensor's content is outside the allowed set (value contracts).
-class ValueError : public Error { using Error::Error; };
+class ValueError : public Error {
+  using Error::Error;
+};
 // A tensor's memory layout (strides, contiguity, alignment) is not supported.
-class LayoutError : public Error { using Error::Error; };
+class LayoutError : public Error {
+  using Error::Error;
+};
 // Tensors live on a device the callee cannot use, or on different devices.
-class DeviceError : public Error { using Error::Error; };
+class DeviceError : public Error {
+  using Error::Error;
+};
 // A symbol was read before it was bound in the current pass.
-class UnboundSymbolError : public Error { using Error::Error; };
+class UnboundSymbolError : public Error {
+  using Error::Error;
+};
 // A symbol was bound to a value outside its declared range, or rebound to another value.
-class SymbolBindingError : public Error { using Error::Error; };
+class SymbolBindingError : public Error {
+  using Error::Error;
+};
 // A graph, a branch or a spec handed to the optimizer is malformed.
-class GraphError : public Error { using Error::Error; };
+class GraphError : public Error {
+  using Error::Error;
+};
 // A file could not be read, or its content is malformed.
-class IoError : public Error { using Error::Error; };
+class IoError : public Error {
+  using Error::Error;
+};
 // A feature is valid but not implemented by this backend or build.
-class UnsupportedError : public Error { using Error::Error; };
+class UnsupportedError : public Error {
+  using Error::Error;
+};
 // A CUDA runtime or library call failed.
-class CudaError : public Error { using Error::Error; };
+class CudaError : public Error {
+  using Error::Error;
+};
 // An internal invariant was broken: a bug in splice, not in the caller's input.
-class InternalError : public Error { using Error::Error; };
+class InternalError : public Error {
+  using Error::Error;
+};
 
 namespace detail {
 template <typename... Args>
@@ -62,10 +86,10 @@ template <typename ErrorType, typename... Args>
 }  // namespace splice
 
 // Internal invariant: on failure throws InternalError("internal error at file:line: ...").
-#define SPLICE_INTERNAL_CHECK(cond, ...)                                                   \
-  do {                                                                                     \
-    if (!(cond))                                                                           \
-      ::splice::detail::throw_internal(__FILE__, __LINE__,                                 \
-                                       ::splice::detail::concat("check `" #cond "` failed: ", \
-                                                                ##__VA_ARGS__));           \
+#define SPLICE_INTERNAL_CHECK(cond, ...)                                          \
+  do {                                                                            \
+    if (!(cond))                                                                  \
+      ::splice::detail::throw_internal(                                           \
+          __FILE__, __LINE__,                                                     \
+          ::splice::detail::concat("check `" #cond "` failed: ", ##__VA_ARGS__)); \
   } while (0)

@@ -27,14 +27,14 @@ Tolerance default_tolerance(DType dtype);
 
 struct CompareReport {
   bool ok = true;
-  std::int64_t count = 0;        // elements compared
-  std::int64_t mismatches = 0;   // elements outside the tolerance
+  std::int64_t count = 0;       // elements compared
+  std::int64_t mismatches = 0;  // elements outside the tolerance
   double max_abs_error = 0.0;
   double max_rel_error = 0.0;
-  Dims worst_index;              // where |a-e| - (atol + rtol|e|) is largest
+  Dims worst_index;  // where |a-e| - (atol + rtol|e|) is largest
   double worst_actual = 0.0;
   double worst_expected = 0.0;
-  std::string str() const;      // one line: ok/FAIL, max abs, max rel, worst index and values
+  std::string str() const;  // one line: ok/FAIL, max abs, max rel, worst index and values
 };
 
 // Element-wise comparison of two CPU tensors of one shape (any dtypes, read as double).

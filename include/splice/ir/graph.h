@@ -42,7 +42,7 @@ struct FlashDecodeAttrs {
 struct KdaAttrs {
   std::optional<float> lower_bound = -5.0f;
   float norm_eps = 1e-5f;
-  bool packed = true;             // packed_fused_kda_decode; false: fused_kda_decode (T = 1)
+  bool packed = true;  // packed_fused_kda_decode; false: fused_kda_decode (T = 1)
   bool has_t1_state_indices = false;
 };
 
@@ -62,8 +62,8 @@ struct BucketChoice {
 };
 
 struct BranchAttrs {
-  NodeId diverge;                  // where the arms split (e.g. q)
-  NodeId merge;                    // the node that reads the branch (the reconverge point)
+  NodeId diverge;  // where the arms split (e.g. q)
+  NodeId merge;    // the node that reads the branch (the reconverge point)
   std::vector<std::string> arm_labels;
   ArmRecipe recipe;
   std::vector<BucketChoice> dispatch;  // empty: run arm 0
@@ -74,11 +74,11 @@ struct Attrs {
   bool keepdim = false;
   bool transpose_b = false;
   std::vector<std::int64_t> perm;
-  DynScalar start, end;   // Slice bounds
-  DynScalar offset;       // WriteAt position
-  DynScalar value;        // SymValue
-  std::string name;       // Input / Param / State name
-  Tensor tensor;          // Param / Constant data
+  DynScalar start, end;  // Slice bounds
+  DynScalar offset;      // WriteAt position
+  DynScalar value;       // SymValue
+  std::string name;      // Input / Param / State name
+  Tensor tensor;         // Param / Constant data
   std::shared_ptr<FlashDecodeAttrs> flash;
   std::shared_ptr<KdaAttrs> kda;
   std::shared_ptr<BranchAttrs> branch;

@@ -11,15 +11,15 @@
 namespace splice {
 
 struct AttentionRegionArgs {
-  NodeId q;                      // [B, Hq, Sq, D]
-  NodeId k_cache, v_cache;       // [B, Hkv, capacity, D] (state buffers after this step's append)
-  std::optional<NodeId> alibi;   // [Hq] f32
-  float softmax_scale = 0.0f;    // 0: 1/sqrt(D)
+  NodeId q;                     // [B, Hq, Sq, D]
+  NodeId k_cache, v_cache;      // [B, Hkv, capacity, D] (state buffers after this step's append)
+  std::optional<NodeId> alibi;  // [Hq] f32
+  float softmax_scale = 0.0f;   // 0: 1/sqrt(D)
   bool causal = true;
   std::optional<std::size_t> window_left, window_right;
   std::optional<float> softcap;
-  DynScalar k_len;               // live prefix length
-  std::string site;              // "layer3.attn"
+  DynScalar k_len;   // live prefix length
+  std::string site;  // "layer3.attn"
 };
 
 struct AttentionRegion {
@@ -44,16 +44,16 @@ AttentionRegion emit_decomposed_attention(Graph& graph, const AttentionRegionArg
 namespace splice {
 
 struct KdaRegionArgs {
-  NodeId x;              // [R, 3C] bf16 packed q|k|v projections (pre-conv)
-  NodeId weight;         // [3, 4, C] f32
-  NodeId conv_state;     // state [slots, 3, 3C] bf16, position-major (oldest first)
-  NodeId raw_gate;       // [1, R, H, D] bf16
-  NodeId raw_beta;       // [1, R, H] bf16
-  NodeId A_log;          // [H] f32
-  NodeId dt_bias;        // [C] f32
-  NodeId output_gate;    // [R, H, D] bf16
-  NodeId norm_weight;    // [D] f32
-  NodeId state;          // state [slots, H, D, D] f32 | bf16
+  NodeId x;                     // [R, 3C] bf16 packed q|k|v projections (pre-conv)
+  NodeId weight;                // [3, 4, C] f32
+  NodeId conv_state;            // state [slots, 3, 3C] bf16, position-major (oldest first)
+  NodeId raw_gate;              // [1, R, H, D] bf16
+  NodeId raw_beta;              // [1, R, H] bf16
+  NodeId A_log;                 // [H] f32
+  NodeId dt_bias;               // [C] f32
+  NodeId output_gate;           // [R, H, D] bf16
+  NodeId norm_weight;           // [D] f32
+  NodeId state;                 // state [slots, H, D, D] f32 | bf16
   std::int64_t first_slot = 1;  // row r uses cache slot first_slot + r (slot 0 is reserved)
   std::optional<float> lower_bound = -5.0f;
   float norm_eps = 1e-5f;
@@ -61,7 +61,7 @@ struct KdaRegionArgs {
 };
 
 struct KdaRegion {
-  NodeId output;      // [R, H*D] bf16 view of the layer output: the merge
+  NodeId output;  // [R, H*D] bf16 view of the layer output: the merge
   KdaDecodeSpec spec;
 };
 

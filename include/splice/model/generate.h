@@ -50,16 +50,16 @@ struct GenerateOptions {
   std::vector<std::int32_t> stop_tokens;
   SamplingOptions sampling;
   std::function<void(std::int32_t)> on_token;  // streaming
-  bool keep_logits = false;                     // fill GenerateResult::all_logits
+  bool keep_logits = false;                    // fill GenerateResult::all_logits
 };
 
 struct GenerateResult {
-  std::vector<std::int32_t> tokens;     // generated (stop token included when hit)
+  std::vector<std::int32_t> tokens;  // generated (stop token included when hit)
   bool stopped_on_token = false;
-  Tensor prompt_logits;                 // [vocab] f32 at the last prompt position
-  Tensor all_logits;                    // [steps, vocab] f32 after every fed token (keep_logits)
+  Tensor prompt_logits;  // [vocab] f32 at the last prompt position
+  Tensor all_logits;     // [steps, vocab] f32 after every fed token (keep_logits)
   double prefill_seconds = 0;
-  std::vector<double> step_us;          // wall time of each decode step (logits on the host)
+  std::vector<double> step_us;  // wall time of each decode step (logits on the host)
 };
 
 class Generator {

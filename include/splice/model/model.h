@@ -42,8 +42,8 @@ class Weights {
 struct BuildOptions {
   std::int64_t batch = 1;
   std::int64_t max_seq_len = 512;
-  DType dtype = DType::bf16;            // weights and activations between layers
-  DType kda_state_dtype = DType::f32;   // recurrent state storage
+  DType dtype = DType::bf16;           // weights and activations between layers
+  DType kda_state_dtype = DType::f32;  // recurrent state storage
 };
 
 struct DecodeModel {

@@ -15,25 +15,25 @@
 namespace splice {
 
 struct BucketDecision {
-  std::int64_t lo = 0, hi = 0;     // selector range
-  std::vector<bool> verified;      // [arm]
+  std::int64_t lo = 0, hi = 0;                       // selector range
+  std::vector<bool> verified;                        // [arm]
   std::vector<double> max_abs_error, max_rel_error;  // [arm] vs the oracle (arm 0: 0)
   std::vector<std::string> failure;  // [arm] why verification failed ("" if it passed)
-  std::vector<double> median_us;   // [arm] (NaN: not timed)
+  std::vector<double> median_us;     // [arm] (NaN: not timed)
   int winner = 0;
   bool from_cache = false;
-  std::string reason;              // "fastest verified", "tie keeps arm 0", ...
+  std::string reason;  // "fastest verified", "tie keeps arm 0", ...
 };
 
 struct Decision {
-  std::string kind;                // "flash_decode", "kda_decode"
-  std::string site;                // e.g. "layer3.attn"
+  std::string kind;  // "flash_decode", "kda_decode"
+  std::string site;  // e.g. "layer3.attn"
   bool offered = false;
-  std::string reason;              // why declined, or which contract accepted it
-  NodeId branch;                   // valid when offered
+  std::string reason;  // why declined, or which contract accepted it
+  NodeId branch;       // valid when offered
   std::vector<std::string> arm_labels;
   std::vector<BucketDecision> buckets;
-  int collapsed_to = -1;           // the arm a unanimous branch was collapsed to (-1: kept)
+  int collapsed_to = -1;  // the arm a unanimous branch was collapsed to (-1: kept)
 };
 
 class DecisionLog {

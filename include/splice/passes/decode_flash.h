@@ -23,17 +23,17 @@
 namespace splice {
 
 struct DecodeFlashSpec {
-  NodeId q;                     // [B, Hq, Sq, D]; the flash node's first input and the diverge point
-  NodeId k, v;                  // capacity KV buffers [B, Hkv, capacity, D]
+  NodeId q;     // [B, Hq, Sq, D]; the flash node's first input and the diverge point
+  NodeId k, v;  // capacity KV buffers [B, Hkv, capacity, D]
   std::optional<NodeId> alibi;  // ALiBi slopes [Hq]
   float softmax_scale = 0.0f;   // 1/sqrt(D) or the model's scale
   bool causal = true;
   std::optional<std::size_t> window_size_left, window_size_right;
   std::optional<float> softcap;
-  DynScalar k_len;              // live attended prefix (cached_len + seq); Concrete or Sym
-  NodeId decomposed_out;        // arm 0's exit [B, Hq, Sq, D] (the oracle)
-  NodeId reconverge;            // the sole consumer of decomposed_out (the merge)
-  std::string site;             // where it came from, for decisions ("layer3.attn")
+  DynScalar k_len;        // live attended prefix (cached_len + seq); Concrete or Sym
+  NodeId decomposed_out;  // arm 0's exit [B, Hq, Sq, D] (the oracle)
+  NodeId reconverge;      // the sole consumer of decomposed_out (the merge)
+  std::string site;       // where it came from, for decisions ("layer3.attn")
 };
 
 struct OfferResult {

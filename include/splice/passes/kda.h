@@ -35,8 +35,8 @@ struct KdaDecodeSpec {
   NodeId norm_weight;    // [D] f32
   std::optional<float> lower_bound = -5.0f;
   float norm_eps = 1e-5f;
-  NodeId decomposed_out; // arm 0's exit [1, R, H, D] bf16
-  NodeId reconverge;     // its sole consumer
+  NodeId decomposed_out;  // arm 0's exit [1, R, H, D] bf16
+  NodeId reconverge;      // its sole consumer
   std::string site;
 };
 

@@ -29,15 +29,15 @@ struct BranchRegion {
 
 struct Plan {
   std::vector<NodeId> schedule;
-  std::vector<std::int64_t> position;      // [node index] -> schedule position (-1 if dead)
-  std::vector<NodeId> storage_root;        // [node index] -> node owning its memory
-  std::vector<std::int64_t> buffer_offset; // [node index] -> arena byte offset (-1: none)
-  std::vector<std::int64_t> buffer_bytes;  // [node index] -> bytes at the upper bound
-  std::vector<std::int64_t> last_use;      // [node index] -> last schedule position needing it
+  std::vector<std::int64_t> position;       // [node index] -> schedule position (-1 if dead)
+  std::vector<NodeId> storage_root;         // [node index] -> node owning its memory
+  std::vector<std::int64_t> buffer_offset;  // [node index] -> arena byte offset (-1: none)
+  std::vector<std::int64_t> buffer_bytes;   // [node index] -> bytes at the upper bound
+  std::vector<std::int64_t> last_use;       // [node index] -> last schedule position needing it
   std::int64_t arena_bytes = 0;
-  std::int64_t unshared_bytes = 0;         // what the arena would be without reuse
+  std::int64_t unshared_bytes = 0;  // what the arena would be without reuse
   std::vector<BranchRegion> branches;
-  std::vector<bool> static_shape;          // [node index] -> shape reads no symbol
+  std::vector<bool> static_shape;  // [node index] -> shape reads no symbol
   std::string summary(const Graph& graph) const;
 };
 

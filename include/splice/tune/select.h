@@ -62,12 +62,12 @@ std::shared_ptr<ArmInputGenerator> arm_generator(const std::string& kind);
 
 struct TuneOptions {
   Device device = Device::cpu();
-  std::string device_name = "cpu";        // tuning-cache key
-  std::string cache_path;                  // JSON tuning cache ("" = none)
+  std::string device_name = "cpu";  // tuning-cache key
+  std::string cache_path;           // JSON tuning cache ("" = none)
   int warmup = 2;
   int repeats = 9;
-  double win_margin = 0.05;                // a fused arm must be >= 5% faster than arm 0
-  std::int64_t max_buckets = 12;           // the top buckets merge beyond this
+  double win_margin = 0.05;       // a fused arm must be >= 5% faster than arm 0
+  std::int64_t max_buckets = 12;  // the top buckets merge beyond this
   std::uint64_t seed = 20261130;
   bool collapse_unanimous = true;
   // Replaces measured times (tests only): (branch, arm, selector) -> microseconds.
@@ -81,7 +81,8 @@ struct TuneOptions {
 void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& options);
 
 // Buckets of a selector range: [lo, lo], then powers of two, the last ending at hi.
-std::vector<std::pair<std::int64_t, std::int64_t>> selector_buckets(std::int64_t lo, std::int64_t hi,
+std::vector<std::pair<std::int64_t, std::int64_t>> selector_buckets(std::int64_t lo,
+                                                                    std::int64_t hi,
                                                                     std::int64_t max_buckets);
 
 // A branch's region for one arm as a standalone graph: role nodes become inputs (or fresh states
