@@ -1,6 +1,7 @@
 // Tensor views, element access and the shared argument checks (see tensor.h).
 #include "splice/core/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -58,15 +59,24 @@ Dims Tensor::contiguous_strides(const Dims& shape) {
 
 static std::int64_t checked_numel(const Dims& shape) {
   std::int64_t n = 1;
-  for (auto d : shape) {
+  for (auto d : shape)
     if (d < 0) fail<ShapeError>("tensor dims must be >= 0, got ", dims_str(shape));
+  // Strides multiply the dims other than zeros too, so every partial product must fit in int64.
+  std::int64_t span = 1;
+  for (auto d : shape) {
+    if (__builtin_mul_overflow(span, std::max<std::int64_t>(d, 1), &span))
+      fail<ShapeError>("tensor shape ", dims_str(shape), " has more elements than fit in int64");
     n *= d;
   }
   return n;
 }
 
 Tensor Tensor::empty(const Dims& shape, DType dtype, Device device) {
-  const std::size_t bytes = static_cast<std::size_t>(checked_numel(shape)) * dtype_size(dtype);
+  std::int64_t bytes_signed = 0;
+  if (__builtin_mul_overflow(checked_numel(shape), static_cast<std::int64_t>(dtype_size(dtype)),
+                             &bytes_signed))
+    fail<ShapeError>("tensor shape ", dims_str(shape), " of ", dtype_name(dtype), " is too large");
+  const auto bytes = static_cast<std::size_t>(bytes_signed);
   std::shared_ptr<Storage> storage;
   if (device.is_cpu()) {
     storage = std::make_shared<Storage>();

@@ -50,9 +50,10 @@ namespace {
 // fp32 kernel and the float64 reference. FlashInfer accepts output 2e-2/3e-2, state 2e-3/3e-2.
 constexpr Tolerance kCpuOutputTolerance{2e-3, 8e-3};
 constexpr Tolerance kCpuStateTolerance{4e-4, 1e-2};
-// The CUDA kernel's row until its helper measures its own: the same bounds.
+// The CUDA kernel's bounds, as asserted by tests/cuda/kda_decode_test.cc against the float64
+// reference on the H200 (measured worst: output 9.8e-4 abs, state 1.0e-4 f32 / 2.4e-4 bf16).
 constexpr Tolerance kCudaOutputTolerance{2e-3, 8e-3};
-constexpr Tolerance kCudaStateTolerance{4e-4, 1e-2};
+constexpr Tolerance kCudaStateTolerance{5e-4, 1e-2};
 
 void check_same_device(const Tensor& t, const char* name, const Tensor& x) {
   if (t.device() != x.device())

@@ -1,10 +1,11 @@
 // Tensors: owning and borrowed storage, strided views, copies, element access and the argument
 // checks every entry point uses (typed errors naming the argument).
+#include "splice/core/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include "splice/core/error.h"
 #include "splice/core/random.h"
-#include "splice/core/tensor.h"
 #include "splice/core/tolerance.h"
 
 namespace splice {
@@ -69,6 +70,8 @@ TEST(Tensor, ErrorsNameTheArgument) {
   EXPECT_THROW(check_contiguous(t.permute({1, 0}), "x"), LayoutError);
   EXPECT_THROW(check_defined(Tensor(), "out"), ValueError);
   EXPECT_THROW(Tensor::empty({2, -1}, DType::f32), ShapeError);
+  EXPECT_THROW(Tensor::empty({0, 1LL << 40, 1LL << 40}, DType::f32), ShapeError);  // overflows int64
+  EXPECT_THROW(Tensor::empty({1LL << 62, 4}, DType::f32), ShapeError);
 }
 
 TEST(Tensor, CompareReportsWorstIndex) {

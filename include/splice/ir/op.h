@@ -13,45 +13,66 @@ namespace splice {
 
 enum class Op : std::uint8_t {
   // --- sources ---
-  Input,      // A per-step input fed by name (token ids, positions); shape may be symbolic.
-  Param,      // A weight tensor owned by the graph; read-only.
-  Constant,   // A small literal tensor owned by the graph.
-  State,      // A persistent buffer that lives across steps (KV cache, recurrent state, conv
-              // history), allocated once at its shape's upper bound and zero-initialized.
-  SymValue,   // A [1] i32/i64 tensor holding the value of a DynScalar under the pass's SymEnv.
-  Iota,       // out[..., i on `axis`, ...] = i (i32/i64/f32), shape from the node.
-  // --- unary (elementwise) ---
-  Exp, Log, Neg, Abs, Sqrt, Rsqrt, Reciprocal, Sigmoid, Silu, Softplus, Tanh,
-  // --- binary with NumPy broadcasting ---
-  Add, Sub, Mul, Div, Minimum, Maximum,
+  Input,     // A per-step input fed by name (token ids, positions); shape may be symbolic.
+  Param,     // A weight tensor owned by the graph; read-only.
+  Constant,  // A small literal tensor owned by the graph.
+  State,     // A persistent buffer that lives across steps (KV cache, recurrent state, conv
+             // history), allocated once at its shape's upper bound and zero-initialized.
+  SymValue,  // A [1] i32/i64 tensor holding the value of a DynScalar under the pass's SymEnv.
+  Iota,      // out[..., i on `axis`, ...] = i (i32/i64/f32), shape from the node.
+  // --- unary (elementwise, float in and out, fp32 math) ---
+  Exp,         // e^x.
+  Log,         // Natural logarithm.
+  Neg,         // -x.
+  Abs,         // |x|.
+  Sqrt,        // Square root.
+  Rsqrt,       // 1 / sqrt(x).
+  Reciprocal,  // 1 / x.
+  Sigmoid,     // 1 / (1 + e^-x).
+  Silu,        // x * sigmoid(x).
+  Softplus,    // x if x > 20, else log(1 + e^x).
+  Tanh,        // Hyperbolic tangent.
+  // --- binary with NumPy broadcasting (operands of one dtype) ---
+  Add,      // a + b.
+  Sub,      // a - b.
+  Mul,      // a * b.
+  Div,      // a / b.
+  Minimum,  // min(a, b).
+  Maximum,  // max(a, b).
   // --- comparisons (bool result, broadcasting) and selection ---
-  Less, LessEqual, Greater, GreaterEqual, Equal,
-  Where,      // out = cond ? a : b, broadcasting over all three.
+  Less,          // a < b.
+  LessEqual,     // a <= b.
+  Greater,       // a > b.
+  GreaterEqual,  // a >= b.
+  Equal,         // a == b.
+  Where,         // cond ? a : b, broadcasting over all three.
   // --- reductions over `axis` (keepdim optional) ---
-  ReduceSum, ReduceMax, ReduceMean,
-  Softmax,    // Softmax over `axis` with fp32 accumulation; an all -inf slice gives zeros.
-  MatMul,     // Batched a[..., m, k] @ b[..., k, n] (b read as [..., n, k] if transpose_b),
-              // batch dims broadcast.
+  ReduceSum,   // Sum over `axis` (fp32 accumulation).
+  ReduceMax,   // Maximum over `axis`.
+  ReduceMean,  // Mean over `axis` (fp32 accumulation).
+  Softmax,     // Softmax over `axis` with fp32 accumulation; an all -inf slice gives zeros.
+  MatMul,      // Batched a[..., m, k] @ b[..., k, n] (b read as [..., n, k] if transpose_b),
+               // batch dims broadcast.
   // --- layout ---
-  Reshape,    // (view when the input is contiguous, else a copy) Same elements, the node's shape.
-  Permute,    // (view) Axes reordered by `perm`.
-  Slice,      // (view) input[..., start:end on `axis`, ...] with DynScalar bounds: the exact
-              // live prefix k[:, :, 0:k_len] is a Slice with end = k_len.
-  Concat,     // Inputs concatenated along `axis`.
-  Gather,     // table[indices] along axis 0 (embedding lookup); out = indices.shape + row shape.
-  Cast,       // Elementwise dtype conversion (round to nearest even for 16-bit floats).
-  WriteAt,    // (view, effect) state.slice(axis, offset, offset + value.size(axis)) = value;
-              // returns the state, so later readers of the new contents consume this node.
-  Sequence,   // (view) Returns input 0 once every other input has run: orders side effects so
-              // that a branch arm's exit depends on the cache writes inside the arm.
+  Reshape,   // (view when the input is contiguous, else a copy) Same elements, the node's shape.
+  Permute,   // (view) Axes reordered by `perm`.
+  Slice,     // (view) input[..., start:end on `axis`, ...] with DynScalar bounds: the exact
+             // live prefix k[:, :, 0:k_len] is a Slice with end = k_len.
+  Concat,    // Inputs concatenated along `axis`.
+  Gather,    // table[indices] along axis 0 (embedding lookup); out = indices.shape + row shape.
+  Cast,      // Elementwise dtype conversion (round to nearest even for 16-bit floats).
+  WriteAt,   // (view, effect) state.slice(axis, offset, offset + value.size(axis)) = value;
+             // returns the state, so later readers of the new contents consume this node.
+  Sequence,  // (view) Returns input 0 once every other input has run: orders side effects so
+             // that a branch arm's exit depends on the cache writes inside the arm.
   // --- fused ops (each has a decomposition into the primitives above) ---
   FlashDecode,  // Decode attention of spec decode_attention.md §5: inputs q, k, v [, alibi];
                 // k_len and the features in attrs.flash.
   KdaDecode,    // (effect) Fused KDA decode of spec kda_decode.md: inputs as the spec's argument
                 // list; attrs.kda; updates conv_state and state in place; output [1, R, H, D].
   // --- control ---
-  Branch,     // (view) Equivalent arms: inputs are the arms' exits (arm 0 first, the oracle);
-              // returns the chosen arm's exit (arm 0 unless a decision selects another).
+  Branch,  // (view) Equivalent arms: inputs are the arms' exits (arm 0 first, the oracle);
+           // returns the chosen arm's exit (arm 0 unless a decision selects another).
 };
 
 const char* op_name(Op op);
