@@ -259,6 +259,40 @@ void Tensor::fill(double value) {
   for (std::int64_t i = 0; i < n; ++i) set_linear(i, value);
 }
 
+// Dense conversions between the float dtypes (weight loading converts whole checkpoints): typed
+// loops instead of the element-by-element double path. Returns false for other dtype pairs.
+static bool convert_contiguous(const Tensor& src, Tensor& dst) {
+  const std::int64_t n = src.numel();
+  const void* in = src.raw_data();
+  void* out = dst.raw_data();
+  auto run = [&](auto load, auto store) {
+    for (std::int64_t i = 0; i < n; ++i) store(out, i, load(in, i));
+    return true;
+  };
+  auto load_f32 = [](const void* p, std::int64_t i) { return static_cast<const float*>(p)[i]; };
+  auto load_bf16 = [](const void* p, std::int64_t i) {
+    return bf16_bits_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+  };
+  auto load_f16 = [](const void* p, std::int64_t i) {
+    return f16_bits_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+  };
+  auto store_f32 = [](void* p, std::int64_t i, float v) { static_cast<float*>(p)[i] = v; };
+  auto store_bf16 = [](void* p, std::int64_t i, float v) {
+    static_cast<std::uint16_t*>(p)[i] = f32_to_bf16_bits(v);
+  };
+  auto store_f16 = [](void* p, std::int64_t i, float v) {
+    static_cast<std::uint16_t*>(p)[i] = f32_to_f16_bits(v);
+  };
+  const DType a = src.dtype(), b = dst.dtype();
+  if (a == DType::f32 && b == DType::bf16) return run(load_f32, store_bf16);
+  if (a == DType::f32 && b == DType::f16) return run(load_f32, store_f16);
+  if (a == DType::bf16 && b == DType::f32) return run(load_bf16, store_f32);
+  if (a == DType::f16 && b == DType::f32) return run(load_f16, store_f32);
+  if (a == DType::bf16 && b == DType::f16) return run(load_bf16, store_f16);
+  if (a == DType::f16 && b == DType::bf16) return run(load_f16, store_bf16);
+  return false;
+}
+
 void Tensor::copy_from(const Tensor& src) {
   if (src.shape_ != shape_)
     fail<ShapeError>("copy_from: source shape ", dims_str(src.shape_), " != destination ",
@@ -282,6 +316,7 @@ void Tensor::copy_from(const Tensor& src) {
       std::memcpy(dst + linear_to_offset(i) * es, s + src.linear_to_offset(i) * es, es);
     return;
   }
+  if (src.is_contiguous() && is_contiguous() && convert_contiguous(src, *this)) return;
   for (std::int64_t i = 0; i < n; ++i) set_linear(i, src.at_linear(i));
 }
 
