@@ -47,6 +47,27 @@ TEST(Tensor, BorrowedAndCasts) {
   EXPECT_EQ(buffer[0], 1.0f);  // borrowed memory is never freed or changed
 }
 
+TEST(Tensor, DenseConversionsRoundToNearestEven) {
+  Rng rng(3);
+  Tensor f = Tensor::empty({257}, DType::f32);
+  rng.normal(f, 0.0, 100.0);
+  for (DType target : {DType::bf16, DType::f16}) {
+    const Tensor h = f.to(target);
+    const Tensor back = h.to(DType::f32);
+    for (std::int64_t i = 0; i < f.numel(); ++i) {
+      const float x = f.data<float>()[i];
+      const std::uint16_t bits = h.data<std::uint16_t>()[i];
+      EXPECT_EQ(bits, target == DType::bf16 ? f32_to_bf16_bits(x) : f32_to_f16_bits(x)) << i;
+      EXPECT_EQ(back.data<float>()[i],
+                target == DType::bf16 ? bf16_bits_to_f32(bits) : f16_bits_to_f32(bits));
+    }
+  }
+  const Tensor cross = f.to(DType::bf16).to(DType::f16);  // bf16 -> f16 through f32
+  for (std::int64_t i = 0; i < f.numel(); ++i)
+    EXPECT_EQ(cross.data<std::uint16_t>()[i],
+              f32_to_f16_bits(bf16_bits_to_f32(f32_to_bf16_bits(f.data<float>()[i]))));
+}
+
 TEST(Tensor, ErrorsNameTheArgument) {
   Tensor t = Tensor::empty({2, 3}, DType::f32);
   EXPECT_THROW(t.slice(1, 2, 5), ShapeError);
