@@ -273,6 +273,10 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
         regions.push_back(extract_arm_region(graph, branch, static_cast<int>(arm)));
         SessionOptions so;
         so.device = opt.device;
+        // Both arms run eagerly while tuning: a captured graph would copy the (large) region
+        // inputs into session buffers every step, charging the fused arm for what decode never
+        // pays, and the decomposed arm cannot be captured at all.
+        so.cuda_graph = false;
         sessions.push_back(std::make_unique<Session>(regions.back(), so));
       }
     };
