@@ -11,6 +11,8 @@
 #include "splice/core/error.h"
 #include "splice/core/random.h"
 #include "splice/model/demo.h"
+#include "splice/ops/decode_attention.h"
+#include "splice/passes/decode_flash.h"
 #include "support/test_util.h"
 
 namespace splice {
@@ -145,6 +147,34 @@ TEST(Session, OutputBeforeFirstStepIsAnError) {
   DemoAttentionGraph demo = build_demo_attention_graph({});
   Session session(std::move(demo.graph));
   EXPECT_THROW(session.output("y"), ValueError);
+}
+
+}  // namespace
+}  // namespace splice
+
+namespace splice {
+namespace {
+
+// The capture check is host logic: it runs in CPU CI too. A graph still holding the decomposed
+// attention arm (a symbolic live-prefix slice) is refused, naming the node and the symbol; the same
+// graph collapsed to the fused arm is capturable.
+TEST(CudaGraphCapture, RefusalNamesTheNodeAndTheSymbolOnTheHost) {
+  auto build = [](int collapse_to) {
+    DemoAttentionOptions o;
+    o.num_layers = 1;
+    DemoAttentionGraph demo = build_demo_attention_graph(o);
+    const OfferResult r =
+        offer_decode_flash_arm(demo.graph, demo.specs[0], cpu_flash_decode_contract());
+    if (collapse_to >= 0) collapse(demo.graph, r.branch, collapse_to);
+    eliminate_dead_code(demo.graph);
+    return std::move(demo.graph);
+  };
+  const Graph decomposed = build(0);
+  const std::string reason = cuda_graph_refusal(decomposed, make_plan(decomposed));
+  EXPECT_NE(reason.find("node %"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("`k_len`"), std::string::npos) << reason;
+  const Graph fused = build(1);
+  EXPECT_EQ(cuda_graph_refusal(fused, make_plan(fused)), "");
 }
 
 }  // namespace
