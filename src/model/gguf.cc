@@ -33,6 +33,7 @@
 #include <limits>
 #include <set>
 
+#include "model/file_storage.h"
 #include "splice/core/error.h"
 #include "splice/model/safetensors.h"
 #include "splice/model/tokenizer.h"
@@ -50,7 +51,6 @@ constexpr int kMaxArrayDepth = 4;
 // stay far below (vocabularies of 10^5 - 10^6 tokens and merges).
 constexpr std::uint64_t kMaxMetadataItems =
     16'000'000;  // arrays of arrays are legal; deeper is hostile
-constexpr std::size_t kBufferAlignment = 64;
 constexpr std::int64_t kQK = 32;    // legacy quant block
 constexpr std::int64_t kQKK = 256;  // K-quant super-block
 
@@ -87,7 +87,6 @@ const TypeRow* type_row(std::uint32_t type) {
   return nullptr;
 }
 
-std::string errno_text() { return std::strerror(errno); }
 
 // ---- dequantization, one block at a time ---------------------------------------------------
 
@@ -381,16 +380,6 @@ GgufValue read_value(Cursor& in, GgufType type, const std::string& key, const st
   return v;
 }
 
-std::shared_ptr<Storage> host_buffer(std::size_t bytes) {
-  auto storage = std::make_shared<Storage>();
-  const std::size_t padded = ((bytes + kBufferAlignment - 1) / kBufferAlignment) * kBufferAlignment;
-  storage->data = std::aligned_alloc(kBufferAlignment, padded == 0 ? kBufferAlignment : padded);
-  if (!storage->data) fail<Error>("out of host memory allocating ", bytes, " bytes");
-  storage->bytes = bytes;
-  storage->device = Device::cpu();
-  storage->deleter = [](void* p) { std::free(p); };
-  return storage;
-}
 
 }  // namespace
 
@@ -542,32 +531,11 @@ std::int64_t GgufTensorInfo::numel() const {
 }
 
 GgufFile GgufFile::open(const std::string& path) {
-  std::FILE* stream = std::fopen(path.c_str(), "rbe");
-  if (!stream) fail<IoError>(path, ": cannot open: ", errno_text());
-  const int fd = ::fileno(stream);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    std::fclose(stream);
-    fail<IoError>(path, ": not a readable regular file");
-  }
-  const std::size_t size = static_cast<std::size_t>(st.st_size);
-  if (size == 0) {
-    std::fclose(stream);
-    fail<IoError>(path, ": file is empty");
-  }
-  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  const std::string why = errno_text();
-  std::fclose(stream);
-  if (base == MAP_FAILED) fail<IoError>(path, ": cannot map ", size, " bytes: ", why);
   GgufFile file;
   file.path_ = path;
-  file.size_ = size;
-  file.mapping_ = std::make_shared<Storage>();
-  file.mapping_->data = base;
-  file.mapping_->bytes = size;
-  file.mapping_->device = Device::cpu();
-  file.mapping_->deleter = [size](void* p) { ::munmap(p, size); };
-  file.index_from(static_cast<const std::uint8_t*>(base), size);
+  file.mapping_ = map_file(path, 1, [](std::size_t) { return std::string("file is empty"); });
+  file.size_ = file.mapping_->bytes;
+  file.index_from(static_cast<const std::uint8_t*>(file.mapping_->data), file.size_);
   return file;
 }
 

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "model/file_storage.h"
 #include "splice/core/error.h"
 
 namespace splice {
@@ -37,7 +38,6 @@ constexpr int kMaxJsonDepth = 16;
 // The smallest valid header, "{}".
 constexpr std::uint64_t kMinHeaderBytes = 2;
 constexpr std::size_t kHeaderAlignment = 8;  // the writer pads the header so data starts aligned
-constexpr std::size_t kBufferAlignment = 64;
 constexpr const char* kMetadataKey = "__metadata__";
 
 struct DTypeEntry {
@@ -128,16 +128,6 @@ bool json_nonneg_int(const Json& value, std::uint64_t* out) {
   return *out <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
 }
 
-std::shared_ptr<Storage> host_buffer(std::size_t bytes) {
-  auto storage = std::make_shared<Storage>();
-  const std::size_t padded = ((bytes + kBufferAlignment - 1) / kBufferAlignment) * kBufferAlignment;
-  storage->data = std::aligned_alloc(kBufferAlignment, padded == 0 ? kBufferAlignment : padded);
-  if (!storage->data) fail<Error>("out of host memory allocating ", bytes, " bytes");
-  storage->bytes = bytes;
-  storage->device = Device::cpu();
-  storage->deleter = [](void* p) { std::free(p); };
-  return storage;
-}
 
 // F8 E4M3 ("fn" variant): 1 sign, 4 exponent (bias 7), 3 mantissa; no inf; 0x7F/0xFF are NaN.
 float f8_e4m3_to_f32(std::uint8_t bits) {
@@ -321,39 +311,13 @@ std::int64_t SafeTensorInfo::numel() const {
 }
 
 SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
-  std::FILE* stream = std::fopen(path.c_str(), "rbe");  // "e": close-on-exec
-  if (!stream) bad_file(path, "cannot open: ", errno_text());
-  const int fd = ::fileno(stream);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const std::string why = errno_text();
-    std::fclose(stream);
-    bad_file(path, "cannot stat: ", why);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    std::fclose(stream);
-    bad_file(path, "not a regular file");
-  }
-  const std::size_t size = static_cast<std::size_t>(st.st_size);
-  if (size < kLengthPrefixBytes) {
-    std::fclose(stream);
-    bad_file(path, "file is ", size, " bytes, shorter than the 8-byte header length");
-  }
-  // Private and writable: pages written through a view are copied, the file never changes.
-  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  const std::string why = errno_text();
-  std::fclose(stream);
-  if (base == MAP_FAILED) bad_file(path, "cannot map ", size, " bytes: ", why);
-
   SafeTensorsFile file;
   file.path_ = path;
-  file.size_ = size;
-  file.mapping_ = std::make_shared<Storage>();
-  file.mapping_->data = base;
-  file.mapping_->bytes = size;
-  file.mapping_->device = Device::cpu();
-  file.mapping_->deleter = [size](void* p) { ::munmap(p, size); };
-  file.index_from(static_cast<const std::uint8_t*>(base), size);
+  file.mapping_ = map_file(path, kLengthPrefixBytes, [](std::size_t size) {
+    return "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length";
+  });
+  file.size_ = file.mapping_->bytes;
+  file.index_from(static_cast<const std::uint8_t*>(file.mapping_->data), file.size_);
   return file;
 }
 

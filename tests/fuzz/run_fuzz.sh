@@ -45,8 +45,8 @@ build() {
   fi
 }
 core=("${repo}"/src/core/*.cc)
-model=("${repo}"/src/model/{safetensors,gguf,config,tokenizer}.cc)
-build safetensors_fuzz "${core[@]}" "${repo}/src/model/safetensors.cc" \
+model=("${repo}"/src/model/{file_storage,safetensors,gguf,config,tokenizer}.cc)
+build safetensors_fuzz "${core[@]}" "${repo}/src/model/file_storage.cc" "${repo}/src/model/safetensors.cc" \
   "${repo}/tests/fuzz/safetensors_fuzz.cc"
 build gguf_fuzz "${core[@]}" "${model[@]}" "${repo}/tests/fuzz/gguf_fuzz.cc"
 build json_fuzz "${core[@]}" "${model[@]}" "${repo}/tests/fuzz/json_fuzz.cc"
