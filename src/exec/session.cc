@@ -78,10 +78,6 @@ std::string cuda_graph_refusal(const Graph& graph, const Plan& plan, const std::
       return head + node_name(graph, id) + " writes the value of symbol " +
              symbol_names(graph, {n.attrs.value.expr()}) + " as " + dtype_name(n.dtype) +
              ", which has no device step-scalar slot (only i32/i64 do)" + tail;
-    if (n.op == Op::KdaDecode)
-      return head + node_name(graph, id) +
-             " launches through the op layer on the legacy default stream, not the session's "
-             "stream, so it cannot be recorded in the session's graph";
   }
   return "";
 }

@@ -16,6 +16,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/kda_decode.cuh"
 #include "splice/backend/cuda/kda_decode.h"
+#include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
 
 namespace splice::cuda {
@@ -145,7 +146,9 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   return KdaVariant::split4;
 }
 
-void kda_decode(const KdaDecodeArgs& args) { kda_decode(args, nullptr, KdaVariant::automatic); }
+void kda_decode(const KdaDecodeArgs& args) {
+  kda_decode(args, current_stream(), KdaVariant::automatic);
+}
 
 void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant) {
   // Stage 1: what the kernel relies on (validated by the op layer).

@@ -57,7 +57,8 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
 void kda_decode(const KdaDecodeArgs& args, Stream stream,
                 KdaVariant variant = KdaVariant::automatic);
 
-// The op layer's entry: the legacy default stream, automatic variant.
+// The op layer's entry: current_stream() (the session's stream inside a step, so a step with
+// KdaDecode is captured like any other), automatic variant.
 void kda_decode(const KdaDecodeArgs& args);
 
 }  // namespace splice::cuda
