@@ -98,6 +98,9 @@ struct Session::Impl {
   std::vector<std::int64_t> slice_start, slice_end;
   std::vector<std::int64_t> selectors; // [branch region] -> selector value
   std::map<std::vector<int>, std::vector<bool>> run_masks;  // choices -> nodes to run
+  // Nodes stage 2 must visit every step: a symbolic shape, or an op whose per-step scalar or
+  // input check depends on the bindings. Everything else was evaluated once at construction.
+  std::vector<NodeId> per_step;
 
   // ---- CUDA execution state (unused on the CPU) ----
   bool cuda = false;
@@ -173,6 +176,9 @@ Session::Session(Graph graph, SessionOptions options)
           n.attrs.tensor.device() == dev ? n.attrs.tensor : n.attrs.tensor.to_device(dev);
     }
     if (plan_.static_shape[id.index]) im.shapes[id.index] = eval_shape(n.shape, SymEnv(graph_.symbols()));
+    const bool binds = n.op == Op::Input || n.op == Op::Slice || n.op == Op::WriteAt ||
+                       n.op == Op::SymValue || n.op == Op::FlashDecode;
+    if (binds || !plan_.static_shape[id.index]) im.per_step.push_back(id);
   }
   choices_.assign(plan_.branches.size(), 0);
   im.selectors.assign(plan_.branches.size(), 0);
@@ -263,13 +269,14 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
   SymEnv env(table);
   for (const auto& [name, value] : symbols) env.bind(name, value);
 
-  // Stage 2: check inputs and evaluate every shape and scalar before anything runs.
+  // Stage 2: check inputs and evaluate every symbolic shape and per-step scalar (im.per_step)
+  // before anything runs.
 #ifdef SPLICE_WITH_CUDA
   // The previous step's copy out of the pinned scalar buffer must be done before it is rewritten.
   if (im.cuda) cuda::event_synchronize(static_cast<cuda::Event>(im.scalars_copied));
 #endif
   std::size_t matched_inputs = 0;
-  for (NodeId id : plan_.schedule) {
+  for (NodeId id : im.per_step) {
     const Node& n = graph_.node(id);
     if (!plan_.static_shape[id.index]) im.shapes[id.index] = eval_shape(n.shape, env);
     const Dims& shape = im.shapes[id.index];
