@@ -418,8 +418,9 @@ void check_case(const Problem& host, std::optional<float> lb, cuda::KdaVariant v
   }
 }
 
-const cuda::KdaVariant kVariants[] = {cuda::KdaVariant::stream, cuda::KdaVariant::wide,
-                                      cuda::KdaVariant::split2, cuda::KdaVariant::split4};
+const cuda::KdaVariant kVariants[] = {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain,
+                                      cuda::KdaVariant::wide, cuda::KdaVariant::split2,
+                                      cuda::KdaVariant::split4};
 
 // ---------------------------------------------------------------------------------------------
 
@@ -450,6 +451,23 @@ TEST(KdaCuda, PackedGrid) {
       for (auto v : kVariants)
         check_case(p, lb, v, "T=" + std::to_string(T) + " " + dtype_name(sdt));
     }
+}
+
+// The persistent `stream` kernel with many items per CTA: its stage ring wraps many times and
+// its producer resolves several batches of 32 items (N * H well above 32 * SMs at T = 1).
+TEST(KdaCuda, StreamManyItemsPerCta) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(17);
+  for (DType sdt : {DType::f32, DType::bf16}) {
+    const Meta m1 = random_meta(rng, 160, 1, 3, true);
+    const Problem p1 = make_problem(rng.integer(0, 1 << 30), 32, m1, sdt);
+    for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain})
+      check_case(p1, -5.0f, v, std::string("many items T=1 ") + dtype_name(sdt));
+    const Meta m3 = random_meta(rng, 48, 3, 2, true);
+    const Problem p3 = make_problem(rng.integer(0, 1 << 30), 32, m3, sdt);
+    for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain})
+      check_case(p3, std::nullopt, v, std::string("many items T=3 ") + dtype_name(sdt));
+  }
 }
 
 TEST(KdaCuda, EveryAcceptedOffset) {

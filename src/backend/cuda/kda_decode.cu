@@ -5,10 +5,13 @@
 //     validated them) and that every tensor is on the current CUDA device.
 //  2. Chooses the variant (choose_kda_variant) unless one is forced, and whether the state can be
 //     moved in 16-byte vectors (base pointer and slot stride 16-byte aligned) or element-wise
-//     (then `stream`, whose copy engine needs alignment, falls back to `wide`).
-//  3. Fills the POD Params (pointers, element strides, scalars) and launches one grid of
-//     slices * H * units CTAs; split variants launch thread-block clusters of `slices` CTAs
-//     (cudaLaunchKernelEx). Nothing is read back from the device.
+//     (then `stream`, whose copy engine needs alignment, falls back to `wide`); `stream` also
+//     stages the precompute's inputs through the copy engine when every input vector is 16-byte
+//     aligned (else it reads them from device memory, as `stream_plain` always does).
+//  3. Fills the POD Params (pointers, element strides, scalars) and launches: one grid of
+//     slices * H * units CTAs for the per-head variants (split variants as thread-block clusters
+//     of `slices` CTAs, cudaLaunchKernelEx), or min(items, SMs) persistent CTAs for `stream`.
+//     Nothing is read back from the device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,28 +63,49 @@ void launch(const kda::Params& params, std::int64_t units, std::int64_t heads,
   SPLICE_CUDA_CHECK_LAUNCH("kda_decode_kernel");
 }
 
-template <typename StateT>
+// The stream kernel needs one CTA of ~190-200 KB of shared memory per SM.
+template <typename StateT, bool kStage>
+bool stream_fits() {
+  static const bool fits = [] {
+    int device = 0;
+    SPLICE_CUDA_CHECK(cudaGetDevice(&device));
+    int optin = 0;
+    SPLICE_CUDA_CHECK(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    constexpr int kSmem = sizeof(kda::StreamSmem<StateT>);
+    if (optin < kSmem) return false;
+    SPLICE_CUDA_CHECK(cudaFuncSetAttribute(&kda::kda_decode_stream_kernel<StateT, kStage>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  return fits;
+}
+
+template <typename StateT, bool kStage>
 void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t heads,
                    cudaStream_t stream) {
-  constexpr int kCtasPerSm = 2;
-  constexpr int kStateBytes = kda::kD * kda::kD * sizeof(StateT);
-  auto kernel = &kda::kda_decode_stream_kernel<StateT>;
-  // Two resident CTAs need the largest shared-memory carveout (2 x (64 KB buffer + ~31 KB)); the
-  // grid is sized from the occupancy the driver reports, so it never exceeds one wave.
-  static const int resident = [&] {
-    SPLICE_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStateBytes));
-    SPLICE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           cudaSharedmemCarveoutMaxShared));
-    int blocks = 0;
-    SPLICE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, kernel, kda::kStreamThreads, kStateBytes));
-    return std::max(1, std::min(blocks, kCtasPerSm));
-  }();
+  constexpr int kSmem = sizeof(kda::StreamSmem<StateT>);
+  // One persistent CTA per SM (its shared memory admits no second one), never more than items.
   const std::int64_t items = units * heads;
-  const std::int64_t grid = std::min<std::int64_t>(items, resident * current_sm_count());
-  kernel<<<static_cast<unsigned>(grid), kda::kStreamThreads, kStateBytes, stream>>>(params);
+  const std::int64_t grid = std::min<std::int64_t>(items, current_sm_count());
+  kda::kda_decode_stream_kernel<StateT, kStage>
+      <<<static_cast<unsigned>(grid), kda::kStreamBlock, kSmem, stream>>>(params);
   SPLICE_CUDA_CHECK_LAUNCH("kda_decode_stream_kernel");
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVecAlign == 0; }
+bool aligned16(std::int64_t elems, std::size_t elem_bytes) {
+  return (static_cast<std::size_t>(elems) * elem_bytes) % kVecAlign == 0;
+}
+
+// Whether the copy engine can stage the precompute's inputs: every vector it copies (a head's
+// 128 channels of x, conv history, gates, taps, dt_bias) starts 16-byte aligned.
+bool inputs_stageable(const kda::Params& p) {
+  constexpr std::size_t kBf16 = 2;
+  return aligned16(p.x) && aligned16(p.x_row, kBf16) && aligned16(p.conv) &&
+         aligned16(p.conv_slot, kBf16) && aligned16(p.gate) && aligned16(p.gate_row, kBf16) &&
+         aligned16(p.gate_head, kBf16) && aligned16(p.out_gate) && aligned16(p.og_row, kBf16) &&
+         aligned16(p.og_head, kBf16) && aligned16(p.weight) && aligned16(p.dt_bias);
 }
 
 template <typename StateT, bool kVec>
@@ -90,13 +114,20 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
   switch (variant) {
     case KdaVariant::stream:
     case KdaVariant::stream_plain:
+      // The copy engine needs 16-byte aligned state (else the per-head kernel runs); the
+      // precompute's inputs are staged when they are aligned too (`stream` only).
       if constexpr (kVec) {
-        kda::Params p = params;
-        p.prefetch = variant == KdaVariant::stream ? 1 : 0;
-        launch_stream<StateT>(p, units, heads, stream);
-        return;
+        if (variant == KdaVariant::stream && inputs_stageable(params) &&
+            stream_fits<StateT, true>()) {
+          launch_stream<StateT, true>(params, units, heads, stream);
+          return;
+        }
+        if (stream_fits<StateT, false>()) {
+          launch_stream<StateT, false>(params, units, heads, stream);
+          return;
+        }
       }
-      [[fallthrough]];  // the copy engine needs 16-byte aligned state: the per-head kernel
+      [[fallthrough]];
     case KdaVariant::wide:
       launch<kWideThreads, 1, StateT, kVec>(params, units, heads, stream);
       return;
@@ -139,9 +170,12 @@ const char* kda_variant_name(KdaVariant variant) {
 
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
                               DType state_dtype, int sm_count) {
+  // T and the state dtype do not move the choice (yet): the pipelined kernel is predicted to win
+  // wherever each SM gets two or more items (docs/perf-gpu-kda.md, v5).
+  static_cast<void>(max_t);
+  static_cast<void>(state_dtype);
   const std::int64_t ctas = units * heads;
-  if (ctas >= 2 * static_cast<std::int64_t>(sm_count))
-    return state_dtype == DType::bf16 && max_t == 1 ? KdaVariant::stream : KdaVariant::wide;
+  if (ctas >= 2 * static_cast<std::int64_t>(sm_count)) return KdaVariant::stream;
   if (2 * ctas >= sm_count) return KdaVariant::split2;
   return KdaVariant::split4;
 }

@@ -5,10 +5,11 @@
 // kernels share the per-item body (run_item):
 //   kda_decode_kernel: one CTA per (item, value slice s); a cluster of kSlices CTAs covers one
 //     head's 128 value rows. The state loads are issued before the precompute.
-//   kda_decode_stream_kernel: persistent CTAs (one head each, all 128 rows) walk items with a
-//     grid stride; the next item's source state is copied into shared memory by the copy engine
-//     (cp.async.bulk + mbarrier) and its metadata resolved by a producer warp while the current
-//     item computes.
+//   kda_decode_stream_kernel: one persistent CTA per SM walks items with a grid stride; a
+//     producer warp resolves the metadata of 32 items at a time and keeps a ring of 2 (fp32) or
+//     3 (bf16) shared-memory stages filled by the copy engine (cp.async.bulk + mbarrier) with
+//     each coming item's source state and first-chunk inputs, while 8 consumer warps run the
+//     current item (the stage is released once its state is in registers).
 // Notation: D = 128, C = H*D, rows b .. b+L-1 of unit u, accepted offset a, conv slot cs, source
 // slot ss, checkpoint destinations dst[t].
 //
@@ -19,6 +20,8 @@
 //      (zero_unowned). A null item (cs <= 0 or ss <= 0) zeroes its rows and stops; L == 0 stops.
 //   2. This CTA's rows of S = state[ss, h] (kRows x D, 16-byte vectors) reach registers (fp32)
 //      after the first precompute; the old conv history this CTA writes back is loaded now.
+//      The first chunk's inputs come from device memory or from the stream kernel's stage
+//      (GlobalInputs / StagedInputs); later chunks always from device memory.
 //   3. For each chunk of up to kChunk tokens:
 //      a. Precompute (one warp per (token, kind)), into shared memory:
 //           q, k (128 channels): mixed = bf16(pre * sigmoid(pre)),
@@ -97,7 +100,6 @@ struct Params {
   float lower_bound;  // used when use_lower_bound
   int use_lower_bound;
   float norm_eps;
-  int prefetch;  // stream kernel: L2-prefetch the next item's inputs
 };
 
 __device__ __forceinline__ float bf16_to_f32(std::uint16_t bits) {
@@ -121,10 +123,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int m = kWarp / 2; m >= 1; m /= 2) v += __shfl_xor_sync(kFullMask, v, m);
   return v;
 }
-// Read-only inputs go through the non-coherent path; the conv history (written by this kernel
-// at the end) is read with plain loads.
-__device__ __forceinline__ std::uint16_t ld_u16(const std::uint16_t* p) { return __ldg(p); }
-
 constexpr int log2_int(int v) { return v <= 1 ? 0 : 1 + log2_int(v / 2); }
 
 // Sums kRt per-row partials over the kLanes lanes of one row group (lanes j = 0..kLanes-1) with a
@@ -212,7 +210,11 @@ __device__ __forceinline__ uint4 load_state_vec(const StateT* p) {
 template <typename StateT, bool kVec>
 __device__ __forceinline__ void store_state_vec(StateT* p, uint4 r) {
   if constexpr (kVec) {
-    *reinterpret_cast<uint4*>(p) = r;
+    // One 16-byte store (a plain uint4 assignment was split into four 4-byte stores for some
+    // vectors).
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(p)),
+                 "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w)
+                 : "memory");
   } else if constexpr (sizeof(StateT) == 4) {
     std::uint32_t* q = reinterpret_cast<std::uint32_t*>(p);
     q[0] = r.x;
@@ -293,40 +295,6 @@ struct Layout {
   static_assert(kRows % kWarp == 0, "rows per CTA must be a multiple of 32");
 };
 
-// The conv + SiLU outputs of channels cg0 + 32 i (i < kPer) for token `tt`, where the extended
-// window is e = [hist0, hist1, hist2, x[b], x[b+1], ..]. A warp's lanes take consecutive channels,
-// so each tap is one coalesced load per i. The history is read with plain loads (this kernel
-// rewrites it at the end); x shares the pointer select and is read the same way.
-template <int kPer>
-__device__ __forceinline__ void conv_silu(const Params& p, const std::uint16_t* conv_slot_base,
-                                          int a, std::int64_t b, int tt, int cg0,
-                                          float (&out)[kPer], std::uint16_t (&x_bits)[kPer]) {
-  const int width = kProj * p.channels;
-  const int block = cg0 / p.channels;           // projection of the channel block
-  const int within = cg0 - block * p.channels;  // h*D + d
-  const float* w = p.weight + static_cast<std::int64_t>(block) * kConvWidth * p.channels + within;
-  float pre[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) pre[i] = 0.0f;
-#pragma unroll
-  for (int tap = 0; tap < kConvWidth; ++tap) {
-    const int e = tt + tap;
-    const std::uint16_t* src = e < kHist
-                                   ? conv_slot_base + static_cast<std::int64_t>(a + e) * width + cg0
-                                   : p.x + (b + e - kHist) * p.x_row + cg0;
-    // Separate multiply and add, in tap order, as the spec writes it (no contraction).
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const std::uint16_t bits = src[i * kWarp];
-      if (tap == kConvWidth - 1) x_bits[i] = bits;  // e = tt + 3 >= 3: always x[b + tt]
-      pre[i] =
-          __fadd_rn(pre[i], __fmul_rn(bf16_to_f32(bits), __ldg(w + tap * p.channels + i * kWarp)));
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) out[i] = round_bf16(pre[i] * sigmoid(pre[i]));
-}
-
 // One work item: head h of work unit u, as the metadata resolves it (stage 1).
 struct Item {
   std::int64_t b = 0;  // first row
@@ -361,23 +329,125 @@ __device__ __forceinline__ Item resolve_item(const Params& p, int u, int h) {
   return it;
 }
 
+// The first row past the packed sequences, min(qsl[N], R) (R in per-row mode: nothing trails).
+__device__ __forceinline__ int owned_rows(const Params& p) {
+  return p.row_slots == nullptr ? min(max(p.qsl[p.num_units], 0), p.num_rows) : p.num_rows;
+}
+
 // Zeroes the outputs that item `it` owns but does not compute: its rows when null, and (packed)
-// the trailing rows [qsl[N], R) strided over the units. Rows row0 .. row0+kRows-1 of head h.
+// the trailing rows [qn, R), qn = owned_rows(p), strided over the units. Rows row0 .. row0+kRows-1
+// of head h.
 template <int kThreads, int kRows>
-__device__ __forceinline__ void zero_unowned(const Params& p, const Item& it, int row0) {
+__device__ __forceinline__ void zero_unowned(const Params& p, const Item& it, int row0, int qn) {
   const int tid = threadIdx.x;
-  if (p.row_slots == nullptr) {
-    const int qn = min(max(p.qsl[p.num_units], 0), p.num_rows);
-    for (int r = qn + it.u; r < p.num_rows; r += p.num_units)
-      for (int i = tid; i < kRows; i += kThreads)
-        p.out[(static_cast<std::int64_t>(r) * p.num_heads + it.h) * kD + row0 + i] = 0;
-  }
+  for (int r = qn + it.u; r < p.num_rows; r += p.num_units)
+    for (int i = tid; i < kRows; i += kThreads)
+      p.out[(static_cast<std::int64_t>(r) * p.num_heads + it.h) * kD + row0 + i] = 0;
   if (!it.live && it.len > 0) {
     for (int i = tid; i < it.len * kRows; i += kThreads) {
       const int t = i / kRows, v = i % kRows;
       p.out[((it.b + t) * p.num_heads + it.h) * kD + row0 + v] = 0;
     }
   }
+}
+
+// Where the precompute reads an item's inputs. Token t counts from the item's first row b,
+// history position pos from the accepted offset a, channel d within head h's 128 channels of
+// projection proj (0 q, 1 k, 2 v). Two sources with one interface:
+//   GlobalInputs: device memory (read-only inputs through the non-coherent path; the conv history,
+//     which this kernel rewrites, and x with plain loads);
+//   StagedInputs: a shared-memory copy of the first chunk's inputs that the stream kernel's
+//     producer warp filled ahead of time (StagedIn), so no global load is on the item's path.
+struct GlobalInputs {
+  // Addresses are formed on use from the kernel parameters (constant memory) and the item, so
+  // no pointer stays live in registers across the sweep.
+  const Params& p;
+  const Item& it;
+  __device__ GlobalInputs(const Params& params, const Item& item) : p(params), it(item) {}
+  __device__ std::int64_t head() const { return static_cast<std::int64_t>(it.h) * kD; }
+  __device__ const std::uint16_t* hist_at(int pos, int pr) const {  // &conv_state[cs, a + pos, ..]
+    const std::int64_t width = static_cast<std::int64_t>(kProj) * p.channels;
+    return p.conv + it.cs * p.conv_slot + (it.a + pos) * width +
+           static_cast<std::int64_t>(pr) * p.channels + head();
+  }
+  __device__ const std::uint16_t* x_at(int t, int pr) const {  // &x[b + t, pr * C + h * D]
+    return p.x + (it.b + t) * p.x_row + static_cast<std::int64_t>(pr) * p.channels + head();
+  }
+  __device__ const float* w_at(int pr, int tap) const {  // &weight[pr, tap, h * D]
+    return p.weight + static_cast<std::int64_t>(pr * kConvWidth + tap) * p.channels + head();
+  }
+  __device__ std::uint16_t act(const std::uint16_t* q) const { return *q; }
+  __device__ float tap(const float* q) const { return __ldg(q); }
+  __device__ std::uint16_t gate_bits(int t, int d) const {
+    return __ldg(p.gate + (it.b + t) * p.gate_row + it.h * p.gate_head + d);
+  }
+  __device__ std::uint16_t og_bits(int t, int d) const {
+    return __ldg(p.out_gate + (it.b + t) * p.og_row + it.h * p.og_head + d);
+  }
+  __device__ std::uint16_t beta_bits(int t) const {
+    return __ldg(p.beta + (it.b + t) * p.beta_row + it.h * p.beta_head);
+  }
+  __device__ float dt_bias(int d) const { return __ldg(p.dt_bias + head() + d); }
+  __device__ float a_log() const { return __ldg(p.a_log + it.h); }
+  // Packed: state_indices[u, t]; per-row: the row's slot.
+  __device__ int dst_at(int t) const { return it.dst_row != nullptr ? it.dst_row[t] : it.ss; }
+};
+
+// The stream kernel's staged copy of one item's first-chunk inputs (filled by the copy engine:
+// every array is a whole number of 16-byte vectors at a 16-byte offset) and its scalars (written
+// by the producer warp).
+struct alignas(16) StagedIn {
+  std::uint16_t hist[kHist][kProj][kD];  // conv history positions a .. a+2
+  std::uint16_t x[kChunk][kProj][kD];    // x rows b .. b+nt0-1, head h's channels
+  std::uint16_t gate[kChunk][kD];
+  std::uint16_t og[kChunk][kD];
+  float weight[kProj][kConvWidth][kD];
+  float dt_bias[kD];
+  Item item;
+  float a_log;
+  std::int32_t dst[kChunk];
+  std::uint16_t beta[kChunk];
+};
+
+struct StagedInputs {
+  const StagedIn* s;
+  __device__ const std::uint16_t* hist_at(int pos, int pr) const { return s->hist[pos][pr]; }
+  __device__ const std::uint16_t* x_at(int t, int pr) const { return s->x[t][pr]; }
+  __device__ const float* w_at(int pr, int tap) const { return s->weight[pr][tap]; }
+  __device__ std::uint16_t act(const std::uint16_t* q) const { return *q; }
+  __device__ float tap(const float* q) const { return *q; }
+  __device__ std::uint16_t gate_bits(int t, int d) const { return s->gate[t][d]; }
+  __device__ std::uint16_t og_bits(int t, int d) const { return s->og[t][d]; }
+  __device__ std::uint16_t beta_bits(int t) const { return s->beta[t]; }
+  __device__ float dt_bias(int d) const { return s->dt_bias[d]; }
+  __device__ float a_log() const { return s->a_log; }
+  __device__ int dst_at(int t) const { return s->dst[t]; }
+};
+
+// The conv + SiLU outputs of channels d0 + 32 i (i < kPer) of projection `pr` for token `tt`,
+// where the extended window is e = [hist0, hist1, hist2, x[b], x[b+1], ..]. A warp's lanes take
+// consecutive channels, so each tap is one coalesced load per i.
+template <int kPer, typename In>
+__device__ __forceinline__ void conv_silu(const In& in, int pr, int tt, int d0, float (&out)[kPer],
+                                          std::uint16_t (&x_bits)[kPer]) {
+  float pre[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) pre[i] = 0.0f;
+#pragma unroll
+  for (int tap = 0; tap < kConvWidth; ++tap) {
+    const int e = tt + tap;
+    const std::uint16_t* src = e < kHist ? in.hist_at(e, pr) : in.x_at(e - kHist, pr);
+    const float* w = in.w_at(pr, tap);
+    // Separate multiply and add, in tap order, as the spec writes it (no contraction).
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const std::uint16_t bits = in.act(src + d0 + i * kWarp);
+      if (tap == kConvWidth - 1) x_bits[i] = bits;  // e = tt + 3 >= 3: always x[b + tt]
+      pre[i] = __fadd_rn(pre[i], __fmul_rn(bf16_to_f32(bits), in.tap(w + d0 + i * kWarp)));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) out[i] = round_bf16(pre[i] * sigmoid(pre[i]));
 }
 
 // Thread geometry of the state sweep: this thread's i-th row and c-th 16-byte column vector.
@@ -402,12 +472,23 @@ struct Geometry {
   __device__ int col(int c) const { return (j + c * L::kLanes) * kVecElems; }
 };
 
-// Stages 2-4 for one live item, given `load_state(s)`, which fills this thread's rows of the
-// source state (fp32) and is called after the first chunk's precompute and barrier.
-template <int kThreads, int kSlices, typename StateT, bool kVec, typename LoadState>
+// Barrier over the kThreads threads that run items (named barrier 1): the stream kernel's
+// producer warp never joins it. Orders shared-memory accesses like __syncthreads.
+template <int kThreads>
+__device__ __forceinline__ void cta_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+}
+
+// Stages 2-4 for one live item. `first` is where the first chunk's inputs (and the old history
+// for the write-back) are read; later chunks read device memory. `load_state(s)` fills this
+// thread's rows of the source state (fp32) and is called after the first chunk's precompute and
+// barrier; it is the last reader of `first`.
+template <int kThreads, int kSlices, typename StateT, bool kVec, typename FirstInputs,
+          typename LoadState>
 __device__ __forceinline__ void run_item(const Params& p,
                                          Shared<Layout<kThreads, kSlices>::kRows>& sm,
-                                         const Item& it, int slice, LoadState&& load_state) {
+                                         const Item& it, int slice, const FirstInputs& first,
+                                         LoadState&& load_state) {
   using L = Layout<kThreads, kSlices>;
   using G = Geometry<kThreads, kSlices, StateT>;
   constexpr int kRows = L::kRows;
@@ -422,8 +503,7 @@ __device__ __forceinline__ void run_item(const Params& p,
   const int h = it.h;
   const int row0 = slice * kRows;
   const std::int64_t b = it.b;
-  const int a = it.a, len = it.len;
-  const bool packed = p.row_slots == nullptr;
+  const int len = it.len;
 
   // Old history for the write-back (stage 3d), loaded now.
   const int width = kProj * p.channels;
@@ -435,28 +515,27 @@ __device__ __forceinline__ void run_item(const Params& p,
     // This slice writes back its rows' channels of each projection: (proj, row0 + d).
     const int lc = tid + k * kThreads;
     const bool mine = lc < kProj * kRows;
-    wb_channel[k] = mine ? (lc / kRows) * p.channels + h * kD + row0 + lc % kRows : -1;
+    const int pr = lc / kRows, d = row0 + lc % kRows;
+    wb_channel[k] = mine ? pr * p.channels + h * kD + d : -1;
     if (mine) {
-      old1[k] = conv_base[static_cast<std::int64_t>(a + 1) * width + wb_channel[k]];
-      old2[k] = conv_base[static_cast<std::int64_t>(a + 2) * width + wb_channel[k]];
+      old1[k] = first.act(first.hist_at(1, pr) + d);
+      old2[k] = first.act(first.hist_at(2, pr) + d);
     }
   }
 
-  const float a_h = exp_f32(__ldg(p.a_log + h));
+  const float a_h = exp_f32(first.a_log());
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kD));
 
-  // Stage 3a: precompute of tokens c0 .. c0+nt-1, one warp per (token, kind).
-  auto precompute = [&](int c0, int nt) {
+  // Stage 3a: precompute of tokens c0 .. c0+nt-1 from `in`, one warp per (token, kind).
+  auto precompute = [&](int c0, int nt, const auto& in) {
 #pragma unroll 1
     for (int item = warp; item < nt * kKindsPerToken; item += L::kWarps) {
       const int t = item / kKindsPerToken, kind = item % kKindsPerToken;
       const int tt = c0 + t;
-      const std::int64_t row = b + tt;
       if (kind < 2) {  // q (kind 0) or k (kind 1): conv, SiLU, L2 norm
         float m[kChannelsPerLane];
         std::uint16_t xb[kChannelsPerLane];
-        conv_silu<kChannelsPerLane>(p, conv_base, a, b, tt, kind * p.channels + h * kD + lane, m,
-                                    xb);
+        conv_silu<kChannelsPerLane>(in, kind, tt, lane, m, xb);
 #pragma unroll
         for (int e = 0; e < kChannelsPerLane; ++e) sm.x[t][kind][lane + e * kWarp] = xb[e];
         float ssq = 0.0f;
@@ -468,43 +547,38 @@ __device__ __forceinline__ void run_item(const Params& p,
         for (int e = 0; e < kChannelsPerLane; ++e)
           dst[lane + e * kWarp] = kind == 0 ? m[e] * inv * q_scale : m[e] * inv;
       } else if (kind == 2) {  // gate, beta, destination
-        const std::uint16_t* gr =
-            p.gate + row * p.gate_row + static_cast<std::int64_t>(h) * p.gate_head;
 #pragma unroll
         for (int e = 0; e < kChannelsPerLane; ++e) {
           const int d = lane + e * kWarp;
-          const float z = bf16_to_f32(ld_u16(gr + d)) + __ldg(p.dt_bias + h * kD + d);
+          const float z = bf16_to_f32(in.gate_bits(tt, d)) + in.dt_bias(d);
           const float gk =
               p.use_lower_bound ? p.lower_bound * sigmoid(a_h * z) : -a_h * softplus(z);
           sm.decay[t][d] = exp_f32(gk);
         }
         if (lane == 0) {
-          sm.beta[t] = sigmoid(bf16_to_f32(
-              ld_u16(p.beta + row * p.beta_row + static_cast<std::int64_t>(h) * p.beta_head)));
-          const int dst = packed ? it.dst_row[tt] : it.ss;
+          sm.beta[t] = sigmoid(bf16_to_f32(in.beta_bits(tt)));
+          const int dst = in.dst_at(tt);
           sm.dst[t] = dst < p.num_slots ? dst : 0;
         }
       } else {  // v of this slice's rows, and the output gate
-        const std::uint16_t* ogr =
-            p.out_gate + row * p.og_row + static_cast<std::int64_t>(h) * p.og_head;
         constexpr int kPer = kRows / kWarp;
         float vv[kPer];
         std::uint16_t xb[kPer];
-        conv_silu<kPer>(p, conv_base, a, b, tt, 2 * p.channels + h * kD + row0 + lane, vv, xb);
+        conv_silu<kPer>(in, 2, tt, row0 + lane, vv, xb);
 #pragma unroll
         for (int e = 0; e < kPer; ++e) {
           const int rr = lane + e * kWarp;
           sm.x[t][2][row0 + rr] = xb[e];
           sm.v[t][rr] = vv[e];
-          sm.og[t][rr] = sigmoid(bf16_to_f32(ld_u16(ogr + row0 + rr)));
+          sm.og[t][rr] = sigmoid(bf16_to_f32(in.og_bits(tt, row0 + rr)));
         }
       }
     }
   };
 
   float s[kRt][L::kCols];  // this thread's rows of S, fp32, carried across tokens
-  precompute(0, min(kChunk, len));
-  __syncthreads();
+  precompute(0, min(kChunk, len), first);
+  cta_sync<kThreads>();
   load_state(s);
 
   StateT* const state = static_cast<StateT*>(p.state);
@@ -515,9 +589,9 @@ __device__ __forceinline__ void run_item(const Params& p,
   for (int c0 = 0; c0 < len; c0 += kChunk) {
     const int nt = min(kChunk, len - c0);
     if (c0 > 0) {
-      __syncthreads();  // the previous chunk's write-back has read sm.x
-      precompute(c0, nt);
-      __syncthreads();
+      cta_sync<kThreads>();  // the previous chunk's write-back has read sm.x
+      precompute(c0, nt, GlobalInputs(p, it));
+      cta_sync<kThreads>();
     }
 
     // Stage 3b: the state sweep.
@@ -586,7 +660,7 @@ __device__ __forceinline__ void run_item(const Params& p,
                                           pack<StateT>(&s[i][c * kVecElems]));
       }
     }
-    __syncthreads();
+    cta_sync<kThreads>();
 
     // Stage 3c: gated RMSNorm, one warp per token.
     constexpr int kPerLane = kRows / kWarp;
@@ -632,7 +706,7 @@ __device__ __forceinline__ void run_item(const Params& p,
     if constexpr (kSlices > 1) {
       cg::this_cluster().sync();  // partials read; also orders all history reads before stage 3d
     } else {
-      __syncthreads();
+      cta_sync<kThreads>();
     }
 
     // Stage 3d: conv write-back of this chunk (the history is read only by the first chunk, whose
@@ -668,7 +742,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   const int u = static_cast<int>(blockIdx.x / (kSlices * p.num_heads));
   const int row0 = slice * L::kRows;
   const Item it = resolve_item(p, u, h);
-  zero_unowned<kThreads, L::kRows>(p, it, row0);
+  zero_unowned<kThreads, L::kRows>(p, it, row0, owned_rows(p));
   if (!it.live) return;  // uniform over the cluster: every slice resolves the same item
 
   const G geo;
@@ -682,7 +756,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
     for (int c = 0; c < G::kVecs; ++c)
       raw[i][c] = load_state_vec<StateT, kVec>(src + (row0 + geo.row(i)) * kD + geo.col(c));
   run_item<kThreads, kSlices, StateT, kVec>(
-      p, sm, it, slice, [&](float(&s)[L::kRowsPerThread][L::kCols]) {
+      p, sm, it, slice, GlobalInputs(p, it), [&](float(&s)[L::kRowsPerThread][L::kCols]) {
 #pragma unroll
         for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
@@ -691,11 +765,21 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 }
 
 // ---------------------------------------------------------------------------------------------
-// The persistent, prefetching variant (one head of 128 rows per CTA, 16-byte aligned state):
-// each CTA walks items w = blockIdx.x, blockIdx.x + gridDim.x, ...; while it computes item w,
-// the copy engine moves item w + gridDim.x's source state into a shared buffer
-// (cp.async.bulk completing on an mbarrier), and one producer thread resolves the metadata one
-// item ahead, so neither the state load nor the metadata is on the per-item critical path.
+// The persistent, pipelined variant (a head of 128 rows per item, 16-byte aligned state): one
+// CTA per SM; 8 consumer warps run items, one producer warp keeps up to kStages items in flight.
+// A CTA walks items w = blockIdx.x + k * gridDim.x, k = 0, 1, ...; item k uses stage k % kStages.
+//   Producer: resolves the metadata of 32 items at once (one per lane, so their dependent loads
+//     overlap), then per item waits until its stage is empty (empty[s]), writes the item's
+//     scalars (metadata, beta bits, destinations, A_log) and issues the copy engine's bulk
+//     copies (cp.async.bulk) of the source state and, when kStage, of every vector the first
+//     chunk's precompute reads (conv history, x rows, raw gate, output gate, conv taps,
+//     dt_bias), all completing on full[s].
+//   Consumers: wait on full[s], run the item with its first chunk's inputs read from the stage,
+//     move the state into registers and release the stage at once (empty[s]), then sweep, store
+//     and normalize while the producer refills it.
+// So the loads of up to kStages items (~85 KB each for fp32) are in flight while one item
+// computes, and an item's path holds no dependent global load: Little's law asks ~33 KB in
+// flight per SM at the copy bandwidth.
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -704,11 +788,17 @@ __device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)));
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, std::uint32_t bytes,
-                                          std::uint64_t* bar) {
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// The single arrival of a phase that also expects `bytes` from bulk copies.
+__device__ __forceinline__ void mbar_arrive_expect(std::uint64_t* bar, std::uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
                "r"(bytes)
                : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes,
+                                          std::uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
           "r"(smem_addr(dst)),
@@ -727,116 +817,203 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phas
   }
 }
 
-constexpr int kStreamThreads = 256;
-constexpr int kLineBytes = 128;
+constexpr int kStreamThreads = 256;                   // consumer threads (8 warps)
+constexpr int kStreamBlock = kStreamThreads + kWarp;  // and one producer warp
 
-// Warp-cooperative L2 prefetch of [ptr, ptr + bytes): the next item's inputs are small and
-// scattered (x rows, conv history, gates, the head's conv taps), so the producer warp pulls them
-// into L2 while the current item computes; the next precompute then waits on L2, not DRAM.
-__device__ __forceinline__ void prefetch_l2(const void* ptr, int bytes, int lane) {
-  const char* c = static_cast<const char*>(ptr);
-  for (int off = lane * kLineBytes; off < bytes; off += kWarp * kLineBytes)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
-  if (lane == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + bytes - 1));
-}
-
-// Every input the precompute of `it` reads (its first chunk), prefetched by one warp.
-__device__ __forceinline__ void prefetch_inputs(const Params& p, const Item& it, int lane) {
-  constexpr int kVecBytes = kD * 2;  // one head's 128 bf16 channels
-  const int h = it.h;
-  const std::int64_t width = kProj * p.channels;
-  const std::uint16_t* conv = p.conv + static_cast<std::int64_t>(it.cs) * p.conv_slot;
-  for (int pos = 0; pos < kHist; ++pos)
-    for (int pr = 0; pr < kProj; ++pr)
-      prefetch_l2(conv + (it.a + pos) * width + pr * p.channels + h * kD, kVecBytes, lane);
-  const int nt = min(kChunk, it.len);
-  for (int t = 0; t < nt; ++t) {
-    const std::int64_t row = it.b + t;
-    for (int pr = 0; pr < kProj; ++pr)
-      prefetch_l2(p.x + row * p.x_row + pr * p.channels + h * kD, kVecBytes, lane);
-    prefetch_l2(p.gate + row * p.gate_row + static_cast<std::int64_t>(h) * p.gate_head, kVecBytes,
-                lane);
-    prefetch_l2(p.out_gate + row * p.og_row + static_cast<std::int64_t>(h) * p.og_head, kVecBytes,
-                lane);
-    prefetch_l2(p.beta + row * p.beta_row + static_cast<std::int64_t>(h) * p.beta_head, 2, lane);
-  }
-  for (int pr = 0; pr < kProj; ++pr)
-    for (int tap = 0; tap < kConvWidth; ++tap)
-      prefetch_l2(
-          p.weight + (static_cast<std::int64_t>(pr) * kConvWidth + tap) * p.channels + h * kD,
-          kD * 4, lane);
-  prefetch_l2(p.dt_bias + h * kD, kD * 4, lane);
+// Stages that fit one CTA's shared memory (227 KB) beside Shared<kD> (~31 KB): fp32 2 x ~83 KB,
+// bf16 3 x ~51 KB.
+template <typename StateT>
+constexpr int stream_stages() {
+  return sizeof(StateT) == 4 ? 2 : 3;
 }
 
 template <typename StateT>
-__global__ void __launch_bounds__(kStreamThreads, 2) kda_decode_stream_kernel(const Params p) {
+struct alignas(16) Stage {
+  StateT state[kD * kD];  // [D, D] the item's source state
+  StagedIn in;
+};
+
+// One resolved item, as the producer warp's lanes leave it for each other.
+struct Ahead {
+  Item it;
+  float a_log;
+  std::int32_t dst[kChunk];
+  std::uint16_t beta[kChunk];
+};
+
+template <typename StateT>
+struct StreamSmem {
+  static constexpr int kStages = stream_stages<StateT>();
+  Stage<StateT> stage[kStages];
+  Shared<kD> sm;
+  Ahead ahead[kWarp];
+  std::uint64_t full[kStages];
+  std::uint64_t empty[kStages];
+};
+
+// The bulk copies of one item: the state, then (staged inputs) the history vectors, the tap rows,
+// dt_bias and, per first-chunk token, x's q/k/v vectors, the raw gate and the output gate.
+constexpr int kHistCopies = kHist * kProj;
+constexpr int kTapCopies = kProj * kConvWidth;
+constexpr int kFixedInputCopies = kHistCopies + kTapCopies + 1;
+constexpr int kTokenCopies = kProj + 2;
+constexpr std::uint32_t kVecBytes = kD * sizeof(std::uint16_t);  // a head's bf16 channels
+constexpr std::uint32_t kTapBytes = kD * sizeof(float);          // a head's fp32 channels
+
+__device__ __forceinline__ std::uint32_t staged_bytes(int nt0) {
+  return kHistCopies * kVecBytes + kTapCopies * kTapBytes + kTapBytes +
+         static_cast<std::uint32_t>(nt0) * kTokenCopies * kVecBytes;
+}
+
+template <typename StateT>
+__device__ __forceinline__ void issue_copy(const Params& p, const Item& it, int c,
+                                           Stage<StateT>& st, std::uint64_t* bar) {
+  const std::int64_t hd = static_cast<std::int64_t>(it.h) * kD;
+  const std::int64_t chans = p.channels;
+  if (c == 0) {
+    bulk_copy(st.state, static_cast<const StateT*>(p.state) + it.ss * p.state_slot + hd * kD,
+              static_cast<std::uint32_t>(sizeof(st.state)), bar);
+    return;
+  }
+  c -= 1;
+  if (c < kHistCopies) {
+    const int pos = c / kProj, pr = c % kProj;
+    bulk_copy(st.in.hist[pos][pr],
+              p.conv + it.cs * p.conv_slot + (it.a + pos) * kProj * chans + pr * chans + hd,
+              kVecBytes, bar);
+    return;
+  }
+  c -= kHistCopies;
+  if (c < kTapCopies) {
+    const int pr = c / kConvWidth, tap = c % kConvWidth;
+    bulk_copy(st.in.weight[pr][tap], p.weight + (pr * kConvWidth + tap) * chans + hd, kTapBytes,
+              bar);
+    return;
+  }
+  c -= kTapCopies;
+  if (c == 0) {
+    bulk_copy(st.in.dt_bias, p.dt_bias + hd, kTapBytes, bar);
+    return;
+  }
+  c -= 1;
+  const int t = c / kTokenCopies, kind = c % kTokenCopies;
+  const std::int64_t row = it.b + t;
+  if (kind < kProj)
+    bulk_copy(st.in.x[t][kind], p.x + row * p.x_row + kind * chans + hd, kVecBytes, bar);
+  else if (kind == kProj)
+    bulk_copy(st.in.gate[t], p.gate + row * p.gate_row + it.h * p.gate_head, kVecBytes, bar);
+  else
+    bulk_copy(st.in.og[t], p.out_gate + row * p.og_row + it.h * p.og_head, kVecBytes, bar);
+}
+
+template <typename StateT, bool kStage>
+__global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(const Params p) {
   using L = Layout<kStreamThreads, 1>;
   using G = Geometry<kStreamThreads, 1, StateT>;
-  constexpr std::uint32_t kStateBytes = kD * kD * sizeof(StateT);
-  __shared__ Shared<kD> sm;
-  __shared__ alignas(8) std::uint64_t bar;
-  __shared__ Item next;
-  extern __shared__ uint4 buf[];  // [D, D] StateT: the next item's source state
-
+  using Smem = StreamSmem<StateT>;
+  constexpr int kStages = Smem::kStages;
+  extern __shared__ uint4 smem_raw[];
+  Smem& S = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x;
-  const int producer = kStreamThreads - 1;  // last warp: no precompute work when T == 1
   const int total = p.num_units * p.num_heads;
   const int stride = gridDim.x;
-  const StateT* const state = static_cast<const StateT*>(p.state);
-  auto issue = [&](const Item& it) {  // producer only
-    next = it;
-    if (it.live)
-      bulk_load(buf,
-                state + static_cast<std::int64_t>(it.ss) * p.state_slot +
-                    static_cast<std::int64_t>(it.h) * kD * kD,
-                kStateBytes, &bar);
-  };
-  if (tid == producer) {
-    mbar_init(&bar);
-    const int w = blockIdx.x;
-    issue(resolve_item(p, w / p.num_heads, w % p.num_heads));
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&S.full[s]);
+      mbar_init(&S.empty[s]);
+    }
   }
-  __syncthreads();
-  std::uint32_t phase = 0;
-  const G geo;
+  __syncthreads();  // the last barrier over all threads: the roles split here
+
+  if (tid >= kStreamThreads) {  // the producer warp
+    const int lane = tid - kStreamThreads;
+    int k = 0;  // this CTA's item count
 #pragma unroll 1
-  for (int w = blockIdx.x; w < total; w += stride) {
-    const Item it = next;
-    __syncthreads();  // everyone has `it` before the producer overwrites `next`
-    Item ahead;       // the producer warp's item w + stride, resolved while this one runs
-    const int wn = w + stride;
-    const bool producer_warp = tid / kWarp == producer / kWarp;
-    if (producer_warp && wn < total) ahead = resolve_item(p, wn / p.num_heads, wn % p.num_heads);
-    // T == 1: warps 0-3 own the precompute, so the producer warp prefetches at once; T > 1: it
-    // has precompute work too and prefetches after it (below).
-    const bool early_prefetch = p.max_t == 1;
-    if (producer_warp && early_prefetch && p.prefetch && wn < total && ahead.live)
-      prefetch_inputs(p, ahead, tid % kWarp);
-    zero_unowned<kStreamThreads, kD>(p, it, 0);
+    for (int w0 = blockIdx.x; w0 < total; w0 += kWarp * stride) {
+      const int w = w0 + lane * stride;
+      if (w < total) {
+        Ahead a;
+        a.it = resolve_item(p, w / p.num_heads, w % p.num_heads);
+        a.a_log = __ldg(p.a_log + a.it.h);
+        const GlobalInputs g(p, a.it);
+        const int nt0 = a.it.live ? min(kChunk, a.it.len) : 0;
+#pragma unroll
+        for (int t = 0; t < kChunk; ++t) {
+          a.dst[t] = t < nt0 ? g.dst_at(t) : 0;
+          a.beta[t] = t < nt0 ? g.beta_bits(t) : 0;
+        }
+        S.ahead[lane] = a;
+      }
+      __syncwarp();
+      const int n = min(kWarp, (total - w0 + stride - 1) / stride);
+#pragma unroll 1
+      for (int j = 0; j < n; ++j, ++k) {
+        const int s = k % kStages;
+        if (k >= kStages) mbar_wait(&S.empty[s], static_cast<std::uint32_t>(k / kStages - 1) & 1u);
+        Stage<StateT>& st = S.stage[s];
+        const Item it = S.ahead[j].it;
+        const int nt0 = it.live ? min(kChunk, it.len) : 0;
+        if (lane == 0) {
+          st.in.item = it;
+          st.in.a_log = S.ahead[j].a_log;
+#pragma unroll
+          for (int t = 0; t < kChunk; ++t) {
+            st.in.dst[t] = S.ahead[j].dst[t];
+            st.in.beta[t] = S.ahead[j].beta[t];
+          }
+          if (it.live) {
+            const std::uint32_t bytes =
+                static_cast<std::uint32_t>(sizeof(st.state)) + (kStage ? staged_bytes(nt0) : 0u);
+            mbar_arrive_expect(&S.full[s], bytes);  // release: the scalars above
+          } else {
+            mbar_arrive(&S.full[s]);
+          }
+        }
+        __syncwarp();
+        if (it.live) {
+          // The consumers' reads of this stage (generic proxy) precede these copies (async).
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          const int copies = 1 + (kStage ? kFixedInputCopies + nt0 * kTokenCopies : 0);
+          for (int c = lane; c < copies; c += kWarp) issue_copy<StateT>(p, it, c, st, &S.full[s]);
+        }
+      }
+      __syncwarp();  // every lane is done with ahead[] before the next batch overwrites it
+    }
+    return;
+  }
+
+  // The consumer warps.
+  const G geo;
+  const int qn = owned_rows(p);
+  int k = 0;
+#pragma unroll 1
+  for (int w = blockIdx.x; w < total; w += stride, ++k) {
+    const int s = k % kStages;
+    Stage<StateT>& st = S.stage[s];
+    mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
+    const Item it = st.in.item;
+    // Every consumer has `it`; the previous item's write-back has read S.sm.x.
+    cta_sync<kStreamThreads>();
+    zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
     if (!it.live) {
-      if (tid == producer && wn < total) issue(ahead);
-      __syncthreads();
+      if (tid == 0) mbar_arrive(&S.empty[s]);
       continue;
     }
-    run_item<kStreamThreads, 1, StateT, true>(
-        p, sm, it, 0, [&](float(&s)[L::kRowsPerThread][L::kCols]) {
-          mbar_wait(&bar, phase);
-          phase ^= 1u;
-          const StateT* src = reinterpret_cast<const StateT*>(buf);
+    auto load_state = [&](float(&sv)[L::kRowsPerThread][L::kCols]) {
 #pragma unroll
-          for (int i = 0; i < L::kRowsPerThread; ++i)
+      for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
-            for (int c = 0; c < G::kVecs; ++c)
-              unpack<StateT>(*reinterpret_cast<const uint4*>(src + geo.row(i) * kD + geo.col(c)),
-                             &s[i][c * G::kVecElems]);
-          __syncthreads();  // the buffer is free
-          if (tid == producer && wn < total) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            issue(ahead);
-          }
-          if (producer_warp && !early_prefetch && p.prefetch && wn < total && ahead.live)
-            prefetch_inputs(p, ahead, tid % kWarp);
-        });
+        for (int c = 0; c < G::kVecs; ++c)
+          unpack<StateT>(*reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
+                         &sv[i][c * G::kVecElems]);
+      cta_sync<kStreamThreads>();  // every consumer is done with the stage
+      if (tid == 0) mbar_arrive(&S.empty[s]);
+    };
+    if constexpr (kStage) {
+      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs{&st.in}, load_state);
+    } else {
+      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, GlobalInputs(p, it), load_state);
+    }
   }
 }
 

@@ -12,8 +12,9 @@
 // 128 / slices value rows of the head's 128 x 128 state, keeps them in registers (fp32) across
 // all T tokens, reads the source state once and writes each checkpoint once. The variant (threads
 // per CTA, slices, persistent or not) is picked by one rule, choose_kda_variant, from the grid
-// size. The persistent `stream` variant walks several heads per CTA and prefetches the next
-// head's state while it computes the current one.
+// size. The persistent `stream` variant runs one CTA per SM that walks many heads: a producer
+// warp keeps the next heads' state and inputs moving into a shared-memory ring (copy engine)
+// while the consumer warps compute the current head.
 #pragma once
 
 #include <cstdint>
@@ -30,9 +31,11 @@ using Stream = CUstream_st*;  // a cudaStream_t; nullptr is the legacy default s
 // Kernel variants: how a head's 128 value rows are spread over CTAs.
 enum class KdaVariant : std::uint8_t {
   automatic,     // choose_kda_variant decides
-  stream,        // persistent CTAs of 256 threads (2 per SM), one head at a time, the next head's
-                 // state prefetched into shared memory by the copy engine (16-byte aligned state)
-  stream_plain,  // stream without the L2 prefetch of the next head's small inputs (tuning)
+  stream,        // one persistent CTA per SM (8 consumer warps + 1 producer warp), heads in
+                 // turn; the producer stages the next heads' state (2 fp32 / 3 bf16 stages) and
+                 // first-chunk inputs in shared memory by the copy engine (16-byte aligned state;
+                 // inputs staged when 16-byte aligned, else read from device memory)
+  stream_plain,  // stream that stages only the state, never the inputs (tuning, A/B)
   wide,          // 1 CTA of 256 threads per head: 4 rows x 16 columns of state per thread
   split2,        // a cluster of 2 CTAs of 128 threads per head (64 rows each), 4 rows per thread
   split4,        // a cluster of 4 CTAs of 128 threads per head (32 rows each), 2 rows per thread
@@ -41,11 +44,10 @@ const char* kda_variant_name(KdaVariant variant);
 
 // The one config rule: the variant for `units` work units (sequences, or rows in plain/t1 mode)
 // x `heads` heads, T = `max_t`, on a device with `sm_count` multiprocessors. From the H200
-// measurements in docs/perf-gpu-kda.md:
-//   units * heads >= 2 * sm_count: stream for bf16 state at T = 1 (the copy engine's prefetch
-//                                  wins where the per-head work is shortest), wide otherwise
-//                                  (stream falls back to wide when the state is not 16-byte
-//                                  aligned)
+// measurements and predictions in docs/perf-gpu-kda.md:
+//   units * heads >= 2 * sm_count  -> stream (every T, both state dtypes: each SM gets two or
+//                                     more heads to pipeline; falls back to wide when the state
+//                                     is not 16-byte aligned)
 //   units * heads >= sm_count / 2  -> split2
 //   otherwise                      -> split4 (a tiny batch: 4 SMs per head)
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
