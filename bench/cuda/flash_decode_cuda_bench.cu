@@ -5,11 +5,12 @@
 //      (64, 8)}, head_dim 128, bf16, q_len 1 (shapes whose K+V exceed --max-kv-gb are skipped).
 //   2. Bytes first: KV = 2 * batch * Hkv * k_len * head_dim * 2 bytes, the floor is KV / 4.4 TB/s.
 //   3. Timing: `sets` independent input sets (K, V, q, out) rotate so at least 512 MB is touched
-//   per
-//      replay and the 60 MB L2 cannot flatter; one CUDA graph holds one call per set; after
+//      per replay and the 60 MB L2 cannot flatter; one CUDA graph holds one call per set; after
 //      warm-up, each of --reps replays is timed with events; time per call = median replay / sets.
 //      The PyTorch peers (bench/peers/attention_peers.py) are timed the same way.
 //   4. Output: one row per shape (us, effective KV GB/s, % of the 4.4 TB/s floor) and JSON.
+//   5. --variants: the batch <= 8 shapes again with thread-block clusters (C) and programmatic
+//      dependent launch (P) each switched off and on, to attribute the savings.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -24,6 +25,11 @@
 #include "splice/backend/cuda/flash_decode.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/tensor.h"
+
+namespace splice::cuda::detail {
+void set_flash_decode_features(bool cluster, bool pdl);  // flash_decode.cu (A/B switch)
+std::string flash_decode_cluster_summary();              // resident clusters per instantiation
+}  // namespace splice::cuda::detail
 
 namespace {
 
@@ -150,6 +156,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   bool quick = false;
   bool sweep = false;
+  bool variants = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc)
@@ -162,9 +169,12 @@ int main(int argc, char** argv) {
       quick = true;
     else if (arg == "--sweep")
       sweep = true;
+    else if (arg == "--variants")
+      variants = true;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep]\n",
+                   "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep] "
+                   "[--variants]\n",
                    argv[0]);
       return 2;
     }
@@ -231,6 +241,29 @@ int main(int argc, char** argv) {
         const Result r = run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream, splits);
         std::printf(" %lld:%.2f", static_cast<long long>(splits), r.us);
       }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+
+  std::printf("\ncluster capacity:\n%s",
+              splice::cuda::detail::flash_decode_cluster_summary().c_str());
+
+  if (variants) {  // attribution: clusters (C) and PDL (P) each off (-) and on (+)
+    std::printf("\nvariants (batch <= 8), us per call:\n");
+    for (const Shape& s : shapes) {
+      if (s.batch > 8) continue;
+      std::printf("  B=%-2lld Hq=%-2lld Hkv=%-2lld k_len=%-6lld", static_cast<long long>(s.batch),
+                  static_cast<long long>(s.num_qo_heads), static_cast<long long>(s.num_kv_heads),
+                  static_cast<long long>(s.k_len));
+      for (int v = 0; v < 4; ++v) {
+        const bool cluster = v & 1;
+        const bool pdl = v & 2;
+        splice::cuda::detail::set_flash_decode_features(cluster, pdl);
+        const Result r = run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream);
+        std::printf("  C%cP%c %.2f", cluster ? '+' : '-', pdl ? '+' : '-', r.us);
+      }
+      splice::cuda::detail::set_flash_decode_features(true, true);
       std::printf("\n");
       std::fflush(stdout);
     }

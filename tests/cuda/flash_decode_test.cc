@@ -10,14 +10,21 @@
 //   4. CUDA graph: one capture at the capacity bound replayed with k_len changed in device memory
 //      between replays (and K/V re-poisoned beyond each new k_len), each replay against the
 //      reference.
-//   5. Bad arguments raise the typed errors that name them.
+//   5. Merge paths: the cluster (distributed shared memory) merge and the global (fp32 partials)
+//      merge at the boundary between them (forced split counts around the cluster size, k_len
+//      around the cluster plan's limit of 256 keys a split), back-to-back launches on one stream
+//      (each reads the previous one's output under programmatic dependent launch), and the kernel
+//      with clusters and PDL switched off.
+//   6. Bad arguments raise the typed errors that name them.
 #include "splice/backend/cuda/flash_decode.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +36,9 @@
 #include "support/test_util.h"
 
 namespace splice {
+namespace cuda::detail {
+void set_flash_decode_features(bool cluster, bool pdl);  // flash_decode.cu (A/B switch)
+}  // namespace cuda::detail
 namespace {
 
 #define SKIP_WITHOUT_GPU()                                                     \
@@ -356,6 +366,25 @@ TEST(FlashDecodeCuda, OddLengthsWithPoisonedTails) {
   }
 }
 
+// B = 1, (32, 8) at capacity 16384 (a grid of 32 splits): up to C * 256 keys (4096 for clusters
+// of 16, 2048 for 8) the device plan takes C cluster splits merged in distributed shared memory,
+// beyond it 32 splits merged through global partials.
+TEST(FlashDecodeCuda, ClusterAndGlobalMergeBoundary) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 150;
+  for (std::int32_t len : {1023, 2048, 2049, 4096, 4097, 12000}) {
+    Case c;
+    c.dtype = len % 2 == 0 ? DType::bf16 : DType::f16;
+    c.batch = 1;
+    c.num_qo_heads = 32;
+    c.num_kv_heads = 8;
+    c.k_len = {len};
+    c.capacity = 16384;
+    c.causal = false;
+    check_case(c, seed++);
+  }
+}
+
 TEST(FlashDecodeCuda, RaggedBatchAndEmptySequence) {
   SKIP_WITHOUT_GPU();
   Case c;
@@ -415,7 +444,9 @@ TEST(FlashDecodeCuda, OutputIndependentOfSplitCount) {
     const auto [base_out, base_lse] = problem.run();
     const auto [ref_out, ref_lse] = problem.reference();
     EXPECT_TRUE(testing::close(base_out, ref_out, default_tolerance(dtype)));
-    for (std::int64_t splits : {1, 2, 5, 13, 64}) {
+    // 8, 9, 16, 17 straddle the cluster sizes (8 portable, 16 non-portable): cluster merge up to
+    // the cluster size, global merge beyond it; 64 is global.
+    for (std::int64_t splits : {1, 2, 5, 8, 9, 13, 16, 17, 64}) {
       SCOPED_TRACE("num_splits=" + std::to_string(splits));
       problem.c.num_splits = splits;
       const auto [out, lse] = problem.run();
@@ -442,18 +473,12 @@ TEST(FlashDecodeCuda, RepeatedRunsAreBitwiseIdentical) {
   }
 }
 
-TEST(FlashDecodeCuda, GraphReplayWithChangingKLen) {
-  SKIP_WITHOUT_GPU();
+// One capture at the capacity bound, replayed with each schedule entry's k_len per sequence.
+void check_graph_replay(Case c, const std::vector<std::vector<std::int32_t>>& schedule,
+                        std::uint64_t seed) {
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  Case c;
-  c.batch = 2;
-  c.num_qo_heads = 32;
-  c.num_kv_heads = 8;
-  c.q_len = 2;
-  c.capacity = 8192;
-  c.k_len = {8192, 8192};
-  Rng rng(600);
+  Rng rng(seed);
   Problem problem(c, rng);
   problem.run(stream);  // sizes the workspace outside capture
 
@@ -466,10 +491,10 @@ TEST(FlashDecodeCuda, GraphReplayWithChangingKLen) {
   cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
 
-  const std::vector<std::vector<std::int32_t>> schedule = {{1, 17},    {4095, 4097}, {8192, 1},
-                                                           {97, 3000}, {0, 5000},    {4097, 4095}};
   for (const auto& lens : schedule) {
-    SCOPED_TRACE("k_len=" + std::to_string(lens[0]) + "," + std::to_string(lens[1]));
+    std::string trace = "k_len=";
+    for (auto l : lens) trace += std::to_string(l) + ",";
+    SCOPED_TRACE(trace);
     problem.c.k_len = lens;
     problem.fill_kv(rng);  // fresh data, NaN from the new k_len on
     cuda_ok(cudaMemcpyAsync(problem.k_len_device.raw_data(), lens.data(),
@@ -488,6 +513,97 @@ TEST(FlashDecodeCuda, GraphReplayWithChangingKLen) {
   cuda_ok(cudaGraphExecDestroy(exec), "exec destroy");
   cuda_ok(cudaGraphDestroy(graph), "graph destroy");
   cuda_ok(cudaStreamDestroy(stream), "stream destroy");
+}
+
+TEST(FlashDecodeCuda, GraphReplayWithChangingKLen) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.batch = 2;
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.q_len = 2;
+  c.capacity = 8192;
+  c.k_len = {8192, 8192};
+  check_graph_replay(c, {{1, 17}, {4095, 4097}, {8192, 1}, {97, 3000}, {0, 5000}, {4097, 4095}},
+                     600);
+}
+
+// B = 1 at capacity 16384: replays switch between the cluster merge (<= 4096 keys), the global
+// merge (more) and one split, so the merge counters must be back at zero after either path.
+TEST(FlashDecodeCuda, GraphReplaySwitchesMergePaths) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.batch = 1;
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.capacity = 16384;
+  c.k_len = {16384};
+  check_graph_replay(c, {{12000}, {4097}, {16384}, {17}, {4096}, {2049}, {1}, {9000}, {3000}}, 650);
+}
+
+// Launches back to back on one created stream (programmatic dependent launch on): each call's q
+// is the previous call's output, which is NaN until that call writes it, and consecutive calls
+// share the global-merge workspace. Each output is checked against the reference built from
+// the previous output as read back.
+TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const std::int32_t lengths[] = {12000, 9000, 4097, 97, 16384, 1, 4096, 2049};
+  Rng rng(700);
+  std::vector<std::unique_ptr<Problem>> chain;
+  for (std::int32_t len : lengths) {
+    Case c;
+    c.batch = 1;
+    c.num_qo_heads = 32;
+    c.num_kv_heads = 8;
+    c.capacity = 16384;
+    c.k_len = {len};
+    c.causal = false;
+    chain.push_back(std::make_unique<Problem>(c, rng));
+    poison_nan(chain.back()->out.host_base);
+    chain.back()->out.upload();
+  }
+  for (std::size_t i = 0; i < chain.size(); ++i) {
+    Problem& p = *chain[i];
+    const Tensor& q = i == 0 ? p.q.device : chain[i - 1]->out.device;
+    cuda::flash_decode(q, p.k.device, p.v.device, p.k_len_device, nullptr, p.options(),
+                       p.out.device, nullptr, stream);
+  }
+  cuda_ok(cudaStreamSynchronize(stream), "sync");
+  for (std::size_t i = 0; i < chain.size(); ++i) {
+    Problem& p = *chain[i];
+    SCOPED_TRACE("call " + std::to_string(i) + " k_len=" + std::to_string(p.c.k_len[0]));
+    if (i > 0) {  // the reference reads the previous output as this call's q
+      const Mirrored& prev = chain[i - 1]->out;
+      ASSERT_EQ(prev.host_base.nbytes(), p.q.host_base.nbytes());
+      std::memcpy(p.q.host_base.raw_data(), prev.host_base.raw_data(), prev.host_base.nbytes());
+    }
+    const Tensor out = p.out.download().clone();
+    const auto [ref_out, ref_lse] = p.reference();
+    EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(p.c.dtype)));
+  }
+  cuda_ok(cudaStreamDestroy(stream), "stream destroy");
+}
+
+// The same kernel with thread-block clusters and PDL switched off (every multi-split merge goes
+// through global partials), then back on.
+TEST(FlashDecodeCuda, FeaturesOffMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  cuda::detail::set_flash_decode_features(false, false);
+  std::uint64_t seed = 800;
+  for (std::int32_t len : {97, 4097}) {
+    Case c;
+    c.batch = 2;
+    c.num_qo_heads = 16;
+    c.num_kv_heads = 4;
+    c.q_len = 2;
+    c.capacity = 5000;
+    c.k_len = {len, len / 3};
+    c.window_left = 1000;
+    check_case(c, seed++);
+  }
+  cuda::detail::set_flash_decode_features(true, true);
 }
 
 TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {

@@ -3,14 +3,25 @@
 //   1. Check every argument (devices, dtypes, ranks, shapes, strides and alignment), naming it.
 //   2. Plan the grid at the capacity bound (plan_flash_decode), so the launch is graph-safe; the
 //      kernel re-plans the live split count from k_len on the device.
-//   3. Make sure the module-owned fp32 split workspace and the zeroed merge counters are large
+//   3. Group the splits of one (batch, kv head, row block) into thread-block clusters of C CTAs
+//      (a power of two <= 16; 16 needs the non-portable size attribute), choosing C and the
+//      grid's split count so that every cluster of the grid is resident at once (the device's
+//      resident-cluster counts are queried once per instantiation). Splits that fit in one
+//      cluster merge through distributed shared memory (kernel stage 6c).
+//   4. Make sure the module-owned fp32 split workspace and the zeroed merge counters are large
 //      enough (growth is refused during stream capture), fill the POD params and launch the
-//      instantiation for (dtype, head_dim).
+//      instantiation for (dtype, head_dim) with cudaLaunchKernelEx: the cluster dimension and,
+//      on a created stream, programmatic dependent launch (the kernel waits for the previous
+//      kernel's writes before its first access, so only the launch itself overlaps).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/flash_decode_kernel.cuh"
@@ -66,6 +77,84 @@ Workspace& workspace() {
   return *instance;
 }
 
+// Launch features; both on by default. Off switches exist for A/B timing (the benchmark).
+struct Features {
+  bool cluster = true;
+  bool pdl = true;
+};
+
+Features& features() {
+  static Features instance;
+  return instance;
+}
+
+// Resident clusters of each power-of-two size (active[i] for size 2^i; 0: cannot launch).
+struct ClusterCapacity {
+  static constexpr int kSizes = 5;  // 1, 2, 4, 8, 16 = kMaxClusterSplits
+  int active[kSizes] = {};
+  std::string summary;  // for the benchmark's log
+};
+static_assert(1 << (ClusterCapacity::kSizes - 1) == detail::kMaxClusterSplits);
+
+std::mutex& summary_mutex() {
+  static auto* instance = new std::mutex();
+  return *instance;
+}
+std::string& summaries() {
+  static auto* instance = new std::string();
+  return *instance;
+}
+
+// Queries how many clusters of each size the device holds at once for this instantiation.
+template <typename T, int kHeadDim>
+ClusterCapacity cluster_capacity(int smem, const char* name) {
+  ClusterCapacity capacity;
+  const auto kernel = detail::flash_decode_kernel<T, kHeadDim>;
+  int device = 0;
+  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
+  int major = 0;
+  SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  constexpr int kClusterMajor = 9;  // thread-block clusters need compute capability 9.0
+  if (major >= kClusterMajor) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+        cudaSuccess)
+      (void)cudaGetLastError();  // then only portable sizes (<= 8) pass the query below
+    // One CTA of a cluster per SM where possible: the splits then stream K/V through as many
+    // SMs as there are CTAs, as in a plain launch (a preference; the query below includes it).
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeClusterSchedulingPolicyPreference,
+                             cudaClusterSchedulingPolicySpread) != cudaSuccess)
+      (void)cudaGetLastError();
+    for (int i = 1; i < ClusterCapacity::kSizes; ++i) {
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(1, 1u << i, 1);
+      config.blockDim = dim3(detail::kThreads, 1, 1);
+      config.dynamicSmemBytes = static_cast<std::size_t>(smem);
+      cudaLaunchAttribute attribute{};
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = 1;
+      attribute.val.clusterDim.y = 1u << i;
+      attribute.val.clusterDim.z = 1;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+        (void)cudaGetLastError();  // an unsupported size is an answer here, not an error
+        clusters = 0;
+      }
+      capacity.active[i] = clusters;
+    }
+  }
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "%s head_dim %d: %d CTA slots; resident clusters of 2/4/8/16: %d %d %d %d\n", name,
+                kHeadDim, sm_count() * ctas_per_sm(kHeadDim), capacity.active[1],
+                capacity.active[2], capacity.active[3], capacity.active[4]);
+  capacity.summary = line;
+  std::lock_guard<std::mutex> lock(summary_mutex());
+  summaries() += capacity.summary;
+  return capacity;
+}
+
 bool capturing(Stream stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   SPLICE_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
@@ -110,32 +199,91 @@ bool aligned(const Tensor& t, std::int64_t elems) {
   return true;
 }
 
+// One-time setup of an instantiation: its shared-memory limit and its cluster capacity.
 template <typename T, int kHeadDim>
-void launch(const FlashDecodeParams& params, const FlashDecodePlan& plan, std::int64_t grid_y,
-            Stream stream) {
+const ClusterCapacity& prepare() {
   constexpr int kSmem = FlashDecodeConfig<kHeadDim>::kSmemBytes;
-  static std::once_flag attribute_once;
-  std::call_once(attribute_once, [] {
+  static ClusterCapacity capacity;
+  static std::once_flag once;
+  std::call_once(once, [] {
     SPLICE_CUDA_CHECK(cudaFuncSetAttribute(detail::flash_decode_kernel<T, kHeadDim>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    capacity = cluster_capacity<T, kHeadDim>(kSmem, std::is_same_v<T, __half> ? "f16" : "bf16");
   });
-  const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(grid_y),
-                  static_cast<unsigned>(plan.grid_z));
-  detail::flash_decode_kernel<T, kHeadDim><<<grid, detail::kThreads, kSmem, stream>>>(params);
+  return capacity;
+}
+
+template <typename T>
+const ClusterCapacity& prepare_head_dim(std::int64_t head_dim) {
+  switch (head_dim) {
+    case 64:
+      return prepare<T, 64>();
+    case 128:
+      return prepare<T, 128>();
+    default:
+      return prepare<T, 256>();
+  }
+}
+
+template <typename T, int kHeadDim>
+void launch(const FlashDecodeParams& params, const dim3& grid, Stream stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(detail::kThreads, 1, 1);
+  config.dynamicSmemBytes = FlashDecodeConfig<kHeadDim>::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (params.cluster_splits > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = 1;
+    attributes[count].val.clusterDim.y = static_cast<unsigned>(params.cluster_splits);
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  // Not on the legacy default stream, whose implicit synchronization PDL would only muddle.
+  if (features().pdl && stream != nullptr) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
+  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, detail::flash_decode_kernel<T, kHeadDim>, params));
   SPLICE_CUDA_CHECK_LAUNCH("flash_decode_kernel");
 }
 
 template <typename T>
-void launch_head_dim(std::int64_t head_dim, const FlashDecodeParams& params,
-                     const FlashDecodePlan& plan, std::int64_t grid_y, Stream stream) {
+void launch_head_dim(std::int64_t head_dim, const FlashDecodeParams& params, const dim3& grid,
+                     Stream stream) {
   switch (head_dim) {
     case 64:
-      return launch<T, 64>(params, plan, grid_y, stream);
+      return launch<T, 64>(params, grid, stream);
     case 128:
-      return launch<T, 128>(params, plan, grid_y, stream);
+      return launch<T, 128>(params, grid, stream);
     default:
-      return launch<T, 256>(params, plan, grid_y, stream);
+      return launch<T, 256>(params, grid, stream);
   }
+}
+
+// Stage 3: the cluster size C and the grid's split count S (a multiple of C, at least `forced`).
+// Every cluster of the grid must be resident at once: a cluster waits for C free CTA slots in
+// one GPC, so a grid with more clusters than fit would run a second wave at long lengths, where
+// all splits are live. The largest power of two C <= the split count is taken for which
+//   S = C * min(floor(splits / C), floor(resident clusters / units))
+// is at least `forced` and at least half the planned split count; otherwise no cluster.
+std::pair<int, std::int64_t> cluster_and_splits(const ClusterCapacity& capacity, std::int64_t units,
+                                                std::int64_t planned, std::int64_t forced) {
+  const std::int64_t splits = std::max(planned, forced);
+  for (int i = ClusterCapacity::kSizes - 1; i >= 1; --i) {
+    const int cluster = 1 << i;
+    if (cluster > splits) continue;
+    const std::int64_t per_unit =
+        std::min<std::int64_t>(splits / cluster, capacity.active[i] / units);
+    const std::int64_t grid_y = cluster * per_unit;
+    if (per_unit >= 1 && grid_y >= forced && 2 * grid_y >= splits) return {cluster, grid_y};
+  }
+  return {1, splits};
 }
 
 }  // namespace
@@ -260,10 +408,17 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
       std::max<std::int64_t>(1, (capacity + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys);
   const std::int64_t forced =
       std::min<std::int64_t>({options.num_splits, max_splits, kFlashDecodeMaxSplits});
-  const std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced);
-
-  // Stage 3: workspace, params, launch.
+  // Stage 3: the cluster size and the grid's split count.
   const std::int64_t units = plan.grid_x * plan.grid_z;
+  const ClusterCapacity& clusters = q.dtype() == DType::bf16
+                                        ? prepare_head_dim<__nv_bfloat16>(head_dim)
+                                        : prepare_head_dim<__half>(head_dim);
+  const auto [cluster, grid_y] =
+      features().cluster
+          ? cluster_and_splits(clusters, units, plan.grid_y, forced)
+          : std::pair<int, std::int64_t>{1, std::max<std::int64_t>(plan.grid_y, forced)};
+
+  // Stage 4: workspace, params, launch.
   const std::size_t partial_rows =
       static_cast<std::size_t>(units * grid_y * kFlashDecodeRowsPerCta);
   const std::size_t partial_bytes =
@@ -306,6 +461,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.rows = static_cast<int>(p.group * q_len);
   p.capacity = static_cast<int>(capacity);
   p.forced_splits = static_cast<int>(forced);
+  p.cluster_splits = cluster;
   p.min_chunk = plan.min_chunk;
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {
     return w ? static_cast<int>(std::min<std::int64_t>(*w, kMaxLength)) : -1;
@@ -321,10 +477,26 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.scale_log2 = p.softmax_scale * detail::kLog2e;
   p.softcap = options.softcap ? *options.softcap : 0.0f;
 
+  const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(grid_y),
+                  static_cast<unsigned>(plan.grid_z));
   if (q.dtype() == DType::bf16)
-    launch_head_dim<__nv_bfloat16>(head_dim, p, plan, grid_y, stream);
+    launch_head_dim<__nv_bfloat16>(head_dim, p, grid, stream);
   else
-    launch_head_dim<__half>(head_dim, p, plan, grid_y, stream);
+    launch_head_dim<__half>(head_dim, p, grid, stream);
 }
+
+namespace detail {
+
+void set_flash_decode_features(bool cluster, bool pdl) {
+  features().cluster = cluster;
+  features().pdl = pdl;
+}
+
+std::string flash_decode_cluster_summary() {
+  std::lock_guard<std::mutex> lock(summary_mutex());
+  return summaries();
+}
+
+}  // namespace detail
 
 }  // namespace splice::cuda

@@ -2,13 +2,21 @@
 // nothing from ir/plan/exec; the launcher (flash_decode.cu) plans the grid and checks arguments.
 //
 // One CTA = (row block rb, split s, batch b x kv head h); 4 warps; 16 query rows (one m16 tile:
-// row = g * q_len + i for group member g and query i, padded with empty rows).
+// row = g * q_len + i for group member g and query i, padded with empty rows). The launcher may
+// group the splits of one (b, h, rb) into a thread-block cluster of C CTAs along the split axis
+// (C = p.cluster_splits, a power of two <= 16; 1 = no cluster) and may launch with programmatic
+// dependent launch (PDL).
+//   0. PDL: let the next kernel in the stream start launching now, then wait until the previous
+//      kernel has finished and its writes are visible (no-ops without PDL). Nothing is read or
+//      written before the wait, so the split workspace and every input are safe.
 //   1. Live range. k_len is read from device memory (clamped to [0, capacity]); query i sits at
 //      p_i = k_len - q_len + i; the keys any row may see are [lo, hi) with
 //      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1). The split plan is redone here
-//      from n = hi - lo: chunk = max(min_chunk, round_up(ceil(n / gridDim.y), 16)) (or from a
-//      forced split count), live = ceil(n / chunk); CTAs with s >= live exit. Split s owns keys
-//      [c0, c1) = [lo + s * chunk, min(hi, lo + (s + 1) * chunk)).
+//      from n = hi - lo: with S = gridDim.y, or S = C when C < S and n <= C * kClusterMaxChunk
+//      (fewer, longer splits that merge inside the cluster), chunk = max(min_chunk,
+//      round_up(ceil(n / S), 16)) (or from a forced split count), live = ceil(n / chunk); CTAs
+//      with s >= live exit (in the cluster path those of the merging cluster first pass its two
+//      barriers). Split s owns keys [c0, c1) = [lo + s * chunk, min(hi, lo + (s + 1) * chunk)).
 //   2. Loads. Each warp streams its own 16-key tiles t = warp, warp + 4, ... of [c0, c1) through
 //      a private cp.async ring (16-byte loads, kStages - 1 tiles in flight, rows swizzled by
 //      chunk ^ (row & 7) so ldmatrix is conflict-free). Keys >= c1 are zero-filled, never read:
@@ -22,18 +30,26 @@
 //      input dtype (mma.sync again).
 //   5. Warps merge in shared memory: M = max_w m_w, w_w = 2^(m_w - M), L = sum w_w l_w,
 //      O = sum w_w O_w / L, lse2 = M + log2 L (-inf and O = 0 when L = 0: no visible key).
-//   6. One live split: write o and lse = lse2 * ln 2. Otherwise write the fp32 partial (O, lse2),
-//      fence, bump the (b, h, rb) counter; the CTA that brings it to `live` merges the partials in
-//      split order (deterministic whoever finishes last), reading all lse2_s of a row in one warp
-//      pass and all O_s of a slot with independent loads: M = max_s lse2_s,
-//      o = sum_s 2^(lse2_s - M) O_s / sum_s 2^(lse2_s - M), lse2 = M + log2 sum_s 2^(lse2_s - M),
-//      and resets the counter to 0 for the next launch (graph replay safe).
+//   6. One live split: write o and lse = lse2 * ln 2. Otherwise every split's (O_s, lse2_s) is
+//      merged in split order (deterministic whichever CTA merges) with M = max_s lse2_s,
+//      o = sum_s 2^(lse2_s - M) O_s / sum_s 2^(lse2_s - M), lse2 = M + log2 sum_s 2^(lse2_s - M):
+//      6c (cluster path, 1 < live <= C: every live split sits in the first cluster of its unit,
+//      rank = split). Each CTA leaves (O_s, lse2_s) in its own shared memory; one cluster
+//      barrier; the live CTAs share the output slots and read every split's values through
+//      distributed shared memory; a second barrier keeps each CTA's shared memory alive until
+//      all reads are done. No global partials, no fence, no atomic.
+//      6g (global path, live > C). Write the fp32 partial (O, lse2), fence, bump the (b, h, rb)
+//      counter; the CTA that brings it to `live` merges the partials, reading all lse2_s of a
+//      row in one warp pass and all O_s of a slot with independent loads, and resets the counter
+//      to 0 for the next launch (graph replay safe).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <string>
 
 namespace splice::cuda::detail {
 
@@ -43,6 +59,13 @@ inline constexpr int kWarps = 4;
 // Grid splits are capped here (stage 6 keeps every split's weight in shared memory).
 inline constexpr int kMaxSplits = 256;
 inline constexpr int kThreads = kWarps * 32;
+// Largest cluster along the split axis (16 needs the non-portable cluster size attribute).
+inline constexpr int kMaxClusterSplits = 16;
+// The device plan prefers C cluster splits over more global-merge splits while a split holds at
+// most this many keys, where fewer CTAs lose no bandwidth (the v2 split sweep, B = 1, (32, 8):
+// 16 vs 32 splits even at 4K, i.e. 256 keys a split; 2 us worse at 16K; 8 vs 16 at 4K: 3 us
+// worse), so the saved merge round trips (about 2 us) are a net gain.
+inline constexpr int kClusterMaxChunk = 256;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
@@ -64,7 +87,8 @@ struct FlashDecodeParams {
   std::int64_t lse_stride_b, lse_stride_h, lse_stride_s;
   int k_len_stride;  // 0 for one shared k_len, 1 for one per sequence
   int num_kv_heads, group, q_len, rows, capacity;
-  int forced_splits;  // > 0: split into this many (split-invariance tests); 0: plan
+  int forced_splits;   // > 0: split into this many (split-invariance tests); 0: plan
+  int cluster_splits;  // CTAs per cluster along the split axis (gridDim.y % it == 0); 1: none
   int min_chunk;
   int window_left, window_right;  // -1 = unbounded
   int causal;
@@ -85,9 +109,19 @@ struct FlashDecodeConfig {
   static constexpr int kRedStride = kHeadDim + 4;  // floats per row of the warp-merge scratch
   // Warp-merge scratch (o, m, l per warp and row), then the split weights of stage 6.
   static constexpr int kMergeBytes = (kWarps * kRows * (kRedStride + 2) + kRows * kMaxSplits) * 4;
-  static constexpr int kSmemBytes = kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
+  // Stage 6c: this split's merged (O_s [16][head_dim], lse2_s [16]) for the cluster's readers.
+  static constexpr int kClusterBytes = (kRows * kHeadDim + kRows) * 4;
+  static constexpr int kScratchBytes = kMergeBytes + kClusterBytes;
+  static constexpr int kSmemBytes =
+      kQBytes + (kPipeBytes > kScratchBytes ? kPipeBytes : kScratchBytes);
   static constexpr bool kQInRegs = kHeadDim <= 128;
 };
+
+// Host side (flash_decode.cu): switches thread-block clusters and programmatic dependent launch
+// off or on for later launches (both on by default; the benchmark times each combination).
+void set_flash_decode_features(bool cluster, bool pdl);
+// Host side: one line per prepared instantiation (CTA slots, resident clusters of each size).
+std::string flash_decode_cluster_summary();
 
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -158,6 +192,36 @@ struct Num<__half> {
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// Stage 0 (PDL): both are no-ops for a launch without the programmatic serialization attribute.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait_previous() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Cluster barrier (release / acquire): every thread of every CTA of the cluster takes part.
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#endif
+}
+
+// The address of `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
+template <typename P>
+__device__ __forceinline__ const P* cluster_peer(const P* local, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(local, rank);
+#else
+  (void)rank;
+  return local;
+#endif
+}
+
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, head_dim] 16-bit tile.
 template <int kHeadDim>
 __device__ __forceinline__ std::uint32_t swizzle(int row, int chunk) {
@@ -200,6 +264,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b = bh / p.num_kv_heads;
   const int kv_head = bh % p.num_kv_heads;
 
+  // Stage 0: PDL (the next kernel may launch; wait for the previous one's writes).
+  pdl_launch_dependents();
+  pdl_wait_previous();
+
   // Stage 1: live range and the device-side split plan.
   int k_len = p.k_len[b * p.k_len_stride];
   k_len = k_len < 0 ? 0 : (k_len > p.capacity ? p.capacity : k_len);
@@ -210,15 +278,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (p.window_left >= 0) lo = max(lo, pos_first - p.window_left);
   if (p.window_right >= 0) hi = min(hi, pos_last + p.window_right + 1);
   const int n = max(hi - lo, 0);
+  const int cluster_splits = p.cluster_splits;
   int chunk;
   if (p.forced_splits > 0) {
     chunk = ceil_div(ceil_div(n, p.forced_splits), kTileKeys) * kTileKeys;
   } else {
-    chunk = max(p.min_chunk, ceil_div(ceil_div(n, gridDim.y), kTileKeys) * kTileKeys);
+    int splits = static_cast<int>(gridDim.y);
+    if (cluster_splits > 1 && cluster_splits < splits && n <= cluster_splits * kClusterMaxChunk)
+      splits = cluster_splits;
+    chunk = max(p.min_chunk, ceil_div(ceil_div(n, splits), kTileKeys) * kTileKeys);
   }
   chunk = max(chunk, kTileKeys);
   const int live_splits = max(1, ceil_div(n, chunk));
-  if (split >= live_splits) return;
+  // Stage 6c applies to every CTA of this unit alike (it depends on k_len[b] and params only).
+  const bool cluster_merge = live_splits > 1 && live_splits <= cluster_splits;
+  if (split >= live_splits) {
+    if (cluster_merge && split < cluster_splits) {  // an idle member of the merging cluster
+      cluster_barrier();
+      cluster_barrier();
+    }
+    return;
+  }
   const int c0 = lo + split * chunk;
   const int c1 = min(hi, c0 + chunk);
 
@@ -443,6 +523,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const int valid_rows = min(kRows, p.rows - row_base);
+  float* cluster_o = reinterpret_cast<float*>(smem + Cfg::kQBytes + Cfg::kMergeBytes);  // [16][D]
+  float* cluster_lse2 = cluster_o + kRows * kHeadDim;                                   // [16]
   const std::int64_t unit = static_cast<std::int64_t>(bh) * gridDim.x + rb;
   const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row index base
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
@@ -482,6 +564,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_out4<T>(p, dst, acc);
       if (p.lse && d == 0)
         p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] = lse2 * kLn2;
+    } else if (cluster_merge) {
+      *reinterpret_cast<float4*>(cluster_o + row * kHeadDim + d) =
+          make_float4(acc[0], acc[1], acc[2], acc[3]);
+      if (d == 0) cluster_lse2[row] = lse2;
     } else {
       *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -489,6 +575,62 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if (live_splits == 1) return;
+
+  if (cluster_merge) {
+    // Stage 6c: every live split's (O_s, lse2_s) is in its CTA's shared memory after the barrier
+    // (cluster rank = split). The live CTAs share the output slots; each slot reads its row's
+    // lse2_s and O_s from every split with independent distributed-shared-memory loads.
+    cluster_barrier();
+    for (int slot = split * kThreads + tid; slot < valid_rows * kSlotsPerRow;
+         slot += live_splits * kThreads) {
+      const int row = slot / kSlotsPerRow;
+      const int d = (slot % kSlotsPerRow) * 4;
+      float ls[kMaxClusterSplits];
+      float4 os[kMaxClusterSplits];
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        if (s < live_splits) {
+          ls[s] = *cluster_peer(cluster_lse2 + row, s);
+          os[s] = *cluster_peer(reinterpret_cast<const float4*>(cluster_o + row * kHeadDim + d), s);
+        }
+      }
+      float big = -INFINITY;
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s)
+        if (s < live_splits) big = fmaxf(big, ls[s]);
+      float denom = 0.0f;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (big != -INFINITY) {
+#pragma unroll
+        for (int s = 0; s < kMaxClusterSplits; ++s) {
+          if (s < live_splits) {
+            const float ws = ls[s] == -INFINITY ? 0.0f : exp2f(ls[s] - big);
+            denom += ws;
+            acc[0] += ws * os[s].x;
+            acc[1] += ws * os[s].y;
+            acc[2] += ws * os[s].z;
+            acc[3] += ws * os[s].w;
+          }
+        }
+      }
+      const bool empty = !(denom > 0.0f);
+      const float scale = empty ? 0.0f : 1.0f / denom;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= scale;
+      const int gr = row_base + row;
+      const int g = gr / p.q_len;
+      const int i = gr % p.q_len;
+      const int qo_head = kv_head * p.group + g;
+      T* dst =
+          static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
+      store_out4<T>(p, dst, acc);
+      if (p.lse && d == 0)
+        p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] =
+            (empty ? -INFINITY : big + log2f(denom)) * kLn2;
+    }
+    cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer still reads it
+    return;
+  }
 
   // Stage 6: the last split to finish merges every split's partial, in split order.
   __shared__ int is_last;
