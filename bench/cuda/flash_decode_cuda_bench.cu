@@ -9,8 +9,9 @@
 //      warm-up, each of --reps replays is timed with events; time per call = median replay / sets.
 //      The PyTorch peers (bench/peers/attention_peers.py) are timed the same way.
 //   4. Output: one row per shape (us, effective KV GB/s, % of the 4.4 TB/s floor) and JSON.
-//   5. --variants: the batch <= 8 shapes again with thread-block clusters (C) and programmatic
-//      dependent launch (P) each switched off and on, to attribute the savings.
+//   5. Variants (unless --no-variants): the batch <= 8 shapes again with thread-block clusters
+//      (C) and programmatic dependent launch (P) each switched off and on, to attribute the
+//      savings; the resident-cluster counts the launcher queried are printed with them.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,6 +21,8 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "splice/backend/cuda/flash_decode.h"
@@ -29,6 +32,7 @@
 namespace splice::cuda::detail {
 void set_flash_decode_features(bool cluster, bool pdl);  // flash_decode.cu (A/B switch)
 std::string flash_decode_cluster_summary();              // resident clusters per instantiation
+std::pair<int, std::int64_t> flash_decode_last_grid();   // latest launch: cluster, grid splits
 }  // namespace splice::cuda::detail
 
 namespace {
@@ -70,6 +74,8 @@ struct Result {
   Shape shape;
   int sets = 0;
   int splits = 0;
+  int cluster = 1;          // the launch's cluster size along the split axis
+  std::int64_t grid_y = 1;  // the launch's grid split count
   double us = 0.0;
   double spread_us = 0.0;  // max - min replay time per call
 };
@@ -116,6 +122,7 @@ Result run_shape(const Shape& s, const std::shared_ptr<splice::Storage>& k_pool,
   for (int i = 0; i < r.sets; ++i)  // warm-up outside capture: sizes the workspace
     splice::cuda::flash_decode(q[i], k[i], v[i], k_len, nullptr, options, out[i], nullptr, stream);
   BENCH_CHECK(cudaStreamSynchronize(stream));
+  std::tie(r.cluster, r.grid_y) = splice::cuda::detail::flash_decode_last_grid();
 
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -156,7 +163,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   bool quick = false;
   bool sweep = false;
-  bool variants = false;
+  bool variants = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc)
@@ -169,12 +176,12 @@ int main(int argc, char** argv) {
       quick = true;
     else if (arg == "--sweep")
       sweep = true;
-    else if (arg == "--variants")
-      variants = true;
+    else if (arg == "--no-variants")
+      variants = false;
     else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep] "
-                   "[--variants]\n",
+                   "[--no-variants]\n",
                    argv[0]);
       return 2;
     }
@@ -223,11 +230,12 @@ int main(int argc, char** argv) {
     results.push_back(run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream));
     const Result& r = results.back();
     std::printf(
-        "  B=%-3lld Hq=%-2lld Hkv=%-2lld k_len=%-6lld sets=%-2d splits=%-3d %9.2f us (spread "
-        "%.2f)\n",
+        "  B=%-3lld Hq=%-2lld Hkv=%-2lld k_len=%-6lld sets=%-2d splits=%-3d grid=%dx%-3lld %9.2f "
+        "us "
+        "(spread %.2f)\n",
         static_cast<long long>(s.batch), static_cast<long long>(s.num_qo_heads),
         static_cast<long long>(s.num_kv_heads), static_cast<long long>(s.k_len), r.sets, r.splits,
-        r.us, r.spread_us);
+        r.cluster, static_cast<long long>(r.grid_y), r.us, r.spread_us);
     std::fflush(stdout);
   }
 
@@ -261,7 +269,9 @@ int main(int argc, char** argv) {
         const bool pdl = v & 2;
         splice::cuda::detail::set_flash_decode_features(cluster, pdl);
         const Result r = run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream);
-        std::printf("  C%cP%c %.2f", cluster ? '+' : '-', pdl ? '+' : '-', r.us);
+        const auto [c, g] = splice::cuda::detail::flash_decode_last_grid();
+        std::printf("  C%cP%c %.2f (%dx%lld)", cluster ? '+' : '-', pdl ? '+' : '-', r.us, c,
+                    static_cast<long long>(g));
       }
       splice::cuda::detail::set_flash_decode_features(true, true);
       std::printf("\n");

@@ -81,6 +81,8 @@ Workspace& workspace() {
 struct Features {
   bool cluster = true;
   bool pdl = true;
+  int last_cluster = 1;  // the latest launch's cluster size and grid split count (logs)
+  std::int64_t last_grid_y = 1;
 };
 
 Features& features() {
@@ -418,6 +420,9 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
           ? cluster_and_splits(clusters, units, plan.grid_y, forced)
           : std::pair<int, std::int64_t>{1, std::max<std::int64_t>(plan.grid_y, forced)};
 
+  features().last_cluster = cluster;
+  features().last_grid_y = grid_y;
+
   // Stage 4: workspace, params, launch.
   const std::size_t partial_rows =
       static_cast<std::size_t>(units * grid_y * kFlashDecodeRowsPerCta);
@@ -490,6 +495,10 @@ namespace detail {
 void set_flash_decode_features(bool cluster, bool pdl) {
   features().cluster = cluster;
   features().pdl = pdl;
+}
+
+std::pair<int, std::int64_t> flash_decode_last_grid() {
+  return {features().last_cluster, features().last_grid_y};
 }
 
 std::string flash_decode_cluster_summary() {

@@ -50,6 +50,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace splice::cuda::detail {
 
@@ -122,6 +123,8 @@ struct FlashDecodeConfig {
 void set_flash_decode_features(bool cluster, bool pdl);
 // Host side: one line per prepared instantiation (CTA slots, resident clusters of each size).
 std::string flash_decode_cluster_summary();
+// Host side: the latest launch's cluster size and grid split count.
+std::pair<int, std::int64_t> flash_decode_last_grid();
 
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
