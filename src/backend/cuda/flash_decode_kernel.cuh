@@ -207,10 +207,20 @@ __device__ __forceinline__ void pdl_wait_previous() {
 #endif
 }
 
-// Cluster barrier (release / acquire): every thread of every CTA of the cluster takes part.
+// Cluster barrier: every thread of every CTA of the cluster takes part. `publish` = release /
+// acquire (this thread's shared-memory writes become visible to the peers that pass the
+// barrier); otherwise relaxed, an execution barrier only, which skips the fence a release
+// arrive costs once the CTA has global stores in flight.
+template <bool kPublish>
 __device__ __forceinline__ void cluster_barrier() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::this_cluster().sync();
+  if constexpr (kPublish) {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  } else {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+  }
 #endif
 }
 
@@ -297,8 +307,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool cluster_merge = live_splits > 1 && live_splits <= cluster_splits;
   if (split >= live_splits) {
     if (cluster_merge && split < cluster_splits) {  // an idle member of the merging cluster
-      cluster_barrier();
-      cluster_barrier();
+      cluster_barrier<false>();
+      cluster_barrier<false>();
     }
     return;
   }
@@ -583,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Stage 6c: every live split's (O_s, lse2_s) is in its CTA's shared memory after the barrier
     // (cluster rank = split). The live CTAs share the output slots; each slot reads its row's
     // lse2_s and O_s from every split with independent distributed-shared-memory loads.
-    cluster_barrier();
+    cluster_barrier<true>();
     for (int slot = split * kThreads + tid; slot < valid_rows * kSlotsPerRow;
          slot += live_splits * kThreads) {
       const int row = slot / kSlotsPerRow;
@@ -631,7 +641,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] =
             (empty ? -INFINITY : big + log2f(denom)) * kLn2;
     }
-    cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer still reads it
+    // No CTA leaves (freeing its shared memory) while a peer still reads it: every read above
+    // has returned its value before its thread arrives, so an execution barrier suffices.
+    cluster_barrier<false>();
     return;
   }
 
