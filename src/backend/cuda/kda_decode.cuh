@@ -213,8 +213,7 @@ __device__ __forceinline__ void store_state_vec(StateT* p, uint4 r) {
     // One 16-byte store (a plain uint4 assignment was split into four 4-byte stores for some
     // vectors).
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(p)),
-                 "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w)
-                 : "memory");
+                 "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w));
   } else if constexpr (sizeof(StateT) == 4) {
     std::uint32_t* q = reinterpret_cast<std::uint32_t*>(p);
     q[0] = r.x;
@@ -359,19 +358,25 @@ __device__ __forceinline__ void zero_unowned(const Params& p, const Item& it, in
 //   StagedInputs: a shared-memory copy of the first chunk's inputs that the stream kernel's
 //     producer warp filled ahead of time (StagedIn), so no global load is on the item's path.
 struct GlobalInputs {
-  // Addresses are formed on use from the kernel parameters (constant memory) and the item, so
-  // no pointer stays live in registers across the sweep.
+  // The history and x bases stay in registers; every other address is formed on use from the
+  // kernel parameters (constant memory) and the item.
   const Params& p;
   const Item& it;
-  __device__ GlobalInputs(const Params& params, const Item& item) : p(params), it(item) {}
+  const std::uint16_t* hist;  // &conv_state[cs, a, h * D]
+  const std::uint16_t* x;     // &x[b, h * D]
+  __device__ GlobalInputs(const Params& params, const Item& item)
+      : p(params),
+        it(item),
+        hist(params.conv + item.cs * params.conv_slot +
+             item.a * (static_cast<std::int64_t>(kProj) * params.channels) +
+             static_cast<std::int64_t>(item.h) * kD),
+        x(params.x + item.b * params.x_row + static_cast<std::int64_t>(item.h) * kD) {}
   __device__ std::int64_t head() const { return static_cast<std::int64_t>(it.h) * kD; }
-  __device__ const std::uint16_t* hist_at(int pos, int pr) const {  // &conv_state[cs, a + pos, ..]
-    const std::int64_t width = static_cast<std::int64_t>(kProj) * p.channels;
-    return p.conv + it.cs * p.conv_slot + (it.a + pos) * width +
-           static_cast<std::int64_t>(pr) * p.channels + head();
+  __device__ const std::uint16_t* hist_at(int pos, int pr) const {
+    return hist + (pos * kProj + pr) * static_cast<std::int64_t>(p.channels);
   }
-  __device__ const std::uint16_t* x_at(int t, int pr) const {  // &x[b + t, pr * C + h * D]
-    return p.x + (it.b + t) * p.x_row + static_cast<std::int64_t>(pr) * p.channels + head();
+  __device__ const std::uint16_t* x_at(int t, int pr) const {
+    return x + t * p.x_row + static_cast<std::int64_t>(pr) * p.channels;
   }
   __device__ const float* w_at(int pr, int tap) const {  // &weight[pr, tap, h * D]
     return p.weight + static_cast<std::int64_t>(pr * kConvWidth + tap) * p.channels + head();
@@ -481,14 +486,14 @@ __device__ __forceinline__ void cta_sync() {
 
 // Stages 2-4 for one live item. `first` is where the first chunk's inputs (and the old history
 // for the write-back) are read; later chunks read device memory. `load_state(s)` fills this
-// thread's rows of the source state (fp32) and is called after the first chunk's precompute and
-// barrier; it is the last reader of `first`.
+// thread's rows of the source state (fp32) after this thread's part of the first chunk's
+// precompute; then one barrier, after which `first` is no longer read and `release()` runs.
 template <int kThreads, int kSlices, typename StateT, bool kVec, typename FirstInputs,
-          typename LoadState>
+          typename LoadState, typename Release>
 __device__ __forceinline__ void run_item(const Params& p,
                                          Shared<Layout<kThreads, kSlices>::kRows>& sm,
                                          const Item& it, int slice, const FirstInputs& first,
-                                         LoadState&& load_state) {
+                                         LoadState&& load_state, Release&& release) {
   using L = Layout<kThreads, kSlices>;
   using G = Geometry<kThreads, kSlices, StateT>;
   constexpr int kRows = L::kRows;
@@ -578,8 +583,9 @@ __device__ __forceinline__ void run_item(const Params& p,
 
   float s[kRt][L::kCols];  // this thread's rows of S, fp32, carried across tokens
   precompute(0, min(kChunk, len), first);
-  cta_sync<kThreads>();
   load_state(s);
+  cta_sync<kThreads>();
+  release();
 
   StateT* const state = static_cast<StateT*>(p.state);
   const std::int64_t head_off = static_cast<std::int64_t>(h) * kD * kD;
@@ -756,12 +762,14 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
     for (int c = 0; c < G::kVecs; ++c)
       raw[i][c] = load_state_vec<StateT, kVec>(src + (row0 + geo.row(i)) * kD + geo.col(c));
   run_item<kThreads, kSlices, StateT, kVec>(
-      p, sm, it, slice, GlobalInputs(p, it), [&](float(&s)[L::kRowsPerThread][L::kCols]) {
+      p, sm, it, slice, GlobalInputs(p, it),
+      [&](float(&s)[L::kRowsPerThread][L::kCols]) {
 #pragma unroll
         for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
           for (int c = 0; c < G::kVecs; ++c) unpack<StateT>(raw[i][c], &s[i][c * G::kVecElems]);
-      });
+      },
+      [] {});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -819,6 +827,10 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phas
 
 constexpr int kStreamThreads = 256;                   // consumer threads (8 warps)
 constexpr int kStreamBlock = kStreamThreads + kWarp;  // and one producer warp
+// Registers per thread for one CTA of kStreamBlock threads per SM (64K registers, allocated in
+// multiples of 8 per thread): 224. __launch_bounds__(kStreamBlock, 1) made ptxas stop at 168
+// registers and spill.
+constexpr int kStreamRegs = (65536 / kStreamBlock) / 8 * 8;
 
 // Stages that fit one CTA's shared memory (227 KB) beside Shared<kD> (~31 KB): fp32 2 x ~83 KB,
 // bf16 3 x ~51 KB.
@@ -846,7 +858,7 @@ struct StreamSmem {
   static constexpr int kStages = stream_stages<StateT>();
   Stage<StateT> stage[kStages];
   Shared<kD> sm;
-  Ahead ahead[kWarp];
+  Ahead ahead[2][kWarp];  // the producer's current and next batch
   std::uint64_t full[kStages];
   std::uint64_t empty[kStages];
 };
@@ -907,7 +919,7 @@ __device__ __forceinline__ void issue_copy(const Params& p, const Item& it, int 
 }
 
 template <typename StateT, bool kStage>
-__global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(const Params p) {
+__global__ void __maxnreg__(kStreamRegs) kda_decode_stream_kernel(const Params p) {
   using L = Layout<kStreamThreads, 1>;
   using G = Geometry<kStreamThreads, 1, StateT>;
   using Smem = StreamSmem<StateT>;
@@ -927,9 +939,10 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 
   if (tid >= kStreamThreads) {  // the producer warp
     const int lane = tid - kStreamThreads;
-    int k = 0;  // this CTA's item count
-#pragma unroll 1
-    for (int w0 = blockIdx.x; w0 < total; w0 += kWarp * stride) {
+    const int batch = kWarp * stride;  // items per batch: one per lane
+    // Lane l resolves item w0 + l * stride of the batch starting at w0 (metadata, first-chunk
+    // beta bits and destinations, A_log) into ahead[buf][l].
+    auto resolve_batch = [&](int w0, int buf) {
       const int w = w0 + lane * stride;
       if (w < total) {
         Ahead a;
@@ -942,24 +955,30 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
           a.dst[t] = t < nt0 ? g.dst_at(t) : 0;
           a.beta[t] = t < nt0 ? g.beta_bits(t) : 0;
         }
-        S.ahead[lane] = a;
+        S.ahead[buf][lane] = a;
       }
-      __syncwarp();
+    };
+    if (blockIdx.x < total) resolve_batch(blockIdx.x, 0);
+    __syncwarp();
+    int k = 0;  // this CTA's item count
+#pragma unroll 1
+    for (int w0 = blockIdx.x, bi = 0; w0 < total; w0 += batch, ++bi) {
+      const Ahead* cur = S.ahead[bi & 1];
       const int n = min(kWarp, (total - w0 + stride - 1) / stride);
 #pragma unroll 1
       for (int j = 0; j < n; ++j, ++k) {
         const int s = k % kStages;
         if (k >= kStages) mbar_wait(&S.empty[s], static_cast<std::uint32_t>(k / kStages - 1) & 1u);
         Stage<StateT>& st = S.stage[s];
-        const Item it = S.ahead[j].it;
+        const Item it = cur[j].it;
         const int nt0 = it.live ? min(kChunk, it.len) : 0;
         if (lane == 0) {
           st.in.item = it;
-          st.in.a_log = S.ahead[j].a_log;
+          st.in.a_log = cur[j].a_log;
 #pragma unroll
           for (int t = 0; t < kChunk; ++t) {
-            st.in.dst[t] = S.ahead[j].dst[t];
-            st.in.beta[t] = S.ahead[j].beta[t];
+            st.in.dst[t] = cur[j].dst[t];
+            st.in.beta[t] = cur[j].beta[t];
           }
           if (it.live) {
             const std::uint32_t bytes =
@@ -976,8 +995,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
           const int copies = 1 + (kStage ? kFixedInputCopies + nt0 * kTokenCopies : 0);
           for (int c = lane; c < copies; c += kWarp) issue_copy<StateT>(p, it, c, st, &S.full[s]);
         }
+        // The next batch's metadata is resolved while the ring is full (its loads stall this
+        // warp, not the consumers). ahead[next] was last read in batch bi - 1.
+        if (j == 0 && w0 + batch < total) resolve_batch(w0 + batch, (bi + 1) & 1);
       }
-      __syncwarp();  // every lane is done with ahead[] before the next batch overwrites it
+      __syncwarp();  // ahead[bi + 1] is written and ahead[bi] read by every lane
     }
     return;
   }
@@ -1006,13 +1028,17 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
         for (int c = 0; c < G::kVecs; ++c)
           unpack<StateT>(*reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
                          &sv[i][c * G::kVecElems]);
-      cta_sync<kStreamThreads>();  // every consumer is done with the stage
+    };
+    // After run_item's first barrier every consumer is done with the stage.
+    auto release = [&] {
       if (tid == 0) mbar_arrive(&S.empty[s]);
     };
     if constexpr (kStage) {
-      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs{&st.in}, load_state);
+      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs{&st.in}, load_state,
+                                                release);
     } else {
-      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, GlobalInputs(p, it), load_state);
+      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, GlobalInputs(p, it), load_state,
+                                                release);
     }
   }
 }
