@@ -1,10 +1,17 @@
-// CUDA matmul through cuBLASLt (primitives.h).
+// CUDA matmul: the decode GEMV kernel (gemv.h) for skinny products with a row-major weight,
+// cuBLASLt for everything else (primitives.h).
 //
 // cuBLASLt is column-major, splice tensors are strided row-major views, so the product is taken
 // transposed:  out^T [n, m] = b^T [n, k] . a^T [k, m],  fp32 compute (CUBLAS_COMPUTE_32F: true
 // fp32, no TF32), alpha = 1, beta = 0.
 //   1. Validate (ranks >= 2, inner dims agree, batch dims broadcast, out shape, float dtypes,
 //      no overlap between out and an input); m or n == 0 is a no-op, k == 0 fills zeros.
+//   1b. GEMV route: when a and b share a dtype, b is one matrix (its batch dims are all 1) read as
+//      w [n, k] with unit stride along k, a has a unit inner stride and all of a's rows (batch
+//      dims and m flattened) number at most gemv::kMaxRows, the product is one launch of the
+//      weight-streaming GEMV kernel: x rows are passed as pointers (any batch strides), y rows
+//      likewise with any column stride, out in any float dtype. At m <= 8 cuBLASLt is far from
+//      the weight-read floor on decode-sized matrices.
 //   2. Dtypes: a and b of one dtype are read as they are; mixed dtypes are first cast to
 //      contiguous f32 scratch. The result type cuBLASLt writes is out's dtype when allowed
 //      (f32 inputs -> f32; bf16 -> bf16/f32; f16 -> f16/f32), else an f32 scratch cast into out.
@@ -26,6 +33,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/gemv.h"
 #include "backend/cuda/primitives_internal.h"
 #include "splice/backend/cuda/primitives.h"
 #include "splice/backend/cuda/runtime.h"
@@ -232,6 +240,49 @@ void check_matmul_device(const Tensor& t, const char* name) {
     fail<DeviceError>("cuda matmul: `", name, "` must be on a CUDA device, got ", t.device().str());
 }
 
+// Stage 1b: one GEMV launch when the layout qualifies (see the file header); false otherwise.
+// Called with a and b of one float dtype, m, n, k >= 1 and out validated against the shapes.
+bool try_gemv(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
+  const std::int64_t k = a.size(-1);
+  const std::int64_t n = transpose_b ? b.size(-2) : b.size(-1);
+  for (std::int64_t i = 0; i + 2 < b.dim(); ++i)
+    if (b.shape()[static_cast<std::size_t>(i)] != 1) return false;
+  const std::int64_t s_bk = transpose_b ? b.stride(-1) : b.stride(-2);
+  const std::int64_t s_bn = transpose_b ? b.stride(-2) : b.stride(-1);
+  if ((k > 1 && s_bk != 1) || (n > 1 && s_bn < 0)) return false;
+  if (k > 1 && a.stride(-1) != 1) return false;
+  // out [batch..., m, n] has a's batch dims (b's are all 1): rows = numel / n.
+  const std::int64_t rows = out.numel() / n;
+  if (rows > gemv::kMaxRows) return false;
+
+  gemv::Params p;
+  p.w = b.raw_data();
+  p.w_row_stride = n > 1 ? s_bn : 0;
+  p.n = n;
+  p.k = k;
+  p.rows = static_cast<int>(rows);
+  p.in_dtype = a.dtype();
+  p.out_dtype = out.dtype();
+  p.y_col_stride = out.stride(-1);
+  const std::size_t in_size = dtype_size(a.dtype()), out_size = dtype_size(out.dtype());
+  const auto* a_base = static_cast<const char*>(a.raw_data());
+  auto* out_base = static_cast<char*>(out.raw_data());
+  const std::int64_t lead = out.dim() - a.dim();  // out dims a lacks (b's extra unit dims)
+  for (std::int64_t row = 0; row < rows; ++row) {
+    // Row `row` of out's [batch..., m] dims in row-major order, and the same row of a.
+    std::int64_t rest = row, off_a = 0, off_out = 0;
+    for (std::int64_t d = out.dim() - 2; d >= 0; --d) {
+      const std::int64_t idx = rest % out.size(d);
+      rest /= out.size(d);
+      off_out += idx * out.stride(d);
+      if (d >= lead) off_a += idx * a.stride(d - lead);
+    }
+    p.x[row] = a_base + off_a * static_cast<std::int64_t>(in_size);
+    p.y[row] = out_base + off_out * static_cast<std::int64_t>(out_size);
+  }
+  gemv::launch(p, current_stream());
+  return true;
+}
 }  // namespace
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
@@ -283,6 +334,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
     const Tensor a32 = contiguous_copy(a, DType::f32), b32 = contiguous_copy(b, DType::f32);
     return matmul(a32, b32, out, transpose_b);
   }
+  if (try_gemv(a, b, out, transpose_b)) return;
   if (!lt_output_allowed(a.dtype(), out.dtype()) || out.stride(-1) != 1 ||
       layout_of(n, m, out.stride(-1), out.stride(-2)).transposed ||
       !layout_of(n, m, out.stride(-1), out.stride(-2)).ok) {

@@ -1,0 +1,341 @@
+// Benchmark of the decode GEMV route of the CUDA matmul (src/backend/cuda/gemv.cu) against
+// cuBLASLt on the same shapes, in one process (a plain main; prints a table and writes JSON).
+//
+//   1. Shapes: y [M, N] = x [M, K] . w [N, K]^T, bf16, M in {1, 4}, (N, K) from SmolLM2-135M
+//      (576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down, 3072x576 fused gate+up,
+//      960x576 fused qkv, 49152x576 lm_head) and Llama-8B-like (4096x4096, 14336x4096).
+//   2. Bytes first: the floor is the weight read, N * K * 2 bytes / 4.48 TB/s (design.md §4's
+//      measured read ceiling); x and y are negligible and stay in L2 as they do in decode.
+//   3. Timing: `copies` weight copies rotate so at least kRotateBytes of weights are read per
+//      replay and the 50 MB L2 cannot flatter the small matrices; one CUDA graph holds one call
+//      per copy; after warm-up each of --reps replays is timed with events; time per call =
+//      median replay / copies. The GEMV arm is splice::cuda::matmul (which routes M <= 8 to the
+//      GEMV kernel); the cuBLASLt arm calls cublasLtMatmul directly with the settings the
+//      primitive uses (fp32 compute, top heuristic algorithm, 32 MiB workspace).
+//   4. Check: both arms' outputs of the last copy agree (max |gemv - lt| / max |lt| printed).
+//   5. Output: one row per shape (us, GB/s of weight reads, % of 4.48 TB/s, cuBLASLt us, ratio
+//      cuBLASLt / GEMV) and JSON at argv[1] (default gemv_cuda_bench.json).
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "splice/backend/cuda/primitives.h"
+#include "splice/backend/cuda/runtime.h"
+#include "splice/core/tensor.h"
+
+namespace {
+
+constexpr double kCeilingBytesPerSecond = 4.48e12;  // measured read ceiling (design.md §4)
+constexpr std::size_t kRotateBytes = std::size_t{256} << 20;
+constexpr std::size_t kCopyAlign = 256;  // bytes: each weight copy starts 256-byte aligned
+constexpr int kMaxCopies = 1024;
+constexpr int kWarmupReplays = 3;
+constexpr int kDefaultReps = 30;
+constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;  // as primitives_gemm.cc
+
+#define BENCH_CHECK(call)                                                          \
+  do {                                                                             \
+    const cudaError_t status_ = (call);                                            \
+    if (status_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(status_)); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+#define LT_CHECK(call)                                                                  \
+  do {                                                                                  \
+    const cublasStatus_t status_ = (call);                                              \
+    if (status_ != CUBLAS_STATUS_SUCCESS) {                                             \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cublasLtGetStatusString(status_)); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+// Deterministic pseudo-random bf16 values in [-2, 2) (a hash of the index; never zeros).
+__global__ void fill_random(__nv_bfloat16* data, std::size_t count, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^
+                      static_cast<std::uint32_t>(i >> 32) * 40503u;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    data[i] = __float2bfloat16(static_cast<float>(x & 0xFFFFu) / 16384.0f - 2.0f);
+  }
+}
+
+struct Shape {
+  const char* name;
+  std::int64_t n, k;
+};
+
+struct Result {
+  Shape shape;
+  std::int64_t m = 0;
+  int copies = 0;
+  double gemv_us = 0.0, lt_us = 0.0;
+  double gemv_spread_us = 0.0, lt_spread_us = 0.0;
+  double rel_diff = 0.0;  // max |gemv - lt| / max |lt| (last copy); -1: non-finite output
+  std::int64_t weight_bytes() const { return shape.n * shape.k * 2; }
+};
+
+std::size_t copy_stride_bytes(const Shape& s) {
+  const std::size_t bytes = static_cast<std::size_t>(s.n * s.k * 2);
+  return (bytes + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+}
+
+int copies_for(const Shape& s) {
+  const std::size_t bytes = static_cast<std::size_t>(s.n * s.k * 2);
+  return static_cast<int>(
+      std::clamp<std::size_t>((kRotateBytes + bytes - 1) / bytes, 1, kMaxCopies));
+}
+
+// Median and spread (max - min) of `reps` replays of `exec`, per call (/ copies), in us.
+std::pair<double, double> time_graph(cudaGraphExec_t exec, int reps, int copies,
+                                     cudaStream_t stream) {
+  for (int i = 0; i < kWarmupReplays; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    BENCH_CHECK(cudaEventRecord(start, stream));
+    BENCH_CHECK(cudaGraphLaunch(exec, stream));
+    BENCH_CHECK(cudaEventRecord(stop, stream));
+    BENCH_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1e3 / copies);
+  }
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  std::sort(times.begin(), times.end());
+  return {times[times.size() / 2], times.back() - times.front()};
+}
+
+// cuBLASLt for out^T [n, m] = w [n, k] (Lt's A, stored as k x n column-major, transposed) .
+// x^T [k, m] (Lt's B, k x m column-major), the layout primitives_gemm.cc builds for this case.
+struct LtArm {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+
+  LtArm(cublasLtHandle_t h, void* ws, std::int64_t m, std::int64_t n, std::int64_t k)
+      : handle(h), workspace(ws) {
+    LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, k));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, m, k));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&d, CUDA_R_16BF, n, m, n));
+    cublasLtMatmulPreference_t pref = nullptr;
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t workspace_bytes = kWorkspaceBytes;
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &workspace_bytes, sizeof workspace_bytes));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, d, d, pref, 1, &result, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found < 1) {
+      std::fprintf(stderr, "cuBLASLt has no algorithm for m %lld n %lld k %lld\n",
+                   static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
+      std::exit(1);
+    }
+    algo = result.algo;
+  }
+  ~LtArm() {
+    cublasLtMatrixLayoutDestroy(d);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatmulDescDestroy(op);
+  }
+  LtArm(const LtArm&) = delete;
+  LtArm& operator=(const LtArm&) = delete;
+
+  void run(const void* w, const void* x, void* y, cudaStream_t stream) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    LT_CHECK(cublasLtMatmul(handle, op, &alpha, w, a, x, b, &beta, y, d, y, d, &algo, workspace,
+                            kWorkspaceBytes, stream));
+  }
+};
+
+std::vector<float> to_host(const splice::Tensor& t) {
+  std::vector<__nv_bfloat16> raw(static_cast<std::size_t>(t.numel()));
+  BENCH_CHECK(cudaMemcpy(raw.data(), t.raw_data(), raw.size() * sizeof(__nv_bfloat16),
+                         cudaMemcpyDeviceToHost));
+  std::vector<float> out(raw.size());
+  for (std::size_t i = 0; i < raw.size(); ++i) out[i] = __bfloat162float(raw[i]);
+  return out;
+}
+
+Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cublasLtHandle_t lt,
+                 void* workspace, int reps, cudaStream_t stream) {
+  Result r;
+  r.shape = s;
+  r.m = m;
+  r.copies = copies_for(s);
+  const std::int64_t stride_elems = static_cast<std::int64_t>(copy_stride_bytes(s) / 2);
+  std::vector<splice::Tensor> w;  // each [n, k]
+  for (int i = 0; i < r.copies; ++i)
+    w.push_back(splice::Tensor::view_of(pool.storage(), i * stride_elems, {s.n, s.k},
+                                        splice::Tensor::contiguous_strides({s.n, s.k}),
+                                        splice::DType::bf16));
+  splice::Tensor x = splice::Tensor::empty({m, s.k}, splice::DType::bf16, splice::Device::cuda());
+  fill_random<<<256, 256, 0, stream>>>(x.data<__nv_bfloat16>(), x.numel(), 99u);
+  BENCH_CHECK(cudaGetLastError());
+  splice::Tensor y_gemv =
+      splice::Tensor::empty({m, s.n}, splice::DType::bf16, splice::Device::cuda());
+  splice::Tensor y_lt =
+      splice::Tensor::empty({m, s.n}, splice::DType::bf16, splice::Device::cuda());
+  const LtArm arm(lt, workspace, m, s.n, s.k);
+
+  splice::cuda::StreamGuard guard(stream);
+  // Warm-up outside capture, then one graph per arm with a call per weight copy.
+  splice::cuda::matmul(x, w[0], y_gemv, true);
+  arm.run(w[0].raw_data(), x.raw_data(), y_lt.raw_data(), stream);
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  cudaGraphExec_t execs[2];
+  for (int which = 0; which < 2; ++which) {
+    cudaGraph_t graph;
+    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < r.copies; ++i) {
+      if (which == 0)
+        splice::cuda::matmul(x, w[static_cast<std::size_t>(i)], y_gemv, true);
+      else
+        arm.run(w[static_cast<std::size_t>(i)].raw_data(), x.raw_data(), y_lt.raw_data(), stream);
+    }
+    BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&execs[which], graph, 0));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+  }
+  // Alternate the arms' timing runs so drift in clocks affects both alike.
+  std::tie(r.gemv_us, r.gemv_spread_us) = time_graph(execs[0], reps, r.copies, stream);
+  std::tie(r.lt_us, r.lt_spread_us) = time_graph(execs[1], reps, r.copies, stream);
+  const auto [gemv_us2, gemv_spread2] = time_graph(execs[0], reps, r.copies, stream);
+  const auto [lt_us2, lt_spread2] = time_graph(execs[1], reps, r.copies, stream);
+  r.gemv_us = std::min(r.gemv_us, gemv_us2);
+  r.lt_us = std::min(r.lt_us, lt_us2);
+  r.gemv_spread_us = std::max(r.gemv_spread_us, gemv_spread2);
+  r.lt_spread_us = std::max(r.lt_spread_us, lt_spread2);
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  for (cudaGraphExec_t e : execs) BENCH_CHECK(cudaGraphExecDestroy(e));
+
+  const std::vector<float> g = to_host(y_gemv), l = to_host(y_lt);
+  double max_diff = 0.0, max_ref = 0.0;
+  bool finite = true;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    finite = finite && std::isfinite(g[i]) && std::isfinite(l[i]);
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(g[i] - l[i])));
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(l[i])));
+  }
+  r.rel_diff = !finite ? -1.0 : max_ref > 0.0 ? max_diff / max_ref : max_diff;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path = "gemv_cuda_bench.json";
+  int reps = kDefaultReps;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--reps" && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
+    else if (!arg.empty() && arg[0] != '-')
+      json_path = arg;
+    else {
+      std::fprintf(stderr, "usage: %s [JSON_PATH] [--reps N]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!splice::cuda::device_available()) {
+    std::printf("gemv_cuda_bench: no CUDA device, skipped\n");
+    return 0;
+  }
+  splice::cuda::ensure_registered();
+
+  const Shape shapes[] = {
+      {"smollm2 q/o", 576, 576},        {"smollm2 k/v", 192, 576},
+      {"smollm2 gate/up", 1536, 576},   {"smollm2 down", 576, 1536},
+      {"smollm2 gate+up", 3072, 576},   {"smollm2 qkv", 960, 576},
+      {"smollm2 lm_head", 49152, 576},  {"llama8b q/o", 4096, 4096},
+      {"llama8b gate/up", 14336, 4096},
+  };
+  std::size_t pool_bytes = 0;
+  for (const Shape& s : shapes)
+    pool_bytes =
+        std::max(pool_bytes, static_cast<std::size_t>(copies_for(s)) * copy_stride_bytes(s));
+  splice::Tensor pool = splice::Tensor::empty({static_cast<std::int64_t>(pool_bytes / 2)},
+                                              splice::DType::bf16, splice::Device::cuda());
+  cudaStream_t stream;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fill_random<<<4096, 256, 0, stream>>>(pool.data<__nv_bfloat16>(), pool.numel(), 1u);
+  BENCH_CHECK(cudaGetLastError());
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  cublasLtHandle_t lt = nullptr;
+  LT_CHECK(cublasLtCreate(&lt));
+  void* workspace = nullptr;
+  BENCH_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
+  std::printf("device: %s; weight pool %.2f GB, >= %zu MB of weights per replay\n",
+              splice::cuda::device_name().c_str(), pool_bytes / 1e9, kRotateBytes >> 20);
+
+  std::vector<Result> results;
+  for (std::int64_t m : {1, 4})
+    for (const Shape& s : shapes) {
+      results.push_back(run_shape(s, m, pool, lt, workspace, reps, stream));
+      const Result& r = results.back();
+      std::printf("  M=%lld %-16s N=%-6lld K=%-5lld copies=%-4d gemv %8.2f us  lt %8.2f us\n",
+                  static_cast<long long>(m), s.name, static_cast<long long>(s.n),
+                  static_cast<long long>(s.k), r.copies, r.gemv_us, r.lt_us);
+      std::fflush(stdout);
+    }
+
+  std::ofstream json(json_path);
+  json << "{\n  \"device\": \"" << splice::cuda::device_name()
+       << "\",\n  \"ceiling_tbps\": 4.48,\n  \"dtype\": \"bf16\",\n"
+       << "  \"method\": \"graph of `copies` rotating weight copies (>= " << (kRotateBytes >> 20)
+       << " MB), min over 2 rounds of the median of " << reps
+       << " replays / copies\",\n  \"rows\": [\n";
+  std::printf("\n%-3s %-16s %6s %5s %9s %8s %7s %9s %8s %7s %9s\n", "M", "shape", "N", "K",
+              "gemv us", "GB/s", "%4.48", "cublas us", "GB/s", "ratio", "rel diff");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    const double bytes = static_cast<double>(r.weight_bytes());
+    const double gemv_gbps = bytes / (r.gemv_us * 1e-6) / 1e9;
+    const double lt_gbps = bytes / (r.lt_us * 1e-6) / 1e9;
+    const double floor_us = bytes / kCeilingBytesPerSecond * 1e6;
+    const double pct = 100.0 * floor_us / r.gemv_us;
+    const double ratio = r.lt_us / r.gemv_us;  // > 1: the GEMV kernel is faster
+    std::printf("%-3lld %-16s %6lld %5lld %9.2f %8.0f %6.1f%% %9.2f %8.0f %6.2fx %9.2e\n",
+                static_cast<long long>(r.m), r.shape.name, static_cast<long long>(r.shape.n),
+                static_cast<long long>(r.shape.k), r.gemv_us, gemv_gbps, pct, r.lt_us, lt_gbps,
+                ratio, r.rel_diff);
+    json << "    {\"m\": " << r.m << ", \"name\": \"" << r.shape.name << "\", \"n\": " << r.shape.n
+         << ", \"k\": " << r.shape.k << ", \"weight_bytes\": " << r.weight_bytes()
+         << ", \"copies\": " << r.copies << ", \"gemv_us\": " << r.gemv_us
+         << ", \"gemv_spread_us\": " << r.gemv_spread_us << ", \"gemv_gbps\": " << gemv_gbps
+         << ", \"gemv_pct_of_ceiling\": " << pct << ", \"cublaslt_us\": " << r.lt_us
+         << ", \"cublaslt_spread_us\": " << r.lt_spread_us << ", \"cublaslt_gbps\": " << lt_gbps
+         << ", \"floor_us\": " << floor_us << ", \"ratio_cublaslt_over_gemv\": " << ratio
+         << ", \"max_rel_diff\": " << r.rel_diff << "}" << (i + 1 < results.size() ? "," : "")
+         << "\n";
+  }
+  json << "  ]\n}\n";
+  BENCH_CHECK(cudaFree(workspace));
+  cublasLtDestroy(lt);
+  BENCH_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}

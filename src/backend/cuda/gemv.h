@@ -1,0 +1,40 @@
+// Skinny GEMM (GEMV) for decode: y [rows, n] = x [rows, k] . w [n, k]^T with rows <= 8, the
+// weight-streaming kernel the CUDA matmul primitive (primitives_gemm.cc) routes small-m products
+// with a row-major weight to. Device code and launcher in gemv.cu.
+//
+// The launcher picks everything from the POD params: 16-byte vector loads when the weight rows
+// and every x row are 16-byte aligned (scalar loads otherwise), columns per warp and warps per
+// CTA from n and the SM count (no allocation, no synchronization: graph-capturable).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "splice/core/dtype.h"
+
+namespace splice::cuda::gemv {
+
+inline constexpr int kMaxRows = 8;  // rows of x (the flattened m of the matmul) one launch takes
+
+struct Params {
+  // [n, k]: element (j, kk) at w[j * w_row_stride + kk] (unit stride along k), dtype `in_dtype`.
+  const void* w = nullptr;
+  std::int64_t w_row_stride = 0;  // elements, >= 0 (any value when n == 1)
+  // Row r of x: [k] at x[r] (unit stride), dtype `in_dtype`; entries r >= rows are ignored.
+  const void* x[kMaxRows] = {};
+  // Row r of y: [n], element j at y[r][j * y_col_stride], dtype `out_dtype`.
+  void* y[kMaxRows] = {};
+  std::int64_t y_col_stride = 1;
+  std::int64_t n = 0, k = 0;     // n >= 1, k >= 1
+  int rows = 0;                  // 1 .. kMaxRows
+  DType in_dtype = DType::f32;   // x and w: f32, f16 or bf16
+  DType out_dtype = DType::f32;  // y: f32, f16 or bf16 (one RNE rounding of the fp32 sum)
+};
+
+// y[r, j] = round_out(sum_kk x[r, kk] * w[j, kk]) for r < rows, j < n (fp32 accumulation),
+// launched on `stream`; checks the launch. Invalid params are an internal error (the caller
+// validates tensors).
+void launch(const Params& params, cudaStream_t stream);
+
+}  // namespace splice::cuda::gemv

@@ -1,0 +1,244 @@
+// The CUDA matmul's GEMV route (src/backend/cuda/gemv.cu, dispatched from primitives_gemm.cc for
+// products with at most 8 rows of a and one row-major weight) against the CPU backend, the oracle.
+//
+//  1. Grid: rows M in {1, 2, 3, 8} x N in {1, 17, 192, 576, 1536, 4097} x K in {1, 7, 64, 576,
+//     1536, 4095} x {f32, f16, bf16}, out in the input dtype, w [N, K] read transposed, twice:
+//     contiguous (K = 7 or 4095 rows are not 16-byte aligned: the scalar path) and with a padded
+//     row stride (16-byte aligned rows: the vector path with a K % 8 tail).
+//  2. Every operand is a view into a NaN-poisoned buffer (padding between rows and slack after the
+//     last row), outputs start as NaN: a read past the view or a missed store shows as NaN.
+//  3. Layout and dtype cases: batched a [B, 1, K] and a with non-uniform (padded) batch strides,
+//     padded and transposed outputs, b with leading unit dims, b [K, N] as a transposed view with
+//     transpose_b false, f32 out from 16-bit inputs and 16-bit out from f32, misaligned w and x.
+//  4. Nine rows (a [9, K] and a [3, 3, K]) go through cuBLASLt and must match as well.
+//  5. A captured CUDA graph replays the GEMV with new x and w contents.
+// Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
+// reassociation error of two valid summation orders could exceed the f32 atol; results agree
+// within default_tolerance(out dtype) (design.md §2).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "splice/backend/cpu/primitives.h"
+#include "splice/backend/cuda/primitives.h"
+#include "splice/backend/cuda/runtime.h"
+#include "splice/core/random.h"
+#include "support/test_util.h"
+
+namespace splice {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                           \
+  do {                                                               \
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
+    cuda::ensure_registered();                                       \
+  } while (0)
+
+constexpr DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
+constexpr std::int64_t kRowsGrid[] = {1, 2, 3, 8};
+constexpr std::int64_t kNGrid[] = {1, 17, 192, 576, 1536, 4097};
+constexpr std::int64_t kKGrid[] = {1, 7, 64, 576, 1536, 4095};
+constexpr std::int64_t kSlack = 64;     // poisoned elements after a matrix's last row
+constexpr std::int64_t kRowAlign = 8;   // elements: 16 bytes of 16-bit, 32 of f32
+constexpr std::int64_t kPadStride = 8;  // extra elements per padded weight row
+constexpr double kMean = 0.5;
+
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+// The same view on the device: the whole storage is copied, so the poison travels too.
+Tensor upload(const Tensor& h) {
+  const std::size_t es = dtype_size(h.dtype());
+  const std::int64_t elems =
+      static_cast<std::int64_t>(std::max<std::size_t>(h.storage()->bytes, es) / es);
+  Tensor base = Tensor::empty({elems}, h.dtype(), Device::cuda());
+  device_copy(base.raw_data(), base.device(), h.storage()->data, Device::cpu(), h.storage()->bytes);
+  return Tensor::view_of(base.storage(), h.offset(), h.shape(), h.strides(), h.dtype());
+}
+
+// A contiguous CPU copy of a device view (of any layout).
+Tensor download(const Tensor& d) {
+  cuda::synchronize();
+  const std::size_t bytes = d.storage()->bytes;
+  const std::size_t es = dtype_size(d.dtype());
+  Tensor base = Tensor::empty({static_cast<std::int64_t>(std::max(bytes, es) / es)}, d.dtype());
+  device_copy(base.raw_data(), Device::cpu(), d.storage()->data, d.device(), bytes);
+  return Tensor::view_of(base.storage(), d.offset(), d.shape(), d.strides(), d.dtype()).clone();
+}
+
+// A random CPU view of `shape` with `strides` at element `offset` of a NaN-poisoned buffer that
+// ends kSlack elements after the view's last element.
+Tensor poisoned(Rng& rng, const Dims& shape, const Dims& strides, std::int64_t offset,
+                DType dtype) {
+  std::int64_t last = offset;
+  for (std::size_t d = 0; d < shape.size(); ++d) last += (shape[d] - 1) * strides[d];
+  Tensor base = Tensor::empty({last + 1 + kSlack}, dtype);
+  poison_nan(base);
+  Tensor view = Tensor::view_of(base.storage(), offset, shape, strides, dtype);
+  rng.normal(view, kMean, 1.0);
+  return view;
+}
+
+Tensor contiguous_poisoned(Rng& rng, const Dims& shape, DType dtype, std::int64_t offset = 0) {
+  return poisoned(rng, shape, Tensor::contiguous_strides(shape), offset, dtype);
+}
+
+// An all-NaN output of `shape` (contiguous) on the CPU, to be uploaded.
+Tensor nan_output(const Dims& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype);
+  poison_nan(t);
+  return t;
+}
+
+// cuda::matmul(da, db) into a device copy of `out_host` (its layout and its NaNs) against
+// cpu::matmul(a, b) into a contiguous tensor of out_host's dtype.
+::testing::AssertionResult agree(const Tensor& a, const Tensor& b, const Tensor& da,
+                                 const Tensor& db, bool transpose_b, const Tensor& out_host) {
+  Tensor expected = Tensor::empty(out_host.shape(), out_host.dtype());
+  cpu::matmul(a, b, expected, transpose_b);
+  Tensor device_out = upload(out_host);
+  cuda::matmul(da, db, device_out, transpose_b);
+  return testing::close(download(device_out), expected, default_tolerance(out_host.dtype()));
+}
+
+::testing::AssertionResult agree(const Tensor& a, const Tensor& b, bool transpose_b,
+                                 const Tensor& out_host) {
+  return agree(a, b, upload(a), upload(b), transpose_b, out_host);
+}
+
+std::string label(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k, const char* layout) {
+  return std::string(dtype_name(dtype)) + " M " + std::to_string(m) + " N " + std::to_string(n) +
+         " K " + std::to_string(k) + " " + layout;
+}
+
+TEST(CudaGemv, GridAgainstCpu) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(11);
+  for (DType dtype : kFloatTypes)
+    for (std::int64_t k : kKGrid)
+      for (std::int64_t n : kNGrid)
+        for (const bool padded : {false, true}) {
+          const std::int64_t row_stride = padded ? round_up(k, kRowAlign) + kPadStride : k;
+          const Tensor w = poisoned(rng, {n, k}, {row_stride, 1}, 0, dtype);  // [n, k]
+          const Tensor dw = upload(w);
+          for (std::int64_t m : kRowsGrid) {
+            const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
+            EXPECT_TRUE(agree(x, w, upload(x), dw, true, nan_output({m, n}, dtype)))
+                << label(dtype, m, n, k, padded ? "padded w" : "contiguous w");
+          }
+        }
+}
+
+TEST(CudaGemv, BatchedRowsStridesAndOutputLayouts) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(12);
+  for (DType dtype : kFloatTypes)
+    for (std::int64_t k : {7, 576, 4095})
+      for (std::int64_t n : {17, 576}) {
+        const Tensor w = contiguous_poisoned(rng, {n, k}, dtype);  // [n, k]
+        const Tensor dw = upload(w);
+        // a [B, 1, K], the decode batch layout.
+        const Tensor a_batched = contiguous_poisoned(rng, {4, 1, k}, dtype);  // [4, 1, k]
+        EXPECT_TRUE(agree(a_batched, w, upload(a_batched), dw, true, nan_output({4, 1, n}, dtype)))
+            << label(dtype, 4, n, k, "a [4, 1, K]");
+        // a [2, 3, 1, K] with padded (non-uniform) batch strides; out padded the same way.
+        const Dims a_shape = {2, 3, 1, k};
+        const Tensor a_padded = poisoned(rng, a_shape, {5 * (k + 3), k + 3, k + 1, 1}, 0, dtype);
+        Tensor out_padded = testing::padded_tensor({2, 3, 1, n}, dtype, 3);
+        EXPECT_TRUE(agree(a_padded, w, upload(a_padded), dw, true, out_padded))
+            << label(dtype, 6, n, k, "a [2, 3, 1, K] padded, out padded");
+        // out [M, N] as a transposed view (column stride M).
+        const Tensor x = contiguous_poisoned(rng, {3, k}, dtype);  // [3, k]
+        Tensor out_t_base = nan_output({n, 3}, dtype);
+        EXPECT_TRUE(agree(x, w, upload(x), dw, true, out_t_base.permute({1, 0})))
+            << label(dtype, 3, n, k, "out transposed");
+        // b [1, N, K]: leading unit dims.
+        EXPECT_TRUE(agree(x, w.unsqueeze(0), upload(x), dw.unsqueeze(0), true,
+                          nan_output({1, 3, n}, dtype)))
+            << label(dtype, 3, n, k, "b [1, N, K]");
+      }
+}
+
+TEST(CudaGemv, UntransposedViewMixedOutputsAndMisalignment) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(13);
+  for (DType dtype : kFloatTypes)
+    for (std::int64_t k : {7, 64, 576, 4095})
+      for (std::int64_t n : {17, 576}) {
+        const Tensor w = contiguous_poisoned(rng, {n, k}, dtype);  // [n, k]
+        const Tensor x = contiguous_poisoned(rng, {2, k}, dtype);  // [2, k]
+        // b [K, N] with stride(-2) == 1, read with transpose_b false.
+        EXPECT_TRUE(agree(x, w.permute({1, 0}), false, nan_output({2, n}, dtype)))
+            << label(dtype, 2, n, k, "b [K, N] transposed view");
+        // The output in another float dtype.
+        for (DType out_dtype : kFloatTypes) {
+          if (out_dtype == dtype) continue;
+          EXPECT_TRUE(agree(x, w, true, nan_output({2, n}, out_dtype)))
+              << label(dtype, 2, n, k, "out ") << dtype_name(out_dtype);
+        }
+        // w and x one element off a 16-byte boundary (rows 16-byte strided): the scalar path.
+        const std::int64_t stride = round_up(k, kRowAlign);
+        const Tensor w_off = poisoned(rng, {n, k}, {stride, 1}, 1, dtype);
+        const Tensor x_off = poisoned(rng, {2, k}, {stride, 1}, 1, dtype);
+        EXPECT_TRUE(agree(x_off, w_off, true, nan_output({2, n}, dtype)))
+            << label(dtype, 2, n, k, "misaligned w and x");
+        const Tensor x_one_off = poisoned(rng, {2, k}, {stride, 1}, 1, dtype);
+        const Tensor w_aligned = poisoned(rng, {n, k}, {stride, 1}, 0, dtype);
+        EXPECT_TRUE(agree(x_one_off, w_aligned, true, nan_output({2, n}, dtype)))
+            << label(dtype, 2, n, k, "misaligned x only");
+      }
+}
+
+TEST(CudaGemv, NineRowsGoThroughCublasLt) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(14);
+  for (DType dtype : kFloatTypes)
+    for (std::int64_t k : {64, 576})
+      for (std::int64_t n : {17, 576}) {
+        const Tensor w = contiguous_poisoned(rng, {n, k}, dtype);  // [n, k]
+        const Tensor x = contiguous_poisoned(rng, {9, k}, dtype);  // [9, k]
+        EXPECT_TRUE(agree(x, w, true, nan_output({9, n}, dtype))) << label(dtype, 9, n, k, "");
+        const Tensor x3 = contiguous_poisoned(rng, {3, 3, k}, dtype);  // [3, 3, k]
+        EXPECT_TRUE(agree(x3, w, true, nan_output({3, 3, n}, dtype)))
+            << label(dtype, 9, n, k, "a [3, 3, K]");
+      }
+}
+
+TEST(CudaGemv, CapturedGraphReplaysWithNewInputs) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(15);
+  constexpr std::int64_t kN = 576, kK = 1536, kM = 1;
+  const DType dtype = DType::bf16;
+  const cuda::Stream stream = cuda::create_stream();
+  {
+    cuda::StreamGuard guard(stream);
+    Tensor w = contiguous_poisoned(rng, {kN, kK}, dtype);  // [n, k]
+    Tensor x = contiguous_poisoned(rng, {kM, kK}, dtype);  // [m, k]
+    const Tensor dw = upload(w), dx = upload(x);
+    Tensor dout = upload(nan_output({kM, kN}, dtype));
+    cuda::matmul(dx, dw, dout, true);  // warm-up outside capture
+    cuda::stream_synchronize(stream);
+    cuda::begin_capture(stream);
+    cuda::matmul(dx, dw, dout, true);
+    const cuda::GraphExec graph = cuda::end_capture(stream);
+    constexpr int kReplays = 3;
+    for (int replay = 0; replay < kReplays; ++replay) {
+      rng.normal(w, kMean, 1.0);
+      rng.normal(x, kMean, 1.0);
+      device_copy(dw.raw_data(), dw.device(), w.raw_data(), Device::cpu(), w.nbytes());
+      device_copy(dx.raw_data(), dx.device(), x.raw_data(), Device::cpu(), x.nbytes());
+      cuda::launch_graph(graph, stream);
+      cuda::stream_synchronize(stream);
+      Tensor expected = Tensor::empty({kM, kN}, dtype);
+      cpu::matmul(x, w, expected, true);
+      EXPECT_TRUE(testing::close(download(dout), expected, default_tolerance(dtype)))
+          << "replay " << replay;
+    }
+    cuda::destroy_graph(graph);
+  }
+  cuda::destroy_stream(stream);
+}
+
+}  // namespace
+}  // namespace splice
