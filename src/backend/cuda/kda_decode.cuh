@@ -529,6 +529,12 @@ __device__ __forceinline__ void run_item(const Params& p,
   }
 
   const float a_h = exp_f32(first.a_log());
+  // RMSNorm weights of the output channels this lane writes in stage 3c, loaded now so that no
+  // global load sits on the item's tail.
+  constexpr int kPerLane = kRows / kWarp;
+  float norm_w[kPerLane];
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) norm_w[e] = __ldg(p.norm_weight + row0 + lane * kPerLane + e);
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kD));
 
   // Stage 3a: precompute of tokens c0 .. c0+nt-1 from `in`, one warp per (token, kind).
@@ -669,7 +675,6 @@ __device__ __forceinline__ void run_item(const Params& p,
     cta_sync<kThreads>();
 
     // Stage 3c: gated RMSNorm, one warp per token.
-    constexpr int kPerLane = kRows / kWarp;
     if constexpr (kSlices > 1) {
 #pragma unroll 1
       for (int t = warp; t < nt; t += L::kWarps) {
@@ -706,7 +711,7 @@ __device__ __forceinline__ void run_item(const Params& p,
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) {
         const int rr = lane * kPerLane + e;
-        out[rr] = f32_to_bf16(sm.o[t][rr] * inv * __ldg(p.norm_weight + row0 + rr) * sm.og[t][rr]);
+        out[rr] = f32_to_bf16(sm.o[t][rr] * inv * norm_w[e] * sm.og[t][rr]);
       }
     }
     if constexpr (kSlices > 1) {
