@@ -10,8 +10,9 @@
 //      The PyTorch peers (bench/peers/attention_peers.py) are timed the same way.
 //   4. Output: one row per shape (us, effective KV GB/s, % of the 4.4 TB/s floor) and JSON.
 //   5. Variants (unless --no-variants): the batch <= 8 shapes again with thread-block clusters
-//      (C) and programmatic dependent launch (P) each switched off and on, to attribute the
-//      savings; the resident-cluster counts the launcher queried are printed with them.
+//      (C), programmatic dependent launch (P) and the wide 8-warp cluster variant (W) switched
+//      off and on, to attribute the savings; the resident-cluster counts the launcher queried
+//      are printed with them.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -21,8 +22,6 @@
 #include <cstring>
 #include <fstream>
 #include <string>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include "splice/backend/cuda/flash_decode.h"
@@ -30,9 +29,9 @@
 #include "splice/core/tensor.h"
 
 namespace splice::cuda::detail {
-void set_flash_decode_features(bool cluster, bool pdl);  // flash_decode.cu (A/B switch)
-std::string flash_decode_cluster_summary();              // resident clusters per instantiation
-std::pair<int, std::int64_t> flash_decode_last_grid();   // latest launch: cluster, grid splits
+void set_flash_decode_features(bool cluster, bool pdl, bool wide);  // flash_decode.cu (A/B)
+std::string flash_decode_cluster_summary();  // resident clusters per instantiation
+std::string flash_decode_last_launch();      // "<cluster>x<grid splits>[w]"
 }  // namespace splice::cuda::detail
 
 namespace {
@@ -74,8 +73,7 @@ struct Result {
   Shape shape;
   int sets = 0;
   int splits = 0;
-  int cluster = 1;          // the launch's cluster size along the split axis
-  std::int64_t grid_y = 1;  // the launch's grid split count
+  std::string launch;  // the launch's "<cluster>x<grid splits>[w]" (w: the 8-warp variant)
   double us = 0.0;
   double spread_us = 0.0;  // max - min replay time per call
 };
@@ -122,7 +120,7 @@ Result run_shape(const Shape& s, const std::shared_ptr<splice::Storage>& k_pool,
   for (int i = 0; i < r.sets; ++i)  // warm-up outside capture: sizes the workspace
     splice::cuda::flash_decode(q[i], k[i], v[i], k_len, nullptr, options, out[i], nullptr, stream);
   BENCH_CHECK(cudaStreamSynchronize(stream));
-  std::tie(r.cluster, r.grid_y) = splice::cuda::detail::flash_decode_last_grid();
+  r.launch = splice::cuda::detail::flash_decode_last_launch();
 
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -230,12 +228,11 @@ int main(int argc, char** argv) {
     results.push_back(run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream));
     const Result& r = results.back();
     std::printf(
-        "  B=%-3lld Hq=%-2lld Hkv=%-2lld k_len=%-6lld sets=%-2d splits=%-3d grid=%dx%-3lld %9.2f "
-        "us "
+        "  B=%-3lld Hq=%-2lld Hkv=%-2lld k_len=%-6lld sets=%-2d splits=%-3d launch=%-6s %9.2f us "
         "(spread %.2f)\n",
         static_cast<long long>(s.batch), static_cast<long long>(s.num_qo_heads),
         static_cast<long long>(s.num_kv_heads), static_cast<long long>(s.k_len), r.sets, r.splits,
-        r.cluster, static_cast<long long>(r.grid_y), r.us, r.spread_us);
+        r.launch.c_str(), r.us, r.spread_us);
     std::fflush(stdout);
   }
 
@@ -257,23 +254,23 @@ int main(int argc, char** argv) {
   std::printf("\ncluster capacity:\n%s",
               splice::cuda::detail::flash_decode_cluster_summary().c_str());
 
-  if (variants) {  // attribution: clusters (C) and PDL (P) each off (-) and on (+)
-    std::printf("\nvariants (batch <= 8), us per call:\n");
+  if (variants) {  // attribution: clusters (C), PDL (P), the wide variant (W) off (-) / on (+)
+    std::printf("\nvariants (batch <= 8), us per call (launch shape):\n");
     for (const Shape& s : shapes) {
       if (s.batch > 8) continue;
       std::printf("  B=%-2lld Hq=%-2lld Hkv=%-2lld k_len=%-6lld", static_cast<long long>(s.batch),
                   static_cast<long long>(s.num_qo_heads), static_cast<long long>(s.num_kv_heads),
                   static_cast<long long>(s.k_len));
-      for (int v = 0; v < 4; ++v) {
-        const bool cluster = v & 1;
-        const bool pdl = v & 2;
-        splice::cuda::detail::set_flash_decode_features(cluster, pdl);
+      constexpr bool kVariants[][3] = {{false, false, false}, {false, true, false},
+                                       {true, false, false},  {true, true, false},
+                                       {true, false, true},   {true, true, true}};
+      for (const auto& f : kVariants) {
+        splice::cuda::detail::set_flash_decode_features(f[0], f[1], f[2]);
         const Result r = run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream);
-        const auto [c, g] = splice::cuda::detail::flash_decode_last_grid();
-        std::printf("  C%cP%c %.2f (%dx%lld)", cluster ? '+' : '-', pdl ? '+' : '-', r.us, c,
-                    static_cast<long long>(g));
+        std::printf("  C%cP%cW%c %.2f (%s)", f[0] ? '+' : '-', f[1] ? '+' : '-', f[2] ? '+' : '-',
+                    r.us, r.launch.c_str());
       }
-      splice::cuda::detail::set_flash_decode_features(true, true);
+      splice::cuda::detail::set_flash_decode_features(true, true, true);
       std::printf("\n");
       std::fflush(stdout);
     }

@@ -13,8 +13,9 @@
 //   5. Merge paths: the cluster (distributed shared memory) merge and the global (fp32 partials)
 //      merge at the boundary between them (forced split counts around the cluster size, k_len
 //      around the cluster plan's limit of 256 keys a split), back-to-back launches on one stream
-//      (each reads the previous one's output under programmatic dependent launch), and the kernel
-//      with clusters and PDL switched off.
+//      (each reads the previous one's output under programmatic dependent launch), B = 1 cases
+//      with the wide (8-warp) cluster variant allowed and forbidden, and the kernel with clusters
+//      and PDL switched off.
 //   6. Bad arguments raise the typed errors that name them.
 #include "splice/backend/cuda/flash_decode.h"
 
@@ -37,7 +38,7 @@
 
 namespace splice {
 namespace cuda::detail {
-void set_flash_decode_features(bool cluster, bool pdl);  // flash_decode.cu (A/B switch)
+void set_flash_decode_features(bool cluster, bool pdl, bool wide);  // flash_decode.cu (A/B)
 }  // namespace cuda::detail
 namespace {
 
@@ -366,23 +367,38 @@ TEST(FlashDecodeCuda, OddLengthsWithPoisonedTails) {
   }
 }
 
-// B = 1, (32, 8) at capacity 16384 (a grid of 32 splits): up to C * 256 keys (4096 for clusters
-// of 16, 2048 for 8) the device plan takes C cluster splits merged in distributed shared memory,
-// beyond it 32 splits merged through global partials.
+// Runs `body` with the wide (8-warp) cluster variant allowed and then forbidden: B = 1 shapes
+// take the wide variant when the device holds their clusters, else the four-warp kernel.
+template <typename Body>
+void with_and_without_wide(Body body) {
+  for (bool wide : {true, false}) {
+    SCOPED_TRACE(wide ? "wide variant allowed" : "four-warp kernel only");
+    cuda::detail::set_flash_decode_features(true, true, wide);
+    body();
+  }
+  cuda::detail::set_flash_decode_features(true, true, true);
+}
+
+// B = 1, (32, 8) at capacity 16384 (a grid of 32 four-warp splits): up to C * 256 keys (4096 for
+// clusters of 16, 2048 for 8) the device plan takes C cluster splits merged in distributed shared
+// memory, beyond it 32 splits merged through global partials; the wide variant merges 16 splits
+// in the cluster at every length.
 TEST(FlashDecodeCuda, ClusterAndGlobalMergeBoundary) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 150;
-  for (std::int32_t len : {1023, 2048, 2049, 4096, 4097, 12000}) {
-    Case c;
-    c.dtype = len % 2 == 0 ? DType::bf16 : DType::f16;
-    c.batch = 1;
-    c.num_qo_heads = 32;
-    c.num_kv_heads = 8;
-    c.k_len = {len};
-    c.capacity = 16384;
-    c.causal = false;
-    check_case(c, seed++);
-  }
+  with_and_without_wide([&] {
+    for (std::int32_t len : {1023, 2048, 2049, 4096, 4097, 12000}) {
+      Case c;
+      c.dtype = len % 2 == 0 ? DType::bf16 : DType::f16;
+      c.batch = 1;
+      c.num_qo_heads = 32;
+      c.num_kv_heads = 8;
+      c.k_len = {len};
+      c.capacity = 16384;
+      c.causal = false;
+      check_case(c, seed++);
+    }
+  });
 }
 
 TEST(FlashDecodeCuda, RaggedBatchAndEmptySequence) {
@@ -538,19 +554,21 @@ TEST(FlashDecodeCuda, GraphReplaySwitchesMergePaths) {
   c.num_kv_heads = 8;
   c.capacity = 16384;
   c.k_len = {16384};
-  check_graph_replay(c, {{12000}, {4097}, {16384}, {17}, {4096}, {2049}, {1}, {9000}, {3000}}, 650);
+  with_and_without_wide([&] {
+    check_graph_replay(c, {{12000}, {4097}, {16384}, {17}, {4096}, {2049}, {1}, {9000}, {3000}},
+                       650);
+  });
 }
 
 // Launches back to back on one created stream (programmatic dependent launch on): each call's q
 // is the previous call's output, which is NaN until that call writes it, and consecutive calls
 // share the global-merge workspace. Each output is checked against the reference built from
 // the previous output as read back.
-TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
-  SKIP_WITHOUT_GPU();
+void check_back_to_back(std::uint64_t seed) {
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   const std::int32_t lengths[] = {12000, 9000, 4097, 97, 16384, 1, 4096, 2049};
-  Rng rng(700);
+  Rng rng(seed);
   std::vector<std::unique_ptr<Problem>> chain;
   for (std::int32_t len : lengths) {
     Case c;
@@ -586,11 +604,16 @@ TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
   cuda_ok(cudaStreamDestroy(stream), "stream destroy");
 }
 
+TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
+  SKIP_WITHOUT_GPU();
+  with_and_without_wide([] { check_back_to_back(700); });
+}
+
 // The same kernel with thread-block clusters and PDL switched off (every multi-split merge goes
 // through global partials), then back on.
 TEST(FlashDecodeCuda, FeaturesOffMatchesReference) {
   SKIP_WITHOUT_GPU();
-  cuda::detail::set_flash_decode_features(false, false);
+  cuda::detail::set_flash_decode_features(false, false, false);
   std::uint64_t seed = 800;
   for (std::int32_t len : {97, 4097}) {
     Case c;
@@ -603,7 +626,7 @@ TEST(FlashDecodeCuda, FeaturesOffMatchesReference) {
     c.window_left = 1000;
     check_case(c, seed++);
   }
-  cuda::detail::set_flash_decode_features(true, true);
+  cuda::detail::set_flash_decode_features(true, true, true);
 }
 
 TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -58,8 +59,9 @@ int smem_bytes(std::int64_t head_dim) {
   }
 }
 
-int ctas_per_sm(std::int64_t head_dim) {
-  const std::size_t per_cta = static_cast<std::size_t>(smem_bytes(head_dim)) + kSmemReservedPerCta;
+// Resident CTAs per SM for a CTA of `smem` dynamic shared-memory bytes.
+int ctas_per_sm(int smem) {
+  const std::size_t per_cta = static_cast<std::size_t>(smem) + kSmemReservedPerCta;
   return std::clamp(static_cast<int>(kSmemPerSm / per_cta), 1, kMaxCtasPerSm);
 }
 
@@ -81,8 +83,8 @@ Workspace& workspace() {
 struct Features {
   bool cluster = true;
   bool pdl = true;
-  int last_cluster = 1;  // the latest launch's cluster size and grid split count (logs)
-  std::int64_t last_grid_y = 1;
+  bool wide = true;
+  std::string last_launch;  // the latest launch's shape (benchmark log)
 };
 
 Features& features() {
@@ -108,10 +110,10 @@ std::string& summaries() {
 }
 
 // Queries how many clusters of each size the device holds at once for this instantiation.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kNumWarps>
 ClusterCapacity cluster_capacity(int smem, const char* name) {
   ClusterCapacity capacity;
-  const auto kernel = detail::flash_decode_kernel<T, kHeadDim>;
+  const auto kernel = detail::flash_decode_kernel<T, kHeadDim, kNumWarps>;
   int device = 0;
   SPLICE_CUDA_CHECK(cudaGetDevice(&device));
   int major = 0;
@@ -129,7 +131,7 @@ ClusterCapacity cluster_capacity(int smem, const char* name) {
     for (int i = 1; i < ClusterCapacity::kSizes; ++i) {
       cudaLaunchConfig_t config{};
       config.gridDim = dim3(1, 1u << i, 1);
-      config.blockDim = dim3(detail::kThreads, 1, 1);
+      config.blockDim = dim3(kNumWarps * 32, 1, 1);
       config.dynamicSmemBytes = static_cast<std::size_t>(smem);
       cudaLaunchAttribute attribute{};
       attribute.id = cudaLaunchAttributeClusterDimension;
@@ -148,8 +150,9 @@ ClusterCapacity cluster_capacity(int smem, const char* name) {
   }
   char line[160];
   std::snprintf(line, sizeof line,
-                "%s head_dim %d: %d CTA slots; resident clusters of 2/4/8/16: %d %d %d %d\n", name,
-                kHeadDim, sm_count() * ctas_per_sm(kHeadDim), capacity.active[1],
+                "%s head_dim %d, %d warps: %d CTA slots; resident clusters of 2/4/8/16: %d %d %d "
+                "%d\n",
+                name, kHeadDim, kNumWarps, sm_count() * ctas_per_sm(smem), capacity.active[1],
                 capacity.active[2], capacity.active[3], capacity.active[4]);
   capacity.summary = line;
   std::lock_guard<std::mutex> lock(summary_mutex());
@@ -202,37 +205,41 @@ bool aligned(const Tensor& t, std::int64_t elems) {
 }
 
 // One-time setup of an instantiation: its shared-memory limit and its cluster capacity.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kNumWarps>
 const ClusterCapacity& prepare() {
-  constexpr int kSmem = FlashDecodeConfig<kHeadDim>::kSmemBytes;
+  constexpr int kSmem = FlashDecodeConfig<kHeadDim, kNumWarps>::kSmemBytes;
   static ClusterCapacity capacity;
   static std::once_flag once;
   std::call_once(once, [] {
-    SPLICE_CUDA_CHECK(cudaFuncSetAttribute(detail::flash_decode_kernel<T, kHeadDim>,
+    SPLICE_CUDA_CHECK(cudaFuncSetAttribute(detail::flash_decode_kernel<T, kHeadDim, kNumWarps>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    capacity = cluster_capacity<T, kHeadDim>(kSmem, std::is_same_v<T, __half> ? "f16" : "bf16");
+    capacity =
+        cluster_capacity<T, kHeadDim, kNumWarps>(kSmem, std::is_same_v<T, __half> ? "f16" : "bf16");
   });
   return capacity;
 }
 
 template <typename T>
-const ClusterCapacity& prepare_head_dim(std::int64_t head_dim) {
+const ClusterCapacity& prepare_head_dim(std::int64_t head_dim, bool wide) {
+  if (wide)
+    return head_dim == 64 ? prepare<T, 64, detail::kWideWarps>()
+                          : prepare<T, 128, detail::kWideWarps>();
   switch (head_dim) {
     case 64:
-      return prepare<T, 64>();
+      return prepare<T, 64, detail::kWarps>();
     case 128:
-      return prepare<T, 128>();
+      return prepare<T, 128, detail::kWarps>();
     default:
-      return prepare<T, 256>();
+      return prepare<T, 256, detail::kWarps>();
   }
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kNumWarps>
 void launch(const FlashDecodeParams& params, const dim3& grid, Stream stream) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
-  config.blockDim = dim3(detail::kThreads, 1, 1);
-  config.dynamicSmemBytes = FlashDecodeConfig<kHeadDim>::kSmemBytes;
+  config.blockDim = dim3(kNumWarps * 32, 1, 1);
+  config.dynamicSmemBytes = FlashDecodeConfig<kHeadDim, kNumWarps>::kSmemBytes;
   config.stream = stream;
   cudaLaunchAttribute attributes[2] = {};
   unsigned count = 0;
@@ -251,20 +258,25 @@ void launch(const FlashDecodeParams& params, const dim3& grid, Stream stream) {
   }
   config.attrs = attributes;
   config.numAttrs = count;
-  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, detail::flash_decode_kernel<T, kHeadDim>, params));
+  SPLICE_CUDA_CHECK(
+      cudaLaunchKernelEx(&config, detail::flash_decode_kernel<T, kHeadDim, kNumWarps>, params));
   SPLICE_CUDA_CHECK_LAUNCH("flash_decode_kernel");
 }
 
 template <typename T>
-void launch_head_dim(std::int64_t head_dim, const FlashDecodeParams& params, const dim3& grid,
-                     Stream stream) {
+void launch_head_dim(std::int64_t head_dim, bool wide, const FlashDecodeParams& params,
+                     const dim3& grid, Stream stream) {
+  if (wide) {
+    if (head_dim == 64) return launch<T, 64, detail::kWideWarps>(params, grid, stream);
+    return launch<T, 128, detail::kWideWarps>(params, grid, stream);
+  }
   switch (head_dim) {
     case 64:
-      return launch<T, 64>(params, grid, stream);
+      return launch<T, 64, detail::kWarps>(params, grid, stream);
     case 128:
-      return launch<T, 128>(params, grid, stream);
+      return launch<T, 128, detail::kWarps>(params, grid, stream);
     default:
-      return launch<T, 256>(params, grid, stream);
+      return launch<T, 256, detail::kWarps>(params, grid, stream);
   }
 }
 
@@ -300,7 +312,7 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
   FlashDecodePlan plan;
   const std::int64_t rows = (num_qo_heads / num_kv_heads) * q_len;
   plan.row_blocks = static_cast<int>((rows + kFlashDecodeRowsPerCta - 1) / kFlashDecodeRowsPerCta);
-  plan.ctas_per_sm = ctas_per_sm(head_dim);
+  plan.ctas_per_sm = ctas_per_sm(smem_bytes(head_dim));
   const std::int64_t units = batch * num_kv_heads * plan.row_blocks;
   const std::int64_t bound =
       std::clamp<std::int64_t>(max_live_k_len, 1, std::max<std::int64_t>(capacity, 1));
@@ -412,16 +424,30 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
       std::min<std::int64_t>({options.num_splits, max_splits, kFlashDecodeMaxSplits});
   // Stage 3: the cluster size and the grid's split count.
   const std::int64_t units = plan.grid_x * plan.grid_z;
-  const ClusterCapacity& clusters = q.dtype() == DType::bf16
-                                        ? prepare_head_dim<__nv_bfloat16>(head_dim)
-                                        : prepare_head_dim<__half>(head_dim);
-  const auto [cluster, grid_y] =
-      features().cluster
-          ? cluster_and_splits(clusters, units, plan.grid_y, forced)
-          : std::pair<int, std::int64_t>{1, std::max<std::int64_t>(plan.grid_y, forced)};
-
-  features().last_cluster = cluster;
-  features().last_grid_y = grid_y;
+  const bool bf16 = q.dtype() == DType::bf16;
+  const ClusterCapacity& clusters = bf16 ? prepare_head_dim<__nv_bfloat16>(head_dim, false)
+                                         : prepare_head_dim<__half>(head_dim, false);
+  // The wide variant: one cluster of 16 eight-warp splits per unit, every split count merged in
+  // the cluster, where the plain plan wants >= 32 splits and every such cluster is resident.
+  bool wide = false;
+  if (features().cluster && features().wide && head_dim <= detail::kWideMaxHeadDim &&
+      forced <= detail::kMaxClusterSplits && plan.grid_y >= 2 * detail::kMaxClusterSplits) {
+    const ClusterCapacity& wide_clusters = bf16 ? prepare_head_dim<__nv_bfloat16>(head_dim, true)
+                                                : prepare_head_dim<__half>(head_dim, true);
+    wide = wide_clusters.active[ClusterCapacity::kSizes - 1] >= units;
+  }
+  int cluster = 1;
+  std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced);
+  if (wide) {
+    cluster = detail::kMaxClusterSplits;
+    grid_y = detail::kMaxClusterSplits;
+  } else if (features().cluster) {
+    std::tie(cluster, grid_y) = cluster_and_splits(clusters, units, plan.grid_y, forced);
+  }
+  char shape[64];
+  std::snprintf(shape, sizeof shape, "%dx%lld%s", cluster, static_cast<long long>(grid_y),
+                wide ? "w" : "");
+  features().last_launch = shape;
 
   // Stage 4: workspace, params, launch.
   const std::size_t partial_rows =
@@ -484,22 +510,21 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 
   const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(grid_y),
                   static_cast<unsigned>(plan.grid_z));
-  if (q.dtype() == DType::bf16)
-    launch_head_dim<__nv_bfloat16>(head_dim, p, grid, stream);
+  if (bf16)
+    launch_head_dim<__nv_bfloat16>(head_dim, wide, p, grid, stream);
   else
-    launch_head_dim<__half>(head_dim, p, grid, stream);
+    launch_head_dim<__half>(head_dim, wide, p, grid, stream);
 }
 
 namespace detail {
 
-void set_flash_decode_features(bool cluster, bool pdl) {
+void set_flash_decode_features(bool cluster, bool pdl, bool wide) {
   features().cluster = cluster;
   features().pdl = pdl;
+  features().wide = wide;
 }
 
-std::pair<int, std::int64_t> flash_decode_last_grid() {
-  return {features().last_cluster, features().last_grid_y};
-}
+std::string flash_decode_last_launch() { return features().last_launch; }
 
 std::string flash_decode_cluster_summary() {
   std::lock_guard<std::mutex> lock(summary_mutex());

@@ -1,9 +1,10 @@
 // Device code of the flash-decode attention kernel (spec decode_attention.md §5). POD params in,
 // nothing from ir/plan/exec; the launcher (flash_decode.cu) plans the grid and checks arguments.
 //
-// One CTA = (row block rb, split s, batch b x kv head h); 4 warps; 16 query rows (one m16 tile:
-// row = g * q_len + i for group member g and query i, padded with empty rows). The launcher may
-// group the splits of one (b, h, rb) into a thread-block cluster of C CTAs along the split axis
+// One CTA = (row block rb, split s, batch b x kv head h); W warps (4, or 8 in the wide variant
+// the launcher picks for cluster-merged small batches, one CTA per SM); 16 query rows (one m16
+// tile: row = g * q_len + i for group member g and query i, padded with empty rows). The launcher
+// may group the splits of one (b, h, rb) into a thread-block cluster of C CTAs along the split axis
 // (C = p.cluster_splits, a power of two <= 16; 1 = no cluster) and may launch with programmatic
 // dependent launch (PDL).
 //   0. PDL: let the next kernel in the stream start launching now, then wait until the previous
@@ -17,7 +18,7 @@
 //      round_up(ceil(n / S), 16)) (or from a forced split count), live = ceil(n / chunk); CTAs
 //      with s >= live exit (in the cluster path those of the merging cluster first pass its two
 //      barriers). Split s owns keys [c0, c1) = [lo + s * chunk, min(hi, lo + (s + 1) * chunk)).
-//   2. Loads. Each warp streams its own 16-key tiles t = warp, warp + 4, ... of [c0, c1) through
+//   2. Loads. Each warp streams its own 16-key tiles t = warp, warp + W, ... of [c0, c1) through
 //      a private cp.async ring (16-byte loads, kStages - 1 tiles in flight, rows swizzled by
 //      chunk ^ (row & 7) so ldmatrix is conflict-free). Keys >= c1 are zero-filled, never read:
 //      a NaN at or beyond k_len cannot reach a result. No CTA-wide barrier in the main loop.
@@ -50,7 +51,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 
 namespace splice::cuda::detail {
 
@@ -60,6 +60,10 @@ inline constexpr int kWarps = 4;
 // Grid splits are capped here (stage 6 keeps every split's weight in shared memory).
 inline constexpr int kMaxSplits = 256;
 inline constexpr int kThreads = kWarps * 32;
+// The wide variant (cluster path at small batch, head_dim <= 128): 8 warps, one CTA per SM, so
+// 16 cluster splits keep as many K/V bytes in flight as 32 four-warp splits at two CTAs per SM.
+inline constexpr int kWideWarps = 8;
+inline constexpr int kWideMaxHeadDim = 128;
 // Largest cluster along the split axis (16 needs the non-portable cluster size attribute).
 inline constexpr int kMaxClusterSplits = 16;
 // The device plan prefers C cluster splits over more global-merge splits while a split holds at
@@ -99,17 +103,18 @@ struct FlashDecodeParams {
   float softcap;  // 0 = none
 };
 
-template <int kHeadDim>
+template <int kHeadDim, int kNumWarps = kWarps>
 struct FlashDecodeConfig {
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kStages = kHeadDim == 256 ? 2 : (kHeadDim == 64 ? 4 : 3);
   static constexpr int kTileBytes = kTileKeys * kHeadDim * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;  // K tile then V tile
   static constexpr int kQBytes = kRows * kHeadDim * 2;
-  static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
+  static constexpr int kPipeBytes = kNumWarps * kStages * kStageBytes;
   static constexpr int kRedStride = kHeadDim + 4;  // floats per row of the warp-merge scratch
   // Warp-merge scratch (o, m, l per warp and row), then the split weights of stage 6.
-  static constexpr int kMergeBytes = (kWarps * kRows * (kRedStride + 2) + kRows * kMaxSplits) * 4;
+  static constexpr int kMergeBytes =
+      (kNumWarps * kRows * (kRedStride + 2) + kRows * kMaxSplits) * 4;
   // Stage 6c: this split's merged (O_s [16][head_dim], lse2_s [16]) for the cluster's readers.
   static constexpr int kClusterBytes = (kRows * kHeadDim + kRows) * 4;
   static constexpr int kScratchBytes = kMergeBytes + kClusterBytes;
@@ -118,13 +123,14 @@ struct FlashDecodeConfig {
   static constexpr bool kQInRegs = kHeadDim <= 128;
 };
 
-// Host side (flash_decode.cu): switches thread-block clusters and programmatic dependent launch
-// off or on for later launches (both on by default; the benchmark times each combination).
-void set_flash_decode_features(bool cluster, bool pdl);
+// Host side (flash_decode.cu): switches thread-block clusters, programmatic dependent launch and
+// the wide (8-warp) cluster variant off or on for later launches (all on by default; the
+// benchmark times the combinations).
+void set_flash_decode_features(bool cluster, bool pdl, bool wide);
 // Host side: one line per prepared instantiation (CTA slots, resident clusters of each size).
 std::string flash_decode_cluster_summary();
-// Host side: the latest launch's cluster size and grid split count.
-std::pair<int, std::int64_t> flash_decode_last_grid();
+// Host side: the latest launch's shape, "<cluster>x<grid splits>" plus "w" for the wide variant.
+std::string flash_decode_last_launch();
 
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -259,10 +265,11 @@ __device__ __forceinline__ void store_out4(const FlashDecodeParams& p, T* dst,
   }
 }
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kThreads, 1)
+template <typename T, int kHeadDim, int kNumWarps = kWarps>
+__global__ void __launch_bounds__(kNumWarps * 32, 1)
     flash_decode_kernel(const __grid_constant__ FlashDecodeParams p) {
-  using Cfg = FlashDecodeConfig<kHeadDim>;
+  using Cfg = FlashDecodeConfig<kHeadDim, kNumWarps>;
+  constexpr int kCtaThreads = kNumWarps * 32;
   constexpr int kChunks = Cfg::kChunks;
   constexpr int kStages = Cfg::kStages;
   constexpr int kSlotsPerRow = kHeadDim / 4;  // float4 slots per output row
@@ -317,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Stage 2: start this warp's K/V stream before anything else.
   const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
-  const int my_tiles = num_tiles > warp ? ceil_div(num_tiles - warp, kWarps) : 0;
+  const int my_tiles = num_tiles > warp ? ceil_div(num_tiles - warp, kNumWarps) : 0;
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
   unsigned char* q_smem = smem;
@@ -325,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t pipe_u32 = smem_u32(pipe);
 
   auto load_tile = [&](int it, int stage) {
-    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
+    const int key0 = c0 + (warp + it * kNumWarps) * kTileKeys;
     const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes;
     const std::uint32_t v_dst = k_dst + Cfg::kTileBytes;
 #pragma unroll
@@ -350,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Stage 2b: the 16 query rows into shared memory (zeros for padding rows).
   const int row_base = rb * kRows;
-  for (int c = tid; c < kRows * kChunks; c += kThreads) {
+  for (int c = tid; c < kRows * kChunks; c += kCtaThreads) {
     const int row = c / kChunks;
     const int ch = c % kChunks;
     const int gr = row_base + row;
@@ -430,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     const std::uint32_t k_tile = pipe_u32 + (it % kStages) * Cfg::kStageBytes;
     const std::uint32_t v_tile = k_tile + Cfg::kTileBytes;
-    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
+    const int key0 = c0 + (warp + it * kNumWarps) * kTileKeys;
 
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
@@ -515,8 +522,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // every warp is done with its ring: reuse it as scratch
   float* red_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);  // [warps][16][kRedStride]
-  float* red_m = red_o + kWarps * kRows * Cfg::kRedStride;       // [warps][16]
-  float* red_l = red_m + kWarps * kRows;                         // [warps][16]
+  float* red_m = red_o + kNumWarps * kRows * Cfg::kRedStride;    // [warps][16]
+  float* red_l = red_m + kNumWarps * kRows;                      // [warps][16]
 #pragma unroll
   for (int dn = 0; dn < kHeadDim / 8; ++dn) {
 #pragma unroll
@@ -540,17 +547,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* cluster_lse2 = cluster_o + kRows * kHeadDim;                                   // [16]
   const std::int64_t unit = static_cast<std::int64_t>(bh) * gridDim.x + rb;
   const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row index base
-  for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
+  for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kCtaThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
     float big = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, red_m[w * kRows + row]);
+    for (int w = 0; w < kNumWarps; ++w) big = fmaxf(big, red_m[w * kRows + row]);
     float denom = 0.0f;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (big != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kNumWarps; ++w) {
         const float mw = red_m[w * kRows + row];
         const float ww = mw == -INFINITY ? 0.0f : exp2f(mw - big);
         denom += ww * red_l[w * kRows + row];
@@ -594,8 +601,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (cluster rank = split). The live CTAs share the output slots; each slot reads its row's
     // lse2_s and O_s from every split with independent distributed-shared-memory loads.
     cluster_barrier<true>();
-    for (int slot = split * kThreads + tid; slot < valid_rows * kSlotsPerRow;
-         slot += live_splits * kThreads) {
+    for (int slot = split * kCtaThreads + tid; slot < valid_rows * kSlotsPerRow;
+         slot += live_splits * kCtaThreads) {
       const int row = slot / kSlotsPerRow;
       const int d = (slot % kSlotsPerRow) * 4;
       float ls[kMaxClusterSplits];
@@ -663,8 +670,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __threadfence();
   // 6a: per row, one warp reads all live lse2_s at once (one L2 round trip, not one per split)
   //     and leaves the weights 2^(lse2_s - M) in shared memory.
-  float* weights = red_l + kWarps * kRows;  // [16][kMaxSplits], past the warp-merge scratch
-  for (int row = warp; row < valid_rows; row += kWarps) {
+  float* weights = red_l + kNumWarps * kRows;  // [16][kMaxSplits], past the warp-merge scratch
+  for (int row = warp; row < valid_rows; row += kNumWarps) {
     const float* lse_row = p.partial_lse + (unit * kRows + row) * gridDim.y;
     float* w_row = weights + row * kMaxSplits;
     float big = -INFINITY;
@@ -694,7 +701,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   // 6b: o = sum_s w_s O_s / sum_s w_s, the partial loads of a slot independent of each other.
   const std::int64_t first_row = unit * gridDim.y * kRows;  // split 0's row 0
-  for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
+  for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kCtaThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
     const float* w_row = weights + row * kMaxSplits;
