@@ -7,7 +7,9 @@
 //      (a power of two <= 16; 16 needs the non-portable size attribute), choosing C and the
 //      grid's split count so that every cluster of the grid is resident at once (the device's
 //      resident-cluster counts are queried once per instantiation). Splits that fit in one
-//      cluster merge through distributed shared memory (kernel stage 6c).
+//      cluster merge through distributed shared memory (kernel stage 6c). Where the plain plan
+//      wants >= 32 splits (small batches) and head_dim <= 128, the wide variant runs instead:
+//      one cluster of 16 eight-warp CTAs per unit (one per SM), cluster-merged at every length.
 //   4. Make sure the module-owned fp32 split workspace and the zeroed merge counters are large
 //      enough (growth is refused during stream capture), fill the POD params and launch the
 //      instantiation for (dtype, head_dim) with cudaLaunchKernelEx: the cluster dimension and,
