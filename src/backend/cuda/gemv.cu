@@ -17,7 +17,8 @@
 //      L1::no_allocate since each weight byte is used once. The matching x vectors come through
 //      the read-only cache (every warp of the SM re-reads x, which stays in L1/L2).
 //   3. Update, per lane, in fp32:  acc[r][c] += sum_{i < kVec} x[r, v kVec + i] * w[j0 + c, v kVec
-//      + i]; each w vector is converted once and reused for every row r.
+//      + i] (with fewer than kMinChains accumulators, the vector's partial first, so a batch's FMA
+//      chains are independent); each w vector is converted once and reused for every row r.
 //   4. Tail: the k % kVec elements after the last full vector go one per lane (scalar loads).
 //   5. Reduction: acc[r][c] = sum over the 32 lanes (xor butterfly, warp shuffles); lane
 //      (r * kCols + c) mod 32 stores y[r, j0 + c] rounded to the output dtype.
@@ -42,6 +43,7 @@ constexpr int kMaxCols = 4;           // output columns per warp
 constexpr int kMaxWarpsPerCta = 4;    // 128 threads
 constexpr int kTargetWarpsPerSm = 4;  // fewer columns per warp until n / kCols reaches this
 constexpr int kLoadBudget = 24;       // (w + x) vectors a lane loads per iteration, at most
+constexpr int kMinChains = 4;         // fewer accumulators than this: per-vector partials (stage 3)
 constexpr int kMaxThreads = kMaxWarpsPerCta * kWarpSize;
 
 // Register type of one load of `kBytes`.
@@ -60,11 +62,10 @@ struct RawOf<2> {
   using type = unsigned short;
 };
 
-// Iterations' unroll: the largest power of two with kUnroll * (kRows + kCols) <= kLoadBudget.
+// Vectors per lane per row in one batch: as many as fit kUnroll * (kRows + kCols) <= kLoadBudget
+// (K = 576 bf16 is 72 vectors a row: one batch whenever kUnroll >= 3).
 constexpr int unroll_for(int rows, int cols) {
-  int u = 1;
-  while (2 * u * (rows + cols) <= kLoadBudget) u *= 2;
-  return u;
+  return kLoadBudget / (rows + cols) > 1 ? kLoadBudget / (rows + cols) : 1;
 }
 
 // Predicated read-only loads, zero when `pred` is false (memory is not touched then, so the
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
     w_rows[c] = static_cast<const T*>(p.w) + std::min(j0 + c, p.n - 1) * p.w_row_stride;
   const T* x_rows[kRows];  // each [k]
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) x_rows[r] = static_cast<const T*>(p.x[r < p.rows ? r : 0]);
+  for (int r = 0; r < kRows; ++r) x_rows[r] = static_cast<const T*>(p.x[r]);  // r >= rows: x[0]
 
   float acc[kRows][kCols];
 #pragma unroll
@@ -202,9 +203,18 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
         float xf[kVec];
         unpack<T>(x_raw[u][r], xf);
 #pragma unroll
-        for (int c = 0; c < kCols; ++c)
+        for (int c = 0; c < kCols; ++c) {
+          if constexpr (kRows * kCols < kMinChains) {
+            // A partial per vector: kUnroll independent FMA chains instead of one long one.
+            float part = 0.0f;
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) acc[r][c] = fmaf(xf[i], wf[c][i], acc[r][c]);
+            for (int i = 0; i < kVec; ++i) part = fmaf(xf[i], wf[c][i], part);
+            acc[r][c] += part;
+          } else {
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) acc[r][c] = fmaf(xf[i], wf[c][i], acc[r][c]);
+          }
+        }
       }
     }
     base += kStep;
@@ -299,7 +309,8 @@ bool aligned(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % k
 
 }  // namespace
 
-void launch(const Params& p, cudaStream_t stream) {
+void launch(const Params& params, cudaStream_t stream) {
+  Params p = params;
   const auto is_float = [](DType d) {
     return d == DType::f32 || d == DType::f16 || d == DType::bf16;
   };
@@ -308,6 +319,8 @@ void launch(const Params& p, cudaStream_t stream) {
           is_float(p.in_dtype) && is_float(p.out_dtype) && p.w != nullptr,
       "gemv params: rows ", p.rows, ", n ", p.n, ", k ", p.k, ", w_row_stride ", p.w_row_stride);
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.in_dtype));
+  // Rows past `rows` of the kernel's row bucket read row 0 (valid memory) and store nothing.
+  for (int r = p.rows; r < kMaxRows; ++r) p.x[r] = p.x[0];
 
   // 16-byte vectors need every weight row and every x row to start on a 16-byte boundary.
   bool vectorized = aligned(p.w) && (p.n == 1 || (p.w_row_stride * elem) % kVectorBytes == 0);
