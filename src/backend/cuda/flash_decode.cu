@@ -287,7 +287,8 @@ void launch_head_dim(std::int64_t head_dim, bool wide, const FlashDecodeParams& 
 // one GPC, so a grid with more clusters than fit would run a second wave at long lengths, where
 // all splits are live. The largest power of two C <= the split count is taken for which
 //   S = C * min(floor(splits / C), floor(resident clusters / units))
-// is at least `forced` and at least half the planned split count; otherwise no cluster.
+// is at least `forced` and at least half the split count rounded down to a multiple of C (33
+// planned splits may become 16); otherwise no cluster.
 std::pair<int, std::int64_t> cluster_and_splits(const ClusterCapacity& capacity, std::int64_t units,
                                                 std::int64_t planned, std::int64_t forced) {
   const std::int64_t splits = std::max(planned, forced);
@@ -297,7 +298,8 @@ std::pair<int, std::int64_t> cluster_and_splits(const ClusterCapacity& capacity,
     const std::int64_t per_unit =
         std::min<std::int64_t>(splits / cluster, capacity.active[i] / units);
     const std::int64_t grid_y = cluster * per_unit;
-    if (per_unit >= 1 && grid_y >= forced && 2 * grid_y >= splits) return {cluster, grid_y};
+    if (per_unit >= 1 && grid_y >= forced && 2 * grid_y >= splits / cluster * cluster)
+      return {cluster, grid_y};
   }
   return {1, splits};
 }
