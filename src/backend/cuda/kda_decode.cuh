@@ -43,7 +43,9 @@
 //      d. Conv write-back of this chunk into slot cs, for this slice's rows of each projection:
 //         positions 0, 1 <- old a+1, a+2 (first chunk), 2 + t <- x[b + t] (bit copies). Only the
 //         first chunk reads the history, and every slice's precompute of it precedes the barrier
-//         (cluster sync) before the first write.
+//         before the first write: with one CTA per head that is the precompute's own barrier (the
+//         write-back then runs before the sweep, off the tail); with a cluster, the cluster sync
+//         after c.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -593,6 +595,26 @@ __device__ __forceinline__ void run_item(const Params& p,
   cta_sync<kThreads>();
   release();
 
+  // Stage 3d: conv write-back of chunk c0 (the history is read only by the first chunk, whose
+  // precompute every slice finished before the write-back's barrier): positions 0, 1 <- old a+1,
+  // a+2 (first chunk), positions 2 + tt <- x[b + tt] (bits saved by the precompute).
+  auto write_back = [&](int c0, int nt) {
+#pragma unroll
+    for (int k = 0; k < L::kWriteback; ++k) {
+      if (wb_channel[k] < 0) continue;
+      const int cgl = wb_channel[k];
+      const int lc = tid + k * kThreads;
+      const int proj = lc / kRows, d = row0 + lc % kRows;
+      if (c0 == 0) {
+        conv_base[cgl] = old1[k];
+        conv_base[static_cast<std::int64_t>(width) + cgl] = old2[k];
+      }
+#pragma unroll 1
+      for (int t = 0; t < nt; ++t)
+        conv_base[static_cast<std::int64_t>(kHist - 1 + c0 + t) * width + cgl] = sm.x[t][proj][d];
+    }
+  };
+
   StateT* const state = static_cast<StateT*>(p.state);
   const std::int64_t head_off = static_cast<std::int64_t>(h) * kD * kD;
   const int my_row = geo.j >> log2_int(kLanes / kRt);         // row reduced into lane j
@@ -604,6 +626,11 @@ __device__ __forceinline__ void run_item(const Params& p,
       cta_sync<kThreads>();  // the previous chunk's write-back has read sm.x
       precompute(c0, nt, GlobalInputs(p, it));
       cta_sync<kThreads>();
+    }
+    // One CTA holds the head: every history read (first chunk's precompute, old1/old2) and this
+    // chunk's sm.x precede the barrier above, so the write-back runs now, off the item's tail.
+    if constexpr (kSlices == 1) {
+      write_back(c0, nt);
     }
 
     // Stage 3b: the state sweep.
@@ -716,26 +743,7 @@ __device__ __forceinline__ void run_item(const Params& p,
     }
     if constexpr (kSlices > 1) {
       cg::this_cluster().sync();  // partials read; also orders all history reads before stage 3d
-    } else {
-      cta_sync<kThreads>();
-    }
-
-    // Stage 3d: conv write-back of this chunk (the history is read only by the first chunk, whose
-    // precompute every slice finished before the barrier above): positions 0, 1 <- old a+1, a+2
-    // (first chunk), positions 2 + tt <- x[b + tt] (bits saved by the precompute).
-#pragma unroll
-    for (int k = 0; k < L::kWriteback; ++k) {
-      if (wb_channel[k] < 0) continue;
-      const int cgl = wb_channel[k];
-      const int lc = tid + k * kThreads;
-      const int proj = lc / kRows, d = row0 + lc % kRows;
-      if (c0 == 0) {
-        conv_base[cgl] = old1[k];
-        conv_base[static_cast<std::int64_t>(width) + cgl] = old2[k];
-      }
-#pragma unroll 1
-      for (int t = 0; t < nt; ++t)
-        conv_base[static_cast<std::int64_t>(kHist - 1 + c0 + t) * width + cgl] = sm.x[t][proj][d];
+      write_back(c0, nt);
     }
   }
 }
