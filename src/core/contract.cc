@@ -55,4 +55,23 @@ AttentionContract seed_capacity_k_contract() {
   return row;
 }
 
+const char* layer_op_name(LayerOpKind kind) {
+  switch (kind) {
+    case LayerOpKind::rms_norm: return "rms_norm";
+    case LayerOpKind::silu_mul: return "silu_mul";
+    case LayerOpKind::rope: return "rope";
+  }
+  return "?";
+}
+
+bool LayerOpContract::supports(LayerOpKind kind) const {
+  return std::find(ops.begin(), ops.end(), kind) != ops.end();
+}
+
+bool LayerOpContract::supports_dtype(DType d) const {
+  return std::find(dtypes.begin(), dtypes.end(), d) != dtypes.end();
+}
+
+Tolerance LayerOpContract::tolerance(DType dtype) const { return default_tolerance(dtype); }
+
 }  // namespace splice

@@ -8,6 +8,7 @@
 #include "splice/core/error.h"
 #include "splice/ops/decode_attention.h"
 #include "splice/ops/kda_decode.h"
+#include "splice/ops/layer_ops.h"
 
 #ifdef SPLICE_WITH_CUDA
 #include "splice/backend/cuda/flash_decode.h"
@@ -174,6 +175,11 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
     }
     return;
   }
+  // The fused layer ops validate against their contract row and pick the device themselves;
+  // Rope reads its position from the SymValue node's [1] tensor (device memory on CUDA).
+  if (n.op == Op::RmsNorm) return fused_rms_norm(in[0], in[1], n.attrs.eps, out);
+  if (n.op == Op::SiluMul) return fused_silu_mul(in[0], in[1], out);
+  if (n.op == Op::Rope) return fused_rope(in[0], in[1], in[2], in[3], out);
 #ifdef SPLICE_WITH_CUDA
   if (out.device().is_cuda()) return run_cuda(n, in, out, s);
 #endif

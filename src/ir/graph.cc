@@ -251,6 +251,18 @@ NodeId Graph::kda_decode(const std::vector<NodeId>& inputs, const KdaAttrs& attr
   return add(Op::KdaDecode, inputs, std::move(out_shape), DType::bf16, std::move(a));
 }
 
+NodeId Graph::rms_norm(NodeId x, NodeId weight, float eps, DType dtype) {
+  Attrs a;
+  a.eps = eps;
+  return add(Op::RmsNorm, {x, weight}, {}, dtype, std::move(a));
+}
+
+NodeId Graph::silu_mul(NodeId a, NodeId b) { return add(Op::SiluMul, {a, b}, {}, DType::f32); }
+
+NodeId Graph::rope(NodeId x, NodeId cos_table, NodeId sin_table, NodeId position) {
+  return add(Op::Rope, {x, cos_table, sin_table, position}, {}, DType::f32);
+}
+
 std::int64_t Graph::wrap_axis(std::int64_t axis, std::size_t rank, const char* what) const {
   const auto r = static_cast<std::int64_t>(rank);
   const std::int64_t a = axis < 0 ? axis + r : axis;

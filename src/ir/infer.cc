@@ -266,6 +266,45 @@ Inferred infer_node(const Graph& g, const Node& n) {
         fail<GraphError>("kda_decode takes the spec's argument list, got ", n.inputs.size(),
                          " inputs");
       return {n.shape, DType::bf16};
+    case Op::RmsNorm: {
+      require_arity(n, 2);
+      require_float(in(0).dtype, n, "x");
+      require_float(in(1).dtype, n, "weight");
+      require_float(n.dtype, n, "out");
+      const SymShape &x = in(0).shape, &w = in(1).shape;
+      if (x.empty() || w.size() != 1 || !w[0].structurally_equal(x.back()))
+        fail<GraphError>("rms_norm: `weight` must be [H] for `x` [..., H], got x ",
+                         sym_shape_str(x), " and weight ", sym_shape_str(w));
+      return {x, n.dtype};
+    }
+    case Op::SiluMul:
+      require_arity(n, 2);
+      require_float(in(0).dtype, n, "a");
+      require_same_dtype(in(0).dtype, in(1).dtype, n);
+      if (!same_shape(in(0).shape, in(1).shape))
+        fail<GraphError>("silu_mul: `a` ", sym_shape_str(in(0).shape), " and `b` ",
+                         sym_shape_str(in(1).shape), " must have one shape");
+      return {in(0).shape, in(0).dtype};
+    case Op::Rope: {
+      require_arity(n, 4);
+      require_float(in(0).dtype, n, "x");
+      require_float(in(1).dtype, n, "cos");
+      require_same_dtype(in(1).dtype, in(2).dtype, n);
+      const SymShape &x = in(0).shape, &c = in(1).shape;
+      if (x.empty() || !x.back().is_constant() || x.back().constant() % 2 != 0)
+        fail<GraphError>("rope: `x` must be [..., D] with a concrete even D, got ",
+                         sym_shape_str(x));
+      if (c.size() != 2 || !c[1].structurally_equal(x.back()) || !same_shape(c, in(2).shape))
+        fail<GraphError>("rope: `cos` and `sin` must both be [max_seq_len, D] for x ",
+                         sym_shape_str(x), ", got ", sym_shape_str(c), " and ",
+                         sym_shape_str(in(2).shape));
+      const Node& pos = in(3);
+      if (pos.dtype != DType::i32 || pos.shape.size() != 1 || !pos.shape[0].is_constant() ||
+          pos.shape[0].constant() != 1)
+        fail<GraphError>("rope: `position` must be i32 [1], got ", dtype_name(pos.dtype),
+                         sym_shape_str(pos.shape));
+      return {x, in(0).dtype};
+    }
     case Op::Branch:
       if (n.inputs.empty()) fail<GraphError>("branch: needs at least one arm");
       return {in(0).shape, in(0).dtype};

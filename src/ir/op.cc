@@ -93,6 +93,12 @@ const char* op_name(Op op) {
       return "flash_decode";
     case Op::KdaDecode:
       return "kda_decode";
+    case Op::RmsNorm:
+      return "rms_norm";
+    case Op::SiluMul:
+      return "silu_mul";
+    case Op::Rope:
+      return "rope";
     case Op::Branch:
       return "branch";
   }

@@ -60,6 +60,9 @@ std::string attrs_str(const Graph& g, const Node& n) {
           << " eps=" << k.norm_eps;
       break;
     }
+    case Op::RmsNorm:
+      out << " eps=" << n.attrs.eps;
+      break;
     case Op::Branch: {
       const auto& b = *n.attrs.branch;
       out << " diverge=%" << b.diverge.index << " merge=%" << b.merge.index;

@@ -58,7 +58,8 @@ Generator::Generator(DecodeModel model, const GeneratorOptions& options)
     fail<ValueError>("Generator decodes batch 1, got batch ", model.options.batch);
   OptimizeOptions opt = options.optimize;
   opt.tune.device = options.device;
-  decisions_ = optimize_graph(model.graph, model.attention_specs, opt, model.kda_specs);
+  decisions_ =
+      optimize_graph(model.graph, model.attention_specs, opt, model.kda_specs, model.layer_specs);
   SessionOptions so;
   so.device = options.device;
   so.measure_host_overhead = options.measure_host_overhead;

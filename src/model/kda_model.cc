@@ -290,9 +290,11 @@ struct Builder {
     auto heads_of = [&](NodeId t, std::int64_t n) {  // [B, 1, n*D] -> [B, n, 1, D]
       return g.permute(g.reshape(t, {B, one, SymExpr(n), SymExpr(head_dim)}), {0, 2, 1, 3});
     };
-    const NodeId q_rot =
-        g.labeled(layers::rope(g, heads_of(q, heads), cos_table, sin_table, position), site + ".q");
-    const NodeId k_rot = layers::rope(g, heads_of(k, kv_heads), cos_table, sin_table, position);
+    const NodeId q_rot = g.labeled(layers::rope(g, heads_of(q, heads), cos_table, sin_table,
+                                                position, &m.layer_specs, site + ".q"),
+                                   site + ".q");
+    const NodeId k_rot = layers::rope(g, heads_of(k, kv_heads), cos_table, sin_table, position,
+                                      &m.layer_specs, site + ".k");
     const SymShape cache{B, SymExpr(kv_heads), SymExpr(o.max_seq_len), SymExpr(head_dim)};
     const NodeId k_state = g.state(p + "k_cache", cache, o.dtype);  // [B, Hkv, capacity, D]
     const NodeId v_state = g.state(p + "v_cache", cache, o.dtype);
@@ -349,22 +351,23 @@ struct Builder {
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const std::string name = "layer" + std::to_string(l);
-      const NodeId a =
-          layers::rms_norm(g, h, param(p + "attn_norm.weight", {hidden}), c.rms_norm_eps, dt);
+      const NodeId a = layers::rms_norm(g, h, param(p + "attn_norm.weight", {hidden}),
+                                        c.rms_norm_eps, dt, &m.layer_specs, name + ".attn_norm");
       const NodeId mixed = c.is_attention_layer(l)
                                ? attention_mixer(l, a, *cos_table, *sin_table, *position)
                                : kda_mixer(l, a);
       h = g.labeled(add(h, mixed), name + ".mixer.residual");
-      const NodeId n =
-          layers::rms_norm(g, h, param(p + "mlp_norm.weight", {hidden}), c.rms_norm_eps, dt);
+      const NodeId n = layers::rms_norm(g, h, param(p + "mlp_norm.weight", {hidden}),
+                                        c.rms_norm_eps, dt, &m.layer_specs, name + ".mlp_norm");
       const std::int64_t inter = c.intermediate_size;
       const NodeId mlp = layers::swiglu(g, n, param(p + "mlp.gate_proj.weight", {inter, hidden}),
                                         param(p + "mlp.up_proj.weight", {inter, hidden}),
-                                        param(p + "mlp.down_proj.weight", {hidden, inter}));
+                                        param(p + "mlp.down_proj.weight", {hidden, inter}),
+                                        &m.layer_specs, name + ".mlp");
       h = g.labeled(add(h, mlp), name + ".mlp.residual");
     }
-    const NodeId final_norm =
-        layers::rms_norm(g, h, param("model.norm.weight", {hidden}), c.rms_norm_eps, dt);
+    const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}),
+                                               c.rms_norm_eps, dt, &m.layer_specs, "final_norm");
     const bool tied = c.tie_word_embeddings || !w.has("lm_head.weight");
     const NodeId head = tied ? embed : param("lm_head.weight", {vocab, hidden});
     const NodeId logits = g.cast(layers::linear(g, final_norm, head), DType::f32);  // [B, 1, vocab]

@@ -1,11 +1,16 @@
 // The Llama family decode step (LlamaForCausalLM, Qwen2, SmolLM naming).
 //
 //   h = embed[tokens]                                            [B, 1, hidden]
-//   per layer: a = rms_norm(h) -> q, k, v projections -> RoPE(q, k) at position k_len - 1
+//   per layer: a = rms_norm(h) -> q|k|v = a @ W_qkv^T (one matmul over the stacked q, k, v
+//              weights, q, k, v views of its output; BuildOptions::stack_projections)
+//              -> RoPE(q, k) at position k_len - 1
 //              k_cache[:, :, k_len-1] = k, v_cache[...] = v     (write_at, the KV append)
 //              h += o_proj(attention(q, k_cache, v_cache, k_len))   (primitive region + spec)
-//              h += down(silu(gate(rms_norm(h))) * up(rms_norm(h)))
+//              h += down(silu(gate) * up),  gate|up = rms_norm(h) @ W_gate_up^T (one matmul
+//              over the stacked gate and up weights)
 //   logits = rms_norm(h) @ lm_head^T (embed when tied)            [B, vocab] f32
+// Every RMSNorm, RoPE and SwiGLU activation also hands the optimizer a LayerOpSpec
+// (m.layer_specs) for its fused arm.
 #include <cmath>
 
 #include "splice/core/error.h"
@@ -40,6 +45,49 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
     if (!present) return std::nullopt;
     return param(name, {n});
   };
+  // One param holding several Hugging Face weights stacked along their output axis (rows), so
+  // one matmul computes every projection; `cols` = 0 stacks biases (rank 1). Copies are exact.
+  using Parts = std::vector<std::pair<std::string, std::int64_t>>;  // (name, rows)
+  auto stacked = [&](const std::string& name, const Parts& parts, std::int64_t cols) {
+    std::int64_t rows = 0;
+    for (const auto& part : parts) rows += part.second;
+    Tensor t = Tensor::empty(cols ? Dims{rows, cols} : Dims{rows}, dt);
+    std::int64_t at = 0;
+    for (const auto& [part, n] : parts) {
+      Tensor dst = t.slice(0, at, at + n);
+      dst.copy_from(w.get(part, dt, cols ? Dims{n, cols} : Dims{n}));
+      at += n;
+    }
+    return g.param(name, std::move(t));
+  };
+  // x [B, 1, hidden] projected by the Hugging Face linears `parts` (weight prefixes, output
+  // sizes; biases when `bias`). With stack_projections: one matmul over their stacked weight
+  // (`stacked_prefix` + "weight"), each projection a last-axis view of its output; otherwise one
+  // matmul each. Every output element is the same dot product either way.
+  auto project = [&](NodeId x, const std::string& stacked_prefix, const Parts& parts, bool bias) {
+    std::vector<NodeId> out;
+    if (!o.stack_projections) {
+      for (const auto& [prefix, n] : parts)
+        out.push_back(layers::linear(g, x, param(prefix + "weight", {n, hidden}),
+                                     maybe_bias(prefix + "bias", n, bias)));
+      return out;
+    }
+    auto with_suffix = [&](const std::string& suffix) {
+      Parts named;
+      for (const auto& [prefix, n] : parts) named.emplace_back(prefix + suffix, n);
+      return named;
+    };
+    std::optional<NodeId> stacked_bias;
+    if (bias) stacked_bias = stacked(stacked_prefix + "bias", with_suffix("bias"), 0);
+    const NodeId y = layers::linear(
+        g, x, stacked(stacked_prefix + "weight", with_suffix("weight"), hidden), stacked_bias);
+    std::int64_t at = 0;
+    for (const auto& part : parts) {  // [B, 1, n] views of y [B, 1, sum n]
+      out.push_back(g.slice(y, 2, DynScalar::Concrete(at), DynScalar::Concrete(at + part.second)));
+      at += part.second;
+    }
+    return out;
+  };
 
   const NodeId embed = param("model.embed_tokens.weight", {vocab, hidden});
   auto [cos, sin] = layers::rope_tables(c, head_dim, o.max_seq_len);
@@ -52,24 +100,25 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string site = "layer" + std::to_string(l) + ".attn";
-    const NodeId a =
-        layers::rms_norm(g, h, param(p + "input_layernorm.weight", {hidden}), c.rms_norm_eps, dt);
-    const NodeId q =
-        layers::linear(g, a, param(p + "self_attn.q_proj.weight", {heads * head_dim, hidden}),
-                       maybe_bias(p + "self_attn.q_proj.bias", heads * head_dim, c.attention_bias));
-    const NodeId k = layers::linear(
-        g, a, param(p + "self_attn.k_proj.weight", {kv_heads * head_dim, hidden}),
-        maybe_bias(p + "self_attn.k_proj.bias", kv_heads * head_dim, c.attention_bias));
-    const NodeId v = layers::linear(
-        g, a, param(p + "self_attn.v_proj.weight", {kv_heads * head_dim, hidden}),
-        maybe_bias(p + "self_attn.v_proj.bias", kv_heads * head_dim, c.attention_bias));
+    const std::string layer = "layer" + std::to_string(l);
+    const NodeId a = layers::rms_norm(g, h, param(p + "input_layernorm.weight", {hidden}),
+                                      c.rms_norm_eps, dt, &m.layer_specs, layer + ".input_norm");
+    const std::int64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
+    const std::vector<NodeId> qkv = project(a, p + "self_attn.qkv_proj.",
+                                            {{p + "self_attn.q_proj.", q_dim},
+                                             {p + "self_attn.k_proj.", kv_dim},
+                                             {p + "self_attn.v_proj.", kv_dim}},
+                                            c.attention_bias);
+    const NodeId q = qkv[0], k = qkv[1], v = qkv[2];
     auto heads_of = [&](NodeId x, std::int64_t n) {
       return g.permute(g.reshape(x, {B, one, SymExpr(n), SymExpr(head_dim)}),
                        {0, 2, 1, 3});  // [B, n, 1, D]
     };
-    const NodeId q_rot =
-        g.labeled(layers::rope(g, heads_of(q, heads), cos_table, sin_table, position), site + ".q");
-    const NodeId k_rot = layers::rope(g, heads_of(k, kv_heads), cos_table, sin_table, position);
+    const NodeId q_rot = g.labeled(layers::rope(g, heads_of(q, heads), cos_table, sin_table,
+                                                position, &m.layer_specs, site + ".q"),
+                                   site + ".q");
+    const NodeId k_rot = layers::rope(g, heads_of(k, kv_heads), cos_table, sin_table, position,
+                                      &m.layer_specs, site + ".k");
     const SymShape cache{B, SymExpr(kv_heads), SymExpr(o.max_seq_len), SymExpr(head_dim)};
     const NodeId k_state = g.state(p + "k_cache", cache, dt);
     const NodeId v_state = g.state(p + "v_cache", cache, dt);
@@ -90,16 +139,20 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
         layers::linear(g, attn, param(p + "self_attn.o_proj.weight", {hidden, heads * head_dim}),
                        maybe_bias(p + "self_attn.o_proj.bias", hidden, c.attention_out_bias));
     h = g.labeled(g.binary(Op::Add, h, o_proj), site + ".residual");
-    const NodeId n = layers::rms_norm(g, h, param(p + "post_attention_layernorm.weight", {hidden}),
-                                      c.rms_norm_eps, dt);
+    const NodeId n =
+        layers::rms_norm(g, h, param(p + "post_attention_layernorm.weight", {hidden}),
+                         c.rms_norm_eps, dt, &m.layer_specs, layer + ".post_attention_norm");
     const std::int64_t inter = c.intermediate_size;
-    const NodeId mlp = layers::swiglu(g, n, param(p + "mlp.gate_proj.weight", {inter, hidden}),
-                                      param(p + "mlp.up_proj.weight", {inter, hidden}),
-                                      param(p + "mlp.down_proj.weight", {hidden, inter}));
-    h = g.labeled(g.binary(Op::Add, h, mlp), "layer" + std::to_string(l) + ".mlp.residual");
+    const std::vector<NodeId> gate_up =
+        project(n, p + "mlp.gate_up_proj.",
+                {{p + "mlp.gate_proj.", inter}, {p + "mlp.up_proj.", inter}}, false);
+    const NodeId act =
+        layers::swiglu_activation(g, gate_up[0], gate_up[1], &m.layer_specs, layer + ".mlp");
+    const NodeId mlp = layers::linear(g, act, param(p + "mlp.down_proj.weight", {hidden, inter}));
+    h = g.labeled(g.binary(Op::Add, h, mlp), layer + ".mlp.residual");
   }
-  const NodeId final_norm =
-      layers::rms_norm(g, h, param("model.norm.weight", {hidden}), c.rms_norm_eps, dt);
+  const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}),
+                                             c.rms_norm_eps, dt, &m.layer_specs, "final_norm");
   const bool tied = c.tie_word_embeddings || !w.has("lm_head.weight");
   const NodeId head = tied ? embed : param("lm_head.weight", {vocab, hidden});
   const NodeId logits = g.cast(layers::linear(g, final_norm, head), DType::f32);

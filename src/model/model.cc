@@ -86,13 +86,37 @@ DecodeModel build_decode_model(const ModelConfig& config, const Weights& weights
 }
 
 namespace layers {
+namespace {
 
-NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype) {
+// Ends a primitive region at `out`: without a spec sink, `out` itself; with one, a same-shape
+// view reshape (the sole consumer of `out`, the branch's merge) and the region's LayerOpSpec.
+NodeId end_region(Graph& g, NodeId out, LayerOpSpec spec, std::vector<LayerOpSpec>* specs,
+                  const std::string& site) {
+  if (!specs) return out;
+  const std::string name = layer_op_name(spec.kind);
+  const std::string where = site.empty() ? name : site;
+  const NodeId merge = g.labeled(g.reshape(out, g.node(out).shape), where + "." + name + "_merge");
+  spec.decomposed_out = out;
+  spec.reconverge = merge;
+  spec.site = where;
+  specs->push_back(std::move(spec));
+  return merge;
+}
+
+}  // namespace
+
+NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype,
+                std::vector<LayerOpSpec>* specs, const std::string& site) {
   const NodeId x32 = g.cast(x, DType::f32);
   const NodeId mean_sq = g.reduce(Op::ReduceMean, g.binary(Op::Mul, x32, x32), -1, true);
   const NodeId inv = g.unary(Op::Rsqrt, g.binary(Op::Add, mean_sq, g.scalar(eps, DType::f32)));
   const NodeId w32 = g.cast(weight, DType::f32);
-  return g.cast(g.binary(Op::Mul, g.binary(Op::Mul, x32, inv), w32), out_dtype);
+  const NodeId out = g.cast(g.binary(Op::Mul, g.binary(Op::Mul, x32, inv), w32), out_dtype);
+  LayerOpSpec spec;
+  spec.kind = LayerOpKind::rms_norm;
+  spec.inputs = {x, weight};
+  spec.eps = static_cast<float>(eps);
+  return end_region(g, out, std::move(spec), specs, site);
 }
 
 NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias) {
@@ -101,12 +125,23 @@ NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias) {
   return y;
 }
 
-NodeId swiglu(Graph& g, NodeId x, NodeId gate, NodeId up, NodeId down) {
-  const NodeId act = g.binary(Op::Mul, g.unary(Op::Silu, linear(g, x, gate)), linear(g, x, up));
-  return linear(g, act, down);
+NodeId swiglu(Graph& g, NodeId x, NodeId gate, NodeId up, NodeId down,
+              std::vector<LayerOpSpec>* specs, const std::string& site) {
+  const NodeId gate_out = linear(g, x, gate), up_out = linear(g, x, up);  // [..., I]
+  return linear(g, swiglu_activation(g, gate_out, up_out, specs, site), down);
 }
 
-NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId position) {
+NodeId swiglu_activation(Graph& g, NodeId gate_out, NodeId up_out, std::vector<LayerOpSpec>* specs,
+                         const std::string& site) {
+  const NodeId act = g.binary(Op::Mul, g.unary(Op::Silu, gate_out), up_out);
+  LayerOpSpec spec;
+  spec.kind = LayerOpKind::silu_mul;
+  spec.inputs = {gate_out, up_out};
+  return end_region(g, act, std::move(spec), specs, site);
+}
+
+NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId position,
+            std::vector<LayerOpSpec>* specs, const std::string& site) {
   const Node& xn = g.node(x);
   const SymShape shape = xn.shape;  // [B, heads, 1, D]
   const DType dtype = xn.dtype;
@@ -118,7 +153,10 @@ NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId posit
   const NodeId x2 = g.slice(x32, 3, DynScalar::Concrete(half), DynScalar::Concrete(d));
   const NodeId rotated = g.concat({g.unary(Op::Neg, x2), x1}, 3);  // rotate_half
   const NodeId y = g.binary(Op::Add, g.binary(Op::Mul, x32, cos), g.binary(Op::Mul, rotated, sin));
-  return g.cast(y, dtype);
+  LayerOpSpec spec;
+  spec.kind = LayerOpKind::rope;
+  spec.inputs = {x, cos_table, sin_table, position};
+  return end_region(g, g.cast(y, dtype), std::move(spec), specs, site);
 }
 
 std::pair<Tensor, Tensor> rope_tables(const ModelConfig& c, std::int64_t head_dim,

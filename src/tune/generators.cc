@@ -4,7 +4,10 @@
 // N(0, 1) rows below the verified k_len and NaN at and beyond it, so a kernel that reads past the
 // live prefix fails verification; ALiBi slopes stay the model's weights; k_len is bound to the
 // verification point.
+//
+// rms_norm, silu_mul, rope: see LayerOpGenerator below.
 #include <cmath>
+#include <map>
 #include <mutex>
 
 #include "splice/core/error.h"
@@ -73,6 +76,53 @@ class KdaDecodeGenerator : public ArmInputGenerator {
   bool bit_exact_state(const std::string& state) const override { return state == "conv_state"; }
 };
 
+// rms_norm, silu_mul, rope (passes/layer_ops.h): every float role ~ N(0, 1), filled in name
+// order so both arms' regions see the same values; weights and rope tables stay the model's.
+// rope's position role is verified at 0, at the tables' last row and at an interior row (the
+// verification points 0, 1, 2 select which) and timed at 0. The regions are tiny: one
+// verification point for rms_norm and silu_mul keeps tuning a 30-layer model cheap.
+class LayerOpGenerator : public ArmInputGenerator {
+ public:
+  explicit LayerOpGenerator(bool has_position) : has_position_(has_position) {}
+  std::vector<std::int64_t> verification_points(std::int64_t, std::int64_t) const override {
+    if (has_position_) return {0, 1, 2};
+    return {0};
+  }
+  void fill(const Graph& region, const ArmRecipe&, Session& session, std::int64_t selector,
+            Rng& rng, SymBindings&, TensorMap& inputs) const override {
+    std::map<std::string, NodeId> by_name;
+    for (NodeId id : region.live_nodes())
+      if (region.node(id).op == Op::Input) by_name[region.node(id).attrs.name] = id;
+    for (const auto& [name, id] : by_name) {
+      const Node& n = region.node(id);
+      Tensor t = Tensor::empty(upper_bound_shape(n.shape, region.symbols()), n.dtype);
+      if (name == "position") {
+        const std::int64_t rows = table_rows(region, id);
+        const std::int64_t interior = rows > 2 ? rng.integer(1, rows - 2) : 0;
+        const std::int64_t p = selector == 1 ? rows - 1 : selector == 2 ? interior : 0;
+        t.data<std::int32_t>()[0] = static_cast<std::int32_t>(p);
+      } else {
+        rng.normal(t);
+      }
+      inputs[name] = on_device(std::move(t), session);
+    }
+  }
+
+ private:
+  // Rows of the cos table read at `position` (by the Rope node, or arm 0's Gather).
+  static std::int64_t table_rows(const Graph& region, NodeId position) {
+    for (NodeId id : region.live_nodes()) {
+      const Node& n = region.node(id);
+      if (n.op == Op::Rope && n.inputs[3] == position)
+        return region.node(n.inputs[1]).shape[0].upper_bound(region.symbols());
+      if (n.op == Op::Gather && n.inputs[1] == position)
+        return region.node(n.inputs[0]).shape[0].upper_bound(region.symbols());
+    }
+    return 1;
+  }
+  bool has_position_;
+};
+
 }  // namespace
 
 void register_builtin_arm_generators() {
@@ -80,6 +130,9 @@ void register_builtin_arm_generators() {
   std::call_once(once, [] {
     register_arm_generator("flash_decode", std::make_shared<FlashDecodeGenerator>());
     register_arm_generator("kda_decode", std::make_shared<KdaDecodeGenerator>());
+    register_arm_generator("rms_norm", std::make_shared<LayerOpGenerator>(false));
+    register_arm_generator("silu_mul", std::make_shared<LayerOpGenerator>(false));
+    register_arm_generator("rope", std::make_shared<LayerOpGenerator>(true));
   });
 }
 

@@ -6,6 +6,7 @@
 
 #include "splice/ops/decode_attention.h"
 #include "splice/ops/kda_decode.h"
+#include "splice/ops/layer_ops.h"
 
 namespace splice {
 
@@ -24,9 +25,14 @@ const KdaContract& kda_contract_for(Device device) {
   return device.is_cpu() ? cpu_kda_contract() : cuda_kda_contract();
 }
 
+const LayerOpContract& layer_ops_contract_for(Device device) {
+  return device.is_cpu() ? cpu_layer_ops_contract() : cuda_layer_ops_contract();
+}
+
 DecisionLog optimize_graph(Graph& graph, const std::vector<DecodeFlashSpec>& attention_specs,
                            const OptimizeOptions& options,
-                           const std::vector<KdaDecodeSpec>& kda_specs) {
+                           const std::vector<KdaDecodeSpec>& kda_specs,
+                           const std::vector<LayerOpSpec>& layer_specs) {
   DecisionLog log;
   const int debug = debug_level();
   auto after = [&](const char* stage) {
@@ -39,6 +45,9 @@ DecisionLog optimize_graph(Graph& graph, const std::vector<DecodeFlashSpec>& att
   for (const auto& spec : kda_specs)
     offer_kda_arm(graph, spec, kda_contract_for(options.tune.device), &log);
   after("offer_kda_arm");
+  for (const auto& spec : layer_specs)
+    offer_layer_op_arm(graph, spec, layer_ops_contract_for(options.tune.device), &log);
+  if (!layer_specs.empty()) after("offer_layer_op_arm");
   if (options.select) {
     select_arms(graph, log, options.tune);
     after("select_arms");

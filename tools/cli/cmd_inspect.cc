@@ -52,6 +52,7 @@ Runner add_inspect(CLI::App& app) {
     if (*window >= 0) opts.window_left = static_cast<std::size_t>(*window);
     DemoAttentionGraph demo;
     std::vector<KdaDecodeSpec> kda_specs;
+    std::vector<LayerOpSpec> layer_specs;
     if (model->empty()) {
       demo = build_demo_attention_graph(opts);
     } else {
@@ -63,6 +64,7 @@ Runner add_inspect(CLI::App& app) {
       demo.graph = std::move(m.graph);
       demo.specs = std::move(m.attention_specs);
       kda_specs = std::move(m.kda_specs);
+      layer_specs = std::move(m.layer_specs);
     }
     const std::string before = print_graph(demo.graph);
     OptimizeOptions opt;
@@ -72,7 +74,7 @@ Runner add_inspect(CLI::App& app) {
     opt.select = !*no_select;
     ProgressBar bar(*json ? nullptr : &std::cerr);
     opt.tune.progress = [&](const std::string& what) { bar.tick(what); };
-    DecisionLog log = optimize_graph(demo.graph, demo.specs, opt, kda_specs);
+    DecisionLog log = optimize_graph(demo.graph, demo.specs, opt, kda_specs, layer_specs);
     bar.done();
     if (!dot->empty()) {
       std::ofstream out(*dot);

@@ -81,6 +81,7 @@ struct Attrs {
   Tensor tensor;         // Param / Constant data
   std::shared_ptr<FlashDecodeAttrs> flash;
   std::shared_ptr<KdaAttrs> kda;
+  float eps = 0.0f;  // RmsNorm's epsilon
   std::shared_ptr<BranchAttrs> branch;
 };
 
@@ -152,6 +153,11 @@ class Graph {
   NodeId flash_decode(NodeId q, NodeId k, NodeId v, std::optional<NodeId> alibi,
                       const FlashDecodeAttrs& attrs);
   NodeId kda_decode(const std::vector<NodeId>& inputs, const KdaAttrs& attrs, SymShape out_shape);
+  // Fused layer ops (op.h): x [..., H], weight [H]; the output dtype is `dtype`.
+  NodeId rms_norm(NodeId x, NodeId weight, float eps, DType dtype);
+  NodeId silu_mul(NodeId a, NodeId b);
+  // x [..., D], cos/sin tables [max_seq_len, D], position [1] i32.
+  NodeId rope(NodeId x, NodeId cos_table, NodeId sin_table, NodeId position);
 
   // Labels the most recent node(s) for printing.
   NodeId labeled(NodeId id, const std::string& label);

@@ -70,6 +70,13 @@ enum class Op : std::uint8_t {
                 // k_len and the features in attrs.flash.
   KdaDecode,    // (effect) Fused KDA decode of spec kda_decode.md: inputs as the spec's argument
                 // list; attrs.kda; updates conv_state and state in place; output [1, R, H, D].
+  RmsNorm,      // y = x * rsqrt(mean(x^2 over the last axis) + attrs.eps) * weight: inputs
+                // x [..., H], weight [H] (float dtypes); fp32 math, stored in the node's dtype.
+  SiluMul,      // y = round(round(silu(a)) * b) over same-shape a, b (SwiGLU's activation, rounded
+                // to the node's dtype after each step exactly like its Silu -> Mul region).
+  Rope,         // Rotate-half RoPE of x [..., D] at position p = pos[0] (input 3, [1] i32):
+                // y = x * cos[p] + rotate_half(x) * sin[p], tables cos, sin [max_seq_len, D];
+                // fp32 math, stored in x's dtype.
   // --- control ---
   Branch,  // (view) Equivalent arms: inputs are the arms' exits (arm 0 first, the oracle);
            // returns the chosen arm's exit (arm 0 unless a decision selects another).

@@ -4,7 +4,8 @@
 // [1, max_seq_len] (the number of positions after this token is appended; the token sits at
 // position k_len - 1), output "logits" [batch, vocab] f32. KV caches and KDA caches are state
 // buffers sized by max_seq_len / batch. Every fused kernel enters through a spec (attention:
-// DecodeFlashSpec, KDA: KdaDecodeSpec) beside its primitive region.
+// DecodeFlashSpec, KDA: KdaDecodeSpec, RMSNorm / SwiGLU activation / RoPE: LayerOpSpec) beside
+// its primitive region.
 #pragma once
 
 #include <functional>
@@ -17,6 +18,7 @@
 #include "splice/model/config.h"
 #include "splice/passes/decode_flash.h"
 #include "splice/passes/kda.h"
+#include "splice/passes/layer_ops.h"
 
 namespace splice {
 
@@ -44,6 +46,9 @@ struct BuildOptions {
   std::int64_t max_seq_len = 512;
   DType dtype = DType::bf16;           // weights and activations between layers
   DType kda_state_dtype = DType::f32;  // recurrent state storage
+  // Llama family: one matmul for q, k, v over their stacked weights (and one for gate, up); the
+  // projections are views of its output. Off: one matmul per Hugging Face linear (same numbers).
+  bool stack_projections = true;
 };
 
 struct DecodeModel {
@@ -53,6 +58,7 @@ struct DecodeModel {
   SymId k_len;
   std::vector<DecodeFlashSpec> attention_specs;
   std::vector<KdaDecodeSpec> kda_specs;
+  std::vector<LayerOpSpec> layer_specs;  // rms_norm, silu_mul, rope
 };
 
 // Builds the decode graph of `config` (Llama family or FLA's KDAForCausalLM) from `weights`.
@@ -67,16 +73,27 @@ DecodeModel build_kda_decode_model(const ModelConfig& config, const Weights& wei
                                    const BuildOptions& options);
 
 // Shared building blocks for the builders (primitive regions).
+//
+// rms_norm, swiglu's activation and rope accept a spec sink: when `specs` is given, the primitive
+// region is followed by a sole-consumer merge node (a same-shape view reshape labelled
+// `<site>.<op>_merge`, which is what they return) and a LayerOpSpec for the fused arm is appended,
+// so the optimizer can offer Op::RmsNorm / SiluMul / Rope beside the region.
 namespace layers {
 // y = x * rsqrt(mean(x^2, -1) + eps) * weight, computed in f32, returned in `out_dtype`.
-NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype);
+NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype,
+                std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
 // x @ W^T (+ bias) for a Hugging Face [out, in] weight.
 NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias = {});
-// silu(x W_gate^T) * (x W_up^T) then W_down^T.
-NodeId swiglu(Graph& g, NodeId x, NodeId gate, NodeId up, NodeId down);
-// Rotary embedding of x [B, heads, 1, D] at position `position` (cos/sin rows gathered from the
-// [max_seq_len, D] tables; HF's rotate-half layout).
-NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId position);
+// silu(x W_gate^T) * (x W_up^T) then W_down^T (the activation silu(.) * (.) is the spec's region).
+NodeId swiglu(Graph& g, NodeId x, NodeId gate, NodeId up, NodeId down,
+              std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
+// SwiGLU's activation alone: silu(gate_out) * up_out over two same-shape projections.
+NodeId swiglu_activation(Graph& g, NodeId gate_out, NodeId up_out,
+                         std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
+// Rotary embedding of x [B, heads, 1, D] at position `position` ([1] i32; cos/sin rows gathered
+// from the [max_seq_len, D] tables; HF's rotate-half layout).
+NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId position,
+            std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
 // cos/sin tables [max_seq_len, D] for rope_theta and optional llama3 scaling.
 std::pair<Tensor, Tensor> rope_tables(const ModelConfig& config, std::int64_t head_dim,
                                       std::int64_t max_seq_len);

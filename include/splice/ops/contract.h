@@ -62,4 +62,27 @@ struct KdaContract {
   Tolerance state_tolerance;
 };
 
+// The fused layer ops (passes/layer_ops.h): one contract row per backend lists the ops it
+// implements and the activation dtypes it takes.
+enum class LayerOpKind : std::uint8_t {
+  rms_norm,  // y = x * rsqrt(mean(x^2, -1) + eps) * weight
+  silu_mul,  // y = silu(a) * b (SwiGLU's activation)
+  rope,      // rotate-half RoPE of x at a position read from a [1] i32 tensor
+};
+const char* layer_op_name(LayerOpKind kind);
+
+struct LayerOpContract {
+  std::string kernel;               // "layer_ops"
+  std::string backend;              // "cpu" or "cuda"
+  std::string revision;             // bumped whenever a kernel's numerics change
+  std::vector<LayerOpKind> ops;     // implemented ops
+  std::vector<DType> dtypes;        // activation (x / a / b / out) dtypes
+  std::int64_t max_row = 0;         // largest last-axis length (0 = any)
+  bool supports(LayerOpKind kind) const;
+  bool supports_dtype(DType d) const;
+  // Verification tolerance for outputs in `dtype` (the policy default: each op rounds once to
+  // the storage dtype after fp32 math, silu_mul twice exactly as its primitive region does).
+  Tolerance tolerance(DType dtype) const;
+};
+
 }  // namespace splice

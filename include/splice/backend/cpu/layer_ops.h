@@ -1,0 +1,32 @@
+// splice/backend/cpu/layer_ops.h: the CPU kernels of the fused layer ops (RmsNorm, SiluMul, Rope;
+// ir/op.h), the oracle the CUDA kernels are checked against.
+//
+// Every op works on rows of the last axis. Tensors are CPU tensors of any float dtype (f32, f16,
+// bf16) whose last axis has unit stride; leading axes may have any strides (a permuted head view
+// is fine). Math is fp32; every result rounds once (RNE) into out's dtype, except silu_mul, which
+// rounds silu(a) to out's dtype first, exactly like the primitive Silu -> Mul region. The results
+// are bitwise those of the primitive regions the model builders emit on this backend (same
+// operations, same summation order: rms_norm sums x^2 in the reduce kernel's 8 interleaved lanes).
+// Validation (devices, dtypes, shapes, layout, position range) happens before anything is written.
+#pragma once
+
+#include "splice/core/tensor.h"
+
+namespace splice::cpu {
+
+// out[r, :] = x[r, :] * inv_r * weight,  inv_r = 1 / sqrt(sum_j x[r, j]^2 / H + eps)
+// x [..., H], weight [H], out [..., H] (out's dtype may differ from x's).
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+
+// out = round(round(silu(a)) * b), silu(z) = z / (1 + e^-z); a, b, out of one shape.
+void silu_mul(const Tensor& a, const Tensor& b, Tensor& out);
+
+// Rotate-half RoPE at p = position[0] (position: [1] i32 on the CPU, 0 <= p < max_seq_len):
+//   out[r, i]     = x[r, i] * cos[p, i]         - x[r, i + D/2] * sin[p, i]         (i < D/2)
+//   out[r, i+D/2] = x[r, i+D/2] * cos[p, i+D/2] + x[r, i] * sin[p, i+D/2]
+// x, out [..., D] (one dtype), cos, sin [max_seq_len, D] (float dtypes). Each product rounds to
+// fp32 before the sum, as in the primitive region (no fused multiply-add).
+void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& position,
+          Tensor& out);
+
+}  // namespace splice::cpu

@@ -1,0 +1,52 @@
+// splice/passes/layer_ops.h: LayerOpSpec and the offer of a fused layer-op arm (RmsNorm, SiluMul,
+// Rope) — the mechanism of attention and KDA (passes/decode_flash.h, tune/select.h) for the small
+// per-layer ops a model builds from primitives.
+//
+// One spec struct and one pass serve the three ops: they differ only in their input list and one
+// attribute, and share the contract row (LayerOpContract: ops and dtypes per backend).
+// A model builds each op from primitives (arm 0, the oracle) ending in `decomposed_out`, adds a
+// sole-consumer merge node (`<site>.<op>_merge`, a same-shape view reshape) and hands the optimizer
+// this spec. offer_layer_op_arm:
+//   1. validates the spec: ids live; the input list of the op (rms_norm: x [..., H], weight [H];
+//      silu_mul: a, b of one shape and dtype; rope: x [..., D], cos, sin [max_seq_len, D],
+//      position [1] i32); decomposed_out of the fused op's shape and dtype; reconverge the sole
+//      consumer of decomposed_out; eps finite and >= 0. A malformed spec is a GraphError.
+//   2. gates it on the contract row: the op is implemented, the activation dtype is taken, the
+//      row length is within max_row. A decline records the reason and leaves the graph untouched.
+//   3. appends the fused node (Op::RmsNorm / SiluMul / Rope over the spec's inputs) and splices an
+//      Op::Branch at inputs[0] whose merge is `reconverge`. The recipe's kind is the op's name,
+//      its roles are the inputs (x / weight, a / b, x / cos / sin / position), no selector.
+// Verifying, timing, choosing and collapsing are left to select_arms (tune/select.h); the
+// recipe's generator (tune/generators.cc) fills the roles.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "splice/ir/graph.h"
+#include "splice/ops/contract.h"
+#include "splice/passes/decisions.h"
+#include "splice/passes/decode_flash.h"
+
+namespace splice {
+
+struct LayerOpSpec {
+  LayerOpKind kind = LayerOpKind::rms_norm;
+  // rms_norm: {x, weight}; silu_mul: {a, b}; rope: {x, cos, sin, position}. inputs[0] is the
+  // diverge point.
+  std::vector<NodeId> inputs;
+  float eps = 0.0f;       // rms_norm
+  NodeId decomposed_out;  // arm 0's exit (the oracle), the fused op's shape and dtype
+  NodeId reconverge;      // its sole consumer (the merge)
+  std::string site;       // where it came from ("layer3.input_norm")
+};
+
+// Validates, gates and (when the contract supports the spec) splices the branch.
+OfferResult offer_layer_op_arm(Graph& graph, const LayerOpSpec& spec,
+                               const LayerOpContract& contract, DecisionLog* log = nullptr);
+
+// The gate alone: empty when `contract` supports the spec, else the reason.
+std::string layer_op_gate(const Graph& graph, const LayerOpSpec& spec,
+                          const LayerOpContract& contract);
+
+}  // namespace splice

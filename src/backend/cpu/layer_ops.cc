@@ -1,0 +1,207 @@
+// CPU kernels of the fused layer ops (see splice/backend/cpu/layer_ops.h).
+//
+// Each kernel:
+//   1. validates devices, dtypes, shapes and the unit last stride before writing anything;
+//   2. lists the element offset of every row (the leading axes walked in row-major order with
+//      their own strides, so permuted views need no copy);
+//   3. splits the rows over the thread pool (each row has one owner, so results do not depend
+//      on the thread count) and per row loads the operands into fp32 buffers, computes, and
+//      stores with one RNE rounding into out's dtype:
+//        rms_norm:  s = sum_j x_j^2 (8 interleaved lanes, pairwise total: the reduce kernel's
+//                   order),  inv = 1 / sqrt(s / H + eps),  y_j = (x_j * inv) * w_j
+//        silu_mul:  t = round(a / (1 + e^-a)),  y = t * b
+//        rope:      y_i = x_i c_i + (-x_{i+h}) s_i,  y_{i+h} = x_{i+h} c_{i+h} + x_i s_{i+h}
+#include "splice/backend/cpu/layer_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/kernel_util.h"
+#include "backend/cpu/parallel.h"
+
+namespace splice::cpu {
+namespace {
+
+using detail::Operand;
+
+constexpr int kLanes = 8;  // the reduce kernel's interleaved partial sums (reduce.cc)
+
+void check_float(const Tensor& t, const char* op, const char* name) {
+  if (!is_floating(t.dtype()))
+    fail<DTypeError>(op, ": `", name, "` must be f32, f16 or bf16, got ", dtype_name(t.dtype()));
+}
+
+void check_rows(const Tensor& t, const char* op, const char* name) {
+  if (t.dim() < 1) fail<ShapeError>(op, ": `", name, "` must have rank >= 1, got a scalar");
+  if (t.size(-1) > 1 && t.stride(-1) != 1)
+    fail<LayoutError>(op, ": `", name, "` must have a unit stride on its last axis, got strides ",
+                      dims_str(t.strides()), " for shape ", dims_str(t.shape()));
+}
+
+// Element offsets (relative to the view's first element) of every row of the last axis.
+std::vector<std::int64_t> row_offsets(const Tensor& t) {
+  const std::int64_t lead = t.dim() - 1;
+  std::int64_t rows = 1;
+  for (std::int64_t d = 0; d < lead; ++d) rows *= t.size(d);
+  std::vector<std::int64_t> out(static_cast<std::size_t>(rows));
+  Dims index(static_cast<std::size_t>(lead), 0);
+  std::int64_t offset = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    out[static_cast<std::size_t>(r)] = offset;
+    for (std::int64_t d = lead - 1; d >= 0; --d) {
+      ++index[d];
+      offset += t.stride(d);
+      if (index[d] < t.size(d)) break;
+      offset -= index[d] * t.stride(d);
+      index[d] = 0;
+    }
+  }
+  return out;
+}
+
+// Rows per parallel chunk: about kParallelGrain elements.
+std::int64_t row_grain(std::int64_t row_length) {
+  return std::max<std::int64_t>(1, kParallelGrain / std::max<std::int64_t>(row_length, 1));
+}
+
+float lane_sum_of_squares(const float* x, std::int64_t n) {
+  float acc[kLanes] = {};
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l] * x[i + l];
+  for (; i < n; ++i) acc[i % kLanes] += x[i] * x[i];
+  for (int width = kLanes / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) acc[l] = acc[l] + acc[l + width];
+  return acc[0];
+}
+
+}  // namespace
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  constexpr const char* kOp = "rms_norm";
+  detail::check_cpu(x, "x");
+  detail::check_cpu(weight, "weight");
+  detail::check_cpu(out, "out");
+  check_float(x, kOp, "x");
+  check_float(weight, kOp, "weight");
+  check_float(out, kOp, "out");
+  check_rows(x, kOp, "x");
+  check_rows(out, kOp, "out");
+  const std::int64_t hidden = x.size(-1);
+  if (weight.dim() != 1 || weight.size(0) != hidden)
+    fail<ShapeError>(kOp, ": `weight` must be [", hidden, "] for x ", dims_str(x.shape()), ", got ",
+                     dims_str(weight.shape()));
+  detail::check_out_shape(out, x.shape(), "rms_norm: out has x's shape");
+  if (!std::isfinite(eps) || eps < 0)
+    fail<ValueError>(kOp, ": `eps` must be finite and >= 0, got ", eps);
+  detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/true);
+  detail::check_no_overlap(out, "out", weight, "weight", /*allow_identical=*/false);
+  std::vector<float> w(static_cast<std::size_t>(hidden));
+  detail::load_tile<float>(Operand(weight), 0, weight.stride(0), hidden, w.data());
+  const auto x_rows = row_offsets(x), out_rows = row_offsets(out);
+  const Operand xo(x), oo(out);
+  const float count = static_cast<float>(hidden);
+  parallel_for(0, static_cast<std::int64_t>(x_rows.size()), row_grain(hidden),
+               [&](std::int64_t begin, std::int64_t end) {
+                 std::vector<float> row(static_cast<std::size_t>(hidden));
+                 for (std::int64_t r = begin; r < end; ++r) {
+                   detail::load_tile<float>(xo, x_rows[r], 1, hidden, row.data());
+                   const float mean = lane_sum_of_squares(row.data(), hidden) / count;
+                   const float inv = 1.0f / std::sqrt(mean + eps);
+                   for (std::int64_t j = 0; j < hidden; ++j) row[j] = (row[j] * inv) * w[j];
+                   detail::store_tile<float>(oo, out_rows[r], 1, hidden, row.data());
+                 }
+               });
+}
+
+void silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  constexpr const char* kOp = "silu_mul";
+  detail::check_cpu(a, "a");
+  detail::check_cpu(b, "b");
+  detail::check_cpu(out, "out");
+  check_float(a, kOp, "a");
+  check_float(b, kOp, "b");
+  check_float(out, kOp, "out");
+  check_rows(a, kOp, "a");
+  check_rows(b, kOp, "b");
+  check_rows(out, kOp, "out");
+  if (b.shape() != a.shape())
+    fail<ShapeError>(kOp, ": `a` ", dims_str(a.shape()), " and `b` ", dims_str(b.shape()),
+                     " must have one shape");
+  detail::check_out_shape(out, a.shape(), "silu_mul: out has a's shape");
+  detail::check_no_overlap(out, "out", a, "a", /*allow_identical=*/true);
+  detail::check_no_overlap(out, "out", b, "b", /*allow_identical=*/true);
+  const std::int64_t n = a.size(-1);
+  const auto a_rows = row_offsets(a), b_rows = row_offsets(b), out_rows = row_offsets(out);
+  const Operand ao(a), bo(b), oo(out);
+  const DType dt = out.dtype();
+  parallel_for(0, static_cast<std::int64_t>(a_rows.size()), row_grain(n),
+               [&](std::int64_t begin, std::int64_t end) {
+                 std::vector<float> x(static_cast<std::size_t>(n)), y(static_cast<std::size_t>(n));
+                 for (std::int64_t r = begin; r < end; ++r) {
+                   detail::load_tile<float>(ao, a_rows[r], 1, n, x.data());
+                   detail::load_tile<float>(bo, b_rows[r], 1, n, y.data());
+                   for (std::int64_t j = 0; j < n; ++j) {
+                     // The primitive region stores silu(a) in the node's dtype before the Mul.
+                     const float s = round_to(dt, x[j] / (1.0f + std::exp(-x[j])));
+                     y[j] = s * y[j];
+                   }
+                   detail::store_tile<float>(oo, out_rows[r], 1, n, y.data());
+                 }
+               });
+}
+
+void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& position,
+          Tensor& out) {
+  constexpr const char* kOp = "rope";
+  detail::check_cpu(x, "x");
+  detail::check_cpu(cos, "cos");
+  detail::check_cpu(sin, "sin");
+  detail::check_cpu(position, "position");
+  detail::check_cpu(out, "out");
+  check_float(x, kOp, "x");
+  check_float(cos, kOp, "cos");
+  check_float(sin, kOp, "sin");
+  check_float(out, kOp, "out");
+  check_rows(x, kOp, "x");
+  check_rows(out, kOp, "out");
+  const std::int64_t dim = x.size(-1);
+  if (dim % 2 != 0) fail<ShapeError>(kOp, ": the last axis of `x` must be even, got ", dim);
+  if (cos.dim() != 2 || cos.size(1) != dim || sin.shape() != cos.shape())
+    fail<ShapeError>(kOp, ": `cos` and `sin` must both be [max_seq_len, ", dim, "], got ",
+                     dims_str(cos.shape()), " and ", dims_str(sin.shape()));
+  if (position.dtype() != DType::i32 || position.shape() != Dims{1})
+    fail<DTypeError>(kOp, ": `position` must be i32 [1], got ", position.describe());
+  detail::check_out_shape(out, x.shape(), "rope: out has x's shape");
+  if (out.dtype() != x.dtype())
+    fail<DTypeError>(kOp, ": `out` must have x's dtype ", dtype_name(x.dtype()), ", got ",
+                     dtype_name(out.dtype()));
+  detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/true);
+  const std::int64_t p = position.data<std::int32_t>()[0];
+  if (p < 0 || p >= cos.size(0))
+    fail<ValueError>(kOp, ": `position` ", p, " is outside the tables' [0, ", cos.size(0), ")");
+  const std::int64_t half = dim / 2;
+  std::vector<float> c(static_cast<std::size_t>(dim)), s(static_cast<std::size_t>(dim));
+  detail::load_tile<float>(Operand(cos), p * cos.stride(0), cos.stride(1), dim, c.data());
+  detail::load_tile<float>(Operand(sin), p * sin.stride(0), sin.stride(1), dim, s.data());
+  const auto x_rows = row_offsets(x), out_rows = row_offsets(out);
+  const Operand xo(x), oo(out);
+  parallel_for(0, static_cast<std::int64_t>(x_rows.size()), row_grain(dim),
+               [&](std::int64_t begin, std::int64_t end) {
+                 std::vector<float> v(static_cast<std::size_t>(dim)),
+                     y(static_cast<std::size_t>(dim));
+                 for (std::int64_t r = begin; r < end; ++r) {
+                   detail::load_tile<float>(xo, x_rows[r], 1, dim, v.data());
+                   for (std::int64_t i = 0; i < half; ++i) {
+                     const float lo = v[i] * c[i], lo_rot = -v[i + half] * s[i];
+                     const float hi = v[i + half] * c[i + half], hi_rot = v[i] * s[i + half];
+                     y[i] = lo + lo_rot;
+                     y[i + half] = hi + hi_rot;
+                   }
+                   detail::store_tile<float>(oo, out_rows[r], 1, dim, y.data());
+                 }
+               });
+}
+
+}  // namespace splice::cpu

@@ -1,0 +1,481 @@
+// CUDA kernels of the fused layer ops (see splice/backend/cuda/layer_ops.h).
+//
+//   1. Host: validate devices, dtypes, shapes and the unit last stride with the CPU kernels' typed
+//      errors; describe each operand's rows by its leading axes (size-1 axes dropped) and their
+//      strides, so permuted head views need no copy; fill one POD params struct; launch on
+//      cuda::current_stream().
+//   2. rms_norm: one CTA per row (a grid-stride loop over rows). Pass 1 loads the row in 16-byte
+//      vectors when the row start is 16-byte aligned and H is a multiple of the vector width
+//      (scalar loads otherwise) and sums  s = sum_j x_j^2  per thread, then by warp shuffles and
+//      one shared-memory step across warps. Pass 2 re-reads the row (L1/L2 resident) and stores
+//        y_j = (x_j * inv) * w_j,   inv = 1 / sqrt(s / H + eps)   (IEEE sqrt and division).
+//   3. silu_mul: one thread per 16-byte vector (or element) of the [rows, n] space:
+//        t = round(a / (1 + e^-a)),   y = round(t * b)
+//      (the first rounding is the primitive Silu node's store).
+//   4. rope: one thread per (row, i < D/2) pair; p = position[0] is read from device memory:
+//        y_i = x_i c_i + (-x_{i+h}) s_i,   y_{i+h} = x_{i+h} c_{i+h} + x_i s_{i+h}
+//      with each product rounded to fp32 before the sum (__fmul_rn / __fadd_rn: no contraction,
+//      the CPU's exact operations). A position outside [0, max_seq_len) writes zeros.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/check.h"
+#include "splice/backend/cuda/layer_ops.h"
+#include "splice/backend/cuda/runtime.h"
+#include "splice/core/error.h"
+
+namespace splice::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kMaxLead = 7;                // leading (row) axes after dropping size-1 axes
+constexpr int kVectorBytes = 16;           // one 128-bit load / store
+constexpr int kMaxRowThreads = 1024;       // rms_norm CTA size cap
+constexpr int kElementwiseThreads = 256;   // silu_mul / rope block size
+constexpr long long kMaxBlocks = 1 << 16;  // grid-stride loops cover the rest
+
+// The rows of an operand: row r (row-major over the leading axes) starts at
+// sum_d index_d(r) * stride[d] elements from the base pointer.
+struct RowLayout {
+  int lead = 0;
+  long long shape[kMaxLead] = {};
+  long long stride[kMaxLead] = {};
+};
+
+struct RmsNormParams {
+  const void* x = nullptr;
+  void* out = nullptr;
+  const void* weight = nullptr;
+  int weight_dtype = 0;
+  long long weight_stride = 1;
+  RowLayout x_rows, out_rows;
+  long long rows = 0, hidden = 0;
+  float eps = 0.0f;
+};
+
+struct SiluMulParams {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* out = nullptr;
+  RowLayout a_rows, b_rows, out_rows;
+  long long rows = 0, n = 0;
+  bool vectorized = false;  // every row start 16-byte aligned and n a multiple of the width
+};
+
+struct RopeParams {
+  const void* x = nullptr;
+  void* out = nullptr;
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int table_dtype = 0;
+  long long table_rows = 0, table_stride0 = 0, table_stride1 = 0;
+  const int* position = nullptr;
+  RowLayout x_rows, out_rows;
+  long long rows = 0, dim = 0;
+};
+
+// ---- device-side conversions -------------------------------------------------------------------
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// v rounded to T's precision, kept as fp32.
+template <typename T>
+__device__ __forceinline__ float round_as(float v) {
+  return to_float(from_float<T>(v));
+}
+
+// An element of a runtime-typed float tensor (weights and tables).
+__device__ __forceinline__ float load_any(const void* p, int dtype, long long off) {
+  switch (static_cast<DType>(dtype)) {
+    case DType::f16:
+      return __half2float(static_cast<const __half*>(p)[off]);
+    case DType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
+    default:
+      return static_cast<const float*>(p)[off];
+  }
+}
+
+template <typename T>
+struct VectorOf {
+  static constexpr int kWidth = kVectorBytes / static_cast<int>(sizeof(T));
+};
+
+template <typename T>
+__device__ __forceinline__ void load_vector(const T* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < VectorOf<T>::kWidth; ++i) out[i] = to_float(e[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vector(T* p, const float* v) {
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < VectorOf<T>::kWidth; ++i) e[i] = from_float<T>(v[i]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+__device__ __forceinline__ long long row_offset(const RowLayout& l, long long row) {
+  long long off = 0;
+  for (int d = l.lead - 1; d >= 0; --d) {
+    off += (row % l.shape[d]) * l.stride[d];
+    row /= l.shape[d];
+  }
+  return off;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) & (kVectorBytes - 1)) == 0;
+}
+
+// ---- kernels -----------------------------------------------------------------------------------
+
+template <typename TX, typename TO>
+__global__ void rms_norm_kernel(RmsNormParams p) {
+  constexpr int kW = VectorOf<TX>::kWidth;
+  __shared__ float partial[kMaxRowThreads / kWarp];
+  __shared__ float inv_shared;
+  const long long hidden = p.hidden;
+  for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const TX* x = static_cast<const TX*>(p.x) + row_offset(p.x_rows, row);
+    TO* y = static_cast<TO*>(p.out) + row_offset(p.out_rows, row);
+    const bool vec = hidden % kW == 0 && aligned16(x);
+    // Pass 1: s = sum_j x_j^2.
+    float ss = 0.0f;
+    if (vec) {
+      for (long long v = threadIdx.x; v < hidden / kW; v += blockDim.x) {
+        float e[kW];
+        load_vector(x + v * kW, e);
+#pragma unroll
+        for (int i = 0; i < kW; ++i) ss += e[i] * e[i];
+      }
+    } else {
+      for (long long j = threadIdx.x; j < hidden; j += blockDim.x) {
+        const float e = to_float(x[j]);
+        ss += e * e;
+      }
+    }
+#pragma unroll
+    for (int offset = kWarp / 2; offset > 0; offset /= 2)
+      ss += __shfl_xor_sync(0xffffffffu, ss, offset);
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (lane == 0) partial[warp] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.0f;
+      for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) total += partial[w];
+      inv_shared = 1.0f / sqrtf(total / static_cast<float>(hidden) + p.eps);
+    }
+    __syncthreads();
+    const float inv = inv_shared;
+    // Pass 2: y_j = (x_j * inv) * w_j.
+    const bool vec_out = vec && VectorOf<TO>::kWidth == kW && aligned16(y);
+    if (vec_out) {
+      for (long long v = threadIdx.x; v < hidden / kW; v += blockDim.x) {
+        float e[kW];
+        load_vector(x + v * kW, e);
+#pragma unroll
+        for (int i = 0; i < kW; ++i)
+          e[i] = __fmul_rn(__fmul_rn(e[i], inv),
+                           load_any(p.weight, p.weight_dtype, (v * kW + i) * p.weight_stride));
+        store_vector(y + v * kW, e);
+      }
+    } else {
+      for (long long j = threadIdx.x; j < hidden; j += blockDim.x)
+        y[j] = from_float<TO>(__fmul_rn(__fmul_rn(to_float(x[j]), inv),
+                                        load_any(p.weight, p.weight_dtype, j * p.weight_stride)));
+    }
+    __syncthreads();  // partial / inv_shared are reused by the next row
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float silu_mul_one(float a, float b) {
+  const float s = round_as<T>(a / (1.0f + expf(-a)));
+  return __fmul_rn(s, b);
+}
+
+template <typename T>
+__global__ void silu_mul_kernel(SiluMulParams p) {
+  constexpr int kW = VectorOf<T>::kWidth;
+  const long long per_row = p.vectorized ? p.n / kW : p.n;
+  const long long total = p.rows * per_row;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long row = i / per_row, col = i % per_row;
+    const T* a = static_cast<const T*>(p.a) + row_offset(p.a_rows, row);
+    const T* b = static_cast<const T*>(p.b) + row_offset(p.b_rows, row);
+    T* y = static_cast<T*>(p.out) + row_offset(p.out_rows, row);
+    if (p.vectorized) {
+      float va[kW], vb[kW];
+      load_vector(a + col * kW, va);
+      load_vector(b + col * kW, vb);
+#pragma unroll
+      for (int k = 0; k < kW; ++k) va[k] = silu_mul_one<T>(va[k], vb[k]);
+      store_vector(y + col * kW, va);
+    } else {
+      y[col] = from_float<T>(silu_mul_one<T>(to_float(a[col]), to_float(b[col])));
+    }
+  }
+}
+
+template <typename T>
+__global__ void rope_kernel(RopeParams p) {
+  const long long half = p.dim / 2;
+  const long long total = p.rows * half;
+  const long long pos = *p.position;
+  const bool valid = pos >= 0 && pos < p.table_rows;
+  const long long base = (valid ? pos : 0) * p.table_stride0;
+  for (long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long row = t / half, i = t % half;
+    const T* x = static_cast<const T*>(p.x) + row_offset(p.x_rows, row);
+    T* y = static_cast<T*>(p.out) + row_offset(p.out_rows, row);
+    if (!valid) {
+      y[i] = from_float<T>(0.0f);
+      y[i + half] = from_float<T>(0.0f);
+      continue;
+    }
+    const float x1 = to_float(x[i]), x2 = to_float(x[i + half]);
+    const float c1 = load_any(p.cos, p.table_dtype, base + i * p.table_stride1);
+    const float c2 = load_any(p.cos, p.table_dtype, base + (i + half) * p.table_stride1);
+    const float s1 = load_any(p.sin, p.table_dtype, base + i * p.table_stride1);
+    const float s2 = load_any(p.sin, p.table_dtype, base + (i + half) * p.table_stride1);
+    y[i] = from_float<T>(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1)));
+    y[i + half] = from_float<T>(__fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2)));
+  }
+}
+
+// ---- host side ---------------------------------------------------------------------------------
+
+template <typename Fn>
+void dispatch_float(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32:
+      return fn(float{});
+    case DType::f16:
+      return fn(__half{});
+    case DType::bf16:
+      return fn(__nv_bfloat16{});
+    default:
+      break;
+  }
+  SPLICE_INTERNAL_CHECK(false, "layer_ops: dtype ", dtype_name(dtype), " is not a float dtype");
+}
+
+void check_cuda_tensor(const Tensor& t, const char* op, const char* name) {
+  check_defined(t, name);
+  if (!t.device().is_cuda())
+    fail<DeviceError>(op, ": `", name, "` must be a CUDA tensor, got ", t.device().str());
+}
+
+void check_float(const Tensor& t, const char* op, const char* name) {
+  if (!is_floating(t.dtype()))
+    fail<DTypeError>(op, ": `", name, "` must be f32, f16 or bf16, got ", dtype_name(t.dtype()));
+}
+
+void check_rows(const Tensor& t, const char* op, const char* name) {
+  if (t.dim() < 1) fail<ShapeError>(op, ": `", name, "` must have rank >= 1, got a scalar");
+  if (t.size(-1) > 1 && t.stride(-1) != 1)
+    fail<LayoutError>(op, ": `", name, "` must have a unit stride on its last axis, got strides ",
+                      dims_str(t.strides()), " for shape ", dims_str(t.shape()));
+}
+
+void check_shape(const Tensor& t, const Dims& expected, const char* op, const char* name) {
+  if (t.shape() != expected)
+    fail<ShapeError>(op, ": `", name, "` must have shape ", dims_str(expected), ", got ",
+                     dims_str(t.shape()));
+}
+
+RowLayout rows_of(const Tensor& t, const char* op, const char* name) {
+  RowLayout l;
+  for (std::int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) == 1) continue;
+    if (l.lead == kMaxLead)
+      fail<ShapeError>(op, ": `", name, "` has more than ", kMaxLead, " leading axes of size > 1 (",
+                       dims_str(t.shape()), ")");
+    l.shape[l.lead] = t.size(d);
+    l.stride[l.lead] = t.stride(d);
+    ++l.lead;
+  }
+  return l;
+}
+
+long long row_count(const Tensor& t) { return t.size(-1) ? t.numel() / t.size(-1) : 0; }
+
+unsigned grid_for(long long work, int threads) {
+  return static_cast<unsigned>(
+      std::clamp<long long>((work + threads - 1) / threads, 1, kMaxBlocks));
+}
+
+template <typename T>
+const T* typed(const Tensor& t) {
+  return static_cast<const T*>(t.raw_data());
+}
+
+}  // namespace
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  constexpr const char* kOp = "rms_norm";
+  check_cuda_tensor(x, kOp, "x");
+  check_cuda_tensor(weight, kOp, "weight");
+  check_cuda_tensor(out, kOp, "out");
+  check_float(x, kOp, "x");
+  check_float(weight, kOp, "weight");
+  check_float(out, kOp, "out");
+  check_rows(x, kOp, "x");
+  check_rows(out, kOp, "out");
+  const std::int64_t hidden = x.size(-1);
+  if (weight.dim() != 1 || weight.size(0) != hidden)
+    fail<ShapeError>(kOp, ": `weight` must be [", hidden, "] for x ", dims_str(x.shape()), ", got ",
+                     dims_str(weight.shape()));
+  check_shape(out, x.shape(), kOp, "out");
+  if (!std::isfinite(eps) || eps < 0)
+    fail<ValueError>(kOp, ": `eps` must be finite and >= 0, got ", eps);
+  RmsNormParams p;
+  p.x = x.raw_data();
+  p.out = out.raw_data();
+  p.weight = weight.raw_data();
+  p.weight_dtype = static_cast<int>(weight.dtype());
+  p.weight_stride = weight.stride(0);
+  p.x_rows = rows_of(x, kOp, "x");
+  p.out_rows = rows_of(out, kOp, "out");
+  p.rows = row_count(x);
+  p.hidden = hidden;
+  p.eps = eps;
+  if (p.rows == 0 || hidden == 0) return;
+  dispatch_float(x.dtype(), [&](auto x_tag) {
+    using TX = decltype(x_tag);
+    dispatch_float(out.dtype(), [&](auto out_tag) {
+      using TO = decltype(out_tag);
+      // Enough threads for one vector (or element) each, in whole warps, at most 1024.
+      const long long per_thread = hidden % VectorOf<TX>::kWidth == 0 ? VectorOf<TX>::kWidth : 1;
+      const long long lanes = (hidden / per_thread + kWarp - 1) / kWarp * kWarp;
+      const int threads = static_cast<int>(std::clamp<long long>(lanes, kWarp, kMaxRowThreads));
+      const auto blocks = static_cast<unsigned>(std::min<long long>(p.rows, kMaxBlocks));
+      rms_norm_kernel<TX, TO><<<blocks, threads, 0, current_stream()>>>(p);
+      SPLICE_CUDA_CHECK_LAUNCH("rms_norm_kernel");
+    });
+  });
+}
+
+void silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  constexpr const char* kOp = "silu_mul";
+  check_cuda_tensor(a, kOp, "a");
+  check_cuda_tensor(b, kOp, "b");
+  check_cuda_tensor(out, kOp, "out");
+  check_float(a, kOp, "a");
+  check_rows(a, kOp, "a");
+  check_rows(b, kOp, "b");
+  check_rows(out, kOp, "out");
+  if (b.dtype() != a.dtype() || out.dtype() != a.dtype())
+    fail<DTypeError>(kOp, ": `a`, `b` and `out` must have one dtype, got ", dtype_name(a.dtype()),
+                     ", ", dtype_name(b.dtype()), ", ", dtype_name(out.dtype()));
+  check_shape(b, a.shape(), kOp, "b");
+  check_shape(out, a.shape(), kOp, "out");
+  SiluMulParams p;
+  p.a = a.raw_data();
+  p.b = b.raw_data();
+  p.out = out.raw_data();
+  p.a_rows = rows_of(a, kOp, "a");
+  p.b_rows = rows_of(b, kOp, "b");
+  p.out_rows = rows_of(out, kOp, "out");
+  p.rows = row_count(a);
+  p.n = a.size(-1);
+  if (a.numel() == 0) return;
+  dispatch_float(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kW = VectorOf<T>::kWidth;
+    // Vectorized when every row of every operand starts on a 16-byte boundary.
+    auto rows_aligned = [&](const Tensor& t, const RowLayout& l) {
+      if (reinterpret_cast<std::uintptr_t>(t.raw_data()) % kVectorBytes != 0) return false;
+      for (int d = 0; d < l.lead; ++d)
+        if ((l.stride[d] * static_cast<long long>(sizeof(T))) % kVectorBytes != 0) return false;
+      return true;
+    };
+    p.vectorized = p.n % kW == 0 && rows_aligned(a, p.a_rows) && rows_aligned(b, p.b_rows) &&
+                   rows_aligned(out, p.out_rows);
+    const long long work = p.rows * (p.vectorized ? p.n / kW : p.n);
+    silu_mul_kernel<T>
+        <<<grid_for(work, kElementwiseThreads), kElementwiseThreads, 0, current_stream()>>>(p);
+    SPLICE_CUDA_CHECK_LAUNCH("silu_mul_kernel");
+  });
+}
+
+void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& position,
+          Tensor& out) {
+  constexpr const char* kOp = "rope";
+  check_cuda_tensor(x, kOp, "x");
+  check_cuda_tensor(cos, kOp, "cos");
+  check_cuda_tensor(sin, kOp, "sin");
+  check_cuda_tensor(position, kOp, "position");
+  check_cuda_tensor(out, kOp, "out");
+  check_float(x, kOp, "x");
+  check_float(cos, kOp, "cos");
+  check_rows(x, kOp, "x");
+  check_rows(out, kOp, "out");
+  const std::int64_t dim = x.size(-1);
+  if (dim % 2 != 0) fail<ShapeError>(kOp, ": the last axis of `x` must be even, got ", dim);
+  if (cos.dim() != 2 || cos.size(1) != dim || sin.shape() != cos.shape() ||
+      sin.strides() != cos.strides())
+    fail<ShapeError>(kOp, ": `cos` and `sin` must both be [max_seq_len, ", dim,
+                     "] with one layout, got ", dims_str(cos.shape()), " and ",
+                     dims_str(sin.shape()));
+  if (sin.dtype() != cos.dtype())
+    fail<DTypeError>(kOp, ": `cos` and `sin` must have one dtype, got ", dtype_name(cos.dtype()),
+                     " and ", dtype_name(sin.dtype()));
+  if (position.dtype() != DType::i32 || position.shape() != Dims{1})
+    fail<DTypeError>(kOp, ": `position` must be i32 [1], got ", position.describe());
+  check_shape(out, x.shape(), kOp, "out");
+  if (out.dtype() != x.dtype())
+    fail<DTypeError>(kOp, ": `out` must have x's dtype ", dtype_name(x.dtype()), ", got ",
+                     dtype_name(out.dtype()));
+  RopeParams p;
+  p.x = x.raw_data();
+  p.out = out.raw_data();
+  p.cos = cos.raw_data();
+  p.sin = sin.raw_data();
+  p.table_dtype = static_cast<int>(cos.dtype());
+  p.table_rows = cos.size(0);
+  p.table_stride0 = cos.stride(0);
+  p.table_stride1 = cos.stride(1);
+  p.position = typed<int>(position);
+  p.x_rows = rows_of(x, kOp, "x");
+  p.out_rows = rows_of(out, kOp, "out");
+  p.rows = row_count(x);
+  p.dim = dim;
+  if (x.numel() == 0) return;
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    rope_kernel<T><<<grid_for(p.rows * (dim / 2), kElementwiseThreads), kElementwiseThreads, 0,
+                     current_stream()>>>(p);
+    SPLICE_CUDA_CHECK_LAUNCH("rope_kernel");
+  });
+}
+
+}  // namespace splice::cuda

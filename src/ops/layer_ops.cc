@@ -1,0 +1,113 @@
+// The public fused layer ops (see splice/ops/layer_ops.h): device and contract checks, then the
+// backend kernel.
+//
+//  1. Devices: every tensor on the first input's device; a CUDA tensor in a build without the
+//     CUDA backend is a DeviceError.
+//  2. Contract row of that device: the op is listed, the activation dtype is listed, the row
+//     length is within max_row (0 = any). A refusal is an UnsupportedError naming the row.
+//  3. Dispatch: cpu::rms_norm / silu_mul / rope or their cuda:: launchers.
+#include "splice/ops/layer_ops.h"
+
+#include <string>
+
+#include "splice/backend/cpu/layer_ops.h"
+#include "splice/core/error.h"
+
+#if defined(SPLICE_WITH_CUDA)
+#include "splice/backend/cuda/layer_ops.h"
+#endif
+
+namespace splice {
+namespace {
+
+const std::vector<DType> kFloatDtypes = {DType::bf16, DType::f16, DType::f32};
+const std::vector<LayerOpKind> kAllLayerOps = {LayerOpKind::rms_norm, LayerOpKind::silu_mul,
+                                               LayerOpKind::rope};
+
+void check_device(const Tensor& t, const char* name, const Device& device, const char* op) {
+  check_defined(t, name);
+  if (!(t.device() == device))
+    fail<DeviceError>(op, ": `", name, "` must be on ", device.str(), ", got ", t.device().str());
+}
+
+const LayerOpContract& contract_for(const Device& device, const char* op) {
+  if (device.is_cpu()) return cpu_layer_ops_contract();
+#if defined(SPLICE_WITH_CUDA)
+  if (device.is_cuda()) return cuda_layer_ops_contract();
+#endif
+  fail<DeviceError>(op, ": no kernel for ", device.str(), " in this build");
+}
+
+void check_contract(const LayerOpContract& row, LayerOpKind kind, DType dtype,
+                    std::int64_t row_length) {
+  const char* op = layer_op_name(kind);
+  if (!row.supports(kind))
+    fail<UnsupportedError>(op, ": the ", row.backend, " kernel '", row.kernel, "' (revision ",
+                           row.revision, ") does not implement ", op);
+  if (!row.supports_dtype(dtype))
+    fail<UnsupportedError>(op, ": the ", row.backend, " kernel '", row.kernel,
+                           "' does not take dtype ", dtype_name(dtype));
+  if (row.max_row > 0 && row_length > row.max_row)
+    fail<UnsupportedError>(op, ": the ", row.backend, " kernel '", row.kernel,
+                           "' takes rows of at most ", row.max_row, " elements, got ", row_length);
+}
+
+std::int64_t last_dim(const Tensor& t) { return t.dim() > 0 ? t.size(-1) : 1; }
+
+}  // namespace
+
+void fused_rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  const char* op = "rms_norm";
+  check_defined(x, "x");
+  const Device device = x.device();
+  check_device(weight, "weight", device, op);
+  check_device(out, "out", device, op);
+  check_contract(contract_for(device, op), LayerOpKind::rms_norm, x.dtype(), last_dim(x));
+#if defined(SPLICE_WITH_CUDA)
+  if (device.is_cuda()) return cuda::rms_norm(x, weight, eps, out);
+#endif
+  cpu::rms_norm(x, weight, eps, out);
+}
+
+void fused_silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  const char* op = "silu_mul";
+  check_defined(a, "a");
+  const Device device = a.device();
+  check_device(b, "b", device, op);
+  check_device(out, "out", device, op);
+  check_contract(contract_for(device, op), LayerOpKind::silu_mul, a.dtype(), last_dim(a));
+#if defined(SPLICE_WITH_CUDA)
+  if (device.is_cuda()) return cuda::silu_mul(a, b, out);
+#endif
+  cpu::silu_mul(a, b, out);
+}
+
+void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& position,
+                Tensor& out) {
+  const char* op = "rope";
+  check_defined(x, "x");
+  const Device device = x.device();
+  check_device(cos, "cos", device, op);
+  check_device(sin, "sin", device, op);
+  check_device(position, "position", device, op);
+  check_device(out, "out", device, op);
+  check_contract(contract_for(device, op), LayerOpKind::rope, x.dtype(), last_dim(x));
+#if defined(SPLICE_WITH_CUDA)
+  if (device.is_cuda()) return cuda::rope(x, cos, sin, position, out);
+#endif
+  cpu::rope(x, cos, sin, position, out);
+}
+
+const LayerOpContract& cpu_layer_ops_contract() {
+  static const LayerOpContract row{"layer_ops",  "cpu",        "cpu-layer-ops-1",
+                                   kAllLayerOps, kFloatDtypes, 0};
+  return row;
+}
+
+const LayerOpContract& cuda_layer_ops_contract() {
+  static const LayerOpContract row{"layer_ops",  "cuda",       "cuda-layer-ops-1",
+                                   kAllLayerOps, kFloatDtypes, 0};
+  return row;
+}
+
+}  // namespace splice

@@ -1,0 +1,158 @@
+// offer_layer_op_arm: validate the spec, gate it on the layer-op contract row, splice the branch
+// (see splice/passes/layer_ops.h for the three stages). The fused node's typing rules are the
+// IR's own (infer_node), so the spec is checked against exactly what the node will be.
+#include "splice/passes/layer_ops.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "ir/infer.h"
+#include "splice/core/error.h"
+
+namespace splice {
+namespace {
+
+Op fused_op(LayerOpKind kind) {
+  switch (kind) {
+    case LayerOpKind::rms_norm:
+      return Op::RmsNorm;
+    case LayerOpKind::silu_mul:
+      return Op::SiluMul;
+    case LayerOpKind::rope:
+      return Op::Rope;
+  }
+  fail<GraphError>("LayerOpSpec: unknown kind ", static_cast<int>(kind));
+}
+
+// Role names of the inputs, in order.
+std::vector<std::string> role_names(LayerOpKind kind) {
+  switch (kind) {
+    case LayerOpKind::rms_norm:
+      return {"x", "weight"};
+    case LayerOpKind::silu_mul:
+      return {"a", "b"};
+    case LayerOpKind::rope:
+      return {"x", "cos", "sin", "position"};
+  }
+  return {};
+}
+
+// The fused node the spec describes (not yet appended).
+Node fused_node(const Graph& g, const LayerOpSpec& s) {
+  Node n;
+  n.op = fused_op(s.kind);
+  n.inputs = s.inputs;
+  n.dtype = g.node(s.decomposed_out).dtype;
+  n.attrs.eps = s.eps;
+  return n;
+}
+
+void validate(const Graph& g, const LayerOpSpec& s) {
+  const char* name = layer_op_name(s.kind);
+  const std::vector<std::string> roles = role_names(s.kind);
+  if (s.inputs.size() != roles.size())
+    fail<GraphError>("LayerOpSpec (", name, ", ", s.site, "): takes ", roles.size(),
+                     " inputs, got ", s.inputs.size());
+  auto live = [&](NodeId id, const std::string& what) {
+    if (!g.is_live(id))
+      fail<GraphError>("LayerOpSpec (", name, ", ", s.site, "): `", what, "` = %", id.index,
+                       " is not a live node of the graph (", g.size(), " nodes)");
+  };
+  for (std::size_t i = 0; i < roles.size(); ++i) live(s.inputs[i], roles[i]);
+  live(s.decomposed_out, "decomposed_out");
+  live(s.reconverge, "reconverge");
+  if (!std::isfinite(s.eps) || s.eps < 0)
+    fail<GraphError>("LayerOpSpec (", name, ", ", s.site, "): `eps` must be finite and >= 0, got ",
+                     s.eps);
+  Inferred inferred;
+  try {
+    inferred = infer_node(g, fused_node(g, s));
+  } catch (const GraphError& e) {
+    fail<GraphError>("LayerOpSpec (", name, ", ", s.site, "): ", e.what());
+  }
+  const Node& out = g.node(s.decomposed_out);
+  if (!same_shape(inferred.shape, out.shape) || inferred.dtype != out.dtype)
+    fail<GraphError>("LayerOpSpec (", name, ", ", s.site, "): `decomposed_out` is ",
+                     dtype_name(out.dtype), sym_shape_str(out.shape, &g.symbols()),
+                     " but the fused op gives ", dtype_name(inferred.dtype),
+                     sym_shape_str(inferred.shape, &g.symbols()));
+  const auto users = g.users();
+  const auto& consumers = users[s.decomposed_out.index];
+  bool is_output = false;
+  for (const auto& [output, id] : g.outputs()) is_output |= id == s.decomposed_out;
+  if (consumers.size() != 1 || consumers[0] != s.reconverge || is_output)
+    fail<GraphError>("LayerOpSpec (", name, ", ", s.site, "): `reconverge` %", s.reconverge.index,
+                     " must be the sole consumer of `decomposed_out` %", s.decomposed_out.index,
+                     ", which has ", consumers.size(), " consumer(s)",
+                     is_output ? " and is an output" : "");
+}
+
+}  // namespace
+
+std::string layer_op_gate(const Graph& g, const LayerOpSpec& s, const LayerOpContract& c) {
+  const std::string who = c.kernel + "/" + c.backend + " (rev " + c.revision + ")";
+  std::ostringstream why;
+  if (!c.supports(s.kind)) why << who << " does not implement " << layer_op_name(s.kind) << "; ";
+  const Node& x = g.node(s.inputs.at(0));
+  const DType out_dtype = g.node(s.decomposed_out).dtype;
+  if (!c.supports_dtype(x.dtype))
+    why << who << " does not take dtype " << dtype_name(x.dtype) << "; ";
+  if (out_dtype != x.dtype && !c.supports_dtype(out_dtype))
+    why << who << " does not write dtype " << dtype_name(out_dtype) << "; ";
+  const SymExpr& row = x.shape.back();
+  if (c.max_row > 0 && row.upper_bound(g.symbols()) > c.max_row)
+    why << "the row length " << row.str(&g.symbols()) << " exceeds " << who << "'s max_row "
+        << c.max_row << "; ";
+  std::string reason = why.str();
+  if (reason.size() >= 2) reason.resize(reason.size() - 2);
+  return reason;
+}
+
+OfferResult offer_layer_op_arm(Graph& g, const LayerOpSpec& s, const LayerOpContract& c,
+                               DecisionLog* log) {
+  validate(g, s);
+  const std::string kind = layer_op_name(s.kind);
+  OfferResult result;
+  Decision decision;
+  decision.kind = kind;
+  decision.site = s.site;
+  const std::string reason = layer_op_gate(g, s, c);
+  if (!reason.empty()) {
+    result.reason = decision.reason = reason;
+    if (log) log->add(decision);
+    return result;
+  }
+  const auto& in = s.inputs;
+  NodeId fused;
+  switch (s.kind) {
+    case LayerOpKind::rms_norm:
+      fused = g.rms_norm(in[0], in[1], s.eps, g.node(s.decomposed_out).dtype);
+      break;
+    case LayerOpKind::silu_mul:
+      fused = g.silu_mul(in[0], in[1]);
+      break;
+    case LayerOpKind::rope:
+      fused = g.rope(in[0], in[1], in[2], in[3]);
+      break;
+  }
+  g.labeled(fused, (s.site.empty() ? kind : s.site + "." + kind) + "_fused");
+  ArmRecipe recipe;
+  recipe.kind = kind;
+  const std::vector<std::string> roles = role_names(s.kind);
+  for (std::size_t i = 0; i < roles.size(); ++i) recipe.roles[roles[i]] = s.inputs[i];
+  recipe.contract_revision = c.revision;
+  BranchBuilder builder(g, s.inputs[0]);
+  builder.add_arm(s.decomposed_out, "decomposed").add_arm(fused, c.kernel + "/" + c.backend);
+  result.branch = builder.finalize(s.reconverge, recipe);
+  result.offered = true;
+  result.reason =
+      "offered: " + c.kernel + "/" + c.backend + " rev " + c.revision + " implements " + kind;
+  decision.offered = true;
+  decision.reason = result.reason;
+  decision.branch = result.branch;
+  decision.arm_labels = g.node(result.branch).attrs.branch->arm_labels;
+  if (log) log->add(decision);
+  return result;
+}
+
+}  // namespace splice

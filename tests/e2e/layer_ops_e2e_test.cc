@@ -1,0 +1,181 @@
+// The fused layer ops end to end on the CPU: a tiny random Llama and the embedded default KDA
+// hybrid (both in bf16) decode 12 greedy tokens twice through the Generator, once with every
+// LayerOpSpec offered, verified and chosen (RMSNorm, SwiGLU activation and RoPE fused) and once
+// without them (the primitive regions); everything else (attention, KDA arms) is the same. The
+// greedy tokens must be identical and the logits equal within the bf16 tolerance (the CPU fused
+// kernels reproduce their primitive regions bit for bit, so they are in fact identical).
+// Also: the Llama builder's stacked q|k|v and gate|up projections (one matmul each, the
+// projections views of its output) give bitwise the logits of one matmul per Hugging Face linear,
+// for a Qwen2-style model with q/k/v biases at batch 1 and 2 (batch 2 makes the views strided).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "splice/exec/session.h"
+#include "splice/model/default_model.h"
+#include "splice/model/generate.h"
+#include "support/test_util.h"
+
+namespace splice {
+namespace {
+
+constexpr int kSteps = 12;
+
+ModelConfig tiny_llama_config(const std::string& dir, bool qwen2 = false) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json")
+      << (qwen2 ? R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",)"
+                : R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",)")
+      << R"( "vocab_size": 97,
+    "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": true,
+    "bos_token_id": 1, "eos_token_id": 2})";
+  return load_config(dir + "/config.json");
+}
+
+Weights tiny_llama_weights(bool biases = false) {
+  Rng rng(42);
+  std::vector<std::pair<std::string, Tensor>> t;
+  auto add = [&](const std::string& name, Dims shape, double stddev, double mean = 0.0) {
+    t.emplace_back(name, testing::random_tensor(rng, shape, DType::f32, stddev, mean));
+  };
+  add("model.embed_tokens.weight", {97, 128}, 1.0);
+  add("model.norm.weight", {128}, 0.1, 1.0);
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "self_attn.q_proj.weight", {128, 128}, 0.1);
+    add(p + "self_attn.k_proj.weight", {64, 128}, 0.1);
+    add(p + "self_attn.v_proj.weight", {64, 128}, 0.1);
+    add(p + "self_attn.o_proj.weight", {128, 128}, 0.1);
+    add(p + "mlp.gate_proj.weight", {160, 128}, 0.3);
+    add(p + "mlp.up_proj.weight", {160, 128}, 0.1);
+    add(p + "mlp.down_proj.weight", {128, 160}, 0.1);
+    add(p + "input_layernorm.weight", {128}, 0.3, 1.0);
+    add(p + "post_attention_layernorm.weight", {128}, 0.3, 1.0);
+    if (biases) {
+      add(p + "self_attn.q_proj.bias", {128}, 0.1);
+      add(p + "self_attn.k_proj.bias", {64}, 0.1);
+      add(p + "self_attn.v_proj.bias", {64}, 0.1);
+    }
+  }
+  return Weights::from_tensors(std::move(t));
+}
+
+struct Decode {
+  std::vector<std::int32_t> tokens;
+  std::vector<Tensor> logits;
+  int fused_layer_ops = 0;  // layer-op branches collapsed to the fused arm
+};
+
+Decode greedy(DecodeModel model, bool layer_ops) {
+  if (!layer_ops) model.layer_specs.clear();
+  GeneratorOptions go;
+  go.optimize.tune.warmup = 0;
+  go.optimize.tune.repeats = 1;
+  go.optimize.tune.time_override = [](NodeId, int arm, std::int64_t) {
+    return arm == 1 ? 1.0 : 2.0;
+  };
+  Generator gen(std::move(model), go);
+  Decode d;
+  for (const Decision& decision : gen.decisions().entries()) {
+    const bool layer_op =
+        decision.kind == "rms_norm" || decision.kind == "silu_mul" || decision.kind == "rope";
+    if (layer_op) {
+      EXPECT_TRUE(decision.offered) << decision.site << ": " << decision.reason;
+      d.fused_layer_ops += decision.collapsed_to == 1;
+    }
+  }
+  std::int32_t token = 1;
+  for (int step = 0; step < kSteps; ++step) {
+    const Tensor logits = gen.step(token);
+    d.logits.push_back(logits.clone());
+    std::int64_t best = 0;
+    for (std::int64_t v = 1; v < logits.numel(); ++v)
+      if (logits.at_linear(v) > logits.at_linear(best)) best = v;
+    token = static_cast<std::int32_t>(best);
+    d.tokens.push_back(token);
+  }
+  return d;
+}
+
+void expect_same_decode(const Decode& fused, const Decode& plain) {
+  EXPECT_EQ(fused.tokens, plain.tokens);
+  for (int step = 0; step < kSteps; ++step)
+    EXPECT_TRUE(
+        testing::close(fused.logits[step], plain.logits[step], default_tolerance(DType::bf16)))
+        << "step " << step;
+}
+
+TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
+  const ModelConfig config = tiny_llama_config(::testing::TempDir() + "/layer_ops_llama");
+  const Weights weights = tiny_llama_weights();
+  BuildOptions build;
+  build.max_seq_len = 32;
+  build.dtype = DType::bf16;
+  DecodeModel model = build_decode_model(config, weights, build);
+  // Per layer: 2 norms, 2 ropes (q, k), 1 SwiGLU activation; plus the final norm.
+  EXPECT_EQ(model.layer_specs.size(), 2u * 5u + 1u);
+  const Decode fused = greedy(build_decode_model(config, weights, build), true);
+  const Decode plain = greedy(std::move(model), false);
+  EXPECT_EQ(fused.fused_layer_ops, 11);
+  EXPECT_EQ(plain.fused_layer_ops, 0);
+  expect_same_decode(fused, plain);
+}
+
+TEST(LayerOpsE2e, DefaultKdaModelGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
+  const ModelConfig config = default_model_config();
+  const Weights weights = Weights::from_tensors(make_kda_weights(config, 7));
+  BuildOptions build;
+  build.max_seq_len = 32;
+  build.dtype = DType::bf16;
+  DecodeModel model = build_decode_model(config, weights, build);
+  // 4 layers x (2 norms + 1 SwiGLU activation), the attention layer's 2 ropes, the final norm.
+  EXPECT_EQ(model.layer_specs.size(), 4u * 3u + 2u + 1u);
+  const Decode fused = greedy(build_decode_model(config, weights, build), true);
+  const Decode plain = greedy(std::move(model), false);
+  EXPECT_EQ(fused.fused_layer_ops, 15);
+  expect_same_decode(fused, plain);
+}
+
+// Logits of `steps` tokens fed to a planned session of the model (batch rows get different tokens).
+std::vector<Tensor> session_logits(const ModelConfig& config, const Weights& weights,
+                                   BuildOptions build, int steps) {
+  DecodeModel model = build_decode_model(config, weights, build);
+  Session session(std::move(model.graph));
+  std::vector<Tensor> out;
+  for (int step = 0; step < steps; ++step) {
+    Tensor tokens = Tensor::empty({build.batch}, DType::i32);
+    for (std::int64_t b = 0; b < build.batch; ++b)
+      tokens.data<std::int32_t>()[b] = static_cast<std::int32_t>((step * 7 + b * 13) % 97);
+    session.step({{"k_len", step + 1}}, {{"tokens", tokens}});
+    out.push_back(session.output("logits").clone());
+  }
+  return out;
+}
+
+TEST(StackedProjections, SameLogitsAsOneMatmulPerLinear) {
+  const ModelConfig config = tiny_llama_config(::testing::TempDir() + "/layer_ops_qwen2", true);
+  ASSERT_TRUE(config.attention_bias);
+  const Weights weights = tiny_llama_weights(/*biases=*/true);
+  // (f32 at batch 1 only: its batch-2 matmuls go through multithreaded BLAS, slow on loaded CI.)
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (std::int64_t batch : {1, 2}) {
+      if (dtype == DType::f32 && batch > 1) continue;
+      BuildOptions build;
+      build.max_seq_len = 16;
+      build.dtype = dtype;
+      build.batch = batch;
+      build.stack_projections = true;
+      const auto stacked = session_logits(config, weights, build, 6);
+      build.stack_projections = false;
+      const auto separate = session_logits(config, weights, build, 6);
+      for (std::size_t i = 0; i < stacked.size(); ++i)
+        EXPECT_TRUE(testing::bit_equal(stacked[i], separate[i]))
+            << dtype_name(dtype) << " batch " << batch << " step " << i;
+    }
+}
+
+}  // namespace
+}  // namespace splice
