@@ -269,13 +269,16 @@ __device__ __forceinline__ uint4 pack(const float* in) {
 // Per-chunk shared memory of one CTA with kRows value rows.
 template <int kRows>
 struct Shared {
-  float q[kChunk][kD];                 // q^
-  float k[kChunk][kD];                 // k^
-  float decay[kChunk][kD];             // exp(g)
-  float v[kChunk][kRows];              // bf16-exact v of this slice's rows
-  float og[kChunk][kRows];             // sigmoid(output_gate)
-  float o[kChunk][kRows];              // bf16(o_raw)
-  float part[kChunk];                  // this CTA's sum of o_b^2 per token (read by the cluster)
+  float q[kChunk][kD];      // q^
+  float k[kChunk][kD];      // k^
+  float decay[kChunk][kD];  // exp(g)
+  float v[kChunk][kRows];   // bf16-exact v of this slice's rows
+  float og[kChunk][kRows];  // sigmoid(output_gate)
+  float o[kChunk][kRows];   // bf16(o_raw)
+  // [chunk parity, slice, token]: each slice's sum of o_b^2, pushed into every slice of the
+  // cluster (distributed shared memory); the parity keeps a fast slice's next chunk from
+  // overwriting partials a slow slice still reads.
+  float part[2][kD / kRows][kChunk];
   std::uint16_t x[kChunk][kProj][kD];  // raw x bits of this head's channels (conv write-back)
   float beta[kChunk];
   int dst[kChunk];
@@ -478,6 +481,15 @@ struct Geometry {
   // Vectors j, j + kLanes, ...: a row group reads 128 contiguous bytes per instruction.
   __device__ int col(int c) const { return (j + c * L::kLanes) * kVecElems; }
 };
+
+// The split halves of a cluster barrier: kda_decode_kernel arrives at entry, run_item waits
+// before its first store into another CTA's shared memory (which needs that CTA running).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait;" ::: "memory");
+}
 
 // Barrier over the kThreads threads that run items (named barrier 1): the stream kernel's
 // producer warp never joins it. Orders shared-memory accesses like __syncthreads.
@@ -701,8 +713,15 @@ __device__ __forceinline__ void run_item(const Params& p,
     }
     cta_sync<kThreads>();
 
-    // Stage 3c: gated RMSNorm, one warp per token.
+    // Stage 3c: gated RMSNorm, one warp per token. A cluster needs one barrier: each slice
+    // pushes its partial sum into every slice's sm.part, then each slice adds the kSlices
+    // partials in rank order from its own shared memory.
+    const int parity = (c0 / kChunk) & 1;
     if constexpr (kSlices > 1) {
+      cg::cluster_group cluster = cg::this_cluster();
+      // Every CTA of the cluster has started (the arrival at kernel entry) before the first
+      // store into another CTA's shared memory.
+      if (c0 == 0) cluster_wait();
 #pragma unroll 1
       for (int t = warp; t < nt; t += L::kWarps) {
         float ssq = 0.0f;
@@ -712,18 +731,18 @@ __device__ __forceinline__ void run_item(const Params& p,
           ssq += v * v;
         }
         ssq = warp_sum(ssq);
-        if (lane == 0) sm.part[t] = ssq;
+        if (lane < kSlices) *cluster.map_shared_rank(&sm.part[parity][slice][t], lane) = ssq;
       }
-      cg::this_cluster().sync();
+      cluster.sync();  // release / acquire: the partials; also orders every history read
+                       // before stage 3d
     }
 #pragma unroll 1
     for (int t = warp; t < nt; t += L::kWarps) {
       float total;
       if constexpr (kSlices > 1) {
         total = 0.0f;
-        cg::cluster_group cluster = cg::this_cluster();
 #pragma unroll
-        for (int r = 0; r < kSlices; ++r) total += cluster.map_shared_rank(sm.part, r)[t];
+        for (int r = 0; r < kSlices; ++r) total += sm.part[parity][r][t];
       } else {
         float ssq = 0.0f;
 #pragma unroll
@@ -742,7 +761,6 @@ __device__ __forceinline__ void run_item(const Params& p,
       }
     }
     if constexpr (kSlices > 1) {
-      cg::this_cluster().sync();  // partials read; also orders all history reads before stage 3d
       write_back(c0, nt);
     }
   }
@@ -763,6 +781,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   const Item it = resolve_item(p, u, h);
   zero_unowned<kThreads, L::kRows>(p, it, row0, owned_rows(p));
   if (!it.live) return;  // uniform over the cluster: every slice resolves the same item
+  if constexpr (kSlices > 1) cluster_arrive_relaxed();  // waited on in run_item (stage 3c)
 
   const G geo;
   uint4 raw[L::kRowsPerThread][G::kVecs];
