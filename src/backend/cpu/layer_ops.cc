@@ -142,11 +142,15 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
                  for (std::int64_t r = begin; r < end; ++r) {
                    detail::load_tile<float>(ao, a_rows[r], 1, n, x.data());
                    detail::load_tile<float>(bo, b_rows[r], 1, n, y.data());
-                   for (std::int64_t j = 0; j < n; ++j) {
-                     // The primitive region stores silu(a) in the node's dtype before the Mul.
-                     const float s = round_to(dt, x[j] / (1.0f + std::exp(-x[j])));
-                     y[j] = s * y[j];
+                   // silu(a) as the primitive Silu computes it, then its store's rounding into
+                   // the node's dtype (a loop per dtype, so each one vectorizes), then the Mul.
+                   for (std::int64_t j = 0; j < n; ++j) x[j] = x[j] / (1.0f + std::exp(-x[j]));
+                   if (dt == DType::bf16) {
+                     for (std::int64_t j = 0; j < n; ++j) x[j] = round_to(DType::bf16, x[j]);
+                   } else if (dt == DType::f16) {
+                     for (std::int64_t j = 0; j < n; ++j) x[j] = round_to(DType::f16, x[j]);
                    }
+                   for (std::int64_t j = 0; j < n; ++j) y[j] = x[j] * y[j];
                    detail::store_tile<float>(oo, out_rows[r], 1, n, y.data());
                  }
                });
