@@ -651,6 +651,7 @@ __device__ __forceinline__ void run_item(const Params& p,
       float part[kRt];
 #pragma unroll
       for (int i = 0; i < kRt; ++i) part[i] = 0.0f;
+      float kk[L::kCols];  // this thread's k^ columns, read once for both passes
 #pragma unroll
       for (int c = 0; c < kVecs; ++c) {
 #pragma unroll
@@ -662,6 +663,7 @@ __device__ __forceinline__ void run_item(const Params& p,
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int col = c * kVecElems + e + x;
+            kk[col] = kq[x];
 #pragma unroll
             for (int i = 0; i < kRt; ++i) {
               s[i][col] *= dd[x];
@@ -683,15 +685,13 @@ __device__ __forceinline__ void run_item(const Params& p,
 #pragma unroll
         for (int e = 0; e < kVecElems; e += 4) {
           const float4 qv = *reinterpret_cast<const float4*>(&sm.q[t][geo.col(c) + e]);
-          const float4 kv = *reinterpret_cast<const float4*>(&sm.k[t][geo.col(c) + e]);
           const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
-          const float kq[4] = {kv.x, kv.y, kv.z, kv.w};
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int col = c * kVecElems + e + x;
 #pragma unroll
             for (int i = 0; i < kRt; ++i) {
-              s[i][col] = fmaf(delta[i], kq[x], s[i][col]);
+              s[i][col] = fmaf(delta[i], kk[col], s[i][col]);
               o[i] = fmaf(s[i][col], qq[x], o[i]);
             }
           }
