@@ -10,8 +10,8 @@
 //  3. Timing: G launches over G disjoint slot sets (so the state working set is >= 400 MB and the
 //     50 MB L2 cannot flatter small N) captured in one CUDA graph; the graph is replayed after
 //     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
-//  4. Every variant (stream, wide, split2, split4) is timed; the table reports the automatic
-//  choice.
+//  4. Every variant (stream, stream_plain, wide, split2, split4) is timed; the table reports the
+//     automatic choice.
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
 // given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
 #include <cuda_bf16.h>
