@@ -545,6 +545,56 @@ TEST(KdaCuda, PlainPackedT1Agree) {
   }
 }
 
+// Per-row modes (plain and t1) with every variant forced, on enough rows that `stream` runs many
+// items per CTA: bit-identical to the same variant's packed T = 1 run on equivalent rows (which
+// the grids above check against the reference).
+TEST(KdaCuda, PerRowModesEveryVariant) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(18);
+  const int R = 300;
+  Meta m;
+  m.T = 1;
+  std::vector<int> slots;
+  for (int r = 0; r < R; ++r) {
+    m.lens.push_back(1);
+    m.nat.push_back(1);
+    slots.push_back(r % 7 == 3 ? 0 : r + 1);
+    m.si.push_back({slots.back()});
+  }
+  m.slots = R + 2;
+  for (DType sdt : {DType::f32, DType::bf16}) {
+    const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
+    const Tensor row_slots = mirror(int_tensor(slots, {R}), Device::cuda());
+    const Tensor junk_qsl =
+        mirror(int_tensor(std::vector<int>(R + 1, 12345), {R + 1}), Device::cuda());
+    for (auto v : kVariants) {
+      SCOPED_TRACE(std::string(dtype_name(sdt)) + " variant=" + cuda::kda_variant_name(v));
+      Problem a = to_device(p, Device::cuda()), b = to_device(p, Device::cuda()),
+              c = to_device(p, Device::cuda());
+      cuda::kda_decode(packed_args(a, -5.0f), nullptr, v);
+      KdaDecodeArgs plain = packed_args(b, -5.0f);
+      plain.mode = KdaMode::plain;
+      plain.state_indices = row_slots;
+      plain.row_slots = row_slots;
+      plain.query_start_loc = Tensor();
+      plain.num_accepted_tokens = Tensor();
+      plain.num_seqs = R;
+      cuda::kda_decode(plain, nullptr, v);
+      KdaDecodeArgs t1 = packed_args(c, -5.0f);
+      t1.mode = KdaMode::t1;
+      t1.row_slots = row_slots;
+      t1.query_start_loc = junk_qsl;
+      cuda::kda_decode(t1, nullptr, v);
+      cuda::synchronize();
+      for (Problem* q : {&b, &c}) {
+        EXPECT_EQ(storage_bytes(q->output), storage_bytes(a.output));
+        EXPECT_EQ(storage_bytes(q->conv_state), storage_bytes(a.conv_state));
+        EXPECT_EQ(storage_bytes(q->state), storage_bytes(a.state));
+      }
+    }
+  }
+}
+
 // Repeated runs are bitwise identical; every variant agrees with the others within tolerance.
 TEST(KdaCuda, Deterministic) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
