@@ -1,0 +1,247 @@
+// Benchmark of the fused layer-op kernels (src/backend/cuda/layer_ops.cu) against the primitive
+// chains the model builders emit for them (arm 0), in one process (a plain main; prints a table
+// and writes JSON).
+//
+//   1. Shapes (bf16, batch 1 decode): SmolLM2-135M (RMSNorm H = 576, SwiGLU I = 1536, RoPE q
+//      [1, 9, 1, 64] and k [1, 3, 1, 64]) and Llama-8B-like (H = 4096, I = 14336, RoPE q
+//      [1, 32, 1, 128], k [1, 8, 1, 128]).
+//   2. Arms: fused = one cuda::rms_norm / silu_mul / rope call; primitive = the exact chain of
+//      cuda:: primitives of layers::rms_norm (9 kernels), the SwiGLU activation (2) and
+//      layers::rope (10), on preallocated intermediates.
+//   3. Timing: kCalls calls of an arm are captured into one CUDA graph (what decode replays);
+//      after warm-up each of --reps replays is timed with events; time per call = median replay /
+//      kCalls. These ops move a few KB: the numbers are launch (graph node) costs, the point of
+//      fusing them; bytes are reported against the 4.48 TB/s read ceiling for the large shapes.
+//   4. Check: both arms' outputs agree within the bf16 policy (max |fused - primitive| printed).
+//   5. Output: one row per op and shape (fused us, primitive us, kernels, ratio) and JSON at
+//      argv[1] (default layer_ops_cuda_bench.json).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "splice/backend/cuda/layer_ops.h"
+#include "splice/backend/cuda/primitives.h"
+#include "splice/backend/cuda/runtime.h"
+#include "splice/core/random.h"
+#include "splice/core/tensor.h"
+#include "splice/core/tolerance.h"
+
+namespace {
+
+using splice::DType;
+using splice::Tensor;
+namespace cuda = splice::cuda;
+
+constexpr int kCalls = 100;  // calls captured per graph
+constexpr int kWarmupReplays = 3;
+constexpr int kDefaultReps = 30;
+constexpr double kCeilingBytesPerSecond = 4.48e12;  // measured read ceiling (design.md §4)
+constexpr float kEps = 1e-5f;
+constexpr std::int64_t kMaxSeq = 2048;  // RoPE table rows
+constexpr std::int32_t kPosition = 1000;
+
+#define BENCH_CHECK(call)                                                          \
+  do {                                                                             \
+    const cudaError_t status_ = (call);                                            \
+    if (status_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(status_)); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+Tensor device_random(splice::Rng& rng, const splice::Dims& shape, DType dtype, double mean = 0.0,
+                     double stddev = 1.0) {
+  Tensor host = Tensor::empty(shape, dtype);
+  rng.normal(host, mean, stddev);
+  return host.to_device(splice::Device::cuda());
+}
+
+Tensor device_empty(const splice::Dims& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, splice::Device::cuda());
+}
+
+// Median microseconds per call of `arm` captured kCalls times into one graph.
+double time_arm(const std::function<void()>& arm, int reps, cuda::Stream stream) {
+  cuda::StreamGuard guard(stream);
+  arm();  // eager once: any lazy setup happens outside the capture
+  cuda::stream_synchronize(stream);
+  cuda::begin_capture(stream);
+  for (int i = 0; i < kCalls; ++i) arm();
+  cuda::GraphExec exec = cuda::end_capture(stream);
+  for (int i = 0; i < kWarmupReplays; ++i) cuda::launch_graph(exec, stream);
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  std::vector<double> us;
+  for (int r = 0; r < reps; ++r) {
+    BENCH_CHECK(cudaEventRecord(start, stream));
+    cuda::launch_graph(exec, stream);
+    BENCH_CHECK(cudaEventRecord(stop, stream));
+    BENCH_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    us.push_back(1e3 * ms / kCalls);
+  }
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  cuda::destroy_graph(exec);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+struct Row {
+  std::string op, shape;
+  double fused_us = 0, primitive_us = 0;
+  int primitive_kernels = 0;
+  double bytes = 0, max_abs_diff = 0;
+};
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  cuda::synchronize();
+  const Tensor ha = a.to_device(splice::Device::cpu()), hb = b.to_device(splice::Device::cpu());
+  return splice::compare_tensors(ha, hb, splice::default_tolerance(DType::bf16)).max_abs_error;
+}
+
+Row bench_rms_norm(splice::Rng& rng, std::int64_t hidden, int reps, cuda::Stream stream) {
+  const Tensor x = device_random(rng, {1, hidden}, DType::bf16);
+  const Tensor w = device_random(rng, {hidden}, DType::bf16, 1.0, 0.1);
+  Tensor fused = device_empty({1, hidden}, DType::bf16),
+         prim = device_empty({1, hidden}, DType::bf16);
+  Tensor x32 = device_empty({1, hidden}, DType::f32), sq = device_empty({1, hidden}, DType::f32);
+  Tensor mean = device_empty({1, 1}, DType::f32), shifted = device_empty({1, 1}, DType::f32);
+  Tensor inv = device_empty({1, 1}, DType::f32), w32 = device_empty({hidden}, DType::f32);
+  Tensor scaled = device_empty({1, hidden}, DType::f32), y = device_empty({1, hidden}, DType::f32);
+  Tensor eps = device_empty({1}, DType::f32);
+  cuda::fill(eps, kEps);
+  Row row{"rms_norm", "[1, " + std::to_string(hidden) + "]"};
+  row.fused_us = time_arm([&] { cuda::rms_norm(x, w, kEps, fused); }, reps, stream);
+  row.primitive_us = time_arm(
+      [&] {  // layers::rms_norm: cast, mul, mean, add, rsqrt, cast, mul, mul, cast
+        cuda::cast(x, x32);
+        cuda::binary(cuda::BinaryKind::mul, x32, x32, sq);
+        cuda::reduce(cuda::ReduceKind::mean, sq, -1, true, mean);
+        cuda::binary(cuda::BinaryKind::add, mean, eps, shifted);
+        cuda::unary(cuda::UnaryKind::rsqrt, shifted, inv);
+        cuda::cast(w, w32);
+        cuda::binary(cuda::BinaryKind::mul, x32, inv, scaled);
+        cuda::binary(cuda::BinaryKind::mul, scaled, w32, y);
+        cuda::cast(y, prim);
+      },
+      reps, stream);
+  row.primitive_kernels = 9;
+  row.bytes = 3.0 * hidden * 2;
+  row.max_abs_diff = max_abs_diff(fused, prim);
+  return row;
+}
+
+Row bench_silu_mul(splice::Rng& rng, std::int64_t n, int reps, cuda::Stream stream) {
+  const Tensor a = device_random(rng, {1, n}, DType::bf16, 0.0, 3.0);
+  const Tensor b = device_random(rng, {1, n}, DType::bf16);
+  Tensor fused = device_empty({1, n}, DType::bf16), prim = device_empty({1, n}, DType::bf16);
+  Tensor s = device_empty({1, n}, DType::bf16);
+  Row row{"silu_mul", "[1, " + std::to_string(n) + "]"};
+  row.fused_us = time_arm([&] { cuda::silu_mul(a, b, fused); }, reps, stream);
+  row.primitive_us = time_arm(
+      [&] {
+        cuda::unary(cuda::UnaryKind::silu, a, s);
+        cuda::binary(cuda::BinaryKind::mul, s, b, prim);
+      },
+      reps, stream);
+  row.primitive_kernels = 2;
+  row.bytes = 3.0 * n * 2;
+  row.max_abs_diff = max_abs_diff(fused, prim);
+  return row;
+}
+
+Row bench_rope(splice::Rng& rng, std::int64_t heads, std::int64_t dim, int reps,
+               cuda::Stream stream) {
+  const std::int64_t half = dim / 2;
+  const Tensor x = device_random(rng, {1, heads, 1, dim}, DType::bf16);
+  const Tensor cos = device_random(rng, {kMaxSeq, dim}, DType::f32);
+  const Tensor sin = device_random(rng, {kMaxSeq, dim}, DType::f32);
+  Tensor pos_host = Tensor::empty({1}, DType::i32);
+  pos_host.data<std::int32_t>()[0] = kPosition;
+  const Tensor pos = pos_host.to_device(splice::Device::cuda());
+  Tensor fused = device_empty({1, heads, 1, dim}, DType::bf16);
+  Tensor prim = device_empty({1, heads, 1, dim}, DType::bf16);
+  Tensor c = device_empty({1, dim}, DType::f32), s = device_empty({1, dim}, DType::f32);
+  Tensor x32 = device_empty({1, heads, 1, dim}, DType::f32);
+  Tensor neg = device_empty({1, heads, 1, half}, DType::f32);
+  Tensor rotated = device_empty({1, heads, 1, dim}, DType::f32);
+  Tensor m1 = device_empty({1, heads, 1, dim}, DType::f32);
+  Tensor m2 = device_empty({1, heads, 1, dim}, DType::f32);
+  Tensor y = device_empty({1, heads, 1, dim}, DType::f32);
+  Row row{"rope", "[1, " + std::to_string(heads) + ", 1, " + std::to_string(dim) + "]"};
+  row.fused_us = time_arm([&] { cuda::rope(x, cos, sin, pos, fused); }, reps, stream);
+  row.primitive_us = time_arm(
+      [&] {  // layers::rope: gather x2, cast, neg, concat, mul, mul, add, cast
+        cuda::gather(cos, pos, c);
+        cuda::gather(sin, pos, s);
+        cuda::cast(x, x32);
+        const Tensor x1 = x32.slice(3, 0, half), x2 = x32.slice(3, half, dim);
+        cuda::unary(cuda::UnaryKind::neg, x2, neg);
+        cuda::concat({neg, x1}, 3, rotated);
+        cuda::binary(cuda::BinaryKind::mul, x32, c, m1);
+        cuda::binary(cuda::BinaryKind::mul, rotated, s, m2);
+        cuda::binary(cuda::BinaryKind::add, m1, m2, y);
+        cuda::cast(y, prim);
+      },
+      reps, stream);
+  row.primitive_kernels = 10;
+  row.bytes = 2.0 * heads * dim * 2 + 2.0 * dim * 4;
+  row.max_abs_diff = max_abs_diff(fused, prim);
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string json_path = argc > 1 ? argv[1] : "layer_ops_cuda_bench.json";
+  const int reps = argc > 2 ? std::max(1, std::atoi(argv[2])) : kDefaultReps;
+  if (!cuda::device_available()) {
+    std::printf("layer_ops_cuda_bench: no CUDA device, skipped\n");
+    return 0;
+  }
+  cuda::ensure_registered();
+  const cuda::Stream stream = cuda::create_stream();
+  splice::Rng rng(20261130);
+  std::vector<Row> rows;
+  for (const auto& [hidden, inter, heads, kv_heads, dim] : std::vector<
+           std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>>{
+           {576, 1536, 9, 3, 64}, {4096, 14336, 32, 8, 128}}) {
+    rows.push_back(bench_rms_norm(rng, hidden, reps, stream));
+    rows.push_back(bench_silu_mul(rng, inter, reps, stream));
+    rows.push_back(bench_rope(rng, heads, dim, reps, stream));
+    rows.push_back(bench_rope(rng, kv_heads, dim, reps, stream));
+  }
+  std::printf("device: %s; %d calls per graph, median of %d replays\n", cuda::device_name().c_str(),
+              kCalls, reps);
+  std::printf("%-9s %-18s %10s %8s %13s %8s %7s %10s\n", "op", "shape", "fused us", "GB/s",
+              "primitive us", "kernels", "ratio", "max diff");
+  std::ofstream json(json_path);
+  json << "[\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const double gbs = r.bytes / (r.fused_us * 1e-6) / 1e9;
+    std::printf("%-9s %-18s %10.2f %8.1f %13.2f %8d %7.2f %10.3g\n", r.op.c_str(), r.shape.c_str(),
+                r.fused_us, gbs, r.primitive_us, r.primitive_kernels, r.primitive_us / r.fused_us,
+                r.max_abs_diff);
+    json << "  {\"op\": \"" << r.op << "\", \"shape\": \"" << r.shape
+         << "\", \"fused_us\": " << r.fused_us << ", \"primitive_us\": " << r.primitive_us
+         << ", \"primitive_kernels\": " << r.primitive_kernels << ", \"bytes\": " << r.bytes
+         << ", \"pct_of_read_ceiling\": " << 100.0 * gbs * 1e9 / kCeilingBytesPerSecond
+         << ", \"max_abs_diff\": " << r.max_abs_diff << "}" << (i + 1 < rows.size() ? "," : "")
+         << "\n";
+  }
+  json << "]\n";
+  cuda::destroy_stream(stream);
+  return 0;
+}
