@@ -3,7 +3,7 @@
 //   h = embed[tokens]                                            [B, 1, hidden]
 //   per layer: a = rms_norm(h) -> q|k|v = a @ W_qkv^T (one matmul over the stacked q, k, v
 //              weights, q, k, v views of its output; BuildOptions::stack_projections)
-//              -> RoPE(q, k) at position k_len - 1
+//              -> RoPE(q|k) at position k_len - 1 (one call over the q and k heads; q, k views)
 //              k_cache[:, :, k_len-1] = k, v_cache[...] = v     (write_at, the KV append)
 //              h += o_proj(attention(q, k_cache, v_cache, k_len))   (primitive region + spec)
 //              h += down(silu(gate) * up),  gate|up = rms_norm(h) @ W_gate_up^T (one matmul
@@ -62,11 +62,16 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
   };
   // x [B, 1, hidden] projected by the Hugging Face linears `parts` (weight prefixes, output
   // sizes; biases when `bias`). With stack_projections: one matmul over their stacked weight
-  // (`stacked_prefix` + "weight"), each projection a last-axis view of its output; otherwise one
-  // matmul each. Every output element is the same dot product either way.
-  auto project = [&](NodeId x, const std::string& stacked_prefix, const Parts& parts, bool bias) {
+  // (`stacked_prefix` + "weight"), each output a last-axis view of it covering `groups[i]`
+  // adjacent parts (default: one part each); otherwise one matmul per part (groups must then be
+  // all 1). Every output element is the same dot product either way.
+  auto project = [&](NodeId x, const std::string& stacked_prefix, const Parts& parts, bool bias,
+                     std::vector<std::size_t> groups = {}) {
+    if (groups.empty()) groups.assign(parts.size(), 1);
     std::vector<NodeId> out;
     if (!o.stack_projections) {
+      for (std::size_t size : groups)
+        SPLICE_INTERNAL_CHECK(size == 1, "llama: grouped projections need stack_projections");
       for (const auto& [prefix, n] : parts)
         out.push_back(layers::linear(g, x, param(prefix + "weight", {n, hidden}),
                                      maybe_bias(prefix + "bias", n, bias)));
@@ -82,9 +87,12 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
     const NodeId y = layers::linear(
         g, x, stacked(stacked_prefix + "weight", with_suffix("weight"), hidden), stacked_bias);
     std::int64_t at = 0;
-    for (const auto& part : parts) {  // [B, 1, n] views of y [B, 1, sum n]
-      out.push_back(g.slice(y, 2, DynScalar::Concrete(at), DynScalar::Concrete(at + part.second)));
-      at += part.second;
+    std::size_t next = 0;
+    for (std::size_t size : groups) {  // [B, 1, n] views of y [B, 1, sum n]
+      std::int64_t n = 0;
+      for (std::size_t i = 0; i < size; ++i) n += parts.at(next++).second;
+      out.push_back(g.slice(y, 2, DynScalar::Concrete(at), DynScalar::Concrete(at + n)));
+      at += n;
     }
     return out;
   };
@@ -104,21 +112,34 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
     const NodeId a = layers::rms_norm(g, h, param(p + "input_layernorm.weight", {hidden}),
                                       c.rms_norm_eps, dt, &m.layer_specs, layer + ".input_norm");
     const std::int64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
-    const std::vector<NodeId> qkv = project(a, p + "self_attn.qkv_proj.",
-                                            {{p + "self_attn.q_proj.", q_dim},
-                                             {p + "self_attn.k_proj.", kv_dim},
-                                             {p + "self_attn.v_proj.", kv_dim}},
-                                            c.attention_bias);
-    const NodeId q = qkv[0], k = qkv[1], v = qkv[2];
+    const Parts qkv_parts = {{p + "self_attn.q_proj.", q_dim},
+                             {p + "self_attn.k_proj.", kv_dim},
+                             {p + "self_attn.v_proj.", kv_dim}};
     auto heads_of = [&](NodeId x, std::int64_t n) {
       return g.permute(g.reshape(x, {B, one, SymExpr(n), SymExpr(head_dim)}),
                        {0, 2, 1, 3});  // [B, n, 1, D]
     };
-    const NodeId q_rot = g.labeled(layers::rope(g, heads_of(q, heads), cos_table, sin_table,
-                                                position, &m.layer_specs, site + ".q"),
-                                   site + ".q");
-    const NodeId k_rot = layers::rope(g, heads_of(k, kv_heads), cos_table, sin_table, position,
-                                      &m.layer_specs, site + ".k");
+    NodeId q_rot, k_rot, v;
+    if (o.stack_projections) {
+      // q and k are adjacent columns of the q|k|v matmul: one RoPE over their Hq + Hkv heads
+      // (RoPE is per head row), then q and k are head slices of it.
+      const std::vector<NodeId> qk_v =
+          project(a, p + "self_attn.qkv_proj.", qkv_parts, c.attention_bias, {2, 1});
+      const NodeId qk = layers::rope(g, heads_of(qk_v[0], heads + kv_heads), cos_table, sin_table,
+                                     position, &m.layer_specs, site + ".qk");
+      q_rot = g.slice(qk, 1, DynScalar::Concrete(0), DynScalar::Concrete(heads));
+      k_rot = g.slice(qk, 1, DynScalar::Concrete(heads), DynScalar::Concrete(heads + kv_heads));
+      v = qk_v[1];
+    } else {
+      const std::vector<NodeId> qkv =
+          project(a, p + "self_attn.qkv_proj.", qkv_parts, c.attention_bias);
+      q_rot = layers::rope(g, heads_of(qkv[0], heads), cos_table, sin_table, position,
+                           &m.layer_specs, site + ".q");
+      k_rot = layers::rope(g, heads_of(qkv[1], kv_heads), cos_table, sin_table, position,
+                           &m.layer_specs, site + ".k");
+      v = qkv[2];
+    }
+    g.labeled(q_rot, site + ".q");
     const SymShape cache{B, SymExpr(kv_heads), SymExpr(o.max_seq_len), SymExpr(head_dim)};
     const NodeId k_state = g.state(p + "k_cache", cache, dt);
     const NodeId v_state = g.state(p + "v_cache", cache, dt);

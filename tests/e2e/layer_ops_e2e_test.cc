@@ -5,8 +5,9 @@
 // greedy tokens must be identical and the logits equal within the bf16 tolerance (the CPU fused
 // kernels reproduce their primitive regions bit for bit, so they are in fact identical).
 // Also: the Llama builder's stacked q|k|v and gate|up projections (one matmul each, the
-// projections views of its output) give bitwise the logits of one matmul per Hugging Face linear,
-// for a Qwen2-style model with q/k/v biases at batch 1 and 2 (batch 2 makes the views strided).
+// projections views of its output; one RoPE over the q and k heads) give bitwise the logits of
+// one matmul per Hugging Face linear and one RoPE each for q and k, for a Qwen2-style model with
+// q/k/v biases at batch 1 and 2 (batch 2 makes the views strided).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -115,11 +116,11 @@ TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
   build.max_seq_len = 32;
   build.dtype = DType::bf16;
   DecodeModel model = build_decode_model(config, weights, build);
-  // Per layer: 2 norms, 2 ropes (q, k), 1 SwiGLU activation; plus the final norm.
-  EXPECT_EQ(model.layer_specs.size(), 2u * 5u + 1u);
+  // Per layer: 2 norms, 1 rope (q and k heads in one call), 1 SwiGLU activation; the final norm.
+  EXPECT_EQ(model.layer_specs.size(), 2u * 4u + 1u);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);
-  EXPECT_EQ(fused.fused_layer_ops, 11);
+  EXPECT_EQ(fused.fused_layer_ops, 9);
   EXPECT_EQ(plain.fused_layer_ops, 0);
   expect_same_decode(fused, plain);
 }
