@@ -10,12 +10,14 @@
 //      picks kCols (4, 2, 1) as the largest that still gives kTargetWarpsPerSm warps per SM, and
 //      the warps per CTA so that there are at least as many CTAs as SMs (n = 192 -> 192 one-warp
 //      CTAs on 132 SMs). Columns past n are clamped to n - 1 for the loads and never stored.
-//   2. Streaming: w row j is read as kVec-element vectors (16 bytes; scalars when a row or an x
-//      row is not 16-byte aligned). Per iteration lane l takes vectors v = base + u * 32 + l,
-//      u < kUnroll, of all kCols rows, all loads issued before any use (kUnroll * kCols 16-byte
-//      loads in flight per lane; predicated off past the row's num_vec = k / kVec vectors), with
-//      L1::no_allocate since each weight byte is used once. The matching x vectors come through
-//      the read-only cache (every warp of the SM re-reads x, which stays in L1/L2).
+//   2. Streaming: w row j is read as kVec-element vectors (16 bytes; scalars when a weight row or
+//      an x row is not 16-byte aligned). A batch is, per lane l, the vectors v = base + u * 32 + l,
+//      u < kUnroll, of all kCols w rows and all kRows x rows, kUnroll = kLoadBudget / (kRows +
+//      kCols) (12 at one row and one column, 4 at one row and four columns: K = 576 bf16, 72
+//      vectors a row, is one batch); loads past the row's num_vec = k / kVec vectors are
+//      predicated off. Each batch is issued back to back before any of it is used, then consumed,
+//      then the next batch refills the same registers. Weights use L1::no_allocate (each byte is
+//      used once); x comes through the read-only cache (every warp of the SM re-reads it).
 //   3. Update, per lane, in fp32:  acc[r][c] += sum_{i < kVec} x[r, v kVec + i] * w[j0 + c, v kVec
 //      + i] (with fewer than kMinChains accumulators, the vector's partial first, so a batch's FMA
 //      chains are independent); each w vector is converted once and reused for every row r.
