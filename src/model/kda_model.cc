@@ -24,9 +24,14 @@
 // Otherwise (other head sizes, GVA, other conv widths, no short conv, allow_neg_eigval, f32
 // activations) it is emitted from primitives here with no spec (arm 0 only): the same math,
 // docs/model-formats.md says why.
+// With BuildOptions::stack_projections the mixer's six input projections (q, k, v, f_proj.0,
+// g_proj.0, b_proj), the attention q|k|v and each MLP's gate|up are one matmul over stacked
+// weights each (the projections are views of its output; x is its q|k|v columns).
 // Attention mixer (fla/layers/attn.py): q/k/v projections (bias iff `qkv_bias`), head_dim =
 // hidden / num_heads, RoPE (rotate-half, `attn.rope_theta`) at position k_len - 1, the KV append
 // by write_at, causal GQA attention over [0, k_len) (primitive region + DecodeFlashSpec), o_proj.
+// RMSNorms, the SwiGLU activations and the RoPE (one call over the q and k heads when stacked)
+// hand the optimizer LayerOpSpecs.
 #include <cmath>
 #include <string>
 
@@ -59,6 +64,63 @@ struct Builder {
   NodeId scalar(double v) { return g.scalar(v, DType::f32); }
   NodeId mul(NodeId a, NodeId b) { return g.binary(Op::Mul, a, b); }
   NodeId add(NodeId a, NodeId b) { return g.binary(Op::Add, a, b); }
+
+  using Parts = std::vector<std::pair<std::string, std::int64_t>>;  // (linear prefix, rows)
+
+  // One param holding the weights of `parts` (their biases when `cols` = 0) stacked along the
+  // output axis; the copies are exact.
+  NodeId stacked(const std::string& name, const Parts& parts, std::int64_t cols) {
+    std::int64_t rows = 0;
+    for (const auto& part : parts) rows += part.second;
+    Tensor t = Tensor::empty(cols ? Dims{rows, cols} : Dims{rows}, o.dtype);
+    std::int64_t at = 0;
+    for (const auto& [name_of_part, n] : parts) {
+      Tensor dst = t.slice(0, at, at + n);
+      dst.copy_from(w.get(name_of_part, o.dtype, cols ? Dims{n, cols} : Dims{n}));
+      at += n;
+    }
+    return g.param(name, std::move(t));
+  }
+
+  // x [..., hidden] through the Hugging Face linears `parts` (weight prefix + "weight", bias
+  // prefix + "bias" when `bias`). With stack_projections: one matmul over their stacked weights
+  // (`stacked_prefix` + "weight"), each output a last-axis view of it covering `groups[i]`
+  // adjacent parts (default one each); otherwise one matmul per part (groups must be all 1).
+  // Every output element is the same dot product either way.
+  std::vector<NodeId> project(NodeId x, const std::string& stacked_prefix, const Parts& parts,
+                              bool bias, std::vector<std::size_t> groups = {}) {
+    const std::int64_t hidden = c.hidden_size;
+    if (groups.empty()) groups.assign(parts.size(), 1);
+    std::vector<NodeId> out;
+    if (!o.stack_projections) {
+      for (std::size_t size : groups)
+        SPLICE_INTERNAL_CHECK(size == 1, "kda model: grouped projections need stack_projections");
+      for (const auto& [prefix, n] : parts)
+        out.push_back(layers::linear(
+            g, x, param(prefix + "weight", {n, hidden}),
+            bias ? std::optional<NodeId>(param(prefix + "bias", {n})) : std::nullopt));
+      return out;
+    }
+    auto with_suffix = [&](const std::string& suffix) {
+      Parts named;
+      for (const auto& [prefix, n] : parts) named.emplace_back(prefix + suffix, n);
+      return named;
+    };
+    std::optional<NodeId> stacked_bias;
+    if (bias) stacked_bias = stacked(stacked_prefix + "bias", with_suffix("bias"), 0);
+    const NodeId y = layers::linear(
+        g, x, stacked(stacked_prefix + "weight", with_suffix("weight"), hidden), stacked_bias);
+    const auto axis = static_cast<std::int64_t>(g.node(y).shape.size()) - 1;
+    std::int64_t at = 0;
+    std::size_t next = 0;
+    for (std::size_t size : groups) {  // last-axis views of y [..., sum rows]
+      std::int64_t n = 0;
+      for (std::size_t i = 0; i < size; ++i) n += parts.at(next++).second;
+      out.push_back(g.slice(y, axis, DynScalar::Concrete(at), DynScalar::Concrete(at + n)));
+      at += n;
+    }
+    return out;
+  }
 
   // Whether KDA layers fit the fused op's contract (see the file comment).
   bool kda_fits_fused_op() const {
@@ -108,22 +170,31 @@ struct Builder {
     const SymExpr one(1);
     auto L = [&](NodeId id, const std::string& what) { return g.labeled(id, site + "." + what); };
     const NodeId flat = g.reshape(a, {B, SymExpr(hidden)});  // [B, hidden]
-    // Projections (each a bf16 linear like torch's, rounded at its output).
-    const NodeId q = layers::linear(g, flat, param(p + "attn.q_proj.weight", {kd, hidden}));
-    const NodeId kk = layers::linear(g, flat, param(p + "attn.k_proj.weight", {kd, hidden}));
-    const NodeId v = layers::linear(g, flat, param(p + "attn.v_proj.weight", {vd, hidden}));
-    const NodeId f_low = layers::linear(g, flat, param(p + "attn.f_proj.0.weight", {Dv, hidden}));
+    // Projections of `flat` (each a bf16 linear like torch's, rounded at its output): with
+    // stack_projections one matmul over the stacked q, k, v, f_proj.0, b_proj, g_proj.0 weights,
+    // whose q|k|v columns are x (a contiguous copy only when batch rows make the view strided).
+    // (b_proj's few rows last, so every view that feeds a matmul or the fused op starts at a
+    // multiple of a head dim: 16-byte aligned.)
+    const Parts parts = {{p + "attn.q_proj.", kd},   {p + "attn.k_proj.", kd},
+                         {p + "attn.v_proj.", vd},   {p + "attn.f_proj.0.", Dv},
+                         {p + "attn.g_proj.0.", Dv}, {p + "attn.b_proj.", HV}};
+    NodeId x, f_low, g_low, beta_low;
+    if (o.stack_projections) {
+      const std::vector<NodeId> y = project(flat, p + "attn.in_proj.", parts, false, {3, 1, 1, 1});
+      x = L(g.reshape(y[0], {B, SymExpr(2 * kd + vd)}), "x");  // [B, 2*kd + vd]
+      f_low = y[1], g_low = y[2], beta_low = y[3];
+    } else {
+      const std::vector<NodeId> y = project(flat, "", parts, false);
+      x = L(g.concat({y[0], y[1], y[2]}, 1), "x");  // [B, 2*kd + vd]
+      f_low = y[3], g_low = y[4], beta_low = y[5];
+    }
     const NodeId raw_gate =
         L(layers::linear(g, f_low, param(p + "attn.f_proj.1.weight", {gate_dim, Dv})),
-          "raw_gate");  // [B, HV*Dk]
-    const NodeId raw_beta =
-        L(layers::linear(g, flat, param(p + "attn.b_proj.weight", {HV, hidden})),
-          "raw_beta");  // [B, HV]
-    const NodeId g_low = layers::linear(g, flat, param(p + "attn.g_proj.0.weight", {Dv, hidden}));
+          "raw_gate");                                // [B, HV*Dk]
+    const NodeId raw_beta = L(beta_low, "raw_beta");  // [B, HV]
     const NodeId out_gate = L(layers::linear(g, g_low, param(p + "attn.g_proj.1.weight", {vd, Dv}),
                                              param(p + "attn.g_proj.1.bias", {vd})),
-                              "output_gate");          // [B, HV*Dv]
-    const NodeId x = L(g.concat({q, kk, v}, 1), "x");  // [B, 2*kd + vd]
+                              "output_gate");  // [B, HV*Dv]
     const NodeId A_log = param(p + "attn.A_log", {HV}, DType::f32);
     const NodeId dt_bias = param(p + "attn.dt_bias", {gate_dim}, DType::f32);
     const NodeId norm_weight = param(p + "attn.o_norm.weight", {Dv}, DType::f32);
@@ -277,24 +348,31 @@ struct Builder {
     const std::int64_t hidden = c.hidden_size, heads = c.num_attention_heads,
                        kv_heads = c.num_key_value_heads, head_dim = c.head_dim;
     const SymExpr one(1);
-    auto bias = [&](const std::string& name, std::int64_t n) -> std::optional<NodeId> {
-      if (!c.attention_bias) return std::nullopt;
-      return param(name, {n});
-    };
-    const NodeId q = layers::linear(g, a, param(p + "q_proj.weight", {heads * head_dim, hidden}),
-                                    bias(p + "q_proj.bias", heads * head_dim));
-    const NodeId k = layers::linear(g, a, param(p + "k_proj.weight", {kv_heads * head_dim, hidden}),
-                                    bias(p + "k_proj.bias", kv_heads * head_dim));
-    const NodeId v = layers::linear(g, a, param(p + "v_proj.weight", {kv_heads * head_dim, hidden}),
-                                    bias(p + "v_proj.bias", kv_heads * head_dim));
+    const Parts qkv_parts = {{p + "q_proj.", heads * head_dim},
+                             {p + "k_proj.", kv_heads * head_dim},
+                             {p + "v_proj.", kv_heads * head_dim}};
     auto heads_of = [&](NodeId t, std::int64_t n) {  // [B, 1, n*D] -> [B, n, 1, D]
       return g.permute(g.reshape(t, {B, one, SymExpr(n), SymExpr(head_dim)}), {0, 2, 1, 3});
     };
-    const NodeId q_rot = g.labeled(layers::rope(g, heads_of(q, heads), cos_table, sin_table,
-                                                position, &m.layer_specs, site + ".q"),
-                                   site + ".q");
-    const NodeId k_rot = layers::rope(g, heads_of(k, kv_heads), cos_table, sin_table, position,
-                                      &m.layer_specs, site + ".k");
+    NodeId q_rot, k_rot, v;
+    if (o.stack_projections) {
+      // One q|k|v matmul; one RoPE over the adjacent q and k heads; q, k are head views of it.
+      const std::vector<NodeId> qk_v =
+          project(a, p + "qkv_proj.", qkv_parts, c.attention_bias, {2, 1});
+      const NodeId qk = layers::rope(g, heads_of(qk_v[0], heads + kv_heads), cos_table, sin_table,
+                                     position, &m.layer_specs, site + ".qk");
+      q_rot = g.slice(qk, 1, DynScalar::Concrete(0), DynScalar::Concrete(heads));
+      k_rot = g.slice(qk, 1, DynScalar::Concrete(heads), DynScalar::Concrete(heads + kv_heads));
+      v = qk_v[1];
+    } else {
+      const std::vector<NodeId> qkv = project(a, "", qkv_parts, c.attention_bias);
+      q_rot = layers::rope(g, heads_of(qkv[0], heads), cos_table, sin_table, position,
+                           &m.layer_specs, site + ".q");
+      k_rot = layers::rope(g, heads_of(qkv[1], kv_heads), cos_table, sin_table, position,
+                           &m.layer_specs, site + ".k");
+      v = qkv[2];
+    }
+    g.labeled(q_rot, site + ".q");
     const SymShape cache{B, SymExpr(kv_heads), SymExpr(o.max_seq_len), SymExpr(head_dim)};
     const NodeId k_state = g.state(p + "k_cache", cache, o.dtype);  // [B, Hkv, capacity, D]
     const NodeId v_state = g.state(p + "v_cache", cache, o.dtype);
@@ -360,10 +438,12 @@ struct Builder {
       const NodeId n = layers::rms_norm(g, h, param(p + "mlp_norm.weight", {hidden}),
                                         c.rms_norm_eps, dt, &m.layer_specs, name + ".mlp_norm");
       const std::int64_t inter = c.intermediate_size;
-      const NodeId mlp = layers::swiglu(g, n, param(p + "mlp.gate_proj.weight", {inter, hidden}),
-                                        param(p + "mlp.up_proj.weight", {inter, hidden}),
-                                        param(p + "mlp.down_proj.weight", {hidden, inter}),
-                                        &m.layer_specs, name + ".mlp");
+      // gate|up from one matmul over their stacked weights when stack_projections.
+      const Parts gate_up_parts = {{p + "mlp.gate_proj.", inter}, {p + "mlp.up_proj.", inter}};
+      const std::vector<NodeId> gate_up = project(n, p + "mlp.gate_up_proj.", gate_up_parts, false);
+      const NodeId act =
+          layers::swiglu_activation(g, gate_up[0], gate_up[1], &m.layer_specs, name + ".mlp");
+      const NodeId mlp = layers::linear(g, act, param(p + "mlp.down_proj.weight", {hidden, inter}));
       h = g.labeled(add(h, mlp), name + ".mlp.residual");
     }
     const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}),

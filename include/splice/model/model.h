@@ -46,8 +46,10 @@ struct BuildOptions {
   std::int64_t max_seq_len = 512;
   DType dtype = DType::bf16;           // weights and activations between layers
   DType kda_state_dtype = DType::f32;  // recurrent state storage
-  // Llama family: one matmul for q, k, v over their stacked weights (and one for gate, up); the
-  // projections are views of its output. Off: one matmul per Hugging Face linear (same numbers).
+  // One matmul over stacked weights for q|k|v, for gate|up, and for the KDA mixer's six input
+  // projections; the projections are views of its output, and one RoPE covers the q and k heads.
+  // Off: one matmul per Hugging Face linear (bitwise the same logits in bf16; f32 goes through
+  // BLAS, whose summation order depends on the matmul's width: ulp-level differences).
   bool stack_projections = true;
 };
 
