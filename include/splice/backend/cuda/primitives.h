@@ -19,6 +19,9 @@
 //     batched call (a broadcast operand gets batch stride 0), other batch layouts loop over
 //     calls; mixed dtypes or other layouts are first copied to contiguous f32. Scratch tensors are
 //     handed to the retain_scratch sink when one is set, so a captured graph keeps them alive.
+//     Skinny products (a few activation rows times a weight, the decode case) go to splice's own
+//     bandwidth-bound GEMV kernel instead (src/backend/cuda/gemv.cu; the routing rule and the
+//     measurements behind it are in try_gemv, primitives_gemm.cc).
 #pragma once
 
 #include <cstdint>
