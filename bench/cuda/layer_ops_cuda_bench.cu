@@ -13,8 +13,13 @@
 //      kCalls. These ops move a few KB: the numbers are launch (graph node) costs, the point of
 //      fusing them; bytes are reported against the 4.48 TB/s read ceiling for the large shapes.
 //   4. Check: both arms' outputs agree within the bf16 policy (max |fused - primitive| printed).
-//   5. Output: one row per op and shape (fused us, primitive us, kernels, ratio) and JSON at
-//      argv[1] (default layer_ops_cuda_bench.json).
+//   5. PDL A/B: every graph is captured twice, with programmatic dependent launch on and off
+//      (cuda::set_pdl_enabled, launch.cuh), so each row shows what PDL buys a chain of dependent
+//      small kernels. One more row, "layer_mix", is the small-kernel part of a Llama decoder layer
+//      without its GEMVs and attention: rms_norm, rope q, rope k, write_at k, write_at v (device
+//      offset), add, rms_norm, silu_mul, add (9 kernels per call).
+//   6. Output: one row per op and shape (fused us with and without PDL, primitive us with and
+//      without PDL, kernels, ratio) and JSON at argv[1] (default layer_ops_cuda_bench.json).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -33,6 +38,11 @@
 #include "splice/core/random.h"
 #include "splice/core/tensor.h"
 #include "splice/core/tolerance.h"
+
+namespace splice::cuda {
+bool pdl_enabled();                  // launch.cuh (defined in primitives.cu)
+void set_pdl_enabled(bool enabled);  // launch.cuh: overrides SPLICE_PDL
+}  // namespace splice::cuda
 
 namespace {
 
@@ -69,7 +79,7 @@ Tensor device_empty(const splice::Dims& shape, DType dtype) {
 }
 
 // Median microseconds per call of `arm` captured kCalls times into one graph.
-double time_arm(const std::function<void()>& arm, int reps, cuda::Stream stream) {
+double time_arm_once(const std::function<void()>& arm, int reps, cuda::Stream stream) {
   cuda::StreamGuard guard(stream);
   arm();  // eager once: any lazy setup happens outside the capture
   cuda::stream_synchronize(stream);
@@ -97,9 +107,21 @@ double time_arm(const std::function<void()>& arm, int reps, cuda::Stream stream)
   return us[us.size() / 2];
 }
 
+// time_arm_once with PDL on (the returned value) and off (*no_pdl); the switch is restored.
+double time_arm(const std::function<void()>& arm, int reps, cuda::Stream stream, double* no_pdl) {
+  const bool saved = cuda::pdl_enabled();
+  cuda::set_pdl_enabled(false);
+  *no_pdl = time_arm_once(arm, reps, stream);
+  cuda::set_pdl_enabled(true);
+  const double with_pdl = time_arm_once(arm, reps, stream);
+  cuda::set_pdl_enabled(saved);
+  return with_pdl;
+}
+
 struct Row {
   std::string op, shape;
   double fused_us = 0, primitive_us = 0;
+  double fused_us_no_pdl = 0, primitive_us_no_pdl = 0;
   int primitive_kernels = 0;
   double bytes = 0, max_abs_diff = 0;
 };
@@ -122,7 +144,8 @@ Row bench_rms_norm(splice::Rng& rng, std::int64_t hidden, int reps, cuda::Stream
   Tensor eps = device_empty({1}, DType::f32);
   cuda::fill(eps, kEps);
   Row row{"rms_norm", "[1, " + std::to_string(hidden) + "]"};
-  row.fused_us = time_arm([&] { cuda::rms_norm(x, w, kEps, fused); }, reps, stream);
+  row.fused_us =
+      time_arm([&] { cuda::rms_norm(x, w, kEps, fused); }, reps, stream, &row.fused_us_no_pdl);
   row.primitive_us = time_arm(
       [&] {  // layers::rms_norm: cast, mul, mean, add, rsqrt, cast, mul, mul, cast
         cuda::cast(x, x32);
@@ -135,7 +158,7 @@ Row bench_rms_norm(splice::Rng& rng, std::int64_t hidden, int reps, cuda::Stream
         cuda::binary(cuda::BinaryKind::mul, scaled, w32, y);
         cuda::cast(y, prim);
       },
-      reps, stream);
+      reps, stream, &row.primitive_us_no_pdl);
   row.primitive_kernels = 9;
   row.bytes = 3.0 * hidden * 2;
   row.max_abs_diff = max_abs_diff(fused, prim);
@@ -148,13 +171,13 @@ Row bench_silu_mul(splice::Rng& rng, std::int64_t n, int reps, cuda::Stream stre
   Tensor fused = device_empty({1, n}, DType::bf16), prim = device_empty({1, n}, DType::bf16);
   Tensor s = device_empty({1, n}, DType::bf16);
   Row row{"silu_mul", "[1, " + std::to_string(n) + "]"};
-  row.fused_us = time_arm([&] { cuda::silu_mul(a, b, fused); }, reps, stream);
+  row.fused_us = time_arm([&] { cuda::silu_mul(a, b, fused); }, reps, stream, &row.fused_us_no_pdl);
   row.primitive_us = time_arm(
       [&] {
         cuda::unary(cuda::UnaryKind::silu, a, s);
         cuda::binary(cuda::BinaryKind::mul, s, b, prim);
       },
-      reps, stream);
+      reps, stream, &row.primitive_us_no_pdl);
   row.primitive_kernels = 2;
   row.bytes = 3.0 * n * 2;
   row.max_abs_diff = max_abs_diff(fused, prim);
@@ -180,7 +203,8 @@ Row bench_rope(splice::Rng& rng, std::int64_t heads, std::int64_t dim, int reps,
   Tensor m2 = device_empty({1, heads, 1, dim}, DType::f32);
   Tensor y = device_empty({1, heads, 1, dim}, DType::f32);
   Row row{"rope", "[1, " + std::to_string(heads) + ", 1, " + std::to_string(dim) + "]"};
-  row.fused_us = time_arm([&] { cuda::rope(x, cos, sin, pos, fused); }, reps, stream);
+  row.fused_us =
+      time_arm([&] { cuda::rope(x, cos, sin, pos, fused); }, reps, stream, &row.fused_us_no_pdl);
   row.primitive_us = time_arm(
       [&] {  // layers::rope: gather x2, cast, neg, concat, mul, mul, add, cast
         cuda::gather(cos, pos, c);
@@ -194,10 +218,60 @@ Row bench_rope(splice::Rng& rng, std::int64_t heads, std::int64_t dim, int reps,
         cuda::binary(cuda::BinaryKind::add, m1, m2, y);
         cuda::cast(y, prim);
       },
-      reps, stream);
+      reps, stream, &row.primitive_us_no_pdl);
   row.primitive_kernels = 10;
   row.bytes = 2.0 * heads * dim * 2 + 2.0 * dim * 4;
   row.max_abs_diff = max_abs_diff(fused, prim);
+  return row;
+}
+
+// The small kernels of one Llama decoder layer (no GEMV, no attention), fused layer ops as the
+// model builder emits them; "fused" holds the whole 9-kernel group, there is no primitive arm.
+Row bench_layer_mix(splice::Rng& rng, std::int64_t hidden, std::int64_t inter, std::int64_t heads,
+                    std::int64_t kv_heads, std::int64_t dim, int reps, cuda::Stream stream) {
+  constexpr int kKernels = 9;
+  // The capacity axis of the caches [batch, num_kv_heads, capacity, head_dim].
+  constexpr std::int64_t kSeqAxis = 2;
+  const Tensor x = device_random(rng, {1, hidden}, DType::bf16);              // [1, hidden]
+  const Tensor attn = device_random(rng, {1, hidden}, DType::bf16);           // o_proj output
+  const Tensor mlp = device_random(rng, {1, hidden}, DType::bf16);            // down_proj output
+  const Tensor w1 = device_random(rng, {hidden}, DType::bf16, 1.0, 0.1);      // [hidden]
+  const Tensor w2 = device_random(rng, {hidden}, DType::bf16, 1.0, 0.1);      // [hidden]
+  const Tensor q = device_random(rng, {1, heads, 1, dim}, DType::bf16);       // [1, heads, 1, dim]
+  const Tensor k = device_random(rng, {1, kv_heads, 1, dim}, DType::bf16);    // [1, kv, 1, dim]
+  const Tensor v = device_random(rng, {1, kv_heads, 1, dim}, DType::bf16);    // [1, kv, 1, dim]
+  const Tensor gate = device_random(rng, {1, inter}, DType::bf16, 0.0, 3.0);  // [1, inter]
+  const Tensor up = device_random(rng, {1, inter}, DType::bf16);              // [1, inter]
+  const Tensor cos = device_random(rng, {kMaxSeq, dim}, DType::f32);          // [max_seq, dim]
+  const Tensor sin = device_random(rng, {kMaxSeq, dim}, DType::f32);          // [max_seq, dim]
+  Tensor pos_host = Tensor::empty({1}, DType::i32);
+  pos_host.data<std::int32_t>()[0] = kPosition;
+  const Tensor pos = pos_host.to_device(splice::Device::cuda());
+  Tensor xn = device_empty({1, hidden}, DType::bf16), h1 = device_empty({1, hidden}, DType::bf16);
+  Tensor hn = device_empty({1, hidden}, DType::bf16), h2 = device_empty({1, hidden}, DType::bf16);
+  Tensor qr = device_empty({1, heads, 1, dim}, DType::bf16);
+  Tensor kr = device_empty({1, kv_heads, 1, dim}, DType::bf16);
+  Tensor act = device_empty({1, inter}, DType::bf16);
+  // [batch, num_kv_heads, capacity, head_dim]
+  Tensor k_cache = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor v_cache = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Row row{"layer_mix", "H " + std::to_string(hidden) + ", I " + std::to_string(inter)};
+  row.fused_us = time_arm(
+      [&] {
+        cuda::rms_norm(x, w1, kEps, xn);
+        cuda::rope(q, cos, sin, pos, qr);
+        cuda::rope(k, cos, sin, pos, kr);
+        cuda::write_at(k_cache, kr, kSeqAxis, pos);
+        cuda::write_at(v_cache, v, kSeqAxis, pos);
+        cuda::binary(cuda::BinaryKind::add, x, attn, h1);
+        cuda::rms_norm(h1, w2, kEps, hn);
+        cuda::silu_mul(gate, up, act);
+        cuda::binary(cuda::BinaryKind::add, h1, mlp, h2);
+      },
+      reps, stream, &row.fused_us_no_pdl);
+  row.primitive_kernels = kKernels;
+  row.bytes = 2.0 * (8.0 * hidden + 2.0 * heads * dim + 5.0 * kv_heads * dim + 3.0 * inter) +
+              4.0 * 4.0 * dim;
   return row;
 }
 
@@ -221,21 +295,26 @@ int main(int argc, char** argv) {
     rows.push_back(bench_silu_mul(rng, inter, reps, stream));
     rows.push_back(bench_rope(rng, heads, dim, reps, stream));
     rows.push_back(bench_rope(rng, kv_heads, dim, reps, stream));
+    rows.push_back(bench_layer_mix(rng, hidden, inter, heads, kv_heads, dim, reps, stream));
   }
-  std::printf("device: %s; %d calls per graph, median of %d replays\n", cuda::device_name().c_str(),
-              kCalls, reps);
-  std::printf("%-9s %-18s %10s %8s %13s %8s %7s %10s\n", "op", "shape", "fused us", "GB/s",
-              "primitive us", "kernels", "ratio", "max diff");
+  std::printf(
+      "device: %s; %d calls per graph, median of %d replays; PDL on (and off: no-PDL columns)\n",
+      cuda::device_name().c_str(), kCalls, reps);
+  std::printf("%-9s %-18s %10s %10s %8s %13s %10s %8s %7s %10s\n", "op", "shape", "fused us",
+              "no-PDL", "GB/s", "primitive us", "no-PDL", "kernels", "ratio", "max diff");
   std::ofstream json(json_path);
   json << "[\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const double gbs = r.bytes / (r.fused_us * 1e-6) / 1e9;
-    std::printf("%-9s %-18s %10.2f %8.1f %13.2f %8d %7.2f %10.3g\n", r.op.c_str(), r.shape.c_str(),
-                r.fused_us, gbs, r.primitive_us, r.primitive_kernels, r.primitive_us / r.fused_us,
-                r.max_abs_diff);
+    std::printf("%-9s %-18s %10.2f %10.2f %8.1f %13.2f %10.2f %8d %7.2f %10.3g\n", r.op.c_str(),
+                r.shape.c_str(), r.fused_us, r.fused_us_no_pdl, gbs, r.primitive_us,
+                r.primitive_us_no_pdl, r.primitive_kernels,
+                r.primitive_us > 0 ? r.primitive_us / r.fused_us : 0.0, r.max_abs_diff);
     json << "  {\"op\": \"" << r.op << "\", \"shape\": \"" << r.shape
-         << "\", \"fused_us\": " << r.fused_us << ", \"primitive_us\": " << r.primitive_us
+         << "\", \"fused_us\": " << r.fused_us << ", \"fused_us_no_pdl\": " << r.fused_us_no_pdl
+         << ", \"primitive_us\": " << r.primitive_us
+         << ", \"primitive_us_no_pdl\": " << r.primitive_us_no_pdl
          << ", \"primitive_kernels\": " << r.primitive_kernels << ", \"bytes\": " << r.bytes
          << ", \"pct_of_read_ceiling\": " << 100.0 * gbs * 1e9 / kCeilingBytesPerSecond
          << ", \"max_abs_diff\": " << r.max_abs_diff << "}" << (i + 1 < rows.size() ? "," : "")

@@ -16,6 +16,9 @@
 //        y_i = x_i c_i + (-x_{i+h}) s_i,   y_{i+h} = x_{i+h} c_{i+h} + x_i s_{i+h}
 //      with each product rounded to fp32 before the sum (__fmul_rn / __fadd_rn: no contraction,
 //      the CPU's exact operations). A position outside [0, max_seq_len) writes zeros.
+//   5. Launch (launch.cuh): every kernel opens with pdl_prologue() (single-wave grids let the next
+//      kernel launch, then every thread waits for its producers before touching global memory)
+//      and is launched with programmatic dependent launch on a created stream unless SPLICE_PDL=0.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,6 +28,7 @@
 #include <cstdint>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/launch.cuh"
 #include "splice/backend/cuda/layer_ops.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
@@ -160,6 +164,7 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
   constexpr int kW = VectorOf<TX>::kWidth;
   __shared__ float partial[kMaxRowThreads / kWarp];
   __shared__ float inv_shared;
+  detail::pdl_prologue();  // before the first row access (launch.cuh)
   const long long hidden = p.hidden;
   for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const TX* x = static_cast<const TX*>(p.x) + row_offset(p.x_rows, row);
@@ -222,6 +227,7 @@ __device__ __forceinline__ float silu_mul_one(float a, float b) {
 
 template <typename T>
 __global__ void silu_mul_kernel(SiluMulParams p) {
+  detail::pdl_prologue();  // before the first operand access (launch.cuh)
   constexpr int kW = VectorOf<T>::kWidth;
   const long long per_row = p.vectorized ? p.n / kW : p.n;
   const long long total = p.rows * per_row;
@@ -246,6 +252,7 @@ __global__ void silu_mul_kernel(SiluMulParams p) {
 
 template <typename T>
 __global__ void rope_kernel(RopeParams p) {
+  detail::pdl_prologue();  // before the position load (launch.cuh)
   const long long half = p.dim / 2;
   const long long total = p.rows * half;
   const long long pos = *p.position;
@@ -378,8 +385,8 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
       const long long lanes = (hidden / per_thread + kWarp - 1) / kWarp * kWarp;
       const int threads = static_cast<int>(std::clamp<long long>(lanes, kWarp, kMaxRowThreads));
       const auto blocks = static_cast<unsigned>(std::min<long long>(p.rows, kMaxBlocks));
-      rms_norm_kernel<TX, TO><<<blocks, threads, 0, current_stream()>>>(p);
-      SPLICE_CUDA_CHECK_LAUNCH("rms_norm_kernel");
+      detail::launch_kernel(rms_norm_kernel<TX, TO>, dim3(blocks), dim3(threads), current_stream(),
+                            p);
     });
   });
 }
@@ -421,9 +428,8 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
     p.vectorized = p.n % kW == 0 && rows_aligned(a, p.a_rows) && rows_aligned(b, p.b_rows) &&
                    rows_aligned(out, p.out_rows);
     const long long work = p.rows * (p.vectorized ? p.n / kW : p.n);
-    silu_mul_kernel<T>
-        <<<grid_for(work, kElementwiseThreads), kElementwiseThreads, 0, current_stream()>>>(p);
-    SPLICE_CUDA_CHECK_LAUNCH("silu_mul_kernel");
+    detail::launch_kernel(silu_mul_kernel<T>, dim3(grid_for(work, kElementwiseThreads)),
+                          dim3(kElementwiseThreads), current_stream(), p);
   });
 }
 
@@ -472,9 +478,8 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
   if (x.numel() == 0) return;
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    rope_kernel<T><<<grid_for(p.rows * (dim / 2), kElementwiseThreads), kElementwiseThreads, 0,
-                     current_stream()>>>(p);
-    SPLICE_CUDA_CHECK_LAUNCH("rope_kernel");
+    detail::launch_kernel(rope_kernel<T>, dim3(grid_for(p.rows * (dim / 2), kElementwiseThreads)),
+                          dim3(kElementwiseThreads), current_stream(), p);
   });
 }
 

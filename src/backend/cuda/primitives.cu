@@ -15,6 +15,10 @@
 //      partials combine by butterfly shuffles:
 //        sum:     s = sum_j x_j;     mean: s / n;      max: m = max_j x_j (NaN propagates)
 //        softmax: m = max_j x_j,  s = sum_j exp(x_j - m),  y_j = exp(x_j - m) / s  (m = -inf: 0)
+//   4. Launch (launch.cuh): every kernel opens with pdl_prologue() (single-wave grids let the next
+//      kernel launch, then every thread waits for its producers before touching global memory)
+//      and is launched with programmatic dependent launch on a created stream unless SPLICE_PDL=0;
+//      this file also owns that switch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -22,10 +26,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/primitives_internal.h"
 #include "splice/backend/cuda/primitives.h"
 #include "splice/backend/cuda/runtime.h"
@@ -284,7 +292,8 @@ __device__ __forceinline__ bool apply_compare(int op, T a, T b) {
 __device__ __forceinline__ bool truthy(Value v) { return v.is_int ? v.i != 0 : v.f != 0.0f; }
 
 __global__ void elementwise_kernel(ElementwiseParams p) {
-  long long shift = 0;  // write_at with a device offset: rows move by offset along the axis
+  detail::pdl_prologue();  // before the offset load and every operand access (launch.cuh)
+  long long shift = 0;     // write_at with a device offset: rows move by offset along the axis
   if (p.dyn_offset) {
     const long long offset = load(p.dyn_offset, p.dyn_offset_dtype, 0).i;
     if (offset < 0 || offset > p.dyn_offset_max) return;
@@ -390,6 +399,7 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 __global__ void row_kernel(RowParams p) {
+  detail::pdl_prologue();  // before every row access (launch.cuh)
   const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x / kWarp);
   const int lane = static_cast<int>(threadIdx.x % kWarp);
   const float kNegInf = -CUDART_INF_F;
@@ -532,8 +542,8 @@ unsigned blocks_for(long long work, long long per_block) {
 
 void launch(const ElementwiseParams& p) {
   if (p.numel == 0) return;
-  elementwise_kernel<<<blocks_for(p.numel, kThreads), kThreads, 0, current_stream()>>>(p);
-  SPLICE_CUDA_CHECK_LAUNCH("elementwise_kernel");
+  detail::launch_kernel(elementwise_kernel, dim3(blocks_for(p.numel, kThreads)), dim3(kThreads),
+                        current_stream(), p);
 }
 
 // out = op(inputs) over out's shape, inputs broadcast to it.
@@ -578,7 +588,19 @@ void check_out_shape(const Tensor& out, const Dims& want, const char* what) {
 
 thread_local std::vector<Tensor>* t_scratch_sink = nullptr;
 
+// The PDL switch of launch.cuh: SPLICE_PDL=0 turns it off; read once, at the first launch.
+std::atomic<bool>& pdl_switch() {
+  static std::atomic<bool> enabled{[] {
+    const char* value = std::getenv("SPLICE_PDL");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }()};
+  return enabled;
+}
+
 }  // namespace
+
+bool pdl_enabled() { return pdl_switch().load(std::memory_order_relaxed); }
+void set_pdl_enabled(bool enabled) { pdl_switch().store(enabled, std::memory_order_relaxed); }
 
 namespace detail {
 
@@ -853,8 +875,8 @@ void run_rows(int kind, const Tensor& in, std::int64_t a, const Dims& out_stride
   }
   if (p.rows == 0) return;
   constexpr int kRowsPerBlock = kThreads / kWarp;
-  row_kernel<<<blocks_for(p.rows, kRowsPerBlock), kThreads, 0, current_stream()>>>(p);
-  SPLICE_CUDA_CHECK_LAUNCH("row_kernel");
+  detail::launch_kernel(row_kernel, dim3(blocks_for(p.rows, kRowsPerBlock)), dim3(kThreads),
+                        current_stream(), p);
 }
 
 }  // namespace

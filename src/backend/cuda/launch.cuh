@@ -1,0 +1,117 @@
+// Programmatic dependent launch (PDL) for the small kernels of a decode step: device-side waits
+// and triggers, and one host launcher that sets the stream-serialization attribute.
+//
+// Why: a decode step is one CUDA graph of hundreds of tiny dependent kernels; without PDL each
+// kernel's launch (CTA scheduling, parameter load, ramp-up) starts only after the previous kernel
+// has fully drained. With the attribute the next kernel may start while its predecessor still
+// runs, so its launch overlaps the predecessor's work; the kernel then blocks in
+// griddepcontrol.wait until the predecessor has completed and its writes are visible.
+//
+// SAFETY RULE (a violation is a silent race, not an error):
+//   EVERY kernel launched through launch_kernel (that is, possibly with the attribute) must call
+//   wait_for_producers() in every thread before that thread's first global-memory access, read
+//   OR write (a dependent that writes early may overwrite a buffer its predecessor still reads),
+//   and before any early return (so the grid cannot complete before its producers have).
+//   Waiting at the very top is always safe: griddepcontrol.wait returns only once all
+//   prerequisite grids have completed and their memory operations are visible. The guarantee is
+//   transitive along the stream because every kernel in the chain waits: kernel i completes only
+//   after its wait returned, i.e. after kernel i-1 completed, which completed after i-2, ...
+//   Kernel parameters (the POD params struct) are not global memory written by a predecessor;
+//   index math on them may run before the wait.
+//   A kernel launched WITHOUT the attribute (cuBLASLt, a kernel of another file launched with
+//   <<<>>>) is fully serialized behind its predecessor and needs no wait; a kernel launched WITH
+//   the attribute that does not wait breaks the chain for everything after it.
+//
+// Triggers: allow_dependents() (griddepcontrol.launch_dependents) lets the NEXT kernel's CTAs be
+// scheduled once every CTA of this grid has triggered or exited; they then sit in their own wait.
+// Correctness never depends on it (without it the trigger is implicit at exit). The kernels here
+// trigger first thing only when the grid fits in one wave (allow_dependents_if_single_wave):
+// then every CTA is resident at once, the trigger fires at once, and the next kernel is resident
+// and waiting by the time this one ends. A multi-wave grid does not trigger, so waiting
+// dependents never occupy SM slots while its later waves are still queued.
+//
+// Host switch: SPLICE_PDL=0 in the environment (read once, at the first launch) launches every
+// kernel here without the attribute; set_pdl_enabled() overrides it (tests, A/B benchmarks). The
+// attribute is never set on the legacy default stream (nullptr), whose implicit synchronization
+// with other streams PDL would only muddle. Stream capture records the attribute as a
+// programmatic edge, so captured graphs keep the overlap; the state is read when a launch is
+// issued (or captured), not when a graph replays.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "backend/cuda/check.h"
+#include "splice/backend/cuda/runtime.h"
+
+namespace splice::cuda {
+
+// Whether launch_kernel sets the PDL attribute (SPLICE_PDL, default on; see above).
+bool pdl_enabled();
+// Overrides SPLICE_PDL for later launches (A/B timing, tests); defined in primitives.cu.
+void set_pdl_enabled(bool enabled);
+
+namespace detail {
+
+// griddepcontrol.wait: blocks until every prerequisite grid has completed and its memory is
+// visible; returns at once when this grid was launched without the PDL attribute.
+__device__ __forceinline__ void wait_for_producers() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// griddepcontrol.launch_dependents: this CTA no longer holds back the next kernel's launch.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// allow_dependents() when the grid has at most one CTA per SM identifier (%nsmid, an upper bound
+// on the SM count): every kernel here uses <= 1024 threads and no large shared memory, so such a
+// grid is resident in one wave.
+__device__ __forceinline__ void allow_dependents_if_single_wave() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned sm_ids = 0;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(sm_ids));
+  const unsigned long long ctas =
+      static_cast<unsigned long long>(gridDim.x) * gridDim.y * gridDim.z;
+  if (ctas <= sm_ids) allow_dependents();
+#endif
+}
+
+// The first statement of every kernel here: trigger (single-wave grids only), then wait. The
+// trigger goes first so the next kernel can be scheduled while this one still waits on its own
+// producer; both are no-ops for a launch without the attribute.
+__device__ __forceinline__ void pdl_prologue() {
+  allow_dependents_if_single_wave();
+  wait_for_producers();
+}
+
+// Launches `kernel` on `stream` with grid x block (no dynamic shared memory), with the PDL
+// attribute when pdl_enabled() and the stream is not the legacy default stream; every runtime
+// error is raised as a CudaError (check.h). The kernel must obey the safety rule above.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, Stream stream,
+                   Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  if (stream != nullptr && pdl_enabled()) {
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  SPLICE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+}  // namespace splice::cuda
