@@ -257,6 +257,16 @@ int main(int argc, char** argv) {
   }
   splice::cuda::ensure_registered();
   std::printf("device: %s\n", splice::cuda::device_name().c_str());
+  // The `stream` kernel's launch facts (a kernel that cannot be placed runs as `wide`).
+  for (splice::DType dt : {splice::DType::f32, splice::DType::bf16}) {
+    for (bool staged : {true, false}) {
+      const splice::cuda::KdaKernelInfo k = splice::cuda::kda_stream_kernel_info(dt, staged);
+      std::printf("stream %s %s: %d threads, %d registers, %d B local, %d B shared: %s%s\n",
+                  splice::dtype_name(dt), staged ? "staged" : "plain ", k.block, k.num_regs,
+                  k.local_bytes, k.smem_bytes,
+                  k.launchable ? "launchable" : "NOT launchable: ", k.reason.c_str());
+    }
+  }
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 

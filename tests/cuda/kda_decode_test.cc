@@ -424,6 +424,26 @@ const cuda::KdaVariant kVariants[] = {cuda::KdaVariant::stream, cuda::KdaVariant
 
 // ---------------------------------------------------------------------------------------------
 
+// The compiled `stream` kernel can be placed on an SM with the block it is launched with: its
+// registers x threads fit a sub-partition (the driver's maxThreadsPerBlock admits the block), its
+// shared memory the opt-in limit, and it does not spill. A kernel that fails this would fall back
+// to `wide` silently (or, before that check, fail to launch).
+TEST(KdaCuda, StreamKernelAdmitsItsBlock) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool staged : {true, false}) {
+      const cuda::KdaKernelInfo info = cuda::kda_stream_kernel_info(dtype, staged);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (staged ? " staged" : " plain") + ": " +
+                   std::to_string(info.num_regs) + " registers, " +
+                   std::to_string(info.smem_bytes) + " B shared");
+      EXPECT_GE(info.max_threads_per_block, info.block);
+      EXPECT_LE(info.smem_bytes, info.smem_optin);
+      EXPECT_EQ(info.local_bytes, 0) << "the kernel spills";
+      EXPECT_TRUE(info.launchable) << info.reason;
+    }
+  }
+}
+
 TEST(KdaCuda, T1Grid) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(11);

@@ -7,7 +7,9 @@
 //     moved in 16-byte vectors (base pointer and slot stride 16-byte aligned) or element-wise
 //     (then `stream`, whose copy engine needs alignment, falls back to `wide`); `stream` also
 //     stages the precompute's inputs through the copy engine when every input vector is 16-byte
-//     aligned (else it reads them from device memory, as `stream_plain` always does).
+//     aligned (else it reads them from device memory, as `stream_plain` always does). `stream`
+//     also falls back to `wide` when its compiled kernel cannot be placed on an SM (registers x
+//     threads per sub-partition, shared memory; checked once, reason under SPLICE_DEBUG).
 //  3. Fills the POD Params (pointers, element strides, scalars) and launches: one grid of
 //     slices * H * units CTAs for the per-head variants (split variants as thread-block clusters
 //     of `slices` CTAs, cudaLaunchKernelEx), or min(items, SMs) persistent CTAs for `stream`.
@@ -15,6 +17,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kda_decode.cuh"
@@ -63,22 +68,75 @@ void launch(const kda::Params& params, std::int64_t units, std::int64_t heads,
   SPLICE_CUDA_CHECK_LAUNCH("kda_decode_kernel");
 }
 
-// The stream kernel needs one CTA of ~190-200 KB of shared memory per SM.
+// Whether the compiled `stream` kernel can be placed, checked once per instantiation (and its
+// shared-memory opt-in set): its dynamic shared memory within the device's opt-in limit per CTA,
+// and its registers within the SM's: warps are spread round-robin over kSubPartitions
+// sub-partitions of regs_per_sm / kSubPartitions registers each, a warp holding
+// round_up(regs, kRegAllocUnit) * 32 of them, so ceil(warps / 4) warps of one sub-partition must
+// fit (the driver's maxThreadsPerBlock says the same). A kernel that does not fit falls back to
+// `wide` (reason printed under SPLICE_DEBUG) instead of failing its launch.
+constexpr int kSubPartitions = 4;  // warp schedulers (register file slices) per SM
+constexpr int kRegAllocUnit = 8;   // registers per thread are allocated in multiples of 8
+
+bool debug_enabled() {
+  const char* v = std::getenv("SPLICE_DEBUG");
+  return v != nullptr && std::atoi(v) > 0;
+}
+
+template <typename StateT, bool kStage>
+KdaKernelInfo probe_stream_kernel() {
+  KdaKernelInfo info;
+  const auto kernel = &kda::kda_decode_stream_kernel<StateT, kStage>;
+  info.block = kda::kStreamBlock;
+  info.smem_bytes = static_cast<int>(sizeof(kda::StreamSmem<StateT>));
+  int device = 0;
+  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
+  SPLICE_CUDA_CHECK(
+      cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  int regs_per_sm = 0;
+  SPLICE_CUDA_CHECK(
+      cudaDeviceGetAttribute(&regs_per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device));
+  cudaFuncAttributes attr{};
+  SPLICE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  info.max_threads_per_block = attr.maxThreadsPerBlock;
+  info.num_regs = attr.numRegs;
+  info.local_bytes = static_cast<int>(attr.localSizeBytes);
+  const int warps = (info.block + kda::kWarp - 1) / kda::kWarp;
+  const int warps_per_sub = (warps + kSubPartitions - 1) / kSubPartitions;
+  const int regs = (info.num_regs + kRegAllocUnit - 1) / kRegAllocUnit * kRegAllocUnit;
+  const int sub_regs = regs_per_sm / kSubPartitions;
+  if (info.smem_bytes > info.smem_optin) {
+    info.reason = "needs " + std::to_string(info.smem_bytes) + " B of shared memory per CTA, " +
+                  "the device admits " + std::to_string(info.smem_optin);
+  } else if (info.max_threads_per_block < info.block ||
+             regs * kda::kWarp * warps_per_sub > sub_regs) {
+    info.reason = std::to_string(info.num_regs) + " registers x " + std::to_string(info.block) +
+                  " threads: " + std::to_string(warps_per_sub) + " warps of " +
+                  std::to_string(regs * kda::kWarp) + " registers on one sub-partition of " +
+                  std::to_string(sub_regs) + " (kernel admits " +
+                  std::to_string(info.max_threads_per_block) + " threads per CTA)";
+  } else {
+    SPLICE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, info.smem_bytes));
+    info.launchable = true;
+  }
+  if (!info.launchable && debug_enabled()) {
+    std::fprintf(stderr, "splice: kda `stream` (%s state%s) falls back to `wide`: %s\n",
+                 sizeof(StateT) == 4 ? "f32" : "bf16", kStage ? ", staged inputs" : "",
+                 info.reason.c_str());
+  }
+  return info;
+}
+
+template <typename StateT, bool kStage>
+const KdaKernelInfo& stream_info() {
+  static const KdaKernelInfo info = probe_stream_kernel<StateT, kStage>();
+  return info;
+}
+
 template <typename StateT, bool kStage>
 bool stream_fits() {
-  static const bool fits = [] {
-    int device = 0;
-    SPLICE_CUDA_CHECK(cudaGetDevice(&device));
-    int optin = 0;
-    SPLICE_CUDA_CHECK(
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    constexpr int kSmem = sizeof(kda::StreamSmem<StateT>);
-    if (optin < kSmem) return false;
-    SPLICE_CUDA_CHECK(cudaFuncSetAttribute(&kda::kda_decode_stream_kernel<StateT, kStage>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  return fits;
+  return stream_info<StateT, kStage>().launchable;
 }
 
 template <typename StateT, bool kStage>
@@ -149,6 +207,14 @@ void check_cuda(const Tensor& t, const char* name, int device) {
 }
 
 }  // namespace
+
+KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs) {
+  SPLICE_INTERNAL_CHECK(state_dtype == DType::f32 || state_dtype == DType::bf16, "state dtype ",
+                        dtype_name(state_dtype));
+  if (state_dtype == DType::f32)
+    return staged_inputs ? stream_info<float, true>() : stream_info<float, false>();
+  return staged_inputs ? stream_info<__nv_bfloat16, true>() : stream_info<__nv_bfloat16, false>();
+}
 
 const char* kda_variant_name(KdaVariant variant) {
   switch (variant) {

@@ -5,11 +5,11 @@
 // kernels share the per-item body (run_item):
 //   kda_decode_kernel: one CTA per (item, value slice s); a cluster of kSlices CTAs covers one
 //     head's 128 value rows. The state loads are issued before the precompute.
-//   kda_decode_stream_kernel: one persistent CTA per SM walks items with a grid stride; a
-//     producer warp resolves the metadata of 32 items at a time and keeps a ring of 2 (fp32) or
-//     3 (bf16) shared-memory stages filled by the copy engine (cp.async.bulk + mbarrier) with
-//     each coming item's source state and first-chunk inputs, while 8 consumer warps run the
-//     current item (the stage is released once its state is in registers).
+//   kda_decode_stream_kernel: one persistent CTA of 8 warps per SM walks items with a grid
+//     stride, keeping a ring of 2 (fp32) or 3 (bf16) shared-memory stages filled by the copy
+//     engine (cp.async.bulk + mbarrier) with each coming item's source state and first-chunk
+//     inputs; the copies of item k + stages are issued by the warps themselves right after item
+//     k's state is in registers (no producer warp: 9 warps cannot hold ~200 registers each).
 // Notation: D = 128, C = H*D, rows b .. b+L-1 of unit u, accepted offset a, conv slot cs, source
 // slot ss, checkpoint destinations dst[t].
 //
@@ -361,7 +361,7 @@ __device__ __forceinline__ void zero_unowned(const Params& p, const Item& it, in
 //   GlobalInputs: device memory (read-only inputs through the non-coherent path; the conv history,
 //     which this kernel rewrites, and x with plain loads);
 //   StagedInputs: a shared-memory copy of the first chunk's inputs that the stream kernel's
-//     producer warp filled ahead of time (StagedIn), so no global load is on the item's path.
+//     warps staged ahead of time (StagedIn), so no global load is on the item's path.
 struct GlobalInputs {
   // The history and x bases stay in registers; every other address is formed on use from the
   // kernel parameters (constant memory) and the item.
@@ -405,7 +405,7 @@ struct GlobalInputs {
 
 // The stream kernel's staged copy of one item's first-chunk inputs (filled by the copy engine:
 // every array is a whole number of 16-byte vectors at a 16-byte offset) and its scalars (written
-// by the producer warp).
+// by the warp that stages the item).
 struct alignas(16) StagedIn {
   std::uint16_t hist[kHist][kProj][kD];  // conv history positions a .. a+2
   std::uint16_t x[kChunk][kProj][kD];    // x rows b .. b+nt0-1, head h's channels
@@ -491,8 +491,8 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait;" ::: "memory");
 }
 
-// Barrier over the kThreads threads that run items (named barrier 1): the stream kernel's
-// producer warp never joins it. Orders shared-memory accesses like __syncthreads.
+// Barrier over the kThreads threads that run items (named barrier 1; every thread of the CTA in
+// both kernels). Orders shared-memory accesses like __syncthreads.
 template <int kThreads>
 __device__ __forceinline__ void cta_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
@@ -806,17 +806,27 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 
 // ---------------------------------------------------------------------------------------------
 // The persistent, pipelined variant (a head of 128 rows per item, 16-byte aligned state): one
-// CTA per SM; 8 consumer warps run items, one producer warp keeps up to kStages items in flight.
-// A CTA walks items w = blockIdx.x + k * gridDim.x, k = 0, 1, ...; item k uses stage k % kStages.
-//   Producer: resolves the metadata of 32 items at once (one per lane, so their dependent loads
-//     overlap), then per item waits until its stage is empty (empty[s]), writes the item's
-//     scalars (metadata, beta bits, destinations, A_log) and issues the copy engine's bulk
-//     copies (cp.async.bulk) of the source state and, when kStage, of every vector the first
-//     chunk's precompute reads (conv history, x rows, raw gate, output gate, conv taps,
-//     dt_bias), all completing on full[s].
-//   Consumers: wait on full[s], run the item with its first chunk's inputs read from the stage,
-//     move the state into registers and release the stage at once (empty[s]), then sweep, store
-//     and normalize while the producer refills it.
+// CTA of 8 warps per SM, every warp a consumer; the producer's work is folded into the item's
+// existing barriers, so the CTA keeps up to kStages items in flight with no producer warp.
+// A CTA walks items w = blockIdx.x + k * gridDim.x, k = 0, 1, ... (its k-th item), item k uses
+// stage k % kStages and phase k / kStages of full[k % kStages].
+//   Why no producer warp: a sub-partition holds 16K registers and a CTA's warps are spread over
+//   the SM's 4 sub-partitions round-robin, so 9 warps put 3 on one sub-partition: at most 170
+//   (168 allocated) registers per thread, where the sweep wants ~200-230. 8 warps (2 per
+//   sub-partition) admit 255.
+//   Metadata: one warp (kResolveWarp) resolves 32 items at a time, one per lane (their dependent
+//     loads overlap), into ahead[batch & 1]; batch B + 1 is resolved during item 32 B - kStages
+//     (item 0 for batch 1), a batch before it is needed, at the start of the item where that
+//     warp has no precompute work at T = 1.
+//   Per item k (n = k + kStages, the item that reuses stage k % kStages):
+//     wait full[k % kStages] -> read the item -> barrier (every thread is past the wait) ->
+//     thread 0 announces n: the single arrival of its phase with the bytes it expects ->
+//     run the item: precompute from the stage, state into registers -> barrier (the stage is
+//     no longer read) -> stage n (stage_item): warp 0 writes n's scalars and issues the state
+//     copy, warps 1-7 one kind of input copy each (so no warp branches per lane) -> sweep ...
+//     The announcement precedes every copy of its phase by a barrier, so the phase's tx-count
+//     never runs ahead of its expectation; the scalars are read by item n after the barriers of
+//     item k that follow their stores.
 // So the loads of up to kStages items (~85 KB each for fp32) are in flight while one item
 // computes, and an item's path holds no dependent global load: Little's law asks ~33 KB in
 // flight per SM at the copy bandwidth.
@@ -857,12 +867,11 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phas
   }
 }
 
-constexpr int kStreamThreads = 256;                   // consumer threads (8 warps)
-constexpr int kStreamBlock = kStreamThreads + kWarp;  // and one producer warp
-// Registers per thread for one CTA of kStreamBlock threads per SM (64K registers, allocated in
-// multiples of 8 per thread): 224. __launch_bounds__(kStreamBlock, 1) made ptxas stop at 168
-// registers and spill.
-constexpr int kStreamRegs = (65536 / kStreamBlock) / 8 * 8;
+// 8 warps, all consumers: 2 warps per sub-partition, so up to 255 registers per thread.
+constexpr int kStreamThreads = 256;
+constexpr int kStreamBlock = kStreamThreads;  // threads per CTA (no producer warp)
+constexpr int kStreamWarps = kStreamBlock / kWarp;
+constexpr int kResolveWarp = kStreamWarps - 1;  // no precompute work at T = 1
 
 // Stages that fit one CTA's shared memory (227 KB) beside Shared<kD> (~31 KB): fp32 2 x ~83 KB,
 // bf16 3 x ~51 KB.
@@ -877,7 +886,7 @@ struct alignas(16) Stage {
   StagedIn in;
 };
 
-// One resolved item, as the producer warp's lanes leave it for each other.
+// One resolved item, as the resolving warp's lanes leave it.
 struct Ahead {
   Item it;
   float a_log;
@@ -890,167 +899,198 @@ struct StreamSmem {
   static constexpr int kStages = stream_stages<StateT>();
   Stage<StateT> stage[kStages];
   Shared<kD> sm;
-  Ahead ahead[2][kWarp];  // the producer's current and next batch
+  Ahead ahead[2][kWarp];  // resolved items of the current and the next batch
   std::uint64_t full[kStages];
-  std::uint64_t empty[kStages];
 };
 
 // The bulk copies of one item: the state, then (staged inputs) the history vectors, the tap rows,
 // dt_bias and, per first-chunk token, x's q/k/v vectors, the raw gate and the output gate.
 constexpr int kHistCopies = kHist * kProj;
 constexpr int kTapCopies = kProj * kConvWidth;
-constexpr int kFixedInputCopies = kHistCopies + kTapCopies + 1;
 constexpr int kTokenCopies = kProj + 2;
 constexpr std::uint32_t kVecBytes = kD * sizeof(std::uint16_t);  // a head's bf16 channels
 constexpr std::uint32_t kTapBytes = kD * sizeof(float);          // a head's fp32 channels
+// Copy roles by warp (stage_item): warp 0 the state, warp 1 the history, warp 2 the taps and
+// dt_bias, warps 3 .. 3 + kTokenCopies - 1 one per-token kind each (lane t: token t).
+constexpr int kHistWarp = 1;
+constexpr int kTapWarp = 2;
+constexpr int kTokenWarp0 = 3;
+static_assert(kTokenWarp0 + kTokenCopies == kStreamWarps, "one warp per per-token copy kind");
+static_assert(kHistCopies <= kWarp && kTapCopies + 1 <= kWarp && kChunk <= kWarp,
+              "one copy per lane");
 
 __device__ __forceinline__ std::uint32_t staged_bytes(int nt0) {
   return kHistCopies * kVecBytes + kTapCopies * kTapBytes + kTapBytes +
          static_cast<std::uint32_t>(nt0) * kTokenCopies * kVecBytes;
 }
 
-template <typename StateT>
-__device__ __forceinline__ void issue_copy(const Params& p, const Item& it, int c,
-                                           Stage<StateT>& st, std::uint64_t* bar) {
+// First-chunk tokens of a resolved item (0 when it is not live: nothing is staged).
+__device__ __forceinline__ int first_tokens(const Item& it) {
+  return it.live ? min(kChunk, it.len) : 0;
+}
+
+// Thread 0: the single arrival of the phase that brings item `a` into the stage of `bar`, with
+// the bytes its copies will deliver (a null item: a plain arrival, the phase completes).
+template <typename StateT, bool kStage>
+__device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar) {
+  if (!a.it.live) {
+    mbar_arrive(bar);
+    return;
+  }
+  const std::uint32_t bytes = static_cast<std::uint32_t>(kD * kD * sizeof(StateT)) +
+                              (kStage ? staged_bytes(first_tokens(a.it)) : 0u);
+  mbar_arrive_expect(bar, bytes);
+}
+
+// Every thread: writes item `a`'s scalars into stage `st` (warp 0) and issues this thread's bulk
+// copy of it, if any (roles above). The stage is no longer read (a barrier since its last read)
+// and `a` was announced on `bar` before that barrier.
+template <typename StateT, bool kStage>
+__device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stage<StateT>& st,
+                                           std::uint64_t* bar) {
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const Item& it = a.it;
+  if (warp == 0) {
+    if (lane == 0) {
+      st.in.item = it;
+      st.in.a_log = a.a_log;
+    }
+    if (lane < kChunk) {
+      st.in.dst[lane] = a.dst[lane];
+      st.in.beta[lane] = a.beta[lane];
+    }
+  }
+  if (!it.live) return;
   const std::int64_t hd = static_cast<std::int64_t>(it.h) * kD;
   const std::int64_t chans = p.channels;
-  if (c == 0) {
-    bulk_copy(st.state, static_cast<const StateT*>(p.state) + it.ss * p.state_slot + hd * kD,
-              static_cast<std::uint32_t>(sizeof(st.state)), bar);
-    return;
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::uint32_t bytes = 0;
+  if (warp == 0) {
+    if (lane == kWarp - 1) {  // away from the scalar lanes
+      src = static_cast<const StateT*>(p.state) + it.ss * p.state_slot + hd * kD;
+      dst = st.state;
+      bytes = static_cast<std::uint32_t>(sizeof(st.state));
+    }
+  } else if constexpr (kStage) {
+    if (warp == kHistWarp) {
+      if (lane < kHistCopies) {
+        const int pos = lane / kProj, pr = lane % kProj;
+        src = p.conv + it.cs * p.conv_slot + (it.a + pos) * kProj * chans + pr * chans + hd;
+        dst = st.in.hist[pos][pr];
+        bytes = kVecBytes;
+      }
+    } else if (warp == kTapWarp) {
+      if (lane < kTapCopies) {
+        const int pr = lane / kConvWidth, tap = lane % kConvWidth;
+        src = p.weight + (pr * kConvWidth + tap) * chans + hd;
+        dst = st.in.weight[pr][tap];
+        bytes = kTapBytes;
+      } else if (lane == kTapCopies) {
+        src = p.dt_bias + hd;
+        dst = st.in.dt_bias;
+        bytes = kTapBytes;
+      }
+    } else if (lane < first_tokens(it)) {
+      const int kind = warp - kTokenWarp0;
+      const std::int64_t row = it.b + lane;
+      bytes = kVecBytes;
+      if (kind < kProj) {
+        src = p.x + row * p.x_row + kind * chans + hd;
+        dst = st.in.x[lane][kind];
+      } else if (kind == kProj) {
+        src = p.gate + row * p.gate_row + it.h * p.gate_head;
+        dst = st.in.gate[lane];
+      } else {
+        src = p.out_gate + row * p.og_row + it.h * p.og_head;
+        dst = st.in.og[lane];
+      }
+    }
   }
-  c -= 1;
-  if (c < kHistCopies) {
-    const int pos = c / kProj, pr = c % kProj;
-    bulk_copy(st.in.hist[pos][pr],
-              p.conv + it.cs * p.conv_slot + (it.a + pos) * kProj * chans + pr * chans + hd,
-              kVecBytes, bar);
-    return;
+  if (bytes != 0) {
+    // The consumers' reads of this stage (generic proxy, ordered by the barrier before this)
+    // precede this copy's writes (async proxy).
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    bulk_copy(dst, src, bytes, bar);
   }
-  c -= kHistCopies;
-  if (c < kTapCopies) {
-    const int pr = c / kConvWidth, tap = c % kConvWidth;
-    bulk_copy(st.in.weight[pr][tap], p.weight + (pr * kConvWidth + tap) * chans + hd, kTapBytes,
-              bar);
-    return;
-  }
-  c -= kTapCopies;
-  if (c == 0) {
-    bulk_copy(st.in.dt_bias, p.dt_bias + hd, kTapBytes, bar);
-    return;
-  }
-  c -= 1;
-  const int t = c / kTokenCopies, kind = c % kTokenCopies;
-  const std::int64_t row = it.b + t;
-  if (kind < kProj)
-    bulk_copy(st.in.x[t][kind], p.x + row * p.x_row + kind * chans + hd, kVecBytes, bar);
-  else if (kind == kProj)
-    bulk_copy(st.in.gate[t], p.gate + row * p.gate_row + it.h * p.gate_head, kVecBytes, bar);
-  else
-    bulk_copy(st.in.og[t], p.out_gate + row * p.og_row + it.h * p.og_head, kVecBytes, bar);
 }
 
 template <typename StateT, bool kStage>
-__global__ void __maxnreg__(kStreamRegs) kda_decode_stream_kernel(const Params p) {
+__global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(const Params p) {
   using L = Layout<kStreamThreads, 1>;
   using G = Geometry<kStreamThreads, 1, StateT>;
   using Smem = StreamSmem<StateT>;
   constexpr int kStages = Smem::kStages;
+  static_assert(kStages < kWarp, "a batch outlasts the ring");
   extern __shared__ uint4 smem_raw[];
   Smem& S = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x;
+  const int warp = tid / kWarp;
+  const int lane = tid % kWarp;
   const int total = p.num_units * p.num_heads;
   const int stride = gridDim.x;
+  // This CTA's items: w = blockIdx.x + k * stride, k < count.
+  const int count = (total - static_cast<int>(blockIdx.x) + stride - 1) / stride;
+
+  // Lane l of kResolveWarp resolves this CTA's item 32 * batch + l (metadata, first-chunk beta
+  // bits and destinations, A_log) into ahead[batch & 1][l]. Its loads stall this warp only.
+  auto resolve_batch = [&](int batch) {
+    const int k = batch * kWarp + lane;
+    if (k < count) {
+      const int w = static_cast<int>(blockIdx.x) + k * stride;
+      Ahead a;
+      a.it = resolve_item(p, w / p.num_heads, w % p.num_heads);
+      a.a_log = __ldg(p.a_log + a.it.h);
+      const GlobalInputs g(p, a.it);
+      const int nt0 = first_tokens(a.it);
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) {
+        a.dst[t] = t < nt0 ? g.dst_at(t) : 0;
+        a.beta[t] = t < nt0 ? g.beta_bits(t) : 0;
+      }
+      S.ahead[batch & 1][lane] = a;
+    }
+  };
+  auto ahead_of = [&](int k) -> const Ahead& { return S.ahead[(k / kWarp) & 1][k % kWarp]; };
+
+  // Prologue: barriers, batch 0, the first kStages items announced, then staged.
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&S.full[s]);
-      mbar_init(&S.empty[s]);
-    }
+    for (int s = 0; s < kStages; ++s) mbar_init(&S.full[s]);
   }
-  __syncthreads();  // the last barrier over all threads: the roles split here
-
-  if (tid >= kStreamThreads) {  // the producer warp
-    const int lane = tid - kStreamThreads;
-    const int batch = kWarp * stride;  // items per batch: one per lane
-    // Lane l resolves item w0 + l * stride of the batch starting at w0 (metadata, first-chunk
-    // beta bits and destinations, A_log) into ahead[buf][l].
-    auto resolve_batch = [&](int w0, int buf) {
-      const int w = w0 + lane * stride;
-      if (w < total) {
-        Ahead a;
-        a.it = resolve_item(p, w / p.num_heads, w % p.num_heads);
-        a.a_log = __ldg(p.a_log + a.it.h);
-        const GlobalInputs g(p, a.it);
-        const int nt0 = a.it.live ? min(kChunk, a.it.len) : 0;
-#pragma unroll
-        for (int t = 0; t < kChunk; ++t) {
-          a.dst[t] = t < nt0 ? g.dst_at(t) : 0;
-          a.beta[t] = t < nt0 ? g.beta_bits(t) : 0;
-        }
-        S.ahead[buf][lane] = a;
-      }
-    };
-    if (blockIdx.x < total) resolve_batch(blockIdx.x, 0);
-    __syncwarp();
-    int k = 0;  // this CTA's item count
-#pragma unroll 1
-    for (int w0 = blockIdx.x, bi = 0; w0 < total; w0 += batch, ++bi) {
-      const Ahead* cur = S.ahead[bi & 1];
-      const int n = min(kWarp, (total - w0 + stride - 1) / stride);
-#pragma unroll 1
-      for (int j = 0; j < n; ++j, ++k) {
-        const int s = k % kStages;
-        if (k >= kStages) mbar_wait(&S.empty[s], static_cast<std::uint32_t>(k / kStages - 1) & 1u);
-        Stage<StateT>& st = S.stage[s];
-        const Item it = cur[j].it;
-        const int nt0 = it.live ? min(kChunk, it.len) : 0;
-        if (lane == 0) {
-          st.in.item = it;
-          st.in.a_log = cur[j].a_log;
-#pragma unroll
-          for (int t = 0; t < kChunk; ++t) {
-            st.in.dst[t] = cur[j].dst[t];
-            st.in.beta[t] = cur[j].beta[t];
-          }
-          if (it.live) {
-            const std::uint32_t bytes =
-                static_cast<std::uint32_t>(sizeof(st.state)) + (kStage ? staged_bytes(nt0) : 0u);
-            mbar_arrive_expect(&S.full[s], bytes);  // release: the scalars above
-          } else {
-            mbar_arrive(&S.full[s]);
-          }
-        }
-        __syncwarp();
-        if (it.live) {
-          // The consumers' reads of this stage (generic proxy) precede these copies (async).
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          const int copies = 1 + (kStage ? kFixedInputCopies + nt0 * kTokenCopies : 0);
-          for (int c = lane; c < copies; c += kWarp) issue_copy<StateT>(p, it, c, st, &S.full[s]);
-        }
-        // The next batch's metadata is resolved while the ring is full (its loads stall this
-        // warp, not the consumers). ahead[next] was last read in batch bi - 1.
-        if (j == 0 && w0 + batch < total) resolve_batch(w0 + batch, (bi + 1) & 1);
-      }
-      __syncwarp();  // ahead[bi + 1] is written and ahead[bi] read by every lane
-    }
-    return;
+  if (warp == kResolveWarp) resolve_batch(0);
+  __syncthreads();
+  const int prefill = min(kStages, count);
+  if (tid == 0) {
+    for (int k = 0; k < prefill; ++k) announce_item<StateT, kStage>(ahead_of(k), &S.full[k]);
   }
+  __syncthreads();
+  for (int k = 0; k < prefill; ++k)
+    stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k]);
+  __syncthreads();  // the prologue's scalars (later items': the barriers of the item staging them)
 
-  // The consumer warps.
   const G geo;
   const int qn = owned_rows(p);
-  int k = 0;
 #pragma unroll 1
-  for (int w = blockIdx.x; w < total; w += stride, ++k) {
+  for (int k = 0; k < count; ++k) {
     const int s = k % kStages;
     Stage<StateT>& st = S.stage[s];
     mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
     const Item it = st.in.item;
-    // Every consumer has `it`; the previous item's write-back has read S.sm.x.
+    // Every thread has `it` and is past the wait; the previous item's write-back has read S.sm.x.
     cta_sync<kStreamThreads>();
+    const int next = k + kStages;  // the item that reuses stage s
+    const bool has_next = next < count;
+    if (tid == 0 && has_next) announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
+    // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages).
+    if (warp == kResolveWarp) {
+      const int nb = k == 0 ? 1 : ((k + kStages) % kWarp == 0 ? (k + kStages) / kWarp + 1 : 0);
+      if (nb > 0 && nb * kWarp < count) resolve_batch(nb);
+    }
     zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
     if (!it.live) {
-      if (tid == 0) mbar_arrive(&S.empty[s]);
+      cta_sync<kStreamThreads>();  // the announcement precedes the copies
+      if (has_next) stage_item<StateT, kStage>(p, ahead_of(next), st, &S.full[s]);
       continue;
     }
     auto load_state = [&](float(&sv)[L::kRowsPerThread][L::kCols]) {
@@ -1061,9 +1101,9 @@ __global__ void __maxnreg__(kStreamRegs) kda_decode_stream_kernel(const Params p
           unpack<StateT>(*reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
                          &sv[i][c * G::kVecElems]);
     };
-    // After run_item's first barrier every consumer is done with the stage.
+    // After run_item's first barrier no thread reads the stage: refill it.
     auto release = [&] {
-      if (tid == 0) mbar_arrive(&S.empty[s]);
+      if (has_next) stage_item<StateT, kStage>(p, ahead_of(next), st, &S.full[s]);
     };
     if constexpr (kStage) {
       run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs{&st.in}, load_state,

@@ -12,9 +12,9 @@
 // 128 / slices value rows of the head's 128 x 128 state, keeps them in registers (fp32) across
 // all T tokens, reads the source state once and writes each checkpoint once. The variant (threads
 // per CTA, slices, persistent or not) is picked by one rule, choose_kda_variant, from the grid
-// size. The persistent `stream` variant runs one CTA per SM that walks many heads: a producer
-// warp keeps the next heads' state and inputs moving into a shared-memory ring (copy engine)
-// while the consumer warps compute the current head.
+// size. The persistent `stream` variant runs one CTA per SM that walks many heads, keeping the
+// next heads' state and inputs moving into a shared-memory ring (copy engine) while its warps
+// compute the current head.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +31,11 @@ using Stream = CUstream_st*;  // a cudaStream_t; nullptr is the legacy default s
 // Kernel variants: how a head's 128 value rows are spread over CTAs.
 enum class KdaVariant : std::uint8_t {
   automatic,     // choose_kda_variant decides
-  stream,        // one persistent CTA per SM (8 consumer warps + 1 producer warp), heads in
-                 // turn; the producer stages the next heads' state (2 fp32 / 3 bf16 stages) and
-                 // first-chunk inputs in shared memory by the copy engine (16-byte aligned state;
-                 // inputs staged when 16-byte aligned, else read from device memory)
+  stream,        // one persistent CTA of 8 warps per SM, heads in turn; the next heads' state
+                 // (2 fp32 / 3 bf16 stages) and first-chunk inputs are staged in shared memory
+                 // by the copy engine, issued by the same warps once a head's state is in
+                 // registers (16-byte aligned state; inputs staged when 16-byte aligned, else
+                 // read from device memory)
   stream_plain,  // stream that stages only the state, never the inputs (tuning, A/B)
   wide,          // 1 CTA of 256 threads per head: 4 rows x 16 columns of state per thread
   split2,        // a cluster of 2 CTAs of 128 threads per head (64 rows each), 4 rows per thread
@@ -52,6 +53,21 @@ const char* kda_variant_name(KdaVariant variant);
 //   otherwise                      -> split4 (a tiny batch: 4 SMs per head)
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
                               DType state_dtype, int sm_count);
+
+// Launch facts of the compiled `stream` kernel for a state dtype (f32 or bf16) with or without
+// staged inputs, probed once per process on the current device (cudaFuncGetAttributes). When
+// !launchable the launcher runs `wide` in its place (the reason printed under SPLICE_DEBUG).
+struct KdaKernelInfo {
+  int block = 0;                  // threads per CTA it is launched with
+  int max_threads_per_block = 0;  // what the compiled kernel admits (registers per sub-partition)
+  int num_regs = 0;               // registers per thread
+  int local_bytes = 0;            // local memory per thread (spills)
+  int smem_bytes = 0;             // dynamic shared memory per CTA
+  int smem_optin = 0;             // the device's opt-in shared memory limit per CTA
+  bool launchable = false;        // threads, registers and shared memory all fit one SM
+  std::string reason;             // why not, when !launchable
+};
+KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs);
 
 // Runs the decode described by `args` on `stream` with `variant` (automatic: the rule above).
 // Writes args.output, updates args.conv_state and args.state in place. Never synchronizes and
