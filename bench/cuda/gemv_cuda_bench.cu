@@ -1,7 +1,7 @@
 // Benchmark of the decode GEMV route of the CUDA matmul (src/backend/cuda/gemv.cu) against
 // cuBLASLt on the same shapes, in one process (a plain main; prints a table and writes JSON).
 //
-//   1. Shapes: y [M, N] = x [M, K] . w [N, K]^T, bf16, M in {1, 4}, (N, K) from SmolLM2-135M
+//   1. Shapes: y [M, N] = x [M, K] . w [N, K]^T, bf16, M in {1, 2, 4, 8}, (N, K) from SmolLM2-135M
 //      (576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down, 3072x576 fused gate+up,
 //      960x576 fused qkv, 49152x576 lm_head) and Llama-8B-like (4096x4096, 14336x4096).
 //   2. Bytes first: the floor is the weight read, N * K * 2 bytes / 4.48 TB/s (design.md §4's
@@ -9,12 +9,16 @@
 //   3. Timing: `copies` weight copies rotate so at least kRotateBytes of weights are read per
 //      replay and the 50 MB L2 cannot flatter the small matrices; one CUDA graph holds one call
 //      per copy; after warm-up each of --reps replays is timed with events; time per call =
-//      median replay / copies. The GEMV arm is splice::cuda::matmul (which routes M <= 8 to the
-//      GEMV kernel); the cuBLASLt arm calls cublasLtMatmul directly with the settings the
-//      primitive uses (fp32 compute, top heuristic algorithm, 32 MiB workspace).
-//   4. Check: both arms' outputs of the last copy agree (max |gemv - lt| / max |lt| printed).
+//      median replay / copies. The GEMV arm launches the kernel directly (gemv::launch, whatever
+//      the routing rule says, so both arms are timed on every shape); the cuBLASLt arm calls
+//      cublasLtMatmul directly with the settings the primitive uses (fp32 compute, top heuristic
+//      algorithm, 32 MiB workspace).
+//   4. Check: both arms' outputs of the last copy agree (max |gemv - lt| / max |lt| printed), and
+//      splice::cuda::matmul (the routed primitive) once more on copy 0 agrees with them.
 //   5. Output: one row per shape (us, GB/s of weight reads, % of 4.48 TB/s, cuBLASLt us, ratio
-//      cuBLASLt / GEMV) and JSON at argv[1] (default gemv_cuda_bench.json).
+//      cuBLASLt / GEMV, the path gemv::preferred routes the shape to and whether that is the
+//      faster arm) and JSON at argv[1] (default gemv_cuda_bench.json). A "no" in the `ok` column
+//      means the routing rule's thresholds (gemv.cu, `preferred`) need retuning.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,6 +32,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../../src/backend/cuda/gemv.h"  // internal: the kernel is timed directly
 #include "splice/backend/cuda/primitives.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/tensor.h"
@@ -84,7 +89,9 @@ struct Result {
   int copies = 0;
   double gemv_us = 0.0, lt_us = 0.0;
   double gemv_spread_us = 0.0, lt_spread_us = 0.0;
-  double rel_diff = 0.0;  // max |gemv - lt| / max |lt| (last copy); -1: non-finite output
+  double rel_diff = 0.0;         // max |gemv - lt| / max |lt| (last copy); -1: non-finite output
+  double routed_rel_diff = 0.0;  // the same for matmul's output on copy 0 against cuBLASLt's
+  bool routed_gemv = false;      // gemv::preferred(m, n, k)
   std::int64_t weight_bytes() const { return shape.n * shape.k * 2; }
 };
 
@@ -201,10 +208,29 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
   splice::Tensor y_lt =
       splice::Tensor::empty({m, s.n}, splice::DType::bf16, splice::Device::cuda());
   const LtArm arm(lt, workspace, m, s.n, s.k);
+  r.routed_gemv = splice::cuda::gemv::preferred(m, s.n, s.k);
+
+  // The GEMV arm: y_gemv [m, n] = x [m, k] . w[i]^T through the kernel's own launcher.
+  splice::cuda::gemv::Params params;
+  params.w_row_stride = s.k;
+  params.n = s.n;
+  params.k = s.k;
+  params.rows = static_cast<int>(m);
+  params.in_dtype = splice::DType::bf16;
+  params.out_dtype = splice::DType::bf16;
+  for (std::int64_t row = 0; row < m; ++row) {
+    params.x[row] = x.data<__nv_bfloat16>() + row * s.k;
+    params.y[row] = y_gemv.data<__nv_bfloat16>() + row * s.n;
+  }
+  const auto run_gemv = [&](const splice::Tensor& weight) {
+    splice::cuda::gemv::Params call = params;
+    call.w = weight.raw_data();
+    splice::cuda::gemv::launch(call, stream);
+  };
 
   splice::cuda::StreamGuard guard(stream);
   // Warm-up outside capture, then one graph per arm with a call per weight copy.
-  splice::cuda::matmul(x, w[0], y_gemv, true);
+  run_gemv(w[0]);
   arm.run(w[0].raw_data(), x.raw_data(), y_lt.raw_data(), stream);
   BENCH_CHECK(cudaStreamSynchronize(stream));
   cudaGraphExec_t execs[2];
@@ -213,7 +239,7 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
     BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < r.copies; ++i) {
       if (which == 0)
-        splice::cuda::matmul(x, w[static_cast<std::size_t>(i)], y_gemv, true);
+        run_gemv(w[static_cast<std::size_t>(i)]);
       else
         arm.run(w[static_cast<std::size_t>(i)].raw_data(), x.raw_data(), y_lt.raw_data(), stream);
     }
@@ -242,6 +268,22 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
     max_ref = std::max(max_ref, static_cast<double>(std::fabs(l[i])));
   }
   r.rel_diff = !finite ? -1.0 : max_ref > 0.0 ? max_diff / max_ref : max_diff;
+
+  // The routed primitive on copy 0 against cuBLASLt on copy 0.
+  splice::Tensor y_routed =
+      splice::Tensor::empty({m, s.n}, splice::DType::bf16, splice::Device::cuda());
+  splice::cuda::matmul(x, w[0], y_routed, true);
+  arm.run(w[0].raw_data(), x.raw_data(), y_lt.raw_data(), stream);
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> routed = to_host(y_routed), l0 = to_host(y_lt);
+  double routed_diff = 0.0, ref0 = 0.0;
+  bool routed_finite = true;
+  for (std::size_t i = 0; i < routed.size(); ++i) {
+    routed_finite = routed_finite && std::isfinite(routed[i]) && std::isfinite(l0[i]);
+    routed_diff = std::max(routed_diff, static_cast<double>(std::fabs(routed[i] - l0[i])));
+    ref0 = std::max(ref0, static_cast<double>(std::fabs(l0[i])));
+  }
+  r.routed_rel_diff = !routed_finite ? -1.0 : ref0 > 0.0 ? routed_diff / ref0 : routed_diff;
   return r;
 }
 
@@ -293,7 +335,7 @@ int main(int argc, char** argv) {
               splice::cuda::device_name().c_str(), pool_bytes / 1e9, kRotateBytes >> 20);
 
   std::vector<Result> results;
-  for (std::int64_t m : {1, 4})
+  for (std::int64_t m : {1, 2, 4, 8})
     for (const Shape& s : shapes) {
       results.push_back(run_shape(s, m, pool, lt, workspace, reps, stream));
       const Result& r = results.back();
@@ -309,8 +351,9 @@ int main(int argc, char** argv) {
        << "  \"method\": \"graph of `copies` rotating weight copies (>= " << (kRotateBytes >> 20)
        << " MB), min over 2 rounds of the median of " << reps
        << " replays / copies\",\n  \"rows\": [\n";
-  std::printf("\n%-3s %-16s %6s %5s %9s %8s %7s %9s %8s %7s %9s\n", "M", "shape", "N", "K",
-              "gemv us", "GB/s", "%4.48", "cublas us", "GB/s", "ratio", "rel diff");
+  std::printf("\n%-3s %-16s %6s %5s %9s %8s %7s %9s %8s %7s %9s %6s %3s %9s\n", "M", "shape", "N",
+              "K", "gemv us", "GB/s", "%4.48", "cublas us", "GB/s", "ratio", "rel diff", "route",
+              "ok", "routed d");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bytes = static_cast<double>(r.weight_bytes());
@@ -319,10 +362,14 @@ int main(int argc, char** argv) {
     const double floor_us = bytes / kCeilingBytesPerSecond * 1e6;
     const double pct = 100.0 * floor_us / r.gemv_us;
     const double ratio = r.lt_us / r.gemv_us;  // > 1: the GEMV kernel is faster
-    std::printf("%-3lld %-16s %6lld %5lld %9.2f %8.0f %6.1f%% %9.2f %8.0f %6.2fx %9.2e\n",
-                static_cast<long long>(r.m), r.shape.name, static_cast<long long>(r.shape.n),
-                static_cast<long long>(r.shape.k), r.gemv_us, gemv_gbps, pct, r.lt_us, lt_gbps,
-                ratio, r.rel_diff);
+    // The route is right when it picks the faster arm (a tie within 2% either way counts).
+    constexpr double kTie = 0.02;
+    const bool route_ok = r.routed_gemv ? ratio >= 1.0 - kTie : ratio <= 1.0 + kTie;
+    std::printf(
+        "%-3lld %-16s %6lld %5lld %9.2f %8.0f %6.1f%% %9.2f %8.0f %6.2fx %9.2e %6s %3s %9.2e\n",
+        static_cast<long long>(r.m), r.shape.name, static_cast<long long>(r.shape.n),
+        static_cast<long long>(r.shape.k), r.gemv_us, gemv_gbps, pct, r.lt_us, lt_gbps, ratio,
+        r.rel_diff, r.routed_gemv ? "gemv" : "lt", route_ok ? "yes" : "no", r.routed_rel_diff);
     json << "    {\"m\": " << r.m << ", \"name\": \"" << r.shape.name << "\", \"n\": " << r.shape.n
          << ", \"k\": " << r.shape.k << ", \"weight_bytes\": " << r.weight_bytes()
          << ", \"copies\": " << r.copies << ", \"gemv_us\": " << r.gemv_us
@@ -330,8 +377,11 @@ int main(int argc, char** argv) {
          << ", \"gemv_pct_of_ceiling\": " << pct << ", \"cublaslt_us\": " << r.lt_us
          << ", \"cublaslt_spread_us\": " << r.lt_spread_us << ", \"cublaslt_gbps\": " << lt_gbps
          << ", \"floor_us\": " << floor_us << ", \"ratio_cublaslt_over_gemv\": " << ratio
-         << ", \"max_rel_diff\": " << r.rel_diff << "}" << (i + 1 < results.size() ? "," : "")
-         << "\n";
+         << ", \"max_rel_diff\": " << r.rel_diff << ", \"route\": \""
+         << (r.routed_gemv ? "gemv" : "cublaslt")
+         << "\", \"route_ok\": " << (route_ok ? "true" : "false")
+         << ", \"routed_max_rel_diff\": " << r.routed_rel_diff << "}"
+         << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";
   BENCH_CHECK(cudaFree(workspace));

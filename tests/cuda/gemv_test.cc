@@ -1,10 +1,20 @@
 // The CUDA matmul's GEMV route (src/backend/cuda/gemv.cu, dispatched from primitives_gemm.cc for
-// products with at most 8 rows of a and one row-major weight) against the CPU backend, the oracle.
+// products with at most 8 rows of a and one row-major weight when gemv::preferred says so) and the
+// GEMV kernel itself (gemv::launch, whatever the routing rule says) against the CPU backend, the
+// oracle.
 //
 //  1. Grid: rows M in {1, 2, 3, 8} x N in {1, 17, 192, 576, 1536, 4097} x K in {1, 7, 64, 576,
 //     1536, 4095} x {f32, f16, bf16}, out in the input dtype, w [N, K] read transposed, twice:
 //     contiguous (K = 7 or 4095 rows are not 16-byte aligned: the scalar path) and with a padded
-//     row stride (16-byte aligned rows: the vector path with a K % 8 tail).
+//     row stride (16-byte aligned rows: the vector path with a K % 8 tail); each case through
+//     cuda::matmul (routed to the GEMV or cuBLASLt) and through gemv::launch directly.
+//  1b. The persistent loop: gemv::launch with the grid capped at 1, 2 or 3 CTAs (Params::max_ctas),
+//     so each warp streams many column groups back to back (the next group's first batch in
+//     flight during the previous group's reduction), over M in {1, 2, 3, 5, 8} (every row bucket
+//     and partly used ones), N with odd column-group tails (N % 4 in {1, 3}) and K covering the
+//     scalar path, several batches per group and vector + tail; and lm_head-sized N = 100003 with
+//     the launcher's own grid (a full resident wave, several groups per warp).
+//  1c. The routing rule's thresholds (gemv::preferred) on the measured shapes.
 //  2. Every operand is a view into a NaN-poisoned buffer (padding between rows and slack after the
 //     last row), outputs start as NaN: a read past the view or a missed store shows as NaN.
 //  3. Layout and dtype cases: batched a [B, 1, K] and a with non-uniform (padded) batch strides,
@@ -15,10 +25,13 @@
 // Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
 // within default_tolerance(out dtype) (design.md §2).
+#include "../../src/backend/cuda/gemv.h"  // internal: the kernel is also tested directly
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "splice/backend/cpu/primitives.h"
@@ -107,6 +120,34 @@ Tensor nan_output(const Dims& shape, DType dtype) {
   return agree(a, b, upload(a), upload(b), transpose_b, out_host);
 }
 
+// gemv::launch on device copies of x [m, k] and w [n, k] (row-strided views, unit inner stride)
+// into a NaN-filled device y [m, n] of `out_dtype`, at most `max_ctas` CTAs (0: the launcher's
+// grid), against cpu::matmul(x, w^T).
+::testing::AssertionResult agree_direct(const Tensor& x, const Tensor& w, const Tensor& dx,
+                                        const Tensor& dw, DType out_dtype, int max_ctas = 0) {
+  const std::int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  Tensor expected = Tensor::empty({m, n}, out_dtype);
+  cpu::matmul(x, w, expected, true);
+  Tensor dy = upload(nan_output({m, n}, out_dtype));  // [m, n]
+  cuda::gemv::Params p;
+  p.w = dw.raw_data();
+  p.w_row_stride = dw.stride(0);
+  p.n = n;
+  p.k = k;
+  p.rows = static_cast<int>(m);
+  p.in_dtype = dx.dtype();
+  p.out_dtype = out_dtype;
+  p.max_ctas = max_ctas;
+  const std::int64_t in_size = static_cast<std::int64_t>(dtype_size(dx.dtype()));
+  const std::int64_t out_size = static_cast<std::int64_t>(dtype_size(out_dtype));
+  for (std::int64_t r = 0; r < m; ++r) {
+    p.x[r] = static_cast<const char*>(dx.raw_data()) + r * dx.stride(0) * in_size;
+    p.y[r] = static_cast<char*>(dy.raw_data()) + r * n * out_size;
+  }
+  cuda::gemv::launch(p, cuda::current_stream());
+  return testing::close(download(dy), expected, default_tolerance(out_dtype));
+}
+
 std::string label(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k, const char* layout) {
   return std::string(dtype_name(dtype)) + " M " + std::to_string(m) + " N " + std::to_string(n) +
          " K " + std::to_string(k) + " " + layout;
@@ -124,10 +165,69 @@ TEST(CudaGemv, GridAgainstCpu) {
           const Tensor dw = upload(w);
           for (std::int64_t m : kRowsGrid) {
             const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
-            EXPECT_TRUE(agree(x, w, upload(x), dw, true, nan_output({m, n}, dtype)))
+            const Tensor dx = upload(x);
+            EXPECT_TRUE(agree(x, w, dx, dw, true, nan_output({m, n}, dtype)))
                 << label(dtype, m, n, k, padded ? "padded w" : "contiguous w");
+            EXPECT_TRUE(agree_direct(x, w, dx, dw, dtype))
+                << label(dtype, m, n, k, padded ? "padded w, direct" : "contiguous w, direct");
           }
         }
+}
+
+TEST(CudaGemv, PersistentLoopOverManyColumnGroups) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(16);
+  // (k, padded row stride): the scalar path, one batch, several batches per group, vector + tail.
+  const std::pair<std::int64_t, bool> k_cases[] = {
+      {7, false}, {64, true}, {576, false}, {583, true}, {4096, false}};
+  for (DType dtype : kFloatTypes)
+    for (const auto& [k, padded] : k_cases)
+      for (std::int64_t n : {5, 577, 2051}) {  // n % 4 = 1, 1, 3: odd column-group tails
+        const std::int64_t row_stride = padded ? round_up(k, kRowAlign) + kPadStride : k;
+        const Tensor w = poisoned(rng, {n, k}, {row_stride, 1}, 0, dtype);  // [n, k]
+        const Tensor dw = upload(w);
+        for (std::int64_t m : {1, 2, 3, 5, 8}) {
+          const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
+          const Tensor dx = upload(x);
+          for (int max_ctas : {1, 2, 3})
+            EXPECT_TRUE(agree_direct(x, w, dx, dw, dtype, max_ctas))
+                << label(dtype, m, n, k, padded ? "padded w" : "contiguous w") << " max_ctas "
+                << max_ctas;
+        }
+      }
+}
+
+TEST(CudaGemv, LmHeadSizedFullWave) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(17);
+  constexpr std::int64_t kN = 100003, kK = 576;  // 25001 column groups: several per warp
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    const Tensor w = contiguous_poisoned(rng, {kN, kK}, dtype);  // [n, k]
+    const Tensor dw = upload(w);
+    for (std::int64_t m : {1, 4, 8}) {
+      const Tensor x = contiguous_poisoned(rng, {m, kK}, dtype);  // [m, k]
+      const Tensor dx = upload(x);
+      EXPECT_TRUE(agree_direct(x, w, dx, dw, dtype)) << label(dtype, m, kN, kK, "direct");
+      EXPECT_TRUE(agree(x, w, dx, dw, true, nan_output({m, kN}, dtype)))
+          << label(dtype, m, kN, kK, "routed");
+    }
+  }
+}
+
+TEST(CudaGemv, RoutingRuleOnMeasuredShapes) {
+  using Shape = std::pair<std::int64_t, std::int64_t>;  // (n, k)
+  // One row: always the GEMV (wins or ties everywhere measured; the lm_head is the predicted one).
+  const Shape one_row[] = {{192, 576}, {49152, 576}, {4096, 4096}, {14336, 4096}};
+  for (const auto& [n, k] : one_row) EXPECT_TRUE(cuda::gemv::preferred(1, n, k)) << n << "x" << k;
+  // Four rows: the GEMV on the small weights it won at, cuBLASLt on those it lost at.
+  const Shape four_rows_gemv[] = {{576, 576}, {192, 576}, {576, 1536}, {960, 576}};
+  for (const auto& [n, k] : four_rows_gemv)
+    EXPECT_TRUE(cuda::gemv::preferred(4, n, k)) << n << "x" << k;
+  const Shape four_rows_lt[] = {
+      {1536, 576}, {3072, 576}, {49152, 576}, {4096, 4096}, {14336, 4096}};
+  for (const auto& [n, k] : four_rows_lt)
+    EXPECT_FALSE(cuda::gemv::preferred(4, n, k)) << n << "x" << k;
+  EXPECT_FALSE(cuda::gemv::preferred(cuda::gemv::kMaxRows + 1, 192, 576));
 }
 
 TEST(CudaGemv, BatchedRowsStridesAndOutputLayouts) {

@@ -4,26 +4,38 @@
 //
 // At rows <= 8 the product is a stream over the weight: n * k elements read once, a handful of
 // FLOPs per byte, so the floor is bytes(w) / DRAM bandwidth and the kernel's job is to keep enough
-// 16-byte loads in flight on every SM.
-//   1. Tiling: a warp owns kCols consecutive output columns j0 .. j0 + kCols - 1 (and every row
-//      r), so no inter-warp reduction is needed; a CTA is 1, 2 or 4 such warps. The launcher
-//      picks kCols (4, 2, 1) as the largest that still gives kTargetWarpsPerSm warps per SM, and
-//      the warps per CTA so that there are at least as many CTAs as SMs (n = 192 -> 192 one-warp
-//      CTAs on 132 SMs). Columns past n are clamped to n - 1 for the loads and never stored.
+// 16-byte loads in flight on every SM, from the first cycle to the last.
+//   1. Tiling: a column group is kCols consecutive output columns j0 .. j0 + kCols - 1 (and every
+//      row r); one warp reduces a whole group, so no inter-warp reduction is needed. The launcher
+//      picks kCols (4, 2, 1) as the largest that still gives kTargetWarpsPerSm groups per SM and
+//      the warps per CTA (1, 2, 4) so that there are at least as many CTAs as SMs; the grid is
+//      capped at one resident wave (SMs x the kernel's occupancy) and warp w takes groups w,
+//      w + W, w + 2W, ... (W warps in the grid): at lm_head sizes (n = 49152, k = 576: 12288
+//      groups) a warp streams several groups back to back instead of starting, waiting one
+//      latency and exiting. Columns past n are clamped to n - 1 for the loads and never stored.
 //   2. Streaming: w row j is read as kVec-element vectors (16 bytes; scalars when a weight row or
 //      an x row is not 16-byte aligned). A batch is, per lane l, the vectors v = base + u * 32 + l,
 //      u < kUnroll, of all kCols w rows and all kRows x rows, kUnroll = kLoadBudget / (kRows +
 //      kCols) (12 at one row and one column, 4 at one row and four columns: K = 576 bf16, 72
 //      vectors a row, is one batch); loads past the row's num_vec = k / kVec vectors are
-//      predicated off. Each batch is issued back to back before any of it is used, then consumed,
-//      then the next batch refills the same registers. Weights use L1::no_allocate (each byte is
-//      used once); x comes through the read-only cache (every warp of the SM re-reads it).
+//      predicated off. A warp's batches form one stream over (group, base): each batch is issued
+//      back to back before any of it is used, and the next batch (the next base of this group, or
+//      base 0 of the warp's next group) is issued as soon as the current one is consumed, before
+//      the current group's reduction and store, so those overlap the next group's loads. Weights
+//      use L1::no_allocate (each byte is used once); x comes through the read-only cache (every
+//      warp of the SM re-reads it).
 //   3. Update, per lane, in fp32:  acc[r][c] += sum_{i < kVec} x[r, v kVec + i] * w[j0 + c, v kVec
 //      + i] (with fewer than kMinChains accumulators, the vector's partial first, so a batch's FMA
-//      chains are independent); each w vector is converted once and reused for every row r.
-//   4. Tail: the k % kVec elements after the last full vector go one per lane (scalar loads).
-//   5. Reduction: acc[r][c] = sum over the 32 lanes (xor butterfly, warp shuffles); lane
-//      (r * kCols + c) mod 32 stores y[r, j0 + c] rounded to the output dtype.
+//      chains are independent); each w vector is converted once and reused for every row r, each
+//      x vector once and reused for every column c.
+//   4. Tail: the k % kVec elements after the last full vector go one per lane (scalar loads issued
+//      with the group's first batch, added after its last).
+//   5. Reduction of the V = kRows * kCols accumulators over the 32 lanes, transposed: at xor
+//      offset o = 16, 8, ... while V > 1, a lane keeps the half of its values selected by bit o of
+//      its lane id and adds the partner's copy of that half (V / 2 shuffles), so V values cost
+//      V - 1 + (5 - log2 V) shuffles instead of 5 V (16 instead of 80 at 4 rows x 4 columns); then
+//      lane l holds the full sum of value (l / (32 / V)) and the first lane of each such run
+//      stores y[r, j0 + c], value index r * kCols + c, rounded to the output dtype.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -44,9 +56,10 @@ constexpr int kVectorBytes = 16;      // one ld.global.v4.u32
 constexpr int kMaxCols = 4;           // output columns per warp
 constexpr int kMaxWarpsPerCta = 4;    // 128 threads
 constexpr int kTargetWarpsPerSm = 4;  // fewer columns per warp until n / kCols reaches this
-constexpr int kLoadBudget = 24;       // (w + x) vectors a lane loads per iteration, at most
+constexpr int kLoadBudget = 24;       // (w + x) vectors a lane loads per batch, at most
 constexpr int kMinChains = 4;         // fewer accumulators than this: per-vector partials (stage 3)
 constexpr int kMaxThreads = kMaxWarpsPerCta * kWarpSize;
+constexpr int kMaxDevices = 64;  // per-device caches (SM count, occupancy)
 
 // Register type of one load of `kBytes`.
 template <int kBytes>
@@ -72,7 +85,7 @@ constexpr int unroll_for(int rows, int cols) {
 
 // Predicated read-only loads, zero when `pred` is false (memory is not touched then, so the
 // address may lie past the row). Inline PTX with the predicate inside keeps every load in one
-// basic block, so the scheduler can issue all of an iteration's loads before the first use.
+// basic block, so the scheduler can issue all of a batch's loads before the first use.
 // Weights are streamed (L1::no_allocate: each byte is used once); activations go through the
 // default read-only path (every warp of the CTA re-reads x from L1).
 #define SPLICE_GEMV_LOADS(NAME, HINT)                                                    \
@@ -122,11 +135,37 @@ __device__ __forceinline__ void unpack(const R& raw, float (&f)[kN]) {
   for (int i = 0; i < kN; ++i) f[i] = to_float(elems[i]);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// Stage 5: sums each of v[0 .. kV) over the warp's 32 lanes (v is clobbered) and returns, in lane
+// l, the sum of v[l / (32 / kV)] (kV a power of two <= 32).
+//   Step with h = kHalf at offset o = 32 h / kV:  v[i] <- v[i + h b] + shfl_xor(v[i + h (1 - b)],
+//   o), i < h, b = bit o of the lane id; the kept index gains h b, so after the log2 kV steps
+//   (h = kV / 2 .. 1) lane l holds value sum_h h b(l) = l / (32 / kV), summed over the lanes that
+//   differ in those bits; the remaining offsets 16 / kV .. 1 sum it over the others (a plain
+//   butterfly). Templated on h so every index is a compile-time constant (no local memory).
+template <int kHalf, int kV>
+__device__ __forceinline__ void halve(float (&v)[kV], int lane) {
+  if constexpr (kHalf >= 1) {
+    constexpr int kOffset = kWarpSize * kHalf / kV;
+    const bool upper = (lane & kOffset) != 0;
 #pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-    v += __shfl_xor_sync(kFullMask, v, offset);
-  return v;
+    for (int i = 0; i < kHalf; ++i) {
+      const float send = upper ? v[i] : v[i + kHalf];
+      const float keep = upper ? v[i + kHalf] : v[i];
+      v[i] = keep + __shfl_xor_sync(kFullMask, send, kOffset);
+    }
+    halve<kHalf / 2>(v, lane);
+  }
+}
+
+template <int kV>
+__device__ __forceinline__ float transposed_warp_sum(float (&v)[kV], int lane) {
+  static_assert(kV >= 1 && kV <= kWarpSize && (kV & (kV - 1)) == 0);
+  halve<kV / 2>(v, lane);
+  float sum = v[0];
+#pragma unroll
+  for (int offset = kWarpSize / kV / 2; offset > 0; offset /= 2)
+    sum += __shfl_xor_sync(kFullMask, sum, offset);
+  return sum;
 }
 
 __device__ __forceinline__ void store_out(void* y, std::int64_t index, float value, DType dtype) {
@@ -143,43 +182,57 @@ __device__ __forceinline__ void store_out(void* y, std::int64_t index, float val
   }
 }
 
-// One warp per kCols output columns; see the file header for the stages.
+// Each warp streams the column groups w, w + W, ... (W warps in the grid); see the file header.
 template <typename T, int kRows, int kCols, int kVec>
 __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
   using Raw = typename RawOf<kVec* static_cast<int>(sizeof(T))>::type;
   using Scalar = typename RawOf<static_cast<int>(sizeof(T))>::type;
   constexpr int kUnroll = unroll_for(kRows, kCols);
-  constexpr int kStep = kUnroll * kWarpSize;  // vectors of a row one iteration covers
+  constexpr int kStep = kUnroll * kWarpSize;  // vectors of a row one batch covers
+  constexpr int kValues = kRows * kCols;      // accumulators per lane
+  constexpr int kLanesPerValue = kWarpSize / kValues;
 
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const std::int64_t warp =
-      static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-  const std::int64_t j0 = warp * kCols;
-  if (j0 >= p.n) return;  // warp-uniform: the shuffles below see full warps
+  const std::int64_t warps_per_cta = blockDim.x / kWarpSize;
+  const std::int64_t grid_warps = static_cast<std::int64_t>(gridDim.x) * warps_per_cta;
+  const std::int64_t num_groups = (p.n + kCols - 1) / kCols;
+  std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * warps_per_cta +
+                       static_cast<std::int64_t>(threadIdx.x / kWarpSize);
+  if (group >= num_groups) return;  // warp-uniform: the shuffles below see full warps
 
-  // Stage 1: this warp's weight rows (clamped past n) and the x rows.
-  const T* w_rows[kCols];  // each [k]
-#pragma unroll
-  for (int c = 0; c < kCols; ++c)
-    w_rows[c] = static_cast<const T*>(p.w) + std::min(j0 + c, p.n - 1) * p.w_row_stride;
+  // Stage 1: the x rows, and the weight rows of the current group (clamped past n).
   const T* x_rows[kRows];  // each [k]
 #pragma unroll
   for (int r = 0; r < kRows; ++r) x_rows[r] = static_cast<const T*>(p.x[r]);  // r >= rows: x[0]
-
-  float acc[kRows][kCols];
+  // Each [k]: the kCols w rows of the current group.
+  const T* w_rows[kCols];
+  const auto point_rows = [&](std::int64_t g) {
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
+    for (int c = 0; c < kCols; ++c)
+      w_rows[c] = static_cast<const T*>(p.w) + std::min(g * kCols + c, p.n - 1) * p.w_row_stride;
+  };
 
-  // Stages 2-3: full vectors. A batch is kUnroll vectors of each of the kCols w rows and kRows x
-  // rows per lane. Each batch is loaded in a block of its own (the prologue, then the refill at
-  // the end of an iteration) whose loads have no consumer before the block ends, so all of them
-  // are issued back to back (ptxas otherwise sinks each load next to its first use and keeps only
-  // two or three in flight).
+  // This lane's value after the reduction (stage 5): index r * kCols + c, the y row it goes to.
+  const int value = lane / kLanesPerValue;
+  const int out_row = value / kCols, out_col = value % kCols;
+  void* y_row = p.y[0];
+#pragma unroll
+  for (int r = 1; r < kRows; ++r)
+    if (out_row == r) y_row = p.y[r];
+  const bool stores = lane % kLanesPerValue == 0 && out_row < p.rows;
+
+  // Stages 2 and 4: a batch of kUnroll vectors of each of the kCols w rows and kRows x rows per
+  // lane, and with a group's first batch its tail scalars. Each batch is loaded in a block of its
+  // own whose loads have no consumer before the block ends, so all of them are issued back to
+  // back (ptxas otherwise sinks each load next to its first use and keeps only two or three in
+  // flight).
   const std::int64_t num_vec = p.k / kVec;
+  const std::int64_t tail_k = num_vec * kVec + lane;  // lane < kVec - 1 <= 7 has a tail element
+  const bool in_tail = kVec > 1 && tail_k < p.k;
   Raw w_raw[kUnroll][kCols];  // [unroll, cols] vectors of w
   Raw x_raw[kUnroll][kRows];  // [unroll, rows] vectors of x
+  Scalar w_tail[kCols];       // [cols] tail elements of w
+  Scalar x_tail[kRows];       // [rows] tail elements of x
   const auto load_batch = [&](std::int64_t base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -193,8 +246,29 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
         x_raw[u][r] = load_activation(reinterpret_cast<const Raw*>(x_rows[r] + v * kVec), in_row);
     }
   };
-  load_batch(0);
-  for (std::int64_t base = 0; base < num_vec;) {
+  const auto load_first_batch = [&] {
+    load_batch(0);
+    if constexpr (kVec > 1) {
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        w_tail[c] = load_weight(reinterpret_cast<const Scalar*>(w_rows[c] + tail_k), in_tail);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        x_tail[r] = load_activation(reinterpret_cast<const Scalar*>(x_rows[r] + tail_k), in_tail);
+    }
+  };
+
+  float acc[kRows][kCols];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
+
+  point_rows(group);
+  load_first_batch();
+  std::int64_t base = 0;
+  for (;;) {
+    // Stage 3: consume the batch in registers.
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       float wf[kCols][kVec];
@@ -206,7 +280,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
         unpack<T>(x_raw[u][r], xf);
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
-          if constexpr (kRows * kCols < kMinChains) {
+          if constexpr (kValues < kMinChains) {
             // A partial per vector: kUnroll independent FMA chains instead of one long one.
             float part = 0.0f;
 #pragma unroll
@@ -220,47 +294,63 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
       }
     }
     base += kStep;
-    if (base < num_vec) load_batch(base);
-  }
+    if (base < num_vec) {  // the group's next batch
+      load_batch(base);
+      continue;
+    }
 
-  // Stage 4: the k % kVec tail elements, one per lane (lane < kVec - 1 <= 7).
-  if constexpr (kVec > 1) {
-    const std::int64_t kk = num_vec * kVec + lane;
-    const bool in_row = kk < p.k;
-    float wt[kCols];
+    // The group is done: its tail (stage 4), then the next group's first batch goes out before
+    // this group's reduction and store (stage 5).
+    if constexpr (kVec > 1) {
+      float wt[kCols];
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      float f[1];
-      unpack<T>(load_weight(reinterpret_cast<const Scalar*>(w_rows[c] + kk), in_row), f);
-      wt[c] = f[0];
+      for (int c = 0; c < kCols; ++c) {
+        float f[1];
+        unpack<T>(w_tail[c], f);
+        wt[c] = f[0];
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float f[1];
+        unpack<T>(x_tail[r], f);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[r][c] = fmaf(f[0], wt[c], acc[r][c]);
+      }
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float f[1];
-      unpack<T>(load_activation(reinterpret_cast<const Scalar*>(x_rows[r] + kk), in_row), f);
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[r][c] = fmaf(f[0], wt[c], acc[r][c]);
+    const std::int64_t j0 = group * kCols;
+    group += grid_warps;
+    const bool more = group < num_groups;  // warp-uniform
+    if (more) {
+      point_rows(group);
+      load_first_batch();
+      base = 0;
     }
-  }
 
-  // Stage 5: warp reduction and the store.
+    float values[kValues];  // [rows * cols]
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
+    for (int r = 0; r < kRows; ++r)
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const float sum = warp_sum(acc[r][c]);
-      if (lane == (r * kCols + c) % kWarpSize && r < p.rows && j0 + c < p.n)
-        store_out(p.y[r], (j0 + c) * p.y_col_stride, sum, p.out_dtype);
-    }
+      for (int c = 0; c < kCols; ++c) {
+        values[r * kCols + c] = acc[r][c];
+        acc[r][c] = 0.0f;
+      }
+    const float sum = transposed_warp_sum(values, lane);
+    if (stores && j0 + out_col < p.n)
+      store_out(y_row, (j0 + out_col) * p.y_col_stride, sum, p.out_dtype);
+    if (!more) break;
+  }
 }
 
 // ---- host ----------------------------------------------------------------------------------
 
-int sm_count() {
-  constexpr int kMaxDevices = 64;
-  static int counts[kMaxDevices] = {};
+int current_device() {
   int device = 0;
   SPLICE_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+int sm_count(int device) {
+  static int counts[kMaxDevices] = {};
   if (device < kMaxDevices && counts[device] > 0) return counts[device];
   int count = 0;
   SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
@@ -272,39 +362,64 @@ struct Grid {
   unsigned blocks = 0, threads = 0;
 };
 
+// CTAs of `kernel` with `threads` threads one SM holds at once (>= 1), cached per kernel
+// instantiation (each has its own `cache`), device and block size (1, 2 or 4 warps).
+constexpr int kBlockSizes = 3;
+int resident_ctas_per_sm(const void* kernel, unsigned threads, int device,
+                         int (&cache)[kMaxDevices][kBlockSizes]) {
+  const int slot = threads <= kWarpSize ? 0 : threads <= 2 * kWarpSize ? 1 : 2;
+  if (device < kMaxDevices && cache[device][slot] > 0) return cache[device][slot];
+  int ctas = 0;
+  SPLICE_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, static_cast<int>(threads), 0));
+  ctas = std::max(ctas, 1);
+  if (device < kMaxDevices) cache[device][slot] = ctas;
+  return ctas;
+}
+
 template <typename T, int kRows, int kCols, int kVec>
-void launch_kernel(const Params& p, Grid g, cudaStream_t stream) {
-  gemv_kernel<T, kRows, kCols, kVec><<<g.blocks, g.threads, 0, stream>>>(p);
+void launch_kernel(const Params& p, Grid g, int device, cudaStream_t stream) {
+  const auto kernel = gemv_kernel<T, kRows, kCols, kVec>;
+  static int cache[kMaxDevices][kBlockSizes] = {};
+  // Stage 1: at most one resident wave; each warp loops over its groups.
+  const std::int64_t wave =
+      static_cast<std::int64_t>(sm_count(device)) *
+      resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), g.threads, device, cache);
+  std::int64_t blocks = std::min<std::int64_t>(g.blocks, wave);
+  if (p.max_ctas > 0) blocks = std::min<std::int64_t>(blocks, p.max_ctas);
+  kernel<<<static_cast<unsigned>(blocks), g.threads, 0, stream>>>(p);
   SPLICE_CUDA_CHECK_LAUNCH("gemv_kernel");
 }
 
 template <typename T, int kRows, int kCols>
-void launch_vec(const Params& p, Grid g, bool vectorized, cudaStream_t stream) {
+void launch_vec(const Params& p, Grid g, bool vectorized, int device, cudaStream_t stream) {
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
   if (vectorized)
-    launch_kernel<T, kRows, kCols, kVec>(p, g, stream);
+    launch_kernel<T, kRows, kCols, kVec>(p, g, device, stream);
   else
-    launch_kernel<T, kRows, kCols, 1>(p, g, stream);
+    launch_kernel<T, kRows, kCols, 1>(p, g, device, stream);
 }
 
 template <typename T, int kRows>
-void launch_cols(const Params& p, int cols, Grid g, bool vectorized, cudaStream_t stream) {
+void launch_cols(const Params& p, int cols, Grid g, bool vectorized, int device,
+                 cudaStream_t stream) {
   switch (cols) {
     case 1:
-      return launch_vec<T, kRows, 1>(p, g, vectorized, stream);
+      return launch_vec<T, kRows, 1>(p, g, vectorized, device, stream);
     case 2:
-      return launch_vec<T, kRows, 2>(p, g, vectorized, stream);
+      return launch_vec<T, kRows, 2>(p, g, vectorized, device, stream);
     default:
-      return launch_vec<T, kRows, kMaxCols>(p, g, vectorized, stream);
+      return launch_vec<T, kRows, kMaxCols>(p, g, vectorized, device, stream);
   }
 }
 
 template <typename T>
-void launch_rows(const Params& p, int cols, Grid g, bool vectorized, cudaStream_t stream) {
-  if (p.rows <= 1) return launch_cols<T, 1>(p, cols, g, vectorized, stream);
-  if (p.rows <= 2) return launch_cols<T, 2>(p, cols, g, vectorized, stream);
-  if (p.rows <= 4) return launch_cols<T, 4>(p, cols, g, vectorized, stream);
-  return launch_cols<T, kMaxRows>(p, cols, g, vectorized, stream);
+void launch_rows(const Params& p, int cols, Grid g, bool vectorized, int device,
+                 cudaStream_t stream) {
+  if (p.rows <= 1) return launch_cols<T, 1>(p, cols, g, vectorized, device, stream);
+  if (p.rows <= 2) return launch_cols<T, 2>(p, cols, g, vectorized, device, stream);
+  if (p.rows <= 4) return launch_cols<T, 4>(p, cols, g, vectorized, device, stream);
+  return launch_cols<T, kMaxRows>(p, cols, g, vectorized, device, stream);
 }
 
 bool aligned(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVectorBytes == 0; }
@@ -318,11 +433,12 @@ void launch(const Params& params, cudaStream_t stream) {
   };
   SPLICE_INTERNAL_CHECK(
       p.rows >= 1 && p.rows <= kMaxRows && p.n >= 1 && p.k >= 1 && p.w_row_stride >= 0 &&
-          is_float(p.in_dtype) && is_float(p.out_dtype) && p.w != nullptr,
+          p.max_ctas >= 0 && is_float(p.in_dtype) && is_float(p.out_dtype) && p.w != nullptr,
       "gemv params: rows ", p.rows, ", n ", p.n, ", k ", p.k, ", w_row_stride ", p.w_row_stride);
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.in_dtype));
   // Rows past `rows` of the kernel's row bucket read row 0 (valid memory) and store nothing.
   for (int r = p.rows; r < kMaxRows; ++r) p.x[r] = p.x[0];
+  for (int r = p.rows; r < kMaxRows; ++r) p.y[r] = p.y[0];
 
   // 16-byte vectors need every weight row and every x row to start on a 16-byte boundary.
   bool vectorized = aligned(p.w) && (p.n == 1 || (p.w_row_stride * elem) % kVectorBytes == 0);
@@ -331,25 +447,49 @@ void launch(const Params& params, cudaStream_t stream) {
     vectorized = vectorized && aligned(p.x[r]);
   }
 
-  // Stage 1's tiling: columns per warp, then warps per CTA.
-  const std::int64_t sms = sm_count();
+  // Stage 1's tiling: columns per warp, then warps per CTA (the grid is capped in launch_kernel).
+  const int device = current_device();
+  const std::int64_t sms = sm_count(device);
   int cols = kMaxCols;
   while (cols > 1 && (p.n + cols - 1) / cols < kTargetWarpsPerSm * sms) cols /= 2;
   const std::int64_t warps = (p.n + cols - 1) / cols;
   int warps_per_cta = kMaxWarpsPerCta;
   while (warps_per_cta > 1 && (warps + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;
   const std::int64_t blocks = (warps + warps_per_cta - 1) / warps_per_cta;
-  SPLICE_INTERNAL_CHECK(blocks <= 0x7fffffff, "gemv grid of ", blocks, " CTAs");
-  const Grid g{static_cast<unsigned>(blocks), static_cast<unsigned>(warps_per_cta * kWarpSize)};
+  const Grid g{static_cast<unsigned>(std::min<std::int64_t>(blocks, 0x7fffffff)),
+               static_cast<unsigned>(warps_per_cta * kWarpSize)};
 
   switch (p.in_dtype) {
     case DType::f16:
-      return launch_rows<__half>(p, cols, g, vectorized, stream);
+      return launch_rows<__half>(p, cols, g, vectorized, device, stream);
     case DType::bf16:
-      return launch_rows<__nv_bfloat16>(p, cols, g, vectorized, stream);
+      return launch_rows<__nv_bfloat16>(p, cols, g, vectorized, device, stream);
     default:
-      return launch_rows<float>(p, cols, g, vectorized, stream);
+      return launch_rows<float>(p, cols, g, vectorized, device, stream);
   }
+}
+
+// The routing rule (primitives_gemm.cc's try_gemv asks it). Measured on the H200 (05:10 run,
+// bf16, CUDA-graph replay over >= 256 MB of rotated weights; the previous kernel, one wave of
+// short-lived warps), GEMV us vs cuBLASLt us:
+//   M = 1: 576x576 2.32 vs 3.25, 192x576 2.16 vs 3.15, 1536x576 2.84 vs 3.60, 576x1536 2.59 vs
+//          4.78, 3072x576 3.33 vs 3.73, 960x576 2.46 vs 3.64, 4096x4096 11.10 vs 12.59,
+//          14336x4096 30.68 vs 30.84: the GEMV wins or ties everywhere but the lm_head
+//          49152x576 (18.96 vs 16.56), the many-short-groups case the persistent loop (stage 1)
+//          and the overlapped reduction (stages 2, 5) target: predicted ~14.5 us (56.6 MB at
+//          ~4.2 TB/s plus ~1 us of ramp). So one row always takes the GEMV.
+//   M = 4: wins at 576x576 2.59 vs 3.24, 192x576 2.39 vs 3.15, 576x1536 3.59 vs 4.65, 960x576
+//          2.74 vs 3.61 (n <= 960, n k <= 884736); loses at 1536x576 3.80 vs 3.53, 3072x576
+//          5.27 vs 3.74, 49152x576 37.8 vs 16.9, 4096x4096 15.5 vs 12.5, 14336x4096 43.4 vs 32.8.
+//          So 2 .. 8 rows take the GEMV only for n <= kSmallN and n k <= kSmallWeight (M = 2 and 8
+//          unmeasured then: the bench now times M = 1, 2, 4, 8; retune these from its table).
+bool preferred(std::int64_t rows, std::int64_t n, std::int64_t k) {
+  constexpr std::int64_t kAlwaysRows = 1;             // rows up to this: always the GEMV
+  constexpr std::int64_t kSmallN = 1024;              // 2 .. 8 rows: at most this many columns
+  constexpr std::int64_t kSmallWeight = 1024 * 1024;  // 2 .. 8 rows: at most this many n k
+  if (rows < 1 || rows > kMaxRows) return false;
+  if (rows <= kAlwaysRows) return true;
+  return n <= kSmallN && n * k <= kSmallWeight;
 }
 
 }  // namespace splice::cuda::gemv

@@ -1,10 +1,12 @@
 // Skinny GEMM (GEMV) for decode: y [rows, n] = x [rows, k] . w [n, k]^T with rows <= 8, the
 // weight-streaming kernel the CUDA matmul primitive (primitives_gemm.cc) routes small-m products
-// with a row-major weight to. Device code and launcher in gemv.cu.
+// with a row-major weight to (when `preferred` says it beats cuBLASLt). Device code, launcher and
+// the routing rule in gemv.cu.
 //
 // The launcher picks everything from the POD params: 16-byte vector loads when the weight rows
-// and every x row are 16-byte aligned (scalar loads otherwise), columns per warp and warps per
-// CTA from n and the SM count (no allocation, no synchronization: graph-capturable).
+// and every x row are 16-byte aligned (scalar loads otherwise), columns per warp, warps per CTA
+// and a grid of at most one resident wave (each warp loops over column groups) from n, the SM
+// count and the kernel's occupancy (no allocation, no synchronization: graph-capturable).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,11 +32,19 @@ struct Params {
   int rows = 0;                  // 1 .. kMaxRows
   DType in_dtype = DType::f32;   // x and w: f32, f16 or bf16
   DType out_dtype = DType::f32;  // y: f32, f16 or bf16 (one RNE rounding of the fp32 sum)
+  // > 0: launch at most this many CTAs (tests use it to make each warp loop over many column
+  // groups); 0: the launcher's grid (at most one resident wave).
+  int max_ctas = 0;
 };
 
 // y[r, j] = round_out(sum_kk x[r, kk] * w[j, kk]) for r < rows, j < n (fp32 accumulation),
 // launched on `stream`; checks the launch. Invalid params are an internal error (the caller
 // validates tensors).
 void launch(const Params& params, cudaStream_t stream);
+
+// The routing rule: true when this kernel is measured (or, where unmeasured, predicted) to be at
+// least as fast as cuBLASLt for `rows` rows of x and a 16-bit or f32 weight [n, k]. The measured
+// numbers behind the thresholds are in its comment in gemv.cu.
+bool preferred(std::int64_t rows, std::int64_t n, std::int64_t k);
 
 }  // namespace splice::cuda::gemv

@@ -7,11 +7,12 @@
 //   1. Validate (ranks >= 2, inner dims agree, batch dims broadcast, out shape, float dtypes,
 //      no overlap between out and an input); m or n == 0 is a no-op, k == 0 fills zeros.
 //   1b. GEMV route: when a and b share a dtype, b is one matrix (its batch dims are all 1) read as
-//      w [n, k] with unit stride along k, a has a unit inner stride and all of a's rows (batch
-//      dims and m flattened) number at most gemv::kMaxRows, the product is one launch of the
-//      weight-streaming GEMV kernel: x rows are passed as pointers (any batch strides), y rows
-//      likewise with any column stride, out in any float dtype. At m <= 8 cuBLASLt is far from
-//      the weight-read floor on decode-sized matrices.
+//      w [n, k] with unit stride along k, a has a unit inner stride, all of a's rows (batch dims
+//      and m flattened) number at most gemv::kMaxRows and gemv::preferred(rows, n, k) holds (the
+//      measured routing rule, documented in gemv.cu: one row always; 2 .. 8 rows only for small
+//      weights, n <= 1024 and n k <= 2^20), the product is one launch of the weight-streaming
+//      GEMV kernel: x rows are passed as pointers (any batch strides), y rows likewise with any
+//      column stride, out in any float dtype. Everything else goes to cuBLASLt.
 //   2. Dtypes: a and b of one dtype are read as they are; mixed dtypes are first cast to
 //      contiguous f32 scratch. The result type cuBLASLt writes is out's dtype when allowed
 //      (f32 inputs -> f32; bf16 -> bf16/f32; f16 -> f16/f32), else an f32 scratch cast into out.
@@ -240,7 +241,8 @@ void check_matmul_device(const Tensor& t, const char* name) {
     fail<DeviceError>("cuda matmul: `", name, "` must be on a CUDA device, got ", t.device().str());
 }
 
-// Stage 1b: one GEMV launch when the layout qualifies (see the file header); false otherwise.
+// Stage 1b: one GEMV launch when the layout qualifies and gemv::preferred (the routing rule and
+// its measurements, gemv.cu) picks the GEMV over cuBLASLt (see the file header); false otherwise.
 // Called with a and b of one float dtype, m, n, k >= 1 and out validated against the shapes.
 bool try_gemv(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
   const std::int64_t k = a.size(-1);
@@ -253,7 +255,7 @@ bool try_gemv(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
   if (k > 1 && a.stride(-1) != 1) return false;
   // out [batch..., m, n] has a's batch dims (b's are all 1): rows = numel / n.
   const std::int64_t rows = out.numel() / n;
-  if (rows > gemv::kMaxRows) return false;
+  if (rows > gemv::kMaxRows || !gemv::preferred(rows, n, k)) return false;
 
   gemv::Params p;
   p.w = b.raw_data();
