@@ -21,13 +21,18 @@
 //     (where the attribute is never set). All must match the reference bit for bit.
 //  3. The CPU backend runs the same chain; the reference agrees within the bf16 policy (the chain
 //     rounds through bf16 every cycle and is contracting, so differences stay at that level).
-//  4. Sizes: 4 rows (every grid single-wave: each kernel triggers its dependents early) and 300
+//  4. The captured graph itself: with PDL on, every kernel node after the first depends on its
+//     producer programmatically (a programmatic edge, or the node's PDL attribute); with it off,
+//     none does. This is what makes the A/B of the benchmarks meaningful.
+//  5. Sizes: 4 rows (every grid single-wave: each kernel triggers its dependents early) and 300
 //     rows (elementwise and rms_norm grids larger than the SM count, which do not trigger, mixed
 //     with row-kernel grids that do).
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -283,6 +288,65 @@ TEST(CudaPdl, BackToBackReplaysCarryStateLikeEagerRuns) {
   }
   EXPECT_TRUE(same_bits(download(dev), reference));
   cuda::destroy_graph(exec);
+  cuda::destroy_stream(stream);
+}
+
+// Kernel nodes of `graph` that wait on their producer programmatically: the target of a
+// programmatic edge, or a kernel node carrying the PDL attribute.
+std::size_t programmatic_kernel_nodes(cudaGraph_t graph) {
+  std::set<cudaGraphNode_t> found;
+  std::size_t num_edges = 0;
+  EXPECT_EQ(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &num_edges), cudaSuccess);
+  std::vector<cudaGraphNode_t> from(num_edges), to(num_edges);
+  std::vector<cudaGraphEdgeData> data(num_edges);
+  EXPECT_EQ(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &num_edges), cudaSuccess);
+  for (std::size_t i = 0; i < num_edges; ++i)
+    if (data[i].type == cudaGraphDependencyTypeProgrammatic) found.insert(to[i]);
+  std::size_t num_nodes = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(num_nodes);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel)
+      continue;
+    cudaLaunchAttributeValue value{};
+    if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeProgrammaticStreamSerialization,
+                                        &value) == cudaSuccess &&
+        value.programmaticStreamSerializationAllowed != 0)
+      found.insert(node);
+  }
+  cudaGetLastError();  // an attribute query the node does not support must not reach a launch
+  return found.size();
+}
+
+TEST(CudaPdl, CaptureRecordsProgrammaticDependencies) {
+  SKIP_WITHOUT_GPU();
+  PdlScope scope;
+  Rng rng(13);
+  const Chain host = make_host_chain(rng, kRowCounts[0]);
+  Chain dev = to_device(host);
+  const cuda::Stream stream = cuda::create_stream();
+  constexpr std::size_t kKernels = 3;
+  for (const bool pdl : {true, false}) {
+    cuda::set_pdl_enabled(pdl);
+    cuda::StreamGuard guard(stream);
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cuda::binary(cuda::BinaryKind::add, dev.x, dev.b, dev.c);  // elementwise kernel
+    cuda::rms_norm(dev.h, dev.w, kEps, dev.b);                 // rms_norm kernel
+    cuda::softmax(dev.b, -1, dev.c);                           // row kernel
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    std::size_t num_nodes = 0;
+    EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
+    EXPECT_EQ(num_nodes, kKernels);
+    const std::size_t programmatic = programmatic_kernel_nodes(graph);
+    if (pdl)
+      EXPECT_GE(programmatic, kKernels - 1) << "PDL on: the captured kernels are not programmatic";
+    else
+      EXPECT_EQ(programmatic, 0u) << "PDL off: a captured kernel is programmatic";
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
   cuda::destroy_stream(stream);
 }
 
