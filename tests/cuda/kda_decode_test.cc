@@ -474,12 +474,12 @@ TEST(KdaCuda, PackedGrid) {
 }
 
 // The persistent `stream` kernel with many items per CTA: its stage ring wraps many times and
-// its producer resolves several batches of 32 items (N * H well above 32 * SMs at T = 1).
+// it resolves three batches of 32 items per CTA (N * H = 8960 > 64 * 132 SMs at T = 1).
 TEST(KdaCuda, StreamManyItemsPerCta) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(17);
   for (DType sdt : {DType::f32, DType::bf16}) {
-    const Meta m1 = random_meta(rng, 160, 1, 3, true);
+    const Meta m1 = random_meta(rng, 280, 1, 3, true);
     const Problem p1 = make_problem(rng.integer(0, 1 << 30), 32, m1, sdt);
     for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain})
       check_case(p1, -5.0f, v, std::string("many items T=1 ") + dtype_name(sdt));

@@ -1034,7 +1034,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   const int count = (total - static_cast<int>(blockIdx.x) + stride - 1) / stride;
 
   // Lane l of kResolveWarp resolves this CTA's item 32 * batch + l (metadata, first-chunk beta
-  // bits and destinations, A_log) into ahead[batch & 1][l]. Its loads stall this warp only.
+  // bits and destinations, A_log) into ahead[batch & 1][l]. Its loads stall this warp only, in
+  // two dependent rounds (packed: qsl / nat, then the slots, the destinations and beta bits;
+  // per-row: one): the first chunk's destinations and beta bits are read for every row the item
+  // spans (t < L <= T, rows < R: valid reads whether or not its slots are), so they do not wait
+  // for the slots, and kept only when it is live.
   auto resolve_batch = [&](int batch) {
     const int k = batch * kWarp + lane;
     if (k < count) {
@@ -1043,11 +1047,20 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       a.it = resolve_item(p, w / p.num_heads, w % p.num_heads);
       a.a_log = __ldg(p.a_log + a.it.h);
       const GlobalInputs g(p, a.it);
+      const int spanned = min(kChunk, a.it.len);
+      std::int32_t dst[kChunk];
+      std::uint16_t beta[kChunk];
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) {
+        dst[t] = t < spanned && a.it.dst_row != nullptr ? a.it.dst_row[t] : 0;
+        beta[t] = t < spanned ? g.beta_bits(t) : 0;
+      }
       const int nt0 = first_tokens(a.it);
 #pragma unroll
       for (int t = 0; t < kChunk; ++t) {
-        a.dst[t] = t < nt0 ? g.dst_at(t) : 0;
-        a.beta[t] = t < nt0 ? g.beta_bits(t) : 0;
+        // dst_at: state_indices[u, t] (packed) or the row's slot (per-row).
+        a.dst[t] = t < nt0 ? (a.it.dst_row != nullptr ? dst[t] : a.it.ss) : 0;
+        a.beta[t] = t < nt0 ? beta[t] : 0;
       }
       S.ahead[batch & 1][lane] = a;
     }
