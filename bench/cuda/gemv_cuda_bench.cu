@@ -13,6 +13,8 @@
 //      the routing rule says, so both arms are timed on every shape); the cuBLASLt arm calls
 //      cublasLtMatmul directly with the settings the primitive uses (fp32 compute, top heuristic
 //      algorithm, 32 MiB workspace).
+//   3b. Kernel variants, timed the same way (for retuning the launcher): a warp per column group
+//      (no persistent loop, the previous kernel's grid) and 1, 2 and 4 columns per warp forced.
 //   4. Check: both arms' outputs of the last copy agree (max |gemv - lt| / max |lt| printed), and
 //      splice::cuda::matmul (the routed primitive) once more on copy 0 agrees with them.
 //   5. Output: one row per shape (us, GB/s of weight reads, % of 4.48 TB/s, cuBLASLt us, ratio
@@ -92,6 +94,9 @@ struct Result {
   double rel_diff = 0.0;         // max |gemv - lt| / max |lt| (last copy); -1: non-finite output
   double routed_rel_diff = 0.0;  // the same for matmul's output on copy 0 against cuBLASLt's
   bool routed_gemv = false;      // gemv::preferred(m, n, k)
+  // Stage 3b's variants, us: a warp per group, then 1, 2 and 4 columns per warp.
+  static constexpr int kVariants = 4;
+  double variant_us[kVariants] = {};
   std::int64_t weight_bytes() const { return shape.n * shape.k * 2; }
 };
 
@@ -222,26 +227,31 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
     params.x[row] = x.data<__nv_bfloat16>() + row * s.k;
     params.y[row] = y_gemv.data<__nv_bfloat16>() + row * s.n;
   }
-  const auto run_gemv = [&](const splice::Tensor& weight) {
+  const auto run_gemv = [&](const splice::Tensor& weight, int variant) {
     splice::cuda::gemv::Params call = params;
     call.w = weight.raw_data();
+    // variant -1: the launcher's choices; 0: a warp per group; 1, 2, 3: 1, 2, 4 columns a warp.
+    call.one_warp_per_group = variant == 0;
+    call.cols = variant > 0 ? 1 << (variant - 1) : 0;
     splice::cuda::gemv::launch(call, stream);
   };
 
   splice::cuda::StreamGuard guard(stream);
   // Warm-up outside capture, then one graph per arm with a call per weight copy.
-  run_gemv(w[0]);
+  for (int variant = -1; variant < Result::kVariants; ++variant) run_gemv(w[0], variant);
   arm.run(w[0].raw_data(), x.raw_data(), y_lt.raw_data(), stream);
   BENCH_CHECK(cudaStreamSynchronize(stream));
-  cudaGraphExec_t execs[2];
-  for (int which = 0; which < 2; ++which) {
+  // execs[0]: the GEMV as launched by default, [1]: cuBLASLt, [2 + v]: variant v.
+  constexpr int kExecs = 2 + Result::kVariants;
+  cudaGraphExec_t execs[kExecs];
+  for (int which = 0; which < kExecs; ++which) {
     cudaGraph_t graph;
     BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < r.copies; ++i) {
-      if (which == 0)
-        run_gemv(w[static_cast<std::size_t>(i)]);
-      else
+      if (which == 1)
         arm.run(w[static_cast<std::size_t>(i)].raw_data(), x.raw_data(), y_lt.raw_data(), stream);
+      else
+        run_gemv(w[static_cast<std::size_t>(i)], which == 0 ? -1 : which - 2);
     }
     BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
     BENCH_CHECK(cudaGraphInstantiate(&execs[which], graph, 0));
@@ -256,6 +266,10 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
   r.lt_us = std::min(r.lt_us, lt_us2);
   r.gemv_spread_us = std::max(r.gemv_spread_us, gemv_spread2);
   r.lt_spread_us = std::max(r.lt_spread_us, lt_spread2);
+  for (int v = 0; v < Result::kVariants; ++v)
+    r.variant_us[v] = time_graph(execs[2 + v], reps, r.copies, stream).first;
+  // The default GEMV graph last, so y_gemv holds its output for the check below.
+  BENCH_CHECK(cudaGraphLaunch(execs[0], stream));
   BENCH_CHECK(cudaStreamSynchronize(stream));
   for (cudaGraphExec_t e : execs) BENCH_CHECK(cudaGraphExecDestroy(e));
 
@@ -351,9 +365,9 @@ int main(int argc, char** argv) {
        << "  \"method\": \"graph of `copies` rotating weight copies (>= " << (kRotateBytes >> 20)
        << " MB), min over 2 rounds of the median of " << reps
        << " replays / copies\",\n  \"rows\": [\n";
-  std::printf("\n%-3s %-16s %6s %5s %9s %8s %7s %9s %8s %7s %9s %6s %3s %9s\n", "M", "shape", "N",
-              "K", "gemv us", "GB/s", "%4.48", "cublas us", "GB/s", "ratio", "rel diff", "route",
-              "ok", "routed d");
+  std::printf("\n%-3s %-16s %6s %5s %9s %8s %7s %9s %8s %7s %9s %6s %3s %9s  %s\n", "M", "shape",
+              "N", "K", "gemv us", "GB/s", "%4.48", "cublas us", "GB/s", "ratio", "rel diff",
+              "route", "ok", "routed d", "variants us: 1wpg  c1  c2  c4");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bytes = static_cast<double>(r.weight_bytes());
@@ -366,10 +380,12 @@ int main(int argc, char** argv) {
     constexpr double kTie = 0.02;
     const bool route_ok = r.routed_gemv ? ratio >= 1.0 - kTie : ratio <= 1.0 + kTie;
     std::printf(
-        "%-3lld %-16s %6lld %5lld %9.2f %8.0f %6.1f%% %9.2f %8.0f %6.2fx %9.2e %6s %3s %9.2e\n",
+        "%-3lld %-16s %6lld %5lld %9.2f %8.0f %6.1f%% %9.2f %8.0f %6.2fx %9.2e %6s %3s %9.2e  "
+        "%.2f %.2f %.2f %.2f\n",
         static_cast<long long>(r.m), r.shape.name, static_cast<long long>(r.shape.n),
         static_cast<long long>(r.shape.k), r.gemv_us, gemv_gbps, pct, r.lt_us, lt_gbps, ratio,
-        r.rel_diff, r.routed_gemv ? "gemv" : "lt", route_ok ? "yes" : "no", r.routed_rel_diff);
+        r.rel_diff, r.routed_gemv ? "gemv" : "lt", route_ok ? "yes" : "no", r.routed_rel_diff,
+        r.variant_us[0], r.variant_us[1], r.variant_us[2], r.variant_us[3]);
     json << "    {\"m\": " << r.m << ", \"name\": \"" << r.shape.name << "\", \"n\": " << r.shape.n
          << ", \"k\": " << r.shape.k << ", \"weight_bytes\": " << r.weight_bytes()
          << ", \"copies\": " << r.copies << ", \"gemv_us\": " << r.gemv_us
@@ -380,8 +396,11 @@ int main(int argc, char** argv) {
          << ", \"max_rel_diff\": " << r.rel_diff << ", \"route\": \""
          << (r.routed_gemv ? "gemv" : "cublaslt")
          << "\", \"route_ok\": " << (route_ok ? "true" : "false")
-         << ", \"routed_max_rel_diff\": " << r.routed_rel_diff << "}"
-         << (i + 1 < results.size() ? "," : "") << "\n";
+         << ", \"routed_max_rel_diff\": " << r.routed_rel_diff
+         << ", \"one_warp_per_group_us\": " << r.variant_us[0]
+         << ", \"cols1_us\": " << r.variant_us[1] << ", \"cols2_us\": " << r.variant_us[2]
+         << ", \"cols4_us\": " << r.variant_us[3] << "}" << (i + 1 < results.size() ? "," : "")
+         << "\n";
   }
   json << "  ]\n}\n";
   BENCH_CHECK(cudaFree(workspace));

@@ -8,7 +8,9 @@
 //     contiguous (K = 7 or 4095 rows are not 16-byte aligned: the scalar path) and with a padded
 //     row stride (16-byte aligned rows: the vector path with a K % 8 tail); each case through
 //     cuda::matmul (routed to the GEMV or cuBLASLt) and through gemv::launch directly.
-//  1b. The persistent loop: gemv::launch with the grid capped at 1, 2 or 3 CTAs (Params::max_ctas),
+//  1b. The persistent loop: gemv::launch with the grid capped at 1, 2 or 3 CTAs (Params::max_ctas;
+//     also with 1, 2 and 4 columns per warp forced, and a warp per group: Params::cols and
+//     one_warp_per_group, the bench's tuning overrides),
 //     so each warp streams many column groups back to back (the next group's first batch in
 //     flight during the previous group's reduction), over M in {1, 2, 3, 5, 8} (every row bucket
 //     and partly used ones), N with odd column-group tails (N % 4 in {1, 3}) and K covering the
@@ -129,9 +131,11 @@ Tensor expected_of(const Tensor& x, const Tensor& w, DType out_dtype) {
 
 // gemv::launch on device views dx [m, k] and dw [n, k] (row-strided, unit inner stride) into a
 // NaN-filled device y [m, n] of expected's dtype, at most `max_ctas` CTAs (0: the launcher's
-// grid), against `expected` (expected_of on the host copies).
+// grid), `cols` columns per warp (0: the launcher's), a warp per group if `one_warp_per_group`,
+// against `expected` (expected_of on the host copies).
 ::testing::AssertionResult agree_direct(const Tensor& expected, const Tensor& dx, const Tensor& dw,
-                                        int max_ctas = 0) {
+                                        int max_ctas = 0, int cols = 0,
+                                        bool one_warp_per_group = false) {
   const std::int64_t m = dx.size(0), k = dx.size(1), n = dw.size(0);
   const DType out_dtype = expected.dtype();
   Tensor dy = upload(nan_output({m, n}, out_dtype));  // [m, n]
@@ -144,6 +148,8 @@ Tensor expected_of(const Tensor& x, const Tensor& w, DType out_dtype) {
   p.in_dtype = dx.dtype();
   p.out_dtype = out_dtype;
   p.max_ctas = max_ctas;
+  p.cols = cols;
+  p.one_warp_per_group = one_warp_per_group;
   const std::int64_t in_size = static_cast<std::int64_t>(dtype_size(dx.dtype()));
   const std::int64_t out_size = static_cast<std::int64_t>(dtype_size(out_dtype));
   for (std::int64_t r = 0; r < m; ++r) {
@@ -197,10 +203,14 @@ TEST(CudaGemv, PersistentLoopOverManyColumnGroups) {
           const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
           const Tensor dx = upload(x);
           const Tensor expected = expected_of(x, w, dtype);  // [m, n]
+          const std::string name = label(dtype, m, n, k, padded ? "padded w" : "contiguous w");
           for (int max_ctas : {1, 2, 3})
             EXPECT_TRUE(agree_direct(expected, dx, dw, max_ctas))
-                << label(dtype, m, n, k, padded ? "padded w" : "contiguous w") << " max_ctas "
-                << max_ctas;
+                << name << " max_ctas " << max_ctas;
+          // The bench's tuning overrides: forced columns per warp, a warp per group.
+          for (int cols : {1, 2, 4})
+            EXPECT_TRUE(agree_direct(expected, dx, dw, 2, cols)) << name << " cols " << cols;
+          EXPECT_TRUE(agree_direct(expected, dx, dw, 0, 0, true)) << name << " warp per group";
         }
       }
 }

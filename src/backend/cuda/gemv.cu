@@ -385,7 +385,7 @@ void launch_kernel(const Params& p, Grid g, int device, cudaStream_t stream) {
   const std::int64_t wave =
       static_cast<std::int64_t>(sm_count(device)) *
       resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), g.threads, device, cache);
-  std::int64_t blocks = std::min<std::int64_t>(g.blocks, wave);
+  std::int64_t blocks = p.one_warp_per_group ? g.blocks : std::min<std::int64_t>(g.blocks, wave);
   if (p.max_ctas > 0) blocks = std::min<std::int64_t>(blocks, p.max_ctas);
   kernel<<<static_cast<unsigned>(blocks), g.threads, 0, stream>>>(p);
   SPLICE_CUDA_CHECK_LAUNCH("gemv_kernel");
@@ -433,7 +433,8 @@ void launch(const Params& params, cudaStream_t stream) {
   };
   SPLICE_INTERNAL_CHECK(
       p.rows >= 1 && p.rows <= kMaxRows && p.n >= 1 && p.k >= 1 && p.w_row_stride >= 0 &&
-          p.max_ctas >= 0 && is_float(p.in_dtype) && is_float(p.out_dtype) && p.w != nullptr,
+          p.max_ctas >= 0 && (p.cols == 0 || p.cols == 1 || p.cols == 2 || p.cols == kMaxCols) &&
+          is_float(p.in_dtype) && is_float(p.out_dtype) && p.w != nullptr,
       "gemv params: rows ", p.rows, ", n ", p.n, ", k ", p.k, ", w_row_stride ", p.w_row_stride);
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.in_dtype));
   // Rows past `rows` of the kernel's row bucket read row 0 (valid memory) and store nothing.
@@ -452,6 +453,7 @@ void launch(const Params& params, cudaStream_t stream) {
   const std::int64_t sms = sm_count(device);
   int cols = kMaxCols;
   while (cols > 1 && (p.n + cols - 1) / cols < kTargetWarpsPerSm * sms) cols /= 2;
+  if (p.cols > 0) cols = p.cols;
   const std::int64_t warps = (p.n + cols - 1) / cols;
   int warps_per_cta = kMaxWarpsPerCta;
   while (warps_per_cta > 1 && (warps + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;

@@ -35,6 +35,10 @@ struct Params {
   // > 0: launch at most this many CTAs (tests use it to make each warp loop over many column
   // groups); 0: the launcher's grid (at most one resident wave).
   int max_ctas = 0;
+  // Tuning overrides for the bench's sweeps: output columns per warp (1, 2 or 4; 0: the
+  // launcher's choice), and a warp per column group instead of the one-wave persistent grid.
+  int cols = 0;
+  bool one_warp_per_group = false;
 };
 
 // y[r, j] = round_out(sum_kk x[r, kk] * w[j, kk]) for r < rows, j < n (fp32 accumulation),
