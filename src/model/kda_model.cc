@@ -65,61 +65,13 @@ struct Builder {
   NodeId mul(NodeId a, NodeId b) { return g.binary(Op::Mul, a, b); }
   NodeId add(NodeId a, NodeId b) { return g.binary(Op::Add, a, b); }
 
-  using Parts = std::vector<std::pair<std::string, std::int64_t>>;  // (linear prefix, rows)
+  using Parts = layers::LinearParts;
 
-  // One param holding the weights of `parts` (their biases when `cols` = 0) stacked along the
-  // output axis; the copies are exact.
-  NodeId stacked(const std::string& name, const Parts& parts, std::int64_t cols) {
-    std::int64_t rows = 0;
-    for (const auto& part : parts) rows += part.second;
-    Tensor t = Tensor::empty(cols ? Dims{rows, cols} : Dims{rows}, o.dtype);
-    std::int64_t at = 0;
-    for (const auto& [name_of_part, n] : parts) {
-      Tensor dst = t.slice(0, at, at + n);
-      dst.copy_from(w.get(name_of_part, o.dtype, cols ? Dims{n, cols} : Dims{n}));
-      at += n;
-    }
-    return g.param(name, std::move(t));
-  }
-
-  // x [..., hidden] through the Hugging Face linears `parts` (weight prefix + "weight", bias
-  // prefix + "bias" when `bias`). With stack_projections: one matmul over their stacked weights
-  // (`stacked_prefix` + "weight"), each output a last-axis view of it covering `groups[i]`
-  // adjacent parts (default one each); otherwise one matmul per part (groups must be all 1).
-  // Every output element is the same dot product either way.
+  // x [..., hidden] through the linears `parts` (layers::project; stacked with stack_projections).
   std::vector<NodeId> project(NodeId x, const std::string& stacked_prefix, const Parts& parts,
                               bool bias, std::vector<std::size_t> groups = {}) {
-    const std::int64_t hidden = c.hidden_size;
-    if (groups.empty()) groups.assign(parts.size(), 1);
-    std::vector<NodeId> out;
-    if (!o.stack_projections) {
-      for (std::size_t size : groups)
-        SPLICE_INTERNAL_CHECK(size == 1, "kda model: grouped projections need stack_projections");
-      for (const auto& [prefix, n] : parts)
-        out.push_back(layers::linear(
-            g, x, param(prefix + "weight", {n, hidden}),
-            bias ? std::optional<NodeId>(param(prefix + "bias", {n})) : std::nullopt));
-      return out;
-    }
-    auto with_suffix = [&](const std::string& suffix) {
-      Parts named;
-      for (const auto& [prefix, n] : parts) named.emplace_back(prefix + suffix, n);
-      return named;
-    };
-    std::optional<NodeId> stacked_bias;
-    if (bias) stacked_bias = stacked(stacked_prefix + "bias", with_suffix("bias"), 0);
-    const NodeId y = layers::linear(
-        g, x, stacked(stacked_prefix + "weight", with_suffix("weight"), hidden), stacked_bias);
-    const auto axis = static_cast<std::int64_t>(g.node(y).shape.size()) - 1;
-    std::int64_t at = 0;
-    std::size_t next = 0;
-    for (std::size_t size : groups) {  // last-axis views of y [..., sum rows]
-      std::int64_t n = 0;
-      for (std::size_t i = 0; i < size; ++i) n += parts.at(next++).second;
-      out.push_back(g.slice(y, axis, DynScalar::Concrete(at), DynScalar::Concrete(at + n)));
-      at += n;
-    }
-    return out;
+    return layers::project(g, w, o.dtype, o.stack_projections, x, c.hidden_size, stacked_prefix,
+                           parts, bias, std::move(groups));
   }
 
   // Whether KDA layers fit the fused op's contract (see the file comment).

@@ -45,56 +45,11 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
     if (!present) return std::nullopt;
     return param(name, {n});
   };
-  // One param holding several Hugging Face weights stacked along their output axis (rows), so
-  // one matmul computes every projection; `cols` = 0 stacks biases (rank 1). Copies are exact.
-  using Parts = std::vector<std::pair<std::string, std::int64_t>>;  // (name, rows)
-  auto stacked = [&](const std::string& name, const Parts& parts, std::int64_t cols) {
-    std::int64_t rows = 0;
-    for (const auto& part : parts) rows += part.second;
-    Tensor t = Tensor::empty(cols ? Dims{rows, cols} : Dims{rows}, dt);
-    std::int64_t at = 0;
-    for (const auto& [part, n] : parts) {
-      Tensor dst = t.slice(0, at, at + n);
-      dst.copy_from(w.get(part, dt, cols ? Dims{n, cols} : Dims{n}));
-      at += n;
-    }
-    return g.param(name, std::move(t));
-  };
-  // x [B, 1, hidden] projected by the Hugging Face linears `parts` (weight prefixes, output
-  // sizes; biases when `bias`). With stack_projections: one matmul over their stacked weight
-  // (`stacked_prefix` + "weight"), each output a last-axis view of it covering `groups[i]`
-  // adjacent parts (default: one part each); otherwise one matmul per part (groups must then be
-  // all 1). Every output element is the same dot product either way.
+  using Parts = layers::LinearParts;
   auto project = [&](NodeId x, const std::string& stacked_prefix, const Parts& parts, bool bias,
                      std::vector<std::size_t> groups = {}) {
-    if (groups.empty()) groups.assign(parts.size(), 1);
-    std::vector<NodeId> out;
-    if (!o.stack_projections) {
-      for (std::size_t size : groups)
-        SPLICE_INTERNAL_CHECK(size == 1, "llama: grouped projections need stack_projections");
-      for (const auto& [prefix, n] : parts)
-        out.push_back(layers::linear(g, x, param(prefix + "weight", {n, hidden}),
-                                     maybe_bias(prefix + "bias", n, bias)));
-      return out;
-    }
-    auto with_suffix = [&](const std::string& suffix) {
-      Parts named;
-      for (const auto& [prefix, n] : parts) named.emplace_back(prefix + suffix, n);
-      return named;
-    };
-    std::optional<NodeId> stacked_bias;
-    if (bias) stacked_bias = stacked(stacked_prefix + "bias", with_suffix("bias"), 0);
-    const NodeId y = layers::linear(
-        g, x, stacked(stacked_prefix + "weight", with_suffix("weight"), hidden), stacked_bias);
-    std::int64_t at = 0;
-    std::size_t next = 0;
-    for (std::size_t size : groups) {  // [B, 1, n] views of y [B, 1, sum n]
-      std::int64_t n = 0;
-      for (std::size_t i = 0; i < size; ++i) n += parts.at(next++).second;
-      out.push_back(g.slice(y, 2, DynScalar::Concrete(at), DynScalar::Concrete(at + n)));
-      at += n;
-    }
-    return out;
+    return layers::project(g, w, dt, o.stack_projections, x, hidden, stacked_prefix, parts, bias,
+                           std::move(groups));
   };
 
   const NodeId embed = param("model.embed_tokens.weight", {vocab, hidden});

@@ -159,6 +159,51 @@ NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId posit
   return end_region(g, g.cast(y, dtype), std::move(spec), specs, site);
 }
 
+std::vector<NodeId> project(Graph& g, const Weights& w, DType dtype, bool stack, NodeId x,
+                            std::int64_t in_features, const std::string& stacked_prefix,
+                            const LinearParts& parts, bool bias, std::vector<std::size_t> groups) {
+  if (groups.empty()) groups.assign(parts.size(), 1);
+  auto param = [&](const std::string& name, const Dims& shape) {
+    return g.param(name, w.get(name, dtype, shape));
+  };
+  std::vector<NodeId> out;
+  if (!stack) {
+    for (std::size_t size : groups)
+      SPLICE_INTERNAL_CHECK(size == 1, "project: grouped projections need stacking");
+    for (const auto& [prefix, n] : parts)
+      out.push_back(linear(g, x, param(prefix + "weight", {n, in_features}),
+                           bias ? std::optional<NodeId>(param(prefix + "bias", {n}))
+                                : std::nullopt));
+    return out;
+  }
+  // One param of the parts' tensors stacked along the output axis (`cols` = 0: biases).
+  auto stacked = [&](const std::string& suffix, std::int64_t cols) {
+    std::int64_t rows = 0;
+    for (const auto& part : parts) rows += part.second;
+    Tensor t = Tensor::empty(cols ? Dims{rows, cols} : Dims{rows}, dtype);
+    std::int64_t at = 0;
+    for (const auto& [prefix, n] : parts) {
+      Tensor dst = t.slice(0, at, at + n);
+      dst.copy_from(w.get(prefix + suffix, dtype, cols ? Dims{n, cols} : Dims{n}));
+      at += n;
+    }
+    return g.param(stacked_prefix + suffix, std::move(t));
+  };
+  std::optional<NodeId> stacked_bias;
+  if (bias) stacked_bias = stacked("bias", 0);
+  const NodeId y = linear(g, x, stacked("weight", in_features), stacked_bias);
+  const auto axis = static_cast<std::int64_t>(g.node(y).shape.size()) - 1;
+  std::int64_t at = 0;
+  std::size_t next = 0;
+  for (std::size_t size : groups) {  // last-axis views of y [..., sum rows]
+    std::int64_t n = 0;
+    for (std::size_t i = 0; i < size; ++i) n += parts.at(next++).second;
+    out.push_back(g.slice(y, axis, DynScalar::Concrete(at), DynScalar::Concrete(at + n)));
+    at += n;
+  }
+  return out;
+}
+
 std::pair<Tensor, Tensor> rope_tables(const ModelConfig& c, std::int64_t head_dim,
                                       std::int64_t max_seq_len) {
   const std::int64_t half = head_dim / 2;

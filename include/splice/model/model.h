@@ -96,6 +96,18 @@ NodeId swiglu_activation(Graph& g, NodeId gate_out, NodeId up_out,
 // from the [max_seq_len, D] tables; HF's rotate-half layout).
 NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId position,
             std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
+// Hugging Face linears of one input, as (weight/bias name prefix, output rows).
+using LinearParts = std::vector<std::pair<std::string, std::int64_t>>;
+// x [..., in_features] through the linears `parts` (prefix + "weight" [rows, in_features], prefix
+// + "bias" [rows] when `bias`), weights read from `w` in `dtype`. With `stack`: one matmul over
+// their weights stacked along the output axis (one param named `stacked_prefix` + "weight", the
+// copies exact), each output a last-axis view of it covering `groups[i]` adjacent parts (default
+// one each); otherwise one matmul per part (groups must then be all 1). Every output element is
+// the same dot product either way.
+std::vector<NodeId> project(Graph& g, const Weights& w, DType dtype, bool stack, NodeId x,
+                            std::int64_t in_features, const std::string& stacked_prefix,
+                            const LinearParts& parts, bool bias,
+                            std::vector<std::size_t> groups = {});
 // cos/sin tables [max_seq_len, D] for rope_theta and optional llama3 scaling.
 std::pair<Tensor, Tensor> rope_tables(const ModelConfig& config, std::int64_t head_dim,
                                       std::int64_t max_seq_len);
