@@ -938,8 +938,9 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
-// The 4-byte aligned word holding the bf16 element at q (inside q's allocation, whose base is
-// 256-byte aligned), and the element taken back out of it (little-endian).
+// The 4-byte aligned word holding the bf16 element at q, and the element taken back out of it
+// (little-endian). The word stays inside q's allocation: cudaMalloc bases are 256-byte aligned
+// and splice's device allocator rounds sizes up to 512 bytes (runtime.cc).
 __device__ __forceinline__ const std::uint32_t* word_of(const std::uint16_t* q) {
   return reinterpret_cast<const std::uint32_t*>(reinterpret_cast<std::uintptr_t>(q) &
                                                 ~static_cast<std::uintptr_t>(3));
