@@ -89,7 +89,8 @@ void run_cpu(const Node& n, const std::vector<Tensor>& in, Tensor& out, const No
 
 #ifdef SPLICE_WITH_CUDA
 // The same kinds as the CPU's (cuda:: re-exports cpu's enums).
-void run_cuda(const Node& n, const std::vector<Tensor>& in, Tensor& out, const NodeScalars& s) {
+void run_cuda(const Node& n, const std::vector<Tensor>& in, Tensor& out, const NodeScalars& s,
+              const NodeHints& hints) {
   if (is_unary(n.op)) return cuda::unary(unary_kind(n.op), in[0], out);
   if (is_binary_arith(n.op)) return cuda::binary(binary_kind(n.op), in[0], in[1], out);
   if (is_compare(n.op)) return cuda::compare(compare_kind(n.op), in[0], in[1], out);
@@ -102,7 +103,11 @@ void run_cuda(const Node& n, const std::vector<Tensor>& in, Tensor& out, const N
     case Op::Iota: return cuda::iota(out, n.attrs.axis);
     case Op::Where: return cuda::where(in[0], in[1], in[2], out);
     case Op::Softmax: return cuda::softmax(in[0], n.attrs.axis, out);
-    case Op::MatMul: return cuda::matmul(in[0], in[1], out, n.attrs.transpose_b);
+    case Op::MatMul: {
+      cuda::MatmulOptions options;
+      options.b_constant = hints.constant_b;
+      return cuda::matmul(in[0], in[1], out, n.attrs.transpose_b, options);
+    }
     case Op::Reshape: {  // reached only when the input is not contiguous: copy, then view
       Tensor view = out.reshape(in[0].shape());
       return cuda::cast(in[0], view);
@@ -129,8 +134,18 @@ void run_write_at(const Node& n, Tensor& state, const Tensor& value, const NodeS
   fail<UnsupportedError>("write_at has no kernel on ", state.device().str(), " in this build");
 }
 
+bool is_constant_param_view(const Graph& graph, NodeId id) {
+  for (;;) {
+    const Node& n = graph.node(id);
+    if (n.op == Op::Param) return true;
+    if (n.op != Op::Permute && n.op != Op::Slice) return false;
+    id = n.inputs[0];
+  }
+}
+
 void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
-                      const NodeScalars& s, Tensor& aux) {
+                      const NodeScalars& s, Tensor& aux,
+                      [[maybe_unused]] const NodeHints& hints) {  // used by the CUDA kernels
   if (n.op == Op::FlashDecode) {
     const FlashDecodeAttrs& f = *n.attrs.flash;
     DecodeAttentionOptions options;
@@ -181,7 +196,7 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
   if (n.op == Op::SiluMul) return fused_silu_mul(in[0], in[1], out);
   if (n.op == Op::Rope) return fused_rope(in[0], in[1], in[2], in[3], out);
 #ifdef SPLICE_WITH_CUDA
-  if (out.device().is_cuda()) return run_cuda(n, in, out, s);
+  if (out.device().is_cuda()) return run_cuda(n, in, out, s, hints);
 #endif
   if (!out.device().is_cpu())
     fail<UnsupportedError>("op ", op_name(n.op), " has no kernel on ", out.device().str(),

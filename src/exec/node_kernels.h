@@ -17,11 +17,23 @@ struct NodeScalars {
   Tensor device;
 };
 
+// Facts about a node fixed at plan time (computed once per session) that let its kernel relax
+// its ordering against the kernels before it.
+struct NodeHints {
+  // MatMul: input 1 is a model Param, directly or through Permute / Slice views (never a Reshape,
+  // which may copy): no kernel ever writes it, so the CUDA GEMV may stream it before its
+  // producers finish (cuda::MatmulOptions::b_constant).
+  bool constant_b = false;
+};
+
+// True when `id` is a Param or a Permute / Slice view chain ending at one (NodeHints::constant_b).
+bool is_constant_param_view(const Graph& graph, NodeId id);
+
 // `inputs` are the node's input values, `out` its planned output buffer (concrete shape).
 // `aux` carries a node-owned device scalar buffer (FlashDecode's k_len [1] int32) when
 // `scalars.device` is undefined.
 void run_compute_node(const Node& node, const std::vector<Tensor>& inputs, Tensor& out,
-                      const NodeScalars& scalars, Tensor& aux);
+                      const NodeScalars& scalars, Tensor& aux, const NodeHints& hints = {});
 
 // WriteAt: state.slice(axis, offset, offset + value.size(axis)) = value, on state's device (a
 // CUDA write reads its offset from `scalars.device` when defined).

@@ -95,6 +95,7 @@ struct Session::Impl {
   std::vector<Tensor> aux;             // [node] -> node-owned scalar buffers
   std::vector<Dims> shapes;            // [node] -> this step's concrete shape
   std::vector<NodeScalars> scalars;    // [node] -> this step's evaluated scalar
+  std::vector<NodeHints> hints;        // [node] -> plan-time kernel hints (node_kernels.h)
   std::vector<std::int64_t> slice_start, slice_end;
   std::vector<std::int64_t> selectors; // [branch region] -> selector value
   std::map<std::vector<int>, std::vector<bool>> run_masks;  // choices -> nodes to run
@@ -162,6 +163,7 @@ Session::Session(Graph graph, SessionOptions options)
   im.aux.resize(count);
   im.shapes.resize(count);
   im.scalars.resize(count);
+  im.hints.resize(count);
   im.slice_start.assign(count, 0);
   im.slice_end.assign(count, 0);
   const Device dev = options_.device;
@@ -175,6 +177,7 @@ Session::Session(Graph graph, SessionOptions options)
       im.persistent[id.index] =
           n.attrs.tensor.device() == dev ? n.attrs.tensor : n.attrs.tensor.to_device(dev);
     }
+    if (n.op == Op::MatMul) im.hints[id.index].constant_b = is_constant_param_view(graph_, n.inputs[1]);
     if (plan_.static_shape[id.index]) im.shapes[id.index] = eval_shape(n.shape, SymEnv(graph_.symbols()));
     const bool binds = n.op == Op::Input || n.op == Op::Slice || n.op == Op::WriteAt ||
                        n.op == Op::SymValue || n.op == Op::FlashDecode;
@@ -478,10 +481,10 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
     for (NodeId in : n.inputs) args.push_back(im.values[in.index]);
     if (options_.measure_host_overhead) {
       const auto k0 = Clock::now();
-      run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index]);
+      run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index], im.hints[id.index]);
       kernel_us += std::chrono::duration<double, std::micro>(Clock::now() - k0).count();
     } else {
-      run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index]);
+      run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index], im.hints[id.index]);
     }
   }
 }

@@ -24,6 +24,25 @@
 //     transpose_b false, f32 out from 16-bit inputs and 16-bit out from f32, misaligned w and x.
 //  4. Nine rows (a [9, K] and a [3, 3, K]) go through cuBLASLt and must match as well.
 //  5. A captured CUDA graph replays the GEMV with new x and w contents.
+//  6. Programmatic dependent launch (launch.cuh) and the constant-weight prefetch
+//     (Params::w_constant, MatmulOptions::b_constant): a long dependent chain of GEMVs and
+//     primitive kernels, cycling through
+//       0: x = rms_norm(h, g)            (layer-op kernel; the GEMV below reads x right after it)
+//       1: u = x . W1^T      [1, I]      (GEMV)
+//       2: v = u . W2^T      [1, H]      (GEMV fed by the GEMV before it)
+//       3: u[:, :H] = v                  (overwrites the input of the GEMV right before it)
+//       4: x = u[:, :H] * half           (overwrites the first GEMV's x)
+//       5: h' = x + h                    (h and h' swap each cycle)
+//     gives the reference's bits (eager, PDL off, legacy stream, no prefetch promise) eagerly with
+//     PDL on and the promise, and in captured graphs (PDL on and off, with and without the
+//     promise) replayed several times from restored buffers; and agrees with the CPU. The launch
+//     counters show each routed GEMV was launched with the attribute and the prefetch path
+//     exactly when promised.
+//  8. The residual epilogue (MatmulOptions::residual, out = a . b^T + c with one rounding): GEMV
+//     rows (M = 1, 3) and cuBLASLt rows (M = 9) in bf16 and f32, a residual of another dtype, a
+//     strided residual, and c = out itself (h += linear(x)), against the CPU's f32 product plus c.
+//  7. A Session marks a MatMul whose weight is a Param as constant (the prefetch path) and one
+//     whose b is an Input not, and both agree with the CPU.
 // Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
 // within default_tolerance(out dtype) (design.md §2).
@@ -32,15 +51,25 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "splice/backend/cpu/layer_ops.h"
 #include "splice/backend/cpu/primitives.h"
+#include "splice/backend/cuda/layer_ops.h"
 #include "splice/backend/cuda/primitives.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/random.h"
+#include "splice/exec/session.h"
+#include "splice/ir/graph.h"
 #include "support/test_util.h"
+
+namespace splice::cuda {
+bool pdl_enabled();                  // launch.cuh (defined in primitives.cu)
+void set_pdl_enabled(bool enabled);  // launch.cuh: overrides SPLICE_PDL
+}  // namespace splice::cuda
 
 namespace splice {
 namespace {
@@ -357,6 +386,262 @@ TEST(CudaGemv, CapturedGraphReplaysWithNewInputs) {
     cuda::destroy_graph(graph);
   }
   cuda::destroy_stream(stream);
+}
+
+// ---- 6. the PDL chain ------------------------------------------------------------------------
+
+constexpr std::int64_t kChainHidden = 576;         // SmolLM2-135M's hidden size (H)
+constexpr std::int64_t kChainIntermediate = 1536;  // its MLP width (I)
+constexpr int kChainCycles = 40;                   // 6 kernels each: 240 dependent launches
+constexpr int kChainGemvsPerCycle = 2;
+constexpr float kChainEps = 1e-5f;
+constexpr int kChainReplays = 3;
+
+// The chain's buffers on one device. [1, H] etc.: one decode row.
+struct GemvChain {
+  Tensor h0, h1;  // [1, H] bf16: the running state (h1 = x + h0 on even cycles, h0 on odd)
+  Tensor g;       // [H] bf16: the rms_norm weight
+  Tensor w1;      // [I, H] bf16: never written
+  Tensor w2;      // [H, I] bf16: never written
+  Tensor x;       // [1, H] bf16
+  Tensor u;       // [1, I] bf16
+  Tensor v;       // [1, H] bf16
+  Tensor half;    // [1] f32: 0.5
+  std::vector<Tensor*> all() { return {&h0, &h1, &g, &w1, &w2, &x, &u, &v, &half}; }
+};
+
+GemvChain make_host_gemv_chain(Rng& rng) {
+  const double w_scale1 = 1.0 / std::sqrt(static_cast<double>(kChainHidden));
+  const double w_scale2 = 1.0 / std::sqrt(static_cast<double>(kChainIntermediate));
+  GemvChain t;
+  t.h0 = testing::random_tensor(rng, {1, kChainHidden}, DType::bf16);
+  t.h1 = testing::random_tensor(rng, {1, kChainHidden}, DType::bf16);
+  t.g = testing::random_tensor(rng, {kChainHidden}, DType::bf16, 0.1, 1.0);
+  t.w1 = testing::random_tensor(rng, {kChainIntermediate, kChainHidden}, DType::bf16, w_scale1);
+  t.w2 = testing::random_tensor(rng, {kChainHidden, kChainIntermediate}, DType::bf16, w_scale2);
+  t.x = testing::random_tensor(rng, {1, kChainHidden}, DType::bf16);
+  t.u = testing::random_tensor(rng, {1, kChainIntermediate}, DType::bf16);
+  t.v = testing::random_tensor(rng, {1, kChainHidden}, DType::bf16);
+  t.half = Tensor::empty({1}, DType::f32);
+  t.half.set_linear(0, 0.5);
+  return t;
+}
+
+GemvChain copy_gemv_chain(GemvChain& from, Device device) {
+  GemvChain to;
+  const std::vector<Tensor*> src = from.all(), dst = to.all();
+  for (std::size_t i = 0; i < src.size(); ++i) *dst[i] = src[i]->to_device(device);
+  return to;
+}
+
+void restore_gemv_chain(GemvChain& to, GemvChain& from, cuda::Stream stream) {
+  const std::vector<Tensor*> dst = to.all(), src = from.all();
+  for (std::size_t i = 0; i < dst.size(); ++i)
+    cuda::copy_async(dst[i]->raw_data(), src[i]->raw_data(), src[i]->nbytes(), stream);
+  cuda::stream_synchronize(stream);
+}
+
+// The chain on the CPU (cpu = true) or the current CUDA stream (eager or capturing).
+void run_gemv_chain(GemvChain& t, bool cpu, bool b_constant) {
+  Tensor u_head = t.u.slice(1, 0, kChainHidden);  // [1, H] view of u
+  cuda::MatmulOptions options;
+  options.b_constant = b_constant;
+  for (int cycle = 0; cycle < kChainCycles; ++cycle) {
+    Tensor& h = cycle % 2 == 0 ? t.h0 : t.h1;
+    Tensor& h_next = cycle % 2 == 0 ? t.h1 : t.h0;
+    if (cpu) {
+      cpu::rms_norm(h, t.g, kChainEps, t.x);
+      cpu::matmul(t.x, t.w1, t.u, true);
+      cpu::matmul(t.u, t.w2, t.v, true);
+      cpu::cast(t.v, u_head);
+      cpu::binary(cpu::BinaryKind::mul, u_head, t.half, t.x);
+      cpu::binary(cpu::BinaryKind::add, t.x, h, h_next);
+    } else {
+      cuda::rms_norm(h, t.g, kChainEps, t.x);
+      cuda::matmul(t.x, t.w1, t.u, true, options);
+      cuda::matmul(t.u, t.w2, t.v, true, options);
+      cuda::cast(t.v, u_head);
+      cuda::binary(cuda::BinaryKind::mul, u_head, t.half, t.x);
+      cuda::binary(cuda::BinaryKind::add, t.x, h, h_next);
+    }
+  }
+}
+
+::testing::AssertionResult same_chain_bits(GemvChain& actual, GemvChain& expected) {
+  cuda::synchronize();
+  const std::vector<Tensor*> got = actual.all(), want = expected.all();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ::testing::AssertionResult r =
+        testing::bit_equal(got[i]->to_device(Device::cpu()), want[i]->to_device(Device::cpu()));
+    if (!r) return r << " (buffer " << i << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Restores the PDL switch on scope exit, so a failing test does not leak its setting.
+class PdlScope {
+ public:
+  PdlScope() : saved_(cuda::pdl_enabled()) {}
+  ~PdlScope() { cuda::set_pdl_enabled(saved_); }
+  PdlScope(const PdlScope&) = delete;
+  PdlScope& operator=(const PdlScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+TEST(CudaGemv, PdlChainWithPrefetchIsBitIdenticalEagerAndInGraphs) {
+  SKIP_WITHOUT_GPU();
+  PdlScope scope;
+  Rng rng(23);
+  GemvChain host = make_host_gemv_chain(rng);
+  // Both products of the chain take the GEMV (one row).
+  ASSERT_TRUE(cuda::gemv::preferred(1, kChainIntermediate, kChainHidden));
+  ASSERT_TRUE(cuda::gemv::preferred(1, kChainHidden, kChainIntermediate));
+  GemvChain initial = copy_gemv_chain(host, Device::cuda());  // pristine, never written
+  const cuda::Stream stream = cuda::create_stream();
+  constexpr std::uint64_t kGemvs = kChainCycles * kChainGemvsPerCycle;
+
+  // Reference: PDL off, legacy default stream, eager, no promise.
+  cuda::set_pdl_enabled(false);
+  GemvChain reference = copy_gemv_chain(host, Device::cuda());
+  auto before = cuda::gemv::launch_stats();
+  run_gemv_chain(reference, /*cpu=*/false, /*b_constant=*/false);
+  auto after = cuda::gemv::launch_stats();
+  EXPECT_EQ(after.launches - before.launches, kGemvs);
+  EXPECT_EQ(after.pdl - before.pdl, 0u);
+  EXPECT_EQ(after.prefetch - before.prefetch, 0u);
+
+  // CPU oracle (a sanity check: the bit-identity below is the race detector): every step rounds
+  // through bf16 and each cycle renormalizes, but h accumulates 40 increments, each of which may
+  // round differently on the two backends (a bf16 ulp of h, 2^-8 relative, per flip), so the
+  // bound is a few percent: rtol 5e-2 plus atol 1e-1 for the entries near zero.
+  GemvChain cpu_chain = copy_gemv_chain(host, Device::cpu());
+  run_gemv_chain(cpu_chain, /*cpu=*/true, false);
+  constexpr Tolerance tol{1e-1, 5e-2};
+  EXPECT_TRUE(testing::close(reference.h0.to_device(Device::cpu()), cpu_chain.h0, tol)) << "h0";
+  EXPECT_TRUE(testing::close(reference.u.to_device(Device::cpu()), cpu_chain.u, tol)) << "u";
+
+  GemvChain dev = copy_gemv_chain(host, Device::cuda());
+  cuda::set_pdl_enabled(true);
+  {  // PDL on, created stream, eager, weights promised constant.
+    cuda::StreamGuard guard(stream);
+    restore_gemv_chain(dev, initial, stream);
+    before = cuda::gemv::launch_stats();
+    run_gemv_chain(dev, false, true);
+    after = cuda::gemv::launch_stats();
+    EXPECT_EQ(after.launches - before.launches, kGemvs);
+    EXPECT_EQ(after.pdl - before.pdl, kGemvs) << "every GEMV carries the PDL attribute";
+    EXPECT_EQ(after.prefetch - before.prefetch, kGemvs) << "every GEMV prefetches its weight";
+    EXPECT_TRUE(same_chain_bits(dev, reference)) << "eager, PDL on, prefetch";
+  }
+  for (const bool pdl : {true, false})
+    for (const bool b_constant : {true, false}) {  // captured graphs, replayed from restored inputs
+      SCOPED_TRACE(std::string("graph, PDL ") + (pdl ? "on" : "off") + ", prefetch " +
+                   (b_constant ? "on" : "off"));
+      cuda::set_pdl_enabled(pdl);
+      cuda::StreamGuard guard(stream);
+      restore_gemv_chain(dev, initial, stream);
+      before = cuda::gemv::launch_stats();
+      cuda::begin_capture(stream);
+      run_gemv_chain(dev, false, b_constant);
+      const cuda::GraphExec exec = cuda::end_capture(stream);
+      after = cuda::gemv::launch_stats();
+      EXPECT_EQ(after.pdl - before.pdl, pdl ? kGemvs : 0u);
+      EXPECT_EQ(after.prefetch - before.prefetch, b_constant ? kGemvs : 0u);
+      for (int r = 0; r < kChainReplays; ++r) {
+        restore_gemv_chain(dev, initial, stream);
+        cuda::launch_graph(exec, stream);
+        cuda::stream_synchronize(stream);
+        EXPECT_TRUE(same_chain_bits(dev, reference)) << "replay " << r;
+      }
+      cuda::destroy_graph(exec);
+    }
+  {  // PDL on, legacy default stream: the attribute is skipped there (the prefetch still runs).
+    cuda::set_pdl_enabled(true);
+    restore_gemv_chain(dev, initial, nullptr);
+    before = cuda::gemv::launch_stats();
+    run_gemv_chain(dev, false, true);
+    after = cuda::gemv::launch_stats();
+    EXPECT_EQ(after.pdl - before.pdl, 0u);
+    EXPECT_TRUE(same_chain_bits(dev, reference)) << "eager legacy stream, PDL on";
+  }
+  cuda::destroy_stream(stream);
+}
+
+// ---- 7. the session's hint -------------------------------------------------------------------
+
+TEST(CudaGemv, SessionPromisesParamWeightsConstant) {
+  SKIP_WITHOUT_GPU();
+  PdlScope scope;
+  cuda::set_pdl_enabled(true);
+  Rng rng(29);
+  constexpr std::int64_t kN = 960, kK = 576;  // SmolLM2's q|k|v projection
+  const DType dtype = DType::bf16;
+  const Tensor w = testing::random_tensor(rng, {kN, kK}, dtype, 0.05);  // [n, k]
+  const Tensor v = testing::random_tensor(rng, {kN, kK}, dtype, 0.05);  // [n, k]
+  const Tensor x = testing::random_tensor(rng, {1, kK}, dtype);         // [1, k]
+  Graph g;
+  const NodeId xi = g.input("x", sym_shape_of({1, kK}), dtype);
+  const NodeId vi = g.input("v", sym_shape_of({kN, kK}), dtype);
+  g.mark_output("from_param", g.matmul(xi, g.param("w", w), /*transpose_b=*/true));
+  g.mark_output("from_input", g.matmul(xi, vi, /*transpose_b=*/true));
+  SessionOptions options;
+  options.device = Device::cuda();
+  options.cuda_graph = false;  // eager: every step launches (and counts) both GEMVs
+  Session session(g, options);
+  const Device d = Device::cuda();
+  const auto before = cuda::gemv::launch_stats();
+  session.step({}, {{"x", x.to_device(d)}, {"v", v.to_device(d)}});
+  cuda::synchronize();
+  const auto after = cuda::gemv::launch_stats();
+  EXPECT_EQ(after.launches - before.launches, 2u);
+  EXPECT_EQ(after.prefetch - before.prefetch, 1u) << "only the Param weight is promised constant";
+  Tensor expected_param = Tensor::empty({1, kN}, dtype),
+         expected_input = Tensor::empty({1, kN}, dtype);
+  cpu::matmul(x, w, expected_param, true);
+  cpu::matmul(x, v, expected_input, true);
+  EXPECT_TRUE(testing::close(session.output("from_param").to_device(Device::cpu()), expected_param,
+                             default_tolerance(dtype)));
+  EXPECT_TRUE(testing::close(session.output("from_input").to_device(Device::cpu()), expected_input,
+                             default_tolerance(dtype)));
+}
+
+// ---- 8. the residual epilogue ----------------------------------------------------------------
+
+TEST(CudaGemv, ResidualEpilogueAgainstCpu) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(31);
+  constexpr std::int64_t kN = 577, kK = 576;
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (DType c_dtype : {dtype, DType::f32})
+      for (std::int64_t m : {1, 3, 9})
+        for (int layout = 0; layout < 3; ++layout) {  // 0: contiguous c, 1: strided c, 2: c = out
+          SCOPED_TRACE(label(dtype, m, kN, kK,
+                             layout == 0   ? "c"
+                             : layout == 1 ? "strided c"
+                                           : "c = out") +
+                       " c " + dtype_name(c_dtype));
+          if (layout == 2 && c_dtype != dtype) continue;
+          const Tensor x = contiguous_poisoned(rng, {m, kK}, dtype);   // [m, k]
+          const Tensor w = contiguous_poisoned(rng, {kN, kK}, dtype);  // [n, k]
+          const std::int64_t c_stride = layout == 1 ? kN + kPadStride : kN;
+          const Tensor c = poisoned(rng, {m, kN}, {c_stride, 1}, 0, c_dtype);  // [m, n]
+          // Oracle: the f32 product plus c in fp32, one rounding into dtype.
+          Tensor product = Tensor::empty({m, kN}, DType::f32);
+          cpu::matmul(x, w, product, true);
+          Tensor expected = Tensor::empty({m, kN}, dtype);
+          cpu::binary(cpu::BinaryKind::add, product, c, expected);
+
+          const Tensor dx = upload(x), dw = upload(w);
+          Tensor dc = upload(c);
+          Tensor dout = layout == 2 ? dc : upload(nan_output({m, kN}, dtype));
+          cuda::MatmulOptions options;
+          options.residual = &dc;
+          options.b_constant = true;
+          cuda::matmul(dx, dw, dout, true, options);
+          EXPECT_TRUE(testing::close(download(dout), expected, default_tolerance(dtype)));
+        }
 }
 
 }  // namespace

@@ -35,16 +35,26 @@
 //      its lane id and adds the partner's copy of that half (V / 2 shuffles), so V values cost
 //      V - 1 + (5 - log2 V) shuffles instead of 5 V (16 instead of 80 at 4 rows x 4 columns); then
 //      lane l holds the full sum of value (l / (32 / V)) and the first lane of each such run
-//      stores y[r, j0 + c], value index r * kCols + c, rounded to the output dtype.
+//      stores y[r, j0 + c], value index r * kCols + c, rounded to the output dtype; with the
+//      residual epilogue (Params::has_c) it first adds c[r, j0 + c] in fp32 (one rounding).
+//   6. Programmatic dependent launch (launch.cuh's safety rule): every thread calls
+//      wait_for_producers() before its first read of x or write of y and before the early exit of
+//      a warp with no column group; with Params::w_constant the first batch's weight vectors and
+//      weight tail are issued before that wait (the weights are never written by a kernel in
+//      flight, so they need no producer), everything else after it. When the launcher's grid is
+//      one resident wave (every CTA resident at once) each CTA triggers its dependents first
+//      thing, so the next kernel is resident and waiting when this one ends.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/launch.cuh"
 #include "splice/core/error.h"
 
 namespace splice::cuda::gemv {
@@ -182,9 +192,21 @@ __device__ __forceinline__ void store_out(void* y, std::int64_t index, float val
   }
 }
 
+__device__ __forceinline__ float load_residual(const void* c, std::int64_t index, DType dtype) {
+  switch (dtype) {
+    case DType::f16:
+      return __half2float(static_cast<const __half*>(c)[index]);
+    case DType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(c)[index]);
+    default:
+      return static_cast<const float*>(c)[index];
+  }
+}
+
 // Each warp streams the column groups w, w + W, ... (W warps in the grid); see the file header.
+// `single_wave`: the launcher's grid is resident at once (stage 6's early trigger).
 template <typename T, int kRows, int kCols, int kVec>
-__global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
+__global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool single_wave) {
   using Raw = typename RawOf<kVec* static_cast<int>(sizeof(T))>::type;
   using Scalar = typename RawOf<static_cast<int>(sizeof(T))>::type;
   constexpr int kUnroll = unroll_for(kRows, kCols);
@@ -198,7 +220,10 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
   const std::int64_t num_groups = (p.n + kCols - 1) / kCols;
   std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * warps_per_cta +
                        static_cast<std::int64_t>(threadIdx.x / kWarpSize);
-  if (group >= num_groups) return;  // warp-uniform: the shuffles below see full warps
+  // Warp-uniform: a warp without a group exits after the wait (stage 6), and the shuffles below
+  // see full warps.
+  const bool has_group = group < num_groups;
+  if (single_wave) detail::allow_dependents();
 
   // Stage 1: the x rows, and the weight rows of the current group (clamped past n).
   const T* x_rows[kRows];  // each [k]
@@ -216,9 +241,13 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
   const int value = lane / kLanesPerValue;
   const int out_row = value / kCols, out_col = value % kCols;
   void* y_row = p.y[0];
+  const void* c_row = p.c[0];
 #pragma unroll
   for (int r = 1; r < kRows; ++r)
-    if (out_row == r) y_row = p.y[r];
+    if (out_row == r) {
+      y_row = p.y[r];
+      c_row = p.c[r];
+    }
   const bool stores = lane % kLanesPerValue == 0 && out_row < p.rows;
 
   // Stages 2 and 4: a batch of kUnroll vectors of each of the kCols w rows and kRows x rows per
@@ -233,7 +262,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
   Raw x_raw[kUnroll][kRows];  // [unroll, rows] vectors of x
   Scalar w_tail[kCols];       // [cols] tail elements of w
   Scalar x_tail[kRows];       // [rows] tail elements of x
-  const auto load_batch = [&](std::int64_t base) {
+  const auto load_weights = [&](std::int64_t base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const std::int64_t v = base + u * kWarpSize + lane;
@@ -241,21 +270,41 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
 #pragma unroll
       for (int c = 0; c < kCols; ++c)
         w_raw[u][c] = load_weight(reinterpret_cast<const Raw*>(w_rows[c] + v * kVec), in_row);
+    }
+  };
+  const auto load_activations = [&](std::int64_t base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t v = base + u * kWarpSize + lane;
+      const bool in_row = v < num_vec;
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
         x_raw[u][r] = load_activation(reinterpret_cast<const Raw*>(x_rows[r] + v * kVec), in_row);
     }
   };
-  const auto load_first_batch = [&] {
-    load_batch(0);
+  const auto load_batch = [&](std::int64_t base) {
+    load_weights(base);
+    load_activations(base);
+  };
+  const auto load_first_weights = [&] {
+    load_weights(0);
     if constexpr (kVec > 1) {
 #pragma unroll
       for (int c = 0; c < kCols; ++c)
         w_tail[c] = load_weight(reinterpret_cast<const Scalar*>(w_rows[c] + tail_k), in_tail);
+    }
+  };
+  const auto load_first_activations = [&] {
+    load_activations(0);
+    if constexpr (kVec > 1) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
         x_tail[r] = load_activation(reinterpret_cast<const Scalar*>(x_rows[r] + tail_k), in_tail);
     }
+  };
+  const auto load_first_batch = [&] {
+    load_first_weights();
+    load_first_activations();
   };
 
   float acc[kRows][kCols];
@@ -264,8 +313,13 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
 
-  point_rows(group);
-  load_first_batch();
+  // Stage 6: the only global accesses before the wait are the constant weights' first batch.
+  point_rows(has_group ? group : 0);
+  if (p.w_constant && has_group) load_first_weights();
+  detail::wait_for_producers();
+  if (!has_group) return;
+  if (!p.w_constant) load_first_weights();
+  load_first_activations();
   std::int64_t base = 0;
   for (;;) {
     // Stage 3: consume the batch in registers.
@@ -335,8 +389,11 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p) {
         acc[r][c] = 0.0f;
       }
     const float sum = transposed_warp_sum(values, lane);
-    if (stores && j0 + out_col < p.n)
-      store_out(y_row, (j0 + out_col) * p.y_col_stride, sum, p.out_dtype);
+    if (stores && j0 + out_col < p.n) {
+      const float out =
+          p.has_c ? sum + load_residual(c_row, (j0 + out_col) * p.c_col_stride, p.c_dtype) : sum;
+      store_out(y_row, (j0 + out_col) * p.y_col_stride, out, p.out_dtype);
+    }
     if (!more) break;
   }
 }
@@ -377,8 +434,10 @@ int resident_ctas_per_sm(const void* kernel, unsigned threads, int device,
   return ctas;
 }
 
+std::atomic<std::uint64_t> g_launches{0}, g_pdl_launches{0}, g_prefetch_launches{0};
+
 template <typename T, int kRows, int kCols, int kVec>
-void launch_kernel(const Params& p, Grid g, int device, cudaStream_t stream) {
+void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
   const auto kernel = gemv_kernel<T, kRows, kCols, kVec>;
   static int cache[kMaxDevices][kBlockSizes] = {};
   // Stage 1: at most one resident wave; each warp loops over its groups.
@@ -387,17 +446,22 @@ void launch_kernel(const Params& p, Grid g, int device, cudaStream_t stream) {
       resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), g.threads, device, cache);
   std::int64_t blocks = p.one_warp_per_group ? g.blocks : std::min<std::int64_t>(g.blocks, wave);
   if (p.max_ctas > 0) blocks = std::min<std::int64_t>(blocks, p.max_ctas);
-  kernel<<<static_cast<unsigned>(blocks), g.threads, 0, stream>>>(p);
-  SPLICE_CUDA_CHECK_LAUNCH("gemv_kernel");
+  // Stage 6: launch.cuh's launcher (the PDL attribute unless disabled or the legacy stream).
+  const bool single_wave = blocks <= wave;
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  if (stream != nullptr && pdl_enabled()) g_pdl_launches.fetch_add(1, std::memory_order_relaxed);
+  if (p.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
+  detail::launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(g.threads), stream, p,
+                        single_wave);
 }
 
 template <typename T, int kRows, int kCols>
 void launch_vec(const Params& p, Grid g, bool vectorized, int device, cudaStream_t stream) {
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
   if (vectorized)
-    launch_kernel<T, kRows, kCols, kVec>(p, g, device, stream);
+    launch_instance<T, kRows, kCols, kVec>(p, g, device, stream);
   else
-    launch_kernel<T, kRows, kCols, 1>(p, g, device, stream);
+    launch_instance<T, kRows, kCols, 1>(p, g, device, stream);
 }
 
 template <typename T, int kRows>
@@ -426,6 +490,14 @@ bool aligned(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % k
 
 }  // namespace
 
+LaunchStats launch_stats() {
+  LaunchStats s;
+  s.launches = g_launches.load(std::memory_order_relaxed);
+  s.pdl = g_pdl_launches.load(std::memory_order_relaxed);
+  s.prefetch = g_prefetch_launches.load(std::memory_order_relaxed);
+  return s;
+}
+
 void launch(const Params& params, cudaStream_t stream) {
   Params p = params;
   const auto is_float = [](DType d) {
@@ -440,6 +512,9 @@ void launch(const Params& params, cudaStream_t stream) {
   // Rows past `rows` of the kernel's row bucket read row 0 (valid memory) and store nothing.
   for (int r = p.rows; r < kMaxRows; ++r) p.x[r] = p.x[0];
   for (int r = p.rows; r < kMaxRows; ++r) p.y[r] = p.y[0];
+  for (int r = p.rows; r < kMaxRows; ++r) p.c[r] = p.c[0];
+  SPLICE_INTERNAL_CHECK(!p.has_c || (is_float(p.c_dtype) && p.c[0] != nullptr),
+                        "gemv residual: c is null or not a float dtype");
 
   // 16-byte vectors need every weight row and every x row to start on a 16-byte boundary.
   bool vectorized = aligned(p.w) && (p.n == 1 || (p.w_row_stride * elem) % kVectorBytes == 0);
@@ -448,7 +523,7 @@ void launch(const Params& params, cudaStream_t stream) {
     vectorized = vectorized && aligned(p.x[r]);
   }
 
-  // Stage 1's tiling: columns per warp, then warps per CTA (the grid is capped in launch_kernel).
+  // Stage 1's tiling: columns per warp, then warps per CTA (the grid is capped in launch_instance).
   const int device = current_device();
   const std::int64_t sms = sm_count(device);
   int cols = kMaxCols;

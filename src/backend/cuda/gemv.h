@@ -3,6 +3,11 @@
 // with a row-major weight to (when `preferred` says it beats cuBLASLt). Device code, launcher and
 // the routing rule in gemv.cu.
 //
+// Programmatic dependent launch (launch.cuh): the kernel waits for its producers before its first
+// read of x (or write of y) and is launched with the PDL attribute when pdl_enabled() on a
+// created stream. With `w_constant` it issues its first weight batch before that wait, so the
+// weight's DRAM latency overlaps the predecessor's tail.
+//
 // The launcher picks everything from the POD params: 16-byte vector loads when the weight rows
 // and every x row are 16-byte aligned (scalar loads otherwise), columns per warp, warps per CTA
 // and a grid of at most one resident wave (each warp loops over column groups) from n, the SM
@@ -28,6 +33,14 @@ struct Params {
   // Row r of y: [n], element j at y[r][j * y_col_stride], dtype `out_dtype`.
   void* y[kMaxRows] = {};
   std::int64_t y_col_stride = 1;
+  // Optional residual epilogue (has_c): row r of c: [n], element j at c[r][j * c_col_stride],
+  // dtype `c_dtype`; then y[r, j] = round_out(sum + c[r, j]), the fp32 sum plus c in fp32 with
+  // one rounding. Read after the wait like x; c may be y itself (each element is read, then
+  // written, by one thread).
+  bool has_c = false;
+  const void* c[kMaxRows] = {};
+  std::int64_t c_col_stride = 1;
+  DType c_dtype = DType::f32;
   std::int64_t n = 0, k = 0;     // n >= 1, k >= 1
   int rows = 0;                  // 1 .. kMaxRows
   DType in_dtype = DType::f32;   // x and w: f32, f16 or bf16
@@ -39,9 +52,22 @@ struct Params {
   // launcher's choice), and a warp per column group instead of the one-wave persistent grid.
   int cols = 0;
   bool one_warp_per_group = false;
+  // The caller's promise that no kernel that may still be running (the whole stream before this
+  // launch, which under PDL may not have completed yet) ever writes w: a model weight (a session
+  // Param). The kernel then issues its first weight batch BEFORE griddepcontrol.wait, so the
+  // weight's DRAM latency overlaps the predecessor's tail; x and y are touched only after the
+  // wait either way. A false promise is a silent race; false (the default) assumes nothing.
+  bool w_constant = false;
 };
 
-// y[r, j] = round_out(sum_kk x[r, kk] * w[j, kk]) for r < rows, j < n (fp32 accumulation),
+// Launch counters (process-wide, relaxed atomics) for tests and SPLICE_DEBUG: launches issued,
+// those with the PDL attribute, and those that take the constant-weight prefetch path.
+struct LaunchStats {
+  std::uint64_t launches = 0, pdl = 0, prefetch = 0;
+};
+LaunchStats launch_stats();
+
+// y[r, j] = round_out(sum_kk x[r, kk] * w[j, kk] (+ c[r, j])) for r < rows, j < n (fp32),
 // launched on `stream`; checks the launch. Invalid params are an internal error (the caller
 // validates tensors).
 void launch(const Params& params, cudaStream_t stream);

@@ -12,7 +12,9 @@
 //      measured routing rule, documented in gemv.cu: one row always; 2 .. 8 rows only for small
 //      weights, n <= 1024 and n k <= 2^20), the product is one launch of the weight-streaming
 //      GEMV kernel: x rows are passed as pointers (any batch strides), y rows likewise with any
-//      column stride, out in any float dtype. Everything else goes to cuBLASLt.
+//      column stride, out in any float dtype. Everything else goes to cuBLASLt. The GEMV joins the
+//      PDL chain (launch.cuh); with MatmulOptions::b_constant (b is a weight no kernel in flight
+//      writes) it issues its first weight batch before waiting on its producers.
 //   2. Dtypes: a and b of one dtype are read as they are; mixed dtypes are first cast to
 //      contiguous f32 scratch. The result type cuBLASLt writes is out's dtype when allowed
 //      (f32 inputs -> f32; bf16 -> bf16/f32; f16 -> f16/f32), else an f32 scratch cast into out.
@@ -22,6 +24,9 @@
 //   4. Batch dims of a, b and out (broadcast ones with stride 0) are merged where they are
 //      uniformly strided in all three; the innermost merged dim becomes one strided-batched call
 //      and the outer ones, if any, loop on the host.
+//   1c. Residual epilogue (MatmulOptions::residual): the GEMV adds c before its store; every other
+//      route computes the product into f32 scratch and adds c in one elementwise kernel (fp32
+//      math, one rounding into out either way).
 //   5. One cuBLASLt handle and a 32 MiB workspace per device, created on first use (run a shape
 //      once outside stream capture); the heuristic's algorithm is cached per problem key.
 #include <cublasLt.h>
@@ -244,7 +249,8 @@ void check_matmul_device(const Tensor& t, const char* name) {
 // Stage 1b: one GEMV launch when the layout qualifies and gemv::preferred (the routing rule and
 // its measurements, gemv.cu) picks the GEMV over cuBLASLt (see the file header); false otherwise.
 // Called with a and b of one float dtype, m, n, k >= 1 and out validated against the shapes.
-bool try_gemv(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
+bool try_gemv(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b,
+              const MatmulOptions& options) {
   const std::int64_t k = a.size(-1);
   const std::int64_t n = transpose_b ? b.size(-2) : b.size(-1);
   for (std::int64_t i = 0; i + 2 < b.dim(); ++i)
@@ -266,21 +272,33 @@ bool try_gemv(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
   p.in_dtype = a.dtype();
   p.out_dtype = out.dtype();
   p.y_col_stride = out.stride(-1);
+  p.w_constant = options.b_constant;
+  const Tensor* c = options.residual;
+  if (c != nullptr) {
+    p.has_c = true;
+    p.c_dtype = c->dtype();
+    p.c_col_stride = c->stride(-1);
+  }
+  const std::size_t c_size = c != nullptr ? dtype_size(c->dtype()) : 0;
   const std::size_t in_size = dtype_size(a.dtype()), out_size = dtype_size(out.dtype());
   const auto* a_base = static_cast<const char*>(a.raw_data());
   auto* out_base = static_cast<char*>(out.raw_data());
   const std::int64_t lead = out.dim() - a.dim();  // out dims a lacks (b's extra unit dims)
   for (std::int64_t row = 0; row < rows; ++row) {
     // Row `row` of out's [batch..., m] dims in row-major order, and the same row of a.
-    std::int64_t rest = row, off_a = 0, off_out = 0;
+    std::int64_t rest = row, off_a = 0, off_out = 0, off_c = 0;
     for (std::int64_t d = out.dim() - 2; d >= 0; --d) {
       const std::int64_t idx = rest % out.size(d);
       rest /= out.size(d);
       off_out += idx * out.stride(d);
+      if (c != nullptr) off_c += idx * c->stride(d);
       if (d >= lead) off_a += idx * a.stride(d - lead);
     }
     p.x[row] = a_base + off_a * static_cast<std::int64_t>(in_size);
     p.y[row] = out_base + off_out * static_cast<std::int64_t>(out_size);
+    if (c != nullptr)
+      p.c[row] =
+          static_cast<const char*>(c->raw_data()) + off_c * static_cast<std::int64_t>(c_size);
   }
   gemv::launch(p, current_stream());
   return true;
@@ -288,6 +306,11 @@ bool try_gemv(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
 }  // namespace
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
+  matmul(a, b, out, transpose_b, MatmulOptions{});
+}
+
+void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b,
+            const MatmulOptions& options) {
   // Stage 1: validation.
   check_matmul_device(a, "a");
   check_matmul_device(b, "b");
@@ -328,22 +351,45 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
                      dims_str(out.shape()));
   if (detail::overlaps(out, a) || detail::overlaps(out, b))
     fail<LayoutError>("matmul: `out` must not overlap `a` or `b`");
+  if (const Tensor* c = options.residual) {
+    check_matmul_device(*c, "residual");
+    if (!(c->device() == out.device()))
+      fail<DeviceError>("cuda matmul: `residual` must be on `out`'s device ", out.device().str(),
+                        ", got ", c->device().str());
+    check_dtype(*c, "residual", {DType::f32, DType::f16, DType::bf16});
+    if (c->shape() != out.shape())
+      fail<ShapeError>("matmul: `residual` must have `out`'s shape ", dims_str(out.shape()),
+                       ", got ", dims_str(c->shape()));
+    const bool same_view = c->raw_data() == out.raw_data() && c->strides() == out.strides() &&
+                           c->dtype() == out.dtype();
+    if (detail::overlaps(*c, out) && !same_view)
+      fail<LayoutError>("matmul: `residual` overlaps `out` (only the identical view is allowed)");
+    if (m == 0 || n == 0) return;
+    if (k == 0) return cast(*c, out);
+    // Every route but the GEMV: the product in f32 scratch, then one fp32 add rounded into out.
+    MatmulOptions plain = options;
+    plain.residual = nullptr;
+    if (a.dtype() == b.dtype() && try_gemv(a, b, out, transpose_b, options)) return;
+    Tensor product = detail::scratch(out.shape(), DType::f32, out.device());
+    matmul(a, b, product, transpose_b, plain);
+    return cuda::binary(BinaryKind::add, product, *c, out);
+  }
   if (m == 0 || n == 0) return;
   if (k == 0) return fill(out, 0.0);
 
   // Stage 2: dtypes.
   if (a.dtype() != b.dtype()) {
     const Tensor a32 = contiguous_copy(a, DType::f32), b32 = contiguous_copy(b, DType::f32);
-    return matmul(a32, b32, out, transpose_b);
+    return matmul(a32, b32, out, transpose_b);  // b32 is scratch the cast just wrote
   }
-  if (try_gemv(a, b, out, transpose_b)) return;
+  if (try_gemv(a, b, out, transpose_b, options)) return;
   if (!lt_output_allowed(a.dtype(), out.dtype()) || out.stride(-1) != 1 ||
       layout_of(n, m, out.stride(-1), out.stride(-2)).transposed ||
       !layout_of(n, m, out.stride(-1), out.stride(-2)).ok) {
     Tensor staged = detail::scratch(
         out.shape(), lt_output_allowed(a.dtype(), out.dtype()) ? out.dtype() : DType::f32,
         out.device());
-    matmul(a, b, staged, transpose_b);
+    matmul(a, b, staged, transpose_b, options);
     return cast(staged, out);
   }
 
@@ -353,7 +399,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
   const MatrixLayout lb = layout_of(n, k, s_bn, s_bk);
   if (!lb.ok) return matmul(a, contiguous_copy(b, b.dtype()), out, transpose_b);
   const MatrixLayout la = layout_of(k, m, a.stride(-1), a.stride(-2));
-  if (!la.ok) return matmul(contiguous_copy(a, a.dtype()), b, out, transpose_b);
+  if (!la.ok) return matmul(contiguous_copy(a, a.dtype()), b, out, transpose_b, options);
 
   // Stage 4: batch dims, merged where uniformly strided.
   const auto batch_strides = [&](const Tensor& t) {

@@ -21,7 +21,9 @@
 //     handed to the retain_scratch sink when one is set, so a captured graph keeps them alive.
 //     Skinny products (a few activation rows times a weight, the decode case) go to splice's own
 //     bandwidth-bound GEMV kernel instead (src/backend/cuda/gemv.cu; the routing rule and the
-//     measurements behind it are in try_gemv, primitives_gemm.cc).
+//     measurements behind it are in try_gemv, primitives_gemm.cc). It joins the programmatic
+//     dependent launch chain of the other kernels here; MatmulOptions::b_constant lets it start
+//     streaming a constant weight before its producers finish.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +55,26 @@ void reduce(ReduceKind kind, const Tensor& in, std::int64_t axis, bool keepdim, 
 void softmax(const Tensor& in, std::int64_t axis, Tensor& out);
 // Batched a [..., m, k] @ b [..., k, n] (b read as [..., n, k] when transpose_b) through cuBLASLt.
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b = false);
+
+// What the caller guarantees about a matmul's operands (every field defaults to no promise).
+struct MatmulOptions {
+  // No kernel that may still be running when this matmul is launched (under programmatic
+  // dependent launch: any earlier kernel of the stream since its last non-kernel operation)
+  // writes `b`, and none writes it before this matmul completes: a model weight (a session's
+  // Param). The GEMV route then issues its first weight loads before waiting on its producers,
+  // overlapping their DRAM latency with the previous kernel's tail (gemv.h, Params::w_constant).
+  // A false promise is a silent race.
+  bool b_constant = false;
+  // Optional residual epilogue: out = a @ b + residual, the product's fp32 sum plus residual in
+  // fp32 with one rounding into out's dtype (the MatMulAdd layer op). residual: out's shape, any
+  // float dtype and strides, on out's device; it may be out itself (the identical view: h += ...)
+  // but must not otherwise overlap it. The GEMV route adds it before its store; other products
+  // go through an f32 scratch product and one elementwise add.
+  const Tensor* residual = nullptr;
+};
+// The same product with the caller's guarantees.
+void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b,
+            const MatmulOptions& options);
 // out = concat(inputs) along axis.
 void concat(const std::vector<Tensor>& inputs, std::int64_t axis, Tensor& out);
 // out[i..., :] = table[indices[i...], :] along axis 0 of table.
