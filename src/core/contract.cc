@@ -60,6 +60,7 @@ const char* layer_op_name(LayerOpKind kind) {
     case LayerOpKind::rms_norm: return "rms_norm";
     case LayerOpKind::silu_mul: return "silu_mul";
     case LayerOpKind::rope: return "rope";
+    case LayerOpKind::matmul_add: return "matmul_add";
   }
   return "?";
 }

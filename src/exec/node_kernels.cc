@@ -195,6 +195,7 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
   if (n.op == Op::RmsNorm) return fused_rms_norm(in[0], in[1], n.attrs.eps, out);
   if (n.op == Op::SiluMul) return fused_silu_mul(in[0], in[1], out);
   if (n.op == Op::Rope) return fused_rope(in[0], in[1], in[2], in[3], out);
+  if (n.op == Op::MatMulAdd) return fused_matmul_add(in[0], in[1], in[2], out, hints.constant_b);
 #ifdef SPLICE_WITH_CUDA
   if (out.device().is_cuda()) return run_cuda(n, in, out, s, hints);
 #endif

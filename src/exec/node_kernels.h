@@ -20,7 +20,7 @@ struct NodeScalars {
 // Facts about a node fixed at plan time (computed once per session) that let its kernel relax
 // its ordering against the kernels before it.
 struct NodeHints {
-  // MatMul: input 1 is a model Param, directly or through Permute / Slice views (never a Reshape,
+  // MatMul, MatMulAdd: input 1 is a model Param, directly or through Permute / Slice views (never a Reshape,
   // which may copy): no kernel ever writes it, so the CUDA GEMV may stream it before its
   // producers finish (cuda::MatmulOptions::b_constant).
   bool constant_b = false;

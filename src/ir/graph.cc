@@ -259,6 +259,10 @@ NodeId Graph::rms_norm(NodeId x, NodeId weight, float eps, DType dtype) {
 
 NodeId Graph::silu_mul(NodeId a, NodeId b) { return add(Op::SiluMul, {a, b}, {}, DType::f32); }
 
+NodeId Graph::matmul_add(NodeId a, NodeId b, NodeId c, DType dtype) {
+  return add(Op::MatMulAdd, {a, b, c}, {}, dtype);
+}
+
 NodeId Graph::rope(NodeId x, NodeId cos_table, NodeId sin_table, NodeId position) {
   return add(Op::Rope, {x, cos_table, sin_table, position}, {}, DType::f32);
 }

@@ -277,6 +277,23 @@ Inferred infer_node(const Graph& g, const Node& n) {
                          sym_shape_str(x), " and weight ", sym_shape_str(w));
       return {x, n.dtype};
     }
+    case Op::MatMulAdd: {
+      require_arity(n, 3);
+      require_float(in(0).dtype, n, "a");
+      require_same_dtype(in(0).dtype, in(1).dtype, n);
+      require_float(in(2).dtype, n, "c");
+      require_float(n.dtype, n, "out");
+      const SymShape &a = in(0).shape, &b = in(1).shape, &c = in(2).shape;
+      if (a.size() < 2 || b.size() != 2 || !a.back().structurally_equal(b[1]))
+        fail<GraphError>("matmul_add: `a` must be [..., M, K] and `b` [N, K], got a ",
+                         sym_shape_str(a), " and b ", sym_shape_str(b));
+      SymShape y(a.begin(), a.end() - 1);
+      y.push_back(b[0]);
+      if (!same_shape(c, y))
+        fail<GraphError>("matmul_add: `c` must have the product's shape ", sym_shape_str(y),
+                         ", got ", sym_shape_str(c));
+      return {y, n.dtype};
+    }
     case Op::SiluMul:
       require_arity(n, 2);
       require_float(in(0).dtype, n, "a");

@@ -99,6 +99,8 @@ const char* op_name(Op op) {
       return "silu_mul";
     case Op::Rope:
       return "rope";
+    case Op::MatMulAdd:
+      return "matmul_add";
     case Op::Branch:
       return "branch";
   }

@@ -395,8 +395,8 @@ struct Builder {
       const std::vector<NodeId> gate_up = project(n, p + "mlp.gate_up_proj.", gate_up_parts, false);
       const NodeId act =
           layers::swiglu_activation(g, gate_up[0], gate_up[1], &m.layer_specs, name + ".mlp");
-      const NodeId mlp = layers::linear(g, act, param(p + "mlp.down_proj.weight", {hidden, inter}));
-      h = g.labeled(add(h, mlp), name + ".mlp.residual");
+      h = layers::linear_residual(g, h, act, param(p + "mlp.down_proj.weight", {hidden, inter}), {},
+                                  &m.layer_specs, name + ".mlp.down_proj", name + ".mlp.residual");
     }
     const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}),
                                                c.rms_norm_eps, dt, &m.layer_specs, "final_norm");

@@ -111,10 +111,10 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
     AttentionRegion region = emit_decomposed_attention(g, args);
     m.attention_specs.push_back(region.spec);
     const NodeId attn = g.reshape(region.output, {B, one, SymExpr(heads * head_dim)});
-    const NodeId o_proj =
-        layers::linear(g, attn, param(p + "self_attn.o_proj.weight", {hidden, heads * head_dim}),
-                       maybe_bias(p + "self_attn.o_proj.bias", hidden, c.attention_out_bias));
-    h = g.labeled(g.binary(Op::Add, h, o_proj), site + ".residual");
+    h = layers::linear_residual(
+        g, h, attn, param(p + "self_attn.o_proj.weight", {hidden, heads * head_dim}),
+        maybe_bias(p + "self_attn.o_proj.bias", hidden, c.attention_out_bias), &m.layer_specs,
+        site + ".o_proj", site + ".residual");
     const NodeId n =
         layers::rms_norm(g, h, param(p + "post_attention_layernorm.weight", {hidden}),
                          c.rms_norm_eps, dt, &m.layer_specs, layer + ".post_attention_norm");
@@ -124,8 +124,8 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
                 {{p + "mlp.gate_proj.", inter}, {p + "mlp.up_proj.", inter}}, false);
     const NodeId act =
         layers::swiglu_activation(g, gate_up[0], gate_up[1], &m.layer_specs, layer + ".mlp");
-    const NodeId mlp = layers::linear(g, act, param(p + "mlp.down_proj.weight", {hidden, inter}));
-    h = g.labeled(g.binary(Op::Add, h, mlp), layer + ".mlp.residual");
+    h = layers::linear_residual(g, h, act, param(p + "mlp.down_proj.weight", {hidden, inter}), {},
+                                &m.layer_specs, layer + ".mlp.down_proj", layer + ".mlp.residual");
   }
   const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}),
                                              c.rms_norm_eps, dt, &m.layer_specs, "final_norm");

@@ -125,6 +125,21 @@ NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias) {
   return y;
 }
 
+NodeId linear_residual(Graph& g, NodeId residual, NodeId x, NodeId weight,
+                       std::optional<NodeId> bias, std::vector<LayerOpSpec>* specs,
+                       const std::string& site, const std::string& label) {
+  const NodeId y = linear(g, x, weight, bias);
+  NodeId out = g.binary(Op::Add, residual, y);
+  if (!label.empty()) out = g.labeled(out, label);
+  if (bias || g.node(weight).shape.size() != 2 ||
+      !same_shape(g.node(residual).shape, g.node(y).shape))
+    return out;
+  LayerOpSpec spec;
+  spec.kind = LayerOpKind::matmul_add;
+  spec.inputs = {x, weight, residual};
+  return end_region(g, out, std::move(spec), specs, site);
+}
+
 NodeId swiglu(Graph& g, NodeId x, NodeId gate, NodeId up, NodeId down,
               std::vector<LayerOpSpec>* specs, const std::string& site) {
   const NodeId gate_out = linear(g, x, gate), up_out = linear(g, x, up);  // [..., I]
@@ -171,9 +186,9 @@ std::vector<NodeId> project(Graph& g, const Weights& w, DType dtype, bool stack,
     for (std::size_t size : groups)
       SPLICE_INTERNAL_CHECK(size == 1, "project: grouped projections need stacking");
     for (const auto& [prefix, n] : parts)
-      out.push_back(linear(g, x, param(prefix + "weight", {n, in_features}),
-                           bias ? std::optional<NodeId>(param(prefix + "bias", {n}))
-                                : std::nullopt));
+      out.push_back(
+          linear(g, x, param(prefix + "weight", {n, in_features}),
+                 bias ? std::optional<NodeId>(param(prefix + "bias", {n})) : std::nullopt));
     return out;
   }
   // One param of the parts' tensors stacked along the output axis (`cols` = 0: biases).

@@ -5,7 +5,8 @@
 //     CUDA backend is a DeviceError.
 //  2. Contract row of that device: the op is listed, the activation dtype is listed, the row
 //     length is within max_row (0 = any). A refusal is an UnsupportedError naming the row.
-//  3. Dispatch: cpu::rms_norm / silu_mul / rope or their cuda:: launchers.
+//  3. Dispatch: cpu::rms_norm / silu_mul / rope / matmul_add or their cuda:: launchers
+//     (matmul_add on CUDA: cuda::matmul with the residual epilogue, MatmulOptions).
 #include "splice/ops/layer_ops.h"
 
 #include <string>
@@ -15,6 +16,7 @@
 
 #if defined(SPLICE_WITH_CUDA)
 #include "splice/backend/cuda/layer_ops.h"
+#include "splice/backend/cuda/primitives.h"
 #endif
 
 namespace splice {
@@ -22,7 +24,7 @@ namespace {
 
 const std::vector<DType> kFloatDtypes = {DType::bf16, DType::f16, DType::f32};
 const std::vector<LayerOpKind> kAllLayerOps = {LayerOpKind::rms_norm, LayerOpKind::silu_mul,
-                                               LayerOpKind::rope};
+                                               LayerOpKind::rope, LayerOpKind::matmul_add};
 
 void check_device(const Tensor& t, const char* name, const Device& device, const char* op) {
   check_defined(t, name);
@@ -96,6 +98,28 @@ void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Ten
   if (device.is_cuda()) return cuda::rope(x, cos, sin, position, out);
 #endif
   cpu::rope(x, cos, sin, position, out);
+}
+
+void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out,
+                      bool b_constant) {
+  const char* op = "matmul_add";
+  check_defined(a, "a");
+  const Device device = a.device();
+  check_device(b, "b", device, op);
+  check_device(c, "c", device, op);
+  check_device(out, "out", device, op);
+  check_contract(contract_for(device, op), LayerOpKind::matmul_add, a.dtype(), last_dim(a));
+#if defined(SPLICE_WITH_CUDA)
+  if (device.is_cuda()) {
+    if (b.dim() != 2) fail<ShapeError>(op, ": `b` must be [N, K], got ", dims_str(b.shape()));
+    cuda::MatmulOptions options;
+    options.b_constant = b_constant;
+    options.residual = &c;
+    return cuda::matmul(a, b, out, /*transpose_b=*/true, options);
+  }
+#endif
+  (void)b_constant;  // a CPU kernel has no launch ordering to relax
+  cpu::matmul_add(a, b, c, out);
 }
 
 const LayerOpContract& cpu_layer_ops_contract() {

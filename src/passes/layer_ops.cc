@@ -20,6 +20,8 @@ Op fused_op(LayerOpKind kind) {
       return Op::SiluMul;
     case LayerOpKind::rope:
       return Op::Rope;
+    case LayerOpKind::matmul_add:
+      return Op::MatMulAdd;
   }
   fail<GraphError>("LayerOpSpec: unknown kind ", static_cast<int>(kind));
 }
@@ -33,6 +35,8 @@ std::vector<std::string> role_names(LayerOpKind kind) {
       return {"a", "b"};
     case LayerOpKind::rope:
       return {"x", "cos", "sin", "position"};
+    case LayerOpKind::matmul_add:
+      return {"a", "b", "c"};
   }
   return {};
 }
@@ -99,6 +103,10 @@ std::string layer_op_gate(const Graph& g, const LayerOpSpec& s, const LayerOpCon
     why << who << " does not take dtype " << dtype_name(x.dtype) << "; ";
   if (out_dtype != x.dtype && !c.supports_dtype(out_dtype))
     why << who << " does not write dtype " << dtype_name(out_dtype) << "; ";
+  if (s.kind == LayerOpKind::matmul_add && s.inputs.size() == 3 &&
+      !c.supports_dtype(g.node(s.inputs[2]).dtype))
+    why << who << " does not take a residual of dtype " << dtype_name(g.node(s.inputs[2]).dtype)
+        << "; ";
   const SymExpr& row = x.shape.back();
   if (c.max_row > 0 && row.upper_bound(g.symbols()) > c.max_row)
     why << "the row length " << row.str(&g.symbols()) << " exceeds " << who << "'s max_row "
@@ -133,6 +141,9 @@ OfferResult offer_layer_op_arm(Graph& g, const LayerOpSpec& s, const LayerOpCont
       break;
     case LayerOpKind::rope:
       fused = g.rope(in[0], in[1], in[2], in[3]);
+      break;
+    case LayerOpKind::matmul_add:
+      fused = g.matmul_add(in[0], in[1], in[2], g.node(s.decomposed_out).dtype);
       break;
   }
   g.labeled(fused, (s.site.empty() ? kind : s.site + "." + kind) + "_fused");

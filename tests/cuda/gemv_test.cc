@@ -41,6 +41,7 @@
 //  8. The residual epilogue (MatmulOptions::residual, out = a . b^T + c with one rounding): GEMV
 //     rows (M = 1, 3) and cuBLASLt rows (M = 9) in bf16 and f32, a residual of another dtype, a
 //     strided residual, and c = out itself (h += linear(x)), against the CPU's f32 product plus c.
+//  9. fused_matmul_add (the MatMulAdd layer op) on CUDA against cpu::matmul_add.
 //  7. A Session marks a MatMul whose weight is a Param as constant (the prefetch path) and one
 //     whose b is an Input not, and both agree with the CPU.
 // Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
@@ -64,6 +65,7 @@
 #include "splice/core/random.h"
 #include "splice/exec/session.h"
 #include "splice/ir/graph.h"
+#include "splice/ops/layer_ops.h"
 #include "support/test_util.h"
 
 namespace splice::cuda {
@@ -586,17 +588,25 @@ TEST(CudaGemv, SessionPromisesParamWeightsConstant) {
   const NodeId vi = g.input("v", sym_shape_of({kN, kK}), dtype);
   g.mark_output("from_param", g.matmul(xi, g.param("w", w), /*transpose_b=*/true));
   g.mark_output("from_input", g.matmul(xi, vi, /*transpose_b=*/true));
+  // The MatMulAdd layer op with a Param weight is promised constant too.
+  const NodeId ci = g.input("c", sym_shape_of({1, kN}), dtype);
+  g.mark_output("fused", g.matmul_add(xi, g.param("w2", w), ci, dtype));
   SessionOptions options;
   options.device = Device::cuda();
   options.cuda_graph = false;  // eager: every step launches (and counts) both GEMVs
   Session session(g, options);
   const Device d = Device::cuda();
   const auto before = cuda::gemv::launch_stats();
-  session.step({}, {{"x", x.to_device(d)}, {"v", v.to_device(d)}});
+  const Tensor c = testing::random_tensor(rng, {1, kN}, dtype);  // [1, n]
+  session.step({}, {{"x", x.to_device(d)}, {"v", v.to_device(d)}, {"c", c.to_device(d)}});
   cuda::synchronize();
   const auto after = cuda::gemv::launch_stats();
-  EXPECT_EQ(after.launches - before.launches, 2u);
-  EXPECT_EQ(after.prefetch - before.prefetch, 1u) << "only the Param weight is promised constant";
+  EXPECT_EQ(after.launches - before.launches, 3u);
+  EXPECT_EQ(after.prefetch - before.prefetch, 2u) << "only the Param weights are promised constant";
+  Tensor expected_fused = Tensor::empty({1, kN}, dtype);
+  cpu::matmul_add(x, w, c, expected_fused);
+  EXPECT_TRUE(testing::close(session.output("fused").to_device(Device::cpu()), expected_fused,
+                             default_tolerance(dtype)));
   Tensor expected_param = Tensor::empty({1, kN}, dtype),
          expected_input = Tensor::empty({1, kN}, dtype);
   cpu::matmul(x, w, expected_param, true);
@@ -607,7 +617,27 @@ TEST(CudaGemv, SessionPromisesParamWeightsConstant) {
                              default_tolerance(dtype)));
 }
 
-// ---- 8. the residual epilogue ----------------------------------------------------------------
+// ---- 9. the MatMulAdd layer op on CUDA ------------------------------------------------------
+
+TEST(CudaGemv, FusedMatMulAddLayerOpAgainstTheCpuKernel) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(37);
+  constexpr std::int64_t kN = 576, kK = 1536;  // SmolLM2's down_proj
+  for (std::int64_t m : {1, 9}) {              // the GEMV epilogue; cuBLASLt + one add
+    const DType dtype = DType::bf16;
+    const Tensor a = testing::random_tensor(rng, {1, m, kK}, dtype);          // [1, m, k]
+    const Tensor b = testing::random_tensor(rng, {kN, kK}, dtype, 1.0 / 32);  // [n, k]
+    const Tensor c = testing::random_tensor(rng, {1, m, kN}, dtype);          // [1, m, n]
+    Tensor want = Tensor::empty({1, m, kN}, dtype);
+    cpu::matmul_add(a, b, c, want);
+    const Device d = Device::cuda();
+    Tensor got = Tensor::empty({1, m, kN}, dtype, d);
+    fused_matmul_add(a.to_device(d), b.to_device(d), c.to_device(d), got, /*b_constant=*/true);
+    EXPECT_TRUE(testing::close(got.to_device(Device::cpu()), want, default_tolerance(dtype)))
+        << "m " << m;
+  }
+}
+// ---- 8b. the residual epilogue through cuda::matmul ---------------------------------------
 
 TEST(CudaGemv, ResidualEpilogueAgainstCpu) {
   SKIP_WITHOUT_GPU();

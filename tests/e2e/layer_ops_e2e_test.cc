@@ -3,7 +3,10 @@
 // LayerOpSpec offered, verified and chosen (RMSNorm, SwiGLU activation and RoPE fused) and once
 // without them (the primitive regions); everything else (attention, KDA arms) is the same. The
 // greedy tokens must be identical and the logits equal within the bf16 tolerance (the CPU fused
-// kernels reproduce their primitive regions bit for bit, so they are in fact identical).
+// kernels reproduce their primitive regions bit for bit, so they are in fact identical). The
+// residual MatMulAdd (o_proj and down_proj plus their residual) rounds once where its region
+// rounds the product first, so it is not bitwise: it runs in tests of its own, where the greedy
+// tokens must be identical and the logits close within kMatMulAddLogitTolerance.
 // Also: the builders' stacked projections (one matmul for q|k|v, gate|up and the KDA mixer's
 // inputs, the projections views of its output; one RoPE over the q and k heads) give bitwise
 // (bf16) the logits of one matmul per Hugging Face linear and one RoPE each for q and k, for a
@@ -11,6 +14,9 @@
 // the KDA hybrid.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -23,6 +29,13 @@ namespace splice {
 namespace {
 
 constexpr int kSteps = 12;
+// Logits with the MatMulAdd arms against without: each fused residual add rounds h once where
+// the region rounds twice, so h differs by about one bf16 ulp (2^-8 relative) in some elements
+// per layer, and the logits leave a bf16 lm_head, whose rounding is an ulp at their own scale.
+// Measured on the CPU: the tiny Llama's logits (max |logit| 30-39) differ by at most 0.42 (about
+// one ulp at 32), the KDA hybrid's (max 3-4) by at most 0.047; both about 1% of the step's
+// largest logit. Bound: |difference| <= 0.03 max |logit| + 0.03 |logit|.
+constexpr double kMatMulAddLogitScaleTolerance = 0.03;
 
 ModelConfig tiny_llama_config(const std::string& dir, bool qwen2 = false) {
   std::filesystem::create_directories(dir);
@@ -71,8 +84,13 @@ struct Decode {
   int fused_layer_ops = 0;  // layer-op branches collapsed to the fused arm
 };
 
-Decode greedy(DecodeModel model, bool layer_ops) {
+// `layer_ops`: offer the RMSNorm, SwiGLU activation and RoPE specs; `matmul_add`: the residual
+// MatMulAdd specs as well.
+Decode greedy(DecodeModel model, bool layer_ops, bool matmul_add = false) {
   if (!layer_ops) model.layer_specs.clear();
+  if (!matmul_add)
+    std::erase_if(model.layer_specs,
+                  [](const LayerOpSpec& s) { return s.kind == LayerOpKind::matmul_add; });
   GeneratorOptions go;
   go.optimize.tune.warmup = 0;
   go.optimize.tune.repeats = 1;
@@ -82,8 +100,8 @@ Decode greedy(DecodeModel model, bool layer_ops) {
   Generator gen(std::move(model), go);
   Decode d;
   for (const Decision& decision : gen.decisions().entries()) {
-    const bool layer_op =
-        decision.kind == "rms_norm" || decision.kind == "silu_mul" || decision.kind == "rope";
+    const bool layer_op = decision.kind == "rms_norm" || decision.kind == "silu_mul" ||
+                          decision.kind == "rope" || decision.kind == "matmul_add";
     if (layer_op) {
       EXPECT_TRUE(decision.offered) << decision.site << ": " << decision.reason;
       d.fused_layer_ops += decision.collapsed_to == 1;
@@ -117,8 +135,9 @@ TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
   build.max_seq_len = 32;
   build.dtype = DType::bf16;
   DecodeModel model = build_decode_model(config, weights, build);
-  // Per layer: 2 norms, 1 rope (q and k heads in one call), 1 SwiGLU activation; the final norm.
-  EXPECT_EQ(model.layer_specs.size(), 2u * 4u + 1u);
+  // Per layer: 2 norms, 1 rope (q and k heads in one call), 1 SwiGLU activation, 2 residual
+  // MatMulAdds (o_proj, down_proj); the final norm.
+  EXPECT_EQ(model.layer_specs.size(), 2u * 6u + 1u);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);
   EXPECT_EQ(fused.fused_layer_ops, 9);
@@ -133,12 +152,50 @@ TEST(LayerOpsE2e, DefaultKdaModelGreedyTokensAndLogitsMatchWithAndWithoutFusedLa
   build.max_seq_len = 32;
   build.dtype = DType::bf16;
   DecodeModel model = build_decode_model(config, weights, build);
-  // 4 layers x (2 norms + 1 SwiGLU activation), the attention layer's rope, the final norm.
-  EXPECT_EQ(model.layer_specs.size(), 4u * 3u + 1u + 1u);
+  // 4 layers x (2 norms + 1 SwiGLU activation + the MLP's residual MatMulAdd), the attention
+  // layer's rope, the final norm.
+  EXPECT_EQ(model.layer_specs.size(), 4u * 4u + 1u + 1u);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);
   EXPECT_EQ(fused.fused_layer_ops, 14);
   expect_same_decode(fused, plain);
+}
+
+void expect_close_decode(const Decode& fused, const Decode& plain) {
+  EXPECT_EQ(fused.tokens, plain.tokens);
+  for (int step = 0; step < kSteps; ++step) {
+    double scale = 0;  // max |logit| of this step
+    for (std::int64_t i = 0; i < plain.logits[step].numel(); ++i)
+      scale = std::max(scale, std::fabs(plain.logits[step].at_linear(i)));
+    const Tolerance tol{kMatMulAddLogitScaleTolerance * scale, kMatMulAddLogitScaleTolerance};
+    EXPECT_TRUE(testing::close(fused.logits[step], plain.logits[step], tol))
+        << "step " << step << ", max |logit| " << scale;
+  }
+}
+
+TEST(LayerOpsE2e, LlamaGreedyTokensMatchWithAndWithoutMatMulAdd) {
+  const ModelConfig config = tiny_llama_config(::testing::TempDir() + "/matmul_add_llama");
+  const Weights weights = tiny_llama_weights();
+  BuildOptions build;
+  build.max_seq_len = 32;
+  build.dtype = DType::bf16;
+  const Decode fused = greedy(build_decode_model(config, weights, build), true, true);
+  const Decode plain = greedy(build_decode_model(config, weights, build), true, false);
+  EXPECT_EQ(fused.fused_layer_ops, 9 + 4);  // + o_proj and down_proj residuals of 2 layers
+  EXPECT_EQ(plain.fused_layer_ops, 9);
+  expect_close_decode(fused, plain);
+}
+
+TEST(LayerOpsE2e, DefaultKdaModelGreedyTokensMatchWithAndWithoutMatMulAdd) {
+  const ModelConfig config = default_model_config();
+  const Weights weights = Weights::from_tensors(make_kda_weights(config, 7));
+  BuildOptions build;
+  build.max_seq_len = 32;
+  build.dtype = DType::bf16;
+  const Decode fused = greedy(build_decode_model(config, weights, build), true, true);
+  const Decode plain = greedy(build_decode_model(config, weights, build), true, false);
+  EXPECT_EQ(fused.fused_layer_ops, 14 + 4);  // + the 4 MLP residuals
+  expect_close_decode(fused, plain);
 }
 
 // Logits of `steps` tokens fed to a planned session of the model (batch rows get different tokens).

@@ -156,6 +156,8 @@ class Graph {
   // Fused layer ops (op.h): x [..., H], weight [H]; the output dtype is `dtype`.
   NodeId rms_norm(NodeId x, NodeId weight, float eps, DType dtype);
   NodeId silu_mul(NodeId a, NodeId b);
+  // a @ b^T + c (Op::MatMulAdd), stored in `dtype`.
+  NodeId matmul_add(NodeId a, NodeId b, NodeId c, DType dtype);
   // x [..., D], cos/sin tables [max_seq_len, D], position [1] i32.
   NodeId rope(NodeId x, NodeId cos_table, NodeId sin_table, NodeId position);
 

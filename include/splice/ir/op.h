@@ -77,6 +77,9 @@ enum class Op : std::uint8_t {
   Rope,         // Rotate-half RoPE of x [..., D] at position p = pos[0] (input 3, [1] i32):
                 // y = x * cos[p] + rotate_half(x) * sin[p], tables cos, sin [max_seq_len, D];
                 // fp32 math, stored in x's dtype.
+  MatMulAdd,    // y = a @ b^T + c: a [..., M, K], b [N, K] (a's dtype), c [..., M, N] (the
+                // product's shape, any float dtype); the fp32 sum plus c rounded once into the
+                // node's dtype (its MatMul -> Add region rounds the product first).
   // --- control ---
   Branch,  // (view) Equivalent arms: inputs are the arms' exits (arm 0 first, the oracle);
            // returns the chosen arm's exit (arm 0 unless a decision selects another).

@@ -86,6 +86,12 @@ NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype,
                 std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
 // x @ W^T (+ bias) for a Hugging Face [out, in] weight.
 NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias = {});
+// residual + x @ W^T (+ bias): a linear layer and its residual add. Without a bias and with the
+// residual of the product's shape, the region is a matmul_add LayerOpSpec (inputs {x, weight,
+// residual}) so the optimizer can offer Op::MatMulAdd beside it; `label` names the add.
+NodeId linear_residual(Graph& g, NodeId residual, NodeId x, NodeId weight,
+                       std::optional<NodeId> bias = {}, std::vector<LayerOpSpec>* specs = nullptr,
+                       const std::string& site = "", const std::string& label = "");
 // silu(x W_gate^T) * (x W_up^T) then W_down^T (the activation silu(.) * (.) is the spec's region).
 NodeId swiglu(Graph& g, NodeId x, NodeId gate, NodeId up, NodeId down,
               std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");

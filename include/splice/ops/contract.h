@@ -68,6 +68,7 @@ enum class LayerOpKind : std::uint8_t {
   rms_norm,  // y = x * rsqrt(mean(x^2, -1) + eps) * weight
   silu_mul,  // y = silu(a) * b (SwiGLU's activation)
   rope,      // rotate-half RoPE of x at a position read from a [1] i32 tensor
+  matmul_add,  // y = a @ b^T + c: a linear layer plus its residual (fp32 sum, one rounding)
 };
 const char* layer_op_name(LayerOpKind kind);
 

@@ -24,6 +24,12 @@ void fused_silu_mul(const Tensor& a, const Tensor& b, Tensor& out);
 void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& position,
                 Tensor& out);
 
+// out = round(a @ b^T + c): a [..., M, K], b [N, K] (a's dtype), c, out [..., M, N]; the fp32 sum
+// plus c rounded once into out's dtype. `b_constant`: the caller's promise that no kernel in
+// flight writes b (a model weight; cuda::MatmulOptions::b_constant), ignored on the CPU.
+void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out,
+                      bool b_constant = false);
+
 // The contract rows of the layer-op kernels on each backend (kernel "layer_ops").
 const LayerOpContract& cpu_layer_ops_contract();
 const LayerOpContract& cuda_layer_ops_contract();

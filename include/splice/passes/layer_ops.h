@@ -32,8 +32,8 @@ namespace splice {
 
 struct LayerOpSpec {
   LayerOpKind kind = LayerOpKind::rms_norm;
-  // rms_norm: {x, weight}; silu_mul: {a, b}; rope: {x, cos, sin, position}. inputs[0] is the
-  // diverge point.
+  // rms_norm: {x, weight}; silu_mul: {a, b}; rope: {x, cos, sin, position}; matmul_add: {a, b, c}
+  // (y = a @ b^T + c). inputs[0] is the diverge point.
   std::vector<NodeId> inputs;
   float eps = 0.0f;       // rms_norm
   NodeId decomposed_out;  // arm 0's exit (the oracle), the fused op's shape and dtype

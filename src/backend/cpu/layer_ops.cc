@@ -11,6 +11,9 @@
 //                   order),  inv = 1 / sqrt(s / H + eps),  y_j = (x_j * inv) * w_j
 //        silu_mul:  t = round(a / (1 + e^-a)),  y = t * b
 //        rope:      y_i = x_i c_i + (-x_{i+h}) s_i,  y_{i+h} = x_{i+h} c_{i+h} + x_i s_{i+h}
+//        matmul_add: y_j = (sum_k a_k b_jk) + c_j, the sum in fp32 over 8 interleaved lanes
+//                   (pairwise total), b converted to fp32 once per call; the work is split
+//                   over (row, column) pairs so one decode row still uses every thread
 #include "splice/backend/cpu/layer_ops.h"
 
 #include <algorithm>
@@ -71,6 +74,17 @@ float lane_sum_of_squares(const float* x, std::int64_t n) {
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l] * x[i + l];
   for (; i < n; ++i) acc[i % kLanes] += x[i] * x[i];
+  for (int width = kLanes / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) acc[l] = acc[l] + acc[l + width];
+  return acc[0];
+}
+
+float lane_dot(const float* a, const float* b, std::int64_t n) {
+  float acc[kLanes] = {};
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
+  for (; i < n; ++i) acc[i % kLanes] += a[i] * b[i];
   for (int width = kLanes / 2; width >= 1; width /= 2)
     for (int l = 0; l < width; ++l) acc[l] = acc[l] + acc[l + width];
   return acc[0];
@@ -206,6 +220,60 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
                    detail::store_tile<float>(oo, out_rows[r], 1, dim, y.data());
                  }
                });
+}
+
+void matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
+  constexpr const char* kOp = "matmul_add";
+  detail::check_cpu(a, "a");
+  detail::check_cpu(b, "b");
+  detail::check_cpu(c, "c");
+  detail::check_cpu(out, "out");
+  check_float(a, kOp, "a");
+  check_float(b, kOp, "b");
+  check_float(c, kOp, "c");
+  check_float(out, kOp, "out");
+  check_rows(a, kOp, "a");
+  check_rows(c, kOp, "c");
+  check_rows(out, kOp, "out");
+  if (a.dim() < 2 || b.dim() != 2 || b.size(1) != a.size(-1))
+    fail<ShapeError>(kOp, ": `a` must be [..., M, K] and `b` [N, K], got a ", dims_str(a.shape()),
+                     " and b ", dims_str(b.shape()));
+  if (b.size(1) > 1 && b.stride(1) != 1)
+    fail<LayoutError>(kOp, ": `b` must have a unit stride on its last axis, got strides ",
+                      dims_str(b.strides()));
+  Dims y_shape = a.shape();
+  y_shape.back() = b.size(0);
+  if (c.shape() != y_shape)
+    fail<ShapeError>(kOp, ": `c` must have the product's shape ", dims_str(y_shape), ", got ",
+                     dims_str(c.shape()));
+  detail::check_out_shape(out, y_shape, "matmul_add: out has the product's shape");
+  detail::check_no_overlap(out, "out", a, "a", /*allow_identical=*/false);
+  detail::check_no_overlap(out, "out", b, "b", /*allow_identical=*/false);
+  detail::check_no_overlap(out, "out", c, "c", /*allow_identical=*/true);
+  const std::int64_t k = a.size(-1), n = b.size(0);
+  // [n, k] in fp32
+  std::vector<float> w(static_cast<std::size_t>(n * k));
+  const Operand bo(b);
+  for (std::int64_t j = 0; j < n; ++j)
+    detail::load_tile<float>(bo, j * b.stride(0), 1, k, w.data() + j * k);
+  const auto a_rows = row_offsets(a), c_rows = row_offsets(c), out_rows = row_offsets(out);
+  const Operand ao(a), co(c), oo(out);
+  const std::int64_t rows = static_cast<std::int64_t>(a_rows.size());
+  // [rows, k] and [rows, n] in fp32: every row's a and c read once before any store (out may be
+  // c itself).
+  std::vector<float> x(static_cast<std::size_t>(rows * k)), y(static_cast<std::size_t>(rows * n));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    detail::load_tile<float>(ao, a_rows[r], 1, k, x.data() + r * k);
+    detail::load_tile<float>(co, c_rows[r], 1, n, y.data() + r * n);
+  }
+  parallel_for(0, rows * n, row_grain(k), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      const std::int64_t r = i / n, j = i % n;
+      y[i] = lane_dot(x.data() + r * k, w.data() + j * k, k) + y[i];
+    }
+  });
+  for (std::int64_t r = 0; r < rows; ++r)
+    detail::store_tile<float>(oo, out_rows[r], 1, n, y.data() + r * n);
 }
 
 }  // namespace splice::cpu

@@ -29,4 +29,10 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out);
 void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& position,
           Tensor& out);
 
+// out[..., m, j] = round((sum_k a[..., m, k] * b[j, k]) + c[..., m, j]): a [..., M, K], b [N, K]
+// (unit stride along K), c and out [..., M, N] (any float dtypes); the sum in fp32, one rounding
+// into out's dtype (the MatMul -> Add region rounds the product to its dtype first). out may be
+// c itself (the identical view).
+void matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
+
 }  // namespace splice::cpu
