@@ -28,6 +28,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/flash_decode_kernel.cuh"
+#include "backend/cuda/launch.cuh"
 #include "splice/backend/cuda/flash_decode.h"
 
 // The planner's constants (public header) and the kernel's must agree.
@@ -252,8 +253,10 @@ void launch(const FlashDecodeParams& params, const dim3& grid, Stream stream) {
     attributes[count].val.clusterDim.z = 1;
     ++count;
   }
-  // Not on the legacy default stream, whose implicit synchronization PDL would only muddle.
-  if (features().pdl && stream != nullptr) {
+  // As every PDL launch here (launch.cuh): honours SPLICE_PDL / set_pdl_enabled, and never on the
+  // legacy default stream, whose implicit synchronization PDL would only muddle. The kernel obeys
+  // launch.cuh's safety rule (stage 0 waits before any global access or early return).
+  if (features().pdl && pdl_enabled() && stream != nullptr) {
     attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[count].val.programmaticStreamSerializationAllowed = 1;
     ++count;
