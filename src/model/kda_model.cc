@@ -111,8 +111,15 @@ struct Builder {
     return weight;
   }
 
-  // KDA mixer of layer `l` on a [B, 1, hidden]; returns [B, 1, hidden].
-  NodeId kda_mixer(std::int64_t l, NodeId a) {
+  // A mixer's output before its o_proj: x [B, 1, in] and the o_proj weight [hidden, in]; the
+  // layer adds x @ weight^T to the residual stream as one layers::linear_residual region (a
+  // matmul_add LayerOpSpec).
+  struct MixerOut {
+    NodeId x, weight;
+  };
+
+  // KDA mixer of layer `l` on a [B, 1, hidden]; returns its o_proj input [B, 1, vd] and weight.
+  MixerOut kda_mixer(std::int64_t l, NodeId a) {
     const KdaLayerConfig& k = c.kda;
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string site = "layer" + std::to_string(l) + ".kda";
@@ -180,8 +187,8 @@ struct Builder {
       mixed_out =
           generic_kda(p, site, x, raw_gate, raw_beta, out_gate, A_log, dt_bias, norm_weight);
     }
-    const NodeId proj = layers::linear(g, mixed_out, param(p + "attn.o_proj.weight", {hidden, vd}));
-    return g.reshape(proj, {B, one, SymExpr(hidden)});
+    return {g.reshape(mixed_out, {B, one, SymExpr(vd)}),
+            param(p + "attn.o_proj.weight", {hidden, vd})};
   }
 
   // Stages a-f of the file comment from primitives, for any KDA layer shape (no spec).
@@ -292,9 +299,10 @@ struct Builder {
     return L(g.reshape(out, {B, SymExpr(vd)}), "kda_merge");
   }
 
-  // FLA's Attention of layer `l` on a [B, 1, hidden]; returns [B, 1, hidden].
-  NodeId attention_mixer(std::int64_t l, NodeId a, NodeId cos_table, NodeId sin_table,
-                         NodeId position) {
+  // FLA's Attention of layer `l` on a [B, 1, hidden]; returns its o_proj input
+  // [B, 1, heads * head_dim] and weight.
+  MixerOut attention_mixer(std::int64_t l, NodeId a, NodeId cos_table, NodeId sin_table,
+                           NodeId position) {
     const std::string p = "model.layers." + std::to_string(l) + ".attn.";
     const std::string site = "layer" + std::to_string(l) + ".attn";
     const std::int64_t hidden = c.hidden_size, heads = c.num_attention_heads,
@@ -341,7 +349,7 @@ struct Builder {
     AttentionRegion region = emit_decomposed_attention(g, args);
     m.attention_specs.push_back(region.spec);
     const NodeId merged = g.reshape(region.output, {B, one, SymExpr(heads * head_dim)});
-    return layers::linear(g, merged, param(p + "o_proj.weight", {hidden, heads * head_dim}));
+    return {merged, param(p + "o_proj.weight", {hidden, heads * head_dim})};
   }
 
   void build() {
@@ -383,10 +391,11 @@ struct Builder {
       const std::string name = "layer" + std::to_string(l);
       const NodeId a = layers::rms_norm(g, h, param(p + "attn_norm.weight", {hidden}),
                                         c.rms_norm_eps, dt, &m.layer_specs, name + ".attn_norm");
-      const NodeId mixed = c.is_attention_layer(l)
-                               ? attention_mixer(l, a, *cos_table, *sin_table, *position)
-                               : kda_mixer(l, a);
-      h = g.labeled(add(h, mixed), name + ".mixer.residual");
+      const MixerOut mixed = c.is_attention_layer(l)
+                                 ? attention_mixer(l, a, *cos_table, *sin_table, *position)
+                                 : kda_mixer(l, a);
+      h = layers::linear_residual(g, h, mixed.x, mixed.weight, {}, &m.layer_specs,
+                                  name + ".mixer.o_proj", name + ".mixer.residual");
       const NodeId n = layers::rms_norm(g, h, param(p + "mlp_norm.weight", {hidden}),
                                         c.rms_norm_eps, dt, &m.layer_specs, name + ".mlp_norm");
       const std::int64_t inter = c.intermediate_size;
