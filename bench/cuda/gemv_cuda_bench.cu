@@ -18,7 +18,9 @@
 //      and the programmatic-dependent-launch A/B: the GEMV graphs chain their calls with PDL
 //      (launch.cuh; each call waits on the one before, as in a decode step), so the default arm
 //      is timed with PDL on; variant `pf` adds the constant-weight prefetch (Params::w_constant:
-//      the first weight batch is issued before the wait) and `nopdl` captures with PDL off.
+//      the first weight batch is issued before the wait) and `nopdl` captures with PDL off;
+//      `ep` is `pf` plus the residual epilogue (Params::has_c: y = x w^T + c, the MatMulAdd layer
+//      op's GEMV), whose cost over `pf` is the c read.
 //   4. Check: both arms' outputs of the last copy agree (max |gemv - lt| / max |lt| printed), and
 //      splice::cuda::matmul (the routed primitive) once more on copy 0 agrees with them.
 //   5. Output: one row per shape (us, GB/s of weight reads, % of 4.48 TB/s, cuBLASLt us, ratio
@@ -104,7 +106,7 @@ struct Result {
   double routed_rel_diff = 0.0;  // the same for matmul's output on copy 0 against cuBLASLt's
   bool routed_gemv = false;      // gemv::preferred(m, n, k)
   // Stage 3b's variants, us: a warp per group, then 1, 2 and 4 columns per warp.
-  static constexpr int kVariants = 6;  // 1wpg, c1, c2, c4, pf, nopdl
+  static constexpr int kVariants = 7;  // 1wpg, c1, c2, c4, pf, nopdl, ep
   double variant_us[kVariants] = {};
   std::int64_t weight_bytes() const { return shape.n * shape.k * 2; }
 };
@@ -221,6 +223,11 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
       splice::Tensor::empty({m, s.n}, splice::DType::bf16, splice::Device::cuda());
   splice::Tensor y_lt =
       splice::Tensor::empty({m, s.n}, splice::DType::bf16, splice::Device::cuda());
+  // [m, n]: the residual of the `ep` variant
+  splice::Tensor residual =
+      splice::Tensor::empty({m, s.n}, splice::DType::bf16, splice::Device::cuda());
+  fill_random<<<256, 256, 0, stream>>>(residual.data<__nv_bfloat16>(), residual.numel(), 7u);
+  BENCH_CHECK(cudaGetLastError());
   const LtArm arm(lt, workspace, m, s.n, s.k);
   r.routed_gemv = splice::cuda::gemv::preferred(m, s.n, s.k);
 
@@ -240,10 +247,17 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
     splice::cuda::gemv::Params call = params;
     call.w = weight.raw_data();
     // variant -1: the launcher's choices; 0: a warp per group; 1, 2, 3: 1, 2, 4 columns a warp;
-    // 4: the constant-weight prefetch; 5: the launcher's choices with PDL off.
+    // 4: the constant-weight prefetch; 5: the launcher's choices with PDL off; 6: 4 plus the
+    // residual epilogue.
     call.one_warp_per_group = variant == 0;
     call.cols = variant > 0 && variant < 4 ? 1 << (variant - 1) : 0;
-    call.w_constant = variant == 4;
+    call.w_constant = variant == 4 || variant == 6;
+    if (variant == 6) {
+      call.has_c = true;
+      call.c_dtype = splice::DType::bf16;
+      for (std::int64_t row = 0; row < m; ++row)
+        call.c[row] = residual.data<__nv_bfloat16>() + row * s.n;
+    }
     const bool pdl = splice::cuda::pdl_enabled();
     if (variant == 5) splice::cuda::set_pdl_enabled(false);
     splice::cuda::gemv::launch(call, stream);
@@ -381,7 +395,7 @@ int main(int argc, char** argv) {
        << " replays / copies\",\n  \"rows\": [\n";
   std::printf("\n%-3s %-16s %6s %5s %9s %8s %7s %9s %8s %7s %9s %6s %3s %9s  %s\n", "M", "shape",
               "N", "K", "gemv us", "GB/s", "%4.48", "cublas us", "GB/s", "ratio", "rel diff",
-              "route", "ok", "routed d", "variants us: 1wpg  c1  c2  c4  pf  nopdl");
+              "route", "ok", "routed d", "variants us: 1wpg  c1  c2  c4  pf  nopdl  ep");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bytes = static_cast<double>(r.weight_bytes());
@@ -395,12 +409,12 @@ int main(int argc, char** argv) {
     const bool route_ok = r.routed_gemv ? ratio >= 1.0 - kTie : ratio <= 1.0 + kTie;
     std::printf(
         "%-3lld %-16s %6lld %5lld %9.2f %8.0f %6.1f%% %9.2f %8.0f %6.2fx %9.2e %6s %3s %9.2e  "
-        "%.2f %.2f %.2f %.2f %.2f %.2f\n",
+        "%.2f %.2f %.2f %.2f %.2f %.2f %.2f\n",
         static_cast<long long>(r.m), r.shape.name, static_cast<long long>(r.shape.n),
         static_cast<long long>(r.shape.k), r.gemv_us, gemv_gbps, pct, r.lt_us, lt_gbps, ratio,
         r.rel_diff, r.routed_gemv ? "gemv" : "lt", route_ok ? "yes" : "no", r.routed_rel_diff,
         r.variant_us[0], r.variant_us[1], r.variant_us[2], r.variant_us[3], r.variant_us[4],
-        r.variant_us[5]);
+        r.variant_us[5], r.variant_us[6]);
     json << "    {\"m\": " << r.m << ", \"name\": \"" << r.shape.name << "\", \"n\": " << r.shape.n
          << ", \"k\": " << r.shape.k << ", \"weight_bytes\": " << r.weight_bytes()
          << ", \"copies\": " << r.copies << ", \"gemv_us\": " << r.gemv_us
@@ -415,8 +429,8 @@ int main(int argc, char** argv) {
          << ", \"one_warp_per_group_us\": " << r.variant_us[0]
          << ", \"cols1_us\": " << r.variant_us[1] << ", \"cols2_us\": " << r.variant_us[2]
          << ", \"cols4_us\": " << r.variant_us[3] << ", \"prefetch_us\": " << r.variant_us[4]
-         << ", \"pdl_off_us\": " << r.variant_us[5] << "}" << (i + 1 < results.size() ? "," : "")
-         << "\n";
+         << ", \"pdl_off_us\": " << r.variant_us[5] << ", \"epilogue_us\": " << r.variant_us[6]
+         << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";
   BENCH_CHECK(cudaFree(workspace));
