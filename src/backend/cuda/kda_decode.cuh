@@ -310,35 +310,26 @@ struct Item {
   const std::int32_t* dst_row = nullptr;  // packed: state_indices[u, :]
 };
 
-// Stage 1 arithmetic from the metadata words of packed unit u: qsl[u] = q0, qsl[u + 1] = q1,
-// nat[u] = nat (read only when T > 1): accepted offset a, first row b, length L, slot row.
-__device__ __forceinline__ void packed_span(const Params& p, int u, int q0, int q1, int nat,
-                                            Item& it) {
-  const int T = p.max_t;
-  it.dst_row = p.state_indices + static_cast<std::int64_t>(u) * T;
-  it.a = T > 1 ? min(max(nat - 1, 0), T - 1) : 0;
-  it.b = max(q0, 0);
-  it.len = min(min(q1, p.num_rows) - q0, T);  // value contract: L <= T, rows < R (guarded)
-}
-__device__ __forceinline__ void set_live(const Params& p, Item& it) {
-  it.live = it.len > 0 && it.cs > 0 && it.ss > 0 && it.cs < p.num_slots && it.ss < p.num_slots;
-}
-
 // Stage 1 for item (u, h). Packed T = 1 reads no num_accepted_tokens (a = 0).
 __device__ __forceinline__ Item resolve_item(const Params& p, int u, int h) {
   Item it;
   it.u = u;
   it.h = h;
   if (p.row_slots == nullptr) {
-    packed_span(p, u, p.qsl[u], p.qsl[u + 1], p.max_t > 1 ? p.nat[u] : 1, it);
+    const int q0 = p.qsl[u], q1 = p.qsl[u + 1];
+    const int T = p.max_t;
+    it.dst_row = p.state_indices + static_cast<std::int64_t>(u) * T;
+    it.a = T > 1 ? min(max(p.nat[u] - 1, 0), T - 1) : 0;
     it.cs = it.dst_row[0];
     it.ss = it.dst_row[it.a];
+    it.b = max(q0, 0);
+    it.len = min(min(q1, p.num_rows) - q0, T);  // value contract: L <= T, rows < R (guarded)
   } else {
     it.b = u;
     it.len = 1;
     it.cs = it.ss = p.row_slots[u];
   }
-  set_live(p, it);
+  it.live = it.len > 0 && it.cs > 0 && it.ss > 0 && it.cs < p.num_slots && it.ss < p.num_slots;
   return it;
 }
 
@@ -823,12 +814,10 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //   the SM's 4 sub-partitions round-robin, so 9 warps put 3 on one sub-partition: at most 170
 //   (168 allocated) registers per thread, where the sweep wants ~200-230. 8 warps (2 per
 //   sub-partition) admit 255.
-//   Metadata: one warp (kResolveWarp) resolves 32 items at a time, one per lane, into
-//     ahead[batch & 1]: batch 0 in the prologue (loads waited on), batch B + 1 from item
-//     32 B - kStages on (item 0 for batch 1), a batch before it is needed, in three rounds on
-//     consecutive items (cp.async of qsl / nat / row slot into shared memory; then of the slots,
-//     destinations and beta words they locate; then the item), at the start of each item (no
-//     precompute work for that warp at T = 1), so no metadata load is ever waited on.
+//   Metadata: one warp (kResolveWarp) resolves 32 items at a time, one per lane (their dependent
+//     loads overlap), into ahead[batch & 1]; batch B + 1 is resolved during item 32 B - kStages
+//     (item 0 for batch 1), a batch before it is needed, at the start of the item where that
+//     warp has no precompute work at T = 1.
 //   Per item k (n = k + kStages, the item that reuses stage k % kStages):
 //     wait full[k % kStages] -> read the item -> barrier (every thread is past the wait) ->
 //     thread 0 announces n: the single arrival of its phase with the bytes it expects ->
@@ -905,50 +894,14 @@ struct Ahead {
   std::uint16_t beta[kChunk];
 };
 
-// kResolveWarp's scratch for resolving a batch asynchronously (lane l: the batch's item l),
-// filled by 4-byte cp.async copies in two rounds.
-struct Pending {
-  std::int32_t q0, q1, nat, slot;   // round 0: qsl[u], qsl[u + 1], nat[u] (T > 1) | row_slots[u]
-  float a_log;                      //          A_log[h]
-  std::int32_t cs, ss;              // round 1 (packed): state_indices[u, 0], state_indices[u, a]
-  std::int32_t dst[kChunk];         //          state_indices[u, t]
-  std::uint32_t beta_word[kChunk];  //          the aligned 4 bytes holding raw_beta[b + t, h]
-};
-
 template <typename StateT>
 struct StreamSmem {
   static constexpr int kStages = stream_stages<StateT>();
   Stage<StateT> stage[kStages];
   Shared<kD> sm;
   Ahead ahead[2][kWarp];  // resolved items of the current and the next batch
-  Pending pending[kWarp];
   std::uint64_t full[kStages];
 };
-
-// The asynchronous resolve (rounds on consecutive items, no load waited on) or the synchronous
-// one (the resolving warp waits for two dependent rounds of loads once per batch).
-constexpr bool kAsyncResolve = true;
-constexpr int kResolveRounds = 3;
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src)
-               : "memory");
-}
-// Waits for this thread's cp.async copies.
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;" ::: "memory");
-}
-// The 4-byte aligned word holding the bf16 element at q, and the element taken back out of it
-// (little-endian). The word stays inside q's allocation: cudaMalloc bases are 256-byte aligned
-// and splice's device allocator rounds sizes up to 512 bytes (runtime.cc).
-__device__ __forceinline__ const std::uint32_t* word_of(const std::uint16_t* q) {
-  return reinterpret_cast<const std::uint32_t*>(reinterpret_cast<std::uintptr_t>(q) &
-                                                ~static_cast<std::uintptr_t>(3));
-}
-__device__ __forceinline__ std::uint16_t half_of(std::uint32_t word, const std::uint16_t* q) {
-  const int shift = (reinterpret_cast<std::uintptr_t>(q) & 2) != 0 ? 16 : 0;
-  return static_cast<std::uint16_t>(word >> shift);
-}
 
 // The bulk copies of one item: the state, then (staged inputs) the history vectors, the tap rows,
 // dt_bias and, per first-chunk token, x's q/k/v vectors, the raw gate and the output gate.
@@ -1081,11 +1034,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   const int count = (total - static_cast<int>(blockIdx.x) + stride - 1) / stride;
 
   // Lane l of kResolveWarp resolves this CTA's item 32 * batch + l (metadata, first-chunk beta
-  // bits and destinations, A_log) into ahead[batch & 1][l]. Its loads stall this warp only, in
-  // two dependent rounds (packed: qsl / nat, then the slots, the destinations and beta bits;
-  // per-row: one): the first chunk's destinations and beta bits are read for every row the item
-  // spans (t < L <= T, rows < R: valid reads whether or not its slots are), so they do not wait
-  // for the slots, and kept only when it is live.
+  // bits and destinations, A_log) into ahead[batch & 1][l]. Its loads stall this warp only.
   auto resolve_batch = [&](int batch) {
     const int k = batch * kWarp + lane;
     if (k < count) {
@@ -1094,81 +1043,14 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       a.it = resolve_item(p, w / p.num_heads, w % p.num_heads);
       a.a_log = __ldg(p.a_log + a.it.h);
       const GlobalInputs g(p, a.it);
-      const int spanned = min(kChunk, a.it.len);
-      std::int32_t dst[kChunk];
-      std::uint16_t beta[kChunk];
-#pragma unroll
-      for (int t = 0; t < kChunk; ++t) {
-        dst[t] = t < spanned && a.it.dst_row != nullptr ? a.it.dst_row[t] : 0;
-        beta[t] = t < spanned ? g.beta_bits(t) : 0;
-      }
       const int nt0 = first_tokens(a.it);
 #pragma unroll
       for (int t = 0; t < kChunk; ++t) {
-        // dst_at: state_indices[u, t] (packed) or the row's slot (per-row).
-        a.dst[t] = t < nt0 ? (a.it.dst_row != nullptr ? dst[t] : a.it.ss) : 0;
-        a.beta[t] = t < nt0 ? beta[t] : 0;
+        a.dst[t] = t < nt0 ? g.dst_at(t) : 0;
+        a.beta[t] = t < nt0 ? g.beta_bits(t) : 0;
       }
       S.ahead[batch & 1][lane] = a;
     }
-  };
-  // Round `round` of the asynchronous resolve of batch nb (lane l: this CTA's item 32 nb + l):
-  //   0: cp.async of qsl[u], qsl[u + 1], nat[u] (or row_slots[u]) and A_log[h];
-  //   1: (those landed an item ago) the span; cp.async of the slots, the first chunk's
-  //      destinations and beta words it locates (every row the item spans: valid reads);
-  //   2: ahead[nb & 1][l], as resolve_batch forms it.
-  auto resolve_round = [&](int nb, int round) {
-    const int kk = nb * kWarp + lane;
-    if (kk >= count) return;
-    const int w = static_cast<int>(blockIdx.x) + kk * stride;
-    const int u = w / p.num_heads, h = w % p.num_heads;
-    Pending& q = S.pending[lane];
-    const bool packed = p.row_slots == nullptr;
-    if (round == 0) {
-      if (packed) {
-        cp_async4(&q.q0, p.qsl + u);
-        cp_async4(&q.q1, p.qsl + u + 1);
-        if (p.max_t > 1) cp_async4(&q.nat, p.nat + u);
-      } else {
-        cp_async4(&q.slot, p.row_slots + u);
-      }
-      cp_async4(&q.a_log, p.a_log + h);
-      return;
-    }
-    cp_async_wait_all();
-    Item it;
-    it.u = u;
-    it.h = h;
-    if (packed) {
-      packed_span(p, u, q.q0, q.q1, p.max_t > 1 ? q.nat : 1, it);
-    } else {
-      it.b = u;
-      it.len = 1;
-    }
-    const int spanned = min(kChunk, it.len);
-    const std::uint16_t* beta0 = p.beta + it.b * p.beta_row + h * p.beta_head;  // raw_beta[b, h]
-    if (round == 1) {
-      if (packed) {
-        cp_async4(&q.cs, it.dst_row);
-        cp_async4(&q.ss, it.dst_row + it.a);
-        for (int t = 0; t < spanned; ++t) cp_async4(&q.dst[t], it.dst_row + t);
-      }
-      for (int t = 0; t < spanned; ++t) cp_async4(&q.beta_word[t], word_of(beta0 + t * p.beta_row));
-      return;
-    }
-    it.cs = packed ? q.cs : q.slot;
-    it.ss = packed ? q.ss : q.slot;
-    set_live(p, it);
-    Ahead a;
-    a.it = it;
-    a.a_log = q.a_log;
-    const int nt0 = first_tokens(it);
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) {
-      a.dst[t] = t < nt0 ? (packed ? q.dst[t] : it.ss) : 0;
-      a.beta[t] = t < nt0 ? half_of(q.beta_word[t], beta0 + t * p.beta_row) : 0;
-    }
-    S.ahead[nb & 1][lane] = a;
   };
   auto ahead_of = [&](int k) -> const Ahead& { return S.ahead[(k / kWarp) & 1][k % kWarp]; };
 
@@ -1200,25 +1082,10 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     const int next = k + kStages;  // the item that reuses stage s
     const bool has_next = next < count;
     if (tid == 0 && has_next) announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
-    // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages): from item
-    // 32 (nb - 1) - kStages on (item 0 for nb = 1), whose ahead[nb & 1] was last read by the
-    // item before; asynchronously in kResolveRounds rounds on consecutive items.
+    // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages).
     if (warp == kResolveWarp) {
-      if constexpr (kAsyncResolve) {
-        static_assert(kResolveRounds + kStages <= kWarp, "batch 1's rounds precede batch 2's");
-        int round = -1, nb = 0;
-        if (k < kResolveRounds) {
-          round = k;
-          nb = 1;
-        } else if ((k + kStages) % kWarp < kResolveRounds) {
-          round = (k + kStages) % kWarp;
-          nb = (k + kStages - round) / kWarp + 1;
-        }
-        if (round >= 0 && nb * kWarp < count) resolve_round(nb, round);
-      } else {
-        const int nb = k == 0 ? 1 : ((k + kStages) % kWarp == 0 ? (k + kStages) / kWarp + 1 : 0);
-        if (nb > 0 && nb * kWarp < count) resolve_batch(nb);
-      }
+      const int nb = k == 0 ? 1 : ((k + kStages) % kWarp == 0 ? (k + kStages) / kWarp + 1 : 0);
+      if (nb > 0 && nb * kWarp < count) resolve_batch(nb);
     }
     zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
     if (!it.live) {
