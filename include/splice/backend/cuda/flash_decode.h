@@ -15,7 +15,9 @@
 // a length bound (the capacity when a CUDA graph is captured); the kernel reads k_len from device
 // memory, re-plans the live split count on the device with the same rule, and CTAs past the live
 // split count exit at once. Nothing on the launch path reads device memory back to the host, so a
-// captured launch replays correctly for any k_len <= the bound.
+// captured launch replays correctly for any k_len <= the bound. The launcher may reshape the
+// plan's split dimension for its launch features (a thread-block cluster merge, the wide 8-warp
+// variant: off by default, see flash_decode.cu) and launches with PDL when cuda::pdl_enabled().
 #pragma once
 
 #include <cstdint>
