@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/cpu/kernel_util.h"
+#include "backend/layer_op_checks.h"
 #include "backend/cpu/parallel.h"
 
 namespace splice::cpu {
@@ -30,17 +31,8 @@ using detail::Operand;
 
 constexpr int kLanes = 8;  // the reduce kernel's interleaved partial sums (reduce.cc)
 
-void check_float(const Tensor& t, const char* op, const char* name) {
-  if (!is_floating(t.dtype()))
-    fail<DTypeError>(op, ": `", name, "` must be f32, f16 or bf16, got ", dtype_name(t.dtype()));
-}
-
-void check_rows(const Tensor& t, const char* op, const char* name) {
-  if (t.dim() < 1) fail<ShapeError>(op, ": `", name, "` must have rank >= 1, got a scalar");
-  if (t.size(-1) > 1 && t.stride(-1) != 1)
-    fail<LayoutError>(op, ": `", name, "` must have a unit stride on its last axis, got strides ",
-                      dims_str(t.strides()), " for shape ", dims_str(t.shape()));
-}
+using layer_op_checks::check_float;
+using layer_op_checks::check_rows;
 
 // Element offsets (relative to the view's first element) of every row of the last axis.
 std::vector<std::int64_t> row_offsets(const Tensor& t) {

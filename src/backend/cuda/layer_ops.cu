@@ -29,6 +29,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/layer_op_checks.h"
 #include "splice/backend/cuda/layer_ops.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
@@ -301,17 +302,8 @@ void check_cuda_tensor(const Tensor& t, const char* op, const char* name) {
     fail<DeviceError>(op, ": `", name, "` must be a CUDA tensor, got ", t.device().str());
 }
 
-void check_float(const Tensor& t, const char* op, const char* name) {
-  if (!is_floating(t.dtype()))
-    fail<DTypeError>(op, ": `", name, "` must be f32, f16 or bf16, got ", dtype_name(t.dtype()));
-}
-
-void check_rows(const Tensor& t, const char* op, const char* name) {
-  if (t.dim() < 1) fail<ShapeError>(op, ": `", name, "` must have rank >= 1, got a scalar");
-  if (t.size(-1) > 1 && t.stride(-1) != 1)
-    fail<LayoutError>(op, ": `", name, "` must have a unit stride on its last axis, got strides ",
-                      dims_str(t.strides()), " for shape ", dims_str(t.shape()));
-}
+using layer_op_checks::check_float;
+using layer_op_checks::check_rows;
 
 void check_shape(const Tensor& t, const Dims& expected, const char* op, const char* name) {
   if (t.shape() != expected)
