@@ -67,12 +67,8 @@
 #include "splice/exec/session.h"
 #include "splice/ir/graph.h"
 #include "splice/ops/layer_ops.h"
+#include "support/cuda_test_util.h"
 #include "support/test_util.h"
-
-namespace splice::cuda {
-bool pdl_enabled();                  // launch.cuh (defined in primitives.cu)
-void set_pdl_enabled(bool enabled);  // launch.cuh: overrides SPLICE_PDL
-}  // namespace splice::cuda
 
 namespace splice {
 namespace {
@@ -94,25 +90,8 @@ constexpr double kMean = 0.5;
 
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
-// The same view on the device: the whole storage is copied, so the poison travels too.
-Tensor upload(const Tensor& h) {
-  const std::size_t es = dtype_size(h.dtype());
-  const std::int64_t elems =
-      static_cast<std::int64_t>(std::max<std::size_t>(h.storage()->bytes, es) / es);
-  Tensor base = Tensor::empty({elems}, h.dtype(), Device::cuda());
-  device_copy(base.raw_data(), base.device(), h.storage()->data, Device::cpu(), h.storage()->bytes);
-  return Tensor::view_of(base.storage(), h.offset(), h.shape(), h.strides(), h.dtype());
-}
-
-// A contiguous CPU copy of a device view (of any layout).
-Tensor download(const Tensor& d) {
-  cuda::synchronize();
-  const std::size_t bytes = d.storage()->bytes;
-  const std::size_t es = dtype_size(d.dtype());
-  Tensor base = Tensor::empty({static_cast<std::int64_t>(std::max(bytes, es) / es)}, d.dtype());
-  device_copy(base.raw_data(), Device::cpu(), d.storage()->data, d.device(), bytes);
-  return Tensor::view_of(base.storage(), d.offset(), d.shape(), d.strides(), d.dtype()).clone();
-}
+using testing::download;
+using testing::upload;
 
 // A random CPU view of `shape` with `strides` at element `offset` of a NaN-poisoned buffer that
 // ends kSlack elements after the view's last element.
@@ -481,17 +460,7 @@ void run_gemv_chain(GemvChain& t, bool cpu, bool b_constant) {
   return ::testing::AssertionSuccess();
 }
 
-// Restores the PDL switch on scope exit, so a failing test does not leak its setting.
-class PdlScope {
- public:
-  PdlScope() : saved_(cuda::pdl_enabled()) {}
-  ~PdlScope() { cuda::set_pdl_enabled(saved_); }
-  PdlScope(const PdlScope&) = delete;
-  PdlScope& operator=(const PdlScope&) = delete;
-
- private:
-  bool saved_;
-};
+using testing::PdlScope;
 
 TEST(CudaGemv, PdlChainWithPrefetchIsBitIdenticalEagerAndInGraphs) {
   SKIP_WITHOUT_GPU();

@@ -29,6 +29,7 @@
 #include "splice/model/model.h"
 #include "splice/ops/layer_ops.h"
 #include "splice/tune/optimize.h"
+#include "support/cuda_test_util.h"
 #include "support/test_util.h"
 
 namespace splice {
@@ -70,24 +71,8 @@ Tensor host(const Dims& shape, DType dtype, Layout layout) {
   return {};
 }
 
-// The same view on the device: the whole storage is copied, so the poison travels too.
-Tensor upload(const Tensor& h) {
-  const std::size_t es = dtype_size(h.dtype());
-  const auto elems = static_cast<std::int64_t>(std::max<std::size_t>(h.storage()->bytes, es) / es);
-  Tensor base = Tensor::empty({elems}, h.dtype(), Device::cuda());
-  device_copy(base.raw_data(), base.device(), h.storage()->data, Device::cpu(), h.storage()->bytes);
-  return Tensor::view_of(base.storage(), h.offset(), h.shape(), h.strides(), h.dtype());
-}
-
-// The whole storage back on the host, viewed as `d` (padding included).
-Tensor download_view(const Tensor& d) {
-  cuda::synchronize();
-  const std::size_t bytes = d.storage()->bytes;
-  const std::size_t es = dtype_size(d.dtype());
-  Tensor base = Tensor::empty({static_cast<std::int64_t>(std::max(bytes, es) / es)}, d.dtype());
-  device_copy(base.raw_data(), Device::cpu(), d.storage()->data, d.device(), bytes);
-  return Tensor::view_of(base.storage(), d.offset(), d.shape(), d.strides(), d.dtype());
-}
+using testing::download_view;
+using testing::upload;
 
 Tensor normal(Rng& rng, const Dims& shape, DType dtype, Layout layout, double stddev = 1.0,
               double mean = 0.0) {

@@ -42,12 +42,8 @@
 #include "splice/backend/cuda/primitives.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/random.h"
+#include "support/cuda_test_util.h"
 #include "support/test_util.h"
-
-namespace splice::cuda {
-bool pdl_enabled();                  // launch.cuh (defined in primitives.cu)
-void set_pdl_enabled(bool enabled);  // launch.cuh: overrides SPLICE_PDL
-}  // namespace splice::cuda
 
 namespace splice {
 namespace {
@@ -183,17 +179,7 @@ Result download(const Chain& t) {
   return ::testing::AssertionSuccess();
 }
 
-// Restores the PDL switch on scope exit, so a failing test does not leak its setting.
-class PdlScope {
- public:
-  PdlScope() : saved_(cuda::pdl_enabled()) {}
-  ~PdlScope() { cuda::set_pdl_enabled(saved_); }
-  PdlScope(const PdlScope&) = delete;
-  PdlScope& operator=(const PdlScope&) = delete;
-
- private:
-  bool saved_;
-};
+using testing::PdlScope;
 
 TEST(CudaPdl, SwitchOverridesTheEnvironment) {
   PdlScope scope;

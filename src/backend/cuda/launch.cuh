@@ -48,10 +48,8 @@
 
 namespace splice::cuda {
 
-// Whether launch_kernel sets the PDL attribute (SPLICE_PDL, default on; see above).
-bool pdl_enabled();
-// Overrides SPLICE_PDL for later launches (A/B timing, tests); defined in primitives.cu.
-void set_pdl_enabled(bool enabled);
+// pdl_enabled() / set_pdl_enabled() (runtime.h, defined in primitives.cu) decide whether
+// launch_kernel sets the PDL attribute.
 
 namespace detail {
 

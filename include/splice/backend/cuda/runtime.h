@@ -84,4 +84,10 @@ void abort_capture(Stream stream);
 void launch_graph(GraphExec graph, Stream stream);
 void destroy_graph(GraphExec graph);  // never throws
 
+// ---- programmatic dependent launch (src/backend/cuda/launch.cuh) ----------------------------
+// Whether kernels launch with the PDL attribute (env SPLICE_PDL, read once; default on).
+bool pdl_enabled();
+// Overrides SPLICE_PDL for later launches (A/B timing, tests).
+void set_pdl_enabled(bool enabled);
+
 }  // namespace splice::cuda
