@@ -284,9 +284,14 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
   const int b = bh / p.num_kv_heads;
   const int kv_head = bh % p.num_kv_heads;
 
-  // Stage 0: PDL (the next kernel may launch; wait for the previous one's writes).
+  // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
+#ifdef SPLICE_PDL_TRIGGER_FIRST
   pdl_launch_dependents();
   pdl_wait_previous();
+#else
+  pdl_wait_previous();
+  pdl_launch_dependents();
+#endif
 
   // Stage 1: live range and the device-side split plan.
   int k_len = p.k_len[b * p.k_len_stride];

@@ -223,7 +223,9 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   // Warp-uniform: a warp without a group exits after the wait (stage 6), and the shuffles below
   // see full warps.
   const bool has_group = group < num_groups;
+#ifdef SPLICE_PDL_TRIGGER_FIRST
   if (single_wave) detail::allow_dependents();
+#endif
 
   // Stage 1: the x rows, and the weight rows of the current group (clamped past n).
   const T* x_rows[kRows];  // each [k]
@@ -317,6 +319,9 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   point_rows(has_group ? group : 0);
   if (p.w_constant && has_group) load_first_weights();
   detail::wait_for_producers();
+#ifndef SPLICE_PDL_TRIGGER_FIRST
+  if (single_wave) detail::allow_dependents();  // after the wait (launch.cuh)
+#endif
   if (!has_group) return;
   if (!p.w_constant) load_first_weights();
   load_first_activations();
