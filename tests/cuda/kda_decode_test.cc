@@ -444,6 +444,64 @@ TEST(KdaCuda, StreamKernelAdmitsItsBlock) {
   }
 }
 
+// The rule's table (kda_decode.cu) at the measured points (H = 32 on the H200's 132 SMs), and at
+// the band edges.
+TEST(KdaCuda, RuleTable) {
+  using V = cuda::KdaVariant;
+  constexpr int kSms = 132;
+  constexpr std::int64_t kH = 32;
+  struct Row {
+    std::int64_t n, t;
+    DType dtype;
+    V want;
+  };
+  const Row rows[] = {
+      {512, 1, DType::f32, V::stream},  {32, 8, DType::bf16, V::stream},
+      {8, 1, DType::f32, V::split2},    {8, 1, DType::bf16, V::split2},
+      {8, 2, DType::f32, V::stream},    {8, 2, DType::bf16, V::wide},
+      {8, 4, DType::f32, V::stream},    {8, 4, DType::bf16, V::stream},
+      {8, 8, DType::f32, V::stream},    {8, 8, DType::bf16, V::stream},
+      {1, 1, DType::f32, V::split4},    {1, 1, DType::bf16, V::split4},
+      {1, 2, DType::f32, V::split4},    {1, 2, DType::bf16, V::split4},
+      {1, 4, DType::f32, V::split4},    {1, 4, DType::bf16, V::stream},
+      {1, 8, DType::f32, V::stream},    {1, 8, DType::bf16, V::stream},
+  };
+  for (const Row& r : rows) {
+    EXPECT_EQ(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms), r.want)
+        << "N=" << r.n << " T=" << r.t << " " << dtype_name(r.dtype) << ": got "
+        << cuda::kda_variant_name(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms));
+  }
+  // Band edges in items: 2 SMs (stream), SMs / 2 (middle band), one below (small band).
+  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms, 1, 1, DType::f32, kSms), V::stream);
+  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 1, DType::f32, kSms), V::split2);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms / 2, 1, 2, DType::f32, kSms), V::stream);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms / 2 - 1, 1, 2, DType::f32, kSms), V::split4);
+}
+
+// Where the rule's choice changed with run 7's table (N = 8, H = 32, T > 1; N = 1 at T >= 4), the
+// automatic variant against the CPU kernel and the reference, every sequence at full length.
+TEST(KdaCuda, RuleBoundaryCases) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(19);
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  const std::int64_t H = 32;
+  struct Case {
+    int n, t;
+  };
+  for (const Case c : {Case{8, 2}, Case{8, 4}, Case{1, 4}, Case{1, 8}})
+    for (DType sdt : {DType::f32, DType::bf16}) {
+      Meta m = random_meta(rng, c.n, c.t, 1, false);
+      for (int& l : m.lens) l = c.t;
+      const Problem p = make_problem(rng.integer(0, 1 << 30), H, m, sdt);
+      const cuda::KdaVariant chosen = cuda::choose_kda_variant(c.n, H, c.t, sdt, sms);
+      check_case(p, -5.0f, cuda::KdaVariant::automatic,
+                 "rule N=" + std::to_string(c.n) + " T=" + std::to_string(c.t) + " " +
+                     dtype_name(sdt) + " picks " + cuda::kda_variant_name(chosen));
+    }
+}
+
 TEST(KdaCuda, T1Grid) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(11);

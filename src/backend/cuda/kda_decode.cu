@@ -236,13 +236,32 @@ const char* kda_variant_name(KdaVariant variant) {
 
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
                               DType state_dtype, int sm_count) {
-  // T and the state dtype do not move the choice (yet): the pipelined kernel is predicted to win
-  // wherever each SM gets two or more items (docs/perf-gpu-kda.md, v5).
-  static_cast<void>(max_t);
-  static_cast<void>(state_dtype);
-  const std::int64_t ctas = units * heads;
-  if (ctas >= 2 * static_cast<std::int64_t>(sm_count)) return KdaVariant::stream;
-  if (2 * ctas >= sm_count) return KdaVariant::split2;
+  // The rule's table, from the H200 run 7 (docs/perf.md, every variant forced at H = 32, 132 SMs;
+  // us per call, the rule's pick marked *, "best forced" the fastest other variant):
+  //   band (items = units x heads)  state T    pick      measured point        best forced
+  //   items >= 2 SMs                any   any  stream    N >= 32: won every point
+  //   SMs/2 <= items < 2 SMs        any   1    split2    N=8 f32 16.79*       stream 16.93
+  //                                                      N=8 bf16 11.02*      wide 11.28
+  //                                 bf16  2    wide      N=8 13.76*           split2 14.82
+  //                                 f32   >=2  stream    N=8 T=2/4/8 21.4/31.5/51.4*
+  //                                                                           split2 24.7/38.4/65.4
+  //                                 bf16  >=4  stream    N=8 T=4/8 21.3/34.7* wide 22.2/37.7
+  //   items < SMs/2                 bf16  >=4  stream    N=1 T=4/8 11.3/17.4* split4 11.9/20.4
+  //                                 f32   >=8  stream    N=1 T=8 20.4*        split4 21.2
+  //                                 otherwise  split4    N=1 T<=2 (f32 T=4)   split2/stream +8-23%
+  // (stream falls back to `wide` for state that is not 16-byte aligned.) Between the measured
+  // points the bands are a guess: at T >= 2 `stream` beat `split2` also with one item per CTA
+  // (N = 1: 9.5 vs 10.1 us f32 T = 2), so its band starts at SMs / 2, like split2's.
+  const std::int64_t items = units * heads;
+  const std::int64_t sms = sm_count;
+  const bool bf16 = state_dtype == DType::bf16;
+  if (items >= 2 * sms) return KdaVariant::stream;
+  if (2 * items >= sms) {
+    if (max_t == 1) return KdaVariant::split2;
+    if (bf16 && max_t == 2) return KdaVariant::wide;
+    return KdaVariant::stream;
+  }
+  if ((bf16 && max_t >= 4) || max_t >= 8) return KdaVariant::stream;
   return KdaVariant::split4;
 }
 

@@ -44,13 +44,13 @@ enum class KdaVariant : std::uint8_t {
 const char* kda_variant_name(KdaVariant variant);
 
 // The one config rule: the variant for `units` work units (sequences, or rows in plain/t1 mode)
-// x `heads` heads, T = `max_t`, on a device with `sm_count` multiprocessors. From the H200
-// measurements and predictions in docs/perf-gpu-kda.md:
-//   units * heads >= 2 * sm_count  -> stream (every T, both state dtypes: each SM gets two or
-//                                     more heads to pipeline; falls back to wide when the state
-//                                     is not 16-byte aligned)
-//   units * heads >= sm_count / 2  -> split2
-//   otherwise                      -> split4 (a tiny batch: 4 SMs per head)
+// x `heads` heads, T = `max_t`, state dtype, on a device with `sm_count` multiprocessors. Its
+// table (measured on the H200, run 7 of docs/perf.md) is in kda_decode.cu; in short, with
+// items = units * heads:
+//   items >= 2 * sm_count          -> stream (each SM pipelines two or more heads; falls back to
+//                                     wide when the state is not 16-byte aligned)
+//   items >= sm_count / 2          -> split2 at T = 1, wide for bf16 state at T = 2, else stream
+//   otherwise                      -> stream for T >= 8 (and bf16 at T >= 4), else split4
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
                               DType state_dtype, int sm_count);
 
