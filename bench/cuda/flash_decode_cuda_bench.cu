@@ -1,18 +1,21 @@
-// Benchmark of the CUDA flash-decode kernel on the issue-5 grid (a plain main; prints a table and
-// writes JSON).
+// Benchmark of the CUDA flash-decode kernel on the issue-5 grid and the SmolLM2 attention shape
+// (a plain main; prints a table and writes JSON).
 //
 //   1. Grid: batch {1, 8, 32, 128} x k_len {1K, 4K, 16K, 64K} x (Hq, Hkv) {(32, 8), (32, 32),
-//      (64, 8)}, head_dim 128, bf16, q_len 1 (shapes whose K+V exceed --max-kv-gb are skipped).
+//      (64, 8)}, head_dim 128, bf16, q_len 1 (shapes whose K+V exceed --max-kv-gb are skipped),
+//      plus SmolLM2-135M's attention (B 1, Hq 9, Hkv 3, head_dim 64) at k_len 64, 256 and 1K
+//      (also in --quick).
 //   2. Bytes first: KV = 2 * batch * Hkv * k_len * head_dim * 2 bytes, the floor is KV / 4.4 TB/s.
-//   3. Timing: `sets` independent input sets (K, V, q, out) rotate so at least 512 MB is touched
-//      per replay and the 60 MB L2 cannot flatter; one CUDA graph holds one call per set; after
-//      warm-up, each of --reps replays is timed with events; time per call = median replay / sets.
-//      The PyTorch peers (bench/peers/attention_peers.py) are timed the same way.
+//   3. Timing: `sets` independent input sets (K, V, q, out) rotate so at least 512 MB (64 sets
+//      at most), and never less than 128 MB (over twice the 60 MB L2; up to 4096 sets of the tiny
+//      shapes), is touched per replay; one CUDA graph holds one call per set; after warm-up, each
+//      of --reps replays is timed with events; time per call = median replay / sets. The PyTorch
+//      peers (bench/peers/attention_peers.py) are timed the same way.
 //   4. Output: one row per shape (us, effective KV GB/s, % of the 4.4 TB/s floor) and JSON.
-//   5. Variants (unless --no-variants): the batch <= 8 shapes again with thread-block clusters
-//      (C), programmatic dependent launch (P) and the wide 8-warp cluster variant (W) switched
-//      off and on, to attribute the savings; the resident-cluster counts the launcher queried
-//      are printed with them.
+//   5. Plan check (unless --no-variants): the SmolLM2 shapes and B = 1 (32, 8) at 1K / 4K with
+//      forced split counts {1, 2, 4, 8, 16} beside the plan's, to check the single-split limit
+//      and the split rule; then the batch <= 8 shapes with programmatic dependent launch off and
+//      on (P- / P+).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,19 +31,14 @@
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/tensor.h"
 
-namespace splice::cuda::detail {
-void set_flash_decode_features(bool cluster, bool pdl, bool wide);  // flash_decode.cu (A/B)
-std::string flash_decode_cluster_summary();  // resident clusters per instantiation
-std::string flash_decode_last_launch();      // "<cluster>x<grid splits>[w]"
-}  // namespace splice::cuda::detail
-
 namespace {
 
 constexpr double kFloorBytesPerSecond = 4.4e12;  // measured read ceiling (design.md §4)
 constexpr std::size_t kRotateBytes = std::size_t{512} << 20;
 constexpr int kMaxSets = 64;
+constexpr std::size_t kMinTouchedBytes = std::size_t{128} << 20;  // > 2x the L2
+constexpr int kMaxSmallSets = 4096;
 constexpr int kWarmupReplays = 3;
-constexpr std::int64_t kHeadDim = 128;
 
 #define BENCH_CHECK(call)                                                          \
   do {                                                                             \
@@ -65,15 +63,26 @@ __global__ void fill_random(__nv_bfloat16* data, std::size_t count, std::uint32_
 }
 
 struct Shape {
-  std::int64_t batch, num_qo_heads, num_kv_heads, k_len;
-  std::int64_t kv_bytes() const { return 2 * batch * num_kv_heads * k_len * kHeadDim * 2; }
+  std::int64_t batch, num_qo_heads, num_kv_heads, k_len, head_dim;
+  std::int64_t kv_bytes() const { return 2 * batch * num_kv_heads * k_len * head_dim * 2; }
+  bool smollm2() const { return num_qo_heads == 9; }
 };
+
+// Input sets rotated per replay: at least kRotateBytes of K/V (at most kMaxSets sets), and never
+// less than kMinTouchedBytes (up to kMaxSmallSets sets).
+int sets_for(const Shape& s) {
+  const std::size_t kv = static_cast<std::size_t>(s.kv_bytes());
+  std::size_t sets = std::clamp<std::size_t>((kRotateBytes + kv - 1) / kv, 1, kMaxSets);
+  if (sets * kv < kMinTouchedBytes)
+    sets = std::min<std::size_t>((kMinTouchedBytes + kv - 1) / kv, kMaxSmallSets);
+  return static_cast<int>(sets);
+}
 
 struct Result {
   Shape shape;
   int sets = 0;
-  int splits = 0;
-  std::string launch;  // the launch's "<cluster>x<grid splits>[w]" (w: the 8-warp variant)
+  int splits = 0;  // the grid's split dimension (forced or planned)
+  int live = 0;    // splits the device plan runs at this k_len
   double us = 0.0;
   double spread_us = 0.0;  // max - min replay time per call
 };
@@ -84,49 +93,62 @@ splice::Tensor device_view(const std::shared_ptr<splice::Storage>& storage, std:
                                  splice::DType::bf16);
 }
 
-Result run_shape(const Shape& s, const std::shared_ptr<splice::Storage>& k_pool,
-                 const std::shared_ptr<splice::Storage>& v_pool, int reps, cudaStream_t stream,
-                 std::int64_t forced_splits = 0) {
+// The input sets of one shape: K/V views into the shared pools, q and out views into their own
+// pools (one allocation each), k_len on the device.
+struct Inputs {
+  Shape shape;
+  int sets = 0;
+  splice::Tensor q_pool, out_pool, k_len;
+  std::vector<splice::Tensor> q, k, v, out;
+
+  Inputs(const Shape& s, const std::shared_ptr<splice::Storage>& k_pool,
+         const std::shared_ptr<splice::Storage>& v_pool, cudaStream_t stream)
+      : shape(s), sets(sets_for(s)) {
+    const splice::Dims kv_shape = {s.batch, s.num_kv_heads, s.k_len, s.head_dim};
+    const splice::Dims q_shape = {s.batch, s.num_qo_heads, 1, s.head_dim};
+    const std::int64_t kv_elems = s.kv_bytes() / 4;  // K (or V) elements of one set
+    const std::int64_t q_elems = s.batch * s.num_qo_heads * s.head_dim;
+    q_pool = splice::Tensor::empty({sets * q_elems}, splice::DType::bf16, splice::Device::cuda());
+    out_pool = splice::Tensor::empty({sets * q_elems}, splice::DType::bf16, splice::Device::cuda());
+    fill_random<<<256, 256, 0, stream>>>(q_pool.data<__nv_bfloat16>(), q_pool.numel(), 77u);
+    for (int i = 0; i < sets; ++i) {
+      k.push_back(device_view(k_pool, i * kv_elems, kv_shape));
+      v.push_back(device_view(v_pool, i * kv_elems, kv_shape));
+      q.push_back(device_view(q_pool.storage(), i * q_elems, q_shape));
+      out.push_back(device_view(out_pool.storage(), i * q_elems, q_shape));
+    }
+    std::vector<std::int32_t> lens(static_cast<std::size_t>(s.batch),
+                                   static_cast<std::int32_t>(s.k_len));
+    k_len = splice::Tensor::empty({s.batch}, splice::DType::i32, splice::Device::cuda());
+    BENCH_CHECK(cudaMemcpy(k_len.raw_data(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  }
+};
+
+Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_splits = 0) {
+  const Shape& s = in.shape;
   Result r;
   r.shape = s;
-  const std::size_t per_tensor = static_cast<std::size_t>(s.kv_bytes() / 2);
-  r.sets = static_cast<int>(
-      std::clamp<std::size_t>((kRotateBytes + s.kv_bytes() - 1) / s.kv_bytes(), 1, kMaxSets));
-  const splice::Dims kv_shape = {s.batch, s.num_kv_heads, s.k_len, kHeadDim};
-  const splice::Dims q_shape = {s.batch, s.num_qo_heads, 1, kHeadDim};
-  const std::int64_t kv_elems = static_cast<std::int64_t>(per_tensor / 2);
-
-  std::vector<splice::Tensor> q, k, v, out;
-  for (int i = 0; i < r.sets; ++i) {
-    k.push_back(device_view(k_pool, i * kv_elems, kv_shape));
-    v.push_back(device_view(v_pool, i * kv_elems, kv_shape));
-    q.push_back(splice::Tensor::empty(q_shape, splice::DType::bf16, splice::Device::cuda()));
-    fill_random<<<256, 256, 0, stream>>>(q.back().data<__nv_bfloat16>(), q.back().numel(), 77u + i);
-    out.push_back(splice::Tensor::empty(q_shape, splice::DType::bf16, splice::Device::cuda()));
-  }
-  std::vector<std::int32_t> lens(static_cast<std::size_t>(s.batch),
-                                 static_cast<std::int32_t>(s.k_len));
-  splice::Tensor k_len =
-      splice::Tensor::empty({s.batch}, splice::DType::i32, splice::Device::cuda());
-  BENCH_CHECK(cudaMemcpy(k_len.raw_data(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  r.sets = in.sets;
   splice::DecodeAttentionOptions options;
   options.num_splits = forced_splits;
-  r.splits = forced_splits > 0 ? static_cast<int>(forced_splits)
-                               : splice::cuda::plan_flash_decode(
-                                     s.batch, s.num_qo_heads, s.num_kv_heads, 1, kHeadDim, s.k_len,
-                                     s.k_len, splice::cuda::sm_count())
-                                     .num_splits;
+  const splice::cuda::FlashDecodePlan plan =
+      splice::cuda::plan_flash_decode(s.batch, s.num_qo_heads, s.num_kv_heads, 1, s.head_dim,
+                                      s.k_len, s.k_len, splice::cuda::sm_count());
+  r.splits = forced_splits > 0 ? static_cast<int>(forced_splits) : plan.num_splits;
+  r.live = forced_splits > 0 ? static_cast<int>(forced_splits)
+                             : splice::cuda::flash_decode_live_splits(plan, s.k_len);
 
-  for (int i = 0; i < r.sets; ++i)  // warm-up outside capture: sizes the workspace
-    splice::cuda::flash_decode(q[i], k[i], v[i], k_len, nullptr, options, out[i], nullptr, stream);
+  const auto call = [&](int i) {
+    splice::cuda::flash_decode(in.q[i], in.k[i], in.v[i], in.k_len, nullptr, options, in.out[i],
+                               nullptr, stream);
+  };
+  for (int i = 0; i < r.sets; ++i) call(i);  // warm-up outside capture: sizes the workspace
   BENCH_CHECK(cudaStreamSynchronize(stream));
-  r.launch = splice::cuda::detail::flash_decode_last_launch();
 
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < r.sets; ++i)
-    splice::cuda::flash_decode(q[i], k[i], v[i], k_len, nullptr, options, out[i], nullptr, stream);
+  for (int i = 0; i < r.sets; ++i) call(i);
   BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
   BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int i = 0; i < kWarmupReplays; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
@@ -151,6 +173,14 @@ Result run_shape(const Shape& s, const std::shared_ptr<splice::Storage>& k_pool,
   BENCH_CHECK(cudaGraphExecDestroy(exec));
   BENCH_CHECK(cudaGraphDestroy(graph));
   return r;
+}
+
+std::string shape_name(const Shape& s) {
+  char name[64];
+  std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld,D%lld)", static_cast<long long>(s.batch),
+                static_cast<long long>(s.num_qo_heads), static_cast<long long>(s.num_kv_heads),
+                static_cast<long long>(s.k_len), static_cast<long long>(s.head_dim));
+  return name;
 }
 
 }  // namespace
@@ -195,21 +225,19 @@ int main(int argc, char** argv) {
   for (const auto& h : heads)
     for (std::int64_t batch : {1, 8, 32, 128})
       for (std::int64_t k_len : {1024, 4096, 16384, 65536}) {
-        const Shape s{batch, h[0], h[1], k_len};
+        const Shape s{batch, h[0], h[1], k_len, 128};
         if (quick && batch != 1 && s.kv_bytes() < (std::int64_t{1} << 30)) continue;
         if (static_cast<double>(s.kv_bytes()) <= max_kv_gb * 1e9) shapes.push_back(s);
       }
+  for (std::int64_t k_len : {64, 256, 1024}) shapes.push_back(Shape{1, 9, 3, k_len, 64});
   // Smallest KV first (the peers use the same order): a latency-bound shape is never timed right
   // after a multi-GB one.
   std::stable_sort(shapes.begin(), shapes.end(),
                    [](const Shape& a, const Shape& b) { return a.kv_bytes() < b.kv_bytes(); });
   std::size_t pool_bytes = 0;  // per tensor (K or V): the largest sets x shape
-  for (const Shape& s : shapes) {
-    const std::size_t per = static_cast<std::size_t>(s.kv_bytes() / 2);
-    const std::size_t sets =
-        std::clamp<std::size_t>((kRotateBytes + 2 * per - 1) / (2 * per), 1, kMaxSets);
-    pool_bytes = std::max(pool_bytes, sets * per);
-  }
+  for (const Shape& s : shapes)
+    pool_bytes = std::max(pool_bytes, static_cast<std::size_t>(sets_for(s)) *
+                                          static_cast<std::size_t>(s.kv_bytes() / 2));
   const std::int64_t pool_elems = static_cast<std::int64_t>(pool_bytes / 2);
   splice::Tensor k_pool =
       splice::Tensor::empty({pool_elems}, splice::DType::bf16, splice::Device::cuda());
@@ -225,14 +253,11 @@ int main(int argc, char** argv) {
 
   std::vector<Result> results;
   for (const Shape& s : shapes) {
-    results.push_back(run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream));
+    Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
+    results.push_back(run_shape(in, reps, stream));
     const Result& r = results.back();
-    std::printf(
-        "  B=%-3lld Hq=%-2lld Hkv=%-2lld k_len=%-6lld sets=%-2d splits=%-3d launch=%-6s %9.2f us "
-        "(spread %.2f)\n",
-        static_cast<long long>(s.batch), static_cast<long long>(s.num_qo_heads),
-        static_cast<long long>(s.num_kv_heads), static_cast<long long>(s.k_len), r.sets, r.splits,
-        r.launch.c_str(), r.us, r.spread_us);
+    std::printf("  %-26s sets=%-4d splits=%-3d live=%-3d %9.2f us (spread %.2f)\n",
+                shape_name(s).c_str(), r.sets, r.splits, r.live, r.us, r.spread_us);
     std::fflush(stdout);
   }
 
@@ -240,10 +265,10 @@ int main(int argc, char** argv) {
     std::printf("\nsplit sweep (B=1, (32,8) and (64,8)), us per call:\n");
     for (const Shape& s : shapes) {
       if (s.batch != 1 || s.num_kv_heads != 8 || s.k_len > 16384) continue;
-      std::printf("  Hq=%-2lld k_len=%-6lld", static_cast<long long>(s.num_qo_heads),
-                  static_cast<long long>(s.k_len));
+      Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
+      std::printf("  %-26s", shape_name(s).c_str());
       for (std::int64_t splits : {8, 16, 24, 32, 48, 64, 96, 128, 192, 256}) {
-        const Result r = run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream, splits);
+        const Result r = run_shape(in, reps, stream, splits);
         std::printf(" %lld:%.2f", static_cast<long long>(splits), r.us);
       }
       std::printf("\n");
@@ -251,26 +276,36 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("\ncluster capacity:\n%s",
-              splice::cuda::detail::flash_decode_cluster_summary().c_str());
-
-  if (variants) {  // attribution: clusters (C), PDL (P), the wide variant (W) off (-) / on (+)
-    std::printf("\nvariants (batch <= 8), us per call (launch shape):\n");
+  if (variants) {
+    // Plan check: the plan's choice (live splits in parentheses) against forced split counts.
+    std::printf("\nplan check, us per call: plan(live) then forced splits:\n");
+    for (const Shape& s : shapes) {
+      if (!s.smollm2() &&
+          !(s.batch == 1 && s.num_qo_heads == 32 && s.num_kv_heads == 8 && s.k_len <= 4096))
+        continue;
+      Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
+      const Result planned = run_shape(in, reps, stream);
+      std::printf("  %-26s plan(%d) %.2f", shape_name(s).c_str(), planned.live, planned.us);
+      for (std::int64_t splits : {1, 2, 4, 8, 16}) {
+        const Result r = run_shape(in, reps, stream, splits);
+        std::printf("  %lld:%.2f", static_cast<long long>(splits), r.us);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    // Attribution: programmatic dependent launch off (P-) and on (P+).
+    std::printf("\nPDL off / on (batch <= 8), us per call:\n");
+    const bool pdl_default = splice::cuda::pdl_enabled();
     for (const Shape& s : shapes) {
       if (s.batch > 8) continue;
-      std::printf("  B=%-2lld Hq=%-2lld Hkv=%-2lld k_len=%-6lld", static_cast<long long>(s.batch),
-                  static_cast<long long>(s.num_qo_heads), static_cast<long long>(s.num_kv_heads),
-                  static_cast<long long>(s.k_len));
-      constexpr bool kVariants[][3] = {{false, false, false}, {false, true, false},
-                                       {true, false, false},  {true, true, false},
-                                       {true, false, true},   {true, true, true}};
-      for (const auto& f : kVariants) {
-        splice::cuda::detail::set_flash_decode_features(f[0], f[1], f[2]);
-        const Result r = run_shape(s, k_pool.storage(), v_pool.storage(), reps, stream);
-        std::printf("  C%cP%cW%c %.2f (%s)", f[0] ? '+' : '-', f[1] ? '+' : '-', f[2] ? '+' : '-',
-                    r.us, r.launch.c_str());
+      Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
+      std::printf("  %-26s", shape_name(s).c_str());
+      for (bool pdl : {false, true}) {
+        splice::cuda::set_pdl_enabled(pdl);
+        const Result r = run_shape(in, reps, stream);
+        std::printf("  P%c %.2f", pdl ? '+' : '-', r.us);
       }
-      splice::cuda::detail::set_flash_decode_features(false, true, false);  // the defaults
+      splice::cuda::set_pdl_enabled(pdl_default);
       std::printf("\n");
       std::fflush(stdout);
     }
@@ -280,24 +315,20 @@ int main(int argc, char** argv) {
   json << "{\n  \"device\": \"" << splice::cuda::device_name() << "\",\n  \"floor_tbps\": 4.4,\n"
        << "  \"method\": \"graph of `sets` rotating calls, median of " << reps
        << " replays / sets\",\n  \"rows\": [\n";
-  std::printf("\n%-28s %10s %9s %8s %8s\n", "shape (B,Hq,Hkv,k_len)", "splice us", "GB/s", "%4.4TB",
-              "floor us");
+  std::printf("\n%-28s %10s %9s %8s %8s\n", "shape (B,Hq,Hkv,k_len,D)", "splice us", "GB/s",
+              "%4.4TB", "floor us");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bytes = static_cast<double>(r.shape.kv_bytes());
     const double gbps = bytes / (r.us * 1e-6) / 1e9;
     const double floor_us = bytes / kFloorBytesPerSecond * 1e6;
-    char name[64];
-    std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld)", static_cast<long long>(r.shape.batch),
-                  static_cast<long long>(r.shape.num_qo_heads),
-                  static_cast<long long>(r.shape.num_kv_heads),
-                  static_cast<long long>(r.shape.k_len));
-    std::printf("%-28s %10.2f %9.0f %7.1f%% %8.2f\n", name, r.us, gbps, 100.0 * floor_us / r.us,
-                floor_us);
+    std::printf("%-28s %10.2f %9.0f %7.1f%% %8.2f\n", shape_name(r.shape).c_str(), r.us, gbps,
+                100.0 * floor_us / r.us, floor_us);
     json << "    {\"batch\": " << r.shape.batch << ", \"num_qo_heads\": " << r.shape.num_qo_heads
          << ", \"num_kv_heads\": " << r.shape.num_kv_heads << ", \"k_len\": " << r.shape.k_len
-         << ", \"head_dim\": " << kHeadDim << ", \"kv_bytes\": " << r.shape.kv_bytes()
-         << ", \"sets\": " << r.sets << ", \"splits\": " << r.splits << ", \"us\": " << r.us
+         << ", \"head_dim\": " << r.shape.head_dim << ", \"kv_bytes\": " << r.shape.kv_bytes()
+         << ", \"sets\": " << r.sets << ", \"splits\": " << r.splits
+         << ", \"live_splits\": " << r.live << ", \"us\": " << r.us
          << ", \"spread_us\": " << r.spread_us << ", \"gbps\": " << gbps
          << ", \"floor_us\": " << floor_us << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }

@@ -2,14 +2,16 @@
 """Peers of splice's CUDA flash-decode kernel, timed exactly like bench/cuda/flash_decode_cuda_bench.
 
 1. Grid (same as the splice benchmark): batch {1, 8, 32, 128} x k_len {1K, 4K, 16K, 64K} x
-   (Hq, Hkv) {(32, 8), (32, 32), (64, 8)}, head_dim 128, bf16, q_len 1; shapes whose K+V exceed
-   --max-kv-gb are skipped.
+   (Hq, Hkv) {(32, 8), (32, 32), (64, 8)}, head_dim 128, bf16, q_len 1 (shapes whose K+V exceed
+   --max-kv-gb are skipped), plus SmolLM2-135M's attention (B 1, Hq 9, Hkv 3, head_dim 64) at
+   k_len 64, 256 and 1K (also in --quick).
 2. Peers: PyTorch SDPA pinned to the cuDNN backend and to the flash (FA2) backend, with
    enable_gqa=True (no K/V expansion). FlashInfer's decode is used when `import flashinfer` works
    (it is not installed on the device image and no wheel is carried; it is then reported absent).
-3. Timing: `sets` rotating input sets (>= 512 MB touched per replay, so the L2 cannot flatter), one
-   CUDA graph with one call per set, warm-up replays, then --reps replays timed with CUDA events;
-   time per call = median replay / sets.
+3. Timing: `sets` rotating input sets (>= 512 MB touched per replay, at most 64 sets, and never
+   less than 128 MB, over twice the L2: up to 4096 sets of the tiny shapes), one CUDA graph with
+   one call per set, warm-up replays, then --reps replays timed with CUDA events; time per call =
+   median replay / sets.
 4. With --splice JSON (the splice benchmark's output from the same gpu-check run), prints the
    combined table last (shape, splice us, GB/s, % of the 4.4 TB/s floor, best peer us, ratio) and
    writes it as JSON.
@@ -22,21 +24,32 @@ import sys
 FLOOR_BYTES_PER_S = 4.4e12
 ROTATE_BYTES = 512 << 20
 MAX_SETS = 64
+MIN_TOUCHED_BYTES = 128 << 20  # > 2x the L2
+MAX_SMALL_SETS = 4096
 WARMUP_REPLAYS = 3
-HEAD_DIM = 128
 
 
 def grid(max_kv_gb, quick):
+    """(batch, hq, hkv, k_len, head_dim, kv bytes), smallest KV first as in the splice bench."""
     shapes = []
     for hq, hkv in ((32, 8), (32, 32), (64, 8)):
         for batch in (1, 8, 32, 128):
             for k_len in (1024, 4096, 16384, 65536):
-                kv = 2 * batch * hkv * k_len * HEAD_DIM * 2
+                kv = 2 * batch * hkv * k_len * 128 * 2
                 if quick and batch != 1 and kv < (1 << 30):
                     continue
                 if kv <= max_kv_gb * 1e9:
-                    shapes.append((batch, hq, hkv, k_len, kv))
-    return sorted(shapes, key=lambda shape: shape[4])  # smallest KV first, as the splice bench
+                    shapes.append((batch, hq, hkv, k_len, 128, kv))
+    for k_len in (64, 256, 1024):  # SmolLM2-135M's attention
+        shapes.append((1, 9, 3, k_len, 64, 2 * 3 * k_len * 64 * 2))
+    return sorted(shapes, key=lambda shape: shape[5])
+
+
+def sets_for(kv):
+    sets = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / kv)))
+    if sets * kv < MIN_TOUCHED_BYTES:
+        sets = min(math.ceil(MIN_TOUCHED_BYTES / kv), MAX_SMALL_SETS)
+    return sets
 
 
 def time_graph(torch, fn, sets, reps):
@@ -86,18 +99,19 @@ def run_peers(args):
 
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
     rows = []
-    for batch, hq, hkv, k_len, kv in grid(args.max_kv_gb, args.quick):
-        sets = max(1, min(MAX_SETS, math.ceil(ROTATE_BYTES / kv)))
-        gen = torch.Generator(device="cuda").manual_seed(batch * 7 + k_len)
-        qs = [torch.randn(batch, hq, 1, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-              for _ in range(sets)]
-        ks = [torch.randn(batch, hkv, k_len, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-              for _ in range(sets)]
-        vs = [torch.randn(batch, hkv, k_len, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-              for _ in range(sets)]
+    for batch, hq, hkv, k_len, head_dim, kv in grid(args.max_kv_gb, args.quick):
+        sets = sets_for(kv)
+        gen = torch.Generator(device="cuda").manual_seed(batch * 7 + k_len + hq)
+
+        def sets_of(heads, length):  # one allocation, one contiguous view per set
+            return torch.randn(sets, batch, heads, length, head_dim, device="cuda",
+                               dtype=torch.bfloat16, generator=gen).unbind(0)
+        qs = sets_of(hq, 1)
+        ks = sets_of(hkv, k_len)
+        vs = sets_of(hkv, k_len)
         outs = [None] * sets
         row = {"batch": batch, "num_qo_heads": hq, "num_kv_heads": hkv, "k_len": k_len,
-               "head_dim": HEAD_DIM, "kv_bytes": kv, "sets": sets}
+               "head_dim": head_dim, "kv_bytes": kv, "sets": sets}
         reference = None
         for name, backend in backends.items():
             def call(i, backend=backend):
@@ -116,8 +130,9 @@ def run_peers(args):
                 row[name + "_us"] = None
                 row[name + "_error"] = str(error).splitlines()[0][:160]
         rows.append(row)
-        print("  B=%-3d Hq=%-2d Hkv=%-2d k_len=%-6d sets=%-2d cudnn %s us, flash %s us" % (
-            batch, hq, hkv, k_len, sets, fmt(row.get("cudnn_us")), fmt(row.get("flash_us"))), flush=True)
+        print("  B=%-3d Hq=%-2d Hkv=%-2d k_len=%-6d D=%-3d sets=%-4d cudnn %s us, flash %s us" % (
+            batch, hq, hkv, k_len, head_dim, sets, fmt(row.get("cudnn_us")), fmt(row.get("flash_us"))),
+            flush=True)
         del qs, ks, vs, outs, reference
         torch.cuda.empty_cache()
     return info, rows
@@ -130,15 +145,17 @@ def fmt(value, digits=2):
 def combine(splice_json, peers, info, out_json):
     with open(splice_json) as f:
         splice = json.load(f)
-    by_shape = {(r["batch"], r["num_qo_heads"], r["num_kv_heads"], r["k_len"]): r for r in peers}
+    def key_of(r):
+        return (r["batch"], r["num_qo_heads"], r["num_kv_heads"], r["k_len"], r.get("head_dim", 128))
+    by_shape = {key_of(r): r for r in peers}
     table = []
-    header = "%-22s %9s %7s %7s %9s %9s %9s %7s" % (
-        "B,Hq,Hkv,k_len", "splice us", "GB/s", "%floor", "cudnn us", "flash us", "best peer", "ratio")
+    header = "%-26s %9s %7s %7s %9s %9s %9s %7s" % (
+        "B,Hq,Hkv,k_len,D", "splice us", "GB/s", "%floor", "cudnn us", "flash us", "best peer", "ratio")
     lines = [header]
-    grid_order = lambda r: (r["num_kv_heads"] != 8 or r["num_qo_heads"] != 32,
+    grid_order = lambda r: (r["num_qo_heads"] != 9, r["num_kv_heads"] != 8 or r["num_qo_heads"] != 32,
                             r["num_qo_heads"], r["num_kv_heads"], r["batch"], r["k_len"])
     for r in sorted(splice["rows"], key=grid_order):
-        key = (r["batch"], r["num_qo_heads"], r["num_kv_heads"], r["k_len"])
+        key = key_of(r)
         p = by_shape.get(key, {})
         peer_times = [t for t in (p.get("cudnn_us"), p.get("flash_us")) if t is not None]
         best = min(peer_times) if peer_times else None
@@ -147,8 +164,8 @@ def combine(splice_json, peers, info, out_json):
         table.append({**r, "cudnn_us": p.get("cudnn_us"), "flash_us": p.get("flash_us"),
                       "best_peer_us": best, "ratio_best_peer_over_splice": ratio,
                       "pct_of_floor": floor_pct})
-        lines.append("%-22s %9.2f %7.0f %6.1f%% %9s %9s %9s %7s" % (
-            "%d,%d,%d,%d" % key, r["us"], r["gbps"], floor_pct, fmt(p.get("cudnn_us")),
+        lines.append("%-26s %9.2f %7.0f %6.1f%% %9s %9s %9s %7s" % (
+            "%d,%d,%d,%d,%d" % key, r["us"], r["gbps"], floor_pct, fmt(p.get("cudnn_us")),
             fmt(p.get("flash_us")), fmt(best), fmt(ratio)))
     with open(out_json, "w") as f:
         json.dump({"splice_device": splice.get("device"), "peers": info, "floor_tbps": 4.4,

@@ -10,12 +10,12 @@
 //   4. CUDA graph: one capture at the capacity bound replayed with k_len changed in device memory
 //      between replays (and K/V re-poisoned beyond each new k_len), each replay against the
 //      reference.
-//   5. Merge paths: the cluster (distributed shared memory) merge and the global (fp32 partials)
-//      merge at the boundary between them (forced split counts around the cluster size, k_len
-//      around the cluster plan's limit of 256 keys a split), back-to-back launches on one stream
-//      (each reads the previous one's output under programmatic dependent launch), B = 1 cases
-//      with the wide (8-warp) cluster variant allowed and forbidden, and the kernel with clusters
-//      and PDL switched off.
+//   5. Plan paths: one split (no partials, no counter) and the split merge on both sides of the
+//      single-split limit (plan_flash_decode's single_split_keys) for every head_dim, in a grid
+//      planned for more splits; the SmolLM2 attention shape (Hq 9, Hkv 3, head_dim 64); merges
+//      of more than one load batch (> 16 splits); split 0's speculative K/V tiles (issued before
+//      k_len is known) against NaN tails; back-to-back launches on one stream with programmatic
+//      dependent launch on and off, each reading the previous call's output.
 //   6. Bad arguments raise the typed errors that name them.
 #include "splice/backend/cuda/flash_decode.h"
 
@@ -34,12 +34,10 @@
 #include "splice/core/error.h"
 #include "splice/core/random.h"
 #include "splice/core/tolerance.h"
+#include "support/cuda_test_util.h"
 #include "support/test_util.h"
 
 namespace splice {
-namespace cuda::detail {
-void set_flash_decode_features(bool cluster, bool pdl, bool wide);  // flash_decode.cu (A/B)
-}  // namespace cuda::detail
 namespace {
 
 #define SKIP_WITHOUT_GPU()                                                     \
@@ -367,38 +365,53 @@ TEST(FlashDecodeCuda, OddLengthsWithPoisonedTails) {
   }
 }
 
-// Runs `body` with the wide (8-warp) cluster variant allowed and then forbidden: B = 1 shapes
-// take the wide variant when the device holds their clusters, else the four-warp kernel.
-template <typename Body>
-void with_and_without_wide(Body body) {
-  for (bool wide : {true, false}) {
-    SCOPED_TRACE(wide ? "wide variant allowed" : "four-warp kernel only");
-    cuda::detail::set_flash_decode_features(true, true, wide);
-    body();
-  }
-  cuda::detail::set_flash_decode_features(false, true, false);  // the defaults
+// The keys one split takes at most (the plan's device rule), for head_dim `head_dim`.
+std::int32_t single_split_keys(std::int64_t head_dim) {
+  return cuda::plan_flash_decode(1, 8, 8, 1, head_dim, 1 << 16, 1 << 16, 132).single_split_keys;
 }
 
-// B = 1, (32, 8) at capacity 16384 (a grid of 32 four-warp splits): up to C * 256 keys (4096 for
-// clusters of 16, 2048 for 8) the device plan takes C cluster splits merged in distributed shared
-// memory, beyond it 32 splits merged through global partials; the wide variant merges 16 splits
-// in the cluster at every length.
-TEST(FlashDecodeCuda, ClusterAndGlobalMergeBoundary) {
+// For each head_dim, k_len at and around the single-split limit in a grid planned for many
+// splits (capacity 4x the limit): at the limit one CTA per (b, kv head) writes o directly (no
+// partials, no counter), one key more and the splits merge through global partials.
+TEST(FlashDecodeCuda, SingleSplitAndMergeBoundary) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 150;
-  with_and_without_wide([&] {
-    for (std::int32_t len : {1023, 2048, 2049, 4096, 4097, 12000}) {
+  for (std::int64_t head_dim : {64, 128, 256}) {
+    const std::int32_t limit = single_split_keys(head_dim);
+    for (std::int32_t len : {1, limit - 1, limit, limit + 1, 2 * limit + 17}) {
       Case c;
       c.dtype = len % 2 == 0 ? DType::bf16 : DType::f16;
       c.batch = 1;
       c.num_qo_heads = 32;
       c.num_kv_heads = 8;
+      c.head_dim = head_dim;
       c.k_len = {len};
-      c.capacity = 16384;
-      c.causal = false;
+      c.capacity = 4 * limit;
+      c.causal = len % 3 != 0;
       check_case(c, seed++);
     }
-  });
+  }
+}
+
+// The SmolLM2-135M attention shape (Hq 9, Hkv 3, head_dim 64, one row block of 3 rows) at the
+// benchmark's lengths and around the single-split limit (512 keys), capacity 2048, NaN beyond
+// k_len; with a left window (no speculative loads) too.
+TEST(FlashDecodeCuda, SmolLM2ShapeMatchesFloat64Reference) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 170;
+  for (std::int32_t len : {1, 64, 255, 256, 511, 512, 513, 1024, 2047}) {
+    Case c;
+    c.batch = 1;
+    c.num_qo_heads = 9;
+    c.num_kv_heads = 3;
+    c.head_dim = 64;
+    c.k_len = {len};
+    c.capacity = 2048;
+    c.want_lse = len % 2 == 0;
+    check_case(c, seed++);
+    c.window_left = 300;
+    check_case(c, seed++);
+  }
 }
 
 TEST(FlashDecodeCuda, RaggedBatchAndEmptySequence) {
@@ -460,9 +473,8 @@ TEST(FlashDecodeCuda, OutputIndependentOfSplitCount) {
     const auto [base_out, base_lse] = problem.run();
     const auto [ref_out, ref_lse] = problem.reference();
     EXPECT_TRUE(testing::close(base_out, ref_out, default_tolerance(dtype)));
-    // 8, 9, 16, 17 straddle the cluster sizes (8 portable, 16 non-portable): cluster merge up to
-    // the cluster size, global merge beyond it; 64 is global.
-    for (std::int64_t splits : {1, 2, 5, 8, 9, 13, 16, 17, 64}) {
+    // 16, 17, 33 and 64 splits take one, two, three and four merge load batches.
+    for (std::int64_t splits : {1, 2, 5, 8, 13, 16, 17, 33, 64}) {
       SCOPED_TRACE("num_splits=" + std::to_string(splits));
       problem.c.num_splits = splits;
       const auto [out, lse] = problem.run();
@@ -479,13 +491,17 @@ TEST(FlashDecodeCuda, RepeatedRunsAreBitwiseIdentical) {
   c.num_kv_heads = 8;
   c.capacity = 16384;
   c.k_len = {16000};
-  Rng rng(500);
-  Problem problem(c, rng);
-  const auto first = problem.run();
-  for (int r = 0; r < 3; ++r) {
-    const auto again = problem.run();
-    EXPECT_TRUE(testing::bit_equal(again.first, first.first));
-    EXPECT_TRUE(testing::bit_equal(again.second, first.second));
+  for (std::int32_t len : {16000, 200}) {  // 33 merged splits; one split
+    SCOPED_TRACE("k_len=" + std::to_string(len));
+    c.k_len = {len};
+    Rng rng(500 + len);
+    Problem problem(c, rng);
+    const auto first = problem.run();
+    for (int r = 0; r < 3; ++r) {
+      const auto again = problem.run();
+      EXPECT_TRUE(testing::bit_equal(again.first, first.first));
+      EXPECT_TRUE(testing::bit_equal(again.second, first.second));
+    }
   }
 }
 
@@ -544,9 +560,10 @@ TEST(FlashDecodeCuda, GraphReplayWithChangingKLen) {
                      600);
 }
 
-// B = 1 at capacity 16384: replays switch between the cluster merge (<= 4096 keys), the global
-// merge (more) and one split, so the merge counters must be back at zero after either path.
-TEST(FlashDecodeCuda, GraphReplaySwitchesMergePaths) {
+// B = 1 at capacity 16384 (a grid of 33 splits): replays switch between one split (<= 256 keys),
+// merges of one to three load batches and an empty range, so the merge counters must be back at
+// zero after every path; then the SmolLM2 shape at capacity 2048.
+TEST(FlashDecodeCuda, GraphReplaySwitchesPlanPaths) {
   SKIP_WITHOUT_GPU();
   Case c;
   c.batch = 1;
@@ -554,10 +571,16 @@ TEST(FlashDecodeCuda, GraphReplaySwitchesMergePaths) {
   c.num_kv_heads = 8;
   c.capacity = 16384;
   c.k_len = {16384};
-  with_and_without_wide([&] {
-    check_graph_replay(c, {{12000}, {4097}, {16384}, {17}, {4096}, {2049}, {1}, {9000}, {3000}},
-                       650);
-  });
+  check_graph_replay(
+      c, {{12000}, {257}, {16384}, {17}, {256}, {2049}, {1}, {0}, {9000}, {3000}, {255}}, 650);
+  Case smol;
+  smol.batch = 1;
+  smol.num_qo_heads = 9;
+  smol.num_kv_heads = 3;
+  smol.head_dim = 64;
+  smol.capacity = 2048;
+  smol.k_len = {2048};
+  check_graph_replay(smol, {{64}, {513}, {256}, {1024}, {512}, {1}, {2048}, {97}}, 660);
 }
 
 // Launches back to back on one created stream (programmatic dependent launch on): each call's q
@@ -567,7 +590,7 @@ TEST(FlashDecodeCuda, GraphReplaySwitchesMergePaths) {
 void check_back_to_back(std::uint64_t seed) {
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  const std::int32_t lengths[] = {12000, 9000, 4097, 97, 16384, 1, 4096, 2049};
+  const std::int32_t lengths[] = {12000, 9000, 4097, 97, 16384, 1, 256, 257, 4096, 2049};
   Rng rng(seed);
   std::vector<std::unique_ptr<Problem>> chain;
   for (std::int32_t len : lengths) {
@@ -606,27 +629,12 @@ void check_back_to_back(std::uint64_t seed) {
 
 TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
   SKIP_WITHOUT_GPU();
-  with_and_without_wide([] { check_back_to_back(700); });
-}
-
-// The same kernel with thread-block clusters and PDL switched off (every multi-split merge goes
-// through global partials), then back to the defaults.
-TEST(FlashDecodeCuda, FeaturesOffMatchesReference) {
-  SKIP_WITHOUT_GPU();
-  cuda::detail::set_flash_decode_features(false, false, false);
-  std::uint64_t seed = 800;
-  for (std::int32_t len : {97, 4097}) {
-    Case c;
-    c.batch = 2;
-    c.num_qo_heads = 16;
-    c.num_kv_heads = 4;
-    c.q_len = 2;
-    c.capacity = 5000;
-    c.k_len = {len, len / 3};
-    c.window_left = 1000;
-    check_case(c, seed++);
+  testing::PdlScope restore_pdl;
+  for (bool pdl : {true, false}) {
+    SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
+    cuda::set_pdl_enabled(pdl);
+    check_back_to_back(pdl ? 700 : 710);
   }
-  cuda::detail::set_flash_decode_features(false, true, false);  // the defaults
 }
 
 TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
@@ -634,8 +642,23 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   const auto small = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132);
   EXPECT_EQ(small.row_blocks, 1);
   EXPECT_EQ(small.num_splits, 132 * small.ctas_per_sm / 8);
-  const auto tiny = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 100, 132);
-  EXPECT_EQ(tiny.num_splits, 2);  // ceil(100 / 64)
+  const auto few = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 300, 132);
+  EXPECT_EQ(few.num_splits, 5);  // ceil(300 / 64)
+  // A bound of at most 128 KiB of K+V per (b, kv head) plans one split.
+  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 16384, 16384, 132).single_split_keys, 512);
+  EXPECT_EQ(small.single_split_keys, 256);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 256, 16384, 16384, 132).single_split_keys, 128);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 256, 132).num_splits, 1);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 257, 132).num_splits, 5);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 512, 512, 132).num_splits, 1);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132).num_splits, 32);
+  // The device rule for the live split count (33 grid splits at (32, 8), head_dim 128).
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 1), 1);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 256), 1);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 257), 5);  // 64-key chunks
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 1024), 16);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 16000), 33);  // 496-key chunks
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 16384), 32);  // 512-key chunks
   const auto big = cuda::plan_flash_decode(128, 32, 8, 1, 128, 16384, 16384, 132);
   EXPECT_EQ(big.num_splits, 1);
   const auto spec = cuda::plan_flash_decode(2, 64, 8, 8, 128, 1024, 1024, 132);

@@ -2,18 +2,13 @@
 //
 //   1. Check every argument (devices, dtypes, ranks, shapes, strides and alignment), naming it.
 //   2. Plan the grid at the capacity bound (plan_flash_decode), so the launch is graph-safe; the
-//      kernel re-plans the live split count from k_len on the device.
-//   3. Group the splits of one (batch, kv head, row block) into thread-block clusters of C CTAs
-//      (a power of two <= 16; 16 needs the non-portable size attribute), choosing C and the
-//      grid's split count so that every cluster of the grid is resident at once (the device's
-//      resident-cluster counts are queried once per instantiation). Splits that fit in one
-//      cluster merge through distributed shared memory (kernel stage 6c). Where the plain plan
-//      wants >= 32 splits (small batches) and head_dim <= 128, the wide variant runs instead:
-//      one cluster of 16 eight-warp CTAs per unit (one per SM), cluster-merged at every length.
-//   4. Make sure the module-owned fp32 split workspace and the zeroed merge counters are large
-//      enough (growth is refused during stream capture), fill the POD params and launch the
-//      instantiation for (dtype, head_dim) with cudaLaunchKernelEx: the cluster dimension and,
-//      on a created stream, programmatic dependent launch (the kernel waits for the previous
+//      kernel re-plans the live split count from k_len on the device (one split while the live
+//      range is at most plan.single_split_keys).
+//   3. Make sure the module-owned fp32 split workspace and the zeroed merge counters are large
+//      enough (growth is refused during stream capture), fill the POD params (split 0 may load
+//      its first K/V tiles before k_len arrives when the grid is one wave and there is no left
+//      window) and launch the instantiation for (dtype, head_dim) with cudaLaunchKernelEx, with
+//      programmatic dependent launch on a created stream (the kernel waits for the previous
 //      kernel's writes before its first access, so only the launch itself overlaps).
 #include <cuda_runtime.h>
 
@@ -21,9 +16,6 @@
 #include <cmath>
 #include <cstdio>
 #include <mutex>
-#include <string>
-#include <tuple>
-#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/check.h"
@@ -36,6 +28,7 @@ static_assert(splice::cuda::kFlashDecodeMaxSplits == splice::cuda::detail::kMaxS
 static_assert(splice::cuda::kFlashDecodeRowsPerCta == splice::cuda::detail::kRows);
 static_assert(splice::cuda::kFlashDecodeTileKeys == splice::cuda::detail::kTileKeys);
 static_assert(splice::cuda::kFlashDecodeWarps == splice::cuda::detail::kWarps);
+static_assert(splice::cuda::kFlashDecodeMaxSplits % splice::cuda::detail::kMergeBatch == 0);
 
 namespace splice::cuda {
 namespace {
@@ -82,90 +75,6 @@ Workspace& workspace() {
   return *instance;
 }
 
-// Launch features. Defaults from the H200 A/B of 2026-11-30 (docs/perf.md, run 8): the cluster
-// (DSMEM) merge and the wide 8-warp variant never beat the global merge at B <= 8 (1K: 8.25-8.61
-// vs 8.31 us; 16K: 26.6-29.1 vs 24.5 us; 64K: 82-86 vs 71.3 us at (32,8)), so both are off; PDL
-// is on. The switches stay for A/B timing (the benchmark) and the tests of both merge paths.
-struct Features {
-  bool cluster = false;
-  bool pdl = true;
-  bool wide = false;
-  std::string last_launch;  // the latest launch's shape (benchmark log)
-};
-
-Features& features() {
-  static Features instance;
-  return instance;
-}
-
-// Resident clusters of each power-of-two size (active[i] for size 2^i; 0: cannot launch).
-struct ClusterCapacity {
-  static constexpr int kSizes = 5;  // 1, 2, 4, 8, 16 = kMaxClusterSplits
-  int active[kSizes] = {};
-  std::string summary;  // for the benchmark's log
-};
-static_assert(1 << (ClusterCapacity::kSizes - 1) == detail::kMaxClusterSplits);
-
-std::mutex& summary_mutex() {
-  static auto* instance = new std::mutex();
-  return *instance;
-}
-std::string& summaries() {
-  static auto* instance = new std::string();
-  return *instance;
-}
-
-// Queries how many clusters of each size the device holds at once for this instantiation.
-template <typename T, int kHeadDim, int kNumWarps>
-ClusterCapacity cluster_capacity(int smem, const char* name) {
-  ClusterCapacity capacity;
-  const auto kernel = detail::flash_decode_kernel<T, kHeadDim, kNumWarps>;
-  int device = 0;
-  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
-  int major = 0;
-  SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  constexpr int kClusterMajor = 9;  // thread-block clusters need compute capability 9.0
-  if (major >= kClusterMajor) {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-        cudaSuccess)
-      (void)cudaGetLastError();  // then only portable sizes (<= 8) pass the query below
-    // One CTA of a cluster per SM where possible: the splits then stream K/V through as many
-    // SMs as there are CTAs, as in a plain launch (a preference; the query below includes it).
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeClusterSchedulingPolicyPreference,
-                             cudaClusterSchedulingPolicySpread) != cudaSuccess)
-      (void)cudaGetLastError();
-    for (int i = 1; i < ClusterCapacity::kSizes; ++i) {
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(1, 1u << i, 1);
-      config.blockDim = dim3(kNumWarps * 32, 1, 1);
-      config.dynamicSmemBytes = static_cast<std::size_t>(smem);
-      cudaLaunchAttribute attribute{};
-      attribute.id = cudaLaunchAttributeClusterDimension;
-      attribute.val.clusterDim.x = 1;
-      attribute.val.clusterDim.y = 1u << i;
-      attribute.val.clusterDim.z = 1;
-      config.attrs = &attribute;
-      config.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
-        (void)cudaGetLastError();  // an unsupported size is an answer here, not an error
-        clusters = 0;
-      }
-      capacity.active[i] = clusters;
-    }
-  }
-  char line[160];
-  std::snprintf(line, sizeof line,
-                "%s head_dim %d, %d warps: %d CTA slots; resident clusters of 2/4/8/16: %d %d %d "
-                "%d\n",
-                name, kHeadDim, kNumWarps, sm_count() * ctas_per_sm(smem), capacity.active[1],
-                capacity.active[2], capacity.active[3], capacity.active[4]);
-  capacity.summary = line;
-  std::lock_guard<std::mutex> lock(summary_mutex());
-  summaries() += capacity.summary;
-  return capacity;
-}
-
 bool capturing(Stream stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   SPLICE_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
@@ -210,104 +119,50 @@ bool aligned(const Tensor& t, std::int64_t elems) {
   return true;
 }
 
-// One-time setup of an instantiation: its shared-memory limit and its cluster capacity.
-template <typename T, int kHeadDim, int kNumWarps>
-const ClusterCapacity& prepare() {
-  constexpr int kSmem = FlashDecodeConfig<kHeadDim, kNumWarps>::kSmemBytes;
-  static ClusterCapacity capacity;
+// One-time setup of an instantiation: its dynamic shared-memory limit.
+template <typename T, int kHeadDim>
+void prepare() {
   static std::once_flag once;
   std::call_once(once, [] {
-    SPLICE_CUDA_CHECK(cudaFuncSetAttribute(detail::flash_decode_kernel<T, kHeadDim, kNumWarps>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    capacity =
-        cluster_capacity<T, kHeadDim, kNumWarps>(kSmem, std::is_same_v<T, __half> ? "f16" : "bf16");
+    SPLICE_CUDA_CHECK(cudaFuncSetAttribute(detail::flash_decode_kernel<T, kHeadDim>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           FlashDecodeConfig<kHeadDim>::kSmemBytes));
   });
-  return capacity;
 }
 
-template <typename T>
-const ClusterCapacity& prepare_head_dim(std::int64_t head_dim, bool wide) {
-  if (wide)
-    return head_dim == 64 ? prepare<T, 64, detail::kWideWarps>()
-                          : prepare<T, 128, detail::kWideWarps>();
-  switch (head_dim) {
-    case 64:
-      return prepare<T, 64, detail::kWarps>();
-    case 128:
-      return prepare<T, 128, detail::kWarps>();
-    default:
-      return prepare<T, 256, detail::kWarps>();
-  }
-}
-
-template <typename T, int kHeadDim, int kNumWarps>
+template <typename T, int kHeadDim>
 void launch(const FlashDecodeParams& params, const dim3& grid, Stream stream) {
+  prepare<T, kHeadDim>();
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
-  config.blockDim = dim3(kNumWarps * 32, 1, 1);
-  config.dynamicSmemBytes = FlashDecodeConfig<kHeadDim, kNumWarps>::kSmemBytes;
+  config.blockDim = dim3(detail::kThreads, 1, 1);
+  config.dynamicSmemBytes = FlashDecodeConfig<kHeadDim>::kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute attributes[2] = {};
-  unsigned count = 0;
-  if (params.cluster_splits > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = 1;
-    attributes[count].val.clusterDim.y = static_cast<unsigned>(params.cluster_splits);
-    attributes[count].val.clusterDim.z = 1;
-    ++count;
-  }
+  cudaLaunchAttribute attribute{};
   // As every PDL launch here (launch.cuh): honours SPLICE_PDL / set_pdl_enabled, and never on the
   // legacy default stream, whose implicit synchronization PDL would only muddle. The kernel obeys
   // launch.cuh's safety rule (stage 0 waits before any global access or early return).
-  if (features().pdl && pdl_enabled() && stream != nullptr) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count].val.programmaticStreamSerializationAllowed = 1;
-    ++count;
+  if (pdl_enabled() && stream != nullptr) {
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
   }
-  config.attrs = attributes;
-  config.numAttrs = count;
-  SPLICE_CUDA_CHECK(
-      cudaLaunchKernelEx(&config, detail::flash_decode_kernel<T, kHeadDim, kNumWarps>, params));
+  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, detail::flash_decode_kernel<T, kHeadDim>, params));
   SPLICE_CUDA_CHECK_LAUNCH("flash_decode_kernel");
 }
 
 template <typename T>
-void launch_head_dim(std::int64_t head_dim, bool wide, const FlashDecodeParams& params,
-                     const dim3& grid, Stream stream) {
-  if (wide) {
-    if (head_dim == 64) return launch<T, 64, detail::kWideWarps>(params, grid, stream);
-    return launch<T, 128, detail::kWideWarps>(params, grid, stream);
-  }
+void launch_head_dim(std::int64_t head_dim, const FlashDecodeParams& params, const dim3& grid,
+                     Stream stream) {
   switch (head_dim) {
     case 64:
-      return launch<T, 64, detail::kWarps>(params, grid, stream);
+      return launch<T, 64>(params, grid, stream);
     case 128:
-      return launch<T, 128, detail::kWarps>(params, grid, stream);
+      return launch<T, 128>(params, grid, stream);
     default:
-      return launch<T, 256, detail::kWarps>(params, grid, stream);
+      return launch<T, 256>(params, grid, stream);
   }
-}
-
-// Stage 3: the cluster size C and the grid's split count S (a multiple of C, at least `forced`).
-// Every cluster of the grid must be resident at once: a cluster waits for C free CTA slots in
-// one GPC, so a grid with more clusters than fit would run a second wave at long lengths, where
-// all splits are live. The largest power of two C <= the split count is taken for which
-//   S = C * min(floor(splits / C), floor(resident clusters / units))
-// is at least `forced` and at least half the split count rounded down to a multiple of C (33
-// planned splits may become 16); otherwise no cluster.
-std::pair<int, std::int64_t> cluster_and_splits(const ClusterCapacity& capacity, std::int64_t units,
-                                                std::int64_t planned, std::int64_t forced) {
-  const std::int64_t splits = std::max(planned, forced);
-  for (int i = ClusterCapacity::kSizes - 1; i >= 1; --i) {
-    const int cluster = 1 << i;
-    if (cluster > splits) continue;
-    const std::int64_t per_unit =
-        std::min<std::int64_t>(splits / cluster, capacity.active[i] / units);
-    const std::int64_t grid_y = cluster * per_unit;
-    if (per_unit >= 1 && grid_y >= forced && 2 * grid_y >= splits / cluster * cluster)
-      return {cluster, grid_y};
-  }
-  return {1, splits};
 }
 
 }  // namespace
@@ -326,11 +181,15 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
   const std::int64_t units = batch * num_kv_heads * plan.row_blocks;
   const std::int64_t bound =
       std::clamp<std::int64_t>(max_live_k_len, 1, std::max<std::int64_t>(capacity, 1));
+  plan.single_split_keys =
+      static_cast<int>(kFlashDecodeSingleSplitBytes / (2 * head_dim * kFlashDecodeElementBytes));
   const std::int64_t max_useful = (bound + plan.min_chunk - 1) / plan.min_chunk;
   const std::int64_t slots = static_cast<std::int64_t>(sm_count) * plan.ctas_per_sm;
   const std::int64_t fill = std::max<std::int64_t>(1, slots / units);
-  plan.num_splits = static_cast<int>(
-      std::clamp<std::int64_t>(fill, 1, std::min<std::int64_t>(max_useful, kFlashDecodeMaxSplits)));
+  plan.num_splits = bound <= plan.single_split_keys
+                        ? 1
+                        : static_cast<int>(std::clamp<std::int64_t>(
+                              fill, 1, std::min<std::int64_t>(max_useful, kFlashDecodeMaxSplits)));
   plan.grid_x = plan.row_blocks;
   plan.grid_y = plan.num_splits;
   plan.grid_z = batch * num_kv_heads;
@@ -432,34 +291,10 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
       std::max<std::int64_t>(1, (capacity + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys);
   const std::int64_t forced =
       std::min<std::int64_t>({options.num_splits, max_splits, kFlashDecodeMaxSplits});
-  // Stage 3: the cluster size and the grid's split count.
   const std::int64_t units = plan.grid_x * plan.grid_z;
-  const bool bf16 = q.dtype() == DType::bf16;
-  const ClusterCapacity& clusters = bf16 ? prepare_head_dim<__nv_bfloat16>(head_dim, false)
-                                         : prepare_head_dim<__half>(head_dim, false);
-  // The wide variant: one cluster of 16 eight-warp splits per unit, every split count merged in
-  // the cluster, where the plain plan wants >= 32 splits and every such cluster is resident.
-  bool wide = false;
-  if (features().cluster && features().wide && head_dim <= detail::kWideMaxHeadDim &&
-      forced <= detail::kMaxClusterSplits && plan.grid_y >= 2 * detail::kMaxClusterSplits) {
-    const ClusterCapacity& wide_clusters = bf16 ? prepare_head_dim<__nv_bfloat16>(head_dim, true)
-                                                : prepare_head_dim<__half>(head_dim, true);
-    wide = wide_clusters.active[ClusterCapacity::kSizes - 1] >= units;
-  }
-  int cluster = 1;
-  std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced);
-  if (wide) {
-    cluster = detail::kMaxClusterSplits;
-    grid_y = detail::kMaxClusterSplits;
-  } else if (features().cluster) {
-    std::tie(cluster, grid_y) = cluster_and_splits(clusters, units, plan.grid_y, forced);
-  }
-  char shape[64];
-  std::snprintf(shape, sizeof shape, "%dx%lld%s", cluster, static_cast<long long>(grid_y),
-                wide ? "w" : "");
-  features().last_launch = shape;
+  const std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced);
 
-  // Stage 4: workspace, params, launch.
+  // Stage 3: workspace, params, launch.
   const std::size_t partial_rows =
       static_cast<std::size_t>(units * grid_y * kFlashDecodeRowsPerCta);
   const std::size_t partial_bytes =
@@ -502,8 +337,13 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.rows = static_cast<int>(p.group * q_len);
   p.capacity = static_cast<int>(capacity);
   p.forced_splits = static_cast<int>(forced);
-  p.cluster_splits = cluster;
   p.min_chunk = plan.min_chunk;
+  p.single_split_keys = plan.single_split_keys;
+  // Split 0 starts at key 0 whatever k_len is unless a left window moves it; speculative loads
+  // may read up to a ring of keys past a short k_len, which costs nothing in a one-wave grid
+  // (latency-bound) but would cost bandwidth in a multi-wave one.
+  const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * plan.ctas_per_sm;
+  p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {
     return w ? static_cast<int>(std::min<std::int64_t>(*w, kMaxLength)) : -1;
   };
@@ -520,27 +360,10 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 
   const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(grid_y),
                   static_cast<unsigned>(plan.grid_z));
-  if (bf16)
-    launch_head_dim<__nv_bfloat16>(head_dim, wide, p, grid, stream);
+  if (q.dtype() == DType::bf16)
+    launch_head_dim<__nv_bfloat16>(head_dim, p, grid, stream);
   else
-    launch_head_dim<__half>(head_dim, wide, p, grid, stream);
+    launch_head_dim<__half>(head_dim, p, grid, stream);
 }
-
-namespace detail {
-
-void set_flash_decode_features(bool cluster, bool pdl, bool wide) {
-  features().cluster = cluster;
-  features().pdl = pdl;
-  features().wide = wide;
-}
-
-std::string flash_decode_last_launch() { return features().last_launch; }
-
-std::string flash_decode_cluster_summary() {
-  std::lock_guard<std::mutex> lock(summary_mutex());
-  return summaries();
-}
-
-}  // namespace detail
 
 }  // namespace splice::cuda

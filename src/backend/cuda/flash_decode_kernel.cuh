@@ -1,76 +1,73 @@
 // Device code of the flash-decode attention kernel (spec decode_attention.md §5). POD params in,
 // nothing from ir/plan/exec; the launcher (flash_decode.cu) plans the grid and checks arguments.
 //
-// One CTA = (row block rb, split s, batch b x kv head h); W warps (4, or 8 in the wide variant
-// the launcher picks for cluster-merged small batches, one CTA per SM); 16 query rows (one m16
-// tile: row = g * q_len + i for group member g and query i, padded with empty rows). The launcher
-// may group the splits of one (b, h, rb) into a thread-block cluster of C CTAs along the split axis
-// (C = p.cluster_splits, a power of two <= 16; 1 = no cluster) and may launch with programmatic
-// dependent launch (PDL).
-//   0. PDL: let the next kernel in the stream start launching now, then wait until the previous
-//      kernel has finished and its writes are visible (no-ops without PDL). Nothing is read or
+// One CTA = (row block rb, split s, batch b x kv head h); 4 warps; 16 query rows (one m16 tile:
+// row = g * q_len + i for group member g and query i, padded with empty rows). The launcher may
+// launch with programmatic dependent launch (PDL).
+//   0. PDL: wait until the previous kernel has finished and its writes are visible, then let the
+//      next kernel in the stream start launching (no-ops without PDL). Nothing is read or
 //      written before the wait, so the split workspace and every input are safe.
-//   1. Live range. k_len is read from device memory (clamped to [0, capacity]); query i sits at
+//   1. Issue at once, independent of each other: the k_len load, the 16 query rows (cp.async,
+//      zeros for padding rows) and, when p.speculate (no left window, so split 0 starts at key
+//      0 whatever k_len is; one-wave grids only) and s = 0, the first kStages - 1 tiles of each
+//      warp's K/V stream, bounded by the capacity only (always in bounds; what lies at or beyond
+//      the live end is masked in stages 3-4, never used).
+//   2. Live range and plan. k_len is clamped to [0, capacity]; query i sits at
 //      p_i = k_len - q_len + i; the keys any row may see are [lo, hi) with
-//      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1). The split plan is redone here
-//      from n = hi - lo: with S = gridDim.y, or S = C when C < S and n <= C * kClusterMaxChunk
-//      (fewer, longer splits that merge inside the cluster), chunk = max(min_chunk,
-//      round_up(ceil(n / S), 16)) (or from a forced split count), live = ceil(n / chunk); CTAs
-//      with s >= live exit (in the cluster path those of the merging cluster first pass its two
-//      barriers). Split s owns keys [c0, c1) = [lo + s * chunk, min(hi, lo + (s + 1) * chunk)).
-//   2. Loads. Each warp streams its own 16-key tiles t = warp, warp + W, ... of [c0, c1) through
-//      a private cp.async ring (16-byte loads, kStages - 1 tiles in flight, rows swizzled by
-//      chunk ^ (row & 7) so ldmatrix is conflict-free). Keys >= c1 are zero-filled, never read:
-//      a NaN at or beyond k_len cannot reach a result. No CTA-wide barrier in the main loop.
-//   3. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
+//      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1), n = hi - lo. Split size:
+//        forced:  chunk = round_up(ceil(n / forced), 16);
+//        n <= single_split_keys (the keys one CTA streams in less time than a merge costs):
+//                 chunk = n, one split, no partials, no counter;
+//        else:    chunk = max(min_chunk, round_up(ceil(n / S), 16)) with S = gridDim.y;
+//      live = ceil(n / chunk); CTAs with s >= live exit. Split s owns keys
+//      [c0, c1) = [lo + s * chunk, min(hi, lo + (s + 1) * chunk)).
+//   3. Loads. Each warp streams its own 16-key tiles t = warp, warp + 4, ... of [c0, c1) through
+//      a private cp.async ring (16-byte loads, kStages - 1 tiles in flight ahead of the one in
+//      use, rows swizzled by chunk ^ (row & 7) so ldmatrix is conflict-free). Keys >= c1 are
+//      zero-filled when loaded after the plan; in the tile that straddles c1 the V rows >= c1 are
+//      zeroed in shared memory before use (a speculative tile may hold NaN there, and
+//      0 * NaN would leak). No CTA-wide barrier in the main loop.
+//   4. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
 //      in log2 units t = log2(e) * s with s = scale * (q . k_j), then s = cap * tanh(s / cap)
 //      (softcap), s += -slope_h * (p_i - j) (ALiBi), and t = -inf outside
 //      max(c0, p_i - left) <= j < min(c1, p_i + 1 [causal], p_i + right + 1).
-//   4. Online softmax per row: m' = max(m, max_j t_j), alpha = 2^(m - m'),
+//      Online softmax per row: m' = max(m, max_j t_j), alpha = 2^(m - m'),
 //      l' = alpha l + sum_j 2^(t_j - m'), O' = alpha O + P V with P = 2^(t - m') rounded to the
 //      input dtype (mma.sync again).
 //   5. Warps merge in shared memory: M = max_w m_w, w_w = 2^(m_w - M), L = sum w_w l_w,
 //      O = sum w_w O_w / L, lse2 = M + log2 L (-inf and O = 0 when L = 0: no visible key).
-//   6. One live split: write o and lse = lse2 * ln 2. Otherwise every split's (O_s, lse2_s) is
-//      merged in split order (deterministic whichever CTA merges) with M = max_s lse2_s,
-//      o = sum_s 2^(lse2_s - M) O_s / sum_s 2^(lse2_s - M), lse2 = M + log2 sum_s 2^(lse2_s - M):
-//      6c (cluster path, 1 < live <= C: every live split sits in the first cluster of its unit,
-//      rank = split). Each CTA leaves (O_s, lse2_s) in its own shared memory; one cluster
-//      barrier; the live CTAs share the output slots and read every split's values through
-//      distributed shared memory; a second barrier keeps each CTA's shared memory alive until
-//      all reads are done. No global partials, no fence, no atomic.
-//      6g (global path, live > C). Write the fp32 partial (O, lse2), fence, bump the (b, h, rb)
-//      counter; the CTA that brings it to `live` merges the partials, reading all lse2_s of a
-//      row in one warp pass and all O_s of a slot with independent loads, and resets the counter
-//      to 0 for the next launch (graph replay safe).
+//   6. One live split: write o and lse = lse2 * ln 2. Otherwise write the fp32 partial
+//      (O_s, lse2_s), fence, bump the (b, h, rb) counter; the CTA that brings it to `live` merges
+//      every split in split order (deterministic whichever CTA merges), kMergeBatch splits per
+//      batch, each batch's lse2_s and O_s loaded at once (one L2 round trip per batch):
+//        M' = max(M, max_s lse2_s), r = 2^(M - M'), D' = r D + sum_s 2^(lse2_s - M'),
+//        A' = r A + sum_s 2^(lse2_s - M') O_s;  o = A / D, lse2 = M + log2 D,
+//      and resets the counter to 0 for the next launch (graph replay safe).
+//
+// Dependent global round trips on one CTA's critical path at B = 1 (launch gap not counted):
+//   one split:    [k_len || q || K/V ring of split 0] -> further K/V tiles (streaming) -> o store.
+//   S > 1 splits: [k_len || q || split 0's ring] -> K/V of splits >= 1 (addresses need the plan)
+//                 -> partial store + fence (waits for the acks) -> counter atomic -> the merging
+//                 CTA's (lse2_s, O_s) loads (one per 16 splits) -> o store.
+//   Before (v4): k_len -> K/V (q beside it) -> partials + fence -> atomic -> lse2_s loads -> O_s
+//   loads (one per 8 splits) -> o store, at every length (the plan split down to 64-key chunks).
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <string>
 
 namespace splice::cuda::detail {
 
 inline constexpr int kRows = 16;      // query rows per CTA (one m16 tile)
 inline constexpr int kTileKeys = 16;  // keys per warp step
 inline constexpr int kWarps = 4;
-// Grid splits are capped here (stage 6 keeps every split's weight in shared memory).
-inline constexpr int kMaxSplits = 256;
 inline constexpr int kThreads = kWarps * 32;
-// The wide variant (cluster path at small batch, head_dim <= 128): 8 warps, one CTA per SM, so
-// 16 cluster splits keep as many K/V bytes in flight as 32 four-warp splits at two CTAs per SM.
-inline constexpr int kWideWarps = 8;
-inline constexpr int kWideMaxHeadDim = 128;
-// Largest cluster along the split axis (16 needs the non-portable cluster size attribute).
-inline constexpr int kMaxClusterSplits = 16;
-// The device plan prefers C cluster splits over more global-merge splits while a split holds at
-// most this many keys, where fewer CTAs lose no bandwidth (the v2 split sweep, B = 1, (32, 8):
-// 16 vs 32 splits even at 4K, i.e. 256 keys a split; 2 us worse at 16K; 8 vs 16 at 4K: 3 us
-// worse), so the saved merge round trips (about 2 us) are a net gain.
-inline constexpr int kClusterMaxChunk = 256;
+inline constexpr int kMaxSplits = 256;
+// Splits whose (lse2_s, O_s) the merging CTA loads at once: one L2 round trip per batch (16
+// float4 + 16 floats in registers per output slot).
+inline constexpr int kMergeBatch = 16;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
@@ -92,9 +89,10 @@ struct FlashDecodeParams {
   std::int64_t lse_stride_b, lse_stride_h, lse_stride_s;
   int k_len_stride;  // 0 for one shared k_len, 1 for one per sequence
   int num_kv_heads, group, q_len, rows, capacity;
-  int forced_splits;   // > 0: split into this many (split-invariance tests); 0: plan
-  int cluster_splits;  // CTAs per cluster along the split axis (gridDim.y % it == 0); 1: none
-  int min_chunk;
+  int forced_splits;      // > 0: split into this many (split-invariance tests); 0: plan
+  int min_chunk;          // fewest keys per split when splitting
+  int single_split_keys;  // n <= this: one split (stage 2)
+  int speculate;          // split 0 issues its first K/V tiles before k_len arrives (stage 1)
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
@@ -103,34 +101,20 @@ struct FlashDecodeParams {
   float softcap;  // 0 = none
 };
 
-template <int kHeadDim, int kNumWarps = kWarps>
+template <int kHeadDim>
 struct FlashDecodeConfig {
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kStages = kHeadDim == 256 ? 2 : (kHeadDim == 64 ? 4 : 3);
   static constexpr int kTileBytes = kTileKeys * kHeadDim * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;  // K tile then V tile
   static constexpr int kQBytes = kRows * kHeadDim * 2;
-  static constexpr int kPipeBytes = kNumWarps * kStages * kStageBytes;
+  static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
   static constexpr int kRedStride = kHeadDim + 4;  // floats per row of the warp-merge scratch
-  // Warp-merge scratch (o, m, l per warp and row), then the split weights of stage 6.
-  static constexpr int kMergeBytes =
-      (kNumWarps * kRows * (kRedStride + 2) + kRows * kMaxSplits) * 4;
-  // Stage 6c: this split's merged (O_s [16][head_dim], lse2_s [16]) for the cluster's readers.
-  static constexpr int kClusterBytes = (kRows * kHeadDim + kRows) * 4;
-  static constexpr int kScratchBytes = kMergeBytes + kClusterBytes;
-  static constexpr int kSmemBytes =
-      kQBytes + (kPipeBytes > kScratchBytes ? kPipeBytes : kScratchBytes);
+  // Warp-merge scratch (o, m, l per warp and row), reusing the ring.
+  static constexpr int kMergeBytes = kWarps * kRows * (kRedStride + 2) * 4;
+  static constexpr int kSmemBytes = kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
   static constexpr bool kQInRegs = kHeadDim <= 128;
 };
-
-// Host side (flash_decode.cu): switches thread-block clusters, programmatic dependent launch and
-// the wide (8-warp) cluster variant off or on for later launches (all on by default; the
-// benchmark times the combinations).
-void set_flash_decode_features(bool cluster, bool pdl, bool wide);
-// Host side: one line per prepared instantiation (CTA slots, resident clusters of each size).
-std::string flash_decode_cluster_summary();
-// Host side: the latest launch's shape, "<cluster>x<grid splits>" plus "w" for the wide variant.
-std::string flash_decode_last_launch();
 
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -213,34 +197,6 @@ __device__ __forceinline__ void pdl_wait_previous() {
 #endif
 }
 
-// Cluster barrier: every thread of every CTA of the cluster takes part. `publish` = release /
-// acquire (this thread's shared-memory writes become visible to the peers that pass the
-// barrier); otherwise relaxed, an execution barrier only, which skips the fence a release
-// arrive costs once the CTA has global stores in flight.
-template <bool kPublish>
-__device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kPublish) {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-  } else {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-  }
-#endif
-}
-
-// The address of `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
-template <typename P>
-__device__ __forceinline__ const P* cluster_peer(const P* local, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().map_shared_rank(local, rank);
-#else
-  (void)rank;
-  return local;
-#endif
-}
-
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, head_dim] 16-bit tile.
 template <int kHeadDim>
 __device__ __forceinline__ std::uint32_t swizzle(int row, int chunk) {
@@ -265,11 +221,24 @@ __device__ __forceinline__ void store_out4(const FlashDecodeParams& p, T* dst,
   }
 }
 
-template <typename T, int kHeadDim, int kNumWarps = kWarps>
-__global__ void __launch_bounds__(kNumWarps * 32, 1)
+// Writes the final (o, lse) of one output slot: four consecutive outputs of a row from `acc`.
+template <typename T>
+__device__ __forceinline__ void store_result(const FlashDecodeParams& p, int b, int kv_head, int gr,
+                                             int d, const float (&acc)[4], float lse2) {
+  const int g = gr / p.q_len;
+  const int i = gr % p.q_len;
+  const int qo_head = kv_head * p.group + g;
+  T* dst =
+      static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
+  store_out4<T>(p, dst, acc);
+  if (p.lse && d == 0)
+    p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] = lse2 * kLn2;
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads, 1)
     flash_decode_kernel(const __grid_constant__ FlashDecodeParams p) {
-  using Cfg = FlashDecodeConfig<kHeadDim, kNumWarps>;
-  constexpr int kCtaThreads = kNumWarps * 32;
+  using Cfg = FlashDecodeConfig<kHeadDim>;
   constexpr int kChunks = Cfg::kChunks;
   constexpr int kStages = Cfg::kStages;
   constexpr int kSlotsPerRow = kHeadDim / 4;  // float4 slots per output row
@@ -283,6 +252,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
   const int bh = blockIdx.z;
   const int b = bh / p.num_kv_heads;
   const int kv_head = bh % p.num_kv_heads;
+  const int row_base = rb * kRows;
 
   // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
 #ifdef SPLICE_PDL_TRIGGER_FIRST
@@ -293,51 +263,42 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
   pdl_launch_dependents();
 #endif
 
-  // Stage 1: live range and the device-side split plan.
-  int k_len = p.k_len[b * p.k_len_stride];
-  k_len = k_len < 0 ? 0 : (k_len > p.capacity ? p.capacity : k_len);
-  const int pos_first = k_len - p.q_len;
-  const int pos_last = k_len - 1;
-  int lo = 0;
-  int hi = k_len;
-  if (p.window_left >= 0) lo = max(lo, pos_first - p.window_left);
-  if (p.window_right >= 0) hi = min(hi, pos_last + p.window_right + 1);
-  const int n = max(hi - lo, 0);
-  const int cluster_splits = p.cluster_splits;
-  int chunk;
-  if (p.forced_splits > 0) {
-    chunk = ceil_div(ceil_div(n, p.forced_splits), kTileKeys) * kTileKeys;
-  } else {
-    int splits = static_cast<int>(gridDim.y);
-    if (cluster_splits > 1 && cluster_splits < splits && n <= cluster_splits * kClusterMaxChunk)
-      splits = cluster_splits;
-    chunk = max(p.min_chunk, ceil_div(ceil_div(n, splits), kTileKeys) * kTileKeys);
-  }
-  chunk = max(chunk, kTileKeys);
-  const int live_splits = max(1, ceil_div(n, chunk));
-  // Stage 6c applies to every CTA of this unit alike (it depends on k_len[b] and params only).
-  const bool cluster_merge = live_splits > 1 && live_splits <= cluster_splits;
-  if (split >= live_splits) {
-    if (cluster_merge && split < cluster_splits) {  // an idle member of the merging cluster
-      cluster_barrier<false>();
-      cluster_barrier<false>();
+  // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
+  const int k_len_raw = p.k_len[b * p.k_len_stride];
+  unsigned char* q_smem = smem;
+  for (int c = tid; c < kRows * kChunks; c += kThreads) {
+    const int row = c / kChunks;
+    const int ch = c % kChunks;
+    const int gr = row_base + row;
+    unsigned char* dst = q_smem + swizzle<kHeadDim>(row, ch);
+    if (gr >= p.rows) {  // padding row
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      continue;
     }
-    return;
+    const T* src = static_cast<const T*>(p.q) + b * p.q_stride_b +
+                   (kv_head * p.group + gr / p.q_len) * p.q_stride_h +
+                   (gr % p.q_len) * p.q_stride_s + ch * 8;
+    if (p.q_vec16) {
+      cp_async_16(smem_u32(dst), src, 16);
+    } else {  // misaligned rows: element loads
+      union {
+        T h[8];
+        uint4 u;
+      } tmp;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) tmp.h[e] = src[e];
+      *reinterpret_cast<uint4*>(dst) = tmp.u;
+    }
   }
-  const int c0 = lo + split * chunk;
-  const int c1 = min(hi, c0 + chunk);
+  cp_async_commit();  // group 0: q
 
-  // Stage 2: start this warp's K/V stream before anything else.
-  const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
-  const int my_tiles = num_tiles > warp ? ceil_div(num_tiles - warp, kNumWarps) : 0;
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
-  unsigned char* q_smem = smem;
-  unsigned char* pipe = smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes;
-  const std::uint32_t pipe_u32 = smem_u32(pipe);
-
-  auto load_tile = [&](int it, int stage) {
-    const int key0 = c0 + (warp + it * kNumWarps) * kTileKeys;
+  const std::uint32_t pipe_u32 = smem_u32(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes);
+  // Tile `it` of this warp's stream from key c0 into ring stage `stage`; keys >= `limit` are
+  // zero-filled (nothing is read for them).
+  auto load_tile = [&](int c0, int limit, int it, int stage) {
+    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
     const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes;
     const std::uint32_t v_dst = k_dst + Cfg::kTileBytes;
 #pragma unroll
@@ -346,7 +307,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
       const int row = c / kChunks;
       const int ch = c % kChunks;
       const int key = key0 + row;
-      const bool ok = key < c1;
+      const bool ok = key < limit;
       const std::int64_t koff = ok ? key * p.k_stride_s + ch * 8 : 0;
       const std::int64_t voff = ok ? key * p.v_stride_s + ch * 8 : 0;
       const std::uint32_t so = swizzle<kHeadDim>(row, ch);
@@ -354,38 +315,53 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
       cp_async_16(v_dst + so, v_base + voff, ok ? 16 : 0);
     }
   };
+  const bool speculative = p.speculate && split == 0;  // split 0 starts at lo = 0
+  if (speculative) {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < my_tiles) load_tile(s, s);
-    cp_async_commit();
+    for (int s = 0; s < kStages - 1; ++s) {
+      load_tile(0, p.capacity, s, s);
+      cp_async_commit();
+    }
   }
 
-  // Stage 2b: the 16 query rows into shared memory (zeros for padding rows).
-  const int row_base = rb * kRows;
-  for (int c = tid; c < kRows * kChunks; c += kCtaThreads) {
-    const int row = c / kChunks;
-    const int ch = c % kChunks;
-    const int gr = row_base + row;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (gr < p.rows) {
-      const int g = gr / p.q_len;
-      const int i = gr % p.q_len;
-      const T* src = static_cast<const T*>(p.q) + b * p.q_stride_b +
-                     (kv_head * p.group + g) * p.q_stride_h + i * p.q_stride_s + ch * 8;
-      if (p.q_vec16) {
-        val = *reinterpret_cast<const uint4*>(src);
-      } else {
-        union {
-          T h[8];
-          uint4 u;
-        } tmp;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) tmp.h[e] = src[e];
-        val = tmp.u;
-      }
-    }
-    *reinterpret_cast<uint4*>(q_smem + swizzle<kHeadDim>(row, ch)) = val;
+  // Stage 2: live range and the device-side split plan.
+  const int k_len = min(max(k_len_raw, 0), p.capacity);
+  const int pos_first = k_len - p.q_len;
+  const int pos_last = k_len - 1;
+  int lo = 0;
+  int hi = k_len;
+  if (p.window_left >= 0) lo = max(lo, pos_first - p.window_left);
+  if (p.window_right >= 0) hi = min(hi, pos_last + p.window_right + 1);
+  const int n = max(hi - lo, 0);
+  int chunk;
+  if (p.forced_splits > 0)
+    chunk = ceil_div(ceil_div(n, p.forced_splits), kTileKeys) * kTileKeys;
+  else if (n <= p.single_split_keys)
+    chunk = n;
+  else
+    chunk =
+        max(p.min_chunk, ceil_div(ceil_div(n, static_cast<int>(gridDim.y)), kTileKeys) * kTileKeys);
+  chunk = max(chunk, kTileKeys);
+  const int live_splits = max(1, ceil_div(n, chunk));
+  if (split >= live_splits) {  // never split 0; only q's copies are in flight here
+    cp_async_wait<0>();
+    return;
   }
+  const int c0 = lo + split * chunk;
+  const int c1 = min(hi, c0 + chunk);
+
+  // Stage 3: the rest of this warp's ring prologue.
+  const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
+  const int my_tiles = num_tiles > warp ? ceil_div(num_tiles - warp, kWarps) : 0;
+  if (!speculative) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < my_tiles) load_tile(c0, c1, s, s);
+      cp_async_commit();
+    }
+  }
+  // q (group 0) has landed for this thread; the barrier makes every thread's rows visible.
+  cp_async_wait<kStages - 1>();
   __syncthreads();
 
   std::uint32_t q_frag[Cfg::kQInRegs ? kHeadDim / 16 : 1][4];
@@ -423,7 +399,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
     }
   }
 
-  // Stages 3-4: the warp's main loop.
+  // Stage 4: the warp's main loop.
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
   float o[kHeadDim / 8][4];
@@ -436,13 +412,24 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
 
   for (int it = 0; it < my_tiles; ++it) {
     const int pre = it + kStages - 1;
-    if (pre < my_tiles) load_tile(pre, pre % kStages);
+    if (pre < my_tiles) load_tile(c0, c1, pre, pre % kStages);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const std::uint32_t k_tile = pipe_u32 + (it % kStages) * Cfg::kStageBytes;
     const std::uint32_t v_tile = k_tile + Cfg::kTileBytes;
-    const int key0 = c0 + (warp + it * kNumWarps) * kTileKeys;
+    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
+    if (key0 + kTileKeys > c1) {
+      // The tile that straddles the live end: zero its V rows >= c1 (P is 0 there, but a
+      // speculative tile may hold NaN, and 0 * NaN would leak into O).
+      for (int c = lane; c < kTileKeys * kChunks; c += 32)
+        if (key0 + c / kChunks >= c1)
+          *reinterpret_cast<uint4*>(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes +
+                                    (it % kStages) * Cfg::kStageBytes + Cfg::kTileBytes +
+                                    swizzle<kHeadDim>(c / kChunks, c % kChunks)) =
+              make_uint4(0, 0, 0, 0);
+      __syncwarp();
+    }
 
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
@@ -460,7 +447,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
       Num<T>::mma(s[1], a, kb[2], kb[3]);
     }
 
-    // Scores in log2 units, masked.
+    // Scores in log2 units, masked (a NaN score of a key >= c1 becomes -inf here).
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -527,8 +514,8 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
   }
   __syncthreads();  // every warp is done with its ring: reuse it as scratch
   float* red_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);  // [warps][16][kRedStride]
-  float* red_m = red_o + kNumWarps * kRows * Cfg::kRedStride;    // [warps][16]
-  float* red_l = red_m + kNumWarps * kRows;                      // [warps][16]
+  float* red_m = red_o + kWarps * kRows * Cfg::kRedStride;       // [warps][16]
+  float* red_l = red_m + kWarps * kRows;                         // [warps][16]
 #pragma unroll
   for (int dn = 0; dn < kHeadDim / 8; ++dn) {
 #pragma unroll
@@ -548,21 +535,19 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
   __syncthreads();
 
   const int valid_rows = min(kRows, p.rows - row_base);
-  float* cluster_o = reinterpret_cast<float*>(smem + Cfg::kQBytes + Cfg::kMergeBytes);  // [16][D]
-  float* cluster_lse2 = cluster_o + kRows * kHeadDim;                                   // [16]
   const std::int64_t unit = static_cast<std::int64_t>(bh) * gridDim.x + rb;
   const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row index base
-  for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kCtaThreads) {
+  for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
     float big = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kNumWarps; ++w) big = fmaxf(big, red_m[w * kRows + row]);
+    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, red_m[w * kRows + row]);
     float denom = 0.0f;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (big != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kNumWarps; ++w) {
+      for (int w = 0; w < kWarps; ++w) {
         const float mw = red_m[w * kRows + row];
         const float ww = mw == -INFINITY ? 0.0f : exp2f(mw - big);
         denom += ww * red_l[w * kRows + row];
@@ -580,19 +565,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
     for (int e = 0; e < 4; ++e) acc[e] *= inv;
     const float lse2 = empty ? -INFINITY : big + log2f(denom);
     if (live_splits == 1) {
-      const int gr = row_base + row;
-      const int g = gr / p.q_len;
-      const int i = gr % p.q_len;
-      const int qo_head = kv_head * p.group + g;
-      T* dst =
-          static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
-      store_out4<T>(p, dst, acc);
-      if (p.lse && d == 0)
-        p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] = lse2 * kLn2;
-    } else if (cluster_merge) {
-      *reinterpret_cast<float4*>(cluster_o + row * kHeadDim + d) =
-          make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (d == 0) cluster_lse2[row] = lse2;
+      store_result<T>(p, b, kv_head, row_base + row, d, acc, lse2);
     } else {
       *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -601,68 +574,8 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
   }
   if (live_splits == 1) return;
 
-  if (cluster_merge) {
-    // Stage 6c: every live split's (O_s, lse2_s) is in its CTA's shared memory after the barrier
-    // (cluster rank = split). The live CTAs share the output slots; each slot reads its row's
-    // lse2_s and O_s from every split with independent distributed-shared-memory loads.
-    cluster_barrier<true>();
-    for (int slot = split * kCtaThreads + tid; slot < valid_rows * kSlotsPerRow;
-         slot += live_splits * kCtaThreads) {
-      const int row = slot / kSlotsPerRow;
-      const int d = (slot % kSlotsPerRow) * 4;
-      float ls[kMaxClusterSplits];
-      float4 os[kMaxClusterSplits];
-#pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s) {
-        if (s < live_splits) {
-          ls[s] = *cluster_peer(cluster_lse2 + row, s);
-          os[s] = *cluster_peer(reinterpret_cast<const float4*>(cluster_o + row * kHeadDim + d), s);
-        }
-      }
-      float big = -INFINITY;
-#pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s)
-        if (s < live_splits) big = fmaxf(big, ls[s]);
-      float denom = 0.0f;
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (big != -INFINITY) {
-#pragma unroll
-        for (int s = 0; s < kMaxClusterSplits; ++s) {
-          if (s < live_splits) {
-            const float ws = ls[s] == -INFINITY ? 0.0f : exp2f(ls[s] - big);
-            denom += ws;
-            acc[0] += ws * os[s].x;
-            acc[1] += ws * os[s].y;
-            acc[2] += ws * os[s].z;
-            acc[3] += ws * os[s].w;
-          }
-        }
-      }
-      const bool empty = !(denom > 0.0f);
-      const float scale = empty ? 0.0f : 1.0f / denom;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] *= scale;
-      const int gr = row_base + row;
-      const int g = gr / p.q_len;
-      const int i = gr % p.q_len;
-      const int qo_head = kv_head * p.group + g;
-      T* dst =
-          static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
-      store_out4<T>(p, dst, acc);
-      if (p.lse && d == 0)
-        p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] =
-            (empty ? -INFINITY : big + log2f(denom)) * kLn2;
-    }
-    // No CTA leaves (freeing its shared memory) while a peer still reads it: every read above
-    // has returned its value before its thread arrives, so an execution barrier suffices.
-    cluster_barrier<false>();
-    return;
-  }
-
   // Stage 6: the last split to finish merges every split's partial, in split order.
   __shared__ int is_last;
-  __shared__ float row_scale[kRows];  // 1 / sum_s 2^(lse2_s - M), 0 for a row with no key
-  __shared__ float row_lse2[kRows];
   __threadfence();
   __syncthreads();
   if (tid == 0) {
@@ -673,67 +586,49 @@ __global__ void __launch_bounds__(kNumWarps * 32, 1)
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  // 6a: per row, one warp reads all live lse2_s at once (one L2 round trip, not one per split)
-  //     and leaves the weights 2^(lse2_s - M) in shared memory.
-  float* weights = red_l + kNumWarps * kRows;  // [16][kMaxSplits], past the warp-merge scratch
-  for (int row = warp; row < valid_rows; row += kNumWarps) {
-    const float* lse_row = p.partial_lse + (unit * kRows + row) * gridDim.y;
-    float* w_row = weights + row * kMaxSplits;
-    float big = -INFINITY;
-    for (int s = lane; s < live_splits; s += 32) {
-      const float ls = __ldcg(lse_row + s);
-      w_row[s] = ls;
-      big = fmaxf(big, ls);
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2)
-      big = fmaxf(big, __shfl_xor_sync(0xffffffffu, big, offset));
-    float denom = 0.0f;
-    for (int s = lane; s < live_splits; s += 32) {
-      const float ws = big == -INFINITY ? 0.0f : exp2f(w_row[s] - big);
-      w_row[s] = ws;
-      denom += ws;
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2)
-      denom += __shfl_xor_sync(0xffffffffu, denom, offset);
-    if (lane == 0) {
-      const bool empty = !(denom > 0.0f);
-      row_scale[row] = empty ? 0.0f : 1.0f / denom;
-      row_lse2[row] = empty ? -INFINITY : big + log2f(denom);
-    }
-  }
-  __syncthreads();
-  // 6b: o = sum_s w_s O_s / sum_s w_s, the partial loads of a slot independent of each other.
   const std::int64_t first_row = unit * gridDim.y * kRows;  // split 0's row 0
-  for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kCtaThreads) {
+  for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
-    const float* w_row = weights + row * kMaxSplits;
+    const float* lse_row = p.partial_lse + (unit * kRows + row) * gridDim.y;
     const float* o_base = p.partial_o + (first_row + row) * kHeadDim + d;
+    float big = -INFINITY;  // M
+    float denom = 0.0f;     // D
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 8
-    for (int s = 0; s < live_splits; ++s) {
-      const float ws = w_row[s];
-      const float4 os = __ldcg(reinterpret_cast<const float4*>(o_base + s * kRows * kHeadDim));
-      acc[0] += ws * os.x;
-      acc[1] += ws * os.y;
-      acc[2] += ws * os.z;
-      acc[3] += ws * os.w;
+    for (int s0 = 0; s0 < live_splits; s0 += kMergeBatch) {
+      float ls[kMergeBatch];
+      float4 os[kMergeBatch];
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {  // independent loads: one round trip per batch
+        const bool ok = s0 + i < live_splits;
+        ls[i] = ok ? __ldcg(lse_row + s0 + i) : -INFINITY;
+        os[i] = ok ? __ldcg(reinterpret_cast<const float4*>(o_base + (s0 + i) * kRows * kHeadDim))
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      float batch_big = big;
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) batch_big = fmaxf(batch_big, ls[i]);
+      if (batch_big == -INFINITY) continue;    // no visible key so far
+      const float r = exp2f(big - batch_big);  // 0 while big = -inf (D and A are 0 then)
+      denom *= r;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= r;
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {
+        const float ws = exp2f(ls[i] - batch_big);  // 0 for an empty split or a padding entry
+        denom += ws;
+        acc[0] += ws * os[i].x;
+        acc[1] += ws * os[i].y;
+        acc[2] += ws * os[i].z;
+        acc[3] += ws * os[i].w;
+      }
+      big = batch_big;
     }
-    const float scale = row_scale[row];
+    const bool empty = !(denom > 0.0f);
+    const float scale = empty ? 0.0f : 1.0f / denom;
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= scale;
-    const int gr = row_base + row;
-    const int g = gr / p.q_len;
-    const int i = gr % p.q_len;
-    const int qo_head = kv_head * p.group + g;
-    T* dst =
-        static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
-    store_out4<T>(p, dst, acc);
-    if (p.lse && d == 0)
-      p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] =
-          row_lse2[row] * kLn2;
+    store_result<T>(p, b, kv_head, row_base + row, d, acc, empty ? -INFINITY : big + log2f(denom));
   }
 }
 

@@ -15,9 +15,8 @@
 // a length bound (the capacity when a CUDA graph is captured); the kernel reads k_len from device
 // memory, re-plans the live split count on the device with the same rule, and CTAs past the live
 // split count exit at once. Nothing on the launch path reads device memory back to the host, so a
-// captured launch replays correctly for any k_len <= the bound. The launcher may reshape the
-// plan's split dimension for its launch features (a thread-block cluster merge, the wide 8-warp
-// variant: off by default, see flash_decode.cu) and launches with PDL when cuda::pdl_enabled().
+// captured launch replays correctly for any k_len <= the bound. The launcher launches with PDL
+// when cuda::pdl_enabled() (and a created stream).
 #pragma once
 
 #include <cstdint>
@@ -32,17 +31,25 @@ namespace splice::cuda {
 using Stream = CUstream_st*;  // a cudaStream_t; nullptr is the legacy default stream
 
 // Keys per warp tile and per-CTA layout constants shared by the planner and the kernel.
-inline constexpr int kFlashDecodeRowsPerCta = 16;  // one m16 tensor-core tile of query rows
-inline constexpr int kFlashDecodeTileKeys = 16;    // keys a warp consumes per step
-inline constexpr int kFlashDecodeWarps = 4;        // warps per CTA, each its own key stream
-inline constexpr int kFlashDecodeMinChunk = 64;    // fewest keys per split (one tile per warp)
-inline constexpr int kFlashDecodeMaxSplits = 256;  // most splits (forced ones included)
+inline constexpr int kFlashDecodeRowsPerCta = 16;   // one m16 tensor-core tile of query rows
+inline constexpr int kFlashDecodeTileKeys = 16;     // keys a warp consumes per step
+inline constexpr int kFlashDecodeWarps = 4;         // warps per CTA, each its own key stream
+inline constexpr int kFlashDecodeMinChunk = 64;     // fewest keys per split (one tile per warp)
+inline constexpr int kFlashDecodeMaxSplits = 256;   // most splits (forced ones included)
+inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
+// A live range of at most this many K+V bytes runs as one split: one CTA streams it (about one
+// DRAM latency plus ~1.3 us at ~100 GB/s per SM) in less time than a split merge costs (partial
+// store + fence, counter atomic, partial loads: three dependent L2 round trips, plus the
+// k_len round trip that splits >= 1 cannot hide), so a merge would only add latency.
+// 512 keys at head_dim 64, 256 at 128, 128 at 256.
+inline constexpr std::int64_t kFlashDecodeSingleSplitBytes = std::int64_t{128} << 10;
 
 struct FlashDecodePlan {
   int row_blocks = 1;   // ceil(group * q_len / 16)
   int num_splits = 1;   // the grid's split dimension (an upper bound on live splits)
   int ctas_per_sm = 2;  // resident CTAs per SM the split rule assumes
   int min_chunk = kFlashDecodeMinChunk;
+  int single_split_keys = 0;        // live ranges of at most this many keys run as one split
   std::int64_t grid_x = 1;          // row_blocks
   std::int64_t grid_y = 1;          // num_splits
   std::int64_t grid_z = 1;          // batch * num_kv_heads
@@ -50,15 +57,30 @@ struct FlashDecodePlan {
 };
 
 // Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
-// capturing a graph that must serve every k_len). Rule: fill one wave of resident CTAs,
+// capturing a graph that must serve every k_len). Rule: with
+//   single_split_keys = kFlashDecodeSingleSplitBytes / (2 * head_dim * 2),
+// one split when max_live_k_len <= single_split_keys, else fill one wave of resident CTAs,
 //   num_splits = clamp(floor(sm_count * ctas_per_sm / (batch * num_kv_heads * row_blocks)),
 //                      1, min(ceil(max_live_k_len / min_chunk), 256)),
-// and on the device, for the live visible range of n keys,
+// and on the device, for the live visible range of n keys: one split when
+// n <= single_split_keys, else
 //   chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)), live splits = ceil(n / chunk).
 FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                   std::int64_t num_kv_heads, std::int64_t q_len,
                                   std::int64_t head_dim, std::int64_t capacity,
                                   std::int64_t max_live_k_len, int sm_count);
+
+// The split count the kernel runs for a live visible range of n keys with no forced count (its
+// stage-2 rule, which the kernel evaluates on the device): 1 while n <= single_split_keys, else
+// ceil(n / chunk) with chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)).
+inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n) {
+  if (n <= plan.single_split_keys) return 1;
+  const std::int64_t per_split = (n + plan.num_splits - 1) / plan.num_splits;
+  const std::int64_t rounded =
+      (per_split + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys * kFlashDecodeTileKeys;
+  const std::int64_t chunk = rounded > plan.min_chunk ? rounded : plan.min_chunk;
+  return static_cast<int>((n + chunk - 1) / chunk);
+}
 
 // Multiprocessor count of the current device (cached).
 int sm_count();
