@@ -11,7 +11,8 @@
 //     50 MB L2 cannot flatter small N) captured in one CUDA graph; the graph is replayed after
 //     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
 //  4. Every variant (stream, stream_plain, wide, split2, split4) is timed; the table reports the
-//     automatic choice.
+//     automatic choice. A/B configurations are timed beside them and printed as "A/B" lines (and
+//     JSON fields), never in the table: `stream_fast` = stream with KdaTuning::fast_gates.
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
 // given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
 #include <cuda_bf16.h>
@@ -89,6 +90,7 @@ struct Result {
   int n = 0, t = 0;
   double floor_bytes = 0, floor_us = 0;
   std::map<std::string, double> variant_us;
+  std::map<std::string, double> ab_us;  // A/B configurations (not in the table's `best`)
   std::string chosen;
   double us = 0;
   double fla_us = -1, fla_rec_us = -1;
@@ -201,15 +203,14 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
-  for (auto variant : {splice::cuda::KdaVariant::stream, splice::cuda::KdaVariant::stream_plain,
-                       splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::split2,
-                       splice::cuda::KdaVariant::split4}) {
-    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);  // warm
+  // Median time per launch of G launches of one configuration captured in one graph.
+  auto time_config = [&](splice::cuda::KdaVariant variant, const splice::cuda::KdaTuning& tuning) {
+    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant, tuning);  // warm
     CHECK(cudaStreamSynchronize(stream));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);
+    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant, tuning);
     CHECK(cudaStreamEndCapture(stream, &graph));
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < kWarmup; ++i) CHECK(cudaGraphLaunch(exec, stream));
@@ -224,10 +225,17 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
       times.push_back(ms);
     }
     std::sort(times.begin(), times.end());
-    res.variant_us[splice::cuda::kda_variant_name(variant)] = times[times.size() / 2] * 1e3 / G;
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(graph));
-  }
+    return times[times.size() / 2] * 1e3 / G;
+  };
+  for (auto variant : {splice::cuda::KdaVariant::stream, splice::cuda::KdaVariant::stream_plain,
+                       splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::split2,
+                       splice::cuda::KdaVariant::split4})
+    res.variant_us[splice::cuda::kda_variant_name(variant)] = time_config(variant, {});
+  splice::cuda::KdaTuning fast;
+  fast.fast_gates = true;
+  res.ab_us["stream_fast"] = time_config(splice::cuda::KdaVariant::stream, fast);
   res.us = res.variant_us[res.chosen];
   CHECK(cudaEventDestroy(start));
   CHECK(cudaEventDestroy(stop));
@@ -259,10 +267,12 @@ int main(int argc, char** argv) {
   std::printf("device: %s\n", splice::cuda::device_name().c_str());
   // The `stream` kernel's launch facts (a kernel that cannot be placed runs as `wide`).
   for (splice::DType dt : {splice::DType::f32, splice::DType::bf16}) {
-    for (bool staged : {true, false}) {
-      const splice::cuda::KdaKernelInfo k = splice::cuda::kda_stream_kernel_info(dt, staged);
+    for (int kind = 0; kind < 3; ++kind) {  // staged, plain, staged with fast gates
+      const bool staged = kind != 1, fast = kind == 2;
+      const splice::cuda::KdaKernelInfo k = splice::cuda::kda_stream_kernel_info(dt, staged, fast);
       std::printf("stream %s %s: %d threads, %d registers, %d B local, %d B shared: %s%s\n",
-                  splice::dtype_name(dt), staged ? "staged" : "plain ", k.block, k.num_regs,
+                  splice::dtype_name(dt), fast ? "fast  " : staged ? "staged" : "plain ", k.block,
+                  k.num_regs,
                   k.local_bytes, k.smem_bytes,
                   k.launchable ? "launchable" : "NOT launchable: ", k.reason.c_str());
     }
@@ -285,6 +295,10 @@ int main(int argc, char** argv) {
             r.dtype.c_str(), n, t, r.variant_us.at("stream"), r.variant_us.at("stream_plain"),
             r.variant_us.at("wide"), r.variant_us.at("split2"), r.variant_us.at("split4"),
             r.floor_us);
+        const double base = r.variant_us.at("stream");
+        std::printf("  A/B %s N=%d T=%d: stream_fast %.2f vs stream %.2f us (%+.1f%%)\n",
+                    r.dtype.c_str(), n, t, r.ab_us.at("stream_fast"), base,
+                    100.0 * (r.ab_us.at("stream_fast") / base - 1.0));
         std::fflush(stdout);
       }
 
@@ -304,7 +318,8 @@ int main(int argc, char** argv) {
          << ", \"stream_plain_us\": " << r.variant_us["stream_plain"]
          << ", \"wide_us\": " << r.variant_us["wide"]
          << ", \"split2_us\": " << r.variant_us["split2"]
-         << ", \"split4_us\": " << r.variant_us["split4"] << ", \"fla_us\": " << r.fla_us
+         << ", \"split4_us\": " << r.variant_us["split4"]
+         << ", \"stream_fast_us\": " << r.ab_us["stream_fast"] << ", \"fla_us\": " << r.fla_us
          << ", \"fla_recurrent_us\": " << r.fla_rec_us << "}" << (i + 1 < results.size() ? "," : "")
          << "\n";
   }

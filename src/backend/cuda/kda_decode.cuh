@@ -23,7 +23,9 @@
 //      The first chunk's inputs come from device memory or from the stream kernel's stage
 //      (GlobalInputs / StagedInputs); later chunks always from device memory.
 //   3. For each chunk of up to kChunk tokens:
-//      a. Precompute (one warp per (token, kind)), into shared memory:
+//      a. Precompute (one warp per (token, kind)), into shared memory; each warp item issues all
+//         of its loads before their first use (one memory round trip, not one per conv tap or
+//         gate channel as before):
 //           q, k (128 channels): mixed = bf16(pre * sigmoid(pre)),
 //             pre = e[t] w0 + e[t+1] w1 + e[t+2] w2 + e[t+3] w3, e = [hist0..2, x[b], x[b+1], ..]
 //             q^ = q * (1/sqrt(sum q^2 + 1e-6)) * D^-0.5,  k^ = k * (1/sqrt(sum k^2 + 1e-6))
@@ -52,6 +54,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace splice::cuda::kda {
 
@@ -119,6 +122,36 @@ __device__ __forceinline__ float exp_f32(float z) { return expf(z); }
 __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + exp_f32(-z)); }
 __device__ __forceinline__ float softplus(float z) {
   return z > kSoftplusThreshold ? z : log1pf(exp_f32(z));
+}
+// The gate math (decay, beta, output gate) in accurate (expf, IEEE division, log1pf) or fast
+// form (kFastGates: __expf, __fdividef, __logf; instantiated for the staged `stream` kernel only,
+// a bench A/B knob, off by default: a runtime switch doubled the precompute's code and pushed the
+// per-head kernels into more spills). Error
+// budget of the fast form (CUDA intrinsic bounds: __expf 2 + floor(1.173 |z|) ulp, __fdividef
+// 2 ulp for 1 <= y < 2^126 and 0 above, __logf 2^-21.4 absolute on [0.5, 2]): for |z| <= 8,
+// sigmoid and exp are within ~14 ulp (1.7e-6 relative), softplus within 5e-7 absolute, so
+// decay = e^g is within ~1e-6 relative (g in [lb, 0] or -a softplus). None of these is rounded
+// to bf16 on its own: decay and beta act on the fp32 state (a 1e-6 relative change per token
+// stays ~T * 1e-6 after T tokens, far inside the tests' fp32 state rtol of 1e-4), og multiplies
+// the fp32 output before its one bf16 rounding (a flip there is at most one ulp, which the
+// tests' one-ulp budget admits). The conv SiLU's sigmoid keeps expf and the IEEE division in
+// both forms: its result is rounded to bf16 (q, k, v), and a 1e-6 relative error would flip
+// ~10x more of those roundings than today (~5e-4 of q/k/v elements; each flip moves a whole
+// state row or column by ~1e-4), eating the tests' 1%-of-a-slot tight-bound budget at T = 40.
+template <bool kFast>
+__device__ __forceinline__ float gate_exp(float z) {
+  if constexpr (kFast) return __expf(z);
+  return expf(z);
+}
+template <bool kFast>
+__device__ __forceinline__ float gate_sigmoid(float z) {
+  if constexpr (kFast) return __fdividef(1.0f, 1.0f + __expf(-z));
+  return sigmoid(z);
+}
+template <bool kFast>
+__device__ __forceinline__ float gate_softplus(float z) {
+  if constexpr (kFast) return z > kSoftplusThreshold ? z : __logf(1.0f + __expf(z));
+  return softplus(z);
 }
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -436,28 +469,42 @@ struct StagedInputs {
 
 // The conv + SiLU outputs of channels d0 + 32 i (i < kPer) of projection `pr` for token `tt`,
 // where the extended window is e = [hist0, hist1, hist2, x[b], x[b+1], ..]. A warp's lanes take
-// consecutive channels, so each tap is one coalesced load per i.
+// consecutive channels, so each tap is one coalesced load per i. Every tap's loads are issued
+// before the first use (the window entry's source is selected, not branched on), so the conv
+// costs one memory round trip, not one per tap (SASS before: a branch and a stall per tap).
 template <int kPer, typename In>
 __device__ __forceinline__ void conv_silu(const In& in, int pr, int tt, int d0, float (&out)[kPer],
                                           std::uint16_t (&x_bits)[kPer]) {
+  std::uint16_t act[kConvWidth][kPer];
+  float w[kConvWidth][kPer];
+#pragma unroll
+  for (int tap = 0; tap < kConvWidth; ++tap) {
+    const int e = tt + tap;
+    const std::uint16_t* hist = in.hist_at(min(e, kHist - 1), pr);
+    const std::uint16_t* xrow = in.x_at(max(e - kHist, 0), pr);
+    const std::uint16_t* src = e < kHist ? hist : xrow;
+    const float* wt = in.w_at(pr, tap);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      act[tap][i] = in.act(src + d0 + i * kWarp);
+      w[tap][i] = in.tap(wt + d0 + i * kWarp);
+    }
+  }
   float pre[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) pre[i] = 0.0f;
 #pragma unroll
   for (int tap = 0; tap < kConvWidth; ++tap) {
-    const int e = tt + tap;
-    const std::uint16_t* src = e < kHist ? in.hist_at(e, pr) : in.x_at(e - kHist, pr);
-    const float* w = in.w_at(pr, tap);
     // Separate multiply and add, in tap order, as the spec writes it (no contraction).
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const std::uint16_t bits = in.act(src + d0 + i * kWarp);
-      if (tap == kConvWidth - 1) x_bits[i] = bits;  // e = tt + 3 >= 3: always x[b + tt]
-      pre[i] = __fadd_rn(pre[i], __fmul_rn(bf16_to_f32(bits), in.tap(w + d0 + i * kWarp)));
-    }
+    for (int i = 0; i < kPer; ++i)
+      pre[i] = __fadd_rn(pre[i], __fmul_rn(bf16_to_f32(act[tap][i]), w[tap][i]));
   }
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) out[i] = round_bf16(pre[i] * sigmoid(pre[i]));
+  for (int i = 0; i < kPer; ++i) {
+    x_bits[i] = act[kConvWidth - 1][i];  // e = tt + 3 >= 3: always x[b + tt]
+    out[i] = round_bf16(pre[i] * sigmoid(pre[i]));
+  }
 }
 
 // Thread geometry of the state sweep: this thread's i-th row and c-th 16-byte column vector.
@@ -502,8 +549,9 @@ __device__ __forceinline__ void cta_sync() {
 // for the write-back) are read; later chunks read device memory. `load_state(s)` fills this
 // thread's rows of the source state (fp32) after this thread's part of the first chunk's
 // precompute; then one barrier, after which `first` is no longer read and `release()` runs.
-template <int kThreads, int kSlices, typename StateT, bool kVec, typename FirstInputs,
-          typename LoadState, typename Release>
+// kFastGates: the gate math in fast intrinsics (gate_exp).
+template <int kThreads, int kSlices, typename StateT, bool kVec, bool kFastGates,
+          typename FirstInputs, typename LoadState, typename Release>
 __device__ __forceinline__ void run_item(const Params& p,
                                          Shared<Layout<kThreads, kSlices>::kRows>& sm,
                                          const Item& it, int slice, const FirstInputs& first,
@@ -542,7 +590,6 @@ __device__ __forceinline__ void run_item(const Params& p,
     }
   }
 
-  const float a_h = exp_f32(first.a_log());
   // RMSNorm weights of the output channels this lane writes in stage 3c, loaded now so that no
   // global load sits on the item's tail.
   constexpr int kPerLane = kRows / kWarp;
@@ -551,8 +598,11 @@ __device__ __forceinline__ void run_item(const Params& p,
   for (int e = 0; e < kPerLane; ++e) norm_w[e] = __ldg(p.norm_weight + row0 + lane * kPerLane + e);
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kD));
 
-  // Stage 3a: precompute of tokens c0 .. c0+nt-1 from `in`, one warp per (token, kind).
-  auto precompute = [&](int c0, int nt, const auto& in) {
+  // Stage 3a: precompute of tokens c0 .. c0+nt-1 from `in`, one warp per (token, kind). Each
+  // kind issues all of its loads before its first use (one memory round trip per warp item when
+  // `in` is device memory); `fast` picks the gate math (gate_exp and co., kFastGates).
+  auto precompute = [&](int c0, int nt, const auto& in, auto fast) {
+    constexpr bool kFast = decltype(fast)::value;
 #pragma unroll 1
     for (int item = warp; item < nt * kKindsPerToken; item += L::kWarps) {
       const int t = item / kKindsPerToken, kind = item % kKindsPerToken;
@@ -572,21 +622,39 @@ __device__ __forceinline__ void run_item(const Params& p,
         for (int e = 0; e < kChannelsPerLane; ++e)
           dst[lane + e * kWarp] = kind == 0 ? m[e] * inv * q_scale : m[e] * inv;
       } else if (kind == 2) {  // gate, beta, destination
+        std::uint16_t gate_bits[kChannelsPerLane];
+        float bias[kChannelsPerLane];
 #pragma unroll
         for (int e = 0; e < kChannelsPerLane; ++e) {
-          const int d = lane + e * kWarp;
-          const float z = bf16_to_f32(in.gate_bits(tt, d)) + in.dt_bias(d);
-          const float gk =
-              p.use_lower_bound ? p.lower_bound * sigmoid(a_h * z) : -a_h * softplus(z);
-          sm.decay[t][d] = exp_f32(gk);
+          gate_bits[e] = in.gate_bits(tt, lane + e * kWarp);
+          bias[e] = in.dt_bias(lane + e * kWarp);
+        }
+        const float a_log = in.a_log();
+        const std::uint16_t beta_bits = in.beta_bits(tt);  // one address: a broadcast load
+        const int dst = in.dst_at(tt);
+        const float a_h = exp_f32(a_log);
+        float z[kChannelsPerLane];
+#pragma unroll
+        for (int e = 0; e < kChannelsPerLane; ++e) z[e] = bf16_to_f32(gate_bits[e]) + bias[e];
+        if (p.use_lower_bound) {
+#pragma unroll
+          for (int e = 0; e < kChannelsPerLane; ++e)
+            sm.decay[t][lane + e * kWarp] =
+                gate_exp<kFast>(p.lower_bound * gate_sigmoid<kFast>(a_h * z[e]));
+        } else {
+#pragma unroll
+          for (int e = 0; e < kChannelsPerLane; ++e)
+            sm.decay[t][lane + e * kWarp] = gate_exp<kFast>(-a_h * gate_softplus<kFast>(z[e]));
         }
         if (lane == 0) {
-          sm.beta[t] = sigmoid(bf16_to_f32(in.beta_bits(tt)));
-          const int dst = in.dst_at(tt);
+          sm.beta[t] = gate_sigmoid<kFast>(bf16_to_f32(beta_bits));
           sm.dst[t] = dst < p.num_slots ? dst : 0;
         }
       } else {  // v of this slice's rows, and the output gate
         constexpr int kPer = kRows / kWarp;
+        std::uint16_t og_bits[kPer];
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) og_bits[e] = in.og_bits(tt, row0 + lane + e * kWarp);
         float vv[kPer];
         std::uint16_t xb[kPer];
         conv_silu<kPer>(in, 2, tt, row0 + lane, vv, xb);
@@ -595,14 +663,17 @@ __device__ __forceinline__ void run_item(const Params& p,
           const int rr = lane + e * kWarp;
           sm.x[t][2][row0 + rr] = xb[e];
           sm.v[t][rr] = vv[e];
-          sm.og[t][rr] = sigmoid(bf16_to_f32(in.og_bits(tt, row0 + rr)));
+          sm.og[t][rr] = gate_sigmoid<kFast>(bf16_to_f32(og_bits[e]));
         }
       }
     }
   };
+  auto run_precompute = [&](int c0, int nt, const auto& in) {
+    precompute(c0, nt, in, std::bool_constant<kFastGates>{});
+  };
 
   float s[kRt][L::kCols];  // this thread's rows of S, fp32, carried across tokens
-  precompute(0, min(kChunk, len), first);
+  run_precompute(0, min(kChunk, len), first);
   load_state(s);
   cta_sync<kThreads>();
   release();
@@ -636,7 +707,7 @@ __device__ __forceinline__ void run_item(const Params& p,
     const int nt = min(kChunk, len - c0);
     if (c0 > 0) {
       cta_sync<kThreads>();  // the previous chunk's write-back has read sm.x
-      precompute(c0, nt, GlobalInputs(p, it));
+      run_precompute(c0, nt, GlobalInputs(p, it));
       cta_sync<kThreads>();
     }
     // One CTA holds the head: every history read (first chunk's precompute, old1/old2) and this
@@ -793,7 +864,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 #pragma unroll
     for (int c = 0; c < G::kVecs; ++c)
       raw[i][c] = load_state_vec<StateT, kVec>(src + (row0 + geo.row(i)) * kD + geo.col(c));
-  run_item<kThreads, kSlices, StateT, kVec>(
+  run_item<kThreads, kSlices, StateT, kVec, false>(
       p, sm, it, slice, GlobalInputs(p, it),
       [&](float(&s)[L::kRowsPerThread][L::kCols]) {
 #pragma unroll
@@ -1016,7 +1087,7 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stag
   }
 }
 
-template <typename StateT, bool kStage>
+template <typename StateT, bool kStage, bool kFastGates>
 __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(const Params p) {
   using L = Layout<kStreamThreads, 1>;
   using G = Geometry<kStreamThreads, 1, StateT>;
@@ -1106,10 +1177,12 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       if (has_next) stage_item<StateT, kStage>(p, ahead_of(next), st, &S.full[s]);
     };
     if constexpr (kStage) {
-      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs{&st.in}, load_state,
+      run_item<kStreamThreads, 1, StateT, true, kFastGates>(p, S.sm, it, 0, StagedInputs{&st.in},
+                                                            load_state,
                                                 release);
     } else {
-      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, GlobalInputs(p, it), load_state,
+      run_item<kStreamThreads, 1, StateT, true, kFastGates>(p, S.sm, it, 0, GlobalInputs(p, it),
+                                                            load_state,
                                                 release);
     }
   }
