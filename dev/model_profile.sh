@@ -8,7 +8,7 @@
 #   4. ncu (hardware timer only, clocks left alone) over an 8-step bench: every kernel's duration
 #      in launch order -> OUT/ncu.csv.gz. The last decode step's kernels are the tail of the file;
 #      the sum of their durations against the step's wall time separates kernel time from the
-#      launch gaps between dependent kernels.
+#      launch gaps between dependent kernels. NCU=0 skips this step.
 set -uo pipefail
 cli=$1
 out=$2
@@ -35,6 +35,7 @@ for pair in 1 2 3 4; do
   done
 done
 cat "$out/pdl_ab.txt"
+[[ ${NCU:-1} == 1 ]] || exit 0
 ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 6000 \
   "$cli" "${common[@]}" --steps 8 >"$work/ncu.csv" 2>"$work/ncu.err"
 tail -3 "$work/ncu.err"
