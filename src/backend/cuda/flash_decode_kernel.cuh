@@ -37,9 +37,10 @@
 //   5. Warps merge in shared memory: M = max_w m_w, w_w = 2^(m_w - M), L = sum w_w l_w,
 //      O = sum w_w O_w / L, lse2 = M + log2 L (-inf and O = 0 when L = 0: no visible key).
 //   6. One live split: write o and lse = lse2 * ln 2. Otherwise write the fp32 partial
-//      (O_s, lse2_s), fence, bump the (b, h, rb) counter; the CTA that brings it to `live` merges
-//      every split in split order (deterministic whichever CTA merges), kMergeBatch splits per
-//      batch, each batch's lse2_s and O_s loaded at once (one L2 round trip per batch):
+//      (O_s, lse2_s), CTA barrier, one release fence, bump the (b, h, rb) counter; the CTA that
+//      brings it to `live` merges every split in split order (deterministic whichever CTA
+//      merges), kMergeBatch splits per batch, each batch's lse2_s and O_s loaded at once (one L2
+//      round trip per batch):
 //        M' = max(M, max_s lse2_s), r = 2^(M - M'), D' = r D + sum_s 2^(lse2_s - M'),
 //        A' = r A + sum_s 2^(lse2_s - M') O_s;  o = A / D, lse2 = M + log2 D,
 //      and resets the counter to 0 for the next launch (graph replay safe).
@@ -195,6 +196,12 @@ __device__ __forceinline__ void pdl_wait_previous() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+
+// Release (and acquire) at GPU scope: orders this thread's earlier memory accesses, and those
+// ordered before them by a CTA barrier, before its later ones as seen by every other CTA.
+__device__ __forceinline__ void fence_acq_rel_gpu() {
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, head_dim] 16-bit tile.
@@ -574,18 +581,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (live_splits == 1) return;
 
-  // Stage 6: the last split to finish merges every split's partial, in split order.
+  // Stage 6: the last split to finish merges every split's partial, in split order. Arrival is
+  // the cooperative-groups grid-barrier pattern: the CTA barrier orders every thread's partial
+  // stores before thread 0's release fence (fences are cumulative), the counter atomic publishes
+  // them; in the merging CTA thread 0's acquire fence and the CTA barrier order every thread's
+  // partial loads after all arrivals. One fence per CTA, acq_rel rather than sc.
   __shared__ int is_last;
-  __threadfence();
   __syncthreads();
   if (tid == 0) {
+    fence_acq_rel_gpu();
     const unsigned done = atomicAdd(p.counters + unit, 1u);
     is_last = done == static_cast<unsigned>(live_splits - 1);
-    if (is_last) p.counters[unit] = 0u;  // every live split has arrived: ready for the next launch
+    if (is_last) {
+      p.counters[unit] = 0u;  // every live split has arrived: ready for the next launch
+      fence_acq_rel_gpu();
+    }
   }
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
   const std::int64_t first_row = unit * gridDim.y * kRows;  // split 0's row 0
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
