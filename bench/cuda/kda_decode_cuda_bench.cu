@@ -12,7 +12,9 @@
 //     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
 //  4. Every variant (stream, stream_plain, wide, split2, split4) is timed; the table reports the
 //     automatic choice. A/B configurations are timed beside them and printed as "A/B" lines (and
-//     JSON fields), never in the table: `stream_fast` = stream with KdaTuning::fast_gates.
+//     JSON fields), never in the table: `stream_fast` = stream with KdaTuning::fast_gates;
+//     `chosen_nopdl` = the chosen variant launched without PDL (N <= 8; every other time is with
+//     PDL unless SPLICE_PDL=0: the launches of one graph then overlap their predecessor's tail).
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
 // given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
 #include <cuda_bf16.h>
@@ -42,6 +44,7 @@ constexpr double kTargetWorkingSet = 400.0 * (1 << 20);  // bytes of state per g
 constexpr int kMaxSets = 64;
 constexpr int kWarmup = 3;
 constexpr int kReplays = 21;
+constexpr int kMaxNoPdlN = 8;  // N up to which the chosen variant is also timed without PDL
 
 #define CHECK(call)                                                               \
   do {                                                                            \
@@ -198,7 +201,8 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   res.floor_us = res.floor_bytes / kCopyBandwidth * 1e6;
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  res.chosen = splice::cuda::kda_variant_name(splice::cuda::choose_kda_variant(N, kH, T, sdt, sms));
+  const splice::cuda::KdaVariant chosen = splice::cuda::choose_kda_variant(N, kH, T, sdt, sms);
+  res.chosen = splice::cuda::kda_variant_name(chosen);
 
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
@@ -236,6 +240,12 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   splice::cuda::KdaTuning fast;
   fast.fast_gates = true;
   res.ab_us["stream_fast"] = time_config(splice::cuda::KdaVariant::stream, fast);
+  if (N <= kMaxNoPdlN) {  // the launch-bound sizes: the chosen variant without PDL
+    const bool pdl = splice::cuda::pdl_enabled();
+    splice::cuda::set_pdl_enabled(false);
+    res.ab_us["chosen_nopdl"] = time_config(chosen, {});
+    splice::cuda::set_pdl_enabled(pdl);
+  }
   res.us = res.variant_us[res.chosen];
   CHECK(cudaEventDestroy(start));
   CHECK(cudaEventDestroy(stop));
@@ -299,6 +309,12 @@ int main(int argc, char** argv) {
         std::printf("  A/B %s N=%d T=%d: stream_fast %.2f vs stream %.2f us (%+.1f%%)\n",
                     r.dtype.c_str(), n, t, r.ab_us.at("stream_fast"), base,
                     100.0 * (r.ab_us.at("stream_fast") / base - 1.0));
+        if (r.ab_us.count("chosen_nopdl")) {
+          const double with = r.variant_us.at(r.chosen);
+          std::printf("  A/B %s N=%d T=%d: %s without PDL %.2f vs with %.2f us (%+.1f%%)\n",
+                      r.dtype.c_str(), n, t, r.chosen.c_str(), r.ab_us.at("chosen_nopdl"), with,
+                      100.0 * (with / r.ab_us.at("chosen_nopdl") - 1.0));
+        }
         std::fflush(stdout);
       }
 
@@ -319,7 +335,9 @@ int main(int argc, char** argv) {
          << ", \"wide_us\": " << r.variant_us["wide"]
          << ", \"split2_us\": " << r.variant_us["split2"]
          << ", \"split4_us\": " << r.variant_us["split4"]
-         << ", \"stream_fast_us\": " << r.ab_us["stream_fast"] << ", \"fla_us\": " << r.fla_us
+         << ", \"stream_fast_us\": " << r.ab_us["stream_fast"]
+         << ", \"chosen_nopdl_us\": " << (r.ab_us.count("chosen_nopdl") ? r.ab_us["chosen_nopdl"] : -1)
+         << ", \"fla_us\": " << r.fla_us
          << ", \"fla_recurrent_us\": " << r.fla_rec_us << "}" << (i + 1 < results.size() ? "," : "")
          << "\n";
   }

@@ -33,6 +33,7 @@
 #include "splice/core/random.h"
 #include "splice/core/tolerance.h"
 #include "splice/ops/kda_decode.h"
+#include "support/cuda_test_util.h"
 #include "support/reference_kda.h"
 #include "support/test_util.h"
 
@@ -721,6 +722,49 @@ TEST(KdaCuda, Deterministic) {
       }
     }
   }
+}
+
+// PDL: a chain of calls on one stream (the PDL attribute set, every kernel waiting before its first
+// global access) where each call reads the state and conv history the previous call wrote (every
+// sequence updates its own slot in place) equals the same calls on the legacy default stream
+// (never PDL), bit for bit, for every variant.
+TEST(KdaCuda, PdlChainMatchesSerial) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  testing::PdlScope restore_pdl;
+  cuda::set_pdl_enabled(true);
+  Rng rng(21);
+  constexpr int kCalls = 3;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (int T : {1, 3})
+    for (DType sdt : {DType::f32, DType::bf16}) {
+      Meta m;
+      m.T = T;
+      const int N = 5;
+      for (int n = 0; n < N; ++n) {
+        m.lens.push_back(T);
+        m.nat.push_back(1 + n % T);
+        m.si.push_back(std::vector<int>(T, n + 1));
+      }
+      m.slots = N + 2;
+      const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
+      std::vector<cuda::KdaVariant> variants(std::begin(kVariants), std::end(kVariants));
+      variants.push_back(cuda::KdaVariant::automatic);
+      for (auto v : variants) {
+        SCOPED_TRACE("T=" + std::to_string(T) + " " + dtype_name(sdt) +
+                     " variant=" + cuda::kda_variant_name(v));
+        Problem chained = to_device(p, Device::cuda()), serial = to_device(p, Device::cuda());
+        cuda::synchronize();
+        for (int k = 0; k < kCalls; ++k) cuda::kda_decode(packed_args(chained, -5.0f), stream, v);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        for (int k = 0; k < kCalls; ++k) cuda::kda_decode(packed_args(serial, -5.0f), nullptr, v);
+        cuda::synchronize();
+        EXPECT_EQ(storage_bytes(chained.output), storage_bytes(serial.output));
+        EXPECT_EQ(storage_bytes(chained.conv_state), storage_bytes(serial.conv_state));
+        EXPECT_EQ(storage_bytes(chained.state), storage_bytes(serial.state));
+      }
+    }
+  cudaStreamDestroy(stream);
 }
 
 // One captured launch replayed with new query_start_loc, num_accepted_tokens and slot tables

@@ -12,7 +12,9 @@
 //     threads per sub-partition, shared memory; checked once, reason under SPLICE_DEBUG).
 //  3. Fills the POD Params (pointers, element strides, scalars) and launches: one grid of
 //     slices * H * units CTAs for the per-head variants (split variants as thread-block clusters
-//     of `slices` CTAs, cudaLaunchKernelEx), or min(items, SMs) persistent CTAs for `stream`.
+//     of `slices` CTAs), or min(items, SMs) persistent CTAs for `stream`, all through
+//     cudaLaunchKernelEx with the PDL attribute when launch.cuh's pdl_enabled() and the stream is
+//     not the legacy default stream (every kda kernel waits before its first global access).
 //     Nothing is read back from the device.
 #include <cuda_runtime.h>
 
@@ -42,30 +44,44 @@ int current_sm_count() {
   return count;
 }
 
+// One launch of a kda kernel: thread-block clusters of `cluster` CTAs when > 1, and the PDL
+// attribute (launch.cuh: pdl_enabled(), never on the legacy default stream) so the launch
+// overlaps the predecessor's tail; every kda kernel waits (detail::pdl_prologue) before its first
+// global access.
+void launch_kernel_ex(void (*kernel)(kda::Params), std::int64_t blocks, int threads,
+                      std::size_t smem, int cluster, const kda::Params& params,
+                      cudaStream_t stream) {
+  SPLICE_INTERNAL_CHECK(blocks > 0 && blocks <= 0x7fffffff, "kda grid of ", blocks, " CTAs");
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2]{};
+  unsigned count = 0;
+  if (cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = cluster;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  if (stream != nullptr && pdl_enabled()) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  config.attrs = count > 0 ? attributes : nullptr;
+  config.numAttrs = count;
+  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  SPLICE_CUDA_CHECK_LAUNCH("kda_decode_kernel");
+}
+
 template <int kThreads, int kSlices, typename StateT, bool kVec>
 void launch(const kda::Params& params, std::int64_t units, std::int64_t heads,
             cudaStream_t stream) {
-  const std::int64_t blocks = units * heads * kSlices;
-  SPLICE_INTERNAL_CHECK(blocks > 0 && blocks <= 0x7fffffff, "kda grid of ", blocks, " CTAs");
-  auto kernel = &kda::kda_decode_kernel<kThreads, kSlices, StateT, kVec>;
-  if constexpr (kSlices == 1) {
-    kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
-  } else {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(blocks));
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = 0;
-    config.stream = stream;
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = kSlices;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
-  }
-  SPLICE_CUDA_CHECK_LAUNCH("kda_decode_kernel");
+  launch_kernel_ex(&kda::kda_decode_kernel<kThreads, kSlices, StateT, kVec>,
+                   units * heads * kSlices, kThreads, 0, kSlices, params, stream);
 }
 
 // Whether the compiled `stream` kernel can be placed, checked once per instantiation (and its
@@ -146,9 +162,8 @@ void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t h
   // One persistent CTA per SM (its shared memory admits no second one), never more than items.
   const std::int64_t items = units * heads;
   const std::int64_t grid = std::min<std::int64_t>(items, current_sm_count());
-  kda::kda_decode_stream_kernel<StateT, kStage, kFast>
-      <<<static_cast<unsigned>(grid), kda::kStreamBlock, kSmem, stream>>>(params);
-  SPLICE_CUDA_CHECK_LAUNCH("kda_decode_stream_kernel");
+  launch_kernel_ex(&kda::kda_decode_stream_kernel<StateT, kStage, kFast>, grid, kda::kStreamBlock,
+                   kSmem, 1, params, stream);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVecAlign == 0; }

@@ -48,10 +48,32 @@
 //         before the first write: with one CTA per head that is the precompute's own barrier (the
 //         write-back then runs before the sweep, off the tail); with a cluster, the cluster sync
 //         after c.
+//
+// Critical path at N = 1 (the launch-bound size; `split4` at T <= 2, H heads -> 4H CTAs), in
+// dependent global round trips (a round trip = a load whose result a later load's address or a
+// branch before it needs; stores are not waited on until the grid completes):
+//   0. PDL wait (detail::pdl_prologue): the launch and CTA start overlap the predecessor's tail.
+//   1. metadata: qsl[N], qsl[u], qsl[u+1], state_indices[u, 0] (T > 1: nat[u] and the whole slot
+//      row state_indices[u, 0..T-1] for T <= 8, the source slot selected from it), in parallel.
+//   2. everything else, in parallel: this CTA's state rows (16-byte loads), the old history for
+//      the write-back, norm_weight, and the precompute's inputs (x, conv history, taps, dt_bias,
+//      raw gate, beta, destinations, output gate, A_log: each warp item issues all of its loads
+//      before the first use).
+//   then compute only: precompute -> barrier -> sweep + checkpoint stores -> barrier -> cluster
+//   barrier (RMSNorm partials through DSMEM) -> output stores -> conv write-back (stores).
+//   T > 8: each further chunk's precompute is one more round trip (device memory).
+// Before this version the path held ~8: qsl[N] after the slots (its own round trip before the
+// state loads), exp(A_log) before the precompute's loads, one stall per conv tap (4) and per gate
+// channel (4), the output gate after the conv, and nat[u] before the source slot (T > 1).
+// The `stream` kernel's prologue (N = 1 at T >= 8, bf16 T >= 4) still has three: its resolving
+// warp reads the metadata, then the first-chunk beta bits and destinations, then the copies of
+// the state and inputs are issued.
 #pragma once
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
+
+#include "backend/cuda/launch.cuh"
 
 #include <cstdint>
 #include <type_traits>
@@ -343,7 +365,10 @@ struct Item {
   const std::int32_t* dst_row = nullptr;  // packed: state_indices[u, :]
 };
 
-// Stage 1 for item (u, h). Packed T = 1 reads no num_accepted_tokens (a = 0).
+// Stage 1 for item (u, h). Packed T = 1 reads no num_accepted_tokens (a = 0). For 1 < T <=
+// kSpeculativeSlots the whole slot row is read beside nat[u] and the source slot selected from
+// it, so the state address waits for one memory round trip instead of two (nat, then the slot).
+constexpr int kSpeculativeSlots = 8;
 __device__ __forceinline__ Item resolve_item(const Params& p, int u, int h) {
   Item it;
   it.u = u;
@@ -352,9 +377,20 @@ __device__ __forceinline__ Item resolve_item(const Params& p, int u, int h) {
     const int q0 = p.qsl[u], q1 = p.qsl[u + 1];
     const int T = p.max_t;
     it.dst_row = p.state_indices + static_cast<std::int64_t>(u) * T;
-    it.a = T > 1 ? min(max(p.nat[u] - 1, 0), T - 1) : 0;
-    it.cs = it.dst_row[0];
-    it.ss = it.dst_row[it.a];
+    if (T > 1 && T <= kSpeculativeSlots) {
+      int row[kSpeculativeSlots];
+#pragma unroll
+      for (int t = 0; t < kSpeculativeSlots; ++t) row[t] = t < T ? it.dst_row[t] : 0;
+      it.a = min(max(p.nat[u] - 1, 0), T - 1);
+      it.cs = row[0];
+      it.ss = row[0];
+#pragma unroll
+      for (int t = 1; t < kSpeculativeSlots; ++t) it.ss = t == it.a ? row[t] : it.ss;
+    } else {
+      it.a = T > 1 ? min(max(p.nat[u] - 1, 0), T - 1) : 0;
+      it.cs = it.dst_row[0];
+      it.ss = it.dst_row[it.a];
+    }
     it.b = max(q0, 0);
     it.len = min(min(q1, p.num_rows) - q0, T);  // value contract: L <= T, rows < R (guarded)
   } else {
@@ -845,12 +881,18 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   using L = Layout<kThreads, kSlices>;
   using G = Geometry<kThreads, kSlices, StateT>;
   __shared__ Shared<L::kRows> sm;
+  // PDL (launch.cuh's rule): no global access before the wait; the launch overlaps the
+  // predecessor's tail.
+  detail::pdl_prologue();
   const int slice = static_cast<int>(blockIdx.x % kSlices);
   const int h = static_cast<int>((blockIdx.x / kSlices) % p.num_heads);
   const int u = static_cast<int>(blockIdx.x / (kSlices * p.num_heads));
   const int row0 = slice * L::kRows;
+  // qsl[N] is read first, beside the item's metadata: issued after resolve_item it waited for the
+  // slots (its selection) and pushed the state loads to a third round trip.
+  const int qn = owned_rows(p);
   const Item it = resolve_item(p, u, h);
-  zero_unowned<kThreads, L::kRows>(p, it, row0, owned_rows(p));
+  zero_unowned<kThreads, L::kRows>(p, it, row0, qn);
   if (!it.live) return;  // uniform over the cluster: every slice resolves the same item
   if constexpr (kSlices > 1) cluster_arrive_relaxed();  // waited on in run_item (stage 3c)
 
@@ -1129,6 +1171,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&S.full[s]);
   }
+  detail::pdl_prologue();  // PDL (launch.cuh's rule): the first global access follows the wait
   if (warp == kResolveWarp) resolve_batch(0);
   __syncthreads();
   const int prefill = min(kStages, count);
