@@ -8,10 +8,17 @@
 //      next kernel in the stream start launching (no-ops without PDL). Nothing is read or
 //      written before the wait, so the split workspace and every input are safe.
 //   1. Issue at once, independent of each other: the k_len load, the 16 query rows (cp.async,
-//      zeros for padding rows) and, when p.speculate (no left window, so split 0 starts at key
-//      0 whatever k_len is; one-wave grids only) and s = 0, the first kStages - 1 tiles of each
-//      warp's K/V stream, bounded by the capacity only (always in bounds; what lies at or beyond
-//      the live end is masked in stages 3-4, never used).
+//      zeros for padding rows) and, speculatively, the first kStages - 1 tiles of each warp's
+//      K/V stream where the split's first key is known without k_len (one-wave grids with no
+//      left window, so lo = 0; the launcher decides, p.speculate):
+//        split 0 (p.speculate >= 1): it starts at key 0 at every k_len; tiles up to the capacity;
+//        split s >= 1 (p.speculate = 2: capacity <= min_chunk * gridDim.y, no forced count): at
+//        every k_len that runs more than one split the chunk is min_chunk, so it starts at
+//        s * min_chunk; tiles up to (s + 1) * min_chunk.
+//      Tiles stay in bounds (keys < capacity); what lies at or beyond the split's live end is
+//      masked in stage 4, never used. A split found dead (s >= live) waits for its copies and
+//      exits; a start that turns out different (not reachable with the launcher's rule) waits
+//      for the speculative copies and loads its ring again.
 //   2. Live range and plan. k_len is clamped to [0, capacity]; query i sits at
 //      p_i = k_len - q_len + i; the keys any row may see are [lo, hi) with
 //      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1), n = hi - lo. Split size:
@@ -47,9 +54,10 @@
 //
 // Dependent global round trips on one CTA's critical path at B = 1 (launch gap not counted):
 //   one split:    [k_len || q || K/V ring of split 0] -> further K/V tiles (streaming) -> o store.
-//   S > 1 splits: [k_len || q || split 0's ring] -> K/V of splits >= 1 (addresses need the plan)
-//                 -> partial store + fence (waits for the acks) -> counter atomic -> the merging
-//                 CTA's (lse2_s, O_s) loads (one per 16 splits) -> o store.
+//   S > 1 splits: [k_len || q || split 0's ring] -> K/V of splits >= 1 (addresses need the plan;
+//                 speculated too where the capacity <= min_chunk * S, e.g. B = 1, (32, 8) at a
+//                 1K capacity) -> partial store + fence (waits for the acks) -> counter atomic
+//                 -> the merging CTA's (lse2_s, O_s) loads (one per 16 splits) -> o store.
 //   Before (v4): k_len -> K/V (q beside it) -> partials + fence -> atomic -> lse2_s loads -> O_s
 //   loads (one per 8 splits) -> o store, at every length (the plan split down to 64-key chunks).
 #pragma once
@@ -93,7 +101,7 @@ struct FlashDecodeParams {
   int forced_splits;      // > 0: split into this many (split-invariance tests); 0: plan
   int min_chunk;          // fewest keys per split when splitting
   int single_split_keys;  // n <= this: one split (stage 2)
-  int speculate;          // split 0 issues its first K/V tiles before k_len arrives (stage 1)
+  int speculate;  // 1: split 0, 2: every split issues its first K/V tiles before k_len (stage 1)
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
@@ -322,11 +330,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_16(v_dst + so, v_base + voff, ok ? 16 : 0);
     }
   };
-  const bool speculative = p.speculate && split == 0;  // split 0 starts at lo = 0
+  const bool speculative = split == 0 ? p.speculate >= 1 : p.speculate == 2;
+  const int spec_c0 = split * p.min_chunk;
   if (speculative) {
+    const int limit = split == 0 ? p.capacity : min(p.capacity, spec_c0 + p.min_chunk);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      load_tile(0, p.capacity, s, s);
+      load_tile(spec_c0, limit, s, s);
       cp_async_commit();
     }
   }
@@ -350,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         max(p.min_chunk, ceil_div(ceil_div(n, static_cast<int>(gridDim.y)), kTileKeys) * kTileKeys);
   chunk = max(chunk, kTileKeys);
   const int live_splits = max(1, ceil_div(n, chunk));
-  if (split >= live_splits) {  // never split 0; only q's copies are in flight here
+  if (split >= live_splits) {  // never split 0
     cp_async_wait<0>();
     return;
   }
@@ -360,7 +370,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Stage 3: the rest of this warp's ring prologue.
   const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
   const int my_tiles = num_tiles > warp ? ceil_div(num_tiles - warp, kWarps) : 0;
-  if (!speculative) {
+  const bool spec_hit = speculative && c0 == spec_c0;
+  if (!spec_hit) {
+    if (speculative) cp_async_wait<0>();  // the ring's stages are about to be reloaded
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < my_tiles) load_tile(c0, c1, s, s);
