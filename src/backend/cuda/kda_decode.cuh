@@ -935,8 +935,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     wait full[k % kStages] -> read the item -> barrier (every thread is past the wait) ->
 //     thread 0 announces n: the single arrival of its phase with the bytes it expects ->
 //     run the item: precompute from the stage, state into registers -> barrier (the stage is
-//     no longer read) -> stage n (stage_item): warp 0 writes n's scalars and issues the state
-//     copy, warps 1-7 one kind of input copy each (so no warp branches per lane) -> sweep ...
+//     no longer read) -> stage n (stage_item): warp 0 writes n's scalars, the item's bulk
+//     copies (state, inputs) are spread over all 8 warps, at most 8 per warp -> sweep ...
 //     The announcement precedes every copy of its phase by a barrier, so the phase's tx-count
 //     never runs ahead of its expectation; the scalars are read by item n after the barriers of
 //     item k that follow their stores.
@@ -1023,14 +1023,19 @@ constexpr int kTapCopies = kProj * kConvWidth;
 constexpr int kTokenCopies = kProj + 2;
 constexpr std::uint32_t kVecBytes = kD * sizeof(std::uint16_t);  // a head's bf16 channels
 constexpr std::uint32_t kTapBytes = kD * sizeof(float);          // a head's fp32 channels
-// Copy roles by warp (stage_item): warp 0 the state, warp 1 the history, warp 2 the taps and
-// dt_bias, warps 3 .. 3 + kTokenCopies - 1 one per-token kind each (lane t: token t).
-constexpr int kHistWarp = 1;
-constexpr int kTapWarp = 2;
-constexpr int kTokenWarp0 = 3;
-static_assert(kTokenWarp0 + kTokenCopies == kStreamWarps, "one warp per per-token copy kind");
-static_assert(kHistCopies <= kWarp && kTapCopies + 1 <= kWarp && kChunk <= kWarp,
-              "one copy per lane");
+// Copy c of an item (stage_item) in this order: 0 the state, then kHistCopies history vectors,
+// kTapCopies tap rows, dt_bias, and per first-chunk token t kTokenCopies vectors (x q, k, v, raw
+// gate, output gate). Copy c is issued by warp c % kStreamWarps, lane c / kStreamWarps, so every
+// warp issues at most ceil(copies / 8) of them: a warp's per-lane bulk copies are issued one lane
+// at a time (SASS: an ELECT / R2UR / UBLKCP loop), and the v5.1 roles (warp 2: 13 copies, warp
+// 1: 9, the others one) held the slowest warp, and with it the barrier after the sweep, for
+// ~13 loop turns per item.
+constexpr int kFirstHistCopy = 1;
+constexpr int kFirstTapCopy = kFirstHistCopy + kHistCopies;
+constexpr int kDtBiasCopy = kFirstTapCopy + kTapCopies;
+constexpr int kFirstTokenCopy = kDtBiasCopy + 1;
+constexpr int kMaxCopies = kFirstTokenCopy + kChunk * kTokenCopies;
+static_assert(kMaxCopies <= kStreamWarps * kWarp, "one copy per thread");
 
 __device__ __forceinline__ std::uint32_t staged_bytes(int nt0) {
   return kHistCopies * kVecBytes + kTapCopies * kTapBytes + kTapBytes +
@@ -1056,7 +1061,7 @@ __device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar
 }
 
 // Every thread: writes item `a`'s scalars into stage `st` (warp 0) and issues this thread's bulk
-// copy of it, if any (roles above). The stage is no longer read (a barrier since its last read)
+// copy of it, if any (copy order and spread above). The stage is no longer read (a barrier since its last read)
 // and `a` was announced on `bar` before that barrier.
 template <typename StateT, bool kStage>
 __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stage<StateT>& st,
@@ -1080,44 +1085,40 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stag
   const void* src = nullptr;
   void* dst = nullptr;
   std::uint32_t bytes = 0;
-  if (warp == 0) {
-    if (lane == kWarp - 1) {  // away from the scalar lanes
-      src = static_cast<const StateT*>(p.state) + it.ss * p.state_slot + hd * kD;
-      dst = st.state;
-      bytes = static_cast<std::uint32_t>(sizeof(st.state));
-    }
-  } else if constexpr (kStage) {
-    if (warp == kHistWarp) {
-      if (lane < kHistCopies) {
-        const int pos = lane / kProj, pr = lane % kProj;
-        src = p.conv + it.cs * p.conv_slot + (it.a + pos) * kProj * chans + pr * chans + hd;
-        dst = st.in.hist[pos][pr];
-        bytes = kVecBytes;
-      }
-    } else if (warp == kTapWarp) {
-      if (lane < kTapCopies) {
-        const int pr = lane / kConvWidth, tap = lane % kConvWidth;
-        src = p.weight + (pr * kConvWidth + tap) * chans + hd;
-        dst = st.in.weight[pr][tap];
-        bytes = kTapBytes;
-      } else if (lane == kTapCopies) {
-        src = p.dt_bias + hd;
-        dst = st.in.dt_bias;
-        bytes = kTapBytes;
-      }
-    } else if (lane < first_tokens(it)) {
-      const int kind = warp - kTokenWarp0;
-      const std::int64_t row = it.b + lane;
+  const int c = lane * kStreamWarps + warp;  // this thread's copy (order above)
+  const int copies = kStage ? kFirstTokenCopy + first_tokens(it) * kTokenCopies : 1;
+  if (c == 0) {
+    src = static_cast<const StateT*>(p.state) + it.ss * p.state_slot + hd * kD;
+    dst = st.state;
+    bytes = static_cast<std::uint32_t>(sizeof(st.state));
+  } else if (c < copies) {
+    if (c < kFirstTapCopy) {
+      const int i = c - kFirstHistCopy, pos = i / kProj, pr = i % kProj;
+      src = p.conv + it.cs * p.conv_slot + (it.a + pos) * kProj * chans + pr * chans + hd;
+      dst = st.in.hist[pos][pr];
+      bytes = kVecBytes;
+    } else if (c < kDtBiasCopy) {
+      const int i = c - kFirstTapCopy, pr = i / kConvWidth, tap = i % kConvWidth;
+      src = p.weight + (pr * kConvWidth + tap) * chans + hd;
+      dst = st.in.weight[pr][tap];
+      bytes = kTapBytes;
+    } else if (c == kDtBiasCopy) {
+      src = p.dt_bias + hd;
+      dst = st.in.dt_bias;
+      bytes = kTapBytes;
+    } else {
+      const int i = c - kFirstTokenCopy, t = i / kTokenCopies, kind = i % kTokenCopies;
+      const std::int64_t row = it.b + t;
       bytes = kVecBytes;
       if (kind < kProj) {
         src = p.x + row * p.x_row + kind * chans + hd;
-        dst = st.in.x[lane][kind];
+        dst = st.in.x[t][kind];
       } else if (kind == kProj) {
         src = p.gate + row * p.gate_row + it.h * p.gate_head;
-        dst = st.in.gate[lane];
+        dst = st.in.gate[t];
       } else {
         src = p.out_gate + row * p.og_row + it.h * p.og_head;
-        dst = st.in.og[lane];
+        dst = st.in.og[t];
       }
     }
   }
