@@ -873,6 +873,49 @@ __device__ __forceinline__ void run_item(const Params& p,
   }
 }
 
+// L1 prefetch of every input vector the first chunk's precompute reads (history, taps, dt_bias,
+// and per token x q/k/v, raw gate, output gate), one vector per thread, issued right after the
+// state loads. A warp item's loads are one round trip, but a warp runs several items in turn
+// when T > 1 (split4: one kind per warp, T items each) and reloads the taps for every token;
+// with the lines prefetched, only the first of them waits for device memory (T > 1 only).
+__device__ __forceinline__ void prefetch_span(const void* ptr, std::uint32_t bytes) {
+  constexpr std::uint32_t kLine = 128;
+  const char* c = static_cast<const char*>(ptr);
+  for (std::uint32_t o = 0; o < bytes; o += kLine)
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(__cvta_generic_to_global(c + o)));
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(__cvta_generic_to_global(c + bytes - 1)));
+}
+__device__ __forceinline__ void prefetch_first_chunk(const Params& p, const Item& it) {
+  constexpr int kHistVecs = kHist * kProj;
+  constexpr int kTapVecs = kProj * kConvWidth;
+  constexpr int kFixed = kHistVecs + kTapVecs + 1;  // + dt_bias
+  constexpr int kPerToken = kProj + 2;              // x q/k/v, raw gate, output gate
+  constexpr std::uint32_t kBf16Vec = kD * sizeof(std::uint16_t);
+  constexpr std::uint32_t kF32Vec = kD * sizeof(float);
+  const int i = threadIdx.x;
+  const int tokens = min(it.len, kChunk);
+  // One token: each warp item runs once and issues its own loads at once; nothing to gain.
+  if (tokens < 2 || i >= kFixed + tokens * kPerToken) return;
+  const GlobalInputs in(p, it);
+  if (i < kHistVecs) {
+    prefetch_span(in.hist_at(i / kProj, i % kProj), kBf16Vec);
+  } else if (i < kHistVecs + kTapVecs) {
+    const int k = i - kHistVecs;
+    prefetch_span(in.w_at(k / kConvWidth, k % kConvWidth), kF32Vec);
+  } else if (i == kFixed - 1) {
+    prefetch_span(p.dt_bias + in.head(), kF32Vec);
+  } else {
+    const int k = i - kFixed, t = k / kPerToken, kind = k % kPerToken;
+    const std::int64_t row = it.b + t;
+    if (kind < kProj)
+      prefetch_span(in.x_at(t, kind), kBf16Vec);
+    else if (kind == kProj)
+      prefetch_span(p.gate + row * p.gate_row + it.h * p.gate_head, kBf16Vec);
+    else
+      prefetch_span(p.out_gate + row * p.og_row + it.h * p.og_head, kBf16Vec);
+  }
+}
+
 // One CTA (or cluster of kSlices CTAs) per item: the state is loaded into registers at the start,
 // so its load overlaps the first precompute.
 template <int kThreads, int kSlices, typename StateT, bool kVec>
@@ -906,6 +949,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 #pragma unroll
     for (int c = 0; c < G::kVecs; ++c)
       raw[i][c] = load_state_vec<StateT, kVec>(src + (row0 + geo.row(i)) * kD + geo.col(c));
+  prefetch_first_chunk(p, it);
   run_item<kThreads, kSlices, StateT, kVec, false>(
       p, sm, it, slice, GlobalInputs(p, it),
       [&](float(&s)[L::kRowsPerThread][L::kCols]) {
