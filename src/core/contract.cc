@@ -61,6 +61,8 @@ const char* layer_op_name(LayerOpKind kind) {
     case LayerOpKind::silu_mul: return "silu_mul";
     case LayerOpKind::rope: return "rope";
     case LayerOpKind::matmul_add: return "matmul_add";
+    case LayerOpKind::rms_norm_matmul: return "rms_norm_matmul";
+    case LayerOpKind::silu_mul_matmul_add: return "silu_mul_matmul_add";
   }
   return "?";
 }

@@ -134,6 +134,19 @@ void run_write_at(const Node& n, Tensor& state, const Tensor& value, const NodeS
   fail<UnsupportedError>("write_at has no kernel on ", state.device().str(), " in this build");
 }
 
+int weight_input(Op op) {
+  switch (op) {
+    case Op::MatMul:
+    case Op::MatMulAdd:
+      return 1;
+    case Op::RmsNormMatMul:
+    case Op::SiluMulMatMulAdd:
+      return 2;
+    default:
+      return -1;
+  }
+}
+
 bool is_constant_param_view(const Graph& graph, NodeId id) {
   for (;;) {
     const Node& n = graph.node(id);
@@ -196,6 +209,10 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
   if (n.op == Op::SiluMul) return fused_silu_mul(in[0], in[1], out);
   if (n.op == Op::Rope) return fused_rope(in[0], in[1], in[2], in[3], out);
   if (n.op == Op::MatMulAdd) return fused_matmul_add(in[0], in[1], in[2], out, hints.constant_b);
+  if (n.op == Op::RmsNormMatMul)
+    return fused_rms_norm_matmul(in[0], in[1], n.attrs.eps, in[2], out, hints.constant_b);
+  if (n.op == Op::SiluMulMatMulAdd)
+    return fused_silu_mul_matmul_add(in[0], in[1], in[2], in[3], out, hints.constant_b);
 #ifdef SPLICE_WITH_CUDA
   if (out.device().is_cuda()) return run_cuda(n, in, out, s, hints);
 #endif

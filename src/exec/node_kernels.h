@@ -20,11 +20,16 @@ struct NodeScalars {
 // Facts about a node fixed at plan time (computed once per session) that let its kernel relax
 // its ordering against the kernels before it.
 struct NodeHints {
-  // MatMul, MatMulAdd: input 1 is a model Param, directly or through Permute / Slice views (never a Reshape,
-  // which may copy): no kernel ever writes it, so the CUDA GEMV may stream it before its
-  // producers finish (cuda::MatmulOptions::b_constant).
+  // MatMul, MatMulAdd, RmsNormMatMul, SiluMulMatMulAdd: the weight input (weight_input) is a
+  // model Param, directly or through Permute / Slice views (never a Reshape, which may copy): no
+  // kernel ever writes it, so the CUDA GEMV may stream it before its producers finish
+  // (cuda::MatmulOptions::b_constant).
   bool constant_b = false;
 };
+
+// The input index of the streamed weight of a product op (MatMul, MatMulAdd: 1; RmsNormMatMul,
+// SiluMulMatMulAdd: 2), -1 for every other op.
+int weight_input(Op op);
 
 // True when `id` is a Param or a Permute / Slice view chain ending at one (NodeHints::constant_b).
 bool is_constant_param_view(const Graph& graph, NodeId id);

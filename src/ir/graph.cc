@@ -263,6 +263,16 @@ NodeId Graph::matmul_add(NodeId a, NodeId b, NodeId c, DType dtype) {
   return add(Op::MatMulAdd, {a, b, c}, {}, dtype);
 }
 
+NodeId Graph::rms_norm_matmul(NodeId x, NodeId weight, NodeId w, float eps, DType dtype) {
+  Attrs a;
+  a.eps = eps;
+  return add(Op::RmsNormMatMul, {x, weight, w}, {}, dtype, std::move(a));
+}
+
+NodeId Graph::silu_mul_matmul_add(NodeId a, NodeId b, NodeId w, NodeId c, DType dtype) {
+  return add(Op::SiluMulMatMulAdd, {a, b, w, c}, {}, dtype);
+}
+
 NodeId Graph::rope(NodeId x, NodeId cos_table, NodeId sin_table, NodeId position) {
   return add(Op::Rope, {x, cos_table, sin_table, position}, {}, DType::f32);
 }

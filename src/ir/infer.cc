@@ -294,6 +294,43 @@ Inferred infer_node(const Graph& g, const Node& n) {
                          ", got ", sym_shape_str(c));
       return {y, n.dtype};
     }
+    case Op::RmsNormMatMul: {
+      require_arity(n, 3);
+      require_float(in(0).dtype, n, "x");
+      require_float(in(1).dtype, n, "weight");
+      require_float(in(2).dtype, n, "w");
+      require_float(n.dtype, n, "out");
+      const SymShape &x = in(0).shape, &nw = in(1).shape, &w = in(2).shape;
+      if (x.size() < 2 || nw.size() != 1 || !nw[0].structurally_equal(x.back()) ||
+          w.size() != 2 || !w[1].structurally_equal(x.back()))
+        fail<GraphError>(
+            "rms_norm_matmul: `x` must be [..., M, K], `weight` [K] and `w` [N, K], got x ",
+            sym_shape_str(x), ", weight ", sym_shape_str(nw), " and w ", sym_shape_str(w));
+      SymShape y(x.begin(), x.end() - 1);
+      y.push_back(w[0]);
+      return {y, n.dtype};
+    }
+    case Op::SiluMulMatMulAdd: {
+      require_arity(n, 4);
+      require_float(in(0).dtype, n, "a");
+      require_same_dtype(in(0).dtype, in(1).dtype, n);
+      require_same_dtype(in(0).dtype, in(2).dtype, n);
+      require_float(in(3).dtype, n, "c");
+      require_float(n.dtype, n, "out");
+      const SymShape &a = in(0).shape, &w = in(2).shape, &c = in(3).shape;
+      if (!same_shape(a, in(1).shape))
+        fail<GraphError>("silu_mul_matmul_add: `a` ", sym_shape_str(a), " and `b` ",
+                         sym_shape_str(in(1).shape), " must have one shape");
+      if (a.size() < 2 || w.size() != 2 || !a.back().structurally_equal(w[1]))
+        fail<GraphError>("silu_mul_matmul_add: `a` must be [..., M, K] and `w` [N, K], got a ",
+                         sym_shape_str(a), " and w ", sym_shape_str(w));
+      SymShape y(a.begin(), a.end() - 1);
+      y.push_back(w[0]);
+      if (!same_shape(c, y))
+        fail<GraphError>("silu_mul_matmul_add: `c` must have the product's shape ",
+                         sym_shape_str(y), ", got ", sym_shape_str(c));
+      return {y, n.dtype};
+    }
     case Op::SiluMul:
       require_arity(n, 2);
       require_float(in(0).dtype, n, "a");

@@ -101,6 +101,10 @@ const char* op_name(Op op) {
       return "rope";
     case Op::MatMulAdd:
       return "matmul_add";
+    case Op::RmsNormMatMul:
+      return "rms_norm_matmul";
+    case Op::SiluMulMatMulAdd:
+      return "silu_mul_matmul_add";
     case Op::Branch:
       return "branch";
   }

@@ -61,6 +61,7 @@ std::string attrs_str(const Graph& g, const Node& n) {
       break;
     }
     case Op::RmsNorm:
+    case Op::RmsNormMatMul:
       out << " eps=" << n.attrs.eps;
       break;
     case Op::Branch: {

@@ -396,16 +396,19 @@ struct Builder {
                                  : kda_mixer(l, a);
       h = layers::linear_residual(g, h, mixed.x, mixed.weight, {}, &m.layer_specs,
                                   name + ".mixer.o_proj", name + ".mixer.residual");
-      const NodeId n = layers::rms_norm(g, h, param(p + "mlp_norm.weight", {hidden}),
-                                        c.rms_norm_eps, dt, &m.layer_specs, name + ".mlp_norm");
       const std::int64_t inter = c.intermediate_size;
-      // gate|up from one matmul over their stacked weights when stack_projections.
+      // gate|up = rms_norm(h) @ W_gate_up^T: one matmul over their stacked weights when
+      // stack_projections, then one rms_norm_matmul region with the norm (layers::norm_project);
+      // the activation, down_proj and the residual are one silu_mul_matmul_add region.
       const Parts gate_up_parts = {{p + "mlp.gate_proj.", inter}, {p + "mlp.up_proj.", inter}};
-      const std::vector<NodeId> gate_up = project(n, p + "mlp.gate_up_proj.", gate_up_parts, false);
-      const NodeId act =
-          layers::swiglu_activation(g, gate_up[0], gate_up[1], &m.layer_specs, name + ".mlp");
-      h = layers::linear_residual(g, h, act, param(p + "mlp.down_proj.weight", {hidden, inter}), {},
-                                  &m.layer_specs, name + ".mlp.down_proj", name + ".mlp.residual");
+      const std::vector<NodeId> gate_up = layers::norm_project(
+          g, w, dt, o.stack_projections, h, param(p + "mlp_norm.weight", {hidden}),
+          c.rms_norm_eps, hidden, p + "mlp.gate_up_proj.", gate_up_parts, false, {},
+          &m.layer_specs, name + ".mlp_norm");
+      h = layers::swiglu_down_residual(g, h, gate_up[0], gate_up[1],
+                                       param(p + "mlp.down_proj.weight", {hidden, inter}),
+                                       &m.layer_specs, name + ".mlp", name + ".mlp.down_proj",
+                                       name + ".mlp.residual");
     }
     const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}),
                                                c.rms_norm_eps, dt, &m.layer_specs, "final_norm");

@@ -10,7 +10,9 @@
 //              over the stacked gate and up weights)
 //   logits = rms_norm(h) @ lm_head^T (embed when tied)            [B, vocab] f32
 // Every RMSNorm, RoPE and SwiGLU activation also hands the optimizer a LayerOpSpec
-// (m.layer_specs) for its fused arm.
+// (m.layer_specs) for its fused arm; with stacked projections the two per-layer norms are fused
+// with the q|k|v and gate|up products (rms_norm_matmul) and the SwiGLU activation with down_proj
+// and the residual (silu_mul_matmul_add).
 #include <cmath>
 
 #include "splice/core/error.h"
@@ -46,11 +48,6 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
     return param(name, {n});
   };
   using Parts = layers::LinearParts;
-  auto project = [&](NodeId x, const std::string& stacked_prefix, const Parts& parts, bool bias,
-                     std::vector<std::size_t> groups = {}) {
-    return layers::project(g, w, dt, o.stack_projections, x, hidden, stacked_prefix, parts, bias,
-                           std::move(groups));
-  };
 
   const NodeId embed = param("model.embed_tokens.weight", {vocab, hidden});
   auto [cos, sin] = layers::rope_tables(c, head_dim, o.max_seq_len);
@@ -64,8 +61,15 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string site = "layer" + std::to_string(l) + ".attn";
     const std::string layer = "layer" + std::to_string(l);
-    const NodeId a = layers::rms_norm(g, h, param(p + "input_layernorm.weight", {hidden}),
-                                      c.rms_norm_eps, dt, &m.layer_specs, layer + ".input_norm");
+    const NodeId input_norm = param(p + "input_layernorm.weight", {hidden});
+    // a = rms_norm(h), then the q|k|v projection of it (norm_project: one rms_norm_matmul region
+    // when stacked).
+    auto norm_project = [&](const std::string& stacked_prefix, const Parts& parts, bool bias,
+                            std::vector<std::size_t> groups = {}) {
+      return layers::norm_project(g, w, dt, o.stack_projections, h, input_norm, c.rms_norm_eps,
+                                  hidden, stacked_prefix, parts, bias, std::move(groups),
+                                  &m.layer_specs, layer + ".input_norm");
+    };
     const std::int64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
     const Parts qkv_parts = {{p + "self_attn.q_proj.", q_dim},
                              {p + "self_attn.k_proj.", kv_dim},
@@ -79,7 +83,7 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
       // q and k are adjacent columns of the q|k|v matmul: one RoPE over their Hq + Hkv heads
       // (RoPE is per head row), then q and k are head slices of it.
       const std::vector<NodeId> qk_v =
-          project(a, p + "self_attn.qkv_proj.", qkv_parts, c.attention_bias, {2, 1});
+          norm_project(p + "self_attn.qkv_proj.", qkv_parts, c.attention_bias, {2, 1});
       const NodeId qk = layers::rope(g, heads_of(qk_v[0], heads + kv_heads), cos_table, sin_table,
                                      position, &m.layer_specs, site + ".qk");
       q_rot = g.slice(qk, 1, DynScalar::Concrete(0), DynScalar::Concrete(heads));
@@ -87,7 +91,7 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
       v = qk_v[1];
     } else {
       const std::vector<NodeId> qkv =
-          project(a, p + "self_attn.qkv_proj.", qkv_parts, c.attention_bias);
+          norm_project(p + "self_attn.qkv_proj.", qkv_parts, c.attention_bias);
       q_rot = layers::rope(g, heads_of(qkv[0], heads), cos_table, sin_table, position,
                            &m.layer_specs, site + ".q");
       k_rot = layers::rope(g, heads_of(qkv[1], kv_heads), cos_table, sin_table, position,
@@ -115,17 +119,16 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
         g, h, attn, param(p + "self_attn.o_proj.weight", {hidden, heads * head_dim}),
         maybe_bias(p + "self_attn.o_proj.bias", hidden, c.attention_out_bias), &m.layer_specs,
         site + ".o_proj", site + ".residual");
-    const NodeId n =
-        layers::rms_norm(g, h, param(p + "post_attention_layernorm.weight", {hidden}),
-                         c.rms_norm_eps, dt, &m.layer_specs, layer + ".post_attention_norm");
     const std::int64_t inter = c.intermediate_size;
-    const std::vector<NodeId> gate_up =
-        project(n, p + "mlp.gate_up_proj.",
-                {{p + "mlp.gate_proj.", inter}, {p + "mlp.up_proj.", inter}}, false);
-    const NodeId act =
-        layers::swiglu_activation(g, gate_up[0], gate_up[1], &m.layer_specs, layer + ".mlp");
-    h = layers::linear_residual(g, h, act, param(p + "mlp.down_proj.weight", {hidden, inter}), {},
-                                &m.layer_specs, layer + ".mlp.down_proj", layer + ".mlp.residual");
+    const std::vector<NodeId> gate_up = layers::norm_project(
+        g, w, dt, o.stack_projections, h, param(p + "post_attention_layernorm.weight", {hidden}),
+        c.rms_norm_eps, hidden, p + "mlp.gate_up_proj.",
+        {{p + "mlp.gate_proj.", inter}, {p + "mlp.up_proj.", inter}}, false, {}, &m.layer_specs,
+        layer + ".post_attention_norm");
+    h = layers::swiglu_down_residual(g, h, gate_up[0], gate_up[1],
+                                     param(p + "mlp.down_proj.weight", {hidden, inter}),
+                                     &m.layer_specs, layer + ".mlp", layer + ".mlp.down_proj",
+                                     layer + ".mlp.residual");
   }
   const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}),
                                              c.rms_norm_eps, dt, &m.layer_specs, "final_norm");

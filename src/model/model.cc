@@ -174,6 +174,41 @@ NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId posit
   return end_region(g, g.cast(y, dtype), std::move(spec), specs, site);
 }
 
+namespace {
+
+// One param of the parts' tensors stacked along the output axis (`cols` = 0: biases).
+NodeId stacked_param(Graph& g, const Weights& w, DType dtype, const std::string& stacked_prefix,
+                     const LinearParts& parts, const std::string& suffix, std::int64_t cols) {
+  std::int64_t rows = 0;
+  for (const auto& part : parts) rows += part.second;
+  Tensor t = Tensor::empty(cols ? Dims{rows, cols} : Dims{rows}, dtype);
+  std::int64_t at = 0;
+  for (const auto& [prefix, n] : parts) {
+    Tensor dst = t.slice(0, at, at + n);
+    dst.copy_from(w.get(prefix + suffix, dtype, cols ? Dims{n, cols} : Dims{n}));
+    at += n;
+  }
+  return g.param(stacked_prefix + suffix, std::move(t));
+}
+
+// Last-axis views of y [..., sum rows], each covering `groups[i]` adjacent parts.
+std::vector<NodeId> split_views(Graph& g, NodeId y, const LinearParts& parts,
+                                const std::vector<std::size_t>& groups) {
+  const auto axis = static_cast<std::int64_t>(g.node(y).shape.size()) - 1;
+  std::vector<NodeId> out;
+  std::int64_t at = 0;
+  std::size_t next = 0;
+  for (std::size_t size : groups) {
+    std::int64_t n = 0;
+    for (std::size_t i = 0; i < size; ++i) n += parts.at(next++).second;
+    out.push_back(g.slice(y, axis, DynScalar::Concrete(at), DynScalar::Concrete(at + n)));
+    at += n;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<NodeId> project(Graph& g, const Weights& w, DType dtype, bool stack, NodeId x,
                             std::int64_t in_features, const std::string& stacked_prefix,
                             const LinearParts& parts, bool bias, std::vector<std::size_t> groups) {
@@ -191,32 +226,54 @@ std::vector<NodeId> project(Graph& g, const Weights& w, DType dtype, bool stack,
                  bias ? std::optional<NodeId>(param(prefix + "bias", {n})) : std::nullopt));
     return out;
   }
-  // One param of the parts' tensors stacked along the output axis (`cols` = 0: biases).
-  auto stacked = [&](const std::string& suffix, std::int64_t cols) {
-    std::int64_t rows = 0;
-    for (const auto& part : parts) rows += part.second;
-    Tensor t = Tensor::empty(cols ? Dims{rows, cols} : Dims{rows}, dtype);
-    std::int64_t at = 0;
-    for (const auto& [prefix, n] : parts) {
-      Tensor dst = t.slice(0, at, at + n);
-      dst.copy_from(w.get(prefix + suffix, dtype, cols ? Dims{n, cols} : Dims{n}));
-      at += n;
-    }
-    return g.param(stacked_prefix + suffix, std::move(t));
-  };
   std::optional<NodeId> stacked_bias;
-  if (bias) stacked_bias = stacked("bias", 0);
-  const NodeId y = linear(g, x, stacked("weight", in_features), stacked_bias);
-  const auto axis = static_cast<std::int64_t>(g.node(y).shape.size()) - 1;
-  std::int64_t at = 0;
-  std::size_t next = 0;
-  for (std::size_t size : groups) {  // last-axis views of y [..., sum rows]
-    std::int64_t n = 0;
-    for (std::size_t i = 0; i < size; ++i) n += parts.at(next++).second;
-    out.push_back(g.slice(y, axis, DynScalar::Concrete(at), DynScalar::Concrete(at + n)));
-    at += n;
+  if (bias) stacked_bias = stacked_param(g, w, dtype, stacked_prefix, parts, "bias", 0);
+  const NodeId y = linear(g, x, stacked_param(g, w, dtype, stacked_prefix, parts, "weight",
+                                              in_features),
+                          stacked_bias);
+  return split_views(g, y, parts, groups);
+}
+
+std::vector<NodeId> norm_project(Graph& g, const Weights& w, DType dtype, bool stack, NodeId h,
+                                 NodeId norm_weight, double eps, std::int64_t in_features,
+                                 const std::string& stacked_prefix, const LinearParts& parts,
+                                 bool bias, std::vector<std::size_t> groups,
+                                 std::vector<LayerOpSpec>* specs, const std::string& site) {
+  if (!stack || bias || !specs || g.node(h).shape.size() < 2) {
+    const NodeId a = rms_norm(g, h, norm_weight, eps, dtype, specs, site);
+    return project(g, w, dtype, stack, a, in_features, stacked_prefix, parts, bias,
+                   std::move(groups));
   }
-  return out;
+  if (groups.empty()) groups.assign(parts.size(), 1);
+  const NodeId a = rms_norm(g, h, norm_weight, eps, dtype);  // the region's RmsNorm, no spec
+  const NodeId weight = stacked_param(g, w, dtype, stacked_prefix, parts, "weight", in_features);
+  const NodeId y = linear(g, a, weight);  // [..., sum rows]
+  LayerOpSpec spec;
+  spec.kind = LayerOpKind::rms_norm_matmul;
+  spec.inputs = {h, norm_weight, weight};
+  spec.eps = static_cast<float>(eps);
+  return split_views(g, end_region(g, y, std::move(spec), specs, site), parts, groups);
+}
+
+NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId up_out,
+                            NodeId down, std::vector<LayerOpSpec>* specs,
+                            const std::string& site, const std::string& down_site,
+                            const std::string& label) {
+  SymShape product = g.node(gate_out).shape;  // [..., M, I] -> the product's [..., M, N]
+  const bool fits = specs && g.node(down).shape.size() == 2 && product.size() >= 2 &&
+                    product.back().structurally_equal(g.node(down).shape[1]);
+  if (fits) product.back() = g.node(down).shape[0];
+  if (!fits || !same_shape(g.node(residual).shape, product)) {
+    const NodeId act = swiglu_activation(g, gate_out, up_out, specs, site);
+    return linear_residual(g, residual, act, down, {}, specs, down_site, label);
+  }
+  const NodeId act = g.binary(Op::Mul, g.unary(Op::Silu, gate_out), up_out);  // no spec
+  NodeId out = g.binary(Op::Add, residual, linear(g, act, down));
+  if (!label.empty()) out = g.labeled(out, label);
+  LayerOpSpec spec;
+  spec.kind = LayerOpKind::silu_mul_matmul_add;
+  spec.inputs = {gate_out, up_out, down, residual};
+  return end_region(g, out, std::move(spec), specs, site);
 }
 
 std::pair<Tensor, Tensor> rope_tables(const ModelConfig& c, std::int64_t head_dim,

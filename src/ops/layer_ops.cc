@@ -5,8 +5,9 @@
 //     CUDA backend is a DeviceError.
 //  2. Contract row of that device: the op is listed, the activation dtype is listed, the row
 //     length is within max_row (0 = any). A refusal is an UnsupportedError naming the row.
-//  3. Dispatch: cpu::rms_norm / silu_mul / rope / matmul_add or their cuda:: launchers
-//     (matmul_add on CUDA: cuda::matmul with the residual epilogue, MatmulOptions).
+//  3. Dispatch: cpu::rms_norm / silu_mul / rope / matmul_add / rms_norm_matmul /
+//     silu_mul_matmul_add or their cuda:: launchers (matmul_add on CUDA: cuda::matmul with the
+//     residual epilogue, MatmulOptions; the two prologue products: cuda layer_ops.h).
 #include "splice/ops/layer_ops.h"
 
 #include <string>
@@ -23,8 +24,9 @@ namespace splice {
 namespace {
 
 const std::vector<DType> kFloatDtypes = {DType::bf16, DType::f16, DType::f32};
-const std::vector<LayerOpKind> kAllLayerOps = {LayerOpKind::rms_norm, LayerOpKind::silu_mul,
-                                               LayerOpKind::rope, LayerOpKind::matmul_add};
+const std::vector<LayerOpKind> kAllLayerOps = {
+    LayerOpKind::rms_norm,   LayerOpKind::silu_mul,        LayerOpKind::rope,
+    LayerOpKind::matmul_add, LayerOpKind::rms_norm_matmul, LayerOpKind::silu_mul_matmul_add};
 
 void check_device(const Tensor& t, const char* name, const Device& device, const char* op) {
   check_defined(t, name);
@@ -120,6 +122,40 @@ void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor&
 #endif
   (void)b_constant;  // a CPU kernel has no launch ordering to relax
   cpu::matmul_add(a, b, c, out);
+}
+
+void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
+                           Tensor& out, bool w_constant) {
+  const char* op = "rms_norm_matmul";
+  check_defined(x, "x");
+  const Device device = x.device();
+  check_device(weight, "weight", device, op);
+  check_device(w, "w", device, op);
+  check_device(out, "out", device, op);
+  check_contract(contract_for(device, op), LayerOpKind::rms_norm_matmul, x.dtype(), last_dim(x));
+#if defined(SPLICE_WITH_CUDA)
+  if (device.is_cuda()) return cuda::rms_norm_matmul(x, weight, eps, w, out, w_constant);
+#endif
+  (void)w_constant;  // a CPU kernel has no launch ordering to relax
+  cpu::rms_norm_matmul(x, weight, eps, w, out);
+}
+
+void fused_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w,
+                               const Tensor& c, Tensor& out, bool w_constant) {
+  const char* op = "silu_mul_matmul_add";
+  check_defined(a, "a");
+  const Device device = a.device();
+  check_device(b, "b", device, op);
+  check_device(w, "w", device, op);
+  check_device(c, "c", device, op);
+  check_device(out, "out", device, op);
+  check_contract(contract_for(device, op), LayerOpKind::silu_mul_matmul_add, a.dtype(),
+                 last_dim(a));
+#if defined(SPLICE_WITH_CUDA)
+  if (device.is_cuda()) return cuda::silu_mul_matmul_add(a, b, w, c, out, w_constant);
+#endif
+  (void)w_constant;
+  cpu::silu_mul_matmul_add(a, b, w, c, out);
 }
 
 const LayerOpContract& cpu_layer_ops_contract() {

@@ -22,6 +22,10 @@ Op fused_op(LayerOpKind kind) {
       return Op::Rope;
     case LayerOpKind::matmul_add:
       return Op::MatMulAdd;
+    case LayerOpKind::rms_norm_matmul:
+      return Op::RmsNormMatMul;
+    case LayerOpKind::silu_mul_matmul_add:
+      return Op::SiluMulMatMulAdd;
   }
   fail<GraphError>("LayerOpSpec: unknown kind ", static_cast<int>(kind));
 }
@@ -37,6 +41,10 @@ std::vector<std::string> role_names(LayerOpKind kind) {
       return {"x", "cos", "sin", "position"};
     case LayerOpKind::matmul_add:
       return {"a", "b", "c"};
+    case LayerOpKind::rms_norm_matmul:
+      return {"x", "norm_weight", "w"};
+    case LayerOpKind::silu_mul_matmul_add:
+      return {"a", "b", "w", "c"};
   }
   return {};
 }
@@ -103,9 +111,18 @@ std::string layer_op_gate(const Graph& g, const LayerOpSpec& s, const LayerOpCon
     why << who << " does not take dtype " << dtype_name(x.dtype) << "; ";
   if (out_dtype != x.dtype && !c.supports_dtype(out_dtype))
     why << who << " does not write dtype " << dtype_name(out_dtype) << "; ";
-  if (s.kind == LayerOpKind::matmul_add && s.inputs.size() == 3 &&
+  // The residual c: input 2 of matmul_add, input 3 of silu_mul_matmul_add.
+  const std::size_t residual = s.kind == LayerOpKind::matmul_add            ? 2
+                               : s.kind == LayerOpKind::silu_mul_matmul_add ? 3
+                                                                            : 0;
+  if (residual > 0 && s.inputs.size() > residual &&
+      !c.supports_dtype(g.node(s.inputs[residual]).dtype))
+    why << who << " does not take a residual of dtype "
+        << dtype_name(g.node(s.inputs[residual]).dtype) << "; ";
+  // The projection weight w of the norm's product (silu_mul_matmul_add's has a's dtype).
+  if (s.kind == LayerOpKind::rms_norm_matmul && s.inputs.size() == 3 &&
       !c.supports_dtype(g.node(s.inputs[2]).dtype))
-    why << who << " does not take a residual of dtype " << dtype_name(g.node(s.inputs[2]).dtype)
+    why << who << " does not take a weight of dtype " << dtype_name(g.node(s.inputs[2]).dtype)
         << "; ";
   const SymExpr& row = x.shape.back();
   if (c.max_row > 0 && row.upper_bound(g.symbols()) > c.max_row)
@@ -144,6 +161,13 @@ OfferResult offer_layer_op_arm(Graph& g, const LayerOpSpec& s, const LayerOpCont
       break;
     case LayerOpKind::matmul_add:
       fused = g.matmul_add(in[0], in[1], in[2], g.node(s.decomposed_out).dtype);
+      break;
+    case LayerOpKind::rms_norm_matmul:
+      fused = g.rms_norm_matmul(in[0], in[1], in[2], s.eps, g.node(s.decomposed_out).dtype);
+      break;
+    case LayerOpKind::silu_mul_matmul_add:
+      fused =
+          g.silu_mul_matmul_add(in[0], in[1], in[2], in[3], g.node(s.decomposed_out).dtype);
       break;
   }
   g.labeled(fused, (s.site.empty() ? kind : s.site + "." + kind) + "_fused");

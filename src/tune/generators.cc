@@ -5,7 +5,8 @@
 // live prefix fails verification; ALiBi slopes stay the model's weights; k_len is bound to the
 // verification point.
 //
-// rms_norm, silu_mul, rope: see LayerOpGenerator below.
+// rms_norm, silu_mul, rope: see LayerOpGenerator below; matmul_add, rms_norm_matmul and
+// silu_mul_matmul_add: MatMulAddGenerator.
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -128,6 +129,11 @@ class LayerOpGenerator : public ArmInputGenerator {
 // the arms may differ by half an ulp of |a @ b^T| on top of one ulp of the output, which is not
 // bounded by |y| where c cancels the product: the tolerance is the policy default with the atol
 // widened 4x in 16-bit dtypes (bf16 {3.2e-2, 1.6e-2}, f16 {4e-3, 4e-3}; f32 unchanged).
+// The same generator and tolerance serve the two prologue products: silu_mul_matmul_add (a, b, c
+// random, w the model's) is matmul_add after a bitwise-equal activation; rms_norm_matmul (x
+// random, norm_weight and w the model's) has no residual, but on CUDA its fused normalization
+// sums x^2 in another order than the region's reduce kernel, so a normalized element may round
+// one ulp apart before the product: the same widened atol covers a few such flips per row.
 class MatMulAddGenerator : public LayerOpGenerator {
  public:
   MatMulAddGenerator() : LayerOpGenerator(false) {}
@@ -150,6 +156,8 @@ void register_builtin_arm_generators() {
     register_arm_generator("silu_mul", std::make_shared<LayerOpGenerator>(false));
     register_arm_generator("rope", std::make_shared<LayerOpGenerator>(true));
     register_arm_generator("matmul_add", std::make_shared<MatMulAddGenerator>());
+    register_arm_generator("rms_norm_matmul", std::make_shared<MatMulAddGenerator>());
+    register_arm_generator("silu_mul_matmul_add", std::make_shared<MatMulAddGenerator>());
   });
 }
 

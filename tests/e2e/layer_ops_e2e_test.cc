@@ -1,12 +1,14 @@
 // The fused layer ops end to end on the CPU: a tiny random Llama and the embedded default KDA
 // hybrid (both in bf16) decode 12 greedy tokens twice through the Generator, once with every
-// LayerOpSpec offered, verified and chosen (RMSNorm, SwiGLU activation and RoPE fused) and once
-// without them (the primitive regions); everything else (attention, KDA arms) is the same. The
-// greedy tokens must be identical and the logits equal within the bf16 tolerance (the CPU fused
-// kernels reproduce their primitive regions bit for bit, so they are in fact identical). The
-// residual MatMulAdd (o_proj and down_proj plus their residual) rounds once where its region
-// rounds the product first, so it is not bitwise: it runs in tests of its own, where the greedy
-// tokens must be identical and the logits close within kMatMulAddLogitTolerance.
+// LayerOpSpec offered, verified and chosen (RMSNorm, RMSNorm + the stacked projection it feeds
+// (rms_norm_matmul), RoPE fused) and once without them (the primitive regions); everything else
+// (attention, KDA arms) is the same. The greedy tokens must be identical and the logits equal
+// within the bf16 tolerance (the CPU fused kernels reproduce their primitive regions bit for bit,
+// so they are in fact identical). The residual products (MatMulAdd: o_proj plus its residual;
+// SiluMulMatMulAdd: SwiGLU's activation, down_proj and the residual) round once where their
+// regions round the product first, so they are not bitwise: they run in tests of their own,
+// where the greedy tokens must be identical and the logits close within
+// kMatMulAddLogitTolerance.
 // Also: the builders' stacked projections (one matmul for q|k|v, gate|up and the KDA mixer's
 // inputs, the projections views of its output; one RoPE over the q and k heads) give bitwise
 // (bf16) the logits of one matmul per Hugging Face linear and one RoPE each for q and k, for a
@@ -84,15 +86,17 @@ struct Decode {
   int fused_layer_ops = 0;  // layer-op branches collapsed to the fused arm
 };
 
-// `layer_ops`: offer the RMSNorm, SwiGLU activation and RoPE specs; `matmul_add`: the residual
-// MatMulAdd specs as well. `forced`: feed these tokens instead of the run's own greedy choices
-// (teacher forcing: step s gets forced[s - 1]); the greedy choices are still recorded.
+// `layer_ops`: offer the RMSNorm, RMSNorm + projection and RoPE specs; `matmul_add`: the residual
+// MatMulAdd and SiluMulMatMulAdd specs as well. `forced`: feed these tokens instead of the run's
+// own greedy choices (teacher forcing: step s gets forced[s - 1]); the greedy choices are still
+// recorded.
 Decode greedy(DecodeModel model, bool layer_ops, bool matmul_add = false,
               const std::vector<std::int32_t>* forced = nullptr) {
   if (!layer_ops) model.layer_specs.clear();
   if (!matmul_add)
-    std::erase_if(model.layer_specs,
-                  [](const LayerOpSpec& s) { return s.kind == LayerOpKind::matmul_add; });
+    std::erase_if(model.layer_specs, [](const LayerOpSpec& s) {
+      return s.kind == LayerOpKind::matmul_add || s.kind == LayerOpKind::silu_mul_matmul_add;
+    });
   GeneratorOptions go;
   go.optimize.tune.warmup = 0;
   go.optimize.tune.repeats = 1;
@@ -103,7 +107,9 @@ Decode greedy(DecodeModel model, bool layer_ops, bool matmul_add = false,
   Decode d;
   for (const Decision& decision : gen.decisions().entries()) {
     const bool layer_op = decision.kind == "rms_norm" || decision.kind == "silu_mul" ||
-                          decision.kind == "rope" || decision.kind == "matmul_add";
+                          decision.kind == "rope" || decision.kind == "matmul_add" ||
+                          decision.kind == "rms_norm_matmul" ||
+                          decision.kind == "silu_mul_matmul_add";
     if (layer_op) {
       EXPECT_TRUE(decision.offered) << decision.site << ": " << decision.reason;
       d.fused_layer_ops += decision.collapsed_to == 1;
@@ -138,12 +144,21 @@ TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
   build.max_seq_len = 32;
   build.dtype = DType::bf16;
   DecodeModel model = build_decode_model(config, weights, build);
-  // Per layer: 2 norms, 1 rope (q and k heads in one call), 1 SwiGLU activation, 2 residual
-  // MatMulAdds (o_proj, down_proj); the final norm.
-  EXPECT_EQ(model.layer_specs.size(), 2u * 6u + 1u);
+  // Per layer: 2 norms fused with the q|k|v and gate|up projections (rms_norm_matmul), 1 rope (q
+  // and k heads in one call), the o_proj residual (matmul_add), the SwiGLU activation with
+  // down_proj and its residual (silu_mul_matmul_add); the final norm.
+  EXPECT_EQ(model.layer_specs.size(), 2u * 5u + 1u);
+  int norm_products = 0, silu_products = 0;
+  for (const LayerOpSpec& s : model.layer_specs) {
+    norm_products += s.kind == LayerOpKind::rms_norm_matmul;
+    silu_products += s.kind == LayerOpKind::silu_mul_matmul_add;
+    EXPECT_NE(s.kind, LayerOpKind::silu_mul) << s.site;  // replaced by silu_mul_matmul_add
+  }
+  EXPECT_EQ(norm_products, 4);
+  EXPECT_EQ(silu_products, 2);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);
-  EXPECT_EQ(fused.fused_layer_ops, 9);
+  EXPECT_EQ(fused.fused_layer_ops, 7);  // 2 x (2 rms_norm_matmul + rope) + the final norm
   EXPECT_EQ(plain.fused_layer_ops, 0);
   expect_same_decode(fused, plain);
 }
@@ -155,12 +170,13 @@ TEST(LayerOpsE2e, DefaultKdaModelGreedyTokensAndLogitsMatchWithAndWithoutFusedLa
   build.max_seq_len = 32;
   build.dtype = DType::bf16;
   DecodeModel model = build_decode_model(config, weights, build);
-  // 4 layers x (2 norms + 1 SwiGLU activation + 2 residual MatMulAdds: the mixer's o_proj and
-  // the MLP's down_proj), the attention layer's rope, the final norm.
-  EXPECT_EQ(model.layer_specs.size(), 4u * 5u + 1u + 1u);
+  // 4 layers x (the mixer's norm, the MLP norm fused with gate|up (rms_norm_matmul), the mixer's
+  // o_proj residual (matmul_add), the SwiGLU activation with down_proj and its residual
+  // (silu_mul_matmul_add)), the attention layer's rope, the final norm.
+  EXPECT_EQ(model.layer_specs.size(), 4u * 4u + 1u + 1u);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);
-  EXPECT_EQ(fused.fused_layer_ops, 14);
+  EXPECT_EQ(fused.fused_layer_ops, 10);  // 4 x (norm + rms_norm_matmul) + rope + final norm
   expect_same_decode(fused, plain);
 }
 
@@ -188,8 +204,9 @@ TEST(LayerOpsE2e, LlamaGreedyTokensMatchWithAndWithoutMatMulAdd) {
   build.dtype = DType::bf16;
   const Decode fused = greedy(build_decode_model(config, weights, build), true, true);
   const Decode plain = greedy(build_decode_model(config, weights, build), true, false);
-  EXPECT_EQ(fused.fused_layer_ops, 9 + 4);  // + o_proj and down_proj residuals of 2 layers
-  EXPECT_EQ(plain.fused_layer_ops, 9);
+  // + the o_proj residual and the silu_mul_matmul_add of 2 layers
+  EXPECT_EQ(fused.fused_layer_ops, 7 + 4);
+  EXPECT_EQ(plain.fused_layer_ops, 7);
   expect_close_decode(fused, plain);
 }
 
@@ -206,7 +223,8 @@ TEST(LayerOpsE2e, DefaultKdaModelTeacherForcedLogitsMatchWithAndWithoutMatMulAdd
   const Decode plain = greedy(build_decode_model(config, weights, build), true, false);
   const Decode fused =
       greedy(build_decode_model(config, weights, build), true, true, &plain.tokens);
-  EXPECT_EQ(fused.fused_layer_ops, 14 + 8);  // + the mixer and MLP residuals of 4 layers
+  // + the mixer residual and the silu_mul_matmul_add of 4 layers
+  EXPECT_EQ(fused.fused_layer_ops, 10 + 8);
   expect_close_decode(fused, plain, /*same_tokens=*/false);
 }
 

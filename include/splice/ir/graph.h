@@ -158,6 +158,10 @@ class Graph {
   NodeId silu_mul(NodeId a, NodeId b);
   // a @ b^T + c (Op::MatMulAdd), stored in `dtype`.
   NodeId matmul_add(NodeId a, NodeId b, NodeId c, DType dtype);
+  // round_w(rms_norm(x, weight, eps)) @ w^T (Op::RmsNormMatMul), stored in `dtype`.
+  NodeId rms_norm_matmul(NodeId x, NodeId weight, NodeId w, float eps, DType dtype);
+  // (silu(a) * b) @ w^T + c (Op::SiluMulMatMulAdd), stored in `dtype`.
+  NodeId silu_mul_matmul_add(NodeId a, NodeId b, NodeId w, NodeId c, DType dtype);
   // x [..., D], cos/sin tables [max_seq_len, D], position [1] i32.
   NodeId rope(NodeId x, NodeId cos_table, NodeId sin_table, NodeId position);
 

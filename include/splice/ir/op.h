@@ -80,6 +80,14 @@ enum class Op : std::uint8_t {
   MatMulAdd,    // y = a @ b^T + c: a [..., M, K], b [N, K] (a's dtype), c [..., M, N] (the
                 // product's shape, any float dtype); the fp32 sum plus c rounded once into the
                 // node's dtype (its MatMul -> Add region rounds the product first).
+  RmsNormMatMul,  // y = round_w(rms_norm(x, weight, attrs.eps)) @ w^T: inputs x [..., M, K],
+                  // weight [K], w [N, K] (float dtypes); the normalized row rounded to w's dtype
+                  // (the RmsNorm -> MatMul region's intermediate), then the product's fp32 sum
+                  // rounded once into the node's dtype.
+  SiluMulMatMulAdd,  // y = round(round(round(silu(a)) * b) @ w^T + c): inputs a, b [..., M, K]
+                     // (one dtype), w [N, K] (a's dtype), c [..., M, N] (any float dtype); the
+                     // activation rounded as SiluMul, then MatMulAdd's fp32 sum plus c rounded
+                     // once.
   // --- control ---
   Branch,  // (view) Equivalent arms: inputs are the arms' exits (arm 0 first, the oracle);
            // returns the chosen arm's exit (arm 0 unless a decision selects another).

@@ -114,6 +114,26 @@ std::vector<NodeId> project(Graph& g, const Weights& w, DType dtype, bool stack,
                             std::int64_t in_features, const std::string& stacked_prefix,
                             const LinearParts& parts, bool bias,
                             std::vector<std::size_t> groups = {});
+// rms_norm(h) then project(): with `stack`, a spec sink, no bias and h of rank >= 2, the norm and
+// the stacked product are ONE region (the RmsNorm primitives without their own spec, then the
+// matmul over the stacked weight) ending in a merge, with a rms_norm_matmul LayerOpSpec (inputs
+// {h, norm_weight, stacked weight}, `site`), so the optimizer can offer Op::RmsNormMatMul; the
+// outputs are views of the merge. Otherwise exactly rms_norm(..., specs, site) then project().
+std::vector<NodeId> norm_project(Graph& g, const Weights& w, DType dtype, bool stack, NodeId h,
+                                 NodeId norm_weight, double eps, std::int64_t in_features,
+                                 const std::string& stacked_prefix, const LinearParts& parts,
+                                 bool bias, std::vector<std::size_t> groups,
+                                 std::vector<LayerOpSpec>* specs, const std::string& site);
+// residual + (silu(gate_out) * up_out) @ down^T: SwiGLU's activation, down projection and the
+// residual add. With a spec sink, a 2-D down weight and the residual of the product's shape, ONE
+// region (Silu -> Mul -> MatMul -> Add primitives, the add labelled `label`) with a
+// silu_mul_matmul_add LayerOpSpec (inputs {gate_out, up_out, down, residual}, `site`), so the
+// optimizer can offer Op::SiluMulMatMulAdd; otherwise swiglu_activation(..., site) then
+// linear_residual(..., down_site, label).
+NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId up_out,
+                            NodeId down, std::vector<LayerOpSpec>* specs = nullptr,
+                            const std::string& site = "", const std::string& down_site = "",
+                            const std::string& label = "");
 // cos/sin tables [max_seq_len, D] for rope_theta and optional llama3 scaling.
 std::pair<Tensor, Tensor> rope_tables(const ModelConfig& config, std::int64_t head_dim,
                                       std::int64_t max_seq_len);

@@ -69,6 +69,9 @@ enum class LayerOpKind : std::uint8_t {
   silu_mul,  // y = silu(a) * b (SwiGLU's activation)
   rope,      // rotate-half RoPE of x at a position read from a [1] i32 tensor
   matmul_add,  // y = a @ b^T + c: a linear layer plus its residual (fp32 sum, one rounding)
+  rms_norm_matmul,      // y = round(rms_norm(x)) @ w^T: a norm and the projection it feeds
+  silu_mul_matmul_add,  // y = round(silu(a) * b) @ w^T + c: SwiGLU's activation, down_proj and
+                        // the residual
 };
 const char* layer_op_name(LayerOpKind kind);
 

@@ -1,5 +1,5 @@
-// splice/ops/layer_ops.h: the public fused layer ops (RmsNorm, SiluMul, Rope of ir/op.h) on any
-// backend, and their kernel contract rows.
+// splice/ops/layer_ops.h: the public fused layer ops (RmsNorm, SiluMul, Rope, MatMulAdd,
+// RmsNormMatMul, SiluMulMatMulAdd of ir/op.h) on any backend, and their kernel contract rows.
 //
 // Each entry point (1) checks that every tensor sits on x's (or a's) device and that the device's
 // backend is compiled in, (2) checks the call against that backend's contract row (op, activation
@@ -29,6 +29,19 @@ void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Ten
 // flight writes b (a model weight; cuda::MatmulOptions::b_constant), ignored on the CPU.
 void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out,
                       bool b_constant = false);
+
+// out = round_w(rms_norm(x, weight, eps)) @ w^T: x [..., M, K], weight [K], w [N, K], out
+// [..., M, N]; the normalized row rounded to w's dtype, the product's fp32 sum rounded once.
+// CUDA: one GEMV launch that normalizes its x rows into shared memory first (cuda layer_ops.h),
+// or rms_norm then matmul where the GEMV does not apply. `w_constant` as for fused_matmul_add.
+void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
+                           Tensor& out, bool w_constant = false);
+
+// out = round(round(round(silu(a)) * b) @ w^T + c): a, b [..., M, K], w [N, K] (a's dtype),
+// c, out [..., M, N]. CUDA: one GEMV launch with the activation computed into shared memory, or
+// silu_mul then the residual matmul where the GEMV does not apply.
+void fused_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w,
+                               const Tensor& c, Tensor& out, bool w_constant = false);
 
 // The contract rows of the layer-op kernels on each backend (kernel "layer_ops").
 const LayerOpContract& cpu_layer_ops_contract();

@@ -1,21 +1,27 @@
 // splice/passes/layer_ops.h: LayerOpSpec and the offer of a fused layer-op arm (RmsNorm, SiluMul,
-// Rope) — the mechanism of attention and KDA (passes/decode_flash.h, tune/select.h) for the small
-// per-layer ops a model builds from primitives.
+// Rope, MatMulAdd, RmsNormMatMul, SiluMulMatMulAdd) — the mechanism of attention and KDA
+// (passes/decode_flash.h, tune/select.h) for the small per-layer ops a model builds from
+// primitives.
 //
-// One spec struct and one pass serve the three ops: they differ only in their input list and one
+// One spec struct and one pass serve the six ops: they differ only in their input list and one
 // attribute, and share the contract row (LayerOpContract: ops and dtypes per backend).
 // A model builds each op from primitives (arm 0, the oracle) ending in `decomposed_out`, adds a
 // sole-consumer merge node (`<site>.<op>_merge`, a same-shape view reshape) and hands the optimizer
 // this spec. offer_layer_op_arm:
 //   1. validates the spec: ids live; the input list of the op (rms_norm: x [..., H], weight [H];
 //      silu_mul: a, b of one shape and dtype; rope: x [..., D], cos, sin [max_seq_len, D],
-//      position [1] i32); decomposed_out of the fused op's shape and dtype; reconverge the sole
+//      position [1] i32; matmul_add: a [..., M, K], b [N, K], c [..., M, N]; rms_norm_matmul:
+//      x [..., M, K], norm_weight [K], w [N, K]; silu_mul_matmul_add: a, b [..., M, K], w [N, K],
+//      c [..., M, N]); decomposed_out of the fused op's shape and dtype; reconverge the sole
 //      consumer of decomposed_out; eps finite and >= 0. A malformed spec is a GraphError.
-//   2. gates it on the contract row: the op is implemented, the activation dtype is taken, the
-//      row length is within max_row. A decline records the reason and leaves the graph untouched.
-//   3. appends the fused node (Op::RmsNorm / SiluMul / Rope over the spec's inputs) and splices an
-//      Op::Branch at inputs[0] whose merge is `reconverge`. The recipe's kind is the op's name,
-//      its roles are the inputs (x / weight, a / b, x / cos / sin / position), no selector.
+//   2. gates it on the contract row: the op is implemented, the activation dtype is taken (and
+//      the residual's, and rms_norm_matmul's projection weight's), the row length is within
+//      max_row. A decline records the reason and leaves the graph untouched.
+//   3. appends the fused node (Op::RmsNorm / SiluMul / Rope / MatMulAdd / RmsNormMatMul /
+//      SiluMulMatMulAdd over the spec's inputs) and splices an Op::Branch at inputs[0] whose merge
+//      is `reconverge`. The recipe's kind is the op's name, its roles are the inputs (x / weight,
+//      a / b, x / cos / sin / position, a / b / c, x / norm_weight / w, a / b / w / c), no
+//      selector.
 // Verifying, timing, choosing and collapsing are left to select_arms (tune/select.h); the
 // recipe's generator (tune/generators.cc) fills the roles.
 #pragma once
@@ -33,9 +39,11 @@ namespace splice {
 struct LayerOpSpec {
   LayerOpKind kind = LayerOpKind::rms_norm;
   // rms_norm: {x, weight}; silu_mul: {a, b}; rope: {x, cos, sin, position}; matmul_add: {a, b, c}
-  // (y = a @ b^T + c). inputs[0] is the diverge point.
+  // (y = a @ b^T + c); rms_norm_matmul: {x, norm_weight, w} (y = rms_norm(x) @ w^T);
+  // silu_mul_matmul_add: {a, b, w, c} (y = (silu(a) * b) @ w^T + c). inputs[0] is the diverge
+  // point.
   std::vector<NodeId> inputs;
-  float eps = 0.0f;       // rms_norm
+  float eps = 0.0f;       // rms_norm, rms_norm_matmul
   NodeId decomposed_out;  // arm 0's exit (the oracle), the fused op's shape and dtype
   NodeId reconverge;      // its sole consumer (the merge)
   std::string site;       // where it came from ("layer3.input_norm")

@@ -14,6 +14,11 @@
 //        matmul_add: y_j = (sum_k a_k b_jk) + c_j, the sum in fp32 over 8 interleaved lanes
 //                   (pairwise total), b converted to fp32 once per call; the work is split
 //                   over (row, column) pairs so one decode row still uses every thread
+//        rms_norm_matmul:     t = round_w(rms_norm(x)) into a temporary, then cpu::matmul(t, w^T)
+//        silu_mul_matmul_add: t = silu_mul(a, b) into a temporary, then the region's matmul
+//                   into fp32 (no rounding) and one elementwise c + product rounded into out
+//                   (compositions of existing kernels, so bitwise those chains; the region
+//                   differs only by its rounding of the product before the add)
 #include "splice/backend/cpu/layer_ops.h"
 
 #include <algorithm>
@@ -23,6 +28,7 @@
 #include "backend/cpu/kernel_util.h"
 #include "backend/layer_op_checks.h"
 #include "backend/cpu/parallel.h"
+#include "splice/backend/cpu/primitives.h"
 
 namespace splice::cpu {
 namespace {
@@ -266,6 +272,54 @@ void matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) 
   });
   for (std::int64_t r = 0; r < rows; ++r)
     detail::store_tile<float>(oo, out_rows[r], 1, n, y.data() + r * n);
+}
+
+void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
+                     Tensor& out) {
+  constexpr const char* kOp = "rms_norm_matmul";
+  detail::check_cpu(x, "x");
+  detail::check_cpu(w, "w");
+  detail::check_cpu(out, "out");
+  check_float(w, kOp, "w");
+  check_rows(x, kOp, "x");
+  if (x.dim() < 2 || w.dim() != 2 || w.size(1) != x.size(-1))
+    fail<ShapeError>(kOp, ": `x` must be [..., M, K] and `w` [N, K], got x ", dims_str(x.shape()),
+                     " and w ", dims_str(w.shape()));
+  Dims y_shape = x.shape();
+  y_shape.back() = w.size(0);
+  detail::check_out_shape(out, y_shape, "rms_norm_matmul: out has the product's shape");
+  // [..., M, K] in w's dtype: the RmsNorm node's output in the region.
+  Tensor normalized = Tensor::empty(x.shape(), w.dtype());
+  rms_norm(x, weight, eps, normalized);
+  matmul(normalized, w, out, /*transpose_b=*/true);
+}
+
+void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
+                         Tensor& out) {
+  constexpr const char* kOp = "silu_mul_matmul_add";
+  detail::check_cpu(a, "a");
+  detail::check_cpu(w, "w");
+  check_float(a, kOp, "a");
+  if (w.dtype() != a.dtype())
+    fail<DTypeError>(kOp, ": `w` must have a's dtype ", dtype_name(a.dtype()), ", got ",
+                     dtype_name(w.dtype()));
+  if (a.dim() < 2 || w.dim() != 2 || w.size(1) != a.size(-1))
+    fail<ShapeError>(kOp, ": `a` must be [..., M, K] and `w` [N, K], got a ", dims_str(a.shape()),
+                     " and w ", dims_str(w.shape()));
+  Dims y_shape = a.shape();
+  y_shape.back() = w.size(0);
+  if (c.shape() != y_shape)
+    fail<ShapeError>(kOp, ": `c` must have the product's shape ", dims_str(y_shape), ", got ",
+                     dims_str(c.shape()));
+  detail::check_out_shape(out, y_shape, "silu_mul_matmul_add: out has the product's shape");
+  // [..., M, K] in a's dtype: the SiluMul node's output in the region.
+  Tensor act = Tensor::empty(a.shape(), a.dtype());
+  silu_mul(a, b, act);
+  // The region's MatMul kernel, its fp32 sum kept unrounded, then c added in fp32 and rounded
+  // once (the elementwise add reads each element of c before writing it: out may be c).
+  Tensor product = Tensor::empty(y_shape, DType::f32);  // [..., M, N]
+  matmul(act, w, product, /*transpose_b=*/true);
+  binary(BinaryKind::add, c, product, out);
 }
 
 }  // namespace splice::cpu

@@ -2,9 +2,22 @@
 //   y[r, j] = round_out( sum_kk x[r, kk] * w[j, kk] ),   x [rows, k], w [n, k], y [rows, n],
 // rows <= 8, fp32 accumulation, one RNE rounding into y's dtype (the CPU backend's rule).
 //
+// With a prologue (Params::prologue, gemv.h: the RmsNormMatMul and SiluMulMatMulAdd layer ops) x
+// is not read as it is: stage 0 below first computes each row's GEMV input into shared memory.
+//
 // At rows <= 8 the product is a stream over the weight: n * k elements read once, a handful of
 // FLOPs per byte, so the floor is bytes(w) / DRAM bandwidth and the kernel's job is to keep enough
 // 16-byte loads in flight on every SM, from the first cycle to the last.
+//   0. Prologue (optional; after the wait of stage 6, before the weight stream): the CTA's
+//      threads write xs[r, kk] (shared memory, [rows, k rounded up to 16 bytes] of T) as
+//        rms_norm: xs = round_T((x * inv_r) * norm_w),
+//                  inv_r = 1 / sqrt(sum_kk x[r, kk]^2 / k + eps)
+//        silu_mul: xs = round_T(round_T(a / (1 + e^-a)) * b)
+//      (the cuda rms_norm / silu_mul kernels' exact operations; the sum of squares per thread,
+//      warp butterfly, then across the CTA's warps in warp order, so every CTA computes the same
+//      rows), then __syncthreads(); every warp of the CTA takes part, a warp without a column
+//      group exits after it. The stream below reads x from xs (ld.shared, always 16-byte
+//      aligned). Its limit: rows * round_up(k) * sizeof(T) <= kMaxPrologueBytes (192 KiB).
 //   1. Tiling: a column group is kCols consecutive output columns j0 .. j0 + kCols - 1 (and every
 //      row r); one warp reduces a whole group, so no inter-warp reduction is needed. The launcher
 //      picks kCols (4, 2, 1) as the largest that still gives kTargetWarpsPerSm groups per SM and
@@ -51,6 +64,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gemv.h"
@@ -131,9 +148,58 @@ SPLICE_GEMV_LOADS(load_weight, ".L1::no_allocate")
 SPLICE_GEMV_LOADS(load_activation, "")
 #undef SPLICE_GEMV_LOADS
 
+// The same predicated loads from shared memory (the prologue's rows; `ptr` a generic pointer into
+// this CTA's shared window).
+__device__ __forceinline__ unsigned shared_address(const void* ptr) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
+}
+__device__ __forceinline__ uint4 load_shared(const uint4* ptr, bool pred) {
+  uint4 r;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+      " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+      " @p ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "r"(shared_address(ptr)), "r"(static_cast<int>(pred)));
+  return r;
+}
+__device__ __forceinline__ unsigned load_shared(const unsigned* ptr, bool pred) {
+  unsigned r;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b32 %0, 0;\n"
+      " @p ld.shared.b32 %0, [%1];\n}\n"
+      : "=r"(r)
+      : "r"(shared_address(ptr)), "r"(static_cast<int>(pred)));
+  return r;
+}
+__device__ __forceinline__ unsigned short load_shared(const unsigned short* ptr, bool pred) {
+  unsigned short r;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b16 %0, 0;\n"
+      " @p ld.shared.b16 %0, [%1];\n}\n"
+      : "=h"(r)
+      : "r"(shared_address(ptr)), "r"(static_cast<int>(pred)));
+  return r;
+}
+
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // The raw bits of one load as floats: f[i] = float(element i).
 template <typename T, typename R, int kN>
@@ -203,10 +269,124 @@ __device__ __forceinline__ float load_residual(const void* c, std::int64_t index
   }
 }
 
+__device__ __forceinline__ float load_any(const void* ptr, std::int64_t index, DType dtype) {
+  return load_residual(ptr, index, dtype);
+}
+
+// Stage 0 (the prologue, after the wait): the CTA's threads write xs[r, kk] for r < p.rows,
+// kk < k (xs: [p.rows, k_pad] in shared memory, T = in_dtype; see gemv.h's Prologue):
+//   rms_norm: pass 1 copies x[r] into xs[r] and sums s_r = sum x^2 per thread (thread t takes
+//             elements (or 16-byte vectors) t, t + blockDim, ...), then over the warp (xor
+//             butterfly) and across the CTA's warps in warp order (every CTA gets the same inv_r:
+//             same block size, same order); pass 2 rewrites
+//             xs[r, kk] = round_T((xs * inv_r) * w_kk)
+//             with inv_r = 1 / sqrt(s_r / k + eps) (IEEE division and sqrt; no contraction: the
+//             cuda rms_norm kernel's exact operations).
+//   silu_mul: xs[r, kk] = round_T(round_T(a / (1 + e^-a)) * b) (the cuda silu_mul kernel's
+//             exact operations).
+// Ends with __syncthreads(): every warp of the CTA takes part (a warp without a column group
+// exits only after it).
+template <typename T, int kRows, Prologue kPro>
+__device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_t k_pad,
+                                             bool vectorized) {
+  constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
+  const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  const std::int64_t k = p.k;
+  if constexpr (kPro == Prologue::rms_norm) {
+    __shared__ float partial[kMaxWarpsPerCta][kRows];
+    __shared__ float inv_shared[kRows];
+    float ss[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) ss[r] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r >= p.rows) break;
+      const T* x = static_cast<const T*>(p.x[r]);
+      T* dst = xs + r * k_pad;
+      if (vectorized) {
+        for (std::int64_t v = tid; v < k / kVec; v += threads) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(x + v * kVec);
+          *reinterpret_cast<uint4*>(dst + v * kVec) = raw;
+          float f[kVec];
+          unpack<T>(raw, f);
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) ss[r] += f[i] * f[i];
+        }
+      } else {
+        for (std::int64_t j = tid; j < k; j += threads) {
+          const T e = x[j];
+          dst[j] = e;
+          const float f = to_float(e);
+          ss[r] += f * f;
+        }
+      }
+    }
+    const int warp = tid / kWarpSize, lane = tid % kWarpSize;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+        ss[r] += __shfl_xor_sync(kFullMask, ss[r], offset);
+      if (lane == 0) partial[warp][r] = ss[r];
+    }
+    __syncthreads();
+    if (tid < kRows) {
+      float total = 0.0f;
+      for (int w = 0; w < threads / kWarpSize; ++w) total += partial[w][tid];
+      inv_shared[tid] = 1.0f / sqrtf(total / static_cast<float>(k) + p.eps);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r >= p.rows) break;
+      const float inv = inv_shared[r];
+      T* row = xs + r * k_pad;
+      for (std::int64_t j = tid; j < k; j += threads) {
+        const float w = load_any(p.norm_weight, j * p.norm_weight_stride, p.norm_weight_dtype);
+        row[j] = from_float<T>(__fmul_rn(__fmul_rn(to_float(row[j]), inv), w));
+      }
+    }
+  } else {
+    static_assert(kPro == Prologue::silu_mul);
+    const auto act = [](float a, float b) {
+      const float s = to_float(from_float<T>(a / (1.0f + expf(-a))));
+      return from_float<T>(__fmul_rn(s, b));
+    };
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r >= p.rows) break;
+      const T* a = static_cast<const T*>(p.x[r]);
+      const T* b = static_cast<const T*>(p.b[r]);
+      T* dst = xs + r * k_pad;
+      if (vectorized) {
+        for (std::int64_t v = tid; v < k / kVec; v += threads) {
+          float fa[kVec], fb[kVec];
+          unpack<T>(*reinterpret_cast<const uint4*>(a + v * kVec), fa);
+          unpack<T>(*reinterpret_cast<const uint4*>(b + v * kVec), fb);
+          T out[kVec];
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) out[i] = act(fa[i], fb[i]);
+          uint4 raw;
+          memcpy(&raw, out, sizeof(raw));
+          *reinterpret_cast<uint4*>(dst + v * kVec) = raw;
+        }
+      } else {
+        for (std::int64_t j = tid; j < k; j += threads)
+          dst[j] = act(to_float(a[j]), to_float(b[j]));
+      }
+    }
+  }
+  __syncthreads();
+}
+
 // Each warp streams the column groups w, w + W, ... (W warps in the grid); see the file header.
-// `single_wave`: the launcher's grid is resident at once (stage 6's early trigger).
-template <typename T, int kRows, int kCols, int kVec>
-__global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool single_wave) {
+// `single_wave`: the launcher's grid is resident at once (stage 6's early trigger). With a
+// prologue (kPro), x is first computed into dynamic shared memory (stage 0) and read from there.
+template <typename T, int kRows, int kCols, int kVec, Prologue kPro>
+__global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool single_wave,
+                                                           std::int64_t k_pad,
+                                                           bool prologue_vectorized) {
+  extern __shared__ __align__(16) unsigned char prologue_rows[];  // [p.rows, k_pad] of T
   using Raw = typename RawOf<kVec* static_cast<int>(sizeof(T))>::type;
   using Scalar = typename RawOf<static_cast<int>(sizeof(T))>::type;
   constexpr int kUnroll = unroll_for(kRows, kCols);
@@ -229,8 +409,14 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
 
   // Stage 1: the x rows, and the weight rows of the current group (clamped past n).
   const T* x_rows[kRows];  // each [k]
+  T* const xs = reinterpret_cast<T*>(prologue_rows);
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) x_rows[r] = static_cast<const T*>(p.x[r]);  // r >= rows: x[0]
+  for (int r = 0; r < kRows; ++r) {
+    if constexpr (kPro == Prologue::none)
+      x_rows[r] = static_cast<const T*>(p.x[r]);  // r >= rows: x[0]
+    else
+      x_rows[r] = xs + (r < p.rows ? r : 0) * k_pad;
+  }
   // Each [k]: the kCols w rows of the current group.
   const T* w_rows[kCols];
   const auto point_rows = [&](std::int64_t g) {
@@ -280,8 +466,13 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
       const std::int64_t v = base + u * kWarpSize + lane;
       const bool in_row = v < num_vec;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        x_raw[u][r] = load_activation(reinterpret_cast<const Raw*>(x_rows[r] + v * kVec), in_row);
+      for (int r = 0; r < kRows; ++r) {
+        const Raw* ptr = reinterpret_cast<const Raw*>(x_rows[r] + v * kVec);
+        if constexpr (kPro == Prologue::none)
+          x_raw[u][r] = load_activation(ptr, in_row);
+        else
+          x_raw[u][r] = load_shared(ptr, in_row);
+      }
     }
   };
   const auto load_batch = [&](std::int64_t base) {
@@ -300,8 +491,13 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
     load_activations(0);
     if constexpr (kVec > 1) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        x_tail[r] = load_activation(reinterpret_cast<const Scalar*>(x_rows[r] + tail_k), in_tail);
+      for (int r = 0; r < kRows; ++r) {
+        const Scalar* ptr = reinterpret_cast<const Scalar*>(x_rows[r] + tail_k);
+        if constexpr (kPro == Prologue::none)
+          x_tail[r] = load_activation(ptr, in_tail);
+        else
+          x_tail[r] = load_shared(ptr, in_tail);
+      }
     }
   };
   const auto load_first_batch = [&] {
@@ -322,6 +518,8 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
 #ifndef SPLICE_PDL_TRIGGER_FIRST
   if (single_wave) detail::allow_dependents();  // after the wait (launch.cuh)
 #endif
+  if constexpr (kPro != Prologue::none)
+    run_prologue<T, kRows, kPro>(p, xs, k_pad, prologue_vectorized);
   if (!has_group) return;
   if (!p.w_constant) load_first_weights();
   load_first_activations();
@@ -422,33 +620,90 @@ int sm_count(int device) {
 
 struct Grid {
   unsigned blocks = 0, threads = 0;
+  // The prologue's shared rows (stage 0): [rows, k_pad] elements of T, `smem` bytes (0 without a
+  // prologue), and whether its global reads may use 16-byte vectors.
+  std::int64_t k_pad = 0;
+  unsigned smem = 0;
+  bool prologue_vectorized = false;
 };
 
 // CTAs of `kernel` with `threads` threads one SM holds at once (>= 1), cached per kernel
-// instantiation (each has its own `cache`), device and block size (1, 2 or 4 warps).
+// instantiation (each has its own `cache`), device and block size (1, 2 or 4 warps). Prologue
+// launches (smem > 0) depend on their shared-memory size too: cached per (device, threads, smem)
+// in `by_smem` (a few distinct k per model).
 constexpr int kBlockSizes = 3;
-int resident_ctas_per_sm(const void* kernel, unsigned threads, int device,
-                         int (&cache)[kMaxDevices][kBlockSizes]) {
+struct OccupancyCache {
+  int plain[kMaxDevices][kBlockSizes] = {};
+  std::mutex mutex;
+  std::map<std::tuple<int, unsigned, unsigned>, int> by_smem;
+  bool smem_attribute_set[kMaxDevices] = {};
+};
+int resident_ctas_per_sm(const void* kernel, unsigned threads, unsigned smem, int device,
+                         OccupancyCache& cache) {
   const int slot = threads <= kWarpSize ? 0 : threads <= 2 * kWarpSize ? 1 : 2;
-  if (device < kMaxDevices && cache[device][slot] > 0) return cache[device][slot];
+  if (smem == 0 && device < kMaxDevices && cache.plain[device][slot] > 0)
+    return cache.plain[device][slot];
+  std::unique_lock<std::mutex> lock(cache.mutex, std::defer_lock);
+  if (smem > 0) {
+    lock.lock();
+    const auto it = cache.by_smem.find({device, threads, smem});
+    if (it != cache.by_smem.end()) return it->second;
+  }
   int ctas = 0;
-  SPLICE_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, static_cast<int>(threads), 0));
+  SPLICE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &ctas, kernel, static_cast<int>(threads), static_cast<std::size_t>(smem)));
   ctas = std::max(ctas, 1);
-  if (device < kMaxDevices) cache[device][slot] = ctas;
+  if (smem > 0)
+    cache.by_smem[{device, threads, smem}] = ctas;
+  else if (device < kMaxDevices)
+    cache.plain[device][slot] = ctas;
   return ctas;
 }
 
-std::atomic<std::uint64_t> g_launches{0}, g_pdl_launches{0}, g_prefetch_launches{0};
+std::atomic<std::uint64_t> g_launches{0}, g_pdl_launches{0}, g_prefetch_launches{0},
+    g_prologue_launches{0};
 
-template <typename T, int kRows, int kCols, int kVec>
+// launch.cuh's launch_kernel with `smem` bytes of dynamic shared memory (the prologue's rows):
+// the same PDL attribute rule (pdl_enabled() and a created stream), every error a CudaError.
+template <typename... KernelArgs, typename... Args>
+void launch_with_smem(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, unsigned smem,
+                      cudaStream_t stream, Args&&... args) {
+  if (smem == 0)
+    return detail::launch_kernel(kernel, grid, block, stream, std::forward<Args>(args)...);
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  if (stream != nullptr && pdl_enabled()) {
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  SPLICE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T, int kRows, int kCols, int kVec, Prologue kPro>
 void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
-  const auto kernel = gemv_kernel<T, kRows, kCols, kVec>;
-  static int cache[kMaxDevices][kBlockSizes] = {};
+  const auto kernel = gemv_kernel<T, kRows, kCols, kVec, kPro>;
+  static OccupancyCache cache;
+  if constexpr (kPro != Prologue::none) {
+    // Dynamic shared memory beyond the default 48 KiB needs the per-function opt-in (once per
+    // device, for the largest size a prologue may take).
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (device < kMaxDevices && !cache.smem_attribute_set[device]) {
+      SPLICE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kMaxPrologueBytes)));
+      cache.smem_attribute_set[device] = true;
+    }
+  }
   // Stage 1: at most one resident wave; each warp loops over its groups.
   const std::int64_t wave =
       static_cast<std::int64_t>(sm_count(device)) *
-      resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), g.threads, device, cache);
+      resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), g.threads, g.smem, device, cache);
   std::int64_t blocks = p.one_warp_per_group ? g.blocks : std::min<std::int64_t>(g.blocks, wave);
   if (p.max_ctas > 0) blocks = std::min<std::int64_t>(blocks, p.max_ctas);
   // Stage 6: launch.cuh's launcher (the PDL attribute unless disabled or the legacy stream).
@@ -456,39 +711,59 @@ void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (stream != nullptr && pdl_enabled()) g_pdl_launches.fetch_add(1, std::memory_order_relaxed);
   if (p.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
-  detail::launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(g.threads), stream, p,
-                        single_wave);
+  if (kPro != Prologue::none) g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
+  launch_with_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(g.threads), g.smem, stream,
+                   p, single_wave, g.k_pad, g.prologue_vectorized);
 }
 
-template <typename T, int kRows, int kCols>
+template <typename T, int kRows, int kCols, Prologue kPro>
 void launch_vec(const Params& p, Grid g, bool vectorized, int device, cudaStream_t stream) {
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
   if (vectorized)
-    launch_instance<T, kRows, kCols, kVec>(p, g, device, stream);
+    launch_instance<T, kRows, kCols, kVec, kPro>(p, g, device, stream);
   else
-    launch_instance<T, kRows, kCols, 1>(p, g, device, stream);
+    launch_instance<T, kRows, kCols, 1, kPro>(p, g, device, stream);
 }
 
-template <typename T, int kRows>
+template <typename T, int kRows, Prologue kPro>
 void launch_cols(const Params& p, int cols, Grid g, bool vectorized, int device,
                  cudaStream_t stream) {
   switch (cols) {
     case 1:
-      return launch_vec<T, kRows, 1>(p, g, vectorized, device, stream);
+      return launch_vec<T, kRows, 1, kPro>(p, g, vectorized, device, stream);
     case 2:
-      return launch_vec<T, kRows, 2>(p, g, vectorized, device, stream);
+      return launch_vec<T, kRows, 2, kPro>(p, g, vectorized, device, stream);
     default:
-      return launch_vec<T, kRows, kMaxCols>(p, g, vectorized, device, stream);
+      return launch_vec<T, kRows, kMaxCols, kPro>(p, g, vectorized, device, stream);
   }
 }
 
-template <typename T>
+template <typename T, Prologue kPro>
 void launch_rows(const Params& p, int cols, Grid g, bool vectorized, int device,
                  cudaStream_t stream) {
-  if (p.rows <= 1) return launch_cols<T, 1>(p, cols, g, vectorized, device, stream);
-  if (p.rows <= 2) return launch_cols<T, 2>(p, cols, g, vectorized, device, stream);
-  if (p.rows <= 4) return launch_cols<T, 4>(p, cols, g, vectorized, device, stream);
-  return launch_cols<T, kMaxRows>(p, cols, g, vectorized, device, stream);
+  if (p.rows <= 1) return launch_cols<T, 1, kPro>(p, cols, g, vectorized, device, stream);
+  if (p.rows <= 2) return launch_cols<T, 2, kPro>(p, cols, g, vectorized, device, stream);
+  if (p.rows <= 4) return launch_cols<T, 4, kPro>(p, cols, g, vectorized, device, stream);
+  return launch_cols<T, kMaxRows, kPro>(p, cols, g, vectorized, device, stream);
+}
+
+template <typename T>
+void launch_prologue(const Params& p, int cols, Grid g, bool vectorized, int device,
+                     cudaStream_t stream) {
+  switch (p.prologue) {
+    case Prologue::rms_norm:
+      return launch_rows<T, Prologue::rms_norm>(p, cols, g, vectorized, device, stream);
+    case Prologue::silu_mul:
+      return launch_rows<T, Prologue::silu_mul>(p, cols, g, vectorized, device, stream);
+    default:
+      return launch_rows<T, Prologue::none>(p, cols, g, vectorized, device, stream);
+  }
+}
+
+// Elements of one shared prologue row: k rounded up to whole 16-byte vectors.
+std::int64_t padded_k(std::int64_t k, DType dtype) {
+  const std::int64_t per_vector = kVectorBytes / static_cast<std::int64_t>(dtype_size(dtype));
+  return (k + per_vector - 1) / per_vector * per_vector;
 }
 
 bool aligned(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVectorBytes == 0; }
@@ -500,7 +775,14 @@ LaunchStats launch_stats() {
   s.launches = g_launches.load(std::memory_order_relaxed);
   s.pdl = g_pdl_launches.load(std::memory_order_relaxed);
   s.prefetch = g_prefetch_launches.load(std::memory_order_relaxed);
+  s.prologue = g_prologue_launches.load(std::memory_order_relaxed);
   return s;
+}
+
+bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype) {
+  if (rows < 1 || rows > kMaxRows || k < 1) return false;
+  const std::int64_t elems = padded_k(k, dtype);
+  return rows * elems * static_cast<std::int64_t>(dtype_size(dtype)) <= kMaxPrologueBytes;
 }
 
 void launch(const Params& params, cudaStream_t stream) {
@@ -521,11 +803,37 @@ void launch(const Params& params, cudaStream_t stream) {
   SPLICE_INTERNAL_CHECK(!p.has_c || (is_float(p.c_dtype) && p.c[0] != nullptr),
                         "gemv residual: c is null or not a float dtype");
 
-  // 16-byte vectors need every weight row and every x row to start on a 16-byte boundary.
+  // 16-byte vectors need every weight row and every x row to start on a 16-byte boundary (a
+  // prologue's rows are in shared memory, padded to whole vectors: always aligned).
+  const bool has_prologue = p.prologue != Prologue::none;
   bool vectorized = aligned(p.w) && (p.n == 1 || (p.w_row_stride * elem) % kVectorBytes == 0);
   for (int r = 0; r < p.rows; ++r) {
     SPLICE_INTERNAL_CHECK(p.x[r] != nullptr && p.y[r] != nullptr, "gemv row ", r, " is null");
-    vectorized = vectorized && aligned(p.x[r]);
+    if (!has_prologue) vectorized = vectorized && aligned(p.x[r]);
+  }
+  // Stage 0's shared rows and whether its global reads (x, and silu_mul's b) may be vectors.
+  std::int64_t k_pad = 0;
+  unsigned smem = 0;
+  bool prologue_vectorized = false;
+  if (has_prologue) {
+    if (!prologue_fits(p.rows, p.k, p.in_dtype))
+      fail<UnsupportedError>("gemv: a ", p.prologue == Prologue::rms_norm ? "rms_norm" : "silu_mul",
+                             " prologue of ", p.rows, " rows of k = ", p.k, " ",
+                             dtype_name(p.in_dtype), " needs more than the ", kMaxPrologueBytes,
+                             " bytes of shared memory it may take (gemv::prologue_fits)");
+    SPLICE_INTERNAL_CHECK(p.prologue == Prologue::silu_mul ||
+                              (p.norm_weight != nullptr && is_float(p.norm_weight_dtype)),
+                          "gemv rms_norm prologue: norm_weight is null or not a float dtype");
+    k_pad = padded_k(p.k, p.in_dtype);
+    smem = static_cast<unsigned>(p.rows * k_pad * elem);
+    prologue_vectorized = p.k % (kVectorBytes / elem) == 0;
+    for (int r = 0; r < p.rows; ++r) {
+      prologue_vectorized = prologue_vectorized && aligned(p.x[r]);
+      if (p.prologue == Prologue::silu_mul) {
+        SPLICE_INTERNAL_CHECK(p.b[r] != nullptr, "gemv silu_mul prologue: b row ", r, " is null");
+        prologue_vectorized = prologue_vectorized && aligned(p.b[r]);
+      }
+    }
   }
 
   // Stage 1's tiling: columns per warp, then warps per CTA (the grid is capped in launch_instance).
@@ -538,16 +846,20 @@ void launch(const Params& params, cudaStream_t stream) {
   int warps_per_cta = kMaxWarpsPerCta;
   while (warps_per_cta > 1 && (warps + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;
   const std::int64_t blocks = (warps + warps_per_cta - 1) / warps_per_cta;
-  const Grid g{static_cast<unsigned>(std::min<std::int64_t>(blocks, 0x7fffffff)),
-               static_cast<unsigned>(warps_per_cta * kWarpSize)};
+  Grid g;
+  g.blocks = static_cast<unsigned>(std::min<std::int64_t>(blocks, 0x7fffffff));
+  g.threads = static_cast<unsigned>(warps_per_cta * kWarpSize);
+  g.k_pad = k_pad;
+  g.smem = smem;
+  g.prologue_vectorized = prologue_vectorized;
 
   switch (p.in_dtype) {
     case DType::f16:
-      return launch_rows<__half>(p, cols, g, vectorized, device, stream);
+      return launch_prologue<__half>(p, cols, g, vectorized, device, stream);
     case DType::bf16:
-      return launch_rows<__nv_bfloat16>(p, cols, g, vectorized, device, stream);
+      return launch_prologue<__nv_bfloat16>(p, cols, g, vectorized, device, stream);
     default:
-      return launch_rows<float>(p, cols, g, vectorized, device, stream);
+      return launch_prologue<float>(p, cols, g, vectorized, device, stream);
   }
 }
 

@@ -24,6 +24,19 @@ namespace splice::cuda::gemv {
 
 inline constexpr int kMaxRows = 8;  // rows of x (the flattened m of the matmul) one launch takes
 
+// Prologues (Params::prologue): instead of reading x rows as they are, each CTA first computes
+// its rows' GEMV input into shared memory, then streams the weight unchanged:
+//   rms_norm: xs[r, kk] = round_T((x[r, kk] * inv_r) * norm_weight[kk]),
+//             inv_r = 1 / sqrt(sum_kk x[r, kk]^2 / k + eps)
+//   silu_mul: xs[r, kk] = round_T(round_T(x[r, kk] / (1 + e^-x[r, kk])) * b[r, kk])
+// (T = in_dtype: the rounding of the RmsNorm / SiluMul node that feeds the matmul in the
+// decomposed region). The rows live in shared memory, rows * round_up(k, 16 bytes) elements of T,
+// so a prologue launch takes at most kMaxPrologueBytes (192 KiB of the H200's 227 KiB per CTA):
+// k <= 98304 at one bf16 row, 12288 at eight, half that in f32. prologue_fits() says whether a
+// call fits; launch() refuses (UnsupportedError) one that does not.
+enum class Prologue : std::uint8_t { none, rms_norm, silu_mul };
+inline constexpr std::int64_t kMaxPrologueBytes = 192 * 1024;
+
 struct Params {
   // [n, k]: element (j, kk) at w[j * w_row_stride + kk] (unit stride along k), dtype `in_dtype`.
   const void* w = nullptr;
@@ -58,18 +71,34 @@ struct Params {
   // weight's DRAM latency overlaps the predecessor's tail; x and y are touched only after the
   // wait either way. A false promise is a silent race; false (the default) assumes nothing.
   bool w_constant = false;
+  // Optional prologue (see Prologue above): x rows are its first operand (in_dtype), the rows
+  // read once after the wait; silu_mul's second operand rows are b[r] (in_dtype, unit stride);
+  // rms_norm's weight [k] is norm_weight (element kk at norm_weight[kk * norm_weight_stride],
+  // dtype norm_weight_dtype) with `eps`. Combines with has_c (silu_mul + residual is the
+  // SiluMulMatMulAdd product).
+  Prologue prologue = Prologue::none;
+  const void* b[kMaxRows] = {};
+  const void* norm_weight = nullptr;
+  std::int64_t norm_weight_stride = 1;
+  DType norm_weight_dtype = DType::f32;
+  float eps = 0.0f;
 };
 
+// Whether a prologue launch of `rows` rows of length k in `dtype` fits the shared-memory limit.
+bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
+
 // Launch counters (process-wide, relaxed atomics) for tests and SPLICE_DEBUG: launches issued,
-// those with the PDL attribute, and those that take the constant-weight prefetch path.
+// those with the PDL attribute, those that take the constant-weight prefetch path, and those
+// with a prologue.
 struct LaunchStats {
-  std::uint64_t launches = 0, pdl = 0, prefetch = 0;
+  std::uint64_t launches = 0, pdl = 0, prefetch = 0, prologue = 0;
 };
 LaunchStats launch_stats();
 
-// y[r, j] = round_out(sum_kk x[r, kk] * w[j, kk] (+ c[r, j])) for r < rows, j < n (fp32),
-// launched on `stream`; checks the launch. Invalid params are an internal error (the caller
-// validates tensors).
+// y[r, j] = round_out(sum_kk x[r, kk] * w[j, kk] (+ c[r, j])) for r < rows, j < n (fp32; x
+// replaced by its prologue's rows when one is set), launched on `stream`; checks the launch.
+// Invalid params are an internal error (the caller validates tensors); a prologue beyond
+// prologue_fits is an UnsupportedError.
 void launch(const Params& params, cudaStream_t stream);
 
 // The routing rule: true when this kernel is measured (or, where unmeasured, predicted) to be at

@@ -16,6 +16,10 @@
 //        y_i = x_i c_i + (-x_{i+h}) s_i,   y_{i+h} = x_{i+h} c_{i+h} + x_i s_{i+h}
 //      with each product rounded to fp32 before the sum (__fmul_rn / __fadd_rn: no contraction,
 //      the CPU's exact operations). A position outside [0, max_seq_len) writes zeros.
+//   6. rms_norm_matmul, silu_mul_matmul_add (host only): validate, then one GEMV launch with the
+//      rms_norm / silu_mul prologue (gemv.h: each CTA computes its x rows into shared memory, then
+//      streams the weight) when prologue_gemv_applies, else the two-kernel chain (rms_norm or
+//      silu_mul into scratch, then cuda::matmul, with the residual for silu_mul_matmul_add).
 //   5. Launch (launch.cuh): every kernel opens with pdl_prologue() (single-wave grids let the next
 //      kernel launch, then every thread waits for its producers before touching global memory)
 //      and is launched with programmatic dependent launch on a created stream unless SPLICE_PDL=0.
@@ -28,9 +32,12 @@
 #include <cstdint>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/gemv.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/primitives_internal.h"
 #include "backend/layer_op_checks.h"
 #include "splice/backend/cuda/layer_ops.h"
+#include "splice/backend/cuda/primitives.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
 
@@ -337,6 +344,71 @@ const T* typed(const Tensor& t) {
   return static_cast<const T*>(t.raw_data());
 }
 
+// Byte addresses of the rows of t's last axis, in row-major order over the leading axes (any
+// strides); at most gemv::kMaxRows rows (the caller checked).
+void row_addresses(const Tensor& t, const void* (&out)[gemv::kMaxRows]) {
+  const auto* base = static_cast<const char*>(t.raw_data());
+  const auto elem = static_cast<std::int64_t>(dtype_size(t.dtype()));
+  const std::int64_t rows = row_count(t);
+  for (std::int64_t row = 0; row < rows; ++row) {
+    std::int64_t rest = row, offset = 0;
+    for (std::int64_t d = t.dim() - 2; d >= 0; --d) {
+      offset += (rest % t.size(d)) * t.stride(d);
+      rest /= t.size(d);
+    }
+    out[row] = base + offset * elem;
+  }
+}
+
+// Checks shared by the two prologue products: x (or a) [..., M, K] rows, w [N, K] with a unit
+// stride along K, out [..., M, N] rows, out overlapping neither x nor w.
+void check_product(const Tensor& x, const Tensor& w, const Tensor& out, const char* op,
+                   const char* x_name) {
+  check_cuda_tensor(x, op, x_name);
+  check_cuda_tensor(w, op, "w");
+  check_cuda_tensor(out, op, "out");
+  check_float(x, op, x_name);
+  check_float(w, op, "w");
+  check_float(out, op, "out");
+  check_rows(x, op, x_name);
+  check_rows(out, op, "out");
+  if (x.dim() < 2 || w.dim() != 2 || w.size(1) != x.size(-1))
+    fail<ShapeError>(op, ": `", x_name, "` must be [..., M, K] and `w` [N, K], got ", x_name, " ",
+                     dims_str(x.shape()), " and w ", dims_str(w.shape()));
+  if (w.size(1) > 1 && w.stride(1) != 1)
+    fail<LayoutError>(op, ": `w` must have a unit stride on its last axis, got strides ",
+                      dims_str(w.strides()));
+  Dims y_shape = x.shape();
+  y_shape.back() = w.size(0);
+  check_shape(out, y_shape, op, "out");
+  if (detail::overlaps(out, x) || detail::overlaps(out, w))
+    fail<LayoutError>(op, ": `out` must not overlap `", x_name, "` or `w`");
+}
+
+// The GEMV params of the product x [..., M, K] @ w^T into out (the prologue fields are the
+// caller's).
+gemv::Params product_params(const Tensor& x, const Tensor& w, Tensor& out, bool w_constant) {
+  gemv::Params p;
+  p.w = w.raw_data();
+  p.n = w.size(0);
+  p.k = w.size(1);
+  p.w_row_stride = p.n > 1 ? w.stride(0) : 0;
+  p.rows = static_cast<int>(row_count(x));
+  p.in_dtype = w.dtype();
+  p.out_dtype = out.dtype();
+  p.y_col_stride = out.stride(-1);
+  p.w_constant = w_constant;
+  const void* x_rows[gemv::kMaxRows] = {};
+  const void* y_rows[gemv::kMaxRows] = {};
+  row_addresses(x, x_rows);
+  row_addresses(out, y_rows);
+  for (int r = 0; r < p.rows; ++r) {
+    p.x[r] = x_rows[r];
+    p.y[r] = const_cast<void*>(y_rows[r]);
+  }
+  return p;
+}
+
 }  // namespace
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
@@ -473,6 +545,89 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
     detail::launch_kernel(rope_kernel<T>, dim3(grid_for(p.rows * (dim / 2), kElementwiseThreads)),
                           dim3(kElementwiseThreads), current_stream(), p);
   });
+}
+
+bool prologue_gemv_applies(const Tensor& x, const Tensor& w) {
+  if (x.dim() < 2 || w.dim() != 2 || x.dtype() != w.dtype() || x.size(-1) != w.size(1))
+    return false;
+  if (w.size(1) > 1 && w.stride(1) != 1) return false;
+  const std::int64_t rows = row_count(x), n = w.size(0), k = w.size(1);
+  return rows >= 1 && rows <= gemv::kMaxRows && n >= 1 && k >= 1 && w.stride(0) >= 0 &&
+         gemv::preferred(rows, n, k) && gemv::prologue_fits(rows, k, x.dtype());
+}
+
+void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
+                     Tensor& out, bool w_constant) {
+  constexpr const char* kOp = "rms_norm_matmul";
+  check_product(x, w, out, kOp, "x");
+  check_cuda_tensor(weight, kOp, "weight");
+  check_float(weight, kOp, "weight");
+  const std::int64_t hidden = x.size(-1);
+  if (weight.dim() != 1 || weight.size(0) != hidden)
+    fail<ShapeError>(kOp, ": `weight` must be [", hidden, "] for x ", dims_str(x.shape()), ", got ",
+                     dims_str(weight.shape()));
+  if (!std::isfinite(eps) || eps < 0)
+    fail<ValueError>(kOp, ": `eps` must be finite and >= 0, got ", eps);
+  if (out.numel() == 0) return;
+  if (!prologue_gemv_applies(x, w)) {
+    // The two-kernel chain: the RmsNorm node's output (w's dtype), then the product.
+    Tensor normalized = detail::scratch(x.shape(), w.dtype(), x.device());  // [..., M, K]
+    rms_norm(x, weight, eps, normalized);
+    MatmulOptions options;
+    options.b_constant = w_constant;
+    return matmul(normalized, w, out, /*transpose_b=*/true, options);
+  }
+  gemv::Params p = product_params(x, w, out, w_constant);
+  p.prologue = gemv::Prologue::rms_norm;
+  p.norm_weight = weight.raw_data();
+  p.norm_weight_stride = weight.stride(0);
+  p.norm_weight_dtype = weight.dtype();
+  p.eps = eps;
+  gemv::launch(p, current_stream());
+}
+
+void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
+                         Tensor& out, bool w_constant) {
+  constexpr const char* kOp = "silu_mul_matmul_add";
+  check_product(a, w, out, kOp, "a");
+  check_cuda_tensor(b, kOp, "b");
+  check_cuda_tensor(c, kOp, "c");
+  check_rows(b, kOp, "b");
+  check_float(c, kOp, "c");
+  if (b.dtype() != a.dtype() || w.dtype() != a.dtype())
+    fail<DTypeError>(kOp, ": `a`, `b` and `w` must have one dtype, got ", dtype_name(a.dtype()),
+                     ", ", dtype_name(b.dtype()), ", ", dtype_name(w.dtype()));
+  check_shape(b, a.shape(), kOp, "b");
+  check_shape(c, out.shape(), kOp, "c");
+  const bool same_view = c.raw_data() == out.raw_data() && c.strides() == out.strides() &&
+                         c.dtype() == out.dtype();
+  if (detail::overlaps(c, out) && !same_view)
+    fail<LayoutError>(kOp, ": `c` overlaps `out` (only the identical view is allowed)");
+  if (detail::overlaps(out, b)) fail<LayoutError>(kOp, ": `out` must not overlap `b`");
+  if (out.numel() == 0) return;
+  if (!prologue_gemv_applies(a, w)) {
+    // The two-kernel chain: the SiluMul node's output, then the product with the residual.
+    Tensor act = detail::scratch(a.shape(), a.dtype(), a.device());  // [..., M, K]
+    silu_mul(a, b, act);
+    MatmulOptions options;
+    options.b_constant = w_constant;
+    options.residual = &c;
+    return matmul(act, w, out, /*transpose_b=*/true, options);
+  }
+  gemv::Params p = product_params(a, w, out, w_constant);
+  p.prologue = gemv::Prologue::silu_mul;
+  const void* b_rows[gemv::kMaxRows] = {};
+  const void* c_rows[gemv::kMaxRows] = {};
+  row_addresses(b, b_rows);
+  row_addresses(c, c_rows);
+  for (int r = 0; r < p.rows; ++r) {
+    p.b[r] = b_rows[r];
+    p.c[r] = c_rows[r];
+  }
+  p.has_c = true;
+  p.c_dtype = c.dtype();
+  p.c_col_stride = c.stride(-1);
+  gemv::launch(p, current_stream());
 }
 
 }  // namespace splice::cuda

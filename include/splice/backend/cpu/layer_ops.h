@@ -1,5 +1,6 @@
-// splice/backend/cpu/layer_ops.h: the CPU kernels of the fused layer ops (RmsNorm, SiluMul, Rope;
-// ir/op.h), the oracle the CUDA kernels are checked against.
+// splice/backend/cpu/layer_ops.h: the CPU kernels of the fused layer ops (RmsNorm, SiluMul, Rope,
+// MatMulAdd, RmsNormMatMul, SiluMulMatMulAdd; ir/op.h), the oracle the CUDA kernels are checked
+// against.
 //
 // Every op works on rows of the last axis. Tensors are CPU tensors of any float dtype (f32, f16,
 // bf16) whose last axis has unit stride; leading axes may have any strides (a permuted head view
@@ -34,5 +35,20 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
 // into out's dtype (the MatMul -> Add region rounds the product to its dtype first). out may be
 // c itself (the identical view).
 void matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
+
+// out = round_w(rms_norm(x, weight, eps)) @ w^T: x [..., M, K], weight [K], w [N, K], out
+// [..., M, N]. The composition of rms_norm into a [..., M, K] temporary of w's dtype and the
+// primitive matmul (cpu::matmul), so bitwise the RmsNorm -> MatMul region the builders emit.
+void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
+                     Tensor& out);
+
+// out = round(round(round(silu(a)) * b) @ w^T + c): a, b [..., M, K] (one dtype), w [N, K],
+// c, out [..., M, N]. The composition of silu_mul into a temporary of a's dtype, cpu::matmul into
+// an fp32 temporary (the region's MatMul kernel without its rounding) and cpu::binary's add of c
+// rounded once into out, so bitwise that chain (and the region's Silu -> Mul -> MatMul -> Add but
+// for the product's rounding: within matmul_add's tolerance). out may be c itself (the
+// identical view).
+void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
+                         Tensor& out);
 
 }  // namespace splice::cpu

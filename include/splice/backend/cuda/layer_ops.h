@@ -1,5 +1,6 @@
-// splice/backend/cuda/layer_ops.h: CUDA launchers of the fused layer ops (RmsNorm, SiluMul, Rope;
-// ir/op.h), checked against the CPU kernels (backend/cpu/layer_ops.h) in tests/cuda.
+// splice/backend/cuda/layer_ops.h: CUDA launchers of the fused layer ops (RmsNorm, SiluMul, Rope,
+// RmsNormMatMul, SiluMulMatMulAdd; ir/op.h; MatMulAdd is cuda::matmul's residual epilogue),
+// checked against the CPU kernels (backend/cpu/layer_ops.h) in tests/cuda.
 //
 // The semantics, argument rules and typed errors are the CPU kernels'; the differences:
 //   - every launch goes to cuda::current_stream() and returns without synchronizing; rope reads
@@ -24,5 +25,25 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out);
 // [max_seq_len, D]; out has x's shape and dtype.
 void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& position,
           Tensor& out);
+
+// out = round_w(rms_norm(x, weight, eps)) @ w^T: x [..., M, K], weight [K], w [N, K], out
+// [..., M, N] (any float dtypes; unit last strides for x and w). Routing: when x and w share a
+// dtype, all M rows (leading axes flattened) number at most gemv::kMaxRows with
+// gemv::preferred(rows, N, K) (matmul's own GEMV rule) and the rows fit the prologue's shared
+// memory (gemv::prologue_fits), ONE launch of the GEMV with the rms_norm prologue (gemv.h);
+// otherwise the two-kernel chain rms_norm into scratch of w's dtype, then cuda::matmul
+// (numerically the same definition; docs/decisions.md). `w_constant`: MatmulOptions::b_constant.
+void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
+                     Tensor& out, bool w_constant = false);
+// out = round(round(round(silu(a)) * b) @ w^T + c): a, b [..., M, K] (one dtype, unit last
+// stride), w [N, K] (a's dtype), c, out [..., M, N] (c may be out itself). The GEMV with the
+// silu_mul prologue and the residual epilogue under the same routing rule, else silu_mul into
+// scratch then cuda::matmul with the residual.
+void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
+                         Tensor& out, bool w_constant = false);
+
+// Whether rms_norm_matmul / silu_mul_matmul_add take the one-launch GEMV route for an operand
+// x (or a) [..., M, K], weight w [N, K] (the routing rule above; tests and benches ask it).
+bool prologue_gemv_applies(const Tensor& x, const Tensor& w);
 
 }  // namespace splice::cuda
