@@ -1193,7 +1193,9 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 
   // Lane l of kResolveWarp resolves this CTA's item 32 * batch + l (metadata, first-chunk beta
   // bits and destinations, A_log) into ahead[batch & 1][l]. Its loads stall this warp only.
-  auto resolve_batch = [&](int batch) {
+  // With `scalars` false the beta bits and destinations are left zero (they wait for the item's
+  // rows and slot row: a second round trip) and resolve_scalars fills them in later.
+  auto resolve_batch = [&](int batch, bool scalars) {
     const int k = batch * kWarp + lane;
     if (k < count) {
       const int w = static_cast<int>(blockIdx.x) + k * stride;
@@ -1201,7 +1203,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       a.it = resolve_item(p, w / p.num_heads, w % p.num_heads);
       a.a_log = __ldg(p.a_log + a.it.h);
       const GlobalInputs g(p, a.it);
-      const int nt0 = first_tokens(a.it);
+      const int nt0 = scalars ? first_tokens(a.it) : 0;
 #pragma unroll
       for (int t = 0; t < kChunk; ++t) {
         a.dst[t] = t < nt0 ? g.dst_at(t) : 0;
@@ -1210,14 +1212,43 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       S.ahead[batch & 1][lane] = a;
     }
   };
+  // The beta bits and destinations of batch 0, into its Ahead entries and, for the items already
+  // staged (k < staged), into their stages too.
+  auto resolve_scalars = [&](int staged) {
+    const int k = lane;
+    if (k < count) {
+      Ahead& a = S.ahead[0][lane];
+      const GlobalInputs g(p, a.it);
+      const int nt0 = first_tokens(a.it);
+      std::int32_t dst[kChunk];
+      std::uint16_t beta[kChunk];
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) {
+        dst[t] = t < nt0 ? g.dst_at(t) : 0;
+        beta[t] = t < nt0 ? g.beta_bits(t) : 0;
+      }
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) {
+        a.dst[t] = dst[t];
+        a.beta[t] = beta[t];
+        if (k < staged) {
+          S.stage[k].in.dst[t] = dst[t];
+          S.stage[k].in.beta[t] = beta[t];
+        }
+      }
+    }
+  };
   auto ahead_of = [&](int k) -> const Ahead& { return S.ahead[(k / kWarp) & 1][k % kWarp]; };
 
-  // Prologue: barriers, batch 0, the first kStages items announced, then staged.
+  // Prologue: barriers, batch 0's metadata, the first kStages items announced and staged, then
+  // batch 0's beta bits and destinations (their round trip overlaps the copies in flight: the
+  // first item's path holds two round trips, metadata and copies, not three).
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&S.full[s]);
   }
   detail::pdl_prologue();  // PDL (launch.cuh's rule): the first global access follows the wait
-  if (warp == kResolveWarp) resolve_batch(0);
+  const int qn = owned_rows(p);
+  if (warp == kResolveWarp) resolve_batch(0, false);
   __syncthreads();
   const int prefill = min(kStages, count);
   if (tid == 0) {
@@ -1226,10 +1257,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   __syncthreads();
   for (int k = 0; k < prefill; ++k)
     stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k]);
+  __syncthreads();  // stage_item's (zero) scalars precede resolve_scalars' stores to the stages
+  if (warp == kResolveWarp) resolve_scalars(prefill);
   __syncthreads();  // the prologue's scalars (later items': the barriers of the item staging them)
 
   const G geo;
-  const int qn = owned_rows(p);
 #pragma unroll 1
   for (int k = 0; k < count; ++k) {
     const int s = k % kStages;
@@ -1244,7 +1276,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages).
     if (warp == kResolveWarp) {
       const int nb = k == 0 ? 1 : ((k + kStages) % kWarp == 0 ? (k + kStages) / kWarp + 1 : 0);
-      if (nb > 0 && nb * kWarp < count) resolve_batch(nb);
+      if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
     }
     zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
     if (!it.live) {
