@@ -488,6 +488,14 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
       run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index], im.hints[id.index]);
     }
   }
+  if (options_.epilogue) {
+    TensorMap outputs;
+    for (const auto& [name, id] : graph_.outputs()) outputs.emplace(name, im.values[id.index]);
+    const auto e0 = Clock::now();
+    options_.epilogue(outputs);
+    if (options_.measure_host_overhead)
+      kernel_us += std::chrono::duration<double, std::micro>(Clock::now() - e0).count();
+  }
 }
 
 void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>& run,

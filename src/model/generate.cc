@@ -1,4 +1,16 @@
 // The decode loop and the sampler (see generate.h).
+//
+// Greedy in the step (generate.h):
+//   1. Construction: a Feedback holds `ids`, the [1] i32 buffer a continuing step reads as its
+//      "tokens" input (on CUDA the session's own input buffer, so a graph replay reads it without
+//      a staging copy; on the CPU a tensor the session reads in place) and, on CUDA, a pinned
+//      int32 `mirror`. The session's epilogue writes argmax(logits) into both after every step
+//      (cuda::argmax with a host mirror, recorded into the step's CUDA graph; cpu::argmax).
+//   2. generate(): the prompt is uploaded once and fed as views of that upload (no wait between
+//      prompt steps); the first pick is read after the last prompt step.
+//   3. Each decode step feeds `ids` (the previous pick, already in place), waits for the stream,
+//      reads the mirror and poisons it with kNoChoice, so a read that no kernel wrote is an
+//      internal error instead of a stale token.
 #include "splice/model/generate.h"
 
 #include <algorithm>
@@ -6,9 +18,21 @@
 #include <cmath>
 #include <numeric>
 
+#include "splice/backend/cpu/sampling.h"
 #include "splice/core/error.h"
 
+#ifdef SPLICE_WITH_CUDA
+#include "splice/backend/cuda/runtime.h"
+#include "splice/backend/cuda/sampling.h"
+#endif
+
 namespace splice {
+
+namespace {
+
+constexpr std::int32_t kNoChoice = -1;  // the mirror's value until a kernel writes a pick
+
+}  // namespace
 
 Sampler::Sampler(SamplingOptions options) : options_(options), rng_(options.seed) {
   if (!(options.temperature >= 0) || !std::isfinite(options.temperature))
@@ -22,8 +46,7 @@ std::int32_t Sampler::sample(const Tensor& logits) {
   const std::int64_t vocab = logits.numel();
   const Tensor flat = logits.contiguous().to(DType::f32);
   const float* l = flat.data<float>();
-  if (options_.temperature == 0.0f)
-    return static_cast<std::int32_t>(std::max_element(l, l + vocab) - l);
+  if (options_.temperature == 0.0f) return static_cast<std::int32_t>(cpu::argmax_row(l, vocab));
   // Candidates sorted by logit; top-k, then softmax at the temperature, then top-p.
   std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
@@ -52,6 +75,34 @@ std::int32_t Sampler::sample(const Tensor& logits) {
   return order[pick(rng_)];
 }
 
+struct Generator::Feedback {
+  Device device;
+  Tensor ids;                       // [1] i32 on `device`: the next continuing step's token
+  std::int32_t* mirror = nullptr;   // CUDA: pinned [1], written by the argmax kernel
+  std::int32_t* staging = nullptr;  // CUDA: pinned [1], a host token on its way into `ids`
+  Feedback() = default;
+  Feedback(const Feedback&) = delete;
+  Feedback& operator=(const Feedback&) = delete;
+  ~Feedback() {
+#ifdef SPLICE_WITH_CUDA
+    cuda::free_pinned(mirror);
+    cuda::free_pinned(staging);
+#endif
+  }
+  // The session epilogue: ids = argmax(logits) (and the mirror on CUDA).
+  void choose(const Tensor& logits) {
+    if (device.is_cpu()) return cpu::argmax(logits, ids);
+#ifdef SPLICE_WITH_CUDA
+    cuda::ArgmaxOptions options;
+    options.host_mirror = mirror;
+    cuda::argmax(logits, ids, options);
+#else
+    fail<DeviceError>("Generator: ", device.str(),
+                      " needs the CUDA backend, absent from this build");
+#endif
+  }
+};
+
 Generator::Generator(DecodeModel model, const GeneratorOptions& options)
     : config_(model.config), max_seq_len_(model.options.max_seq_len), device_(options.device) {
   if (model.options.batch != 1)
@@ -63,27 +114,116 @@ Generator::Generator(DecodeModel model, const GeneratorOptions& options)
   SessionOptions so;
   so.device = options.device;
   so.measure_host_overhead = options.measure_host_overhead;
+  if (options.greedy_in_step) {
+    bool has_logits = false;
+    for (const auto& [name, id] : model.graph.outputs()) has_logits |= name == "logits";
+    if (!has_logits) fail<GraphError>("Generator: the decode graph has no output 'logits'");
+    feedback_ = std::make_shared<Feedback>();
+    feedback_->device = options.device;
+    // The closure shares the buffers (not `this`): a moved Generator keeps working.
+    std::shared_ptr<Feedback> feedback = feedback_;
+    so.epilogue = [feedback](const std::map<std::string, Tensor>& outputs) {
+      feedback->choose(outputs.at("logits"));  // [1, vocab]
+    };
+  }
   session_ = std::make_unique<Session>(std::move(model.graph), so);
   token_host_ = Tensor::empty({1}, DType::i32);
+  if (!feedback_) return;
+  if (device_.is_cpu()) {
+    feedback_->ids = Tensor::zeros({1}, DType::i32);
+    return;
+  }
+#ifdef SPLICE_WITH_CUDA
+  feedback_->ids = session_->input_buffer("tokens");  // [1]
+  feedback_->mirror = static_cast<std::int32_t*>(cuda::alloc_pinned(sizeof(std::int32_t)));
+  feedback_->staging = static_cast<std::int32_t*>(cuda::alloc_pinned(sizeof(std::int32_t)));
+  *feedback_->mirror = kNoChoice;
+#endif
 }
 
 void Generator::reset() {
   session_->reset_states();
   position_ = 0;
+  has_choice_ = false;
+  last_choice_.reset();
 }
 
-Tensor Generator::step(std::int32_t token) {
+void Generator::check_token(std::int32_t token) const {
   if (token < 0 || token >= config_.vocab_size)
     fail<ValueError>("token id ", token, " is outside the vocabulary [0, ", config_.vocab_size,
                      ")");
-  if (position_ >= max_seq_len_)
+}
+
+void Generator::check_room(std::int64_t tokens) const {
+  if (position_ + tokens > max_seq_len_)
     fail<ValueError>("the sequence is full: max_seq_len ", max_seq_len_, " positions are used");
-  token_host_.data<std::int32_t>()[0] = token;
-  const Tensor tokens = device_.is_cpu() ? token_host_ : token_host_.to_device(device_);
+}
+
+void Generator::launch_step(const Tensor& tokens) {
   session_->step({{"k_len", position_ + 1}}, {{"tokens", tokens}});
   ++position_;
+}
+
+std::int32_t Generator::read_choice() {
+  std::int32_t id = kNoChoice;
+  if (device_.is_cpu()) {
+    id = feedback_->ids.data<std::int32_t>()[0];
+  } else {
+#ifdef SPLICE_WITH_CUDA
+    cuda::stream_synchronize(cuda::shared_stream(device_.index));
+    volatile std::int32_t* mirror = feedback_->mirror;
+    id = *mirror;
+    *mirror = kNoChoice;
+#endif
+  }
+  SPLICE_INTERNAL_CHECK(id >= 0 && id < config_.vocab_size, "the in-step argmax left id ", id,
+                        " for a vocabulary of ", config_.vocab_size);
+  return id;
+}
+
+Tensor Generator::step(std::int32_t token) {
+  check_token(token);
+  check_room(1);
+  has_choice_ = false;
+  last_choice_.reset();
+  token_host_.data<std::int32_t>()[0] = token;
+  const Tensor tokens = device_.is_cpu() ? token_host_ : token_host_.to_device(device_);
+  launch_step(tokens);
   const Tensor logits = session_->output("logits");  // [1, vocab]
   return (logits.device().is_cpu() ? logits : logits.to_device(Device::cpu())).select(0, 0);
+}
+
+std::int32_t Generator::step_greedy(std::optional<std::int32_t> token) {
+  if (!token && !has_choice_)
+    fail<ValueError>(
+        "step_greedy: there is no previous greedy step to continue (none since "
+        "construction, reset(), step() or generate()); pass the token to append");
+  if (token) check_token(*token);
+  check_room(1);
+  if (!feedback_) {  // the host path
+    Sampler greedy({});
+    const std::int32_t pick = greedy.sample(step(token ? *token : *last_choice_));
+    last_choice_ = pick;
+    has_choice_ = true;
+    return pick;
+  }
+  if (token) {
+    if (device_.is_cpu()) {
+      feedback_->ids.data<std::int32_t>()[0] = *token;
+    } else {
+#ifdef SPLICE_WITH_CUDA
+      // The previous read_choice() (or construction) left the stream idle: staging is free.
+      *feedback_->staging = *token;
+      cuda::copy_async(feedback_->ids.raw_data(), feedback_->staging, sizeof(std::int32_t),
+                       cuda::shared_stream(device_.index));
+#endif
+    }
+  }
+  has_choice_ = false;  // until this step's pick is read
+  launch_step(feedback_->ids);
+  const std::int32_t pick = read_choice();
+  has_choice_ = true;
+  return pick;
 }
 
 GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt,
@@ -95,35 +235,78 @@ GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt,
     fail<ValueError>("the prompt (", prompt.size(),
                      " tokens) does not fit: ", max_seq_len_ - position_,
                      " positions are left of max_seq_len ", max_seq_len_);
+  for (std::int32_t t : prompt) check_token(t);
   Sampler sampler(options.sampling);
   GenerateResult result;
+  result.greedy_in_step = feedback_ != nullptr && options.sampling.temperature == 0.0f;
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  Tensor logits;
   std::vector<Tensor> kept;
-  for (std::int32_t t : prompt) {
-    logits = step(t);
-    if (options.keep_logits) kept.push_back(logits.clone());
-  }
-  result.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  result.prompt_logits = logits.clone();
-  for (std::int64_t i = 0; i < options.max_new_tokens; ++i) {
-    const std::int32_t next = sampler.sample(logits);
-    result.tokens.push_back(next);
-    if (options.on_token) options.on_token(next);
-    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
-        options.stop_tokens.end()) {
-      result.stopped_on_token = true;
-      break;
+  // This step's logits [vocab] as a host tensor of its own (outputs are arena views).
+  auto host_logits = [&]() {
+    const Tensor l = session_->output("logits");  // [1, vocab]
+    return (l.device().is_cpu() ? l.clone() : l.to_device(Device::cpu())).select(0, 0);
+  };
+  auto stops = [&](std::int32_t token) {
+    return std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) !=
+           options.stop_tokens.end();
+  };
+  has_choice_ = false;
+  last_choice_.reset();
+  if (result.greedy_in_step) {
+    Tensor prompt_host = Tensor::empty({static_cast<std::int64_t>(prompt.size())}, DType::i32);
+    std::copy(prompt.begin(), prompt.end(), prompt_host.data<std::int32_t>());
+    const Tensor prompt_ids = device_.is_cpu() ? prompt_host : prompt_host.to_device(device_);
+    for (std::int64_t i = 0; i < prompt_ids.numel(); ++i) {
+      launch_step(prompt_ids.slice(0, i, i + 1));  // [1]
+      if (options.keep_logits) kept.push_back(host_logits());
     }
-    if (i + 1 == options.max_new_tokens || position_ >= max_seq_len_) break;
-    const auto s0 = Clock::now();
-    logits = step(next);
-    result.step_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - s0).count());
-    if (options.keep_logits) kept.push_back(logits.clone());
+    std::int32_t next = read_choice();
+    result.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    result.prompt_logits = host_logits();
+    for (std::int64_t i = 0; i < options.max_new_tokens; ++i) {
+      result.tokens.push_back(next);
+      if (options.on_token) options.on_token(next);
+      if (stops(next)) {
+        result.stopped_on_token = true;
+        break;
+      }
+      if (i + 1 == options.max_new_tokens || position_ >= max_seq_len_) break;
+      const auto s0 = Clock::now();
+      launch_step(feedback_->ids);  // holds `next`, written by the previous step's epilogue
+      next = read_choice();
+      result.step_us.push_back(
+          std::chrono::duration<double, std::micro>(Clock::now() - s0).count());
+      if (options.keep_logits) kept.push_back(host_logits());
+    }
+  } else {
+    Tensor logits;
+    for (std::int32_t t : prompt) {
+      logits = step(t);
+      if (options.keep_logits) kept.push_back(logits.clone());
+    }
+    result.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    result.prompt_logits = logits.clone();
+    for (std::int64_t i = 0; i < options.max_new_tokens; ++i) {
+      const std::int32_t next = sampler.sample(logits);
+      result.tokens.push_back(next);
+      if (options.on_token) options.on_token(next);
+      if (stops(next)) {
+        result.stopped_on_token = true;
+        break;
+      }
+      if (i + 1 == options.max_new_tokens || position_ >= max_seq_len_) break;
+      const auto s0 = Clock::now();
+      logits = step(next);
+      result.step_us.push_back(
+          std::chrono::duration<double, std::micro>(Clock::now() - s0).count());
+      if (options.keep_logits) kept.push_back(logits.clone());
+    }
   }
+  has_choice_ = false;
+  last_choice_.reset();
   if (options.keep_logits) {
-    const std::int64_t vocab = logits.numel();
+    const std::int64_t vocab = result.prompt_logits.numel();
     result.all_logits = Tensor::empty({static_cast<std::int64_t>(kept.size()), vocab}, DType::f32);
     for (std::size_t i = 0; i < kept.size(); ++i)
       result.all_logits.select(0, static_cast<std::int64_t>(i)).copy_from(kept[i]);

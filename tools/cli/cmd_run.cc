@@ -2,13 +2,19 @@
 //
 //   splice run [--model DIR|FILE.gguf] [--prompt TEXT | --prompt-ids 1,2,3] [--max-new-tokens N]
 //              [--temperature T --top-k K --top-p P --seed S] [--stop ID,...] [--max-seq-len N]
-//              [--dtype bf16|f32] [--device cpu|cuda] [--tuning-cache FILE] [--json]
-//   splice bench [same model options] [--steps N] [--json]
+//              [--dtype bf16|f32] [--device cpu|cuda] [--tuning-cache FILE] [--host-greedy]
+//              [--json]
+//   splice bench [same model options] [--steps N] [--host-greedy] [--json]
+// Greedy decoding (temperature 0, and every bench step) chooses each token inside the step by
+// default: the argmax runs on the device right after the logits (captured into the step's CUDA
+// graph) and feeds the next step there, so a token costs one 4-byte read back instead of a token
+// upload, a logits download and a host argmax; --host-greedy selects the host path (A/B).
 // Without --model, the embedded default model (a small hybrid KDA/attention decoder whose weights
 // splice creates deterministically) is written to the cache directory on first use and loaded.
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "cli_util.h"
@@ -29,6 +35,7 @@ struct ModelArgs {
   std::int64_t max_seq_len = 512;
   std::string tuning_cache;
   bool no_optimize = false;
+  bool host_greedy = false;
 };
 
 void add_model_options(CLI::App& app, ModelArgs& m) {
@@ -42,6 +49,16 @@ void add_model_options(CLI::App& app, ModelArgs& m) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--tuning-cache", m.tuning_cache, "JSON tuning cache to read and update");
   app.add_flag("--no-optimize", m.no_optimize, "run the decomposed (primitive) arms only");
+  app.add_flag("--host-greedy", m.host_greedy,
+               "choose greedy tokens on the host (logits copied to the host every token) instead "
+               "of inside the step");
+}
+
+// Which greedy path a generator takes, for the reports.
+const char* greedy_path(bool in_step, const std::string& device) {
+  if (!in_step) return "host argmax (logits copied to the host every token)";
+  return device == "cpu" ? "in-step argmax (cpu)"
+                         : "in-step device argmax (4-byte id read back per token)";
 }
 
 struct Opened {
@@ -68,6 +85,7 @@ Opened open(const ModelArgs& m, bool quiet) {
   go.optimize.select = !m.no_optimize;
   go.optimize.tune.progress = [&](const std::string& what) { bar.tick(what); };
   go.measure_host_overhead = true;
+  go.greedy_in_step = !m.host_greedy;
   o.generator = std::make_unique<Generator>(std::move(model), go);
   bar.done();
   return o;
@@ -171,6 +189,7 @@ Runner add_run(CLI::App& app) {
       j["stopped_on_token"] = r.stopped_on_token;
       j["prefill_seconds"] = r.prefill_seconds;
       j["step_us_p50"] = p50;
+      j["greedy_path"] = r.greedy_in_step ? "in_step" : "host";
       j["decisions"] = decisions_json(o.generator->decisions());
       std::cout << j.dump(2) << "\n";
       return 0;
@@ -181,7 +200,10 @@ Runner add_run(CLI::App& app) {
     std::cout << "\n"
               << r.tokens.size() << " tokens; prefill " << prompt_ids.size() << " tokens in "
               << r.prefill_seconds * 1e3 << " ms; decode " << p50 << " us/token (p50), "
-              << (p50 > 0 ? 1e6 / p50 : 0) << " tokens/s\n";
+              << (p50 > 0 ? 1e6 / p50 : 0) << " tokens/s";
+    if (options.sampling.temperature == 0.0f)
+      std::cout << "; greedy: " << greedy_path(r.greedy_in_step, m->device);
+    std::cout << "\n";
     return 0;
   };
 }
@@ -200,13 +222,15 @@ Runner add_bench(CLI::App& app) {
     args.max_seq_len = std::max(args.max_seq_len, *steps + 8);
     Opened o = open(args, *json);
     std::vector<double> total, host;
-    std::int32_t token = 1;
+    constexpr std::int32_t kFirstToken = 1;
+    const bool in_step = o.generator->greedy_in_step();
     for (std::int64_t i = 0; i < *steps + 4; ++i) {
+      // Greedy decoding: each step appends the previous step's pick (in the step: it never leaves
+      // the device; otherwise the logits come to the host for the argmax).
       const auto t0 = std::chrono::steady_clock::now();
-      const Tensor logits = o.generator->step(token);
+      o.generator->step_greedy(i == 0 ? std::optional<std::int32_t>(kFirstToken) : std::nullopt);
       const double us =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      token = static_cast<std::int32_t>(Sampler({}).sample(logits));
       if (i < 4) continue;  // warm-up
       total.push_back(us);
       host.push_back(o.generator->session().last_timing().host_us());
@@ -223,12 +247,13 @@ Runner add_bench(CLI::App& app) {
                        {"p50_us", p50},
                        {"p99_us", p99},
                        {"tokens_per_s", 1e6 / p50},
-                       {"host_overhead_us_p50", host50}};
+                       {"host_overhead_us_p50", host50},
+                       {"greedy_path", in_step ? "in_step" : "host"}};
       std::cout << j.dump(2) << "\n";
     } else {
       std::cout << o.loaded.source << " on " << m->device << ": " << total.size() << " steps, p50 "
                 << p50 << " us, p99 " << p99 << " us, " << 1e6 / p50 << " tokens/s, host overhead "
-                << host50 << " us/token (p50)\n";
+                << host50 << " us/token (p50); greedy: " << greedy_path(in_step, m->device) << "\n";
     }
     return 0;
   };

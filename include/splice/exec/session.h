@@ -10,7 +10,9 @@
 //      undecided) and runs the schedule, skipping the other arms' regions;
 //   4. optionally (shadow_every = N) also runs the oracle arm every Nth step for branches whose
 //      arms write no state, compares the exits under the branch's tolerance and demotes a fast arm
-//      that drifts (the bucket falls back to arm 0, and the event is recorded).
+//      that drifts (the bucket falls back to arm 0, and the event is recorded);
+//   5. optionally runs the caller's epilogue on the step's outputs (SessionOptions::epilogue;
+//      on CUDA it is captured with the step and replayed with it).
 // No re-planning happens after construction; outputs are views into the arena, valid until the
 // next step.
 //
@@ -53,6 +55,14 @@ struct SessionOptions {
   // capturable); `require_cuda_graph` turns a refused capture into an UnsupportedError.
   bool cuda_graph = true;
   bool require_cuda_graph = false;
+  // Optional work appended to every step after its schedule, given the step's outputs
+  // (name -> value, views valid until the next step). It runs on the step's device, on CUDA inside
+  // the session's stream scope (cuda::current_stream()), so a captured step records its launches
+  // into the graph and every replay repeats them without calling it again: it must be
+  // capturable (launches and async device work only, no synchronization, no host reads) and
+  // launch the same work every step. The decode loop's greedy path (model/generate.h) writes the
+  // argmax of the logits into the "tokens" input buffer here.
+  std::function<void(const std::map<std::string, Tensor>& outputs)> epilogue;
 };
 
 struct StepTiming {

@@ -7,10 +7,22 @@
 //   3. Decode: sample the next token (greedy, or temperature / top-k / top-p with a seeded
 //      generator, reproducible), stream it, stop at a stop token, the token budget or the
 //      capacity (max_seq_len).
+//
+// Greedy in the step (GeneratorOptions::greedy_in_step, the default): the Session runs an
+// epilogue after every step, argmax(logits) -> the "tokens" input buffer (cuda::argmax, captured
+// into the step's CUDA graph; cpu::argmax on the CPU), so a greedy decode step reads the token the
+// previous step chose where it already is: no token upload and no logits download per token, only
+// the chosen id comes back (on CUDA the kernel also writes it to pinned host memory: no copy call;
+// the host waits for the stream once per token, for streaming output and stop tokens). Prompt
+// tokens are uploaded once per generate() call and fed from the device. keep_logits still
+// downloads every step's logits; sampling with a temperature uses the host path (logits to the
+// host, Sampler). Both paths pick the same ids (Sampler's greedy rule, cpu/sampling.h).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -28,7 +40,9 @@ struct SamplingOptions {
   std::uint64_t seed = 0;
 };
 
-// Picks a token from logits [vocab] (host f32). Validates the options (ValueError naming them).
+// Picks a token from logits [vocab] (host, any float dtype). Validates the options (ValueError
+// naming them). Temperature 0 is greedy: cpu::argmax_row's rule (the first maximum; NaN skipped
+// unless at index 0), which the device argmax matches.
 class Sampler {
  public:
   explicit Sampler(SamplingOptions options);
@@ -43,6 +57,9 @@ struct GeneratorOptions {
   Device device = Device::cpu();
   OptimizeOptions optimize;  // optimize.tune.device is set from `device`
   bool measure_host_overhead = false;
+  // Greedy decoding chooses each token inside the step (the header's "greedy in the step");
+  // false: every greedy token takes the host path (logits to the host, Sampler), e.g. for A/B.
+  bool greedy_in_step = true;
 };
 
 struct GenerateOptions {
@@ -59,7 +76,10 @@ struct GenerateResult {
   Tensor prompt_logits;  // [vocab] f32 at the last prompt position
   Tensor all_logits;     // [steps, vocab] f32 after every fed token (keep_logits)
   double prefill_seconds = 0;
-  std::vector<double> step_us;  // wall time of each decode step (logits on the host)
+  // Wall time of each decode step, until its token (or, on the host path, its logits) is on the
+  // host.
+  std::vector<double> step_us;
+  bool greedy_in_step = false;  // the tokens were chosen inside the steps (no logits download)
 };
 
 class Generator {
@@ -67,8 +87,16 @@ class Generator {
   Generator(DecodeModel model, const GeneratorOptions& options);
   // One step: appends `token` at the next position, returns the logits [vocab] (host f32).
   Tensor step(std::int32_t token);
+  // One greedy step: appends `token`, or without one the token the previous step chose (the
+  // greedy pick of its logits), and returns the greedy pick of this step's logits. With
+  // greedy_in_step the pick is made inside the step and only its id is read back (a token that
+  // continues the previous step never leaves the device); otherwise step() + Sampler. ValueError
+  // when there is no previous step to continue (none since construction or reset()).
+  std::int32_t step_greedy(std::optional<std::int32_t> token = std::nullopt);
   GenerateResult generate(const std::vector<std::int32_t>& prompt, const GenerateOptions& options);
   void reset();  // empties every cache; position 0 again
+  // Whether greedy tokens are chosen inside the step (GeneratorOptions::greedy_in_step).
+  bool greedy_in_step() const { return feedback_ != nullptr; }
   std::int64_t position() const { return position_; }
   const DecisionLog& decisions() const { return decisions_; }
   Session& session() { return *session_; }
@@ -81,8 +109,18 @@ class Generator {
   Device device_;
   DecisionLog decisions_;
   std::unique_ptr<Session> session_;
+  struct Feedback;  // the in-step greedy buffers (generate.cc)
+  void check_token(std::int32_t token) const;
+  void check_room(std::int64_t tokens) const;
+  // Runs one step on `tokens` ([1] i32 on the session's device) without waiting for it.
+  void launch_step(const Tensor& tokens);
+  // Waits for the last step and returns the id its epilogue chose (greedy_in_step).
+  std::int32_t read_choice();
   std::int64_t position_ = 0;
   Tensor token_host_;
+  std::shared_ptr<Feedback> feedback_;       // null without greedy_in_step
+  std::optional<std::int32_t> last_choice_;  // host path: the previous step_greedy's pick
+  bool has_choice_ = false;                  // greedy_in_step: the buffer holds a pick
 };
 
 }  // namespace splice
