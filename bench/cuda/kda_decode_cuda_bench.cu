@@ -17,6 +17,8 @@
 //     PDL unless SPLICE_PDL=0: the launches of one graph then overlap their predecessor's tail).
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
 // given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
+// Environment: KDA_BENCH_QUICK (T in {1, 4}), KDA_BENCH_NS / KDA_BENCH_TS (comma lists),
+// SPLICE_PDL=0 (every launch without PDL).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -293,6 +295,18 @@ int main(int argc, char** argv) {
   const bool quick = std::getenv("KDA_BENCH_QUICK") != nullptr;
   std::vector<int> ns = {1, 8, 32, 128, 512}, ts = {1, 2, 4, 8};
   if (quick) ts = {1, 4};
+  // KDA_BENCH_NS / KDA_BENCH_TS: comma-separated subsets (e.g. KDA_BENCH_NS=1,8 for the
+  // launch-bound sizes only).
+  auto int_list = [](const char* name, std::vector<int>& out) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return;
+    out.clear();
+    std::stringstream in(v);
+    std::string item;
+    while (std::getline(in, item, ',')) out.push_back(std::atoi(item.c_str()));
+  };
+  int_list("KDA_BENCH_NS", ns);
+  int_list("KDA_BENCH_TS", ts);
   std::vector<Result> results;
   for (auto sdt : {splice::DType::f32, splice::DType::bf16})
     for (int t : ts)
