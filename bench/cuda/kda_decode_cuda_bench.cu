@@ -283,9 +283,11 @@ int main(int argc, char** argv) {
       const bool staged = kind != 1, fast = kind == 2;
       const splice::cuda::KdaKernelInfo k = splice::cuda::kda_stream_kernel_info(dt, staged, fast);
       std::printf("stream %s %s: %d threads, %d registers, %d B local, %d B shared: %s%s\n",
-                  splice::dtype_name(dt), fast ? "fast  " : staged ? "staged" : "plain ", k.block,
-                  k.num_regs,
-                  k.local_bytes, k.smem_bytes,
+                  splice::dtype_name(dt),
+                  fast     ? "fast  "
+                  : staged ? "staged"
+                           : "plain ",
+                  k.block, k.num_regs, k.local_bytes, k.smem_bytes,
                   k.launchable ? "launchable" : "NOT launchable: ", k.reason.c_str());
     }
   }
@@ -349,11 +351,10 @@ int main(int argc, char** argv) {
          << ", \"wide_us\": " << r.variant_us["wide"]
          << ", \"split2_us\": " << r.variant_us["split2"]
          << ", \"split4_us\": " << r.variant_us["split4"]
-         << ", \"stream_fast_us\": " << r.ab_us["stream_fast"]
-         << ", \"chosen_nopdl_us\": " << (r.ab_us.count("chosen_nopdl") ? r.ab_us["chosen_nopdl"] : -1)
-         << ", \"fla_us\": " << r.fla_us
-         << ", \"fla_recurrent_us\": " << r.fla_rec_us << "}" << (i + 1 < results.size() ? "," : "")
-         << "\n";
+         << ", \"stream_fast_us\": " << r.ab_us["stream_fast"] << ", \"chosen_nopdl_us\": "
+         << (r.ab_us.count("chosen_nopdl") ? r.ab_us["chosen_nopdl"] : -1)
+         << ", \"fla_us\": " << r.fla_us << ", \"fla_recurrent_us\": " << r.fla_rec_us << "}"
+         << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "]\n";
 

@@ -437,8 +437,10 @@ TEST(KdaCuda, StreamKernelAdmitsItsBlock) {
       const bool staged = kind != 1, fast = kind == 2;
       const cuda::KdaKernelInfo info = cuda::kda_stream_kernel_info(dtype, staged, fast);
       SCOPED_TRACE(std::string(dtype_name(dtype)) +
-                   (fast ? " fast gates" : staged ? " staged" : " plain") + ": " +
-                   std::to_string(info.num_regs) + " registers, " +
+                   (fast     ? " fast gates"
+                    : staged ? " staged"
+                             : " plain") +
+                   ": " + std::to_string(info.num_regs) + " registers, " +
                    std::to_string(info.smem_bytes) + " B shared");
       EXPECT_GE(info.max_threads_per_block, info.block);
       EXPECT_LE(info.smem_bytes, info.smem_optin);
@@ -460,15 +462,15 @@ TEST(KdaCuda, RuleTable) {
     V want;
   };
   const Row rows[] = {
-      {512, 1, DType::f32, V::stream},  {32, 8, DType::bf16, V::stream},
-      {8, 1, DType::f32, V::split2},    {8, 1, DType::bf16, V::split2},
-      {8, 2, DType::f32, V::stream},    {8, 2, DType::bf16, V::wide},
-      {8, 4, DType::f32, V::stream},    {8, 4, DType::bf16, V::stream},
-      {8, 8, DType::f32, V::stream},    {8, 8, DType::bf16, V::stream},
-      {1, 1, DType::f32, V::split4},    {1, 1, DType::bf16, V::split4},
-      {1, 2, DType::f32, V::split4},    {1, 2, DType::bf16, V::split4},
-      {1, 4, DType::f32, V::split4},    {1, 4, DType::bf16, V::stream},
-      {1, 8, DType::f32, V::stream},    {1, 8, DType::bf16, V::stream},
+      {512, 1, DType::f32, V::stream}, {32, 8, DType::bf16, V::stream},
+      {8, 1, DType::f32, V::split2},   {8, 1, DType::bf16, V::split2},
+      {8, 2, DType::f32, V::stream},   {8, 2, DType::bf16, V::wide},
+      {8, 4, DType::f32, V::stream},   {8, 4, DType::bf16, V::stream},
+      {8, 8, DType::f32, V::stream},   {8, 8, DType::bf16, V::stream},
+      {1, 1, DType::f32, V::split4},   {1, 1, DType::bf16, V::split4},
+      {1, 2, DType::f32, V::split4},   {1, 2, DType::bf16, V::split4},
+      {1, 4, DType::f32, V::split4},   {1, 4, DType::bf16, V::stream},
+      {1, 8, DType::f32, V::stream},   {1, 8, DType::bf16, V::stream},
   };
   for (const Row& r : rows) {
     EXPECT_EQ(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms), r.want)
@@ -570,8 +572,8 @@ TEST(KdaCuda, StreamFastGates) {
       check_case(make_problem(rng.integer(0, 1 << 30), 5, m4, sdt), lb, cuda::KdaVariant::stream,
                  "fast gates T=4 " + mode, fast);
       const Meta m40 = random_meta(rng, 3, 40, 1, true);
-      check_case(make_problem(rng.integer(0, 1 << 30), 2, m40, sdt), lb,
-                 cuda::KdaVariant::stream, "fast gates T=40 " + mode, fast);
+      check_case(make_problem(rng.integer(0, 1 << 30), 2, m40, sdt), lb, cuda::KdaVariant::stream,
+                 "fast gates T=40 " + mode, fast);
     }
 }
 

@@ -75,10 +75,10 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
-#include "backend/cuda/launch.cuh"
-
 #include <cstdint>
 #include <type_traits>
+
+#include "backend/cuda/launch.cuh"
 
 namespace splice::cuda::kda {
 
@@ -1107,8 +1107,8 @@ __device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar
 }
 
 // Every thread: writes item `a`'s scalars into stage `st` (warp 0) and issues this thread's bulk
-// copy of it, if any (copy order and spread above). The stage is no longer read (a barrier since its last read)
-// and `a` was announced on `bar` before that barrier.
+// copy of it, if any (copy order and spread above). The stage is no longer read (a barrier since
+// its last read) and `a` was announced on `bar` before that barrier.
 template <typename StateT, bool kStage>
 __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stage<StateT>& st,
                                            std::uint64_t* bar) {
@@ -1300,12 +1300,10 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     };
     if constexpr (kStage) {
       run_item<kStreamThreads, 1, StateT, true, kFastGates>(p, S.sm, it, 0, StagedInputs{&st.in},
-                                                            load_state,
-                                                release);
+                                                            load_state, release);
     } else {
       run_item<kStreamThreads, 1, StateT, true, kFastGates>(p, S.sm, it, 0, GlobalInputs(p, it),
-                                                            load_state,
-                                                release);
+                                                            load_state, release);
     }
   }
 }
