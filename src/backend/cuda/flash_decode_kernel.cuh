@@ -8,9 +8,10 @@
 //      next kernel in the stream start launching (no-ops without PDL). Nothing is read or
 //      written before the wait, so the split workspace and every input are safe.
 //   1. Issue at once, independent of each other: the k_len load, the 16 query rows (cp.async,
-//      zeros for padding rows) and, speculatively, the first kStages - 1 tiles of each warp's
-//      K/V stream where the split's first key is known without k_len (one-wave grids with no
-//      left window, so lo = 0; the launcher decides, p.speculate):
+//      zeros for padding rows) and, speculatively, the first kStages tiles (the whole ring: the
+//      tile the non-speculative loop would issue at its first step after k_len is issued here
+//      too) of each warp's K/V stream where the split's first key is known without k_len (one-wave
+//      grids with no left window, so lo = 0; the launcher decides, p.speculate):
 //        split 0 (p.speculate >= 1): it starts at key 0 at every k_len; tiles up to the capacity;
 //        split s >= 1 (p.speculate = 2: capacity <= min_chunk * gridDim.y, no forced count): at
 //        every k_len that runs more than one split the chunk is min_chunk, so it starts at
@@ -335,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (speculative) {
     const int limit = split == 0 ? p.capacity : min(p.capacity, spec_c0 + p.min_chunk);
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       load_tile(spec_c0, limit, s, s);
       cp_async_commit();
     }
@@ -371,6 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
   const int my_tiles = num_tiles > warp ? ceil_div(num_tiles - warp, kWarps) : 0;
   const bool spec_hit = speculative && c0 == spec_c0;
+  const int preloaded = spec_hit ? kStages : kStages - 1;  // tiles issued before the main loop
   if (!spec_hit) {
     if (speculative) cp_async_wait<0>();  // the ring's stages are about to be reloaded
 #pragma unroll
@@ -379,7 +381,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_commit();
     }
   }
-  // q (group 0) has landed for this thread; the barrier makes every thread's rows visible.
+  // q (group 0) has landed for this thread (and, after a speculative prologue, tile 0); the
+  // barrier makes every thread's rows visible.
   cp_async_wait<kStages - 1>();
   __syncthreads();
 
@@ -430,8 +433,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int frag_kc = lane / 8 % 2;                 // K ldmatrix chunk half
 
   for (int it = 0; it < my_tiles; ++it) {
+    // One group per step (empty when nothing is due), so waiting for all but the newest
+    // kStages - 1 groups always covers tile `it` (one tile more after a speculative prologue).
     const int pre = it + kStages - 1;
-    if (pre < my_tiles) load_tile(c0, c1, pre, pre % kStages);
+    if (pre < my_tiles && pre >= preloaded) load_tile(c0, c1, pre, pre % kStages);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
