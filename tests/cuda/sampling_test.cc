@@ -15,6 +15,8 @@
 //  5. A captured CUDA graph replays with new logits each time and updates ids and the pinned host
 //     mirror; PDL on and off after a producer kernel (cast) give the CPU's ids.
 //  6. Bad arguments: typed errors naming the argument (device, dtype, shape, ctas_per_row).
+//  6b. The session epilogue (SessionOptions::epilogue): called by the warm-up and capturing steps
+//     only, its argmax replayed by every later step with that step's values (demo attention model).
 //  7. Decoding: the embedded default model, fused arms chosen (steps replayed as CUDA graphs), 48
 //     greedy tokens in-step equal the host-greedy tokens on the same device (prompt logits and
 //     every step's logits bit-equal; step_greedy continuations equal); the same with decomposed
@@ -38,10 +40,14 @@
 #include "splice/backend/cuda/sampling.h"
 #include "splice/core/error.h"
 #include "splice/core/random.h"
+#include "splice/exec/session.h"
 #include "splice/model/default_model.h"
+#include "splice/model/demo.h"
 #include "splice/model/generate.h"
 #include "splice/model/model.h"
 #include "splice/model/safetensors.h"
+#include "splice/ops/decode_attention.h"
+#include "splice/passes/decode_flash.h"
 #include "support/argmax_cases.h"
 #include "support/cuda_test_util.h"
 #include "support/test_util.h"
@@ -314,6 +320,63 @@ TEST(CudaArgmax, BadArgumentsAreTypedErrorsNamingTheArgument) {
     expect_error<ValueError>([&] { cuda::argmax(logits, ids, options); },
                              "`ctas_per_row` must be in [0, 8]");
   }
+}
+
+// ---- the session epilogue ----------------------------------------------------------------
+
+// The epilogue's contract on CUDA: called on the host by the eager warm-up step and the capturing
+// step only, its launch recorded into the graph and repeated by every replay with that step's
+// values. The bf16 demo attention model (flash arm collapsed: capturable) with an epilogue that
+// writes argmax(y) into a device buffer and the pinned mirror; each step's ids are checked against
+// the CPU argmax of that step's output.
+TEST(CudaSessionEpilogue, CalledByEagerAndCapturingStepsReplayedAfter) {
+  SKIP_WITHOUT_GPU();
+  DemoAttentionOptions o;
+  o.num_layers = 2;
+  o.batch = 1;
+  o.num_qo_heads = 4;
+  o.num_kv_heads = 2;
+  o.head_dim = 64;
+  o.capacity = 64;
+  o.dtype = DType::bf16;
+  DemoAttentionGraph demo = build_demo_attention_graph(o);
+  for (const DecodeFlashSpec& spec : demo.specs) {
+    const OfferResult r = offer_decode_flash_arm(demo.graph, spec, cuda_flash_decode_contract());
+    ASSERT_TRUE(r.offered) << r.reason;
+    collapse(demo.graph, r.branch, 1);
+  }
+  eliminate_dead_code(demo.graph);
+  constexpr std::int64_t kDim = 4 * 64;  // num_qo_heads * head_dim
+  Tensor ids = Tensor::zeros({1}, DType::i32, Device::cuda());
+  auto* mirror = static_cast<std::int32_t*>(cuda::alloc_pinned(sizeof(std::int32_t)));
+  int calls = 0;
+  {
+    SessionOptions options;
+    options.device = Device::cuda();
+    options.require_cuda_graph = true;
+    options.epilogue = [&](const std::map<std::string, Tensor>& outputs) {
+      ++calls;
+      const Tensor y = outputs.at("y").reshape({1, kDim});  // [1, 1, dim] -> [1, dim]
+      cuda::ArgmaxOptions argmax_options;
+      argmax_options.host_mirror = mirror;
+      cuda::argmax(y, ids, argmax_options);
+    };
+    Session session(std::move(demo.graph), options);
+    Rng rng(47);
+    for (std::int64_t step = 1; step <= 12; ++step) {
+      const Tensor x = testing::random_tensor(rng, {1, 1, kDim}, DType::bf16);
+      *mirror = kUnwritten;
+      session.step({{"k_len", step}}, {{"x", x.to_device(Device::cuda())}});
+      cuda::synchronize();
+      const Tensor y = download(session.output("y")).reshape({1, kDim});
+      const std::vector<std::int32_t> want = cpu_ids(y);
+      EXPECT_EQ(ids_of(ids), want) << "step " << step;
+      EXPECT_EQ(*mirror, want[0]) << "step " << step;
+      EXPECT_EQ(session.last_step_replayed(), step >= 2) << "step " << step;
+      EXPECT_EQ(calls, std::min<std::int64_t>(step, 2)) << "step " << step;
+    }
+  }
+  cuda::free_pinned(mirror);
 }
 
 // ---- decoding ------------------------------------------------------------------------------

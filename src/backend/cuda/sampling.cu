@@ -24,12 +24,16 @@
 //      mirror (then a system-scope fence, so the host sees it once the stream has synchronized).
 //   5. PDL (launch.cuh): pdl_prologue() is every thread's first statement, before any global
 //      load or store.
+//   6. An automatic launch halves the cluster while the device reports that no such cluster can be
+//      resident (cudaOccupancyMaxActiveClusters, asked once per size); a forced size is launched
+//      as asked.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "backend/cuda/check.h"
@@ -227,6 +231,41 @@ void launch(const ArgmaxParams& params, int ctas, Stream stream) {
   SPLICE_CUDA_CHECK_LAUNCH("argmax_kernel");
 }
 
+// Whether a cluster of `ctas` CTAs of kernel<T> can be resident on this device (asked once per
+// instantiation and size, outside any capture: the first launch of a decode step is eager). A
+// query the runtime cannot answer counts as a yes; the launch then reports any real problem.
+template <typename T>
+bool cluster_fits(int ctas) {
+  static std::atomic<int> known[kMaxClusterCtas + 1] = {};  // 0 unknown, 1 fits, 2 does not
+  std::atomic<int>& slot = known[ctas];
+  if (ctas <= 1) return true;
+  if (const int k = slot.load(std::memory_order_relaxed); k != 0) return k == 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(ctas), 1, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(ctas);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, argmax_kernel<T>, &config);
+  if (status != cudaSuccess) (void)cudaGetLastError();  // clear it: the answer is "unknown"
+  const bool fits = status != cudaSuccess || clusters >= 1;
+  slot.store(fits ? 1 : 2, std::memory_order_relaxed);
+  return fits;
+}
+
+// The CTAs per row for an automatic launch: argmax_launch's choice, halved while the device
+// cannot hold such a cluster.
+template <typename T>
+int fitting_ctas(int ctas) {
+  while (ctas > 1 && !cluster_fits<T>(ctas)) ctas /= 2;
+  return ctas;
+}
+
 }  // namespace
 
 ArgmaxLaunch argmax_launch(std::int64_t vocab, DType dtype) {
@@ -256,16 +295,17 @@ void argmax(const Tensor& logits, Tensor& ids, const ArgmaxOptions& options) {
   p.ids = ids.data<int>();
   p.ids_stride = ids.stride(0);
   p.host_mirror = options.host_mirror;
-  const int ctas = options.ctas_per_row > 0 ? options.ctas_per_row
-                                            : argmax_launch(s.vocab, logits.dtype()).ctas_per_row;
+  const bool automatic = options.ctas_per_row == 0;
+  const int ctas =
+      automatic ? argmax_launch(s.vocab, logits.dtype()).ctas_per_row : options.ctas_per_row;
   const Stream stream = current_stream();
   switch (logits.dtype()) {
     case DType::f32:
-      return launch<float>(p, ctas, stream);
+      return launch<float>(p, automatic ? fitting_ctas<float>(ctas) : ctas, stream);
     case DType::f16:
-      return launch<__half>(p, ctas, stream);
+      return launch<__half>(p, automatic ? fitting_ctas<__half>(ctas) : ctas, stream);
     case DType::bf16:
-      return launch<__nv_bfloat16>(p, ctas, stream);
+      return launch<__nv_bfloat16>(p, automatic ? fitting_ctas<__nv_bfloat16>(ctas) : ctas, stream);
     default:
       SPLICE_INTERNAL_CHECK(false, "argmax of ", dtype_name(logits.dtype()));
   }

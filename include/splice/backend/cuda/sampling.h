@@ -27,7 +27,8 @@ struct ArgmaxLaunch {
 ArgmaxLaunch argmax_launch(std::int64_t vocab, DType dtype);
 
 struct ArgmaxOptions {
-  // 0: argmax_launch's choice; 1..8 forces the CTAs per row (tests cover every reduction path).
+  // 0: argmax_launch's choice (halved while the device reports that it cannot hold such a
+  // cluster); 1..8 forces the CTAs per row (tests cover every reduction path).
   int ctas_per_row = 0;
   // Optional: pinned host memory (cuda::alloc_pinned) of at least `rows` int32; the kernel also
   // writes each id there (zero-copy: pinned memory is device-addressable under unified
