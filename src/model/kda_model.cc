@@ -410,11 +410,13 @@ struct Builder {
                                        &m.layer_specs, name + ".mlp", name + ".mlp.down_proj",
                                        name + ".mlp.residual");
     }
-    const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}),
-                                               c.rms_norm_eps, dt, &m.layer_specs, "final_norm");
     const bool tied = c.tie_word_embeddings || !w.has("lm_head.weight");
     const NodeId head = tied ? embed : param("lm_head.weight", {vocab, hidden});
-    const NodeId logits = g.cast(layers::linear(g, final_norm, head), DType::f32);  // [B, 1, vocab]
+    // The final norm and lm_head: one rms_norm_matmul region.  [B, 1, vocab]
+    const NodeId logits =
+        g.cast(layers::norm_linear(g, h, param("model.norm.weight", {hidden}), c.rms_norm_eps, dt,
+                                   head, &m.layer_specs, "final_norm"),
+               DType::f32);
     g.mark_output("logits", g.reshape(logits, {B, SymExpr(vocab)}));
   }
 };

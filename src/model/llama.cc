@@ -130,11 +130,13 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
                                      &m.layer_specs, layer + ".mlp", layer + ".mlp.down_proj",
                                      layer + ".mlp.residual");
   }
-  const NodeId final_norm = layers::rms_norm(g, h, param("model.norm.weight", {hidden}),
-                                             c.rms_norm_eps, dt, &m.layer_specs, "final_norm");
   const bool tied = c.tie_word_embeddings || !w.has("lm_head.weight");
   const NodeId head = tied ? embed : param("lm_head.weight", {vocab, hidden});
-  const NodeId logits = g.cast(layers::linear(g, final_norm, head), DType::f32);
+  // The final norm and lm_head: one rms_norm_matmul region.
+  const NodeId logits =
+      g.cast(layers::norm_linear(g, h, param("model.norm.weight", {hidden}), c.rms_norm_eps, dt,
+                                 head, &m.layer_specs, "final_norm"),
+             DType::f32);
   g.mark_output("logits", g.reshape(logits, {B, SymExpr(vocab)}));
   return m;
 }

@@ -245,14 +245,23 @@ std::vector<NodeId> norm_project(Graph& g, const Weights& w, DType dtype, bool s
                    std::move(groups));
   }
   if (groups.empty()) groups.assign(parts.size(), 1);
-  const NodeId a = rms_norm(g, h, norm_weight, eps, dtype);  // the region's RmsNorm, no spec
   const NodeId weight = stacked_param(g, w, dtype, stacked_prefix, parts, "weight", in_features);
-  const NodeId y = linear(g, a, weight);  // [..., sum rows]
+  // [..., sum rows]: the merge of the rms_norm_matmul region
+  const NodeId y = norm_linear(g, h, norm_weight, eps, dtype, weight, specs, site);
+  return split_views(g, y, parts, groups);
+}
+
+NodeId norm_linear(Graph& g, NodeId h, NodeId norm_weight, double eps, DType dtype, NodeId weight,
+                   std::vector<LayerOpSpec>* specs, const std::string& site) {
+  if (!specs || g.node(h).shape.size() < 2 || g.node(weight).shape.size() != 2)
+    return linear(g, rms_norm(g, h, norm_weight, eps, dtype, specs, site), weight);
+  const NodeId a = rms_norm(g, h, norm_weight, eps, dtype);  // the region's RmsNorm, no spec
+  const NodeId y = linear(g, a, weight);
   LayerOpSpec spec;
   spec.kind = LayerOpKind::rms_norm_matmul;
   spec.inputs = {h, norm_weight, weight};
   spec.eps = static_cast<float>(eps);
-  return split_views(g, end_region(g, y, std::move(spec), specs, site), parts, groups);
+  return end_region(g, y, std::move(spec), specs, site);
 }
 
 NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId up_out,

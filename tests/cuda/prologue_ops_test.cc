@@ -2,9 +2,10 @@
 // with its rms_norm / silu_mul prologue, gemv.h, or the two-kernel fallback) against the CPU
 // kernels (the oracle). Skips itself without a CUDA device.
 //
-//  1. Grid (the GEMV route): K in {64, 576, 1536, 4104 (4096 + 8: a vector tail)} x N in {17, 96,
-//     577, 960} (odd and even; 577 leaves a partial column group) x M = 1 .. 8 rows x bf16 / f16 /
-//     f32 x x layouts contiguous, padded (NaN gaps between rows: a stray read shows up as NaN) and
+//  1. Grid (the GEMV route): K in {64, 97 (odd: scalar tails), 576, 1536, 4104 (4096 + 8)} x
+//     N in {17, 96, 577, 960} (odd and even; 577 leaves a partial column group) x M = 1 .. 8 rows
+//     x bf16 / f16 / f32 x x layouts contiguous, padded (NaN gaps between rows: a stray read
+//     shows up as NaN) and
 //     offset (rows start one element past a 16-byte boundary: the prologue's scalar path). Every
 //     case first asserts which route it takes (prologue_gemv_applies and the GEMV's prologue
 //     launch counter), so a routing change cannot silently turn the test into a fallback test.
@@ -67,7 +68,7 @@ using testing::upload;
 constexpr std::int64_t kPad = 3;
 constexpr float kEps = 1e-5f;
 const DType kDtypes[] = {DType::bf16, DType::f16, DType::f32};
-const std::int64_t kKGrid[] = {64, 576, 1536, 4104};
+const std::int64_t kKGrid[] = {64, 97, 576, 1536, 4104};
 const std::int64_t kNGrid[] = {17, 96, 577, 960};
 
 enum class Layout { contiguous, padded, offset };

@@ -146,7 +146,8 @@ TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
   DecodeModel model = build_decode_model(config, weights, build);
   // Per layer: 2 norms fused with the q|k|v and gate|up projections (rms_norm_matmul), 1 rope (q
   // and k heads in one call), the o_proj residual (matmul_add), the SwiGLU activation with
-  // down_proj and its residual (silu_mul_matmul_add); the final norm.
+  // down_proj and its residual (silu_mul_matmul_add); the final norm with lm_head
+  // (rms_norm_matmul).
   EXPECT_EQ(model.layer_specs.size(), 2u * 5u + 1u);
   int norm_products = 0, silu_products = 0;
   for (const LayerOpSpec& s : model.layer_specs) {
@@ -154,7 +155,7 @@ TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
     silu_products += s.kind == LayerOpKind::silu_mul_matmul_add;
     EXPECT_NE(s.kind, LayerOpKind::silu_mul) << s.site;  // replaced by silu_mul_matmul_add
   }
-  EXPECT_EQ(norm_products, 4);
+  EXPECT_EQ(norm_products, 5);  // + the final norm with lm_head
   EXPECT_EQ(silu_products, 2);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);

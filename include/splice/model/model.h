@@ -124,6 +124,11 @@ std::vector<NodeId> norm_project(Graph& g, const Weights& w, DType dtype, bool s
                                  const std::string& stacked_prefix, const LinearParts& parts,
                                  bool bias, std::vector<std::size_t> groups,
                                  std::vector<LayerOpSpec>* specs, const std::string& site);
+// rms_norm(h) @ weight^T for a 2-D weight [N, K] (the final norm and lm_head): with a spec sink
+// and h of rank >= 2 one rms_norm_matmul region (inputs {h, norm_weight, weight}, `site`) ending
+// in its merge; otherwise linear(rms_norm(..., specs, site), weight).
+NodeId norm_linear(Graph& g, NodeId h, NodeId norm_weight, double eps, DType dtype, NodeId weight,
+                   std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
 // residual + (silu(gate_out) * up_out) @ down^T: SwiGLU's activation, down projection and the
 // residual add. With a spec sink, a 2-D down weight and the residual of the product's shape, ONE
 // region (Silu -> Mul -> MatMul -> Add primitives, the add labelled `label`) with a
