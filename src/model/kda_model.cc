@@ -74,6 +74,22 @@ struct Builder {
                            parts, bias, std::move(groups));
   }
 
+  // A mixer's input norm: its weight [hidden] and the spec site.
+  struct Norm {
+    NodeId weight;
+    std::string site;
+  };
+
+  // rms_norm(x, norm) [..., hidden] through the linears `parts` (layers::norm_project: with
+  // stack_projections one rms_norm_matmul region of the norm and the stacked product).
+  std::vector<NodeId> norm_project(const Norm& norm, NodeId x, const std::string& stacked_prefix,
+                                   const Parts& parts, bool bias,
+                                   std::vector<std::size_t> groups = {}) {
+    return layers::norm_project(g, w, o.dtype, o.stack_projections, x, norm.weight,
+                                c.rms_norm_eps, c.hidden_size, stacked_prefix, parts, bias,
+                                std::move(groups), &m.layer_specs, norm.site);
+  }
+
   // Whether KDA layers fit the fused op's contract (see the file comment).
   bool kda_fits_fused_op() const {
     const KdaLayerConfig& k = c.kda;
@@ -118,8 +134,9 @@ struct Builder {
     NodeId x, weight;
   };
 
-  // KDA mixer of layer `l` on a [B, 1, hidden]; returns its o_proj input [B, 1, vd] and weight.
-  MixerOut kda_mixer(std::int64_t l, NodeId a) {
+  // KDA mixer of layer `l` on rms_norm(h, norm), h [B, 1, hidden]; returns its o_proj input
+  // [B, 1, vd] and weight.
+  MixerOut kda_mixer(std::int64_t l, NodeId h, const Norm& norm) {
     const KdaLayerConfig& k = c.kda;
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string site = "layer" + std::to_string(l) + ".kda";
@@ -128,7 +145,9 @@ struct Builder {
                        gate_dim = HV * Dk, batch = o.batch;
     const SymExpr one(1);
     auto L = [&](NodeId id, const std::string& what) { return g.labeled(id, site + "." + what); };
-    const NodeId flat = g.reshape(a, {B, SymExpr(hidden)});  // [B, hidden]
+    // [B, hidden]: the residual stream flattened; the norm runs on it inside norm_project (rows of
+    // the last axis either way).
+    const NodeId flat = g.reshape(h, {B, SymExpr(hidden)});
     // Projections of `flat` (each a bf16 linear like torch's, rounded at its output): with
     // stack_projections one matmul over the stacked q, k, v, f_proj.0, b_proj, g_proj.0 weights,
     // whose q|k|v columns are x (a contiguous copy only when batch rows make the view strided).
@@ -139,11 +158,12 @@ struct Builder {
                          {p + "attn.g_proj.0.", Dv}, {p + "attn.b_proj.", HV}};
     NodeId x, f_low, g_low, beta_low;
     if (o.stack_projections) {
-      const std::vector<NodeId> y = project(flat, p + "attn.in_proj.", parts, false, {3, 1, 1, 1});
+      const std::vector<NodeId> y =
+          norm_project(norm, flat, p + "attn.in_proj.", parts, false, {3, 1, 1, 1});
       x = L(g.reshape(y[0], {B, SymExpr(2 * kd + vd)}), "x");  // [B, 2*kd + vd]
       f_low = y[1], g_low = y[2], beta_low = y[3];
     } else {
-      const std::vector<NodeId> y = project(flat, "", parts, false);
+      const std::vector<NodeId> y = norm_project(norm, flat, "", parts, false);
       x = L(g.concat({y[0], y[1], y[2]}, 1), "x");  // [B, 2*kd + vd]
       f_low = y[3], g_low = y[4], beta_low = y[5];
     }
@@ -299,10 +319,10 @@ struct Builder {
     return L(g.reshape(out, {B, SymExpr(vd)}), "kda_merge");
   }
 
-  // FLA's Attention of layer `l` on a [B, 1, hidden]; returns its o_proj input
-  // [B, 1, heads * head_dim] and weight.
-  MixerOut attention_mixer(std::int64_t l, NodeId a, NodeId cos_table, NodeId sin_table,
-                           NodeId position) {
+  // FLA's Attention of layer `l` on rms_norm(h, norm), h [B, 1, hidden]; returns its o_proj
+  // input [B, 1, heads * head_dim] and weight.
+  MixerOut attention_mixer(std::int64_t l, NodeId h, const Norm& norm, NodeId cos_table,
+                           NodeId sin_table, NodeId position) {
     const std::string p = "model.layers." + std::to_string(l) + ".attn.";
     const std::string site = "layer" + std::to_string(l) + ".attn";
     const std::int64_t hidden = c.hidden_size, heads = c.num_attention_heads,
@@ -318,14 +338,14 @@ struct Builder {
     if (o.stack_projections) {
       // One q|k|v matmul; one RoPE over the adjacent q and k heads; q, k are head views of it.
       const std::vector<NodeId> qk_v =
-          project(a, p + "qkv_proj.", qkv_parts, c.attention_bias, {2, 1});
+          norm_project(norm, h, p + "qkv_proj.", qkv_parts, c.attention_bias, {2, 1});
       const NodeId qk = layers::rope(g, heads_of(qk_v[0], heads + kv_heads), cos_table, sin_table,
                                      position, &m.layer_specs, site + ".qk");
       q_rot = g.slice(qk, 1, DynScalar::Concrete(0), DynScalar::Concrete(heads));
       k_rot = g.slice(qk, 1, DynScalar::Concrete(heads), DynScalar::Concrete(heads + kv_heads));
       v = qk_v[1];
     } else {
-      const std::vector<NodeId> qkv = project(a, "", qkv_parts, c.attention_bias);
+      const std::vector<NodeId> qkv = norm_project(norm, h, "", qkv_parts, c.attention_bias);
       q_rot = layers::rope(g, heads_of(qkv[0], heads), cos_table, sin_table, position,
                            &m.layer_specs, site + ".q");
       k_rot = layers::rope(g, heads_of(qkv[1], kv_heads), cos_table, sin_table, position,
@@ -389,11 +409,13 @@ struct Builder {
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const std::string name = "layer" + std::to_string(l);
-      const NodeId a = layers::rms_norm(g, h, param(p + "attn_norm.weight", {hidden}),
-                                        c.rms_norm_eps, dt, &m.layer_specs, name + ".attn_norm");
-      const MixerOut mixed = c.is_attention_layer(l)
-                                 ? attention_mixer(l, a, *cos_table, *sin_table, *position)
-                                 : kda_mixer(l, a);
+      // The mixer's norm runs inside its input projections (one rms_norm_matmul region when
+      // stacked).
+      const Norm attn_norm{param(p + "attn_norm.weight", {hidden}), name + ".attn_norm"};
+      const MixerOut mixed =
+          c.is_attention_layer(l)
+              ? attention_mixer(l, h, attn_norm, *cos_table, *sin_table, *position)
+              : kda_mixer(l, h, attn_norm);
       h = layers::linear_residual(g, h, mixed.x, mixed.weight, {}, &m.layer_specs,
                                   name + ".mixer.o_proj", name + ".mixer.residual");
       const std::int64_t inter = c.intermediate_size;

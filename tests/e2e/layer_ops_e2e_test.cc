@@ -171,13 +171,20 @@ TEST(LayerOpsE2e, DefaultKdaModelGreedyTokensAndLogitsMatchWithAndWithoutFusedLa
   build.max_seq_len = 32;
   build.dtype = DType::bf16;
   DecodeModel model = build_decode_model(config, weights, build);
-  // 4 layers x (the mixer's norm, the MLP norm fused with gate|up (rms_norm_matmul), the mixer's
-  // o_proj residual (matmul_add), the SwiGLU activation with down_proj and its residual
-  // (silu_mul_matmul_add)), the attention layer's rope, the final norm.
+  // 4 layers x (the mixer's norm fused with its stacked input projection and the MLP norm with
+  // gate|up (rms_norm_matmul), the mixer's o_proj residual (matmul_add), the SwiGLU activation
+  // with down_proj and its residual (silu_mul_matmul_add)), the attention layer's rope, the final
+  // norm with lm_head (rms_norm_matmul).
   EXPECT_EQ(model.layer_specs.size(), 4u * 4u + 1u + 1u);
+  int norm_products = 0;
+  for (const LayerOpSpec& s : model.layer_specs) {
+    norm_products += s.kind == LayerOpKind::rms_norm_matmul;
+    EXPECT_NE(s.kind, LayerOpKind::rms_norm) << s.site;  // every norm feeds a product
+  }
+  EXPECT_EQ(norm_products, 4 * 2 + 1);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);
-  EXPECT_EQ(fused.fused_layer_ops, 10);  // 4 x (norm + rms_norm_matmul) + rope + final norm
+  EXPECT_EQ(fused.fused_layer_ops, 10);  // 4 x 2 rms_norm_matmul + rope + the final norm
   expect_same_decode(fused, plain);
 }
 
