@@ -482,8 +482,15 @@ TEST(PrologueOpsCuda, OptimizedSessionChoosesTheFusedArmsAndMatchesTheCpu) {
   Session cpu(build(nullptr));
   for (int step = 0; step < 4; ++step) {
     Tensor h = testing::random_tensor(rng, {1, 1, kHidden}, DType::bf16);
+    const cuda::gemv::LaunchStats before = cuda::gemv::launch_stats();
     gpu.step({}, {{"h", h.to_device(Device::cuda())}});
     cpu.step({}, {{"h", h}});
+    if (step == 0) {  // the eager first step: 2 layers x 2 prologue GEMVs, all with the session's
+                      // constant-weight hint (NodeHints via node_kernels' weight_input)
+      const cuda::gemv::LaunchStats after = cuda::gemv::launch_stats();
+      EXPECT_EQ(after.prologue - before.prologue, 4u);
+      EXPECT_EQ(after.prefetch - before.prefetch, 4u);
+    }
     EXPECT_TRUE(testing::close(gpu.output("y").to_device(Device::cpu()), cpu.output("y"),
                                Tolerance{1e-1, 5e-2}))
         << "step " << step;
