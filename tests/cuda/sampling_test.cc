@@ -457,11 +457,12 @@ TEST(CudaGreedyDecode, DefaultModelDecomposedArmsEagerStepsInStepEqualsHostGreed
 // A tiny random Llama with SmolLM2's 49152-entry vocabulary: the argmax runs as a cluster of
 // several CTAs inside the replayed graph, right after the lm_head GEMV and the f32 cast.
 std::string write_large_vocab_llama(const std::string& dir) {
-  constexpr std::int64_t kVocab = 49152, kHidden = 64, kInter = 96, kKv = 32;
+  // Two heads of 64 (the flash decode kernel's smallest head_dim), one KV head.
+  constexpr std::int64_t kVocab = 49152, kHidden = 128, kInter = 160, kKv = 64;
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << R"({
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
-    "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+    "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 1,
     "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": false,
     "bos_token_id": 1, "eos_token_id": 2})";

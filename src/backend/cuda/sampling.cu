@@ -25,8 +25,8 @@
 //   5. PDL (launch.cuh): pdl_prologue() is every thread's first statement, before any global
 //      load or store.
 //   6. An automatic launch halves the cluster while the device reports that no such cluster can be
-//      resident (cudaOccupancyMaxActiveClusters, asked once per size); a forced size is launched
-//      as asked.
+//      resident (cudaOccupancyMaxActiveClusters, asked once per size, outside stream captures); a
+//      forced size is launched as asked.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -231,15 +231,17 @@ void launch(const ArgmaxParams& params, int ctas, Stream stream) {
   SPLICE_CUDA_CHECK_LAUNCH("argmax_kernel");
 }
 
-// Whether a cluster of `ctas` CTAs of kernel<T> can be resident on this device (asked once per
-// instantiation and size, outside any capture: the first launch of a decode step is eager). A
-// query the runtime cannot answer counts as a yes; the launch then reports any real problem.
+// Whether a cluster of `ctas` CTAs of kernel<T> can be resident on this device: 1 yes, 2 no,
+// 0 unknown. Asked once per instantiation and size, never while `stream` is being captured (the
+// first launch of a decode step is an eager warm-up); a query the runtime cannot answer, or one
+// not asked, counts as a yes and the launch reports any real problem.
 template <typename T>
-bool cluster_fits(int ctas) {
-  static std::atomic<int> known[kMaxClusterCtas + 1] = {};  // 0 unknown, 1 fits, 2 does not
-  std::atomic<int>& slot = known[ctas];
+bool cluster_fits(int ctas, Stream stream) {
+  static std::atomic<int> known[kMaxClusterCtas + 1] = {};
   if (ctas <= 1) return true;
+  std::atomic<int>& slot = known[ctas];
   if (const int k = slot.load(std::memory_order_relaxed); k != 0) return k == 1;
+  if (stream != nullptr && is_capturing(stream)) return true;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(ctas), 1, 1);
   config.blockDim = dim3(kThreads, 1, 1);
@@ -261,8 +263,8 @@ bool cluster_fits(int ctas) {
 // The CTAs per row for an automatic launch: argmax_launch's choice, halved while the device
 // cannot hold such a cluster.
 template <typename T>
-int fitting_ctas(int ctas) {
-  while (ctas > 1 && !cluster_fits<T>(ctas)) ctas /= 2;
+int fitting_ctas(int ctas, Stream stream) {
+  while (ctas > 1 && !cluster_fits<T>(ctas, stream)) ctas /= 2;
   return ctas;
 }
 
@@ -301,11 +303,12 @@ void argmax(const Tensor& logits, Tensor& ids, const ArgmaxOptions& options) {
   const Stream stream = current_stream();
   switch (logits.dtype()) {
     case DType::f32:
-      return launch<float>(p, automatic ? fitting_ctas<float>(ctas) : ctas, stream);
+      return launch<float>(p, automatic ? fitting_ctas<float>(ctas, stream) : ctas, stream);
     case DType::f16:
-      return launch<__half>(p, automatic ? fitting_ctas<__half>(ctas) : ctas, stream);
+      return launch<__half>(p, automatic ? fitting_ctas<__half>(ctas, stream) : ctas, stream);
     case DType::bf16:
-      return launch<__nv_bfloat16>(p, automatic ? fitting_ctas<__nv_bfloat16>(ctas) : ctas, stream);
+      return launch<__nv_bfloat16>(p, automatic ? fitting_ctas<__nv_bfloat16>(ctas, stream) : ctas,
+                                   stream);
     default:
       SPLICE_INTERNAL_CHECK(false, "argmax of ", dtype_name(logits.dtype()));
   }
