@@ -87,11 +87,12 @@ class Generator {
   Generator(DecodeModel model, const GeneratorOptions& options);
   // One step: appends `token` at the next position, returns the logits [vocab] (host f32).
   Tensor step(std::int32_t token);
-  // One greedy step: appends `token`, or without one the token the previous step chose (the
-  // greedy pick of its logits), and returns the greedy pick of this step's logits. With
+  // One greedy step: appends `token`, or without one the token the previous step_greedy chose
+  // (the greedy pick of its logits), and returns the greedy pick of this step's logits. With
   // greedy_in_step the pick is made inside the step and only its id is read back (a token that
   // continues the previous step never leaves the device); otherwise step() + Sampler. ValueError
-  // when there is no previous step to continue (none since construction or reset()).
+  // for a token outside the vocabulary, a full sequence, or a continuation with no previous
+  // step_greedy to continue (construction, reset(), step() and generate() leave none).
   std::int32_t step_greedy(std::optional<std::int32_t> token = std::nullopt);
   GenerateResult generate(const std::vector<std::int32_t>& prompt, const GenerateOptions& options);
   void reset();  // empties every cache; position 0 again
