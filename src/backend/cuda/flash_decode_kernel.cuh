@@ -7,11 +7,11 @@
 //   0. PDL: wait until the previous kernel has finished and its writes are visible, then let the
 //      next kernel in the stream start launching (no-ops without PDL). Nothing is read or
 //      written before the wait, so the split workspace and every input are safe.
-//   1. Issue at once, independent of each other: the k_len load, the 16 query rows (cp.async,
-//      zeros for padding rows) and, speculatively, the first kStages tiles (the whole ring: the
-//      tile the non-speculative loop would issue at its first step after k_len is issued here
-//      too) of each warp's K/V stream where the split's first key is known without k_len (one-wave
-//      grids with no left window, so lo = 0; the launcher decides, p.speculate):
+//   1. Issue at once, independent of each other: the k_len load, the ALiBi slopes, the 16 query
+//      rows (cp.async, zeros for padding rows) and, speculatively, the first kStages tiles (the
+//      whole ring: the tile the non-speculative loop would issue at its first step after k_len is
+//      issued here too) of each warp's K/V stream where the split's first key is known without
+//      k_len (one-wave grids with no left window, so lo = 0; the launcher decides, p.speculate):
 //        split 0 (p.speculate >= 1): it starts at key 0 at every k_len; tiles up to the capacity;
 //        split s >= 1 (p.speculate = 2: capacity <= min_chunk * gridDim.y, no forced count): at
 //        every k_len that runs more than one split the chunk is min_chunk, so it starts at
@@ -281,6 +281,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = p.k_len[b * p.k_len_stride];
+  // ALiBi slopes (log2 units) of this thread's two mma C-fragment rows, lane/4 and lane/4 + 8.
+  float slope_log2[2] = {0.0f, 0.0f};
+  if (p.alibi) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int gr = row_base + lane / 4 + 8 * rr;
+      if (gr < p.rows) slope_log2[rr] = p.alibi[kv_head * p.group + gr / p.q_len] * kLog2e;
+    }
+  }
   unsigned char* q_smem = smem;
   for (int c = tid; c < kRows * kChunks; c += kThreads) {
     const int row = c / kChunks;
@@ -398,16 +407,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Per-thread row data: rows lane/4 and lane/4 + 8 of the block (mma C-fragment rows).
   int vis_lo[2], vis_hi[2];
-  float pos[2], slope_log2[2];
+  float pos[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int gr = row_base + lane / 4 + 8 * rr;
     vis_lo[rr] = 0;
     vis_hi[rr] = 0;
     pos[rr] = 0.0f;
-    slope_log2[rr] = 0.0f;
     if (gr < p.rows) {
-      const int g = gr / p.q_len;
       const int pi = pos_first + gr % p.q_len;
       int l = c0;
       int h = c1;
@@ -417,7 +424,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       vis_lo[rr] = l;
       vis_hi[rr] = h;
       pos[rr] = static_cast<float>(pi);
-      if (p.alibi) slope_log2[rr] = p.alibi[kv_head * p.group + g] * kLog2e;
     }
   }
 
