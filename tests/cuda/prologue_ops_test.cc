@@ -154,7 +154,15 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
           SCOPED_TRACE(std::string(dtype_name(dtype)) + " k " + std::to_string(k) + " n " +
                        std::to_string(n) + " m " + std::to_string(m) + " " + layout_name(layout));
           const Tensor x = normal(rng, {m, k}, dtype, layout);
-          const Tensor norm = testing::random_tensor(rng, {k}, dtype, 0.3, 1.0);
+          // The norm weight: usually x's dtype and contiguous (read as chunks of T), every 5th
+          // case in f32 and every 7th a stride-2 view (both the per-element path, norm_direct
+          // false in gemv.cu).
+          const DType norm_dtype = cases % 5 == 4 ? DType::f32 : dtype;
+          Tensor norm = testing::random_tensor(rng, {k}, norm_dtype, 0.3, 1.0);
+          if (cases % 7 == 6) {
+            const Tensor spread = testing::random_tensor(rng, {k, 2}, norm_dtype, 0.3, 1.0);
+            norm = Tensor::view_of(spread.storage(), spread.offset(), {k}, {2}, norm_dtype);
+          }
           const Tensor w =
               testing::random_tensor(rng, {n, k}, dtype, 1.0 / std::sqrt(static_cast<double>(k)));
           const DType out_dtype = cases % 4 == 3 ? DType::f32 : dtype;
@@ -220,8 +228,8 @@ TEST(PrologueOpsCuda, FallbackRouteMatchesCpu) {
     std::int64_t m, n, k;
   };
   // 9 and 16 rows: beyond the GEMV; 4 rows of a 1536 x 576 weight: gemv::preferred says
-  // cuBLASLt; one row of k = 98312: beyond the prologue's shared memory (bf16: 98304 at one row).
-  const Case cases[] = {{9, 96, 576}, {16, 577, 1536}, {4, 1536, 576}, {1, 17, 98312}};
+  // cuBLASLt; one row of k = 32776: beyond the prologue's shared memory (bf16: 32768 at one row).
+  const Case cases[] = {{9, 96, 576}, {16, 577, 1536}, {4, 1536, 576}, {1, 17, 32776}};
   for (const Case& c : cases) {
     SCOPED_TRACE("m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " +
                  std::to_string(c.k));
@@ -252,25 +260,28 @@ TEST(PrologueOpsCuda, FallbackRouteMatchesCpu) {
 
 TEST(PrologueOpsCuda, PrologueLimitIsDocumentedAndEnforced) {
   SKIP_WITHOUT_GPU();
-  EXPECT_TRUE(cuda::gemv::prologue_fits(1, 98304, DType::bf16));
-  EXPECT_FALSE(cuda::gemv::prologue_fits(1, 98312, DType::bf16));
-  EXPECT_TRUE(cuda::gemv::prologue_fits(8, 12288, DType::bf16));
-  EXPECT_FALSE(cuda::gemv::prologue_fits(8, 12296, DType::bf16));
-  EXPECT_TRUE(cuda::gemv::prologue_fits(8, 6144, DType::f32));
+  // (rows * sizeof(T) + 4) * k_pad <= 192 KiB (gemv.h).
+  EXPECT_TRUE(cuda::gemv::prologue_fits(1, 32768, DType::bf16));
+  EXPECT_FALSE(cuda::gemv::prologue_fits(1, 32776, DType::bf16));
+  EXPECT_TRUE(cuda::gemv::prologue_fits(4, 16384, DType::bf16));
+  EXPECT_TRUE(cuda::gemv::prologue_fits(8, 9824, DType::bf16));
+  EXPECT_FALSE(cuda::gemv::prologue_fits(8, 9832, DType::bf16));
+  EXPECT_TRUE(cuda::gemv::prologue_fits(8, 5460, DType::f32));
+  EXPECT_FALSE(cuda::gemv::prologue_fits(8, 5464, DType::f32));
   EXPECT_FALSE(cuda::gemv::prologue_fits(9, 64, DType::bf16));
   Rng rng(34);
-  const Tensor x = upload(testing::random_tensor(rng, {8, 12296}, DType::bf16));
-  const Tensor w = upload(testing::random_tensor(rng, {4, 12296}, DType::bf16));
+  const Tensor x = upload(testing::random_tensor(rng, {8, 9832}, DType::bf16));
+  const Tensor w = upload(testing::random_tensor(rng, {4, 9832}, DType::bf16));
   Tensor y = upload(Tensor::empty({8, 4}, DType::bf16));
   cuda::gemv::Params p;
   p.w = w.raw_data();
-  p.w_row_stride = 12296;
+  p.w_row_stride = 9832;
   p.n = 4;
-  p.k = 12296;
+  p.k = 9832;
   p.rows = 8;
   p.in_dtype = p.out_dtype = DType::bf16;
   for (int r = 0; r < 8; ++r) {
-    p.x[r] = static_cast<const char*>(x.raw_data()) + r * 12296 * 2;
+    p.x[r] = static_cast<const char*>(x.raw_data()) + r * 9832 * 2;
     p.b[r] = p.x[r];
     p.y[r] = static_cast<char*>(y.raw_data()) + r * 4 * 2;
   }

@@ -17,7 +17,8 @@
 //      warp butterfly, then across the CTA's warps in warp order, so every CTA computes the same
 //      rows), then __syncthreads(); every warp of the CTA takes part, a warp without a column
 //      group exits after it. The stream below reads x from xs (ld.shared, always 16-byte
-//      aligned). Its limit: rows * round_up(k) * sizeof(T) <= kMaxPrologueBytes (192 KiB).
+//      aligned). Its limit: (rows * k_pad * sizeof(T) + k_pad * 4 bytes of norm weights) <=
+//      kMaxPrologueBytes (192 KiB; k_pad = k rounded up to 16 bytes).
 //   1. Tiling: a column group is kCols consecutive output columns j0 .. j0 + kCols - 1 (and every
 //      row r); one warp reduces a whole group, so no inter-warp reduction is needed. The launcher
 //      picks kCols (4, 2, 1) as the largest that still gives kTargetWarpsPerSm groups per SM and
@@ -274,53 +275,104 @@ __device__ __forceinline__ float load_any(const void* ptr, std::int64_t index, D
 }
 
 // Stage 0 (the prologue, after the wait): the CTA's threads write xs[r, kk] for r < p.rows,
-// kk < k (xs: [p.rows, k_pad] in shared memory, T = in_dtype; see gemv.h's Prologue):
-//   rms_norm: pass 1 copies x[r] into xs[r] and sums s_r = sum x^2 per thread (thread t takes
-//             elements (or 16-byte vectors) t, t + blockDim, ...), then over the warp (xor
-//             butterfly) and across the CTA's warps in warp order (every CTA gets the same inv_r:
-//             same block size, same order); pass 2 rewrites
-//             xs[r, kk] = round_T((xs * inv_r) * w_kk)
+// kk < k (xs: [p.rows, k_pad] in shared memory, T = in_dtype; see gemv.h's Prologue). Thread t
+// takes the chunks (16-byte vectors, or single elements when a row is misaligned) t, t + blockDim,
+// ...; each batch of kBatch chunks of every row (and of rms_norm's weight) is loaded with the
+// predicated read-only loads of stage 2 back to back before any is used, so a row costs about
+// one memory latency per batch, not one per chunk.
+//   rms_norm: pass 1 copies x[r] into xs[r], the norm weight (as fp32) into ws [k_pad] after the
+//             rows, and sums s_r = sum x^2 per thread, then over the warp (xor butterfly) and
+//             across the CTA's warps in warp order (every CTA gets the same inv_r: same block
+//             size, same order); pass 2 (shared memory only) rewrites
+//             xs[r, kk] = round_T((xs * inv_r) * ws[kk])
 //             with inv_r = 1 / sqrt(s_r / k + eps) (IEEE division and sqrt; no contraction: the
 //             cuda rms_norm kernel's exact operations).
 //   silu_mul: xs[r, kk] = round_T(round_T(a / (1 + e^-a)) * b) (the cuda silu_mul kernel's
 //             exact operations).
 // Ends with __syncthreads(): every warp of the CTA takes part (a warp without a column group
 // exits only after it).
-template <typename T, int kRows, Prologue kPro>
-__device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_t k_pad,
-                                             bool vectorized) {
-  constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
+template <typename T, int kRows, int kW, Prologue kPro>
+__device__ __forceinline__ void run_prologue_chunks(const Params& p, T* xs, std::int64_t k_pad,
+                                                    bool norm_direct) {
+  using Raw = typename RawOf<kW * static_cast<int>(sizeof(T))>::type;
+  // Chunks in flight per thread and row: more for fewer rows (registers: kBatch * kRows).
+  constexpr int kBatch = kRows <= 2 ? 4 : kRows <= 4 ? 2 : 1;
   const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
-  const std::int64_t k = p.k;
-  if constexpr (kPro == Prologue::rms_norm) {
-    __shared__ float partial[kMaxWarpsPerCta][kRows];
-    __shared__ float inv_shared[kRows];
-    float ss[kRows];
+  const std::int64_t k = p.k, chunks = k / kW;  // kW > 1 only when kW divides k
+  float* const ws = reinterpret_cast<float*>(xs + p.rows * k_pad);  // [k_pad] rms_norm weight
+  float ss[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) ss[r] = 0.0f;
+  for (int r = 0; r < kRows; ++r) ss[r] = 0.0f;
+  for (std::int64_t base = tid; base < chunks; base += static_cast<std::int64_t>(threads) * kBatch) {
+    Raw xr[kBatch][kRows];  // x (silu_mul: a) chunks
+    Raw br[kBatch][kRows];  // silu_mul's b chunks
+    Raw wr[kBatch];         // rms_norm's weight chunks (norm_direct)
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r >= p.rows) break;
-      const T* x = static_cast<const T*>(p.x[r]);
-      T* dst = xs + r * k_pad;
-      if (vectorized) {
-        for (std::int64_t v = tid; v < k / kVec; v += threads) {
-          const uint4 raw = *reinterpret_cast<const uint4*>(x + v * kVec);
-          *reinterpret_cast<uint4*>(dst + v * kVec) = raw;
-          float f[kVec];
-          unpack<T>(raw, f);
+    for (int u = 0; u < kBatch; ++u) {
+      const std::int64_t c = base + static_cast<std::int64_t>(u) * threads;
+      const bool in = c < chunks;
+      if constexpr (kPro == Prologue::rms_norm)
+        wr[u] = load_activation(
+            reinterpret_cast<const Raw*>(static_cast<const T*>(p.norm_weight) + c * kW),
+            in && norm_direct);
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) ss[r] += f[i] * f[i];
+      for (int r = 0; r < kRows; ++r) {
+        const bool row_in = in && r < p.rows;
+        xr[u][r] =
+            load_activation(reinterpret_cast<const Raw*>(static_cast<const T*>(p.x[r]) + c * kW),
+                            row_in);
+        if constexpr (kPro == Prologue::silu_mul)
+          br[u][r] = load_activation(
+              reinterpret_cast<const Raw*>(static_cast<const T*>(p.b[r]) + c * kW), row_in);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const std::int64_t c = base + static_cast<std::int64_t>(u) * threads;
+      if (c >= chunks) break;
+      if constexpr (kPro == Prologue::rms_norm) {
+        float w[kW];
+        if (norm_direct) {
+          unpack<T>(wr[u], w);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kW; ++i)
+            w[i] = load_any(p.norm_weight, (c * kW + i) * p.norm_weight_stride,
+                            p.norm_weight_dtype);
         }
-      } else {
-        for (std::int64_t j = tid; j < k; j += threads) {
-          const T e = x[j];
-          dst[j] = e;
-          const float f = to_float(e);
-          ss[r] += f * f;
+#pragma unroll
+        for (int i = 0; i < kW; ++i) ws[c * kW + i] = w[i];
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (r >= p.rows) break;
+        Raw* dst = reinterpret_cast<Raw*>(xs + r * k_pad + c * kW);
+        if constexpr (kPro == Prologue::rms_norm) {
+          *dst = xr[u][r];
+          float f[kW];
+          unpack<T>(xr[u][r], f);
+#pragma unroll
+          for (int i = 0; i < kW; ++i) ss[r] += f[i] * f[i];
+        } else {
+          float fa[kW], fb[kW];
+          unpack<T>(xr[u][r], fa);
+          unpack<T>(br[u][r], fb);
+          T out[kW];
+#pragma unroll
+          for (int i = 0; i < kW; ++i) {
+            const float s = to_float(from_float<T>(fa[i] / (1.0f + expf(-fa[i]))));
+            out[i] = from_float<T>(__fmul_rn(s, fb[i]));
+          }
+          Raw raw;
+          memcpy(&raw, out, sizeof(raw));
+          *dst = raw;
         }
       }
     }
+  }
+  if constexpr (kPro == Prologue::rms_norm) {
+    __shared__ float partial[kMaxWarpsPerCta][kRows];
+    __shared__ float inv_shared[kRows];
     const int warp = tid / kWarpSize, lane = tid % kWarpSize;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -329,7 +381,7 @@ __device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_
         ss[r] += __shfl_xor_sync(kFullMask, ss[r], offset);
       if (lane == 0) partial[warp][r] = ss[r];
     }
-    __syncthreads();
+    __syncthreads();  // also publishes xs and ws
     if (tid < kRows) {
       float total = 0.0f;
       for (int w = 0; w < threads / kWarpSize; ++w) total += partial[w][tid];
@@ -341,42 +393,23 @@ __device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_
       if (r >= p.rows) break;
       const float inv = inv_shared[r];
       T* row = xs + r * k_pad;
-      for (std::int64_t j = tid; j < k; j += threads) {
-        const float w = load_any(p.norm_weight, j * p.norm_weight_stride, p.norm_weight_dtype);
-        row[j] = from_float<T>(__fmul_rn(__fmul_rn(to_float(row[j]), inv), w));
-      }
-    }
-  } else {
-    static_assert(kPro == Prologue::silu_mul);
-    const auto act = [](float a, float b) {
-      const float s = to_float(from_float<T>(a / (1.0f + expf(-a))));
-      return from_float<T>(__fmul_rn(s, b));
-    };
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r >= p.rows) break;
-      const T* a = static_cast<const T*>(p.x[r]);
-      const T* b = static_cast<const T*>(p.b[r]);
-      T* dst = xs + r * k_pad;
-      if (vectorized) {
-        for (std::int64_t v = tid; v < k / kVec; v += threads) {
-          float fa[kVec], fb[kVec];
-          unpack<T>(*reinterpret_cast<const uint4*>(a + v * kVec), fa);
-          unpack<T>(*reinterpret_cast<const uint4*>(b + v * kVec), fb);
-          T out[kVec];
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) out[i] = act(fa[i], fb[i]);
-          uint4 raw;
-          memcpy(&raw, out, sizeof(raw));
-          *reinterpret_cast<uint4*>(dst + v * kVec) = raw;
-        }
-      } else {
-        for (std::int64_t j = tid; j < k; j += threads)
-          dst[j] = act(to_float(a[j]), to_float(b[j]));
-      }
+      for (std::int64_t j = tid; j < k; j += threads)
+        row[j] = from_float<T>(__fmul_rn(__fmul_rn(to_float(row[j]), inv), ws[j]));
     }
   }
   __syncthreads();
+}
+
+// Stage 0's entry: 16-byte chunks when `vectorized` (every row 16-byte aligned and kVec divides
+// k), single elements otherwise.
+template <typename T, int kRows, Prologue kPro>
+__device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_t k_pad,
+                                             bool vectorized, bool norm_direct) {
+  constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
+  if (vectorized)
+    run_prologue_chunks<T, kRows, kVec, kPro>(p, xs, k_pad, norm_direct);
+  else
+    run_prologue_chunks<T, kRows, 1, kPro>(p, xs, k_pad, norm_direct);
 }
 
 // Each warp streams the column groups w, w + W, ... (W warps in the grid); see the file header.
@@ -385,8 +418,10 @@ __device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_
 template <typename T, int kRows, int kCols, int kVec, Prologue kPro>
 __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool single_wave,
                                                            std::int64_t k_pad,
-                                                           bool prologue_vectorized) {
-  extern __shared__ __align__(16) unsigned char prologue_rows[];  // [p.rows, k_pad] of T
+                                                           bool prologue_vectorized,
+                                                           bool norm_direct) {
+  // [p.rows, k_pad] of T, then (rms_norm) [k_pad] fp32 norm weights
+  extern __shared__ __align__(16) unsigned char prologue_rows[];
   using Raw = typename RawOf<kVec* static_cast<int>(sizeof(T))>::type;
   using Scalar = typename RawOf<static_cast<int>(sizeof(T))>::type;
   constexpr int kUnroll = unroll_for(kRows, kCols);
@@ -519,7 +554,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   if (single_wave) detail::allow_dependents();  // after the wait (launch.cuh)
 #endif
   if constexpr (kPro != Prologue::none)
-    run_prologue<T, kRows, kPro>(p, xs, k_pad, prologue_vectorized);
+    run_prologue<T, kRows, kPro>(p, xs, k_pad, prologue_vectorized, norm_direct);
   if (!has_group) return;
   if (!p.w_constant) load_first_weights();
   load_first_activations();
@@ -625,6 +660,7 @@ struct Grid {
   std::int64_t k_pad = 0;
   unsigned smem = 0;
   bool prologue_vectorized = false;
+  bool norm_direct = false;  // rms_norm's weight read as T chunks (in_dtype, unit stride)
 };
 
 // CTAs of `kernel` with `threads` threads one SM holds at once (>= 1), cached per kernel
@@ -713,7 +749,7 @@ void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
   if (p.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
   if (kPro != Prologue::none) g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
   launch_with_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(g.threads), g.smem, stream,
-                   p, single_wave, g.k_pad, g.prologue_vectorized);
+                   p, single_wave, g.k_pad, g.prologue_vectorized, g.norm_direct);
 }
 
 template <typename T, int kRows, int kCols, Prologue kPro>
@@ -766,6 +802,14 @@ std::int64_t padded_k(std::int64_t k, DType dtype) {
   return (k + per_vector - 1) / per_vector * per_vector;
 }
 
+// Shared memory of a prologue: the rows, plus k_pad fp32 norm weights (counted for both
+// prologues, so one limit serves both).
+std::int64_t prologue_bytes(std::int64_t rows, std::int64_t k, DType dtype) {
+  const std::int64_t k_pad = padded_k(k, dtype);
+  return rows * k_pad * static_cast<std::int64_t>(dtype_size(dtype)) +
+         k_pad * static_cast<std::int64_t>(sizeof(float));
+}
+
 bool aligned(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVectorBytes == 0; }
 
 }  // namespace
@@ -781,8 +825,7 @@ LaunchStats launch_stats() {
 
 bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype) {
   if (rows < 1 || rows > kMaxRows || k < 1) return false;
-  const std::int64_t elems = padded_k(k, dtype);
-  return rows * elems * static_cast<std::int64_t>(dtype_size(dtype)) <= kMaxPrologueBytes;
+  return prologue_bytes(rows, k, dtype) <= kMaxPrologueBytes;
 }
 
 void launch(const Params& params, cudaStream_t stream) {
@@ -825,7 +868,7 @@ void launch(const Params& params, cudaStream_t stream) {
                               (p.norm_weight != nullptr && is_float(p.norm_weight_dtype)),
                           "gemv rms_norm prologue: norm_weight is null or not a float dtype");
     k_pad = padded_k(p.k, p.in_dtype);
-    smem = static_cast<unsigned>(p.rows * k_pad * elem);
+    smem = static_cast<unsigned>(prologue_bytes(p.rows, p.k, p.in_dtype));
     prologue_vectorized = p.k % (kVectorBytes / elem) == 0;
     for (int r = 0; r < p.rows; ++r) {
       prologue_vectorized = prologue_vectorized && aligned(p.x[r]);
@@ -852,6 +895,9 @@ void launch(const Params& params, cudaStream_t stream) {
   g.k_pad = k_pad;
   g.smem = smem;
   g.prologue_vectorized = prologue_vectorized;
+  g.norm_direct = p.prologue == Prologue::rms_norm && p.norm_weight_dtype == p.in_dtype &&
+                  (p.norm_weight_stride == 1 || p.k == 1) &&
+                  (!prologue_vectorized || aligned(p.norm_weight));
 
   switch (p.in_dtype) {
     case DType::f16:

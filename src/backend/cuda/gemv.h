@@ -30,10 +30,11 @@ inline constexpr int kMaxRows = 8;  // rows of x (the flattened m of the matmul)
 //             inv_r = 1 / sqrt(sum_kk x[r, kk]^2 / k + eps)
 //   silu_mul: xs[r, kk] = round_T(round_T(x[r, kk] / (1 + e^-x[r, kk])) * b[r, kk])
 // (T = in_dtype: the rounding of the RmsNorm / SiluMul node that feeds the matmul in the
-// decomposed region). The rows live in shared memory, rows * round_up(k, 16 bytes) elements of T,
-// so a prologue launch takes at most kMaxPrologueBytes (192 KiB of the H200's 227 KiB per CTA):
-// k <= 98304 at one bf16 row, 12288 at eight, half that in f32. prologue_fits() says whether a
-// call fits; launch() refuses (UnsupportedError) one that does not.
+// decomposed region). The rows live in shared memory, rows * k_pad elements of T plus k_pad fp32
+// norm weights (k_pad = k rounded up to whole 16-byte vectors), so a prologue launch takes at most
+// kMaxPrologueBytes (192 KiB of the H200's 227 KiB per CTA): in bf16 / f16, k <= 32768 at one row,
+// 16384 at four, 9824 at eight; in f32, 24576 at one row, 5460 at eight. prologue_fits() says
+// whether a call fits; launch() refuses (UnsupportedError) one that does not.
 enum class Prologue : std::uint8_t { none, rms_norm, silu_mul };
 inline constexpr std::int64_t kMaxPrologueBytes = 192 * 1024;
 
