@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <mutex>
 #include <utility>
 
@@ -28,7 +27,6 @@ static_assert(splice::cuda::kFlashDecodeMaxSplits == splice::cuda::detail::kMaxS
 static_assert(splice::cuda::kFlashDecodeRowsPerCta == splice::cuda::detail::kRows);
 static_assert(splice::cuda::kFlashDecodeTileKeys == splice::cuda::detail::kTileKeys);
 static_assert(splice::cuda::kFlashDecodeWarps == splice::cuda::detail::kWarps);
-static_assert(splice::cuda::kFlashDecodeMaxSplits % splice::cuda::detail::kMergeBatch == 0);
 
 namespace splice::cuda {
 namespace {
