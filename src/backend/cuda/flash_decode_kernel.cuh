@@ -76,7 +76,10 @@ inline constexpr int kWarps = 4;
 inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kMaxSplits = 256;
 // Splits whose (lse2_s, O_s) the merging CTA loads at once: one L2 round trip per batch (16
-// float4 + 16 floats in registers per output slot).
+// float4 + 16 floats in registers per output slot). Registers bound it: the plan assumes the
+// CTAs per SM that shared memory allows (3 at head_dim 64, 2 at 128), which needs <= 168 and
+// <= 255 registers a thread; 16 gives 144 / 206 (nvcc 13.0, sm_90a), 32 would give 204 at
+// head_dim 64, one CTA per SM fewer than planned.
 inline constexpr int kMergeBatch = 16;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
