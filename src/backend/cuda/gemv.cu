@@ -303,7 +303,8 @@ __device__ __forceinline__ void run_prologue_chunks(const Params& p, T* xs, std:
   float ss[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) ss[r] = 0.0f;
-  const std::int64_t batch_stride = static_cast<std::int64_t>(threads) * kBatch;  // chunks per batch
+  // Chunks one batch of the CTA covers.
+  const std::int64_t batch_stride = static_cast<std::int64_t>(threads) * kBatch;
   for (std::int64_t base = tid; base < chunks; base += batch_stride) {
     Raw xr[kBatch][kRows];  // x (silu_mul: a) chunks
     Raw br[kBatch][kRows];  // silu_mul's b chunks
