@@ -254,8 +254,10 @@ GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt,
   has_choice_ = false;
   last_choice_.reset();
   if (result.greedy_in_step) {
-    Tensor prompt_host = Tensor::empty({static_cast<std::int64_t>(prompt.size())}, DType::i32);
+    Tensor prompt_host =
+        Tensor::empty({static_cast<std::int64_t>(prompt.size())}, DType::i32);  // [prompt]
     std::copy(prompt.begin(), prompt.end(), prompt_host.data<std::int32_t>());
+    // [prompt] i32 on the session's device, uploaded once; prompt steps read views of it.
     const Tensor prompt_ids = device_.is_cpu() ? prompt_host : prompt_host.to_device(device_);
     for (std::int64_t i = 0; i < prompt_ids.numel(); ++i) {
       launch_step(prompt_ids.slice(0, i, i + 1));  // [1]
