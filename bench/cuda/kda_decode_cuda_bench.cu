@@ -12,9 +12,9 @@
 //     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
 //  4. Every variant (stream, stream_plain, wide, split2, split4) is timed; the table reports the
 //     automatic choice. A/B configurations are timed beside them and printed as "A/B" lines (and
-//     JSON fields), never in the table: `stream_fast` = stream with KdaTuning::fast_gates;
-//     `chosen_nopdl` = the chosen variant launched without PDL (N <= 8; every other time is with
-//     PDL unless SPLICE_PDL=0: the launches of one graph then overlap their predecessor's tail).
+//     JSON fields), never in the table: `chosen_nopdl` = the chosen variant launched without PDL
+//     (N <= 8; every other time is with PDL unless SPLICE_PDL=0: the launches of one graph then
+//     overlap their predecessor's tail).
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
 // given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
 // Environment: KDA_BENCH_QUICK (T in {1, 4}), KDA_BENCH_NS / KDA_BENCH_TS (comma lists),
@@ -210,13 +210,13 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   // Median time per launch of G launches of one configuration captured in one graph.
-  auto time_config = [&](splice::cuda::KdaVariant variant, const splice::cuda::KdaTuning& tuning) {
-    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant, tuning);  // warm
+  auto time_config = [&](splice::cuda::KdaVariant variant) {
+    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);  // warm
     CHECK(cudaStreamSynchronize(stream));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant, tuning);
+    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);
     CHECK(cudaStreamEndCapture(stream, &graph));
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < kWarmup; ++i) CHECK(cudaGraphLaunch(exec, stream));
@@ -238,14 +238,11 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   for (auto variant : {splice::cuda::KdaVariant::stream, splice::cuda::KdaVariant::stream_plain,
                        splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::split2,
                        splice::cuda::KdaVariant::split4})
-    res.variant_us[splice::cuda::kda_variant_name(variant)] = time_config(variant, {});
-  splice::cuda::KdaTuning fast;
-  fast.fast_gates = true;
-  res.ab_us["stream_fast"] = time_config(splice::cuda::KdaVariant::stream, fast);
+    res.variant_us[splice::cuda::kda_variant_name(variant)] = time_config(variant);
   if (N <= kMaxNoPdlN) {  // the launch-bound sizes: the chosen variant without PDL
     const bool pdl = splice::cuda::pdl_enabled();
     splice::cuda::set_pdl_enabled(false);
-    res.ab_us["chosen_nopdl"] = time_config(chosen, {});
+    res.ab_us["chosen_nopdl"] = time_config(chosen);
     splice::cuda::set_pdl_enabled(pdl);
   }
   res.us = res.variant_us[res.chosen];
@@ -279,15 +276,11 @@ int main(int argc, char** argv) {
   std::printf("device: %s\n", splice::cuda::device_name().c_str());
   // The `stream` kernel's launch facts (a kernel that cannot be placed runs as `wide`).
   for (splice::DType dt : {splice::DType::f32, splice::DType::bf16}) {
-    for (int kind = 0; kind < 3; ++kind) {  // staged, plain, staged with fast gates
-      const bool staged = kind != 1, fast = kind == 2;
-      const splice::cuda::KdaKernelInfo k = splice::cuda::kda_stream_kernel_info(dt, staged, fast);
+    for (bool staged : {true, false}) {
+      const splice::cuda::KdaKernelInfo k = splice::cuda::kda_stream_kernel_info(dt, staged);
       std::printf("stream %s %s: %d threads, %d registers, %d B local, %d B shared: %s%s\n",
-                  splice::dtype_name(dt),
-                  fast     ? "fast  "
-                  : staged ? "staged"
-                           : "plain ",
-                  k.block, k.num_regs, k.local_bytes, k.smem_bytes,
+                  splice::dtype_name(dt), staged ? "staged" : "plain ", k.block, k.num_regs,
+                  k.local_bytes, k.smem_bytes,
                   k.launchable ? "launchable" : "NOT launchable: ", k.reason.c_str());
     }
   }
@@ -321,10 +314,6 @@ int main(int argc, char** argv) {
             r.dtype.c_str(), n, t, r.variant_us.at("stream"), r.variant_us.at("stream_plain"),
             r.variant_us.at("wide"), r.variant_us.at("split2"), r.variant_us.at("split4"),
             r.floor_us);
-        const double base = r.variant_us.at("stream");
-        std::printf("  A/B %s N=%d T=%d: stream_fast %.2f vs stream %.2f us (%+.1f%%)\n",
-                    r.dtype.c_str(), n, t, r.ab_us.at("stream_fast"), base,
-                    100.0 * (r.ab_us.at("stream_fast") / base - 1.0));
         if (r.ab_us.count("chosen_nopdl")) {
           const double with = r.variant_us.at(r.chosen);
           std::printf("  A/B %s N=%d T=%d: %s without PDL %.2f vs with %.2f us (%+.1f%%)\n",
@@ -350,8 +339,7 @@ int main(int argc, char** argv) {
          << ", \"stream_plain_us\": " << r.variant_us["stream_plain"]
          << ", \"wide_us\": " << r.variant_us["wide"]
          << ", \"split2_us\": " << r.variant_us["split2"]
-         << ", \"split4_us\": " << r.variant_us["split4"]
-         << ", \"stream_fast_us\": " << r.ab_us["stream_fast"] << ", \"chosen_nopdl_us\": "
+         << ", \"split4_us\": " << r.variant_us["split4"] << ", \"chosen_nopdl_us\": "
          << (r.ab_us.count("chosen_nopdl") ? r.ab_us["chosen_nopdl"] : -1)
          << ", \"fla_us\": " << r.fla_us << ", \"fla_recurrent_us\": " << r.fla_rec_us << "}"
          << (i + 1 < results.size() ? "," : "") << "\n";

@@ -330,9 +330,8 @@ std::set<int> written_slots(const Meta& m) {
 // The comparison of one case.
 
 void check_case(const Problem& host, std::optional<float> lb, cuda::KdaVariant variant,
-                const std::string& what, const cuda::KdaTuning& tuning = {}) {
-  SCOPED_TRACE(what + " variant=" + cuda::kda_variant_name(variant) +
-               (tuning.fast_gates ? " fast gates" : ""));
+                const std::string& what) {
+  SCOPED_TRACE(what + " variant=" + cuda::kda_variant_name(variant));
   // Oracle runs on copies of the host problem.
   Problem cpu = to_device(host, Device::cpu());
   const auto ref = testing::reference_packed_kda_decode(
@@ -343,7 +342,7 @@ void check_case(const Problem& host, std::optional<float> lb, cuda::KdaVariant v
 
   Problem gpu = to_device(host, Device::cuda());
   KdaDecodeArgs args = packed_args(gpu, lb);
-  cuda::kda_decode(args, nullptr, variant, tuning);
+  cuda::kda_decode(args, nullptr, variant);
   cuda::synchronize();
 
   // conv_state: the whole storage bit for bit (shared-page layouts compare the cache elsewhere).
@@ -433,14 +432,10 @@ const cuda::KdaVariant kVariants[] = {cuda::KdaVariant::stream, cuda::KdaVariant
 TEST(KdaCuda, StreamKernelAdmitsItsBlock) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   for (DType dtype : {DType::f32, DType::bf16}) {
-    for (int kind = 0; kind < 3; ++kind) {  // staged, plain, staged with fast gates
-      const bool staged = kind != 1, fast = kind == 2;
-      const cuda::KdaKernelInfo info = cuda::kda_stream_kernel_info(dtype, staged, fast);
-      SCOPED_TRACE(std::string(dtype_name(dtype)) +
-                   (fast     ? " fast gates"
-                    : staged ? " staged"
-                             : " plain") +
-                   ": " + std::to_string(info.num_regs) + " registers, " +
+    for (bool staged : {true, false}) {
+      const cuda::KdaKernelInfo info = cuda::kda_stream_kernel_info(dtype, staged);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (staged ? " staged" : " plain") + ": " +
+                   std::to_string(info.num_regs) + " registers, " +
                    std::to_string(info.smem_bytes) + " B shared");
       EXPECT_GE(info.max_threads_per_block, info.block);
       EXPECT_LE(info.smem_bytes, info.smem_optin);
@@ -552,29 +547,6 @@ TEST(KdaCuda, StreamManyItemsPerCta) {
     for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain})
       check_case(p3, std::nullopt, v, std::string("many items T=3 ") + dtype_name(sdt));
   }
-}
-
-// The staged `stream` kernel with the fast gate math (KdaTuning::fast_gates, the bench's A/B):
-// the same stated tolerances as every other variant (error budget in kda_decode.cuh), both gate
-// modes, T = 1, 4 and 40 (the longest carried state), many items per CTA at T = 1.
-TEST(KdaCuda, StreamFastGates) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  Rng rng(20);
-  cuda::KdaTuning fast;
-  fast.fast_gates = true;
-  for (DType sdt : {DType::f32, DType::bf16})
-    for (std::optional<float> lb : {std::optional<float>(-5.0f), std::optional<float>()}) {
-      const std::string mode = std::string(dtype_name(sdt)) + (lb ? " lb" : " softplus");
-      const Meta m1 = random_meta(rng, 280, 1, 3, true);
-      check_case(make_problem(rng.integer(0, 1 << 30), 32, m1, sdt), lb, cuda::KdaVariant::stream,
-                 "fast gates T=1 " + mode, fast);
-      const Meta m4 = random_meta(rng, 9, 4, 2, true);
-      check_case(make_problem(rng.integer(0, 1 << 30), 5, m4, sdt), lb, cuda::KdaVariant::stream,
-                 "fast gates T=4 " + mode, fast);
-      const Meta m40 = random_meta(rng, 3, 40, 1, true);
-      check_case(make_problem(rng.integer(0, 1 << 30), 2, m40, sdt), lb, cuda::KdaVariant::stream,
-                 "fast gates T=40 " + mode, fast);
-    }
 }
 
 TEST(KdaCuda, EveryAcceptedOffset) {

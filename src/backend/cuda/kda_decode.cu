@@ -99,10 +99,10 @@ bool debug_enabled() {
   return v != nullptr && std::atoi(v) > 0;
 }
 
-template <typename StateT, bool kStage, bool kFast>
+template <typename StateT, bool kStage>
 KdaKernelInfo probe_stream_kernel() {
   KdaKernelInfo info;
-  const auto kernel = &kda::kda_decode_stream_kernel<StateT, kStage, kFast>;
+  const auto kernel = &kda::kda_decode_stream_kernel<StateT, kStage>;
   info.block = kda::kStreamBlock;
   info.smem_bytes = static_cast<int>(sizeof(kda::StreamSmem<StateT>));
   int device = 0;
@@ -137,33 +137,33 @@ KdaKernelInfo probe_stream_kernel() {
     info.launchable = true;
   }
   if (!info.launchable && debug_enabled()) {
-    std::fprintf(stderr, "splice: kda `stream` (%s state%s%s) falls back to `wide`: %s\n",
+    std::fprintf(stderr, "splice: kda `stream` (%s state%s) falls back to `wide`: %s\n",
                  sizeof(StateT) == 4 ? "f32" : "bf16", kStage ? ", staged inputs" : "",
-                 kFast ? ", fast gates" : "", info.reason.c_str());
+                 info.reason.c_str());
   }
   return info;
 }
 
-template <typename StateT, bool kStage, bool kFast = false>
+template <typename StateT, bool kStage>
 const KdaKernelInfo& stream_info() {
-  static const KdaKernelInfo info = probe_stream_kernel<StateT, kStage, kFast>();
+  static const KdaKernelInfo info = probe_stream_kernel<StateT, kStage>();
   return info;
 }
 
-template <typename StateT, bool kStage, bool kFast = false>
+template <typename StateT, bool kStage>
 bool stream_fits() {
-  return stream_info<StateT, kStage, kFast>().launchable;
+  return stream_info<StateT, kStage>().launchable;
 }
 
-template <typename StateT, bool kStage, bool kFast = false>
+template <typename StateT, bool kStage>
 void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t heads,
                    cudaStream_t stream) {
   constexpr int kSmem = sizeof(kda::StreamSmem<StateT>);
   // One persistent CTA per SM (its shared memory admits no second one), never more than items.
   const std::int64_t items = units * heads;
   const std::int64_t grid = std::min<std::int64_t>(items, current_sm_count());
-  launch_kernel_ex(&kda::kda_decode_stream_kernel<StateT, kStage, kFast>, grid, kda::kStreamBlock,
-                   kSmem, 1, params, stream);
+  launch_kernel_ex(&kda::kda_decode_stream_kernel<StateT, kStage>, grid, kda::kStreamBlock, kSmem,
+                   1, params, stream);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVecAlign == 0; }
@@ -183,19 +183,13 @@ bool inputs_stageable(const kda::Params& p) {
 
 template <typename StateT, bool kVec>
 void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t units,
-                    std::int64_t heads, const KdaTuning& tuning, cudaStream_t stream) {
+                    std::int64_t heads, cudaStream_t stream) {
   switch (variant) {
     case KdaVariant::stream:
     case KdaVariant::stream_plain:
       // The copy engine needs 16-byte aligned state (else the per-head kernel runs); the
-      // precompute's inputs are staged when they are aligned too (`stream` only), with the fast
-      // gate math when the tuning asks for it (staged `stream` only).
+      // precompute's inputs are staged when they are aligned too (`stream` only).
       if constexpr (kVec) {
-        if (variant == KdaVariant::stream && tuning.fast_gates && inputs_stageable(params) &&
-            stream_fits<StateT, true, true>()) {
-          launch_stream<StateT, true, true>(params, units, heads, stream);
-          return;
-        }
         if (variant == KdaVariant::stream && inputs_stageable(params) &&
             stream_fits<StateT, true>()) {
           launch_stream<StateT, true>(params, units, heads, stream);
@@ -229,15 +223,11 @@ void check_cuda(const Tensor& t, const char* name, int device) {
 
 }  // namespace
 
-KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs, bool fast_gates) {
+KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs) {
   SPLICE_INTERNAL_CHECK(state_dtype == DType::f32 || state_dtype == DType::bf16, "state dtype ",
                         dtype_name(state_dtype));
-  SPLICE_INTERNAL_CHECK(!fast_gates || staged_inputs, "fast gates exist for staged inputs only");
-  if (state_dtype == DType::f32) {
-    if (fast_gates) return stream_info<float, true, true>();
+  if (state_dtype == DType::f32)
     return staged_inputs ? stream_info<float, true>() : stream_info<float, false>();
-  }
-  if (fast_gates) return stream_info<__nv_bfloat16, true, true>();
   return staged_inputs ? stream_info<__nv_bfloat16, true>() : stream_info<__nv_bfloat16, false>();
 }
 
@@ -294,8 +284,7 @@ void kda_decode(const KdaDecodeArgs& args) {
   kda_decode(args, current_stream(), KdaVariant::automatic);
 }
 
-void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant,
-                const KdaTuning& tuning) {
+void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant) {
   // Stage 1: what the kernel relies on (validated by the op layer).
   SPLICE_INTERNAL_CHECK(args.head_dim == kda::kD, "head_dim ", args.head_dim);
   SPLICE_INTERNAL_CHECK(args.state_dtype == DType::f32 || args.state_dtype == DType::bf16,
@@ -373,14 +362,14 @@ void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant,
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   if (args.state_dtype == DType::f32) {
     if (vec)
-      launch_variant<float, true>(variant, p, units, heads, tuning, s);
+      launch_variant<float, true>(variant, p, units, heads, s);
     else
-      launch_variant<float, false>(variant, p, units, heads, tuning, s);
+      launch_variant<float, false>(variant, p, units, heads, s);
   } else {
     if (vec)
-      launch_variant<__nv_bfloat16, true>(variant, p, units, heads, tuning, s);
+      launch_variant<__nv_bfloat16, true>(variant, p, units, heads, s);
     else
-      launch_variant<__nv_bfloat16, false>(variant, p, units, heads, tuning, s);
+      launch_variant<__nv_bfloat16, false>(variant, p, units, heads, s);
   }
 }
 

@@ -76,7 +76,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "backend/cuda/launch.cuh"
 
@@ -146,36 +145,6 @@ __device__ __forceinline__ float exp_f32(float z) { return expf(z); }
 __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + exp_f32(-z)); }
 __device__ __forceinline__ float softplus(float z) {
   return z > kSoftplusThreshold ? z : log1pf(exp_f32(z));
-}
-// The gate math (decay, beta, output gate) in accurate (expf, IEEE division, log1pf) or fast
-// form (kFastGates: __expf, __fdividef, __logf; instantiated for the staged `stream` kernel only,
-// a bench A/B knob, off by default: a runtime switch doubled the precompute's code and pushed the
-// per-head kernels into more spills). Error
-// budget of the fast form (CUDA intrinsic bounds: __expf 2 + floor(1.173 |z|) ulp, __fdividef
-// 2 ulp for 1 <= y < 2^126 and 0 above, __logf 2^-21.4 absolute on [0.5, 2]): for |z| <= 8,
-// sigmoid and exp are within ~14 ulp (1.7e-6 relative), softplus within 5e-7 absolute, so
-// decay = e^g is within ~1e-6 relative (g in [lb, 0] or -a softplus). None of these is rounded
-// to bf16 on its own: decay and beta act on the fp32 state (a 1e-6 relative change per token
-// stays ~T * 1e-6 after T tokens, far inside the tests' fp32 state rtol of 1e-4), og multiplies
-// the fp32 output before its one bf16 rounding (a flip there is at most one ulp, which the
-// tests' one-ulp budget admits). The conv SiLU's sigmoid keeps expf and the IEEE division in
-// both forms: its result is rounded to bf16 (q, k, v), and a 1e-6 relative error would flip
-// ~10x more of those roundings than today (~5e-4 of q/k/v elements; each flip moves a whole
-// state row or column by ~1e-4), eating the tests' 1%-of-a-slot tight-bound budget at T = 40.
-template <bool kFast>
-__device__ __forceinline__ float gate_exp(float z) {
-  if constexpr (kFast) return __expf(z);
-  return expf(z);
-}
-template <bool kFast>
-__device__ __forceinline__ float gate_sigmoid(float z) {
-  if constexpr (kFast) return __fdividef(1.0f, 1.0f + __expf(-z));
-  return sigmoid(z);
-}
-template <bool kFast>
-__device__ __forceinline__ float gate_softplus(float z) {
-  if constexpr (kFast) return z > kSoftplusThreshold ? z : __logf(1.0f + __expf(z));
-  return softplus(z);
 }
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -587,9 +556,8 @@ __device__ __forceinline__ void cta_sync() {
 // for the write-back) are read; later chunks read device memory. `load_state(s)` fills this
 // thread's rows of the source state (fp32) after this thread's part of the first chunk's
 // precompute; then one barrier, after which `first` is no longer read and `release()` runs.
-// kFastGates: the gate math in fast intrinsics (gate_exp).
-template <int kThreads, int kSlices, typename StateT, bool kVec, bool kFastGates,
-          typename FirstInputs, typename LoadState, typename Release>
+template <int kThreads, int kSlices, typename StateT, bool kVec, typename FirstInputs,
+          typename LoadState, typename Release>
 __device__ __forceinline__ void run_item(const Params& p,
                                          Shared<Layout<kThreads, kSlices>::kRows>& sm,
                                          const Item& it, int slice, const FirstInputs& first,
@@ -638,9 +606,8 @@ __device__ __forceinline__ void run_item(const Params& p,
 
   // Stage 3a: precompute of tokens c0 .. c0+nt-1 from `in`, one warp per (token, kind). Each
   // kind issues all of its loads before its first use (one memory round trip per warp item when
-  // `in` is device memory); `fast` picks the gate math (gate_exp and co., kFastGates).
-  auto precompute = [&](int c0, int nt, const auto& in, auto fast) {
-    constexpr bool kFast = decltype(fast)::value;
+  // `in` is device memory).
+  auto precompute = [&](int c0, int nt, const auto& in) {
 #pragma unroll 1
     for (int item = warp; item < nt * kKindsPerToken; item += L::kWarps) {
       const int t = item / kKindsPerToken, kind = item % kKindsPerToken;
@@ -677,15 +644,14 @@ __device__ __forceinline__ void run_item(const Params& p,
         if (p.use_lower_bound) {
 #pragma unroll
           for (int e = 0; e < kChannelsPerLane; ++e)
-            sm.decay[t][lane + e * kWarp] =
-                gate_exp<kFast>(p.lower_bound * gate_sigmoid<kFast>(a_h * z[e]));
+            sm.decay[t][lane + e * kWarp] = exp_f32(p.lower_bound * sigmoid(a_h * z[e]));
         } else {
 #pragma unroll
           for (int e = 0; e < kChannelsPerLane; ++e)
-            sm.decay[t][lane + e * kWarp] = gate_exp<kFast>(-a_h * gate_softplus<kFast>(z[e]));
+            sm.decay[t][lane + e * kWarp] = exp_f32(-a_h * softplus(z[e]));
         }
         if (lane == 0) {
-          sm.beta[t] = gate_sigmoid<kFast>(bf16_to_f32(beta_bits));
+          sm.beta[t] = sigmoid(bf16_to_f32(beta_bits));
           sm.dst[t] = dst < p.num_slots ? dst : 0;
         }
       } else {  // v of this slice's rows, and the output gate
@@ -701,17 +667,14 @@ __device__ __forceinline__ void run_item(const Params& p,
           const int rr = lane + e * kWarp;
           sm.x[t][2][row0 + rr] = xb[e];
           sm.v[t][rr] = vv[e];
-          sm.og[t][rr] = gate_sigmoid<kFast>(bf16_to_f32(og_bits[e]));
+          sm.og[t][rr] = sigmoid(bf16_to_f32(og_bits[e]));
         }
       }
     }
   };
-  auto run_precompute = [&](int c0, int nt, const auto& in) {
-    precompute(c0, nt, in, std::bool_constant<kFastGates>{});
-  };
 
   float s[kRt][L::kCols];  // this thread's rows of S, fp32, carried across tokens
-  run_precompute(0, min(kChunk, len), first);
+  precompute(0, min(kChunk, len), first);
   load_state(s);
   cta_sync<kThreads>();
   release();
@@ -745,7 +708,7 @@ __device__ __forceinline__ void run_item(const Params& p,
     const int nt = min(kChunk, len - c0);
     if (c0 > 0) {
       cta_sync<kThreads>();  // the previous chunk's write-back has read sm.x
-      run_precompute(c0, nt, GlobalInputs(p, it));
+      precompute(c0, nt, GlobalInputs(p, it));
       cta_sync<kThreads>();
     }
     // One CTA holds the head: every history read (first chunk's precompute, old1/old2) and this
@@ -952,7 +915,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
     for (int c = 0; c < G::kVecs; ++c)
       raw[i][c] = load_state_vec<StateT, kVec>(src + (row0 + geo.row(i)) * kD + geo.col(c));
   prefetch_first_chunk(p, it);
-  run_item<kThreads, kSlices, StateT, kVec, false>(
+  run_item<kThreads, kSlices, StateT, kVec>(
       p, sm, it, slice, GlobalInputs(p, it),
       [&](float(&s)[L::kRowsPerThread][L::kCols]) {
 #pragma unroll
@@ -1176,7 +1139,7 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stag
   }
 }
 
-template <typename StateT, bool kStage, bool kFastGates>
+template <typename StateT, bool kStage>
 __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(const Params p) {
   using L = Layout<kStreamThreads, 1>;
   using G = Geometry<kStreamThreads, 1, StateT>;
@@ -1299,11 +1262,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       if (has_next) stage_item<StateT, kStage>(p, ahead_of(next), st, &S.full[s]);
     };
     if constexpr (kStage) {
-      run_item<kStreamThreads, 1, StateT, true, kFastGates>(p, S.sm, it, 0, StagedInputs{&st.in},
-                                                            load_state, release);
+      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs{&st.in}, load_state,
+                                                release);
     } else {
-      run_item<kStreamThreads, 1, StateT, true, kFastGates>(p, S.sm, it, 0, GlobalInputs(p, it),
-                                                            load_state, release);
+      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, GlobalInputs(p, it), load_state,
+                                                release);
     }
   }
 }

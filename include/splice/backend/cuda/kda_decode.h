@@ -67,23 +67,13 @@ struct KdaKernelInfo {
   bool launchable = false;        // threads, registers and shared memory all fit one SM
   std::string reason;             // why not, when !launchable
 };
-// fast_gates: the staged kernel with the fast gate math (KdaTuning).
-KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs,
-                                     bool fast_gates = false);
-
-// Launch tuning for A/B measurements (the benchmark); the defaults are what the op layer runs.
-struct KdaTuning {
-  // The precompute's gate math (decay, beta, output gate) in fast intrinsics (__expf, __fdividef,
-  // __logf) instead of expf / IEEE division / log1pf; error budget in kda_decode.cuh. Applies to
-  // the `stream` variant with staged inputs only (other variants ignore it).
-  bool fast_gates = false;
-};
+KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs);
 
 // Runs the decode described by `args` on `stream` with `variant` (automatic: the rule above).
 // Writes args.output, updates args.conv_state and args.state in place. Never synchronizes and
 // never reads device memory on the host, so it can be captured in a CUDA graph.
 void kda_decode(const KdaDecodeArgs& args, Stream stream,
-                KdaVariant variant = KdaVariant::automatic, const KdaTuning& tuning = {});
+                KdaVariant variant = KdaVariant::automatic);
 
 // The op layer's entry: current_stream() (the session's stream inside a step, so a step with
 // KdaDecode is captured like any other), automatic variant.
