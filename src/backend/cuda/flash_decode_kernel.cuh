@@ -274,13 +274,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row_base = rb * kRows;
 
   // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
-#ifdef SPLICE_PDL_TRIGGER_FIRST
-  pdl_launch_dependents();
-  pdl_wait_previous();
-#else
   pdl_wait_previous();
   pdl_launch_dependents();
-#endif
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = p.k_len[b * p.k_len_stride];

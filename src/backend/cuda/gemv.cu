@@ -440,9 +440,6 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   // Warp-uniform: a warp without a group exits after the wait (stage 6), and the shuffles below
   // see full warps.
   const bool has_group = group < num_groups;
-#ifdef SPLICE_PDL_TRIGGER_FIRST
-  if (single_wave) detail::allow_dependents();
-#endif
 
   // Stage 1: the x rows, and the weight rows of the current group (clamped past n).
   const T* x_rows[kRows];  // each [k]
@@ -552,9 +549,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   point_rows(has_group ? group : 0);
   if (p.w_constant && has_group) load_first_weights();
   detail::wait_for_producers();
-#ifndef SPLICE_PDL_TRIGGER_FIRST
   if (single_wave) detail::allow_dependents();  // after the wait (launch.cuh)
-#endif
   if constexpr (kPro != Prologue::none)
     run_prologue<T, kRows, kPro>(p, xs, k_pad, prologue_vectorized, norm_direct);
   if (!has_group) return;

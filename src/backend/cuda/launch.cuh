@@ -29,10 +29,10 @@
 // (allow_dependents_if_single_wave): then every CTA is resident at once and the next kernel is
 // resident and waiting by the time this one ends, while at most one kernel ahead is in flight
 // (triggering before the wait let a chain of tiny kernels cascade: each launched the next before
-// its own producer finished; on the SmolLM2-shaped model that cost 10% over no PDL at all,
-// docs/perf.md run 10). A multi-wave grid does not trigger, so waiting dependents never occupy
-// SM slots while its later waves are still queued. Build with -DSPLICE_PDL_TRIGGER_FIRST for the
-// old order (kept for one A/B run).
+// its own producer finished: on the SmolLM2-shaped model PDL then cost 10% over no PDL at all;
+// triggering after the wait it saves 11%, docs/perf.md runs 10 and 12). A multi-wave grid does
+// not trigger, so waiting dependents never occupy SM slots while its later waves are still
+// queued.
 
 // Host switch: SPLICE_PDL=0 in the environment (read once, at the first launch) launches every
 // kernel here without the attribute; set_pdl_enabled() overrides it (tests, A/B benchmarks). The
@@ -88,13 +88,8 @@ __device__ __forceinline__ void allow_dependents_if_single_wave() {
 // The first statement of every kernel here: wait for the producer, then trigger (single-wave grids
 // only); both are no-ops for a launch without the attribute.
 __device__ __forceinline__ void pdl_prologue() {
-#ifdef SPLICE_PDL_TRIGGER_FIRST
-  allow_dependents_if_single_wave();
-  wait_for_producers();
-#else
   wait_for_producers();
   allow_dependents_if_single_wave();
-#endif
 }
 
 // Launches `kernel` on `stream` with grid x block (no dynamic shared memory), with the PDL
