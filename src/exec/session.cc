@@ -364,23 +364,7 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
   }
   auto mask_it = im.run_masks.find(key);
   if (mask_it == im.run_masks.end()) {
-    std::vector<bool> run(graph_.size(), true);
-    for (std::size_t b = 0; b < plan_.branches.size(); ++b)
-      for (std::size_t arm = 0; arm < plan_.branches[b].arm_nodes.size(); ++arm) {
-        const bool keep = static_cast<int>(arm) == key[2 * b] || (arm == 0 && key[2 * b + 1]);
-        if (keep) continue;
-        const auto& nodes = plan_.branches[b].arm_nodes[arm];
-        for (std::size_t i = 0; i < nodes.size(); ++i)
-          if (nodes[i]) run[i] = false;
-      }
-    // A node needed by a kept arm stays even if another arm's region listed it.
-    for (std::size_t b = 0; b < plan_.branches.size(); ++b)
-      for (std::size_t arm = 0; arm < plan_.branches[b].arm_nodes.size(); ++arm)
-        if (static_cast<int>(arm) == key[2 * b] || (arm == 0 && key[2 * b + 1])) {
-          const auto& nodes = plan_.branches[b].arm_nodes[arm];
-          for (std::size_t i = 0; i < nodes.size(); ++i)
-            if (nodes[i]) run[i] = true;
-        }
+    std::vector<bool> run = nodes_to_run(graph_, plan_, key);
     mask_it = im.run_masks.emplace(key, std::move(run)).first;
   }
   const std::vector<bool>& run = mask_it->second;

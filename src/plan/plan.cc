@@ -78,36 +78,50 @@ Plan make_plan(const Graph& g) {
 
   // Branch regions (stage 5) first: ordering edges must not cross arms of one branch.
   std::vector<bool> in_any_arm(count, false);
-  std::vector<std::pair<std::size_t, std::size_t>> arm_of(count, {SIZE_MAX, SIZE_MAX});
   for (NodeId id : live)
     if (g.node(id).op == Op::Branch)
       for (NodeId exit : g.node(id).inputs)
         for (NodeId m : arm_interior(g, g.node(id).attrs.branch->diverge, exit))
           in_any_arm[m.index] = true;
-  std::vector<NodeId> roots;
-  for (const auto& [name, id] : g.outputs()) roots.push_back(id);
+  for (const auto& [name, id] : g.outputs()) plan.roots.push_back(id);
   for (NodeId id : live)
-    if (has_effect(g.node(id).op) && !in_any_arm[id.index]) roots.push_back(id);
+    if (has_effect(g.node(id).op) && !in_any_arm[id.index]) plan.roots.push_back(id);
+  // [node index] -> the regions with the node in one of their arms. A branch nested inside
+  // another's arm is in every arm of the outer one that needs it, so membership is per region.
+  std::vector<std::vector<std::size_t>> regions_of(count);
   for (NodeId id : live) {
     const Node& n = g.node(id);
     if (n.op != Op::Branch) continue;
     BranchRegion region;
     region.branch = id;
-    const auto base = needed_without(g, id, roots);
+    const auto base = needed_without(g, id, plan.roots);
     for (std::size_t arm = 0; arm < n.inputs.size(); ++arm) {
       auto nodes = closure(g, n.inputs[arm], base);
       for (std::uint32_t i = 0; i < count; ++i)
         if (nodes[i]) {
-          arm_of[i] = {plan.branches.size(), arm};
+          auto& regions = regions_of[i];
+          if (regions.empty() || regions.back() != plan.branches.size())
+            regions.push_back(plan.branches.size());
           if (has_effect(g.node(NodeId{i}).op)) region.arms_have_effects = true;
         }
       region.arm_nodes.push_back(std::move(nodes));
     }
     plan.branches.push_back(std::move(region));
   }
+  // Two nodes never run in one step when some branch needs each only through arms the other is
+  // not needed by (its arm regions of the two are disjoint): a step runs one arm, and a shadow
+  // step adds arm 0 only where no arm has an effect.
   auto different_arms = [&](NodeId a, NodeId b) {
-    return arm_of[a.index].first != SIZE_MAX && arm_of[a.index].first == arm_of[b.index].first &&
-           arm_of[a.index].second != arm_of[b.index].second;
+    for (std::size_t r : regions_of[a.index]) {
+      const auto& arms = plan.branches[r].arm_nodes;
+      bool b_needed = false, shared = false;
+      for (const auto& nodes : arms) {
+        b_needed = b_needed || nodes[b.index];
+        shared = shared || (nodes[a.index] && nodes[b.index]);
+      }
+      if (b_needed && !shared) return true;
+    }
+    return false;
   };
 
   // Stage 1: extra edges reader -> writer for in-place state writes.
@@ -224,6 +238,33 @@ Plan make_plan(const Graph& g) {
     plan.unshared_bytes += bytes;
   }
   return plan;
+}
+
+std::vector<bool> nodes_to_run(const Graph& g, const Plan& plan, const std::vector<int>& key) {
+  SPLICE_INTERNAL_CHECK(key.size() == plan.branches.size() * 2,
+                        "nodes_to_run: the key must hold two entries per branch region");
+  std::vector<int> region_of(g.size(), -1);
+  for (std::size_t b = 0; b < plan.branches.size(); ++b)
+    region_of[plan.branches[b].branch.index] = static_cast<int>(b);
+  std::vector<bool> run(g.size(), false);
+  std::vector<NodeId> stack(plan.roots.begin(), plan.roots.end());
+  while (!stack.empty()) {
+    const NodeId id = stack.back();
+    stack.pop_back();
+    if (run[id.index]) continue;
+    run[id.index] = true;
+    const Node& n = g.node(id);
+    const int b = region_of[id.index];
+    if (b < 0) {
+      for (NodeId in : n.inputs) stack.push_back(in);
+      continue;
+    }
+    const auto arm = static_cast<std::size_t>(key[2 * static_cast<std::size_t>(b)]);
+    SPLICE_INTERNAL_CHECK(arm < n.inputs.size(), "nodes_to_run: arm out of range");
+    stack.push_back(n.inputs[arm]);
+    if (key[2 * static_cast<std::size_t>(b) + 1]) stack.push_back(n.inputs[0]);
+  }
+  return run;
 }
 
 std::string Plan::summary(const Graph& graph) const {

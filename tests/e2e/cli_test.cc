@@ -1,12 +1,15 @@
 // The splice CLI as a user runs it (a real process): `op decode-attention` and `op kda-decode`
 // reproduce the library's results from safetensors files; bad input exits non-zero with one line
 // naming the argument and leaves OUT unwritten; `inspect` prints the graph before/after and the
-// decisions; `run` decodes the embedded default model; unknown flags fail cleanly.
+// decisions; `run` decodes the embedded default model; unknown flags fail cleanly; `run
+// --no-optimize` (every branch left uncollapsed, arm 0 run) gives the optimized run's greedy
+// tokens on the default model and on a tiny Llama.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "splice/core/random.h"
@@ -184,6 +187,67 @@ TEST(Cli, RunsTheDefaultModelAndRejectsBadFlags) {
   EXPECT_NE(missing.status, 0);
   EXPECT_NE(missing.output.find("/no/such/model"), std::string::npos) << missing.output;
   EXPECT_NE(run_cli("frobnicate").status, 0);
+}
+
+// The ids after "tokens:" in `splice run`'s report (empty when absent).
+std::string greedy_tokens(const std::string& output) {
+  const std::string key = "\ntokens: ";
+  const std::size_t at = output.find(key);
+  if (at == std::string::npos) return "";
+  const std::size_t begin = at + key.size();
+  return output.substr(begin, output.find('\n', begin) - begin);
+}
+
+// A tiny random Llama (2 layers, GQA 2:1, head_dim 64) as config.json + safetensors.
+std::string write_tiny_llama(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 97,
+    "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": true,
+    "bos_token_id": 1, "eos_token_id": 2})";
+  Rng rng(7);
+  std::vector<std::pair<std::string, Tensor>> t;
+  auto add = [&](const std::string& name, Dims shape, double stddev, double offset = 0.0) {
+    Tensor w = testing::random_tensor(rng, shape, DType::f32, stddev);
+    for (std::int64_t i = 0; i < w.numel(); ++i) w.set_linear(i, offset + w.at_linear(i));
+    t.emplace_back(name, std::move(w));
+  };
+  add("model.embed_tokens.weight", {97, 128}, 1.0);
+  add("model.norm.weight", {128}, 0.1, 1.0);
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "self_attn.q_proj.weight", {128, 128}, 0.1);
+    add(p + "self_attn.k_proj.weight", {64, 128}, 0.1);
+    add(p + "self_attn.v_proj.weight", {64, 128}, 0.1);
+    add(p + "self_attn.o_proj.weight", {128, 128}, 0.1);
+    add(p + "mlp.gate_proj.weight", {160, 128}, 0.1);
+    add(p + "mlp.up_proj.weight", {160, 128}, 0.1);
+    add(p + "mlp.down_proj.weight", {128, 160}, 0.1);
+    add(p + "input_layernorm.weight", {128}, 0.3, 1.0);
+    add(p + "post_attention_layernorm.weight", {128}, 0.3, 1.0);
+  }
+  save_safetensors(dir + "/model.safetensors", t);
+  return dir;
+}
+
+// `run --no-optimize` plans the uncollapsed graph (nested branches, KDA's state writes in both
+// arms) and decodes the optimized run's greedy tokens (ids compared: both runs agree within the
+// branch tolerance, far from an argmax tie on these models).
+TEST(Cli, RunNoOptimizeGivesTheOptimizedGreedyTokens) {
+  const std::string llama = write_tiny_llama(temp("cli_tiny_llama"));
+  for (const std::string& model : {std::string(), "--model " + llama + " --prompt-ids 1,5,9"}) {
+    SCOPED_TRACE(model.empty() ? "default model" : "tiny llama");
+    const std::string args = "run --max-new-tokens 8 --max-seq-len 64 " + model;
+    const Result optimized = run_cli(args);
+    ASSERT_EQ(optimized.status, 0) << optimized.output;
+    const Result decomposed = run_cli(args + " --no-optimize");
+    ASSERT_EQ(decomposed.status, 0) << decomposed.output;
+    const std::string tokens = greedy_tokens(optimized.output);
+    ASSERT_FALSE(tokens.empty()) << optimized.output;
+    EXPECT_EQ(greedy_tokens(decomposed.output), tokens) << decomposed.output;
+  }
 }
 
 }  // namespace

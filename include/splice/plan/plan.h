@@ -9,7 +9,9 @@
 // 4. Memory plan: every buffer is sized at its shape's upper bound (symbols at their declared
 //    maximum) and placed first-fit in one arena, reusing the space of dead buffers.
 // 5. Branch regions: per branch and arm, the nodes only that arm needs, so a step runs exactly
-//    the chosen arm (and, for a shadow check, the oracle too).
+//    the chosen arm (and, for a shadow check, the oracle too). A branch nested inside another's
+//    arm belongs to every outer arm that needs it; ordering edges are dropped only between nodes
+//    that some branch needs through disjoint arms (they never run in one step).
 #pragma once
 
 #include <cstdint>
@@ -38,12 +40,18 @@ struct Plan {
   std::int64_t unshared_bytes = 0;  // what the arena would be without reuse
   std::vector<BranchRegion> branches;
   std::vector<bool> static_shape;  // [node index] -> shape reads no symbol
+  std::vector<NodeId> roots;       // outputs, then the effects outside every arm
   std::string summary(const Graph& graph) const;
 };
 
 // Builds the plan of a verified graph. Throws GraphError when state reads and writes cannot be
 // ordered (a reader of an old state version that also depends on the write).
 Plan make_plan(const Graph& graph);
+
+// The nodes one step runs: everything the roots need, where a branch pulls only the arm in
+// key[2 * b] (and arm 0 too when key[2 * b + 1] != 0: a shadow check), b indexing
+// plan.branches. Nested branches follow their own choice, so an unchosen arm never runs.
+std::vector<bool> nodes_to_run(const Graph& graph, const Plan& plan, const std::vector<int>& key);
 
 // True when `op` owns no memory of its own (Reshape aliases conditionally, see above).
 bool aliases_input(Op op);
