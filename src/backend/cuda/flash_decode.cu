@@ -5,9 +5,9 @@
 //      kernel re-plans the live split count from k_len on the device (one split while the live
 //      range is at most plan.single_split_keys).
 //   3. Make sure the module-owned fp32 split workspace and the zeroed merge counters are large
-//      enough (growth is refused during stream capture), fill the POD params (splits whose
-//      first key is known without k_len load their first K/V tiles before it arrives, in
-//      one-wave grids with no left window) and launch the instantiation for (dtype, head_dim) with cudaLaunchKernelEx, with
+//      enough (growth is refused during stream capture), fill the POD params (split 0 loads its
+//      first K/V tiles before k_len arrives, in one-wave grids with no left window) and launch
+//      the instantiation for (dtype, head_dim) with cudaLaunchKernelEx, with
 //      programmatic dependent launch on a created stream (the kernel waits for the previous
 //      kernel's writes before its first access, so only the launch itself overlaps).
 #include <cuda_runtime.h>
@@ -337,15 +337,12 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.forced_splits = static_cast<int>(forced);
   p.min_chunk = plan.min_chunk;
   p.single_split_keys = plan.single_split_keys;
-  // Speculative first K/V tiles (kernel stage 1). Split 0 starts at key 0 whatever k_len is
-  // unless a left window moves it; split s >= 1 starts at s * min_chunk at every k_len that runs
-  // more than one split when capacity <= min_chunk * grid_y (and no count is forced). Wasted
-  // copies (a short k_len) read at most the cache once per call: free in a one-wave grid, which
-  // is latency-bound, but bandwidth in a multi-wave one, so only one-wave grids speculate.
+  // Speculative first K/V tiles (kernel stage 1): split 0 starts at key 0 whatever k_len is
+  // unless a left window moves it. Wasted copies (a short k_len) read at most the cache once per
+  // call: free in a one-wave grid, which is latency-bound, but bandwidth in a multi-wave one, so
+  // only one-wave grids speculate.
   const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * plan.ctas_per_sm;
-  if (!options.window_left && units * grid_y <= slots)
-    p.speculate =
-        forced == 0 && capacity <= static_cast<std::int64_t>(plan.min_chunk) * grid_y ? 2 : 1;
+  p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {
     return w ? static_cast<int>(std::min<std::int64_t>(*w, kMaxLength)) : -1;
   };

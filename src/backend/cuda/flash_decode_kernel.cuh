@@ -10,16 +10,14 @@
 //   1. Issue at once, independent of each other: the k_len load, the ALiBi slopes, the 16 query
 //      rows (cp.async, zeros for padding rows) and, speculatively, the first kStages tiles (the
 //      whole ring: the tile the non-speculative loop would issue at its first step after k_len is
-//      issued here too) of each warp's K/V stream where the split's first key is known without
-//      k_len (one-wave grids with no left window, so lo = 0; the launcher decides, p.speculate):
-//        split 0 (p.speculate >= 1): it starts at key 0 at every k_len; tiles up to the capacity;
-//        split s >= 1 (p.speculate = 2: capacity <= min_chunk * gridDim.y, no forced count): at
-//        every k_len that runs more than one split the chunk is min_chunk, so it starts at
-//        s * min_chunk; tiles up to (s + 1) * min_chunk.
-//      Tiles stay in bounds (keys < capacity); what lies at or beyond the split's live end is
-//      masked in stage 4, never used. A split found dead (s >= live) waits for its copies and
-//      exits; a start that turns out different (not reachable with the launcher's rule) waits
-//      for the speculative copies and loads its ring again.
+//      issued here too) of split 0's K/V streams, whose first key is 0 at every k_len in
+//      one-wave grids with no left window (the launcher decides, p.speculate); tiles up to the
+//      capacity. Tiles stay in bounds (keys < capacity); what lies at or beyond the split's live
+//      end is masked in stage 4, never used; a start that turns out different (not reachable
+//      with the launcher's rule) waits for the speculative copies and loads its ring again.
+//      (Speculating the first tiles of every split too, where capacity <= min_chunk * splits,
+//      was measured 0.5-0.6 us slower at k_len 1K than the same split count without it:
+//      docs/perf.md run 13.)
 //   2. Live range and plan. k_len is clamped to [0, capacity]; query i sits at
 //      p_i = k_len - q_len + i; the keys any row may see are [lo, hi) with
 //      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1), n = hi - lo. Split size:
@@ -55,9 +53,8 @@
 //
 // Dependent global round trips on one CTA's critical path at B = 1 (launch gap not counted):
 //   one split:    [k_len || q || K/V ring of split 0] -> further K/V tiles (streaming) -> o store.
-//   S > 1 splits: [k_len || q || split 0's ring] -> K/V of splits >= 1 (addresses need the plan;
-//                 speculated too where the capacity <= min_chunk * S, e.g. B = 1, (32, 8) at a
-//                 1K capacity) -> partial store + fence (waits for the acks) -> counter atomic
+//   S > 1 splits: [k_len || q || split 0's ring] -> K/V of splits >= 1 (addresses need the
+//                 plan) -> partial store + fence (waits for the acks) -> counter atomic
 //                 -> the merging CTA's (lse2_s, O_s) loads (one per 16 splits) -> o store.
 //   Before (v4): k_len -> K/V (q beside it) -> partials + fence -> atomic -> lse2_s loads -> O_s
 //   loads (one per 8 splits) -> o store, at every length (the plan split down to 64-key chunks).
@@ -105,7 +102,7 @@ struct FlashDecodeParams {
   int forced_splits;      // > 0: split into this many (split-invariance tests); 0: plan
   int min_chunk;          // fewest keys per split when splitting
   int single_split_keys;  // n <= this: one split (stage 2)
-  int speculate;  // 1: split 0, 2: every split issues its first K/V tiles before k_len (stage 1)
+  int speculate;  // 1: split 0 issues its first K/V tiles before k_len arrives (stage 1)
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
@@ -338,13 +335,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_16(v_dst + so, v_base + voff, ok ? 16 : 0);
     }
   };
-  const bool speculative = split == 0 ? p.speculate >= 1 : p.speculate == 2;
-  const int spec_c0 = split * p.min_chunk;
+  const bool speculative = split == 0 && p.speculate != 0;
+  constexpr int spec_c0 = 0;
   if (speculative) {
-    const int limit = split == 0 ? p.capacity : min(p.capacity, spec_c0 + p.min_chunk);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      load_tile(spec_c0, limit, s, s);
+      load_tile(spec_c0, p.capacity, s, s);
       cp_async_commit();
     }
   }
