@@ -2,7 +2,8 @@
 // with its rms_norm / silu_mul prologue, gemv.h, or the two-kernel fallback) against the CPU
 // kernels (the oracle). Skips itself without a CUDA device.
 //
-//  1. Grid (the GEMV route): K in {64, 97 (odd: scalar tails), 576, 1536, 4104 (4096 + 8)} x
+//  1. Grid (the GEMV route): K in {64, 97 (odd: scalar tails), 576, 1536, 2048 (the route's
+//     largest K, kPrologueGemvMaxK)} x
 //     N in {17, 96, 577, 960} (odd and even; 577 leaves a partial column group) x M = 1 .. 8 rows
 //     x bf16 / f16 / f32 x x layouts contiguous, padded (NaN gaps between rows: a stray read
 //     shows up as NaN) and
@@ -68,7 +69,7 @@ using testing::upload;
 constexpr std::int64_t kPad = 3;
 constexpr float kEps = 1e-5f;
 const DType kDtypes[] = {DType::bf16, DType::f16, DType::f32};
-const std::int64_t kKGrid[] = {64, 97, 576, 1536, 4104};
+const std::int64_t kKGrid[] = {64, 97, 576, 1536, cuda::kPrologueGemvMaxK};
 const std::int64_t kNGrid[] = {17, 96, 577, 960};
 
 enum class Layout { contiguous, padded, offset };
@@ -235,8 +236,10 @@ TEST(PrologueOpsCuda, FallbackRouteMatchesCpu) {
     std::int64_t m, n, k;
   };
   // 9 and 16 rows: beyond the GEMV; 4 rows of a 1536 x 576 weight: gemv::preferred says
-  // cuBLASLt; one row of k = 32776: beyond the prologue's shared memory (bf16: 32768 at one row).
-  const Case cases[] = {{9, 96, 576}, {16, 577, 1536}, {4, 1536, 576}, {1, 17, 32776}};
+  // cuBLASLt; one row of k = 4104: beyond kPrologueGemvMaxK; one row of k = 32776: also beyond
+  // the prologue's shared memory (bf16: 32768 at one row).
+  const Case cases[] = {
+      {9, 96, 576}, {16, 577, 1536}, {4, 1536, 576}, {1, 960, 4104}, {1, 17, 32776}};
   for (const Case& c : cases) {
     SCOPED_TRACE("m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " +
                  std::to_string(c.k));

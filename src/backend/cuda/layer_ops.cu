@@ -552,8 +552,9 @@ bool prologue_gemv_applies(const Tensor& x, const Tensor& w) {
     return false;
   if (w.size(1) > 1 && w.stride(1) != 1) return false;
   const std::int64_t rows = row_count(x), n = w.size(0), k = w.size(1);
-  return rows >= 1 && rows <= gemv::kMaxRows && n >= 1 && k >= 1 && w.stride(0) >= 0 &&
-         gemv::preferred(rows, n, k) && gemv::prologue_fits(rows, k, x.dtype());
+  return rows >= 1 && rows <= gemv::kMaxRows && n >= 1 && k >= 1 && k <= kPrologueGemvMaxK &&
+         w.stride(0) >= 0 && gemv::preferred(rows, n, k) &&
+         gemv::prologue_fits(rows, k, x.dtype());
 }
 
 void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,

@@ -1,7 +1,7 @@
 // CUDA greedy sampling (splice/backend/cuda/sampling.h): argmax over rows of logits, one launch.
 //
 //   1. Host: validate with the CPU's checks and wording (backend/sampling_checks.h); pick n CTAs
-//      per row (argmax_launch: one batch of kUnroll 16-byte loads per thread, at most 8 CTAs) and
+//      per row (argmax_launch: one 16-byte load per thread of each CTA, at most 8 CTAs) and
 //      launch a grid (n, min(rows, kMaxGridY)) of kThreads-thread CTAs in clusters of (n, 1, 1):
 //      one cluster per row, rows beyond the grid's y extent looped over.
 //   2. Key: element x_j (read as f32, exact for f16 / bf16) becomes the 64-bit key
@@ -271,7 +271,10 @@ int fitting_ctas(int ctas, Stream stream) {
 }  // namespace
 
 ArgmaxLaunch argmax_launch(std::int64_t vocab, DType dtype) {
-  constexpr std::int64_t kBytesPerCta = std::int64_t{kThreads} * kUnroll * kVectorBytes;
+  // One 16-byte vector per thread before another CTA joins: the row is a latency-bound read,
+  // so more CTAs (up to the cluster's 8) always won on the H200 (docs/perf.md run 13: 49152 bf16
+  // 3.31 us at 8 CTAs vs 4.39 at the 3 a four-vectors-per-thread rule chose; 32768: 2.79 vs 4.36).
+  constexpr std::int64_t kBytesPerCta = std::int64_t{kThreads} * kVectorBytes;
   const std::int64_t bytes =
       std::max<std::int64_t>(vocab, 1) * static_cast<std::int64_t>(dtype_size(dtype));
   ArgmaxLaunch l;

@@ -42,8 +42,14 @@ void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Ten
 void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
                          Tensor& out, bool w_constant = false);
 
+// The largest K the one-launch route takes: every CTA of the GEMV recomputes the prologue over
+// the whole row, which paid at K = 576 and 1536 (1.08-1.40x the two-kernel chain on the H200)
+// and lost at K = 4096 and 14336 (0.83-0.92x; docs/perf.md run 13).
+inline constexpr std::int64_t kPrologueGemvMaxK = 2048;
+
 // Whether rms_norm_matmul / silu_mul_matmul_add take the one-launch GEMV route for an operand
-// x (or a) [..., M, K], weight w [N, K] (the routing rule above; tests and benches ask it).
+// x (or a) [..., M, K], weight w [N, K] (the routing rule above, and K <= kPrologueGemvMaxK;
+// tests and benches ask it).
 bool prologue_gemv_applies(const Tensor& x, const Tensor& w);
 
 }  // namespace splice::cuda
