@@ -71,6 +71,7 @@
 #include <utility>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/float_convert.cuh"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/launch.cuh"
 #include "splice/core/error.h"
@@ -183,24 +184,8 @@ __device__ __forceinline__ unsigned short load_shared(const unsigned short* ptr,
   return r;
 }
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
+using detail::from_float;  // float_convert.cuh
+using detail::to_float;
 
 // The raw bits of one load as floats: f[i] = float(element i).
 template <typename T, typename R, int kN>

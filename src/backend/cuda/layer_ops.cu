@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/float_convert.cuh"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/primitives_internal.h"
@@ -93,24 +94,8 @@ struct RopeParams {
 
 // ---- device-side conversions -------------------------------------------------------------------
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
+using detail::from_float;  // float_convert.cuh
+using detail::to_float;
 
 // v rounded to T's precision, kept as fp32.
 template <typename T>
