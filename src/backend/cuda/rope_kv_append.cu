@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backend/cuda/float_convert.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/layer_op_checks.h"
 #include "splice/backend/cuda/rope_kv_append.h"
@@ -50,8 +49,24 @@ struct RopeKvAppendParams {
   long long batch = 0, heads = 0, kv_heads = 0, dim = 0;
 };
 
-using detail::from_float;
-using detail::to_float;
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // An element of a runtime-typed float table.
 __device__ __forceinline__ float load_any(const void* p, int dtype, long long off) {
