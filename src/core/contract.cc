@@ -63,7 +63,6 @@ const char* layer_op_name(LayerOpKind kind) {
     case LayerOpKind::matmul_add: return "matmul_add";
     case LayerOpKind::rms_norm_matmul: return "rms_norm_matmul";
     case LayerOpKind::silu_mul_matmul_add: return "silu_mul_matmul_add";
-    case LayerOpKind::rope_kv_append: return "rope_kv_append";
   }
   return "?";
 }

@@ -134,8 +134,6 @@ Plan make_plan(const Graph& g) {
       stack.pop_back();
       for (NodeId u : users[v.index]) {
         const Op op = g.node(u).op;
-        // A StateAfter names the contents after its effects: its readers read the new version.
-        if (op == Op::StateAfter && g.node(u).inputs[0] == v) continue;
         if (op == Op::Slice || op == Op::Permute || op == Op::Reshape)
           stack.push_back(u);
         else
@@ -148,9 +146,7 @@ Plan make_plan(const Graph& g) {
     const Node& n = g.node(w);
     std::vector<NodeId> written;
     if (n.op == Op::WriteAt) written.push_back(n.inputs[0]);
-    // KdaDecode writes its conv_state and state inputs, RopeKvAppend its k and v caches (through
-    // views) in place.
-    if (n.op == Op::KdaDecode || n.op == Op::RopeKvAppend)
+    if (n.op == Op::KdaDecode)  // writes its conv_state and state inputs (through views) in place
       for (NodeId in : n.inputs) {
         const NodeId root = plan.storage_root[in.index];
         if (g.node(root).op == Op::State) written.push_back(root);
