@@ -41,60 +41,19 @@ namespace {
     cuda::ensure_registered();                                       \
   } while (0)
 
-constexpr std::int64_t kPad = 3;
 constexpr float kEps = 1e-6f;
 const DType kDtypes[] = {DType::bf16, DType::f16, DType::f32};
 const std::int64_t kLengths[] = {1, 17, 97, 576, 4095, 4096};
 const std::int64_t kRowCounts[] = {1, 3};
 
-enum class Layout { contiguous, padded, offset };
-constexpr Layout kLayouts[] = {Layout::contiguous, Layout::padded, Layout::offset};
-const char* layout_name(Layout l) {
-  return l == Layout::contiguous ? "contiguous" : l == Layout::padded ? "padded" : "offset";
-}
-
-// An uninitialized CPU tensor of `shape` in `layout` (memory outside the view is NaN).
-Tensor host(const Dims& shape, DType dtype, Layout layout) {
-  switch (layout) {
-    case Layout::contiguous:
-      return Tensor::empty(shape, dtype);
-    case Layout::padded:
-      return testing::padded_tensor(shape, dtype, kPad);
-    case Layout::offset: {
-      Dims wider = shape;
-      wider.back() += 1;
-      Tensor base = Tensor::empty(wider, dtype);
-      poison_nan(base);
-      return base.slice(-1, 1, wider.back());
-    }
-  }
-  return {};
-}
-
 using testing::download_view;
+using testing::host;  // support/cuda_test_util.h: NaN-poisoned layouts
+using testing::kLayouts;
+using testing::Layout;
+using testing::layout_name;
+using testing::normal;
+using testing::touched_padding;
 using testing::upload;
-
-Tensor normal(Rng& rng, const Dims& shape, DType dtype, Layout layout, double stddev = 1.0,
-              double mean = 0.0) {
-  Tensor t = host(shape, dtype, layout);
-  rng.normal(t, mean, stddev);
-  return t;
-}
-
-// Elements of the storage outside the view that are not NaN (0 when the kernel kept to its view).
-std::int64_t touched_padding(const Tensor& view_on_host) {
-  const Tensor flat = Tensor::view_of(
-      view_on_host.storage(), 0,
-      {static_cast<std::int64_t>(view_on_host.storage()->bytes / dtype_size(view_on_host.dtype()))},
-      {1}, view_on_host.dtype());
-  std::vector<bool> inside(static_cast<std::size_t>(flat.numel()), false);
-  for (std::int64_t i = 0; i < view_on_host.numel(); ++i)
-    inside[static_cast<std::size_t>(view_on_host.linear_to_offset(i))] = true;
-  std::int64_t touched = 0;
-  for (std::int64_t i = 0; i < flat.numel(); ++i)
-    touched += !inside[static_cast<std::size_t>(i)] && !std::isnan(flat.at({i}));
-  return touched;
-}
 
 // Runs `gpu` into a device output of `layout` and `cpu_fn` into a CPU output; compares.
 ::testing::AssertionResult agree(const Dims& shape, DType out_dtype, Layout layout,

@@ -66,66 +66,23 @@ using testing::download_view;
 using testing::PdlScope;
 using testing::upload;
 
-constexpr std::int64_t kPad = 3;
 constexpr float kEps = 1e-5f;
 const DType kDtypes[] = {DType::bf16, DType::f16, DType::f32};
 const std::int64_t kKGrid[] = {64, 97, 576, 1536, cuda::kPrologueGemvMaxK};
 const std::int64_t kNGrid[] = {17, 96, 577, 960};
 
-enum class Layout { contiguous, padded, offset };
-constexpr Layout kLayouts[] = {Layout::contiguous, Layout::padded, Layout::offset};
-const char* layout_name(Layout l) {
-  return l == Layout::contiguous ? "contiguous" : l == Layout::padded ? "padded" : "offset";
-}
-
-// A CPU tensor of `shape` in `layout` whose memory outside the view is NaN.
-Tensor host(const Dims& shape, DType dtype, Layout layout) {
-  switch (layout) {
-    case Layout::contiguous: {
-      Tensor t = Tensor::empty(shape, dtype);
-      poison_nan(t);
-      return t;
-    }
-    case Layout::padded:
-      return testing::padded_tensor(shape, dtype, kPad);
-    case Layout::offset: {
-      Dims wider = shape;
-      wider.back() += 1;
-      Tensor base = Tensor::empty(wider, dtype);
-      poison_nan(base);
-      return base.slice(static_cast<std::int64_t>(wider.size()) - 1, 1, wider.back());
-    }
-  }
-  return {};
-}
-
-Tensor normal(Rng& rng, const Dims& shape, DType dtype, Layout layout, double stddev = 1.0,
-              double mean = 0.0) {
-  Tensor t = host(shape, dtype, layout);
-  rng.normal(t, mean, stddev);
-  return t;
-}
+using testing::host;  // support/cuda_test_util.h: NaN-poisoned layouts
+using testing::kLayouts;
+using testing::Layout;
+using testing::layout_name;
+using testing::normal;
+using testing::touched_padding;
 
 // The tuner's tolerance for these ops (generators.cc): default, atol x4 in 16-bit.
 Tolerance product_tolerance(DType dtype) {
   Tolerance t = default_tolerance(dtype);
   if (dtype != DType::f32) t.atol *= 4;
   return t;
-}
-
-// Elements of the storage outside the view that are not NaN (0 when the kernel kept to its view).
-std::int64_t touched_padding(const Tensor& view_on_host) {
-  const Tensor flat = Tensor::view_of(
-      view_on_host.storage(), 0,
-      {static_cast<std::int64_t>(view_on_host.storage()->bytes / dtype_size(view_on_host.dtype()))},
-      {1}, view_on_host.dtype());
-  std::vector<bool> inside(static_cast<std::size_t>(flat.numel()), false);
-  for (std::int64_t i = 0; i < view_on_host.numel(); ++i)
-    inside[static_cast<std::size_t>(view_on_host.linear_to_offset(i))] = true;
-  std::int64_t touched = 0;
-  for (std::int64_t i = 0; i < flat.numel(); ++i)
-    touched += !inside[static_cast<std::size_t>(i)] && !std::isnan(flat.at({i}));
-  return touched;
 }
 
 // Compares a device output (a padded view) with the CPU's, within product_tolerance of the
