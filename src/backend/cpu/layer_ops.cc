@@ -37,7 +37,9 @@ using detail::Operand;
 
 constexpr int kLanes = 8;  // the reduce kernel's interleaved partial sums (reduce.cc)
 
+using layer_op_checks::check_eps;
 using layer_op_checks::check_float;
+using layer_op_checks::check_norm_weight;
 using layer_op_checks::check_rows;
 
 // Element offsets (relative to the view's first element) of every row of the last axis.
@@ -101,12 +103,9 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_rows(x, kOp, "x");
   check_rows(out, kOp, "out");
   const std::int64_t hidden = x.size(-1);
-  if (weight.dim() != 1 || weight.size(0) != hidden)
-    fail<ShapeError>(kOp, ": `weight` must be [", hidden, "] for x ", dims_str(x.shape()), ", got ",
-                     dims_str(weight.shape()));
+  check_norm_weight(x, weight, kOp);
   detail::check_out_shape(out, x.shape(), "rms_norm: out has x's shape");
-  if (!std::isfinite(eps) || eps < 0)
-    fail<ValueError>(kOp, ": `eps` must be finite and >= 0, got ", eps);
+  check_eps(eps, kOp);
   detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/true);
   detail::check_no_overlap(out, "out", weight, "weight", /*allow_identical=*/false);
   std::vector<float> w(static_cast<std::size_t>(hidden));

@@ -294,7 +294,9 @@ void check_cuda_tensor(const Tensor& t, const char* op, const char* name) {
     fail<DeviceError>(op, ": `", name, "` must be a CUDA tensor, got ", t.device().str());
 }
 
+using layer_op_checks::check_eps;
 using layer_op_checks::check_float;
+using layer_op_checks::check_norm_weight;
 using layer_op_checks::check_rows;
 
 void check_shape(const Tensor& t, const Dims& expected, const char* op, const char* name) {
@@ -407,12 +409,9 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_rows(x, kOp, "x");
   check_rows(out, kOp, "out");
   const std::int64_t hidden = x.size(-1);
-  if (weight.dim() != 1 || weight.size(0) != hidden)
-    fail<ShapeError>(kOp, ": `weight` must be [", hidden, "] for x ", dims_str(x.shape()), ", got ",
-                     dims_str(weight.shape()));
+  check_norm_weight(x, weight, kOp);
   check_shape(out, x.shape(), kOp, "out");
-  if (!std::isfinite(eps) || eps < 0)
-    fail<ValueError>(kOp, ": `eps` must be finite and >= 0, got ", eps);
+  check_eps(eps, kOp);
   RmsNormParams p;
   p.x = x.raw_data();
   p.out = out.raw_data();
@@ -548,12 +547,8 @@ void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Ten
   check_product(x, w, out, kOp, "x");
   check_cuda_tensor(weight, kOp, "weight");
   check_float(weight, kOp, "weight");
-  const std::int64_t hidden = x.size(-1);
-  if (weight.dim() != 1 || weight.size(0) != hidden)
-    fail<ShapeError>(kOp, ": `weight` must be [", hidden, "] for x ", dims_str(x.shape()), ", got ",
-                     dims_str(weight.shape()));
-  if (!std::isfinite(eps) || eps < 0)
-    fail<ValueError>(kOp, ": `eps` must be finite and >= 0, got ", eps);
+  check_norm_weight(x, weight, kOp);
+  check_eps(eps, kOp);
   if (out.numel() == 0) return;
   if (!prologue_gemv_applies(x, w)) {
     // The two-kernel chain: the RmsNorm node's output (w's dtype), then the product.
