@@ -13,6 +13,7 @@
 #include "splice/model/model.h"
 #include "splice/ops/layer_ops.h"
 #include "splice/tune/optimize.h"
+#include "support/graph_test_util.h"
 #include "support/test_util.h"
 
 namespace splice {
@@ -73,22 +74,10 @@ Region rope_region(DType dtype) {
 }
 
 TensorMap inputs_for(const Graph& g, std::uint64_t seed) {
-  Rng rng(seed);
-  TensorMap m;
-  for (NodeId id : g.live_nodes()) {
-    const Node& n = g.node(id);
-    if (n.op == Op::Input)
-      m[n.attrs.name] =
-          testing::random_tensor(rng, upper_bound_shape(n.shape, g.symbols()), n.dtype, 2.0);
-  }
-  return m;
+  return testing::random_inputs(g, seed, 2.0);
 }
 
-int count_op(const Graph& g, Op op) {
-  int n = 0;
-  for (NodeId id : g.live_nodes()) n += g.node(id).op == op;
-  return n;
-}
+using testing::count_op;
 
 // Offers every spec, collapses every branch to `arm`, runs `steps` positions.
 std::vector<Tensor> run_arm(Region r, int arm, const std::vector<std::int64_t>& positions) {

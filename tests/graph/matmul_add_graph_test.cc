@@ -13,6 +13,7 @@
 #include "splice/model/model.h"
 #include "splice/ops/layer_ops.h"
 #include "splice/tune/optimize.h"
+#include "support/graph_test_util.h"
 #include "support/test_util.h"
 
 namespace splice {
@@ -46,23 +47,9 @@ Region residual_region(DType dtype, int layers = 1, bool bias = false, bool broa
   return r;
 }
 
-TensorMap inputs_for(const Graph& g, std::uint64_t seed) {
-  Rng rng(seed);
-  TensorMap m;
-  for (NodeId id : g.live_nodes()) {
-    const Node& n = g.node(id);
-    if (n.op == Op::Input)
-      m[n.attrs.name] =
-          testing::random_tensor(rng, upper_bound_shape(n.shape, g.symbols()), n.dtype);
-  }
-  return m;
-}
+TensorMap inputs_for(const Graph& g, std::uint64_t seed) { return testing::random_inputs(g, seed); }
 
-int count_op(const Graph& g, Op op) {
-  int n = 0;
-  for (NodeId id : g.live_nodes()) n += g.node(id).op == op;
-  return n;
-}
+using testing::count_op;
 
 Tensor run_arm(Region r, int arm) {
   for (const LayerOpSpec& s : r.specs) {

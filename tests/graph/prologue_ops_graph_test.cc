@@ -21,6 +21,7 @@
 #include "splice/model/model.h"
 #include "splice/ops/layer_ops.h"
 #include "splice/tune/optimize.h"
+#include "support/graph_test_util.h"
 #include "support/test_util.h"
 
 namespace splice {
@@ -73,22 +74,10 @@ Region mlp_region(DType dtype, int layers = 1, bool stack = true, bool sink = tr
 }
 
 TensorMap inputs_for(const Graph& g, std::uint64_t seed) {
-  Rng rng(seed);
-  TensorMap m;
-  for (NodeId id : g.live_nodes()) {
-    const Node& n = g.node(id);
-    if (n.op == Op::Input)
-      m[n.attrs.name] =
-          testing::random_tensor(rng, upper_bound_shape(n.shape, g.symbols()), n.dtype, 2.0);
-  }
-  return m;
+  return testing::random_inputs(g, seed, 2.0);
 }
 
-int count_op(const Graph& g, Op op) {
-  int n = 0;
-  for (NodeId id : g.live_nodes()) n += g.node(id).op == op;
-  return n;
-}
+using testing::count_op;
 
 // Offers every spec and collapses its branch to arm_of(kind) (0: the region), then runs once.
 Tensor run_arms(Region r, int norm_arm, int silu_arm) {
