@@ -66,7 +66,8 @@ struct Opened {
   std::unique_ptr<Generator> generator;
 };
 
-Opened open(const ModelArgs& m, bool quiet) {
+// `sampled`: the run samples on the host (temperature > 0), so no in-step argmax is installed.
+Opened open(const ModelArgs& m, bool quiet, bool sampled = false) {
   Opened o;
   const std::string path = m.model.empty() ? default_model_dir() : m.model;
   const DType dtype = parse_dtype(m.dtype, "--dtype");
@@ -85,7 +86,7 @@ Opened open(const ModelArgs& m, bool quiet) {
   go.optimize.select = !m.no_optimize;
   go.optimize.tune.progress = [&](const std::string& what) { bar.tick(what); };
   go.measure_host_overhead = true;
-  go.greedy_in_step = !m.host_greedy;
+  go.greedy_in_step = !m.host_greedy && !sampled;
   o.generator = std::make_unique<Generator>(std::move(model), go);
   bar.done();
   return o;
@@ -149,7 +150,7 @@ Runner add_run(CLI::App& app) {
   app.add_option("--stop", *stop, "comma-separated stop token ids (default: the model's eos)");
   app.add_flag("--json", *json, "machine-readable output (tokens, logits of the prompt, timings)");
   return [=]() {
-    Opened o = open(*m, *json);
+    Opened o = open(*m, *json, gen->sampling.temperature > 0.0f);
     GenerateOptions options = *gen;
     options.stop_tokens = stop->empty() ? std::vector<std::int32_t>{} : parse_ids(*stop, "--stop");
     if (stop->empty())
