@@ -16,6 +16,9 @@
 //      forced split counts {1, 2, 4, 8, 16} beside the plan's, to check the single-split limit
 //      and the split rule; then the batch <= 8 shapes with programmatic dependent launch off and
 //      on (P- / P+).
+//   6. --ab (issue 5, dev/flash_b1/device_run.sh; replaces 1-5): the B = 1 shapes only, each
+//      timed with the counter merge (C) and the flag merge (F, FlashDecodeDevKnobs::flag_merge)
+//      at the plan's split count (twice each, C F C F, for the noise) and at forced counts.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -175,6 +178,12 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   return r;
 }
 
+void set_flag_merge(bool on) {
+  splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
+  knobs.flag_merge = on;
+  splice::cuda::set_flash_decode_dev_knobs(knobs);
+}
+
 std::string shape_name(const Shape& s) {
   char name[64];
   std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld,D%lld)", static_cast<long long>(s.batch),
@@ -192,6 +201,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   bool sweep = false;
   bool variants = true;
+  bool ab = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc)
@@ -206,10 +216,12 @@ int main(int argc, char** argv) {
       sweep = true;
     else if (arg == "--no-variants")
       variants = false;
+    else if (arg == "--ab")
+      ab = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep] "
-                   "[--no-variants]\n",
+                   "[--no-variants] [--ab]\n",
                    argv[0]);
       return 2;
     }
@@ -227,6 +239,7 @@ int main(int argc, char** argv) {
       for (std::int64_t k_len : {1024, 4096, 16384, 65536}) {
         const Shape s{batch, h[0], h[1], k_len, 128};
         if (quick && batch != 1 && s.kv_bytes() < (std::int64_t{1} << 30)) continue;
+        if (ab && (batch != 1 || h[0] != 32 || h[1] != 8)) continue;
         if (static_cast<double>(s.kv_bytes()) <= max_kv_gb * 1e9) shapes.push_back(s);
       }
   for (std::int64_t k_len : {64, 256, 1024}) shapes.push_back(Shape{1, 9, 3, k_len, 64});
@@ -250,6 +263,40 @@ int main(int argc, char** argv) {
   BENCH_CHECK(cudaStreamSynchronize(stream));
   std::printf("device: %s; K/V pools 2 x %.2f GB\n", splice::cuda::device_name().c_str(),
               pool_bytes / 1e9);
+
+  if (ab) {
+    // The decision table of dev/flash_b1: C = counter merge (mainline), F = flag merge (knob);
+    // plan columns at the plan's split count (twice: C F C F), then forced split counts (F falls
+    // back to C where its one-wave / <= 64-split condition fails: 64 splits at (32, 8)).
+    std::printf("\nA/B (us per call, graph replay); C = counter merge, F = flag merge\n");
+    std::printf("%-24s %4s %7s %7s %7s %7s |", "shape (B,Hq,Hkv,k_len,D)", "live", "plan C",
+                "plan F", "plan C", "plan F");
+    const std::int64_t forced_counts[] = {1, 4, 8, 16, 32, 64, 128};
+    for (std::int64_t f : forced_counts)
+      std::printf(" %5lldC %5lldF", static_cast<long long>(f), static_cast<long long>(f));
+    std::printf("\n");
+    for (const Shape& s : shapes) {
+      Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
+      Result plan_runs[4];
+      for (int i = 0; i < 4; ++i) {
+        set_flag_merge(i % 2 == 1);
+        plan_runs[i] = run_shape(in, reps, stream);
+      }
+      std::printf("%-24s %4d %7.2f %7.2f %7.2f %7.2f |", shape_name(s).c_str(), plan_runs[0].live,
+                  plan_runs[0].us, plan_runs[1].us, plan_runs[2].us, plan_runs[3].us);
+      for (std::int64_t f : forced_counts) {
+        for (bool flag : {false, true}) {
+          set_flag_merge(flag);
+          std::printf(" %6.2f", run_shape(in, reps, stream, f).us);
+        }
+      }
+      set_flag_merge(false);
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    BENCH_CHECK(cudaStreamDestroy(stream));
+    return 0;
+  }
 
   std::vector<Result> results;
   for (const Shape& s : shapes) {

@@ -16,7 +16,10 @@
 //      of more than one load batch (> 16 splits); split 0's speculative K/V tiles (issued before
 //      k_len is known) against NaN tails; back-to-back launches on one stream with programmatic
 //      dependent launch on and off, each reading the previous call's output.
-//   6. Bad arguments raise the typed errors that name them.
+//   6. The flag merge (dev knob FlashDecodeDevKnobs::flag_merge): against the counter merge and
+//      the reference at forced split counts, bitwise repeatable, across path-switching graph
+//      replays and back-to-back launches.
+//   7. Bad arguments raise the typed errors that name them.
 #include "splice/backend/cuda/flash_decode.h"
 
 #include <cuda_runtime.h>
@@ -563,8 +566,7 @@ TEST(FlashDecodeCuda, GraphReplayWithChangingKLen) {
 // B = 1 at capacity 16384 (a grid of 33 splits): replays switch between one split (<= 256 keys),
 // merges of one to three load batches and an empty range, so the merge counters must be back at
 // zero after every path; then the SmolLM2 shape at capacity 2048.
-TEST(FlashDecodeCuda, GraphReplaySwitchesPlanPaths) {
-  SKIP_WITHOUT_GPU();
+void check_plan_path_replays() {
   Case c;
   c.batch = 1;
   c.num_qo_heads = 32;
@@ -581,6 +583,11 @@ TEST(FlashDecodeCuda, GraphReplaySwitchesPlanPaths) {
   smol.capacity = 2048;
   smol.k_len = {2048};
   check_graph_replay(smol, {{64}, {513}, {256}, {1024}, {512}, {1}, {2048}, {97}}, 660);
+}
+
+TEST(FlashDecodeCuda, GraphReplaySwitchesPlanPaths) {
+  SKIP_WITHOUT_GPU();
+  check_plan_path_replays();
 }
 
 // Launches back to back on one created stream (programmatic dependent launch on): each call's q
@@ -634,6 +641,74 @@ TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
     SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
     cuda::set_pdl_enabled(pdl);
     check_back_to_back(pdl ? 700 : 710);
+  }
+}
+
+// Turns the flag merge (dev knob, kernel stage 6') on for one scope.
+class FlagMergeScope {
+ public:
+  FlagMergeScope() : saved_(cuda::flash_decode_dev_knobs()) {
+    cuda::FlashDecodeDevKnobs knobs = saved_;
+    knobs.flag_merge = true;
+    cuda::set_flash_decode_dev_knobs(knobs);
+  }
+  ~FlagMergeScope() { cuda::set_flash_decode_dev_knobs(saved_); }
+  FlagMergeScope(const FlagMergeScope&) = delete;
+  FlagMergeScope& operator=(const FlagMergeScope&) = delete;
+
+ private:
+  cuda::FlashDecodeDevKnobs saved_;
+};
+
+// The flag merge against the counter merge at forced split counts (16 and 17 take one and two
+// polls at head_dim 128, 9 two at 64 and 256; 64 splits exceed one wave at (32, 8) and fall
+// back), within the split rounding (the poll batch differs by head_dim), and against the
+// reference; then bitwise repeatable.
+TEST(FlashDecodeCuda, FlagMergeMatchesCounterMerge) {
+  SKIP_WITHOUT_GPU();
+  for (std::int64_t head_dim : {64, 128, 256}) {
+    Case c;
+    c.dtype = head_dim == 64 ? DType::f16 : DType::bf16;
+    c.num_qo_heads = head_dim == 64 ? 9 : 32;
+    c.num_kv_heads = head_dim == 64 ? 3 : 8;
+    c.head_dim = head_dim;
+    c.capacity = 5000;
+    c.k_len = {4097};
+    c.alibi = true;
+    SCOPED_TRACE(c.str());
+    Rng rng(800 + head_dim);
+    Problem problem(c, rng);
+    const auto [ref_out, ref_lse] = problem.reference();
+    for (std::int64_t splits : {0, 2, 5, 9, 16, 17, 33, 64}) {
+      SCOPED_TRACE("num_splits=" + std::to_string(splits));
+      problem.c.num_splits = splits;
+      const auto [counter_out, counter_lse] = problem.run();
+      FlagMergeScope flag;
+      const auto [out, lse] = problem.run();
+      EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)));
+      EXPECT_TRUE(testing::close(lse, ref_lse, kLseTolerance));
+      EXPECT_TRUE(within_split_rounding(out, counter_out, c.dtype));
+      EXPECT_TRUE(testing::close(lse, counter_lse, Tolerance{1e-6, 1e-5}));
+      for (int r = 0; r < 2; ++r) {
+        const auto again = problem.run();
+        EXPECT_TRUE(testing::bit_equal(again.first, out));
+        EXPECT_TRUE(testing::bit_equal(again.second, lse));
+      }
+    }
+  }
+}
+
+// The flag merge across graph replays that switch plan paths (every replay needs a new epoch)
+// and back-to-back launches with PDL on and off.
+TEST(FlashDecodeCuda, FlagMergeGraphReplayAndBackToBack) {
+  SKIP_WITHOUT_GPU();
+  FlagMergeScope flag;
+  check_plan_path_replays();
+  testing::PdlScope restore_pdl;
+  for (bool pdl : {true, false}) {
+    SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
+    cuda::set_pdl_enabled(pdl);
+    check_back_to_back(pdl ? 720 : 730);
   }
 }
 

@@ -9,7 +9,8 @@
 //      first K/V tiles before k_len arrives, in one-wave grids with no left window) and launch
 //      the instantiation for (dtype, head_dim) with cudaLaunchKernelEx, with
 //      programmatic dependent launch on a created stream (the kernel waits for the previous
-//      kernel's writes before its first access, so only the launch itself overlaps).
+//      kernel's writes before its first access, so only the launch itself overlaps). The dev
+//      knob flag_merge (FlashDecodeDevKnobs) switches one-wave grids to the flag merge.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -66,6 +67,12 @@ struct Workspace {
   std::size_t counter_count = 0;
   float* partials = nullptr;
   std::size_t partial_bytes = 0;
+  // Flag merge (dev knob): epoch-flagged words [units, kFlagMaxSplits, 16, kFlagRowWords] and
+  // per-unit epochs, both zero at allocation (epoch 0 is never a launch's epoch).
+  unsigned long long* flag_words = nullptr;
+  unsigned* epochs = nullptr;
+  std::size_t flag_units = 0;
+  FlashDecodeDevKnobs knobs;
 };
 
 Workspace& workspace() {
@@ -100,6 +107,28 @@ void ensure_workspace(std::size_t counters, std::size_t partial_bytes, Stream st
     SPLICE_CUDA_CHECK(cudaMalloc(&ws.partials, partial_bytes));
     ws.partial_bytes = partial_bytes;
   }
+}
+
+// Grows the flag-merge workspace to `units` units (dev knob flag_merge).
+void ensure_flag_workspace(std::size_t units, Stream stream) {
+  Workspace& ws = workspace();
+  std::lock_guard<std::mutex> lock(ws.mutex);
+  if (ws.flag_units >= units) return;
+  if (capturing(stream))
+    fail<UnsupportedError>("flash_decode: the flag-merge workspace must grow to ", units,
+                           " units during stream capture; run the same shapes once before "
+                           "capturing");
+  if (ws.flag_words) SPLICE_CUDA_CHECK(cudaFree(ws.flag_words));
+  if (ws.epochs) SPLICE_CUDA_CHECK(cudaFree(ws.epochs));
+  ws.flag_words = nullptr;
+  ws.epochs = nullptr;
+  const std::size_t words = units * detail::kFlagMaxSplits * detail::kRows * detail::kFlagRowWords;
+  SPLICE_CUDA_CHECK(cudaMalloc(&ws.flag_words, words * sizeof(unsigned long long)));
+  SPLICE_CUDA_CHECK(cudaMemset(ws.flag_words, 0, words * sizeof(unsigned long long)));
+  SPLICE_CUDA_CHECK(cudaMalloc(&ws.epochs, units * sizeof(unsigned)));
+  SPLICE_CUDA_CHECK(cudaMemset(ws.epochs, 0, units * sizeof(unsigned)));
+  SPLICE_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets ran on the legacy stream
+  ws.flag_units = units;
 }
 
 void check_cuda_tensor(const Tensor& t, const char* name) {
@@ -197,6 +226,18 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                    sizeof(float)
                              : 0;
   return plan;
+}
+
+void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs) {
+  Workspace& ws = workspace();
+  std::lock_guard<std::mutex> lock(ws.mutex);
+  ws.knobs = knobs;
+}
+
+FlashDecodeDevKnobs flash_decode_dev_knobs() {
+  Workspace& ws = workspace();
+  std::lock_guard<std::mutex> lock(ws.mutex);
+  return ws.knobs;
 }
 
 int sm_count() {
@@ -343,6 +384,16 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // only one-wave grids speculate.
   const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * plan.ctas_per_sm;
   p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
+  // Flag merge (dev knob): split 0 waits for its unit's other splits, so every CTA must be
+  // resident at once (one wave; then at most half the slots wait, on CTAs that never wait).
+  const FlashDecodeDevKnobs knobs = flash_decode_dev_knobs();
+  if (knobs.flag_merge && grid_y > 1 && grid_y <= detail::kFlagMaxSplits &&
+      units <= kFlashDecodeFlagMaxUnits && units * grid_y <= slots) {
+    ensure_flag_workspace(static_cast<std::size_t>(units), stream);
+    p.flag_merge = 1;
+    p.flag_partials = ws.flag_words;
+    p.epochs = ws.epochs;
+  }
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {
     return w ? static_cast<int>(std::min<std::int64_t>(*w, kMaxLength)) : -1;
   };

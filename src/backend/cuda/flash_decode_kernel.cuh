@@ -50,12 +50,22 @@
 //        M' = max(M, max_s lse2_s), r = 2^(M - M'), D' = r D + sum_s 2^(lse2_s - M'),
 //        A' = r A + sum_s 2^(lse2_s - M') O_s;  o = A / D, lse2 = M + log2 D,
 //      and resets the counter to 0 for the next launch (graph replay safe).
+//   6'. Flag merge (p.flag_merge, a dev A/B switch of the launcher, issue 5; one-wave grids
+//      only): no fence, no counter. Every live split writes its (O_s, lse2_s) as 64-bit words
+//      (fp32 bits | epoch << 32) with relaxed stores, epoch = epochs[unit] + 1 read in stage 1
+//      beside k_len; split 0 merges: it polls each batch of kFlagBatch splits' words (one L2
+//      round trip per poll) until every epoch matches, folds them in split order with the
+//      update above and stores epochs[unit] = epoch for the next launch. A 64-bit aligned
+//      access is single-copy atomic, so a word with the current epoch carries this launch's
+//      value. Deadlock-free: only split 0 of each unit waits, and only on CTAs that never wait.
 //
 // Dependent global round trips on one CTA's critical path at B = 1 (launch gap not counted):
 //   one split:    [k_len || q || K/V ring of split 0] -> further K/V tiles (streaming) -> o store.
 //   S > 1 splits: [k_len || q || split 0's ring] -> K/V of splits >= 1 (addresses need the
 //                 plan) -> partial store + fence (waits for the acks) -> counter atomic
 //                 -> the merging CTA's (lse2_s, O_s) loads (one per 16 splits) -> o store.
+//   flag merge:   [k_len || epoch || q || split 0's ring] -> K/V -> relaxed partial stores
+//                 -> split 0's poll loads (one per kFlagBatch splits) -> o store.
 //   Before (v4): k_len -> K/V (q beside it) -> partials + fence -> atomic -> lse2_s loads -> O_s
 //   loads (one per 8 splits) -> o store, at every length (the plan split down to 64-key chunks).
 #pragma once
@@ -78,6 +88,11 @@ inline constexpr int kMaxSplits = 256;
 // <= 255 registers a thread; 16 gives 144 / 206 (nvcc 13.0, sm_90a), 32 would give 204 at
 // head_dim 64, one CTA per SM fewer than planned.
 inline constexpr int kMergeBatch = 16;
+// Flag merge (stage 6'): split slots per unit and 64-bit words per row in the flag workspace,
+// fixed whatever the grid or head_dim, so a word is only ever written by one unit index (whose
+// epoch only grows).
+inline constexpr int kFlagMaxSplits = 64;
+inline constexpr int kFlagRowWords = 256 + 2;  // head_dim <= 256 outputs, lse2 at word head_dim
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
@@ -92,6 +107,9 @@ struct FlashDecodeParams {
   float* partial_o;           // [batch * num_kv_heads, row_blocks, grid splits, 16, head_dim]
   float* partial_lse;         // [batch * num_kv_heads, row_blocks, 16, grid splits]
   unsigned* counters;         // [batch * num_kv_heads, row_blocks], zero between launches
+  // Flag merge (stage 6'): [units, kFlagMaxSplits, 16, kFlagRowWords] words, zero at allocation.
+  unsigned long long* flag_partials;
+  unsigned* epochs;  // [units]: the last epoch each unit merged
   std::int64_t q_stride_b, q_stride_h, q_stride_s;
   std::int64_t k_stride_b, k_stride_h, k_stride_s;
   std::int64_t v_stride_b, v_stride_h, v_stride_s;
@@ -102,7 +120,8 @@ struct FlashDecodeParams {
   int forced_splits;      // > 0: split into this many (split-invariance tests); 0: plan
   int min_chunk;          // fewest keys per split when splitting
   int single_split_keys;  // n <= this: one split (stage 2)
-  int speculate;  // 1: split 0 issues its first K/V tiles before k_len arrives (stage 1)
+  int speculate;          // 1: split 0 issues its first K/V tiles before k_len arrives (stage 1)
+  int flag_merge;  // 1: merge through epoch-flagged words (stage 6'); launcher: one wave only
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
@@ -124,6 +143,10 @@ struct FlashDecodeConfig {
   static constexpr int kMergeBytes = kWarps * kRows * (kRedStride + 2) * 4;
   static constexpr int kSmemBytes = kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
   static constexpr bool kQInRegs = kHeadDim <= 128;
+  // Splits per poll in the flag merge: 5 words (10 registers) per split and output slot. 16 at
+  // head_dim 128 (254 registers, nvcc 13.0: 2 CTAs per SM still fit); 8 keeps head_dim 64
+  // within the 168 registers of 3 CTAs per SM (148) and head_dim 256 free of spills.
+  static constexpr int kFlagBatch = kHeadDim == 128 ? 16 : 8;
 };
 
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
@@ -213,6 +236,40 @@ __device__ __forceinline__ void fence_acq_rel_gpu() {
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
 
+// Relaxed (not weak) 64-bit accesses at GPU scope for the flag merge: the poll must not be served
+// from L1 and must see the other CTAs' stores; each 64-bit element is single-copy atomic.
+__device__ __forceinline__ void st_relaxed_v2(unsigned long long* dst, unsigned long long a,
+                                              unsigned long long b) {
+  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};\n" ::"l"(dst), "l"(a), "l"(b)
+               : "memory");
+}
+__device__ __forceinline__ void st_relaxed(unsigned long long* dst, unsigned long long a) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(dst), "l"(a) : "memory");
+}
+__device__ __forceinline__ ulonglong2 ld_relaxed_v2(const unsigned long long* src) {
+  ulonglong2 r;
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];\n"
+               : "=l"(r.x), "=l"(r.y)
+               : "l"(src)
+               : "memory");
+  return r;
+}
+__device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long* src) {
+  unsigned long long r;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(r) : "l"(src) : "memory");
+  return r;
+}
+// A flag word: the fp32 value's bits below, the epoch above.
+__device__ __forceinline__ unsigned long long flag_word(float x, unsigned epoch) {
+  return (static_cast<unsigned long long>(epoch) << 32) | __float_as_uint(x);
+}
+__device__ __forceinline__ bool flag_is(unsigned long long w, unsigned epoch) {
+  return static_cast<unsigned>(w >> 32) == epoch;
+}
+__device__ __forceinline__ float flag_value(unsigned long long w) {
+  return __uint_as_float(static_cast<unsigned>(w));
+}
+
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, head_dim] 16-bit tile.
 template <int kHeadDim>
 __device__ __forceinline__ std::uint32_t swizzle(int row, int chunk) {
@@ -276,6 +333,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = p.k_len[b * p.k_len_stride];
+  const std::int64_t unit = static_cast<std::int64_t>(bh) * gridDim.x + rb;  // (b, h, rb)
+  unsigned epoch = 0;  // flag merge: this launch's epoch, never 0 (the workspace's initial words)
+  if (p.flag_merge) {
+    epoch = __ldcg(p.epochs + unit) + 1u;
+    if (epoch == 0u) epoch = 1u;
+  }
   // ALiBi slopes (log2 units) of this thread's two mma C-fragment rows, lane/4 and lane/4 + 8.
   float slope_log2[2] = {0.0f, 0.0f};
   if (p.alibi) {
@@ -559,7 +622,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const int valid_rows = min(kRows, p.rows - row_base);
-  const std::int64_t unit = static_cast<std::int64_t>(bh) * gridDim.x + rb;
+  // Flag merge: row `row` of split `s` of this unit starts at flag_row(s) + row * kFlagRowWords.
+  unsigned long long* const flag_unit =
+      p.flag_merge ? p.flag_partials + unit * kFlagMaxSplits * kRows * kFlagRowWords : nullptr;
   const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row index base
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
@@ -590,6 +655,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float lse2 = empty ? -INFINITY : big + log2f(denom);
     if (live_splits == 1) {
       store_result<T>(p, b, kv_head, row_base + row, d, acc, lse2);
+    } else if (p.flag_merge) {
+      unsigned long long* dst = flag_unit + (split * kRows + row) * kFlagRowWords;
+      st_relaxed_v2(dst + d, flag_word(acc[0], epoch), flag_word(acc[1], epoch));
+      st_relaxed_v2(dst + d + 2, flag_word(acc[2], epoch), flag_word(acc[3], epoch));
+      if (d == 0) st_relaxed(dst + kHeadDim, flag_word(lse2, epoch));
     } else {
       *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -597,6 +667,78 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if (live_splits == 1) return;
+
+  if (p.flag_merge) {
+    // Stage 6': split 0 polls and merges every split's flagged words (its own included: the
+    // same thread wrote them), kFlagBatch splits per poll, in split order.
+    if (split != 0) return;
+    constexpr int kBatch = Cfg::kFlagBatch;
+    for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
+      const int row = slot / kSlotsPerRow;
+      const int d = (slot % kSlotsPerRow) * 4;
+      const unsigned long long* row0 = flag_unit + row * kFlagRowWords;
+      float big = -INFINITY;  // M
+      float denom = 0.0f;     // D
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int s0 = 0; s0 < live_splits; s0 += kBatch) {
+        ulonglong2 w0[kBatch], w1[kBatch];
+        unsigned long long wl[kBatch];
+        unsigned pending = 0;  // bit i: split s0 + i not yet seen with this epoch
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          if (s0 + i < live_splits) pending |= 1u << i;
+          w0[i] = w1[i] = make_ulonglong2(0ull, 0ull);
+          wl[i] = flag_word(-INFINITY, 0u);
+        }
+        while (pending != 0u) {
+#pragma unroll
+          for (int i = 0; i < kBatch; ++i) {  // independent loads: one round trip per poll
+            if (pending >> i & 1u) {
+              const unsigned long long* src = row0 + (s0 + i) * kRows * kFlagRowWords;
+              w0[i] = ld_relaxed_v2(src + d);
+              w1[i] = ld_relaxed_v2(src + d + 2);
+              wl[i] = ld_relaxed(src + kHeadDim);
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < kBatch; ++i)
+            if (flag_is(w0[i].x, epoch) && flag_is(w0[i].y, epoch) && flag_is(w1[i].x, epoch) &&
+                flag_is(w1[i].y, epoch) && flag_is(wl[i], epoch))
+              pending &= ~(1u << i);
+        }
+        float batch_big = big;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i)
+          if (s0 + i < live_splits) batch_big = fmaxf(batch_big, flag_value(wl[i]));
+        if (batch_big == -INFINITY) continue;    // no visible key so far
+        const float r = exp2f(big - batch_big);  // 0 while big = -inf (D and A are 0 then)
+        denom *= r;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] *= r;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          if (s0 + i >= live_splits) continue;
+          const float ws = exp2f(flag_value(wl[i]) - batch_big);  // 0 for an empty split
+          denom += ws;
+          acc[0] += ws * flag_value(w0[i].x);
+          acc[1] += ws * flag_value(w0[i].y);
+          acc[2] += ws * flag_value(w1[i].x);
+          acc[3] += ws * flag_value(w1[i].y);
+        }
+        big = batch_big;
+      }
+      const bool empty = !(denom > 0.0f);
+      const float inv = empty ? 0.0f : 1.0f / denom;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= inv;
+      store_result<T>(p, b, kv_head, row_base + row, d, acc,
+                      empty ? -INFINITY : big + log2f(denom));
+    }
+    // Every thread's polls are done, so every live split has read this epoch: publish it.
+    __syncthreads();
+    if (tid == 0) p.epochs[unit] = epoch;
+    return;
+  }
 
   // Stage 6: the last split to finish merges every split's partial, in split order. Arrival is
   // the cooperative-groups grid-barrier pattern: the CTA barrier orders every thread's partial

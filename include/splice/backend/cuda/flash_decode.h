@@ -82,6 +82,21 @@ inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n)
   return static_cast<int>((n + chunk - 1) / chunk);
 }
 
+// Dev-only A/B switches (issue 5, dev/flash_b1/): not part of the plan, off by default; the
+// benchmark's --ab mode and the tests set them. Process-wide, not thread-safe: set them before
+// launching, never while another thread launches.
+struct FlashDecodeDevKnobs {
+  // Merge splits through epoch-flagged 64-bit words that split 0 polls (kernel stage 6': one
+  // L2 round trip after the partials land) instead of fence + counter atomic + partial loads
+  // (three). Applies where the grid fits one wave of resident CTAs, has at most 64 splits and
+  // at most kFlashDecodeFlagMaxUnits (batch x kv head x row block) units; elsewhere the counter
+  // merge runs.
+  bool flag_merge = false;
+};
+inline constexpr std::int64_t kFlashDecodeFlagMaxUnits = 64;
+void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
+FlashDecodeDevKnobs flash_decode_dev_knobs();
+
 // Multiprocessor count of the current device (cached).
 int sm_count();
 
