@@ -64,6 +64,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -399,6 +400,90 @@ __device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_
     run_prologue_chunks<T, kRows, 1, kPro>(p, xs, k_pad, norm_direct);
 }
 
+// Stage 0 in registers (launcher's register_prologue: SPLICE_GEMV_VARIANT bit 0, when the rows
+// are 16-byte vectors, one batch covers k (num_vec <= kUnroll * 32) and rms_norm's weight is
+// read directly): each warp computes its own lanes' vectors v = u * 32 + lane of the prologue
+// rows straight into the stream's x_raw [kUnroll, kRows], right after the wait:
+//   rms_norm: s_r = sum over the warp (xor butterfly) of the lane's sum of x[r]^2: every warp
+//             reduces the whole row itself, so there is no shared memory and no barrier; then
+//             x_raw = round_T((x * inv_r) * norm_w), inv_r = 1 / sqrt(s_r / k + eps)
+//   silu_mul: x_raw = round_T(round_T(a / (1 + e^-a)) * b)
+// The shared-memory stage 0's exact operations; only the order of rms_norm's fp32 sum of squares
+// differs. The post-wait critical path drops three barriers, the cross-warp sum and two
+// shared-memory round trips (dev/chain_latency measures what that is worth).
+template <typename T, int kRows, int kUnroll, Prologue kPro, typename Raw>
+__device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnroll][kRows],
+                                              int lane, std::int64_t num_vec) {
+  constexpr int kW = static_cast<int>(sizeof(Raw) / sizeof(T));
+  Raw b_raw[kUnroll][kRows];  // silu_mul's b vectors
+  Raw n_raw[kUnroll];         // rms_norm's weight vectors
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const std::int64_t v = static_cast<std::int64_t>(u) * kWarpSize + lane;
+    const bool in = v < num_vec;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const bool row_in = in && r < p.rows;
+      x_raw[u][r] = load_activation(
+          reinterpret_cast<const Raw*>(static_cast<const T*>(p.x[r]) + v * kW), row_in);
+      if constexpr (kPro == Prologue::silu_mul)
+        b_raw[u][r] = load_activation(
+            reinterpret_cast<const Raw*>(static_cast<const T*>(p.b[r]) + v * kW), row_in);
+    }
+    if constexpr (kPro == Prologue::rms_norm)
+      n_raw[u] = load_activation(
+          reinterpret_cast<const Raw*>(static_cast<const T*>(p.norm_weight) + v * kW), in);
+  }
+  if constexpr (kPro == Prologue::rms_norm) {
+    float inv[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        float f[kW];
+        unpack<T>(x_raw[u][r], f);
+#pragma unroll
+        for (int i = 0; i < kW; ++i) ss += f[i] * f[i];
+      }
+#pragma unroll
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+        ss += __shfl_xor_sync(kFullMask, ss, offset);
+      inv[r] = 1.0f / sqrtf(ss / static_cast<float>(p.k) + p.eps);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float w[kW];
+      unpack<T>(n_raw[u], w);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float f[kW];
+        unpack<T>(x_raw[u][r], f);
+        T out[kW];
+#pragma unroll
+        for (int i = 0; i < kW; ++i) out[i] = from_float<T>(__fmul_rn(__fmul_rn(f[i], inv[r]), w[i]));
+        memcpy(&x_raw[u][r], out, sizeof(Raw));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float fa[kW], fb[kW];
+        unpack<T>(x_raw[u][r], fa);
+        unpack<T>(b_raw[u][r], fb);
+        T out[kW];
+#pragma unroll
+        for (int i = 0; i < kW; ++i) {
+          const float s = to_float(from_float<T>(fa[i] / (1.0f + expf(-fa[i]))));
+          out[i] = from_float<T>(__fmul_rn(s, fb[i]));
+        }
+        memcpy(&x_raw[u][r], out, sizeof(Raw));
+      }
+  }
+}
+
 // Each warp streams the column groups w, w + W, ... (W warps in the grid); see the file header.
 // `single_wave`: the launcher's grid is resident at once (stage 6's early trigger). With a
 // prologue (kPro), x is first computed into dynamic shared memory (stage 0) and read from there.
@@ -406,7 +491,8 @@ template <typename T, int kRows, int kCols, int kVec, Prologue kPro>
 __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool single_wave,
                                                            std::int64_t k_pad,
                                                            bool prologue_vectorized,
-                                                           bool norm_direct) {
+                                                           bool norm_direct,
+                                                           bool register_prologue) {
   // [p.rows, k_pad] of T, then (rms_norm) [k_pad] fp32 norm weights
   extern __shared__ __align__(16) unsigned char prologue_rows[];
   using Raw = typename RawOf<kVec* static_cast<int>(sizeof(T))>::type;
@@ -425,6 +511,9 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   // Warp-uniform: a warp without a group exits after the wait (stage 6), and the shuffles below
   // see full warps.
   const bool has_group = group < num_groups;
+  // Stage 0 in registers (the launcher's register_prologue, SPLICE_GEMV_VARIANT bit 0): the
+  // prologue rows live in x_raw for the whole kernel; no shared memory, no barrier.
+  const bool in_registers = kPro != Prologue::none && kVec > 1 && register_prologue;
 
   // Stage 1: the x rows, and the weight rows of the current group (clamped past n).
   const T* x_rows[kRows];  // each [k]
@@ -535,11 +624,22 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   if (p.w_constant && has_group) load_first_weights();
   detail::wait_for_producers();
   if (single_wave) detail::allow_dependents();  // after the wait (launch.cuh)
-  if constexpr (kPro != Prologue::none)
-    run_prologue<T, kRows, kPro>(p, xs, k_pad, prologue_vectorized, norm_direct);
+  if constexpr (kPro != Prologue::none) {
+    if (!in_registers) run_prologue<T, kRows, kPro>(p, xs, k_pad, prologue_vectorized, norm_direct);
+  }
   if (!has_group) return;
   if (!p.w_constant) load_first_weights();
-  load_first_activations();
+  if constexpr (kPro != Prologue::none && kVec > 1) {
+    if (in_registers) {
+      register_rows<T, kRows, kUnroll, kPro>(p, x_raw, lane, num_vec);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) x_tail[r] = Scalar{};  // k % kVec == 0: no tail
+    } else {
+      load_first_activations();
+    }
+  } else {
+    load_first_activations();
+  }
   std::int64_t base = 0;
   for (;;) {
     // Stage 3: consume the batch in registers.
@@ -596,7 +696,10 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
     const bool more = group < num_groups;  // warp-uniform
     if (more) {
       point_rows(group);
-      load_first_batch();
+      if (in_registers)
+        load_first_weights();  // the prologue's rows stay in x_raw (one batch covers k)
+      else
+        load_first_batch();
       base = 0;
     }
 
@@ -643,6 +746,7 @@ struct Grid {
   unsigned smem = 0;
   bool prologue_vectorized = false;
   bool norm_direct = false;  // rms_norm's weight read as T chunks (in_dtype, unit stride)
+  bool register_prologue = false;  // stage 0 in registers (smem then 0)
 };
 
 // CTAs of `kernel` with `threads` threads one SM holds at once (>= 1), cached per kernel
@@ -731,7 +835,8 @@ void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
   if (p.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
   if (kPro != Prologue::none) g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
   launch_with_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(g.threads), g.smem, stream,
-                   p, single_wave, g.k_pad, g.prologue_vectorized, g.norm_direct);
+                   p, single_wave, g.k_pad, g.prologue_vectorized, g.norm_direct,
+                   g.register_prologue);
 }
 
 template <typename T, int kRows, int kCols, Prologue kPro>
@@ -794,7 +899,30 @@ std::int64_t prologue_bytes(std::int64_t rows, std::int64_t k, DType dtype) {
 
 bool aligned(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVectorBytes == 0; }
 
+// SPLICE_GEMV_VARIANT (gemv.h's variant()), read once; set_variant() overrides it.
+std::atomic<int> g_variant{-1};
+
+// The row bucket a launch of `rows` rows instantiates (launch_rows).
+int rows_bucket(int rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : kMaxRows; }
+
 }  // namespace
+
+int variant() {
+  int v = g_variant.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  const char* env = std::getenv("SPLICE_GEMV_VARIANT");
+  v = env != nullptr ? std::atoi(env) : 0;
+  v = v >= 0 && v <= kVariantMask ? v : 0;
+  int expected = -1;
+  g_variant.compare_exchange_strong(expected, v, std::memory_order_relaxed);
+  return g_variant.load(std::memory_order_relaxed);
+}
+
+void set_variant(int v) {
+  SPLICE_INTERNAL_CHECK(v >= 0 && v <= kVariantMask, "gemv variant ", v, " is not in 0 ..",
+                        kVariantMask);
+  g_variant.store(v, std::memory_order_relaxed);
+}
 
 LaunchStats launch_stats() {
   LaunchStats s;
@@ -862,14 +990,19 @@ void launch(const Params& params, cudaStream_t stream) {
   }
 
   // Stage 1's tiling: columns per warp, then warps per CTA (the grid is capped in launch_instance).
+  // SPLICE_GEMV_VARIANT bit 1 (kVariantFewCtas): kMaxCols columns per warp and kMaxWarpsPerCta
+  // warps per CTA whatever n, so a small product takes few CTAs (576 x 576: 36 instead of 144).
   const int device = current_device();
   const std::int64_t sms = sm_count(device);
+  const int knob = variant();
+  const bool few_ctas = (knob & kVariantFewCtas) != 0;
   int cols = kMaxCols;
-  while (cols > 1 && (p.n + cols - 1) / cols < kTargetWarpsPerSm * sms) cols /= 2;
+  while (!few_ctas && cols > 1 && (p.n + cols - 1) / cols < kTargetWarpsPerSm * sms) cols /= 2;
   if (p.cols > 0) cols = p.cols;
   const std::int64_t warps = (p.n + cols - 1) / cols;
   int warps_per_cta = kMaxWarpsPerCta;
-  while (warps_per_cta > 1 && (warps + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;
+  while (!few_ctas && warps_per_cta > 1 && (warps + warps_per_cta - 1) / warps_per_cta < sms)
+    warps_per_cta /= 2;
   const std::int64_t blocks = (warps + warps_per_cta - 1) / warps_per_cta;
   Grid g;
   g.blocks = static_cast<unsigned>(std::min<std::int64_t>(blocks, 0x7fffffff));
@@ -880,6 +1013,14 @@ void launch(const Params& params, cudaStream_t stream) {
   g.norm_direct = p.prologue == Prologue::rms_norm && p.norm_weight_dtype == p.in_dtype &&
                   (p.norm_weight_stride == 1 || p.k == 1) &&
                   (!prologue_vectorized || aligned(p.norm_weight));
+  // SPLICE_GEMV_VARIANT bit 0 (kVariantRegisterPrologue): stage 0 in registers when one batch of
+  // 16-byte vectors covers k (register_rows) and rms_norm's weight is read directly.
+  const std::int64_t row_vectors = p.k / (kVectorBytes / elem);
+  g.register_prologue =
+      (knob & kVariantRegisterPrologue) != 0 && has_prologue && vectorized &&
+      prologue_vectorized && (p.prologue != Prologue::rms_norm || g.norm_direct) &&
+      row_vectors <= static_cast<std::int64_t>(unroll_for(rows_bucket(p.rows), cols)) * kWarpSize;
+  if (g.register_prologue) g.smem = 0;
 
   switch (p.in_dtype) {
     case DType::f16:

@@ -88,6 +88,22 @@ struct Params {
 // Whether a prologue launch of `rows` rows of length k in `dtype` fits the shared-memory limit.
 bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 
+// Experiment knob SPLICE_GEMV_VARIANT (issue #7; read once, at the first launch; 0, the default,
+// is the measured mainline), a bit mask:
+//   kVariantRegisterPrologue (1): a prologue launch whose rows are 16-byte vectors and whose k one
+//     load batch covers (k <= 3072 bf16 at one row and one column per warp) computes its rows per
+//     warp in registers (rms_norm: each warp sums the whole row itself) instead of shared memory
+//     with three CTA barriers; bit-identical rows except for the order of the sum of squares.
+//   kVariantFewCtas (2): 4 columns per warp and 4 warps per CTA whatever n (576 x 576: 36 CTAs
+//     instead of 144), fewer CTAs for a small product.
+// Every value computes the same product within the policy; set_variant() overrides the
+// environment (tests, A/B benchmarks), values outside 0 .. kVariantMask are an internal error.
+inline constexpr int kVariantRegisterPrologue = 1;
+inline constexpr int kVariantFewCtas = 2;
+inline constexpr int kVariantMask = kVariantRegisterPrologue | kVariantFewCtas;
+int variant();
+void set_variant(int variant);
+
 // Launch counters (process-wide, relaxed atomics) for tests and SPLICE_DEBUG: launches issued,
 // those with the PDL attribute, those that take the constant-weight prefetch path, and those
 // with a prologue.
