@@ -18,7 +18,9 @@
 //      on (P- / P+).
 //   6. --ab (issue 5, dev/flash_b1/device_run.sh; replaces 1-5): the B = 1 shapes only, each
 //      timed with the counter merge (C) and the flag merge (F, FlashDecodeDevKnobs::flag_merge)
-//      at the plan's split count (twice each, C F C F, for the noise) and at forced counts.
+//      at the plan's split count (twice each, C F C F, for the noise), then the plan with the
+//      merge left out (-merge) and with the merge and the K/V stream left out (-mrg-kv;
+//      FlashDecodeDevKnobs::drop_stages, attribution only: outputs wrong), then forced counts.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -184,6 +186,12 @@ void set_flag_merge(bool on) {
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
+void set_drop_stages(int drop) {
+  splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
+  knobs.drop_stages = drop;
+  splice::cuda::set_flash_decode_dev_knobs(knobs);
+}
+
 std::string shape_name(const Shape& s) {
   char name[64];
   std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld,D%lld)", static_cast<long long>(s.batch),
@@ -269,8 +277,8 @@ int main(int argc, char** argv) {
     // plan columns at the plan's split count (twice: C F C F), then forced split counts (F falls
     // back to C where its one-wave / <= 64-split condition fails: 64 splits at (32, 8)).
     std::printf("\nA/B (us per call, graph replay); C = counter merge, F = flag merge\n");
-    std::printf("%-24s %4s %7s %7s %7s %7s |", "shape (B,Hq,Hkv,k_len,D)", "live", "plan C",
-                "plan F", "plan C", "plan F");
+    std::printf("%-24s %4s %7s %7s %7s %7s %7s %7s |", "shape (B,Hq,Hkv,k_len,D)", "live", "plan C",
+                "plan F", "plan C", "plan F", "-merge", "-mrg-kv");
     const std::int64_t forced_counts[] = {1, 4, 8, 16, 32, 64, 128};
     for (std::int64_t f : forced_counts)
       std::printf(" %5lldC %5lldF", static_cast<long long>(f), static_cast<long long>(f));
@@ -282,8 +290,16 @@ int main(int argc, char** argv) {
         set_flag_merge(i % 2 == 1);
         plan_runs[i] = run_shape(in, reps, stream);
       }
-      std::printf("%-24s %4d %7.2f %7.2f %7.2f %7.2f |", shape_name(s).c_str(), plan_runs[0].live,
-                  plan_runs[0].us, plan_runs[1].us, plan_runs[2].us, plan_runs[3].us);
+      set_flag_merge(false);
+      double dropped[2];  // attribution: the plan without its merge, then without K/V too
+      for (int i = 0; i < 2; ++i) {
+        set_drop_stages(i == 0 ? 1 : 3);
+        dropped[i] = run_shape(in, reps, stream).us;
+      }
+      set_drop_stages(0);
+      std::printf("%-24s %4d %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f |", shape_name(s).c_str(),
+                  plan_runs[0].live, plan_runs[0].us, plan_runs[1].us, plan_runs[2].us,
+                  plan_runs[3].us, dropped[0], dropped[1]);
       for (std::int64_t f : forced_counts) {
         for (bool flag : {false, true}) {
           set_flag_merge(flag);

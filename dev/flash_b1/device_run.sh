@@ -8,7 +8,8 @@
 #   2. The decision table: flash_decode_cuda_bench --ab (B = 1 (32, 8) D 128 at 1K-64K and the
 #      SmolLM2 shape (9, 3) D 64 at 64 / 256 / 1K): us per call under graph replay with the
 #      counter merge (C, mainline) and the flag merge (F, dev knob) at the plan's split count
-#      (C F C F: the two C's and the two F's show the noise) and at forced counts 1-128
+#      (C F C F: the two C's and the two F's show the noise), the plan without its merge and
+#      without merge and K/V (attribution), and forced counts 1-128
 #      -> OUT_DIR/ab.txt, printed.
 #   See dev/flash_b1/README.md for what to decide from which numbers.
 set -uo pipefail
@@ -26,7 +27,7 @@ filter+=':FlashDecodeCuda.GraphReplaySwitchesPlanPaths:FlashDecodeCuda.BackToBac
 start=$(date +%s)
 timeout 30 "$test_bin" --gtest_filter="$filter" >"$out/tests.txt" 2>&1
 echo "tests rc=$? ($(($(date +%s) - start)) s)"
-grep -E '^\[ +(OK|FAILED) +\]|Failure|error' "$out/tests.txt" | head -20
+grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure' "$out/tests.txt" | head -20
 
 start=$(date +%s)
 timeout 58 "$bench_bin" --ab --reps 15 >"$out/ab.txt" 2>&1

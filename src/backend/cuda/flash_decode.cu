@@ -387,6 +387,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // Flag merge (dev knob): split 0 waits for its unit's other splits, so every CTA must be
   // resident at once (one wave; then at most half the slots wait, on CTAs that never wait).
   const FlashDecodeDevKnobs knobs = flash_decode_dev_knobs();
+  p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
+  if (p.dev_drop & detail::kDropKv) p.speculate = 0;
   if (knobs.flag_merge && grid_y > 1 && grid_y <= detail::kFlagMaxSplits &&
       units <= kFlashDecodeFlagMaxUnits && units * grid_y <= slots) {
     ensure_flag_workspace(static_cast<std::size_t>(units), stream);

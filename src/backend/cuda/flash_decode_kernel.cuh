@@ -93,6 +93,10 @@ inline constexpr int kMergeBatch = 16;
 // epoch only grows).
 inline constexpr int kFlagMaxSplits = 64;
 inline constexpr int kFlagRowWords = 256 + 2;  // head_dim <= 256 outputs, lse2 at word head_dim
+// Stages a benchmark may leave out to time the rest (FlashDecodeDevKnobs::drop_stages): the
+// split merge (partials are stored, nothing merged) and the K/V stream (no tiles loaded).
+inline constexpr int kDropMerge = 1;
+inline constexpr int kDropKv = 2;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
@@ -122,6 +126,7 @@ struct FlashDecodeParams {
   int single_split_keys;  // n <= this: one split (stage 2)
   int speculate;          // 1: split 0 issues its first K/V tiles before k_len arrives (stage 1)
   int flag_merge;  // 1: merge through epoch-flagged words (stage 6'); launcher: one wave only
+  int dev_drop;    // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
@@ -436,7 +441,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Stage 3: the rest of this warp's ring prologue.
   const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
-  const int my_tiles = num_tiles > warp ? ceil_div(num_tiles - warp, kWarps) : 0;
+  const int my_tiles =
+      num_tiles > warp && !(p.dev_drop & kDropKv) ? ceil_div(num_tiles - warp, kWarps) : 0;
   const bool spec_hit = speculative && c0 == spec_c0;
   const int preloaded = spec_hit ? kStages : kStages - 1;  // tiles issued before the main loop
   if (!spec_hit) {
@@ -666,7 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (d == 0) p.partial_lse[(unit * kRows + row) * gridDim.y + split] = lse2;
     }
   }
-  if (live_splits == 1) return;
+  if (live_splits == 1 || (p.dev_drop & kDropMerge)) return;
 
   if (p.flag_merge) {
     // Stage 6': split 0 polls and merges every split's flagged words (its own included: the

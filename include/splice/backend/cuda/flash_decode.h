@@ -92,6 +92,9 @@ struct FlashDecodeDevKnobs {
   // at most kFlashDecodeFlagMaxUnits (batch x kv head x row block) units; elsewhere the counter
   // merge runs.
   bool flag_merge = false;
+  // Benchmark attribution only (the outputs are then wrong): bit 0 leaves the split merge out
+  // (partials stored, nothing merged or written), bit 1 the K/V stream (no tile loaded).
+  int drop_stages = 0;
 };
 inline constexpr std::int64_t kFlashDecodeFlagMaxUnits = 64;
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
