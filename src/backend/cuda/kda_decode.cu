@@ -15,10 +15,12 @@
 //     of `slices` CTAs), or min(items, SMs) persistent CTAs for `stream`, all through
 //     cudaLaunchKernelEx with the PDL attribute when launch.cuh's pdl_enabled() and the stream is
 //     not the legacy default stream (every kda kernel waits before its first global access).
-//     Nothing is read back from the device.
+//     Nothing is read back from the device. Params.tune carries the dev-only KdaTuneBits
+//     (kda_tune(): SPLICE_KDA_TUNE or set_kda_tune()), schedule switches of `stream` for A/B runs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -216,6 +218,14 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
   SPLICE_INTERNAL_CHECK(false, "kda variant not resolved");
 }
 
+// The dev-only schedule switches (kda_decode.h): -1 until read from SPLICE_KDA_TUNE at the first
+// use or set by set_kda_tune().
+std::atomic<long long> g_tune{-1};
+static_assert(kda::kTuneDeferNorm == kKdaTuneDeferNorm &&
+                  kda::kTuneStaggerPrefill == kKdaTuneStaggerPrefill &&
+                  kda::kTuneLateCopies == kKdaTuneLateCopies,
+              "kernel and header tune bits agree");
+
 void check_cuda(const Tensor& t, const char* name, int device) {
   SPLICE_INTERNAL_CHECK(!t.defined() || (t.device().is_cuda() && t.device().index == device),
                         "cuda::kda_decode: `", name, "` is on ", t.device().str());
@@ -229,6 +239,22 @@ KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs) {
   if (state_dtype == DType::f32)
     return staged_inputs ? stream_info<float, true>() : stream_info<float, false>();
   return staged_inputs ? stream_info<__nv_bfloat16, true>() : stream_info<__nv_bfloat16, false>();
+}
+
+unsigned kda_tune() {
+  long long v = g_tune.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("SPLICE_KDA_TUNE");
+    v = env != nullptr ? static_cast<long long>(std::strtoul(env, nullptr, 10) & kKdaTuneAll) : 0;
+    g_tune.store(v, std::memory_order_relaxed);
+    if (v != 0 && debug_enabled())
+      std::fprintf(stderr, "splice: kda dev switches SPLICE_KDA_TUNE=%lld\n", v);
+  }
+  return static_cast<unsigned>(v);
+}
+
+void set_kda_tune(unsigned bits) {
+  g_tune.store(static_cast<long long>(bits & kKdaTuneAll), std::memory_order_relaxed);
 }
 
 const char* kda_variant_name(KdaVariant variant) {
@@ -358,6 +384,7 @@ void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant) {
   p.use_lower_bound = args.lower_bound.has_value() ? 1 : 0;
   p.lower_bound = args.lower_bound.value_or(0.0f);
   p.norm_eps = args.norm_eps;
+  p.tune = kda_tune();
 
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   if (args.state_dtype == DType::f32) {

@@ -128,7 +128,13 @@ struct Params {
   float lower_bound;  // used when use_lower_bound
   int use_lower_bound;
   float norm_eps;
+  unsigned tune;  // KdaTuneBits (kda_decode.h): dev-only schedule switches of `stream`
 };
+
+// KdaTuneBits of kda_decode.h, as the kernels test them.
+constexpr unsigned kTuneDeferNorm = 1u;
+constexpr unsigned kTuneStaggerPrefill = 2u;
+constexpr unsigned kTuneLateCopies = 4u;
 
 __device__ __forceinline__ float bf16_to_f32(std::uint16_t bits) {
   return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
@@ -552,16 +558,44 @@ __device__ __forceinline__ void cta_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
 }
 
+// Stage 3c for one token of a head held by one CTA (kSlices == 1), on one warp: o and the
+// output gate are in token slot `slot` of sm; row = the token's packed row.
+//   inv = 1/sqrt(sum_v o_b[v]^2 / D + eps);  out[row, h, v] = bf16(o_b[v] inv norm_w[v] og[v])
+// The inline norm and the deferred one (kTuneDeferNorm) both run this code: the same bits.
+__device__ __forceinline__ void norm_head_token(const Params& p, const Shared<kD>& sm, int slot,
+                                                std::int64_t row, int h,
+                                                const float (&norm_w)[kChannelsPerLane]) {
+  const int lane = threadIdx.x % kWarp;
+  float ssq = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kChannelsPerLane; ++e) {
+    const float v = sm.o[slot][lane * kChannelsPerLane + e];
+    ssq += v * v;
+  }
+  const float total = warp_sum(ssq);
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(kD) + p.norm_eps);
+  std::uint16_t* out = p.out + (row * p.num_heads + h) * kD;
+#pragma unroll
+  for (int e = 0; e < kChannelsPerLane; ++e) {
+    const int rr = lane * kChannelsPerLane + e;
+    out[rr] = f32_to_bf16(sm.o[slot][rr] * inv * norm_w[e] * sm.og[slot][rr]);
+  }
+}
+
 // Stages 2-4 for one live item. `first` is where the first chunk's inputs (and the old history
 // for the write-back) are read; later chunks read device memory. `load_state(s)` fills this
 // thread's rows of the source state (fp32) after this thread's part of the first chunk's
 // precompute; then one barrier, after which `first` is no longer read and `release()` runs.
+// `defer_slot` (stream, kTuneDeferNorm, T = 1 only; else -1): o and the output gate of the
+// item's one token go to token slot defer_slot of sm and its RMSNorm is left to the caller
+// (norm_head_token, during the next item).
 template <int kThreads, int kSlices, typename StateT, bool kVec, typename FirstInputs,
           typename LoadState, typename Release>
 __device__ __forceinline__ void run_item(const Params& p,
                                          Shared<Layout<kThreads, kSlices>::kRows>& sm,
                                          const Item& it, int slice, const FirstInputs& first,
-                                         LoadState&& load_state, Release&& release) {
+                                         LoadState&& load_state, Release&& release,
+                                         int defer_slot = -1) {
   using L = Layout<kThreads, kSlices>;
   using G = Geometry<kThreads, kSlices, StateT>;
   constexpr int kRows = L::kRows;
@@ -577,6 +611,7 @@ __device__ __forceinline__ void run_item(const Params& p,
   const int row0 = slice * kRows;
   const std::int64_t b = it.b;
   const int len = it.len;
+  const int ts = defer_slot < 0 ? 0 : defer_slot;  // token slot of o and og (T = 1 deferral)
 
   // Old history for the write-back (stage 3d), loaded now.
   const int width = kProj * p.channels;
@@ -667,7 +702,7 @@ __device__ __forceinline__ void run_item(const Params& p,
           const int rr = lane + e * kWarp;
           sm.x[t][2][row0 + rr] = xb[e];
           sm.v[t][rr] = vv[e];
-          sm.og[t][rr] = sigmoid(bf16_to_f32(og_bits[e]));
+          sm.og[t + ts][rr] = sigmoid(bf16_to_f32(og_bits[e]));
         }
       }
     }
@@ -770,7 +805,7 @@ __device__ __forceinline__ void run_item(const Params& p,
         }
       }
       const float o_total = reduce_rows<kRt, kLanes>(o, geo.j);
-      if (row_leader) sm.o[t][geo.row(my_row)] = round_bf16(o_total);
+      if (row_leader) sm.o[t + ts][geo.row(my_row)] = round_bf16(o_total);
 
       const int dst = sm.dst[t];
       if (dst > 0) {
@@ -808,29 +843,23 @@ __device__ __forceinline__ void run_item(const Params& p,
       cluster.sync();  // release / acquire: the partials; also orders every history read
                        // before stage 3d
     }
+    if constexpr (kSlices > 1) {
 #pragma unroll 1
-    for (int t = warp; t < nt; t += L::kWarps) {
-      float total;
-      if constexpr (kSlices > 1) {
-        total = 0.0f;
+      for (int t = warp; t < nt; t += L::kWarps) {
+        float total = 0.0f;
 #pragma unroll
         for (int r = 0; r < kSlices; ++r) total += sm.part[parity][r][t];
-      } else {
-        float ssq = 0.0f;
+        const float inv = 1.0f / sqrtf(total / static_cast<float>(kD) + p.norm_eps);
+        std::uint16_t* out = p.out + ((b + c0 + t) * p.num_heads + h) * kD + row0;
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) {
-          const float v = sm.o[t][lane * kPerLane + e];
-          ssq += v * v;
+          const int rr = lane * kPerLane + e;
+          out[rr] = f32_to_bf16(sm.o[t][rr] * inv * norm_w[e] * sm.og[t][rr]);
         }
-        total = warp_sum(ssq);
       }
-      const float inv = 1.0f / sqrtf(total / static_cast<float>(kD) + p.norm_eps);
-      std::uint16_t* out = p.out + ((b + c0 + t) * p.num_heads + h) * kD + row0;
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) {
-        const int rr = lane * kPerLane + e;
-        out[rr] = f32_to_bf16(sm.o[t][rr] * inv * norm_w[e] * sm.og[t][rr]);
-      }
+    } else if (defer_slot < 0) {
+#pragma unroll 1
+      for (int t = warp; t < nt; t += L::kWarps) norm_head_token(p, sm, t, b + c0 + t, h, norm_w);
     }
     if constexpr (kSlices > 1) {
       write_back(c0, nt);
@@ -993,7 +1022,11 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phas
 constexpr int kStreamThreads = 256;
 constexpr int kStreamBlock = kStreamThreads;  // threads per CTA (no producer warp)
 constexpr int kStreamWarps = kStreamBlock / kWarp;
-constexpr int kResolveWarp = kStreamWarps - 1;  // no precompute work at T = 1
+constexpr int kResolveWarp = kStreamWarps - 1;      // no precompute work at T = 1
+constexpr int kDeferNormWarp = kKindsPerToken;      // kTuneDeferNorm: no precompute work at T = 1
+constexpr int kDeferSlots = 2;                      // kTuneDeferNorm: token slots o / og alternate
+constexpr int kLateCopyWarp0 = kDeferNormWarp + 1;  // kTuneLateCopies: warps 5 .. 7
+constexpr int kLateCopyWarps = kStreamWarps - kLateCopyWarp0;  // issue the deferred copies
 
 // Stages that fit one CTA's shared memory (227 KB) beside Shared<kD> (~31 KB): fp32 2 x ~83 KB,
 // bf16 3 x ~51 KB.
@@ -1069,14 +1102,17 @@ __device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar
   mbar_arrive_expect(bar, bytes);
 }
 
-// Every thread: writes item `a`'s scalars into stage `st` (warp 0) and issues this thread's bulk
-// copy of it, if any (copy order and spread above). The stage is no longer read (a barrier since
-// its last read) and `a` was announced on `bar` before that barrier.
-template <typename StateT, bool kStage>
+// Every thread of warps kWarp0 .. kWarp0 + kWarps - 1 (default: all 8): writes item `a`'s
+// scalars into stage `st` (warp kWarp0) and issues this thread's bulk copy of it, if any (copy
+// order above, copy c on warp kWarp0 + c % kWarps); other warps return. The stage is no longer
+// read (a barrier since its last read) and `a` was announced on `bar` before that barrier.
+template <typename StateT, bool kStage, int kWarp0 = 0, int kWarps = kStreamWarps>
 __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stage<StateT>& st,
                                            std::uint64_t* bar) {
-  const int warp = threadIdx.x / kWarp;
+  static_assert(kMaxCopies <= kWarps * kWarp, "one copy per thread");
+  const int warp = threadIdx.x / kWarp - kWarp0;
   const int lane = threadIdx.x % kWarp;
+  if (warp < 0 || warp >= kWarps) return;
   const Item& it = a.it;
   if (warp == 0) {
     if (lane == 0) {
@@ -1094,7 +1130,7 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stag
   const void* src = nullptr;
   void* dst = nullptr;
   std::uint32_t bytes = 0;
-  const int c = lane * kStreamWarps + warp;  // this thread's copy (order above)
+  const int c = lane * kWarps + warp;  // this thread's copy (order above)
   const int copies = kStage ? kFirstTokenCopy + first_tokens(it) * kTokenCopies : 1;
   if (c == 0) {
     src = static_cast<const StateT*>(p.state) + it.ss * p.state_slot + hd * kD;
@@ -1216,15 +1252,44 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   if (warp == kResolveWarp) resolve_batch(0, false);
   __syncthreads();
   const int prefill = min(kStages, count);
+  // kTuneStaggerPrefill: only item 0's stage now; items 1 .. prefill-1 (announced now) are staged
+  // at the top of item 0, once its stage has landed.
+  const int early = (p.tune & kTuneStaggerPrefill) != 0 ? min(1, prefill) : prefill;
   if (tid == 0) {
     for (int k = 0; k < prefill; ++k) announce_item<StateT, kStage>(ahead_of(k), &S.full[k]);
   }
   __syncthreads();
-  for (int k = 0; k < prefill; ++k)
+  for (int k = 0; k < early; ++k)
     stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k]);
   __syncthreads();  // stage_item's (zero) scalars precede resolve_scalars' stores to the stages
-  if (warp == kResolveWarp) resolve_scalars(prefill);
+  if (warp == kResolveWarp) resolve_scalars(early);
   __syncthreads();  // the prologue's scalars (later items': the barriers of the item staging them)
+
+  // kTuneDeferNorm (T = 1: every item has one token): item k's o and output gate go to token
+  // slot k % kDeferSlots, and its RMSNorm runs on kDeferNormWarp after item k + 1's first
+  // barrier (or after the loop), beside item k + 1's precompute, which writes the other slot.
+  // Item k + 2 rewrites slot k % kDeferSlots only after its own first barrier, which that warp
+  // reaches after the norm; item k + 1's sweep writes o of its own slot.
+  const bool defer_norm = (p.tune & kTuneDeferNorm) != 0 && p.max_t == 1;
+  // kTuneLateCopies (T = 1): item k's refill of its stage (the copies of item k + kStages) is
+  // issued at the top of item k + 1 by warps kLateCopyWarp0.. (no precompute work at T = 1)
+  // instead of by all 8 warps between item k's precompute and its sweep: off the item's path,
+  // at the cost of half an item of lookahead.
+  const bool late_copies = (p.tune & kTuneLateCopies) != 0 && p.max_t == 1;
+  int late_next = -1;     // the item whose copies wait for the top of the next item
+  int pending_slot = -1;  // the deferred norm's token slot (-1: none)
+  std::int64_t pending_row = 0;
+  int pending_h = 0;
+  auto run_pending_norm = [&] {
+    if (pending_slot >= 0 && warp == kDeferNormWarp) {
+      float norm_w[kChannelsPerLane];
+#pragma unroll
+      for (int e = 0; e < kChannelsPerLane; ++e)
+        norm_w[e] = __ldg(p.norm_weight + lane * kChannelsPerLane + e);
+      norm_head_token(p, S.sm, pending_slot, pending_row, pending_h, norm_w);
+    }
+    pending_slot = -1;
+  };
 
   const G geo;
 #pragma unroll 1
@@ -1238,11 +1303,25 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     const int next = k + kStages;  // the item that reuses stage s
     const bool has_next = next < count;
     if (tid == 0 && has_next) announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
-    // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages).
+    if (k == 0) {  // kTuneStaggerPrefill: the rest of the ring, announced in the prologue
+      for (int kk = early; kk < prefill; ++kk)
+        stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk]);
+    }
+    if (late_next >= 0) {  // kTuneLateCopies: item k - 1's refill, on warps 5 .. 7
+      const int ls = late_next % kStages;
+      stage_item<StateT, kStage, kLateCopyWarp0, kLateCopyWarps>(p, ahead_of(late_next),
+                                                                 S.stage[ls], &S.full[ls]);
+      late_next = -1;
+    }
+    // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages; one item
+    // later with kTuneLateCopies, whose last staging of batch nb - 2 reads its Ahead entries at
+    // the top of item 32 (nb - 1) - kStages).
     if (warp == kResolveWarp) {
-      const int nb = k == 0 ? 1 : ((k + kStages) % kWarp == 0 ? (k + kStages) / kWarp + 1 : 0);
+      const int lead = k + kStages - (late_copies ? 1 : 0);
+      const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
       if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
     }
+    run_pending_norm();
     zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
     if (!it.live) {
       cta_sync<kStreamThreads>();  // the announcement precedes the copies
@@ -1257,18 +1336,30 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
           unpack<StateT>(*reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
                          &sv[i][c * G::kVecElems]);
     };
-    // After run_item's first barrier no thread reads the stage: refill it.
+    // After run_item's first barrier no thread reads the stage: refill it (kTuneLateCopies: at
+    // the top of item k + 1, by warps with no precompute work at T = 1).
     auto release = [&] {
-      if (has_next) stage_item<StateT, kStage>(p, ahead_of(next), st, &S.full[s]);
+      if (!has_next) return;
+      if (late_copies)
+        late_next = next;
+      else
+        stage_item<StateT, kStage>(p, ahead_of(next), st, &S.full[s]);
     };
+    const int defer_slot = defer_norm ? k % kDeferSlots : -1;
     if constexpr (kStage) {
       run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs{&st.in}, load_state,
-                                                release);
+                                                release, defer_slot);
     } else {
       run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, GlobalInputs(p, it), load_state,
-                                                release);
+                                                release, defer_slot);
+    }
+    if (defer_norm) {
+      pending_slot = defer_slot;
+      pending_row = it.b;
+      pending_h = it.h;
     }
   }
+  run_pending_norm();
 }
 
 }  // namespace splice::cuda::kda

@@ -69,6 +69,28 @@ struct KdaKernelInfo {
 };
 KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs);
 
+// Dev-only A/B switches of the `stream` kernel (issue 6, dev/kda_b/): bits, all off by default.
+// Each changes the schedule only, never the arithmetic: outputs, caches and checkpoints are bit
+// for bit those of the default schedule (tests/cuda/kda_decode_test.cc checks every bit). Read
+// from SPLICE_KDA_TUNE (a decimal bit mask) at the first launch; set_kda_tune() overrides it
+// (benchmarks, tests). The follow-up makes a winner the rule and removes the switch.
+enum KdaTuneBits : unsigned {
+  // T = 1: the gated RMSNorm of item k runs on a warp with no precompute work (warp 4) during
+  // item k + 1's precompute, instead of on warp 0 while the other 7 warps wait at the next
+  // item's barrier (o and the output gate alternate between two shared-memory token slots).
+  kKdaTuneDeferNorm = 1u,
+  // The prologue brings only the first item's stage; the other stages of the ring are issued
+  // once it has landed (at the top of item 0), so item 0 starts after ~1/stages of the ramp.
+  kKdaTuneStaggerPrefill = 2u,
+  // T = 1: item k's refill of its stage (the bulk copies of item k + stages) is issued at the top
+  // of item k + 1 by warps 5-7 (no precompute work at T = 1) instead of by all 8 warps between
+  // item k's precompute and its sweep; half an item less lookahead.
+  kKdaTuneLateCopies = 4u,
+  kKdaTuneAll = kKdaTuneDeferNorm | kKdaTuneStaggerPrefill | kKdaTuneLateCopies,
+};
+unsigned kda_tune();
+void set_kda_tune(unsigned bits);
+
 // Runs the decode described by `args` on `stream` with `variant` (automatic: the rule above).
 // Writes args.output, updates args.conv_state and args.state in place. Never synchronizes and
 // never reads device memory on the host, so it can be captured in a CUDA graph.
