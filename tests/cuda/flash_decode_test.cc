@@ -660,10 +660,12 @@ class FlagMergeScope {
   cuda::FlashDecodeDevKnobs saved_;
 };
 
-// The flag merge against the counter merge at forced split counts (16 and 17 take one and two
-// polls at head_dim 128, 9 two at 64 and 256; 64 splits exceed one wave at (32, 8) and fall
-// back), within the split rounding (the poll batch differs by head_dim), and against the
-// reference; then bitwise repeatable.
+// The flag merge against the counter merge at forced split counts, within the split rounding
+// (the poll batch differs by head_dim), and against the reference; then bitwise repeatable.
+// Capacity 2048 plans 32 grid splits at head_dim 64 and 128 and 16 at 256 (one CTA per SM), so
+// the flag merge runs at every count up to 64 (head_dim 64), 33 (128: 17 and 33 take two and
+// three polls) and 16 (256: 9 and 16 take two polls); larger counts exceed one wave or 64
+// splits and run the counter merge.
 TEST(FlashDecodeCuda, FlagMergeMatchesCounterMerge) {
   SKIP_WITHOUT_GPU();
   for (std::int64_t head_dim : {64, 128, 256}) {
@@ -672,8 +674,8 @@ TEST(FlashDecodeCuda, FlagMergeMatchesCounterMerge) {
     c.num_qo_heads = head_dim == 64 ? 9 : 32;
     c.num_kv_heads = head_dim == 64 ? 3 : 8;
     c.head_dim = head_dim;
-    c.capacity = 5000;
-    c.k_len = {4097};
+    c.capacity = 2048;
+    c.k_len = {2001};
     c.alibi = true;
     SCOPED_TRACE(c.str());
     Rng rng(800 + head_dim);
