@@ -11,6 +11,7 @@
 #      (C F C F: the two C's and the two F's show the noise), the plan without its merge and
 #      without merge and K/V (attribution), and forced counts 1-128
 #      -> OUT_DIR/ab.txt, printed.
+#   FLASH_B1_MEMCHECK=1 adds compute-sanitizer memcheck on the flag-merge test (-> memcheck.txt).
 #   See dev/flash_b1/README.md for what to decide from which numbers.
 set -uo pipefail
 build=${1:?usage: device_run.sh BUILD_DIR OUT_DIR}
@@ -28,6 +29,12 @@ start=$(date +%s)
 timeout 30 "$test_bin" --gtest_filter="$filter" >"$out/tests.txt" 2>&1
 echo "tests rc=$? ($(($(date +%s) - start)) s)"
 grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure' "$out/tests.txt" | head -20
+
+if [[ ${FLASH_B1_MEMCHECK:-0} == 1 ]]; then  # opt-in (~1 min more): the flag merge's global words
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$test_bin" \
+    --gtest_filter='FlashDecodeCuda.FlagMergeMatchesCounterMerge' >"$out/memcheck.txt" 2>&1
+  echo "memcheck rc=$? (0 = clean)"
+fi
 
 start=$(date +%s)
 timeout 58 "$bench_bin" --ab --reps 15 >"$out/ab.txt" 2>&1
