@@ -698,6 +698,63 @@ TEST(KdaCuda, Deterministic) {
   }
 }
 
+// The dev-only schedule switches of `stream` (cuda::KdaTuneBits, dev/kda_b/) change the order of
+// work, never the arithmetic: with every switch combination, each stream kernel (staged and plain
+// inputs) leaves output, state and conv_state bit-identical to the default schedule, on T = 1
+// (the deferred norm's case) with many items per CTA (its token slots alternate over many items,
+// null and trailing rows between them, and the late copies' shifted metadata batches) and with
+// one or two items per CTA (the staggered ring's edge: fewer items than stages), and T = 3 (the
+// T = 1 switches inactive); all switches together are also checked against the CPU kernel and
+// the reference.
+TEST(KdaCuda, TuneSwitchesBitIdentical) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct TuneScope {
+    unsigned saved = cuda::kda_tune();
+    ~TuneScope() { cuda::set_kda_tune(saved); }
+  } restore_tune;
+  Rng rng(23);
+  struct Shape {
+    int n, t, h;
+  };
+  for (const Shape sh : {Shape{280, 1, 32}, Shape{6, 1, 32}, Shape{1, 1, 8}, Shape{48, 3, 32}})
+    for (DType sdt : {DType::f32, DType::bf16}) {
+      const Meta m = random_meta(rng, sh.n, sh.t, 2, true);
+      const Problem p = make_problem(rng.integer(0, 1 << 30), sh.h, m, sdt);
+      for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain}) {
+        std::vector<std::uint8_t> want_out, want_state, want_conv;
+        // The 280 x 32 case moves ~0.6 GB of state per run: the switches that act past the
+        // prologue (1, 4) and their combinations there; every mask on the small cases.
+        std::vector<unsigned> masks = {0, 1, 4, 5, cuda::kKdaTuneAll};
+        if (sh.n * sh.h < 1000)
+          for (unsigned bits = 2; bits < cuda::kKdaTuneAll; ++bits)
+            if (bits != 4 && bits != 5) masks.push_back(bits);
+        for (unsigned bits : masks) {
+          SCOPED_TRACE("N=" + std::to_string(sh.n) + " T=" + std::to_string(sh.t) + " " +
+                       dtype_name(sdt) + " variant=" + cuda::kda_variant_name(v) +
+                       " tune=" + std::to_string(bits));
+          cuda::set_kda_tune(bits);
+          Problem g = to_device(p, Device::cuda());
+          cuda::kda_decode(packed_args(g, -5.0f), nullptr, v);
+          cuda::synchronize();
+          if (bits == 0) {
+            want_out = storage_bytes(g.output);
+            want_state = storage_bytes(g.state);
+            want_conv = storage_bytes(g.conv_state);
+            continue;
+          }
+          // (EXPECT_TRUE: a failing EXPECT_EQ would print both storages, up to ~0.6 GB)
+          EXPECT_TRUE(storage_bytes(g.output) == want_out) << "output";
+          EXPECT_TRUE(storage_bytes(g.state) == want_state) << "state";
+          EXPECT_TRUE(storage_bytes(g.conv_state) == want_conv) << "conv_state";
+        }
+      }
+      cuda::set_kda_tune(cuda::kKdaTuneAll);
+      check_case(p, -5.0f, cuda::KdaVariant::stream,
+                 "every tune switch N=" + std::to_string(sh.n) + " " + dtype_name(sdt));
+      cuda::set_kda_tune(0);
+    }
+}
+
 // PDL: a chain of calls on one stream (the PDL attribute set, every kernel waiting before its first
 // global access) where each call reads the state and conv history the previous call wrote (every
 // sequence updates its own slot in place) equals the same calls on the legacy default stream
