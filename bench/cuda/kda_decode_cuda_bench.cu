@@ -15,10 +15,18 @@
 //     JSON fields), never in the table: `chosen_nopdl` = the chosen variant launched without PDL
 //     (N <= 8; every other time is with PDL unless SPLICE_PDL=0: the launches of one graph then
 //     overlap their predecessor's tail).
+//  5. Dev A/B of the `stream` kernel's schedule switches (cuda::KdaTuneBits, dev/kda_b/): with
+//     KDA_BENCH_TUNES=1,2,3 the `stream` variant is also timed with each listed bit mask
+//     (set_kda_tune), printed as "A/B" lines, a decision table (us and % of the floor per mask)
+//     and the JSON field "stream_tune_us"; the main table and "stream_us" keep the default.
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
 // given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
 // Environment: KDA_BENCH_QUICK (T in {1, 4}), KDA_BENCH_NS / KDA_BENCH_TS (comma lists),
-// SPLICE_PDL=0 (every launch without PDL).
+// KDA_BENCH_VARIANTS (comma list of variant names to time; the rule's pick is always timed),
+// KDA_BENCH_TUNES (comma list of tune masks, above), KDA_BENCH_MIN_SETS (at least this many
+// launches G per graph: back-to-back launches that overlap their neighbours' ramps through PDL,
+// as inside a decode step, instead of one launch per replay at large N), SPLICE_PDL=0 (every
+// launch without PDL), SPLICE_KDA_TUNE (the default tune mask of every launch).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -90,9 +98,16 @@ void fill(__nv_bfloat16* p, std::int64_t n, float scale, std::uint32_t seed) {
   CHECK(cudaGetLastError());
 }
 
+// Bench options from the environment (main reads them once).
+struct Options {
+  std::vector<std::string> variants;  // variant names timed (the rule's pick always)
+  std::vector<unsigned> tunes;        // tune masks timed for `stream` as A/B
+  int min_sets = 1;                   // at least this many launches per graph
+};
+
 struct Result {
   std::string dtype;
-  int n = 0, t = 0;
+  int n = 0, t = 0, sets = 0;
   double floor_bytes = 0, floor_us = 0;
   std::map<std::string, double> variant_us;
   std::map<std::string, double> ab_us;  // A/B configurations (not in the table's `best`)
@@ -106,13 +121,15 @@ splice::Tensor borrow(void* p, const splice::Dims& shape, splice::DType dt,
   return splice::Tensor::borrow(p, shape, dt, std::move(strides), splice::Device::cuda());
 }
 
-Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
+Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Options& opt) {
   using splice::DType;
   const std::int64_t C = std::int64_t(kH) * kD, R = std::int64_t(N) * T, hist = T + 2;
   const std::int64_t es = splice::dtype_size(sdt);
   const double state_head_bytes = double(kD) * kD * es;
   const double per_set = double(N) * kH * state_head_bytes * (1 + T);
-  const int G = std::clamp(static_cast<int>(std::ceil(kTargetWorkingSet / per_set)), 1, kMaxSets);
+  const int G =
+      std::clamp(std::max(static_cast<int>(std::ceil(kTargetWorkingSet / per_set)), opt.min_sets),
+                 1, kMaxSets);
   const std::int64_t slots = std::int64_t(G) * N * T + 1;
 
   // Inputs shared by every set (small next to the state, except at large N where G = 1).
@@ -195,6 +212,7 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   res.dtype = splice::dtype_name(sdt);
   res.n = N;
   res.t = T;
+  res.sets = G;
   res.floor_bytes = double(N) * kH * state_head_bytes * (1 + T) +  // state read + T writes
                     double(R) * 3 * C * 2 +                        // x
                     3.0 * R * C * 2 + double(R) * kH * 2 +    // raw_gate, output_gate, output, beta
@@ -237,8 +255,21 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream) {
   };
   for (auto variant : {splice::cuda::KdaVariant::stream, splice::cuda::KdaVariant::stream_plain,
                        splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::split2,
-                       splice::cuda::KdaVariant::split4})
-    res.variant_us[splice::cuda::kda_variant_name(variant)] = time_config(variant);
+                       splice::cuda::KdaVariant::split4}) {
+    const std::string name = splice::cuda::kda_variant_name(variant);
+    if (variant == chosen ||
+        std::find(opt.variants.begin(), opt.variants.end(), name) != opt.variants.end())
+      res.variant_us[name] = time_config(variant);
+  }
+  if (!opt.tunes.empty()) {  // the `stream` schedule switches (dev A/B)
+    const unsigned saved = splice::cuda::kda_tune();
+    for (unsigned bits : opt.tunes) {
+      splice::cuda::set_kda_tune(bits);
+      res.ab_us["stream_tune" + std::to_string(bits)] =
+          time_config(splice::cuda::KdaVariant::stream);
+    }
+    splice::cuda::set_kda_tune(saved);
+  }
   if (N <= kMaxNoPdlN) {  // the launch-bound sizes: the chosen variant without PDL
     const bool pdl = splice::cuda::pdl_enabled();
     splice::cuda::set_pdl_enabled(false);
@@ -302,18 +333,39 @@ int main(int argc, char** argv) {
   };
   int_list("KDA_BENCH_NS", ns);
   int_list("KDA_BENCH_TS", ts);
+  Options opt;
+  opt.variants = {"stream", "stream_plain", "wide", "split2", "split4"};
+  if (const char* v = std::getenv("KDA_BENCH_VARIANTS"); v != nullptr && *v != '\0') {
+    opt.variants.clear();
+    std::stringstream in(v);
+    std::string item;
+    while (std::getline(in, item, ',')) opt.variants.push_back(item);
+  }
+  std::vector<int> tunes;
+  int_list("KDA_BENCH_TUNES", tunes);
+  for (int b : tunes) opt.tunes.push_back(static_cast<unsigned>(b));
+  if (const char* v = std::getenv("KDA_BENCH_MIN_SETS"); v != nullptr && *v != '\0')
+    opt.min_sets = std::max(1, std::atoi(v));
+  std::printf("kda tune default %u; timed:", splice::cuda::kda_tune());
+  for (const auto& v : opt.variants) std::printf(" %s", v.c_str());
+  for (unsigned b : opt.tunes) std::printf(" stream+tune%u", b);
+  std::printf("; at least %d launch(es) per graph\n", opt.min_sets);
   std::vector<Result> results;
   for (auto sdt : {splice::DType::f32, splice::DType::bf16})
     for (int t : ts)
       for (int n : ns) {
-        results.push_back(run_shape(sdt, n, t, stream));
+        results.push_back(run_shape(sdt, n, t, stream, opt));
         const Result& r = results.back();
-        std::printf(
-            "  %s N=%d T=%d: stream %.2f plain %.2f wide %.2f split2 %.2f split4 %.2f us (floor "
-            "%.2f)\n",
-            r.dtype.c_str(), n, t, r.variant_us.at("stream"), r.variant_us.at("stream_plain"),
-            r.variant_us.at("wide"), r.variant_us.at("split2"), r.variant_us.at("split4"),
-            r.floor_us);
+        std::printf("  %s N=%d T=%d (G=%d):", r.dtype.c_str(), n, t, r.sets);
+        for (const auto& [name, us] : r.variant_us) std::printf(" %s %.2f", name.c_str(), us);
+        std::printf(" us (floor %.2f)\n", r.floor_us);
+        for (unsigned bits : opt.tunes) {
+          const std::string key = "stream_tune" + std::to_string(bits);
+          const double base = r.variant_us.count("stream") ? r.variant_us.at("stream") : -1.0;
+          std::printf("  A/B %s N=%d T=%d: stream tune=%u %.2f vs tune=default %.2f us (%+.1f%%)\n",
+                      r.dtype.c_str(), n, t, bits, r.ab_us.at(key), base,
+                      base > 0 ? 100.0 * (r.ab_us.at(key) / base - 1.0) : 0.0);
+        }
         if (r.ab_us.count("chosen_nopdl")) {
           const double with = r.variant_us.at(r.chosen);
           std::printf("  A/B %s N=%d T=%d: %s without PDL %.2f vs with %.2f us (%+.1f%%)\n",
@@ -332,14 +384,22 @@ int main(int argc, char** argv) {
       r.fla_us = it->second.first;
       r.fla_rec_us = it->second.second;
     }
+    auto us_of = [&](const std::string& name) {
+      return r.variant_us.count(name) ? r.variant_us.at(name) : -1.0;
+    };
+    std::ostringstream tune_json;
+    tune_json << "{";
+    for (std::size_t k = 0; k < opt.tunes.size(); ++k)
+      tune_json << (k ? ", " : "") << "\"" << opt.tunes[k]
+                << "\": " << r.ab_us.at("stream_tune" + std::to_string(opt.tunes[k]));
+    tune_json << "}";
     json << "  {\"state\": \"" << r.dtype << "\", \"H\": " << kH << ", \"N\": " << r.n
-         << ", \"T\": " << r.t << ", \"floor_bytes\": " << r.floor_bytes
+         << ", \"T\": " << r.t << ", \"sets\": " << r.sets << ", \"floor_bytes\": " << r.floor_bytes
          << ", \"floor_us\": " << r.floor_us << ", \"variant\": \"" << r.chosen
-         << "\", \"us\": " << r.us << ", \"stream_us\": " << r.variant_us["stream"]
-         << ", \"stream_plain_us\": " << r.variant_us["stream_plain"]
-         << ", \"wide_us\": " << r.variant_us["wide"]
-         << ", \"split2_us\": " << r.variant_us["split2"]
-         << ", \"split4_us\": " << r.variant_us["split4"] << ", \"chosen_nopdl_us\": "
+         << "\", \"us\": " << r.us << ", \"stream_us\": " << us_of("stream")
+         << ", \"stream_plain_us\": " << us_of("stream_plain") << ", \"wide_us\": " << us_of("wide")
+         << ", \"split2_us\": " << us_of("split2") << ", \"split4_us\": " << us_of("split4")
+         << ", \"stream_tune_us\": " << tune_json.str() << ", \"chosen_nopdl_us\": "
          << (r.ab_us.count("chosen_nopdl") ? r.ab_us["chosen_nopdl"] : -1)
          << ", \"fla_us\": " << r.fla_us << ", \"fla_recurrent_us\": " << r.fla_rec_us << "}"
          << (i + 1 < results.size() ? "," : "") << "\n";
@@ -355,6 +415,30 @@ int main(int argc, char** argv) {
                 r.n, r.t, r.chosen.c_str(), r.us, r.floor_bytes / r.us * 1e-3,
                 100.0 * r.floor_us / r.us, r.fla_us, r.fla_us > 0 ? r.fla_us / r.us : 0.0,
                 r.fla_rec_us, best);
+  }
+  if (!opt.tunes.empty()) {
+    // The decision table of the dev A/B (dev/kda_b/README.md): `stream` with each tune mask, us
+    // and % of the floor; "win" = the fastest mask when it beats the default by more than 1%.
+    std::printf("\nstream tune A/B (us, %% of floor)\n%-6s %4s %2s %3s %17s", "state", "N", "T",
+                "G", "tune=default");
+    for (unsigned b : opt.tunes) std::printf("       tune=%-5u", b);
+    std::printf(" %6s\n", "win");
+    for (const Result& r : results) {
+      const double base = r.variant_us.count("stream") ? r.variant_us.at("stream") : -1.0;
+      std::printf("%-6s %4d %2d %3d %9.2f (%5.1f%%)", r.dtype.c_str(), r.n, r.t, r.sets, base,
+                  base > 0 ? 100.0 * r.floor_us / base : 0.0);
+      double best = base;
+      unsigned win = 0;
+      for (unsigned b : opt.tunes) {
+        const double us = r.ab_us.at("stream_tune" + std::to_string(b));
+        std::printf(" %9.2f (%5.1f%%)", us, 100.0 * r.floor_us / us);
+        if (us < best * 0.99) {
+          best = us;
+          win = b;
+        }
+      }
+      std::printf(" %6u\n", win);
+    }
   }
   CHECK(cudaStreamDestroy(stream));
   return 0;
