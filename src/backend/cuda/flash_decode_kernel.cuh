@@ -628,7 +628,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const int valid_rows = min(kRows, p.rows - row_base);
-  // Flag merge: row `row` of split `s` of this unit starts at flag_row(s) + row * kFlagRowWords.
+  // Flag merge: row `row` of split `s` of this unit starts at word (s * 16 + row) * kFlagRowWords.
   unsigned long long* const flag_unit =
       p.flag_merge ? p.flag_partials + unit * kFlagMaxSplits * kRows * kFlagRowWords : nullptr;
   const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row index base
