@@ -16,7 +16,7 @@
 //     (N <= 8; every other time is with PDL unless SPLICE_PDL=0: the launches of one graph then
 //     overlap their predecessor's tail).
 //  5. Dev A/B of the `stream` kernel's schedule switches (cuda::KdaTuneBits, dev/kda_b/): with
-//     KDA_BENCH_TUNES=1,2,3 the `stream` variant is also timed with each listed bit mask
+//     KDA_BENCH_TUNES=1,2,4 the `stream` variant is also timed with each listed bit mask
 //     (set_kda_tune), printed as "A/B" lines, a decision table (us and % of the floor per mask)
 //     and the JSON field "stream_tune_us"; the main table and "stream_us" keep the default.
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
@@ -419,19 +419,19 @@ int main(int argc, char** argv) {
   if (!opt.tunes.empty()) {
     // The decision table of the dev A/B (dev/kda_b/README.md): `stream` with each tune mask, us
     // and % of the floor; "win" = the fastest mask when it beats the default by more than 1%.
-    std::printf("\nstream tune A/B (us, %% of floor)\n%-6s %4s %2s %3s %17s", "state", "N", "T",
+    std::printf("\nstream tune A/B (us, %% of floor)\n%-6s %4s %2s %3s %19s", "state", "N", "T",
                 "G", "tune=default");
-    for (unsigned b : opt.tunes) std::printf("       tune=%-5u", b);
+    for (unsigned b : opt.tunes) std::printf(" %19s", ("tune=" + std::to_string(b)).c_str());
     std::printf(" %6s\n", "win");
     for (const Result& r : results) {
       const double base = r.variant_us.count("stream") ? r.variant_us.at("stream") : -1.0;
-      std::printf("%-6s %4d %2d %3d %9.2f (%5.1f%%)", r.dtype.c_str(), r.n, r.t, r.sets, base,
+      std::printf("%-6s %4d %2d %3d %10.2f (%5.1f%%)", r.dtype.c_str(), r.n, r.t, r.sets, base,
                   base > 0 ? 100.0 * r.floor_us / base : 0.0);
       double best = base;
       unsigned win = 0;
       for (unsigned b : opt.tunes) {
         const double us = r.ab_us.at("stream_tune" + std::to_string(b));
-        std::printf(" %9.2f (%5.1f%%)", us, 100.0 * r.floor_us / us);
+        std::printf(" %10.2f (%5.1f%%)", us, 100.0 * r.floor_us / us);
         if (us < best * 0.99) {
           best = us;
           win = b;
