@@ -18,6 +18,8 @@
 //      small kernels. One more row, "layer_mix", is the small-kernel part of a Llama decoder layer
 //      without its GEMVs and attention: rms_norm, rope q, rope k, write_at k, write_at v (device
 //      offset), add, rms_norm, silu_mul, add (9 kernels per call).
+//   5a. rope_kv_append (one launch: RoPE of the q and k heads, both KV appends) against the 3
+//      kernels the optimized Llama ran before it (rope over q|k, write_at k, write_at v).
 //   5b. rms_norm_matmul (q|k|v and gate|up) and silu_mul_matmul_add (down_proj + residual): one
 //      prologue GEMV launch against its two-kernel chain (rms_norm or silu_mul, then the GEMV),
 //      the weight promised constant in both.
@@ -37,6 +39,7 @@
 
 #include "splice/backend/cuda/layer_ops.h"
 #include "splice/backend/cuda/primitives.h"
+#include "splice/backend/cuda/rope_kv_append.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/random.h"
 #include "splice/core/tensor.h"
@@ -228,6 +231,52 @@ Row bench_rope(splice::Rng& rng, std::int64_t heads, std::int64_t dim, int reps,
   return row;
 }
 
+// The attention prologue of one token: the fused one-launch cuda::rope_kv_append against what the
+// optimized Llama ran before it (one rope over the q and k heads of the q|k|v row, then the two
+// write_at appends at the device position: 3 kernels).
+Row bench_rope_kv_append(splice::Rng& rng, std::int64_t heads, std::int64_t kv_heads,
+                         std::int64_t dim, int reps, cuda::Stream stream) {
+  constexpr std::int64_t kSeqAxis = 2;  // the caches' capacity axis
+  const std::int64_t row_len = (heads + 2 * kv_heads) * dim;
+  const Tensor qkv = device_random(rng, {1, 1, row_len}, DType::bf16);  // [1, 1, (Hq + 2 Hkv) D]
+  const Tensor cos = device_random(rng, {kMaxSeq, dim}, DType::f32);    // [max_seq, dim]
+  const Tensor sin = device_random(rng, {kMaxSeq, dim}, DType::f32);
+  Tensor pos_host = Tensor::empty({1}, DType::i32);
+  pos_host.data<std::int32_t>()[0] = kPosition;
+  const Tensor pos = pos_host.to_device(splice::Device::cuda());
+  // [batch, num_kv_heads, capacity, head_dim]
+  Tensor k_fused = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor v_fused = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor k_prim = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor v_prim = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor q_fused = device_empty({1, heads, 1, dim}, DType::bf16);            // [1, Hq, 1, D]
+  Tensor qk_rot = device_empty({1, heads + kv_heads, 1, dim}, DType::bf16);  // [1, Hq + Hkv, 1, D]
+  // [1, n, 1, D] heads of the row from head `first`.
+  auto heads_of = [&](std::int64_t first, std::int64_t n) {
+    return Tensor::view_of(qkv.storage(), qkv.offset() + first * dim, {1, n, 1, dim},
+                           {row_len, dim, dim, 1}, DType::bf16);
+  };
+  const Tensor qk = heads_of(0, heads + kv_heads), v = heads_of(heads + kv_heads, kv_heads);
+  Row row{"rope_kv_append", "Hq " + std::to_string(heads) + ", Hkv " + std::to_string(kv_heads) +
+                                ", D " + std::to_string(dim)};
+  row.fused_us = time_arm(
+      [&] { cuda::rope_kv_append(qkv, cos, sin, pos, k_fused, v_fused, q_fused); }, reps, stream,
+      &row.fused_us_no_pdl);
+  row.primitive_us = time_arm(
+      [&] {
+        cuda::rope(qk, cos, sin, pos, qk_rot);
+        cuda::write_at(k_prim, qk_rot.slice(1, heads, heads + kv_heads), kSeqAxis, pos);
+        cuda::write_at(v_prim, v, kSeqAxis, pos);
+      },
+      reps, stream, &row.primitive_us_no_pdl);
+  row.primitive_kernels = 3;
+  row.bytes = 2.0 * row_len * 2 + 2.0 * dim * 4;
+  row.max_abs_diff = std::max(max_abs_diff(q_fused, qk_rot.slice(1, 0, heads).contiguous()),
+                              max_abs_diff(k_fused.slice(kSeqAxis, kPosition, kPosition + 1),
+                                           k_prim.slice(kSeqAxis, kPosition, kPosition + 1)));
+  return row;
+}
+
 // The small kernels of one Llama decoder layer (no GEMV, no attention), fused layer ops as the
 // model builder emits them; "fused" holds the whole 9-kernel group, there is no primitive arm.
 Row bench_layer_mix(splice::Rng& rng, std::int64_t hidden, std::int64_t inter, std::int64_t heads,
@@ -356,6 +405,7 @@ int main(int argc, char** argv) {
     rows.push_back(bench_silu_mul(rng, inter, reps, stream));
     rows.push_back(bench_rope(rng, heads, dim, reps, stream));
     rows.push_back(bench_rope(rng, kv_heads, dim, reps, stream));
+    rows.push_back(bench_rope_kv_append(rng, heads, kv_heads, dim, reps, stream));
     rows.push_back(bench_layer_mix(rng, hidden, inter, heads, kv_heads, dim, reps, stream));
     const std::int64_t qkv = (heads + 2 * kv_heads) * dim;
     rows.push_back(bench_rms_norm_matmul(rng, hidden, qkv, reps, stream));        // q|k|v

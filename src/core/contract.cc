@@ -63,6 +63,7 @@ const char* layer_op_name(LayerOpKind kind) {
     case LayerOpKind::matmul_add: return "matmul_add";
     case LayerOpKind::rms_norm_matmul: return "rms_norm_matmul";
     case LayerOpKind::silu_mul_matmul_add: return "silu_mul_matmul_add";
+    case LayerOpKind::rope_kv_append: return "rope_kv_append";
   }
   return "?";
 }

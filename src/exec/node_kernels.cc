@@ -208,6 +208,10 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
   if (n.op == Op::RmsNorm) return fused_rms_norm(in[0], in[1], n.attrs.eps, out);
   if (n.op == Op::SiluMul) return fused_silu_mul(in[0], in[1], out);
   if (n.op == Op::Rope) return fused_rope(in[0], in[1], in[2], in[3], out);
+  if (n.op == Op::RopeKvAppend) {  // the caches (inputs 4, 5) are views of the session's states
+    Tensor k_cache = in[4], v_cache = in[5];
+    return fused_rope_kv_append(in[0], in[1], in[2], in[3], k_cache, v_cache, out);
+  }
   if (n.op == Op::MatMulAdd) return fused_matmul_add(in[0], in[1], in[2], out, hints.constant_b);
   if (n.op == Op::RmsNormMatMul)
     return fused_rms_norm_matmul(in[0], in[1], n.attrs.eps, in[2], out, hints.constant_b);

@@ -409,7 +409,10 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
         value = im.values[n.inputs[0].index].slice(n.attrs.axis, im.slice_start[id.index],
                                                    im.slice_end[id.index]);
         continue;
-      case Op::Sequence: value = im.values[n.inputs[0].index]; continue;
+      case Op::Sequence:
+      case Op::StateAfter:
+        value = im.values[n.inputs[0].index];
+        continue;
       case Op::WriteAt: {
         Tensor state = im.values[n.inputs[0].index];
         run_write_at(n, state, im.values[n.inputs[1].index], im.scalars[id.index]);

@@ -277,6 +277,18 @@ NodeId Graph::rope(NodeId x, NodeId cos_table, NodeId sin_table, NodeId position
   return add(Op::Rope, {x, cos_table, sin_table, position}, {}, DType::f32);
 }
 
+NodeId Graph::rope_kv_append(NodeId qkv, NodeId cos_table, NodeId sin_table, NodeId position,
+                             NodeId k_cache, NodeId v_cache) {
+  return add(Op::RopeKvAppend, {qkv, cos_table, sin_table, position, k_cache, v_cache}, {},
+             DType::f32);
+}
+
+NodeId Graph::state_after(NodeId state, const std::vector<NodeId>& after) {
+  std::vector<NodeId> inputs{state};
+  inputs.insert(inputs.end(), after.begin(), after.end());
+  return add(Op::StateAfter, std::move(inputs), {}, DType::f32);
+}
+
 std::int64_t Graph::wrap_axis(std::int64_t axis, std::size_t rank, const char* what) const {
   const auto r = static_cast<std::int64_t>(rank);
   const std::int64_t a = axis < 0 ? axis + r : axis;

@@ -359,6 +359,43 @@ Inferred infer_node(const Graph& g, const Node& n) {
                          sym_shape_str(pos.shape));
       return {x, in(0).dtype};
     }
+    case Op::RopeKvAppend: {
+      require_arity(n, 6);
+      require_float(in(0).dtype, n, "qkv");
+      require_float(in(1).dtype, n, "cos");
+      require_same_dtype(in(1).dtype, in(2).dtype, n);
+      require_same_dtype(in(0).dtype, in(4).dtype, n);
+      require_same_dtype(in(0).dtype, in(5).dtype, n);
+      const SymShape &x = in(0).shape, &c = in(1).shape, &kc = in(4).shape;
+      if (x.size() != 3 || !x[1].is_constant() || x[1].constant() != 1 || !x[2].is_constant() ||
+          kc.size() != 4 || !kc[1].is_constant() || !kc[3].is_constant() ||
+          kc[3].constant() % 2 != 0 || !same_shape(kc, in(5).shape) ||
+          !kc[0].structurally_equal(x[0]))
+        fail<GraphError>(
+            "rope_kv_append: `qkv` must be [B, 1, (Hq + 2 Hkv) D] and both caches [B, Hkv, "
+            "capacity, D] (concrete heads, even D), got qkv ",
+            sym_shape_str(x), ", k_cache ", sym_shape_str(kc), ", v_cache ",
+            sym_shape_str(in(5).shape));
+      const std::int64_t kv_heads = kc[1].constant(), dim = kc[3].constant();
+      const std::int64_t row = x[2].constant();
+      if (row % dim != 0 || row / dim <= 2 * kv_heads)
+        fail<GraphError>("rope_kv_append: the `qkv` row of ", row, " is not (Hq + 2 * ", kv_heads,
+                         ") * ", dim, " with Hq >= 1");
+      if (c.size() != 2 || !c[1].structurally_equal(kc[3]) || !same_shape(c, in(2).shape))
+        fail<GraphError>("rope_kv_append: `cos` and `sin` must both be [max_seq_len, D], got ",
+                         sym_shape_str(c), " and ", sym_shape_str(in(2).shape));
+      const Node& pos = in(3);
+      if (pos.dtype != DType::i32 || pos.shape.size() != 1 || !pos.shape[0].is_constant() ||
+          pos.shape[0].constant() != 1)
+        fail<GraphError>("rope_kv_append: `position` must be i32 [1], got ", dtype_name(pos.dtype),
+                         sym_shape_str(pos.shape));
+      const std::int64_t heads = row / dim - 2 * kv_heads;
+      return {{x[0], SymExpr(heads), SymExpr(1), kc[3]}, in(0).dtype};
+    }
+    case Op::StateAfter:
+      if (n.inputs.size() < 2)
+        fail<GraphError>("state_after: needs the state and at least one effect to follow");
+      return {in(0).shape, in(0).dtype};
     case Op::Branch:
       if (n.inputs.empty()) fail<GraphError>("branch: needs at least one arm");
       return {in(0).shape, in(0).dtype};

@@ -89,6 +89,8 @@ const char* op_name(Op op) {
       return "write_at";
     case Op::Sequence:
       return "sequence";
+    case Op::StateAfter:
+      return "state_after";
     case Op::FlashDecode:
       return "flash_decode";
     case Op::KdaDecode:
@@ -105,6 +107,8 @@ const char* op_name(Op op) {
       return "rms_norm_matmul";
     case Op::SiluMulMatMulAdd:
       return "silu_mul_matmul_add";
+    case Op::RopeKvAppend:
+      return "rope_kv_append";
     case Op::Branch:
       return "branch";
   }
@@ -120,8 +124,10 @@ bool is_source(Op op) {
 }
 bool is_view(Op op) {
   return op == Op::Permute || op == Op::Slice || op == Op::WriteAt || op == Op::Sequence ||
-         op == Op::Branch;
+         op == Op::StateAfter || op == Op::Branch;
 }
-bool has_effect(Op op) { return op == Op::WriteAt || op == Op::KdaDecode; }
+bool has_effect(Op op) {
+  return op == Op::WriteAt || op == Op::KdaDecode || op == Op::RopeKvAppend;
+}
 
 }  // namespace splice

@@ -4,7 +4,9 @@
 //   per layer: a = rms_norm(h) -> q|k|v = a @ W_qkv^T (one matmul over the stacked q, k, v
 //              weights, q, k, v views of its output; BuildOptions::stack_projections)
 //              -> RoPE(q|k) at position k_len - 1 (one call over the q and k heads; q, k views)
-//              k_cache[:, :, k_len-1] = k, v_cache[...] = v     (write_at, the KV append)
+//              k_cache[:, :, k_len-1] = k, v_cache[...] = v     (write_at, the KV append; with
+//              stacked projections one rope_kv_append region whose fused arm is one kernel,
+//              attention reading the caches through StateAfter views)
 //              h += o_proj(attention(q, k_cache, v_cache, k_len))   (primitive region + spec)
 //              h += down(silu(gate) * up),  gate|up = rms_norm(h) @ W_gate_up^T (one matmul
 //              over the stacked gate and up weights)
@@ -78,34 +80,34 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
       return g.permute(g.reshape(x, {B, one, SymExpr(n), SymExpr(head_dim)}),
                        {0, 2, 1, 3});  // [B, n, 1, D]
     };
-    NodeId q_rot, k_rot, v;
+    const SymShape cache{B, SymExpr(kv_heads), SymExpr(o.max_seq_len), SymExpr(head_dim)};
+    const NodeId k_state = g.state(p + "k_cache", cache, dt);
+    const NodeId v_state = g.state(p + "v_cache", cache, dt);
+    const DynScalar write = DynScalar::Expr(k_len.expr() - 1);
+    NodeId q_rot, k_cache, v_cache;
     if (o.stack_projections) {
-      // q and k are adjacent columns of the q|k|v matmul: one RoPE over their Hq + Hkv heads
-      // (RoPE is per head row), then q and k are head slices of it.
-      const std::vector<NodeId> qk_v =
-          norm_project(p + "self_attn.qkv_proj.", qkv_parts, c.attention_bias, {2, 1});
-      const NodeId qk = layers::rope(g, heads_of(qk_v[0], heads + kv_heads), cos_table, sin_table,
-                                     position, &m.layer_specs, site + ".qk");
-      q_rot = g.slice(qk, 1, DynScalar::Concrete(0), DynScalar::Concrete(heads));
-      k_rot = g.slice(qk, 1, DynScalar::Concrete(heads), DynScalar::Concrete(heads + kv_heads));
-      v = qk_v[1];
+      // q, k, v are adjacent columns of the q|k|v matmul: one rope_kv_append region (one RoPE
+      // over the q and k heads, both appends) with its fused arm.
+      const NodeId qkv =
+          norm_project(p + "self_attn.qkv_proj.", qkv_parts, c.attention_bias, {3})[0];
+      const layers::RopeKvAppendOut r =
+          layers::rope_kv_append(g, qkv, heads, cos_table, sin_table, position, k_state, v_state,
+                                 write, &m.layer_specs, site);
+      q_rot = r.q;
+      k_cache = r.k_cache;
+      v_cache = r.v_cache;
     } else {
       const std::vector<NodeId> qkv =
           norm_project(p + "self_attn.qkv_proj.", qkv_parts, c.attention_bias);
       q_rot = layers::rope(g, heads_of(qkv[0], heads), cos_table, sin_table, position,
                            &m.layer_specs, site + ".q");
-      k_rot = layers::rope(g, heads_of(qkv[1], kv_heads), cos_table, sin_table, position,
-                           &m.layer_specs, site + ".k");
-      v = qkv[2];
+      const NodeId k_rot = layers::rope(g, heads_of(qkv[1], kv_heads), cos_table, sin_table,
+                                        position, &m.layer_specs, site + ".k");
+      k_cache = g.labeled(g.write_at(k_state, k_rot, 2, write), site + ".k_append");
+      v_cache =
+          g.labeled(g.write_at(v_state, heads_of(qkv[2], kv_heads), 2, write), site + ".v_append");
     }
     g.labeled(q_rot, site + ".q");
-    const SymShape cache{B, SymExpr(kv_heads), SymExpr(o.max_seq_len), SymExpr(head_dim)};
-    const NodeId k_state = g.state(p + "k_cache", cache, dt);
-    const NodeId v_state = g.state(p + "v_cache", cache, dt);
-    const DynScalar write = DynScalar::Expr(k_len.expr() - 1);
-    const NodeId k_cache = g.labeled(g.write_at(k_state, k_rot, 2, write), site + ".k_append");
-    const NodeId v_cache =
-        g.labeled(g.write_at(v_state, heads_of(v, kv_heads), 2, write), site + ".v_append");
     AttentionRegionArgs args;
     args.q = q_rot;
     args.k_cache = k_cache;

@@ -174,6 +174,43 @@ NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId posit
   return end_region(g, g.cast(y, dtype), std::move(spec), specs, site);
 }
 
+RopeKvAppendOut rope_kv_append(Graph& g, NodeId qkv, std::int64_t heads, NodeId cos_table,
+                               NodeId sin_table, NodeId position, NodeId k_state, NodeId v_state,
+                               const DynScalar& write, std::vector<LayerOpSpec>* specs,
+                               const std::string& site) {
+  const SymShape cache = g.node(k_state).shape;  // [B, Hkv, capacity, D]
+  const SymExpr batch = g.node(qkv).shape[0];
+  const std::int64_t kv_heads = cache[1].constant(), d = cache[3].constant();
+  auto L = [&](NodeId id, const char* what) { return g.labeled(id, site + "." + what); };
+  // [B, n, 1, D] heads of the row, from head `first`.
+  auto heads_of = [&](std::int64_t first, std::int64_t n) {
+    const NodeId cols =
+        g.slice(qkv, 2, DynScalar::Concrete(first * d), DynScalar::Concrete((first + n) * d));
+    return g.permute(g.reshape(cols, {batch, SymExpr(1), SymExpr(n), SymExpr(d)}), {0, 2, 1, 3});
+  };
+  // RoPE is per head row: one call over the q and k heads (no nested rope spec).
+  const NodeId qk = rope(g, heads_of(0, heads + kv_heads), cos_table, sin_table, position);
+  const NodeId q = g.slice(qk, 1, DynScalar::Concrete(0), DynScalar::Concrete(heads));
+  const NodeId k =
+      g.slice(qk, 1, DynScalar::Concrete(heads), DynScalar::Concrete(heads + kv_heads));
+  const NodeId k_write = L(g.write_at(k_state, k, 2, write), "k_append");
+  const NodeId v_write =
+      L(g.write_at(v_state, heads_of(heads + kv_heads, kv_heads), 2, write), "v_append");
+  const NodeId exit = L(g.sequence(q, {k_write, v_write}), "rope_kv_exit");  // [B, Hq, 1, D]
+  NodeId merge = exit;
+  if (specs) {
+    LayerOpSpec spec;
+    spec.kind = LayerOpKind::rope_kv_append;
+    spec.inputs = {qkv, cos_table, sin_table, position, k_state, v_state};
+    merge = end_region(g, exit, std::move(spec), specs, site);
+  }
+  // q is a view of the merge, so a branch diverging at q (attention's) does not take in the
+  // StateAfter views, which follow the merge itself.
+  return {L(g.reshape(merge, g.node(merge).shape), "q"),
+          L(g.state_after(k_state, {merge}), "k_cache"),
+          L(g.state_after(v_state, {merge}), "v_cache")};
+}
+
 namespace {
 
 // One param of the parts' tensors stacked along the output axis (`cols` = 0: biases).

@@ -18,6 +18,7 @@
 #if defined(SPLICE_WITH_CUDA)
 #include "splice/backend/cuda/layer_ops.h"
 #include "splice/backend/cuda/primitives.h"
+#include "splice/backend/cuda/rope_kv_append.h"
 #endif
 
 namespace splice {
@@ -25,8 +26,9 @@ namespace {
 
 const std::vector<DType> kFloatDtypes = {DType::bf16, DType::f16, DType::f32};
 const std::vector<LayerOpKind> kAllLayerOps = {
-    LayerOpKind::rms_norm,   LayerOpKind::silu_mul,        LayerOpKind::rope,
-    LayerOpKind::matmul_add, LayerOpKind::rms_norm_matmul, LayerOpKind::silu_mul_matmul_add};
+    LayerOpKind::rms_norm,      LayerOpKind::silu_mul,        LayerOpKind::rope,
+    LayerOpKind::matmul_add,    LayerOpKind::rms_norm_matmul, LayerOpKind::silu_mul_matmul_add,
+    LayerOpKind::rope_kv_append};
 
 void check_device(const Tensor& t, const char* name, const Device& device, const char* op) {
   check_defined(t, name);
@@ -100,6 +102,24 @@ void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Ten
   if (device.is_cuda()) return cuda::rope(x, cos, sin, position, out);
 #endif
   cpu::rope(x, cos, sin, position, out);
+}
+
+void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                          const Tensor& position, Tensor& k_cache, Tensor& v_cache, Tensor& out) {
+  const char* op = "rope_kv_append";
+  check_defined(qkv, "qkv");
+  const Device device = qkv.device();
+  check_device(cos, "cos", device, op);
+  check_device(sin, "sin", device, op);
+  check_device(position, "position", device, op);
+  check_device(k_cache, "k_cache", device, op);
+  check_device(v_cache, "v_cache", device, op);
+  check_device(out, "out", device, op);
+  check_contract(contract_for(device, op), LayerOpKind::rope_kv_append, qkv.dtype(), last_dim(out));
+#if defined(SPLICE_WITH_CUDA)
+  if (device.is_cuda()) return cuda::rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out);
+#endif
+  cpu::rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out);
 }
 
 void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out,

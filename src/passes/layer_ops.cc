@@ -26,6 +26,8 @@ Op fused_op(LayerOpKind kind) {
       return Op::RmsNormMatMul;
     case LayerOpKind::silu_mul_matmul_add:
       return Op::SiluMulMatMulAdd;
+    case LayerOpKind::rope_kv_append:
+      return Op::RopeKvAppend;
   }
   fail<GraphError>("LayerOpSpec: unknown kind ", static_cast<int>(kind));
 }
@@ -45,6 +47,8 @@ std::vector<std::string> role_names(LayerOpKind kind) {
       return {"x", "norm_weight", "w"};
     case LayerOpKind::silu_mul_matmul_add:
       return {"a", "b", "w", "c"};
+    case LayerOpKind::rope_kv_append:
+      return {"qkv", "cos", "sin", "position", "k_cache", "v_cache"};
   }
   return {};
 }
@@ -72,6 +76,12 @@ void validate(const Graph& g, const LayerOpSpec& s) {
   };
   for (std::size_t i = 0; i < roles.size(); ++i) live(s.inputs[i], roles[i]);
   live(s.decomposed_out, "decomposed_out");
+  if (s.kind == LayerOpKind::rope_kv_append)
+    for (std::size_t i : {std::size_t{4}, std::size_t{5}})
+      if (g.node(s.inputs[i]).op != Op::State)
+        fail<GraphError>("LayerOpSpec (", name, ", ", s.site, "): `", roles[i],
+                         "` must be a state buffer (written in place), got ",
+                         op_name(g.node(s.inputs[i]).op));
   live(s.reconverge, "reconverge");
   if (!std::isfinite(s.eps) || s.eps < 0)
     fail<GraphError>("LayerOpSpec (", name, ", ", s.site, "): `eps` must be finite and >= 0, got ",
@@ -168,6 +178,9 @@ OfferResult offer_layer_op_arm(Graph& g, const LayerOpSpec& s, const LayerOpCont
     case LayerOpKind::silu_mul_matmul_add:
       fused =
           g.silu_mul_matmul_add(in[0], in[1], in[2], in[3], g.node(s.decomposed_out).dtype);
+      break;
+    case LayerOpKind::rope_kv_append:
+      fused = g.rope_kv_append(in[0], in[1], in[2], in[3], in[4], in[5]);
       break;
   }
   g.labeled(fused, (s.site.empty() ? kind : s.site + "." + kind) + "_fused");

@@ -134,6 +134,8 @@ Plan make_plan(const Graph& g) {
       stack.pop_back();
       for (NodeId u : users[v.index]) {
         const Op op = g.node(u).op;
+        // A StateAfter names the contents after its effects: its readers read the new version.
+        if (op == Op::StateAfter && g.node(u).inputs[0] == v) continue;
         if (op == Op::Slice || op == Op::Permute || op == Op::Reshape)
           stack.push_back(u);
         else
@@ -146,7 +148,9 @@ Plan make_plan(const Graph& g) {
     const Node& n = g.node(w);
     std::vector<NodeId> written;
     if (n.op == Op::WriteAt) written.push_back(n.inputs[0]);
-    if (n.op == Op::KdaDecode)  // writes its conv_state and state inputs (through views) in place
+    // KdaDecode writes its conv_state and state inputs, RopeKvAppend its k and v caches (through
+    // views) in place.
+    if (n.op == Op::KdaDecode || n.op == Op::RopeKvAppend)
       for (NodeId in : n.inputs) {
         const NodeId root = plan.storage_root[in.index];
         if (g.node(root).op == Op::State) written.push_back(root);

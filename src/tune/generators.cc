@@ -7,6 +7,7 @@
 //
 // rms_norm, silu_mul, rope: see LayerOpGenerator below; matmul_add, rms_norm_matmul and
 // silu_mul_matmul_add: MatMulAddGenerator.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -116,12 +117,61 @@ class LayerOpGenerator : public ArmInputGenerator {
       const Node& n = region.node(id);
       if (n.op == Op::Rope && n.inputs[3] == position)
         return region.node(n.inputs[1]).shape[0].upper_bound(region.symbols());
+      if (n.op == Op::RopeKvAppend && n.inputs[3] == position)  // the tables and the caches
+        return std::min(region.node(n.inputs[1]).shape[0].upper_bound(region.symbols()),
+                        region.node(n.inputs[4]).shape[2].upper_bound(region.symbols()));
       if (n.op == Op::Gather && n.inputs[1] == position)
         return region.node(n.inputs[0]).shape[0].upper_bound(region.symbols());
     }
     return 1;
   }
   bool has_position_;
+};
+
+// rope_kv_append: LayerOpGenerator's inputs and positions (qkv ~ N(0, 1)); the k and v caches
+// ~ N(0, 1) in every row, so a write to a wrong row shows up; v_cache (a copy) compared bit for
+// bit, k_cache (RoPE's output) like the output, within the dtype's policy.
+class RopeKvAppendGenerator : public LayerOpGenerator {
+ public:
+  RopeKvAppendGenerator() : LayerOpGenerator(true) {}
+  void fill(const Graph& region, const ArmRecipe& recipe, Session& session, std::int64_t selector,
+            Rng& rng, SymBindings& symbols, TensorMap& inputs) const override {
+    LayerOpGenerator::fill(region, recipe, session, selector, rng, symbols, inputs);
+    // Arm 0's write_at offsets are an affine function of one symbol (k_len - 1) that equals the
+    // position role in the model: bind that symbol so each offset is this fill's position.
+    const Tensor position = inputs.at("position");
+    const std::int64_t p =
+        (position.device().is_cpu() ? position : position.to_device(Device::cpu()))
+            .data<std::int32_t>()[0];
+    for (NodeId id : region.live_nodes()) {
+      const Node& n = region.node(id);
+      if (n.op != Op::WriteAt || n.attrs.offset.is_concrete()) continue;
+      std::vector<SymId> ids;
+      n.attrs.offset.expr().collect_symbols(ids);
+      const SymInfo& info = region.symbols().info(ids.at(0));
+      const std::string& name = info.name;
+      SymEnv env(region.symbols());
+      env.bind(name, info.lo);
+      const std::int64_t value = p + (info.lo - n.attrs.offset.eval(env));  // offset = symbol - c
+      symbols[name] = value;
+      SymEnv check(region.symbols());
+      check.bind(name, value);
+      if (n.attrs.offset.eval(check) != p)
+        fail<GraphError>("rope_kv_append generator: write_at offset ",
+                         n.attrs.offset.str(&region.symbols()),
+                         " is not the position plus a constant");
+    }
+    std::map<std::string, NodeId> states;
+    for (NodeId id : region.live_nodes())
+      if (region.node(id).op == Op::State) states[region.node(id).attrs.name] = id;
+    for (const auto& [name, id] : states) {
+      Tensor target = session.state(name);
+      Tensor host = Tensor::empty(target.shape(), target.dtype());
+      rng.normal(host);
+      target.copy_from(on_device(std::move(host), session));
+    }
+  }
+  bool bit_exact_state(const std::string& state) const override { return state == "v_cache"; }
 };
 
 // matmul_add (y = a @ b^T + c): LayerOpGenerator's inputs (a, c ~ N(0, 1), b the model's
@@ -158,6 +208,7 @@ void register_builtin_arm_generators() {
     register_arm_generator("matmul_add", std::make_shared<MatMulAddGenerator>());
     register_arm_generator("rms_norm_matmul", std::make_shared<MatMulAddGenerator>());
     register_arm_generator("silu_mul_matmul_add", std::make_shared<MatMulAddGenerator>());
+    register_arm_generator("rope_kv_append", std::make_shared<RopeKvAppendGenerator>());
   });
 }
 

@@ -107,8 +107,8 @@ Decode greedy(DecodeModel model, bool layer_ops, bool matmul_add = false,
   Decode d;
   for (const Decision& decision : gen.decisions().entries()) {
     const bool layer_op = decision.kind == "rms_norm" || decision.kind == "silu_mul" ||
-                          decision.kind == "rope" || decision.kind == "matmul_add" ||
-                          decision.kind == "rms_norm_matmul" ||
+                          decision.kind == "rope" || decision.kind == "rope_kv_append" ||
+                          decision.kind == "matmul_add" || decision.kind == "rms_norm_matmul" ||
                           decision.kind == "silu_mul_matmul_add";
     if (layer_op) {
       EXPECT_TRUE(decision.offered) << decision.site << ": " << decision.reason;
@@ -144,10 +144,10 @@ TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
   build.max_seq_len = 32;
   build.dtype = DType::bf16;
   DecodeModel model = build_decode_model(config, weights, build);
-  // Per layer: 2 norms fused with the q|k|v and gate|up projections (rms_norm_matmul), 1 rope (q
-  // and k heads in one call), the o_proj residual (matmul_add), the SwiGLU activation with
-  // down_proj and its residual (silu_mul_matmul_add); the final norm with lm_head
-  // (rms_norm_matmul).
+  // Per layer: 2 norms fused with the q|k|v and gate|up projections (rms_norm_matmul), 1
+  // rope_kv_append (q and k heads in one RoPE, both cache appends), the o_proj residual
+  // (matmul_add), the SwiGLU activation with down_proj and its residual (silu_mul_matmul_add); the
+  // final norm with lm_head (rms_norm_matmul).
   EXPECT_EQ(model.layer_specs.size(), 2u * 5u + 1u);
   int norm_products = 0, silu_products = 0;
   for (const LayerOpSpec& s : model.layer_specs) {
@@ -159,7 +159,7 @@ TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
   EXPECT_EQ(silu_products, 2);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);
-  EXPECT_EQ(fused.fused_layer_ops, 7);  // 2 x (2 rms_norm_matmul + rope) + the final norm
+  EXPECT_EQ(fused.fused_layer_ops, 7);  // 2 x (2 rms_norm_matmul + rope_kv_append) + final norm
   EXPECT_EQ(plain.fused_layer_ops, 0);
   expect_same_decode(fused, plain);
 }

@@ -164,6 +164,11 @@ class Graph {
   NodeId silu_mul_matmul_add(NodeId a, NodeId b, NodeId w, NodeId c, DType dtype);
   // x [..., D], cos/sin tables [max_seq_len, D], position [1] i32.
   NodeId rope(NodeId x, NodeId cos_table, NodeId sin_table, NodeId position);
+  // RopeKvAppend (op.h): returns the rotated q heads; writes k_cache, v_cache in place.
+  NodeId rope_kv_append(NodeId qkv, NodeId cos_table, NodeId sin_table, NodeId position,
+                        NodeId k_cache, NodeId v_cache);
+  // StateAfter (op.h): `state` as left by the effects `after` depends on.
+  NodeId state_after(NodeId state, const std::vector<NodeId>& after);
 
   // Labels the most recent node(s) for printing.
   NodeId labeled(NodeId id, const std::string& label);

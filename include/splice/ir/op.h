@@ -54,17 +54,20 @@ enum class Op : std::uint8_t {
   MatMul,      // Batched a[..., m, k] @ b[..., k, n] (b read as [..., n, k] if transpose_b),
                // batch dims broadcast.
   // --- layout ---
-  Reshape,   // (view when the input is contiguous, else a copy) Same elements, the node's shape.
-  Permute,   // (view) Axes reordered by `perm`.
-  Slice,     // (view) input[..., start:end on `axis`, ...] with DynScalar bounds: the exact
-             // live prefix k[:, :, 0:k_len] is a Slice with end = k_len.
-  Concat,    // Inputs concatenated along `axis`.
-  Gather,    // table[indices] along axis 0 (embedding lookup); out = indices.shape + row shape.
-  Cast,      // Elementwise dtype conversion (round to nearest even for 16-bit floats).
-  WriteAt,   // (view, effect) state.slice(axis, offset, offset + value.size(axis)) = value;
-             // returns the state, so later readers of the new contents consume this node.
-  Sequence,  // (view) Returns input 0 once every other input has run: orders side effects so
-             // that a branch arm's exit depends on the cache writes inside the arm.
+  Reshape,     // (view when the input is contiguous, else a copy) Same elements, the node's shape.
+  Permute,     // (view) Axes reordered by `perm`.
+  Slice,       // (view) input[..., start:end on `axis`, ...] with DynScalar bounds: the exact
+               // live prefix k[:, :, 0:k_len] is a Slice with end = k_len.
+  Concat,      // Inputs concatenated along `axis`.
+  Gather,      // table[indices] along axis 0 (embedding lookup); out = indices.shape + row shape.
+  Cast,        // Elementwise dtype conversion (round to nearest even for 16-bit floats).
+  WriteAt,     // (view, effect) state.slice(axis, offset, offset + value.size(axis)) = value;
+               // returns the state, so later readers of the new contents consume this node.
+  Sequence,    // (view) Returns input 0 once every other input has run: orders side effects so
+               // that a branch arm's exit depends on the cache writes inside the arm.
+  StateAfter,  // (view) Input 0 (a state, or a view of one) as left by the effects that inputs
+               // 1.. depend on: its readers read the new contents, so the planner counts them as
+               // readers of the written version, never of the one input 0 names.
   // --- fused ops (each has a decomposition into the primitives above) ---
   FlashDecode,  // Decode attention of spec decode_attention.md §5: inputs q, k, v [, alibi];
                 // k_len and the features in attrs.flash.
@@ -80,14 +83,19 @@ enum class Op : std::uint8_t {
   MatMulAdd,    // y = a @ b^T + c: a [..., M, K], b [N, K] (a's dtype), c [..., M, N] (the
                 // product's shape, any float dtype); the fp32 sum plus c rounded once into the
                 // node's dtype (its MatMul -> Add region rounds the product first).
-  RmsNormMatMul,  // y = round_w(rms_norm(x, weight, attrs.eps)) @ w^T: inputs x [..., M, K],
-                  // weight [K], w [N, K] (float dtypes); the normalized row rounded to w's dtype
-                  // (the RmsNorm -> MatMul region's intermediate), then the product's fp32 sum
-                  // rounded once into the node's dtype.
+  RmsNormMatMul,     // y = round_w(rms_norm(x, weight, attrs.eps)) @ w^T: inputs x [..., M, K],
+                     // weight [K], w [N, K] (float dtypes); the normalized row rounded to w's dtype
+                     // (the RmsNorm -> MatMul region's intermediate), then the product's fp32 sum
+                     // rounded once into the node's dtype.
   SiluMulMatMulAdd,  // y = round(round(round(silu(a)) * b) @ w^T + c): inputs a, b [..., M, K]
                      // (one dtype), w [N, K] (a's dtype), c [..., M, N] (any float dtype); the
                      // activation rounded as SiluMul, then MatMulAdd's fp32 sum plus c rounded
                      // once.
+  RopeKvAppend,      // (effect) The attention prologue of one token: qkv [B, 1, (Hq + 2 Hkv) D] is
+                     // read as q, k, v heads; Rope's rule (tables cos, sin inputs 1, 2, position
+                     // input 3, [1] i32, p = position[0]) rotates the q and k heads; in place,
+                     // k_cache[:, :, p] = rotated k, v_cache[:, :, p] = v (caches [B, Hkv,
+                     // capacity, D], inputs 4, 5, qkv's dtype); output the rotated q [B, Hq, 1, D].
   // --- control ---
   Branch,  // (view) Equivalent arms: inputs are the arms' exits (arm 0 first, the oracle);
            // returns the chosen arm's exit (arm 0 unless a decision selects another).
@@ -99,10 +107,11 @@ bool is_binary_arith(Op op);
 bool is_compare(Op op);
 bool is_reduce(Op op);
 bool is_source(Op op);
-// Produces a view of (aliases) one of its inputs: Permute, Slice, WriteAt, Sequence, Branch.
+// Produces a view of (aliases) one of its inputs: Permute, Slice, WriteAt, Sequence, StateAfter,
+// Branch.
 // Reshape aliases when its input is contiguous at run time and copies otherwise.
 bool is_view(Op op);
-// Writes persistent state: WriteAt, KdaDecode.
+// Writes persistent state: WriteAt, KdaDecode, RopeKvAppend.
 bool has_effect(Op op);
 
 }  // namespace splice

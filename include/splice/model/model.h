@@ -102,6 +102,19 @@ NodeId swiglu_activation(Graph& g, NodeId gate_out, NodeId up_out,
 // from the [max_seq_len, D] tables; HF's rotate-half layout).
 NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId position,
             std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
+// The attention prologue of one token from the q|k|v projection row qkv [B, 1, (Hq + 2 Hkv) D]:
+// one RoPE over the adjacent q and k heads at `position`, k and v written into the caches
+// k_state, v_state [B, Hkv, capacity, D] at row `write` (the same position), the rotated q
+// sequenced after both write_at: arm 0 of a rope_kv_append LayerOpSpec (with `specs`; a fused
+// Op::RopeKvAppend arm does all three in one kernel). Returns the rotated q [B, Hq, 1, D] and the
+// caches as left by the appends (StateAfter views: what attention reads).
+struct RopeKvAppendOut {
+  NodeId q, k_cache, v_cache;
+};
+RopeKvAppendOut rope_kv_append(Graph& g, NodeId qkv, std::int64_t heads, NodeId cos_table,
+                               NodeId sin_table, NodeId position, NodeId k_state, NodeId v_state,
+                               const DynScalar& write, std::vector<LayerOpSpec>* specs = nullptr,
+                               const std::string& site = "");
 // Hugging Face linears of one input, as (weight/bias name prefix, output rows).
 using LinearParts = std::vector<std::pair<std::string, std::int64_t>>;
 // x [..., in_features] through the linears `parts` (prefix + "weight" [rows, in_features], prefix

@@ -65,13 +65,15 @@ struct KdaContract {
 // The fused layer ops (passes/layer_ops.h): one contract row per backend lists the ops it
 // implements and the activation dtypes it takes.
 enum class LayerOpKind : std::uint8_t {
-  rms_norm,  // y = x * rsqrt(mean(x^2, -1) + eps) * weight
-  silu_mul,  // y = silu(a) * b (SwiGLU's activation)
-  rope,      // rotate-half RoPE of x at a position read from a [1] i32 tensor
-  matmul_add,  // y = a @ b^T + c: a linear layer plus its residual (fp32 sum, one rounding)
-  rms_norm_matmul,      // y = round(rms_norm(x)) @ w^T: a norm and the projection it feeds
+  rms_norm,         // y = x * rsqrt(mean(x^2, -1) + eps) * weight
+  silu_mul,         // y = silu(a) * b (SwiGLU's activation)
+  rope,             // rotate-half RoPE of x at a position read from a [1] i32 tensor
+  matmul_add,       // y = a @ b^T + c: a linear layer plus its residual (fp32 sum, one rounding)
+  rms_norm_matmul,  // y = round(rms_norm(x)) @ w^T: a norm and the projection it feeds
   silu_mul_matmul_add,  // y = round(silu(a) * b) @ w^T + c: SwiGLU's activation, down_proj and
                         // the residual
+  rope_kv_append,       // rope of the q|k heads, k and v written into the KV caches at the
+                        // position (Op::RopeKvAppend)
 };
 const char* layer_op_name(LayerOpKind kind);
 

@@ -24,6 +24,13 @@ void fused_silu_mul(const Tensor& a, const Tensor& b, Tensor& out);
 void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& position,
                 Tensor& out);
 
+// RoPE of the q and k heads and the KV append (Op::RopeKvAppend) at p = position[0] ([1] i32 on
+// qkv's device): qkv [B, 1, (Hq + 2 Hkv) D] read as q, k, v heads; out [B, Hq, 1, D] = rope(q);
+// in place, k_cache[:, :, p] = rope(k), v_cache[:, :, p] = v (caches [B, Hkv, capacity, D] of
+// qkv's dtype); cos, sin [max_seq_len, D]. Bitwise fused_rope plus two write_at.
+void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                          const Tensor& position, Tensor& k_cache, Tensor& v_cache, Tensor& out);
+
 // out = round(a @ b^T + c): a [..., M, K], b [N, K] (a's dtype), c, out [..., M, N]; the fp32 sum
 // plus c rounded once into out's dtype. `b_constant`: the caller's promise that no kernel in
 // flight writes b (a model weight; cuda::MatmulOptions::b_constant), ignored on the CPU.

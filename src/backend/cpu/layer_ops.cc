@@ -219,6 +219,51 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
                });
 }
 
+void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& position,
+                    Tensor& k_cache, Tensor& v_cache, Tensor& out) {
+  constexpr const char* kOp = "rope_kv_append";
+  detail::check_cpu(qkv, "qkv");
+  detail::check_cpu(position, "position");
+  detail::check_cpu(k_cache, "k_cache");
+  detail::check_cpu(v_cache, "v_cache");
+  detail::check_cpu(out, "out");
+  if (qkv.dim() != 3 || qkv.size(1) != 1 || qkv.stride(2) != 1 || k_cache.dim() != 4)
+    fail<ShapeError>(kOp,
+                     ": `qkv` must be [B, 1, (Hq + 2 Hkv) D] with a unit-stride row and the "
+                     "caches [B, Hkv, capacity, D], got qkv ",
+                     qkv.describe(), " and k_cache ", dims_str(k_cache.shape()));
+  const std::int64_t batch = qkv.size(0), kv_heads = k_cache.size(1), dim = k_cache.size(3),
+                     capacity = k_cache.size(2);
+  const std::int64_t heads = dim > 0 ? qkv.size(2) / dim - 2 * kv_heads : 0;
+  if (heads <= 0 || qkv.size(2) != (heads + 2 * kv_heads) * dim || k_cache.size(0) != batch ||
+      v_cache.shape() != k_cache.shape() || out.shape() != Dims{batch, heads, 1, dim})
+    fail<ShapeError>(kOp, ": shapes disagree: qkv ", dims_str(qkv.shape()), ", k_cache ",
+                     dims_str(k_cache.shape()), ", v_cache ", dims_str(v_cache.shape()), ", out ",
+                     dims_str(out.shape()), " (out must be [B, Hq, 1, D])");
+  for (const Tensor* t : {&k_cache, &v_cache, &out})
+    if (t->dtype() != qkv.dtype())
+      fail<DTypeError>(kOp, ": every tensor must have qkv's dtype ", dtype_name(qkv.dtype()),
+                       ", got ", t->describe());
+  if (position.dtype() != DType::i32 || position.shape() != Dims{1})
+    fail<DTypeError>(kOp, ": `position` must be i32 [1], got ", position.describe());
+  const std::int64_t p = position.data<std::int32_t>()[0];
+  if (p < 0 || p >= capacity)
+    fail<ValueError>(kOp, ": `position` ", p, " is outside the caches' [0, ", capacity, ")");
+  // [B, n, 1, D] head views of qkv starting at head `first`.
+  auto heads_view = [&](std::int64_t first, std::int64_t n) {
+    return Tensor::view_of(qkv.storage(), qkv.offset() + first * dim, {batch, n, 1, dim},
+                           {qkv.stride(0), dim, dim, 1}, qkv.dtype());
+  };
+  // 1. Rotate k into a temporary, q into out (cpu::rope validates the tables and p first).
+  Tensor k_rot = Tensor::empty({batch, kv_heads, 1, dim}, qkv.dtype());  // [B, Hkv, 1, D]
+  rope(heads_view(heads, kv_heads), cos, sin, position, k_rot);
+  rope(heads_view(0, heads), cos, sin, position, out);
+  // 2. The appends: exact copies, like write_at.
+  Tensor k_row = k_cache.slice(2, p, p + 1), v_row = v_cache.slice(2, p, p + 1);
+  k_row.copy_from(k_rot);
+  v_row.copy_from(heads_view(heads + kv_heads, kv_heads));
+}
+
 void matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
   constexpr const char* kOp = "matmul_add";
   detail::check_cpu(a, "a");

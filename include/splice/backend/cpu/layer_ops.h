@@ -30,6 +30,14 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out);
 void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& position,
           Tensor& out);
 
+// The attention prologue of one token at p = position[0] (qkv read as q, k, v heads):
+//   out = rope(q);  k_cache[:, :, p] = rope(k);  v_cache[:, :, p] = v
+// qkv [B, 1, (Hq + 2 Hkv) D] (unit stride along the row), caches [B, Hkv, capacity, D], out
+// [B, Hq, 1, D], all of one dtype; rope exactly as cpu::rope (so bitwise the rope region plus two
+// write_at). Everything is validated (0 <= p < min(capacity, max_seq_len)) before any write.
+void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& position,
+                    Tensor& k_cache, Tensor& v_cache, Tensor& out);
+
 // out[..., m, j] = round((sum_k a[..., m, k] * b[j, k]) + c[..., m, j]): a [..., M, K], b [N, K]
 // (unit stride along K), c and out [..., M, N] (any float dtypes); the sum in fp32, one rounding
 // into out's dtype (the MatMul -> Add region rounds the product to its dtype first). out may be

@@ -1,0 +1,188 @@
+// The rope_kv_append region of the Llama builder (stacked projections) in the graph: one
+// LayerOpSpec per layer whose arm 0 is the RoPE region plus two write_at sequenced before the
+// rotated q, and whose fused arm is Op::RopeKvAppend writing both caches in place; attention reads
+// the caches through StateAfter views of the region's merge.
+//
+//  1. Offer: one rope_kv_append branch per layer, offered by the CPU contract row; the flash spec's
+//     k and v are StateAfter nodes.
+//  2. Plan order (uncollapsed and collapsed to either arm): every reader of a layer's caches (the
+//     FlashDecode node, the decomposed attention's live-prefix slices) runs after that layer's
+//     appends (arm 0's write_at, or RopeKvAppend): attention reads the cache written this step.
+//  3. Verify and choose: select_arms verifies the fused arm (output and both caches bit for bit)
+//     and, timed faster, collapses every region to it.
+//  4. Sessions of the graph collapsed to arm 0 and to arm 1 give bitwise the same logits and
+//     caches over 6 steps.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "splice/exec/session.h"
+#include "splice/model/model.h"
+#include "splice/tune/optimize.h"
+#include "support/test_util.h"
+
+namespace splice {
+namespace {
+
+constexpr int kLayers = 2;
+constexpr std::int64_t kMaxSeqLen = 16;
+
+DecodeModel tiny_llama() {
+  const std::string dir = ::testing::TempDir() + "/rope_kv_append_llama";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 61,
+    "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 64, "tie_word_embeddings": true})";
+  const ModelConfig config = load_config(dir + "/config.json");
+  Rng rng(11);
+  std::vector<std::pair<std::string, Tensor>> t;
+  auto add = [&](const std::string& name, Dims shape, double stddev, double mean = 0.0) {
+    t.emplace_back(name, testing::random_tensor(rng, shape, DType::f32, stddev, mean));
+  };
+  add("model.embed_tokens.weight", {61, 128}, 1.0);
+  add("model.norm.weight", {128}, 0.1, 1.0);
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "self_attn.q_proj.weight", {128, 128}, 0.1);
+    add(p + "self_attn.k_proj.weight", {64, 128}, 0.1);
+    add(p + "self_attn.v_proj.weight", {64, 128}, 0.1);
+    add(p + "self_attn.o_proj.weight", {128, 128}, 0.1);
+    add(p + "mlp.gate_proj.weight", {96, 128}, 0.1);
+    add(p + "mlp.up_proj.weight", {96, 128}, 0.1);
+    add(p + "mlp.down_proj.weight", {128, 96}, 0.1);
+    add(p + "input_layernorm.weight", {128}, 0.3, 1.0);
+    add(p + "post_attention_layernorm.weight", {128}, 0.3, 1.0);
+  }
+  BuildOptions build;
+  build.max_seq_len = kMaxSeqLen;
+  build.dtype = DType::bf16;
+  return build_decode_model(config, Weights::from_tensors(std::move(t)), build);
+}
+
+// The live nodes of `op`, in node order.
+std::vector<NodeId> nodes_of(const Graph& g, Op op) {
+  std::vector<NodeId> out;
+  for (NodeId id : g.live_nodes())
+    if (g.node(id).op == op) out.push_back(id);
+  return out;
+}
+
+// The State node a node's storage ends in.
+NodeId state_root(const Plan& plan, NodeId id) { return plan.storage_root[id.index]; }
+
+// Every reader of a cache version written this step (through views) runs after every writer of
+// that cache (WriteAt or RopeKvAppend) that runs.
+void expect_appends_before_attention(const Graph& g) {
+  const Plan plan = make_plan(g);
+  const std::vector<bool> run = nodes_to_run(g, plan, std::vector<int>(plan.branches.size() * 2));
+  int readers = 0;
+  for (NodeId reader : g.live_nodes()) {
+    const Node& n = g.node(reader);
+    const bool attention_read =
+        n.op == Op::FlashDecode ||
+        (n.op == Op::Slice && n.inputs.size() && g.node(n.inputs[0]).op == Op::StateAfter);
+    if (!attention_read || !run[reader.index]) continue;
+    const NodeId cache = state_root(plan, n.op == Op::FlashDecode ? n.inputs[1] : n.inputs[0]);
+    for (NodeId writer : g.live_nodes()) {
+      const Node& w = g.node(writer);
+      if (!run[writer.index]) continue;
+      const bool writes =
+          (w.op == Op::WriteAt && state_root(plan, w.inputs[0]) == cache) ||
+          (w.op == Op::RopeKvAppend && (w.inputs[4] == cache || w.inputs[5] == cache));
+      if (writes) {
+        ++readers;
+        EXPECT_LT(plan.position[writer.index], plan.position[reader.index])
+            << op_name(w.op) << " %" << writer.index << " after " << op_name(n.op) << " %"
+            << reader.index;
+      }
+    }
+  }
+  EXPECT_GT(readers, 0);
+}
+
+OptimizeOptions options(bool select) {
+  OptimizeOptions o;
+  o.select = select;
+  o.tune.warmup = 0;
+  o.tune.repeats = 1;
+  o.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+  return o;
+}
+
+TEST(RopeKvAppendGraph, OfferedPerLayerAndAttentionReadsTheAppendedCaches) {
+  DecodeModel m = tiny_llama();
+  int specs = 0;
+  for (const LayerOpSpec& s : m.layer_specs) specs += s.kind == LayerOpKind::rope_kv_append;
+  EXPECT_EQ(specs, kLayers);
+  for (const DecodeFlashSpec& s : m.attention_specs) {
+    EXPECT_EQ(m.graph.node(s.k).op, Op::StateAfter);
+    EXPECT_EQ(m.graph.node(s.v).op, Op::StateAfter);
+  }
+  const DecisionLog log =
+      optimize_graph(m.graph, m.attention_specs, options(false), m.kda_specs, m.layer_specs);
+  int offered = 0;
+  for (const Decision& d : log.entries())
+    if (d.kind == "rope_kv_append") offered += d.offered;
+  EXPECT_EQ(offered, kLayers);
+  EXPECT_EQ(nodes_of(m.graph, Op::RopeKvAppend).size(), static_cast<std::size_t>(kLayers));
+  // Uncollapsed, every arm 0 run: attention after the write_at appends.
+  expect_appends_before_attention(m.graph);
+}
+
+TEST(RopeKvAppendGraph, VerifiedChosenAndPlannedBeforeTheFlashArm) {
+  DecodeModel m = tiny_llama();
+  const DecisionLog log =
+      optimize_graph(m.graph, m.attention_specs, options(true), m.kda_specs, m.layer_specs);
+  int chosen = 0;
+  for (const Decision& d : log.entries()) {
+    if (d.kind != "rope_kv_append") continue;
+    ASSERT_FALSE(d.buckets.empty()) << d.site;
+    for (const BucketDecision& b : d.buckets) {
+      ASSERT_EQ(b.verified.size(), 2u);
+      EXPECT_TRUE(b.verified[1]) << d.site << ": " << b.failure[1];
+    }
+    chosen += d.collapsed_to == 1;
+  }
+  EXPECT_EQ(chosen, kLayers);
+  EXPECT_EQ(nodes_of(m.graph, Op::RopeKvAppend).size(), static_cast<std::size_t>(kLayers));
+  EXPECT_FALSE(nodes_of(m.graph, Op::FlashDecode).empty());
+  expect_appends_before_attention(m.graph);
+}
+
+// Collapses every rope_kv_append branch to `arm` and every other branch to arm 0.
+Graph collapsed(int arm) {
+  DecodeModel m = tiny_llama();
+  optimize_graph(m.graph, m.attention_specs, options(false), m.kda_specs, m.layer_specs);
+  for (NodeId id : nodes_of(m.graph, Op::Branch))
+    collapse(m.graph, id, m.graph.node(id).attrs.branch->recipe.kind == "rope_kv_append" ? arm : 0);
+  eliminate_dead_code(m.graph);
+  verify_graph(m.graph);
+  return std::move(m.graph);
+}
+
+TEST(RopeKvAppendGraph, FusedArmSessionIsBitwiseTheDecomposedOne) {
+  Graph plain = collapsed(0), fused = collapsed(1);
+  EXPECT_TRUE(nodes_of(plain, Op::RopeKvAppend).empty());
+  EXPECT_EQ(nodes_of(fused, Op::RopeKvAppend).size(), static_cast<std::size_t>(kLayers));
+  expect_appends_before_attention(plain);
+  expect_appends_before_attention(fused);
+  Session a(std::move(plain)), b(std::move(fused));
+  for (std::int64_t step = 1; step <= 6; ++step) {
+    Tensor tokens = Tensor::empty({1}, DType::i32);
+    tokens.data<std::int32_t>()[0] = static_cast<std::int32_t>(step * 7 % 61);
+    a.step({{"k_len", step}}, {{"tokens", tokens}});
+    b.step({{"k_len", step}}, {{"tokens", tokens}});
+    EXPECT_TRUE(testing::bit_equal(b.output("logits"), a.output("logits"))) << "step " << step;
+    for (int l = 0; l < kLayers; ++l)
+      for (const char* cache : {"k_cache", "v_cache"}) {
+        const std::string name = "model.layers." + std::to_string(l) + "." + cache;
+        EXPECT_TRUE(testing::bit_equal(b.state(name), a.state(name))) << name << " step " << step;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace splice
