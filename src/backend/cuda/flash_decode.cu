@@ -146,14 +146,23 @@ bool aligned(const Tensor& t, std::int64_t elems) {
   return true;
 }
 
-// One-time setup of an instantiation: its dynamic shared-memory limit.
+// One-time setup of an instantiation: its dynamic shared-memory limit, and a check that its
+// registers let as many CTAs reside per SM as the plan assumes from shared memory alone (the
+// one-wave rules of speculation and of the flag merge rely on it; 254 registers at head_dim 128
+// is the most that still fits 2).
 template <typename T, int kHeadDim>
 void prepare() {
   static std::once_flag once;
   std::call_once(once, [] {
+    constexpr int smem = FlashDecodeConfig<kHeadDim>::kSmemBytes;
     SPLICE_CUDA_CHECK(cudaFuncSetAttribute(detail::flash_decode_kernel<T, kHeadDim>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           FlashDecodeConfig<kHeadDim>::kSmemBytes));
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int resident = 0;
+    SPLICE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &resident, detail::flash_decode_kernel<T, kHeadDim>, detail::kThreads, smem));
+    SPLICE_INTERNAL_CHECK(resident >= ctas_per_sm(smem), "flash_decode_kernel<head_dim ", kHeadDim,
+                          ">: ", resident, " resident CTAs per SM, the plan assumes ",
+                          ctas_per_sm(smem), " (registers?)");
   });
 }
 
