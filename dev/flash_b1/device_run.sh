@@ -37,6 +37,6 @@ if [[ ${FLASH_B1_MEMCHECK:-0} == 1 ]]; then  # opt-in (~1 min more): the flag me
 fi
 
 start=$(date +%s)
-timeout 58 "$bench_bin" --ab --reps 15 >"$out/ab.txt" 2>&1
+timeout 70 "$bench_bin" --ab --reps 15 >"$out/ab.txt" 2>&1
 echo "bench rc=$? ($(($(date +%s) - start)) s)"
 sed -n '/^A\/B/,$p' "$out/ab.txt"
