@@ -11,7 +11,8 @@
 //  3. Verify and choose: select_arms verifies the fused arm (output and both caches bit for bit)
 //     and, timed faster, collapses every region to it.
 //  4. Sessions of the graph collapsed to arm 0 and to arm 1 give bitwise the same logits and
-//     caches over 6 steps.
+//     caches over 6 steps, with the decomposed attention and with the flash arm (what the GPU
+//     test replays).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -152,35 +153,48 @@ TEST(RopeKvAppendGraph, VerifiedChosenAndPlannedBeforeTheFlashArm) {
   expect_appends_before_attention(m.graph);
 }
 
-// Collapses every rope_kv_append branch to `arm` and every other branch to arm 0.
-Graph collapsed(int arm) {
+// Collapses every rope_kv_append branch to `arm`, every flash_decode branch to `attention_arm`
+// and every other branch to arm 0.
+Graph collapsed(int arm, int attention_arm) {
   DecodeModel m = tiny_llama();
   optimize_graph(m.graph, m.attention_specs, options(false), m.kda_specs, m.layer_specs);
-  for (NodeId id : nodes_of(m.graph, Op::Branch))
-    collapse(m.graph, id, m.graph.node(id).attrs.branch->recipe.kind == "rope_kv_append" ? arm : 0);
+  for (NodeId id : nodes_of(m.graph, Op::Branch)) {
+    const std::string& kind = m.graph.node(id).attrs.branch->recipe.kind;
+    collapse(m.graph, id,
+             kind == "rope_kv_append" ? arm
+             : kind == "flash_decode" ? attention_arm
+                                      : 0);
+  }
   eliminate_dead_code(m.graph);
   verify_graph(m.graph);
   return std::move(m.graph);
 }
 
+// Over 6 steps (positions 0-5, every cache row written before being read by later steps), with
+// the decomposed attention and with the flash arm reading the StateAfter views.
 TEST(RopeKvAppendGraph, FusedArmSessionIsBitwiseTheDecomposedOne) {
-  Graph plain = collapsed(0), fused = collapsed(1);
-  EXPECT_TRUE(nodes_of(plain, Op::RopeKvAppend).empty());
-  EXPECT_EQ(nodes_of(fused, Op::RopeKvAppend).size(), static_cast<std::size_t>(kLayers));
-  expect_appends_before_attention(plain);
-  expect_appends_before_attention(fused);
-  Session a(std::move(plain)), b(std::move(fused));
-  for (std::int64_t step = 1; step <= 6; ++step) {
-    Tensor tokens = Tensor::empty({1}, DType::i32);
-    tokens.data<std::int32_t>()[0] = static_cast<std::int32_t>(step * 7 % 61);
-    a.step({{"k_len", step}}, {{"tokens", tokens}});
-    b.step({{"k_len", step}}, {{"tokens", tokens}});
-    EXPECT_TRUE(testing::bit_equal(b.output("logits"), a.output("logits"))) << "step " << step;
-    for (int l = 0; l < kLayers; ++l)
-      for (const char* cache : {"k_cache", "v_cache"}) {
-        const std::string name = "model.layers." + std::to_string(l) + "." + cache;
-        EXPECT_TRUE(testing::bit_equal(b.state(name), a.state(name))) << name << " step " << step;
-      }
+  for (int attention_arm : {0, 1}) {
+    SCOPED_TRACE("attention arm " + std::to_string(attention_arm));
+    Graph plain = collapsed(0, attention_arm), fused = collapsed(1, attention_arm);
+    EXPECT_TRUE(nodes_of(plain, Op::RopeKvAppend).empty());
+    EXPECT_EQ(nodes_of(fused, Op::RopeKvAppend).size(), static_cast<std::size_t>(kLayers));
+    EXPECT_EQ(nodes_of(fused, Op::FlashDecode).size(),
+              attention_arm == 1 ? static_cast<std::size_t>(kLayers) : 0u);
+    expect_appends_before_attention(plain);
+    expect_appends_before_attention(fused);
+    Session a(std::move(plain)), b(std::move(fused));
+    for (std::int64_t step = 1; step <= 6; ++step) {
+      Tensor tokens = Tensor::empty({1}, DType::i32);
+      tokens.data<std::int32_t>()[0] = static_cast<std::int32_t>(step * 7 % 61);
+      a.step({{"k_len", step}}, {{"tokens", tokens}});
+      b.step({{"k_len", step}}, {{"tokens", tokens}});
+      EXPECT_TRUE(testing::bit_equal(b.output("logits"), a.output("logits"))) << "step " << step;
+      for (int l = 0; l < kLayers; ++l)
+        for (const char* cache : {"k_cache", "v_cache"}) {
+          const std::string name = "model.layers." + std::to_string(l) + "." + cache;
+          EXPECT_TRUE(testing::bit_equal(b.state(name), a.state(name))) << name << " step " << step;
+        }
+    }
   }
 }
 
