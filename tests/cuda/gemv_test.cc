@@ -44,6 +44,9 @@
 //  9. fused_matmul_add (the MatMulAdd layer op) on CUDA against cpu::matmul_add.
 //  7. A Session marks a MatMul whose weight is a Param as constant (the prefetch path) and one
 //     whose b is an Input not, and both agree with the CPU.
+//  10. Every SPLICE_GEMV_VARIANT value (gemv::set_variant): the rms_norm / silu_mul prologue
+//     products and the in-place residual epilogue on 2 CTAs (register prologue, few CTAs, early
+//     residual, and their combinations) against the CPU.
 // Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
 // within default_tolerance(out dtype) (design.md §2).
@@ -650,6 +653,89 @@ TEST(CudaGemv, ResidualEpilogueAgainstCpu) {
           cuda::matmul(dx, dw, dout, true, options);
           EXPECT_TRUE(testing::close(download(dout), expected, default_tolerance(dtype)));
         }
+}
+
+// ---- 10. SPLICE_GEMV_VARIANT: every knob value computes the prologue products ---------------
+
+// The prologue layer ops under each gemv::set_variant value (register prologue, few CTAs, both)
+// against the CPU compositions, on shapes where the register path applies (bf16 / f32, aligned,
+// k = 64, 576 and 1536 in one batch) and where it falls back (a stride-2 norm weight: the
+// per-element path; 4 columns per warp at k = 1536: two batches). Tolerance: the prologue ops'
+// (default, atol x4 in 16-bit: the prologue row is rounded to the activation dtype).
+TEST(CudaGemv, PrologueProductsAgreeWithTheCpuUnderEveryVariant) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(47);
+  constexpr float kEpsNorm = 1e-5f;
+  const int saved = cuda::gemv::variant();
+  for (int variant = 0; variant <= cuda::gemv::kVariantMask; ++variant) {
+    cuda::gemv::set_variant(variant);
+    for (DType dtype : {DType::bf16, DType::f32})
+      for (std::int64_t k : {64, 576, 1536})
+        for (std::int64_t n : {192, 576, 1537})
+          for (std::int64_t m : {1, 3}) {
+            if (!cuda::gemv::preferred(m, n, k)) continue;
+            const bool strided_norm = n == 1537;  // (m = 1: 3 rows of n > 1024 go to cuBLASLt)
+            SCOPED_TRACE(label(dtype, m, n, k, strided_norm ? "strided norm" : "contiguous") +
+                         " variant " + std::to_string(variant));
+            Tolerance tol = default_tolerance(dtype);
+            if (dtype != DType::f32) tol.atol *= 4;
+            const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
+            const Tensor b = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
+            const Tensor w =
+                testing::random_tensor(rng, {n, k}, dtype, 1.0 / std::sqrt(static_cast<double>(k)));
+            Tensor norm = testing::random_tensor(rng, {k}, dtype, 0.3, 1.0);  // [k]
+            if (strided_norm) {
+              const Tensor spread = testing::random_tensor(rng, {k, 2}, dtype, 0.3, 1.0);
+              norm = Tensor::view_of(spread.storage(), spread.offset(), {k}, {2}, dtype);
+            }
+            const Tensor c = contiguous_poisoned(rng, {m, n}, dtype);  // [m, n]
+            const Tensor dx = upload(x), db = upload(b), dw = upload(w), dnorm = upload(norm),
+                         dc = upload(c);
+
+            Tensor expected = Tensor::empty({m, n}, dtype);  // [m, n]
+            cpu::rms_norm_matmul(x, norm, kEpsNorm, w, expected);
+            Tensor dout = upload(nan_output({m, n}, dtype));
+            cuda::rms_norm_matmul(dx, dnorm, kEpsNorm, dw, dout, /*w_constant=*/m == 1);
+            EXPECT_TRUE(testing::close(download(dout), expected, tol)) << "rms_norm_matmul";
+
+            Tensor expected_silu = Tensor::empty({m, n}, dtype);  // [m, n]
+            cpu::silu_mul_matmul_add(x, b, w, c, expected_silu);
+            Tensor dout_silu = upload(nan_output({m, n}, dtype));
+            cuda::silu_mul_matmul_add(dx, db, dw, dc, dout_silu, /*w_constant=*/m == 3);
+            EXPECT_TRUE(testing::close(download(dout_silu), expected_silu, tol))
+                << "silu_mul_matmul_add";
+
+            // The residual epilogue in place (c = y, the h += linear(x) of a decoder layer) on
+            // at most 2 CTAs, so each warp streams many groups and reads the next group's c
+            // before storing this group's y (the early residual's order).
+            Tensor product = Tensor::empty({m, n}, DType::f32);  // [m, n]
+            cpu::matmul(x, w, product, true);
+            Tensor expected_add = Tensor::empty({m, n}, dtype);  // [m, n]
+            cpu::binary(cpu::BinaryKind::add, product, c, expected_add);
+            Tensor dy = upload(c);  // [m, n]: c and y
+            cuda::gemv::Params p;
+            p.w = dw.raw_data();
+            p.w_row_stride = dw.stride(0);
+            p.n = n;
+            p.k = k;
+            p.rows = static_cast<int>(m);
+            p.in_dtype = dtype;
+            p.out_dtype = dtype;
+            p.max_ctas = 2;
+            p.has_c = true;
+            p.c_dtype = dtype;
+            const std::int64_t size = static_cast<std::int64_t>(dtype_size(dtype));
+            for (std::int64_t r = 0; r < m; ++r) {
+              p.x[r] = static_cast<const char*>(dx.raw_data()) + r * dx.stride(0) * size;
+              p.y[r] = static_cast<char*>(dy.raw_data()) + r * dy.stride(0) * size;
+              p.c[r] = p.y[r];
+            }
+            cuda::gemv::launch(p, cuda::current_stream());
+            EXPECT_TRUE(testing::close(download(dy), expected_add, default_tolerance(dtype)))
+                << "in-place residual";
+          }
+  }
+  cuda::gemv::set_variant(saved);
 }
 
 }  // namespace

@@ -461,7 +461,8 @@ __device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnr
         unpack<T>(x_raw[u][r], f);
         T out[kW];
 #pragma unroll
-        for (int i = 0; i < kW; ++i) out[i] = from_float<T>(__fmul_rn(__fmul_rn(f[i], inv[r]), w[i]));
+        for (int i = 0; i < kW; ++i)
+          out[i] = from_float<T>(__fmul_rn(__fmul_rn(f[i], inv[r]), w[i]));
         memcpy(&x_raw[u][r], out, sizeof(Raw));
       }
     }
@@ -492,7 +493,8 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
                                                            std::int64_t k_pad,
                                                            bool prologue_vectorized,
                                                            bool norm_direct,
-                                                           bool register_prologue) {
+                                                           bool register_prologue,
+                                                           bool early_residual) {
   // [p.rows, k_pad] of T, then (rms_norm) [k_pad] fp32 norm weights
   extern __shared__ __align__(16) unsigned char prologue_rows[];
   using Raw = typename RawOf<kVec* static_cast<int>(sizeof(T))>::type;
@@ -628,6 +630,19 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
     if (!in_registers) run_prologue<T, kRows, kPro>(p, xs, k_pad, prologue_vectorized, norm_direct);
   }
   if (!has_group) return;
+  // SPLICE_GEMV_VARIANT bit 2 (the launcher's early_residual): this lane's residual element of
+  // each group is loaded with the group's first batch (right after the wait for the first group),
+  // not after the reduction, so its L2 round trip overlaps the stream instead of following the
+  // shuffles. With c = y the next group's element is read before this group's store: another
+  // column, so still read-then-written by one thread.
+  const bool early_c = p.has_c && early_residual;
+  float c_current = 0.0f, c_next = 0.0f;
+  const auto load_c = [&](std::int64_t g) {
+    const std::int64_t j = g * kCols + out_col;
+    return early_c && stores && j < p.n ? load_residual(c_row, j * p.c_col_stride, p.c_dtype)
+                                        : 0.0f;
+  };
+  c_current = load_c(group);
   if (!p.w_constant) load_first_weights();
   if constexpr (kPro != Prologue::none && kVec > 1) {
     if (in_registers) {
@@ -696,6 +711,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
     const bool more = group < num_groups;  // warp-uniform
     if (more) {
       point_rows(group);
+      c_next = load_c(group);
       if (in_registers)
         load_first_weights();  // the prologue's rows stay in x_raw (one batch covers k)
       else
@@ -713,10 +729,13 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
       }
     const float sum = transposed_warp_sum(values, lane);
     if (stores && j0 + out_col < p.n) {
-      const float out =
-          p.has_c ? sum + load_residual(c_row, (j0 + out_col) * p.c_col_stride, p.c_dtype) : sum;
+      float out = sum;
+      if (p.has_c)
+        out += early_c ? c_current
+                       : load_residual(c_row, (j0 + out_col) * p.c_col_stride, p.c_dtype);
       store_out(y_row, (j0 + out_col) * p.y_col_stride, out, p.out_dtype);
     }
+    c_current = c_next;
     if (!more) break;
   }
 }
@@ -747,6 +766,7 @@ struct Grid {
   bool prologue_vectorized = false;
   bool norm_direct = false;  // rms_norm's weight read as T chunks (in_dtype, unit stride)
   bool register_prologue = false;  // stage 0 in registers (smem then 0)
+  bool early_residual = false;     // the residual element loaded with the group's first batch
 };
 
 // CTAs of `kernel` with `threads` threads one SM holds at once (>= 1), cached per kernel
@@ -836,7 +856,7 @@ void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
   if (kPro != Prologue::none) g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
   launch_with_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(g.threads), g.smem, stream,
                    p, single_wave, g.k_pad, g.prologue_vectorized, g.norm_direct,
-                   g.register_prologue);
+                   g.register_prologue, g.early_residual);
 }
 
 template <typename T, int kRows, int kCols, Prologue kPro>
@@ -1021,6 +1041,7 @@ void launch(const Params& params, cudaStream_t stream) {
       prologue_vectorized && (p.prologue != Prologue::rms_norm || g.norm_direct) &&
       row_vectors <= static_cast<std::int64_t>(unroll_for(rows_bucket(p.rows), cols)) * kWarpSize;
   if (g.register_prologue) g.smem = 0;
+  g.early_residual = (knob & kVariantEarlyResidual) != 0 && p.has_c;
 
   switch (p.in_dtype) {
     case DType::f16:

@@ -96,11 +96,17 @@ bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 //     with three CTA barriers; bit-identical rows except for the order of the sum of squares.
 //   kVariantFewCtas (2): 4 columns per warp and 4 warps per CTA whatever n (576 x 576: 36 CTAs
 //     instead of 144), fewer CTAs for a small product.
+//   kVariantEarlyResidual (4): with the residual epilogue (has_c), each lane's c element is
+//     loaded with its group's first batch, right after the wait, instead of after the warp
+//     reduction (in SASS the mainline's c load follows the five shuffles: one more dependent L2
+//     round trip on the critical path of every MatMulAdd / SiluMulMatMulAdd GEMV).
 // Every value computes the same product within the policy; set_variant() overrides the
 // environment (tests, A/B benchmarks), values outside 0 .. kVariantMask are an internal error.
 inline constexpr int kVariantRegisterPrologue = 1;
 inline constexpr int kVariantFewCtas = 2;
-inline constexpr int kVariantMask = kVariantRegisterPrologue | kVariantFewCtas;
+inline constexpr int kVariantEarlyResidual = 4;
+inline constexpr int kVariantMask =
+    kVariantRegisterPrologue | kVariantFewCtas | kVariantEarlyResidual;
 int variant();
 void set_variant(int variant);
 
