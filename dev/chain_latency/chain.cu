@@ -10,9 +10,9 @@
 //      on with no explicit trigger (implicit at exit).
 //   2. Timing: after warm-up, kReps replays timed with events; us per kernel = median / kChain.
 //      `slope` = (median(200) - median(100)) / 100 removes the graph launch's fixed cost.
-//   3. Stamps (one more replay, %globaltimer in ns, per kernel i over all its warps):
+//   3. Stamps (one more replay, %globaltimer in ns, per kernel i over its CTAs' thread 0):
 //        start_i = min entry time, wait_i = min time griddepcontrol.wait returned,
-//        end_i = max time of a warp's last store.
+//        end_i = max time of warp 0's last store.
 //      body = end_i - wait_i (post-wait critical path, the kernel's own work);
 //      handoff = wait_{i+1} - end_i (grid completion -> dependent released: the PDL floor);
 //      ahead = wait_{i+1} - start_{i+1} (how long the dependent sat resident before its wait
@@ -109,12 +109,13 @@ __device__ __forceinline__ void unpack8(uint4 raw, float (&f)[kVec]) {
   }
 }
 
-// Stamp helpers: one lane per warp (reductions are fire-and-forget REDs).
+// Stamp helpers: thread 0 of each CTA (fire-and-forget REDs to one address per kernel; at ~1 per
+// L2 cycle, grids of >= 528 CTAs perturb their own stamped replay by a few hundred ns).
 __device__ __forceinline__ void stamp_min(unsigned long long* a, int i, unsigned long long t) {
-  if (a != nullptr && (threadIdx.x % 32) == 0) atomicMin(a + i, t);
+  if (a != nullptr && threadIdx.x == 0) atomicMin(a + i, t);
 }
 __device__ __forceinline__ void stamp_max(unsigned long long* a, int i, unsigned long long t) {
-  if (a != nullptr && (threadIdx.x % 32) == 0) atomicMax(a + i, t);
+  if (a != nullptr && threadIdx.x == 0) atomicMax(a + i, t);
 }
 
 // (a), (e): nothing but the PDL handshake.
