@@ -70,10 +70,13 @@ void check_kernel(std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
   Tensor pos = Tensor::empty({1}, DType::i32);
   pos.data<std::int32_t>()[0] = static_cast<std::int32_t>(position);
   const bool wide = views == Views::all_strided;
-  // [B, Hkv, capacity, D] (rows of a [B, Hkv, capacity + kPad, D] buffer when wide)
-  const Dims cache{batch, kv_heads, kCapacity + (wide ? kPad : 0), dim};
-  Tensor k_cpu = testing::random_tensor(rng, cache, dtype).slice(2, 0, kCapacity);
-  Tensor v_cpu = testing::random_tensor(rng, cache, dtype).slice(2, 0, kCapacity);
+  // [B, Hkv, capacity, D]; when wide, k a view of [B, Hkv, capacity, D + kPad] and v of
+  // [B, Hkv, capacity + 2 kPad, D] (every stride of the two caches differs).
+  const std::int64_t pad = wide ? kPad : 0;
+  Tensor k_cpu =
+      testing::random_tensor(rng, {batch, kv_heads, kCapacity, dim + pad}, dtype).slice(3, 0, dim);
+  Tensor v_cpu = testing::random_tensor(rng, {batch, kv_heads, kCapacity + 2 * pad, dim}, dtype)
+                     .slice(2, 0, kCapacity);
   Tensor k_gpu = testing::upload(k_cpu), v_gpu = testing::upload(v_cpu);
   // [B, Hq, 1, D] (heads of a [B, Hq + kPad, 1, D] buffer when wide)
   Tensor out_cpu =

@@ -5,9 +5,11 @@
 //      errors; fill one POD params struct (raw pointers, element strides); launch on
 //      cuda::current_stream() through detail::launch_kernel (PDL when enabled).
 //   2. Kernel: one thread per (batch b, head h of the q|k|v row, i < D/2) pair (a grid-stride
-//      loop). It opens with pdl_prologue() (wait for the producers, then trigger: launch.cuh),
-//      then reads p = position[0] from device memory (so a replayed CUDA graph sees each token's
-//      position). With x = qkv[b, 0, h D : (h + 1) D], c = cos[p], s = sin[p]:
+//      loop; the item -> offsets map is rope_kv_append_index::item of the header, which
+//      tests/kernels runs on the host against the CPU kernel). It opens with pdl_prologue()
+//      (wait for the producers, then trigger: launch.cuh), then reads p = position[0] from
+//      device memory (so a replayed CUDA graph sees each token's position). With
+//      x = qkv[b, 0, h D : (h + 1) D], c = cos[p], s = sin[p]:
 //        y_i = x_i c_i + (-x_{i+D/2}) s_i,   y_{i+D/2} = x_{i+D/2} c_{i+D/2} + x_i s_{i+D/2}
 //      each product rounded to fp32 before the sum (__fmul_rn / __fadd_rn: cpu::rope's exact
 //      operations), stored in qkv's dtype: q heads (h < Hq) into out[b, h], k heads into
@@ -34,20 +36,17 @@ constexpr int kThreads = 256;              // block size
 constexpr long long kMaxBlocks = 1 << 16;  // the grid-stride loop covers the rest
 
 struct RopeKvAppendParams {
-  const void* qkv = nullptr;  // [B, 1, (Hq + 2 Hkv) D], unit-stride row
-  long long qkv_stride0 = 0;
-  void* out = nullptr;  // [B, Hq, 1, D]
-  long long out_stride0 = 0, out_stride1 = 0;
-  void* k_cache = nullptr;  // [B, Hkv, capacity, D]
+  rope_kv_append_index::Geometry g;  // shapes and element strides (the header's index math)
+  const void* qkv = nullptr;         // [B, 1, (Hq + 2 Hkv) D], unit-stride row
+  void* out = nullptr;               // [B, Hq, 1, D]
+  void* k_cache = nullptr;           // [B, Hkv, capacity, D]
   void* v_cache = nullptr;
-  long long k_stride[3] = {}, v_stride[3] = {};  // batch, head, row (elements; unit last)
-  const void* cos = nullptr;
+  const void* cos = nullptr;  // [max_seq_len, D] each
   const void* sin = nullptr;
   int table_dtype = 0;
   long long table_rows = 0, table_stride0 = 0, table_stride1 = 0;
   long long capacity = 0;
-  const int* position = nullptr;
-  long long batch = 0, heads = 0, kv_heads = 0, dim = 0;
+  const int* position = nullptr;  // [1]: the step's p, read on the device
 };
 
 using detail::from_float;
@@ -67,29 +66,27 @@ __device__ __forceinline__ float load_any(const void* p, int dtype, long long of
 
 template <typename T>
 __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
+  using rope_kv_append_index::Target;
   detail::pdl_prologue();  // before the position load (launch.cuh)
-  const long long half = p.dim / 2, all_heads = p.heads + 2 * p.kv_heads;
-  const long long total = p.batch * all_heads * half;
+  const long long half = p.g.dim / 2, total = rope_kv_append_index::items(p.g);
   const long long pos = *p.position;
   const bool valid = pos >= 0 && pos < p.table_rows && pos < p.capacity;
   const long long base = (valid ? pos : 0) * p.table_stride0;
   for (long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long i = t % half, head = (t / half) % all_heads, b = t / (half * all_heads);
-    const T* x = static_cast<const T*>(p.qkv) + b * p.qkv_stride0 + head * p.dim;
-    if (head >= p.heads + p.kv_heads) {  // v: an exact copy into row p
+    const rope_kv_append_index::Item it = rope_kv_append_index::item(p.g, t, valid ? pos : 0);
+    const long long i = it.i;
+    const T* x = static_cast<const T*>(p.qkv) + it.src;
+    if (it.target == Target::v) {  // an exact copy into row p
       if (!valid) continue;
-      T* y = static_cast<T*>(p.v_cache) + b * p.v_stride[0] +
-             (head - p.heads - p.kv_heads) * p.v_stride[1] + pos * p.v_stride[2];
+      T* y = static_cast<T*>(p.v_cache) + it.dst;
       y[i] = x[i];
       y[i + half] = x[i + half];
       continue;
     }
-    T* y = head < p.heads ? static_cast<T*>(p.out) + b * p.out_stride0 + head * p.out_stride1
-                          : static_cast<T*>(p.k_cache) + b * p.k_stride[0] +
-                                (head - p.heads) * p.k_stride[1] + pos * p.k_stride[2];
+    T* y = static_cast<T*>(it.target == Target::q ? p.out : p.k_cache) + it.dst;
     if (!valid) {
-      if (head < p.heads) {
+      if (it.target == Target::q) {
         y[i] = from_float<T>(0.0f);
         y[i + half] = from_float<T>(0.0f);
       }
@@ -171,17 +168,11 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
   if (position.dtype() != DType::i32 || position.shape() != Dims{1})
     fail<DTypeError>(kOp, ": `position` must be i32 [1], got ", position.describe());
   RopeKvAppendParams p;
+  p.g = rope_kv_append_index::geometry_of(qkv, k_cache, v_cache, out);
   p.qkv = qkv.raw_data();
-  p.qkv_stride0 = qkv.stride(0);
   p.out = out.raw_data();
-  p.out_stride0 = out.stride(0);
-  p.out_stride1 = out.stride(1);
   p.k_cache = k_cache.raw_data();
   p.v_cache = v_cache.raw_data();
-  for (int d = 0; d < 3; ++d) {
-    p.k_stride[d] = k_cache.stride(d);
-    p.v_stride[d] = v_cache.stride(d);
-  }
   p.cos = cos.raw_data();
   p.sin = sin.raw_data();
   p.table_dtype = static_cast<int>(cos.dtype());
@@ -190,16 +181,12 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
   p.table_stride1 = cos.stride(1);
   p.capacity = k_cache.size(2);
   p.position = static_cast<const int*>(position.raw_data());
-  p.batch = batch;
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.dim = dim;
   if (batch == 0) return;
   dispatch_float(qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
     detail::launch_kernel(rope_kv_append_kernel<T>,
-                          dim3(grid_for(batch * (heads + 2 * kv_heads) * (dim / 2))),
-                          dim3(kThreads), current_stream(), p);
+                          dim3(grid_for(rope_kv_append_index::items(p.g))), dim3(kThreads),
+                          current_stream(), p);
   });
 }
 

@@ -1,5 +1,7 @@
 // splice/backend/cuda/rope_kv_append.h: the CUDA launcher of Op::RopeKvAppend (a fused layer op of
-// ops/layer_ops.h; the CPU kernel, its oracle, is cpu::rope_kv_append in backend/cpu/layer_ops.h).
+// ops/layer_ops.h; the CPU kernel, its oracle, is cpu::rope_kv_append in backend/cpu/layer_ops.h),
+// and the kernel's index math as plain constexpr C++ (rope_kv_append_index), which the kernel
+// calls (--expt-relaxed-constexpr) and a CPU-only build emulates (tests/kernels).
 // The launch goes to cuda::current_stream() and returns without synchronizing.
 #pragma once
 
@@ -15,4 +17,61 @@ namespace splice::cuda {
 void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& position,
                     Tensor& k_cache, Tensor& v_cache, Tensor& out);
 
+namespace rope_kv_append_index {
+
+// Element strides of the kernel's operands (every last stride is 1; the launcher checks it).
+struct Geometry {
+  long long batch = 0, heads = 0, kv_heads = 0, dim = 0;  // B, Hq, Hkv, D
+  long long qkv_stride0 = 0;                              // qkv [B, 1, (Hq + 2 Hkv) D]
+  long long out_stride0 = 0, out_stride1 = 0;             // out [B, Hq, 1, D]
+  long long k_stride[3] = {}, v_stride[3] = {};  // caches [B, Hkv, capacity, D]: batch, head, row
+};
+
+// Where a work item writes: out, k_cache row p (both rotated), v_cache row p (a copy).
+enum class Target : int { q, k, v };
+
+// Work item t handles the pair (i, i + D/2) of head h of batch row b, t = (b (Hq + 2 Hkv) + h)
+// D/2 + i: it reads x = qkv + src (x_i, x_{i + D/2}) and writes y = <target> + dst (y_i,
+// y_{i + D/2}), both offsets in elements from the operand's first element.
+struct Item {
+  Target target = Target::q;
+  long long src = 0, dst = 0, i = 0;
+};
+
+constexpr long long items(const Geometry& g) {
+  return g.batch * (g.heads + 2 * g.kv_heads) * (g.dim / 2);
+}
+
+// Item t at cache row `row` (the position; 0 when the position is invalid and no cache is written).
+constexpr Item item(const Geometry& g, long long t, long long row) {
+  const long long half = g.dim / 2, all_heads = g.heads + 2 * g.kv_heads;
+  const long long i = t % half, h = (t / half) % all_heads, b = t / (half * all_heads);
+  const long long src = b * g.qkv_stride0 + h * g.dim;
+  if (h < g.heads) return {Target::q, src, b * g.out_stride0 + h * g.out_stride1, i};
+  if (h < g.heads + g.kv_heads)
+    return {Target::k, src, b * g.k_stride[0] + (h - g.heads) * g.k_stride[1] + row * g.k_stride[2],
+            i};
+  return {Target::v, src,
+          b * g.v_stride[0] + (h - g.heads - g.kv_heads) * g.v_stride[1] + row * g.v_stride[2], i};
+}
+
+// The geometry of operands whose shapes the caller checked (cuda::rope_kv_append does).
+inline Geometry geometry_of(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                            const Tensor& out) {
+  Geometry g;
+  g.batch = qkv.size(0);
+  g.kv_heads = k_cache.size(1);
+  g.dim = k_cache.size(3);
+  g.heads = g.dim > 0 ? qkv.size(2) / g.dim - 2 * g.kv_heads : 0;
+  g.qkv_stride0 = qkv.stride(0);
+  g.out_stride0 = out.stride(0);
+  g.out_stride1 = out.stride(1);
+  for (int d = 0; d < 3; ++d) {
+    g.k_stride[d] = k_cache.stride(d);
+    g.v_stride[d] = v_cache.stride(d);
+  }
+  return g;
+}
+
+}  // namespace rope_kv_append_index
 }  // namespace splice::cuda
