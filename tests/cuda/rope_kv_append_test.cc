@@ -4,16 +4,16 @@
 //
 //  1. Kernel grid: batch 1, 2 x (Hq, Hkv) (1, 1), (4, 2), (3, 1) x D 2, 64, 128 x bf16 / f16 / f32
 //     x positions 0, interior, last x three layouts (everything contiguous; qkv a batch-strided
-//     view; qkv strided, the caches row views of wider buffers and out a head view of a wider
-//     buffer); caches random in every row: out and both caches bit for bit against
+//     view; qkv strided, k rows padded along D, v along the capacity and out's heads views of
+//     wider buffers); caches random in every row: out and both caches bit for bit against
 //     cpu::rope_kv_append (the same fp32 operations, the appends are copies). A position outside
 //     the caches zeroes out and leaves the caches untouched.
 //  2. Region: a graph holding only the rope_kv_append region (qkv an input, position k_len - 1)
 //     whose outputs are q and f32 copies of both caches read through their StateAfter views,
-//     collapsed to either arm, stepped over every cache row with fresh qkv each step, PDL on and
-//     off, captured then replayed on the GPU: every output and both caches bit for bit the CPU
-//     session of the same graph (a position frozen at capture, a write to the wrong row or a
-//     cache read before the append all fail here, exactly).
+//     collapsed to either arm, stepped over every cache row (out of order, one row twice) with
+//     fresh qkv each step, PDL on and off, captured then replayed on the GPU: every output and both
+//     caches bit for bit the CPU session of the same graph (a position frozen at capture, a write
+//     to the wrong row or a cache read before the append all fail here, exactly).
 //  3. Llama: the graph with every rope_kv_append branch collapsed to the fused arm and attention
 //     to the flash arm, replayed on the GPU: bit for bit the same graph with the decomposed arm
 //     (rope + two write_at) on the GPU (the two arms do the same fp32 operations and every other
@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "splice/backend/cpu/layer_ops.h"
 #include "splice/backend/cuda/runtime.h"
@@ -184,12 +185,15 @@ TEST(RopeKvAppendCuda, ReplayedRegionMatchesCpuBitwise) {
       ASSERT_EQ(fused, arm);
       Session gpu(graph, gpu_options()), cpu(graph);
       Rng rng(7);
-      for (std::int64_t step = 1; step <= kCapacity; ++step) {
-        SCOPED_TRACE("step " + std::to_string(step));
+      // Every cache row, out of order and one row twice (the position changes every replay).
+      const std::int64_t k_lens[] = {1, 2, 3, 7, 4, 11, 5, 6, 10, 8, 9, 2};
+      for (std::size_t step = 0; step < std::size(k_lens); ++step) {
+        const std::int64_t k_len = k_lens[step];
+        SCOPED_TRACE("k_len " + std::to_string(k_len));
         const Tensor qkv = testing::random_tensor(rng, {1, 1, kRegionRow}, DType::bf16);
-        cpu.step({{"k_len", step}}, {{"qkv", qkv}});
-        gpu.step({{"k_len", step}}, {{"qkv", qkv.to_device(Device::cuda())}});
-        if (step >= 3) {
+        cpu.step({{"k_len", k_len}}, {{"qkv", qkv}});
+        gpu.step({{"k_len", k_len}}, {{"qkv", qkv.to_device(Device::cuda())}});
+        if (step >= 2) {
           EXPECT_TRUE(gpu.last_step_replayed()) << gpu.cuda_graph_status();
         }
         for (const char* name : {"q", "k_seen", "v_seen"})
