@@ -705,7 +705,7 @@ TEST(KdaCuda, Deterministic) {
 // null and trailing rows between them, and the late copies' shifted metadata batches) and with
 // one or two items per CTA (the staggered ring's edge: fewer items than stages), and T = 3 (the
 // T = 1 switches inactive); all switches together are also checked against the CPU kernel and
-// the reference.
+// the reference on the small cases (the default schedule is, in every other test).
 TEST(KdaCuda, TuneSwitchesBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct TuneScope {
@@ -748,10 +748,12 @@ TEST(KdaCuda, TuneSwitchesBitIdentical) {
           EXPECT_TRUE(storage_bytes(g.conv_state) == want_conv) << "conv_state";
         }
       }
-      cuda::set_kda_tune(cuda::kKdaTuneAll);
-      check_case(p, -5.0f, cuda::KdaVariant::stream,
-                 "every tune switch N=" + std::to_string(sh.n) + " " + dtype_name(sdt));
-      cuda::set_kda_tune(0);
+      if (sh.n * sh.h < 1000) {  // the large cases equal the default bit for bit (above)
+        cuda::set_kda_tune(cuda::kKdaTuneAll);
+        check_case(p, -5.0f, cuda::KdaVariant::stream,
+                   "every tune switch N=" + std::to_string(sh.n) + " " + dtype_name(sdt));
+        cuda::set_kda_tune(0);
+      }
     }
 }
 
