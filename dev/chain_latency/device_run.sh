@@ -7,12 +7,12 @@
 #      RMSNorm prologue in registers vs shared memory), PDL on / off, with globaltimer stamps
 #      splitting each kernel into body (wait -> last store) and handoff (last store -> next wait).
 #   2. The SPLICE_GEMV_VARIANT knob (gemv.h, a bit mask: 1 register prologue, 2 few CTAs, 4 early
-#      residual; 0 mainline) on BUILD_DIR's benches: layer_ops_cuda_bench's rms_norm_matmul /
-#      silu_mul_matmul_add rows (100-call dependent chains in one graph) under 0 1 2 4 5 7, and
-#      gemv_cuda_bench's M = 1 SmolLM2 rows (default, pf = prefetch, ep = pf + residual) under
-#      0 2 4 (the bits that touch a prologue-free GEMV).
-#   3. Correctness of every knob value: cuda_gemv_test's variant test (it loops over all eight
-#      values) and PDL chain tests, and cuda_prologue_ops_test under SPLICE_GEMV_VARIANT=5 and 7.
+#      residual, 8 skip dead batch slots; 0 mainline) on BUILD_DIR's benches: layer_ops_cuda_bench's
+#      rms_norm_matmul / silu_mul_matmul_add rows (100-call dependent chains in one graph) under
+#      0 1 2 4 8 13 15, and gemv_cuda_bench's M = 1 SmolLM2 rows (default, pf = prefetch, ep = pf
+#      + residual) under 0 2 12 (the bits that touch a prologue-free GEMV).
+#   3. Correctness of every knob value: cuda_gemv_test's variant test (it loops over all sixteen
+#      values) and PDL chain tests, and cuda_prologue_ops_test under SPLICE_GEMV_VARIANT=13 and 15.
 # Everything lands in OUT_DIR (chain.txt, *_v<N>.txt / .json, tests_*.txt) and one compact table
 # on stdout. Missing BUILD_DIR targets are skipped, saying so.
 set -uo pipefail
@@ -40,8 +40,8 @@ echo "== chain done at $(elapsed) s"
 # 2. The knob on the benches.
 layer_bench=$build/bench/layer_ops_cuda_bench
 gemv_bench=$build/bench/gemv_cuda_bench
-layer_variants="0 1 2 4 5 7"
-gemv_variants="0 2 4"
+layer_variants="0 1 2 4 8 13 15"
+gemv_variants="0 12 2"
 for v in $layer_variants; do
   if [[ -x $layer_bench ]]; then
     SPLICE_GEMV_VARIANT=$v timeout 20 "$layer_bench" "$out/layer_ops_v$v.json" 20 \
@@ -78,7 +78,7 @@ if [[ -x $gemv_test ]]; then
   echo "cuda_gemv_test (variants, PDL): rc $? $(grep -E '^\[  (PASSED|FAILED) ' "$out/tests_gemv.txt" | tr '\n' ' ')"
 fi
 if [[ -x $prologue_test ]]; then
-  for v in 5 7; do
+  for v in 13 15; do
     [[ $(elapsed) -lt 110 ]] || { echo "prologue_ops_test v$v: skipped (time)"; continue; }
     SPLICE_GEMV_VARIANT=$v timeout 20 "$prologue_test" >"$out/tests_prologue_v$v.txt" 2>&1
     echo "cuda_prologue_ops_test SPLICE_GEMV_VARIANT=$v: rc $? $(grep -E '^\[  (PASSED|FAILED) ' "$out/tests_prologue_v$v.txt" | tr '\n' ' ')"
