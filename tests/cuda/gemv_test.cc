@@ -46,7 +46,7 @@
 //     whose b is an Input not, and both agree with the CPU.
 //  10. Every SPLICE_GEMV_VARIANT value (gemv::set_variant): the rms_norm / silu_mul prologue
 //     products and the in-place residual epilogue on 2 CTAs (register prologue, few CTAs, early
-//     residual, and their combinations) against the CPU.
+//     residual, dead-slot skip, and their combinations) against the CPU.
 // Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
 // within default_tolerance(out dtype) (design.md §2).

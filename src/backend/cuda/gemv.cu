@@ -441,6 +441,7 @@ __device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnr
       float ss = 0.0f;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
+        if (static_cast<std::int64_t>(u) * kWarpSize >= num_vec) break;  // zeros past the row
         float f[kW];
         unpack<T>(x_raw[u][r], f);
 #pragma unroll
@@ -453,6 +454,7 @@ __device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnr
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
+      if (static_cast<std::int64_t>(u) * kWarpSize >= num_vec) break;  // x_raw stays zero
       float w[kW];
       unpack<T>(n_raw[u], w);
 #pragma unroll
@@ -468,7 +470,8 @@ __device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnr
     }
   } else {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < kUnroll; ++u) {
+      if (static_cast<std::int64_t>(u) * kWarpSize >= num_vec) break;  // x_raw stays zero
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         float fa[kW], fb[kW];
@@ -482,19 +485,23 @@ __device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnr
         }
         memcpy(&x_raw[u][r], out, sizeof(Raw));
       }
+    }
   }
 }
 
 // Each warp streams the column groups w, w + W, ... (W warps in the grid); see the file header.
 // `single_wave`: the launcher's grid is resident at once (stage 6's early trigger). With a
 // prologue (kPro), x is first computed into dynamic shared memory (stage 0) and read from there.
-template <typename T, int kRows, int kCols, int kVec, Prologue kPro>
+// kLean (SPLICE_GEMV_VARIANT bits 0 and 3, one row, 16-byte vectors only: the mainline
+// instances keep their code and registers): the register prologue and the dead-slot skip.
+template <typename T, int kRows, int kCols, int kVec, Prologue kPro, bool kLean>
 __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool single_wave,
                                                            std::int64_t k_pad,
                                                            bool prologue_vectorized,
                                                            bool norm_direct,
                                                            bool register_prologue,
-                                                           bool early_residual) {
+                                                           bool early_residual,
+                                                           bool skip_dead_slots) {
   // [p.rows, k_pad] of T, then (rms_norm) [k_pad] fp32 norm weights
   extern __shared__ __align__(16) unsigned char prologue_rows[];
   using Raw = typename RawOf<kVec* static_cast<int>(sizeof(T))>::type;
@@ -515,7 +522,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   const bool has_group = group < num_groups;
   // Stage 0 in registers (the launcher's register_prologue, SPLICE_GEMV_VARIANT bit 0): the
   // prologue rows live in x_raw for the whole kernel; no shared memory, no barrier.
-  const bool in_registers = kPro != Prologue::none && kVec > 1 && register_prologue;
+  const bool in_registers = kLean && kPro != Prologue::none && kVec > 1 && register_prologue;
 
   // Stage 1: the x rows, and the weight rows of the current group (clamped past n).
   const T* x_rows[kRows];  // each [k]
@@ -644,7 +651,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   };
   c_current = load_c(group);
   if (!p.w_constant) load_first_weights();
-  if constexpr (kPro != Prologue::none && kVec > 1) {
+  if constexpr (kLean && kPro != Prologue::none && kVec > 1) {
     if (in_registers) {
       register_rows<T, kRows, kUnroll, kPro>(p, x_raw, lane, num_vec);
 #pragma unroll
@@ -657,9 +664,15 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   }
   std::int64_t base = 0;
   for (;;) {
-    // Stage 3: consume the batch in registers.
+    // Stage 3: consume the batch in registers. With skip_dead_slots (SPLICE_GEMV_VARIANT bit 3)
+    // the slots past the row (their loads were predicated off: zeros) are skipped, a warp-uniform
+    // branch: at K = 576 bf16 one row is 72 vectors, 3 of the 12 slots of a 1 x 1 batch, so the
+    // mainline converts and multiplies 9 slots of zeros after the wait. Bit-identical (adding
+    // the zero products leaves every accumulator unchanged).
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
+      if (kLean && skip_dead_slots && base + static_cast<std::int64_t>(u) * kWarpSize >= num_vec)
+        break;
       float wf[kCols][kVec];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) unpack<T>(w_raw[u][c], wf[c]);
@@ -767,6 +780,7 @@ struct Grid {
   bool norm_direct = false;  // rms_norm's weight read as T chunks (in_dtype, unit stride)
   bool register_prologue = false;  // stage 0 in registers (smem then 0)
   bool early_residual = false;     // the residual element loaded with the group's first batch
+  bool skip_dead_slots = false;    // stage 3 skips batch slots past the row
 };
 
 // CTAs of `kernel` with `threads` threads one SM holds at once (>= 1), cached per kernel
@@ -828,9 +842,9 @@ void launch_with_smem(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, unsi
   SPLICE_CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename T, int kRows, int kCols, int kVec, Prologue kPro>
+template <typename T, int kRows, int kCols, int kVec, Prologue kPro, bool kLean = false>
 void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
-  const auto kernel = gemv_kernel<T, kRows, kCols, kVec, kPro>;
+  const auto kernel = gemv_kernel<T, kRows, kCols, kVec, kPro, kLean>;
   static OccupancyCache cache;
   if constexpr (kPro != Prologue::none) {
     // Dynamic shared memory beyond the default 48 KiB needs the per-function opt-in (once per
@@ -856,16 +870,21 @@ void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
   if (kPro != Prologue::none) g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
   launch_with_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(g.threads), g.smem, stream,
                    p, single_wave, g.k_pad, g.prologue_vectorized, g.norm_direct,
-                   g.register_prologue, g.early_residual);
+                   g.register_prologue, g.early_residual, g.skip_dead_slots);
 }
 
 template <typename T, int kRows, int kCols, Prologue kPro>
 void launch_vec(const Params& p, Grid g, bool vectorized, int device, cudaStream_t stream) {
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
-  if (vectorized)
+  if (vectorized) {
+    if constexpr (kRows == 1) {
+      if (g.register_prologue || g.skip_dead_slots)
+        return launch_instance<T, kRows, kCols, kVec, kPro, true>(p, g, device, stream);
+    }
     launch_instance<T, kRows, kCols, kVec, kPro>(p, g, device, stream);
-  else
+  } else {
     launch_instance<T, kRows, kCols, 1, kPro>(p, g, device, stream);
+  }
 }
 
 template <typename T, int kRows, Prologue kPro>
@@ -1037,11 +1056,12 @@ void launch(const Params& params, cudaStream_t stream) {
   // 16-byte vectors covers k (register_rows) and rms_norm's weight is read directly.
   const std::int64_t row_vectors = p.k / (kVectorBytes / elem);
   g.register_prologue =
-      (knob & kVariantRegisterPrologue) != 0 && has_prologue && vectorized &&
+      (knob & kVariantRegisterPrologue) != 0 && p.rows == 1 && has_prologue && vectorized &&
       prologue_vectorized && (p.prologue != Prologue::rms_norm || g.norm_direct) &&
       row_vectors <= static_cast<std::int64_t>(unroll_for(rows_bucket(p.rows), cols)) * kWarpSize;
   if (g.register_prologue) g.smem = 0;
   g.early_residual = (knob & kVariantEarlyResidual) != 0 && p.has_c;
+  g.skip_dead_slots = (knob & kVariantSkipDeadSlots) != 0 && p.rows == 1 && vectorized;
 
   switch (p.in_dtype) {
     case DType::f16:

@@ -90,8 +90,8 @@ bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 
 // Experiment knob SPLICE_GEMV_VARIANT (issue #7; read once, at the first launch; 0, the default,
 // is the measured mainline), a bit mask:
-//   kVariantRegisterPrologue (1): a prologue launch whose rows are 16-byte vectors and whose k one
-//     load batch covers (k <= 3072 bf16 at one row and one column per warp) computes its rows per
+//   kVariantRegisterPrologue (1): a one-row prologue launch whose rows are 16-byte vectors and
+//     whose k one load batch covers (k <= 3072 bf16 at one column per warp) computes its row per
 //     warp in registers (rms_norm: each warp sums the whole row itself) instead of shared memory
 //     with three CTA barriers; bit-identical rows except for the order of the sum of squares.
 //   kVariantFewCtas (2): 4 columns per warp and 4 warps per CTA whatever n (576 x 576: 36 CTAs
@@ -100,13 +100,18 @@ bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 //     loaded with its group's first batch, right after the wait, instead of after the warp
 //     reduction (in SASS the mainline's c load follows the five shuffles: one more dependent L2
 //     round trip on the critical path of every MatMulAdd / SiluMulMatMulAdd GEMV).
+//   kVariantSkipDeadSlots (8): at one row with 16-byte vectors, the consume step skips batch
+//     slots past the row (warp-uniform branch) instead of converting and multiplying their zeros
+//     (K = 576 bf16 at one column per warp: 9 of 12 slots); bit-identical.
+//   Bits 1 and 8 run separate kernel instances (one row only), so the mainline's are unchanged.
 // Every value computes the same product within the policy; set_variant() overrides the
 // environment (tests, A/B benchmarks), values outside 0 .. kVariantMask are an internal error.
 inline constexpr int kVariantRegisterPrologue = 1;
 inline constexpr int kVariantFewCtas = 2;
 inline constexpr int kVariantEarlyResidual = 4;
+inline constexpr int kVariantSkipDeadSlots = 8;
 inline constexpr int kVariantMask =
-    kVariantRegisterPrologue | kVariantFewCtas | kVariantEarlyResidual;
+    kVariantRegisterPrologue | kVariantFewCtas | kVariantEarlyResidual | kVariantSkipDeadSlots;
 int variant();
 void set_variant(int variant);
 
