@@ -45,8 +45,9 @@
 //  7. A Session marks a MatMul whose weight is a Param as constant (the prefetch path) and one
 //     whose b is an Input not, and both agree with the CPU.
 //  10. Every SPLICE_GEMV_VARIANT value (gemv::set_variant): the rms_norm / silu_mul prologue
-//     products and the in-place residual epilogue on 2 CTAs (register prologue, few CTAs, early
-//     residual, dead-slot skip, and their combinations) against the CPU.
+//     products, and the in-place residual epilogue and the rms_norm prologue on 2 CTAs (many
+//     column groups per warp), under the register prologue, few CTAs, early residual, dead-slot
+//     skip and their combinations, against the CPU.
 // Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
 // within default_tolerance(out dtype) (design.md §2).
@@ -733,6 +734,24 @@ TEST(CudaGemv, PrologueProductsAgreeWithTheCpuUnderEveryVariant) {
             cuda::gemv::launch(p, cuda::current_stream());
             EXPECT_TRUE(testing::close(download(dy), expected_add, default_tolerance(dtype)))
                 << "in-place residual";
+
+            // The rms_norm prologue on 2 CTAs: each warp keeps its prologue row (in registers
+            // under bit 0) across many column groups.
+            Tensor dy_norm = upload(nan_output({m, n}, dtype));  // [m, n]
+            cuda::gemv::Params q = p;
+            q.has_c = false;
+            q.prologue = cuda::gemv::Prologue::rms_norm;
+            q.norm_weight = dnorm.raw_data();
+            q.norm_weight_stride = dnorm.stride(0);
+            q.norm_weight_dtype = dtype;
+            q.eps = kEpsNorm;
+            q.w_constant = true;
+            for (std::int64_t r = 0; r < m; ++r) {
+              q.y[r] = static_cast<char*>(dy_norm.raw_data()) + r * dy_norm.stride(0) * size;
+              q.c[r] = nullptr;
+            }
+            cuda::gemv::launch(q, cuda::current_stream());
+            EXPECT_TRUE(testing::close(download(dy_norm), expected, tol)) << "rms_norm on 2 CTAs";
           }
   }
   cuda::gemv::set_variant(saved);
