@@ -82,22 +82,23 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
-__device__ __forceinline__ uint4 ld_stream(const uint4* p, bool pred) {
-  uint4 r = make_uint4(0, 0, 0, 0);
-  if (pred)
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint4 ld_act(const uint4* p, bool pred) {
-  uint4 r = make_uint4(0, 0, 0, 0);
-  if (pred)
-    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-  return r;
-}
+// Predicated 16-byte loads with the predicate inside the asm (zero when off), as gemv.cu does:
+// with a C++ `if` around the asm each load is its own basic block and ptxas sinks the weight
+// prefetch below griddepcontrol.wait (seen in SASS: the LDGs after ACQBULK).
+#define CHAIN_LOAD(NAME, HINT)                                                      \
+  __device__ __forceinline__ uint4 NAME(const uint4* p, bool pred) {                \
+    uint4 r;                                                                        \
+    asm volatile(                                                                   \
+        "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"                                \
+        " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"      \
+        " @q ld.global.nc" HINT ".v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"              \
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)                                \
+        : "l"(p), "r"(static_cast<int>(pred)));                                     \
+    return r;                                                                       \
+  }
+CHAIN_LOAD(ld_stream, ".L1::no_allocate")
+CHAIN_LOAD(ld_act, "")
+#undef CHAIN_LOAD
 __device__ __forceinline__ void unpack8(uint4 raw, float (&f)[kVec]) {
   __nv_bfloat162 h[4];
   memcpy(h, &raw, sizeof(raw));
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                 const __nv_bfloat16* x,                // [kK] (written by the previous kernel)
                 __nv_bfloat16* y,                      // [kN]
                 const __nv_bfloat16* __restrict__ nw,  // [kK] norm weight (rms modes)
-                Stamps s, int index, int trigger) {
+                Stamps s, int index, int trigger, int prefetch) {
   __shared__ __align__(16) __nv_bfloat16 xs[kK];
   __shared__ float ws[kK];
   __shared__ float partial[kWarps];
@@ -159,28 +160,34 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int total_warps = gridDim.x * kWarps;
   const int gw = blockIdx.x * kWarps + warp;
-  // Prefetch (constant weights, before the wait): kC columns x kU vectors per lane.
+  // Prefetch (constant weights, before the wait): kC columns x kU vectors per lane. In a block of
+  // its own under a run-time flag (`prefetch`, always 1 here), as gemv.cu's w_constant: issued
+  // unconditionally, ptxas hoisted griddepcontrol.wait above the loads (SASS: ACQBULK first).
   uint4 wr[kC][kU];
-#pragma unroll
-  for (int c = 0; c < kC; ++c) {
-    const int j = gw + c * total_warps;
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int v = lane + 32 * u;
-      wr[c][u] = ld_stream(reinterpret_cast<const uint4*>(w + static_cast<size_t>(j) * kK) + v,
-                           j < kN && v < kVecPerRow);
-    }
-  }
   uint4 nwr[kU];
-  if constexpr (kMode == kRmsReg) {
+  const auto load_weights = [&] {
 #pragma unroll
-    for (int u = 0; u < kU; ++u)
-      nwr[u] = ld_stream(reinterpret_cast<const uint4*>(nw) + lane + 32 * u,
-                         lane + 32 * u < kVecPerRow);
-  }
+    for (int c = 0; c < kC; ++c) {
+      const int j = gw + c * total_warps;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int v = lane + 32 * u;
+        wr[c][u] = ld_stream(reinterpret_cast<const uint4*>(w + static_cast<size_t>(j) * kK) + v,
+                             j < kN && v < kVecPerRow);
+      }
+    }
+    if constexpr (kMode == kRmsReg) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        nwr[u] = ld_stream(reinterpret_cast<const uint4*>(nw) + lane + 32 * u,
+                           lane + 32 * u < kVecPerRow);
+    }
+  };
+  if (prefetch) load_weights();
   pdl_wait();
   if (trigger == kAfterWait) pdl_trigger();
   if (s.wait) stamp_min(s.wait, index, global_ns());
+  if (!prefetch) load_weights();
 
   float xf[kU][kVec];
   if constexpr (kMode == kRmsSmem) {
@@ -313,7 +320,7 @@ template <int kWarps, int kC, int kMode>
 void launch_gemv(cudaLaunchConfig_t* cfg, const Buffers& b, int i, Stamps s, int trigger) {
   CHECK(cudaLaunchKernelEx(cfg, gemv_kernel<kWarps, kC, kMode>, b.weights[i],
                            (const __nv_bfloat16*)b.act[i & 1], b.act[(i + 1) & 1],
-                           (const __nv_bfloat16*)b.norm, s, i, trigger));
+                           (const __nv_bfloat16*)b.norm, s, i, trigger, 1));
 }
 
 template <int kWarps, int kMode>
