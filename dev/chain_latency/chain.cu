@@ -306,6 +306,7 @@ struct Config {
   int grid = 1, warps = 1, cols = 1;
   bool pdl = true;
   int trigger = kAfterWait;
+  bool prefetch = true;  // GEMV kinds: weights loaded before the wait (else after it)
 };
 
 struct Buffers {
@@ -317,26 +318,27 @@ struct Buffers {
 };
 
 template <int kWarps, int kC, int kMode>
-void launch_gemv(cudaLaunchConfig_t* cfg, const Buffers& b, int i, Stamps s, int trigger) {
+void launch_gemv(cudaLaunchConfig_t* cfg, const Buffers& b, int i, Stamps s, int trigger,
+                 int prefetch) {
   CHECK(cudaLaunchKernelEx(cfg, gemv_kernel<kWarps, kC, kMode>, b.weights[i],
                            (const __nv_bfloat16*)b.act[i & 1], b.act[(i + 1) & 1],
-                           (const __nv_bfloat16*)b.norm, s, i, trigger, 1));
+                           (const __nv_bfloat16*)b.norm, s, i, trigger, prefetch));
 }
 
 template <int kWarps, int kMode>
 void launch_gemv_c(cudaLaunchConfig_t* cfg, const Buffers& b, int i, Stamps s, int trigger,
-                   int cols) {
+                   int cols, int prefetch) {
   switch (cols) {
     case 1:
-      return launch_gemv<kWarps, 1, kMode>(cfg, b, i, s, trigger);
+      return launch_gemv<kWarps, 1, kMode>(cfg, b, i, s, trigger, prefetch);
     case 2:
-      return launch_gemv<kWarps, 2, kMode>(cfg, b, i, s, trigger);
+      return launch_gemv<kWarps, 2, kMode>(cfg, b, i, s, trigger, prefetch);
     case 3:
-      return launch_gemv<kWarps, 3, kMode>(cfg, b, i, s, trigger);
+      return launch_gemv<kWarps, 3, kMode>(cfg, b, i, s, trigger, prefetch);
     case 4:
-      return launch_gemv<kWarps, 4, kMode>(cfg, b, i, s, trigger);
+      return launch_gemv<kWarps, 4, kMode>(cfg, b, i, s, trigger, prefetch);
     default:
-      return launch_gemv<kWarps, 8, kMode>(cfg, b, i, s, trigger);
+      return launch_gemv<kWarps, 8, kMode>(cfg, b, i, s, trigger, prefetch);
   }
 }
 
@@ -344,13 +346,13 @@ template <int kMode>
 void launch_gemv_w(cudaLaunchConfig_t* cfg, const Buffers& b, int i, Stamps s, const Config& c) {
   switch (c.warps) {
     case 1:
-      return launch_gemv_c<1, kMode>(cfg, b, i, s, c.trigger, c.cols);
+      return launch_gemv_c<1, kMode>(cfg, b, i, s, c.trigger, c.cols, c.prefetch);
     case 2:
-      return launch_gemv_c<2, kMode>(cfg, b, i, s, c.trigger, c.cols);
+      return launch_gemv_c<2, kMode>(cfg, b, i, s, c.trigger, c.cols, c.prefetch);
     case 4:
-      return launch_gemv_c<4, kMode>(cfg, b, i, s, c.trigger, c.cols);
+      return launch_gemv_c<4, kMode>(cfg, b, i, s, c.trigger, c.cols, c.prefetch);
     default:
-      return launch_gemv_c<8, kMode>(cfg, b, i, s, c.trigger, c.cols);
+      return launch_gemv_c<8, kMode>(cfg, b, i, s, c.trigger, c.cols, c.prefetch);
   }
 }
 
@@ -447,10 +449,11 @@ void run(const Config& c, const Buffers& b, cudaStream_t stream) {
     handoff.push_back(static_cast<double>(wait[i + 1]) - static_cast<double>(end[i]));
     ahead.push_back(static_cast<double>(wait[i + 1]) - static_cast<double>(start[i + 1]));
   }
-  std::printf("%-9s grid %4d warps %d cols %2d pdl %-3s trig %-5s | %6.3f us/kernel  slope %6.3f"
+  std::printf("%-9s grid %4d warps %d cols %2d pdl %-3s trig %-5s%s | %6.3f us/kernel  slope %6.3f"
               " | body %5.0f ns  handoff %5.0f ns  ahead %6.0f ns\n",
               c.kind.c_str(), c.grid, c.kind == "tiny" ? 2 : c.warps, c.cols, c.pdl ? "on" : "off",
-              c.pdl ? (c.trigger == kAfterWait ? "after" : "exit") : "-", t_full / kChain,
+              c.pdl ? (c.trigger == kAfterWait ? "after" : "exit") : "-",
+              c.prefetch ? "" : " no-prefetch", t_full / kChain,
               (t_full - t_half) / (kChain - kShortChain), median(body), median(handoff),
               median(ahead));
   std::fflush(stdout);
@@ -531,6 +534,7 @@ int main() {
     }
   }
   configs.push_back({"gemv", 144, 4, 1, false, kAfterWait});
+  configs.push_back({"gemv", 144, 4, 1, true, kAfterWait, false});  // weights after the wait
   configs.push_back({"gemv", 144, 4, 1, true, kNoTrigger});
   configs.push_back({"rms_smem", 144, 4, 1, false, kAfterWait});
 
