@@ -2,6 +2,8 @@
 # dev/chain_latency/device_run.sh BUILD_DIR OUT_DIR: the issue #7 chain-latency experiment in one
 # short device call (<= ~120 s).
 #
+# Worst case ~200 s (every step at its timeout); expected ~100 s (chain ~20, layer ops 7 x ~4,
+# gemv bench 3 x ~10, tests ~25).
 #   1. Compile and run chain.cu (standalone nvcc, sm_90a): the per-kernel floor of a CUDA-graph
 #      chain of 200 dependent kernels (empty, tiny 1 KB dependent, GEMV 576x576 at grids 18-576,
 #      RMSNorm prologue in registers vs shared memory), PDL on / off, with globaltimer stamps
@@ -44,13 +46,13 @@ layer_variants="0 1 2 4 8 13 15"
 gemv_variants="0 12 2"
 for v in $layer_variants; do
   if [[ -x $layer_bench ]]; then
-    SPLICE_GEMV_VARIANT=$v timeout 20 "$layer_bench" "$out/layer_ops_v$v.json" 20 \
+    SPLICE_GEMV_VARIANT=$v timeout 12 "$layer_bench" "$out/layer_ops_v$v.json" 20 \
       >"$out/layer_ops_v$v.txt" 2>&1
   fi
 done
 for v in $gemv_variants; do
   if [[ -x $gemv_bench && $(elapsed) -lt 75 ]]; then
-    SPLICE_GEMV_VARIANT=$v timeout 20 "$gemv_bench" "$out/gemv_v$v.json" --reps 10 \
+    SPLICE_GEMV_VARIANT=$v timeout 15 "$gemv_bench" "$out/gemv_v$v.json" --reps 10 \
       >"$out/gemv_v$v.txt" 2>&1
   fi
 done
@@ -74,13 +76,13 @@ echo "== knob A/B done at $(elapsed) s"
 gemv_test=$build/tests/cuda_gemv_test
 prologue_test=$build/tests/cuda_prologue_ops_test
 if [[ -x $gemv_test ]]; then
-  timeout 40 "$gemv_test" --gtest_filter='*Variant*:*Pdl*' >"$out/tests_gemv.txt" 2>&1
+  timeout 30 "$gemv_test" --gtest_filter='*Variant*:*Pdl*' >"$out/tests_gemv.txt" 2>&1
   echo "cuda_gemv_test (variants, PDL): rc $? $(grep -E '^\[  (PASSED|FAILED) ' "$out/tests_gemv.txt" | tr '\n' ' ')"
 fi
 if [[ -x $prologue_test ]]; then
   for v in 13 15; do
     [[ $(elapsed) -lt 110 ]] || { echo "prologue_ops_test v$v: skipped (time)"; continue; }
-    SPLICE_GEMV_VARIANT=$v timeout 20 "$prologue_test" >"$out/tests_prologue_v$v.txt" 2>&1
+    SPLICE_GEMV_VARIANT=$v timeout 15 "$prologue_test" >"$out/tests_prologue_v$v.txt" 2>&1
     echo "cuda_prologue_ops_test SPLICE_GEMV_VARIANT=$v: rc $? $(grep -E '^\[  (PASSED|FAILED) ' "$out/tests_prologue_v$v.txt" | tr '\n' ' ')"
   done
 fi
