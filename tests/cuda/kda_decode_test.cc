@@ -457,15 +457,17 @@ TEST(KdaCuda, RuleTable) {
     V want;
   };
   const Row rows[] = {
-      {512, 1, DType::f32, V::stream}, {32, 8, DType::bf16, V::stream},
-      {8, 1, DType::f32, V::split2},   {8, 1, DType::bf16, V::split2},
+      {512, 1, DType::f32, V::stream}, {512, 1, DType::bf16, V::stream},
+      {32, 4, DType::bf16, V::stream}, {32, 8, DType::f32, V::stream},
+      {32, 8, DType::bf16, V::wide},   {512, 8, DType::bf16, V::wide},
+      {8, 1, DType::f32, V::stream},   {8, 1, DType::bf16, V::wide},
       {8, 2, DType::f32, V::stream},   {8, 2, DType::bf16, V::wide},
-      {8, 4, DType::f32, V::stream},   {8, 4, DType::bf16, V::stream},
-      {8, 8, DType::f32, V::stream},   {8, 8, DType::bf16, V::stream},
+      {8, 4, DType::f32, V::stream},   {8, 4, DType::bf16, V::wide},
+      {8, 8, DType::f32, V::stream},   {8, 8, DType::bf16, V::wide},
       {1, 1, DType::f32, V::split4},   {1, 1, DType::bf16, V::split4},
       {1, 2, DType::f32, V::split4},   {1, 2, DType::bf16, V::split4},
-      {1, 4, DType::f32, V::split4},   {1, 4, DType::bf16, V::stream},
-      {1, 8, DType::f32, V::stream},   {1, 8, DType::bf16, V::stream},
+      {1, 4, DType::f32, V::split4},   {1, 4, DType::bf16, V::split4},
+      {1, 8, DType::f32, V::split4},   {1, 8, DType::bf16, V::split4},
   };
   for (const Row& r : rows) {
     EXPECT_EQ(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms), r.want)
@@ -473,14 +475,15 @@ TEST(KdaCuda, RuleTable) {
         << cuda::kda_variant_name(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms));
   }
   // Band edges in items: 2 SMs (stream), SMs / 2 (middle band), one below (small band).
-  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms, 1, 1, DType::f32, kSms), V::stream);
-  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 1, DType::f32, kSms), V::split2);
+  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms, 1, 1, DType::bf16, kSms), V::stream);
+  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 1, DType::bf16, kSms), V::wide);
   EXPECT_EQ(cuda::choose_kda_variant(kSms / 2, 1, 2, DType::f32, kSms), V::stream);
   EXPECT_EQ(cuda::choose_kda_variant(kSms / 2 - 1, 1, 2, DType::f32, kSms), V::split4);
 }
 
-// Where the rule's choice changed with run 7's table (N = 8, H = 32, T > 1; N = 1 at T >= 4), the
-// automatic variant against the CPU kernel and the reference, every sequence at full length.
+// Where the rule's choice changed with run 7's and dev/kda_b's tables (N = 8, H = 32; N = 1 at
+// T >= 4), the automatic variant against the CPU kernel and the reference, every sequence at full
+// length.
 TEST(KdaCuda, RuleBoundaryCases) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(19);
@@ -491,7 +494,7 @@ TEST(KdaCuda, RuleBoundaryCases) {
   struct Case {
     int n, t;
   };
-  for (const Case c : {Case{8, 2}, Case{8, 4}, Case{1, 4}, Case{1, 8}})
+  for (const Case c : {Case{8, 1}, Case{8, 2}, Case{8, 4}, Case{1, 4}, Case{1, 8}})
     for (DType sdt : {DType::f32, DType::bf16}) {
       Meta m = random_meta(rng, c.n, c.t, 1, false);
       for (int& l : m.lens) l = c.t;
@@ -701,11 +704,12 @@ TEST(KdaCuda, Deterministic) {
 // The dev-only schedule switches of `stream` (cuda::KdaTuneBits, dev/kda_b/) change the order of
 // work, never the arithmetic: with every switch combination, each stream kernel (staged and plain
 // inputs) leaves output, state and conv_state bit-identical to the default schedule, on T = 1
-// (the deferred norm's case) with many items per CTA (its token slots alternate over many items,
-// null and trailing rows between them, and the late copies' shifted metadata batches) and with
-// one or two items per CTA (the staggered ring's edge: fewer items than stages), and T = 3 (the
-// T = 1 switches inactive); all switches together are also checked against the CPU kernel and
-// the reference on the small cases (the default schedule is, in every other test).
+// (the deferred norm's and the late copies' case) with many items per CTA (the norm's token slots
+// alternate over many items, null and trailing rows between them, the late copies' shifted
+// metadata batches) and with one or two items per CTA (the staggered ring's edge: fewer items
+// than stages, the f32 stagger), and T = 3 (the T = 1 choices inactive, bf16's stagger); every
+// mask is also checked against the CPU kernel and the reference on the small cases (the default
+// schedule is, in every other test).
 TEST(KdaCuda, TuneSwitchesBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct TuneScope {
@@ -722,13 +726,7 @@ TEST(KdaCuda, TuneSwitchesBitIdentical) {
       const Problem p = make_problem(rng.integer(0, 1 << 30), sh.h, m, sdt);
       for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain}) {
         std::vector<std::uint8_t> want_out, want_state, want_conv;
-        // The 280 x 32 case moves ~0.6 GB of state per run: the switches that act past the
-        // prologue (1, 4) and their combinations there; every mask on the small cases.
-        std::vector<unsigned> masks = {0, 1, 4, 5, cuda::kKdaTuneAll};
-        if (sh.n * sh.h < 1000)
-          for (unsigned bits = 2; bits < cuda::kKdaTuneAll; ++bits)
-            if (bits != 4 && bits != 5) masks.push_back(bits);
-        for (unsigned bits : masks) {
+        for (unsigned bits = 0; bits <= cuda::kKdaTuneAll; ++bits) {
           SCOPED_TRACE("N=" + std::to_string(sh.n) + " T=" + std::to_string(sh.t) + " " +
                        dtype_name(sdt) + " variant=" + cuda::kda_variant_name(v) +
                        " tune=" + std::to_string(bits));
@@ -749,9 +747,12 @@ TEST(KdaCuda, TuneSwitchesBitIdentical) {
         }
       }
       if (sh.n * sh.h < 1000) {  // the large cases equal the default bit for bit (above)
-        cuda::set_kda_tune(cuda::kKdaTuneAll);
-        check_case(p, -5.0f, cuda::KdaVariant::stream,
-                   "every tune switch N=" + std::to_string(sh.n) + " " + dtype_name(sdt));
+        for (unsigned bits = 1; bits <= cuda::kKdaTuneAll; ++bits) {
+          cuda::set_kda_tune(bits);
+          check_case(p, -5.0f, cuda::KdaVariant::stream,
+                     "tune=" + std::to_string(bits) + " N=" + std::to_string(sh.n) + " " +
+                         dtype_name(sdt));
+        }
         cuda::set_kda_tune(0);
       }
     }

@@ -37,6 +37,7 @@ namespace {
 constexpr std::size_t kVecAlign = 16;  // bytes of one state vector
 constexpr int kWideThreads = 256;
 constexpr int kSplitThreads = 128;
+constexpr std::int64_t kWideBf16MinT = 8;  // the rule: bf16 state from this T runs `wide`
 
 int current_sm_count() {
   int device = 0;
@@ -221,10 +222,7 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
 // The dev-only schedule switches (kda_decode.h): -1 until read from SPLICE_KDA_TUNE at the first
 // use or set by set_kda_tune().
 std::atomic<long long> g_tune{-1};
-static_assert(kda::kTuneDeferNorm == kKdaTuneDeferNorm &&
-                  kda::kTuneStaggerPrefill == kKdaTuneStaggerPrefill &&
-                  kda::kTuneLateCopies == kKdaTuneLateCopies,
-              "kernel and header tune bits agree");
+static_assert(kda::kTuneV7Schedule == kKdaTuneV7Schedule, "kernel and header tune bits agree");
 
 void check_cuda(const Tensor& t, const char* name, int device) {
   SPLICE_INTERNAL_CHECK(!t.defined() || (t.device().is_cuda() && t.device().index == device),
@@ -277,33 +275,33 @@ const char* kda_variant_name(KdaVariant variant) {
 
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
                               DType state_dtype, int sm_count) {
-  // The rule's table, from the H200 run 7 (docs/perf.md, every variant forced at H = 32, 132 SMs;
-  // us per call, the rule's pick marked *, "best forced" the fastest other variant):
-  //   band (items = units x heads)  state T    pick      measured point        best forced
-  //   items >= 2 SMs                any   any  stream    N >= 32: won every point
-  //   SMs/2 <= items < 2 SMs        any   1    split2    N=8 f32 16.79*       stream 16.93
-  //                                                      N=8 bf16 11.02*      wide 11.28
-  //                                 bf16  2    wide      N=8 13.76*           split2 14.82
-  //                                 f32   >=2  stream    N=8 T=2/4/8 21.4/31.5/51.4*
-  //                                                                           split2 24.7/38.4/65.4
-  //                                 bf16  >=4  stream    N=8 T=4/8 21.3/34.7* wide 22.2/37.7
-  //   items < SMs/2                 bf16  >=4  stream    N=1 T=4/8 11.3/17.4* split4 11.9/20.4
-  //                                 f32   >=8  stream    N=1 T=8 20.4*        split4 21.2
-  //                                 otherwise  split4    N=1 T<=2 (f32 T=4)   split2/stream +8-23%
-  // (stream falls back to `wide` for state that is not 16-byte aligned.) Between the measured
-  // points the bands are a guess: at T >= 2 `stream` beat `split2` also with one item per CTA
-  // (N = 1: 9.5 vs 10.1 us f32 T = 2), so its band starts at SMs / 2, like split2's.
+  // The rule's table, from the H200 run of dev/kda_b (2026-11-30, every variant forced at H = 32,
+  // 132 SMs; us per call, the rule's pick marked *; a "~" pick is the run's fastest forced
+  // variant whose name the summary did not print, inferred: split4's own T series 5.47 / 7.18 /
+  // 10.52 us at f32 N = 1 T = 1 / 2 / 4 extrapolates to T = 8 at 17.2; at bf16 N = 8 T = 1
+  // split4 ran ~20 us in run 7 and stream 11.91, leaving wide. The next run confirms them.):
+  //   band (items = units x heads)  state T    pick     measured points
+  //   items < SMs/2                 any   any  split4   N=1 T=1 f32 5.47* bf16 4.93*; T=8 f32
+  //                                                     17.17~ (stream 19.99), bf16 T=4/8
+  //                                                     9.90/16.45~ (stream 10.54/17.06)
+  //   SMs/2 <= items < 2 SMs        f32   any  stream   N=8 T=1 15.20* (split2 17.59), T=2/4/8
+  //                                                     19.75/29.73/51.42*
+  //                                 bf16  any  wide     N=8 T=1 10.49~ (split2 11.01, stream
+  //                                                     11.91), T=2 12.50*, T=4/8 19.09/31.94~
+  //                                                     (stream 20.77/34.33)
+  //   items >= 2 SMs                bf16  >=8  wide     N=32/128/512 T=8 115.70/425.89/1641.44~
+  //                                                     (stream 121.09/453.82/1740.38)
+  //                                 otherwise  stream   every other point
+  // (stream falls back to `wide` for state that is not 16-byte aligned.) At bf16 T = 8 a
+  // stream item's 8-token precompute runs on 4 of 8 warps between barriers; `wide` holds ~2
+  // CTAs per SM that overlap one CTA's precompute with the other's sweep. Between the measured
+  // points the bands are a guess.
   const std::int64_t items = units * heads;
   const std::int64_t sms = sm_count;
   const bool bf16 = state_dtype == DType::bf16;
-  if (items >= 2 * sms) return KdaVariant::stream;
-  if (2 * items >= sms) {
-    if (max_t == 1) return KdaVariant::split2;
-    if (bf16 && max_t == 2) return KdaVariant::wide;
-    return KdaVariant::stream;
-  }
-  if ((bf16 && max_t >= 4) || max_t >= 8) return KdaVariant::stream;
-  return KdaVariant::split4;
+  if (2 * items < sms) return KdaVariant::split4;
+  if (bf16 && (items < 2 * sms || max_t >= kWideBf16MinT)) return KdaVariant::wide;
+  return KdaVariant::stream;
 }
 
 void kda_decode(const KdaDecodeArgs& args) {

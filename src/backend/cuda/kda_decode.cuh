@@ -132,9 +132,7 @@ struct Params {
 };
 
 // KdaTuneBits of kda_decode.h, as the kernels test them.
-constexpr unsigned kTuneDeferNorm = 1u;
-constexpr unsigned kTuneStaggerPrefill = 2u;
-constexpr unsigned kTuneLateCopies = 4u;
+constexpr unsigned kTuneV7Schedule = 1u;
 
 __device__ __forceinline__ float bf16_to_f32(std::uint16_t bits) {
   return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
@@ -561,7 +559,7 @@ __device__ __forceinline__ void cta_sync() {
 // Stage 3c for one token of a head held by one CTA (kSlices == 1), on one warp: o and the
 // output gate are in token slot `slot` of sm; row = the token's packed row.
 //   inv = 1/sqrt(sum_v o_b[v]^2 / D + eps);  out[row, h, v] = bf16(o_b[v] inv norm_w[v] og[v])
-// The inline norm and the deferred one (kTuneDeferNorm) both run this code: the same bits.
+// The inline norm and the deferred one (stream, T = 1) both run this code: the same bits.
 __device__ __forceinline__ void norm_head_token(const Params& p, const Shared<kD>& sm, int slot,
                                                 std::int64_t row, int h,
                                                 const float (&norm_w)[kChannelsPerLane]) {
@@ -586,7 +584,7 @@ __device__ __forceinline__ void norm_head_token(const Params& p, const Shared<kD
 // for the write-back) are read; later chunks read device memory. `load_state(s)` fills this
 // thread's rows of the source state (fp32) after this thread's part of the first chunk's
 // precompute; then one barrier, after which `first` is no longer read and `release()` runs.
-// `defer_slot` (stream, kTuneDeferNorm, T = 1 only; else -1): o and the output gate of the
+// `defer_slot` (stream, T = 1 only; else -1): o and the output gate of the
 // item's one token go to token slot defer_slot of sm and its RMSNorm is left to the caller
 // (norm_head_token, during the next item).
 template <int kThreads, int kSlices, typename StateT, bool kVec, typename FirstInputs,
@@ -1023,10 +1021,14 @@ constexpr int kStreamThreads = 256;
 constexpr int kStreamBlock = kStreamThreads;  // threads per CTA (no producer warp)
 constexpr int kStreamWarps = kStreamBlock / kWarp;
 constexpr int kResolveWarp = kStreamWarps - 1;      // no precompute work at T = 1
-constexpr int kDeferNormWarp = kKindsPerToken;      // kTuneDeferNorm: no precompute work at T = 1
-constexpr int kDeferSlots = 2;                      // kTuneDeferNorm: token slots o / og alternate
-constexpr int kLateCopyWarp0 = kDeferNormWarp + 1;  // kTuneLateCopies: warps 5 .. 7
-constexpr int kLateCopyWarps = kStreamWarps - kLateCopyWarp0;  // issue the deferred copies
+constexpr int kDeferNormWarp = kKindsPerToken;      // deferred norm: no precompute work at T = 1
+constexpr int kDeferSlots = 2;                      // deferred norm: token slots o / og alternate
+constexpr int kLateCopyWarp0 = kDeferNormWarp + 1;  // late copies: warps 5 .. 7
+constexpr int kLateCopyWarps = kStreamWarps - kLateCopyWarp0;  // issue the late copies
+// Late copies and a staggered prefill each leave a refill one item less to land. With
+// kLookaheadStages stages that still leaves ~2 items (bf16: measured 5-7% faster at T = 1); with
+// 2 (f32) ~1, and the run lost 2-4% at N >= 128 (late copies) and 2% at N = 32 (stagger).
+constexpr int kLookaheadStages = 3;
 
 // Stages that fit one CTA's shared memory (227 KB) beside Shared<kD> (~31 KB): fp32 2 x ~83 KB,
 // bf16 3 x ~51 KB.
@@ -1252,9 +1254,15 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   if (warp == kResolveWarp) resolve_batch(0, false);
   __syncthreads();
   const int prefill = min(kStages, count);
-  // kTuneStaggerPrefill: only item 0's stage now; items 1 .. prefill-1 (announced now) are staged
-  // at the top of item 0, once its stage has landed.
-  const int early = (p.tune & kTuneStaggerPrefill) != 0 ? min(1, prefill) : prefill;
+  // kTuneV7Schedule: v7's schedule (the A/B reference; every choice below off).
+  const bool v7 = (p.tune & kTuneV7Schedule) != 0;
+  // Staggered prefill: only item 0's stage now; items 1 .. prefill-1 (announced now) are staged
+  // at the top of item 0, once its stage has landed: item 0 waits for 1 / kStages of the ramp
+  // (chip wide 132 x 51-85 KB). With 3 stages always (bf16: 0.5-3% faster up to N = 32, neutral
+  // beyond); with 2 (f32) only when the CTA has no item past the ring (N = 8: 1.5-3% faster;
+  // N = 32 lost 1-2%: its item 1 then lands a whole item later).
+  const bool stagger = !v7 && (kStages >= kLookaheadStages || count <= kStages);
+  const int early = stagger ? min(1, prefill) : prefill;
   if (tid == 0) {
     for (int k = 0; k < prefill; ++k) announce_item<StateT, kStage>(ahead_of(k), &S.full[k]);
   }
@@ -1265,17 +1273,19 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   if (warp == kResolveWarp) resolve_scalars(early);
   __syncthreads();  // the prologue's scalars (later items': the barriers of the item staging them)
 
-  // kTuneDeferNorm (T = 1: every item has one token): item k's o and output gate go to token
+  // Deferred norm (T = 1: every item has one token): item k's o and output gate go to token
   // slot k % kDeferSlots, and its RMSNorm runs on kDeferNormWarp after item k + 1's first
   // barrier (or after the loop), beside item k + 1's precompute, which writes the other slot.
   // Item k + 2 rewrites slot k % kDeferSlots only after its own first barrier, which that warp
-  // reaches after the norm; item k + 1's sweep writes o of its own slot.
-  const bool defer_norm = (p.tune & kTuneDeferNorm) != 0 && p.max_t == 1;
-  // kTuneLateCopies (T = 1): item k's refill of its stage (the copies of item k + kStages) is
-  // issued at the top of item k + 1 by warps kLateCopyWarp0.. (no precompute work at T = 1)
+  // reaches after the norm; item k + 1's sweep writes o of its own slot. Measured: f32 0.2-1.8%,
+  // bf16 1-3.5% faster at N = 8 .. 512 (v7: warp 0 ran it while 7 warps waited).
+  const bool defer_norm = !v7 && p.max_t == 1;
+  // Late copies (T = 1, 3 stages): item k's refill of its stage (the copies of item k + kStages)
+  // is issued at the top of item k + 1 by warps kLateCopyWarp0.. (no precompute work at T = 1)
   // instead of by all 8 warps between item k's precompute and its sweep: off the item's path,
-  // at the cost of half an item of lookahead.
-  const bool late_copies = (p.tune & kTuneLateCopies) != 0 && p.max_t == 1;
+  // at the cost of half an item of lookahead. Measured with the deferred norm: bf16 -4 to -6%
+  // at N >= 32; f32 (2 stages) +2 to +4% at N >= 128, so not there.
+  const bool late_copies = !v7 && p.max_t == 1 && kStages >= kLookaheadStages;
   int late_next = -1;     // the item whose copies wait for the top of the next item
   int pending_slot = -1;  // the deferred norm's token slot (-1: none)
   std::int64_t pending_row = 0;
@@ -1303,18 +1313,18 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     const int next = k + kStages;  // the item that reuses stage s
     const bool has_next = next < count;
     if (tid == 0 && has_next) announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
-    if (k == 0) {  // kTuneStaggerPrefill: the rest of the ring, announced in the prologue
+    if (k == 0) {  // staggered prefill: the rest of the ring, announced in the prologue
       for (int kk = early; kk < prefill; ++kk)
         stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk]);
     }
-    if (late_next >= 0) {  // kTuneLateCopies: item k - 1's refill, on warps 5 .. 7
+    if (late_next >= 0) {  // late copies: item k - 1's refill, on warps 5 .. 7
       const int ls = late_next % kStages;
       stage_item<StateT, kStage, kLateCopyWarp0, kLateCopyWarps>(p, ahead_of(late_next),
                                                                  S.stage[ls], &S.full[ls]);
       late_next = -1;
     }
     // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages; one item
-    // later with kTuneLateCopies, whose last staging of batch nb - 2 reads its Ahead entries at
+    // later with late copies, whose last staging of batch nb - 2 reads its Ahead entries at
     // the top of item 32 (nb - 1) - kStages).
     if (warp == kResolveWarp) {
       const int lead = k + kStages - (late_copies ? 1 : 0);
@@ -1336,7 +1346,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
           unpack<StateT>(*reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
                          &sv[i][c * G::kVecElems]);
     };
-    // After run_item's first barrier no thread reads the stage: refill it (kTuneLateCopies: at
+    // After run_item's first barrier no thread reads the stage: refill it (late copies: at
     // the top of item k + 1, by warps with no precompute work at T = 1).
     auto release = [&] {
       if (!has_next) return;

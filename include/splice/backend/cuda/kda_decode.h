@@ -45,12 +45,13 @@ const char* kda_variant_name(KdaVariant variant);
 
 // The one config rule: the variant for `units` work units (sequences, or rows in plain/t1 mode)
 // x `heads` heads, T = `max_t`, state dtype, on a device with `sm_count` multiprocessors. Its
-// table (measured on the H200, run 7 of docs/perf.md) is in kda_decode.cu; in short, with
+// table (measured on the H200, dev/kda_b's run) is in kda_decode.cu; in short, with
 // items = units * heads:
-//   items >= 2 * sm_count          -> stream (each SM pipelines two or more heads; falls back to
-//                                     wide when the state is not 16-byte aligned)
-//   items >= sm_count / 2          -> split2 at T = 1, wide for bf16 state at T = 2, else stream
-//   otherwise                      -> stream for T >= 8 (and bf16 at T >= 4), else split4
+//   items < sm_count / 2           -> split4
+//   items < 2 * sm_count           -> stream for f32 state, wide for bf16
+//   otherwise                      -> stream (each SM pipelines two or more heads), but wide for
+//                                     bf16 state at T >= 8
+// (stream falls back to wide when the state is not 16-byte aligned).
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
                               DType state_dtype, int sm_count);
 
@@ -73,20 +74,16 @@ KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs);
 // Each changes the schedule only, never the arithmetic: outputs, caches and checkpoints are bit
 // for bit those of the default schedule (tests/cuda/kda_decode_test.cc checks every bit). Read
 // from SPLICE_KDA_TUNE (a decimal bit mask) at the first launch; set_kda_tune() overrides it
-// (benchmarks, tests). The follow-up makes a winner the rule and removes the switch.
+// (benchmarks, tests).
 enum KdaTuneBits : unsigned {
-  // T = 1: the gated RMSNorm of item k runs on a warp with no precompute work (warp 4) during
-  // item k + 1's precompute, instead of on warp 0 while the other 7 warps wait at the next
-  // item's barrier (o and the output gate alternate between two shared-memory token slots).
-  kKdaTuneDeferNorm = 1u,
-  // The prologue brings only the first item's stage; the other stages of the ring are issued
-  // once it has landed (at the top of item 0), so item 0 starts after ~1/stages of the ramp.
-  kKdaTuneStaggerPrefill = 2u,
-  // T = 1: item k's refill of its stage (the bulk copies of item k + stages) is issued at the top
-  // of item k + 1 by warps 5-7 (no precompute work at T = 1) instead of by all 8 warps between
-  // item k's precompute and its sweep; half an item less lookahead.
-  kKdaTuneLateCopies = 4u,
-  kKdaTuneAll = kKdaTuneDeferNorm | kKdaTuneStaggerPrefill | kKdaTuneLateCopies,
+  // v7's schedule, the A/B reference of the mainline one: the gated RMSNorm of a T = 1 item on
+  // warp 0 while the other warps wait at the next item's barrier (mainline: deferred to warp 4
+  // during the next item's precompute), the stage refill issued by all 8 warps between the
+  // precompute and the sweep (mainline bf16 T = 1: at the top of the next item, by warps 5-7),
+  // the whole ring issued in the prologue (mainline: item 0's stage first, the rest once it
+  // has landed, for bf16 and for CTAs with no item past the ring).
+  kKdaTuneV7Schedule = 1u,
+  kKdaTuneAll = kKdaTuneV7Schedule,
 };
 unsigned kda_tune();
 void set_kda_tune(unsigned bits);
