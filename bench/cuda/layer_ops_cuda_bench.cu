@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -132,10 +133,21 @@ struct Row {
   double bytes = 0, max_abs_diff = 0;
 };
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
+// A whole (contiguous) device tensor on the host. Device copies take contiguous tensors only
+// (Tensor::copy_from throws a LayoutError on a strided CUDA view, which, uncaught, aborted the
+// whole bench): slice views on the host copy, never on the device.
+Tensor host(const Tensor& t) {
   cuda::synchronize();
-  const Tensor ha = a.to_device(splice::Device::cpu()), hb = b.to_device(splice::Device::cpu());
-  return splice::compare_tensors(ha, hb, splice::default_tolerance(DType::bf16)).max_abs_error;
+  return t.to_device(splice::Device::cpu());
+}
+
+// max |a - b| of two host tensors (any strides).
+double max_abs_diff_host(const Tensor& a, const Tensor& b) {
+  return splice::compare_tensors(a, b, splice::default_tolerance(DType::bf16)).max_abs_error;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  return max_abs_diff_host(host(a), host(b));
 }
 
 Row bench_rms_norm(splice::Rng& rng, std::int64_t hidden, int reps, cuda::Stream stream) {
@@ -259,9 +271,9 @@ Row bench_rope_kv_append(splice::Rng& rng, std::int64_t heads, std::int64_t kv_h
   const Tensor qk = heads_of(0, heads + kv_heads), v = heads_of(heads + kv_heads, kv_heads);
   Row row{"rope_kv_append", "Hq " + std::to_string(heads) + ", Hkv " + std::to_string(kv_heads) +
                                 ", D " + std::to_string(dim)};
-  row.fused_us = time_arm(
-      [&] { cuda::rope_kv_append(qkv, cos, sin, pos, k_fused, v_fused, q_fused); }, reps, stream,
-      &row.fused_us_no_pdl);
+  row.fused_us =
+      time_arm([&] { cuda::rope_kv_append(qkv, cos, sin, pos, k_fused, v_fused, q_fused); }, reps,
+               stream, &row.fused_us_no_pdl);
   row.primitive_us = time_arm(
       [&] {
         cuda::rope(qk, cos, sin, pos, qk_rot);
@@ -271,9 +283,15 @@ Row bench_rope_kv_append(splice::Rng& rng, std::int64_t heads, std::int64_t kv_h
       reps, stream, &row.primitive_us_no_pdl);
   row.primitive_kernels = 3;
   row.bytes = 2.0 * row_len * 2 + 2.0 * dim * 4;
-  row.max_abs_diff = std::max(max_abs_diff(q_fused, qk_rot.slice(1, 0, heads).contiguous()),
-                              max_abs_diff(k_fused.slice(kSeqAxis, kPosition, kPosition + 1),
-                                           k_prim.slice(kSeqAxis, kPosition, kPosition + 1)));
+  // q heads of the rope output, and the written k and v rows (views of host copies).
+  const Tensor qk_h = host(qk_rot), k_fused_h = host(k_fused), k_prim_h = host(k_prim);
+  const Tensor v_fused_h = host(v_fused), v_prim_h = host(v_prim);
+  const auto at_row = [](const Tensor& cache) {
+    return cache.slice(kSeqAxis, kPosition, kPosition + 1);
+  };
+  row.max_abs_diff = std::max({max_abs_diff_host(host(q_fused), qk_h.slice(1, 0, heads)),
+                               max_abs_diff_host(at_row(k_fused_h), at_row(k_prim_h)),
+                               max_abs_diff_host(at_row(v_fused_h), at_row(v_prim_h))});
   return row;
 }
 
@@ -335,11 +353,11 @@ Row bench_layer_mix(splice::Rng& rng, std::int64_t hidden, std::int64_t inter, s
 // alike; the point is the launch saved.
 Row bench_rms_norm_matmul(splice::Rng& rng, std::int64_t hidden, std::int64_t n, int reps,
                           cuda::Stream stream) {
-  const Tensor x = device_random(rng, {1, hidden}, DType::bf16);                     // [1, K]
-  const Tensor norm = device_random(rng, {hidden}, DType::bf16, 1.0, 0.1);            // [K]
-  const Tensor w = device_random(rng, {n, hidden}, DType::bf16, 0.0, 0.04);           // [N, K]
+  const Tensor x = device_random(rng, {1, hidden}, DType::bf16);             // [1, K]
+  const Tensor norm = device_random(rng, {hidden}, DType::bf16, 1.0, 0.1);   // [K]
+  const Tensor w = device_random(rng, {n, hidden}, DType::bf16, 0.0, 0.04);  // [N, K]
   Tensor fused = device_empty({1, n}, DType::bf16), chain = device_empty({1, n}, DType::bf16);
-  Tensor xn = device_empty({1, hidden}, DType::bf16);                                 // [1, K]
+  Tensor xn = device_empty({1, hidden}, DType::bf16);  // [1, K]
   cuda::MatmulOptions options;
   options.b_constant = true;
   Row row{"rms_norm_matmul", "[1, " + std::to_string(hidden) + "] x [" + std::to_string(n) + ", " +
@@ -371,8 +389,8 @@ Row bench_silu_mul_matmul_add(splice::Rng& rng, std::int64_t inter, std::int64_t
   options.residual = &c;
   Row row{"silu_mul_matmul_add", "[1, " + std::to_string(inter) + "] x [" + std::to_string(n) +
                                      ", " + std::to_string(inter) + "]"};
-  row.fused_us = time_arm([&] { cuda::silu_mul_matmul_add(a, b, w, c, fused, true); }, reps,
-                          stream, &row.fused_us_no_pdl);
+  row.fused_us = time_arm([&] { cuda::silu_mul_matmul_add(a, b, w, c, fused, true); }, reps, stream,
+                          &row.fused_us_no_pdl);
   row.primitive_us = time_arm(
       [&] {
         cuda::silu_mul(a, b, act);
@@ -397,35 +415,55 @@ int main(int argc, char** argv) {
   cuda::ensure_registered();
   const cuda::Stream stream = cuda::create_stream();
   splice::Rng rng(20261130);
-  std::vector<Row> rows;
-  for (const auto& [hidden, inter, heads, kv_heads, dim] : std::vector<
-           std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>>{
-           {576, 1536, 9, 3, 64}, {4096, 14336, 32, 8, 128}}) {
-    rows.push_back(bench_rms_norm(rng, hidden, reps, stream));
-    rows.push_back(bench_silu_mul(rng, inter, reps, stream));
-    rows.push_back(bench_rope(rng, heads, dim, reps, stream));
-    rows.push_back(bench_rope(rng, kv_heads, dim, reps, stream));
-    rows.push_back(bench_rope_kv_append(rng, heads, kv_heads, dim, reps, stream));
-    rows.push_back(bench_layer_mix(rng, hidden, inter, heads, kv_heads, dim, reps, stream));
-    const std::int64_t qkv = (heads + 2 * kv_heads) * dim;
-    rows.push_back(bench_rms_norm_matmul(rng, hidden, qkv, reps, stream));        // q|k|v
-    rows.push_back(bench_rms_norm_matmul(rng, hidden, 2 * inter, reps, stream));  // gate|up
-    rows.push_back(bench_silu_mul_matmul_add(rng, inter, hidden, reps, stream));  // down + h
-  }
   std::printf(
       "device: %s; %d calls per graph, median of %d replays; PDL on (and off: no-PDL columns)\n",
       cuda::device_name().c_str(), kCalls, reps);
   std::printf("%-19s %-24s %10s %10s %8s %13s %10s %8s %7s %10s\n", "op", "shape", "fused us",
               "no-PDL", "GB/s", "primitive us", "no-PDL", "kernels", "ratio", "max diff");
-  std::ofstream json(json_path);
-  json << "[\n";
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
+  // Each row is printed as soon as it is measured, and a row whose setup or check throws prints
+  // the error and the bench goes on (one uncaught exception used to abort the run and lose every
+  // row, the printed table included).
+  std::vector<Row> rows;
+  const auto add = [&](const char* what, const std::function<Row()>& bench) {
+    try {
+      rows.push_back(bench());
+    } catch (const std::exception& e) {
+      std::printf("%-19s FAILED: %s\n", what, e.what());
+      std::fflush(stdout);
+      return;
+    }
+    const Row& r = rows.back();
     const double gbs = r.bytes / (r.fused_us * 1e-6) / 1e9;
     std::printf("%-19s %-24s %10.2f %10.2f %8.1f %13.2f %10.2f %8d %7.2f %10.3g\n", r.op.c_str(),
                 r.shape.c_str(), r.fused_us, r.fused_us_no_pdl, gbs, r.primitive_us,
                 r.primitive_us_no_pdl, r.primitive_kernels,
                 r.primitive_us > 0 ? r.primitive_us / r.fused_us : 0.0, r.max_abs_diff);
+    std::fflush(stdout);
+  };
+  for (const auto& [hidden, inter, heads, kv_heads, dim] : std::vector<
+           std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>>{
+           {576, 1536, 9, 3, 64}, {4096, 14336, 32, 8, 128}}) {
+    const std::int64_t qkv = (heads + 2 * kv_heads) * dim;
+    add("rms_norm", [&] { return bench_rms_norm(rng, hidden, reps, stream); });
+    add("silu_mul", [&] { return bench_silu_mul(rng, inter, reps, stream); });
+    add("rope", [&] { return bench_rope(rng, heads, dim, reps, stream); });
+    add("rope", [&] { return bench_rope(rng, kv_heads, dim, reps, stream); });
+    add("rope_kv_append",
+        [&] { return bench_rope_kv_append(rng, heads, kv_heads, dim, reps, stream); });
+    add("layer_mix",
+        [&] { return bench_layer_mix(rng, hidden, inter, heads, kv_heads, dim, reps, stream); });
+    add("rms_norm_matmul",
+        [&] { return bench_rms_norm_matmul(rng, hidden, qkv, reps, stream); });  // q|k|v
+    add("rms_norm_matmul",
+        [&] { return bench_rms_norm_matmul(rng, hidden, 2 * inter, reps, stream); });  // gate|up
+    add("silu_mul_matmul_add",
+        [&] { return bench_silu_mul_matmul_add(rng, inter, hidden, reps, stream); });  // down + h
+  }
+  std::ofstream json(json_path);
+  json << "[\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const double gbs = r.bytes / (r.fused_us * 1e-6) / 1e9;
     json << "  {\"op\": \"" << r.op << "\", \"shape\": \"" << r.shape
          << "\", \"fused_us\": " << r.fused_us << ", \"fused_us_no_pdl\": " << r.fused_us_no_pdl
          << ", \"primitive_us\": " << r.primitive_us
