@@ -222,7 +222,8 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
 // The dev-only schedule switches (kda_decode.h): -1 until read from SPLICE_KDA_TUNE at the first
 // use or set by set_kda_tune().
 std::atomic<long long> g_tune{-1};
-static_assert(kda::kTuneV7Schedule == kKdaTuneV7Schedule, "kernel and header tune bits agree");
+static_assert(kda::kTuneV7Schedule == kKdaTuneV7Schedule && kda::kTuneOverlap == kKdaTuneOverlap,
+              "kernel and header tune bits agree");
 
 void check_cuda(const Tensor& t, const char* name, int device) {
   SPLICE_INTERNAL_CHECK(!t.defined() || (t.device().is_cuda() && t.device().index == device),

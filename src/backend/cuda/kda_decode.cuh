@@ -133,6 +133,7 @@ struct Params {
 
 // KdaTuneBits of kda_decode.h, as the kernels test them.
 constexpr unsigned kTuneV7Schedule = 1u;
+constexpr unsigned kTuneOverlap = 2u;
 
 __device__ __forceinline__ float bf16_to_f32(std::uint16_t bits) {
   return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
@@ -580,13 +581,220 @@ __device__ __forceinline__ void norm_head_token(const Params& p, const Shared<kD
   }
 }
 
+// Stage 3a for the warp items first, first + stride, ... of tokens c0 .. c0+nt-1 (warp item =
+// (token t, kind), kind 0 q, 1 k, 2 gate, 3 v), from `in`, into token slot ts + t of sm. Each kind
+// issues all of its loads before their first use (one memory round trip per warp item when `in`
+// is device memory). Rows row0 .. row0+kRows-1 of v and the output gate.
+template <int kRows, typename In>
+__device__ __forceinline__ void precompute_tokens(const Params& p, Shared<kRows>& sm, int row0,
+                                                  int c0, int nt, const In& in, int ts, int first,
+                                                  int stride) {
+  const int lane = threadIdx.x % kWarp;
+  const float q_scale = 1.0f / sqrtf(static_cast<float>(kD));
+#pragma unroll 1
+  for (int item = first; item < nt * kKindsPerToken; item += stride) {
+    const int t = item / kKindsPerToken, kind = item % kKindsPerToken;
+    const int tt = c0 + t;
+    const int slot = ts + t;
+    if (kind < 2) {  // q (kind 0) or k (kind 1): conv, SiLU, L2 norm
+      float m[kChannelsPerLane];
+      std::uint16_t xb[kChannelsPerLane];
+      conv_silu<kChannelsPerLane>(in, kind, tt, lane, m, xb);
+#pragma unroll
+      for (int e = 0; e < kChannelsPerLane; ++e) sm.x[slot][kind][lane + e * kWarp] = xb[e];
+      float ssq = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kChannelsPerLane; ++e) ssq += m[e] * m[e];
+      const float inv = 1.0f / sqrtf(warp_sum(ssq) + kL2Eps);
+      float* dst = kind == 0 ? sm.q[slot] : sm.k[slot];
+#pragma unroll
+      for (int e = 0; e < kChannelsPerLane; ++e)
+        dst[lane + e * kWarp] = kind == 0 ? m[e] * inv * q_scale : m[e] * inv;
+    } else if (kind == 2) {  // gate, beta, destination
+      std::uint16_t gate_bits[kChannelsPerLane];
+      float bias[kChannelsPerLane];
+#pragma unroll
+      for (int e = 0; e < kChannelsPerLane; ++e) {
+        gate_bits[e] = in.gate_bits(tt, lane + e * kWarp);
+        bias[e] = in.dt_bias(lane + e * kWarp);
+      }
+      const float a_log = in.a_log();
+      const std::uint16_t beta_bits = in.beta_bits(tt);  // one address: a broadcast load
+      const int dst = in.dst_at(tt);
+      const float a_h = exp_f32(a_log);
+      float z[kChannelsPerLane];
+#pragma unroll
+      for (int e = 0; e < kChannelsPerLane; ++e) z[e] = bf16_to_f32(gate_bits[e]) + bias[e];
+      if (p.use_lower_bound) {
+#pragma unroll
+        for (int e = 0; e < kChannelsPerLane; ++e)
+          sm.decay[slot][lane + e * kWarp] = exp_f32(p.lower_bound * sigmoid(a_h * z[e]));
+      } else {
+#pragma unroll
+        for (int e = 0; e < kChannelsPerLane; ++e)
+          sm.decay[slot][lane + e * kWarp] = exp_f32(-a_h * softplus(z[e]));
+      }
+      if (lane == 0) {
+        sm.beta[slot] = sigmoid(bf16_to_f32(beta_bits));
+        sm.dst[slot] = dst < p.num_slots ? dst : 0;
+      }
+    } else {  // v of this slice's rows, and the output gate
+      constexpr int kPer = kRows / kWarp;
+      std::uint16_t og_bits[kPer];
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) og_bits[e] = in.og_bits(tt, row0 + lane + e * kWarp);
+      float vv[kPer];
+      std::uint16_t xb[kPer];
+      conv_silu<kPer>(in, 2, tt, row0 + lane, vv, xb);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        const int rr = lane + e * kWarp;
+        sm.x[slot][2][row0 + rr] = xb[e];
+        sm.v[slot][rr] = vv[e];
+        sm.og[slot][rr] = sigmoid(bf16_to_f32(og_bits[e]));
+      }
+    }
+  }
+}
+
+// Stage 3d, the conv write-back into slot cs of this slice's rows of each projection: the old
+// history positions a+1, a+2 (loaded by load() from the first chunk's inputs, before the barrier
+// after which they may be overwritten) and the raw x bits the precompute saved in sm.x.
+template <int kThreads, int kSlices>
+struct ConvWriteback {
+  using L = Layout<kThreads, kSlices>;
+  std::uint16_t* base;  // &conv_state[cs, 0, 0]
+  std::uint16_t old1[L::kWriteback], old2[L::kWriteback];
+  int channel[L::kWriteback];  // pr * C + h * D + d, or -1
+
+  // live false: an item with nothing to write back (nothing is read, store() stores nothing).
+  template <typename In>
+  __device__ __forceinline__ ConvWriteback(const Params& p, const Item& it, int row0,
+                                           const In& first, bool live = true)
+      : base(p.conv + static_cast<std::int64_t>(it.cs) * p.conv_slot) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < L::kWriteback; ++k) {
+      // This slice writes back its rows' channels of each projection: (proj, row0 + d).
+      const int lc = tid + k * kThreads;
+      const bool mine = live && lc < kProj * L::kRows;
+      const int pr = lc / L::kRows, d = row0 + lc % L::kRows;
+      channel[k] = mine ? pr * p.channels + it.h * kD + d : -1;
+      if (mine) {
+        old1[k] = first.act(first.hist_at(1, pr) + d);
+        old2[k] = first.act(first.hist_at(2, pr) + d);
+      }
+    }
+  }
+  // Chunk c0's tokens (token t in slot ts + t of sm.x): positions 0, 1 <- old a+1, a+2 (first
+  // chunk), positions 2 + c0 + t <- x[b + c0 + t].
+  __device__ __forceinline__ void store(const Params& p, const Shared<L::kRows>& sm, int row0,
+                                        int c0, int nt, int ts) const {
+    const std::int64_t width = static_cast<std::int64_t>(kProj) * p.channels;
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < L::kWriteback; ++k) {
+      if (channel[k] < 0) continue;
+      const int cgl = channel[k];
+      const int lc = tid + k * kThreads;
+      const int proj = lc / L::kRows, d = row0 + lc % L::kRows;
+      if (c0 == 0) {
+        base[cgl] = old1[k];
+        base[width + cgl] = old2[k];
+      }
+#pragma unroll 1
+      for (int t = 0; t < nt; ++t) base[(kHist - 1 + c0 + t) * width + cgl] = sm.x[ts + t][proj][d];
+    }
+  }
+};
+
+// Stage 3b for one token (slot `slot` of sm) on this thread's rows s of the state: the decay, the
+// delta rule, o_b into sm.o[slot] and the checkpoint into slot dst (when dst > 0).
+template <int kThreads, int kSlices, typename StateT, bool kVec>
+__device__ __forceinline__ void sweep_token(
+    const Params& p, Shared<Layout<kThreads, kSlices>::kRows>& sm,
+    float (&s)[Layout<kThreads, kSlices>::kRowsPerThread][Layout<kThreads, kSlices>::kCols],
+    int slot, int row0, int h) {
+  using L = Layout<kThreads, kSlices>;
+  using G = Geometry<kThreads, kSlices, StateT>;
+  constexpr int kRt = L::kRowsPerThread;
+  constexpr int kLanes = L::kLanes;
+  constexpr int kVecElems = G::kVecElems;
+  constexpr int kVecs = G::kVecs;
+  const G geo;
+  const int my_row = geo.j >> log2_int(kLanes / kRt);         // row reduced into lane j
+  const bool row_leader = (geo.j & (kLanes / kRt - 1)) == 0;  // one writer per reduced row
+  float part[kRt];
+#pragma unroll
+  for (int i = 0; i < kRt; ++i) part[i] = 0.0f;
+  float kk[L::kCols];  // this thread's k^ columns, read once for both passes
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+#pragma unroll
+    for (int e = 0; e < kVecElems; e += 4) {
+      const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[slot][geo.col(c) + e]);
+      const float4 kv = *reinterpret_cast<const float4*>(&sm.k[slot][geo.col(c) + e]);
+      const float dd[4] = {dv.x, dv.y, dv.z, dv.w};
+      const float kq[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int col = c * kVecElems + e + x;
+        kk[col] = kq[x];
+#pragma unroll
+        for (int i = 0; i < kRt; ++i) {
+          s[i][col] *= dd[x];
+          part[i] = fmaf(s[i][col], kq[x], part[i]);
+        }
+      }
+    }
+  }
+  const float pred = reduce_rows<kRt, kLanes>(part, geo.j);
+  const float delta_mine = sm.beta[slot] * (sm.v[slot][geo.row(my_row)] - pred);
+  float delta[kRt];
+  gather_rows<kRt, kLanes>(delta_mine, delta, geo.j);
+
+  float o[kRt];
+#pragma unroll
+  for (int i = 0; i < kRt; ++i) o[i] = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+#pragma unroll
+    for (int e = 0; e < kVecElems; e += 4) {
+      const float4 qv = *reinterpret_cast<const float4*>(&sm.q[slot][geo.col(c) + e]);
+      const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int col = c * kVecElems + e + x;
+#pragma unroll
+        for (int i = 0; i < kRt; ++i) {
+          s[i][col] = fmaf(delta[i], kk[col], s[i][col]);
+          o[i] = fmaf(s[i][col], qq[x], o[i]);
+        }
+      }
+    }
+  }
+  const float o_total = reduce_rows<kRt, kLanes>(o, geo.j);
+  if (row_leader) sm.o[slot][geo.row(my_row)] = round_bf16(o_total);
+
+  const int dst = sm.dst[slot];
+  if (dst > 0) {
+    StateT* out = static_cast<StateT*>(p.state) + static_cast<std::int64_t>(dst) * p.state_slot +
+                  static_cast<std::int64_t>(h) * kD * kD;
+#pragma unroll
+    for (int i = 0; i < kRt; ++i)
+#pragma unroll
+      for (int c = 0; c < kVecs; ++c)
+        store_state_vec<StateT, kVec>(out + (row0 + geo.row(i)) * kD + geo.col(c),
+                                      pack<StateT>(&s[i][c * kVecElems]));
+  }
+}
+
 // Stages 2-4 for one live item. `first` is where the first chunk's inputs (and the old history
 // for the write-back) are read; later chunks read device memory. `load_state(s)` fills this
 // thread's rows of the source state (fp32) after this thread's part of the first chunk's
 // precompute; then one barrier, after which `first` is no longer read and `release()` runs.
-// `defer_slot` (stream, T = 1 only; else -1): o and the output gate of the
-// item's one token go to token slot defer_slot of sm and its RMSNorm is left to the caller
-// (norm_head_token, during the next item).
+// `defer_slot` (stream, T = 1 only; else -1): the item's one token uses token slot defer_slot
+// of sm, and its RMSNorm is left to the caller (norm_head_token, during the next item).
 template <int kThreads, int kSlices, typename StateT, bool kVec, typename FirstInputs,
           typename LoadState, typename Release>
 __device__ __forceinline__ void run_item(const Params& p,
@@ -595,13 +803,8 @@ __device__ __forceinline__ void run_item(const Params& p,
                                          LoadState&& load_state, Release&& release,
                                          int defer_slot = -1) {
   using L = Layout<kThreads, kSlices>;
-  using G = Geometry<kThreads, kSlices, StateT>;
   constexpr int kRows = L::kRows;
   constexpr int kRt = L::kRowsPerThread;
-  constexpr int kLanes = L::kLanes;
-  constexpr int kVecElems = G::kVecElems;
-  constexpr int kVecs = G::kVecs;
-  const G geo;
   const int tid = threadIdx.x;
   const int warp = tid / kWarp;
   const int lane = tid % kWarp;
@@ -609,25 +812,10 @@ __device__ __forceinline__ void run_item(const Params& p,
   const int row0 = slice * kRows;
   const std::int64_t b = it.b;
   const int len = it.len;
-  const int ts = defer_slot < 0 ? 0 : defer_slot;  // token slot of o and og (T = 1 deferral)
+  const int ts = defer_slot < 0 ? 0 : defer_slot;  // token slot offset (T = 1 deferral)
 
   // Old history for the write-back (stage 3d), loaded now.
-  const int width = kProj * p.channels;
-  std::uint16_t* const conv_base = p.conv + static_cast<std::int64_t>(it.cs) * p.conv_slot;
-  std::uint16_t old1[L::kWriteback], old2[L::kWriteback];
-  int wb_channel[L::kWriteback];
-#pragma unroll
-  for (int k = 0; k < L::kWriteback; ++k) {
-    // This slice writes back its rows' channels of each projection: (proj, row0 + d).
-    const int lc = tid + k * kThreads;
-    const bool mine = lc < kProj * kRows;
-    const int pr = lc / kRows, d = row0 + lc % kRows;
-    wb_channel[k] = mine ? pr * p.channels + h * kD + d : -1;
-    if (mine) {
-      old1[k] = first.act(first.hist_at(1, pr) + d);
-      old2[k] = first.act(first.hist_at(2, pr) + d);
-    }
-  }
+  const ConvWriteback<kThreads, kSlices> wb(p, it, row0, first);
 
   // RMSNorm weights of the output channels this lane writes in stage 3c, loaded now so that no
   // global load sits on the item's tail.
@@ -635,187 +823,31 @@ __device__ __forceinline__ void run_item(const Params& p,
   float norm_w[kPerLane];
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) norm_w[e] = __ldg(p.norm_weight + row0 + lane * kPerLane + e);
-  const float q_scale = 1.0f / sqrtf(static_cast<float>(kD));
-
-  // Stage 3a: precompute of tokens c0 .. c0+nt-1 from `in`, one warp per (token, kind). Each
-  // kind issues all of its loads before its first use (one memory round trip per warp item when
-  // `in` is device memory).
-  auto precompute = [&](int c0, int nt, const auto& in) {
-#pragma unroll 1
-    for (int item = warp; item < nt * kKindsPerToken; item += L::kWarps) {
-      const int t = item / kKindsPerToken, kind = item % kKindsPerToken;
-      const int tt = c0 + t;
-      if (kind < 2) {  // q (kind 0) or k (kind 1): conv, SiLU, L2 norm
-        float m[kChannelsPerLane];
-        std::uint16_t xb[kChannelsPerLane];
-        conv_silu<kChannelsPerLane>(in, kind, tt, lane, m, xb);
-#pragma unroll
-        for (int e = 0; e < kChannelsPerLane; ++e) sm.x[t][kind][lane + e * kWarp] = xb[e];
-        float ssq = 0.0f;
-#pragma unroll
-        for (int e = 0; e < kChannelsPerLane; ++e) ssq += m[e] * m[e];
-        const float inv = 1.0f / sqrtf(warp_sum(ssq) + kL2Eps);
-        float* dst = kind == 0 ? sm.q[t] : sm.k[t];
-#pragma unroll
-        for (int e = 0; e < kChannelsPerLane; ++e)
-          dst[lane + e * kWarp] = kind == 0 ? m[e] * inv * q_scale : m[e] * inv;
-      } else if (kind == 2) {  // gate, beta, destination
-        std::uint16_t gate_bits[kChannelsPerLane];
-        float bias[kChannelsPerLane];
-#pragma unroll
-        for (int e = 0; e < kChannelsPerLane; ++e) {
-          gate_bits[e] = in.gate_bits(tt, lane + e * kWarp);
-          bias[e] = in.dt_bias(lane + e * kWarp);
-        }
-        const float a_log = in.a_log();
-        const std::uint16_t beta_bits = in.beta_bits(tt);  // one address: a broadcast load
-        const int dst = in.dst_at(tt);
-        const float a_h = exp_f32(a_log);
-        float z[kChannelsPerLane];
-#pragma unroll
-        for (int e = 0; e < kChannelsPerLane; ++e) z[e] = bf16_to_f32(gate_bits[e]) + bias[e];
-        if (p.use_lower_bound) {
-#pragma unroll
-          for (int e = 0; e < kChannelsPerLane; ++e)
-            sm.decay[t][lane + e * kWarp] = exp_f32(p.lower_bound * sigmoid(a_h * z[e]));
-        } else {
-#pragma unroll
-          for (int e = 0; e < kChannelsPerLane; ++e)
-            sm.decay[t][lane + e * kWarp] = exp_f32(-a_h * softplus(z[e]));
-        }
-        if (lane == 0) {
-          sm.beta[t] = sigmoid(bf16_to_f32(beta_bits));
-          sm.dst[t] = dst < p.num_slots ? dst : 0;
-        }
-      } else {  // v of this slice's rows, and the output gate
-        constexpr int kPer = kRows / kWarp;
-        std::uint16_t og_bits[kPer];
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) og_bits[e] = in.og_bits(tt, row0 + lane + e * kWarp);
-        float vv[kPer];
-        std::uint16_t xb[kPer];
-        conv_silu<kPer>(in, 2, tt, row0 + lane, vv, xb);
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          const int rr = lane + e * kWarp;
-          sm.x[t][2][row0 + rr] = xb[e];
-          sm.v[t][rr] = vv[e];
-          sm.og[t + ts][rr] = sigmoid(bf16_to_f32(og_bits[e]));
-        }
-      }
-    }
-  };
 
   float s[kRt][L::kCols];  // this thread's rows of S, fp32, carried across tokens
-  precompute(0, min(kChunk, len), first);
+  precompute_tokens(p, sm, row0, 0, min(kChunk, len), first, ts, warp, L::kWarps);
   load_state(s);
   cta_sync<kThreads>();
   release();
 
-  // Stage 3d: conv write-back of chunk c0 (the history is read only by the first chunk, whose
-  // precompute every slice finished before the write-back's barrier): positions 0, 1 <- old a+1,
-  // a+2 (first chunk), positions 2 + tt <- x[b + tt] (bits saved by the precompute).
-  auto write_back = [&](int c0, int nt) {
-#pragma unroll
-    for (int k = 0; k < L::kWriteback; ++k) {
-      if (wb_channel[k] < 0) continue;
-      const int cgl = wb_channel[k];
-      const int lc = tid + k * kThreads;
-      const int proj = lc / kRows, d = row0 + lc % kRows;
-      if (c0 == 0) {
-        conv_base[cgl] = old1[k];
-        conv_base[static_cast<std::int64_t>(width) + cgl] = old2[k];
-      }
-#pragma unroll 1
-      for (int t = 0; t < nt; ++t)
-        conv_base[static_cast<std::int64_t>(kHist - 1 + c0 + t) * width + cgl] = sm.x[t][proj][d];
-    }
-  };
-
-  StateT* const state = static_cast<StateT*>(p.state);
-  const std::int64_t head_off = static_cast<std::int64_t>(h) * kD * kD;
-  const int my_row = geo.j >> log2_int(kLanes / kRt);         // row reduced into lane j
-  const bool row_leader = (geo.j & (kLanes / kRt - 1)) == 0;  // one writer per reduced row
 #pragma unroll 1
   for (int c0 = 0; c0 < len; c0 += kChunk) {
     const int nt = min(kChunk, len - c0);
     if (c0 > 0) {
       cta_sync<kThreads>();  // the previous chunk's write-back has read sm.x
-      precompute(c0, nt, GlobalInputs(p, it));
+      precompute_tokens(p, sm, row0, c0, nt, GlobalInputs(p, it), ts, warp, L::kWarps);
       cta_sync<kThreads>();
     }
     // One CTA holds the head: every history read (first chunk's precompute, old1/old2) and this
     // chunk's sm.x precede the barrier above, so the write-back runs now, off the item's tail.
     if constexpr (kSlices == 1) {
-      write_back(c0, nt);
+      wb.store(p, sm, row0, c0, nt, ts);
     }
 
     // Stage 3b: the state sweep.
 #pragma unroll 1
-    for (int t = 0; t < nt; ++t) {
-      float part[kRt];
-#pragma unroll
-      for (int i = 0; i < kRt; ++i) part[i] = 0.0f;
-      float kk[L::kCols];  // this thread's k^ columns, read once for both passes
-#pragma unroll
-      for (int c = 0; c < kVecs; ++c) {
-#pragma unroll
-        for (int e = 0; e < kVecElems; e += 4) {
-          const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[t][geo.col(c) + e]);
-          const float4 kv = *reinterpret_cast<const float4*>(&sm.k[t][geo.col(c) + e]);
-          const float dd[4] = {dv.x, dv.y, dv.z, dv.w};
-          const float kq[4] = {kv.x, kv.y, kv.z, kv.w};
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            const int col = c * kVecElems + e + x;
-            kk[col] = kq[x];
-#pragma unroll
-            for (int i = 0; i < kRt; ++i) {
-              s[i][col] *= dd[x];
-              part[i] = fmaf(s[i][col], kq[x], part[i]);
-            }
-          }
-        }
-      }
-      const float pred = reduce_rows<kRt, kLanes>(part, geo.j);
-      const float delta_mine = sm.beta[t] * (sm.v[t][geo.row(my_row)] - pred);
-      float delta[kRt];
-      gather_rows<kRt, kLanes>(delta_mine, delta, geo.j);
-
-      float o[kRt];
-#pragma unroll
-      for (int i = 0; i < kRt; ++i) o[i] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kVecs; ++c) {
-#pragma unroll
-        for (int e = 0; e < kVecElems; e += 4) {
-          const float4 qv = *reinterpret_cast<const float4*>(&sm.q[t][geo.col(c) + e]);
-          const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            const int col = c * kVecElems + e + x;
-#pragma unroll
-            for (int i = 0; i < kRt; ++i) {
-              s[i][col] = fmaf(delta[i], kk[col], s[i][col]);
-              o[i] = fmaf(s[i][col], qq[x], o[i]);
-            }
-          }
-        }
-      }
-      const float o_total = reduce_rows<kRt, kLanes>(o, geo.j);
-      if (row_leader) sm.o[t + ts][geo.row(my_row)] = round_bf16(o_total);
-
-      const int dst = sm.dst[t];
-      if (dst > 0) {
-        StateT* out = state + static_cast<std::int64_t>(dst) * p.state_slot + head_off;
-#pragma unroll
-        for (int i = 0; i < kRt; ++i)
-#pragma unroll
-          for (int c = 0; c < kVecs; ++c)
-            store_state_vec<StateT, kVec>(out + (row0 + geo.row(i)) * kD + geo.col(c),
-                                          pack<StateT>(&s[i][c * kVecElems]));
-      }
-    }
+    for (int t = 0; t < nt; ++t)
+      sweep_token<kThreads, kSlices, StateT, kVec>(p, sm, s, ts + t, row0, h);
     cta_sync<kThreads>();
 
     // Stage 3c: gated RMSNorm, one warp per token. A cluster needs one barrier: each slice
@@ -860,7 +892,7 @@ __device__ __forceinline__ void run_item(const Params& p,
       for (int t = warp; t < nt; t += L::kWarps) norm_head_token(p, sm, t, b + c0 + t, h, norm_w);
     }
     if constexpr (kSlices > 1) {
-      write_back(c0, nt);
+      wb.store(p, sm, row0, c0, nt, 0);
     }
   }
 }
@@ -1029,6 +1061,19 @@ constexpr int kLateCopyWarps = kStreamWarps - kLateCopyWarp0;  // issue the late
 // kLookaheadStages stages that still leaves ~2 items (bf16: measured 5-7% faster at T = 1); with
 // 2 (f32) ~1, and the run lost 2-4% at N >= 128 (late copies) and 2% at N = 32 (stagger).
 constexpr int kLookaheadStages = 3;
+// kTuneOverlap: warps kOverlapCopyWarp0.. issue the refills (and warp 4 the deferred norm) while
+// warps 0 .. kKindsPerToken-1 precompute the next item; token slots rotate over 3 items (the
+// next item's precompute, this item's sweep, the previous item's norm).
+constexpr int kOverlapCopyWarp0 = kKindsPerToken;
+constexpr int kOverlapCopyWarps = kStreamWarps - kOverlapCopyWarp0;
+constexpr int kOverlapSlots = 3;
+static_assert(kOverlapSlots <= kChunk, "token slots of Shared");
+static_assert(kOverlapCopyWarp0 == kDeferNormWarp, "the deferred norm runs on a copy warp");
+
+// Barrier over the copy warps of kTuneOverlap (named barrier 2).
+__device__ __forceinline__ void overlap_copy_warps_sync() {
+  asm volatile("bar.sync 2, %0;" ::"n"(kOverlapCopyWarps * kWarp) : "memory");
+}
 
 // Stages that fit one CTA's shared memory (227 KB) beside Shared<kD> (~31 KB): fp32 2 x ~83 KB,
 // bf16 3 x ~51 KB.
@@ -1302,6 +1347,95 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   };
 
   const G geo;
+  auto load_state_of = [&](const Stage<StateT>& st, float(&sv)[L::kRowsPerThread][L::kCols]) {
+#pragma unroll
+    for (int i = 0; i < L::kRowsPerThread; ++i)
+#pragma unroll
+      for (int c = 0; c < G::kVecs; ++c)
+        unpack<StateT>(*reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
+                       &sv[i][c * G::kVecElems]);
+  };
+
+  // kTuneOverlap (T = 1; dev A/B): item k + 1's precompute runs during item k's sweep. Warps 0-3
+  // (one kind each) precompute item k + 1 from its stage into token slot (k + 1) % 3 while warps
+  // 4-7 issue item k's refill (item k + kStages), warp 4 runs item k - 1's RMSNorm (slot
+  // (k - 1) % 3) and warp 7 resolves metadata; then all 8 warps write back and sweep item k
+  // (slot k % 3). Per item two barriers, X (every thread has item k's state in registers and
+  // its old history: the stage may be refilled) and Y (item k's sweep and item k + 1's
+  // precompute done), instead of three; the precompute leaves the serial path, and each
+  // sub-partition's pair (warp w, w + 4) overlaps w's precompute with w + 4's sweep.
+  // The arithmetic is run_item's (precompute_tokens, ConvWriteback, sweep_token,
+  // norm_head_token): the same bits as the default schedule.
+  if ((p.tune & kTuneOverlap) != 0 && p.max_t == 1) {
+    auto precompute_of = [&](int k) {  // warps 0-3: item k's precompute, once its stage landed
+      const int sk = k % kStages;
+      mbar_wait(&S.full[sk], static_cast<std::uint32_t>(k / kStages) & 1u);
+      const Item itk = S.stage[sk].in.item;
+      if (!itk.live) return;
+      if constexpr (kStage) {
+        precompute_tokens(p, S.sm, 0, 0, 1, StagedInputs{&S.stage[sk].in}, k % kOverlapSlots, warp,
+                          kKindsPerToken);
+      } else {
+        precompute_tokens(p, S.sm, 0, 0, 1, GlobalInputs(p, itk), k % kOverlapSlots, warp,
+                          kKindsPerToken);
+      }
+    };
+    if (warp < kKindsPerToken) {
+      precompute_of(0);
+    } else if (early < prefill) {  // staggered prefill: the rest of the ring once item 0 landed
+      mbar_wait(&S.full[0], 0);
+      for (int kk = early; kk < prefill; ++kk)
+        stage_item<StateT, kStage, kOverlapCopyWarp0, kOverlapCopyWarps>(p, ahead_of(kk),
+                                                                         S.stage[kk], &S.full[kk]);
+    }
+#pragma unroll 1
+    for (int k = 0; k < count; ++k) {
+      const int s = k % kStages;
+      Stage<StateT>& st = S.stage[s];
+      mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
+      const Item it = st.in.item;
+      const int slot = k % kOverlapSlots;
+      float sv[L::kRowsPerThread][L::kCols];
+      if (it.live) load_state_of(st, sv);
+      const ConvWriteback<kStreamThreads, 1> wb = [&] {
+        if constexpr (kStage)
+          return ConvWriteback<kStreamThreads, 1>(p, it, 0, StagedInputs{&st.in}, it.live);
+        else
+          return ConvWriteback<kStreamThreads, 1>(p, it, 0, GlobalInputs(p, it), it.live);
+      }();
+      cta_sync<kStreamThreads>();    // X: stage s is no longer read; item k's precompute is done
+      const int next = k + kStages;  // the item that reuses stage s
+      if (warp >= kOverlapCopyWarp0) {
+        if (tid == kOverlapCopyWarp0 * kWarp && next < count)
+          announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
+        overlap_copy_warps_sync();  // the announcement precedes the copies
+        if (next < count)
+          stage_item<StateT, kStage, kOverlapCopyWarp0, kOverlapCopyWarps>(p, ahead_of(next), st,
+                                                                           &S.full[s]);
+        if (warp == kResolveWarp) {  // batch nb a batch ahead of its first staging
+          const int lead = k + kStages;
+          const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
+          if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
+        }
+        run_pending_norm();
+      } else if (k + 1 < count) {
+        precompute_of(k + 1);
+      }
+      zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
+      pending_slot = -1;
+      if (it.live) {
+        wb.store(p, S.sm, 0, 0, 1, slot);
+        sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot, 0, it.h);
+        pending_slot = slot;
+        pending_row = it.b;
+        pending_h = it.h;
+      }
+      cta_sync<kStreamThreads>();  // Y: item k's o and item k + 1's precompute are in S.sm
+    }
+    run_pending_norm();
+    return;
+  }
+
 #pragma unroll 1
   for (int k = 0; k < count; ++k) {
     const int s = k % kStages;
@@ -1338,14 +1472,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       if (has_next) stage_item<StateT, kStage>(p, ahead_of(next), st, &S.full[s]);
       continue;
     }
-    auto load_state = [&](float(&sv)[L::kRowsPerThread][L::kCols]) {
-#pragma unroll
-      for (int i = 0; i < L::kRowsPerThread; ++i)
-#pragma unroll
-        for (int c = 0; c < G::kVecs; ++c)
-          unpack<StateT>(*reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
-                         &sv[i][c * G::kVecElems]);
-    };
+    auto load_state = [&](float(&sv)[L::kRowsPerThread][L::kCols]) { load_state_of(st, sv); };
     // After run_item's first barrier no thread reads the stage: refill it (late copies: at
     // the top of item k + 1, by warps with no precompute work at T = 1).
     auto release = [&] {

@@ -83,7 +83,11 @@ enum KdaTuneBits : unsigned {
   // the whole ring issued in the prologue (mainline: item 0's stage first, the rest once it
   // has landed, for bf16 and for CTAs with no item past the ring).
   kKdaTuneV7Schedule = 1u,
-  kKdaTuneAll = kKdaTuneV7Schedule,
+  // T = 1: item k + 1's precompute (warps 0-3, into a rotating token slot) runs during item k's
+  // sweep, beside item k's refill (warps 4-7) and item k - 1's RMSNorm (warp 4); two barriers per
+  // item instead of three (dev/kda_b/README.md). With kKdaTuneV7Schedule: without the stagger.
+  kKdaTuneOverlap = 2u,
+  kKdaTuneAll = kKdaTuneV7Schedule | kKdaTuneOverlap,
 };
 unsigned kda_tune();
 void set_kda_tune(unsigned bits);
