@@ -16,12 +16,13 @@
 //     (N <= 8; every other time is with PDL unless SPLICE_PDL=0: the launches of one graph then
 //     overlap their predecessor's tail).
 //  5. Dev A/B of the `stream` kernel's schedule switches (cuda::KdaTuneBits, dev/kda_b/): with
-//     KDA_BENCH_TUNES=1,2,4 the `stream` variant is also timed with each listed bit mask
+//     KDA_BENCH_TUNES=1,2,3 the `stream` variant is also timed with each listed bit mask
 //     (set_kda_tune), printed as "A/B" lines, a decision table (us and % of the floor per mask)
 //     and the JSON field "stream_tune_us"; the main table and "stream_us" keep the default.
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
 // given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
 // Environment: KDA_BENCH_QUICK (T in {1, 4}), KDA_BENCH_NS / KDA_BENCH_TS (comma lists),
+// KDA_BENCH_STATES (comma list of state dtypes, f32 and/or bf16; default both),
 // KDA_BENCH_VARIANTS (comma list of variant names to time; the rule's pick is always timed),
 // KDA_BENCH_TUNES (comma list of tune masks, above), KDA_BENCH_MIN_SETS (at least this many
 // launches G per graph: back-to-back launches that overlap their neighbours' ramps through PDL,
@@ -350,8 +351,16 @@ int main(int argc, char** argv) {
   for (const auto& v : opt.variants) std::printf(" %s", v.c_str());
   for (unsigned b : opt.tunes) std::printf(" stream+tune%u", b);
   std::printf("; at least %d launch(es) per graph\n", opt.min_sets);
+  std::vector<splice::DType> states = {splice::DType::f32, splice::DType::bf16};
+  if (const char* v = std::getenv("KDA_BENCH_STATES"); v != nullptr && *v != '\0') {
+    states.clear();
+    std::stringstream in(v);
+    std::string item;
+    while (std::getline(in, item, ','))
+      states.push_back(item == "bf16" ? splice::DType::bf16 : splice::DType::f32);
+  }
   std::vector<Result> results;
-  for (auto sdt : {splice::DType::f32, splice::DType::bf16})
+  for (auto sdt : states)
     for (int t : ts)
       for (int n : ns) {
         results.push_back(run_shape(sdt, n, t, stream, opt));
