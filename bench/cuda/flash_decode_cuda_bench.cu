@@ -16,11 +16,15 @@
 //      forced split counts {1, 2, 4, 8, 16} beside the plan's, to check the single-split limit
 //      and the split rule; then the batch <= 8 shapes with programmatic dependent launch off and
 //      on (P- / P+).
-//   6. --ab (issue 5, dev/flash_b1/device_run.sh; replaces 1-5): the B = 1 shapes only, each
-//      timed with the counter merge (C) and the flag merge (F, FlashDecodeDevKnobs::flag_merge)
-//      at the plan's split count (twice each, C F C F, for the noise), then the plan with the
-//      merge left out (-merge) and with the merge and the K/V stream left out (-mrg-kv;
-//      FlashDecodeDevKnobs::drop_stages, attribution only: outputs wrong), then forced counts.
+//   6. --ab (issue 5, dev/flash_b1/device_run.sh; replaces 1-5): the B = 1 shapes only, plus
+//      the SmolLM2 shape as the model runs it (k_len 17 / 64 / 256 in a capacity-256 cache),
+//      each timed with the mainline merge (M) and the lean merge (L,
+//      FlashDecodeDevKnobs::lean_merge) at the plan's split count (twice each, M L M L, for the
+//      noise), with split 0 speculating one ring stage instead of the whole ring (s1, knob
+//      spec_tiles = 1, mainline merge), with split 0's L2 prefetch before the PDL wait (pf,
+//      knob prefetch_l2; L+pf with the lean merge), then the plan with the merge left out (-merge) and with
+//      the merge and the K/V stream left out (-mrg-kv; FlashDecodeDevKnobs::drop_stages,
+//      attribution only: outputs wrong), then forced split counts, M then L.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -69,14 +73,18 @@ __global__ void fill_random(__nv_bfloat16* data, std::size_t count, std::uint32_
 
 struct Shape {
   std::int64_t batch, num_qo_heads, num_kv_heads, k_len, head_dim;
+  std::int64_t capacity = 0;  // cache rows; 0: k_len (a full cache)
+  std::int64_t cap() const { return capacity > 0 ? capacity : k_len; }
+  // Live K+V bytes (the floor) and the allocated cache of one input set.
   std::int64_t kv_bytes() const { return 2 * batch * num_kv_heads * k_len * head_dim * 2; }
+  std::int64_t cache_bytes() const { return 2 * batch * num_kv_heads * cap() * head_dim * 2; }
   bool smollm2() const { return num_qo_heads == 9; }
 };
 
 // Input sets rotated per replay: at least kRotateBytes of K/V (at most kMaxSets sets), and never
 // less than kMinTouchedBytes (up to kMaxSmallSets sets).
 int sets_for(const Shape& s) {
-  const std::size_t kv = static_cast<std::size_t>(s.kv_bytes());
+  const std::size_t kv = static_cast<std::size_t>(s.cache_bytes());
   std::size_t sets = std::clamp<std::size_t>((kRotateBytes + kv - 1) / kv, 1, kMaxSets);
   if (sets * kv < kMinTouchedBytes)
     sets = std::min<std::size_t>((kMinTouchedBytes + kv - 1) / kv, kMaxSmallSets);
@@ -109,9 +117,9 @@ struct Inputs {
   Inputs(const Shape& s, const std::shared_ptr<splice::Storage>& k_pool,
          const std::shared_ptr<splice::Storage>& v_pool, cudaStream_t stream)
       : shape(s), sets(sets_for(s)) {
-    const splice::Dims kv_shape = {s.batch, s.num_kv_heads, s.k_len, s.head_dim};
+    const splice::Dims kv_shape = {s.batch, s.num_kv_heads, s.cap(), s.head_dim};
     const splice::Dims q_shape = {s.batch, s.num_qo_heads, 1, s.head_dim};
-    const std::int64_t kv_elems = s.kv_bytes() / 4;  // K (or V) elements of one set
+    const std::int64_t kv_elems = s.cache_bytes() / 4;  // K (or V) elements of one set
     const std::int64_t q_elems = s.batch * s.num_qo_heads * s.head_dim;
     q_pool = splice::Tensor::empty({sets * q_elems}, splice::DType::bf16, splice::Device::cuda());
     out_pool = splice::Tensor::empty({sets * q_elems}, splice::DType::bf16, splice::Device::cuda());
@@ -138,7 +146,7 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   options.num_splits = forced_splits;
   const splice::cuda::FlashDecodePlan plan =
       splice::cuda::plan_flash_decode(s.batch, s.num_qo_heads, s.num_kv_heads, 1, s.head_dim,
-                                      s.k_len, s.k_len, splice::cuda::sm_count());
+                                      s.cap(), s.cap(), splice::cuda::sm_count());
   r.splits = forced_splits > 0 ? static_cast<int>(forced_splits) : plan.num_splits;
   r.live = forced_splits > 0 ? static_cast<int>(forced_splits)
                              : splice::cuda::flash_decode_live_splits(plan, s.k_len);
@@ -180,24 +188,24 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   return r;
 }
 
-void set_flag_merge(bool on) {
-  splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
-  knobs.flag_merge = on;
-  splice::cuda::set_flash_decode_dev_knobs(knobs);
-}
-
-void set_drop_stages(int drop) {
-  splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
-  knobs.drop_stages = drop;
+// Sets every dev knob (the rest at their defaults).
+void set_knobs(bool lean_merge, int spec_tiles = 0, int drop_stages = 0, bool prefetch = false) {
+  splice::cuda::FlashDecodeDevKnobs knobs;
+  knobs.lean_merge = lean_merge;
+  knobs.spec_tiles = spec_tiles;
+  knobs.prefetch_l2 = prefetch;
+  knobs.drop_stages = drop_stages;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
 std::string shape_name(const Shape& s) {
-  char name[64];
+  char name[80];
   std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld,D%lld)", static_cast<long long>(s.batch),
                 static_cast<long long>(s.num_qo_heads), static_cast<long long>(s.num_kv_heads),
                 static_cast<long long>(s.k_len), static_cast<long long>(s.head_dim));
-  return name;
+  std::string out = name;
+  if (s.capacity > 0) out += "c" + std::to_string(s.capacity);
+  return out;
 }
 
 }  // namespace
@@ -251,6 +259,8 @@ int main(int argc, char** argv) {
         if (static_cast<double>(s.kv_bytes()) <= max_kv_gb * 1e9) shapes.push_back(s);
       }
   for (std::int64_t k_len : {64, 256, 1024}) shapes.push_back(Shape{1, 9, 3, k_len, 64});
+  if (ab)  // the model's SmolLM2 cache: capacity 256, k_len 17-256
+    for (std::int64_t k_len : {17, 64, 256}) shapes.push_back(Shape{1, 9, 3, k_len, 64, 256});
   // Smallest KV first (the peers use the same order): a latency-bound shape is never timed right
   // after a multi-GB one.
   std::stable_sort(shapes.begin(), shapes.end(),
@@ -258,7 +268,7 @@ int main(int argc, char** argv) {
   std::size_t pool_bytes = 0;  // per tensor (K or V): the largest sets x shape
   for (const Shape& s : shapes)
     pool_bytes = std::max(pool_bytes, static_cast<std::size_t>(sets_for(s)) *
-                                          static_cast<std::size_t>(s.kv_bytes() / 2));
+                                          static_cast<std::size_t>(s.cache_bytes() / 2));
   const std::int64_t pool_elems = static_cast<std::int64_t>(pool_bytes / 2);
   splice::Tensor k_pool =
       splice::Tensor::empty({pool_elems}, splice::DType::bf16, splice::Device::cuda());
@@ -273,40 +283,47 @@ int main(int argc, char** argv) {
               pool_bytes / 1e9);
 
   if (ab) {
-    // The decision table of dev/flash_b1: C = counter merge (mainline), F = flag merge (knob);
-    // plan columns at the plan's split count (twice: C F C F), then forced split counts (F falls
-    // back to C where its one-wave / <= 64-split condition fails: 64 splits at (32, 8)).
-    std::printf("\nA/B (us per call, graph replay); C = counter merge, F = flag merge\n");
-    std::printf("%-24s %4s %7s %7s %7s %7s %7s %7s |", "shape (B,Hq,Hkv,k_len,D)", "live", "plan C",
-                "plan F", "plan C", "plan F", "-merge", "-mrg-kv");
-    const std::int64_t forced_counts[] = {1, 4, 8, 16, 32, 64, 128};
+    // The decision table of dev/flash_b1: M = mainline merge, L = lean merge (knob), s1 =
+    // mainline with spec_tiles = 1, pf = mainline with prefetch_l2, L+pf both; plan columns at the plan's split count (M L M L: the noise),
+    // attribution, then forced split counts, M then L. `sets` = calls per replayed graph: the
+    // replay's fixed cost (~3 us) adds ~3 / sets us to every column of a row.
+    std::printf("\nA/B (us per call, graph replay); M = mainline merge, L = lean merge\n");
+    std::printf("%-26s %4s %4s %7s %7s %7s %7s %7s %7s %7s %7s %7s |", "shape (B,Hq,Hkv,k_len,D)",
+                "sets", "live", "plan M", "plan L", "plan M", "plan L", "s1", "pf", "L+pf",
+                "-merge", "-mrg-kv");
+    const std::int64_t forced_counts[] = {1, 4, 8, 16, 32, 64};
     for (std::int64_t f : forced_counts)
-      std::printf(" %5lldC %5lldF", static_cast<long long>(f), static_cast<long long>(f));
+      std::printf(" %5lldM %5lldL", static_cast<long long>(f), static_cast<long long>(f));
     std::printf("\n");
     for (const Shape& s : shapes) {
       Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
       Result plan_runs[4];
       for (int i = 0; i < 4; ++i) {
-        set_flag_merge(i % 2 == 1);
+        set_knobs(i % 2 == 1);
         plan_runs[i] = run_shape(in, reps, stream);
       }
-      set_flag_merge(false);
+      set_knobs(false, 1);
+      const double spec1 = run_shape(in, reps, stream).us;
+      set_knobs(false, 0, 0, true);
+      const double prefetch = run_shape(in, reps, stream).us;
+      set_knobs(true, 0, 0, true);
+      const double lean_prefetch = run_shape(in, reps, stream).us;
       double dropped[2];  // attribution: the plan without its merge, then without K/V too
       for (int i = 0; i < 2; ++i) {
-        set_drop_stages(i == 0 ? 1 : 3);
+        set_knobs(false, 0, i == 0 ? 1 : 3);
         dropped[i] = run_shape(in, reps, stream).us;
       }
-      set_drop_stages(0);
-      std::printf("%-24s %4d %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f |", shape_name(s).c_str(),
-                  plan_runs[0].live, plan_runs[0].us, plan_runs[1].us, plan_runs[2].us,
-                  plan_runs[3].us, dropped[0], dropped[1]);
+      std::printf("%-26s %4d %4d %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f |",
+                  shape_name(s).c_str(), in.sets, plan_runs[0].live, plan_runs[0].us,
+                  plan_runs[1].us, plan_runs[2].us, plan_runs[3].us, spec1, prefetch,
+                  lean_prefetch, dropped[0], dropped[1]);
       for (std::int64_t f : forced_counts) {
-        for (bool flag : {false, true}) {
-          set_flag_merge(flag);
+        for (bool lean : {false, true}) {
+          set_knobs(lean);
           std::printf(" %6.2f", run_shape(in, reps, stream, f).us);
         }
       }
-      set_flag_merge(false);
+      set_knobs(false);
       std::printf("\n");
       std::fflush(stdout);
     }

@@ -16,9 +16,11 @@
 //      of more than one load batch (> 16 splits); split 0's speculative K/V tiles (issued before
 //      k_len is known) against NaN tails; back-to-back launches on one stream with programmatic
 //      dependent launch on and off, each reading the previous call's output.
-//   6. The flag merge (dev knob FlashDecodeDevKnobs::flag_merge): against the counter merge and
-//      the reference at forced split counts, bitwise repeatable, across path-switching graph
-//      replays and back-to-back launches.
+//   6. Dev knobs (FlashDecodeDevKnobs): the lean merge against the counter merge and the
+//      reference at forced split counts (one-batch path and its fallback), bitwise repeatable,
+//      across path-switching graph replays and back-to-back launches; shallower speculation
+//      (spec_tiles) and the L2 prefetch before the PDL wait (prefetch_l2) at short k_len in a
+//      large NaN-tailed cache.
 //   7. Bad arguments raise the typed errors that name them.
 #include "splice/backend/cuda/flash_decode.h"
 
@@ -644,48 +646,57 @@ TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
   }
 }
 
-// Turns the flag merge (dev knob, kernel stage 6') on for one scope.
-class FlagMergeScope {
+// Sets the dev knobs for one scope.
+class DevKnobScope {
  public:
-  FlagMergeScope() : saved_(cuda::flash_decode_dev_knobs()) {
-    cuda::FlashDecodeDevKnobs knobs = saved_;
-    knobs.flag_merge = true;
+  explicit DevKnobScope(const cuda::FlashDecodeDevKnobs& knobs)
+      : saved_(cuda::flash_decode_dev_knobs()) {
     cuda::set_flash_decode_dev_knobs(knobs);
   }
-  ~FlagMergeScope() { cuda::set_flash_decode_dev_knobs(saved_); }
-  FlagMergeScope(const FlagMergeScope&) = delete;
-  FlagMergeScope& operator=(const FlagMergeScope&) = delete;
+  ~DevKnobScope() { cuda::set_flash_decode_dev_knobs(saved_); }
+  DevKnobScope(const DevKnobScope&) = delete;
+  DevKnobScope& operator=(const DevKnobScope&) = delete;
 
  private:
   cuda::FlashDecodeDevKnobs saved_;
 };
 
-// The flag merge against the counter merge at forced split counts, within the split rounding
-// (the poll batch differs by head_dim), and against the reference; then bitwise repeatable.
-// Capacity 2048 plans 32 grid splits at head_dim 64 and 128 and 16 at 256 (one CTA per SM), so
-// the flag merge runs at every count up to 64 (head_dim 64), 33 (128: 17 and 33 take two and
-// three polls) and 16 (256: 9 and 16 take two polls); larger counts exceed one wave or 64
-// splits and run the counter merge.
-TEST(FlashDecodeCuda, FlagMergeMatchesCounterMerge) {
+cuda::FlashDecodeDevKnobs lean_knobs() {
+  cuda::FlashDecodeDevKnobs knobs;
+  knobs.lean_merge = true;
+  return knobs;
+}
+
+// The lean merge (kernel stage 6'') against the counter merge at forced split counts, within
+// the split rounding (the fold order differs), and against the reference; then bitwise
+// repeatable. The one-batch path holds live splits x rows x (head_dim + 1) floats in the ring:
+// at (9, 3) head_dim 64 (3 rows) every count here fits; at (32, 8) head_dim 128 (4 rows) up to
+// 47 splits (64 falls back to stage 6's loads); (32, 2) (16 rows) up to 11; head_dim 256
+// (4 rows) up to 31.
+TEST(FlashDecodeCuda, LeanMergeMatchesCounterMerge) {
   SKIP_WITHOUT_GPU();
-  for (std::int64_t head_dim : {64, 128, 256}) {
+  struct Shape {
+    std::int64_t head_dim, num_qo_heads, num_kv_heads;
+  };
+  for (const Shape& shape : {Shape{64, 9, 3}, Shape{128, 32, 8}, Shape{128, 32, 2},
+                             Shape{256, 32, 8}}) {
     Case c;
-    c.dtype = head_dim == 64 ? DType::f16 : DType::bf16;
-    c.num_qo_heads = head_dim == 64 ? 9 : 32;
-    c.num_kv_heads = head_dim == 64 ? 3 : 8;
-    c.head_dim = head_dim;
+    c.dtype = shape.head_dim == 64 ? DType::f16 : DType::bf16;
+    c.num_qo_heads = shape.num_qo_heads;
+    c.num_kv_heads = shape.num_kv_heads;
+    c.head_dim = shape.head_dim;
     c.capacity = 2048;
     c.k_len = {2001};
     c.alibi = true;
     SCOPED_TRACE(c.str());
-    Rng rng(800 + head_dim);
+    Rng rng(800 + shape.head_dim + shape.num_kv_heads);
     Problem problem(c, rng);
     const auto [ref_out, ref_lse] = problem.reference();
     for (std::int64_t splits : {0, 2, 5, 9, 16, 17, 33, 64}) {
       SCOPED_TRACE("num_splits=" + std::to_string(splits));
       problem.c.num_splits = splits;
       const auto [counter_out, counter_lse] = problem.run();
-      FlagMergeScope flag;
+      DevKnobScope lean(lean_knobs());
       const auto [out, lse] = problem.run();
       EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)));
       EXPECT_TRUE(testing::close(lse, ref_lse, kLseTolerance));
@@ -700,17 +711,62 @@ TEST(FlashDecodeCuda, FlagMergeMatchesCounterMerge) {
   }
 }
 
-// The flag merge across graph replays that switch plan paths (every replay needs a new epoch)
-// and back-to-back launches with PDL on and off.
-TEST(FlashDecodeCuda, FlagMergeGraphReplayAndBackToBack) {
+// The lean merge across graph replays that switch plan paths (the counter must be back at zero
+// after each; a shorter schedule than GraphReplaySwitchesPlanPaths) and back-to-back launches
+// with PDL on and off; with split 0's L2 prefetch before the PDL wait on.
+TEST(FlashDecodeCuda, LeanMergeGraphReplayAndBackToBack) {
   SKIP_WITHOUT_GPU();
-  FlagMergeScope flag;
-  check_plan_path_replays();
+  cuda::FlashDecodeDevKnobs knobs = lean_knobs();
+  knobs.prefetch_l2 = true;
+  DevKnobScope lean(knobs);
+  Case c;
+  c.batch = 1;
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.capacity = 4096;
+  c.k_len = {4096};
+  check_graph_replay(c, {{4000}, {257}, {4096}, {17}, {0}, {2049}, {1000}}, 740);
+  Case smol;
+  smol.batch = 1;
+  smol.num_qo_heads = 9;
+  smol.num_kv_heads = 3;
+  smol.head_dim = 64;
+  smol.capacity = 2048;
+  smol.k_len = {2048};
+  check_graph_replay(smol, {{64}, {513}, {2048}, {1}, {1024}}, 750);
   testing::PdlScope restore_pdl;
   for (bool pdl : {true, false}) {
     SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
     cuda::set_pdl_enabled(pdl);
     check_back_to_back(pdl ? 720 : 730);
+  }
+}
+
+// Shallower speculation (spec_tiles 1 .. the ring) at the model's lengths: short k_len in a
+// large cache whose rows beyond k_len are NaN, for every head_dim, with both merges, with and
+// without split 0's L2 prefetch (prefetch_l2).
+TEST(FlashDecodeCuda, SpecTilesAtShortLengthsInALargeCache) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 900;
+  for (std::int64_t head_dim : {64, 128, 256}) {
+    for (int spec_tiles : {1, 2, 3, 0}) {
+      for (std::int32_t len : {1, 17, 64, 97, 255, 256, 700}) {
+        cuda::FlashDecodeDevKnobs knobs;
+        knobs.spec_tiles = spec_tiles;
+        knobs.lean_merge = len % 2 == 1;
+        knobs.prefetch_l2 = len % 4 < 2;
+        DevKnobScope scope(knobs);
+        SCOPED_TRACE("spec_tiles=" + std::to_string(spec_tiles));
+        Case c;
+        c.dtype = len % 3 == 0 ? DType::f16 : DType::bf16;
+        c.num_qo_heads = head_dim == 64 ? 9 : 32;
+        c.num_kv_heads = head_dim == 64 ? 3 : 8;
+        c.head_dim = head_dim;
+        c.capacity = 1024;
+        c.k_len = {len};
+        check_case(c, seed++);
+      }
+    }
   }
 }
 

@@ -10,7 +10,7 @@
 //      the instantiation for (dtype, head_dim) with cudaLaunchKernelEx, with
 //      programmatic dependent launch on a created stream (the kernel waits for the previous
 //      kernel's writes before its first access, so only the launch itself overlaps). The dev
-//      knob flag_merge (FlashDecodeDevKnobs) switches one-wave grids to the flag merge.
+//      knobs (FlashDecodeDevKnobs) switch the kernel's lean merge and its speculation depth.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -67,11 +67,6 @@ struct Workspace {
   std::size_t counter_count = 0;
   float* partials = nullptr;
   std::size_t partial_bytes = 0;
-  // Flag merge (dev knob): epoch-flagged words [units, kFlagMaxSplits, 16, kFlagRowWords] and
-  // per-unit epochs, both zero at allocation (epoch 0 is never a launch's epoch).
-  unsigned long long* flag_words = nullptr;
-  unsigned* epochs = nullptr;
-  std::size_t flag_units = 0;
   FlashDecodeDevKnobs knobs;
 };
 
@@ -109,28 +104,6 @@ void ensure_workspace(std::size_t counters, std::size_t partial_bytes, Stream st
   }
 }
 
-// Grows the flag-merge workspace to `units` units (dev knob flag_merge).
-void ensure_flag_workspace(std::size_t units, Stream stream) {
-  Workspace& ws = workspace();
-  std::lock_guard<std::mutex> lock(ws.mutex);
-  if (ws.flag_units >= units) return;
-  if (capturing(stream))
-    fail<UnsupportedError>("flash_decode: the flag-merge workspace must grow to ", units,
-                           " units during stream capture; run the same shapes once before "
-                           "capturing");
-  if (ws.flag_words) SPLICE_CUDA_CHECK(cudaFree(ws.flag_words));
-  if (ws.epochs) SPLICE_CUDA_CHECK(cudaFree(ws.epochs));
-  ws.flag_words = nullptr;
-  ws.epochs = nullptr;
-  const std::size_t words = units * detail::kFlagMaxSplits * detail::kRows * detail::kFlagRowWords;
-  SPLICE_CUDA_CHECK(cudaMalloc(&ws.flag_words, words * sizeof(unsigned long long)));
-  SPLICE_CUDA_CHECK(cudaMemset(ws.flag_words, 0, words * sizeof(unsigned long long)));
-  SPLICE_CUDA_CHECK(cudaMalloc(&ws.epochs, units * sizeof(unsigned)));
-  SPLICE_CUDA_CHECK(cudaMemset(ws.epochs, 0, units * sizeof(unsigned)));
-  SPLICE_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets ran on the legacy stream
-  ws.flag_units = units;
-}
-
 void check_cuda_tensor(const Tensor& t, const char* name) {
   check_defined(t, name);
   if (!t.device().is_cuda())
@@ -148,8 +121,8 @@ bool aligned(const Tensor& t, std::int64_t elems) {
 
 // One-time setup of an instantiation: its dynamic shared-memory limit, and a check that its
 // registers let as many CTAs reside per SM as the plan assumes from shared memory alone (the
-// one-wave rules of speculation and of the flag merge rely on it; 254 registers at head_dim 128
-// is the most that still fits 2).
+// one-wave rule of speculation relies on it; 254 registers at head_dim 128 is the most that
+// still fits 2).
 template <typename T, int kHeadDim>
 void prepare() {
   static std::once_flag once;
@@ -393,18 +366,12 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // only one-wave grids speculate.
   const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * plan.ctas_per_sm;
   p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
-  // Flag merge (dev knob): split 0 waits for its unit's other splits, so every CTA must be
-  // resident at once (one wave; then at most half the slots wait, on CTAs that never wait).
   const FlashDecodeDevKnobs knobs = flash_decode_dev_knobs();
+  p.spec_tiles = std::max(knobs.spec_tiles, 0);  // 0: the whole ring
+  p.lean_merge = knobs.lean_merge ? 1 : 0;
+  p.prefetch_l2 = knobs.prefetch_l2 ? 1 : 0;
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
-  if (knobs.flag_merge && grid_y > 1 && grid_y <= detail::kFlagMaxSplits &&
-      units <= kFlashDecodeFlagMaxUnits && units * grid_y <= slots) {
-    ensure_flag_workspace(static_cast<std::size_t>(units), stream);
-    p.flag_merge = 1;
-    p.flag_partials = ws.flag_words;
-    p.epochs = ws.epochs;
-  }
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {
     return w ? static_cast<int>(std::min<std::int64_t>(*w, kMaxLength)) : -1;
   };

@@ -7,6 +7,8 @@
 //   0. PDL: wait until the previous kernel has finished and its writes are visible, then let the
 //      next kernel in the stream start launching (no-ops without PDL). Nothing is read or
 //      written before the wait, so the split workspace and every input are safe.
+//   0'. (p.prefetch_l2, dev A/B switch) Before the wait, split 0 of a speculating grid issues
+//      L2 prefetches (no value returned) of the K/V rows its speculative tiles will read.
 //   1. Issue at once, independent of each other: the k_len load, the ALiBi slopes, the 16 query
 //      rows (cp.async, zeros for padding rows) and, speculatively, the first kStages tiles (the
 //      whole ring: the tile the non-speculative loop would issue at its first step after k_len is
@@ -32,7 +34,10 @@
 //      use, rows swizzled by chunk ^ (row & 7) so ldmatrix is conflict-free). Keys >= c1 are
 //      zero-filled when loaded after the plan; in the tile that straddles c1 the V rows >= c1 are
 //      zeroed in shared memory before use (a speculative tile may hold NaN there, and
-//      0 * NaN would leak). No CTA-wide barrier in the main loop.
+//      0 * NaN would leak). No CTA-wide barrier in the main loop. Step `it` waits for exactly
+//      tile `it` (cp.async groups: one per tile, in tile order, kStages - 1 younger ones allowed
+//      in flight). A speculative ring holds p.spec_tiles (dev knob; the whole ring by default)
+//      tiles issued before k_len; the rest of the ring is issued after it, tiles < c1 only.
 //   4. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
 //      in log2 units t = log2(e) * s with s = scale * (q . k_j), then s = cap * tanh(s / cap)
 //      (softcap), s += -slope_h * (p_i - j) (ALiBi), and t = -inf outside
@@ -50,22 +55,24 @@
 //        M' = max(M, max_s lse2_s), r = 2^(M - M'), D' = r D + sum_s 2^(lse2_s - M'),
 //        A' = r A + sum_s 2^(lse2_s - M') O_s;  o = A / D, lse2 = M + log2 D,
 //      and resets the counter to 0 for the next launch (graph replay safe).
-//   6'. Flag merge (p.flag_merge, a dev A/B switch of the launcher, issue 5; one-wave grids
-//      only): no fence, no counter. Every live split writes its (O_s, lse2_s) as 64-bit words
-//      (fp32 bits | epoch << 32) with relaxed stores, epoch = epochs[unit] + 1 read in stage 1
-//      beside k_len; split 0 merges: it polls each batch of kFlagBatch splits' words (one L2
-//      round trip per poll) until every epoch matches, folds them in split order with the
-//      update above and stores epochs[unit] = epoch for the next launch. A 64-bit aligned
-//      access is single-copy atomic, so a word with the current epoch carries this launch's
-//      value. Deadlock-free: only split 0 of each unit waits, and only on CTAs that never wait.
+//   6''. Lean merge (p.lean_merge, a dev A/B switch of the launcher, issue 5): the arrival is
+//      one acq_rel counter atomic (SASS: MEMBAR, ATOM, CCTL.IVALL; stage 6 issues MEMBAR,
+//      ATOM, the reset store and a second MEMBAR that waits for the reset's ack: one more
+//      round trip on the merging CTA's path); the merging CTA
+//      then issues every split's (O_s, lse2_s) at once (cp.async of O_s into the freed ring,
+//      lse2_s into registers then shared memory: one L2 round trip for all splits instead of
+//      one per kMergeBatch) and folds them from shared memory in split order:
+//        M = max_s lse2_s, D = sum_s 2^(lse2_s - M), o = sum_s 2^(lse2_s - M) O_s / D,
+//        lse2 = M + log2 D.
+//      Where the splits' partials do not fit the ring (or the lse slots), stage 6's loads run.
 //
 // Dependent global round trips on one CTA's critical path at B = 1 (launch gap not counted):
 //   one split:    [k_len || q || K/V ring of split 0] -> further K/V tiles (streaming) -> o store.
 //   S > 1 splits: [k_len || q || split 0's ring] -> K/V of splits >= 1 (addresses need the
 //                 plan) -> partial store + fence (waits for the acks) -> counter atomic
 //                 -> the merging CTA's (lse2_s, O_s) loads (one per 16 splits) -> o store.
-//   flag merge:   [k_len || epoch || q || split 0's ring] -> K/V -> relaxed partial stores
-//                 -> split 0's poll loads (one per kFlagBatch splits) -> o store.
+//   lean merge:   ... -> partial store + fence -> acq_rel counter atomic -> every split's
+//                 (lse2_s, O_s) in one batch -> o store.
 //   Before (v4): k_len -> K/V (q beside it) -> partials + fence -> atomic -> lse2_s loads -> O_s
 //   loads (one per 8 splits) -> o store, at every length (the plan split down to 64-key chunks).
 #pragma once
@@ -88,11 +95,10 @@ inline constexpr int kMaxSplits = 256;
 // <= 255 registers a thread; 16 gives 144 / 206 (nvcc 13.0, sm_90a), 32 would give 204 at
 // head_dim 64, one CTA per SM fewer than planned.
 inline constexpr int kMergeBatch = 16;
-// Flag merge (stage 6'): split slots per unit and 64-bit words per row in the flag workspace,
-// fixed whatever the grid or head_dim, so a word is only ever written by one unit index (whose
-// epoch only grows).
-inline constexpr int kFlagMaxSplits = 64;
-inline constexpr int kFlagRowWords = 256 + 2;  // head_dim <= 256 outputs, lse2 at word head_dim
+// Lean merge (stage 6''): lse2 values each thread of the merging CTA loads at once (registers),
+// so at most kLeanLseLoads * kThreads (row, split) pairs take the one-batch path.
+inline constexpr int kLeanLseLoads = 4;
+inline constexpr int kL2LineBytes = 128;  // prefetch granule of stage 0'
 // Stages a benchmark may leave out to time the rest (FlashDecodeDevKnobs::drop_stages): the
 // split merge (partials are stored, nothing merged) and the K/V stream (no tiles loaded).
 inline constexpr int kDropMerge = 1;
@@ -111,9 +117,6 @@ struct FlashDecodeParams {
   float* partial_o;           // [batch * num_kv_heads, row_blocks, grid splits, 16, head_dim]
   float* partial_lse;         // [batch * num_kv_heads, row_blocks, 16, grid splits]
   unsigned* counters;         // [batch * num_kv_heads, row_blocks], zero between launches
-  // Flag merge (stage 6'): [units, kFlagMaxSplits, 16, kFlagRowWords] words, zero at allocation.
-  unsigned long long* flag_partials;
-  unsigned* epochs;  // [units]: the last epoch each unit merged
   std::int64_t q_stride_b, q_stride_h, q_stride_s;
   std::int64_t k_stride_b, k_stride_h, k_stride_s;
   std::int64_t v_stride_b, v_stride_h, v_stride_s;
@@ -125,8 +128,10 @@ struct FlashDecodeParams {
   int min_chunk;          // fewest keys per split when splitting
   int single_split_keys;  // n <= this: one split (stage 2)
   int speculate;          // 1: split 0 issues its first K/V tiles before k_len arrives (stage 1)
-  int flag_merge;  // 1: merge through epoch-flagged words (stage 6'); launcher: one wave only
-  int dev_drop;    // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
+  int spec_tiles;         // ring stages split 0 speculates (1..kStages; 0 = the whole ring)
+  int lean_merge;         // 1: stage 6'' (dev A/B switch)
+  int prefetch_l2;        // 1: stage 0' (dev A/B switch)
+  int dev_drop;  // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
@@ -148,10 +153,6 @@ struct FlashDecodeConfig {
   static constexpr int kMergeBytes = kWarps * kRows * (kRedStride + 2) * 4;
   static constexpr int kSmemBytes = kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
   static constexpr bool kQInRegs = kHeadDim <= 128;
-  // Splits per poll in the flag merge: 5 words (10 registers) per split and output slot. 16 at
-  // head_dim 128 (254 registers, nvcc 13.0: 2 CTAs per SM still fit); 8 keeps head_dim 64
-  // within the 168 registers of 3 CTAs per SM (148) and head_dim 256 free of spills.
-  static constexpr int kFlagBatch = kHeadDim == 128 ? 16 : 8;
 };
 
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
@@ -241,38 +242,19 @@ __device__ __forceinline__ void fence_acq_rel_gpu() {
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
 
-// Relaxed (not weak) 64-bit accesses at GPU scope for the flag merge: the poll must not be served
-// from L1 and must see the other CTAs' stores; each 64-bit element is single-copy atomic.
-__device__ __forceinline__ void st_relaxed_v2(unsigned long long* dst, unsigned long long a,
-                                              unsigned long long b) {
-  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};\n" ::"l"(dst), "l"(a), "l"(b)
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address) : "memory");
+}
+
+// Counter arrival of the lean merge: acquire (later loads, and those ordered after them by a CTA
+// barrier, see every split that arrived before) and release in one atomic.
+__device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* address, unsigned value) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(address), "r"(value)
                : "memory");
-}
-__device__ __forceinline__ void st_relaxed(unsigned long long* dst, unsigned long long a) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(dst), "l"(a) : "memory");
-}
-__device__ __forceinline__ ulonglong2 ld_relaxed_v2(const unsigned long long* src) {
-  ulonglong2 r;
-  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];\n"
-               : "=l"(r.x), "=l"(r.y)
-               : "l"(src)
-               : "memory");
-  return r;
-}
-__device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long* src) {
-  unsigned long long r;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(r) : "l"(src) : "memory");
-  return r;
-}
-// A flag word: the fp32 value's bits below, the epoch above.
-__device__ __forceinline__ unsigned long long flag_word(float x, unsigned epoch) {
-  return (static_cast<unsigned long long>(epoch) << 32) | __float_as_uint(x);
-}
-__device__ __forceinline__ bool flag_is(unsigned long long w, unsigned epoch) {
-  return static_cast<unsigned>(w >> 32) == epoch;
-}
-__device__ __forceinline__ float flag_value(unsigned long long w) {
-  return __uint_as_float(static_cast<unsigned>(w));
+  return old;
 }
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, head_dim] 16-bit tile.
@@ -332,6 +314,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kv_head = bh % p.num_kv_heads;
   const int row_base = rb * kRows;
 
+  // Stage 0' (dev knob prefetch_l2): before the PDL wait, split 0 asks L2 for the K/V rows of
+  // its speculative tiles (keys [0, spec_tiles * kWarps * kTileKeys)), so the DRAM latency
+  // of its first tiles overlaps the previous kernel's tail. A prefetch returns no value, so it
+  // cannot observe the previous kernel's writes (L2 is the point of coherence).
+  if (p.prefetch_l2 && split == 0 && p.speculate) {
+    constexpr int kLinesPerRow = kHeadDim * 2 / kL2LineBytes;
+    const int spec = p.spec_tiles > 0 && p.spec_tiles < kStages ? p.spec_tiles : kStages;
+    const int keys = min(p.capacity, spec * kWarps * kTileKeys);
+    const T* k_rows = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
+    const T* v_rows = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
+    constexpr int kLineElems = kL2LineBytes / 2;
+    for (int c = tid; c < keys * kLinesPerRow; c += kThreads) {
+      const int key = c / kLinesPerRow;
+      const int line = c % kLinesPerRow;
+      prefetch_l2(k_rows + key * p.k_stride_s + line * kLineElems);
+      prefetch_l2(v_rows + key * p.v_stride_s + line * kLineElems);
+    }
+  }
+
   // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
   pdl_wait_previous();
   pdl_launch_dependents();
@@ -339,11 +340,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = p.k_len[b * p.k_len_stride];
   const std::int64_t unit = static_cast<std::int64_t>(bh) * gridDim.x + rb;  // (b, h, rb)
-  unsigned epoch = 0;  // flag merge: this launch's epoch, never 0 (the workspace's initial words)
-  if (p.flag_merge) {
-    epoch = __ldcg(p.epochs + unit) + 1u;
-    if (epoch == 0u) epoch = 1u;
-  }
   // ALiBi slopes (log2 units) of this thread's two mma C-fragment rows, lane/4 and lane/4 + 8.
   float slope_log2[2] = {0.0f, 0.0f};
   if (p.alibi) {
@@ -405,11 +401,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   const bool speculative = split == 0 && p.speculate != 0;
   constexpr int spec_c0 = 0;
+  const int spec_tiles = p.spec_tiles > 0 && p.spec_tiles < kStages ? p.spec_tiles : kStages;
   if (speculative) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      load_tile(spec_c0, p.capacity, s, s);
-      cp_async_commit();
+      if (s < spec_tiles) {  // one group per tile
+        load_tile(spec_c0, p.capacity, s, s);
+        cp_async_commit();
+      }
     }
   }
 
@@ -444,8 +443,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int my_tiles =
       num_tiles > warp && !(p.dev_drop & kDropKv) ? ceil_div(num_tiles - warp, kWarps) : 0;
   const bool spec_hit = speculative && c0 == spec_c0;
-  const int preloaded = spec_hit ? kStages : kStages - 1;  // tiles issued before the main loop
-  if (!spec_hit) {
+  // Ring tiles issued before the main loop, one cp.async group each in tile order: the whole
+  // ring after a speculative prologue (its tiles past spec_tiles issued now, < c1 only),
+  // kStages - 1 otherwise.
+  const int preloaded = spec_hit ? kStages : kStages - 1;
+  if (spec_hit) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      if (s >= spec_tiles) {
+        if (s < my_tiles) load_tile(c0, c1, s, s);
+        cp_async_commit();
+      }
+    }
+  } else {
     if (speculative) cp_async_wait<0>();  // the ring's stages are about to be reloaded
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -453,9 +463,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_commit();
     }
   }
-  // q (group 0) has landed for this thread (and, after a speculative prologue, tile 0); the
-  // barrier makes every thread's rows visible.
-  cp_async_wait<kStages - 1>();
+  // q (group 0) has landed for this thread (only the ring's groups may still be in flight);
+  // the barrier makes every thread's rows visible.
+  if (spec_hit)
+    cp_async_wait<kStages>();
+  else
+    cp_async_wait<kStages - 1>();
   __syncthreads();
 
   std::uint32_t q_frag[Cfg::kQInRegs ? kHeadDim / 16 : 1][4];
@@ -502,11 +515,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int frag_kc = lane / 8 % 2;                 // K ldmatrix chunk half
 
   for (int it = 0; it < my_tiles; ++it) {
-    // One group per step (empty when nothing is due), so waiting for all but the newest
-    // kStages - 1 groups always covers tile `it` (one tile more after a speculative prologue).
+    // One group per tile past the preloaded ones (empty past the warp's last tile), so tile
+    // `it` always has exactly kStages - 1 younger groups: waiting for all but those covers it.
     const int pre = it + kStages - 1;
-    if (pre < my_tiles && pre >= preloaded) load_tile(c0, c1, pre, pre % kStages);
-    cp_async_commit();
+    if (pre >= preloaded) {
+      if (pre < my_tiles) load_tile(c0, c1, pre, pre % kStages);
+      cp_async_commit();
+    }
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const std::uint32_t k_tile = pipe_u32 + (it % kStages) * Cfg::kStageBytes;
@@ -628,9 +643,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const int valid_rows = min(kRows, p.rows - row_base);
-  // Flag merge: row `row` of split `s` of this unit starts at word (s * 16 + row) * kFlagRowWords.
-  unsigned long long* const flag_unit =
-      p.flag_merge ? p.flag_partials + unit * kFlagMaxSplits * kRows * kFlagRowWords : nullptr;
   const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row index base
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
@@ -661,11 +673,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float lse2 = empty ? -INFINITY : big + log2f(denom);
     if (live_splits == 1) {
       store_result<T>(p, b, kv_head, row_base + row, d, acc, lse2);
-    } else if (p.flag_merge) {
-      unsigned long long* dst = flag_unit + (split * kRows + row) * kFlagRowWords;
-      st_relaxed_v2(dst + d, flag_word(acc[0], epoch), flag_word(acc[1], epoch));
-      st_relaxed_v2(dst + d + 2, flag_word(acc[2], epoch), flag_word(acc[3], epoch));
-      if (d == 0) st_relaxed(dst + kHeadDim, flag_word(lse2, epoch));
     } else {
       *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -673,78 +680,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if (live_splits == 1 || (p.dev_drop & kDropMerge)) return;
-
-  if (p.flag_merge) {
-    // Stage 6': split 0 polls and merges every split's flagged words (its own included: the
-    // same thread wrote them), kFlagBatch splits per poll, in split order.
-    if (split != 0) return;
-    constexpr int kBatch = Cfg::kFlagBatch;
-    for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
-      const int row = slot / kSlotsPerRow;
-      const int d = (slot % kSlotsPerRow) * 4;
-      const unsigned long long* row0 = flag_unit + row * kFlagRowWords;
-      float big = -INFINITY;  // M
-      float denom = 0.0f;     // D
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int s0 = 0; s0 < live_splits; s0 += kBatch) {
-        ulonglong2 w0[kBatch], w1[kBatch];
-        unsigned long long wl[kBatch];
-        unsigned pending = 0;  // bit i: split s0 + i not yet seen with this epoch
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          if (s0 + i < live_splits) pending |= 1u << i;
-          w0[i] = w1[i] = make_ulonglong2(0ull, 0ull);
-          wl[i] = flag_word(-INFINITY, 0u);
-        }
-        while (pending != 0u) {
-#pragma unroll
-          for (int i = 0; i < kBatch; ++i) {  // independent loads: one round trip per poll
-            if (pending >> i & 1u) {
-              const unsigned long long* src = row0 + (s0 + i) * kRows * kFlagRowWords;
-              w0[i] = ld_relaxed_v2(src + d);
-              w1[i] = ld_relaxed_v2(src + d + 2);
-              wl[i] = ld_relaxed(src + kHeadDim);
-            }
-          }
-#pragma unroll
-          for (int i = 0; i < kBatch; ++i)
-            if (flag_is(w0[i].x, epoch) && flag_is(w0[i].y, epoch) && flag_is(w1[i].x, epoch) &&
-                flag_is(w1[i].y, epoch) && flag_is(wl[i], epoch))
-              pending &= ~(1u << i);
-        }
-        float batch_big = big;
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i)
-          if (s0 + i < live_splits) batch_big = fmaxf(batch_big, flag_value(wl[i]));
-        if (batch_big == -INFINITY) continue;    // no visible key so far
-        const float r = exp2f(big - batch_big);  // 0 while big = -inf (D and A are 0 then)
-        denom *= r;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] *= r;
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          if (s0 + i >= live_splits) continue;
-          const float ws = exp2f(flag_value(wl[i]) - batch_big);  // 0 for an empty split
-          denom += ws;
-          acc[0] += ws * flag_value(w0[i].x);
-          acc[1] += ws * flag_value(w0[i].y);
-          acc[2] += ws * flag_value(w1[i].x);
-          acc[3] += ws * flag_value(w1[i].y);
-        }
-        big = batch_big;
-      }
-      const bool empty = !(denom > 0.0f);
-      const float inv = empty ? 0.0f : 1.0f / denom;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] *= inv;
-      store_result<T>(p, b, kv_head, row_base + row, d, acc,
-                      empty ? -INFINITY : big + log2f(denom));
-    }
-    // Every thread's polls are done, so every live split has read this epoch: publish it.
-    __syncthreads();
-    if (tid == 0) p.epochs[unit] = epoch;
-    return;
-  }
 
   // Stage 6: the last split to finish merges every split's partial, in split order. Arrival is
   // the cooperative-groups grid-barrier pattern: the CTA barrier orders every thread's partial
@@ -754,16 +689,86 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int is_last;
   __syncthreads();
   if (tid == 0) {
-    fence_acq_rel_gpu();
-    const unsigned done = atomicAdd(p.counters + unit, 1u);
-    is_last = done == static_cast<unsigned>(live_splits - 1);
-    if (is_last) {
-      p.counters[unit] = 0u;  // every live split has arrived: ready for the next launch
+    if (p.lean_merge) {
+      // Stage 6'': one acq_rel atomic releases (cumulative over the CTA barrier, as the fence
+      // below) and acquires; the reset needs no fence (the next launch starts after this
+      // grid's writes are visible), so nothing waits for its ack.
+      const unsigned done = atom_add_acq_rel_gpu(p.counters + unit, 1u);
+      is_last = done == static_cast<unsigned>(live_splits - 1);
+      if (is_last) p.counters[unit] = 0u;
+    } else {
       fence_acq_rel_gpu();
+      const unsigned done = atomicAdd(p.counters + unit, 1u);
+      is_last = done == static_cast<unsigned>(live_splits - 1);
+      if (is_last) {
+        p.counters[unit] = 0u;  // every live split has arrived: ready for the next launch
+        fence_acq_rel_gpu();
+      }
     }
   }
   __syncthreads();
   if (!is_last) return;
+  // Stage 6'': every split's partial in one batch, where they fit the ring (free since stage 5's
+  // barrier above) and the lse registers.
+  const int lean_rows = live_splits * valid_rows;  // (row, split) pairs
+  if (p.lean_merge && lean_rows <= kLeanLseLoads * kThreads &&
+      lean_rows * (kHeadDim + 1) * 4 <= Cfg::kPipeBytes) {
+    float* lean_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);  // [live][valid_rows][D]
+    float* lean_lse = lean_o + lean_rows * kHeadDim;                  // [valid_rows][live]
+    float lse_regs[kLeanLseLoads];
+#pragma unroll
+    for (int i = 0; i < kLeanLseLoads; ++i) {  // pair = row * live + s
+      const int pair = tid + i * kThreads;
+      lse_regs[i] = pair < lean_rows ? __ldcg(p.partial_lse + (unit * kRows + pair / live_splits) *
+                                                                  gridDim.y +
+                                              pair % live_splits)
+                                     : 0.0f;
+    }
+    // Split s's rows [0, valid_rows) are contiguous: one linear copy of valid_rows * D floats.
+    const int split_floats = valid_rows * kHeadDim;
+    for (int s = 0; s < live_splits; ++s) {
+      const float* src = p.partial_o + (unit * gridDim.y + s) * kRows * kHeadDim;
+      for (int f = tid * 4; f < split_floats; f += kThreads * 4)
+        cp_async_16(smem_u32(lean_o + s * split_floats + f), src + f, 16);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int i = 0; i < kLeanLseLoads; ++i)
+      if (tid + i * kThreads < lean_rows) lean_lse[tid + i * kThreads] = lse_regs[i];
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
+      const int row = slot / kSlotsPerRow;
+      const int d = (slot % kSlotsPerRow) * 4;
+      const float* ls = lean_lse + row * live_splits;
+      // Unrolled so that several shared-memory loads are in flight per step.
+      float big = -INFINITY;  // M
+#pragma unroll 8
+      for (int s = 0; s < live_splits; ++s) big = fmaxf(big, ls[s]);
+      float denom = 0.0f;  // D
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (big != -INFINITY) {
+#pragma unroll 8
+        for (int s = 0; s < live_splits; ++s) {
+          const float ws = exp2f(ls[s] - big);  // 0 for an empty split
+          const float4 os =
+              *reinterpret_cast<const float4*>(lean_o + s * split_floats + row * kHeadDim + d);
+          denom += ws;
+          acc[0] += ws * os.x;
+          acc[1] += ws * os.y;
+          acc[2] += ws * os.z;
+          acc[3] += ws * os.w;
+        }
+      }
+      const bool empty = !(denom > 0.0f);
+      const float scale = empty ? 0.0f : 1.0f / denom;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= scale;
+      store_result<T>(p, b, kv_head, row_base + row, d, acc,
+                      empty ? -INFINITY : big + log2f(denom));
+    }
+    return;
+  }
   const std::int64_t first_row = unit * gridDim.y * kRows;  // split 0's row 0
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;

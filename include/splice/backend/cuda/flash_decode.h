@@ -86,17 +86,21 @@ inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n)
 // benchmark's --ab mode and the tests set them. Process-wide, not thread-safe: set them before
 // launching, never while another thread launches.
 struct FlashDecodeDevKnobs {
-  // Merge splits through epoch-flagged 64-bit words that split 0 polls (kernel stage 6': one
-  // L2 round trip after the partials land) instead of fence + counter atomic + partial loads
-  // (three). Applies where the grid fits one wave of resident CTAs, has at most 64 splits and
-  // at most kFlashDecodeFlagMaxUnits (batch x kv head x row block) units; elsewhere the counter
-  // merge runs.
-  bool flag_merge = false;
+  // Lean split merge (kernel stage 6''): the counter atomic acquires (no second fence after the
+  // counter reset: one L2 round trip less) and the merging CTA loads every split's partial in
+  // one batch (cp.async into shared memory) instead of one batch per 16 splits.
+  bool lean_merge = false;
+  // Ring stages split 0 issues before k_len is known (1..stages; 0 = the whole ring, mainline).
+  // Fewer wastes fewer bytes when k_len << capacity (speculative tiles past k_len are read and
+  // waited for), at the price of issuing the rest one k_len round trip later.
+  int spec_tiles = 0;
+  // Before its PDL wait, split 0 prefetches into L2 the K/V rows its speculative tiles will
+  // read (kernel stage 0'), so their DRAM latency overlaps the previous kernel's tail.
+  bool prefetch_l2 = false;
   // Benchmark attribution only (the outputs are then wrong): bit 0 leaves the split merge out
   // (partials stored, nothing merged or written), bit 1 the K/V stream (no tile loaded).
   int drop_stages = 0;
 };
-inline constexpr std::int64_t kFlashDecodeFlagMaxUnits = 64;
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
 
