@@ -31,10 +31,17 @@ say "== commit $(git -C "$(dirname "$0")/../.." rev-parse --short HEAD 2>/dev/nu
 # 1. correctness
 filter='KdaCuda.TuneSwitchesBitIdentical:KdaCuda.StreamKernelAdmitsItsBlock:KdaCuda.RuleTable'
 filter+=':KdaCuda.RuleBoundaryCases'
+TUNES=1,2,3
 if [[ -x "$TEST_BIN" ]]; then
   t0=$SECONDS
   timeout 45 "$TEST_BIN" --gtest_filter="$filter" >"$WORK/tests.txt" 2>&1
   rc=$?
+  # A hung run or a failed switch test: time the mainline and v7 only (a hanging overlap schedule
+  # would eat the benches' time).
+  if [[ $rc -eq 124 ]] || grep -q 'FAILED  \] KdaCuda.TuneSwitchesBitIdentical' "$WORK/tests.txt"; then
+    TUNES=1
+    say "== the switch test failed or hung: tune 2, 3 (overlap) dropped from the benches"
+  fi
   say "== tests ($filter): rc=$rc $((SECONDS - t0)) s $(grep -E '^\[  (PASSED|FAILED) ' "$WORK/tests.txt" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|^\[kda cuda stats\]|Failure|tune=' "$WORK/tests.txt" | head -20 | tee -a "$SUMMARY"
 else
@@ -61,8 +68,8 @@ bench() {  # name timeout env...
 }
 if [[ -x "$BENCH" ]]; then
   common=(KDA_BENCH_VARIANTS=stream,wide,split2,split4 KDA_BENCH_NS=1,8,32,128,512)
-  bench t12_bf16 22 "${common[@]}" KDA_BENCH_STATES=bf16 KDA_BENCH_TS=1,2 KDA_BENCH_TUNES=1,2,3
-  bench t12_f32 18 "${common[@]}" KDA_BENCH_STATES=f32 KDA_BENCH_TS=1,2 KDA_BENCH_TUNES=1,2,3
+  bench t12_bf16 22 "${common[@]}" KDA_BENCH_STATES=bf16 KDA_BENCH_TS=1,2 KDA_BENCH_TUNES=$TUNES
+  bench t12_f32 18 "${common[@]}" KDA_BENCH_STATES=f32 KDA_BENCH_TS=1,2 KDA_BENCH_TUNES=$TUNES
   bench t48 8 KDA_BENCH_VARIANTS=stream,wide,split4 KDA_BENCH_NS=1,8 KDA_BENCH_TS=4,8
 else
   say "== bench: $BENCH missing"
