@@ -702,14 +702,14 @@ TEST(KdaCuda, Deterministic) {
 }
 
 // The dev-only schedule switches of `stream` (cuda::KdaTuneBits, dev/kda_b/) change the order of
-// work, never the arithmetic: with every switch combination, each stream kernel (staged and plain
-// inputs) leaves output, state and conv_state bit-identical to the default schedule, on T = 1
-// (the deferred norm's and the late copies' case) with many items per CTA (the norm's token slots
-// alternate over many items, null and trailing rows between them, the late copies' shifted
-// metadata batches) and with one or two items per CTA (the staggered ring's edge: fewer items
-// than stages, the f32 stagger), and T = 3 (the T = 1 choices inactive, bf16's stagger); every
-// mask is also checked against the CPU kernel and the reference on the small cases (the default
-// schedule is, in every other test).
+// work, never the arithmetic: with every switch combination (1 v7's schedule, 2 the overlapped
+// precompute, 3 both), each stream kernel (staged and plain inputs) leaves output, state and
+// conv_state bit-identical to the default schedule, on T = 1 (the deferred norm's, the late
+// copies' and the overlap's case) with many items per CTA (token slots rotating over many items,
+// null and trailing rows between them, the metadata batches) and with one or two items per CTA
+// (the staggered ring's edge: fewer items than stages, the f32 stagger), and T = 3 (the T = 1
+// choices inactive, bf16's stagger); every mask is also checked against the CPU kernel and the
+// reference on the small cases (the default schedule is, in every other test).
 TEST(KdaCuda, TuneSwitchesBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct TuneScope {

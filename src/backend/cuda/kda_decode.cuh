@@ -1008,6 +1008,12 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     The announcement precedes every copy of its phase by a barrier, so the phase's tx-count
 //     never runs ahead of its expectation; the scalars are read by item n after the barriers of
 //     item k that follow their stores.
+//   T = 1 (dev/kda_b's run): item k's RMSNorm is deferred to warp 4 during item k + 1 (token
+//     slots alternate); with 3 stages (bf16) stage n's copies are issued at the top of item
+//     k + 1 by warps 5-7 (late copies); with 3 stages, or no item past the ring, the prologue
+//     issues item 0's stage first and the rest once it has landed (staggered prefill).
+//     kTuneV7Schedule turns all three off (the A/B reference); kTuneOverlap (dev) moves item
+//     k + 1's precompute into item k's sweep (its own loop, below).
 // So the loads of up to kStages items (~85 KB each for fp32) are in flight while one item
 // computes, and an item's path holds no dependent global load: Little's law asks ~33 KB in
 // flight per SM at the copy bandwidth.
