@@ -32,12 +32,15 @@
 //      u < kUnroll, of all kCols w rows and all kRows x rows, kUnroll = kLoadBudget / (kRows +
 //      kCols) (12 at one row and one column, 4 at one row and four columns: K = 576 bf16, 72
 //      vectors a row, is one batch); loads past the row's num_vec = k / kVec vectors are
-//      predicated off. A warp's batches form one stream over (group, base): each batch is issued
-//      back to back before any of it is used, and the next batch (the next base of this group, or
-//      base 0 of the warp's next group) is issued as soon as the current one is consumed, before
-//      the current group's reduction and store, so those overlap the next group's loads. Weights
-//      use L1::no_allocate (each byte is used once); x comes through the read-only cache (every
-//      warp of the SM re-reads it).
+//      predicated off, and slots wholly past the row are skipped when consumed. One row of whole
+//      vectors that kSmallSlots (3) or kLargeSlots (6) vectors per lane cover (K = 576 / 1536
+//      bf16, the decode products) runs a one-batch instance instead: kUnroll = that many slots,
+//      32-bit indices, no tail, no next-batch step (gemv_kernel's kSlots). A warp's batches form
+//      one stream over (group, base): each batch is issued back to back before any of it is used,
+//      and the next batch (the next base of this group, or base 0 of the warp's next group) is
+//      issued as soon as the current one is consumed, before the current group's reduction and
+//      store, so those overlap the next group's loads. Weights use L1::no_allocate (each byte is
+//      used once); x comes through the read-only cache (every warp of the SM re-reads it).
 //   3. Update, per lane, in fp32:  acc[r][c] += sum_{i < kVec} x[r, v kVec + i] * w[j0 + c, v kVec
 //      + i] (with fewer than kMinChains accumulators, the vector's partial first, so a batch's FMA
 //      chains are independent); each w vector is converted once and reused for every row r, each
@@ -50,13 +53,15 @@
 //      V - 1 + (5 - log2 V) shuffles instead of 5 V (16 instead of 80 at 4 rows x 4 columns); then
 //      lane l holds the full sum of value (l / (32 / V)) and the first lane of each such run
 //      stores y[r, j0 + c], value index r * kCols + c, rounded to the output dtype; with the
-//      residual epilogue (Params::has_c) it first adds c[r, j0 + c] in fp32 (one rounding).
+//      residual epilogue (Params::has_c) it first adds c[r, j0 + c] in fp32 (one rounding), an
+//      element loaded with the group's first batch (its L2 round trip overlaps the stream's).
 //   6. Programmatic dependent launch (launch.cuh's safety rule): every thread calls
 //      wait_for_producers() before its first read of x or write of y and before the early exit of
 //      a warp with no column group; with Params::w_constant the first batch's weight vectors and
 //      weight tail are issued before that wait (the weights are never written by a kernel in
-//      flight, so they need no producer), everything else after it. When the launcher's grid is
-//      one resident wave (every CTA resident at once) each CTA triggers its dependents first
+//      flight, so they need no producer), everything else after it; the addresses of what is
+//      loaded after it (x, the residual element) are computed before it. When the launcher's grid
+//      is one resident wave (every CTA resident at once) each CTA triggers its dependents first
 //      thing, so the next kernel is resident and waiting when this one ends.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -69,6 +74,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/check.h"
@@ -90,6 +96,10 @@ constexpr int kLoadBudget = 24;       // (w + x) vectors a lane loads per batch,
 constexpr int kMinChains = 4;         // fewer accumulators than this: per-vector partials (stage 3)
 constexpr int kMaxThreads = kMaxWarpsPerCta * kWarpSize;
 constexpr int kMaxDevices = 64;  // per-device caches (SM count, occupancy)
+// Vectors per lane of the one-batch instances (gemv_kernel's kSlots): 3 covers K = 576 bf16
+// (72 vectors), 6 covers K = 1536 bf16 (192 vectors); the SmolLM2 decode products.
+constexpr int kSmallSlots = 3;
+constexpr int kLargeSlots = 6;
 
 // Register type of one load of `kBytes`.
 template <int kBytes>
@@ -245,7 +255,8 @@ __device__ __forceinline__ void store_out(void* y, std::int64_t index, float val
   }
 }
 
-__device__ __forceinline__ float load_residual(const void* c, std::int64_t index, DType dtype) {
+// Element `index` of a runtime-typed float array (rms_norm's strided or converted weight).
+__device__ __forceinline__ float load_any(const void* c, std::int64_t index, DType dtype) {
   switch (dtype) {
     case DType::f16:
       return __half2float(static_cast<const __half*>(c)[index]);
@@ -256,9 +267,37 @@ __device__ __forceinline__ float load_residual(const void* c, std::int64_t index
   }
 }
 
-__device__ __forceinline__ float load_any(const void* ptr, std::int64_t index, DType dtype) {
-  return load_residual(ptr, index, dtype);
-}
+// Stage 5's residual element c[r, j] in three steps: at() computes its address (before the wait:
+// parameters only), issue() loads its 2 or 4 bytes (after the wait: no address math between the
+// wait and the load), value() converts them to fp32 (after the reduction). A dead element (no
+// residual, a lane that stores nothing, j >= n) has no address and loads nothing. Three registers.
+struct ResidualLoad {
+  const void* ptr = nullptr;  // null: nothing to load
+  unsigned bits = 0;          // the element's bits (2-byte dtypes in the low half)
+
+  static __device__ __forceinline__ ResidualLoad at(const void* row, std::int64_t index,
+                                                    DType dtype, bool live) {
+    ResidualLoad r;
+    const std::int64_t size = dtype == DType::f32 ? 4 : 2;
+    r.ptr = live ? static_cast<const char*>(row) + index * size : nullptr;
+    return r;
+  }
+  __device__ __forceinline__ void issue(DType dtype) {
+    if (ptr == nullptr) return;
+    bits = dtype == DType::f32 ? *static_cast<const unsigned*>(ptr)
+                               : *static_cast<const unsigned short*>(ptr);
+  }
+  __device__ __forceinline__ float value(DType dtype) const {
+    switch (dtype) {
+      case DType::f16:
+        return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+      case DType::bf16:
+        return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(bits)));
+      default:
+        return __uint_as_float(bits);
+    }
+  }
+};
 
 // Stage 0 (the prologue, after the wait): the CTA's threads write xs[r, kk] for r < p.rows,
 // kk < k (xs: [p.rows, k_pad] in shared memory, T = in_dtype; see gemv.h's Prologue). Thread t
@@ -280,11 +319,11 @@ __device__ __forceinline__ float load_any(const void* ptr, std::int64_t index, D
 template <typename T, int kRows, int kW, Prologue kPro>
 __device__ __forceinline__ void run_prologue_chunks(const Params& p, T* xs, std::int64_t k_pad,
                                                     bool norm_direct) {
-  using Raw = typename RawOf<kW * static_cast<int>(sizeof(T))>::type;
+  using Raw = typename RawOf<kW* static_cast<int>(sizeof(T))>::type;
   // Chunks in flight per thread and row: more for fewer rows (registers: kBatch * kRows).
   constexpr int kBatch = kRows <= 2 ? 4 : kRows <= 4 ? 2 : 1;
   const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
-  const std::int64_t k = p.k, chunks = k / kW;  // kW > 1 only when kW divides k
+  const std::int64_t k = p.k, chunks = k / kW;                      // kW > 1 only when kW divides k
   float* const ws = reinterpret_cast<float*>(xs + p.rows * k_pad);  // [k_pad] rms_norm weight
   float ss[kRows];
 #pragma unroll
@@ -306,9 +345,8 @@ __device__ __forceinline__ void run_prologue_chunks(const Params& p, T* xs, std:
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const bool row_in = in && r < p.rows;
-        xr[u][r] =
-            load_activation(reinterpret_cast<const Raw*>(static_cast<const T*>(p.x[r]) + c * kW),
-                            row_in);
+        xr[u][r] = load_activation(
+            reinterpret_cast<const Raw*>(static_cast<const T*>(p.x[r]) + c * kW), row_in);
         if constexpr (kPro == Prologue::silu_mul)
           br[u][r] = load_activation(
               reinterpret_cast<const Raw*>(static_cast<const T*>(p.b[r]) + c * kW), row_in);
@@ -325,8 +363,8 @@ __device__ __forceinline__ void run_prologue_chunks(const Params& p, T* xs, std:
         } else {
 #pragma unroll
           for (int i = 0; i < kW; ++i)
-            w[i] = load_any(p.norm_weight, (c * kW + i) * p.norm_weight_stride,
-                            p.norm_weight_dtype);
+            w[i] =
+                load_any(p.norm_weight, (c * kW + i) * p.norm_weight_stride, p.norm_weight_dtype);
         }
 #pragma unroll
         for (int i = 0; i < kW; ++i) ws[c * kW + i] = w[i];
@@ -411,15 +449,15 @@ __device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_
 // The shared-memory stage 0's exact operations; only the order of rms_norm's fp32 sum of squares
 // differs. The post-wait critical path drops three barriers, the cross-warp sum and two
 // shared-memory round trips (dev/chain_latency measures what that is worth).
-template <typename T, int kRows, int kUnroll, Prologue kPro, typename Raw>
+template <typename T, int kRows, int kUnroll, Prologue kPro, typename Raw, typename Index>
 __device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnroll][kRows],
-                                              int lane, std::int64_t num_vec) {
+                                              int lane, Index num_vec) {
   constexpr int kW = static_cast<int>(sizeof(Raw) / sizeof(T));
   Raw b_raw[kUnroll][kRows];  // silu_mul's b vectors
   Raw n_raw[kUnroll];         // rms_norm's weight vectors
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    const std::int64_t v = static_cast<std::int64_t>(u) * kWarpSize + lane;
+    const Index v = static_cast<Index>(u) * kWarpSize + lane;
     const bool in = v < num_vec;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -441,7 +479,7 @@ __device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnr
       float ss = 0.0f;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (static_cast<std::int64_t>(u) * kWarpSize >= num_vec) break;  // zeros past the row
+        if (static_cast<Index>(u) * kWarpSize >= num_vec) break;  // zeros past the row
         float f[kW];
         unpack<T>(x_raw[u][r], f);
 #pragma unroll
@@ -454,7 +492,7 @@ __device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnr
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (static_cast<std::int64_t>(u) * kWarpSize >= num_vec) break;  // x_raw stays zero
+      if (static_cast<Index>(u) * kWarpSize >= num_vec) break;  // x_raw stays zero
       float w[kW];
       unpack<T>(n_raw[u], w);
 #pragma unroll
@@ -471,7 +509,7 @@ __device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnr
   } else {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (static_cast<std::int64_t>(u) * kWarpSize >= num_vec) break;  // x_raw stays zero
+      if (static_cast<Index>(u) * kWarpSize >= num_vec) break;  // x_raw stays zero
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         float fa[kW], fb[kW];
@@ -491,22 +529,26 @@ __device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnr
 
 // Each warp streams the column groups w, w + W, ... (W warps in the grid); see the file header.
 // `single_wave`: the launcher's grid is resident at once (stage 6's early trigger). With a
-// prologue (kPro), x is first computed into dynamic shared memory (stage 0) and read from there.
-// kLean (SPLICE_GEMV_VARIANT bits 0 and 3, one row, 16-byte vectors only: the mainline
-// instances keep their code and registers): the register prologue and the dead-slot skip.
-template <typename T, int kRows, int kCols, int kVec, Prologue kPro, bool kLean>
-__global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool single_wave,
-                                                           std::int64_t k_pad,
-                                                           bool prologue_vectorized,
-                                                           bool norm_direct,
-                                                           bool register_prologue,
-                                                           bool early_residual,
-                                                           bool skip_dead_slots) {
+// prologue (kPro), x is first computed into dynamic shared memory (stage 0) or, with the
+// launcher's register_prologue, into each warp's registers.
+// kSlots > 0 (one row of 16-byte vectors, k a whole number of vectors, one batch of kSlots
+// vectors per lane covering the row: the launcher's `slots`): kUnroll = kSlots, 32-bit indices,
+// no tail and no next-batch step, so the code after the wait is the minimal GEMV's (load x and
+// the residual, FMAs, shuffles, store). kSlots = 0: the general batch loop.
+template <typename T, int kRows, int kCols, int kVec, Prologue kPro, int kSlots>
+__global__ void __launch_bounds__(kMaxThreads)
+    gemv_kernel(const Params p, bool single_wave, std::int64_t k_pad, bool prologue_vectorized,
+                bool norm_direct, bool register_prologue) {
+  static_assert(kSlots == 0 || (kRows == 1 && kVec > 1), "one-batch instances: one row, vectors");
   // [p.rows, k_pad] of T, then (rms_norm) [k_pad] fp32 norm weights
   extern __shared__ __align__(16) unsigned char prologue_rows[];
   using Raw = typename RawOf<kVec* static_cast<int>(sizeof(T))>::type;
   using Scalar = typename RawOf<static_cast<int>(sizeof(T))>::type;
-  constexpr int kUnroll = unroll_for(kRows, kCols);
+  // Vector indices along k: 32-bit in the one-batch instances (num_vec <= kSlots * 32).
+  using Index = std::conditional_t<(kSlots > 0), int, std::int64_t>;
+  constexpr bool kOneBatch = kSlots > 0;
+  constexpr bool kHasTail = kVec > 1 && !kOneBatch;
+  constexpr int kUnroll = kOneBatch ? kSlots : unroll_for(kRows, kCols);
   constexpr int kStep = kUnroll * kWarpSize;  // vectors of a row one batch covers
   constexpr int kValues = kRows * kCols;      // accumulators per lane
   constexpr int kLanesPerValue = kWarpSize / kValues;
@@ -520,9 +562,9 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   // Warp-uniform: a warp without a group exits after the wait (stage 6), and the shuffles below
   // see full warps.
   const bool has_group = group < num_groups;
-  // Stage 0 in registers (the launcher's register_prologue, SPLICE_GEMV_VARIANT bit 0): the
+  // Stage 0 in registers (the launcher's register_prologue, SPLICE_GEMV_VARIANT bit 1): the
   // prologue rows live in x_raw for the whole kernel; no shared memory, no barrier.
-  const bool in_registers = kLean && kPro != Prologue::none && kVec > 1 && register_prologue;
+  const bool in_registers = kOneBatch && kPro != Prologue::none && register_prologue;
 
   // Stage 1: the x rows, and the weight rows of the current group (clamped past n).
   const T* x_rows[kRows];  // each [k]
@@ -560,27 +602,27 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   // own whose loads have no consumer before the block ends, so all of them are issued back to
   // back (ptxas otherwise sinks each load next to its first use and keeps only two or three in
   // flight).
-  const std::int64_t num_vec = p.k / kVec;
-  const std::int64_t tail_k = num_vec * kVec + lane;  // lane < kVec - 1 <= 7 has a tail element
-  const bool in_tail = kVec > 1 && tail_k < p.k;
+  const Index num_vec = static_cast<Index>(p.k / kVec);
+  const std::int64_t tail_k = static_cast<std::int64_t>(num_vec) * kVec + lane;  // lane < kVec - 1
+  const bool in_tail = kHasTail && tail_k < p.k;
   Raw w_raw[kUnroll][kCols];  // [unroll, cols] vectors of w
   Raw x_raw[kUnroll][kRows];  // [unroll, rows] vectors of x
   Scalar w_tail[kCols];       // [cols] tail elements of w
   Scalar x_tail[kRows];       // [rows] tail elements of x
-  const auto load_weights = [&](std::int64_t base) {
+  const auto load_weights = [&](Index base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const std::int64_t v = base + u * kWarpSize + lane;
+      const Index v = base + u * kWarpSize + lane;
       const bool in_row = v < num_vec;
 #pragma unroll
       for (int c = 0; c < kCols; ++c)
         w_raw[u][c] = load_weight(reinterpret_cast<const Raw*>(w_rows[c] + v * kVec), in_row);
     }
   };
-  const auto load_activations = [&](std::int64_t base) {
+  const auto load_activations = [&](Index base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const std::int64_t v = base + u * kWarpSize + lane;
+      const Index v = base + u * kWarpSize + lane;
       const bool in_row = v < num_vec;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -592,13 +634,13 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
       }
     }
   };
-  const auto load_batch = [&](std::int64_t base) {
+  const auto load_batch = [&](Index base) {
     load_weights(base);
     load_activations(base);
   };
   const auto load_first_weights = [&] {
     load_weights(0);
-    if constexpr (kVec > 1) {
+    if constexpr (kHasTail) {
 #pragma unroll
       for (int c = 0; c < kCols; ++c)
         w_tail[c] = load_weight(reinterpret_cast<const Scalar*>(w_rows[c] + tail_k), in_tail);
@@ -606,7 +648,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
   };
   const auto load_first_activations = [&] {
     load_activations(0);
-    if constexpr (kVec > 1) {
+    if constexpr (kHasTail) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const Scalar* ptr = reinterpret_cast<const Scalar*>(x_rows[r] + tail_k);
@@ -628,8 +670,20 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
 
+  // Stage 5's residual element (Params::has_c) of each group, loaded with the group's first batch
+  // (right after the wait for the first group), so its L2 round trip overlaps the stream instead
+  // of following the reduction's shuffles. Its address is computed before the wait. With c = y
+  // the next group's element is read before this group's store: another column, so still
+  // read-then-written by one thread.
+  ResidualLoad residual_now, residual_next;
+  const auto residual_at = [&](std::int64_t g) {
+    const std::int64_t j = g * kCols + out_col;
+    return ResidualLoad::at(c_row, j * p.c_col_stride, p.c_dtype, p.has_c && stores && j < p.n);
+  };
+
   // Stage 6: the only global accesses before the wait are the constant weights' first batch.
   point_rows(has_group ? group : 0);
+  residual_now = residual_at(group);
   if (p.w_constant && has_group) load_first_weights();
   detail::wait_for_producers();
   if (single_wave) detail::allow_dependents();  // after the wait (launch.cuh)
@@ -637,42 +691,25 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
     if (!in_registers) run_prologue<T, kRows, kPro>(p, xs, k_pad, prologue_vectorized, norm_direct);
   }
   if (!has_group) return;
-  // SPLICE_GEMV_VARIANT bit 2 (the launcher's early_residual): this lane's residual element of
-  // each group is loaded with the group's first batch (right after the wait for the first group),
-  // not after the reduction, so its L2 round trip overlaps the stream instead of following the
-  // shuffles. With c = y the next group's element is read before this group's store: another
-  // column, so still read-then-written by one thread.
-  const bool early_c = p.has_c && early_residual;
-  float c_current = 0.0f, c_next = 0.0f;
-  const auto load_c = [&](std::int64_t g) {
-    const std::int64_t j = g * kCols + out_col;
-    return early_c && stores && j < p.n ? load_residual(c_row, j * p.c_col_stride, p.c_dtype)
-                                        : 0.0f;
-  };
-  c_current = load_c(group);
+  residual_now.issue(p.c_dtype);
   if (!p.w_constant) load_first_weights();
-  if constexpr (kLean && kPro != Prologue::none && kVec > 1) {
-    if (in_registers) {
+  if constexpr (kOneBatch && kPro != Prologue::none) {
+    if (in_registers)
       register_rows<T, kRows, kUnroll, kPro>(p, x_raw, lane, num_vec);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) x_tail[r] = Scalar{};  // k % kVec == 0: no tail
-    } else {
+    else
       load_first_activations();
-    }
   } else {
     load_first_activations();
   }
-  std::int64_t base = 0;
+  Index base = 0;
   for (;;) {
-    // Stage 3: consume the batch in registers. With skip_dead_slots (SPLICE_GEMV_VARIANT bit 3)
-    // the slots past the row (their loads were predicated off: zeros) are skipped, a warp-uniform
-    // branch: at K = 576 bf16 one row is 72 vectors, 3 of the 12 slots of a 1 x 1 batch, so the
-    // mainline converts and multiplies 9 slots of zeros after the wait. Bit-identical (adding
-    // the zero products leaves every accumulator unchanged).
+    // Stage 3: consume the batch in registers; slots past the row (their loads were predicated
+    // off: zeros) are skipped, a warp-uniform branch (K = 576 bf16 is 72 vectors, 3 of the 12
+    // slots of a general 1 x 1 batch: converting and multiplying the other 9 after the wait cost
+    // ~0.3 us per call on the H200). Bit-identical: adding zero products changes no accumulator.
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (kLean && skip_dead_slots && base + static_cast<std::int64_t>(u) * kWarpSize >= num_vec)
-        break;
+      if (base + u * kWarpSize >= num_vec) break;
       float wf[kCols][kVec];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) unpack<T>(w_raw[u][c], wf[c]);
@@ -695,15 +732,17 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
         }
       }
     }
-    base += kStep;
-    if (base < num_vec) {  // the group's next batch
-      load_batch(base);
-      continue;
+    if constexpr (!kOneBatch) {
+      base += kStep;
+      if (base < num_vec) {  // the group's next batch
+        load_batch(base);
+        continue;
+      }
     }
 
     // The group is done: its tail (stage 4), then the next group's first batch goes out before
     // this group's reduction and store (stage 5).
-    if constexpr (kVec > 1) {
+    if constexpr (kHasTail) {
       float wt[kCols];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
@@ -724,7 +763,8 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
     const bool more = group < num_groups;  // warp-uniform
     if (more) {
       point_rows(group);
-      c_next = load_c(group);
+      residual_next = residual_at(group);
+      residual_next.issue(p.c_dtype);
       if (in_registers)
         load_first_weights();  // the prologue's rows stay in x_raw (one batch covers k)
       else
@@ -743,12 +783,10 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_kernel(const Params p, bool 
     const float sum = transposed_warp_sum(values, lane);
     if (stores && j0 + out_col < p.n) {
       float out = sum;
-      if (p.has_c)
-        out += early_c ? c_current
-                       : load_residual(c_row, (j0 + out_col) * p.c_col_stride, p.c_dtype);
+      if (p.has_c) out += residual_now.value(p.c_dtype);
       store_out(y_row, (j0 + out_col) * p.y_col_stride, out, p.out_dtype);
     }
-    c_current = c_next;
+    residual_now = residual_next;
     if (!more) break;
   }
 }
@@ -777,10 +815,9 @@ struct Grid {
   std::int64_t k_pad = 0;
   unsigned smem = 0;
   bool prologue_vectorized = false;
-  bool norm_direct = false;  // rms_norm's weight read as T chunks (in_dtype, unit stride)
+  bool norm_direct = false;        // rms_norm's weight read as T chunks (in_dtype, unit stride)
   bool register_prologue = false;  // stage 0 in registers (smem then 0)
-  bool early_residual = false;     // the residual element loaded with the group's first batch
-  bool skip_dead_slots = false;    // stage 3 skips batch slots past the row
+  int slots = 0;  // > 0: the one-batch instance with kSlots = slots (one row, one batch covers k)
 };
 
 // CTAs of `kernel` with `threads` threads one SM holds at once (>= 1), cached per kernel
@@ -842,9 +879,9 @@ void launch_with_smem(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, unsi
   SPLICE_CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename T, int kRows, int kCols, int kVec, Prologue kPro, bool kLean = false>
+template <typename T, int kRows, int kCols, int kVec, Prologue kPro, int kSlots = 0>
 void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
-  const auto kernel = gemv_kernel<T, kRows, kCols, kVec, kPro, kLean>;
+  const auto kernel = gemv_kernel<T, kRows, kCols, kVec, kPro, kSlots>;
   static OccupancyCache cache;
   if constexpr (kPro != Prologue::none) {
     // Dynamic shared memory beyond the default 48 KiB needs the per-function opt-in (once per
@@ -868,9 +905,8 @@ void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
   if (stream != nullptr && pdl_enabled()) g_pdl_launches.fetch_add(1, std::memory_order_relaxed);
   if (p.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
   if (kPro != Prologue::none) g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
-  launch_with_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(g.threads), g.smem, stream,
-                   p, single_wave, g.k_pad, g.prologue_vectorized, g.norm_direct,
-                   g.register_prologue, g.early_residual, g.skip_dead_slots);
+  launch_with_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(g.threads), g.smem, stream, p,
+                   single_wave, g.k_pad, g.prologue_vectorized, g.norm_direct, g.register_prologue);
 }
 
 template <typename T, int kRows, int kCols, Prologue kPro>
@@ -878,8 +914,12 @@ void launch_vec(const Params& p, Grid g, bool vectorized, int device, cudaStream
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
   if (vectorized) {
     if constexpr (kRows == 1) {
-      if (g.register_prologue || g.skip_dead_slots)
-        return launch_instance<T, kRows, kCols, kVec, kPro, true>(p, g, device, stream);
+      if (g.slots == kSmallSlots)
+        return launch_instance<T, kRows, kCols, kVec, kPro, kSmallSlots>(p, g, device, stream);
+      if constexpr (unroll_for(kRows, kCols) >= kLargeSlots) {
+        if (g.slots == kLargeSlots)
+          return launch_instance<T, kRows, kCols, kVec, kPro, kLargeSlots>(p, g, device, stream);
+      }
     }
     launch_instance<T, kRows, kCols, kVec, kPro>(p, g, device, stream);
   } else {
@@ -941,17 +981,14 @@ bool aligned(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % k
 // SPLICE_GEMV_VARIANT (gemv.h's variant()), read once; set_variant() overrides it.
 std::atomic<int> g_variant{-1};
 
-// The row bucket a launch of `rows` rows instantiates (launch_rows).
-int rows_bucket(int rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : kMaxRows; }
-
 }  // namespace
 
 int variant() {
   int v = g_variant.load(std::memory_order_relaxed);
   if (v >= 0) return v;
   const char* env = std::getenv("SPLICE_GEMV_VARIANT");
-  v = env != nullptr ? std::atoi(env) : 0;
-  v = v >= 0 && v <= kVariantMask ? v : 0;
+  v = env != nullptr ? std::atoi(env) : kDefaultVariant;
+  v = v >= 0 && v <= kVariantMask ? v : kDefaultVariant;
   int expected = -1;
   g_variant.compare_exchange_strong(expected, v, std::memory_order_relaxed);
   return g_variant.load(std::memory_order_relaxed);
@@ -1029,7 +1066,7 @@ void launch(const Params& params, cudaStream_t stream) {
   }
 
   // Stage 1's tiling: columns per warp, then warps per CTA (the grid is capped in launch_instance).
-  // SPLICE_GEMV_VARIANT bit 1 (kVariantFewCtas): kMaxCols columns per warp and kMaxWarpsPerCta
+  // SPLICE_GEMV_VARIANT bit 2 (kVariantFewCtas): kMaxCols columns per warp and kMaxWarpsPerCta
   // warps per CTA whatever n, so a small product takes few CTAs (576 x 576: 36 instead of 144).
   const int device = current_device();
   const std::int64_t sms = sm_count(device);
@@ -1039,8 +1076,13 @@ void launch(const Params& params, cudaStream_t stream) {
   while (!few_ctas && cols > 1 && (p.n + cols - 1) / cols < kTargetWarpsPerSm * sms) cols /= 2;
   if (p.cols > 0) cols = p.cols;
   const std::int64_t warps = (p.n + cols - 1) / cols;
+  // SPLICE_GEMV_VARIANT bit 8 (kVariantFullCtas): kMaxWarpsPerCta warps per CTA even when that
+  // leaves fewer CTAs than SMs (n < 4 * SMs columns at one column per warp: 192 x 576 takes 48
+  // CTAs of 4 warps instead of 192 of 1).
+  const bool full_ctas = (knob & kVariantFullCtas) != 0;
   int warps_per_cta = kMaxWarpsPerCta;
-  while (!few_ctas && warps_per_cta > 1 && (warps + warps_per_cta - 1) / warps_per_cta < sms)
+  while (!few_ctas && !full_ctas && warps_per_cta > 1 &&
+         (warps + warps_per_cta - 1) / warps_per_cta < sms)
     warps_per_cta /= 2;
   const std::int64_t blocks = (warps + warps_per_cta - 1) / warps_per_cta;
   Grid g;
@@ -1052,16 +1094,26 @@ void launch(const Params& params, cudaStream_t stream) {
   g.norm_direct = p.prologue == Prologue::rms_norm && p.norm_weight_dtype == p.in_dtype &&
                   (p.norm_weight_stride == 1 || p.k == 1) &&
                   (!prologue_vectorized || aligned(p.norm_weight));
-  // SPLICE_GEMV_VARIANT bit 0 (kVariantRegisterPrologue): stage 0 in registers when one batch of
-  // 16-byte vectors covers k (register_rows) and rms_norm's weight is read directly.
+  // The one-batch instances (kSlots = kSmallSlots or kLargeSlots): one row of whole 16-byte
+  // vectors that one batch of `slots` vectors per lane covers, within the load budget of `cols`
+  // columns (K = 576 bf16: 3 slots; 1536: 6). SPLICE_GEMV_VARIANT bit 4 (kVariantGeneralBatch)
+  // keeps the general batch loop instead (the A/B).
   const std::int64_t row_vectors = p.k / (kVectorBytes / elem);
-  g.register_prologue =
-      (knob & kVariantRegisterPrologue) != 0 && p.rows == 1 && has_prologue && vectorized &&
-      prologue_vectorized && (p.prologue != Prologue::rms_norm || g.norm_direct) &&
-      row_vectors <= static_cast<std::int64_t>(unroll_for(rows_bucket(p.rows), cols)) * kWarpSize;
+  if ((knob & kVariantGeneralBatch) == 0 && p.rows == 1 && vectorized &&
+      p.k % (kVectorBytes / elem) == 0) {
+    for (const int slots : {kSmallSlots, kLargeSlots})
+      if (row_vectors <= static_cast<std::int64_t>(slots) * kWarpSize &&
+          slots <= unroll_for(1, cols)) {
+        g.slots = slots;
+        break;
+      }
+  }
+  // SPLICE_GEMV_VARIANT bit 1 (kVariantRegisterPrologue): stage 0 in registers (register_rows)
+  // in a one-batch instance whose rows are 16-byte vectors and whose rms_norm weight is read
+  // directly.
+  g.register_prologue = (knob & kVariantRegisterPrologue) != 0 && g.slots > 0 && has_prologue &&
+                        prologue_vectorized && (p.prologue != Prologue::rms_norm || g.norm_direct);
   if (g.register_prologue) g.smem = 0;
-  g.early_residual = (knob & kVariantEarlyResidual) != 0 && p.has_c;
-  g.skip_dead_slots = (knob & kVariantSkipDeadSlots) != 0 && p.rows == 1 && vectorized;
 
   switch (p.in_dtype) {
     case DType::f16:

@@ -90,28 +90,32 @@ bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 
 // Experiment knob SPLICE_GEMV_VARIANT (issue #7; read once, at the first launch; 0, the default,
 // is the measured mainline), a bit mask:
-//   kVariantRegisterPrologue (1): a one-row prologue launch whose rows are 16-byte vectors and
-//     whose k one load batch covers (k <= 3072 bf16 at one column per warp) computes its row per
-//     warp in registers (rms_norm: each warp sums the whole row itself) instead of shared memory
-//     with three CTA barriers; bit-identical rows except for the order of the sum of squares.
+//   kVariantRegisterPrologue (1): a one-row prologue launch in a one-batch instance (below) whose
+//     rows are 16-byte vectors computes its row per warp in registers (rms_norm: each warp sums
+//     the whole row itself) instead of shared memory with three CTA barriers; bit-identical rows
+//     except for the order of the sum of squares.
 //   kVariantFewCtas (2): 4 columns per warp and 4 warps per CTA whatever n (576 x 576: 36 CTAs
 //     instead of 144), fewer CTAs for a small product.
-//   kVariantEarlyResidual (4): with the residual epilogue (has_c), each lane's c element is
-//     loaded with its group's first batch, right after the wait, instead of after the warp
-//     reduction (in SASS the mainline's c load follows the five shuffles: one more dependent L2
-//     round trip on the critical path of every MatMulAdd / SiluMulMatMulAdd GEMV).
-//   kVariantSkipDeadSlots (8): at one row with 16-byte vectors, the consume step skips batch
-//     slots past the row (warp-uniform branch) instead of converting and multiplying their zeros
-//     (K = 576 bf16 at one column per warp: 9 of 12 slots); bit-identical.
-//   Bits 1 and 8 run separate kernel instances (one row only), so the mainline's are unchanged.
+//   kVariantGeneralBatch (4): no one-batch instances: one row goes through the general batch
+//     loop (12 slots per lane at one column, 64-bit indices, the tail scalars, the next-batch
+//     step) instead of the instance whose batch is just big enough (3 vectors per lane at
+//     K = 576 bf16, 6 at 1536); bit-identical. Bit 1 then has no instance to run in (off).
+//   kVariantFullCtas (8): 4 warps per CTA whatever n (the mainline halves the warps per CTA,
+//     down to 1, until there are at least as many CTAs as SMs: 192 x 576 is 192 CTAs of 1 warp;
+//     with this bit 48 CTAs of 4; chain.cu measured 1-warp CTAs 0.4 us slower at 576 x 576).
+// What used to be bits 4 (the residual loaded with the group's first batch) and 8 (skip batch
+// slots past the row) won the 10:05 H200 run (-0.3 us per call) and is the mainline now.
 // Every value computes the same product within the policy; set_variant() overrides the
 // environment (tests, A/B benchmarks), values outside 0 .. kVariantMask are an internal error.
 inline constexpr int kVariantRegisterPrologue = 1;
 inline constexpr int kVariantFewCtas = 2;
-inline constexpr int kVariantEarlyResidual = 4;
-inline constexpr int kVariantSkipDeadSlots = 8;
+inline constexpr int kVariantGeneralBatch = 4;
+inline constexpr int kVariantFullCtas = 8;
 inline constexpr int kVariantMask =
-    kVariantRegisterPrologue | kVariantFewCtas | kVariantEarlyResidual | kVariantSkipDeadSlots;
+    kVariantRegisterPrologue | kVariantFewCtas | kVariantGeneralBatch | kVariantFullCtas;
+// The value variant() returns when SPLICE_GEMV_VARIANT is unset (a bit that wins its A/B becomes
+// the mainline by moving into this value first, then into the code).
+inline constexpr int kDefaultVariant = 0;
 int variant();
 void set_variant(int variant);
 
