@@ -6,9 +6,12 @@
 //      cuda::current_stream() through detail::launch_kernel (PDL when enabled).
 //   2. Kernel: one thread per (batch b, head h of the q|k|v row, i < D/2) pair (a grid-stride
 //      loop; the item -> offsets map is rope_kv_append_index::item of the header, which
-//      tests/kernels runs on the host against the CPU kernel). It opens with pdl_prologue()
-//      (wait for the producers, then trigger: launch.cuh), then reads p = position[0] from
-//      device memory (so a replayed CUDA graph sees each token's position). With
+//      tests/kernels runs on the host against the CPU kernel). The first item's offsets (at cache
+//      row 0: the row adds p times the target's row stride) are computed before pdl_prologue()
+//      (wait for the producers, then trigger: launch.cuh); after it the item's x pair and
+//      p = position[0] (read from device memory, so a replayed CUDA graph sees each token's
+//      position) are loaded together, so the dependent round trips after the wait are two:
+//      [x, p] -> [cos, sin at row p] -> stores. With
 //      x = qkv[b, 0, h D : (h + 1) D], c = cos[p], s = sin[p]:
 //        y_i = x_i c_i + (-x_{i+D/2}) s_i,   y_{i+D/2} = x_{i+D/2} c_{i+D/2} + x_i s_{i+D/2}
 //      each product rounded to fp32 before the sum (__fmul_rn / __fadd_rn: cpu::rope's exact
@@ -21,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cuda/float_convert.cuh"
 #include "backend/cuda/launch.cuh"
@@ -64,41 +68,88 @@ __device__ __forceinline__ float load_any(const void* p, int dtype, long long of
   }
 }
 
+// The cache-row stride of an item's target: Item::dst at row p is item(g, t, 0).dst + p * this
+// (item() adds row * k_stride[2] / v_stride[2] to the k / v targets' offsets and nothing to q's).
+__device__ __forceinline__ long long row_stride_of(const rope_kv_append_index::Geometry& g,
+                                                   rope_kv_append_index::Target target) {
+  using rope_kv_append_index::Target;
+  return target == Target::k ? g.k_stride[2] : target == Target::v ? g.v_stride[2] : 0;
+}
+
+// A plain load issued where it stands: volatile asm keeps the qkv pair's loads ahead of the
+// position's (with C++ loads the compiler put the position's first use, the validity test, before
+// the qkv loads, so they waited for the position's round trip: seen in SASS).
+template <typename T>
+__device__ __forceinline__ T load_in_order(const T* ptr) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4);
+  T value;
+  if constexpr (sizeof(T) == 2) {
+    unsigned short bits;
+    asm volatile("ld.global.nc.b16 %0, [%1];" : "=h"(bits) : "l"(ptr));
+    memcpy(&value, &bits, sizeof(T));
+  } else {
+    unsigned bits;
+    asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(bits) : "l"(ptr));
+    memcpy(&value, &bits, sizeof(T));
+  }
+  return value;
+}
+
+// Post-wait path per item (SASS checked: the qkv pair's loads and the position's go out back to
+// back right after ACQBULK): [x_i, x_{i+D/2}, p] -> [cos, sin at row p] -> stores. The item's
+// offsets (three 64-bit divisions) are computed before the wait from the launch parameters alone.
 template <typename T>
 __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
   using rope_kv_append_index::Target;
-  detail::pdl_prologue();  // before the position load (launch.cuh)
   const long long half = p.g.dim / 2, total = rope_kv_append_index::items(p.g);
-  const long long pos = *p.position;
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  // The first item's offsets at row 0, before the wait (parameters only).
+  rope_kv_append_index::Item it =
+      t < total ? rope_kv_append_index::item(p.g, t, 0) : rope_kv_append_index::Item{};
+  const T* const qkv = static_cast<const T*>(p.qkv);
+  detail::pdl_prologue();  // before the qkv and position loads (launch.cuh)
+  // The item's x pair (read whether or not the position is valid), then the position.
+  T x_lo{}, x_hi{};
+  if (t < total) {
+    x_lo = load_in_order(qkv + it.src + it.i);
+    x_hi = load_in_order(qkv + it.src + it.i + half);
+  }
+  const long long pos = load_in_order(p.position);
   const bool valid = pos >= 0 && pos < p.table_rows && pos < p.capacity;
-  const long long base = (valid ? pos : 0) * p.table_stride0;
-  for (long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; t < total;
-       t += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const rope_kv_append_index::Item it = rope_kv_append_index::item(p.g, t, valid ? pos : 0);
+  const long long row = valid ? pos : 0;
+  while (t < total) {
     const long long i = it.i;
-    const T* x = static_cast<const T*>(p.qkv) + it.src;
-    if (it.target == Target::v) {  // an exact copy into row p
-      if (!valid) continue;
-      T* y = static_cast<T*>(p.v_cache) + it.dst;
-      y[i] = x[i];
-      y[i + half] = x[i + half];
-      continue;
-    }
-    T* y = static_cast<T*>(it.target == Target::q ? p.out : p.k_cache) + it.dst;
-    if (!valid) {
-      if (it.target == Target::q) {
+    const Target target = it.target;
+    const long long dst = it.dst + row * row_stride_of(p.g, target);
+    if (target == Target::v) {  // an exact copy into row p
+      if (valid) {
+        T* y = static_cast<T*>(p.v_cache) + dst;
+        y[i] = x_lo;
+        y[i + half] = x_hi;
+      }
+    } else {
+      T* y = static_cast<T*>(target == Target::q ? p.out : p.k_cache) + dst;
+      if (valid) {
+        const long long base = row * p.table_stride0;
+        const float x1 = to_float(x_lo), x2 = to_float(x_hi);
+        const float c1 = load_any(p.cos, p.table_dtype, base + i * p.table_stride1);
+        const float c2 = load_any(p.cos, p.table_dtype, base + (i + half) * p.table_stride1);
+        const float s1 = load_any(p.sin, p.table_dtype, base + i * p.table_stride1);
+        const float s2 = load_any(p.sin, p.table_dtype, base + (i + half) * p.table_stride1);
+        y[i] = from_float<T>(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1)));
+        y[i + half] = from_float<T>(__fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2)));
+      } else if (target == Target::q) {
         y[i] = from_float<T>(0.0f);
         y[i + half] = from_float<T>(0.0f);
       }
-      continue;
     }
-    const float x1 = to_float(x[i]), x2 = to_float(x[i + half]);
-    const float c1 = load_any(p.cos, p.table_dtype, base + i * p.table_stride1);
-    const float c2 = load_any(p.cos, p.table_dtype, base + (i + half) * p.table_stride1);
-    const float s1 = load_any(p.sin, p.table_dtype, base + i * p.table_stride1);
-    const float s2 = load_any(p.sin, p.table_dtype, base + (i + half) * p.table_stride1);
-    y[i] = from_float<T>(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1)));
-    y[i + half] = from_float<T>(__fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2)));
+    t += step;  // the grid-stride loop's next item (decode grids cover every item at once)
+    if (t < total) {
+      it = rope_kv_append_index::item(p.g, t, 0);
+      x_lo = qkv[it.src + it.i];
+      x_hi = qkv[it.src + it.i + half];
+    }
   }
 }
 
