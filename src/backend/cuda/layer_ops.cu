@@ -7,12 +7,15 @@
 //   2. rms_norm: one CTA per row (a grid-stride loop over rows). Pass 1 loads the row in 16-byte
 //      vectors when the row start is 16-byte aligned and H is a multiple of the vector width
 //      (scalar loads otherwise) and sums  s = sum_j x_j^2  per thread, then by warp shuffles and
-//      one shared-memory step across warps. Pass 2 re-reads the row (L1/L2 resident) and stores
+//      one shared-memory step across warps; each thread's first vector of the row and its weights
+//      (loaded with it in pass 1) stay in registers. Pass 2 takes them from there (re-reads the
+//      rest of a long row: L1/L2 resident) and stores
 //        y_j = (x_j * inv) * w_j,   inv = 1 / sqrt(s / H + eps)   (IEEE sqrt and division).
 //   3. silu_mul: one thread per 16-byte vector (or element) of the [rows, n] space:
 //        t = round(a / (1 + e^-a)),   y = round(t * b)
 //      (the first rounding is the primitive Silu node's store).
-//   4. rope: one thread per (row, i < D/2) pair; p = position[0] is read from device memory:
+//   4. rope: one thread per (row, i < D/2) pair; p = position[0] is read from device memory, with
+//      the pair's x (both loads issued together after the wait; cos and sin at row p follow):
 //        y_i = x_i c_i + (-x_{i+h}) s_i,   y_{i+h} = x_{i+h} c_{i+h} + x_i s_{i+h}
 //      with each product rounded to fp32 before the sum (__fmul_rn / __fadd_rn: no contraction,
 //      the CPU's exact operations). A position outside [0, max_seq_len) writes zeros.
@@ -30,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/float_convert.cuh"
@@ -150,25 +154,75 @@ __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & (kVectorBytes - 1)) == 0;
 }
 
+// A plain load issued where it stands (volatile asm: the compiler keeps these in program order, so
+// the loads that do not need the position go out with it instead of after its first use).
+template <typename T>
+__device__ __forceinline__ T load_in_order(const T* ptr) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4);
+  T value;
+  if constexpr (sizeof(T) == 2) {
+    unsigned short bits;
+    asm volatile("ld.global.nc.b16 %0, [%1];" : "=h"(bits) : "l"(ptr));
+    memcpy(&value, &bits, sizeof(T));
+  } else {
+    unsigned bits;
+    asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(bits) : "l"(ptr));
+    memcpy(&value, &bits, sizeof(T));
+  }
+  return value;
+}
+
 // ---- kernels -----------------------------------------------------------------------------------
+//
+// Post-wait discipline (PDL, launch.cuh): whatever depends on the launch parameters alone (row
+// offsets: 64-bit divisions by runtime extents, a software routine of ~100 instructions each) is
+// computed before pdl_prologue()'s wait for the first item, so the loads go out right after it;
+// loads that do not depend on each other are issued together before any is used (rms_norm's weight
+// with its row, rope's x pair with the position).
 
 template <typename TX, typename TO>
 __global__ void rms_norm_kernel(RmsNormParams p) {
   constexpr int kW = VectorOf<TX>::kWidth;
   __shared__ float partial[kMaxRowThreads / kWarp];
   __shared__ float inv_shared;
-  detail::pdl_prologue();  // before the first row access (launch.cuh)
   const long long hidden = p.hidden;
-  for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const TX* x = static_cast<const TX*>(p.x) + row_offset(p.x_rows, row);
-    TO* y = static_cast<TO*>(p.out) + row_offset(p.out_rows, row);
+  // The first row's operands, before the wait (parameters only).
+  long long row = blockIdx.x;
+  const auto x_of = [&](long long r) {
+    return static_cast<const TX*>(p.x) + row_offset(p.x_rows, r);
+  };
+  const auto y_of = [&](long long r) {
+    return static_cast<TO*>(p.out) + row_offset(p.out_rows, r);
+  };
+  const TX* x = row < p.rows ? x_of(row) : nullptr;
+  TO* y = row < p.rows ? y_of(row) : nullptr;
+  detail::pdl_prologue();  // before the first row access (launch.cuh)
+  for (; row < p.rows; row += gridDim.x) {
+    if (row != blockIdx.x) {
+      x = x_of(row);
+      y = y_of(row);
+    }
     const bool vec = hidden % kW == 0 && aligned16(x);
-    // Pass 1: s = sum_j x_j^2.
+    const bool vec_out = vec && VectorOf<TO>::kWidth == kW && aligned16(y);
+    // Pass 1: s = sum_j x_j^2. The thread's first vector and, on the vector path, its weights
+    // stay in registers for pass 2 (every vector of a row of <= blockDim vectors, hidden <= 8192
+    // in 16-bit: pass 2 then re-reads nothing, and the weight's L2 round trip overlaps x's instead
+    // of following the reduction).
     float ss = 0.0f;
+    float first_x[kW] = {}, first_w[kW] = {};
+    const long long first = threadIdx.x;
     if (vec) {
-      for (long long v = threadIdx.x; v < hidden / kW; v += blockDim.x) {
+      for (long long v = first; v < hidden / kW; v += blockDim.x) {
         float e[kW];
         load_vector(x + v * kW, e);
+        if (v == first) {
+#pragma unroll
+          for (int i = 0; i < kW; ++i) {
+            first_x[i] = e[i];
+            if (vec_out)
+              first_w[i] = load_any(p.weight, p.weight_dtype, (v * kW + i) * p.weight_stride);
+          }
+        }
 #pragma unroll
         for (int i = 0; i < kW; ++i) ss += e[i] * e[i];
       }
@@ -192,15 +246,19 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
     __syncthreads();
     const float inv = inv_shared;
     // Pass 2: y_j = (x_j * inv) * w_j.
-    const bool vec_out = vec && VectorOf<TO>::kWidth == kW && aligned16(y);
     if (vec_out) {
-      for (long long v = threadIdx.x; v < hidden / kW; v += blockDim.x) {
+      for (long long v = first; v < hidden / kW; v += blockDim.x) {
         float e[kW];
-        load_vector(x + v * kW, e);
+        if (v == first) {
 #pragma unroll
-        for (int i = 0; i < kW; ++i)
-          e[i] = __fmul_rn(__fmul_rn(e[i], inv),
-                           load_any(p.weight, p.weight_dtype, (v * kW + i) * p.weight_stride));
+          for (int i = 0; i < kW; ++i) e[i] = __fmul_rn(__fmul_rn(first_x[i], inv), first_w[i]);
+        } else {
+          load_vector(x + v * kW, e);
+#pragma unroll
+          for (int i = 0; i < kW; ++i)
+            e[i] = __fmul_rn(__fmul_rn(e[i], inv),
+                             load_any(p.weight, p.weight_dtype, (v * kW + i) * p.weight_stride));
+        }
         store_vector(y + v * kW, e);
       }
     } else {
@@ -220,54 +278,91 @@ __device__ __forceinline__ float silu_mul_one(float a, float b) {
 
 template <typename T>
 __global__ void silu_mul_kernel(SiluMulParams p) {
-  detail::pdl_prologue();  // before the first operand access (launch.cuh)
   constexpr int kW = VectorOf<T>::kWidth;
   const long long per_row = p.vectorized ? p.n / kW : p.n;
   const long long total = p.rows * per_row;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long row = i / per_row, col = i % per_row;
-    const T* a = static_cast<const T*>(p.a) + row_offset(p.a_rows, row);
-    const T* b = static_cast<const T*>(p.b) + row_offset(p.b_rows, row);
-    T* y = static_cast<T*>(p.out) + row_offset(p.out_rows, row);
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  // Item i: element (or vector) `col` of row i / per_row of each operand.
+  struct Item {
+    const T* a;
+    const T* b;
+    T* y;
+    long long col;
+  };
+  const auto item_at = [&](long long i) {
+    const long long row = i / per_row;
+    return Item{static_cast<const T*>(p.a) + row_offset(p.a_rows, row),
+                static_cast<const T*>(p.b) + row_offset(p.b_rows, row),
+                static_cast<T*>(p.out) + row_offset(p.out_rows, row), i % per_row};
+  };
+  long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  Item it = i < total ? item_at(i) : Item{};  // the first item, before the wait
+  detail::pdl_prologue();                     // before the first operand access (launch.cuh)
+  for (; i < total; i += step) {
     if (p.vectorized) {
       float va[kW], vb[kW];
-      load_vector(a + col * kW, va);
-      load_vector(b + col * kW, vb);
+      load_vector(it.a + it.col * kW, va);
+      load_vector(it.b + it.col * kW, vb);
 #pragma unroll
       for (int k = 0; k < kW; ++k) va[k] = silu_mul_one<T>(va[k], vb[k]);
-      store_vector(y + col * kW, va);
+      store_vector(it.y + it.col * kW, va);
     } else {
-      y[col] = from_float<T>(silu_mul_one<T>(to_float(a[col]), to_float(b[col])));
+      it.y[it.col] = from_float<T>(silu_mul_one<T>(to_float(it.a[it.col]), to_float(it.b[it.col])));
     }
+    if (i + step < total) it = item_at(i + step);
   }
 }
 
 template <typename T>
 __global__ void rope_kernel(RopeParams p) {
-  detail::pdl_prologue();  // before the position load (launch.cuh)
   const long long half = p.dim / 2;
   const long long total = p.rows * half;
-  const long long pos = *p.position;
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  // Item t: the pair (i, i + half) of row t / half; its operands before the wait for the first.
+  struct Item {
+    const T* x;
+    T* y;
+    long long i;
+  };
+  const auto item_at = [&](long long t) {
+    const long long row = t / half;
+    return Item{static_cast<const T*>(p.x) + row_offset(p.x_rows, row),
+                static_cast<T*>(p.out) + row_offset(p.out_rows, row), t % half};
+  };
+  long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  Item it = t < total ? item_at(t) : Item{};
+  detail::pdl_prologue();  // before the x and position loads (launch.cuh)
+  // The first item's x pair (read whether or not the position is valid), then the position:
+  // [x, p] -> [cos, sin at row p] -> stores.
+  T x_lo{}, x_hi{};
+  if (t < total) {
+    x_lo = load_in_order(it.x + it.i);
+    x_hi = load_in_order(it.x + it.i + half);
+  }
+  const long long pos = load_in_order(p.position);
   const bool valid = pos >= 0 && pos < p.table_rows;
   const long long base = (valid ? pos : 0) * p.table_stride0;
-  for (long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; t < total;
-       t += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long row = t / half, i = t % half;
-    const T* x = static_cast<const T*>(p.x) + row_offset(p.x_rows, row);
-    T* y = static_cast<T*>(p.out) + row_offset(p.out_rows, row);
+  while (t < total) {
+    const long long i = it.i;
+    T* y = it.y;
     if (!valid) {
       y[i] = from_float<T>(0.0f);
       y[i + half] = from_float<T>(0.0f);
-      continue;
+    } else {
+      const float x1 = to_float(x_lo), x2 = to_float(x_hi);
+      const float c1 = load_any(p.cos, p.table_dtype, base + i * p.table_stride1);
+      const float c2 = load_any(p.cos, p.table_dtype, base + (i + half) * p.table_stride1);
+      const float s1 = load_any(p.sin, p.table_dtype, base + i * p.table_stride1);
+      const float s2 = load_any(p.sin, p.table_dtype, base + (i + half) * p.table_stride1);
+      y[i] = from_float<T>(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1)));
+      y[i + half] = from_float<T>(__fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2)));
     }
-    const float x1 = to_float(x[i]), x2 = to_float(x[i + half]);
-    const float c1 = load_any(p.cos, p.table_dtype, base + i * p.table_stride1);
-    const float c2 = load_any(p.cos, p.table_dtype, base + (i + half) * p.table_stride1);
-    const float s1 = load_any(p.sin, p.table_dtype, base + i * p.table_stride1);
-    const float s2 = load_any(p.sin, p.table_dtype, base + (i + half) * p.table_stride1);
-    y[i] = from_float<T>(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1)));
-    y[i + half] = from_float<T>(__fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2)));
+    t += step;  // the grid-stride loop's next item (decode grids cover every item at once)
+    if (t < total) {
+      it = item_at(t);
+      x_lo = it.x[it.i];
+      x_hi = it.x[it.i + half];
+    }
   }
 }
 
@@ -537,12 +632,11 @@ bool prologue_gemv_applies(const Tensor& x, const Tensor& w) {
   if (w.size(1) > 1 && w.stride(1) != 1) return false;
   const std::int64_t rows = row_count(x), n = w.size(0), k = w.size(1);
   return rows >= 1 && rows <= gemv::kMaxRows && n >= 1 && k >= 1 && k <= kPrologueGemvMaxK &&
-         w.stride(0) >= 0 && gemv::preferred(rows, n, k) &&
-         gemv::prologue_fits(rows, k, x.dtype());
+         w.stride(0) >= 0 && gemv::preferred(rows, n, k) && gemv::prologue_fits(rows, k, x.dtype());
 }
 
-void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
-                     Tensor& out, bool w_constant) {
+void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w, Tensor& out,
+                     bool w_constant) {
   constexpr const char* kOp = "rms_norm_matmul";
   check_product(x, w, out, kOp, "x");
   check_cuda_tensor(weight, kOp, "weight");
@@ -580,8 +674,8 @@ void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, cons
                      ", ", dtype_name(b.dtype()), ", ", dtype_name(w.dtype()));
   check_shape(b, a.shape(), kOp, "b");
   check_shape(c, out.shape(), kOp, "c");
-  const bool same_view = c.raw_data() == out.raw_data() && c.strides() == out.strides() &&
-                         c.dtype() == out.dtype();
+  const bool same_view =
+      c.raw_data() == out.raw_data() && c.strides() == out.strides() && c.dtype() == out.dtype();
   if (detail::overlaps(c, out) && !same_view)
     fail<LayoutError>(kOp, ": `c` overlaps `out` (only the identical view is allowed)");
   if (detail::overlaps(out, b)) fail<LayoutError>(kOp, ": `out` must not overlap `b`");
