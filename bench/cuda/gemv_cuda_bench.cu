@@ -23,10 +23,11 @@
 //      op's GEMV), whose cost over `pf` is the c read.
 //   4. Check: both arms' outputs of the last copy agree (max |gemv - lt| / max |lt| printed), and
 //      splice::cuda::matmul (the routed primitive) once more on copy 0 agrees with them.
-//   5. Output: one row per shape (us, GB/s of weight reads, % of 4.48 TB/s, cuBLASLt us, ratio
-//      cuBLASLt / GEMV, the path gemv::preferred routes the shape to and whether that is the
-//      faster arm) and JSON at argv[1] (default gemv_cuda_bench.json). A "no" in the `ok` column
-//      means the routing rule's thresholds (gemv.cu, `preferred`) need retuning.
+//   5. Output (--m M: that M only): one row per shape (us, GB/s of weight reads, % of 4.48
+//      TB/s, cuBLASLt us, ratio cuBLASLt / GEMV, the path gemv::preferred routes the shape to and
+//      whether that is the faster arm) and JSON at argv[1] (default gemv_cuda_bench.json). A
+//      "no" in the `ok` column means the routing rule's thresholds (gemv.cu, `preferred`) need
+//      retuning.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -334,14 +335,17 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
 int main(int argc, char** argv) {
   std::string json_path = "gemv_cuda_bench.json";
   int reps = kDefaultReps;
+  std::int64_t only_m = 0;  // --m M: only that M (0: 1, 2, 4 and 8)
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--reps" && i + 1 < argc)
       reps = std::max(1, std::atoi(argv[++i]));
+    else if (arg == "--m" && i + 1 < argc)
+      only_m = std::atoll(argv[++i]);
     else if (!arg.empty() && arg[0] != '-')
       json_path = arg;
     else {
-      std::fprintf(stderr, "usage: %s [JSON_PATH] [--reps N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [JSON_PATH] [--reps N] [--m M]\n", argv[0]);
       return 2;
     }
   }
@@ -379,6 +383,7 @@ int main(int argc, char** argv) {
   std::vector<Result> results;
   for (std::int64_t m : {1, 2, 4, 8})
     for (const Shape& s : shapes) {
+      if (only_m > 0 && m != only_m) continue;
       results.push_back(run_shape(s, m, pool, lt, workspace, reps, stream));
       const Result& r = results.back();
       std::printf("  M=%lld %-16s N=%-6lld K=%-5lld copies=%-4d gemv %8.2f us  lt %8.2f us\n",
