@@ -24,7 +24,8 @@
 //      prologue GEMV launch against its two-kernel chain (rms_norm or silu_mul, then the GEMV),
 //      the weight promised constant in both.
 //   6. Output: one row per op and shape (fused us with and without PDL, primitive us with and
-//      without PDL, kernels, ratio) and JSON at argv[1] (default layer_ops_cuda_bench.json).
+//      without PDL, kernels, ratio) and JSON at argv[1] (default layer_ops_cuda_bench.json);
+//      argv[2] the replays (default 30), argv[3] "smollm2": the SmolLM2 shapes only.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -408,6 +409,9 @@ Row bench_silu_mul_matmul_add(splice::Rng& rng, std::int64_t inter, std::int64_t
 int main(int argc, char** argv) {
   const std::string json_path = argc > 1 ? argv[1] : "layer_ops_cuda_bench.json";
   const int reps = argc > 2 ? std::max(1, std::atoi(argv[2])) : kDefaultReps;
+  // argv[3] == "smollm2": the SmolLM2 shapes only (the Llama ones spend seconds of host RNG on
+  // their weights: the device A/B runs this bench several times in one short call).
+  const bool smollm2_only = argc > 3 && std::string(argv[3]) == "smollm2";
   if (!cuda::device_available()) {
     std::printf("layer_ops_cuda_bench: no CUDA device, skipped\n");
     return 0;
@@ -458,6 +462,7 @@ int main(int argc, char** argv) {
         [&] { return bench_rms_norm_matmul(rng, hidden, 2 * inter, reps, stream); });  // gate|up
     add("silu_mul_matmul_add",
         [&] { return bench_silu_mul_matmul_add(rng, inter, hidden, reps, stream); });  // down + h
+    if (smollm2_only) break;  // the first shape set is SmolLM2's
   }
   std::ofstream json(json_path);
   json << "[\n";

@@ -85,11 +85,11 @@ __device__ __forceinline__ T load_in_order(const T* ptr) {
   T value;
   if constexpr (sizeof(T) == 2) {
     unsigned short bits;
-    asm volatile("ld.global.nc.b16 %0, [%1];" : "=h"(bits) : "l"(ptr));
+    asm volatile("ld.global.b16 %0, [%1];" : "=h"(bits) : "l"(ptr));
     memcpy(&value, &bits, sizeof(T));
   } else {
     unsigned bits;
-    asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(bits) : "l"(ptr));
+    asm volatile("ld.global.b32 %0, [%1];" : "=r"(bits) : "l"(ptr));
     memcpy(&value, &bits, sizeof(T));
   }
   return value;
