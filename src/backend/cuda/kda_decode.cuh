@@ -1042,6 +1042,17 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint3
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
+// Whether the phase of parity `phase` has completed (no waiting).
+__device__ __forceinline__ bool mbar_test(std::uint64_t* bar, std::uint32_t phase) {
+  std::uint32_t done = 0;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(phase)
+      : "memory");
+  return done != 0;
+}
 __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase) {
   std::uint32_t done = 0;
   while (!done) {
@@ -1370,8 +1381,9 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   // its old history: the stage may be refilled) and Y (item k's sweep and item k + 1's
   // precompute done), instead of three; the precompute leaves the serial path, and each
   // sub-partition's pair (warp w, w + 4) overlaps w's precompute with w + 4's sweep.
-  // The arithmetic is run_item's (precompute_tokens, ConvWriteback, sweep_token,
-  // norm_head_token): the same bits as the default schedule.
+  // A precompute warp whose next stage has not landed yet sweeps item k first (no order between
+  // the two: different token slots). The arithmetic is run_item's (precompute_tokens,
+  // ConvWriteback, sweep_token, norm_head_token): the same bits as the default schedule.
   if ((p.tune & kTuneOverlap) != 0 && p.max_t == 1) {
     auto precompute_of = [&](int k) {  // warps 0-3: item k's precompute, once its stage landed
       const int sk = k % kStages;
@@ -1424,9 +1436,12 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
           if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
         }
         run_pending_norm();
-      } else if (k + 1 < count) {
-        precompute_of(k + 1);
       }
+      const bool precompute_next = warp < kKindsPerToken && k + 1 < count;
+      const bool landed =
+          precompute_next &&
+          mbar_test(&S.full[(k + 1) % kStages], static_cast<std::uint32_t>((k + 1) / kStages) & 1u);
+      if (landed) precompute_of(k + 1);
       zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
       pending_slot = -1;
       if (it.live) {
@@ -1436,6 +1451,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
         pending_row = it.b;
         pending_h = it.h;
       }
+      if (precompute_next && !landed) precompute_of(k + 1);
       cta_sync<kStreamThreads>();  // Y: item k's o and item k + 1's precompute are in S.sm
     }
     run_pending_norm();
