@@ -22,9 +22,10 @@
 //      FlashDecodeDevKnobs::lean_merge) at the plan's split count (twice each, M L M L, for the
 //      noise), with split 0 speculating one ring stage instead of the whole ring (s1, knob
 //      spec_tiles = 1, mainline merge), with split 0's L2 prefetch before the PDL wait (pf,
-//      knob prefetch_l2; L+pf with the lean merge), then the plan with the merge left out (-merge) and with
+//      knob prefetch_l2), with every split speculating from the previous call's k_len (sa, knob
+//      spec_all), the lean merge with both (L+pf+sa), then the plan with the merge left out (-merge) and with
 //      the merge and the K/V stream left out (-mrg-kv; FlashDecodeDevKnobs::drop_stages,
-//      attribution only: outputs wrong), then forced split counts, M then L.
+//      attribution only: outputs wrong), then forced split counts 1 / 4 / 16 / 32, M then L.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -189,11 +190,13 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
 }
 
 // Sets every dev knob (the rest at their defaults).
-void set_knobs(bool lean_merge, int spec_tiles = 0, int drop_stages = 0, bool prefetch = false) {
+void set_knobs(bool lean_merge, int spec_tiles = 0, int drop_stages = 0, bool prefetch = false,
+               bool spec_all = false) {
   splice::cuda::FlashDecodeDevKnobs knobs;
   knobs.lean_merge = lean_merge;
   knobs.spec_tiles = spec_tiles;
   knobs.prefetch_l2 = prefetch;
+  knobs.spec_all = spec_all;
   knobs.drop_stages = drop_stages;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
@@ -284,14 +287,15 @@ int main(int argc, char** argv) {
 
   if (ab) {
     // The decision table of dev/flash_b1: M = mainline merge, L = lean merge (knob), s1 =
-    // mainline with spec_tiles = 1, pf = mainline with prefetch_l2, L+pf both; plan columns at the plan's split count (M L M L: the noise),
+    // mainline with spec_tiles = 1, pf = mainline with prefetch_l2, sa = mainline with spec_all,
+    // L+pf+sa = lean merge with both; plan columns at the plan's split count (M L M L: the noise),
     // attribution, then forced split counts, M then L. `sets` = calls per replayed graph: the
     // replay's fixed cost (~3 us) adds ~3 / sets us to every column of a row.
     std::printf("\nA/B (us per call, graph replay); M = mainline merge, L = lean merge\n");
-    std::printf("%-26s %4s %4s %7s %7s %7s %7s %7s %7s %7s %7s %7s |", "shape (B,Hq,Hkv,k_len,D)",
-                "sets", "live", "plan M", "plan L", "plan M", "plan L", "s1", "pf", "L+pf",
-                "-merge", "-mrg-kv");
-    const std::int64_t forced_counts[] = {1, 4, 8, 16, 32, 64};
+    std::printf("%-26s %4s %4s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s |",
+                "shape (B,Hq,Hkv,k_len,D)", "sets", "live", "plan M", "plan L", "plan M", "plan L",
+                "s1", "pf", "sa", "L+pf+sa", "-merge", "-mrg-kv");
+    const std::int64_t forced_counts[] = {1, 4, 16, 32};  // 8 and 64 lost everywhere at 10:05
     for (std::int64_t f : forced_counts)
       std::printf(" %5lldM %5lldL", static_cast<long long>(f), static_cast<long long>(f));
     std::printf("\n");
@@ -306,17 +310,19 @@ int main(int argc, char** argv) {
       const double spec1 = run_shape(in, reps, stream).us;
       set_knobs(false, 0, 0, true);
       const double prefetch = run_shape(in, reps, stream).us;
-      set_knobs(true, 0, 0, true);
-      const double lean_prefetch = run_shape(in, reps, stream).us;
+      set_knobs(false, 0, 0, false, true);
+      const double spec_all = run_shape(in, reps, stream).us;
+      set_knobs(true, 0, 0, true, true);
+      const double all = run_shape(in, reps, stream).us;
       double dropped[2];  // attribution: the plan without its merge, then without K/V too
       for (int i = 0; i < 2; ++i) {
         set_knobs(false, 0, i == 0 ? 1 : 3);
         dropped[i] = run_shape(in, reps, stream).us;
       }
-      std::printf("%-26s %4d %4d %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f |",
+      std::printf("%-26s %4d %4d %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f |",
                   shape_name(s).c_str(), in.sets, plan_runs[0].live, plan_runs[0].us,
-                  plan_runs[1].us, plan_runs[2].us, plan_runs[3].us, spec1, prefetch,
-                  lean_prefetch, dropped[0], dropped[1]);
+                  plan_runs[1].us, plan_runs[2].us, plan_runs[3].us, spec1, prefetch, spec_all,
+                  all, dropped[0], dropped[1]);
       for (std::int64_t f : forced_counts) {
         for (bool lean : {false, true}) {
           set_knobs(lean);

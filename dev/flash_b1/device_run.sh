@@ -11,8 +11,9 @@
 #   2. The decision table: flash_decode_cuda_bench --ab (B = 1 (32, 8) D 128 at 1K-64K, the
 #      SmolLM2 shape (9, 3) D 64 at 64 / 256 / 1K, and at 17 / 64 / 256 in a capacity-256 cache
 #      as the model runs it): us per call under graph replay, mainline merge (M) and lean merge
-#      (L) at the plan's split count (M L M L: the noise), spec_tiles = 1 (s1), attribution
-#      (-merge, -mrg-kv) and forced counts 1-64 (M, L) -> OUT_DIR/ab.txt, table printed.
+#      (L) at the plan's split count (M L M L: the noise), spec_tiles = 1 (s1), prefetch_l2 (pf),
+#      spec_all (sa), all three (L+pf+sa), attribution
+#      (-merge, -mrg-kv) and forced counts 1 / 4 / 16 / 32 (M, L) -> OUT_DIR/ab.txt, table printed.
 #   3. One file: OUT_DIR/flash_b1.tar.gz holds tests.txt, ab.txt (and memcheck.txt), which are
 #      then removed (the device returns at most 8 files).
 #   FLASH_B1_MEMCHECK=1 adds compute-sanitizer memcheck on the lean-merge test (-> memcheck.txt).
@@ -27,7 +28,7 @@ bench_bin=$build/bench/flash_decode_cuda_bench
 [ -x "$bench_bin" ] || bench_bin=$build/flash_decode_cuda_bench
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1
 
-filter='FlashDecodeCuda.LeanMerge*:FlashDecodeCuda.SpecTiles*'
+filter='FlashDecodeCuda.LeanMerge*:FlashDecodeCuda.SpecTiles*:FlashDecodeCuda.SpecAll*'
 filter+=':FlashDecodeCuda.OutputIndependentOfSplitCount:FlashDecodeCuda.SmolLM2Shape*'
 filter+=':FlashDecodeCuda.SingleSplitAndMergeBoundary'
 start=$(date +%s)
@@ -42,9 +43,10 @@ if [[ ${FLASH_B1_MEMCHECK:-0} == 1 ]]; then  # opt-in (~1 min more)
 fi
 
 start=$(date +%s)
-timeout 60 "$bench_bin" --ab --reps 13 >"$out/ab.txt" 2>&1
+timeout 58 "$bench_bin" --ab --reps 13 >"$out/ab.txt" 2>&1
 echo "bench rc=$? ($(($(date +%s) - start)) s)"
-# The compact table: shape, sets, live, plan M/L/M/L, s1, -merge, -mrg-kv | forced M/L pairs.
+# The compact table: shape, sets, live, plan M/L/M/L, s1, pf, sa, L+pf+sa, -merge, -mrg-kv |
+# forced M/L pairs.
 sed -n '/^A\/B/,$p' "$out/ab.txt" | sed -E 's/  +/ /g'
 tmp=$(mktemp -d)
 tar -czf "$tmp/flash_b1.tar.gz" -C "$out" . && rm -f "$out"/*.txt && mv "$tmp/flash_b1.tar.gz" "$out/"

@@ -19,14 +19,16 @@
 //   6. Dev knobs (FlashDecodeDevKnobs): the lean merge against the counter merge and the
 //      reference at forced split counts (one-batch path and its fallback), bitwise repeatable,
 //      across path-switching graph replays and back-to-back launches; shallower speculation
-//      (spec_tiles) and the L2 prefetch before the PDL wait (prefetch_l2) at short k_len in a
-//      large NaN-tailed cache.
+//      (spec_tiles), the L2 prefetch before the PDL wait (prefetch_l2) and every split's
+//      speculation from the last call's k_len (spec_all) at short k_len in a large NaN-tailed
+//      cache and across graph replays whose guess hits and misses.
 //   7. Bad arguments raise the typed errors that name them.
 #include "splice/backend/cuda/flash_decode.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -596,7 +598,8 @@ TEST(FlashDecodeCuda, GraphReplaySwitchesPlanPaths) {
 // is the previous call's output, which is NaN until that call writes it, and consecutive calls
 // share the global-merge workspace. Each output is checked against the reference built from
 // the previous output as read back.
-void check_back_to_back(std::uint64_t seed) {
+// Lengths above `capacity` are clamped to it (a smaller cache keeps the host fill short).
+void check_back_to_back(std::uint64_t seed, std::int32_t capacity = 16384) {
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   const std::int32_t lengths[] = {12000, 9000, 4097, 97, 16384, 1, 256, 257, 4096, 2049};
@@ -607,8 +610,8 @@ void check_back_to_back(std::uint64_t seed) {
     c.batch = 1;
     c.num_qo_heads = 32;
     c.num_kv_heads = 8;
-    c.capacity = 16384;
-    c.k_len = {len};
+    c.capacity = capacity;
+    c.k_len = {std::min(len, capacity)};
     c.causal = false;
     chain.push_back(std::make_unique<Problem>(c, rng));
     poison_nan(chain.back()->out.host_base);
@@ -713,11 +716,13 @@ TEST(FlashDecodeCuda, LeanMergeMatchesCounterMerge) {
 
 // The lean merge across graph replays that switch plan paths (the counter must be back at zero
 // after each; a shorter schedule than GraphReplaySwitchesPlanPaths) and back-to-back launches
-// with PDL on and off; with split 0's L2 prefetch before the PDL wait on.
+// with PDL on and off; with split 0's L2 prefetch before the PDL wait and every split's
+// speculation from the last call's k_len (spec_all) on.
 TEST(FlashDecodeCuda, LeanMergeGraphReplayAndBackToBack) {
   SKIP_WITHOUT_GPU();
   cuda::FlashDecodeDevKnobs knobs = lean_knobs();
   knobs.prefetch_l2 = true;
+  knobs.spec_all = true;
   DevKnobScope lean(knobs);
   Case c;
   c.batch = 1;
@@ -738,7 +743,7 @@ TEST(FlashDecodeCuda, LeanMergeGraphReplayAndBackToBack) {
   for (bool pdl : {true, false}) {
     SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
     cuda::set_pdl_enabled(pdl);
-    check_back_to_back(pdl ? 720 : 730);
+    check_back_to_back(pdl ? 720 : 730, 4096);
   }
 }
 
@@ -755,6 +760,7 @@ TEST(FlashDecodeCuda, SpecTilesAtShortLengthsInALargeCache) {
         knobs.spec_tiles = spec_tiles;
         knobs.lean_merge = len % 2 == 1;
         knobs.prefetch_l2 = len % 4 < 2;
+        knobs.spec_all = spec_tiles != 2;
         DevKnobScope scope(knobs);
         SCOPED_TRACE("spec_tiles=" + std::to_string(spec_tiles));
         Case c;
@@ -768,6 +774,32 @@ TEST(FlashDecodeCuda, SpecTilesAtShortLengthsInALargeCache) {
       }
     }
   }
+}
+
+// Every split's speculation from the last call's k_len (spec_all) alone: graph replays whose
+// k_len repeats (the guess hits), moves by one (hits except where the plan changes) and jumps
+// (misses: wait and reload), mainline merge; NaN beyond each k_len.
+TEST(FlashDecodeCuda, SpecAllHitsAndMisses) {
+  SKIP_WITHOUT_GPU();
+  cuda::FlashDecodeDevKnobs knobs;
+  knobs.spec_all = true;
+  DevKnobScope scope(knobs);
+  Case c;
+  c.batch = 1;
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.capacity = 4096;
+  c.k_len = {4096};
+  check_graph_replay(
+      c, {{4000}, {4000}, {4001}, {4002}, {1024}, {1025}, {257}, {257}, {4096}, {300}}, 760);
+  Case smol;
+  smol.batch = 1;
+  smol.num_qo_heads = 9;
+  smol.num_kv_heads = 3;
+  smol.head_dim = 64;
+  smol.capacity = 2048;
+  smol.k_len = {2048};
+  check_graph_replay(smol, {{1024}, {1024}, {1025}, {600}, {2048}, {2047}}, 770);
 }
 
 TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {

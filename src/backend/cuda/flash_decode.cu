@@ -67,6 +67,7 @@ struct Workspace {
   std::size_t counter_count = 0;
   float* partials = nullptr;
   std::size_t partial_bytes = 0;
+  int* k_len_hint = nullptr;  // [1] (dev knob spec_all): the last call's k_len, 0 at allocation
   FlashDecodeDevKnobs knobs;
 };
 
@@ -84,7 +85,7 @@ bool capturing(Stream stream) {
 void ensure_workspace(std::size_t counters, std::size_t partial_bytes, Stream stream) {
   Workspace& ws = workspace();
   std::lock_guard<std::mutex> lock(ws.mutex);
-  if (ws.counter_count >= counters && ws.partial_bytes >= partial_bytes) return;
+  if (ws.counter_count >= counters && ws.partial_bytes >= partial_bytes && ws.k_len_hint) return;
   if (capturing(stream))
     fail<UnsupportedError>("flash_decode: the split workspace must grow to ", partial_bytes,
                            " bytes during stream capture; run the same shapes once before "
@@ -95,6 +96,11 @@ void ensure_workspace(std::size_t counters, std::size_t partial_bytes, Stream st
     SPLICE_CUDA_CHECK(cudaMalloc(&ws.counters, counters * sizeof(unsigned)));
     SPLICE_CUDA_CHECK(cudaMemset(ws.counters, 0, counters * sizeof(unsigned)));
     ws.counter_count = counters;
+  }
+  if (!ws.k_len_hint) {
+    SPLICE_CUDA_CHECK(cudaMalloc(&ws.k_len_hint, sizeof(int)));
+    SPLICE_CUDA_CHECK(cudaMemset(ws.k_len_hint, 0, sizeof(int)));
+    SPLICE_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets ran on the legacy stream
   }
   if (ws.partial_bytes < partial_bytes) {
     if (ws.partials) SPLICE_CUDA_CHECK(cudaFree(ws.partials));
@@ -370,6 +376,10 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.spec_tiles = std::max(knobs.spec_tiles, 0);  // 0: the whole ring
   p.lean_merge = knobs.lean_merge ? 1 : 0;
   p.prefetch_l2 = knobs.prefetch_l2 ? 1 : 0;
+  // Every split speculates from the last call's k_len (kernel stages 0'' / 1''): one k_len for
+  // the whole batch, in speculating (one-wave) grids.
+  if (knobs.spec_all && p.speculate && (k_len.size(0) == 1 || batch == 1))
+    p.k_len_hint = ws.k_len_hint;
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {

@@ -9,6 +9,13 @@
 //      written before the wait, so the split workspace and every input are safe.
 //   0'. (p.prefetch_l2, dev A/B switch) Before the wait, split 0 of a speculating grid issues
 //      L2 prefetches (no value returned) of the K/V rows its speculative tiles will read.
+//   0''/1''. (p.k_len_hint, dev A/B switch spec_all; one-wave grids, one k_len for the batch)
+//      Splits >= 1 read a guess of k_len before the wait (the k_len the previous call stored:
+//      in a model every attention layer of a token has the same k_len, the next token one
+//      more, and the split plan changes only every ~16 * splits keys), plan their range from
+//      it and speculate their first tiles (no more than their warps would stream) as split 0
+//      does; stage 3 keeps them where the real c0 matches, else waits and reloads. Split 0 of
+//      unit 0 stores k_len for the next call after stage 2.
 //   1. Issue at once, independent of each other: the k_len load, the ALiBi slopes, the 16 query
 //      rows (cp.async, zeros for padding rows) and, speculatively, the first kStages tiles (the
 //      whole ring: the tile the non-speculative loop would issue at its first step after k_len is
@@ -131,6 +138,7 @@ struct FlashDecodeParams {
   int spec_tiles;         // ring stages split 0 speculates (1..kStages; 0 = the whole ring)
   int lean_merge;         // 1: stage 6'' (dev A/B switch)
   int prefetch_l2;        // 1: stage 0' (dev A/B switch)
+  int* k_len_hint;        // stages 0'' / 1'' (dev A/B switch spec_all): [1], or null (off)
   int dev_drop;  // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
   int window_left, window_right;  // -1 = unbounded
   int causal;
@@ -242,6 +250,15 @@ __device__ __forceinline__ void fence_acq_rel_gpu() {
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
 
+__device__ __forceinline__ int ld_relaxed_s32(const int* address) {
+  int value;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+__device__ __forceinline__ void st_relaxed_s32(int* address, int value) {
+  asm volatile("st.relaxed.gpu.global.s32 [%0], %1;\n" ::"l"(address), "r"(value) : "memory");
+}
+
 __device__ __forceinline__ void prefetch_l2(const void* address) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address) : "memory");
 }
@@ -295,6 +312,37 @@ __device__ __forceinline__ void store_result(const FlashDecodeParams& p, int b, 
     p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] = lse2 * kLn2;
 }
 
+// Stage 2's plan for one k_len: the visible range [lo, hi), the split size and the live count,
+// and split `split`'s keys [c0, c1).
+struct SplitPlan {
+  int k_len, lo, hi, chunk, live, c0, c1;
+};
+__device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int k_len_raw,
+                                                 int split) {
+  SplitPlan r;
+  r.k_len = min(max(k_len_raw, 0), p.capacity);
+  const int pos_first = r.k_len - p.q_len;
+  const int pos_last = r.k_len - 1;
+  r.lo = 0;
+  r.hi = r.k_len;
+  if (p.window_left >= 0) r.lo = max(r.lo, pos_first - p.window_left);
+  if (p.window_right >= 0) r.hi = min(r.hi, pos_last + p.window_right + 1);
+  const int n = max(r.hi - r.lo, 0);
+  int chunk;
+  if (p.forced_splits > 0)
+    chunk = ceil_div(ceil_div(n, p.forced_splits), kTileKeys) * kTileKeys;
+  else if (n <= p.single_split_keys)
+    chunk = n;
+  else
+    chunk =
+        max(p.min_chunk, ceil_div(ceil_div(n, static_cast<int>(gridDim.y)), kTileKeys) * kTileKeys);
+  r.chunk = max(chunk, kTileKeys);
+  r.live = max(1, ceil_div(n, r.chunk));
+  r.c0 = r.lo + split * r.chunk;
+  r.c1 = min(r.hi, r.c0 + r.chunk);
+  return r;
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_decode_kernel(const __grid_constant__ FlashDecodeParams p) {
@@ -332,6 +380,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_l2(v_rows + key * p.v_stride_s + line * kLineElems);
     }
   }
+
+  // Stage 0'' (dev knob spec_all): the k_len hint (the previous call's k_len) is read before the
+  // wait and used only as a guess, checked against k_len in stage 3 (relaxed: a racing write
+  // gives the old or the new value, either is a valid guess).
+  int hint_raw = -1;
+  if (p.k_len_hint != nullptr && split != 0) hint_raw = ld_relaxed_s32(p.k_len_hint);
 
   // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
   pdl_wait_previous();
@@ -399,9 +453,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_16(v_dst + so, v_base + voff, ok ? 16 : 0);
     }
   };
-  const bool speculative = split == 0 && p.speculate != 0;
-  constexpr int spec_c0 = 0;
-  const int spec_tiles = p.spec_tiles > 0 && p.spec_tiles < kStages ? p.spec_tiles : kStages;
+  bool speculative = split == 0 && p.speculate != 0;
+  int spec_c0 = 0;
+  int spec_tiles = p.spec_tiles > 0 && p.spec_tiles < kStages ? p.spec_tiles : kStages;
+  if (hint_raw >= 0 && p.speculate != 0) {
+    // Stage 1'' (spec_all): splits >= 1 speculate from the hint's plan, no more tiles than a
+    // warp of that split would stream (speculative tiles past the live end are waited for).
+    const SplitPlan guess = plan_splits(p, hint_raw, split);
+    if (split < guess.live && guess.c1 > guess.c0) {
+      speculative = true;
+      spec_c0 = guess.c0;
+      spec_tiles = min(spec_tiles, ceil_div(ceil_div(guess.c1 - guess.c0, kTileKeys), kWarps));
+    }
+  }
   if (speculative) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
@@ -413,30 +477,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Stage 2: live range and the device-side split plan.
-  const int k_len = min(max(k_len_raw, 0), p.capacity);
-  const int pos_first = k_len - p.q_len;
-  const int pos_last = k_len - 1;
-  int lo = 0;
-  int hi = k_len;
-  if (p.window_left >= 0) lo = max(lo, pos_first - p.window_left);
-  if (p.window_right >= 0) hi = min(hi, pos_last + p.window_right + 1);
-  const int n = max(hi - lo, 0);
-  int chunk;
-  if (p.forced_splits > 0)
-    chunk = ceil_div(ceil_div(n, p.forced_splits), kTileKeys) * kTileKeys;
-  else if (n <= p.single_split_keys)
-    chunk = n;
-  else
-    chunk =
-        max(p.min_chunk, ceil_div(ceil_div(n, static_cast<int>(gridDim.y)), kTileKeys) * kTileKeys);
-  chunk = max(chunk, kTileKeys);
-  const int live_splits = max(1, ceil_div(n, chunk));
+  const SplitPlan plan = plan_splits(p, k_len_raw, split);
+  const int pos_first = plan.k_len - p.q_len;
+  const int live_splits = plan.live;
+  if (p.k_len_hint != nullptr && split == 0 && bh == 0 && rb == 0 && tid == 0)
+    st_relaxed_s32(p.k_len_hint, k_len_raw);  // the next call's guess (stage 0'')
   if (split >= live_splits) {  // never split 0
     cp_async_wait<0>();
     return;
   }
-  const int c0 = lo + split * chunk;
-  const int c1 = min(hi, c0 + chunk);
+  const int c0 = plan.c0;
+  const int c1 = plan.c1;
 
   // Stage 3: the rest of this warp's ring prologue.
   const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;

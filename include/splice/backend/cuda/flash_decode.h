@@ -97,6 +97,10 @@ struct FlashDecodeDevKnobs {
   // Before its PDL wait, split 0 prefetches into L2 the K/V rows its speculative tiles will
   // read (kernel stage 0'), so their DRAM latency overlaps the previous kernel's tail.
   bool prefetch_l2 = false;
+  // Splits >= 1 speculate their first tiles too, planned from the previous call's k_len (read
+  // before the PDL wait; checked against k_len, reloaded on a miss): their K/V requests start a
+  // k_len round trip earlier, as split 0's do (kernel stages 0'' / 1'').
+  bool spec_all = false;
   // Benchmark attribution only (the outputs are then wrong): bit 0 leaves the split merge out
   // (partials stored, nothing merged or written), bit 1 the K/V stream (no tile loaded).
   int drop_stages = 0;
