@@ -6,7 +6,9 @@
 // launch with programmatic dependent launch (PDL).
 //   0. PDL: wait until the previous kernel has finished and its writes are visible, then let the
 //      next kernel in the stream start launching (no-ops without PDL). Nothing is read or
-//      written before the wait, so the split workspace and every input are safe.
+//      written before the wait (with the dev knobs off: 0' prefetches into L2, which returns
+//      no value, and 0'' reads a hint word only this module writes, used as a guess), so the
+//      split workspace and every input are safe.
 //   0'. (p.prefetch_l2, dev A/B switch) Before the wait, split 0 of a speculating grid issues
 //      L2 prefetches (no value returned) of the K/V rows its speculative tiles will read.
 //   0''/1''. (p.k_len_hint, dev A/B switch spec_all; one-wave grids, one k_len for the batch)
@@ -26,7 +28,9 @@
 //      with the launcher's rule) waits for the speculative copies and loads its ring again.
 //      (Speculating the first tiles of every split too, where capacity <= min_chunk * splits,
 //      was measured 0.5-0.6 us slower at k_len 1K than the same split count without it:
-//      docs/perf.md run 13.)
+//      docs/perf.md run 13; it speculated the whole ring, 3x the bytes a 1K split streams, and
+//      every step waited for one tile more than its own. Stage 1'' speculates at most the
+//      tiles a split streams, and stage 3 waits exactly.)
 //   2. Live range and plan. k_len is clamped to [0, capacity]; query i sits at
 //      p_i = k_len - q_len + i; the keys any row may see are [lo, hi) with
 //      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1), n = hi - lo. Split size:
@@ -77,7 +81,8 @@
 //   one split:    [k_len || q || K/V ring of split 0] -> further K/V tiles (streaming) -> o store.
 //   S > 1 splits: [k_len || q || split 0's ring] -> K/V of splits >= 1 (addresses need the
 //                 plan) -> partial store + fence (waits for the acks) -> counter atomic
-//                 -> the merging CTA's (lse2_s, O_s) loads (one per 16 splits) -> o store.
+//                 -> counter reset + fence (waits for its ack) -> the merging CTA's
+//                 (lse2_s, O_s) loads (one per 16 splits) -> o store.
 //   lean merge:   ... -> partial store + fence -> acq_rel counter atomic -> every split's
 //                 (lse2_s, O_s) in one batch -> o store.
 //   Before (v4): k_len -> K/V (q beside it) -> partials + fence -> atomic -> lse2_s loads -> O_s
