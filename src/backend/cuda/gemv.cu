@@ -1108,11 +1108,14 @@ void launch(const Params& params, cudaStream_t stream) {
         break;
       }
   }
-  // SPLICE_GEMV_VARIANT bit 1 (kVariantRegisterPrologue): stage 0 in registers (register_rows)
-  // in a one-batch instance whose rows are 16-byte vectors and whose rms_norm weight is read
-  // directly.
-  g.register_prologue = (knob & kVariantRegisterPrologue) != 0 && g.slots > 0 && has_prologue &&
-                        prologue_vectorized && (p.prologue != Prologue::rms_norm || g.norm_direct);
+  // SPLICE_GEMV_VARIANT bits 1 (kVariantRegisterPrologue: rms_norm) and 16
+  // (kVariantRegisterSiluMul: silu_mul): stage 0 in registers (register_rows) in a one-batch
+  // instance whose rows are 16-byte vectors (and whose rms_norm weight is read directly).
+  const int register_bit = p.prologue == Prologue::rms_norm   ? kVariantRegisterPrologue
+                           : p.prologue == Prologue::silu_mul ? kVariantRegisterSiluMul
+                                                              : 0;
+  g.register_prologue = (knob & register_bit) != 0 && g.slots > 0 && prologue_vectorized &&
+                        (p.prologue != Prologue::rms_norm || g.norm_direct);
   if (g.register_prologue) g.smem = 0;
 
   switch (p.in_dtype) {

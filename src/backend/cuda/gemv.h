@@ -90,16 +90,19 @@ bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 
 // Experiment knob SPLICE_GEMV_VARIANT (issue #7; read once, at the first launch; 0, the default,
 // is the measured mainline), a bit mask:
-//   kVariantRegisterPrologue (1): a one-row prologue launch in a one-batch instance (below) whose
-//     rows are 16-byte vectors computes its row per warp in registers (rms_norm: each warp sums
-//     the whole row itself) instead of shared memory with three CTA barriers; bit-identical rows
-//     except for the order of the sum of squares.
+//   kVariantRegisterPrologue (1): a one-row rms_norm prologue launch in a one-batch instance
+//     (below) whose rows are 16-byte vectors computes its row per warp in registers (each warp
+//     sums the whole row itself) instead of shared memory with three CTA barriers; bit-identical
+//     rows except for the order of the sum of squares.
+//   kVariantRegisterSiluMul (16): the same for the silu_mul prologue (one barrier fewer, but each
+//     warp computes all k activations, an expf and an IEEE division each: 4x the shared path's
+//     per-thread work at 4 warps per CTA, K = 1536: 48 per lane), bit-identical.
 //   kVariantFewCtas (2): 4 columns per warp and 4 warps per CTA whatever n (576 x 576: 36 CTAs
 //     instead of 144), fewer CTAs for a small product.
 //   kVariantGeneralBatch (4): no one-batch instances: one row goes through the general batch
 //     loop (12 slots per lane at one column, 64-bit indices, the tail scalars, the next-batch
 //     step) instead of the instance whose batch is just big enough (3 vectors per lane at
-//     K = 576 bf16, 6 at 1536); bit-identical. Bit 1 then has no instance to run in (off).
+//     K = 576 bf16, 6 at 1536); bit-identical. Bits 1 and 16 then have no instance to run in.
 //   kVariantFullCtas (8): 4 warps per CTA whatever n (the mainline halves the warps per CTA,
 //     down to 1, until there are at least as many CTAs as SMs: 192 x 576 is 192 CTAs of 1 warp;
 //     with this bit 48 CTAs of 4; chain.cu measured 1-warp CTAs 0.4 us slower at 576 x 576).
@@ -111,8 +114,10 @@ inline constexpr int kVariantRegisterPrologue = 1;
 inline constexpr int kVariantFewCtas = 2;
 inline constexpr int kVariantGeneralBatch = 4;
 inline constexpr int kVariantFullCtas = 8;
-inline constexpr int kVariantMask =
-    kVariantRegisterPrologue | kVariantFewCtas | kVariantGeneralBatch | kVariantFullCtas;
+inline constexpr int kVariantRegisterSiluMul = 16;
+inline constexpr int kVariantMask = kVariantRegisterPrologue | kVariantFewCtas |
+                                    kVariantGeneralBatch | kVariantFullCtas |
+                                    kVariantRegisterSiluMul;
 // The value variant() returns when SPLICE_GEMV_VARIANT is unset (a bit that wins its A/B becomes
 // the mainline by moving into this value first, then into the code).
 inline constexpr int kDefaultVariant = 0;
