@@ -18,14 +18,10 @@
 //      on (P- / P+).
 //   6. --ab (issue 5, dev/flash_b1/device_run.sh; replaces 1-5): the B = 1 shapes only, plus
 //      the SmolLM2 shape as the model runs it (k_len 17 / 64 / 256 in a capacity-256 cache),
-//      each timed with the mainline merge (M) and the lean merge (L,
-//      FlashDecodeDevKnobs::lean_merge) at the plan's split count (twice each, M L M L, for the
-//      noise), with split 0 speculating one ring stage instead of the whole ring (s1, knob
-//      spec_tiles = 1, mainline merge), with split 0's L2 prefetch before the PDL wait (pf,
-//      knob prefetch_l2), with every split speculating from the previous call's k_len (sa, knob
-//      spec_all), the lean merge with both (L+pf+sa), then the plan with the merge left out (-merge) and with
-//      the merge and the K/V stream left out (-mrg-kv; FlashDecodeDevKnobs::drop_stages,
-//      attribution only: outputs wrong), then forced split counts 1 / 4 / 16 / 32, M then L.
+//      each timed at the plan's split count (twice, for the noise), then with the merge left
+//      out (-merge) and with the merge and the K/V stream left out (-mrg-kv;
+//      FlashDecodeDevKnobs::drop_stages, attribution only: outputs wrong), then at forced split
+//      counts 1 / 4 / 16 / 32.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -189,14 +185,9 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   return r;
 }
 
-// Sets every dev knob (the rest at their defaults).
-void set_knobs(bool lean_merge, int spec_tiles = 0, int drop_stages = 0, bool prefetch = false,
-               bool spec_all = false) {
+// Sets the attribution knob (0: the mainline kernel).
+void set_drop_stages(int drop_stages) {
   splice::cuda::FlashDecodeDevKnobs knobs;
-  knobs.lean_merge = lean_merge;
-  knobs.spec_tiles = spec_tiles;
-  knobs.prefetch_l2 = prefetch;
-  knobs.spec_all = spec_all;
   knobs.drop_stages = drop_stages;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
@@ -286,50 +277,29 @@ int main(int argc, char** argv) {
               pool_bytes / 1e9);
 
   if (ab) {
-    // The decision table of dev/flash_b1: M = mainline merge, L = lean merge (knob), s1 =
-    // mainline with spec_tiles = 1, pf = mainline with prefetch_l2, sa = mainline with spec_all,
-    // L+pf+sa = lean merge with both; plan columns at the plan's split count (M L M L: the noise),
-    // attribution, then forced split counts, M then L. `sets` = calls per replayed graph: the
-    // replay's fixed cost (~3 us) adds ~3 / sets us to every column of a row.
-    std::printf("\nA/B (us per call, graph replay); M = mainline merge, L = lean merge\n");
-    std::printf("%-26s %4s %4s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s |",
-                "shape (B,Hq,Hkv,k_len,D)", "sets", "live", "plan M", "plan L", "plan M", "plan L",
-                "s1", "pf", "sa", "L+pf+sa", "-merge", "-mrg-kv");
+    // The table of dev/flash_b1: the plan's split count twice (their difference is the noise),
+    // attribution, then forced split counts. `sets` = calls per replayed graph: the replay's
+    // fixed cost (~3 us) adds ~3 / sets us to every column of a row.
+    std::printf("\nA/B (us per call, graph replay)\n");
+    std::printf("%-26s %4s %4s %7s %7s %7s %7s |", "shape (B,Hq,Hkv,k_len,D)", "sets", "live",
+                "plan", "plan", "-merge", "-mrg-kv");
     const std::int64_t forced_counts[] = {1, 4, 16, 32};  // 8 and 64 lost everywhere at 10:05
-    for (std::int64_t f : forced_counts)
-      std::printf(" %5lldM %5lldL", static_cast<long long>(f), static_cast<long long>(f));
+    for (std::int64_t f : forced_counts) std::printf(" %6lld", static_cast<long long>(f));
     std::printf("\n");
     for (const Shape& s : shapes) {
       Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
-      Result plan_runs[4];
-      for (int i = 0; i < 4; ++i) {
-        set_knobs(i % 2 == 1);
-        plan_runs[i] = run_shape(in, reps, stream);
-      }
-      set_knobs(false, 1);
-      const double spec1 = run_shape(in, reps, stream).us;
-      set_knobs(false, 0, 0, true);
-      const double prefetch = run_shape(in, reps, stream).us;
-      set_knobs(false, 0, 0, false, true);
-      const double spec_all = run_shape(in, reps, stream).us;
-      set_knobs(true, 0, 0, true, true);
-      const double all = run_shape(in, reps, stream).us;
+      set_drop_stages(0);
+      Result plan_runs[2];
+      for (Result& r : plan_runs) r = run_shape(in, reps, stream);
       double dropped[2];  // attribution: the plan without its merge, then without K/V too
       for (int i = 0; i < 2; ++i) {
-        set_knobs(false, 0, i == 0 ? 1 : 3);
+        set_drop_stages(i == 0 ? 1 : 3);
         dropped[i] = run_shape(in, reps, stream).us;
       }
-      std::printf("%-26s %4d %4d %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f |",
-                  shape_name(s).c_str(), in.sets, plan_runs[0].live, plan_runs[0].us,
-                  plan_runs[1].us, plan_runs[2].us, plan_runs[3].us, spec1, prefetch, spec_all,
-                  all, dropped[0], dropped[1]);
-      for (std::int64_t f : forced_counts) {
-        for (bool lean : {false, true}) {
-          set_knobs(lean);
-          std::printf(" %6.2f", run_shape(in, reps, stream, f).us);
-        }
-      }
-      set_knobs(false);
+      set_drop_stages(0);
+      std::printf("%-26s %4d %4d %7.2f %7.2f %7.2f %7.2f |", shape_name(s).c_str(), in.sets,
+                  plan_runs[0].live, plan_runs[0].us, plan_runs[1].us, dropped[0], dropped[1]);
+      for (std::int64_t f : forced_counts) std::printf(" %6.2f", run_shape(in, reps, stream, f).us);
       std::printf("\n");
       std::fflush(stdout);
     }

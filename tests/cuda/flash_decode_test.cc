@@ -16,12 +16,11 @@
 //      of more than one load batch (> 16 splits); split 0's speculative K/V tiles (issued before
 //      k_len is known) against NaN tails; back-to-back launches on one stream with programmatic
 //      dependent launch on and off, each reading the previous call's output.
-//   6. Dev knobs (FlashDecodeDevKnobs): the lean merge against the counter merge and the
-//      reference at forced split counts (one-batch path and its fallback), bitwise repeatable,
-//      across path-switching graph replays and back-to-back launches; shallower speculation
-//      (spec_tiles), the L2 prefetch before the PDL wait (prefetch_l2) and every split's
-//      speculation from the last call's k_len (spec_all) at short k_len in a large NaN-tailed
-//      cache and across graph replays whose guess hits and misses.
+//   6. Split 0's speculative tile (the first 64 keys, read before k_len is known, up to the
+//      capacity) at short k_len in a large NaN-tailed cache (0-700 keys, every head_dim), in
+//      graph replays whose k_len crosses the speculated keys and the single-split limit both
+//      ways (the model's capacity-256 cache and a merged-split grid), and in back-to-back
+//      launches with PDL on and off.
 //   7. Bad arguments raise the typed errors that name them.
 #include "splice/backend/cuda/flash_decode.h"
 
@@ -649,157 +648,61 @@ TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
   }
 }
 
-// Sets the dev knobs for one scope.
-class DevKnobScope {
- public:
-  explicit DevKnobScope(const cuda::FlashDecodeDevKnobs& knobs)
-      : saved_(cuda::flash_decode_dev_knobs()) {
-    cuda::set_flash_decode_dev_knobs(knobs);
-  }
-  ~DevKnobScope() { cuda::set_flash_decode_dev_knobs(saved_); }
-  DevKnobScope(const DevKnobScope&) = delete;
-  DevKnobScope& operator=(const DevKnobScope&) = delete;
-
- private:
-  cuda::FlashDecodeDevKnobs saved_;
-};
-
-cuda::FlashDecodeDevKnobs lean_knobs() {
-  cuda::FlashDecodeDevKnobs knobs;
-  knobs.lean_merge = true;
-  return knobs;
-}
-
-// The lean merge (kernel stage 6'') against the counter merge at forced split counts, within
-// the split rounding (the fold order differs), and against the reference; then bitwise
-// repeatable. The one-batch path holds live splits x rows x (head_dim + 1) floats in the ring:
-// at (9, 3) head_dim 64 (3 rows) every count here fits; at (32, 8) head_dim 128 (4 rows) up to
-// 47 splits (64 falls back to stage 6's loads); (32, 2) (16 rows) up to 11; head_dim 256
-// (4 rows) up to 31.
-TEST(FlashDecodeCuda, LeanMergeMatchesCounterMerge) {
-  SKIP_WITHOUT_GPU();
-  struct Shape {
-    std::int64_t head_dim, num_qo_heads, num_kv_heads;
-  };
-  for (const Shape& shape : {Shape{64, 9, 3}, Shape{128, 32, 8}, Shape{128, 32, 2},
-                             Shape{256, 32, 8}}) {
-    Case c;
-    c.dtype = shape.head_dim == 64 ? DType::f16 : DType::bf16;
-    c.num_qo_heads = shape.num_qo_heads;
-    c.num_kv_heads = shape.num_kv_heads;
-    c.head_dim = shape.head_dim;
-    c.capacity = 2048;
-    c.k_len = {2001};
-    c.alibi = true;
-    SCOPED_TRACE(c.str());
-    Rng rng(800 + shape.head_dim + shape.num_kv_heads);
-    Problem problem(c, rng);
-    const auto [ref_out, ref_lse] = problem.reference();
-    for (std::int64_t splits : {0, 2, 5, 9, 16, 17, 33, 64}) {
-      SCOPED_TRACE("num_splits=" + std::to_string(splits));
-      problem.c.num_splits = splits;
-      const auto [counter_out, counter_lse] = problem.run();
-      DevKnobScope lean(lean_knobs());
-      const auto [out, lse] = problem.run();
-      EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)));
-      EXPECT_TRUE(testing::close(lse, ref_lse, kLseTolerance));
-      EXPECT_TRUE(within_split_rounding(out, counter_out, c.dtype));
-      EXPECT_TRUE(testing::close(lse, counter_lse, Tolerance{1e-6, 1e-5}));
-      for (int r = 0; r < 2; ++r) {
-        const auto again = problem.run();
-        EXPECT_TRUE(testing::bit_equal(again.first, out));
-        EXPECT_TRUE(testing::bit_equal(again.second, lse));
-      }
-    }
-  }
-}
-
-// The lean merge across graph replays that switch plan paths (the counter must be back at zero
-// after each; a shorter schedule than GraphReplaySwitchesPlanPaths) and back-to-back launches
-// with PDL on and off; with split 0's L2 prefetch before the PDL wait and every split's
-// speculation from the last call's k_len (spec_all) on.
-TEST(FlashDecodeCuda, LeanMergeGraphReplayAndBackToBack) {
-  SKIP_WITHOUT_GPU();
-  cuda::FlashDecodeDevKnobs knobs = lean_knobs();
-  knobs.prefetch_l2 = true;
-  knobs.spec_all = true;
-  DevKnobScope lean(knobs);
-  Case c;
-  c.batch = 1;
-  c.num_qo_heads = 32;
-  c.num_kv_heads = 8;
-  c.capacity = 4096;
-  c.k_len = {4096};
-  check_graph_replay(c, {{4000}, {257}, {4096}, {17}, {0}, {2049}, {1000}}, 740);
-  Case smol;
-  smol.batch = 1;
-  smol.num_qo_heads = 9;
-  smol.num_kv_heads = 3;
-  smol.head_dim = 64;
-  smol.capacity = 2048;
-  smol.k_len = {2048};
-  check_graph_replay(smol, {{64}, {513}, {2048}, {1}, {1024}}, 750);
-  testing::PdlScope restore_pdl;
-  for (bool pdl : {true, false}) {
-    SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
-    cuda::set_pdl_enabled(pdl);
-    check_back_to_back(pdl ? 720 : 730, 4096);
-  }
-}
-
-// Shallower speculation (spec_tiles 1 .. the ring) at the model's lengths: short k_len in a
-// large cache whose rows beyond k_len are NaN, for every head_dim, with both merges, with and
-// without split 0's L2 prefetch (prefetch_l2).
-TEST(FlashDecodeCuda, SpecTilesAtShortLengthsInALargeCache) {
+// Split 0's speculative tile (keys [0, 64), issued before k_len is known and read up to the
+// capacity) at the model's lengths: short k_len in a large cache whose rows beyond k_len are NaN,
+// on both sides of one warp tile (16), of the speculated keys (64) and of the single-split limit,
+// for every head_dim; with a left window (no speculation) for comparison.
+TEST(FlashDecodeCuda, SpeculativeTileAtShortLengthsInALargeCache) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 900;
   for (std::int64_t head_dim : {64, 128, 256}) {
-    for (int spec_tiles : {1, 2, 3, 0}) {
-      for (std::int32_t len : {1, 17, 64, 97, 255, 256, 700}) {
-        cuda::FlashDecodeDevKnobs knobs;
-        knobs.spec_tiles = spec_tiles;
-        knobs.lean_merge = len % 2 == 1;
-        knobs.prefetch_l2 = len % 4 < 2;
-        knobs.spec_all = spec_tiles != 2;
-        DevKnobScope scope(knobs);
-        SCOPED_TRACE("spec_tiles=" + std::to_string(spec_tiles));
-        Case c;
-        c.dtype = len % 3 == 0 ? DType::f16 : DType::bf16;
-        c.num_qo_heads = head_dim == 64 ? 9 : 32;
-        c.num_kv_heads = head_dim == 64 ? 3 : 8;
-        c.head_dim = head_dim;
-        c.capacity = 1024;
-        c.k_len = {len};
+    const std::int32_t limit = single_split_keys(head_dim);
+    for (std::int32_t len : {0, 1, 16, 17, 48, 63, 64, 65, 97, limit, limit + 1, 700}) {
+      Case c;
+      c.dtype = len % 3 == 0 ? DType::f16 : DType::bf16;
+      c.num_qo_heads = head_dim == 64 ? 9 : 32;
+      c.num_kv_heads = head_dim == 64 ? 3 : 8;
+      c.head_dim = head_dim;
+      c.capacity = 1024;
+      c.k_len = {len};
+      c.causal = len % 2 == 1;
+      check_case(c, seed++);
+      if (len == 17 || len == limit + 1) {
+        c.window_left = 40;
         check_case(c, seed++);
       }
     }
   }
 }
 
-// Every split's speculation from the last call's k_len (spec_all) alone: graph replays whose
-// k_len repeats (the guess hits), moves by one (hits except where the plan changes) and jumps
-// (misses: wait and reload), mainline merge; NaN beyond each k_len.
-TEST(FlashDecodeCuda, SpecAllHitsAndMisses) {
+// One capture at the capacity bound, replayed with k_len crossing the speculated keys (64) and
+// the single-split limit both ways, K/V NaN beyond each new k_len: the model's SmolLM2 cache
+// (capacity 256, one split at every k_len) and (32, 8) head_dim 128 at capacity 1024 (one split
+// up to 256 keys, merged splits above); then back-to-back launches on one stream (each call's q
+// is the previous output) with PDL on and off, across the same boundaries.
+TEST(FlashDecodeCuda, SpeculationGraphReplayAndBackToBack) {
   SKIP_WITHOUT_GPU();
-  cuda::FlashDecodeDevKnobs knobs;
-  knobs.spec_all = true;
-  DevKnobScope scope(knobs);
-  Case c;
-  c.batch = 1;
-  c.num_qo_heads = 32;
-  c.num_kv_heads = 8;
-  c.capacity = 4096;
-  c.k_len = {4096};
-  check_graph_replay(
-      c, {{4000}, {4000}, {4001}, {4002}, {1024}, {1025}, {257}, {257}, {4096}, {300}}, 760);
   Case smol;
   smol.batch = 1;
   smol.num_qo_heads = 9;
   smol.num_kv_heads = 3;
   smol.head_dim = 64;
-  smol.capacity = 2048;
-  smol.k_len = {2048};
-  check_graph_replay(smol, {{1024}, {1024}, {1025}, {600}, {2048}, {2047}}, 770);
+  smol.capacity = 256;
+  smol.k_len = {256};
+  check_graph_replay(smol, {{17}, {64}, {65}, {1}, {256}, {63}, {0}, {18}, {200}, {16}}, 940);
+  Case wide;
+  wide.batch = 1;
+  wide.num_qo_heads = 32;
+  wide.num_kv_heads = 8;
+  wide.capacity = 1024;
+  wide.k_len = {1024};
+  check_graph_replay(wide, {{17}, {1024}, {63}, {257}, {64}, {0}, {65}, {600}, {1}, {256}}, 950);
+  testing::PdlScope restore_pdl;
+  for (bool pdl : {true, false}) {
+    SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
+    cuda::set_pdl_enabled(pdl);
+    check_back_to_back(pdl ? 960 : 970, 1024);
+  }
 }
 
 TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {

@@ -6,11 +6,11 @@
 //      range is at most plan.single_split_keys).
 //   3. Make sure the module-owned fp32 split workspace and the zeroed merge counters are large
 //      enough (growth is refused during stream capture), fill the POD params (split 0 loads its
-//      first K/V tiles before k_len arrives, in one-wave grids with no left window) and launch
-//      the instantiation for (dtype, head_dim) with cudaLaunchKernelEx, with
+//      first K/V tile per warp before k_len arrives, in one-wave grids with no left window) and
+//      launch the instantiation for (dtype, head_dim) with cudaLaunchKernelEx, with
 //      programmatic dependent launch on a created stream (the kernel waits for the previous
 //      kernel's writes before its first access, so only the launch itself overlaps). The dev
-//      knobs (FlashDecodeDevKnobs) switch the kernel's lean merge and its speculation depth.
+//      knob (FlashDecodeDevKnobs::drop_stages) leaves stages out for benchmark attribution.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -67,7 +67,6 @@ struct Workspace {
   std::size_t counter_count = 0;
   float* partials = nullptr;
   std::size_t partial_bytes = 0;
-  int* k_len_hint = nullptr;  // [1] (dev knob spec_all): the last call's k_len, 0 at allocation
   FlashDecodeDevKnobs knobs;
 };
 
@@ -85,7 +84,7 @@ bool capturing(Stream stream) {
 void ensure_workspace(std::size_t counters, std::size_t partial_bytes, Stream stream) {
   Workspace& ws = workspace();
   std::lock_guard<std::mutex> lock(ws.mutex);
-  if (ws.counter_count >= counters && ws.partial_bytes >= partial_bytes && ws.k_len_hint) return;
+  if (ws.counter_count >= counters && ws.partial_bytes >= partial_bytes) return;
   if (capturing(stream))
     fail<UnsupportedError>("flash_decode: the split workspace must grow to ", partial_bytes,
                            " bytes during stream capture; run the same shapes once before "
@@ -96,11 +95,6 @@ void ensure_workspace(std::size_t counters, std::size_t partial_bytes, Stream st
     SPLICE_CUDA_CHECK(cudaMalloc(&ws.counters, counters * sizeof(unsigned)));
     SPLICE_CUDA_CHECK(cudaMemset(ws.counters, 0, counters * sizeof(unsigned)));
     ws.counter_count = counters;
-  }
-  if (!ws.k_len_hint) {
-    SPLICE_CUDA_CHECK(cudaMalloc(&ws.k_len_hint, sizeof(int)));
-    SPLICE_CUDA_CHECK(cudaMemset(ws.k_len_hint, 0, sizeof(int)));
-    SPLICE_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets ran on the legacy stream
   }
   if (ws.partial_bytes < partial_bytes) {
     if (ws.partials) SPLICE_CUDA_CHECK(cudaFree(ws.partials));
@@ -366,20 +360,13 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.forced_splits = static_cast<int>(forced);
   p.min_chunk = plan.min_chunk;
   p.single_split_keys = plan.single_split_keys;
-  // Speculative first K/V tiles (kernel stage 1): split 0 starts at key 0 whatever k_len is
-  // unless a left window moves it. Wasted copies (a short k_len) read at most the cache once per
-  // call: free in a one-wave grid, which is latency-bound, but bandwidth in a multi-wave one, so
-  // only one-wave grids speculate.
+  // Speculative first K/V tile per warp (kernel stage 1): split 0 starts at key 0 whatever k_len
+  // is unless a left window moves it. Wasted copies (a short k_len) read at most 64 keys per
+  // (b, kv head, row block) and call: free in a one-wave grid, which is latency-bound, but
+  // bandwidth in a multi-wave one, so only one-wave grids speculate.
   const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * plan.ctas_per_sm;
   p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
   const FlashDecodeDevKnobs knobs = flash_decode_dev_knobs();
-  p.spec_tiles = std::max(knobs.spec_tiles, 0);  // 0: the whole ring
-  p.lean_merge = knobs.lean_merge ? 1 : 0;
-  p.prefetch_l2 = knobs.prefetch_l2 ? 1 : 0;
-  // Every split speculates from the last call's k_len (kernel stages 0'' / 1''): one k_len for
-  // the whole batch, in speculating (one-wave) grids.
-  if (knobs.spec_all && p.speculate && (k_len.size(0) == 1 || batch == 1))
-    p.k_len_hint = ws.k_len_hint;
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {

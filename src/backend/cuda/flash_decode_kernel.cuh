@@ -6,31 +6,15 @@
 // launch with programmatic dependent launch (PDL).
 //   0. PDL: wait until the previous kernel has finished and its writes are visible, then let the
 //      next kernel in the stream start launching (no-ops without PDL). Nothing is read or
-//      written before the wait (with the dev knobs off: 0' prefetches into L2, which returns
-//      no value, and 0'' reads a hint word only this module writes, used as a guess), so the
-//      split workspace and every input are safe.
-//   0'. (p.prefetch_l2, dev A/B switch) Before the wait, split 0 of a speculating grid issues
-//      L2 prefetches (no value returned) of the K/V rows its speculative tiles will read.
-//   0''/1''. (p.k_len_hint, dev A/B switch spec_all; one-wave grids, one k_len for the batch)
-//      Splits >= 1 read a guess of k_len before the wait (the k_len the previous call stored:
-//      in a model every attention layer of a token has the same k_len, the next token one
-//      more, and the split plan changes only every ~16 * splits keys), plan their range from
-//      it and speculate their first tiles (no more than their warps would stream) as split 0
-//      does; stage 3 keeps them where the real c0 matches, else waits and reloads. Split 0 of
-//      unit 0 stores k_len for the next call after stage 2.
+//      written before the wait, so the split workspace and every input are safe.
 //   1. Issue at once, independent of each other: the k_len load, the ALiBi slopes, the 16 query
-//      rows (cp.async, zeros for padding rows) and, speculatively, the first kStages tiles (the
-//      whole ring: the tile the non-speculative loop would issue at its first step after k_len is
-//      issued here too) of split 0's K/V streams, whose first key is 0 at every k_len in
-//      one-wave grids with no left window (the launcher decides, p.speculate); tiles up to the
-//      capacity. Tiles stay in bounds (keys < capacity); what lies at or beyond the split's live
-//      end is masked in stage 4, never used; a start that turns out different (not reachable
-//      with the launcher's rule) waits for the speculative copies and loads its ring again.
-//      (Speculating the first tiles of every split too, where capacity <= min_chunk * splits,
-//      was measured 0.5-0.6 us slower at k_len 1K than the same split count without it:
-//      docs/perf.md run 13; it speculated the whole ring, 3x the bytes a 1K split streams, and
-//      every step waited for one tile more than its own. Stage 1'' speculates at most the
-//      tiles a split streams, and stage 3 waits exactly.)
+//      rows (cp.async group 0, zeros for padding rows) and, speculatively, tile 0 of each warp's
+//      K/V stream in split 0 (group 1: keys [16 w, 16 w + 16) for warp w, the first 64 keys of
+//      the split), where the launcher sets p.speculate (no left window, a one-wave grid): then
+//      split 0 starts at key 0 at every k_len. The tile is read up to the capacity (keys <
+//      capacity stay in bounds); what lies at or beyond the live end is masked in stage 4.
+//      Only one ring stage is speculated: in a cache much longer than k_len (the model's: 256
+//      keys, k_len 17-256) the rest of the ring would be bytes read and waited for in vain.
 //   2. Live range and plan. k_len is clamped to [0, capacity]; query i sits at
 //      p_i = k_len - q_len + i; the keys any row may see are [lo, hi) with
 //      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1), n = hi - lo. Split size:
@@ -42,13 +26,12 @@
 //      [c0, c1) = [lo + s * chunk, min(hi, lo + (s + 1) * chunk)).
 //   3. Loads. Each warp streams its own 16-key tiles t = warp, warp + 4, ... of [c0, c1) through
 //      a private cp.async ring (16-byte loads, kStages - 1 tiles in flight ahead of the one in
-//      use, rows swizzled by chunk ^ (row & 7) so ldmatrix is conflict-free). Keys >= c1 are
-//      zero-filled when loaded after the plan; in the tile that straddles c1 the V rows >= c1 are
-//      zeroed in shared memory before use (a speculative tile may hold NaN there, and
-//      0 * NaN would leak). No CTA-wide barrier in the main loop. Step `it` waits for exactly
-//      tile `it` (cp.async groups: one per tile, in tile order, kStages - 1 younger ones allowed
-//      in flight). A speculative ring holds p.spec_tiles (dev knob; the whole ring by default)
-//      tiles issued before k_len; the rest of the ring is issued after it, tiles < c1 only.
+//      use, rows swizzled by chunk ^ (row & 7) so ldmatrix is conflict-free). Tiles 0 ..
+//      kStages - 2 (tile 0 already, if speculative) are issued after the plan, tiles < c1 only;
+//      keys >= c1 are zero-filled; in the tile that straddles c1 the V rows >= c1 are zeroed in
+//      shared memory before use (the speculative tile may hold NaN there, and 0 * NaN would
+//      leak). No CTA-wide barrier in the main loop. Step `it` issues tile it + kStages - 1 and
+//      waits for exactly tile `it` (cp.async groups: one per tile, in tile order).
 //   4. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
 //      in log2 units t = log2(e) * s with s = scale * (q . k_j), then s = cap * tanh(s / cap)
 //      (softcap), s += -slope_h * (p_i - j) (ALiBi), and t = -inf outside
@@ -66,27 +49,17 @@
 //        M' = max(M, max_s lse2_s), r = 2^(M - M'), D' = r D + sum_s 2^(lse2_s - M'),
 //        A' = r A + sum_s 2^(lse2_s - M') O_s;  o = A / D, lse2 = M + log2 D,
 //      and resets the counter to 0 for the next launch (graph replay safe).
-//   6''. Lean merge (p.lean_merge, a dev A/B switch of the launcher, issue 5): the arrival is
-//      one acq_rel counter atomic (SASS: MEMBAR, ATOM, CCTL.IVALL; stage 6 issues MEMBAR,
-//      ATOM, the reset store and a second MEMBAR that waits for the reset's ack: one more
-//      round trip on the merging CTA's path); the merging CTA
-//      then issues every split's (O_s, lse2_s) at once (cp.async of O_s into the freed ring,
-//      lse2_s into registers then shared memory: one L2 round trip for all splits instead of
-//      one per kMergeBatch) and folds them from shared memory in split order:
-//        M = max_s lse2_s, D = sum_s 2^(lse2_s - M), o = sum_s 2^(lse2_s - M) O_s / D,
-//        lse2 = M + log2 D.
-//      Where the splits' partials do not fit the ring (or the lse slots), stage 6's loads run.
 //
 // Dependent global round trips on one CTA's critical path at B = 1 (launch gap not counted):
-//   one split:    [k_len || q || K/V ring of split 0] -> further K/V tiles (streaming) -> o store.
-//   S > 1 splits: [k_len || q || split 0's ring] -> K/V of splits >= 1 (addresses need the
+//   one split:    [k_len || q || split 0's tile 0] -> further K/V tiles (streaming) -> o store.
+//   S > 1 splits: [k_len || q || split 0's tile 0] -> K/V of splits >= 1 (addresses need the
 //                 plan) -> partial store + fence (waits for the acks) -> counter atomic
 //                 -> counter reset + fence (waits for its ack) -> the merging CTA's
 //                 (lse2_s, O_s) loads (one per 16 splits) -> o store.
-//   lean merge:   ... -> partial store + fence -> acq_rel counter atomic -> every split's
-//                 (lse2_s, O_s) in one batch -> o store.
-//   Before (v4): k_len -> K/V (q beside it) -> partials + fence -> atomic -> lse2_s loads -> O_s
-//   loads (one per 8 splits) -> o store, at every length (the plan split down to 64-key chunks).
+// History (issue 5, docs/perf.md runs 16 and 18): a flag merge, a lean merge (one acq_rel atomic,
+// every partial in one batch), an L2 prefetch before the PDL wait, every split speculating from
+// the last call's k_len and whole-ring speculation were measured on the H200 and removed; one
+// speculative ring stage won 0.3-0.5 us at the single-split and 1K rows and became this rule.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -107,10 +80,6 @@ inline constexpr int kMaxSplits = 256;
 // <= 255 registers a thread; 16 gives 144 / 206 (nvcc 13.0, sm_90a), 32 would give 204 at
 // head_dim 64, one CTA per SM fewer than planned.
 inline constexpr int kMergeBatch = 16;
-// Lean merge (stage 6''): lse2 values each thread of the merging CTA loads at once (registers),
-// so at most kLeanLseLoads * kThreads (row, split) pairs take the one-batch path.
-inline constexpr int kLeanLseLoads = 4;
-inline constexpr int kL2LineBytes = 128;  // prefetch granule of stage 0'
 // Stages a benchmark may leave out to time the rest (FlashDecodeDevKnobs::drop_stages): the
 // split merge (partials are stored, nothing merged) and the K/V stream (no tiles loaded).
 inline constexpr int kDropMerge = 1;
@@ -139,11 +108,7 @@ struct FlashDecodeParams {
   int forced_splits;      // > 0: split into this many (split-invariance tests); 0: plan
   int min_chunk;          // fewest keys per split when splitting
   int single_split_keys;  // n <= this: one split (stage 2)
-  int speculate;          // 1: split 0 issues its first K/V tiles before k_len arrives (stage 1)
-  int spec_tiles;         // ring stages split 0 speculates (1..kStages; 0 = the whole ring)
-  int lean_merge;         // 1: stage 6'' (dev A/B switch)
-  int prefetch_l2;        // 1: stage 0' (dev A/B switch)
-  int* k_len_hint;        // stages 0'' / 1'' (dev A/B switch spec_all): [1], or null (off)
+  int speculate;          // 1: split 0 issues its first K/V tile per warp before k_len (stage 1)
   int dev_drop;  // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
   int window_left, window_right;  // -1 = unbounded
   int causal;
@@ -255,30 +220,6 @@ __device__ __forceinline__ void fence_acq_rel_gpu() {
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
 
-__device__ __forceinline__ int ld_relaxed_s32(const int* address) {
-  int value;
-  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
-  return value;
-}
-__device__ __forceinline__ void st_relaxed_s32(int* address, int value) {
-  asm volatile("st.relaxed.gpu.global.s32 [%0], %1;\n" ::"l"(address), "r"(value) : "memory");
-}
-
-__device__ __forceinline__ void prefetch_l2(const void* address) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address) : "memory");
-}
-
-// Counter arrival of the lean merge: acquire (later loads, and those ordered after them by a CTA
-// barrier, see every split that arrived before) and release in one atomic.
-__device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* address, unsigned value) {
-  unsigned old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n"
-               : "=r"(old)
-               : "l"(address), "r"(value)
-               : "memory");
-  return old;
-}
-
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows, head_dim] 16-bit tile.
 template <int kHeadDim>
 __device__ __forceinline__ std::uint32_t swizzle(int row, int chunk) {
@@ -367,31 +308,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kv_head = bh % p.num_kv_heads;
   const int row_base = rb * kRows;
 
-  // Stage 0' (dev knob prefetch_l2): before the PDL wait, split 0 asks L2 for the K/V rows of
-  // its speculative tiles (keys [0, spec_tiles * kWarps * kTileKeys)), so the DRAM latency
-  // of its first tiles overlaps the previous kernel's tail. A prefetch returns no value, so it
-  // cannot observe the previous kernel's writes (L2 is the point of coherence).
-  if (p.prefetch_l2 && split == 0 && p.speculate) {
-    constexpr int kLinesPerRow = kHeadDim * 2 / kL2LineBytes;
-    const int spec = p.spec_tiles > 0 && p.spec_tiles < kStages ? p.spec_tiles : kStages;
-    const int keys = min(p.capacity, spec * kWarps * kTileKeys);
-    const T* k_rows = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
-    const T* v_rows = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
-    constexpr int kLineElems = kL2LineBytes / 2;
-    for (int c = tid; c < keys * kLinesPerRow; c += kThreads) {
-      const int key = c / kLinesPerRow;
-      const int line = c % kLinesPerRow;
-      prefetch_l2(k_rows + key * p.k_stride_s + line * kLineElems);
-      prefetch_l2(v_rows + key * p.v_stride_s + line * kLineElems);
-    }
-  }
-
-  // Stage 0'' (dev knob spec_all): the k_len hint (the previous call's k_len) is read before the
-  // wait and used only as a guess, checked against k_len in stage 3 (relaxed: a racing write
-  // gives the old or the new value, either is a valid guess).
-  int hint_raw = -1;
-  if (p.k_len_hint != nullptr && split != 0) hint_raw = ld_relaxed_s32(p.k_len_hint);
-
   // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
   pdl_wait_previous();
   pdl_launch_dependents();
@@ -458,35 +374,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_16(v_dst + so, v_base + voff, ok ? 16 : 0);
     }
   };
-  bool speculative = split == 0 && p.speculate != 0;
-  int spec_c0 = 0;
-  int spec_tiles = p.spec_tiles > 0 && p.spec_tiles < kStages ? p.spec_tiles : kStages;
-  if (hint_raw >= 0 && p.speculate != 0) {
-    // Stage 1'' (spec_all): splits >= 1 speculate from the hint's plan, no more tiles than a
-    // warp of that split would stream (speculative tiles past the live end are waited for).
-    const SplitPlan guess = plan_splits(p, hint_raw, split);
-    if (split < guess.live && guess.c1 > guess.c0) {
-      speculative = true;
-      spec_c0 = guess.c0;
-      spec_tiles = min(spec_tiles, ceil_div(ceil_div(guess.c1 - guess.c0, kTileKeys), kWarps));
-    }
-  }
+  // Speculative tile 0 (stage 1): split 0's keys start at lo = 0 when p.speculate is set (no left
+  // window), so tile 0 of each warp is keys [16 warp, 16 warp + 16) at every k_len; it is read up
+  // to the capacity (what lies at or past c1 is masked in stage 4).
+  const bool speculative = split == 0 && p.speculate != 0;
   if (speculative) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      if (s < spec_tiles) {  // one group per tile
-        load_tile(spec_c0, p.capacity, s, s);
-        cp_async_commit();
-      }
-    }
+    load_tile(0, p.capacity, 0, 0);
+    cp_async_commit();  // group 1: tile 0
   }
 
   // Stage 2: live range and the device-side split plan.
   const SplitPlan plan = plan_splits(p, k_len_raw, split);
   const int pos_first = plan.k_len - p.q_len;
   const int live_splits = plan.live;
-  if (p.k_len_hint != nullptr && split == 0 && bh == 0 && rb == 0 && tid == 0)
-    st_relaxed_s32(p.k_len_hint, k_len_raw);  // the next call's guess (stage 0'')
   if (split >= live_splits) {  // never split 0
     cp_async_wait<0>();
     return;
@@ -498,33 +398,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
   const int my_tiles =
       num_tiles > warp && !(p.dev_drop & kDropKv) ? ceil_div(num_tiles - warp, kWarps) : 0;
-  const bool spec_hit = speculative && c0 == spec_c0;
-  // Ring tiles issued before the main loop, one cp.async group each in tile order: the whole
-  // ring after a speculative prologue (its tiles past spec_tiles issued now, < c1 only),
-  // kStages - 1 otherwise.
-  const int preloaded = spec_hit ? kStages : kStages - 1;
-  if (spec_hit) {
+  // Tiles 0 .. kStages - 2 are issued before the main loop, one cp.async group each in tile order
+  // (tile 0 already, if speculative), tiles < c1 only (an empty group otherwise).
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      if (s >= spec_tiles) {
-        if (s < my_tiles) load_tile(c0, c1, s, s);
-        cp_async_commit();
-      }
-    }
-  } else {
-    if (speculative) cp_async_wait<0>();  // the ring's stages are about to be reloaded
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s > 0 || !speculative) {
       if (s < my_tiles) load_tile(c0, c1, s, s);
       cp_async_commit();
     }
   }
-  // q (group 0) has landed for this thread (only the ring's groups may still be in flight);
-  // the barrier makes every thread's rows visible.
-  if (spec_hit)
-    cp_async_wait<kStages>();
-  else
-    cp_async_wait<kStages - 1>();
+  // q (group 0) has landed for this thread (only the ring's kStages - 1 groups may still be in
+  // flight); the barrier makes every thread's rows visible.
+  cp_async_wait<kStages - 1>();
   __syncthreads();
 
   std::uint32_t q_frag[Cfg::kQInRegs ? kHeadDim / 16 : 1][4];
@@ -571,13 +456,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int frag_kc = lane / 8 % 2;                 // K ldmatrix chunk half
 
   for (int it = 0; it < my_tiles; ++it) {
-    // One group per tile past the preloaded ones (empty past the warp's last tile), so tile
-    // `it` always has exactly kStages - 1 younger groups: waiting for all but those covers it.
+    // One group per step (empty past the warp's last tile), so tile `it` always has exactly
+    // kStages - 1 younger groups: waiting for all but those covers it.
     const int pre = it + kStages - 1;
-    if (pre >= preloaded) {
-      if (pre < my_tiles) load_tile(c0, c1, pre, pre % kStages);
-      cp_async_commit();
-    }
+    if (pre < my_tiles) load_tile(c0, c1, pre, pre % kStages);
+    cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const std::uint32_t k_tile = pipe_u32 + (it % kStages) * Cfg::kStageBytes;
@@ -745,86 +628,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int is_last;
   __syncthreads();
   if (tid == 0) {
-    if (p.lean_merge) {
-      // Stage 6'': one acq_rel atomic releases (cumulative over the CTA barrier, as the fence
-      // below) and acquires; the reset needs no fence (the next launch starts after this
-      // grid's writes are visible), so nothing waits for its ack.
-      const unsigned done = atom_add_acq_rel_gpu(p.counters + unit, 1u);
-      is_last = done == static_cast<unsigned>(live_splits - 1);
-      if (is_last) p.counters[unit] = 0u;
-    } else {
+    fence_acq_rel_gpu();
+    const unsigned done = atomicAdd(p.counters + unit, 1u);
+    is_last = done == static_cast<unsigned>(live_splits - 1);
+    if (is_last) {
+      p.counters[unit] = 0u;  // every live split has arrived: ready for the next launch
       fence_acq_rel_gpu();
-      const unsigned done = atomicAdd(p.counters + unit, 1u);
-      is_last = done == static_cast<unsigned>(live_splits - 1);
-      if (is_last) {
-        p.counters[unit] = 0u;  // every live split has arrived: ready for the next launch
-        fence_acq_rel_gpu();
-      }
     }
   }
   __syncthreads();
   if (!is_last) return;
-  // Stage 6'': every split's partial in one batch, where they fit the ring (free since stage 5's
-  // barrier above) and the lse registers.
-  const int lean_rows = live_splits * valid_rows;  // (row, split) pairs
-  if (p.lean_merge && lean_rows <= kLeanLseLoads * kThreads &&
-      lean_rows * (kHeadDim + 1) * 4 <= Cfg::kPipeBytes) {
-    float* lean_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);  // [live][valid_rows][D]
-    float* lean_lse = lean_o + lean_rows * kHeadDim;                  // [valid_rows][live]
-    float lse_regs[kLeanLseLoads];
-#pragma unroll
-    for (int i = 0; i < kLeanLseLoads; ++i) {  // pair = row * live + s
-      const int pair = tid + i * kThreads;
-      lse_regs[i] = pair < lean_rows ? __ldcg(p.partial_lse + (unit * kRows + pair / live_splits) *
-                                                                  gridDim.y +
-                                              pair % live_splits)
-                                     : 0.0f;
-    }
-    // Split s's rows [0, valid_rows) are contiguous: one linear copy of valid_rows * D floats.
-    const int split_floats = valid_rows * kHeadDim;
-    for (int s = 0; s < live_splits; ++s) {
-      const float* src = p.partial_o + (unit * gridDim.y + s) * kRows * kHeadDim;
-      for (int f = tid * 4; f < split_floats; f += kThreads * 4)
-        cp_async_16(smem_u32(lean_o + s * split_floats + f), src + f, 16);
-    }
-    cp_async_commit();
-#pragma unroll
-    for (int i = 0; i < kLeanLseLoads; ++i)
-      if (tid + i * kThreads < lean_rows) lean_lse[tid + i * kThreads] = lse_regs[i];
-    cp_async_wait<0>();
-    __syncthreads();
-    for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
-      const int row = slot / kSlotsPerRow;
-      const int d = (slot % kSlotsPerRow) * 4;
-      const float* ls = lean_lse + row * live_splits;
-      // Unrolled so that several shared-memory loads are in flight per step.
-      float big = -INFINITY;  // M
-#pragma unroll 8
-      for (int s = 0; s < live_splits; ++s) big = fmaxf(big, ls[s]);
-      float denom = 0.0f;  // D
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (big != -INFINITY) {
-#pragma unroll 8
-        for (int s = 0; s < live_splits; ++s) {
-          const float ws = exp2f(ls[s] - big);  // 0 for an empty split
-          const float4 os =
-              *reinterpret_cast<const float4*>(lean_o + s * split_floats + row * kHeadDim + d);
-          denom += ws;
-          acc[0] += ws * os.x;
-          acc[1] += ws * os.y;
-          acc[2] += ws * os.z;
-          acc[3] += ws * os.w;
-        }
-      }
-      const bool empty = !(denom > 0.0f);
-      const float scale = empty ? 0.0f : 1.0f / denom;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] *= scale;
-      store_result<T>(p, b, kv_head, row_base + row, d, acc,
-                      empty ? -INFINITY : big + log2f(denom));
-    }
-    return;
-  }
   const std::int64_t first_row = unit * gridDim.y * kRows;  // split 0's row 0
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;

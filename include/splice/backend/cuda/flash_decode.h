@@ -82,27 +82,12 @@ inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n)
   return static_cast<int>((n + chunk - 1) / chunk);
 }
 
-// Dev-only A/B switches (issue 5, dev/flash_b1/): not part of the plan, off by default; the
-// benchmark's --ab mode and the tests set them. Process-wide, not thread-safe: set them before
+// Dev-only benchmark attribution (issue 5, dev/flash_b1/): not part of the plan, off by
+// default; the benchmark's --ab mode sets it. Process-wide, not thread-safe: set it before
 // launching, never while another thread launches.
 struct FlashDecodeDevKnobs {
-  // Lean split merge (kernel stage 6''): the counter atomic acquires (no second fence after the
-  // counter reset: one L2 round trip less) and the merging CTA loads every split's partial in
-  // one batch (cp.async into shared memory) instead of one batch per 16 splits.
-  bool lean_merge = false;
-  // Ring stages split 0 issues before k_len is known (1..stages; 0 = the whole ring, mainline).
-  // Fewer wastes fewer bytes when k_len << capacity (speculative tiles past k_len are read and
-  // waited for), at the price of issuing the rest one k_len round trip later.
-  int spec_tiles = 0;
-  // Before its PDL wait, split 0 prefetches into L2 the K/V rows its speculative tiles will
-  // read (kernel stage 0'), so their DRAM latency overlaps the previous kernel's tail.
-  bool prefetch_l2 = false;
-  // Splits >= 1 speculate their first tiles too, planned from the previous call's k_len (read
-  // before the PDL wait; checked against k_len, reloaded on a miss): their K/V requests start a
-  // k_len round trip earlier, as split 0's do (kernel stages 0'' / 1'').
-  bool spec_all = false;
-  // Benchmark attribution only (the outputs are then wrong): bit 0 leaves the split merge out
-  // (partials stored, nothing merged or written), bit 1 the K/V stream (no tile loaded).
+  // Attribution only (the outputs are then wrong): bit 0 leaves the split merge out (partials
+  // stored, nothing merged or written), bit 1 the K/V stream (no tile loaded).
   int drop_stages = 0;
 };
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
