@@ -47,15 +47,17 @@ else
   echo "(no $layer_bench: layer ops skipped)"
 fi
 echo "== layer ops (us per call; fused with PDL | without | primitive chain with PDL), at $(elapsed) s"
+{
 for v in $layer_variants; do
   f=$out/layer_ops_v$v.txt
   [[ -f $f ]] || continue
   grep -E 'FAILED|^rc [^0]' "$f" | sed "s/^/  v$v /"
   grep -E '^(rms_norm|silu_mul|rope|rope_kv_append|layer_mix|rms_norm_matmul|silu_mul_matmul_add) ' \
     "$f" | awk -v v="$v" 'NF >= 10 && !/FAILED/ {s = $2; for (i = 3; i <= NF - 8; ++i) s = s " " $i;
-      printf "  v%s %-19s %-28s fused %6s  nopdl %6s  | chain %6s (%s kernels)\n", v, $1, s,
+      printf "  v%-2s %-19s %-28s fused %6s  nopdl %6s  | chain %6s (%s kernels)\n", v, $1, s,
       $(NF-7), $(NF-6), $(NF-4), $(NF-2)}'
 done
+} | LC_ALL=C sort -s -b -k2,7
 
 # 2. The GEMV bench, M = 1.
 if [[ -x $gemv_bench ]]; then
@@ -69,14 +71,16 @@ else
   echo "(no $gemv_bench: GEMV bench skipped)"
 fi
 echo "== GEMV M = 1 (us per call: gemv = no prefetch, pf = prefetch, ep = pf + residual), at $(elapsed) s"
+{
 for v in $gemv_variants; do
   f=$out/gemv_v$v.txt
   [[ -f $f ]] || continue
   grep -E '^rc [^0]' "$f" | sed "s/^/  v$v gemv bench /"
   grep -E '^1 +(smollm2|llama8b)' "$f" |
-    awk -v v="$v" 'NF >= 20 {printf "  v%s %-16s %5s x %-5s gemv %6s  pf %6s  ep %6s  (cublas %s)\n",
+    awk -v v="$v" 'NF >= 20 {printf "  v%-2s %-16s %5s x %-5s gemv %6s  pf %6s  ep %6s  (cublas %s)\n",
       v, $2" "$3, $4, $5, $6, $(NF-2), $NF, $9}'
 done
+} | LC_ALL=C sort -s -b -k2,3
 
 # 3. Correctness.
 echo "== tests, at $(elapsed) s"

@@ -306,9 +306,10 @@ struct ResidualLoad {
 // predicated read-only loads of stage 2 back to back before any is used, so a row costs about
 // one memory latency per batch, not one per chunk.
 //   rms_norm: pass 1 copies x[r] into xs[r], the norm weight (as fp32) into ws [k_pad] after the
-//             rows, and sums s_r = sum x^2 per thread, then over the warp (xor butterfly) and
-//             across the CTA's warps in warp order (every CTA gets the same inv_r: same block
-//             size, same order); pass 2 (shared memory only) rewrites
+//             rows, and sums s_r = sum x^2 per thread, then over the warp (xor butterfly) and,
+//             after one barrier, every thread across the CTA's warps in warp order (every thread
+//             and CTA gets the same inv_r: same block size, same order); pass 2 (shared memory
+//             only, 16-byte chunks) rewrites
 //             xs[r, kk] = round_T((xs * inv_r) * ws[kk])
 //             with inv_r = 1 / sqrt(s_r / k + eps) (IEEE division and sqrt; no contraction: the
 //             cuda rms_norm kernel's exact operations).
@@ -398,7 +399,6 @@ __device__ __forceinline__ void run_prologue_chunks(const Params& p, T* xs, std:
   }
   if constexpr (kPro == Prologue::rms_norm) {
     __shared__ float partial[kMaxWarpsPerCta][kRows];
-    __shared__ float inv_shared[kRows];
     const int warp = tid / kWarpSize, lane = tid % kWarpSize;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -408,18 +408,37 @@ __device__ __forceinline__ void run_prologue_chunks(const Params& p, T* xs, std:
       if (lane == 0) partial[warp][r] = ss[r];
     }
     __syncthreads();  // also publishes xs and ws
-    if (tid < kRows) {
-      float total = 0.0f;
-      for (int w = 0; w < threads / kWarpSize; ++w) total += partial[w][tid];
-      inv_shared[tid] = 1.0f / sqrtf(total / static_cast<float>(k) + p.eps);
-    }
-    __syncthreads();
+    // Every thread sums the warps' partials itself, in warp order (the same inv_r in every thread
+    // and CTA: no second barrier behind one thread's sum), then rewrites its 16-byte chunks of
+    // the rows (single elements for the k % kV tail).
+    constexpr int kV = kVectorBytes / static_cast<int>(sizeof(T));
+    using Chunk = typename RawOf<kVectorBytes>::type;
+    const std::int64_t whole = k / kV;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (r >= p.rows) break;
-      const float inv = inv_shared[r];
+      float total = 0.0f;
+      for (int w = 0; w < threads / kWarpSize; ++w) total += partial[w][r];
+      const float inv = 1.0f / sqrtf(total / static_cast<float>(k) + p.eps);
       T* row = xs + r * k_pad;
-      for (std::int64_t j = tid; j < k; j += threads)
+      for (std::int64_t c = tid; c < whole; c += threads) {
+        float f[kV];
+        unpack<T>(*reinterpret_cast<const Chunk*>(row + c * kV), f);
+        // The chunk's kV fp32 weights; ws is 16-byte aligned (it follows p.rows rows of k_pad
+        // elements, whole vectors).
+        float4 norm4[kV / 4];
+#pragma unroll
+        for (int q = 0; q < kV / 4; ++q) norm4[q] = reinterpret_cast<const float4*>(ws + c * kV)[q];
+        const float* norm = reinterpret_cast<const float*>(norm4);
+        T out[kV];
+#pragma unroll
+        for (int i = 0; i < kV; ++i)
+          out[i] = from_float<T>(__fmul_rn(__fmul_rn(f[i], inv), norm[i]));
+        Chunk raw;
+        memcpy(&raw, out, sizeof(raw));
+        *reinterpret_cast<Chunk*>(row + c * kV) = raw;
+      }
+      for (std::int64_t j = whole * kV + tid; j < k; j += threads)
         row[j] = from_float<T>(__fmul_rn(__fmul_rn(to_float(row[j]), inv), ws[j]));
     }
   }
