@@ -670,39 +670,46 @@ TEST(CudaGemv, PrologueProductsAgreeWithTheCpuUnderEveryVariant) {
   Rng rng(47);
   constexpr float kEpsNorm = 1e-5f;
   const int saved = cuda::gemv::variant();
-  for (int variant = 0; variant <= cuda::gemv::kVariantMask; ++variant) {
-    cuda::gemv::set_variant(variant);
-    for (DType dtype : {DType::bf16, DType::f32})
-      for (std::int64_t k : {64, 576, 1536})
-        for (std::int64_t n : {192, 576, 1537})
-          for (std::int64_t m : {1, 3}) {
-            if (!cuda::gemv::preferred(m, n, k)) continue;
-            const bool strided_norm = n == 1537;  // (m = 1: 3 rows of n > 1024 go to cuBLASLt)
+  // Inputs and CPU references once per shape; every knob value runs on them (the launches are
+  // cheap, the references are not: 32 values).
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (std::int64_t k : {64, 576, 1536})
+      for (std::int64_t n : {192, 576, 1537})
+        for (std::int64_t m : {1, 3}) {
+          if (!cuda::gemv::preferred(m, n, k)) continue;
+          const bool strided_norm = n == 1537;  // (m = 1: 3 rows of n > 1024 go to cuBLASLt)
+          Tolerance tol = default_tolerance(dtype);
+          if (dtype != DType::f32) tol.atol *= 4;
+          const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
+          const Tensor b = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
+          const Tensor w =
+              testing::random_tensor(rng, {n, k}, dtype, 1.0 / std::sqrt(static_cast<double>(k)));
+          Tensor norm = testing::random_tensor(rng, {k}, dtype, 0.3, 1.0);  // [k]
+          if (strided_norm) {
+            const Tensor spread = testing::random_tensor(rng, {k, 2}, dtype, 0.3, 1.0);
+            norm = Tensor::view_of(spread.storage(), spread.offset(), {k}, {2}, dtype);
+          }
+          const Tensor c = contiguous_poisoned(rng, {m, n}, dtype);  // [m, n]
+          const Tensor dx = upload(x), db = upload(b), dw = upload(w), dnorm = upload(norm),
+                       dc = upload(c);
+
+          Tensor expected = Tensor::empty({m, n}, dtype);  // [m, n]
+          cpu::rms_norm_matmul(x, norm, kEpsNorm, w, expected);
+          Tensor expected_silu = Tensor::empty({m, n}, dtype);  // [m, n]
+          cpu::silu_mul_matmul_add(x, b, w, c, expected_silu);
+          Tensor product = Tensor::empty({m, n}, DType::f32);  // [m, n]
+          cpu::matmul(x, w, product, true);
+          Tensor expected_add = Tensor::empty({m, n}, dtype);  // [m, n]
+          cpu::binary(cpu::BinaryKind::add, product, c, expected_add);
+
+          for (int variant = 0; variant <= cuda::gemv::kVariantMask; ++variant) {
+            cuda::gemv::set_variant(variant);
             SCOPED_TRACE(label(dtype, m, n, k, strided_norm ? "strided norm" : "contiguous") +
                          " variant " + std::to_string(variant));
-            Tolerance tol = default_tolerance(dtype);
-            if (dtype != DType::f32) tol.atol *= 4;
-            const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
-            const Tensor b = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
-            const Tensor w =
-                testing::random_tensor(rng, {n, k}, dtype, 1.0 / std::sqrt(static_cast<double>(k)));
-            Tensor norm = testing::random_tensor(rng, {k}, dtype, 0.3, 1.0);  // [k]
-            if (strided_norm) {
-              const Tensor spread = testing::random_tensor(rng, {k, 2}, dtype, 0.3, 1.0);
-              norm = Tensor::view_of(spread.storage(), spread.offset(), {k}, {2}, dtype);
-            }
-            const Tensor c = contiguous_poisoned(rng, {m, n}, dtype);  // [m, n]
-            const Tensor dx = upload(x), db = upload(b), dw = upload(w), dnorm = upload(norm),
-                         dc = upload(c);
-
-            Tensor expected = Tensor::empty({m, n}, dtype);  // [m, n]
-            cpu::rms_norm_matmul(x, norm, kEpsNorm, w, expected);
             Tensor dout = upload(nan_output({m, n}, dtype));
             cuda::rms_norm_matmul(dx, dnorm, kEpsNorm, dw, dout, /*w_constant=*/m == 1);
             EXPECT_TRUE(testing::close(download(dout), expected, tol)) << "rms_norm_matmul";
 
-            Tensor expected_silu = Tensor::empty({m, n}, dtype);  // [m, n]
-            cpu::silu_mul_matmul_add(x, b, w, c, expected_silu);
             Tensor dout_silu = upload(nan_output({m, n}, dtype));
             cuda::silu_mul_matmul_add(dx, db, dw, dc, dout_silu, /*w_constant=*/m == 3);
             EXPECT_TRUE(testing::close(download(dout_silu), expected_silu, tol))
@@ -711,10 +718,6 @@ TEST(CudaGemv, PrologueProductsAgreeWithTheCpuUnderEveryVariant) {
             // The residual epilogue in place (c = y, the h += linear(x) of a decoder layer) on
             // at most 2 CTAs, so each warp streams many groups and reads the next group's c
             // before storing this group's y (the early residual's order).
-            Tensor product = Tensor::empty({m, n}, DType::f32);  // [m, n]
-            cpu::matmul(x, w, product, true);
-            Tensor expected_add = Tensor::empty({m, n}, dtype);  // [m, n]
-            cpu::binary(cpu::BinaryKind::add, product, c, expected_add);
             Tensor dy = upload(c);  // [m, n]: c and y
             cuda::gemv::Params p;
             p.w = dw.raw_data();
@@ -755,7 +758,7 @@ TEST(CudaGemv, PrologueProductsAgreeWithTheCpuUnderEveryVariant) {
             cuda::gemv::launch(q, cuda::current_stream());
             EXPECT_TRUE(testing::close(download(dy_norm), expected, tol)) << "rms_norm on 2 CTAs";
           }
-  }
+        }
   cuda::gemv::set_variant(saved);
 }
 
