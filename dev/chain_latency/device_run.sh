@@ -15,8 +15,8 @@
 #      0, 4 and 8 (4 warps per CTA whatever n): gemv = no prefetch, pf = constant-weight prefetch
 #      (what the model runs), ep = pf + residual (MatMulAdd).
 #   3. Correctness: cuda_rope_kv_append_test, cuda_layer_ops_test (the kernels edited here),
-#      cuda_prologue_ops_test under 0 and 17, cuda_gemv_test (its variant test runs every knob
-#      value 0 .. 31; PDL chains).
+#      cuda_prologue_ops_test under 0 and 17, cuda_gemv_test in two parts (gemv_knob: the variant
+#      test over every knob value 0 .. 31, the PDL chains and the residual epilogue; gemv_rest).
 #   4. chain.cu only with CHAIN=1 in the environment (its 10:05 numbers are in the README; ~25 s).
 # Everything lands in OUT_DIR (one file per step: *.txt and *.json), then OUT_DIR.tgz holds it all
 # (the device returns at most 8 files: fetch OUT_DIR.tgz); the compact tables go to stdout.
@@ -97,7 +97,11 @@ run_test rope_kv_append 10 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_rope_kv_appe
 run_test layer_ops 10 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_layer_ops_test"
 run_test prologue_v0 10 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_prologue_ops_test"
 run_test prologue_v17 10 SPLICE_GEMV_VARIANT=17 "$build/tests/cuda_prologue_ops_test"
-run_test gemv 35 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_gemv_test"
+run_test gemv_knob 20 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_gemv_test" \
+  '*Variant*:*Pdl*:*Residual*'
+run_test gemv_rest 25 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_gemv_test" \
+  '-*Variant*:*Pdl*:*Residual*'
+
 
 # 4. chain.cu (optional).
 if [[ ${CHAIN:-0} == 1 ]] && have_time 60; then
