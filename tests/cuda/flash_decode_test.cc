@@ -660,8 +660,8 @@ TEST(FlashDecodeCuda, SpeculativeTileAtShortLengthsInALargeCache) {
     for (std::int32_t len : {0, 1, 16, 17, 48, 63, 64, 65, 97, limit, limit + 1, 700}) {
       Case c;
       c.dtype = len % 3 == 0 ? DType::f16 : DType::bf16;
-      c.num_qo_heads = head_dim == 64 ? 9 : 32;
-      c.num_kv_heads = head_dim == 64 ? 3 : 8;
+      c.num_qo_heads = head_dim == 64 ? 9 : (head_dim == 128 ? 32 : 8);  // (8, 2): host time
+      c.num_kv_heads = head_dim == 64 ? 3 : (head_dim == 128 ? 8 : 2);
       c.head_dim = head_dim;
       c.capacity = 1024;
       c.k_len = {len};

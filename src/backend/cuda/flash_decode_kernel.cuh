@@ -77,8 +77,8 @@ inline constexpr int kMaxSplits = 256;
 // Splits whose (lse2_s, O_s) the merging CTA loads at once: one L2 round trip per batch (16
 // float4 + 16 floats in registers per output slot). Registers bound it: the plan assumes the
 // CTAs per SM that shared memory allows (3 at head_dim 64, 2 at 128), which needs <= 168 and
-// <= 255 registers a thread; 16 gives 144 / 206 (nvcc 13.0, sm_90a), 32 would give 204 at
-// head_dim 64, one CTA per SM fewer than planned.
+// <= 255 registers a thread; with 16 the kernel has 142 / 207 (nvcc 13.0, sm_90a), 32 gave
+// 204 at head_dim 64, one CTA per SM fewer than planned.
 inline constexpr int kMergeBatch = 16;
 // Stages a benchmark may leave out to time the rest (FlashDecodeDevKnobs::drop_stages): the
 // split merge (partials are stored, nothing merged) and the K/V stream (no tiles loaded).
@@ -360,7 +360,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
     const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes;
     const std::uint32_t v_dst = k_dst + Cfg::kTileBytes;
-#pragma unroll
+    // At most 8 copies per unrolled step: at head_dim 256 (16 per lane) a full unroll let the
+    // compiler keep every row's offsets live across the main loop (255 registers, a 12-byte
+    // spill; 248 and none this way); 64 and 128 (4 and 8) stay fully unrolled.
+#pragma unroll 8
     for (int u = 0; u < kTileKeys * kChunks / 32; ++u) {
       const int c = lane + 32 * u;
       const int row = c / kChunks;
