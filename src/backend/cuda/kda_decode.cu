@@ -16,7 +16,7 @@
 //     cudaLaunchKernelEx with the PDL attribute when launch.cuh's pdl_enabled() and the stream is
 //     not the legacy default stream (every kda kernel waits before its first global access).
 //     Nothing is read back from the device. Params.tune carries the dev-only KdaTuneBits
-//     (kda_tune(): SPLICE_KDA_TUNE or set_kda_tune()), schedule switches of `stream` for A/B runs.
+//     (kda_tune(): SPLICE_KDA_TUNE or set_kda_tune()), `stream`'s schedule knob for A/B runs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -219,11 +219,10 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
   SPLICE_INTERNAL_CHECK(false, "kda variant not resolved");
 }
 
-// The dev-only schedule switches (kda_decode.h): -1 until read from SPLICE_KDA_TUNE at the first
+// The dev-only schedule knob (kda_decode.h): -1 until read from SPLICE_KDA_TUNE at the first
 // use or set by set_kda_tune().
 std::atomic<long long> g_tune{-1};
-static_assert(kda::kTuneV7Schedule == kKdaTuneV7Schedule && kda::kTuneOverlap == kKdaTuneOverlap,
-              "kernel and header tune bits agree");
+static_assert(kda::kTuneNoOverlap == kKdaTuneNoOverlap, "kernel and header tune bits agree");
 
 void check_cuda(const Tensor& t, const char* name, int device) {
   SPLICE_INTERNAL_CHECK(!t.defined() || (t.device().is_cuda() && t.device().index == device),
@@ -247,7 +246,7 @@ unsigned kda_tune() {
     v = env != nullptr ? static_cast<long long>(std::strtoul(env, nullptr, 10) & kKdaTuneAll) : 0;
     g_tune.store(v, std::memory_order_relaxed);
     if (v != 0 && debug_enabled())
-      std::fprintf(stderr, "splice: kda dev switches SPLICE_KDA_TUNE=%lld\n", v);
+      std::fprintf(stderr, "splice: kda dev knob SPLICE_KDA_TUNE=%lld\n", v);
   }
   return static_cast<unsigned>(v);
 }

@@ -128,12 +128,11 @@ struct Params {
   float lower_bound;  // used when use_lower_bound
   int use_lower_bound;
   float norm_eps;
-  unsigned tune;  // KdaTuneBits (kda_decode.h): dev-only schedule switches of `stream`
+  unsigned tune;  // KdaTuneBits (kda_decode.h): the dev-only schedule knob of `stream`
 };
 
 // KdaTuneBits of kda_decode.h, as the kernels test them.
-constexpr unsigned kTuneV7Schedule = 1u;
-constexpr unsigned kTuneOverlap = 2u;
+constexpr unsigned kTuneNoOverlap = 1u;
 
 __device__ __forceinline__ float bf16_to_f32(std::uint16_t bits) {
   return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
@@ -1008,12 +1007,21 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     The announcement precedes every copy of its phase by a barrier, so the phase's tx-count
 //     never runs ahead of its expectation; the scalars are read by item n after the barriers of
 //     item k that follow their stores.
-//   T = 1 (dev/kda_b's run): item k's RMSNorm is deferred to warp 4 during item k + 1 (token
-//     slots alternate); with 3 stages (bf16) stage n's copies are issued at the top of item
-//     k + 1 by warps 5-7 (late copies); with 3 stages, or no item past the ring, the prologue
-//     issues item 0's stage first and the rest once it has landed (staggered prefill).
-//     kTuneV7Schedule turns all three off (the A/B reference); kTuneOverlap (dev) moves item
-//     k + 1's precompute into item k's sweep (its own loop, below).
+//   The schedule per (state dtype, T) (kLookaheadStages: 3 stages, bf16, keep ~2 items of
+//   lookahead when a refill is issued late; 2 stages, f32, only ~1):
+//     bf16 T = 1: the overlap loop (below): item k + 1's precompute (warps 0-3) runs during item
+//       k's sweep, beside item k's refill (warps 4-7) and item k - 1's RMSNorm (warp 4); two
+//       barriers per item; the whole ring is issued in the prologue (no stagger).
+//     f32 T = 1: the item loop; item k's RMSNorm deferred to warp 4 during item k + 1 (token
+//       slots alternate); the refill issued by all 8 warps between the precompute and the
+//       sweep; staggered prefill (item 0's stage first, the rest once it has landed) only when
+//       the CTA has no item past the ring.
+//     bf16 T > 1: the item loop, norm on warp 0 at the item's end, refill by all 8 warps,
+//       staggered prefill always. f32 T > 1: the same, stagger only with no item past the ring.
+//   kTuneNoOverlap (dev knob, the A/B reference): bf16 T = 1 runs the pre-overlap item loop
+//   (deferred norm, refill at the top of item k + 1 by warps 5-7 (late copies), stagger).
+//   History: v7 -> v8 (deferred norm, late copies, stagger) -> the overlap for bf16 T = 1 only
+//   (f32 lost 1.5-6% with it): docs/perf.md runs 17 and 19.
 // So the loads of up to kStages items (~85 KB each for fp32) are in flight while one item
 // computes, and an item's path holds no dependent global load: Little's law asks ~33 KB in
 // flight per SM at the copy bandwidth.
@@ -1074,11 +1082,12 @@ constexpr int kDeferNormWarp = kKindsPerToken;      // deferred norm: no precomp
 constexpr int kDeferSlots = 2;                      // deferred norm: token slots o / og alternate
 constexpr int kLateCopyWarp0 = kDeferNormWarp + 1;  // late copies: warps 5 .. 7
 constexpr int kLateCopyWarps = kStreamWarps - kLateCopyWarp0;  // issue the late copies
-// Late copies and a staggered prefill each leave a refill one item less to land. With
-// kLookaheadStages stages that still leaves ~2 items (bf16: measured 5-7% faster at T = 1); with
-// 2 (f32) ~1, and the run lost 2-4% at N >= 128 (late copies) and 2% at N = 32 (stagger).
+// Late copies, the overlap and a staggered prefill each leave a refill one item less to land.
+// With kLookaheadStages stages that still leaves ~2 items (bf16 T = 1, N >= 32: late copies 4-6%,
+// the overlap 5-18% faster); with 2 (f32) ~1, and the runs lost 2-4% at N >= 128 (late copies),
+// 1.5-6% at N = 8 .. 512 (overlap) and 2% at N = 32 (stagger).
 constexpr int kLookaheadStages = 3;
-// kTuneOverlap: warps kOverlapCopyWarp0.. issue the refills (and warp 4 the deferred norm) while
+// The overlap: warps kOverlapCopyWarp0.. issue the refills (and warp 4 the deferred norm) while
 // warps 0 .. kKindsPerToken-1 precompute the next item; token slots rotate over 3 items (the
 // next item's precompute, this item's sweep, the previous item's norm).
 constexpr int kOverlapCopyWarp0 = kKindsPerToken;
@@ -1087,7 +1096,7 @@ constexpr int kOverlapSlots = 3;
 static_assert(kOverlapSlots <= kChunk, "token slots of Shared");
 static_assert(kOverlapCopyWarp0 == kDeferNormWarp, "the deferred norm runs on a copy warp");
 
-// Barrier over the copy warps of kTuneOverlap (named barrier 2).
+// Barrier over the copy warps of the overlap loop (named barrier 2).
 __device__ __forceinline__ void overlap_copy_warps_sync() {
   asm volatile("bar.sync 2, %0;" ::"n"(kOverlapCopyWarps * kWarp) : "memory");
 }
@@ -1316,14 +1325,16 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   if (warp == kResolveWarp) resolve_batch(0, false);
   __syncthreads();
   const int prefill = min(kStages, count);
-  // kTuneV7Schedule: v7's schedule (the A/B reference; every choice below off).
-  const bool v7 = (p.tune & kTuneV7Schedule) != 0;
+  // The overlap loop (header: bf16 T = 1; kTuneNoOverlap turns it off for the A/B).
+  const bool overlap =
+      p.max_t == 1 && kStages >= kLookaheadStages && (p.tune & kTuneNoOverlap) == 0;
   // Staggered prefill: only item 0's stage now; items 1 .. prefill-1 (announced now) are staged
   // at the top of item 0, once its stage has landed: item 0 waits for 1 / kStages of the ramp
-  // (chip wide 132 x 51-85 KB). With 3 stages always (bf16: 0.5-3% faster up to N = 32, neutral
-  // beyond); with 2 (f32) only when the CTA has no item past the ring (N = 8: 1.5-3% faster;
-  // N = 32 lost 1-2%: its item 1 then lands a whole item later).
-  const bool stagger = !v7 && (kStages >= kLookaheadStages || count <= kStages);
+  // (chip wide 132 x 51-85 KB). With 3 stages in the item loop (bf16: 0.5-3% faster up to
+  // N = 32, neutral beyond); with 2 (f32) only when the CTA has no item past the ring (N = 8:
+  // 1.5-3% faster; N = 32 lost 1-2%: its item 1 then lands a whole item later). Not with the
+  // overlap (run 19: the whole ring in the prologue 0.4-5.4% faster at N = 512 .. 32).
+  const bool stagger = !overlap && (kStages >= kLookaheadStages || count <= kStages);
   const int early = stagger ? min(1, prefill) : prefill;
   if (tid == 0) {
     for (int k = 0; k < prefill; ++k) announce_item<StateT, kStage>(ahead_of(k), &S.full[k]);
@@ -1341,13 +1352,14 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   // Item k + 2 rewrites slot k % kDeferSlots only after its own first barrier, which that warp
   // reaches after the norm; item k + 1's sweep writes o of its own slot. Measured: f32 0.2-1.8%,
   // bf16 1-3.5% faster at N = 8 .. 512 (v7: warp 0 ran it while 7 warps waited).
-  const bool defer_norm = !v7 && p.max_t == 1;
-  // Late copies (T = 1, 3 stages): item k's refill of its stage (the copies of item k + kStages)
-  // is issued at the top of item k + 1 by warps kLateCopyWarp0.. (no precompute work at T = 1)
-  // instead of by all 8 warps between item k's precompute and its sweep: off the item's path,
-  // at the cost of half an item of lookahead. Measured with the deferred norm: bf16 -4 to -6%
-  // at N >= 32; f32 (2 stages) +2 to +4% at N >= 128, so not there.
-  const bool late_copies = !v7 && p.max_t == 1 && kStages >= kLookaheadStages;
+  const bool defer_norm = p.max_t == 1;
+  // Late copies (T = 1, 3 stages: only under kTuneNoOverlap, the overlap's A/B reference): item
+  // k's refill of its stage (the copies of item k + kStages) is issued at the top of item k + 1
+  // by warps kLateCopyWarp0.. (no precompute work at T = 1) instead of by all 8 warps between
+  // item k's precompute and its sweep: off the item's path, at the cost of half an item of
+  // lookahead. Measured with the deferred norm: bf16 -4 to -6% at N >= 32; f32 (2 stages) +2 to
+  // +4% at N >= 128, so not there.
+  const bool late_copies = p.max_t == 1 && kStages >= kLookaheadStages;
   int late_next = -1;     // the item whose copies wait for the top of the next item
   int pending_slot = -1;  // the deferred norm's token slot (-1: none)
   std::int64_t pending_row = 0;
@@ -1373,7 +1385,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
                        &sv[i][c * G::kVecElems]);
   };
 
-  // kTuneOverlap (T = 1; dev A/B): item k + 1's precompute runs during item k's sweep. Warps 0-3
+  // The overlap (bf16 T = 1): item k + 1's precompute runs during item k's sweep. Warps 0-3
   // (one kind each) precompute item k + 1 from its stage into token slot (k + 1) % 3 while warps
   // 4-7 issue item k's refill (item k + kStages), warp 4 runs item k - 1's RMSNorm (slot
   // (k - 1) % 3) and warp 7 resolves metadata; then all 8 warps write back and sweep item k
@@ -1383,8 +1395,9 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   // sub-partition's pair (warp w, w + 4) overlaps w's precompute with w + 4's sweep.
   // A precompute warp whose next stage has not landed yet sweeps item k first (no order between
   // the two: different token slots). The arithmetic is run_item's (precompute_tokens,
-  // ConvWriteback, sweep_token, norm_head_token): the same bits as the default schedule.
-  if ((p.tune & kTuneOverlap) != 0 && p.max_t == 1) {
+  // ConvWriteback, sweep_token, norm_head_token): the same bits as the item loop (the test
+  // TuneSwitchesBitIdentical compares the two through kTuneNoOverlap).
+  if (overlap) {
     auto precompute_of = [&](int k) {  // warps 0-3: item k's precompute, once its stage landed
       const int sk = k % kStages;
       mbar_wait(&S.full[sk], static_cast<std::uint32_t>(k / kStages) & 1u);
@@ -1398,14 +1411,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
                           kKindsPerToken);
       }
     };
-    if (warp < kKindsPerToken) {
-      precompute_of(0);
-    } else if (early < prefill) {  // staggered prefill: the rest of the ring once item 0 landed
-      mbar_wait(&S.full[0], 0);
-      for (int kk = early; kk < prefill; ++kk)
-        stage_item<StateT, kStage, kOverlapCopyWarp0, kOverlapCopyWarps>(p, ahead_of(kk),
-                                                                         S.stage[kk], &S.full[kk]);
-    }
+    if (warp < kKindsPerToken) precompute_of(0);  // (no stagger: the ring is in flight)
 #pragma unroll 1
     for (int k = 0; k < count; ++k) {
       const int s = k % kStages;

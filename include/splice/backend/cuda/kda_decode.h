@@ -70,24 +70,17 @@ struct KdaKernelInfo {
 };
 KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs);
 
-// Dev-only A/B switches of the `stream` kernel (issue 6, dev/kda_b/): bits, all off by default.
-// Each changes the schedule only, never the arithmetic: outputs, caches and checkpoints are bit
-// for bit those of the default schedule (tests/cuda/kda_decode_test.cc checks every bit). Read
-// from SPLICE_KDA_TUNE (a decimal bit mask) at the first launch; set_kda_tune() overrides it
-// (benchmarks, tests).
+// The dev-only A/B knob of the `stream` kernel (issue 6, dev/kda_b/): bits, all off by default.
+// It changes the schedule only, never the arithmetic: outputs, caches and checkpoints are bit for
+// bit those of the default schedule (tests/cuda/kda_decode_test.cc, TuneSwitchesBitIdentical).
+// Read from SPLICE_KDA_TUNE (a decimal bit mask) at the first launch; set_kda_tune() overrides
+// it (benchmarks, tests). (Until run 19 the bits were 1 = v7's schedule, 2 = the overlap.)
 enum KdaTuneBits : unsigned {
-  // v7's schedule, the A/B reference of the mainline one: the gated RMSNorm of a T = 1 item on
-  // warp 0 while the other warps wait at the next item's barrier (mainline: deferred to warp 4
-  // during the next item's precompute), the stage refill issued by all 8 warps between the
-  // precompute and the sweep (mainline bf16 T = 1: at the top of the next item, by warps 5-7),
-  // the whole ring issued in the prologue (mainline: item 0's stage first, the rest once it
-  // has landed, for bf16 and for CTAs with no item past the ring).
-  kKdaTuneV7Schedule = 1u,
-  // T = 1: item k + 1's precompute (warps 0-3, into a rotating token slot) runs during item k's
-  // sweep, beside item k's refill (warps 4-7) and item k - 1's RMSNorm (warp 4); two barriers per
-  // item instead of three (dev/kda_b/README.md). With kKdaTuneV7Schedule: without the stagger.
-  kKdaTuneOverlap = 2u,
-  kKdaTuneAll = kKdaTuneV7Schedule | kKdaTuneOverlap,
+  // bf16 T = 1 without the overlap (the mainline: item k + 1's precompute during item k's sweep,
+  // kda_decode.cuh): the pre-overlap item loop, v8's schedule (RMSNorm deferred to the next
+  // item, refill at the top of the next item, staggered prefill). No effect elsewhere.
+  kKdaTuneNoOverlap = 1u,
+  kKdaTuneAll = kKdaTuneNoOverlap,
 };
 unsigned kda_tune();
 void set_kda_tune(unsigned bits);
