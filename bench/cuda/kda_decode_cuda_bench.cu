@@ -15,10 +15,11 @@
 //     JSON fields), never in the table: `chosen_nopdl` = the chosen variant launched without PDL
 //     (N <= 8; every other time is with PDL unless SPLICE_PDL=0: the launches of one graph then
 //     overlap their predecessor's tail).
-//  5. Dev A/B of the `stream` kernel's schedule switches (cuda::KdaTuneBits, dev/kda_b/): with
-//     KDA_BENCH_TUNES=1,2,3 the `stream` variant is also timed with each listed bit mask
-//     (set_kda_tune), printed as "A/B" lines, a decision table (us and % of the floor per mask)
-//     and the JSON field "stream_tune_us"; the main table and "stream_us" keep the default.
+//  5. Dev A/B of the `stream` kernel's schedule knob (cuda::KdaTuneBits, dev/kda_b/): with
+//     KDA_BENCH_TUNES=1 (kKdaTuneNoOverlap: bf16 T = 1 without the overlap) the `stream` variant
+//     is also timed with each listed bit mask (set_kda_tune), printed as "A/B" lines, a decision
+//     table (us and % of the floor per mask) and the JSON field "stream_tune_us"; the main table
+//     and "stream_us" keep the default.
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
 // given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
 // Environment: KDA_BENCH_QUICK (T in {1, 4}), KDA_BENCH_NS / KDA_BENCH_TS (comma lists),
@@ -262,7 +263,7 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
         std::find(opt.variants.begin(), opt.variants.end(), name) != opt.variants.end())
       res.variant_us[name] = time_config(variant);
   }
-  if (!opt.tunes.empty()) {  // the `stream` schedule switches (dev A/B)
+  if (!opt.tunes.empty()) {  // the `stream` schedule knob (dev A/B)
     const unsigned saved = splice::cuda::kda_tune();
     for (unsigned bits : opt.tunes) {
       splice::cuda::set_kda_tune(bits);

@@ -701,15 +701,16 @@ TEST(KdaCuda, Deterministic) {
   }
 }
 
-// The dev-only schedule switches of `stream` (cuda::KdaTuneBits, dev/kda_b/) change the order of
-// work, never the arithmetic: with every switch combination (1 v7's schedule, 2 the overlapped
-// precompute, 3 both), each stream kernel (staged and plain inputs) leaves output, state and
-// conv_state bit-identical to the default schedule, on T = 1 (the deferred norm's, the late
-// copies' and the overlap's case) with many items per CTA (token slots rotating over many items,
-// null and trailing rows between them, the metadata batches) and with one or two items per CTA
-// (the staggered ring's edge: fewer items than stages, the f32 stagger), and T = 3 (the T = 1
-// choices inactive, bf16's stagger); the default schedule is also checked against the CPU kernel
-// and the reference on the small cases here (as in every other test), so every mask is.
+// The dev-only schedule knob of `stream` (cuda::KdaTuneBits, dev/kda_b/) changes the order of
+// work, never the arithmetic: with kKdaTuneNoOverlap (bf16 T = 1: the pre-overlap item loop, with
+// the deferred norm, late copies and the stagger, as the non-overlap reference) each stream
+// kernel (staged and plain inputs) leaves output, state and conv_state bit-identical to the
+// mainline (bf16 T = 1: the overlap loop), on T = 1 with many items per CTA (token slots rotating
+// over many items, null and trailing rows between them, the metadata batches) and with one or
+// two items per CTA (the ring's edge: fewer items than stages, the f32 stagger), and T = 3 (the
+// knob inactive: the same item loop twice); f32 runs the item loop with and without the knob.
+// The mainline is also checked against the CPU kernel and the reference on the small cases (as
+// in every other test), so the knob's schedule is.
 TEST(KdaCuda, TuneSwitchesBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct TuneScope {
