@@ -706,11 +706,13 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (p.w_constant && has_group) load_first_weights();
   detail::wait_for_producers();
   if (single_wave) detail::allow_dependents();  // after the wait (launch.cuh)
+  // The first group's residual element goes out first (a warp without a group has none), so its
+  // round trip overlaps the prologue's too (silu_mul_matmul_add).
+  residual_now.issue(p.c_dtype);
   if constexpr (kPro != Prologue::none) {
     if (!in_registers) run_prologue<T, kRows, kPro>(p, xs, k_pad, prologue_vectorized, norm_direct);
   }
   if (!has_group) return;
-  residual_now.issue(p.c_dtype);
   if (!p.w_constant) load_first_weights();
   if constexpr (kOneBatch && kPro != Prologue::none) {
     if (in_registers)
