@@ -18,8 +18,10 @@
 #      cuda_prologue_ops_test under 0 and 17, cuda_gemv_test in two parts (gemv_knob: the variant
 #      test over every knob value 0 .. 31, the PDL chains and the residual epilogue; gemv_rest).
 #   4. chain.cu only with CHAIN=1 in the environment (its 10:05 numbers are in the README; ~25 s).
-# Everything lands in OUT_DIR (one file per step: *.txt and *.json), then OUT_DIR.tgz holds it all
-# (the device returns at most 8 files: fetch OUT_DIR.tgz); the compact tables go to stdout.
+# Everything lands in OUT_DIR (one file per step: *.txt and *.json, ~16 files), then OUT_DIR.tgz
+# holds it all; the device returns at most 8 files, so keep OUT_DIR outside $OUT and copy only the
+# archive there (README: `device_run.sh build-dev /tmp/chain; cp /tmp/chain.tgz $OUT/`). The
+# compact tables go to stdout.
 set -uo pipefail
 build=${1:?usage: device_run.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: device_run.sh BUILD_DIR OUT_DIR}
