@@ -15,8 +15,10 @@
 // a length bound (the capacity when a CUDA graph is captured); the kernel reads k_len from device
 // memory, re-plans the live split count on the device with the same rule, and CTAs past the live
 // split count exit at once. Nothing on the launch path reads device memory back to the host, so a
-// captured launch replays correctly for any k_len <= the bound. The launcher launches with PDL
-// when cuda::pdl_enabled() (and a created stream).
+// captured launch replays correctly for any k_len <= the bound. In a one-wave grid with no left
+// window, split 0 (whose first key is 0 at every k_len) issues one ring stage, the first 16-key
+// tile of each warp, before k_len arrives; everything else waits for the plan. The launcher
+// launches with PDL when cuda::pdl_enabled() (and a created stream).
 #pragma once
 
 #include <cstdint>
