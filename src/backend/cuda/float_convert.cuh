@@ -1,10 +1,14 @@
 // Device-side conversions between the storage float types (f32, f16, bf16) and fp32 math, with
-// round-to-nearest-even on the way back: one definition for the kernels that are templated on the
-// element type (gemv.cu, layer_ops.cu).
+// round-to-nearest-even on the way back, and the host dispatch from a DType to those types: one
+// definition for the kernels that are templated on the element type (gemv.cu, layer_ops.cu,
+// rope_kv_append.cu).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include "splice/core/dtype.h"
+#include "splice/core/error.h"
 
 namespace splice::cuda::detail {
 
@@ -25,6 +29,23 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+// Calls fn(T{}) with T the device type of a float dtype (float, __half, __nv_bfloat16); `what`
+// names the caller in the internal error for any other dtype (callers validate dtypes first).
+template <typename Fn>
+void dispatch_float(DType dtype, const char* what, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32:
+      return fn(float{});
+    case DType::f16:
+      return fn(__half{});
+    case DType::bf16:
+      return fn(__nv_bfloat16{});
+    default:
+      break;
+  }
+  SPLICE_INTERNAL_CHECK(false, what, ": dtype ", dtype_name(dtype), " is not a float dtype");
 }
 
 }  // namespace splice::cuda::detail

@@ -45,6 +45,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstring>
 #include <utility>
 
 #include "backend/cuda/check.h"
@@ -90,6 +91,26 @@ __device__ __forceinline__ void allow_dependents_if_single_wave() {
 __device__ __forceinline__ void pdl_prologue() {
   wait_for_producers();
   allow_dependents_if_single_wave();
+}
+
+// A plain 2- or 4-byte global load issued where it stands (volatile asm keeps program order):
+// after the wait, loads that do not depend on each other go out together, even where the compiler
+// would otherwise issue one only after another load's first use (seen in SASS: rope and
+// rope_kv_append's x pair waited for the position's round trip).
+template <typename T>
+__device__ __forceinline__ T load_in_order(const T* ptr) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4);
+  T value;
+  if constexpr (sizeof(T) == 2) {
+    unsigned short bits;
+    asm volatile("ld.global.b16 %0, [%1];" : "=h"(bits) : "l"(ptr));
+    memcpy(&value, &bits, sizeof(T));
+  } else {
+    unsigned bits;
+    asm volatile("ld.global.b32 %0, [%1];" : "=r"(bits) : "l"(ptr));
+    memcpy(&value, &bits, sizeof(T));
+  }
+  return value;
 }
 
 // Launches `kernel` on `stream` with grid x block (no dynamic shared memory), with the PDL

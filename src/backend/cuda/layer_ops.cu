@@ -98,7 +98,9 @@ struct RopeParams {
 
 // ---- device-side conversions -------------------------------------------------------------------
 
-using detail::from_float;  // float_convert.cuh
+using detail::dispatch_float;  // float_convert.cuh
+using detail::from_float;      // float_convert.cuh
+using detail::load_in_order;   // launch.cuh
 using detail::to_float;
 
 // v rounded to T's precision, kept as fp32.
@@ -152,24 +154,6 @@ __device__ __forceinline__ long long row_offset(const RowLayout& l, long long ro
 
 __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & (kVectorBytes - 1)) == 0;
-}
-
-// A plain load issued where it stands (volatile asm: the compiler keeps these in program order, so
-// the loads that do not need the position go out with it instead of after its first use).
-template <typename T>
-__device__ __forceinline__ T load_in_order(const T* ptr) {
-  static_assert(sizeof(T) == 2 || sizeof(T) == 4);
-  T value;
-  if constexpr (sizeof(T) == 2) {
-    unsigned short bits;
-    asm volatile("ld.global.b16 %0, [%1];" : "=h"(bits) : "l"(ptr));
-    memcpy(&value, &bits, sizeof(T));
-  } else {
-    unsigned bits;
-    asm volatile("ld.global.b32 %0, [%1];" : "=r"(bits) : "l"(ptr));
-    memcpy(&value, &bits, sizeof(T));
-  }
-  return value;
 }
 
 // ---- kernels -----------------------------------------------------------------------------------
@@ -368,21 +352,6 @@ __global__ void rope_kernel(RopeParams p) {
 
 // ---- host side ---------------------------------------------------------------------------------
 
-template <typename Fn>
-void dispatch_float(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32:
-      return fn(float{});
-    case DType::f16:
-      return fn(__half{});
-    case DType::bf16:
-      return fn(__nv_bfloat16{});
-    default:
-      break;
-  }
-  SPLICE_INTERNAL_CHECK(false, "layer_ops: dtype ", dtype_name(dtype), " is not a float dtype");
-}
-
 void check_cuda_tensor(const Tensor& t, const char* op, const char* name) {
   check_defined(t, name);
   if (!t.device().is_cuda())
@@ -519,9 +488,9 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   p.hidden = hidden;
   p.eps = eps;
   if (p.rows == 0 || hidden == 0) return;
-  dispatch_float(x.dtype(), [&](auto x_tag) {
+  dispatch_float(x.dtype(), "layer_ops", [&](auto x_tag) {
     using TX = decltype(x_tag);
-    dispatch_float(out.dtype(), [&](auto out_tag) {
+    dispatch_float(out.dtype(), "layer_ops", [&](auto out_tag) {
       using TO = decltype(out_tag);
       // Enough threads for one vector (or element) each, in whole warps, at most 1024.
       const long long per_thread = hidden % VectorOf<TX>::kWidth == 0 ? VectorOf<TX>::kWidth : 1;
@@ -558,7 +527,7 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
   p.rows = row_count(a);
   p.n = a.size(-1);
   if (a.numel() == 0) return;
-  dispatch_float(a.dtype(), [&](auto tag) {
+  dispatch_float(a.dtype(), "layer_ops", [&](auto tag) {
     using T = decltype(tag);
     constexpr int kW = VectorOf<T>::kWidth;
     // Vectorized when every row of every operand starts on a 16-byte boundary.
@@ -619,7 +588,7 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
   p.rows = row_count(x);
   p.dim = dim;
   if (x.numel() == 0) return;
-  dispatch_float(x.dtype(), [&](auto tag) {
+  dispatch_float(x.dtype(), "layer_ops", [&](auto tag) {
     using T = decltype(tag);
     detail::launch_kernel(rope_kernel<T>, dim3(grid_for(p.rows * (dim / 2), kElementwiseThreads)),
                           dim3(kElementwiseThreads), current_stream(), p);

@@ -53,7 +53,9 @@ struct RopeKvAppendParams {
   const int* position = nullptr;  // [1]: the step's p, read on the device
 };
 
+using detail::dispatch_float;  // float_convert.cuh
 using detail::from_float;
+using detail::load_in_order;  // launch.cuh
 using detail::to_float;
 
 // An element of a runtime-typed float table.
@@ -74,25 +76,6 @@ __device__ __forceinline__ long long row_stride_of(const rope_kv_append_index::G
                                                    rope_kv_append_index::Target target) {
   using rope_kv_append_index::Target;
   return target == Target::k ? g.k_stride[2] : target == Target::v ? g.v_stride[2] : 0;
-}
-
-// A plain load issued where it stands: volatile asm keeps the qkv pair's loads ahead of the
-// position's (with C++ loads the compiler put the position's first use, the validity test, before
-// the qkv loads, so they waited for the position's round trip: seen in SASS).
-template <typename T>
-__device__ __forceinline__ T load_in_order(const T* ptr) {
-  static_assert(sizeof(T) == 2 || sizeof(T) == 4);
-  T value;
-  if constexpr (sizeof(T) == 2) {
-    unsigned short bits;
-    asm volatile("ld.global.b16 %0, [%1];" : "=h"(bits) : "l"(ptr));
-    memcpy(&value, &bits, sizeof(T));
-  } else {
-    unsigned bits;
-    asm volatile("ld.global.b32 %0, [%1];" : "=r"(bits) : "l"(ptr));
-    memcpy(&value, &bits, sizeof(T));
-  }
-  return value;
 }
 
 // Post-wait path per item (SASS checked: the qkv pair's loads and the position's go out back to
@@ -164,22 +147,6 @@ unsigned grid_for(long long work) {
       std::clamp<long long>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
 }
 
-template <typename Fn>
-void dispatch_float(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32:
-      return fn(float{});
-    case DType::f16:
-      return fn(__half{});
-    case DType::bf16:
-      return fn(__nv_bfloat16{});
-    default:
-      break;
-  }
-  SPLICE_INTERNAL_CHECK(false, "rope_kv_append: dtype ", dtype_name(dtype),
-                        " is not a float dtype");
-}
-
 }  // namespace
 
 void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& position,
@@ -233,7 +200,7 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
   p.capacity = k_cache.size(2);
   p.position = static_cast<const int*>(position.raw_data());
   if (batch == 0) return;
-  dispatch_float(qkv.dtype(), [&](auto tag) {
+  dispatch_float(qkv.dtype(), "rope_kv_append", [&](auto tag) {
     using T = decltype(tag);
     detail::launch_kernel(rope_kv_append_kernel<T>,
                           dim3(grid_for(rope_kv_append_index::items(p.g))), dim3(kThreads),
