@@ -31,6 +31,21 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// Element `index` of a runtime-typed float array (f16, bf16, else f32): weights and tables whose
+// dtype differs from the kernel's element type. `dtype` is a DType or its int value (the kernels'
+// parameter structs carry it as an int).
+template <typename DTypeValue>
+__device__ __forceinline__ float load_any(const void* p, DTypeValue dtype, long long index) {
+  switch (static_cast<DType>(dtype)) {
+    case DType::f16:
+      return __half2float(static_cast<const __half*>(p)[index]);
+    case DType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[index]);
+    default:
+      return static_cast<const float*>(p)[index];
+  }
+}
+
 // Calls fn(T{}) with T the device type of a float dtype (float, __half, __nv_bfloat16); `what`
 // names the caller in the internal error for any other dtype (callers validate dtypes first).
 template <typename Fn>

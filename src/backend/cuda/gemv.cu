@@ -196,6 +196,7 @@ __device__ __forceinline__ unsigned short load_shared(const unsigned short* ptr,
 }
 
 using detail::from_float;  // float_convert.cuh
+using detail::load_any;    // float_convert.cuh
 using detail::to_float;
 
 // The raw bits of one load as floats: f[i] = float(element i).
@@ -252,18 +253,6 @@ __device__ __forceinline__ void store_out(void* y, std::int64_t index, float val
     default:
       static_cast<float*>(y)[index] = value;
       break;
-  }
-}
-
-// Element `index` of a runtime-typed float array (rms_norm's strided or converted weight).
-__device__ __forceinline__ float load_any(const void* c, std::int64_t index, DType dtype) {
-  switch (dtype) {
-    case DType::f16:
-      return __half2float(static_cast<const __half*>(c)[index]);
-    case DType::bf16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(c)[index]);
-    default:
-      return static_cast<const float*>(c)[index];
   }
 }
 
@@ -365,7 +354,7 @@ __device__ __forceinline__ void run_prologue_chunks(const Params& p, T* xs, std:
 #pragma unroll
           for (int i = 0; i < kW; ++i)
             w[i] =
-                load_any(p.norm_weight, (c * kW + i) * p.norm_weight_stride, p.norm_weight_dtype);
+                load_any(p.norm_weight, p.norm_weight_dtype, (c * kW + i) * p.norm_weight_stride);
         }
 #pragma unroll
         for (int i = 0; i < kW; ++i) ws[c * kW + i] = w[i];

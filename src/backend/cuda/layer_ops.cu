@@ -100,6 +100,7 @@ struct RopeParams {
 
 using detail::dispatch_float;  // float_convert.cuh
 using detail::from_float;      // float_convert.cuh
+using detail::load_any;        // float_convert.cuh
 using detail::load_in_order;   // launch.cuh
 using detail::to_float;
 
@@ -107,18 +108,6 @@ using detail::to_float;
 template <typename T>
 __device__ __forceinline__ float round_as(float v) {
   return to_float(from_float<T>(v));
-}
-
-// An element of a runtime-typed float tensor (weights and tables).
-__device__ __forceinline__ float load_any(const void* p, int dtype, long long off) {
-  switch (static_cast<DType>(dtype)) {
-    case DType::f16:
-      return __half2float(static_cast<const __half*>(p)[off]);
-    case DType::bf16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
-    default:
-      return static_cast<const float*>(p)[off];
-  }
 }
 
 template <typename T>

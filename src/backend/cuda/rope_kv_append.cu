@@ -55,20 +55,9 @@ struct RopeKvAppendParams {
 
 using detail::dispatch_float;  // float_convert.cuh
 using detail::from_float;
+using detail::load_any;       // float_convert.cuh
 using detail::load_in_order;  // launch.cuh
 using detail::to_float;
-
-// An element of a runtime-typed float table.
-__device__ __forceinline__ float load_any(const void* p, int dtype, long long off) {
-  switch (static_cast<DType>(dtype)) {
-    case DType::f16:
-      return __half2float(static_cast<const __half*>(p)[off]);
-    case DType::bf16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
-    default:
-      return static_cast<const float*>(p)[off];
-  }
-}
 
 // The cache-row stride of an item's target: Item::dst at row p is item(g, t, 0).dst + p * this
 // (item() adds row * k_stride[2] / v_stride[2] to the k / v targets' offsets and nothing to q's).
