@@ -37,6 +37,7 @@
 #include "splice/passes/layer_ops.h"
 #include "splice/tune/optimize.h"
 #include "support/cuda_test_util.h"
+#include "support/rope_kv_append_region.h"
 #include "support/test_util.h"
 
 namespace splice {
@@ -134,42 +135,11 @@ SessionOptions gpu_options() {
 
 // ---- the region alone ----
 
-constexpr std::int64_t kRegionHeads = 4, kRegionKvHeads = 2, kRegionDim = 64;
-constexpr std::int64_t kRegionRow = (kRegionHeads + 2 * kRegionKvHeads) * kRegionDim;
+using testing::kRegionRow;
 
-// qkv [1, 1, (Hq + 2 Hkv) D] bf16 -> layers::rope_kv_append at position k_len - 1 (k_len in
-// [1, kCapacity]); outputs q, k_seen, v_seen: f32 copies (exact) of the rotated q and of both
-// caches read through their StateAfter views (every row: what attention would see). The branch
-// is offered by the CUDA contract row and collapsed to `arm`.
+// The shared region graph (support/rope_kv_append_region.h), offered by the CUDA contract row.
 Graph region_graph(int arm) {
-  Graph g;
-  const SymExpr k_len = g.declare_symbol("k_len", 1, kCapacity);
-  const NodeId qkv = g.input("qkv", {SymExpr(1), SymExpr(1), SymExpr(kRegionRow)}, DType::bf16);
-  Rng rng(41);
-  const NodeId cos =
-      g.param("cos", testing::random_tensor(rng, {kCapacity, kRegionDim}, DType::f32));
-  const NodeId sin =
-      g.param("sin", testing::random_tensor(rng, {kCapacity, kRegionDim}, DType::f32));
-  const NodeId position = g.sym_value(DynScalar::Expr(k_len - 1), DType::i32);
-  // [1, Hkv, capacity, D]
-  const SymShape cache{SymExpr(1), SymExpr(kRegionKvHeads), SymExpr(kCapacity),
-                       SymExpr(kRegionDim)};
-  const NodeId k_state = g.state("k_cache", cache, DType::bf16);
-  const NodeId v_state = g.state("v_cache", cache, DType::bf16);
-  std::vector<LayerOpSpec> specs;
-  const layers::RopeKvAppendOut r =
-      layers::rope_kv_append(g, qkv, kRegionHeads, cos, sin, position, k_state, v_state,
-                             DynScalar::Expr(k_len - 1), &specs, "region");
-  g.mark_output("q", g.cast(r.q, DType::f32));
-  g.mark_output("k_seen", g.cast(r.k_cache, DType::f32));
-  g.mark_output("v_seen", g.cast(r.v_cache, DType::f32));
-  EXPECT_EQ(specs.size(), 1u);
-  const OfferResult offer = offer_layer_op_arm(g, specs.at(0), cuda_layer_ops_contract());
-  EXPECT_TRUE(offer.offered) << offer.reason;
-  collapse(g, offer.branch, arm);
-  eliminate_dead_code(g);
-  verify_graph(g);
-  return g;
+  return testing::rope_kv_append_region_graph(arm, kCapacity, cuda_layer_ops_contract());
 }
 
 TEST(RopeKvAppendCuda, ReplayedRegionMatchesCpuBitwise) {

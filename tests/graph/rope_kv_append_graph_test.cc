@@ -24,6 +24,7 @@
 #include "splice/ops/layer_ops.h"
 #include "splice/passes/layer_ops.h"
 #include "splice/tune/optimize.h"
+#include "support/rope_kv_append_region.h"
 #include "support/test_util.h"
 
 namespace splice {
@@ -205,34 +206,13 @@ TEST(RopeKvAppendGraph, FusedArmSessionIsBitwiseTheDecomposedOne) {
 // read through their StateAfter views), collapsed to either arm: bit for bit over every cache row
 // visited out of order (one row twice), the row just written holding this step's v. The GPU test
 // replays the same graph against this CPU session.
-constexpr std::int64_t kHeads = 4, kKvHeads = 2, kDim = 64, kRow = (kHeads + 2 * kKvHeads) * kDim;
+using testing::kRegionDim;
+using testing::kRegionHeads;
+using testing::kRegionKvHeads;
+using testing::kRegionRow;
 
 Graph region_graph(int arm) {
-  Graph g;
-  const SymExpr k_len = g.declare_symbol("k_len", 1, kMaxSeqLen);
-  const NodeId qkv = g.input("qkv", {SymExpr(1), SymExpr(1), SymExpr(kRow)}, DType::bf16);
-  Rng rng(41);
-  const NodeId cos = g.param("cos", testing::random_tensor(rng, {kMaxSeqLen, kDim}, DType::f32));
-  const NodeId sin = g.param("sin", testing::random_tensor(rng, {kMaxSeqLen, kDim}, DType::f32));
-  const NodeId position = g.sym_value(DynScalar::Expr(k_len - 1), DType::i32);
-  // [1, Hkv, capacity, D]
-  const SymShape cache{SymExpr(1), SymExpr(kKvHeads), SymExpr(kMaxSeqLen), SymExpr(kDim)};
-  const NodeId k_state = g.state("k_cache", cache, DType::bf16);
-  const NodeId v_state = g.state("v_cache", cache, DType::bf16);
-  std::vector<LayerOpSpec> specs;
-  const layers::RopeKvAppendOut r =
-      layers::rope_kv_append(g, qkv, kHeads, cos, sin, position, k_state, v_state,
-                             DynScalar::Expr(k_len - 1), &specs, "region");
-  g.mark_output("q", g.cast(r.q, DType::f32));
-  g.mark_output("k_seen", g.cast(r.k_cache, DType::f32));
-  g.mark_output("v_seen", g.cast(r.v_cache, DType::f32));
-  EXPECT_EQ(specs.size(), 1u);
-  const OfferResult offer = offer_layer_op_arm(g, specs.at(0), cpu_layer_ops_contract());
-  EXPECT_TRUE(offer.offered) << offer.reason;
-  collapse(g, offer.branch, arm);
-  eliminate_dead_code(g);
-  verify_graph(g);
-  return g;
+  return testing::rope_kv_append_region_graph(arm, kMaxSeqLen, cpu_layer_ops_contract());
 }
 
 TEST(RopeKvAppendGraph, RegionAloneArmsBitwiseAtPositionsOutOfOrder) {
@@ -241,16 +221,16 @@ TEST(RopeKvAppendGraph, RegionAloneArmsBitwiseAtPositionsOutOfOrder) {
   const std::int64_t k_lens[] = {1, 2, 3, 7, 4, 16, 5, 6, 10, 8, 9, 2, 12};
   for (std::int64_t k_len : k_lens) {
     SCOPED_TRACE("k_len " + std::to_string(k_len));
-    const Tensor qkv = testing::random_tensor(rng, {1, 1, kRow}, DType::bf16);  // [1, 1, row]
+    const Tensor qkv = testing::random_tensor(rng, {1, 1, kRegionRow}, DType::bf16);  // [1, 1, row]
     fused.step({{"k_len", k_len}}, {{"qkv", qkv}});
     plain.step({{"k_len", k_len}}, {{"qkv", qkv}});
     for (const char* name : {"q", "k_seen", "v_seen"})
       EXPECT_TRUE(testing::bit_equal(fused.output(name), plain.output(name))) << name;
     // v head 0 of this step's qkv (after the q and k heads) is row k_len - 1 of v_seen.
     const Tensor v_row = fused.output("v_seen").slice(2, k_len - 1, k_len).slice(1, 0, 1);
-    const std::int64_t v0 = (kHeads + kKvHeads) * kDim;
-    const Tensor v_in = qkv.slice(2, v0, v0 + kDim);
-    for (std::int64_t j = 0; j < kDim; ++j)
+    const std::int64_t v0 = (kRegionHeads + kRegionKvHeads) * kRegionDim;
+    const Tensor v_in = qkv.slice(2, v0, v0 + kRegionDim);
+    for (std::int64_t j = 0; j < kRegionDim; ++j)
       EXPECT_EQ(v_row.at({0, 0, 0, j}), v_in.at({0, 0, j})) << j;
   }
 }
