@@ -46,9 +46,8 @@
 //     whose b is an Input not, and both agree with the CPU.
 //  10. Every SPLICE_GEMV_VARIANT value (gemv::set_variant): the rms_norm / silu_mul prologue
 //     products, and the in-place residual epilogue and the rms_norm prologue on 2 CTAs (many
-//     column groups per warp), under the register prologue, few CTAs, the general batch loop
-//     (instead of the one-batch instances that one row of k = 64, 576 and 1536 takes by default)
-//     and their combinations, against the CPU.
+//     column groups per warp), with rms_norm's prologue in shared memory and in registers,
+//     against the CPU.
 // Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
 // within default_tolerance(out dtype) (design.md §2).
@@ -659,9 +658,8 @@ TEST(CudaGemv, ResidualEpilogueAgainstCpu) {
 
 // ---- 10. SPLICE_GEMV_VARIANT: every knob value computes the prologue products ---------------
 
-// The prologue layer ops under each gemv::set_variant value (register prologue, few CTAs, the
-// general batch loop, their combinations) against the CPU compositions, on shapes where the
-// register path applies (bf16 / f32, aligned, k = 64, 576 and 1536 in one batch) and where it falls
+// The prologue layer ops under each gemv::set_variant value (0: shared-memory prologue, 1: rms_norm's
+// prologue in registers) against the CPU compositions, on shapes where the register path applies (bf16 / f32, aligned, k = 64, 576 and 1536 in one batch) and where it falls
 // back (a stride-2 norm weight: the per-element path; 4 columns per warp at k = 1536: two batches).
 // Tolerance: the prologue ops' (default, atol x4 in 16-bit: the prologue row is rounded to the
 // activation dtype).
@@ -671,7 +669,7 @@ TEST(CudaGemv, PrologueProductsAgreeWithTheCpuUnderEveryVariant) {
   constexpr float kEpsNorm = 1e-5f;
   const int saved = cuda::gemv::variant();
   // Inputs and CPU references once per shape; every knob value runs on them (the launches are
-  // cheap, the references are not: 32 values).
+  // cheap, the references are not).
   for (DType dtype : {DType::bf16, DType::f32})
     for (std::int64_t k : {64, 576, 1536})
       for (std::int64_t n : {192, 576, 1537})

@@ -446,99 +446,71 @@ __device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_
     run_prologue_chunks<T, kRows, 1, kPro>(p, xs, k_pad, norm_direct);
 }
 
-// Stage 0 in registers (launcher's register_prologue: SPLICE_GEMV_VARIANT bit 0, when the rows
-// are 16-byte vectors, one batch covers k (num_vec <= kUnroll * 32) and rms_norm's weight is
-// read directly): each warp computes its own lanes' vectors v = u * 32 + lane of the prologue
-// rows straight into the stream's x_raw [kUnroll, kRows], right after the wait:
-//   rms_norm: s_r = sum over the warp (xor butterfly) of the lane's sum of x[r]^2: every warp
-//             reduces the whole row itself, so there is no shared memory and no barrier; then
-//             x_raw = round_T((x * inv_r) * norm_w), inv_r = 1 / sqrt(s_r / k + eps)
-//   silu_mul: x_raw = round_T(round_T(a / (1 + e^-a)) * b)
-// The shared-memory stage 0's exact operations; only the order of rms_norm's fp32 sum of squares
+// Stage 0 in registers for rms_norm (the launcher's register_prologue: SPLICE_GEMV_VARIANT bit 1,
+// when the rows are 16-byte vectors, one batch covers k (num_vec <= kUnroll * 32) and the norm
+// weight is read directly): each warp computes its own lanes' vectors v = u * 32 + lane of the
+// normalized rows straight into the stream's x_raw [kUnroll, kRows], right after the wait:
+//   s_r = sum over the warp (xor butterfly) of the lane's sum of x[r]^2: every warp reduces the
+//   whole row itself, so there is no shared memory and no barrier; then
+//   x_raw = round_T((x * inv_r) * norm_w), inv_r = 1 / sqrt(s_r / k + eps)
+// The shared-memory stage 0's exact operations; only the order of the fp32 sum of squares
 // differs. The post-wait critical path drops three barriers, the cross-warp sum and two
 // shared-memory round trips (dev/chain_latency measures what that is worth).
-template <typename T, int kRows, int kUnroll, Prologue kPro, typename Raw, typename Index>
-__device__ __forceinline__ void register_rows(const Params& p, Raw (&x_raw)[kUnroll][kRows],
-                                              int lane, Index num_vec) {
+template <typename T, int kRows, int kUnroll, typename Raw, typename Index>
+__device__ __forceinline__ void register_rms_norm_rows(const Params& p,
+                                                       Raw (&x_raw)[kUnroll][kRows], int lane,
+                                                       Index num_vec) {
   constexpr int kW = static_cast<int>(sizeof(Raw) / sizeof(T));
-  Raw b_raw[kUnroll][kRows];  // silu_mul's b vectors
-  Raw n_raw[kUnroll];         // rms_norm's weight vectors
+  Raw n_raw[kUnroll];  // the norm weight's vectors
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const Index v = static_cast<Index>(u) * kWarpSize + lane;
     const bool in = v < num_vec;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const bool row_in = in && r < p.rows;
+    for (int r = 0; r < kRows; ++r)
       x_raw[u][r] = load_activation(
-          reinterpret_cast<const Raw*>(static_cast<const T*>(p.x[r]) + v * kW), row_in);
-      if constexpr (kPro == Prologue::silu_mul)
-        b_raw[u][r] = load_activation(
-            reinterpret_cast<const Raw*>(static_cast<const T*>(p.b[r]) + v * kW), row_in);
-    }
-    if constexpr (kPro == Prologue::rms_norm)
-      n_raw[u] = load_activation(
-          reinterpret_cast<const Raw*>(static_cast<const T*>(p.norm_weight) + v * kW), in);
+          reinterpret_cast<const Raw*>(static_cast<const T*>(p.x[r]) + v * kW), in && r < p.rows);
+    n_raw[u] = load_activation(
+        reinterpret_cast<const Raw*>(static_cast<const T*>(p.norm_weight) + v * kW), in);
   }
-  if constexpr (kPro == Prologue::rms_norm) {
-    float inv[kRows];
+  float inv[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (static_cast<Index>(u) * kWarpSize >= num_vec) break;  // zeros past the row
+      float f[kW];
+      unpack<T>(x_raw[u][r], f);
+#pragma unroll
+      for (int i = 0; i < kW; ++i) ss += f[i] * f[i];
+    }
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+      ss += __shfl_xor_sync(kFullMask, ss, offset);
+    inv[r] = 1.0f / sqrtf(ss / static_cast<float>(p.k) + p.eps);
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (static_cast<Index>(u) * kWarpSize >= num_vec) break;  // x_raw stays zero
+    float w[kW];
+    unpack<T>(n_raw[u], w);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float ss = 0.0f;
+      float f[kW];
+      unpack<T>(x_raw[u][r], f);
+      T out[kW];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (static_cast<Index>(u) * kWarpSize >= num_vec) break;  // zeros past the row
-        float f[kW];
-        unpack<T>(x_raw[u][r], f);
-#pragma unroll
-        for (int i = 0; i < kW; ++i) ss += f[i] * f[i];
-      }
-#pragma unroll
-      for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-        ss += __shfl_xor_sync(kFullMask, ss, offset);
-      inv[r] = 1.0f / sqrtf(ss / static_cast<float>(p.k) + p.eps);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (static_cast<Index>(u) * kWarpSize >= num_vec) break;  // x_raw stays zero
-      float w[kW];
-      unpack<T>(n_raw[u], w);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float f[kW];
-        unpack<T>(x_raw[u][r], f);
-        T out[kW];
-#pragma unroll
-        for (int i = 0; i < kW; ++i)
-          out[i] = from_float<T>(__fmul_rn(__fmul_rn(f[i], inv[r]), w[i]));
-        memcpy(&x_raw[u][r], out, sizeof(Raw));
-      }
-    }
-  } else {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (static_cast<Index>(u) * kWarpSize >= num_vec) break;  // x_raw stays zero
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float fa[kW], fb[kW];
-        unpack<T>(x_raw[u][r], fa);
-        unpack<T>(b_raw[u][r], fb);
-        T out[kW];
-#pragma unroll
-        for (int i = 0; i < kW; ++i) {
-          const float s = to_float(from_float<T>(fa[i] / (1.0f + expf(-fa[i]))));
-          out[i] = from_float<T>(__fmul_rn(s, fb[i]));
-        }
-        memcpy(&x_raw[u][r], out, sizeof(Raw));
-      }
+      for (int i = 0; i < kW; ++i) out[i] = from_float<T>(__fmul_rn(__fmul_rn(f[i], inv[r]), w[i]));
+      memcpy(&x_raw[u][r], out, sizeof(Raw));
     }
   }
 }
 
 // Each warp streams the column groups w, w + W, ... (W warps in the grid); see the file header.
 // `single_wave`: the launcher's grid is resident at once (stage 6's early trigger). With a
-// prologue (kPro), x is first computed into dynamic shared memory (stage 0) or, with the
-// launcher's register_prologue, into each warp's registers.
+// prologue (kPro), x is first computed into dynamic shared memory (stage 0) or, for rms_norm
+// with the launcher's register_prologue, into each warp's registers.
 // kSlots > 0 (one row of 16-byte vectors, k a whole number of vectors, one batch of kSlots
 // vectors per lane covering the row: the launcher's `slots`): kUnroll = kSlots, 32-bit indices,
 // no tail and no next-batch step, so the code after the wait is the minimal GEMV's (load x and
@@ -572,7 +544,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const bool has_group = group < num_groups;
   // Stage 0 in registers (the launcher's register_prologue, SPLICE_GEMV_VARIANT bit 1): the
   // prologue rows live in x_raw for the whole kernel; no shared memory, no barrier.
-  const bool in_registers = kOneBatch && kPro != Prologue::none && register_prologue;
+  const bool in_registers = kOneBatch && kPro == Prologue::rms_norm && register_prologue;
 
   // Stage 1: the x rows, and the weight rows of the current group (clamped past n).
   const T* x_rows[kRows];  // each [k]
@@ -703,9 +675,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   if (!has_group) return;
   if (!p.w_constant) load_first_weights();
-  if constexpr (kOneBatch && kPro != Prologue::none) {
+  if constexpr (kOneBatch && kPro == Prologue::rms_norm) {
     if (in_registers)
-      register_rows<T, kRows, kUnroll, kPro>(p, x_raw, lane, num_vec);
+      register_rms_norm_rows<T, kRows, kUnroll>(p, x_raw, lane, num_vec);
     else
       load_first_activations();
   } else {
@@ -1076,23 +1048,14 @@ void launch(const Params& params, cudaStream_t stream) {
   }
 
   // Stage 1's tiling: columns per warp, then warps per CTA (the grid is capped in launch_instance).
-  // SPLICE_GEMV_VARIANT bit 2 (kVariantFewCtas): kMaxCols columns per warp and kMaxWarpsPerCta
-  // warps per CTA whatever n, so a small product takes few CTAs (576 x 576: 36 instead of 144).
   const int device = current_device();
   const std::int64_t sms = sm_count(device);
-  const int knob = variant();
-  const bool few_ctas = (knob & kVariantFewCtas) != 0;
   int cols = kMaxCols;
-  while (!few_ctas && cols > 1 && (p.n + cols - 1) / cols < kTargetWarpsPerSm * sms) cols /= 2;
+  while (cols > 1 && (p.n + cols - 1) / cols < kTargetWarpsPerSm * sms) cols /= 2;
   if (p.cols > 0) cols = p.cols;
   const std::int64_t warps = (p.n + cols - 1) / cols;
-  // SPLICE_GEMV_VARIANT bit 8 (kVariantFullCtas): kMaxWarpsPerCta warps per CTA even when that
-  // leaves fewer CTAs than SMs (n < 4 * SMs columns at one column per warp: 192 x 576 takes 48
-  // CTAs of 4 warps instead of 192 of 1).
-  const bool full_ctas = (knob & kVariantFullCtas) != 0;
   int warps_per_cta = kMaxWarpsPerCta;
-  while (!few_ctas && !full_ctas && warps_per_cta > 1 &&
-         (warps + warps_per_cta - 1) / warps_per_cta < sms)
+  while (warps_per_cta > 1 && (warps + warps_per_cta - 1) / warps_per_cta < sms)
     warps_per_cta /= 2;
   const std::int64_t blocks = (warps + warps_per_cta - 1) / warps_per_cta;
   Grid g;
@@ -1106,11 +1069,9 @@ void launch(const Params& params, cudaStream_t stream) {
                   (!prologue_vectorized || aligned(p.norm_weight));
   // The one-batch instances (kSlots = kSmallSlots or kLargeSlots): one row of whole 16-byte
   // vectors that one batch of `slots` vectors per lane covers, within the load budget of `cols`
-  // columns (K = 576 bf16: 3 slots; 1536: 6). SPLICE_GEMV_VARIANT bit 4 (kVariantGeneralBatch)
-  // keeps the general batch loop instead (the A/B).
+  // columns (K = 576 bf16: 3 slots; 1536: 6).
   const std::int64_t row_vectors = p.k / (kVectorBytes / elem);
-  if ((knob & kVariantGeneralBatch) == 0 && p.rows == 1 && vectorized &&
-      p.k % (kVectorBytes / elem) == 0) {
+  if (p.rows == 1 && vectorized && p.k % (kVectorBytes / elem) == 0) {
     for (const int slots : {kSmallSlots, kLargeSlots})
       if (row_vectors <= static_cast<std::int64_t>(slots) * kWarpSize &&
           slots <= unroll_for(1, cols)) {
@@ -1118,14 +1079,12 @@ void launch(const Params& params, cudaStream_t stream) {
         break;
       }
   }
-  // SPLICE_GEMV_VARIANT bits 1 (kVariantRegisterPrologue: rms_norm) and 16
-  // (kVariantRegisterSiluMul: silu_mul): stage 0 in registers (register_rows) in a one-batch
-  // instance whose rows are 16-byte vectors (and whose rms_norm weight is read directly).
-  const int register_bit = p.prologue == Prologue::rms_norm   ? kVariantRegisterPrologue
-                           : p.prologue == Prologue::silu_mul ? kVariantRegisterSiluMul
-                                                              : 0;
-  g.register_prologue = (knob & register_bit) != 0 && g.slots > 0 && prologue_vectorized &&
-                        (p.prologue != Prologue::rms_norm || g.norm_direct);
+  // SPLICE_GEMV_VARIANT bit 1 (kVariantRegisterPrologue): rms_norm's stage 0 in registers
+  // (register_rms_norm_rows) in a one-batch instance whose rows are 16-byte vectors and whose norm
+  // weight is read directly.
+  g.register_prologue = (variant() & kVariantRegisterPrologue) != 0 &&
+                        p.prologue == Prologue::rms_norm && g.slots > 0 && prologue_vectorized &&
+                        g.norm_direct;
   if (g.register_prologue) g.smem = 0;
 
   switch (p.in_dtype) {

@@ -93,31 +93,16 @@ bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 //   kVariantRegisterPrologue (1): a one-row rms_norm prologue launch in a one-batch instance
 //     (below) whose rows are 16-byte vectors computes its row per warp in registers (each warp
 //     sums the whole row itself) instead of shared memory with three CTA barriers; bit-identical
-//     rows except for the order of the sum of squares.
-//   kVariantRegisterSiluMul (16): the same for the silu_mul prologue (one barrier fewer, but each
-//     warp computes all k activations, an expf and an IEEE division each: 4x the shared path's
-//     per-thread work at 4 warps per CTA, K = 1536: 48 per lane), bit-identical.
-//   kVariantFewCtas (2): 4 columns per warp and 4 warps per CTA whatever n (576 x 576: 36 CTAs
-//     instead of 144), fewer CTAs for a small product.
-//   kVariantGeneralBatch (4): no one-batch instances: one row goes through the general batch
-//     loop (12 slots per lane at one column, 64-bit indices, the tail scalars, the next-batch
-//     step) instead of the instance whose batch is just big enough (3 vectors per lane at
-//     K = 576 bf16, 6 at 1536); bit-identical. Bits 1 and 16 then have no instance to run in.
-//   kVariantFullCtas (8): 4 warps per CTA whatever n (the mainline halves the warps per CTA,
-//     down to 1, until there are at least as many CTAs as SMs: 192 x 576 is 192 CTAs of 1 warp;
-//     with this bit 48 CTAs of 4; chain.cu measured 1-warp CTAs 0.4 us slower at 576 x 576).
-// What used to be bits 4 (the residual loaded with the group's first batch) and 8 (skip batch
-// slots past the row) won the 10:05 H200 run (-0.3 us per call) and is the mainline now.
+//     rows except for the order of the sum of squares. Won its A/B (-0.2 to -0.3 us per call on
+//     the H200); it becomes the default once the model-level GPU tests have run under it.
+// Bits that lost or tied their A/B and were deleted (dev/chain_latency/README.md has the
+// numbers): the silu_mul prologue in registers, few CTAs for small products, the general batch
+// loop for one row, and 4 warps per CTA whatever n. Bits that won earlier (the residual loaded
+// with the group's first batch, dead batch slots skipped) are the mainline code.
 // Every value computes the same product within the policy; set_variant() overrides the
 // environment (tests, A/B benchmarks), values outside 0 .. kVariantMask are an internal error.
 inline constexpr int kVariantRegisterPrologue = 1;
-inline constexpr int kVariantFewCtas = 2;
-inline constexpr int kVariantGeneralBatch = 4;
-inline constexpr int kVariantFullCtas = 8;
-inline constexpr int kVariantRegisterSiluMul = 16;
-inline constexpr int kVariantMask = kVariantRegisterPrologue | kVariantFewCtas |
-                                    kVariantGeneralBatch | kVariantFullCtas |
-                                    kVariantRegisterSiluMul;
+inline constexpr int kVariantMask = kVariantRegisterPrologue;
 // The value variant() returns when SPLICE_GEMV_VARIANT is unset (a bit that wins its A/B becomes
 // the mainline by moving into this value first, then into the code).
 inline constexpr int kDefaultVariant = 0;
