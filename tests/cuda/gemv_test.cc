@@ -658,9 +658,10 @@ TEST(CudaGemv, ResidualEpilogueAgainstCpu) {
 
 // ---- 10. SPLICE_GEMV_VARIANT: every knob value computes the prologue products ---------------
 
-// The prologue layer ops under each gemv::set_variant value (0: shared-memory prologue, 1: rms_norm's
-// prologue in registers) against the CPU compositions, on shapes where the register path applies (bf16 / f32, aligned, k = 64, 576 and 1536 in one batch) and where it falls
-// back (a stride-2 norm weight: the per-element path; 4 columns per warp at k = 1536: two batches).
+// The prologue layer ops under each gemv::set_variant value (0: shared-memory prologue, 1:
+// rms_norm's prologue in registers) against the CPU compositions, on shapes where the register path
+// applies (bf16 / f32, aligned, k = 64, 576 and 1536 in one batch) and where it falls back (a
+// stride-2 norm weight: the per-element path; 4 columns per warp at k = 1536: two batches).
 // Tolerance: the prologue ops' (default, atol x4 in 16-bit: the prologue row is rounded to the
 // activation dtype).
 TEST(CudaGemv, PrologueProductsAgreeWithTheCpuUnderEveryVariant) {

@@ -1055,8 +1055,7 @@ void launch(const Params& params, cudaStream_t stream) {
   if (p.cols > 0) cols = p.cols;
   const std::int64_t warps = (p.n + cols - 1) / cols;
   int warps_per_cta = kMaxWarpsPerCta;
-  while (warps_per_cta > 1 && (warps + warps_per_cta - 1) / warps_per_cta < sms)
-    warps_per_cta /= 2;
+  while (warps_per_cta > 1 && (warps + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;
   const std::int64_t blocks = (warps + warps_per_cta - 1) / warps_per_cta;
   Grid g;
   g.blocks = static_cast<unsigned>(std::min<std::int64_t>(blocks, 0x7fffffff));
