@@ -1,4 +1,5 @@
-// CUDA error checks: every runtime call's return code and the last error after each launch.
+// CUDA error checks: every runtime call's return code (launch.cuh's launcher also checks the last
+// error after each launch).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,4 +14,3 @@
                                           cudaGetErrorString(splice_status_));              \
   } while (0)
 
-#define SPLICE_CUDA_CHECK_LAUNCH(name) SPLICE_CUDA_CHECK(cudaGetLastError())

@@ -142,23 +142,11 @@ void prepare() {
 template <typename T, int kHeadDim>
 void launch(const FlashDecodeParams& params, const dim3& grid, Stream stream) {
   prepare<T, kHeadDim>();
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(detail::kThreads, 1, 1);
-  config.dynamicSmemBytes = FlashDecodeConfig<kHeadDim>::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  // As every PDL launch here (launch.cuh): honours SPLICE_PDL / set_pdl_enabled, and never on the
-  // legacy default stream, whose implicit synchronization PDL would only muddle. The kernel obeys
-  // launch.cuh's safety rule (stage 0 waits before any global access or early return).
-  if (pdl_enabled() && stream != nullptr) {
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, detail::flash_decode_kernel<T, kHeadDim>, params));
-  SPLICE_CUDA_CHECK_LAUNCH("flash_decode_kernel");
+  // launch.cuh's launcher (the PDL attribute unless disabled or the legacy stream); the kernel
+  // obeys its safety rule (stage 0 waits before any global access or early return).
+  const detail::LaunchShape shape{grid, dim3(detail::kThreads, 1, 1),
+                                  FlashDecodeConfig<kHeadDim>::kSmemBytes};
+  detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim>, shape, stream, params);
 }
 
 template <typename T>

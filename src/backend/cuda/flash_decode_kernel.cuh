@@ -67,6 +67,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/launch.cuh"
+
 namespace splice::cuda::detail {
 
 inline constexpr int kRows = 16;      // query rows per CTA (one m16 tile)
@@ -202,18 +204,6 @@ struct Num<__half> {
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// Stage 0 (PDL): both are no-ops for a launch without the programmatic serialization attribute.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait_previous() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 // Release (and acquire) at GPU scope: orders this thread's earlier memory accesses, and those
 // ordered before them by a CTA barrier, before its later ones as seen by every other CTA.
 __device__ __forceinline__ void fence_acq_rel_gpu() {
@@ -309,8 +299,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row_base = rb * kRows;
 
   // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
-  pdl_wait_previous();
-  pdl_launch_dependents();
+  wait_for_producers();  // launch.cuh: no-ops for a launch without the PDL attribute
+  allow_dependents();
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = p.k_len[b * p.k_len_stride];

@@ -838,29 +838,6 @@ int resident_ctas_per_sm(const void* kernel, unsigned threads, unsigned smem, in
 std::atomic<std::uint64_t> g_launches{0}, g_pdl_launches{0}, g_prefetch_launches{0},
     g_prologue_launches{0};
 
-// launch.cuh's launch_kernel with `smem` bytes of dynamic shared memory (the prologue's rows):
-// the same PDL attribute rule (pdl_enabled() and a created stream), every error a CudaError.
-template <typename... KernelArgs, typename... Args>
-void launch_with_smem(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, unsigned smem,
-                      cudaStream_t stream, Args&&... args) {
-  if (smem == 0)
-    return detail::launch_kernel(kernel, grid, block, stream, std::forward<Args>(args)...);
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  if (stream != nullptr && pdl_enabled()) {
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-  SPLICE_CUDA_CHECK(cudaGetLastError());
-}
-
 template <typename T, int kRows, int kCols, int kVec, Prologue kPro, int kSlots = 0>
 void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
   const auto kernel = gemv_kernel<T, kRows, kCols, kVec, kPro, kSlots>;
@@ -887,8 +864,9 @@ void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
   if (stream != nullptr && pdl_enabled()) g_pdl_launches.fetch_add(1, std::memory_order_relaxed);
   if (p.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
   if (kPro != Prologue::none) g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
-  launch_with_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(g.threads), g.smem, stream, p,
-                   single_wave, g.k_pad, g.prologue_vectorized, g.norm_direct, g.register_prologue);
+  const detail::LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(g.threads), g.smem};
+  detail::launch_kernel(kernel, shape, stream, p, single_wave, g.k_pad, g.prologue_vectorized,
+                        g.norm_direct, g.register_prologue);
 }
 
 template <typename T, int kRows, int kCols, Prologue kPro>

@@ -27,6 +27,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kda_decode.cuh"
+#include "backend/cuda/launch.cuh"
 #include "splice/backend/cuda/kda_decode.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
@@ -47,37 +48,16 @@ int current_sm_count() {
   return count;
 }
 
-// One launch of a kda kernel: thread-block clusters of `cluster` CTAs when > 1, and the PDL
-// attribute (launch.cuh: pdl_enabled(), never on the legacy default stream) so the launch
-// overlaps the predecessor's tail; every kda kernel waits (detail::pdl_prologue) before its first
-// global access.
+// One launch of a kda kernel through launch.cuh's launcher: thread-block clusters of `cluster`
+// CTAs when > 1, and the PDL attribute so the launch overlaps the predecessor's tail; every kda
+// kernel waits (detail::pdl_prologue) before its first global access.
 void launch_kernel_ex(void (*kernel)(kda::Params), std::int64_t blocks, int threads,
                       std::size_t smem, int cluster, const kda::Params& params,
                       cudaStream_t stream) {
   SPLICE_INTERNAL_CHECK(blocks > 0 && blocks <= 0x7fffffff, "kda grid of ", blocks, " CTAs");
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2]{};
-  unsigned count = 0;
-  if (cluster > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = cluster;
-    attributes[count].val.clusterDim.y = 1;
-    attributes[count].val.clusterDim.z = 1;
-    ++count;
-  }
-  if (stream != nullptr && pdl_enabled()) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count].val.programmaticStreamSerializationAllowed = 1;
-    ++count;
-  }
-  config.attrs = count > 0 ? attributes : nullptr;
-  config.numAttrs = count;
-  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
-  SPLICE_CUDA_CHECK_LAUNCH("kda_decode_kernel");
+  const detail::LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(threads), smem,
+                                  static_cast<unsigned>(cluster)};
+  detail::launch_kernel(kernel, shape, stream, params);
 }
 
 template <int kThreads, int kSlices, typename StateT, bool kVec>

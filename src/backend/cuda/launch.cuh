@@ -113,26 +113,52 @@ __device__ __forceinline__ T load_in_order(const T* ptr) {
   return value;
 }
 
-// Launches `kernel` on `stream` with grid x block (no dynamic shared memory), with the PDL
-// attribute when pdl_enabled() and the stream is not the legacy default stream; every runtime
-// error is raised as a CudaError (check.h). The kernel must obey the safety rule above.
+// The shape of one launch: grid x block, dynamic shared memory, and thread-block clusters of
+// `cluster` CTAs along x when > 1.
+struct LaunchShape {
+  dim3 grid;
+  dim3 block;
+  std::size_t smem = 0;
+  unsigned cluster = 1;
+};
+
+// The one launcher every kernel here goes through: launches `kernel` on `stream` with `shape`,
+// with the PDL attribute when pdl_enabled() and the stream is not the legacy default stream;
+// every runtime error is raised as a CudaError (check.h). The kernel must obey the safety rule
+// above.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), const LaunchShape& shape, Stream stream,
+                   Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = shape.grid;
+  config.blockDim = shape.block;
+  config.dynamicSmemBytes = shape.smem;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2]{};
+  unsigned count = 0;
+  if (shape.cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = shape.cluster;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  if (stream != nullptr && pdl_enabled()) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  config.attrs = count > 0 ? attributes : nullptr;
+  config.numAttrs = count;
+  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  SPLICE_CUDA_CHECK(cudaGetLastError());
+}
+
+// The common case: grid x block, no dynamic shared memory, no clusters.
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, Stream stream,
                    Args&&... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  if (stream != nullptr && pdl_enabled()) {
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-  SPLICE_CUDA_CHECK(cudaGetLastError());
+  launch_kernel(kernel, LaunchShape{grid, block}, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace detail

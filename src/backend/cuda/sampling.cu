@@ -203,32 +203,12 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const ArgmaxParams p) 
 
 template <typename T>
 void launch(const ArgmaxParams& params, int ctas, Stream stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim =
-      dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(std::min(params.rows, kMaxGridY)), 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2] = {};
-  unsigned count = 0;
-  if (ctas > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = static_cast<unsigned>(ctas);
-    attributes[count].val.clusterDim.y = 1;
-    attributes[count].val.clusterDim.z = 1;
-    ++count;
-  }
-  // As every PDL launch here (launch.cuh): honours SPLICE_PDL / set_pdl_enabled, never on the
-  // legacy default stream; the kernel waits for its producers before any global access.
-  if (stream != nullptr && pdl_enabled()) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count].val.programmaticStreamSerializationAllowed = 1;
-    ++count;
-  }
-  config.attrs = attributes;
-  config.numAttrs = count;
-  SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, argmax_kernel<T>, params));
-  SPLICE_CUDA_CHECK_LAUNCH("argmax_kernel");
+  // launch.cuh's launcher: a cluster of `ctas` CTAs per row when > 1, the PDL attribute (the
+  // kernel waits for its producers before any global access).
+  const detail::LaunchShape shape{
+      dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(std::min(params.rows, kMaxGridY)), 1),
+      dim3(kThreads, 1, 1), 0, static_cast<unsigned>(ctas)};
+  detail::launch_kernel(argmax_kernel<T>, shape, stream, params);
 }
 
 // Whether a cluster of `ctas` CTAs of kernel<T> can be resident on this device: 1 yes, 2 no,
