@@ -49,6 +49,7 @@
 #include <utility>
 
 #include "backend/cuda/check.h"
+#include "splice/backend/cuda/kernel_stamps.h"
 #include "splice/backend/cuda/runtime.h"
 
 namespace splice::cuda {
@@ -56,13 +57,57 @@ namespace splice::cuda {
 // pdl_enabled() / set_pdl_enabled() (runtime.h, defined in primitives.cu) decide whether
 // launch_kernel sets the PDL attribute.
 
+#ifdef SPLICE_KERNEL_STAMPS
+// kernel_stamps.h: this translation unit's pointer to the stamp ring. Each .cu is a module of its
+// own (no relocatable device code), so each has its own copy; kernel_stamps::start() sets them
+// all through the setter each unit registers at static initialization.
+namespace kernel_stamps {
+namespace {
+struct Ring {
+  Stamp* slots;
+  std::uint64_t mask;  // capacity - 1
+};
+__device__ Ring g_ring = {nullptr, 0};
+void set_ring(Stamp* slots, std::uint64_t mask) {
+  const Ring ring{slots, mask};
+  SPLICE_CUDA_CHECK(cudaMemcpyToSymbol(g_ring, &ring, sizeof ring));
+}
+[[maybe_unused]] const bool g_unit_registered = (register_unit(&set_ring), true);
+
+// The ring as thread 0 of CTA (0, 0, 0) sees it, read before the wait (the host wrote it before
+// any launch: no predecessor writes it); nullptr elsewhere.
+__device__ __forceinline__ Ring ring_if_first_thread() {
+  const bool first =
+      (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
+  return first ? g_ring : Ring{nullptr, 0};
+}
+__device__ __forceinline__ void stamp(const Ring& ring) {
+  if (ring.slots == nullptr) return;
+  std::uint64_t grid_id = 0, ns = 0;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid_id));
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  Stamp* slot = ring.slots + (grid_id & ring.mask);
+  slot->grid_id = grid_id;
+  slot->ns = ns;
+}
+}  // namespace
+}  // namespace kernel_stamps
+#endif
+
 namespace detail {
 
 // griddepcontrol.wait: blocks until every prerequisite grid has completed and its memory is
-// visible; returns at once when this grid was launched without the PDL attribute.
+// visible; returns at once when this grid was launched without the PDL attribute. In a
+// SPLICE_KERNEL_STAMPS build, CTA 0's thread 0 then stamps the grid (kernel_stamps.h).
 __device__ __forceinline__ void wait_for_producers() {
+#ifdef SPLICE_KERNEL_STAMPS
+  const kernel_stamps::Ring ring = kernel_stamps::ring_if_first_thread();
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+#ifdef SPLICE_KERNEL_STAMPS
+  kernel_stamps::stamp(ring);
 #endif
 }
 
@@ -152,6 +197,9 @@ void launch_kernel(void (*kernel)(Params...), const LaunchShape& shape, Stream s
   config.numAttrs = count;
   SPLICE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
   SPLICE_CUDA_CHECK(cudaGetLastError());
+#ifdef SPLICE_KERNEL_STAMPS
+  kernel_stamps::note_launch(reinterpret_cast<const void*>(kernel), stream);
+#endif
 }
 
 // The common case: grid x block, no dynamic shared memory, no clusters.

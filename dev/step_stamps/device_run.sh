@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# dev/step_stamps/device_run.sh OUT_DIR [MODEL]: the per-kernel breakdown of the batch-1 decode
+# step on the device (issue #7: the step is ~590 us while the per-kernel chains sum to ~450).
+#
+#   1. Configure and build step_stamps in /tmp/bstamps (-DSPLICE_KERNEL_STAMPS=ON; only that
+#      target, ~1-2 min at -j16; a warm machine keeps the build between calls).
+#   2. Without MODEL: save a random bf16 SmolLM2-135M-shaped LlamaForCausalLM (transformers), as
+#      dev/model_profile.sh does.
+#   3. step_stamps MODEL 64 256 (tuning cache in OUT_DIR): 16 warm-up steps, then 64 stamped
+#      replays at k_len 17 .. 81.
+# Everything lands in OUT_DIR/step_stamps.txt (stdout too); copy OUT_DIR as one archive.
+set -uo pipefail
+out=${1:?usage: device_run.sh OUT_DIR [MODEL]}
+model=${2:-}
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=/tmp/bstamps
+start=$(date +%s)
+if [[ ! -x $build/step_stamps ]]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSPLICE_KERNEL_STAMPS=ON \
+    -DSPLICE_BUILD_TESTS=OFF -DSPLICE_BUILD_BENCH=OFF >"$out/configure.txt" 2>&1
+  cmake --build "$build" -j"$(nproc)" --target step_stamps >"$out/build.txt" 2>&1 ||
+    { tail -30 "$out/build.txt"; exit 1; }
+fi
+echo "built at $(($(date +%s) - start)) s"
+if [[ -z $model ]]; then
+  model=/tmp/smollm2_shaped
+  [[ -f $model/config.json ]] || python3 - "$model" <<'PY'
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                     max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=100000.0,
+                     tie_word_embeddings=True)
+torch.manual_seed(0)
+LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(sys.argv[1], safe_serialization=True)
+PY
+fi
+timeout 240 "$build/step_stamps" "$model" 64 256 "$out/tuning.json" 2>&1 | tee "$out/step_stamps.txt"
+echo "done at $(($(date +%s) - start)) s"

@@ -1,0 +1,194 @@
+// dev/step_stamps: where one decode step's time goes, kernel by kernel, in the real step (issue
+// #7). Built only with -DSPLICE_KERNEL_STAMPS=ON (include/splice/backend/cuda/kernel_stamps.h).
+//
+//   step_stamps MODEL [STEPS] [MAX_SEQ_LEN] [TUNING_CACHE]
+//
+// Loads MODEL (a config.json + safetensors directory or a .gguf) in bf16 on CUDA, decodes greedily
+// (token 1 first) through 16 warm-up steps (tuning, capture), then STEPS (default 64) replays
+// with stamps on. Each replay is L stamped launches (the capture's launch list, in order), so
+// stamp n of step s is launch n. The share of launch n is the time from its wait return to the
+// next launch's: its post-wait work, completion and hand-off; the last launch's share runs to the
+// next step's first stamp (the graph's end, the host's read-back of the token, the next step's
+// scalar copy and graph launch). Prints, medians over the steps:
+//   1. per kernel name: launches per step, us per launch, us per step, share of the step;
+//   2. launches 0 .. 2 x (launches per layer) + the last 8 one by one (the first two layers);
+//   3. the step: stamped span, host-timed wall step, and their difference.
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "splice/backend/cuda/kernel_stamps.h"
+#include "splice/backend/cuda/runtime.h"
+#include "splice/model/generate.h"
+#include "splice/model/loader.h"
+#include "splice/model/model.h"
+
+namespace {
+
+using splice::cuda::kernel_stamps::CapturedLaunch;
+using splice::cuda::kernel_stamps::Stamp;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// "void splice::cuda::gemv::(anonymous namespace)::gemv_kernel<__nv_bfloat16, 1, ...>(...)" ->
+// "gemv_kernel<__nv_bfloat16, 1, ...>" (the full argument list) and its base name "gemv_kernel".
+std::string readable(const std::string& mangled) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> d(
+      abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status), std::free);
+  std::string s = status == 0 && d ? d.get() : mangled;
+  if (const auto paren = s.rfind('('); paren != std::string::npos && s.back() == ')')
+    s.erase(paren);  // the parameter list
+  std::size_t depth = 0, cut = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {  // the last "::" outside template arguments
+    if (s[i] == '<') ++depth;
+    if (s[i] == '>') --depth;
+    if (depth == 0 && s.compare(i, 2, "::") == 0) cut = i + 2;
+  }
+  s.erase(0, cut);
+  if (s.rfind("void ", 0) == 0) s.erase(0, 5);
+  return s;
+}
+
+std::string base_name(const std::string& name) { return name.substr(0, name.find('<')); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: step_stamps MODEL [STEPS] [MAX_SEQ_LEN] [TUNING_CACHE]\n");
+    return 2;
+  }
+  const std::string model_path = argv[1];
+  const int steps = argc > 2 ? std::atoi(argv[2]) : 64;
+  const std::int64_t max_seq_len = argc > 3 ? std::atoll(argv[3]) : 256;
+  namespace stamps = splice::cuda::kernel_stamps;
+  try {
+    if (!stamps::available()) {
+      std::fprintf(stderr,
+                   "step_stamps: this build records no stamps (-DSPLICE_KERNEL_STAMPS=ON)\n");
+      return 2;
+    }
+    splice::LoadedModel loaded = splice::load_model(model_path, splice::DType::bf16);
+    splice::BuildOptions build;
+    build.max_seq_len = max_seq_len;
+    build.dtype = splice::DType::bf16;
+    splice::GeneratorOptions go;
+    go.device = splice::Device::cuda(0);
+    go.optimize.tune.device_name = splice::cuda::device_name(0);
+    if (argc > 4) go.optimize.tune.cache_path = argv[4];
+    splice::Generator gen(splice::build_decode_model(loaded.config, loaded.weights, build), go);
+    constexpr int kWarmUp = 16;
+    if (kWarmUp + steps + 2 > max_seq_len) {
+      std::fprintf(stderr, "step_stamps: %d steps need MAX_SEQ_LEN >= %d\n", steps,
+                   kWarmUp + steps + 2);
+      return 2;
+    }
+    gen.step_greedy(1);
+    for (int i = 1; i < kWarmUp; ++i) gen.step_greedy();
+    if (!gen.session().last_step_replayed()) {
+      std::fprintf(stderr, "step_stamps: the step is not replayed as a CUDA graph:\n%s",
+                   gen.session().cuda_graph_status().c_str());
+      return 1;
+    }
+
+    // The decode graph's launches: the last capture's.
+    const std::vector<CapturedLaunch> captured = stamps::captured_launches();
+    if (captured.empty()) {
+      std::fprintf(stderr, "step_stamps: no launch was captured\n");
+      return 1;
+    }
+    std::vector<std::string> names;
+    for (const auto& l : captured)
+      if (l.capture_id == captured.back().capture_id) names.push_back(readable(l.kernel));
+    const std::size_t per_step = names.size();
+
+    stamps::start(std::size_t{1} << 20);
+    std::vector<double> wall;
+    for (int i = 0; i < steps + 1; ++i) {  // one more: the last step's share ends there
+      const auto t0 = std::chrono::steady_clock::now();
+      gen.step_greedy();
+      wall.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    const std::vector<Stamp> all = stamps::collect();
+    std::printf(
+        "model %s, %zu stamped launches per step (capture %llu), %zu stamps for %d + 1 steps\n",
+        model_path.c_str(), per_step, static_cast<unsigned long long>(captured.back().capture_id),
+        all.size(), steps);
+    if (all.size() != per_step * static_cast<std::size_t>(steps + 1)) {
+      std::fprintf(stderr, "step_stamps: expected %zu stamps; grid ids of the first 8: ",
+                   per_step * (steps + 1));
+      for (std::size_t i = 0; i < std::min<std::size_t>(8, all.size()); ++i)
+        std::fprintf(stderr, "%llu ", static_cast<unsigned long long>(all[i].grid_id));
+      std::fprintf(stderr, "\n");
+      return 1;
+    }
+
+    // share[n][s]: launch n's share of step s, us.
+    std::vector<std::vector<double>> share(per_step);
+    std::vector<double> span;
+    for (int s = 0; s < steps; ++s) {
+      const Stamp* step = &all[static_cast<std::size_t>(s) * per_step];
+      for (std::size_t n = 0; n < per_step; ++n)
+        share[n].push_back(static_cast<double>(step[n + 1].ns - step[n].ns) / 1e3);
+      span.push_back(static_cast<double>(step[per_step].ns - step[0].ns) / 1e3);
+    }
+    std::vector<double> med(per_step);
+    double total = 0;
+    for (std::size_t n = 0; n < per_step; ++n) total += med[n] = median(share[n]);
+
+    struct Row {
+      int count = 0;
+      double us = 0;
+    };
+    std::map<std::string, Row> by_name;
+    for (std::size_t n = 0; n < per_step; ++n) {
+      Row& r = by_name[base_name(names[n])];
+      ++r.count;
+      r.us += med[n];
+    }
+    std::vector<std::pair<std::string, Row>> rows(by_name.begin(), by_name.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.us > b.second.us; });
+    std::printf(
+        "\n== per kernel (medians over %d steps; a launch's share = its wait return to the "
+        "next launch's)\n%-40s %8s %10s %10s %7s\n",
+        steps, "kernel", "n/step", "us/launch", "us/step", "share");
+    for (const auto& [name, r] : rows)
+      std::printf("%-40s %8d %10.2f %10.1f %6.1f%%\n", name.c_str(), r.count, r.us / r.count, r.us,
+                  100.0 * r.us / total);
+    std::printf("%-40s %8zu %10s %10.1f\n", "sum of medians", per_step, "", total);
+
+    // The first two layers one by one (the launch count between two launches of the step's most
+    // frequent kernel is the layer's), and the last 8 (final norm, lm_head, argmax).
+    std::printf("\n== launches one by one (median us)\n");
+    std::size_t shown = std::min<std::size_t>(per_step, 16);
+    for (std::size_t n = 0; n < per_step; ++n)
+      if (n < shown || n + 8 >= per_step)
+        std::printf("%4zu %8.2f  %s\n", n, med[n], names[n].substr(0, 110).c_str());
+      else if (n == shown)
+        std::printf("   ...\n");
+
+    const double wall_med = median(std::vector<double>(wall.begin(), wall.end() - 1));
+    std::printf(
+        "\n== the step\nstamped span (first stamp to the next step's first) %.1f us, "
+        "host-timed step_greedy %.1f us\n",
+        median(span), wall_med);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step_stamps: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
