@@ -94,13 +94,13 @@ run_test() {  # name, timeout, env, binary, filter
   echo "  $name: rc $rc $(grep -E '^\[  (PASSED  |SKIPPED )\] [0-9]+ test|^\[  FAILED  \] ' \
     "$out/tests_$name.txt" | grep -v ' ms)$' | sort -u | tr '\n' ' ')"
 }
-run_test rope_kv_append 10 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_rope_kv_append_test"
-run_test layer_ops 10 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_layer_ops_test"
+run_test rope_kv_append 10 SPLICE_GEMV_VARIANT=1 "$build/tests/cuda_rope_kv_append_test"
+run_test layer_ops 10 SPLICE_GEMV_VARIANT=1 "$build/tests/cuda_layer_ops_test"
 run_test prologue_v0 10 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_prologue_ops_test"
 run_test prologue_v1 10 SPLICE_GEMV_VARIANT=1 "$build/tests/cuda_prologue_ops_test"
-run_test gemv_knob 20 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_gemv_test" \
+run_test gemv_knob 20 SPLICE_GEMV_VARIANT=1 "$build/tests/cuda_gemv_test" \
   '*Variant*:*Pdl*:*Residual*'
-run_test gemv_rest 25 SPLICE_GEMV_VARIANT=0 "$build/tests/cuda_gemv_test" \
+run_test gemv_rest 25 SPLICE_GEMV_VARIANT=1 "$build/tests/cuda_gemv_test" \
   '-*Variant*:*Pdl*:*Residual*'
 
 

@@ -88,13 +88,15 @@ struct Params {
 // Whether a prologue launch of `rows` rows of length k in `dtype` fits the shared-memory limit.
 bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 
-// Experiment knob SPLICE_GEMV_VARIANT (issue #7; read once, at the first launch; 0, the default,
-// is the measured mainline), a bit mask:
+// Experiment knob SPLICE_GEMV_VARIANT (issue #7; read once, at the first launch; kDefaultVariant
+// when unset), a bit mask:
 //   kVariantRegisterPrologue (1): a one-row rms_norm prologue launch in a one-batch instance
 //     (below) whose rows are 16-byte vectors computes its row per warp in registers (each warp
 //     sums the whole row itself) instead of shared memory with three CTA barriers; bit-identical
-//     rows except for the order of the sum of squares. Won its A/B (-0.2 to -0.3 us per call on
-//     the H200); it becomes the default once the model-level GPU tests have run under it.
+//     rows except for the order of the sum of squares. Won its A/B (rms_norm_matmul -0.2 to -0.3
+//     us per call on the H200, docs/perf.md run 19) and is the default; 0 keeps the shared-memory
+//     prologue for the A/B until the model-level GPU tests and the model bench have run under
+//     the default (then the knob goes).
 // Bits that lost or tied their A/B and were deleted (dev/chain_latency/README.md has the
 // numbers): the silu_mul prologue in registers, few CTAs for small products, the general batch
 // loop for one row, and 4 warps per CTA whatever n. Bits that won earlier (the residual loaded
@@ -105,7 +107,7 @@ inline constexpr int kVariantRegisterPrologue = 1;
 inline constexpr int kVariantMask = kVariantRegisterPrologue;
 // The value variant() returns when SPLICE_GEMV_VARIANT is unset (a bit that wins its A/B becomes
 // the mainline by moving into this value first, then into the code).
-inline constexpr int kDefaultVariant = 0;
+inline constexpr int kDefaultVariant = kVariantRegisterPrologue;
 int variant();
 void set_variant(int variant);
 
