@@ -156,6 +156,19 @@ bool is_constant_param_view(const Graph& graph, NodeId id) {
   }
 }
 
+NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
+  const Node& n = graph.node(id);
+  NodeHints hints;
+  if (const int w = weight_input(n.op); w >= 0)
+    hints.constant_b = is_constant_param_view(graph, n.inputs[w]);
+  // The step-scalar slot backs a SymValue only on CUDA sessions (Session::run_nodes).
+  if (n.op == Op::RopeKvAppend && device.is_cuda())
+    hints.stable_position = graph.node(n.inputs[3]).op == Op::SymValue &&
+                            is_constant_param_view(graph, n.inputs[1]) &&
+                            is_constant_param_view(graph, n.inputs[2]);
+  return hints;
+}
+
 void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
                       const NodeScalars& s, Tensor& aux,
                       [[maybe_unused]] const NodeHints& hints) {  // used by the CUDA kernels
@@ -210,7 +223,8 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
   if (n.op == Op::Rope) return fused_rope(in[0], in[1], in[2], in[3], out);
   if (n.op == Op::RopeKvAppend) {  // the caches (inputs 4, 5) are views of the session's states
     Tensor k_cache = in[4], v_cache = in[5];
-    return fused_rope_kv_append(in[0], in[1], in[2], in[3], k_cache, v_cache, out);
+    return fused_rope_kv_append(in[0], in[1], in[2], in[3], k_cache, v_cache, out,
+                                hints.stable_position);
   }
   if (n.op == Op::MatMulAdd) return fused_matmul_add(in[0], in[1], in[2], out, hints.constant_b);
   if (n.op == Op::RmsNormMatMul)

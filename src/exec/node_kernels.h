@@ -25,6 +25,11 @@ struct NodeHints {
   // kernel ever writes it, so the CUDA GEMV may stream it before its producers finish
   // (cuda::MatmulOptions::b_constant).
   bool constant_b = false;
+  // RopeKvAppend on a CUDA session: the position input is a SymValue node (the step-scalar slot
+  // itself, written by the session's host copy before the step's first kernel and by nothing
+  // inside the step) and cos / sin are constant (Param views): the kernel may read p and its
+  // table rows before its producers finish (cuda::rope_kv_append's position_stable).
+  bool stable_position = false;
 };
 
 // The input index of the streamed weight of a product op (MatMul, MatMulAdd: 1; RmsNormMatMul,
@@ -33,6 +38,9 @@ int weight_input(Op op);
 
 // True when `id` is a Param or a Permute / Slice view chain ending at one (NodeHints::constant_b).
 bool is_constant_param_view(const Graph& graph, NodeId id);
+
+// The plan-time hints of node `id` (NodeHints) on a session of `device`.
+NodeHints node_hints(const Graph& graph, NodeId id, Device device);
 
 // `inputs` are the node's input values, `out` its planned output buffer (concrete shape).
 // `aux` carries a node-owned device scalar buffer (FlashDecode's k_len [1] int32) when

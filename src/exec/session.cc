@@ -177,8 +177,7 @@ Session::Session(Graph graph, SessionOptions options)
       im.persistent[id.index] =
           n.attrs.tensor.device() == dev ? n.attrs.tensor : n.attrs.tensor.to_device(dev);
     }
-    if (const int w = weight_input(n.op); w >= 0)
-      im.hints[id.index].constant_b = is_constant_param_view(graph_, n.inputs[w]);
+    im.hints[id.index] = node_hints(graph_, id, dev);
     if (plan_.static_shape[id.index]) im.shapes[id.index] = eval_shape(n.shape, SymEnv(graph_.symbols()));
     const bool binds = n.op == Op::Input || n.op == Op::Slice || n.op == Op::WriteAt ||
                        n.op == Op::SymValue || n.op == Op::FlashDecode;

@@ -105,7 +105,8 @@ void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Ten
 }
 
 void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
-                          const Tensor& position, Tensor& k_cache, Tensor& v_cache, Tensor& out) {
+                          const Tensor& position, Tensor& k_cache, Tensor& v_cache, Tensor& out,
+                          bool position_stable) {
   const char* op = "rope_kv_append";
   check_defined(qkv, "qkv");
   const Device device = qkv.device();
@@ -117,8 +118,10 @@ void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& si
   check_device(out, "out", device, op);
   check_contract(contract_for(device, op), LayerOpKind::rope_kv_append, qkv.dtype(), last_dim(out));
 #if defined(SPLICE_WITH_CUDA)
-  if (device.is_cuda()) return cuda::rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out);
+  if (device.is_cuda())
+    return cuda::rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out, position_stable);
 #endif
+  (void)position_stable;  // a CPU kernel has no launch ordering to relax
   cpu::rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out);
 }
 
@@ -160,8 +163,8 @@ void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, con
   cpu::rms_norm_matmul(x, weight, eps, w, out);
 }
 
-void fused_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w,
-                               const Tensor& c, Tensor& out, bool w_constant) {
+void fused_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
+                               Tensor& out, bool w_constant) {
   const char* op = "silu_mul_matmul_add";
   check_defined(a, "a");
   const Device device = a.device();

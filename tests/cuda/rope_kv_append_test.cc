@@ -14,8 +14,11 @@
 //     fresh qkv each step, PDL on and off, captured then replayed on the GPU: every output and both
 //     caches bit for bit the CPU session of the same graph (a position frozen at capture, a write
 //     to the wrong row or a cache read before the append all fail here, exactly).
+//     Both kernel checks run in both position modes (read after the wait; before it under the
+//     position_stable promise).
 //  3. Llama: the graph with every rope_kv_append branch collapsed to the fused arm and attention
-//     to the flash arm, replayed on the GPU: bit for bit the same graph with the decomposed arm
+//     to the flash arm, its launches promising a stable position (the session's hint), replayed
+//     on the GPU: bit for bit the same graph with the decomposed arm
 //     (rope + two write_at) on the GPU (the two arms do the same fp32 operations and every other
 //     kernel is the same), and within the two-layer bf16 policy of the CPU (see kLogitUlps).
 #include "splice/backend/cuda/rope_kv_append.h"
@@ -28,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <vector>
 
 #include "splice/backend/cpu/layer_ops.h"
 #include "splice/backend/cuda/runtime.h"
@@ -79,17 +83,28 @@ void check_kernel(std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
       testing::random_tensor(rng, {batch, kv_heads, kCapacity, dim + pad}, dtype).slice(3, 0, dim);
   Tensor v_cpu = testing::random_tensor(rng, {batch, kv_heads, kCapacity + 2 * pad, dim}, dtype)
                      .slice(2, 0, kCapacity);
-  Tensor k_gpu = testing::upload(k_cpu), v_gpu = testing::upload(v_cpu);
   // [B, Hq, 1, D] (heads of a [B, Hq + kPad, 1, D] buffer when wide)
   Tensor out_cpu =
       Tensor::empty({batch, heads + (wide ? kPad : 0), 1, dim}, dtype).slice(1, 0, heads);
-  Tensor out_gpu = testing::upload(out_cpu);
+  // The GPU runs on copies of the CPU's operands (taken before the CPU kernel writes them), once
+  // per mode: the position read after the wait, and before it (the position_stable promise).
+  const Tensor k_before = k_cpu, v_before = v_cpu, out_before = out_cpu;
+  std::vector<Tensor> k_gpu, v_gpu, out_gpu;
+  for (int mode = 0; mode < 2; ++mode) {
+    k_gpu.push_back(testing::upload(k_before));
+    v_gpu.push_back(testing::upload(v_before));
+    out_gpu.push_back(testing::upload(out_before));
+  }
   cpu::rope_kv_append(qkv, cos, sin, pos, k_cpu, v_cpu, out_cpu);
-  cuda::rope_kv_append(testing::upload(qkv), testing::upload(cos), testing::upload(sin),
-                       testing::upload(pos), k_gpu, v_gpu, out_gpu);
-  EXPECT_TRUE(testing::bit_equal(testing::download(out_gpu), out_cpu.clone()));
-  EXPECT_TRUE(testing::bit_equal(testing::download(k_gpu), k_cpu.clone()));
-  EXPECT_TRUE(testing::bit_equal(testing::download(v_gpu), v_cpu.clone()));
+  for (int mode = 0; mode < 2; ++mode) {
+    SCOPED_TRACE(mode == 1 ? "position_stable" : "position after the wait");
+    cuda::rope_kv_append(testing::upload(qkv), testing::upload(cos), testing::upload(sin),
+                         testing::upload(pos), k_gpu[mode], v_gpu[mode], out_gpu[mode],
+                         /*position_stable=*/mode == 1);
+    EXPECT_TRUE(testing::bit_equal(testing::download(out_gpu[mode]), out_cpu.clone()));
+    EXPECT_TRUE(testing::bit_equal(testing::download(k_gpu[mode]), k_cpu.clone()));
+    EXPECT_TRUE(testing::bit_equal(testing::download(v_gpu[mode]), v_cpu.clone()));
+  }
 }
 
 TEST(RopeKvAppendCuda, KernelMatchesCpuBitwise) {
@@ -118,12 +133,16 @@ TEST(RopeKvAppendCuda, PositionOutsideTheCachesZeroesOutAndWritesNoCache) {
   Tensor pos = Tensor::empty({1}, DType::i32);
   pos.data<std::int32_t>()[0] =
       static_cast<std::int32_t>(kCapacity);  // in the tables, past the caches
-  Tensor out = testing::upload(testing::random_tensor(rng, {1, heads, 1, dim}, DType::bf16));
-  cuda::rope_kv_append(qkv, cos, sin, testing::upload(pos), k_cache, v_cache, out);
-  EXPECT_TRUE(
-      testing::bit_equal(testing::download(out), Tensor::zeros({1, heads, 1, dim}, DType::bf16)));
-  EXPECT_TRUE(testing::bit_equal(testing::download(k_cache), k_host));
-  EXPECT_TRUE(testing::bit_equal(testing::download(v_cache), k_host));
+  for (const bool position_stable : {false, true}) {
+    SCOPED_TRACE(position_stable ? "position_stable" : "position after the wait");
+    Tensor out = testing::upload(testing::random_tensor(rng, {1, heads, 1, dim}, DType::bf16));
+    cuda::rope_kv_append(qkv, cos, sin, testing::upload(pos), k_cache, v_cache, out,
+                         position_stable);
+    EXPECT_TRUE(
+        testing::bit_equal(testing::download(out), Tensor::zeros({1, heads, 1, dim}, DType::bf16)));
+    EXPECT_TRUE(testing::bit_equal(testing::download(k_cache), k_host));
+    EXPECT_TRUE(testing::bit_equal(testing::download(v_cache), k_host));
+  }
 }
 
 SessionOptions gpu_options() {
@@ -253,7 +272,15 @@ TEST(RopeKvAppendCuda, ReplayedLlamaIsBitwiseTheDecomposedArm) {
   for (std::int64_t step = 1; step <= kLlamaSteps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const Tensor tokens = token(step).to_device(Device::cuda());
+    const cuda::RopeKvAppendLaunches before = cuda::rope_kv_append_launches();
     fused.step({{"k_len", step}}, {{"tokens", tokens}});
+    const cuda::RopeKvAppendLaunches after = cuda::rope_kv_append_launches();
+    // The session promises a stable position (a SymValue step scalar, Param tables): every
+    // launch it issues (eager and captured steps; a replay issues none) reads p before the wait.
+    EXPECT_EQ(after.early_position - before.early_position, after.launches - before.launches);
+    if (step == 1) {
+      EXPECT_EQ(after.launches - before.launches, 2u) << "one per layer";
+    }
     plain.step({{"k_len", step}}, {{"tokens", tokens}});
     if (step >= 3) {
       EXPECT_TRUE(fused.last_step_replayed()) << fused.cuda_graph_status();

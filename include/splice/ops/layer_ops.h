@@ -28,8 +28,11 @@ void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Ten
 // qkv's device): qkv [B, 1, (Hq + 2 Hkv) D] read as q, k, v heads; out [B, Hq, 1, D] = rope(q);
 // in place, k_cache[:, :, p] = rope(k), v_cache[:, :, p] = v (caches [B, Hkv, capacity, D] of
 // qkv's dtype); cos, sin [max_seq_len, D]. Bitwise fused_rope plus two write_at.
+// `position_stable`: the caller's promise that no kernel in flight writes position, cos or sin (a
+// session's step scalar and constant tables; cuda::rope_kv_append), ignored on the CPU.
 void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
-                          const Tensor& position, Tensor& k_cache, Tensor& v_cache, Tensor& out);
+                          const Tensor& position, Tensor& k_cache, Tensor& v_cache, Tensor& out,
+                          bool position_stable = false);
 
 // out = round(a @ b^T + c): a [..., M, K], b [N, K] (a's dtype), c, out [..., M, N]; the fp32 sum
 // plus c rounded once into out's dtype. `b_constant`: the caller's promise that no kernel in
@@ -47,8 +50,8 @@ void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, con
 // out = round(round(round(silu(a)) * b) @ w^T + c): a, b [..., M, K], w [N, K] (a's dtype),
 // c, out [..., M, N]. CUDA: one GEMV launch with the activation computed into shared memory, or
 // silu_mul then the residual matmul where the GEMV does not apply.
-void fused_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w,
-                               const Tensor& c, Tensor& out, bool w_constant = false);
+void fused_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
+                               Tensor& out, bool w_constant = false);
 
 // The contract rows of the layer-op kernels on each backend (kernel "layer_ops").
 const LayerOpContract& cpu_layer_ops_contract();

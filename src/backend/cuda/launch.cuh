@@ -17,7 +17,11 @@
 //   transitive along the stream because every kernel in the chain waits: kernel i completes only
 //   after its wait returned, i.e. after kernel i-1 completed, which completed after i-2, ...
 //   Kernel parameters (the POD params struct) are not global memory written by a predecessor;
-//   index math on them may run before the wait.
+//   index math on them may run before the wait. The one exception to "no global access before
+//   the wait" is a read of memory the CALLER promises no kernel in flight writes: gemv's
+//   Params::w_constant (model weights) and rope_kv_append's position_stable (a session's step
+//   scalar and constant tables). The promise is made at plan time (exec/node_kernels.h's
+//   NodeHints) from the graph; a false promise is a silent race.
 //   A kernel launched WITHOUT the attribute (cuBLASLt, a kernel of another file launched with
 //   <<<>>>) is fully serialized behind its predecessor and needs no wait; a kernel launched WITH
 //   the attribute that does not wait breaks the chain for everything after it.

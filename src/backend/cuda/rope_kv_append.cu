@@ -8,10 +8,15 @@
 //      loop; the item -> offsets map is rope_kv_append_index::item of the header, which
 //      tests/kernels runs on the host against the CPU kernel). The first item's offsets (at cache
 //      row 0: the row adds p times the target's row stride) are computed before pdl_prologue()
-//      (wait for the producers, then trigger: launch.cuh); after it the item's x pair and
-//      p = position[0] (read from device memory, so a replayed CUDA graph sees each token's
-//      position) are loaded together, so the dependent round trips after the wait are two:
-//      [x, p] -> [cos, sin at row p] -> stores. With
+//      (wait for the producers, then trigger: launch.cuh). p = position[0] is read from device
+//      memory, so a replayed CUDA graph sees each token's position:
+//        - by default after the wait, together with the item's x pair, so the dependent round
+//          trips after the wait are two: [x, p] -> [cos, sin at row p] -> stores;
+//        - under the caller's `position_stable` promise (no kernel the stream may still be
+//          running writes position, cos or sin: a session's step scalar, written by the host
+//          copy before the step's first kernel, and constant tables), p and the first item's
+//          table rows before the wait: after it only [x] -> stores.
+//      With
 //      x = qkv[b, 0, h D : (h + 1) D], c = cos[p], s = sin[p]:
 //        y_i = x_i c_i + (-x_{i+D/2}) s_i,   y_{i+D/2} = x_{i+D/2} c_{i+D/2} + x_i s_{i+D/2}
 //      each product rounded to fp32 before the sum (__fmul_rn / __fadd_rn: cpu::rope's exact
@@ -23,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -51,7 +57,10 @@ struct RopeKvAppendParams {
   long long table_rows = 0, table_stride0 = 0, table_stride1 = 0;
   long long capacity = 0;
   const int* position = nullptr;  // [1]: the step's p, read on the device
+  bool position_stable = false;   // the launcher's promise: read p and the tables before the wait
 };
+
+std::atomic<std::uint64_t> g_launches{0}, g_early_position_launches{0};
 
 using detail::dispatch_float;  // float_convert.cuh
 using detail::from_float;
@@ -67,9 +76,10 @@ __device__ __forceinline__ long long row_stride_of(const rope_kv_append_index::G
   return target == Target::k ? g.k_stride[2] : target == Target::v ? g.v_stride[2] : 0;
 }
 
-// Post-wait path per item (SASS checked: the qkv pair's loads and the position's go out back to
-// back right after ACQBULK): [x_i, x_{i+D/2}, p] -> [cos, sin at row p] -> stores. The item's
-// offsets (three 64-bit divisions) are computed before the wait from the launch parameters alone.
+// Post-wait path per item (SASS checked, default mode: the qkv pair's loads and the position's go
+// out back to back right after ACQBULK): [x_i, x_{i+D/2}, p] -> [cos, sin at row p] -> stores; with
+// position_stable, [x_i, x_{i+D/2}] -> stores for the first item. The item's offsets (three 64-bit
+// divisions) are computed before the wait from the launch parameters alone.
 template <typename T>
 __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
   using rope_kv_append_index::Target;
@@ -80,16 +90,40 @@ __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
   rope_kv_append_index::Item it =
       t < total ? rope_kv_append_index::item(p.g, t, 0) : rope_kv_append_index::Item{};
   const T* const qkv = static_cast<const T*>(p.qkv);
-  detail::pdl_prologue();  // before the qkv and position loads (launch.cuh)
-  // The item's x pair (read whether or not the position is valid), then the position.
+
+  // The position, and the current item's table rows (c_i, c_{i+D/2}, s_i, s_{i+D/2} at row p;
+  // none for a v item or an invalid p).
+  bool valid = false;
+  long long row = 0;
+  float cs[4] = {};
+  const auto read_position = [&] {
+    const long long pos = load_in_order(p.position);
+    valid = pos >= 0 && pos < p.table_rows && pos < p.capacity;
+    row = valid ? pos : 0;
+  };
+  const auto read_tables = [&] {
+    if (!valid || t >= total || it.target == Target::v) return;
+    const long long base = row * p.table_stride0;
+    cs[0] = load_any(p.cos, p.table_dtype, base + it.i * p.table_stride1);
+    cs[1] = load_any(p.cos, p.table_dtype, base + (it.i + half) * p.table_stride1);
+    cs[2] = load_any(p.sin, p.table_dtype, base + it.i * p.table_stride1);
+    cs[3] = load_any(p.sin, p.table_dtype, base + (it.i + half) * p.table_stride1);
+  };
+  if (p.position_stable) {  // the promise: nothing in flight writes them
+    read_position();
+    read_tables();
+  }
+  detail::pdl_prologue();  // before the qkv loads (launch.cuh)
+  // The item's x pair (read whether or not the position is valid), then (default) the position.
   T x_lo{}, x_hi{};
   if (t < total) {
     x_lo = load_in_order(qkv + it.src + it.i);
     x_hi = load_in_order(qkv + it.src + it.i + half);
   }
-  const long long pos = load_in_order(p.position);
-  const bool valid = pos >= 0 && pos < p.table_rows && pos < p.capacity;
-  const long long row = valid ? pos : 0;
+  if (!p.position_stable) {
+    read_position();
+    read_tables();
+  }
   while (t < total) {
     const long long i = it.i;
     const Target target = it.target;
@@ -103,14 +137,9 @@ __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
     } else {
       T* y = static_cast<T*>(target == Target::q ? p.out : p.k_cache) + dst;
       if (valid) {
-        const long long base = row * p.table_stride0;
         const float x1 = to_float(x_lo), x2 = to_float(x_hi);
-        const float c1 = load_any(p.cos, p.table_dtype, base + i * p.table_stride1);
-        const float c2 = load_any(p.cos, p.table_dtype, base + (i + half) * p.table_stride1);
-        const float s1 = load_any(p.sin, p.table_dtype, base + i * p.table_stride1);
-        const float s2 = load_any(p.sin, p.table_dtype, base + (i + half) * p.table_stride1);
-        y[i] = from_float<T>(__fadd_rn(__fmul_rn(x1, c1), __fmul_rn(-x2, s1)));
-        y[i + half] = from_float<T>(__fadd_rn(__fmul_rn(x2, c2), __fmul_rn(x1, s2)));
+        y[i] = from_float<T>(__fadd_rn(__fmul_rn(x1, cs[0]), __fmul_rn(-x2, cs[2])));
+        y[i + half] = from_float<T>(__fadd_rn(__fmul_rn(x2, cs[1]), __fmul_rn(x1, cs[3])));
       } else if (target == Target::q) {
         y[i] = from_float<T>(0.0f);
         y[i + half] = from_float<T>(0.0f);
@@ -121,6 +150,7 @@ __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
       it = rope_kv_append_index::item(p.g, t, 0);
       x_lo = qkv[it.src + it.i];
       x_hi = qkv[it.src + it.i + half];
+      read_tables();
     }
   }
 }
@@ -139,7 +169,7 @@ unsigned grid_for(long long work) {
 }  // namespace
 
 void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& position,
-                    Tensor& k_cache, Tensor& v_cache, Tensor& out) {
+                    Tensor& k_cache, Tensor& v_cache, Tensor& out, bool position_stable) {
   constexpr const char* kOp = "rope_kv_append";
   check_cuda_tensor(qkv, kOp, "qkv");
   check_cuda_tensor(cos, kOp, "cos");
@@ -188,13 +218,21 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
   p.table_stride1 = cos.stride(1);
   p.capacity = k_cache.size(2);
   p.position = static_cast<const int*>(position.raw_data());
+  p.position_stable = position_stable;
   if (batch == 0) return;
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  if (position_stable) g_early_position_launches.fetch_add(1, std::memory_order_relaxed);
   dispatch_float(qkv.dtype(), "rope_kv_append", [&](auto tag) {
     using T = decltype(tag);
     detail::launch_kernel(rope_kv_append_kernel<T>,
                           dim3(grid_for(rope_kv_append_index::items(p.g))), dim3(kThreads),
                           current_stream(), p);
   });
+}
+
+RopeKvAppendLaunches rope_kv_append_launches() {
+  return {g_launches.load(std::memory_order_relaxed),
+          g_early_position_launches.load(std::memory_order_relaxed)};
 }
 
 }  // namespace splice::cuda

@@ -5,6 +5,8 @@
 // The launch goes to cuda::current_stream() and returns without synchronizing.
 #pragma once
 
+#include <cstdint>
+
 #include "splice/core/tensor.h"
 
 namespace splice::cuda {
@@ -14,8 +16,21 @@ namespace splice::cuda {
 // [B, 1, (Hq + 2 Hkv) D] (unit-stride row) read as q, k, v heads; out [B, Hq, 1, D] = rope(q);
 // k_cache[:, :, p] = rope(k), v_cache[:, :, p] = v (caches [B, Hkv, capacity, D], unit last
 // stride). A p outside [0, min(max_seq_len, capacity)) writes zeros to out and leaves the caches.
+// `position_stable`: the caller's promise that no kernel the stream may still be running (under
+// PDL, the kernels before this launch may not have completed) writes `position`, `cos` or `sin`:
+// a Session's step scalar (written by its host copy before the step's first kernel, by nothing
+// inside the step) and constant tables. The kernel then reads p and its table rows before
+// waiting for its producers, so only the q|k|v row's round trip follows the wait. A false
+// promise is a silent race; false (the default) assumes nothing.
 void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& position,
-                    Tensor& k_cache, Tensor& v_cache, Tensor& out);
+                    Tensor& k_cache, Tensor& v_cache, Tensor& out, bool position_stable = false);
+
+// Launch counters (process-wide, relaxed atomics) for tests: launches issued, and those that read
+// the position before the wait (position_stable).
+struct RopeKvAppendLaunches {
+  std::uint64_t launches = 0, early_position = 0;
+};
+RopeKvAppendLaunches rope_kv_append_launches();
 
 namespace rope_kv_append_index {
 
