@@ -28,8 +28,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <vector>
 
@@ -43,6 +41,7 @@
 #include "support/cuda_test_util.h"
 #include "support/rope_kv_append_region.h"
 #include "support/test_util.h"
+#include "support/tiny_llama.h"
 
 namespace splice {
 namespace {
@@ -200,37 +199,13 @@ TEST(RopeKvAppendCuda, ReplayedRegionMatchesCpuBitwise) {
 // A tiny bf16 Llama (head_dim 64: the flash arm's smallest), its rope_kv_append branches
 // collapsed to `rope_kv_append_arm`, attention to the flash arm, every other branch to arm 0.
 Graph llama(int rope_kv_append_arm) {
-  const std::string dir = ::testing::TempDir() + "/rope_kv_append_cuda_llama";
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << R"({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 61,
-    "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "max_position_embeddings": 64, "tie_word_embeddings": true})";
-  Rng rng(11);
-  std::vector<std::pair<std::string, Tensor>> t;
-  auto add = [&](const std::string& name, Dims shape, double stddev, double mean = 0.0) {
-    t.emplace_back(name, testing::random_tensor(rng, shape, DType::f32, stddev, mean));
-  };
-  add("model.embed_tokens.weight", {61, 128}, 1.0);
-  add("model.norm.weight", {128}, 0.1, 1.0);
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "self_attn.q_proj.weight", {128, 128}, 0.1);
-    add(p + "self_attn.k_proj.weight", {64, 128}, 0.1);
-    add(p + "self_attn.v_proj.weight", {64, 128}, 0.1);
-    add(p + "self_attn.o_proj.weight", {128, 128}, 0.1);
-    add(p + "mlp.gate_proj.weight", {96, 128}, 0.1);
-    add(p + "mlp.up_proj.weight", {96, 128}, 0.1);
-    add(p + "mlp.down_proj.weight", {128, 96}, 0.1);
-    add(p + "input_layernorm.weight", {128}, 0.3, 1.0);
-    add(p + "post_attention_layernorm.weight", {128}, 0.3, 1.0);
-  }
+  const testing::TinyLlamaSpec spec = testing::rope_kv_append_llama_spec();
   BuildOptions build;
   build.max_seq_len = 16;
   build.dtype = DType::bf16;
-  DecodeModel m = build_decode_model(load_config(dir + "/config.json"),
-                                     Weights::from_tensors(std::move(t)), build);
+  DecodeModel m = build_decode_model(
+      testing::tiny_llama_config(::testing::TempDir() + "/rope_kv_append_cuda_llama", spec),
+      testing::tiny_llama_weights(spec), build);
   OptimizeOptions o;
   o.select = false;
   o.tune.device = Device::cuda();

@@ -29,8 +29,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -51,6 +49,7 @@
 #include "support/argmax_cases.h"
 #include "support/cuda_test_util.h"
 #include "support/test_util.h"
+#include "support/tiny_llama.h"
 
 namespace splice {
 namespace {
@@ -457,35 +456,15 @@ TEST(CudaGreedyDecode, DefaultModelDecomposedArmsEagerStepsInStepEqualsHostGreed
 // A tiny random Llama with SmolLM2's 49152-entry vocabulary: the argmax runs as a cluster of
 // several CTAs inside the replayed graph, right after the lm_head GEMV and the f32 cast.
 std::string write_large_vocab_llama(const std::string& dir) {
-  // Two heads of 64 (the flash decode kernel's smallest head_dim), one KV head.
-  constexpr std::int64_t kVocab = 49152, kHidden = 128, kInter = 160, kKv = 64;
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << R"({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
-    "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 1,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": false,
-    "bos_token_id": 1, "eos_token_id": 2})";
-  Rng rng(43);
-  std::vector<std::pair<std::string, Tensor>> t;
-  auto add = [&](const std::string& name, Dims shape, double stddev, double mean = 0.0) {
-    t.emplace_back(name, testing::random_tensor(rng, shape, DType::bf16, stddev, mean));
-  };
-  add("model.embed_tokens.weight", {kVocab, kHidden}, 1.0);
-  add("lm_head.weight", {kVocab, kHidden}, 0.3);
-  add("model.norm.weight", {kHidden}, 0.1, 1.0);
-  const std::string p = "model.layers.0.";
-  add(p + "self_attn.q_proj.weight", {kHidden, kHidden}, 0.1);
-  add(p + "self_attn.k_proj.weight", {kKv, kHidden}, 0.1);
-  add(p + "self_attn.v_proj.weight", {kKv, kHidden}, 0.1);
-  add(p + "self_attn.o_proj.weight", {kHidden, kHidden}, 0.1);
-  add(p + "mlp.gate_proj.weight", {kInter, kHidden}, 0.1);
-  add(p + "mlp.up_proj.weight", {kInter, kHidden}, 0.1);
-  add(p + "mlp.down_proj.weight", {kHidden, kInter}, 0.1);
-  add(p + "input_layernorm.weight", {kHidden}, 0.1, 1.0);
-  add(p + "post_attention_layernorm.weight", {kHidden}, 0.1, 1.0);
-  save_safetensors(dir + "/model.safetensors", t);
-  return dir;
+  testing::TinyLlamaSpec spec;  // two heads of 64 (flash decode's smallest head_dim), one KV head
+  spec.vocab = 49152;
+  spec.layers = 1;
+  spec.tied = false;
+  spec.lm_head_stddev = 0.3;
+  spec.norm_stddev = 0.1;
+  spec.seed = 43;
+  spec.dtype = DType::bf16;
+  return testing::write_tiny_llama(dir, spec);
 }
 
 TEST(CudaGreedyDecode, LargeVocabLlamaInStepEqualsHostGreedy) {

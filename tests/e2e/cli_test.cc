@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <vector>
@@ -21,6 +20,7 @@
 #include "splice/ops/kda_decode.h"
 #include "support/reference_kda.h"
 #include "support/test_util.h"
+#include "support/tiny_llama.h"
 
 namespace splice {
 namespace {
@@ -201,40 +201,6 @@ std::string greedy_tokens(const std::string& output) {
   return output.substr(begin, output.find('\n', begin) - begin);
 }
 
-// A tiny random Llama (2 layers, GQA 2:1, head_dim 64) as config.json + safetensors.
-std::string write_tiny_llama(const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << R"({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 97,
-    "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": true,
-    "bos_token_id": 1, "eos_token_id": 2})";
-  Rng rng(7);
-  std::vector<std::pair<std::string, Tensor>> t;
-  auto add = [&](const std::string& name, Dims shape, double stddev, double offset = 0.0) {
-    Tensor w = testing::random_tensor(rng, shape, DType::f32, stddev);
-    for (std::int64_t i = 0; i < w.numel(); ++i) w.set_linear(i, offset + w.at_linear(i));
-    t.emplace_back(name, std::move(w));
-  };
-  add("model.embed_tokens.weight", {97, 128}, 1.0);
-  add("model.norm.weight", {128}, 0.1, 1.0);
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "self_attn.q_proj.weight", {128, 128}, 0.1);
-    add(p + "self_attn.k_proj.weight", {64, 128}, 0.1);
-    add(p + "self_attn.v_proj.weight", {64, 128}, 0.1);
-    add(p + "self_attn.o_proj.weight", {128, 128}, 0.1);
-    add(p + "mlp.gate_proj.weight", {160, 128}, 0.1);
-    add(p + "mlp.up_proj.weight", {160, 128}, 0.1);
-    add(p + "mlp.down_proj.weight", {128, 160}, 0.1);
-    add(p + "input_layernorm.weight", {128}, 0.3, 1.0);
-    add(p + "post_attention_layernorm.weight", {128}, 0.3, 1.0);
-  }
-  save_safetensors(dir + "/model.safetensors", t);
-  return dir;
-}
-
 // The greedy ids `tokens` and the logits file of one `run --logits-out`.
 struct GreedyRun {
   std::vector<std::int32_t> tokens;
@@ -262,7 +228,9 @@ GreedyRun greedy_run(const std::string& args, const std::string& logits_path) {
 // comparison ends). Every model must get at least `kMinAgreedSteps` agreed picks before any tie.
 TEST(Cli, RunNoOptimizeGivesTheOptimizedGreedyTokens) {
   constexpr std::size_t kMinAgreedSteps = 3;
-  const std::string llama = write_tiny_llama(temp("cli_tiny_llama"));
+  testing::TinyLlamaSpec spec;  // 2 layers, GQA 2:1, head_dim 64
+  spec.seed = 7;
+  const std::string llama = testing::write_tiny_llama(temp("cli_tiny_llama"), spec);
   struct Case {
     std::string name, model_args;
     std::size_t prompt_len;

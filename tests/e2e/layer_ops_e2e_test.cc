@@ -19,13 +19,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include "splice/exec/session.h"
 #include "splice/model/default_model.h"
 #include "splice/model/generate.h"
 #include "support/test_util.h"
+#include "support/tiny_llama.h"
 
 namespace splice {
 namespace {
@@ -39,45 +38,13 @@ constexpr int kSteps = 12;
 // largest logit. Bound: |difference| <= 0.03 max |logit| + 0.03 |logit|.
 constexpr double kMatMulAddLogitScaleTolerance = 0.03;
 
-ModelConfig tiny_llama_config(const std::string& dir, bool qwen2 = false) {
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json")
-      << (qwen2 ? R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",)"
-                : R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",)")
-      << R"( "vocab_size": 97,
-    "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": true,
-    "bos_token_id": 1, "eos_token_id": 2})";
-  return load_config(dir + "/config.json");
-}
-
-Weights tiny_llama_weights(bool biases = false) {
-  Rng rng(42);
-  std::vector<std::pair<std::string, Tensor>> t;
-  auto add = [&](const std::string& name, Dims shape, double stddev, double mean = 0.0) {
-    t.emplace_back(name, testing::random_tensor(rng, shape, DType::f32, stddev, mean));
-  };
-  add("model.embed_tokens.weight", {97, 128}, 1.0);
-  add("model.norm.weight", {128}, 0.1, 1.0);
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "self_attn.q_proj.weight", {128, 128}, 0.1);
-    add(p + "self_attn.k_proj.weight", {64, 128}, 0.1);
-    add(p + "self_attn.v_proj.weight", {64, 128}, 0.1);
-    add(p + "self_attn.o_proj.weight", {128, 128}, 0.1);
-    add(p + "mlp.gate_proj.weight", {160, 128}, 0.3);
-    add(p + "mlp.up_proj.weight", {160, 128}, 0.1);
-    add(p + "mlp.down_proj.weight", {128, 160}, 0.1);
-    add(p + "input_layernorm.weight", {128}, 0.3, 1.0);
-    add(p + "post_attention_layernorm.weight", {128}, 0.3, 1.0);
-    if (biases) {
-      add(p + "self_attn.q_proj.bias", {128}, 0.1);
-      add(p + "self_attn.k_proj.bias", {64}, 0.1);
-      add(p + "self_attn.v_proj.bias", {64}, 0.1);
-    }
-  }
-  return Weights::from_tensors(std::move(t));
+// The tiny Llama of these tests (support/tiny_llama.h; gate_proj drawn wider so SiLU sees both
+// signs), or its Qwen2 twin with q/k/v biases.
+testing::TinyLlamaSpec tiny_llama(bool qwen2 = false) {
+  testing::TinyLlamaSpec spec;
+  spec.gate_stddev = 0.3;
+  if (qwen2) spec.architecture = "Qwen2ForCausalLM";
+  return spec;
 }
 
 struct Decode {
@@ -138,8 +105,9 @@ void expect_same_decode(const Decode& fused, const Decode& plain) {
 }
 
 TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
-  const ModelConfig config = tiny_llama_config(::testing::TempDir() + "/layer_ops_llama");
-  const Weights weights = tiny_llama_weights();
+  const ModelConfig config =
+      testing::tiny_llama_config(::testing::TempDir() + "/layer_ops_llama", tiny_llama());
+  const Weights weights = testing::tiny_llama_weights(tiny_llama());
   BuildOptions build;
   build.max_seq_len = 32;
   build.dtype = DType::bf16;
@@ -205,8 +173,9 @@ void expect_close_decode(const Decode& fused, const Decode& plain, bool same_tok
 }
 
 TEST(LayerOpsE2e, LlamaGreedyTokensMatchWithAndWithoutMatMulAdd) {
-  const ModelConfig config = tiny_llama_config(::testing::TempDir() + "/matmul_add_llama");
-  const Weights weights = tiny_llama_weights();
+  const ModelConfig config =
+      testing::tiny_llama_config(::testing::TempDir() + "/matmul_add_llama", tiny_llama());
+  const Weights weights = testing::tiny_llama_weights(tiny_llama());
   BuildOptions build;
   build.max_seq_len = 32;
   build.dtype = DType::bf16;
@@ -253,9 +222,10 @@ std::vector<Tensor> session_logits(const ModelConfig& config, const Weights& wei
 }
 
 TEST(StackedProjections, SameLogitsAsOneMatmulPerLinear) {
-  const ModelConfig config = tiny_llama_config(::testing::TempDir() + "/layer_ops_qwen2", true);
+  const ModelConfig config =
+      testing::tiny_llama_config(::testing::TempDir() + "/layer_ops_qwen2", tiny_llama(true));
   ASSERT_TRUE(config.attention_bias);
-  const Weights weights = tiny_llama_weights(/*biases=*/true);
+  const Weights weights = testing::tiny_llama_weights(tiny_llama(true));
   // (f32 at batch 1 only: its batch-2 matmuls go through multithreaded BLAS, slow on loaded CI.)
   for (DType dtype : {DType::bf16, DType::f32})
     for (std::int64_t batch : {1, 2}) {

@@ -4,53 +4,21 @@
 // the sampler's options and reproducibility; loader errors.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
 
 #include "splice/core/error.h"
 #include "splice/model/generate.h"
 #include "splice/model/safetensors.h"
 #include "support/reference_llama.h"
 #include "support/test_util.h"
+#include "support/tiny_llama.h"
 
 namespace splice {
 namespace {
 
 std::string write_tiny_llama(const std::string& dir, bool tied) {
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json")
-      << R"({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 97,
-    "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": )"
-      << (tied ? "true" : "false") << R"(, "bos_token_id": 1, "eos_token_id": 2})";
-  Rng rng(42);
-  std::vector<std::pair<std::string, Tensor>> t;
-  auto add = [&](const std::string& name, Dims shape, double stddev) {
-    t.emplace_back(name, testing::random_tensor(rng, shape, DType::f32, stddev));
-  };
-  add("model.embed_tokens.weight", {97, 128}, 1.0);
-  if (!tied) add("lm_head.weight", {97, 128}, 0.1);
-  add("model.norm.weight", {128}, 0.1);
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "self_attn.q_proj.weight", {128, 128}, 0.1);
-    add(p + "self_attn.k_proj.weight", {64, 128}, 0.1);
-    add(p + "self_attn.v_proj.weight", {64, 128}, 0.1);
-    add(p + "self_attn.o_proj.weight", {128, 128}, 0.1);
-    add(p + "mlp.gate_proj.weight", {160, 128}, 0.1);
-    add(p + "mlp.up_proj.weight", {160, 128}, 0.1);
-    add(p + "mlp.down_proj.weight", {128, 160}, 0.1);
-    add(p + "input_layernorm.weight", {128}, 0.3);
-    add(p + "post_attention_layernorm.weight", {128}, 0.3);
-  }
-  for (auto& [name, tensor] : t)
-    if (name.find("norm") != std::string::npos)
-      for (std::int64_t i = 0; i < tensor.numel(); ++i)
-        tensor.set_linear(i, 1.0 + tensor.at_linear(i));
-  save_safetensors(dir + "/model.safetensors", t);
-  return dir;
+  testing::TinyLlamaSpec spec;
+  spec.tied = tied;
+  return testing::write_tiny_llama(dir, spec);
 }
 
 class TinyLlama : public ::testing::TestWithParam<bool> {};

@@ -16,8 +16,6 @@
 //  5. The region alone (region_graph), either arm, positions out of order: bit for bit.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
 
 #include "splice/exec/session.h"
 #include "splice/model/model.h"
@@ -26,6 +24,7 @@
 #include "splice/tune/optimize.h"
 #include "support/rope_kv_append_region.h"
 #include "support/test_util.h"
+#include "support/tiny_llama.h"
 
 namespace splice {
 namespace {
@@ -34,37 +33,13 @@ constexpr int kLayers = 2;
 constexpr std::int64_t kMaxSeqLen = 16;
 
 DecodeModel tiny_llama() {
-  const std::string dir = ::testing::TempDir() + "/rope_kv_append_llama";
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << R"({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 61,
-    "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "max_position_embeddings": 64, "tie_word_embeddings": true})";
-  const ModelConfig config = load_config(dir + "/config.json");
-  Rng rng(11);
-  std::vector<std::pair<std::string, Tensor>> t;
-  auto add = [&](const std::string& name, Dims shape, double stddev, double mean = 0.0) {
-    t.emplace_back(name, testing::random_tensor(rng, shape, DType::f32, stddev, mean));
-  };
-  add("model.embed_tokens.weight", {61, 128}, 1.0);
-  add("model.norm.weight", {128}, 0.1, 1.0);
-  for (int l = 0; l < kLayers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "self_attn.q_proj.weight", {128, 128}, 0.1);
-    add(p + "self_attn.k_proj.weight", {64, 128}, 0.1);
-    add(p + "self_attn.v_proj.weight", {64, 128}, 0.1);
-    add(p + "self_attn.o_proj.weight", {128, 128}, 0.1);
-    add(p + "mlp.gate_proj.weight", {96, 128}, 0.1);
-    add(p + "mlp.up_proj.weight", {96, 128}, 0.1);
-    add(p + "mlp.down_proj.weight", {128, 96}, 0.1);
-    add(p + "input_layernorm.weight", {128}, 0.3, 1.0);
-    add(p + "post_attention_layernorm.weight", {128}, 0.3, 1.0);
-  }
+  const testing::TinyLlamaSpec spec = testing::rope_kv_append_llama_spec();
   BuildOptions build;
   build.max_seq_len = kMaxSeqLen;
   build.dtype = DType::bf16;
-  return build_decode_model(config, Weights::from_tensors(std::move(t)), build);
+  return build_decode_model(
+      testing::tiny_llama_config(::testing::TempDir() + "/rope_kv_append_llama", spec),
+      testing::tiny_llama_weights(spec), build);
 }
 
 // The live nodes of `op`, in node order.
