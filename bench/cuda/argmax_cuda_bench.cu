@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "splice/backend/cpu/sampling.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/backend/cuda/sampling.h"
@@ -40,15 +41,6 @@ constexpr int kWarmupReplays = 3;
 constexpr int kReps = 30;
 const int kCtaChoices[] = {1, 2, 4, 8, 0};  // 0: automatic
 
-#define BENCH_CHECK(call)                                                          \
-  do {                                                                             \
-    const cudaError_t status_ = (call);                                            \
-    if (status_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -65,23 +57,10 @@ double time_device(const Tensor& logits, Tensor& ids, int ctas, cuda::Stream str
     for (int c = 0; c < kCalls; ++c) cuda::argmax(logits, ids, options);
     exec = reinterpret_cast<cudaGraphExec_t>(cuda::end_capture(stream));
   }
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  std::vector<double> us;
-  for (int r = 0; r < kWarmupReplays + kReps; ++r) {
-    BENCH_CHECK(cudaEventRecord(start, stream));
-    BENCH_CHECK(cudaGraphLaunch(exec, stream));
-    BENCH_CHECK(cudaEventRecord(stop, stream));
-    BENCH_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (r >= kWarmupReplays) us.push_back(1e3 * ms / kCalls);
-  }
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
+  const splice::bench::ReplayTimes t =
+      splice::bench::time_replays(exec, stream, kWarmupReplays, kReps, kCalls);
   cuda::destroy_graph(reinterpret_cast<cuda::GraphExec>(exec));
-  return median(us);
+  return t.median_us;
 }
 
 // Median time (us) of the host path: the f32 row to the host, then the host argmax.

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "splice/backend/cuda/flash_decode.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/tensor.h"
@@ -45,28 +46,6 @@ constexpr int kMaxSets = 64;
 constexpr std::size_t kMinTouchedBytes = std::size_t{128} << 20;  // > 2x the L2
 constexpr int kMaxSmallSets = 4096;
 constexpr int kWarmupReplays = 3;
-
-#define BENCH_CHECK(call)                                                          \
-  do {                                                                             \
-    const cudaError_t status_ = (call);                                            \
-    if (status_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-
-// Deterministic pseudo-random bf16 values in [-2, 2) (a hash of the index; never zeros).
-__global__ void fill_random(__nv_bfloat16* data, std::size_t count, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^
-                      static_cast<std::uint32_t>(i >> 32) * 40503u;
-    x ^= x >> 15;
-    x *= 2246822519u;
-    x ^= x >> 13;
-    data[i] = __float2bfloat16(static_cast<float>(x & 0xFFFFu) / 16384.0f - 2.0f);
-  }
-}
 
 struct Shape {
   std::int64_t batch, num_qo_heads, num_kv_heads, k_len, head_dim;
@@ -120,7 +99,8 @@ struct Inputs {
     const std::int64_t q_elems = s.batch * s.num_qo_heads * s.head_dim;
     q_pool = splice::Tensor::empty({sets * q_elems}, splice::DType::bf16, splice::Device::cuda());
     out_pool = splice::Tensor::empty({sets * q_elems}, splice::DType::bf16, splice::Device::cuda());
-    fill_random<<<256, 256, 0, stream>>>(q_pool.data<__nv_bfloat16>(), q_pool.numel(), 77u);
+    splice::bench::fill_random<<<256, 256, 0, stream>>>(q_pool.data<__nv_bfloat16>(),
+                                                        q_pool.numel(), 77u);
     for (int i = 0; i < sets; ++i) {
       k.push_back(device_view(k_pool, i * kv_elems, kv_shape));
       v.push_back(device_view(v_pool, i * kv_elems, kv_shape));
@@ -161,25 +141,10 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   for (int i = 0; i < r.sets; ++i) call(i);
   BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
   BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < kWarmupReplays; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CHECK(cudaEventRecord(start, stream));
-    BENCH_CHECK(cudaGraphLaunch(exec, stream));
-    BENCH_CHECK(cudaEventRecord(stop, stream));
-    BENCH_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms * 1e3 / r.sets);
-  }
-  std::sort(times.begin(), times.end());
-  r.us = times[times.size() / 2];
-  r.spread_us = times.back() - times.front();
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
+  const splice::bench::ReplayTimes t =
+      splice::bench::time_replays(exec, stream, kWarmupReplays, reps, r.sets);
+  r.us = t.median_us;
+  r.spread_us = t.spread_us;
   BENCH_CHECK(cudaGraphExecDestroy(exec));
   BENCH_CHECK(cudaGraphDestroy(graph));
   return r;
@@ -270,8 +235,10 @@ int main(int argc, char** argv) {
       splice::Tensor::empty({pool_elems}, splice::DType::bf16, splice::Device::cuda());
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fill_random<<<4096, 256, 0, stream>>>(k_pool.data<__nv_bfloat16>(), pool_elems, 1u);
-  fill_random<<<4096, 256, 0, stream>>>(v_pool.data<__nv_bfloat16>(), pool_elems, 2u);
+  splice::bench::fill_random<<<4096, 256, 0, stream>>>(k_pool.data<__nv_bfloat16>(), pool_elems,
+                                                       1u);
+  splice::bench::fill_random<<<4096, 256, 0, stream>>>(v_pool.data<__nv_bfloat16>(), pool_elems,
+                                                       2u);
   BENCH_CHECK(cudaStreamSynchronize(stream));
   std::printf("device: %s; K/V pools 2 x %.2f GB\n", splice::cuda::device_name().c_str(),
               pool_bytes / 1e9);

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "../../src/backend/cuda/gemv.h"  // internal: the kernel is timed directly
+#include "bench_util.cuh"
 #include "splice/backend/cuda/primitives.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/tensor.h"
@@ -61,15 +62,6 @@ constexpr int kWarmupReplays = 3;
 constexpr int kDefaultReps = 30;
 constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;  // as primitives_gemm.cc
 
-#define BENCH_CHECK(call)                                                          \
-  do {                                                                             \
-    const cudaError_t status_ = (call);                                            \
-    if (status_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-
 #define LT_CHECK(call)                                                                  \
   do {                                                                                  \
     const cublasStatus_t status_ = (call);                                              \
@@ -78,19 +70,6 @@ constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;  // as primitives
       std::exit(1);                                                                     \
     }                                                                                   \
   } while (0)
-
-// Deterministic pseudo-random bf16 values in [-2, 2) (a hash of the index; never zeros).
-__global__ void fill_random(__nv_bfloat16* data, std::size_t count, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^
-                      static_cast<std::uint32_t>(i >> 32) * 40503u;
-    x ^= x >> 15;
-    x *= 2246822519u;
-    x ^= x >> 13;
-    data[i] = __float2bfloat16(static_cast<float>(x & 0xFFFFu) / 16384.0f - 2.0f);
-  }
-}
 
 struct Shape {
   const char* name;
@@ -126,24 +105,9 @@ int copies_for(const Shape& s) {
 // Median and spread (max - min) of `reps` replays of `exec`, per call (/ copies), in us.
 std::pair<double, double> time_graph(cudaGraphExec_t exec, int reps, int copies,
                                      cudaStream_t stream) {
-  for (int i = 0; i < kWarmupReplays; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CHECK(cudaEventRecord(start, stream));
-    BENCH_CHECK(cudaGraphLaunch(exec, stream));
-    BENCH_CHECK(cudaEventRecord(stop, stream));
-    BENCH_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms * 1e3 / copies);
-  }
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return {times[times.size() / 2], times.back() - times.front()};
+  const splice::bench::ReplayTimes t =
+      splice::bench::time_replays(exec, stream, kWarmupReplays, reps, copies);
+  return {t.median_us, t.spread_us};
 }
 
 // cuBLASLt for out^T [n, m] = w [n, k] (Lt's A, stored as k x n column-major, transposed) .
@@ -218,7 +182,7 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
                                         splice::Tensor::contiguous_strides({s.n, s.k}),
                                         splice::DType::bf16));
   splice::Tensor x = splice::Tensor::empty({m, s.k}, splice::DType::bf16, splice::Device::cuda());
-  fill_random<<<256, 256, 0, stream>>>(x.data<__nv_bfloat16>(), x.numel(), 99u);
+  splice::bench::fill_random<<<256, 256, 0, stream>>>(x.data<__nv_bfloat16>(), x.numel(), 99u);
   BENCH_CHECK(cudaGetLastError());
   splice::Tensor y_gemv =
       splice::Tensor::empty({m, s.n}, splice::DType::bf16, splice::Device::cuda());
@@ -227,7 +191,8 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
   // [m, n]: the residual of the `ep` variant
   splice::Tensor residual =
       splice::Tensor::empty({m, s.n}, splice::DType::bf16, splice::Device::cuda());
-  fill_random<<<256, 256, 0, stream>>>(residual.data<__nv_bfloat16>(), residual.numel(), 7u);
+  splice::bench::fill_random<<<256, 256, 0, stream>>>(residual.data<__nv_bfloat16>(),
+                                                      residual.numel(), 7u);
   BENCH_CHECK(cudaGetLastError());
   const LtArm arm(lt, workspace, m, s.n, s.k);
   r.routed_gemv = splice::cuda::gemv::preferred(m, s.n, s.k);
@@ -370,7 +335,8 @@ int main(int argc, char** argv) {
                                               splice::DType::bf16, splice::Device::cuda());
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fill_random<<<4096, 256, 0, stream>>>(pool.data<__nv_bfloat16>(), pool.numel(), 1u);
+  splice::bench::fill_random<<<4096, 256, 0, stream>>>(pool.data<__nv_bfloat16>(), pool.numel(),
+                                                       1u);
   BENCH_CHECK(cudaGetLastError());
   BENCH_CHECK(cudaStreamSynchronize(stream));
   cublasLtHandle_t lt = nullptr;

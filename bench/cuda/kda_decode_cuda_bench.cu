@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "splice/backend/cuda/kda_decode.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/ops/kda_decode.h"
@@ -57,16 +58,6 @@ constexpr int kMaxSets = 64;
 constexpr int kWarmup = 3;
 constexpr int kReplays = 21;
 constexpr int kMaxNoPdlN = 8;  // N up to which the chosen variant is also timed without PDL
-
-#define CHECK(call)                                                               \
-  do {                                                                            \
-    cudaError_t e_ = (call);                                                      \
-    if (e_ != cudaSuccess) {                                                      \
-      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #call, __FILE__, __LINE__, \
-                   cudaGetErrorString(e_));                                       \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
 
 __device__ float hash_uniform(std::uint64_t i, std::uint32_t seed) {
   std::uint64_t z = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
@@ -88,16 +79,16 @@ __global__ void fill_bf16(__nv_bfloat16* p, std::int64_t n, float scale, std::ui
 
 void* dalloc(std::size_t bytes) {
   void* p = nullptr;
-  CHECK(cudaMalloc(&p, bytes));
+  BENCH_CHECK(cudaMalloc(&p, bytes));
   return p;
 }
 void fill(float* p, std::int64_t n, float scale, std::uint32_t seed) {
   fill_f32<<<1024, 256>>>(p, n, scale, seed);
-  CHECK(cudaGetLastError());
+  BENCH_CHECK(cudaGetLastError());
 }
 void fill(__nv_bfloat16* p, std::int64_t n, float scale, std::uint32_t seed) {
   fill_bf16<<<1024, 256>>>(p, n, scale, seed);
-  CHECK(cudaGetLastError());
+  BENCH_CHECK(cudaGetLastError());
 }
 
 // Bench options from the environment (main reads them once).
@@ -168,17 +159,17 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
   for (int n = 0; n < N; ++n) nat[n] = 1 + std::rand() % T;
   auto* d_qsl = static_cast<int*>(dalloc((N + 1) * 4));
   auto* d_nat = static_cast<int*>(dalloc(N * 4));
-  CHECK(cudaMemcpy(d_qsl, qsl.data(), (N + 1) * 4, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(d_nat, nat.data(), N * 4, cudaMemcpyHostToDevice));
+  BENCH_CHECK(cudaMemcpy(d_qsl, qsl.data(), (N + 1) * 4, cudaMemcpyHostToDevice));
+  BENCH_CHECK(cudaMemcpy(d_nat, nat.data(), N * 4, cudaMemcpyHostToDevice));
   std::vector<int*> d_si(G);
   for (int g = 0; g < G; ++g) {
     std::vector<int> si(std::int64_t(N) * T);
     for (std::int64_t i = 0; i < std::int64_t(N) * T; ++i)
       si[i] = int(1 + g * std::int64_t(N) * T + i);
     d_si[g] = static_cast<int*>(dalloc(si.size() * 4));
-    CHECK(cudaMemcpy(d_si[g], si.data(), si.size() * 4, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMemcpy(d_si[g], si.data(), si.size() * 4, cudaMemcpyHostToDevice));
   }
-  CHECK(cudaDeviceSynchronize());
+  BENCH_CHECK(cudaDeviceSynchronize());
 
   std::vector<splice::KdaDecodeArgs> args(G);
   for (int g = 0; g < G; ++g) {
@@ -222,38 +213,25 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
                     12.0 * C * 4 + C * 4.0 + kH * 4.0 + kD * 4.0;  // weight, dt_bias, A_log, nw
   res.floor_us = res.floor_bytes / kCopyBandwidth * 1e6;
   int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const splice::cuda::KdaVariant chosen = splice::cuda::choose_kda_variant(N, kH, T, sdt, sms);
   res.chosen = splice::cuda::kda_variant_name(chosen);
 
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
   // Median time per launch of G launches of one configuration captured in one graph.
   auto time_config = [&](splice::cuda::KdaVariant variant) {
     for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);  // warm
-    CHECK(cudaStreamSynchronize(stream));
+    BENCH_CHECK(cudaStreamSynchronize(stream));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
     for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);
-    CHECK(cudaStreamEndCapture(stream, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int i = 0; i < kWarmup; ++i) CHECK(cudaGraphLaunch(exec, stream));
-    std::vector<float> times;
-    for (int i = 0; i < kReplays; ++i) {
-      CHECK(cudaEventRecord(start, stream));
-      CHECK(cudaGraphLaunch(exec, stream));
-      CHECK(cudaEventRecord(stop, stream));
-      CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, start, stop));
-      times.push_back(ms);
-    }
-    std::sort(times.begin(), times.end());
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    return times[times.size() / 2] * 1e3 / G;
+    BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const splice::bench::ReplayTimes t =
+        splice::bench::time_replays(exec, stream, kWarmup, kReplays, G);
+    BENCH_CHECK(cudaGraphExecDestroy(exec));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+    return t.median_us;
   };
   for (auto variant : {splice::cuda::KdaVariant::stream, splice::cuda::KdaVariant::stream_plain,
                        splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::split2,
@@ -279,15 +257,13 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
     splice::cuda::set_pdl_enabled(pdl);
   }
   res.us = res.variant_us[res.chosen];
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
   for (void* p :
        {static_cast<void*>(x), static_cast<void*>(weight), static_cast<void*>(gate),
         static_cast<void*>(beta), static_cast<void*>(alog), static_cast<void*>(dtb),
         static_cast<void*>(og), static_cast<void*>(nw), static_cast<void*>(out),
         static_cast<void*>(conv), state, static_cast<void*>(d_qsl), static_cast<void*>(d_nat)})
-    CHECK(cudaFree(p));
-  for (int* p : d_si) CHECK(cudaFree(p));
+    BENCH_CHECK(cudaFree(p));
+  for (int* p : d_si) BENCH_CHECK(cudaFree(p));
   return res;
 }
 
@@ -318,7 +294,7 @@ int main(int argc, char** argv) {
     }
   }
   cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   const bool quick = std::getenv("KDA_BENCH_QUICK") != nullptr;
   std::vector<int> ns = {1, 8, 32, 128, 512}, ts = {1, 2, 4, 8};
@@ -450,6 +426,6 @@ int main(int argc, char** argv) {
       std::printf(" %6u\n", win);
     }
   }
-  CHECK(cudaStreamDestroy(stream));
+  BENCH_CHECK(cudaStreamDestroy(stream));
   return 0;
 }

@@ -39,6 +39,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "splice/backend/cuda/layer_ops.h"
 #include "splice/backend/cuda/primitives.h"
 #include "splice/backend/cuda/rope_kv_append.h"
@@ -66,15 +67,6 @@ constexpr float kEps = 1e-5f;
 constexpr std::int64_t kMaxSeq = 2048;  // RoPE table rows
 constexpr std::int32_t kPosition = 1000;
 
-#define BENCH_CHECK(call)                                                          \
-  do {                                                                             \
-    const cudaError_t status_ = (call);                                            \
-    if (status_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-
 Tensor device_random(splice::Rng& rng, const splice::Dims& shape, DType dtype, double mean = 0.0,
                      double stddev = 1.0) {
   Tensor host = Tensor::empty(shape, dtype);
@@ -94,25 +86,10 @@ double time_arm_once(const std::function<void()>& arm, int reps, cuda::Stream st
   cuda::begin_capture(stream);
   for (int i = 0; i < kCalls; ++i) arm();
   cuda::GraphExec exec = cuda::end_capture(stream);
-  for (int i = 0; i < kWarmupReplays; ++i) cuda::launch_graph(exec, stream);
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  std::vector<double> us;
-  for (int r = 0; r < reps; ++r) {
-    BENCH_CHECK(cudaEventRecord(start, stream));
-    cuda::launch_graph(exec, stream);
-    BENCH_CHECK(cudaEventRecord(stop, stream));
-    BENCH_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    us.push_back(1e3 * ms / kCalls);
-  }
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
+  const splice::bench::ReplayTimes t = splice::bench::time_replays(
+      reinterpret_cast<cudaGraphExec_t>(exec), stream, kWarmupReplays, reps, kCalls);
   cuda::destroy_graph(exec);
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return t.median_us;
 }
 
 // time_arm_once with PDL on (the returned value) and off (*no_pdl); the switch is restored.

@@ -1,0 +1,68 @@
+// What the CUDA benchmarks share: the error check, deterministic bf16 fills, and the timing of a
+// captured graph's replays (CUDA events around each replay, after warm-up replays).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define BENCH_CHECK(call)                                                         \
+  do {                                                                            \
+    const cudaError_t status_ = (call);                                           \
+    if (status_ != cudaSuccess) {                                                 \
+      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #call, __FILE__, __LINE__, \
+                   cudaGetErrorString(status_));                                  \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+
+namespace splice::bench {
+
+// Deterministic pseudo-random bf16 values in [-2, 2) (a hash of the index; never zeros).
+__global__ inline void fill_random(__nv_bfloat16* data, std::size_t count, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^
+                      static_cast<std::uint32_t>(i >> 32) * 40503u;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    data[i] = __float2bfloat16(static_cast<float>(x & 0xFFFFu) / 16384.0f - 2.0f);
+  }
+}
+
+struct ReplayTimes {
+  double median_us = 0;  // per call
+  double spread_us = 0;  // max - min, per call
+};
+
+// Replays `exec` on `stream` `warmup` times untimed, then `reps` times, each between two CUDA
+// events; per call = the replay's time / `calls_per_replay`.
+inline ReplayTimes time_replays(cudaGraphExec_t exec, cudaStream_t stream, int warmup, int reps,
+                                int calls_per_replay) {
+  for (int i = 0; i < warmup; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  std::vector<double> us;
+  for (int r = 0; r < reps; ++r) {
+    BENCH_CHECK(cudaEventRecord(start, stream));
+    BENCH_CHECK(cudaGraphLaunch(exec, stream));
+    BENCH_CHECK(cudaEventRecord(stop, stream));
+    BENCH_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    us.push_back(1e3 * ms / calls_per_replay);
+  }
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us.back() - us.front()};
+}
+
+}  // namespace splice::bench
