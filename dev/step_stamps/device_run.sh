@@ -16,9 +16,19 @@ mkdir -p "$out"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=/tmp/bstamps
 start=$(date +%s)
+# The configure flags scripts/gpu-check's build uses on the device (its image lacks the host
+# build deps: they travel in .deps, see gpu-check --pack-deps).
+args=(-DCMAKE_BUILD_TYPE=Release -DSPLICE_KERNEL_STAMPS=ON -DSPLICE_BUILD_TESTS=OFF
+      -DSPLICE_BUILD_BENCH=OFF -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20
+      -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
+command -v ninja >/dev/null && args+=(-G Ninja)
+deps="$root/.deps/usr"
+if [[ -d $deps ]]; then
+  args+=(-DCMAKE_PREFIX_PATH="$deps" -DBLA_VENDOR=Generic)
+  export LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 if [[ ! -x $build/step_stamps ]]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSPLICE_KERNEL_STAMPS=ON \
-    -DSPLICE_BUILD_TESTS=OFF -DSPLICE_BUILD_BENCH=OFF >"$out/configure.txt" 2>&1
+  cmake -S "$root" -B "$build" "${args[@]}" >"$out/configure.txt" 2>&1
   cmake --build "$build" -j"$(nproc)" --target step_stamps >"$out/build.txt" 2>&1 ||
     { tail -30 "$out/build.txt"; exit 1; }
 fi

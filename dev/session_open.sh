@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# dev/session_open.sh OUT: the first device call of a session that inherits unverified CUDA work
+# (< 10 minutes on nvidia-h200, one archive back). Run as
+#   run(command="dev/session_open.sh $OUT", carry=[".deps"])   (add ".gg1" for the real GGUF's
+#   first half and cat it with .gg2 in a second call; see README's device notes)
+#
+#   1. Build the CUDA tree (scripts/gpu-check build + the benches and the CLI) in /tmp/bg, so a warm
+#      machine keeps it for the next call.
+#   2. ctest -L gpu: every GPU test (the verification the earlier commits are waiting for).
+#   3. The SmolLM2-135M-shaped random Llama (transformers, bf16): `splice bench` interleaved
+#      A/B of SPLICE_GEMV_VARIANT 1 (the default: register RMSNorm prologue) and 0, then PDL on/off.
+#   4. The kernel-stamp build (-DSPLICE_KERNEL_STAMPS=ON, only the step_stamps target) and the
+#      per-kernel breakdown of the same model's step (dev/step_stamps).
+# Every step has a timeout and logs under /tmp/open; OUT gets summary.txt (the short results,
+# also on stdout) and open.tgz (every log).
+set -uo pipefail
+F=${1:?usage: session_open.sh OUT}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+R=/tmp/open
+rm -rf "$R" && mkdir -p "$R"
+exec > >(tee -a "$F/summary.txt") 2>&1
+export LD_LIBRARY_PATH="$root/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+T0=$(date +%s)
+el() { echo $(($(date +%s) - T0)); }
+B=/tmp/bg
+
+# 1. Build.
+{ OUT=/tmp/gc BUILD=$B scripts/gpu-check build &&
+  cmake --build $B -j"$(nproc)" --target splice flash_decode_cuda_bench kda_decode_cuda_bench \
+    layer_ops_cuda_bench gemv_cuda_bench; } >"$R/build.log" 2>&1
+echo "build rc=$? at $(el) s"
+tail -3 "$R/build.log"
+
+# 2. Every GPU test.
+(cd $B && timeout 200 ctest -L gpu -j 14 --output-on-failure --timeout 180) >"$R/ctest.log" 2>&1
+echo "ctest at $(el) s: $(grep -E 'tests passed' "$R/ctest.log")"
+grep -E '\(Failed\)|\(Timeout\)|Subprocess aborted|\*\*\*Exception' "$R/ctest.log" | head -20
+
+# 3. The model: GEMV prologue A/B, then PDL A/B (p50 / p99 / host us per token).
+model=/tmp/smollm2_shaped
+timeout 120 python3 - "$model" >"$R/model.log" 2>&1 <<'PY'
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+c = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=100000.0,
+                tie_word_embeddings=True)
+torch.manual_seed(0)
+LlamaForCausalLM(c).to(torch.bfloat16).save_pretrained(sys.argv[1], safe_serialization=True)
+PY
+bench() {  # label, env...
+  local label=$1
+  shift
+  env "$@" timeout 40 $B/splice bench --model $model --device cuda --dtype bf16 --max-seq-len 256 \
+    --tuning-cache "$R/tuning.json" --steps 256 --json 2>>"$R/bench.err" |
+    python3 -c "import json,sys; j=json.load(sys.stdin); print('$label', round(j['p50_us'],1), round(j['p99_us'],1), round(j['host_overhead_us_p50'],1))"
+}
+echo "== SmolLM2-shaped, us per token: p50 p99 host (at $(el) s)"
+bench warm-up SPLICE_GEMV_VARIANT=1 >/dev/null
+for pair in 1 2 3; do
+  bench "gemv_variant=1" SPLICE_GEMV_VARIANT=1
+  bench "gemv_variant=0" SPLICE_GEMV_VARIANT=0
+done
+for pair in 1 2; do
+  bench "pdl=1" SPLICE_PDL=1
+  bench "pdl=0" SPLICE_PDL=0
+done
+timeout 30 $B/splice bench --device cuda --steps 128 2>&1 | tail -1 | sed 's/^/default model: /'
+
+# 4. Kernel stamps.
+echo "== step_stamps (at $(el) s)"
+timeout 300 dev/step_stamps/device_run.sh "$R/stamps" "$model" >"$R/stamps.log" 2>&1
+echo "rc $?"
+sed -n '/== per kernel/,/sum of medians/p' "$R/stamps.log" | head -24
+grep -E "stamped span|expected|error|refuses" "$R/stamps.log" | head -5
+echo "done at $(el) s"
+tar czf "$F/open.tgz" -C "$R" .
