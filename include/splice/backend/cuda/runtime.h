@@ -3,8 +3,8 @@
 // Device tensors come from a caching allocator over cudaMalloc (freed blocks are kept per size
 // class and reused, so steady-state decode allocates nothing); copies go through cudaMemcpyAsync
 // on the current stream (then wait for that stream). Every CUDA call's return code is checked
-// (SPLICE_CUDA_CHECK) and every launch is followed by a last-error check
-// (SPLICE_CUDA_CHECK_LAUNCH), raising splice::CudaError.
+// (SPLICE_CUDA_CHECK) and every launch, all through launch.cuh's one launcher, is followed by a
+// last-error check, raising splice::CudaError.
 //
 // Streams and graphs (plan-once replay, spec decode_attention.md §6):
 //   1. Every primitive launches on `current_stream()` (per host thread; nullptr = the legacy
