@@ -6,8 +6,8 @@
 #      target, ~1-2 min at -j16; a warm machine keeps the build between calls).
 #   2. Without MODEL: save a random bf16 SmolLM2-135M-shaped LlamaForCausalLM (transformers), as
 #      dev/model_profile.sh does.
-#   3. step_stamps MODEL 64 256 (tuning cache in OUT_DIR): 16 warm-up steps, then 64 stamped
-#      replays at k_len 17 .. 81.
+#   3. step_stamps MODEL 64 256 (tuning cache in OUT_DIR): 130 warm-up steps, then 64 stamped
+#      replays at k_len 131 .. 195.
 # Everything lands in OUT_DIR/step_stamps.txt (stdout too); copy OUT_DIR as one archive.
 set -uo pipefail
 out=${1:?usage: device_run.sh OUT_DIR [MODEL]}

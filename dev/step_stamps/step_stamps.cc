@@ -4,12 +4,13 @@
 //   step_stamps MODEL [STEPS] [MAX_SEQ_LEN] [TUNING_CACHE]
 //
 // Loads MODEL (a config.json + safetensors directory or a .gguf) in bf16 on CUDA, decodes greedily
-// (token 1 first) through 16 warm-up steps (tuning, capture), then STEPS (default 64) replays
-// with stamps on. Each replay is L stamped launches (the capture's launch list, in order), so
-// stamp n of step s is launch n. The share of launch n is the time from its wait return to the
-// next launch's: its post-wait work, completion and hand-off; the last launch's share runs to the
-// next step's first stamp (the graph's end, the host's read-back of the token, the next step's
-// scalar copy and graph launch). Prints, medians over the steps:
+// (token 1 first) through 130 warm-up steps (tuning, captures; k_len then in the arm bucket
+// [129, 256]), then STEPS (default 64, at most 125) replays with stamps on. Each replay is L
+// stamped launches (the capture's launch list, in order), so stamp n of step s is launch n. The
+// share of launch n is the time from its wait return to the next launch's: its post-wait work,
+// completion and hand-off; the last launch's share runs to the next step's first stamp (the graph's
+// end, the host's read-back of the token, the next step's scalar copy and graph launch). Prints,
+// medians over the steps:
 //   1. per kernel name: launches per step, us per launch, us per step, share of the step;
 //   2. launches 0 .. 2 x (launches per layer) + the last 8 one by one (the first two layers);
 //   3. the step: stamped span, host-timed wall step, and their difference.
@@ -89,10 +90,15 @@ int main(int argc, char** argv) {
     go.optimize.tune.device_name = splice::cuda::device_name(0);
     if (argc > 4) go.optimize.tune.cache_path = argv[4];
     splice::Generator gen(splice::build_decode_model(loaded.config, loaded.weights, build), go);
-    constexpr int kWarmUp = 16;
-    if (kWarmUp + steps + 2 > max_seq_len) {
-      std::fprintf(stderr, "step_stamps: %d steps need MAX_SEQ_LEN >= %d\n", steps,
-                   kWarmUp + steps + 2);
+    // The arms are chosen per k_len bucket (powers of two), and each distinct choice is its own
+    // captured graph: warm up into the bucket [129, 256] and stay in it, so every stamped step
+    // replays one graph (and any capture it needs happened during the warm-up).
+    constexpr int kWarmUp = 130;
+    if (kWarmUp + steps + 1 > 256 || kWarmUp + steps + 1 > max_seq_len) {
+      std::fprintf(stderr,
+                   "step_stamps: %d warm-up + %d + 1 steps must stay within k_len 256 and "
+                   "MAX_SEQ_LEN (%lld)\n",
+                   kWarmUp, steps, static_cast<long long>(max_seq_len));
       return 2;
     }
     gen.step_greedy(1);
@@ -102,17 +108,11 @@ int main(int argc, char** argv) {
                    gen.session().cuda_graph_status().c_str());
       return 1;
     }
-
-    // The decode graph's launches: the last capture's.
     const std::vector<CapturedLaunch> captured = stamps::captured_launches();
     if (captured.empty()) {
       std::fprintf(stderr, "step_stamps: no launch was captured\n");
       return 1;
     }
-    std::vector<std::string> names;
-    for (const auto& l : captured)
-      if (l.capture_id == captured.back().capture_id) names.push_back(readable(l.kernel));
-    const std::size_t per_step = names.size();
 
     stamps::start(std::size_t{1} << 20);
     std::vector<double> wall;
@@ -123,18 +123,33 @@ int main(int argc, char** argv) {
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
     const std::vector<Stamp> all = stamps::collect();
-    std::printf(
-        "model %s, %zu stamped launches per step (capture %llu), %zu stamps for %d + 1 steps\n",
-        model_path.c_str(), per_step, static_cast<unsigned long long>(captured.back().capture_id),
-        all.size(), steps);
-    if (all.size() != per_step * static_cast<std::size_t>(steps + 1)) {
-      std::fprintf(stderr, "step_stamps: expected %zu stamps; grid ids of the first 8: ",
-                   per_step * (steps + 1));
+    // The replayed graph's launches: the latest capture whose launch count accounts for every
+    // stamp (the replayed choice may have been captured in an earlier bucket).
+    std::map<std::uint64_t, std::vector<std::string>> by_capture;
+    for (const auto& l : captured) by_capture[l.capture_id].push_back(readable(l.kernel));
+    std::uint64_t capture = 0;
+    std::vector<std::string> names;
+    for (const auto& [id, launches] : by_capture)
+      if (launches.size() * static_cast<std::size_t>(steps + 1) == all.size()) {
+        capture = id;
+        names = launches;
+      }
+    const std::size_t per_step = names.size();
+    if (per_step == 0) {
+      std::fprintf(stderr,
+                   "step_stamps: %zu stamps for %d + 1 steps match no capture's launch "
+                   "count (",
+                   all.size(), steps);
+      for (const auto& [id, launches] : by_capture) std::fprintf(stderr, " %zu", launches.size());
+      std::fprintf(stderr, " ); grid ids of the first 8:");
       for (std::size_t i = 0; i < std::min<std::size_t>(8, all.size()); ++i)
-        std::fprintf(stderr, "%llu ", static_cast<unsigned long long>(all[i].grid_id));
+        std::fprintf(stderr, " %llu", static_cast<unsigned long long>(all[i].grid_id));
       std::fprintf(stderr, "\n");
       return 1;
     }
+    std::printf(
+        "model %s, %zu stamped launches per step (capture %llu), %zu stamps for %d + 1 steps\n",
+        model_path.c_str(), per_step, static_cast<unsigned long long>(capture), all.size(), steps);
 
     // share[n][s]: launch n's share of step s, us.
     std::vector<std::vector<double>> share(per_step);
