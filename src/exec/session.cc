@@ -44,6 +44,19 @@ std::string symbol_names(const Graph& graph, const std::vector<SymExpr>& exprs) 
   return out;
 }
 
+// Slice `id`'s bounds under `env` (its input of shape `input_shape`), checked against the axis.
+void resolve_slice(const Graph& graph, NodeId id, const Dims& input_shape, const SymEnv& env,
+                   std::int64_t& start, std::int64_t& end) {
+  const Node& n = graph.node(id);
+  start = n.attrs.start.eval(env);
+  end = n.attrs.end.eval(env);
+  const std::int64_t dim = input_shape[static_cast<std::size_t>(
+      n.attrs.axis < 0 ? n.attrs.axis + static_cast<std::int64_t>(n.shape.size()) : n.attrs.axis)];
+  if (start < 0 || end < start || end > dim)
+    fail<ValueError>("step: slice %", id.index, " [", start, ", ", end,
+                     ") is outside its axis of size ", dim, " (", n.label, ")");
+}
+
 std::string node_name(const Graph& graph, NodeId id) {
   const Node& n = graph.node(id);
   std::ostringstream out;
@@ -102,6 +115,7 @@ struct Session::Impl {
   // Nodes stage 2 must visit every step: a symbolic shape, or an op whose per-step scalar or
   // input check depends on the bindings. Everything else was evaluated once at construction.
   std::vector<NodeId> per_step;
+  std::vector<NodeId> inputs;  // the Input nodes, in schedule order
 
   // ---- CUDA execution state (unused on the CPU) ----
   bool cuda = false;
@@ -178,10 +192,19 @@ Session::Session(Graph graph, SessionOptions options)
           n.attrs.tensor.device() == dev ? n.attrs.tensor : n.attrs.tensor.to_device(dev);
     }
     im.hints[id.index] = node_hints(graph_, id, dev);
-    if (plan_.static_shape[id.index]) im.shapes[id.index] = eval_shape(n.shape, SymEnv(graph_.symbols()));
-    const bool binds = n.op == Op::Input || n.op == Op::Slice || n.op == Op::WriteAt ||
-                       n.op == Op::SymValue || n.op == Op::FlashDecode;
+    const SymEnv no_bindings(graph_.symbols());
+    if (plan_.static_shape[id.index]) im.shapes[id.index] = eval_shape(n.shape, no_bindings);
+    // A slice with constant bounds over a static shape (a projection's head or q|k|v view) is
+    // resolved once, here; one whose bounds or input shape follow the step's bindings, each step.
+    const bool static_slice = n.op == Op::Slice && n.attrs.start.is_concrete() &&
+                              n.attrs.end.is_concrete() && plan_.static_shape[n.inputs[0].index];
+    if (static_slice)
+      resolve_slice(graph_, id, im.shapes[n.inputs[0].index], no_bindings,
+                    im.slice_start[id.index], im.slice_end[id.index]);
+    const bool binds = n.op == Op::Input || (n.op == Op::Slice && !static_slice) ||
+                       n.op == Op::WriteAt || n.op == Op::SymValue || n.op == Op::FlashDecode;
     if (binds || !plan_.static_shape[id.index]) im.per_step.push_back(id);
+    if (n.op == Op::Input) im.inputs.push_back(id);
   }
   choices_.assign(plan_.branches.size(), 0);
   im.selectors.assign(plan_.branches.size(), 0);
@@ -300,17 +323,10 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
         ++matched_inputs;
         break;
       }
-      case Op::Slice: {
-        const std::int64_t start = n.attrs.start.eval(env), end = n.attrs.end.eval(env);
-        const std::int64_t dim = im.shapes[n.inputs[0].index][static_cast<std::size_t>(
-            n.attrs.axis < 0 ? n.attrs.axis + static_cast<std::int64_t>(n.shape.size()) : n.attrs.axis)];
-        if (start < 0 || end < start || end > dim)
-          fail<ValueError>("step: slice %", id.index, " [", start, ", ", end,
-                           ") is outside its axis of size ", dim, " (", n.label, ")");
-        im.slice_start[id.index] = start;
-        im.slice_end[id.index] = end;
+      case Op::Slice:
+        resolve_slice(graph_, id, im.shapes[n.inputs[0].index], env, im.slice_start[id.index],
+                      im.slice_end[id.index]);
         break;
-      }
       case Op::WriteAt: {
         const std::int64_t offset = n.attrs.offset.eval(env);
         const std::size_t axis = static_cast<std::size_t>(
@@ -344,8 +360,7 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
   if (matched_inputs != inputs.size())
     for (const auto& [name, t] : inputs) {
       bool known = false;
-      for (NodeId id : plan_.schedule)
-        known |= graph_.node(id).op == Op::Input && graph_.node(id).attrs.name == name;
+      for (NodeId id : im.inputs) known |= graph_.node(id).attrs.name == name;
       if (!known) fail<ValueError>("step: '", name, "' is not an input of this graph");
     }
 
@@ -520,9 +535,9 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
   cuda::copy_async(im.scalar_storage->data, im.scalar_host, im.scalar_bytes, stream);
   cuda::record_event(static_cast<cuda::Event>(im.scalars_copied), stream);
   im.use_input_stage = replay && replay->mode != Impl::Mode::eager;
-  for (NodeId id : plan_.schedule) {
+  for (NodeId id : im.inputs) {
     const Node& n = graph_.node(id);
-    if (!im.use_input_stage || n.op != Op::Input || !run[id.index]) continue;
+    if (!im.use_input_stage || !run[id.index]) continue;
     const Tensor& given = inputs.at(n.attrs.name);
     const Dims& shape = im.shapes[id.index];
     Tensor staged = Tensor::view_of(im.input_stage[id.index].storage(), 0, shape,
