@@ -14,16 +14,7 @@ cli=$1
 out=$2
 mkdir -p "$out"
 work=$(mktemp -d)
-python3 - "$work/m" <<'PY'
-import sys, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                     num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                     max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=100000.0,
-                     tie_word_embeddings=True)
-torch.manual_seed(0)
-LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(sys.argv[1], safe_serialization=True)
-PY
+python3 "$(dirname "$0")/../scripts/peers/smollm2_shaped.py" "$work/m"
 common=(bench --model "$work/m" --device cuda --dtype bf16 --max-seq-len 256 --tuning-cache "$work/tuning.json" --json)
 "$cli" "${common[@]}" --steps 128 >"$out/bench_first.json" 2>&1
 : >"$out/pdl_ab.txt"

@@ -39,16 +39,7 @@ grep -E '\(Failed\)|\(Timeout\)|Subprocess aborted|\*\*\*Exception' "$R/ctest.lo
 
 # 3. The model: GEMV prologue A/B, then PDL A/B (p50 / p99 / host us per token).
 model=/tmp/smollm2_shaped
-timeout 120 python3 - "$model" >"$R/model.log" 2>&1 <<'PY'
-import sys, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-c = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=100000.0,
-                tie_word_embeddings=True)
-torch.manual_seed(0)
-LlamaForCausalLM(c).to(torch.bfloat16).save_pretrained(sys.argv[1], safe_serialization=True)
-PY
+timeout 120 python3 scripts/peers/smollm2_shaped.py "$model" >"$R/model.log" 2>&1
 bench() {  # label, env...
   local label=$1
   shift

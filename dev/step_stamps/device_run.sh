@@ -35,16 +35,7 @@ fi
 echo "built at $(($(date +%s) - start)) s"
 if [[ -z $model ]]; then
   model=/tmp/smollm2_shaped
-  [[ -f $model/config.json ]] || python3 - "$model" <<'PY'
-import sys, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                     num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                     max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=100000.0,
-                     tie_word_embeddings=True)
-torch.manual_seed(0)
-LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(sys.argv[1], safe_serialization=True)
-PY
+  [[ -f $model/config.json ]] || python3 "$root/scripts/peers/smollm2_shaped.py" "$model"
 fi
 timeout 240 "$build/step_stamps" "$model" 64 256 "$out/tuning.json" 2>&1 | tee "$out/step_stamps.txt"
 echo "done at $(($(date +%s) - start)) s"

@@ -70,14 +70,9 @@ def crosscheck(splice, device, workdir):
 
 def speed(splice, device, workdir):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from smollm2_shaped import build_model
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                         max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=100000.0,
-                         tie_word_embeddings=True)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model = build_model()
     path = os.path.join(workdir, "smollm2-shaped")
     model.save_pretrained(path, safe_serialization=True)
     result = {}
