@@ -106,6 +106,8 @@ struct Session::Impl {
   std::vector<Tensor> values;          // [node] -> this step's value
   std::vector<Tensor> persistent;      // [node] -> state / param / constant tensors
   std::vector<Tensor> aux;             // [node] -> node-owned scalar buffers
+  std::vector<Tensor> arena_views;     // [node] -> output view of a static-shape compute node
+  std::vector<std::vector<Tensor>> args;  // [node] -> its inputs for this step (storage reused)
   std::vector<Dims> shapes;            // [node] -> this step's concrete shape
   std::vector<NodeScalars> scalars;    // [node] -> this step's evaluated scalar
   std::vector<NodeHints> hints;        // [node] -> plan-time kernel hints (node_kernels.h)
@@ -175,6 +177,8 @@ Session::Session(Graph graph, SessionOptions options)
   im.values.resize(count);
   im.persistent.resize(count);
   im.aux.resize(count);
+  im.arena_views.resize(count);
+  im.args.resize(count);
   im.shapes.resize(count);
   im.scalars.resize(count);
   im.hints.resize(count);
@@ -399,7 +403,6 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
                         const TensorMap& inputs, double& kernel_us) {
   Impl& im = *impl_;
   using Clock = std::chrono::steady_clock;
-  std::vector<Tensor> args;
   for (NodeId id : plan_.schedule) {
     if (!run[id.index]) continue;
     const Node& n = graph_.node(id);
@@ -478,9 +481,20 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
       }
       default: break;
     }
-    value = arena_view(im.arena, plan_.buffer_offset[id.index], shape, n.dtype);
-    args.clear();
-    for (NodeId in : n.inputs) args.push_back(im.values[in.index]);
+    // The output's arena view: built once for a static shape (the planned buffer never moves).
+    if (plan_.static_shape[id.index]) {
+      Tensor& view = im.arena_views[id.index];
+      if (!view.defined())
+        view = arena_view(im.arena, plan_.buffer_offset[id.index], shape, n.dtype);
+      value = view;
+    } else {
+      value = arena_view(im.arena, plan_.buffer_offset[id.index], shape, n.dtype);
+    }
+    // The inputs, copied into the node's own argument vector: after the first step each copy
+    // reuses its shape and stride storage (no allocation per node and step).
+    std::vector<Tensor>& args = im.args[id.index];
+    args.resize(n.inputs.size());
+    for (std::size_t i = 0; i < n.inputs.size(); ++i) args[i] = im.values[n.inputs[i].index];
     if (options_.measure_host_overhead) {
       const auto k0 = Clock::now();
       run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index], im.hints[id.index]);
