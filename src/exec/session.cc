@@ -186,6 +186,7 @@ Session::Session(Graph graph, SessionOptions options)
   im.slice_end.assign(count, 0);
   const Device dev = options_.device;
   im.arena = Tensor::empty({std::max<std::int64_t>(plan_.arena_bytes / 4, 1)}, DType::f32, dev).storage();
+  const SymEnv no_bindings(graph_.symbols());  // static shapes and constant bounds read no symbol
   for (NodeId id : plan_.schedule) {
     const Node& n = graph_.node(id);
     if (n.op == Op::State) {
@@ -196,7 +197,6 @@ Session::Session(Graph graph, SessionOptions options)
           n.attrs.tensor.device() == dev ? n.attrs.tensor : n.attrs.tensor.to_device(dev);
     }
     im.hints[id.index] = node_hints(graph_, id, dev);
-    const SymEnv no_bindings(graph_.symbols());
     if (plan_.static_shape[id.index]) im.shapes[id.index] = eval_shape(n.shape, no_bindings);
     // A slice with constant bounds over a static shape (a projection's head or q|k|v view) is
     // resolved once, here; one whose bounds or input shape follow the step's bindings, each step.
