@@ -15,6 +15,7 @@
 # also on stdout) and open.tgz (every log).
 set -uo pipefail
 F=${1:?usage: session_open.sh OUT}
+mkdir -p "$F"
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 R=/tmp/open
@@ -45,7 +46,13 @@ bench() {  # label, env...
   shift
   env "$@" timeout 40 $B/splice bench --model $model --device cuda --dtype bf16 --max-seq-len 256 \
     --tuning-cache "$R/tuning.json" --steps 256 --json 2>>"$R/bench.err" |
-    python3 -c "import json,sys; j=json.load(sys.stdin); print('$label', round(j['p50_us'],1), round(j['p99_us'],1), round(j['host_overhead_us_p50'],1))"
+    python3 -c "
+import json, sys
+try:
+    j = json.load(sys.stdin)
+    print('$label', round(j['p50_us'], 1), round(j['p99_us'], 1), round(j['host_overhead_us_p50'], 1))
+except ValueError:
+    print('$label FAILED (see bench.err)')"
 }
 echo "== SmolLM2-shaped, us per token: p50 p99 host (at $(el) s)"
 bench warm-up SPLICE_GEMV_VARIANT=1 >/dev/null
