@@ -12,7 +12,8 @@
 #   4. The kernel-stamp build (-DSPLICE_KERNEL_STAMPS=ON, only the step_stamps target) and the
 #      per-kernel breakdown of the same model's step (dev/step_stamps).
 #   5. dev/qkv_rope: RoPE and the appends in the q|k|v GEMV's epilogue against the two kernels
-#      (bitwise check, us per layer).
+#      (bitwise check, us per layer); dev/kv_prefix: attention reading its stable KV prefix
+#      before the PDL wait against after it (bitwise check, us per layer).
 # Every step has a timeout and logs under /tmp/open; OUT gets summary.txt (the short results,
 # also on stdout) and open.tgz (every log).
 set -uo pipefail
@@ -75,13 +76,15 @@ echo "rc $?"
 sed -n '/== per kernel/,/sum of medians/p' "$R/stamps.log" | head -24
 grep -E "stamped span|expected|error|refuses" "$R/stamps.log" | head -5
 
-# 5. The q|k|v epilogue experiment.
-echo "== dev/qkv_rope (at $(el) s)"
-if nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -o "$R/qkv_rope" \
-    dev/qkv_rope/qkv_rope.cu >"$R/qkv_rope_build.log" 2>&1; then
-  timeout 60 "$R/qkv_rope" 2>&1 | tee "$R/qkv_rope.txt"
-else
-  tail -5 "$R/qkv_rope_build.log"
-fi
+# 5. The two standalone experiments.
+for exp in qkv_rope kv_prefix; do
+  echo "== dev/$exp (at $(el) s)"
+  if nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -o "$R/$exp" \
+      "dev/$exp/$exp.cu" >"$R/${exp}_build.log" 2>&1; then
+    timeout 60 "$R/$exp" 2>&1 | tee "$R/$exp.txt"
+  else
+    tail -5 "$R/${exp}_build.log"
+  fi
+done
 echo "done at $(el) s"
 tar czf "$F/open.tgz" -C "$R" .
