@@ -38,17 +38,11 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    const cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s failed at line %d: %s\n", #call, __LINE__,                \
-                   cudaGetErrorString(e_));                                              \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
+#include "../experiment_util.cuh"
 
 namespace {
+
+using namespace experiment;
 
 constexpr int kHeads = 9, kKvHeads = 3, kGroup = kHeads / kKvHeads, kDim = 64;
 constexpr int kHidden = kHeads * kDim;  // 576
@@ -64,13 +58,8 @@ struct Layer {
   __nv_bfloat16* q;        // [9, 64]
   __nv_bfloat16* k_cache;  // [3, kCapacity, 64]
   __nv_bfloat16* v_cache;
-  __nv_bfloat16* out;      // [576] = [9, 64]
+  __nv_bfloat16* out;  // [576] = [9, 64]
 };
-
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
 
 // One CTA of 192 threads: q = x; cache row p of KV head h = x[h * 64 + d] / 2 (k) and / 4 (v).
 __global__ void append(Layer L) {
@@ -99,11 +88,11 @@ __device__ __forceinline__ void load_rows(const Layer& L, int h, int first, int 
 template <bool kPrefixBeforeWait>
 __global__ void __launch_bounds__(kThreads) attend(Layer L) {
   extern __shared__ float smem[];
-  float* ks = smem;                    // [kLen, 64]
-  float* vs = ks + kLen * kDim;        // [kLen, 64]
-  float* qs = vs + kLen * kDim;        // [3, 64]
-  float* ps = qs + kGroup * kDim;      // [3, kLen]
-  const int h = blockIdx.x;            // KV head
+  float* ks = smem;                                              // [kLen, 64]
+  float* vs = ks + kLen * kDim;                                  // [kLen, 64]
+  float* qs = vs + kLen * kDim;                                  // [3, 64]
+  float* ps = qs + kGroup * kDim;                                // [3, kLen]
+  const int h = blockIdx.x;                                      // KV head
   if (kPrefixBeforeWait) load_rows(L, h, 0, kPosition, ks, vs);  // the stable prefix
   pdl_wait();
   pdl_trigger();
@@ -148,22 +137,6 @@ __global__ void __launch_bounds__(kThreads) attend(Layer L) {
   }
 }
 
-template <typename... Args>
-void launch(void (*kernel)(Args...), int ctas, int threads, int smem, cudaStream_t s,
-            const Layer& L) {
-  cudaLaunchConfig_t c{};
-  c.gridDim = dim3(ctas);
-  c.blockDim = dim3(threads);
-  c.dynamicSmemBytes = smem;
-  c.stream = s;
-  cudaLaunchAttribute a{};
-  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  a.val.programmaticStreamSerializationAllowed = 1;
-  c.attrs = &a;
-  c.numAttrs = 1;
-  CHECK(cudaLaunchKernelEx(&c, kernel, L));
-}
-
 struct Buffers {
   __nv_bfloat16 *x0, *q, *k_cache, *v_cache, *out;
 };
@@ -184,11 +157,11 @@ void chain(const Buffers& b, bool before, cudaStream_t s) {
   constexpr int kSmem = kSmemFloats * static_cast<int>(sizeof(float));
   for (int l = 0; l < kLayers; ++l) {
     const Layer L = layer(b, l);
-    launch(append, 1, 192, 0, s, L);
+    launch_pdl(append, 1, 192, 0, s, L);
     if (before)
-      launch(attend<true>, kKvHeads, kThreads, kSmem, s, L);
+      launch_pdl(attend<true>, kKvHeads, kThreads, kSmem, s, L);
     else
-      launch(attend<false>, kKvHeads, kThreads, kSmem, s, L);
+      launch_pdl(attend<false>, kKvHeads, kThreads, kSmem, s, L);
   }
 }
 
@@ -220,28 +193,6 @@ double time_chain(const Buffers& b, bool before, cudaStream_t s, int reps) {
   return us[us.size() / 2];
 }
 
-float bf(std::uint16_t bits) {
-  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-std::uint16_t to_bf(float f) {  // round to nearest even (finite inputs)
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-std::vector<std::uint16_t> random_bf16(std::size_t n, std::uint32_t seed) {
-  std::vector<std::uint16_t> v(n);
-  std::uint32_t s = seed;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = to_bf(static_cast<float>(s >> 8) / 16777216.0f * 2.0f - 1.0f);
-  }
-  return v;
-}
-
 }  // namespace
 
 int main() {
@@ -261,8 +212,8 @@ int main() {
   CHECK(cudaMalloc(&b.v_cache, sizeof(__nv_bfloat16) * all));
   CHECK(cudaMemcpy(b.x0, x0.data(), sizeof(__nv_bfloat16) * kHidden, cudaMemcpyHostToDevice));
   auto reset = [&] {
-    CHECK(cudaMemcpy(b.k_cache, caches.data(), sizeof(__nv_bfloat16) * all,
-                     cudaMemcpyHostToDevice));
+    CHECK(
+        cudaMemcpy(b.k_cache, caches.data(), sizeof(__nv_bfloat16) * all, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(b.v_cache, caches.data() + all, sizeof(__nv_bfloat16) * all,
                      cudaMemcpyHostToDevice));
   };

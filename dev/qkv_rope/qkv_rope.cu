@@ -39,29 +39,23 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    const cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s failed at line %d: %s\n", #call, __LINE__,                \
-                   cudaGetErrorString(e_));                                              \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
+#include "../experiment_util.cuh"
 
 namespace {
 
-constexpr int kHidden = 576;                         // K
-constexpr int kHeads = 9, kKvHeads = 3, kDim = 64;   // Hq, Hkv, D
-constexpr int kHalf = kDim / 2;                      // RoPE pairs per head
-constexpr int kAllHeads = kHeads + 2 * kKvHeads;     // q | k | v heads of the row
-constexpr int kRows = kAllHeads * kDim;              // N = 960
-constexpr int kPairs = kAllHeads * kHalf;            // 480
-constexpr int kVec = 8;                              // bf16 per 16-byte vector
-constexpr int kVecPerRow = kHidden / kVec;           // 72
-constexpr int kU = (kVecPerRow + 31) / 32;           // 3 vectors per lane
+using namespace experiment;
+
+constexpr int kHidden = 576;                        // K
+constexpr int kHeads = 9, kKvHeads = 3, kDim = 64;  // Hq, Hkv, D
+constexpr int kHalf = kDim / 2;                     // RoPE pairs per head
+constexpr int kAllHeads = kHeads + 2 * kKvHeads;    // q | k | v heads of the row
+constexpr int kRows = kAllHeads * kDim;             // N = 960
+constexpr int kPairs = kAllHeads * kHalf;           // 480
+constexpr int kVec = 8;                             // bf16 per 16-byte vector
+constexpr int kVecPerRow = kHidden / kVec;          // 72
+constexpr int kU = (kVecPerRow + 31) / 32;          // 3 vectors per lane
 constexpr int kLayers = 30;
-constexpr int kSets = 120;                           // weight sets (1.1 MB each)
+constexpr int kSets = 120;  // weight sets (1.1 MB each)
 constexpr int kMaxSeq = 256, kPosition = 100;
 constexpr int kWarpsPerCta = 4;
 constexpr float kEps = 1e-5f;
@@ -79,13 +73,9 @@ struct Layer {
   __nv_bfloat16* v_cache;       // [3, kMaxSeq, 64]
   const float* cos;             // [kMaxSeq, 64]
   const float* sin;
-  const int* position;          // [1]
+  const int* position;  // [1]
 };
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
 __device__ __forceinline__ uint4 load_vec(const __nv_bfloat16* row, int v) {
   return v < kVecPerRow ? *reinterpret_cast<const uint4*>(row + v * kVec) : make_uint4(0, 0, 0, 0);
 }
@@ -152,8 +142,7 @@ struct Target {
 };
 __device__ __forceinline__ Target target_of(const Layer& L, int head, int p) {
   if (head < kHeads) return {L.q_out + head * kDim, true};
-  if (head < kHeads + kKvHeads)
-    return {L.k_cache + ((head - kHeads) * kMaxSeq + p) * kDim, true};
+  if (head < kHeads + kKvHeads) return {L.k_cache + ((head - kHeads) * kMaxSeq + p) * kDim, true};
   return {L.v_cache + ((head - kHeads - kKvHeads) * kMaxSeq + p) * kDim, false};
 }
 
@@ -243,20 +232,6 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) fused(Layer L) {
                __bfloat162float(__float2bfloat16_rn(y1)), cs);
 }
 
-template <typename... Args>
-void launch(void (*kernel)(Args...), int ctas, int threads, cudaStream_t s, const Layer& L) {
-  cudaLaunchConfig_t c{};
-  c.gridDim = dim3(ctas);
-  c.blockDim = dim3(threads);
-  c.stream = s;
-  cudaLaunchAttribute a{};
-  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  a.val.programmaticStreamSerializationAllowed = 1;
-  c.attrs = &a;
-  c.numAttrs = 1;
-  CHECK(cudaLaunchKernelEx(&c, kernel, L));
-}
-
 struct Buffers {
   __nv_bfloat16 *x0, *w, *norm_w, *qkv, *q_out, *k_cache, *v_cache;
   float *cos, *sin;
@@ -282,10 +257,10 @@ void chain(const Buffers& b, bool fused_path, int offset, cudaStream_t s) {
   for (int l = 0; l < kLayers; ++l) {
     const Layer L = layer(b, l, (offset + l) % kSets);
     if (fused_path) {
-      launch(fused, kPairs / kWarpsPerCta, kWarpsPerCta * 32, s, L);
+      launch_pdl(fused, kPairs / kWarpsPerCta, kWarpsPerCta * 32, 0, s, L);
     } else {
-      launch(rms_qkv, kRows / kWarpsPerCta, kWarpsPerCta * 32, s, L);
-      launch(rope_kv, (kPairs + 255) / 256, 256, s, L);
+      launch_pdl(rms_qkv, kRows / kWarpsPerCta, kWarpsPerCta * 32, 0, s, L);
+      launch_pdl(rope_kv, (kPairs + 255) / 256, 256, 0, s, L);
     }
   }
 }
@@ -320,43 +295,6 @@ double time_chain(const Buffers& b, bool fused_path, cudaStream_t s, int reps) {
   CHECK(cudaEventDestroy(e1));
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
-}
-
-float bf(std::uint16_t bits) {
-  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-std::uint16_t to_bf(float f) {  // round to nearest even (finite inputs)
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
-std::vector<std::uint16_t> random_bf16(std::size_t n, std::uint32_t seed, float scale, float mean) {
-  std::vector<std::uint16_t> v(n);
-  std::uint32_t s = seed;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = to_bf(mean + scale * (static_cast<float>(s >> 8) / 16777216.0f * 2.0f - 1.0f));
-  }
-  return v;
-}
-
-template <typename T>
-T* upload(const std::vector<T>& h) {
-  T* d = nullptr;
-  CHECK(cudaMalloc(&d, h.size() * sizeof(T)));
-  CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-template <typename T>
-std::vector<T> download(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
 }
 
 }  // namespace
