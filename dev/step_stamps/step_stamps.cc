@@ -5,15 +5,14 @@
 //
 // Loads MODEL (a config.json + safetensors directory or a .gguf) in bf16 on CUDA, decodes greedily
 // (token 1 first) through 130 warm-up steps (tuning, captures; k_len then in the arm bucket
-// [129, 256]), then STEPS (default 64, at most 125) replays with stamps on. Each replay is L
-// stamped launches (the capture's launch list, in order), so stamp n of step s is launch n. The
-// share of launch n is the time from its wait return to the next launch's: its post-wait work,
-// completion and hand-off; the last launch's share runs to the next step's first stamp (the graph's
-// end, the host's read-back of the token, the next step's scalar copy and graph launch). Prints,
-// medians over the steps:
+// [129, 256]), then STEPS (default 64, at most 125) replays with stamps on. A replayed graph's
+// kernels keep their grid ids, so the ring is zeroed before each stamped step and read after it;
+// a step's stamps, in time order, are the capture's launches in order. The share of launch n is
+// the time from its wait return to the next launch's: its post-wait work, completion and
+// hand-off (the last launch has none: the step ends with it). Prints, medians over the steps:
 //   1. per kernel name: launches per step, us per launch, us per step, share of the step;
 //   2. launches 0 .. 2 x (launches per layer) + the last 8 one by one (the first two layers);
-//   3. the step: stamped span, host-timed wall step, and their difference.
+//   3. the step: the stamped span (first to last stamp) and the host-timed step.
 #include <cxxabi.h>
 
 #include <algorithm>
@@ -114,62 +113,70 @@ int main(int argc, char** argv) {
       return 1;
     }
 
-    stamps::start(std::size_t{1} << 20);
+    // A replayed graph's kernels keep the grid ids of its instantiation, so every replay writes
+    // the same ring slots: the ring is zeroed before each step and read after it. Within a step
+    // the stamps are ordered by time (a linear PDL chain: each wait returns after the previous
+    // one), which is the captured launch order.
+    std::vector<std::vector<Stamp>> per_step_stamps;
     std::vector<double> wall;
-    for (int i = 0; i < steps + 1; ++i) {  // one more: the last step's share ends there
+    for (int i = 0; i < steps; ++i) {
+      stamps::start(std::size_t{1} << 12);
       const auto t0 = std::chrono::steady_clock::now();
       gen.step_greedy();
       wall.push_back(
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      std::vector<Stamp> step = stamps::collect();
+      std::sort(step.begin(), step.end(),
+                [](const Stamp& a, const Stamp& b) { return a.ns < b.ns; });
+      per_step_stamps.push_back(std::move(step));
     }
-    const std::vector<Stamp> all = stamps::collect();
-    // The replayed graph's launches: the latest capture whose launch count accounts for every
-    // stamp (the replayed choice may have been captured in an earlier bucket).
+    // The replayed graph's launches: the latest capture whose launch count is the step's stamp
+    // count (the replayed choice may have been captured in an earlier bucket).
     std::map<std::uint64_t, std::vector<std::string>> by_capture;
     for (const auto& l : captured) by_capture[l.capture_id].push_back(readable(l.kernel));
     std::uint64_t capture = 0;
     std::vector<std::string> names;
+    const std::size_t stamped = per_step_stamps.front().size();
     for (const auto& [id, launches] : by_capture)
-      if (launches.size() * static_cast<std::size_t>(steps + 1) == all.size()) {
+      if (launches.size() == stamped) {
         capture = id;
         names = launches;
       }
     const std::size_t per_step = names.size();
-    if (per_step == 0) {
+    bool uniform = true;
+    for (const auto& step : per_step_stamps) uniform = uniform && step.size() == stamped;
+    if (per_step < 2 || !uniform) {
       std::fprintf(stderr,
-                   "step_stamps: %zu stamps for %d + 1 steps match no capture's launch "
-                   "count (",
-                   all.size(), steps);
+                   "step_stamps: %zu stamps in the first step (uniform over the steps: %s) match "
+                   "no capture's launch count (",
+                   stamped, uniform ? "yes" : "no");
       for (const auto& [id, launches] : by_capture) std::fprintf(stderr, " %zu", launches.size());
-      std::fprintf(stderr, " ); grid ids of the first 8:");
-      for (std::size_t i = 0; i < std::min<std::size_t>(8, all.size()); ++i)
-        std::fprintf(stderr, " %llu", static_cast<unsigned long long>(all[i].grid_id));
-      std::fprintf(stderr, "\n");
+      std::fprintf(stderr, " )\n");
       return 1;
     }
-    std::printf(
-        "model %s, %zu stamped launches per step (capture %llu), %zu stamps for %d + 1 steps\n",
-        model_path.c_str(), per_step, static_cast<unsigned long long>(capture), all.size(), steps);
+    std::printf("model %s, %zu stamped launches per step (capture %llu), %d steps\n",
+                model_path.c_str(), per_step, static_cast<unsigned long long>(capture), steps);
 
-    // share[n][s]: launch n's share of step s, us.
-    std::vector<std::vector<double>> share(per_step);
+    // share[n][s]: launch n's share of step s, us (n < per_step - 1: the last launch has no
+    // successor in its step; its share is in the host-timed step's remainder).
+    const std::size_t shared_launches = per_step - 1;
+    std::vector<std::vector<double>> share(shared_launches);
     std::vector<double> span;
-    for (int s = 0; s < steps; ++s) {
-      const Stamp* step = &all[static_cast<std::size_t>(s) * per_step];
-      for (std::size_t n = 0; n < per_step; ++n)
+    for (const auto& step : per_step_stamps) {
+      for (std::size_t n = 0; n < shared_launches; ++n)
         share[n].push_back(static_cast<double>(step[n + 1].ns - step[n].ns) / 1e3);
-      span.push_back(static_cast<double>(step[per_step].ns - step[0].ns) / 1e3);
+      span.push_back(static_cast<double>(step[per_step - 1].ns - step[0].ns) / 1e3);
     }
-    std::vector<double> med(per_step);
+    std::vector<double> med(shared_launches);
     double total = 0;
-    for (std::size_t n = 0; n < per_step; ++n) total += med[n] = median(share[n]);
+    for (std::size_t n = 0; n < shared_launches; ++n) total += med[n] = median(share[n]);
 
     struct Row {
       int count = 0;
       double us = 0;
     };
     std::map<std::string, Row> by_name;
-    for (std::size_t n = 0; n < per_step; ++n) {
+    for (std::size_t n = 0; n < shared_launches; ++n) {
       Row& r = by_name[base_name(names[n])];
       ++r.count;
       r.us += med[n];
@@ -184,22 +191,22 @@ int main(int argc, char** argv) {
     for (const auto& [name, r] : rows)
       std::printf("%-40s %8d %10.2f %10.1f %6.1f%%\n", name.c_str(), r.count, r.us / r.count, r.us,
                   100.0 * r.us / total);
-    std::printf("%-40s %8zu %10s %10.1f\n", "sum of medians", per_step, "", total);
+    std::printf("%-40s %8zu %10s %10.1f\n", "sum of medians", shared_launches, "", total);
 
     // The first two layers one by one (the launch count between two launches of the step's most
     // frequent kernel is the layer's), and the last 8 (final norm, lm_head, argmax).
     std::printf("\n== launches one by one (median us)\n");
     std::size_t shown = std::min<std::size_t>(per_step, 16);
-    for (std::size_t n = 0; n < per_step; ++n)
-      if (n < shown || n + 8 >= per_step)
+    for (std::size_t n = 0; n < shared_launches; ++n)
+      if (n < shown || n + 8 >= shared_launches)
         std::printf("%4zu %8.2f  %s\n", n, med[n], names[n].substr(0, 110).c_str());
       else if (n == shown)
         std::printf("   ...\n");
 
-    const double wall_med = median(std::vector<double>(wall.begin(), wall.end() - 1));
+    const double wall_med = median(wall);
     std::printf(
-        "\n== the step\nstamped span (first stamp to the next step's first) %.1f us, "
-        "host-timed step_greedy %.1f us\n",
+        "\n== the step\nstamped span (first stamp to the last) %.1f us, host-timed step_greedy "
+        "%.1f us (with the ring's reset and read-back outside it)\n",
         median(span), wall_med);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step_stamps: %s\n", e.what());
