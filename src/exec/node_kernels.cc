@@ -4,6 +4,8 @@
 // a device k_len scalar calls the CUDA launcher directly on that stream, so a step can be captured.
 #include "exec/node_kernels.h"
 
+#include <optional>
+
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
 #include "splice/ops/decode_attention.h"
@@ -156,6 +158,75 @@ bool is_constant_param_view(const Graph& graph, NodeId id) {
   }
 }
 
+namespace {
+
+// The State node under `id` through views that keep its coordinates (WriteAt, StateAfter and
+// Sequence return their input 0 as it is); nullopt for anything else.
+std::optional<NodeId> state_under(const Graph& graph, NodeId id) {
+  for (;;) {
+    const Node& n = graph.node(id);
+    if (n.op == Op::State) return id;
+    if (n.op != Op::WriteAt && n.op != Op::StateAfter && n.op != Op::Sequence)
+      return std::nullopt;
+    id = n.inputs[0];
+  }
+}
+
+// The State under `id` through any views (Slice, Permute, Reshape too).
+std::optional<NodeId> state_under_any_view(const Graph& graph, NodeId id) {
+  for (;;) {
+    const Node& n = graph.node(id);
+    if (n.op == Op::State) return id;
+    if (n.op != Op::WriteAt && n.op != Op::StateAfter && n.op != Op::Sequence &&
+        n.op != Op::Slice && n.op != Op::Permute && n.op != Op::Reshape)
+      return std::nullopt;
+    id = n.inputs[0];
+  }
+}
+
+// NodeHints::stable_kv_prefix of FlashDecode node `flash`.
+bool stable_kv_prefix(const Graph& graph, const Node& flash) {
+  const Node& q = graph.node(flash.inputs[0]);
+  if (q.shape.size() != 4 || !q.shape[2].is_constant()) return false;
+  const SymExpr first_new_row = flash.attrs.flash->k_len.expr() - SymExpr(q.shape[2].constant());
+  const std::optional<NodeId> k_state = state_under(graph, flash.inputs[1]);
+  const std::optional<NodeId> v_state = state_under(graph, flash.inputs[2]);
+  if (!k_state || !v_state) return false;
+  auto is_cache = [&](NodeId id) {
+    const std::optional<NodeId> s = state_under_any_view(graph, id);
+    return s && (*s == *k_state || *s == *v_state);
+  };
+  for (std::size_t i = 0; i < graph.size(); ++i) {
+    const Node& n = graph.node(NodeId{static_cast<std::uint32_t>(i)});
+    if (n.erased) continue;
+    switch (n.op) {
+      case Op::WriteAt:
+        if (is_cache(n.inputs[0]) &&
+            (!state_under(graph, n.inputs[0]) || n.attrs.axis != 2 ||
+             !n.attrs.offset.expr().structurally_equal(first_new_row)))
+          return false;
+        break;
+      case Op::RopeKvAppend:
+        if (is_cache(n.inputs[4]) || is_cache(n.inputs[5])) {
+          const Node& position = graph.node(n.inputs[3]);
+          if (!state_under(graph, n.inputs[4]) || !state_under(graph, n.inputs[5]) ||
+              position.op != Op::SymValue ||
+              !position.attrs.value.expr().structurally_equal(first_new_row))
+            return false;
+        }
+        break;
+      case Op::KdaDecode:  // writes its conv_state (input 2) and state (input 8) in place
+        if (is_cache(n.inputs[2]) || is_cache(n.inputs[8])) return false;
+        break;
+      default:
+        break;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
   const Node& n = graph.node(id);
   NodeHints hints;
@@ -166,6 +237,8 @@ NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
     hints.stable_position = graph.node(n.inputs[3]).op == Op::SymValue &&
                             is_constant_param_view(graph, n.inputs[1]) &&
                             is_constant_param_view(graph, n.inputs[2]);
+  // FlashDecode's k_len is the step-scalar slot on CUDA sessions (run_compute_node).
+  if (n.op == Op::FlashDecode && device.is_cuda()) hints.stable_kv_prefix = stable_kv_prefix(graph, n);
   return hints;
 }
 
@@ -184,7 +257,7 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
     if (s.device.defined() && out.device().is_cuda()) {
       // k_len lives in the session's step-scalar buffer: launch on the session's stream.
       cuda::flash_decode(in[0], in[1], in[2], s.device, f.has_alibi ? &in[3] : nullptr, options,
-                         out, nullptr, cuda::current_stream());
+                         out, nullptr, cuda::current_stream(), hints.stable_kv_prefix);
       return;
     }
 #endif

@@ -30,6 +30,12 @@ struct NodeHints {
   // inside the step) and cos / sin are constant (Param views): the kernel may read p and its
   // table rows before its producers finish (cuda::rope_kv_append's position_stable).
   bool stable_position = false;
+  // FlashDecode on a CUDA session: k_len is the step-scalar slot (as above), and every node of
+  // the graph that writes the state under the k or v input is a WriteAt on its sequence axis (2)
+  // or a RopeKvAppend whose offset / position is k_len - Sq, symbolically: nothing in the step
+  // writes a cache row below k_len - Sq, and earlier steps' graphs have completed, so the kernel
+  // may load those rows before its producers finish (cuda::flash_decode's stable_prefix).
+  bool stable_kv_prefix = false;
 };
 
 // The input index of the streamed weight of a product op (MatMul, MatMulAdd: 1; RmsNormMatMul,

@@ -21,7 +21,10 @@
 //      graph replays whose k_len crosses the speculated keys and the single-split limit both
 //      ways (the model's capacity-256 cache and a merged-split grid), and in back-to-back
 //      launches with PDL on and off.
-//   7. Bad arguments raise the typed errors that name them.
+//   7. The stable-prefix promise (k_len and the cache rows below k_len - q_len read before the PDL
+//      wait): bitwise the plain kernel over the grid's features, and the rows [k_len - q_len,
+//      k_len) written by write_at launches just before are the ones read, never their old NaN.
+//   8. Bad arguments raise the typed errors that name them.
 #include "splice/backend/cuda/flash_decode.h"
 
 #include <cuda_runtime.h>
@@ -36,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "splice/backend/cuda/primitives.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
 #include "splice/core/random.h"
@@ -199,14 +203,15 @@ struct Problem {
   }
 
   // Runs the kernel on a NaN-poisoned output; returns (out, lse) on the host.
-  std::pair<Tensor, Tensor> run(cuda::Stream stream = nullptr) {
+  std::pair<Tensor, Tensor> run(cuda::Stream stream = nullptr, bool stable_prefix = false) {
     poison_nan(out.host_base);
     out.upload();
     poison_nan(lse.host_base);
     lse.upload();
     Tensor* lse_ptr = c.want_lse ? &lse.device : nullptr;
     cuda::flash_decode(q.device, k.device, v.device, k_len_device,
-                       c.alibi ? &alibi_device : nullptr, options(), out.device, lse_ptr, stream);
+                       c.alibi ? &alibi_device : nullptr, options(), out.device, lse_ptr, stream,
+                       stable_prefix);
     cuda::synchronize();
     return {out.download().clone(), lse.download().clone()};
   }
@@ -703,6 +708,127 @@ TEST(FlashDecodeCuda, SpeculationGraphReplayAndBackToBack) {
     cuda::set_pdl_enabled(pdl);
     check_back_to_back(pdl ? 960 : 970, 1024);
   }
+}
+
+// The stable-prefix promise (k_len and the rows below k_len - q_len read before the PDL wait)
+// changes when loads are issued, never what is computed: bitwise the plain kernel's output and
+// LSE over head dims, q_len, both plan paths, windows, ALiBi, softcap and ragged batches.
+TEST(FlashDecodeCuda, StablePrefixIsBitwiseThePlainKernel) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 1100;
+  std::vector<Case> cases;
+  for (std::int64_t head_dim : {64, 128, 256}) {
+    const std::int32_t limit = single_split_keys(head_dim);
+    for (std::int64_t q_len : {1, 3, 8})
+      for (std::int32_t len : {0, 1, 17, 97, limit, limit + 1, 3000}) {
+        if (len > 0 && len < q_len) continue;
+        Case c;
+        c.dtype = len % 2 == 0 ? DType::f16 : DType::bf16;
+        c.num_qo_heads = head_dim == 64 ? 9 : 8;
+        c.num_kv_heads = head_dim == 64 ? 3 : 2;
+        c.head_dim = head_dim;
+        c.q_len = q_len;
+        c.capacity = 3072;
+        c.k_len = {len};
+        cases.push_back(c);
+      }
+  }
+  Case windowed;
+  windowed.capacity = 2048;
+  windowed.k_len = {1500};
+  windowed.q_len = 3;
+  windowed.window_left = 700;
+  windowed.window_right = 0;
+  windowed.alibi = true;
+  windowed.softcap = 30.0f;
+  cases.push_back(windowed);
+  Case ragged;
+  ragged.batch = 3;
+  ragged.num_qo_heads = 32;
+  ragged.num_kv_heads = 8;
+  ragged.capacity = 4096;
+  ragged.k_len = {4096, 0, 33};
+  cases.push_back(ragged);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.str());
+    Rng rng(seed++);
+    Problem problem(c, rng);
+    const auto plain = problem.run();
+    const auto stable = problem.run(nullptr, /*stable_prefix=*/true);
+    EXPECT_TRUE(testing::bit_equal(stable.first, plain.first));
+    EXPECT_TRUE(testing::bit_equal(stable.second, plain.second));
+  }
+}
+
+// The promise's other half: the rows [k_len - q_len, k_len) are written by the kernel just before
+// (two write_at launches, PDL on), and the stable-prefix kernel must read them after its wait, not
+// the NaN they held before. Repeated on one stream, the caches re-poisoned between rounds.
+TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
+  SKIP_WITHOUT_GPU();
+  testing::PdlScope restore_pdl;
+  cuda::set_pdl_enabled(true);
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  std::uint64_t seed = 1200;
+  for (std::int64_t head_dim : {64, 128}) {
+    for (std::int64_t q_len : {1, 4}) {
+      for (std::int32_t len : {5, 40, 200, 700}) {
+        Case c;
+        c.num_qo_heads = head_dim == 64 ? 9 : 32;
+        c.num_kv_heads = head_dim == 64 ? 3 : 8;
+        c.head_dim = head_dim;
+        c.q_len = q_len;
+        c.capacity = 1024;
+        c.k_len = {len};
+        SCOPED_TRACE(c.str());
+        Rng rng(seed++);
+        Problem problem(c, rng);  // rows >= len are NaN in the caches
+        // The new rows [len - q_len, len): random on the host, NaN in the device caches.
+        const Dims rows_shape{c.batch, c.num_kv_heads, q_len, head_dim};
+        Tensor new_k = Tensor::empty(rows_shape, c.dtype), new_v = Tensor::empty(rows_shape, c.dtype);
+        rng.normal(new_k);
+        rng.normal(new_v);
+        const std::int64_t first_new = len - q_len;
+        // Writes the new rows (or NaN) into the host caches.
+        const auto set_new_rows = [&](bool values) {
+          for (std::int64_t h = 0; h < c.num_kv_heads; ++h)
+            for (std::int64_t i = 0; i < q_len; ++i)
+              for (std::int64_t d = 0; d < head_dim; ++d) {
+                problem.k.host.set({0, h, first_new + i, d}, values ? new_k.at({0, h, i, d}) : NAN);
+                problem.v.host.set({0, h, first_new + i, d}, values ? new_v.at({0, h, i, d}) : NAN);
+              }
+        };
+        set_new_rows(true);
+        const auto [ref_out, ref_lse] = problem.reference();  // sees the new rows
+        set_new_rows(false);
+        const Tensor new_k_device = new_k.to_device(Device::cuda());
+        const Tensor new_v_device = new_v.to_device(Device::cuda());
+        Tensor offset = Tensor::empty({1}, DType::i64);
+        offset.data<std::int64_t>()[0] = first_new;
+        const Tensor offset_device = offset.to_device(Device::cuda());
+        for (int round = 0; round < 8; ++round) {
+          problem.k.upload();  // NaN in the new rows again
+          problem.v.upload();
+          poison_nan(problem.out.host_base);
+          problem.out.upload();
+          {
+            cuda::StreamGuard on(stream);
+            Tensor k_cache = problem.k.device, v_cache = problem.v.device;
+            cuda::write_at(k_cache, new_k_device, 2, offset_device);
+            cuda::write_at(v_cache, new_v_device, 2, offset_device);
+          }
+          cuda::flash_decode(problem.q.device, problem.k.device, problem.v.device,
+                             problem.k_len_device, nullptr, problem.options(), problem.out.device,
+                             nullptr, stream, /*stable_prefix=*/true);
+          cuda_ok(cudaStreamSynchronize(stream), "sync");
+          const Tensor out = problem.out.download().clone();
+          EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)))
+              << "round " << round;
+        }
+      }
+    }
+  }
+  cuda_ok(cudaStreamDestroy(stream), "stream destroy");
 }
 
 TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {

@@ -21,6 +21,7 @@
 //     on the GPU: bit for bit the same graph with the decomposed arm
 //     (rope + two write_at) on the GPU (the two arms do the same fp32 operations and every other
 //     kernel is the same), and within the two-layer bf16 policy of the CPU (see kLogitUlps).
+#include "splice/backend/cuda/flash_decode.h"
 #include "splice/backend/cuda/rope_kv_append.h"
 
 #include <gtest/gtest.h>
@@ -248,8 +249,13 @@ TEST(RopeKvAppendCuda, ReplayedLlamaIsBitwiseTheDecomposedArm) {
     SCOPED_TRACE("step " + std::to_string(step));
     const Tensor tokens = token(step).to_device(Device::cuda());
     const cuda::RopeKvAppendLaunches before = cuda::rope_kv_append_launches();
+    const cuda::FlashDecodeLaunches flash_before = cuda::flash_decode_launches();
     fused.step({{"k_len", step}}, {{"tokens", tokens}});
     const cuda::RopeKvAppendLaunches after = cuda::rope_kv_append_launches();
+    const cuda::FlashDecodeLaunches flash_after = cuda::flash_decode_launches();
+    // Attention reads its stable KV prefix before the wait (rope_kv_append appends at k_len - 1).
+    EXPECT_EQ(flash_after.stable_prefix - flash_before.stable_prefix,
+              flash_after.launches - flash_before.launches);
     // The session promises a stable position (a SymValue step scalar, Param tables): every
     // launch it issues (eager and captured steps; a replay issues none) reads p before the wait.
     EXPECT_EQ(after.early_position - before.early_position, after.launches - before.launches);

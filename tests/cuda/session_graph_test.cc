@@ -4,7 +4,9 @@
 //     scheduled has a live-prefix slice whose shape reads `k_len`; cuda_graph_refusal names that
 //     node and the symbol. Collapsed to the fused arm, the same graph is capturable.
 //  2. 200 decode tokens of the bf16 demo model (fused arm collapsed) by graph replay on the GPU
-//     match the CPU backend at every step (tolerance below) and the KV caches at the end.
+//     match the CPU backend at every step (tolerance below) and the KV caches at the end; every
+//     flash launch the session issues carries the stable-prefix promise (its caches' only
+//     writers append at k_len - 1).
 //  3. Replay with changed bindings (k_len going forward, then jumping back and rewriting cache
 //     rows) is bitwise equal to the same session run eagerly step by step (same kernels, same
 //     order), so nothing of the first step is frozen into the graph; every other step passes the
@@ -27,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "splice/backend/cuda/flash_decode.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
 #include "splice/core/random.h"
@@ -117,7 +120,16 @@ TEST(CudaSessionGraph, Decode200TokensByReplayMatchCpuAtEveryStep) {
   constexpr std::int64_t kTokens = 200;
   for (std::int64_t step = 1; step <= kTokens; ++step) {
     const Tensor x = random_x(rng, kModelDim);
+    const cuda::FlashDecodeLaunches before = cuda::flash_decode_launches();
     gpu.step({{"k_len", step}}, {{"x", x.to_device(Device::cuda())}});
+    const cuda::FlashDecodeLaunches after = cuda::flash_decode_launches();
+    // The caches' only writers append at k_len - 1 and k_len is a step scalar: every launch the
+    // session issues (the eager first step, the capture; a replay issues none) carries the
+    // stable-prefix promise (NodeHints::stable_kv_prefix).
+    EXPECT_EQ(after.stable_prefix - before.stable_prefix, after.launches - before.launches);
+    if (step == 1) {
+      EXPECT_EQ(after.launches - before.launches, 2u) << "one per layer";
+    }
     cpu.step({{"k_len", step}}, {{"x", x}});
     EXPECT_EQ(gpu.last_step_replayed(), step >= 2) << "step " << step << "\n"
                                                    << gpu.cuda_graph_status();

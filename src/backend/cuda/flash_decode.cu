@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <utility>
@@ -38,6 +39,8 @@ using detail::FlashDecodeParams;
 constexpr std::int64_t kMaxLength = std::int64_t{1} << 30;  // int32 position arithmetic headroom
 constexpr std::int64_t kMaxGridYZ = 65535;
 constexpr int kMaxCtasPerSm = 4;
+
+std::atomic<std::uint64_t> g_launches{0}, g_stable_prefix_launches{0};
 constexpr std::size_t kSmemPerSm = 228 * 1024;  // Hopper: shared memory per SM
 constexpr std::size_t kSmemReservedPerCta = 1024;
 constexpr std::int64_t kVecElems = 8;      // 16 bytes of 16-bit elements
@@ -223,7 +226,7 @@ int sm_count() {
 
 void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_len,
                   const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,
-                  Tensor* lse, Stream stream) {
+                  Tensor* lse, Stream stream, bool stable_prefix) {
   // Stage 1: argument checks.
   check_cuda_tensor(q, "q");
   check_cuda_tensor(k, "k");
@@ -357,6 +360,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const FlashDecodeDevKnobs knobs = flash_decode_dev_knobs();
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
+  p.stable_prefix = stable_prefix ? 1 : 0;  // supersedes speculation (kernel stage 0')
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {
     return w ? static_cast<int>(std::min<std::int64_t>(*w, kMaxLength)) : -1;
   };
@@ -373,10 +377,17 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 
   const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(grid_y),
                   static_cast<unsigned>(plan.grid_z));
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  if (stable_prefix) g_stable_prefix_launches.fetch_add(1, std::memory_order_relaxed);
   if (q.dtype() == DType::bf16)
     launch_head_dim<__nv_bfloat16>(head_dim, p, grid, stream);
   else
     launch_head_dim<__half>(head_dim, p, grid, stream);
+}
+
+FlashDecodeLaunches flash_decode_launches() {
+  return {g_launches.load(std::memory_order_relaxed),
+          g_stable_prefix_launches.load(std::memory_order_relaxed)};
 }
 
 }  // namespace splice::cuda

@@ -5,16 +5,24 @@
 // row = g * q_len + i for group member g and query i, padded with empty rows). The launcher may
 // launch with programmatic dependent launch (PDL).
 //   0. PDL: wait until the previous kernel has finished and its writes are visible, then let the
-//      next kernel in the stream start launching (no-ops without PDL). Nothing is read or
-//      written before the wait, so the split workspace and every input are safe.
+//      next kernel in the stream start launching (no-ops without PDL). Without the stable-prefix
+//      promise nothing is read or written before the wait, so the split workspace and every
+//      input are safe.
+//   0'. With the promise (p.stable_prefix: nothing in flight writes k_len or the cache rows below
+//      k_len - q_len; in a decode step only this step's appends write the caches, at rows
+//      k_len - q_len ..): k_len, the plan (stage 2) and the ring prologue (stage 3) come before
+//      the wait, the prologue tiles copying only their stable keys (< k_len - q_len). After the
+//      wait the keys [k_len - q_len, c1) of those tiles are copied with q, in q's cp.async group
+//      (the youngest then). The K/V loads overlap the producer's tail instead of following it.
 //   1. Issue at once, independent of each other: the k_len load, the ALiBi slopes, the 16 query
 //      rows (cp.async group 0, zeros for padding rows) and, speculatively, tile 0 of each warp's
 //      K/V stream in split 0 (group 1: keys [16 w, 16 w + 16) for warp w, the first 64 keys of
-//      the split), where the launcher sets p.speculate (no left window, a one-wave grid): then
-//      split 0 starts at key 0 at every k_len. The tile is read up to the capacity (keys <
-//      capacity stay in bounds); what lies at or beyond the live end is masked in stage 4.
-//      Only one ring stage is speculated: in a cache much longer than k_len (the model's: 256
-//      keys, k_len 17-256) the rest of the ring would be bytes read and waited for in vain.
+//      the split), where the launcher sets p.speculate (no left window, a one-wave grid, no
+//      stable-prefix promise): then split 0 starts at key 0 at every k_len. The tile is read up
+//      to the capacity (keys < capacity stay in bounds); what lies at or beyond the live end is
+//      masked in stage 4. Only one ring stage is speculated: in a cache much longer than k_len
+//      (the model's: 256 keys, k_len 17-256) the rest of the ring would be bytes read and waited
+//      for in vain.
 //   2. Live range and plan. k_len is clamped to [0, capacity]; query i sits at
 //      p_i = k_len - q_len + i; the keys any row may see are [lo, hi) with
 //      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1), n = hi - lo. Split size:
@@ -52,6 +60,8 @@
 //
 // Dependent global round trips on one CTA's critical path at B = 1 (launch gap not counted):
 //   one split:    [k_len || q || split 0's tile 0] -> further K/V tiles (streaming) -> o store.
+//   stable prefix: before the wait k_len -> the prologue tiles' stable keys; after it
+//                 [q || the new keys] -> further K/V tiles (streaming) -> o store (one split).
 //   S > 1 splits: [k_len || q || split 0's tile 0] -> K/V of splits >= 1 (addresses need the
 //                 plan) -> partial store + fence (waits for the acks) -> counter atomic
 //                 -> counter reset + fence (waits for its ack) -> the merging CTA's
@@ -65,6 +75,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "backend/cuda/launch.cuh"
@@ -111,6 +122,9 @@ struct FlashDecodeParams {
   int min_chunk;          // fewest keys per split when splitting
   int single_split_keys;  // n <= this: one split (stage 2)
   int speculate;          // 1: split 0 issues its first K/V tile per warp before k_len (stage 1)
+  // 1: the caller's promise that no kernel in flight writes k_len or the cache rows below
+  // k_len - q_len (stage 1 then plans and issues the ring prologue before the PDL wait).
+  int stable_prefix;
   int dev_drop;  // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
   int window_left, window_right;  // -1 = unbounded
   int causal;
@@ -298,12 +312,63 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kv_head = bh % p.num_kv_heads;
   const int row_base = rb * kRows;
 
+  const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
+  const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
+  const std::uint32_t pipe_u32 = smem_u32(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes);
+  // Keys [from, to) of tile `it` of this warp's stream from key c0 into ring stage `stage`; keys
+  // >= zero_from are zero-filled (nothing is read for them); every other key is left alone.
+  auto load_tile = [&](int c0, int it, int stage, int from, int to, int zero_from) {
+    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
+    const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes;
+    const std::uint32_t v_dst = k_dst + Cfg::kTileBytes;
+    // At most 8 copies per unrolled step: at head_dim 256 (16 per lane) a full unroll let the
+    // compiler keep every row's offsets live across the main loop (255 registers, a 12-byte
+    // spill; 248 and none this way); 64 and 128 (4 and 8) stay fully unrolled.
+#pragma unroll 8
+    for (int u = 0; u < kTileKeys * kChunks / 32; ++u) {
+      const int c = lane + 32 * u;
+      const int row = c / kChunks;
+      const int ch = c % kChunks;
+      const int key = key0 + row;
+      const bool copy = key >= from && key < to;
+      if (!copy && key < zero_from) continue;
+      const std::int64_t koff = copy ? key * p.k_stride_s + ch * 8 : 0;
+      const std::int64_t voff = copy ? key * p.v_stride_s + ch * 8 : 0;
+      const std::uint32_t so = swizzle<kHeadDim>(row, ch);
+      cp_async_16(k_dst + so, k_base + koff, copy ? 16 : 0);
+      cp_async_16(v_dst + so, v_base + voff, copy ? 16 : 0);
+    }
+  };
+  auto tiles_of_warp = [&](int c0, int c1) {
+    const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
+    return num_tiles > warp && !(p.dev_drop & kDropKv) ? ceil_div(num_tiles - warp, kWarps) : 0;
+  };
+
+  // Stage 1 with the stable-prefix promise (p.stable_prefix): k_len, the plan and the ring
+  // prologue's stable keys (< k_len - q_len) before the wait; the keys [k_len - q_len, c1) of the
+  // prologue tiles are skipped here and copied after it.
+  const bool stable_prefix = p.stable_prefix != 0;
+  SplitPlan plan{};
+  int my_tiles = 0;
+  if (stable_prefix) {
+    plan = plan_splits(p, p.k_len[b * p.k_len_stride], split);
+    if (split < plan.live) {
+      my_tiles = tiles_of_warp(plan.c0, plan.c1);
+      const int stable_end = min(plan.k_len - p.q_len, plan.c1);
+#pragma unroll
+      for (int s = 0; s < kStages - 1; ++s) {
+        if (s < my_tiles) load_tile(plan.c0, s, s, 0, stable_end, plan.c1);
+        cp_async_commit();  // one group per prologue tile, empty past the warp's last
+      }
+    }
+  }
+
   // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
   wait_for_producers();  // launch.cuh: no-ops for a launch without the PDL attribute
   allow_dependents();
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
-  const int k_len_raw = p.k_len[b * p.k_len_stride];
+  const int k_len_raw = stable_prefix ? 0 : p.k_len[b * p.k_len_stride];
   const std::int64_t unit = static_cast<std::int64_t>(bh) * gridDim.x + rb;  // (b, h, rb)
   // ALiBi slopes (log2 units) of this thread's two mma C-fragment rows, lane/4 and lane/4 + 8.
   float slope_log2[2] = {0.0f, 0.0f};
@@ -339,45 +404,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<uint4*>(dst) = tmp.u;
     }
   }
-  cp_async_commit();  // group 0: q
+  if (stable_prefix && split < plan.live) {
+    // The keys this step's producers wrote, [k_len - q_len, c1), of the prologue tiles.
+    const int pending_from = max(plan.k_len - p.q_len, plan.c0);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s)
+      if (s < my_tiles) load_tile(plan.c0, s, s, pending_from, plan.c1, INT_MAX);
+  }
+  cp_async_commit();  // q (group 0; with the stable prefix the youngest, with the pending keys)
 
-  const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
-  const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
-  const std::uint32_t pipe_u32 = smem_u32(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes);
-  // Tile `it` of this warp's stream from key c0 into ring stage `stage`; keys >= `limit` are
-  // zero-filled (nothing is read for them).
-  auto load_tile = [&](int c0, int limit, int it, int stage) {
-    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
-    const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes;
-    const std::uint32_t v_dst = k_dst + Cfg::kTileBytes;
-    // At most 8 copies per unrolled step: at head_dim 256 (16 per lane) a full unroll let the
-    // compiler keep every row's offsets live across the main loop (255 registers, a 12-byte
-    // spill; 248 and none this way); 64 and 128 (4 and 8) stay fully unrolled.
-#pragma unroll 8
-    for (int u = 0; u < kTileKeys * kChunks / 32; ++u) {
-      const int c = lane + 32 * u;
-      const int row = c / kChunks;
-      const int ch = c % kChunks;
-      const int key = key0 + row;
-      const bool ok = key < limit;
-      const std::int64_t koff = ok ? key * p.k_stride_s + ch * 8 : 0;
-      const std::int64_t voff = ok ? key * p.v_stride_s + ch * 8 : 0;
-      const std::uint32_t so = swizzle<kHeadDim>(row, ch);
-      cp_async_16(k_dst + so, k_base + koff, ok ? 16 : 0);
-      cp_async_16(v_dst + so, v_base + voff, ok ? 16 : 0);
-    }
-  };
   // Speculative tile 0 (stage 1): split 0's keys start at lo = 0 when p.speculate is set (no left
   // window), so tile 0 of each warp is keys [16 warp, 16 warp + 16) at every k_len; it is read up
   // to the capacity (what lies at or past c1 is masked in stage 4).
-  const bool speculative = split == 0 && p.speculate != 0;
+  const bool speculative = !stable_prefix && split == 0 && p.speculate != 0;
   if (speculative) {
-    load_tile(0, p.capacity, 0, 0);
+    load_tile(0, 0, 0, 0, p.capacity, p.capacity);
     cp_async_commit();  // group 1: tile 0
   }
 
   // Stage 2: live range and the device-side split plan.
-  const SplitPlan plan = plan_splits(p, k_len_raw, split);
+  if (!stable_prefix) plan = plan_splits(p, k_len_raw, split);
   const int pos_first = plan.k_len - p.q_len;
   const int live_splits = plan.live;
   if (split >= live_splits) {  // never split 0
@@ -387,23 +433,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c0 = plan.c0;
   const int c1 = plan.c1;
 
-  // Stage 3: the rest of this warp's ring prologue.
-  const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
-  const int my_tiles =
-      num_tiles > warp && !(p.dev_drop & kDropKv) ? ceil_div(num_tiles - warp, kWarps) : 0;
-  // Tiles 0 .. kStages - 2 are issued before the main loop, one cp.async group each in tile order
-  // (tile 0 already, if speculative), tiles < c1 only (an empty group otherwise).
+  if (stable_prefix) {
+    // Every group has been issued: the prologue tiles before the wait, q and the pending keys
+    // after it (the youngest group). Waiting for all of them costs q's round trip, which the
+    // prologue tiles, issued earlier, have already had.
+    cp_async_wait<0>();
+  } else {
+    // Stage 3: the rest of this warp's ring prologue.
+    my_tiles = tiles_of_warp(c0, c1);
+    // Tiles 0 .. kStages - 2 are issued before the main loop, one cp.async group each in tile
+    // order (tile 0 already, if speculative), tiles < c1 only (an empty group otherwise).
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s > 0 || !speculative) {
-      if (s < my_tiles) load_tile(c0, c1, s, s);
-      cp_async_commit();
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s > 0 || !speculative) {
+        if (s < my_tiles) load_tile(c0, s, s, 0, c1, c1);
+        cp_async_commit();
+      }
     }
+    // q (group 0) has landed for this thread (only the ring's kStages - 1 groups may still be in
+    // flight).
+    cp_async_wait<kStages - 1>();
   }
-  // q (group 0) has landed for this thread (only the ring's kStages - 1 groups may still be in
-  // flight); the barrier makes every thread's rows visible.
-  cp_async_wait<kStages - 1>();
-  __syncthreads();
+  __syncthreads();  // every thread's q rows (and pending keys) are visible
 
   std::uint32_t q_frag[Cfg::kQInRegs ? kHeadDim / 16 : 1][4];
   const int frag_row = (lane / 8 % 2) * 8 + lane % 8;  // ldmatrix row this lane addresses
@@ -452,7 +503,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // One group per step (empty past the warp's last tile), so tile `it` always has exactly
     // kStages - 1 younger groups: waiting for all but those covers it.
     const int pre = it + kStages - 1;
-    if (pre < my_tiles) load_tile(c0, c1, pre, pre % kStages);
+    if (pre < my_tiles) load_tile(c0, pre, pre % kStages, 0, c1, c1);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();

@@ -19,9 +19,10 @@
 //   Kernel parameters (the POD params struct) are not global memory written by a predecessor;
 //   index math on them may run before the wait. The one exception to "no global access before
 //   the wait" is a read of memory the CALLER promises no kernel in flight writes: gemv's
-//   Params::w_constant (model weights) and rope_kv_append's position_stable (a session's step
-//   scalar and constant tables). The promise is made at plan time (exec/node_kernels.h's
-//   NodeHints) from the graph; a false promise is a silent race.
+//   Params::w_constant (model weights), rope_kv_append's position_stable (a session's step
+//   scalar and constant tables) and flash_decode's stable_prefix (k_len, and the cache rows below
+//   k_len - q_len, which only earlier steps wrote). The promise is made at plan time
+//   (exec/node_kernels.h's NodeHints) from the graph; a false promise is a silent race.
 //   A kernel launched WITHOUT the attribute (cuBLASLt, a kernel of another file launched with
 //   <<<>>>) is fully serialized behind its predecessor and needs no wait; a kernel launched WITH
 //   the attribute that does not wait breaks the chain for everything after it.

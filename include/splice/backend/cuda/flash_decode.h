@@ -104,9 +104,20 @@ int sm_count();
 // The fp32 split workspace is owned by this module and grows on demand: the first call for a
 // shape must happen outside stream capture (a growth during capture raises UnsupportedError).
 // Its merge counters are shared, so launches must not run concurrently on different streams.
+// `stable_prefix`: the caller's promise that no kernel in flight on `stream` writes k_len or the
+// cache rows below k_len - q_len (a session's step scalar, and caches whose only writers in the
+// step append at k_len - q_len: NodeHints::stable_kv_prefix). The kernel then plans and loads
+// those rows before its programmatic-dependent-launch wait; the result is bitwise the same.
 // Throws DTypeError / ShapeError / LayoutError / DeviceError naming the argument on bad input.
 void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_len,
                   const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,
-                  Tensor* lse, Stream stream = nullptr);
+                  Tensor* lse, Stream stream = nullptr, bool stable_prefix = false);
+
+// Launch counters (process-wide, relaxed atomics) for tests: launches issued, and those made
+// under the stable-prefix promise.
+struct FlashDecodeLaunches {
+  std::uint64_t launches = 0, stable_prefix = 0;
+};
+FlashDecodeLaunches flash_decode_launches();
 
 }  // namespace splice::cuda

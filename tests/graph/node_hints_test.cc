@@ -1,0 +1,115 @@
+// The plan-time promises of exec/node_kernels.h (NodeHints), computed from the graph alone (no
+// GPU needed): which kernels may read before their programmatic-dependent-launch wait.
+//
+//   1. A tiny Llama (stacked projections, the flash arm collapsed), with the rope_kv_append arm
+//      fused or decomposed: on a CUDA session every FlashDecode node gets stable_kv_prefix (its
+//      caches' only writers append at k_len - 1, through RopeKvAppend's SymValue position or
+//      WriteAt's offset) and every RopeKvAppend gets stable_position; on the CPU neither.
+//   2. Any other writer of a cache takes the promise away from the attention that reads it (and
+//      only from that one): a WriteAt at row 0, a WriteAt at k_len - 2, a WriteAt on the wrong
+//      axis (the graph refuses a WriteAt through a permuted view).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "exec/node_kernels.h"
+#include "splice/ir/graph.h"
+#include "splice/model/model.h"
+#include "splice/tune/optimize.h"
+#include "support/tiny_llama.h"
+
+namespace splice {
+namespace {
+
+// The tiny Llama's graph with the flash arm chosen and rope_kv_append's arm `rope_arm`.
+Graph llama(int rope_arm) {
+  const testing::TinyLlamaSpec spec = testing::rope_kv_append_llama_spec();
+  BuildOptions build;
+  build.max_seq_len = 16;
+  build.dtype = DType::bf16;
+  DecodeModel m = build_decode_model(
+      testing::tiny_llama_config(::testing::TempDir() + "/node_hints_llama", spec),
+      testing::tiny_llama_weights(spec), build);
+  OptimizeOptions o;
+  o.select = false;
+  optimize_graph(m.graph, m.attention_specs, o, m.kda_specs, m.layer_specs);
+  for (NodeId id : m.graph.live_nodes()) {
+    const Node& n = m.graph.node(id);
+    if (n.op != Op::Branch || n.erased) continue;
+    const std::string& kind = n.attrs.branch->recipe.kind;
+    collapse(m.graph, id, kind == "rope_kv_append" ? rope_arm : kind == "flash_decode" ? 1 : 0);
+  }
+  eliminate_dead_code(m.graph);
+  verify_graph(m.graph);
+  return std::move(m.graph);
+}
+
+std::vector<NodeId> nodes_of(const Graph& g, Op op) {
+  std::vector<NodeId> found;
+  for (NodeId id : g.live_nodes())
+    if (g.node(id).op == op) found.push_back(id);
+  return found;
+}
+
+NodeId state_named(const Graph& g, const std::string& name) {
+  for (NodeId id : g.live_nodes())
+    if (g.node(id).op == Op::State && g.node(id).attrs.name == name) return id;
+  ADD_FAILURE() << "no state " << name;
+  return {};
+}
+
+// Whether each FlashDecode node (in node order) gets the stable-prefix promise on CUDA.
+std::vector<bool> flash_promises(const Graph& g) {
+  std::vector<bool> promises;
+  for (NodeId id : nodes_of(g, Op::FlashDecode))
+    promises.push_back(node_hints(g, id, Device::cuda()).stable_kv_prefix);
+  return promises;
+}
+
+TEST(NodeHints, DecodeStepAttentionReadsAStablePrefix) {
+  for (int rope_arm : {0, 1}) {
+    SCOPED_TRACE(rope_arm == 1 ? "rope_kv_append fused" : "rope and write_at decomposed");
+    const Graph g = llama(rope_arm);
+    const std::vector<NodeId> flash = nodes_of(g, Op::FlashDecode);
+    ASSERT_EQ(flash.size(), 2u);
+    for (NodeId id : flash) {
+      EXPECT_TRUE(node_hints(g, id, Device::cuda()).stable_kv_prefix);
+      EXPECT_FALSE(node_hints(g, id, Device::cpu()).stable_kv_prefix);
+    }
+    const std::vector<NodeId> rope = nodes_of(g, Op::RopeKvAppend);
+    EXPECT_EQ(rope.size(), rope_arm == 1 ? 2u : 0u);
+    for (NodeId id : rope) {
+      EXPECT_TRUE(node_hints(g, id, Device::cuda()).stable_position);
+      EXPECT_FALSE(node_hints(g, id, Device::cpu()).stable_position);
+    }
+  }
+}
+
+TEST(NodeHints, AnyOtherCacheWriterTakesThePromiseAway) {
+  const testing::TinyLlamaSpec spec = testing::rope_kv_append_llama_spec();
+  const std::int64_t head_dim = spec.hidden / spec.heads;
+  struct Writer {
+    const char* what;
+    std::int64_t axis;
+    int offset_kind;  // 0: row 0, 1: k_len - 2
+  };
+  const Writer writers[] = {{"row 0", 2, 0}, {"k_len - 2", 2, 1}, {"axis 1", 1, 0}};
+  for (const Writer& w : writers) {
+    SCOPED_TRACE(w.what);
+    Graph g = llama(1);
+    const NodeId cache = state_named(g, "model.layers.1.v_cache");
+    const SymId k_len = *g.symbols().find("k_len");
+    const Dims row = w.axis == 2 ? Dims{1, spec.kv_heads, 1, head_dim} : Dims{1, 1, 16, head_dim};
+    const NodeId value = g.constant(Tensor::zeros(row, DType::bf16), "extra_row");
+    const DynScalar offset = w.offset_kind == 0
+                                 ? DynScalar::Concrete(0)
+                                 : DynScalar::Expr(SymExpr(k_len) - SymExpr(2));
+    g.write_at(cache, value, w.axis, offset);
+    // Layer 1's attention loses the promise; layer 0's keeps it.
+    EXPECT_EQ(flash_promises(g), (std::vector<bool>{true, false}));
+  }
+}
+
+}  // namespace
+}  // namespace splice
