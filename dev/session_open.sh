@@ -54,7 +54,8 @@ bench() {  # label, env...
 import json, sys
 try:
     j = json.load(sys.stdin)
-    print('$label', round(j['p50_us'], 1), round(j['p99_us'], 1), round(j['host_overhead_us_p50'], 1))
+    print('$label', round(j['p50_us'], 1), round(j['p99_us'], 1), round(j['host_overhead_us_p50'], 1),
+          'generate', round(j.get('generate_p50_us', 0), 1), 'pipelined' if j.get('generate_pipelined') else '')
 except ValueError:
     print('$label FAILED (see bench.err)')"
 }

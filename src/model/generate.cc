@@ -8,15 +8,19 @@
 //      (cuda::argmax with a host mirror, recorded into the step's CUDA graph; cpu::argmax).
 //   2. generate(): the prompt is uploaded once and fed as views of that upload (no wait between
 //      prompt steps); the first pick is read after the last prompt step.
-//   3. Each decode step feeds `ids` (the previous pick, already in place), waits for the stream,
-//      reads the mirror and poisons it with kNoChoice, so a read that no kernel wrote is an
-//      internal error instead of a stale token.
+//   3. Each decode step feeds `ids` (the previous pick, already in place); reading a step's pick
+//      waits for the event recorded after it, reads its mirror slot (step n: slot n % 2) and
+//      poisons it with kNoChoice, so a read that no kernel wrote is an internal error instead of
+//      a stale token.
+//   4. Pipelined on CUDA (generate.h): the step computing token i + 1 is in flight while token i
+//      is read and streamed; a stop token waits for that step and moves the position back.
 #include "splice/model/generate.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "splice/backend/cpu/sampling.h"
 #include "splice/core/error.h"
@@ -31,6 +35,38 @@ namespace splice {
 namespace {
 
 constexpr std::int32_t kNoChoice = -1;  // the mirror's value until a kernel writes a pick
+// Mirror slots: step n writes slot n % 2, so the host reads step n while step n + 1 runs.
+constexpr int kMirrorSlots = 2;
+
+// Whether a decode step launched past the end of the sequence (one token too many: the pipelined
+// loop's step after a stop token) can be taken back by moving the position back: every state is
+// a cache whose writers append at the step's own row, k_len - 1 (WriteAt offsets and RopeKvAppend
+// positions), so the overrun only wrote a row past the live length, which the next step
+// rewrites. A recurrent state (KDA) advanced by the overrun cannot be taken back.
+bool overrun_is_harmless(const Graph& g) {
+  const std::optional<SymId> k_len = g.symbols().find("k_len");
+  if (!k_len) return false;
+  const SymExpr last_row = SymExpr(*k_len) - SymExpr(1);
+  for (NodeId id : g.live_nodes()) {
+    const Node& n = g.node(id);
+    switch (n.op) {
+      case Op::WriteAt:
+        if (!n.attrs.offset.expr().structurally_equal(last_row)) return false;
+        break;
+      case Op::RopeKvAppend: {
+        const Node& position = g.node(n.inputs[3]);
+        if (position.op != Op::SymValue || !position.attrs.value.expr().structurally_equal(last_row))
+          return false;
+        break;
+      }
+      case Op::KdaDecode:
+        return false;
+      default:
+        break;
+    }
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -77,9 +113,16 @@ std::int32_t Sampler::sample(const Tensor& logits) {
 
 struct Generator::Feedback {
   Device device;
-  Tensor ids;                       // [1] i32 on `device`: the next continuing step's token
-  std::int32_t* mirror = nullptr;   // CUDA: pinned [1], written by the argmax kernel
+  Tensor ids;  // [1] i32 on `device`: the next continuing step's token
+#ifdef SPLICE_WITH_CUDA
+  // CUDA: the argmax's mirror ring, [kMirrorSlots] pinned int32; step n (n = `launched` when it
+  // was launched) writes slot n % kMirrorSlots, counted on the device by `counter` ([1]).
+  std::int32_t* mirror = nullptr;
+  Tensor counter;
+  cuda::Event done[kMirrorSlots] = {};  // recorded after step n into done[n % kMirrorSlots]
+#endif
   std::int32_t* staging = nullptr;  // CUDA: pinned [1], a host token on its way into `ids`
+  std::uint64_t launched = 0;       // session steps so far (each runs the epilogue once)
   Feedback() = default;
   Feedback(const Feedback&) = delete;
   Feedback& operator=(const Feedback&) = delete;
@@ -87,14 +130,18 @@ struct Generator::Feedback {
 #ifdef SPLICE_WITH_CUDA
     cuda::free_pinned(mirror);
     cuda::free_pinned(staging);
+    for (cuda::Event e : done)
+      if (e != nullptr) cuda::destroy_event(e);
 #endif
   }
-  // The session epilogue: ids = argmax(logits) (and the mirror on CUDA).
+  // The session epilogue: ids = argmax(logits) (and the mirror ring on CUDA).
   void choose(const Tensor& logits) {
     if (device.is_cpu()) return cpu::argmax(logits, ids);
 #ifdef SPLICE_WITH_CUDA
     cuda::ArgmaxOptions options;
     options.host_mirror = mirror;
+    options.mirror_counter = static_cast<std::uint32_t*>(counter.raw_data());
+    options.mirror_slots = kMirrorSlots;
     cuda::argmax(logits, ids, options);
 #else
     fail<DeviceError>("Generator: ", device.str(),
@@ -126,6 +173,7 @@ Generator::Generator(DecodeModel model, const GeneratorOptions& options)
       feedback->choose(outputs.at("logits"));  // [1, vocab]
     };
   }
+  overrun_is_harmless_ = overrun_is_harmless(model.graph);
   session_ = std::make_unique<Session>(std::move(model.graph), so);
   token_host_ = Tensor::empty({1}, DType::i32);
   if (!feedback_) return;
@@ -135,9 +183,12 @@ Generator::Generator(DecodeModel model, const GeneratorOptions& options)
   }
 #ifdef SPLICE_WITH_CUDA
   feedback_->ids = session_->input_buffer("tokens");  // [1]
-  feedback_->mirror = static_cast<std::int32_t*>(cuda::alloc_pinned(sizeof(std::int32_t)));
+  feedback_->mirror =
+      static_cast<std::int32_t*>(cuda::alloc_pinned(kMirrorSlots * sizeof(std::int32_t)));
   feedback_->staging = static_cast<std::int32_t*>(cuda::alloc_pinned(sizeof(std::int32_t)));
-  *feedback_->mirror = kNoChoice;
+  std::fill(feedback_->mirror, feedback_->mirror + kMirrorSlots, kNoChoice);
+  feedback_->counter = Tensor::zeros({1}, DType::i32, device_);  // read as uint32
+  for (cuda::Event& e : feedback_->done) e = cuda::create_event();
 #endif
 }
 
@@ -162,18 +213,29 @@ void Generator::check_room(std::int64_t tokens) const {
 void Generator::launch_step(const Tensor& tokens) {
   session_->step({{"k_len", position_ + 1}}, {{"tokens", tokens}});
   ++position_;
+  if (!feedback_) return;
+#ifdef SPLICE_WITH_CUDA
+  if (device_.is_cuda())
+    cuda::record_event(feedback_->done[feedback_->launched % kMirrorSlots],
+                       cuda::shared_stream(device_.index));
+#endif
+  ++feedback_->launched;
 }
 
-std::int32_t Generator::read_choice() {
+std::int32_t Generator::read_choice() { return read_choice(feedback_->launched - 1); }
+
+std::int32_t Generator::read_choice(std::uint64_t step) {
+  SPLICE_INTERNAL_CHECK(step < feedback_->launched && step + kMirrorSlots >= feedback_->launched,
+                        "read_choice: step ", step, " of ", feedback_->launched, " launched");
   std::int32_t id = kNoChoice;
   if (device_.is_cpu()) {
     id = feedback_->ids.data<std::int32_t>()[0];
   } else {
 #ifdef SPLICE_WITH_CUDA
-    cuda::stream_synchronize(cuda::shared_stream(device_.index));
-    volatile std::int32_t* mirror = feedback_->mirror;
-    id = *mirror;
-    *mirror = kNoChoice;
+    cuda::event_synchronize(feedback_->done[step % kMirrorSlots]);
+    volatile std::int32_t* slot = feedback_->mirror + step % kMirrorSlots;
+    id = *slot;
+    *slot = kNoChoice;
 #endif
   }
   SPLICE_INTERNAL_CHECK(id >= 0 && id < config_.vocab_size, "the in-step argmax left id ", id,
@@ -266,19 +328,43 @@ GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt,
     std::int32_t next = read_choice();
     result.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     result.prompt_logits = host_logits();
+    // Pipelined (generate.h): the step that computes token i + 1 is launched before token i is
+    // read, so the host's read, streaming and next launch overlap the device's step. Not with
+    // keep_logits (each step's logits are read before the next overwrites them), and not where a
+    // step launched past a stop token could not be taken back.
+    result.pipelined = device_.is_cuda() && !options.keep_logits &&
+                       (options.stop_tokens.empty() || overrun_is_harmless_);
+    // Whether token i + 1 is wanted once token i is known not to stop the loop.
+    auto room_after = [&](std::int64_t i) {
+      return i + 1 < options.max_new_tokens && position_ < max_seq_len_;
+    };
+    auto launch = [&]() -> std::uint64_t {  // the step that reads the last pick from `ids`
+      launch_step(feedback_->ids);
+      return feedback_->launched - 1;
+    };
+    std::optional<std::uint64_t> in_flight;  // the launched step computing token i + 1
+    if (result.pipelined && room_after(0)) in_flight = launch();
+    auto s0 = Clock::now();
     for (std::int64_t i = 0; i < options.max_new_tokens; ++i) {
       result.tokens.push_back(next);
       if (options.on_token) options.on_token(next);
       if (stops(next)) {
         result.stopped_on_token = true;
+        if (in_flight) {  // the step past the stop: wait for it, then take its row back
+          read_choice(*in_flight);
+          --position_;
+        }
         break;
       }
-      if (i + 1 == options.max_new_tokens || position_ >= max_seq_len_) break;
-      const auto s0 = Clock::now();
-      launch_step(feedback_->ids);  // holds `next`, written by the previous step's epilogue
-      next = read_choice();
-      result.step_us.push_back(
-          std::chrono::duration<double, std::micro>(Clock::now() - s0).count());
+      if (!room_after(i)) break;
+      if (!in_flight) in_flight = launch();
+      std::optional<std::uint64_t> after;  // pipelined: the step after token i + 1 goes out first
+      if (result.pipelined && room_after(i + 1)) after = launch();
+      next = read_choice(*in_flight);
+      in_flight = after;
+      const auto now = Clock::now();
+      result.step_us.push_back(std::chrono::duration<double, std::micro>(now - s0).count());
+      s0 = now;
       if (options.keep_logits) kept.push_back(host_logits());
     }
   } else {

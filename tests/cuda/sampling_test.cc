@@ -253,6 +253,55 @@ TEST(CudaArgmax, CapturedGraphReplaysNewLogitsIntoIdsAndTheHostMirror) {
   cuda::destroy_stream(stream);
 }
 
+// The mirror ring of a pipelined decode loop: launch n writes slot n % 2 and leaves the other
+// alone, counted by the device counter, also inside a replayed graph.
+TEST(CudaArgmax, MirrorRingWritesSlotLaunchModSlots) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(41);
+  constexpr std::int64_t kVocab = 49152;
+  constexpr int kSlots = 2;
+  cuda::Stream stream = cuda::create_stream();
+  auto* mirror = static_cast<std::int32_t*>(cuda::alloc_pinned(kSlots * sizeof(std::int32_t)));
+  {
+    cuda::StreamGuard guard(stream);
+    Tensor logits = Tensor::empty({1, kVocab}, DType::bf16, Device::cuda());
+    Tensor ids = Tensor::empty({1}, DType::i32, Device::cuda());
+    Tensor counter = Tensor::zeros({1}, DType::i32, Device::cuda());
+    cuda::ArgmaxOptions options;
+    options.host_mirror = mirror;
+    options.mirror_counter = static_cast<std::uint32_t*>(counter.raw_data());
+    options.mirror_slots = kSlots;
+    cuda::GraphExec graph = nullptr;
+    for (int n = 0; n < 7; ++n) {
+      SCOPED_TRACE("launch " + std::to_string(n));
+      Tensor host = testing::random_tensor(rng, {1, kVocab}, DType::bf16);
+      host.set({0, rng.integer(0, kVocab - 1)}, kPlanted);
+      cuda::synchronize();
+      logits.copy_from(host);
+      mirror[0] = mirror[1] = kUnwritten;
+      if (n < 3) {  // eager launches, then one capture replayed
+        cuda::argmax(logits, ids, options);
+      } else {
+        if (graph == nullptr) {
+          cuda::begin_capture(stream);
+          cuda::argmax(logits, ids, options);
+          graph = cuda::end_capture(stream);
+        }
+        cuda::launch_graph(graph, stream);
+      }
+      cuda::stream_synchronize(stream);
+      const std::int32_t want = cpu_ids(host)[0];
+      EXPECT_EQ(ids_of(ids)[0], want);
+      EXPECT_EQ(mirror[n % kSlots], want);
+      EXPECT_EQ(mirror[(n + 1) % kSlots], kUnwritten);
+      EXPECT_EQ(counter.to_device(Device::cpu()).data<std::int32_t>()[0], n + 1);
+    }
+    cuda::destroy_graph(graph);
+  }
+  cuda::free_pinned(mirror);
+  cuda::destroy_stream(stream);
+}
+
 TEST(CudaArgmax, PdlOnAndOffAfterAProducerKernel) {
   SKIP_WITHOUT_GPU();
   testing::PdlScope restore;
@@ -319,6 +368,22 @@ TEST(CudaArgmax, BadArgumentsAreTypedErrorsNamingTheArgument) {
     expect_error<ValueError>([&] { cuda::argmax(logits, ids, options); },
                              "`ctas_per_row` must be in [0, 8]");
   }
+  // A mirror ring: needs the mirror, at least one slot and one row.
+  Tensor counter = Tensor::zeros({1}, DType::i32, Device::cuda());
+  auto* mirror = static_cast<std::int32_t*>(cuda::alloc_pinned(2 * sizeof(std::int32_t)));
+  cuda::ArgmaxOptions ring;
+  ring.mirror_counter = static_cast<std::uint32_t*>(counter.raw_data());
+  ring.mirror_slots = 2;
+  expect_error<ValueError>([&] { cuda::argmax(logits.slice(0, 0, 1), ids_short, ring); },
+                           "`mirror_counter` needs a `host_mirror` ring");
+  ring.host_mirror = mirror;
+  ring.mirror_slots = 0;
+  expect_error<ValueError>([&] { cuda::argmax(logits.slice(0, 0, 1), ids_short, ring); },
+                           "`mirror_slots` must be >= 1, got 0");
+  ring.mirror_slots = 2;
+  expect_error<ValueError>([&] { cuda::argmax(logits, ids, ring); },
+                           "takes one row, got 2 rows");
+  cuda::free_pinned(mirror);
 }
 
 // ---- the session epilogue ----------------------------------------------------------------
@@ -403,8 +468,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// `pipelined_with_stops`: whether the model decodes pipelined with stop tokens (no KDA state).
 void expect_in_step_equals_host(Generator& in_step, Generator& host, std::int64_t tokens,
-                                bool expect_replay, const char* what) {
+                                bool expect_replay, const char* what,
+                                bool pipelined_with_stops) {
   const std::vector<std::int32_t> prompt = {1};
   GenerateOptions options;
   options.max_new_tokens = tokens;
@@ -412,6 +479,8 @@ void expect_in_step_equals_host(Generator& in_step, Generator& host, std::int64_
   const GenerateResult got = in_step.generate(prompt, options);
   EXPECT_FALSE(want.greedy_in_step) << what;
   EXPECT_TRUE(got.greedy_in_step) << what;
+  EXPECT_FALSE(want.pipelined) << what;
+  EXPECT_TRUE(got.pipelined) << what << ": no stop tokens, no kept logits";
   ASSERT_EQ(want.tokens.size(), static_cast<std::size_t>(tokens)) << what;
   EXPECT_EQ(got.tokens, want.tokens) << what;
   EXPECT_TRUE(testing::bit_equal(got.prompt_logits, want.prompt_logits)) << what;
@@ -429,7 +498,36 @@ void expect_in_step_equals_host(Generator& in_step, Generator& host, std::int64_
   const GenerateResult kept_want = host.generate(prompt, options);
   const GenerateResult kept_got = in_step.generate(prompt, options);
   EXPECT_EQ(kept_got.tokens, want.tokens) << what;
+  EXPECT_FALSE(kept_got.pipelined) << what << ": every step's logits are read";
   EXPECT_TRUE(testing::bit_equal(kept_got.all_logits, kept_want.all_logits)) << what;
+  // A stop token in the middle: the same tokens up to it; pipelined only where the step launched
+  // past the stop can be taken back (no recurrent state). Then a second generate() continues the
+  // sequence from where the first stopped: its prompt logits and tokens equal the host path's,
+  // so the taken-back step left nothing behind.
+  const std::size_t stop_at = want.tokens.size() / 2;
+  const std::int32_t stop = want.tokens[stop_at];
+  const std::size_t first_stop =
+      static_cast<std::size_t>(std::find(want.tokens.begin(), want.tokens.end(), stop) -
+                               want.tokens.begin());
+  in_step.reset();
+  host.reset();
+  GenerateOptions stopping;
+  stopping.max_new_tokens = tokens;
+  stopping.stop_tokens = {stop};
+  const GenerateResult stopped_want = host.generate(prompt, stopping);
+  const GenerateResult stopped_got = in_step.generate(prompt, stopping);
+  EXPECT_EQ(stopped_got.pipelined, pipelined_with_stops) << what;
+  EXPECT_TRUE(stopped_got.stopped_on_token) << what;
+  EXPECT_EQ(stopped_got.tokens, std::vector<std::int32_t>(want.tokens.begin(),
+                                                          want.tokens.begin() + first_stop + 1))
+      << what;
+  EXPECT_EQ(in_step.position(), host.position()) << what;
+  GenerateOptions more;
+  more.max_new_tokens = 6;
+  const GenerateResult more_want = host.generate({3}, more);
+  const GenerateResult more_got = in_step.generate({3}, more);
+  EXPECT_EQ(more_got.tokens, more_want.tokens) << what << " (after the stop)";
+  EXPECT_TRUE(testing::bit_equal(more_got.prompt_logits, more_want.prompt_logits)) << what;
   // step_greedy: the first token from the host, then continuations that never leave the device.
   in_step.reset();
   std::vector<std::int32_t> chain = {in_step.step_greedy(prompt[0])};
@@ -441,14 +539,16 @@ TEST(CudaGreedyDecode, DefaultModelInStepEqualsHostGreedyFor48Tokens) {
   SKIP_WITHOUT_GPU();
   Generator in_step = default_generator(true, true);
   Generator host = default_generator(false, true);
-  expect_in_step_equals_host(in_step, host, 48, true, "default model, fused arms, graph replay");
+  expect_in_step_equals_host(in_step, host, 48, true, "default model, fused arms, graph replay",
+                             /*pipelined_with_stops=*/false);
 }
 
 TEST(CudaGreedyDecode, DefaultModelDecomposedArmsEagerStepsInStepEqualsHostGreedy) {
   SKIP_WITHOUT_GPU();
   Generator in_step = default_generator(true, false);
   Generator host = default_generator(false, false);
-  expect_in_step_equals_host(in_step, host, 48, false, "default model, decomposed arms, eager");
+  expect_in_step_equals_host(in_step, host, 48, false, "default model, decomposed arms, eager",
+                             /*pipelined_with_stops=*/false);
   EXPECT_NE(in_step.session().cuda_graph_status().find("eager"), std::string::npos)
       << in_step.session().cuda_graph_status();
 }
@@ -486,7 +586,8 @@ TEST(CudaGreedyDecode, LargeVocabLlamaInStepEqualsHostGreedy) {
   };
   Generator in_step = make(true);
   Generator host = make(false);
-  expect_in_step_equals_host(in_step, host, 32, true, "49152-vocab llama, graph replay");
+  expect_in_step_equals_host(in_step, host, 32, true, "49152-vocab llama, graph replay",
+                             /*pipelined_with_stops=*/true);
 }
 
 }  // namespace

@@ -241,6 +241,14 @@ Runner add_bench(CLI::App& app) {
     const double p50 = total[total.size() / 2],
                  p99 = total[std::min(total.size() - 1, total.size() * 99 / 100)];
     const double host50 = host[host.size() / 2];
+    // The decode loop as `run` drives it (generate(): pipelined where it can be, generate.h), the
+    // same number of tokens from the start: the time between consecutive tokens, p50.
+    o.generator->reset();
+    GenerateOptions loop;
+    loop.max_new_tokens = *steps;
+    GenerateResult r = o.generator->generate({kFirstToken}, loop);
+    std::sort(r.step_us.begin(), r.step_us.end());
+    const double loop50 = r.step_us.empty() ? 0.0 : r.step_us[r.step_us.size() / 2];
     if (*json) {
       nlohmann::json j{{"model", o.loaded.source},
                        {"device", m->device},
@@ -249,12 +257,17 @@ Runner add_bench(CLI::App& app) {
                        {"p99_us", p99},
                        {"tokens_per_s", 1e6 / p50},
                        {"host_overhead_us_p50", host50},
-                       {"greedy_path", in_step ? "in_step" : "host"}};
+                       {"greedy_path", in_step ? "in_step" : "host"},
+                       {"generate_p50_us", loop50},
+                       {"generate_tokens_per_s", loop50 > 0 ? 1e6 / loop50 : 0.0},
+                       {"generate_pipelined", r.pipelined}};
       std::cout << j.dump(2) << "\n";
     } else {
       std::cout << o.loaded.source << " on " << m->device << ": " << total.size() << " steps, p50 "
                 << p50 << " us, p99 " << p99 << " us, " << 1e6 / p50 << " tokens/s, host overhead "
-                << host50 << " us/token (p50); greedy: " << greedy_path(in_step, m->device) << "\n";
+                << host50 << " us/token (p50); greedy: " << greedy_path(in_step, m->device)
+                << "; decode loop (generate" << (r.pipelined ? ", pipelined" : "") << "): p50 "
+                << loop50 << " us/token\n";
     }
     return 0;
   };

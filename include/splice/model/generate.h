@@ -17,6 +17,15 @@
 // tokens are uploaded once per generate() call and fed from the device. keep_logits still
 // downloads every step's logits; sampling with a temperature uses the host path (logits to the
 // host, Sampler). Both paths pick the same ids (Sampler's greedy rule, cpu/sampling.h).
+//
+// Pipelined greedy decode (CUDA, greedy in the step): generate() launches the step that computes
+// token i + 1 before it reads token i (the step reads token i from the device buffer the previous
+// epilogue wrote), so the host's read-back, streaming callback and next launch overlap the
+// device's step instead of following it. The argmax writes each step's id into one of two pinned
+// slots (step n: slot n % 2), so the host reads step n while step n + 1 runs. When token i is a
+// stop token the step already launched past it is waited for and taken back (the position moves
+// back; it appended a KV row past the live length). A recurrent state (KDA) cannot be taken back,
+// so with stop tokens such models decode unpipelined (GenerateResult::pipelined says which).
 #pragma once
 
 #include <cstdint>
@@ -80,6 +89,10 @@ struct GenerateResult {
   // host.
   std::vector<double> step_us;
   bool greedy_in_step = false;  // the tokens were chosen inside the steps (no logits download)
+  // The decode steps were pipelined: step i + 1 was launched before token i was read (greedy in
+  // the step on CUDA, without keep_logits; with stop tokens only where the step launched past a
+  // stop can be taken back, i.e. every state is an append-at-k_len - 1 cache).
+  bool pipelined = false;
 };
 
 class Generator {
@@ -117,6 +130,9 @@ class Generator {
   void launch_step(const Tensor& tokens);
   // Waits for the last step and returns the id its epilogue chose (greedy_in_step).
   std::int32_t read_choice();
+  // The same for session step `step` (counted from construction), one of the last two launched.
+  std::int32_t read_choice(std::uint64_t step);
+  bool overrun_is_harmless_ = false;  // generate.cc's overrun_is_harmless of the decode graph
   std::int64_t position_ = 0;
   Tensor token_host_;
   std::shared_ptr<Feedback> feedback_;       // null without greedy_in_step

@@ -72,7 +72,9 @@ struct ArgmaxParams {
   long long row_stride = 0;  // elements between rows
   int* ids = nullptr;        // [rows], stride ids_stride
   long long ids_stride = 0;
-  int* host_mirror = nullptr;  // [rows] pinned host memory, or null
+  int* host_mirror = nullptr;  // [rows] (or [mirror_slots] with a counter) pinned, or null
+  unsigned* mirror_counter = nullptr;  // [1] device: this launch writes slot *counter % slots
+  int mirror_slots = 1;
 };
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -119,12 +121,18 @@ __device__ __forceinline__ unsigned long long warp_max(unsigned long long key) {
   return key;
 }
 
+// `launch` is the mirror counter's value (read at the kernel's start; 0 without a counter).
 __device__ __forceinline__ void write_id(const ArgmaxParams& p, long long row,
-                                         unsigned long long key) {
+                                         unsigned long long key, unsigned launch) {
   const int id = static_cast<int>(kLowMax - static_cast<unsigned>(key & kLowMax));
   p.ids[row * p.ids_stride] = id;
   if (p.host_mirror != nullptr) {
-    p.host_mirror[row] = id;
+    if (p.mirror_counter != nullptr) {  // one row (the launcher checks it)
+      p.host_mirror[launch % static_cast<unsigned>(p.mirror_slots)] = id;
+      *p.mirror_counter = launch + 1;
+    } else {
+      p.host_mirror[row] = id;
+    }
     __threadfence_system();
   }
 }
@@ -132,6 +140,11 @@ __device__ __forceinline__ void write_id(const ArgmaxParams& p, long long row,
 template <typename T>
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const ArgmaxParams p) {
   detail::pdl_prologue();
+  // The mirror ring's launch number, loaded first thing by the thread that writes the id (thread 0
+  // of rank 0; only the previous launch, complete after the wait, wrote it) so its round trip
+  // overlaps the row's.
+  const unsigned launch =
+      p.mirror_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0 ? *p.mirror_counter : 0u;
   constexpr int kPerVector = kVectorBytes / static_cast<int>(sizeof(T));
   constexpr int kPerWord = kWordBytes / static_cast<int>(sizeof(T));
   __shared__ unsigned long long warp_keys[kWarps];
@@ -181,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const ArgmaxParams p) 
       best = warp_max(lane < kWarps ? warp_keys[lane] : 0ull);
       if (lane == 0) {
         if (ctas == 1)
-          write_id(p, row, best);
+          write_id(p, row, best, launch);
         else
           cta_key = best;
       }
@@ -192,7 +205,7 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const ArgmaxParams p) 
       if (rank == 0 && warp == 0) {
         best = warp_max(lane < static_cast<int>(ctas) ? *cluster.map_shared_rank(&cta_key, lane)
                                                       : 0ull);
-        if (lane == 0) write_id(p, row, best);
+        if (lane == 0) write_id(p, row, best, launch);
       }
       cluster.sync();  // the peers' cta_key stays alive and unchanged until rank 0 has read it
     } else {
@@ -280,6 +293,17 @@ void argmax(const Tensor& logits, Tensor& ids, const ArgmaxOptions& options) {
   p.ids = ids.data<int>();
   p.ids_stride = ids.stride(0);
   p.host_mirror = options.host_mirror;
+  if (options.mirror_counter != nullptr) {
+    if (options.host_mirror == nullptr)
+      fail<ValueError>("cuda::argmax: `mirror_counter` needs a `host_mirror` ring");
+    if (options.mirror_slots < 1)
+      fail<ValueError>("cuda::argmax: `mirror_slots` must be >= 1, got ", options.mirror_slots);
+    if (s.rows != 1)
+      fail<ValueError>("cuda::argmax: a mirror ring (`mirror_counter`) takes one row, got ",
+                       s.rows, " rows");
+  }
+  p.mirror_counter = options.mirror_counter;
+  p.mirror_slots = options.mirror_slots;
   const bool automatic = options.ctas_per_row == 0;
   const int ctas =
       automatic ? argmax_launch(s.vocab, logits.dtype()).ctas_per_row : options.ctas_per_row;

@@ -35,12 +35,19 @@ struct ArgmaxOptions {
   // addressing), readable by the host once the stream has synchronized. Saves the 4-byte copy a
   // decode loop would otherwise issue to learn its token.
   std::int32_t* host_mirror = nullptr;
+  // Optional, with host_mirror and one row: a ring of `mirror_slots` ids in host_mirror. Launch n
+  // (counted by `mirror_counter`, [1] uint32 in device memory on the logits' device, which the
+  // kernel reads and increments; the caller zeroes it) writes slot n % mirror_slots, so a decode
+  // loop can read step n's id while step n + 1 (which writes the other slot) runs.
+  std::uint32_t* mirror_counter = nullptr;
+  int mirror_slots = 1;
 };
 
 // ids[r] = the greedy rule over logits[r, :]. logits [rows, vocab] or [vocab] (one row), f32 /
 // f16 / bf16 on a CUDA device, unit stride on the vocab axis (rows may have any stride),
 // 1 <= vocab <= 2^31; ids [rows] i32 on the same device. Typed errors as cpu::argmax (same checks
-// and wording), plus ValueError for ctas_per_row outside [0, 8].
+// and wording), plus ValueError for ctas_per_row outside [0, 8], and for a mirror ring (a
+// mirror_counter) without host_mirror, with mirror_slots < 1 or with more than one row.
 void argmax(const Tensor& logits, Tensor& ids, const ArgmaxOptions& options = {});
 
 }  // namespace splice::cuda
