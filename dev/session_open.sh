@@ -7,13 +7,14 @@
 #   1. Build the CUDA tree (scripts/gpu-check build + the benches and the CLI) in /tmp/bg, so a warm
 #      machine keeps it for the next call.
 #   2. ctest -L gpu: every GPU test (the verification the earlier commits are waiting for).
-#   3. The SmolLM2-135M-shaped random Llama (transformers, bf16): `splice bench` interleaved
-#      A/B of SPLICE_GEMV_VARIANT 1 (the default: register RMSNorm prologue) and 0, then PDL on/off.
-#   4. dev/qkv_rope: RoPE and the appends in the q|k|v GEMV's epilogue against the two kernels
-#      (bitwise check, us per layer); dev/kv_prefix: attention reading its stable KV prefix
-#      before the PDL wait against after it (bitwise check, us per layer).
-#   5. The kernel-stamp build (-DSPLICE_KERNEL_STAMPS=ON, only the step_stamps target) and the
-#      per-kernel breakdown of the same model's step (dev/step_stamps).
+#   3. The SmolLM2-135M-shaped random Llama (transformers, bf16): `splice bench` (p50, p99, host
+#      overhead, and the decode loop's p50 as generate() runs it), three interleaved pairs of each
+#      A:B environment pair in OPEN_AB (default: SPLICE_GEMV_VARIANT 1 vs 0, SPLICE_PDL 1 vs 0;
+#      empty: three runs as built); then the default model.
+#   4. The standalone experiments in OPEN_EXPERIMENTS (default: dev/qkv_rope and dev/kv_prefix).
+#   5. The per-kernel breakdown of the same model's step (dev/step_stamps): a carried binary
+#      (STAMPS_BIN, built here with -DSPLICE_KERNEL_STAMPS=ON and a generic BLAS) or the
+#      kernel-stamp build on the device (only the step_stamps target, ~2.5 min).
 # About 8-9 minutes on a cold nvidia-h200 (the two builds ~2 min each); give the call 600 s.
 # Every step has a timeout and logs under /tmp/open; OUT gets summary.txt (the short results,
 # also on stdout) and open.tgz (every log).
@@ -60,19 +61,23 @@ except ValueError:
     print('$label FAILED (see bench.err)')"
 }
 echo "== SmolLM2-shaped, us per token: p50 p99 host (at $(el) s)"
-bench warm-up SPLICE_GEMV_VARIANT=1 >/dev/null
-for pair in 1 2 3; do
-  bench "gemv_variant=1" SPLICE_GEMV_VARIANT=1
-  bench "gemv_variant=0" SPLICE_GEMV_VARIANT=0
-done
-for pair in 1 2; do
-  bench "pdl=1" SPLICE_PDL=1
-  bench "pdl=0" SPLICE_PDL=0
+bench warm-up >/dev/null
+# OPEN_AB: space-separated A:B environment pairs, each run as 3 interleaved pairs (empty: three
+# runs of the build as it is).
+ab=${OPEN_AB-"SPLICE_GEMV_VARIANT=1:SPLICE_GEMV_VARIANT=0 SPLICE_PDL=1:SPLICE_PDL=0"}
+if [[ -z $ab ]]; then
+  for run in 1 2 3; do bench "as built" SPLICE_UNUSED=0; done
+fi
+for pair in $ab; do
+  for run in 1 2 3; do
+    bench "${pair%%:*}" "${pair%%:*}"
+    bench "${pair##*:}" "${pair##*:}"
+  done
 done
 timeout 30 $B/splice bench --device cuda --steps 128 2>&1 | tail -1 | sed 's/^/default model: /'
 
-# 4. The two standalone experiments.
-for exp in qkv_rope kv_prefix; do
+# 4. The standalone experiments (OPEN_EXPERIMENTS, default both; empty: none).
+for exp in ${OPEN_EXPERIMENTS-qkv_rope kv_prefix}; do
   echo "== dev/$exp (at $(el) s)"
   if nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -o "$R/$exp" \
       "dev/$exp/$exp.cu" >"$R/${exp}_build.log" 2>&1; then
@@ -84,7 +89,9 @@ done
 # 5. Kernel stamps (last: its build is the slowest step; summary.txt keeps what came before).
 echo "== step_stamps (at $(el) s)"
 left=$((570 - $(el)))  # the call's 600 s, less the archive's time
-if [[ $left -gt 60 ]]; then
+if [[ -n ${STAMPS_BIN:-} ]]; then  # a step_stamps built elsewhere (carried)
+  timeout "$left" "$STAMPS_BIN" "$model" 64 256 "$R/tuning.json" >"$R/stamps.log" 2>&1
+elif [[ $left -gt 60 ]]; then
   timeout "$left" dev/step_stamps/device_run.sh "$R/stamps" "$model" >"$R/stamps.log" 2>&1
 else
   echo "(skipped: $left s left)" >"$R/stamps.log"

@@ -48,8 +48,14 @@ std::string readable(const std::string& mangled) {
   std::unique_ptr<char, void (*)(void*)> d(
       abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status), std::free);
   std::string s = status == 0 && d ? d.get() : mangled;
-  if (const auto paren = s.rfind('('); paren != std::string::npos && s.back() == ')')
-    s.erase(paren);  // the parameter list
+  if (!s.empty() && s.back() == ')') {  // the parameter list: back to its matching '('
+    std::size_t depth = 0, i = s.size();
+    while (i-- > 0) {
+      if (s[i] == ')') ++depth;
+      if (s[i] == '(' && --depth == 0) break;
+    }
+    if (i < s.size()) s.erase(i);
+  }
   std::size_t depth = 0, cut = 0;
   for (std::size_t i = 0; i < s.size(); ++i) {  // the last "::" outside template arguments
     if (s[i] == '<') ++depth;
