@@ -4,7 +4,9 @@
 // a device k_len scalar calls the CUDA launcher directly on that stream, so a step can be captured.
 #include "exec/node_kernels.h"
 
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
@@ -186,6 +188,7 @@ std::optional<NodeId> state_under_any_view(const Graph& graph, NodeId id) {
 
 // NodeHints::stable_kv_prefix of FlashDecode node `flash`.
 bool stable_kv_prefix(const Graph& graph, const Node& flash) {
+  if (!stable_kv_prefix_enabled()) return false;
   const Node& q = graph.node(flash.inputs[0]);
   if (q.shape.size() != 4 || !q.shape[2].is_constant()) return false;
   const SymExpr first_new_row = flash.attrs.flash->k_len.expr() - SymExpr(q.shape[2].constant());
@@ -225,7 +228,37 @@ bool stable_kv_prefix(const Graph& graph, const Node& flash) {
   return true;
 }
 
+// The node under `id` through views that do not launch (Reshape, Permute, Slice, Sequence).
+NodeId producer_through_views(const Graph& graph, NodeId id) {
+  for (;;) {
+    const Node& n = graph.node(id);
+    if (n.op != Op::Reshape && n.op != Op::Permute && n.op != Op::Slice && n.op != Op::Sequence)
+      return id;
+    id = n.inputs[0];
+  }
+}
+
+// NodeHints::trigger_dependents_first of node `id`: a FlashDecode with the stable-prefix promise
+// reads it as q.
+bool feeds_stable_prefix_attention(const Graph& graph, NodeId id) {
+  for (NodeId other : graph.live_nodes()) {
+    const Node& n = graph.node(other);
+    if (n.op == Op::FlashDecode && producer_through_views(graph, n.inputs[0]) == id &&
+        stable_kv_prefix(graph, n))
+      return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+bool stable_kv_prefix_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("SPLICE_STABLE_KV_PREFIX");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return enabled;
+}
 
 NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
   const Node& n = graph.node(id);
@@ -233,10 +266,12 @@ NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
   if (const int w = weight_input(n.op); w >= 0)
     hints.constant_b = is_constant_param_view(graph, n.inputs[w]);
   // The step-scalar slot backs a SymValue only on CUDA sessions (Session::run_nodes).
-  if (n.op == Op::RopeKvAppend && device.is_cuda())
+  if (n.op == Op::RopeKvAppend && device.is_cuda()) {
     hints.stable_position = graph.node(n.inputs[3]).op == Op::SymValue &&
                             is_constant_param_view(graph, n.inputs[1]) &&
                             is_constant_param_view(graph, n.inputs[2]);
+    hints.trigger_dependents_first = feeds_stable_prefix_attention(graph, id);
+  }
   // FlashDecode's k_len is the step-scalar slot on CUDA sessions (run_compute_node).
   if (n.op == Op::FlashDecode && device.is_cuda()) hints.stable_kv_prefix = stable_kv_prefix(graph, n);
   return hints;
@@ -297,7 +332,7 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
   if (n.op == Op::RopeKvAppend) {  // the caches (inputs 4, 5) are views of the session's states
     Tensor k_cache = in[4], v_cache = in[5];
     return fused_rope_kv_append(in[0], in[1], in[2], in[3], k_cache, v_cache, out,
-                                hints.stable_position);
+                                hints.stable_position, hints.trigger_dependents_first);
   }
   if (n.op == Op::MatMulAdd) return fused_matmul_add(in[0], in[1], in[2], out, hints.constant_b);
   if (n.op == Op::RmsNormMatMul)

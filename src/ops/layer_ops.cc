@@ -106,7 +106,7 @@ void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Ten
 
 void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
                           const Tensor& position, Tensor& k_cache, Tensor& v_cache, Tensor& out,
-                          bool position_stable) {
+                          bool position_stable, bool trigger_dependents_first) {
   const char* op = "rope_kv_append";
   check_defined(qkv, "qkv");
   const Device device = qkv.device();
@@ -119,9 +119,11 @@ void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& si
   check_contract(contract_for(device, op), LayerOpKind::rope_kv_append, qkv.dtype(), last_dim(out));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda())
-    return cuda::rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out, position_stable);
+    return cuda::rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out, position_stable,
+                                trigger_dependents_first);
 #endif
   (void)position_stable;  // a CPU kernel has no launch ordering to relax
+  (void)trigger_dependents_first;
   cpu::rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out);
 }
 

@@ -259,6 +259,7 @@ TEST(RopeKvAppendCuda, ReplayedLlamaIsBitwiseTheDecomposedArm) {
     // The session promises a stable position (a SymValue step scalar, Param tables): every
     // launch it issues (eager and captured steps; a replay issues none) reads p before the wait.
     EXPECT_EQ(after.early_position - before.early_position, after.launches - before.launches);
+    EXPECT_EQ(after.early_trigger - before.early_trigger, after.launches - before.launches);
     if (step == 1) {
       EXPECT_EQ(after.launches - before.launches, 2u) << "one per layer";
     }

@@ -4,9 +4,10 @@
 //   1. A tiny Llama (stacked projections, the flash arm collapsed), with the rope_kv_append arm
 //      fused or decomposed: on a CUDA session every FlashDecode node gets stable_kv_prefix (its
 //      caches' only writers append at k_len - 1, through RopeKvAppend's SymValue position or
-//      WriteAt's offset) and every RopeKvAppend gets stable_position; on the CPU neither.
+//      WriteAt's offset) and every RopeKvAppend gets stable_position and (its q feeds such an
+//      attention) trigger_dependents_first; on the CPU none.
 //   2. Any other writer of a cache takes the promise away from the attention that reads it (and
-//      only from that one): a WriteAt at row 0, a WriteAt at k_len - 2, a WriteAt on the wrong
+//      only from that one, and with it the early trigger of the RoPE kernel feeding it): a WriteAt at row 0, a WriteAt at k_len - 2, a WriteAt on the wrong
 //      axis (the graph refuses a WriteAt through a permuted view).
 #include <gtest/gtest.h>
 
@@ -82,6 +83,9 @@ TEST(NodeHints, DecodeStepAttentionReadsAStablePrefix) {
     for (NodeId id : rope) {
       EXPECT_TRUE(node_hints(g, id, Device::cuda()).stable_position);
       EXPECT_FALSE(node_hints(g, id, Device::cpu()).stable_position);
+      // Its q feeds an attention that works before its wait: let that launch early.
+      EXPECT_TRUE(node_hints(g, id, Device::cuda()).trigger_dependents_first);
+      EXPECT_FALSE(node_hints(g, id, Device::cpu()).trigger_dependents_first);
     }
   }
 }
@@ -106,8 +110,13 @@ TEST(NodeHints, AnyOtherCacheWriterTakesThePromiseAway) {
                                  ? DynScalar::Concrete(0)
                                  : DynScalar::Expr(SymExpr(k_len) - SymExpr(2));
     g.write_at(cache, value, w.axis, offset);
-    // Layer 1's attention loses the promise; layer 0's keeps it.
+    // Layer 1's attention loses the promise; layer 0's keeps it, and so do the RoPE kernels'
+    // triggers.
     EXPECT_EQ(flash_promises(g), (std::vector<bool>{true, false}));
+    std::vector<bool> triggers;
+    for (NodeId id : nodes_of(g, Op::RopeKvAppend))
+      triggers.push_back(node_hints(g, id, Device::cuda()).trigger_dependents_first);
+    EXPECT_EQ(triggers, (std::vector<bool>{true, false}));
   }
 }
 

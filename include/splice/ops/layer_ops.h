@@ -30,9 +30,12 @@ void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Ten
 // qkv's dtype); cos, sin [max_seq_len, D]. Bitwise fused_rope plus two write_at.
 // `position_stable`: the caller's promise that no kernel in flight writes position, cos or sin (a
 // session's step scalar and constant tables; cuda::rope_kv_append), ignored on the CPU.
+// `trigger_dependents_first`: a scheduling hint, never a change of results: the kernel lets the
+// next kernel launch before it waits for its own producers (cuda::rope_kv_append), ignored on the
+// CPU.
 void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
                           const Tensor& position, Tensor& k_cache, Tensor& v_cache, Tensor& out,
-                          bool position_stable = false);
+                          bool position_stable = false, bool trigger_dependents_first = false);
 
 // out = round(a @ b^T + c): a [..., M, K], b [N, K] (a's dtype), c, out [..., M, N]; the fp32 sum
 // plus c rounded once into out's dtype. `b_constant`: the caller's promise that no kernel in

@@ -23,6 +23,8 @@
 //      operations), stored in qkv's dtype: q heads (h < Hq) into out[b, h], k heads into
 //      k_cache[b, h - Hq, p]; v heads are copied into v_cache[b, h - Hq - Hkv, p] unchanged.
 //      A p outside [0, min(max_seq_len, capacity)) writes zeros to out and leaves the caches.
+//      With `trigger_dependents_first` every CTA triggers its dependents as its first
+//      instruction (launch.cuh's one exception to triggering after the wait).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -58,9 +60,10 @@ struct RopeKvAppendParams {
   long long capacity = 0;
   const int* position = nullptr;  // [1]: the step's p, read on the device
   bool position_stable = false;   // the launcher's promise: read p and the tables before the wait
+  bool trigger_first = false;     // trigger the dependents before the wait (scheduling only)
 };
 
-std::atomic<std::uint64_t> g_launches{0}, g_early_position_launches{0};
+std::atomic<std::uint64_t> g_launches{0}, g_early_position_launches{0}, g_early_trigger_launches{0};
 
 using detail::dispatch_float;  // float_convert.cuh
 using detail::from_float;
@@ -90,6 +93,7 @@ __global__ void rope_kv_append_kernel(RopeKvAppendParams p) {
   rope_kv_append_index::Item it =
       t < total ? rope_kv_append_index::item(p.g, t, 0) : rope_kv_append_index::Item{};
   const T* const qkv = static_cast<const T*>(p.qkv);
+  if (p.trigger_first) detail::allow_dependents();  // the next kernel may launch now
 
   // The position, and the current item's table rows (c_i, c_{i+D/2}, s_i, s_{i+D/2} at row p;
   // none for a v item or an invalid p).
@@ -169,7 +173,8 @@ unsigned grid_for(long long work) {
 }  // namespace
 
 void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& position,
-                    Tensor& k_cache, Tensor& v_cache, Tensor& out, bool position_stable) {
+                    Tensor& k_cache, Tensor& v_cache, Tensor& out, bool position_stable,
+                    bool trigger_dependents_first) {
   constexpr const char* kOp = "rope_kv_append";
   check_cuda_tensor(qkv, kOp, "qkv");
   check_cuda_tensor(cos, kOp, "cos");
@@ -219,9 +224,11 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
   p.capacity = k_cache.size(2);
   p.position = static_cast<const int*>(position.raw_data());
   p.position_stable = position_stable;
+  p.trigger_first = trigger_dependents_first;
   if (batch == 0) return;
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (position_stable) g_early_position_launches.fetch_add(1, std::memory_order_relaxed);
+  if (trigger_dependents_first) g_early_trigger_launches.fetch_add(1, std::memory_order_relaxed);
   dispatch_float(qkv.dtype(), "rope_kv_append", [&](auto tag) {
     using T = decltype(tag);
     detail::launch_kernel(rope_kv_append_kernel<T>,
@@ -232,7 +239,8 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
 
 RopeKvAppendLaunches rope_kv_append_launches() {
   return {g_launches.load(std::memory_order_relaxed),
-          g_early_position_launches.load(std::memory_order_relaxed)};
+          g_early_position_launches.load(std::memory_order_relaxed),
+          g_early_trigger_launches.load(std::memory_order_relaxed)};
 }
 
 }  // namespace splice::cuda

@@ -22,13 +22,19 @@ namespace splice::cuda {
 // inside the step) and constant tables. The kernel then reads p and its table rows before
 // waiting for its producers, so only the q|k|v row's round trip follows the wait. A false
 // promise is a silent race; false (the default) assumes nothing.
+// `trigger_dependents_first`: every CTA triggers its dependents (griddepcontrol.launch_dependents)
+// as its first instruction instead of after its wait, so the next kernel launches while this one
+// still waits for its producers. Correctness never depends on it (the dependent still waits for
+// this grid's completion); it pays where the next kernel has work before its own wait (flash
+// decode under the stable-prefix promise, NodeHints::trigger_dependents_first).
 void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& position,
-                    Tensor& k_cache, Tensor& v_cache, Tensor& out, bool position_stable = false);
+                    Tensor& k_cache, Tensor& v_cache, Tensor& out, bool position_stable = false,
+                    bool trigger_dependents_first = false);
 
 // Launch counters (process-wide, relaxed atomics) for tests: launches issued, and those that read
 // the position before the wait (position_stable).
 struct RopeKvAppendLaunches {
-  std::uint64_t launches = 0, early_position = 0;
+  std::uint64_t launches = 0, early_position = 0, early_trigger = 0;
 };
 RopeKvAppendLaunches rope_kv_append_launches();
 
