@@ -4,9 +4,7 @@
 // a device k_len scalar calls the CUDA launcher directly on that stream, so a step can be captured.
 #include "exec/node_kernels.h"
 
-#include <cstdlib>
 #include <optional>
-#include <string>
 
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
@@ -188,7 +186,6 @@ std::optional<NodeId> state_under_any_view(const Graph& graph, NodeId id) {
 
 // NodeHints::stable_kv_prefix of FlashDecode node `flash`.
 bool stable_kv_prefix(const Graph& graph, const Node& flash) {
-  if (!stable_kv_prefix_enabled()) return false;
   const Node& q = graph.node(flash.inputs[0]);
   if (q.shape.size() != 4 || !q.shape[2].is_constant()) return false;
   const SymExpr first_new_row = flash.attrs.flash->k_len.expr() - SymExpr(q.shape[2].constant());
@@ -251,14 +248,6 @@ bool feeds_stable_prefix_attention(const Graph& graph, NodeId id) {
 }
 
 }  // namespace
-
-bool stable_kv_prefix_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("SPLICE_STABLE_KV_PREFIX");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  return enabled;
-}
 
 NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
   const Node& n = graph.node(id);

@@ -43,10 +43,6 @@ struct NodeHints {
   bool trigger_dependents_first = false;
 };
 
-// Dev A/B switch (issue #7, run 23): SPLICE_STABLE_KV_PREFIX=0 in the environment (read once)
-// turns stable_kv_prefix and trigger_dependents_first off. To be removed once the A/B decides.
-bool stable_kv_prefix_enabled();
-
 // The input index of the streamed weight of a product op (MatMul, MatMulAdd: 1; RmsNormMatMul,
 // SiluMulMatMulAdd: 2), -1 for every other op.
 int weight_input(Op op);
