@@ -12,7 +12,10 @@
 // hand-off (the last launch has none: the step ends with it). Prints, medians over the steps:
 //   1. per kernel name: launches per step, us per launch, us per step, share of the step;
 //   2. launches 0 .. 2 x (launches per layer) + the last 8 one by one (the first two layers);
-//   3. the step: the stamped span (first to last stamp) and the host-timed step.
+//   3. per kernel name: its arrival at the wait after the previous launch's wait return (launch
+//      latency plus pre-wait work: above the previous launch's share, the kernel was late), and
+//      its own stage marks after its wait return (flash decode: q ready, tile loop, stored);
+//   4. the step: the stamped span (first to last stamp) and the host-timed step.
 #include <cxxabi.h>
 
 #include <algorithm>
@@ -69,6 +72,12 @@ std::string readable(const std::string& mangled) {
 
 std::string base_name(const std::string& name) { return name.substr(0, name.find('<')); }
 
+// One launch's stamps in one step, by mark (0 = absent).
+struct GridStamps {
+  std::uint64_t ns[splice::cuda::kernel_stamps::kMarks] = {};
+  std::uint64_t wait() const { return ns[splice::cuda::kernel_stamps::kWaitReturn]; }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,17 +132,23 @@ int main(int argc, char** argv) {
     // the same ring slots: the ring is zeroed before each step and read after it. Within a step
     // the stamps are ordered by time (a linear PDL chain: each wait returns after the previous
     // one), which is the captured launch order.
-    std::vector<std::vector<Stamp>> per_step_stamps;
+    std::vector<std::vector<GridStamps>> per_step_stamps;
     std::vector<double> wall;
     for (int i = 0; i < steps; ++i) {
-      stamps::start(std::size_t{1} << 12);
+      stamps::start(std::size_t{1} << 14);  // 184 launches x 8 marks fit without aliasing
       const auto t0 = std::chrono::steady_clock::now();
       gen.step_greedy();
       wall.push_back(
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-      std::vector<Stamp> step = stamps::collect();
-      std::sort(step.begin(), step.end(),
-                [](const Stamp& a, const Stamp& b) { return a.ns < b.ns; });
+      std::map<std::uint64_t, GridStamps> grids;
+      for (const Stamp& s : stamps::collect())
+        if (s.mark < stamps::kMarks) grids[s.grid_id].ns[s.mark] = s.ns;
+      std::vector<GridStamps> step;
+      for (const auto& [id, g] : grids)
+        if (g.ns[stamps::kWaitReturn] != 0) step.push_back(g);
+      std::sort(step.begin(), step.end(), [](const GridStamps& a, const GridStamps& b) {
+        return a.ns[stamps::kWaitReturn] < b.ns[stamps::kWaitReturn];
+      });
       per_step_stamps.push_back(std::move(step));
     }
     // The replayed graph's launches: the latest capture whose launch count is the step's stamp
@@ -168,10 +183,24 @@ int main(int argc, char** argv) {
     const std::size_t shared_launches = per_step - 1;
     std::vector<std::vector<double>> share(shared_launches);
     std::vector<double> span;
+    // lag[n]: launch n's arrival at its wait after launch n - 1's wait return (n >= 1);
+    // stage[n][m]: launch n's mark m after its own wait return (NaN where it has none).
+    std::vector<std::vector<double>> lag(per_step);
+    std::vector<std::vector<std::vector<double>>> stage(
+        per_step, std::vector<std::vector<double>>(stamps::kMarks));
+    const auto us = [](std::uint64_t later, std::uint64_t earlier) {
+      return (static_cast<double>(later) - static_cast<double>(earlier)) / 1e3;
+    };
     for (const auto& step : per_step_stamps) {
       for (std::size_t n = 0; n < shared_launches; ++n)
-        share[n].push_back(static_cast<double>(step[n + 1].ns - step[n].ns) / 1e3);
-      span.push_back(static_cast<double>(step[per_step - 1].ns - step[0].ns) / 1e3);
+        share[n].push_back(us(step[n + 1].wait(), step[n].wait()));
+      span.push_back(us(step[per_step - 1].wait(), step[0].wait()));
+      for (std::size_t n = 0; n < per_step; ++n) {
+        if (n > 0 && step[n].ns[stamps::kArrival] != 0)
+          lag[n].push_back(us(step[n].ns[stamps::kArrival], step[n - 1].wait()));
+        for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
+          if (step[n].ns[m] != 0) stage[n][m].push_back(us(step[n].ns[m], step[n].wait()));
+      }
     }
     std::vector<double> med(shared_launches);
     double total = 0;
@@ -208,6 +237,38 @@ int main(int argc, char** argv) {
         std::printf("%4zu %8.2f  %s\n", n, med[n], names[n].substr(0, 110).c_str());
       else if (n == shown)
         std::printf("   ...\n");
+
+    // Arrivals and kernel stages, per kernel name (the mean over its launches of the medians).
+    std::printf(
+        "\n== arrival at the wait after the previous launch's wait return (launch latency and "
+        "pre-wait work; above the previous launch's share = the kernel was late), and the "
+        "kernel's own stage marks after its wait return (median us)\n%-40s %8s",
+        "kernel", "arrival");
+    for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
+      std::printf(" %7s%u", "mark", m);
+    std::printf("\n");
+    std::map<std::string, std::vector<std::vector<double>>> by_kernel;  // [mark or 0: arrival]
+    for (std::size_t n = 1; n < per_step; ++n) {
+      auto& row = by_kernel[base_name(names[n])];
+      row.resize(stamps::kMarks);
+      if (!lag[n].empty()) row[0].push_back(median(lag[n]));
+      for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
+        if (!stage[n][m].empty()) row[m].push_back(median(stage[n][m]));
+    }
+    const auto mean = [](const std::vector<double>& v) {
+      double sum = 0;
+      for (double x : v) sum += x;
+      return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+    };
+    for (const auto& [name, row] : by_kernel) {
+      std::printf("%-40s %8.2f", name.c_str(), mean(row[0]));
+      for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
+        if (row[m].empty())
+          std::printf(" %8s", "-");
+        else
+          std::printf(" %8.2f", mean(row[m]));
+      std::printf("\n");
+    }
 
     const double wall_med = median(wall);
     std::printf(

@@ -97,6 +97,9 @@ inline constexpr int kMergeBatch = 16;
 // split merge (partials are stored, nothing merged) and the K/V stream (no tiles loaded).
 inline constexpr int kDropMerge = 1;
 inline constexpr int kDropKv = 2;
+// Stages a kernel-stamps build records (kernel_stamps.h marks 2..): q and the new keys in shared
+// memory, warp 0's tile loop done, the output (or the split's partial) stored.
+inline constexpr unsigned kMarkQReady = 2, kMarkLoopDone = 3, kMarkStored = 4;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
@@ -312,6 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kv_head = bh % p.num_kv_heads;
   const int row_base = rb * kRows;
 
+  const StageStamps stages;  // kernel-stamps builds only (launch.cuh); empty otherwise
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
   const std::uint32_t pipe_u32 = smem_u32(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes);
@@ -455,6 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_wait<kStages - 1>();
   }
   __syncthreads();  // every thread's q rows (and pending keys) are visible
+  stages.mark(kMarkQReady);
 
   std::uint32_t q_frag[Cfg::kQInRegs ? kHeadDim / 16 : 1][4];
   const int frag_row = (lane / 8 % 2) * 8 + lane % 8;  // ldmatrix row this lane addresses
@@ -596,6 +601,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   }
   cp_async_wait<0>();
+  stages.mark(kMarkLoopDone);
 
   // Stage 5: merge the four warps' states in shared memory.
 #pragma unroll
@@ -662,6 +668,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (d == 0) p.partial_lse[(unit * kRows + row) * gridDim.y + split] = lse2;
     }
   }
+  stages.mark(kMarkStored);
   if (live_splits == 1 || (p.dev_drop & kDropMerge)) return;
 
   // Stage 6: the last split to finish merges every split's partial, in split order. Arrival is

@@ -73,8 +73,9 @@ std::vector<Stamp> collect() {
       cudaMemcpy(all.data(), r.ring, r.capacity * sizeof(Stamp), cudaMemcpyDeviceToHost));
   all.erase(std::remove_if(all.begin(), all.end(), [](const Stamp& s) { return s.grid_id == 0; }),
             all.end());
-  std::sort(all.begin(), all.end(),
-            [](const Stamp& a, const Stamp& b) { return a.grid_id < b.grid_id; });
+  std::sort(all.begin(), all.end(), [](const Stamp& a, const Stamp& b) {
+    return a.grid_id != b.grid_id ? a.grid_id < b.grid_id : a.mark < b.mark;
+  });
   return all;
 }
 

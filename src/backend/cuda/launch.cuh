@@ -88,14 +88,17 @@ __device__ __forceinline__ Ring ring_if_first_thread() {
       (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
   return first ? g_ring : Ring{nullptr, 0};
 }
-__device__ __forceinline__ void stamp(const Ring& ring) {
+// A stamps-build-only exception to launch.cuh's rule: the arrival stamp is a store before the
+// wait, into a slot of this grid's own (no predecessor reads or writes it).
+__device__ __forceinline__ void stamp(const Ring& ring, std::uint32_t mark) {
   if (ring.slots == nullptr) return;
   std::uint64_t grid_id = 0, ns = 0;
   asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid_id));
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  Stamp* slot = ring.slots + (grid_id & ring.mask);
+  Stamp* slot = ring.slots + ((grid_id * kMarks + mark) & ring.mask);
   slot->grid_id = grid_id;
   slot->ns = ns;
+  slot->mark = mark;
 }
 }  // namespace
 }  // namespace kernel_stamps
@@ -109,14 +112,27 @@ namespace detail {
 __device__ __forceinline__ void wait_for_producers() {
 #ifdef SPLICE_KERNEL_STAMPS
   const kernel_stamps::Ring ring = kernel_stamps::ring_if_first_thread();
+  kernel_stamps::stamp(ring, kernel_stamps::kArrival);
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 #ifdef SPLICE_KERNEL_STAMPS
-  kernel_stamps::stamp(ring);
+  kernel_stamps::stamp(ring, kernel_stamps::kWaitReturn);
 #endif
 }
+
+// Kernel-specific stage stamps (kernel_stamps.h: kFirstKernelMark <= mark < kMarks): create one
+// at the kernel's start (it reads the ring pointer then, so a mark costs no round trip later) and
+// call mark() after the wait; in a build without SPLICE_KERNEL_STAMPS both are empty.
+struct StageStamps {
+#ifdef SPLICE_KERNEL_STAMPS
+  kernel_stamps::Ring ring = kernel_stamps::ring_if_first_thread();
+  __device__ __forceinline__ void mark(unsigned m) const { kernel_stamps::stamp(ring, m); }
+#else
+  __device__ __forceinline__ void mark(unsigned) const {}
+#endif
+};
 
 // griddepcontrol.launch_dependents: this CTA no longer holds back the next kernel's launch.
 __device__ __forceinline__ void allow_dependents() {

@@ -16,6 +16,10 @@
 // hand-off alone at ~0.5 us). Work that is not ours (cuBLASLt kernels, copies) stamps nothing and
 // lands in the gap of the kernel before it.
 //
+// Besides the wait return, the same thread stamps its arrival at the wait (kArrival: the kernel's
+// launch and pre-wait work are done), and a kernel may stamp stages of its own
+// (detail::stamp_mark; flash decode stamps q ready, the tile loop done and the output stored).
+//
 // In a build without the option every function here is a no-op and available() is false.
 #pragma once
 
@@ -26,9 +30,18 @@
 
 namespace splice::cuda::kernel_stamps {
 
+// What a stamp marks. Slot (grid_id * kMarks + mark) mod capacity of the ring.
+enum Mark : std::uint32_t {
+  kWaitReturn = 0,  // griddepcontrol.wait returned (the chain analysis uses these)
+  kArrival = 1,     // the thread reached the wait (after the kernel's pre-wait work)
+  kFirstKernelMark = 2,  // kernel-specific stages (detail::stamp_mark in launch.cuh), < kMarks
+  kMarks = 8,
+};
+
 struct Stamp {
   std::uint64_t grid_id = 0;  // %gridid; 0 = an empty slot
-  std::uint64_t ns = 0;       // %globaltimer when the grid's CTA 0 returned from its wait
+  std::uint64_t ns = 0;       // %globaltimer when CTA 0's thread 0 passed the mark
+  std::uint32_t mark = 0;     // Mark
 };
 
 // A launch issued while its stream was being captured.
@@ -43,7 +56,7 @@ bool available();
 // and points every kernel translation unit at it; stamps are recorded from the next launch on.
 // Synchronizes the device. An UnsupportedError without the build option.
 void start(std::size_t capacity);
-// Synchronizes the device and returns the ring's non-empty slots sorted by grid id.
+// Synchronizes the device and returns the ring's non-empty slots sorted by grid id, then mark.
 std::vector<Stamp> collect();
 // Every launch noted during a capture since the process started, in launch order.
 std::vector<CapturedLaunch> captured_launches();
