@@ -66,6 +66,11 @@
 //                 plan) -> partial store + fence (waits for the acks) -> counter atomic
 //                 -> counter reset + fence (waits for its ack) -> the merging CTA's
 //                 (lse2_s, O_s) loads (one per 16 splits) -> o store.
+// Code size: in a decode step every kernel starts cold on its SMs (the step runs ~250 KB of
+// distinct code per layer), and code an SM has not run recently costs ~0.06-0.1 us per KB
+// executed (docs/perf.md run 26). So the ring-prologue loops, whose work is asynchronous copies,
+// are rolled (one copy of load_tile's code each instead of kStages - 1), and the softcap is a
+// block of its own that one branch skips, instead of a branch per score.
 // History (issue 5, docs/perf.md runs 16 and 18): a flag merge, a lean merge (one acq_rel atomic,
 // every partial in one batch), an L2 prefetch before the PDL wait, every split speculating from
 // the last call's k_len and whole-ring speculation were measured on the H200 and removed; one
@@ -359,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (split < plan.live) {
       my_tiles = tiles_of_warp(plan.c0, plan.c1);
       const int stable_end = min(plan.k_len - p.q_len, plan.c1);
-#pragma unroll
+#pragma unroll 1  // one copy of load_tile's code (the header's "Code size")
       for (int s = 0; s < kStages - 1; ++s) {
         if (s < my_tiles) load_tile(plan.c0, s, s, 0, stable_end, plan.c1);
         cp_async_commit();  // one group per prologue tile, empty past the warp's last
@@ -411,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (stable_prefix && split < plan.live) {
     // The keys this step's producers wrote, [k_len - q_len, c1), of the prologue tiles.
     const int pending_from = max(plan.k_len - p.q_len, plan.c0);
-#pragma unroll
+#pragma unroll 1
     for (int s = 0; s < kStages - 1; ++s)
       if (s < my_tiles) load_tile(plan.c0, s, s, pending_from, plan.c1, INT_MAX);
   }
@@ -447,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     my_tiles = tiles_of_warp(c0, c1);
     // Tiles 0 .. kStages - 2 are issued before the main loop, one cp.async group each in tile
     // order (tile 0 already, if speculative), tiles < c1 only (an empty group otherwise).
-#pragma unroll
+#pragma unroll 1
     for (int s = 0; s < kStages - 1; ++s) {
       if (s > 0 || !speculative) {
         if (s < my_tiles) load_tile(c0, s, s, 0, c1, c1);
@@ -543,19 +548,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       Num<T>::mma(s[1], a, kb[2], kb[3]);
     }
 
-    // Scores in log2 units, masked (a NaN score of a key >= c1 becomes -inf here).
+    // Scores in log2 units, masked (a NaN score of a key >= c1 becomes -inf here). The softcap
+    // is a block of its own, skipped by one branch, so the common path's code stays short.
+    float to_log2 = p.scale_log2;
+    if (p.softcap > 0.0f) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[nt][e] = p.softcap * tanhf(s[nt][e] * p.softmax_scale / p.softcap) * kLog2e;
+      to_log2 = 1.0f;
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int rr = e / 2;
         const int j = key0 + nt * 8 + 2 * (lane % 4) + e % 2;
-        float t;
-        if (p.softcap > 0.0f) {
-          t = p.softcap * tanhf(s[nt][e] * p.softmax_scale / p.softcap) * kLog2e;
-        } else {
-          t = s[nt][e] * p.scale_log2;
-        }
+        float t = s[nt][e] * to_log2;
         t += slope_log2[rr] * (static_cast<float>(j) - pos[rr]);
         s[nt][e] = (j >= vis_lo[rr] && j < vis_hi[rr]) ? t : -INFINITY;
       }
