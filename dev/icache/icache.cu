@@ -7,11 +7,13 @@
 // its code from L2.
 //
 // The experiment: K distinct kernels of N independent FMAs each (straight-line code, 16 bytes an
-// instruction: N = 4096 is 64 KB), one CTA of 32 threads per SM (132 CTAs), launched in a
-// 240-launch PDL chain captured in one graph, kernel i % K at launch i. K = 1 replays one
-// kernel (its code stays cached), K = 8 rotates eight (8 x N x 16 bytes of code between two
-// runs of the same kernel). Prints us per launch for N in {256, 1024, 4096} and K in {1, 8}:
-// K = 8 minus K = 1 at the same N is the cold-code cost of N instructions.
+// instruction: N = 1024 is 16 KB), one CTA of 32 threads per SM (132 CTAs), launched in a
+// 240-launch PDL chain captured in one graph, kernel i % K at launch i. K = 1 replays one kernel
+// (its code stays cached), K > 1 rotates K (K x N x 16 bytes of code between two runs of the
+// same kernel). Prints us per launch for N in {256, 512, 1024, 2048} and K in {1, 2, 4, 8, 16},
+// with the rotating code's size: where the time jumps is the capacity of the SM's instruction
+// caches; K = 16 minus K = 1 is the cold-code cost of N instructions. (Run 26 ran the first
+// version: N in {256, 1024, 4096}, K in {1, 8}.)
 //
 // Build and run (device): nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 \
 //   -o icache dev/icache/icache.cu && ./icache
@@ -54,7 +56,7 @@ std::vector<void (*)(float*)> kernels(std::integer_sequence<int, kIds...>) {
 
 template <int kN>
 double us_per_launch(int distinct, float* out, cudaStream_t stream) {
-  const std::vector<void (*)(float*)> ks = kernels<kN>(std::make_integer_sequence<int, 8>{});
+  const std::vector<void (*)(float*)> ks = kernels<kN>(std::make_integer_sequence<int, 16>{});
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -89,13 +91,19 @@ int main() {
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::printf("us per launch, %d-launch PDL chain, %d CTAs of 32 threads (median of %d replays)\n",
               kLaunches, kCtas, kReplays);
-  std::printf("%8s %8s %10s %10s %10s\n", "FMAs", "KB", "1 kernel", "8 kernels", "cold cost");
-  const auto row = [&](int n, double one, double eight) {
-    std::printf("%8d %8d %10.3f %10.3f %10.3f\n", n, n * 16 / 1024, one, eight, eight - one);
+  // Rows: kernel size; columns: how many distinct kernels rotate (their code in all, KB).
+  std::printf("%8s %6s", "FMAs", "KB");
+  for (int k : {1, 2, 4, 8, 16}) std::printf(" %9s%-2d", "kernels=", k);
+  std::printf("\n");
+  const auto row = [&](int n, auto measure) {
+    std::printf("%8d %6d", n, n * 16 / 1024);
+    for (int k : {1, 2, 4, 8, 16}) std::printf(" %6.3f(%3d)", measure(k), k * n * 16 / 1024);
+    std::printf("\n");
   };
-  row(256, us_per_launch<256>(1, out, stream), us_per_launch<256>(8, out, stream));
-  row(1024, us_per_launch<1024>(1, out, stream), us_per_launch<1024>(8, out, stream));
-  row(4096, us_per_launch<4096>(1, out, stream), us_per_launch<4096>(8, out, stream));
+  row(256, [&](int k) { return us_per_launch<256>(k, out, stream); });
+  row(512, [&](int k) { return us_per_launch<512>(k, out, stream); });
+  row(1024, [&](int k) { return us_per_launch<1024>(k, out, stream); });
+  row(2048, [&](int k) { return us_per_launch<2048>(k, out, stream); });
   CHECK(cudaFree(out));
   return 0;
 }
