@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# dev/carried_check.sh OUT: a device call that runs binaries built here instead of building there
+# (the build is ~170 s of device time; this call is ~2.5 minutes in all).
+#
+# Here, first:
+#   cmake -S . -B build/bundle -DCMAKE_BUILD_TYPE=Release -DSPLICE_BUILD_TESTS=ON \
+#     -DSPLICE_BUILD_BENCH=OFF -DSPLICE_GPU_TEST_BUNDLE=ON -DBLA_VENDOR=Generic \
+#     -DCMAKE_PREFIX_PATH=/usr
+#   cmake --build build/bundle -j2 --target cuda_all_test splice
+# (a generic BLAS: the binaries find libblas.so.3 in .deps on the device; the device image has
+# glibc 2.39), then
+#   run(command="dev/carried_check.sh $OUT",
+#       carry=[".deps", "build/bundle/tests/cuda_all_test", "build/bundle/splice"])
+#
+#   1. Every GPU test: cuda_all_test (every tests/cuda file in one executable) in 14 gtest shards
+#      at once (no GPU test reads the source tree).
+#   2. The SmolLM2-135M-shaped random Llama: `splice bench` three times (step_greedy's p50 / p99 /
+#      host overhead, and the decode loop's p50), then the default model.
+# OUT gets summary.txt (also on stdout) and the shards' logs in tests.tgz.
+set -uo pipefail
+F=${1:?usage: carried_check.sh OUT}
+mkdir -p "$F"
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+exec > >(tee -a "$F/summary.txt") 2>&1
+export LD_LIBRARY_PATH="$root/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+T0=$(date +%s)
+el() { echo $(($(date +%s) - T0)); }
+tests=build/bundle/tests/cuda_all_test
+splice=build/bundle/splice
+
+# 1. Every GPU test, 14 shards.
+L=/tmp/carried
+rm -rf "$L" && mkdir -p "$L"
+model=/tmp/smollm2_shaped
+timeout 120 python3 scripts/peers/smollm2_shaped.py "$model" >"$L/model.log" 2>&1 &
+shards=14
+for i in $(seq 0 $((shards - 1))); do
+  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 "$tests" >"$L/shard$i.txt" 2>&1 &
+done
+wait
+passed=$(cat "$L"/shard*.txt | grep -c '^\[       OK \]')
+failed=$(cat "$L"/shard*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u)
+skipped=$(cat "$L"/shard*.txt | grep -c '^\[  SKIPPED \]')
+echo "tests at $(el) s: $passed passed, $skipped skipped, $(echo -n "$failed" | grep -c .) failed"
+[[ -n $failed ]] && echo "$failed"
+grep -L 'PASSED\|FAILED' "$L"/shard*.txt | sed 's/^/no summary (crash or timeout): /'
+
+# 2. The model, three runs, then the default model.
+bench() {
+  timeout 60 "$splice" bench --model "$model" --device cuda --dtype bf16 --max-seq-len 256 \
+    --tuning-cache "$L/tuning.json" --steps 256 --json 2>>"$L/bench.err" |
+    python3 -c "
+import json, sys
+try:
+    j = json.load(sys.stdin)
+    print('smollm2-shaped', round(j['p50_us'], 1), round(j['p99_us'], 1),
+          round(j['host_overhead_us_p50'], 1), 'loop', round(j.get('generate_p50_us', 0), 1))
+except ValueError:
+    print('bench FAILED (see bench.err)')"
+}
+echo "== SmolLM2-shaped, us per token: p50 p99 host, decode loop p50 (at $(el) s)"
+bench >/dev/null  # tunes the arms into the cache
+for run in 1 2 3; do bench; done
+timeout 30 "$splice" bench --device cuda --steps 128 2>&1 | tail -1 | sed 's/^/default model: /'
+echo "done at $(el) s"
+tar czf "$F/tests.tgz" -C "$L" .
