@@ -5,12 +5,12 @@
 //
 //  1. Kernel grid: head_dim 64, 128 x (Hq, Hkv) (9, 3), (4, 4), (8, 2) x K 576, 2048 x positions
 //     0, 17, capacity - 1 x bf16 / f16 x position_stable off / on x w_constant off / on; caches
-//     random in every row. K = 576: out and both caches bit for bit the two kernels (the same
-//     register prologue, per-lane order and reduction tree, gemv.h's launch_rope). K = 2048: the
-//     two-kernel GEMV sums x^2 in shared memory in another order, so a normalized element may
-//     round one ulp apart: out and caches within the arm generator's tolerance (the bf16 / f16
-//     policy with a 4x atol); both ways every cache row but p bit for bit unchanged. Also within
-//     that tolerance of the CPU op.
+//     random in every row, the model's RoPE tables. K = 576: out and both caches bit for bit the
+//     two kernels (the same register prologue, per-lane order and reduction tree, gemv.h's
+//     launch_rope). K = 2048: the two-kernel GEMV sums x^2 in shared memory in another order, so a
+//     normalized element may round one ulp apart: out and caches within the arm generator's
+//     tolerance (the bf16 / f16 policy with a 4x atol); both ways every cache row but p bit for bit
+//     unchanged. Also within that tolerance of the CPU op.
 //  2. A position outside the caches zeroes out and leaves the caches (as rope_kv_append).
 //  3. Errors (typed, caches untouched): batch 2, f32, K not in whole vectors, K > 2048, a
 //     misaligned x, a host tensor.
@@ -27,6 +27,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -63,12 +64,29 @@ Tolerance qkv_rope_tolerance(DType dtype) {
   return t;
 }
 
+// RoPE tables [rows, D] as a model has them (theta 1e4, rotate-half layout: entry (t, e) at
+// angle t * theta^(-2 (e mod D/2) / D)), so |cos|, |sin| <= 1 and a one-ulp difference of a q|k|v
+// element moves the rotated element by at most about one ulp (random N(0, 1) tables could
+// amplify it past the policy).
+std::pair<Tensor, Tensor> rope_tables(std::int64_t rows, std::int64_t dim) {
+  Tensor cos = Tensor::empty({rows, dim}, DType::f32), sin = Tensor::empty({rows, dim}, DType::f32);
+  for (std::int64_t t = 0; t < rows; ++t)
+    for (std::int64_t e = 0; e < dim; ++e) {
+      const double angle =
+          static_cast<double>(t) *
+          std::pow(1e4, -2.0 * static_cast<double>(e % (dim / 2)) / static_cast<double>(dim));
+      cos.data<float>()[t * dim + e] = static_cast<float>(std::cos(angle));
+      sin.data<float>()[t * dim + e] = static_cast<float>(std::sin(angle));
+    }
+  return {cos, sin};
+}
+
 struct Operands {
   Tensor x, norm_weight, w, cos, sin, position, k_cache, v_cache;  // host tensors
 };
 
-// x [1, 1, K], norm_weight [K] ~ 1 + N(0, 0.1), w [N, K] ~ N(0, 1 / K), tables [kCapacity, D],
-// caches [1, Hkv, kCapacity, D] random in every row.
+// x [1, 1, K], norm_weight [K] ~ 1 + N(0, 0.1), w [N, K] ~ N(0, 1 / K), rope_tables [kCapacity,
+// D], caches [1, Hkv, kCapacity, D] random in every row.
 Operands make_operands(std::int64_t heads, std::int64_t kv_heads, std::int64_t dim, std::int64_t k,
                        DType dtype, std::int64_t position, Rng& rng) {
   const std::int64_t n = (heads + 2 * kv_heads) * dim;
@@ -76,8 +94,7 @@ Operands make_operands(std::int64_t heads, std::int64_t kv_heads, std::int64_t d
   o.x = testing::random_tensor(rng, {1, 1, k}, dtype);
   o.norm_weight = testing::random_tensor(rng, {k}, dtype, 0.1, 1.0);
   o.w = testing::random_tensor(rng, {n, k}, dtype, 1.0 / std::sqrt(static_cast<double>(k)));
-  o.cos = testing::random_tensor(rng, {kCapacity, dim}, DType::f32);
-  o.sin = testing::random_tensor(rng, {kCapacity, dim}, DType::f32);
+  std::tie(o.cos, o.sin) = rope_tables(kCapacity, dim);
   o.position = Tensor::empty({1}, DType::i32);
   o.position.data<std::int32_t>()[0] = static_cast<std::int32_t>(position);
   o.k_cache = testing::random_tensor(rng, {1, kv_heads, kCapacity, dim}, dtype);
@@ -97,7 +114,7 @@ void expect_other_rows_unchanged(const Tensor& cache, const Tensor& before, std:
 
 void check_kernel(std::int64_t heads, std::int64_t kv_heads, std::int64_t dim, std::int64_t k,
                   DType dtype, std::int64_t position, bool position_stable, bool w_constant,
-                  Rng& rng) {
+                  bool bitwise, Rng& rng) {
   SCOPED_TRACE(std::string(dtype_name(dtype)) + " Hq " + std::to_string(heads) + " Hkv " +
                std::to_string(kv_heads) + " D " + std::to_string(dim) + " K " + std::to_string(k) +
                " p " + std::to_string(position) + (position_stable ? " position_stable" : "") +
@@ -126,8 +143,7 @@ void check_kernel(std::int64_t heads, std::int64_t kv_heads, std::int64_t dim, s
                got_v = testing::download(v_one);
   const Tensor want_out = testing::download(out_two), want_k = testing::download(k_two),
                want_v = testing::download(v_two);
-  // K = 576 is a one-batch register-prologue instance of the two-kernel GEMV (gemv.h).
-  const bool bitwise = k <= 768;
+  // `bitwise`: the two-kernel GEMV takes its register prologue in a one-batch instance (gemv.h).
   if (bitwise) {
     EXPECT_TRUE(testing::bit_equal(got_out, want_out))
         << compare_tensors(got_out, want_out, Tolerance{0.0, 0.0}).str();
@@ -168,7 +184,25 @@ TEST(QkvRopeCuda, FusedKernelMatchesTheTwoKernels) {
           for (std::int64_t p : {std::int64_t{0}, std::int64_t{17}, kCapacity - 1})
             for (bool stable : {false, true})
               for (bool constant : {false, true})
-                check_kernel(hq, hkv, dim, k, dtype, p, stable, constant, rng);
+                check_kernel(hq, hkv, dim, k, dtype, p, stable, constant, /*bitwise=*/k <= 768,
+                             rng);
+}
+
+// The other two per-lane orders: 4 columns per warp in the two-kernel GEMV (n >= 4 x 4 x SMs:
+// 3072 and 6144 columns on the H200's 132 SMs; one FMA chain per lane, kPartials false) and the
+// 6-slot one-batch instance (K = 1536 at n = 960: 1 column per warp on any GPU with >= 60 SMs),
+// both bit for bit.
+TEST(QkvRopeCuda, FusedKernelMatchesTheTwoKernelsInEveryOneBatchInstance) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(34);
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (bool stable : {false, true}) {
+      for (std::int64_t dim : {64, 128})
+        check_kernel(32, 8, dim, 576, dtype, 17, stable, /*w_constant=*/true, /*bitwise=*/true,
+                     rng);
+      check_kernel(9, 3, 64, 1536, dtype, kCapacity - 1, stable, /*w_constant=*/true,
+                   /*bitwise=*/true, rng);
+    }
 }
 
 TEST(QkvRopeCuda, PositionOutsideTheCachesZeroesOutAndWritesNoCache) {
@@ -277,10 +311,9 @@ Graph region_graph(int outer_arm) {
   const NodeId norm =
       g.param("norm", testing::random_tensor(rng, {kRegionK}, DType::bf16, 0.1, 1.0));
   const NodeId w = g.param("w", testing::random_tensor(rng, {n, kRegionK}, DType::bf16, 0.04));
-  const NodeId cos =
-      g.param("cos", testing::random_tensor(rng, {kCapacity, kRegionDim}, DType::f32));
-  const NodeId sin =
-      g.param("sin", testing::random_tensor(rng, {kCapacity, kRegionDim}, DType::f32));
+  const auto [cos_table, sin_table] = rope_tables(kCapacity, kRegionDim);
+  const NodeId cos = g.param("cos", cos_table);
+  const NodeId sin = g.param("sin", sin_table);
   const NodeId position = g.sym_value(DynScalar::Expr(k_len - 1), DType::i32);
   const SymShape cache{SymExpr(1), SymExpr(kRegionKvHeads), SymExpr(kCapacity),
                        SymExpr(kRegionDim)};  // [1, Hkv, capacity, D]
