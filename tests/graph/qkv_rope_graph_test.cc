@@ -15,7 +15,8 @@
 //     caches.
 //  4. Sessions over 6 steps, logits and caches bit for bit: every fused arm chosen with the
 //     combined arm vs without it (the inner fused arms instead); only the combined arm chosen vs
-//     the unoptimized model.
+//     the unoptimized model; offered and not selected (nested branches kept) vs the unoptimized
+//     model.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -309,6 +310,23 @@ TEST(QkvRopeGraph, OptimizedModelWithTheCombinedArmIsBitwiseTheUnoptimizedOne) {
     EXPECT_TRUE(testing::bit_equal(combined.output("logits"), plain.output("logits")));
     for (const char* name : kCaches)
       EXPECT_TRUE(testing::bit_equal(combined.state(name), plain.state(name))) << name;
+  }
+}
+
+// Offered and not selected (every branch kept, the outer ones holding the inner ones): a step
+// runs arm 0 everywhere, bit for bit the unoptimized model.
+TEST(QkvRopeGraph, UnselectedNestedBranchesRunArmZero) {
+  DecodeModel m = tiny_llama();
+  optimize_graph(m.graph, m.attention_specs, offer_only(), m.kda_specs, m.layer_specs);
+  ASSERT_EQ(branches_of(m.graph, kKind).size(), static_cast<std::size_t>(kLayers));
+  Session offered(std::move(m.graph)), plain(tiny_llama().graph);
+  for (std::int64_t step = 1; step <= 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    offered.step({{"k_len", step}}, {{"tokens", step_tokens(step)}});
+    plain.step({{"k_len", step}}, {{"tokens", step_tokens(step)}});
+    EXPECT_TRUE(testing::bit_equal(offered.output("logits"), plain.output("logits")));
+    for (const char* name : kCaches)
+      EXPECT_TRUE(testing::bit_equal(offered.state(name), plain.state(name))) << name;
   }
 }
 

@@ -5,6 +5,12 @@
 // With a prologue (Params::prologue, gemv.h: the RmsNormMatMul and SiluMulMatMulAdd layer ops) x
 // is not read as it is: stage 0 below first computes each row's GEMV input into shared memory.
 //
+// With the RoPE epilogue (launch_rope, gemv.h's RopeParams: the RmsNormMatMulRopeKvAppend layer
+// op) a second kernel, rope_pairs_kernel, runs one row with stage 0 in registers, stages 2-5 for
+// the two weight rows of a RoPE pair per warp, and instead of storing y rotates the pair and
+// writes it into out or the KV caches at the step's position (its own numbered stages, below
+// gemv_kernel).
+//
 // At rows <= 8 the product is a stream over the weight: n * k elements read once, a handful of
 // FLOPs per byte, so the floor is bytes(w) / DRAM bandwidth and the kernel's job is to keep enough
 // 16-byte loads in flight on every SM, from the first cycle to the last.
