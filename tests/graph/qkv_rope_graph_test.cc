@@ -13,6 +13,8 @@
 //     against the collapsed inner path (output and both caches) and, timed faster, chosen: one
 //     fused node per layer, no RopeKvAppend left; the plan runs it before attention reads the
 //     caches.
+//     On a CUDA session the fused node gets constant_b and stable_position, and attention keeps
+//     its stable-prefix promise (the fused node appends at k_len - 1).
 //  4. Sessions over 6 steps, logits and caches bit for bit: every fused arm chosen with the
 //     combined arm vs without it (the inner fused arms instead); only the combined arm chosen vs
 //     the unoptimized model; offered and not selected (nested branches kept) vs the unoptimized
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/node_kernels.h"
 #include "splice/core/error.h"
 #include "splice/exec/session.h"
 #include "splice/model/model.h"
@@ -311,6 +314,35 @@ TEST(QkvRopeGraph, OptimizedModelWithTheCombinedArmIsBitwiseTheUnoptimizedOne) {
     for (const char* name : kCaches)
       EXPECT_TRUE(testing::bit_equal(combined.state(name), plain.state(name))) << name;
   }
+}
+
+// The plan-time promises (exec/node_kernels.h) with the combined arm and attention's flash arm
+// chosen: on a CUDA session the fused node streams its weight before the wait (constant_b: a
+// Param) and reads its position and tables there (stable_position: a SymValue, Param tables),
+// and each attention keeps its stable-prefix promise (the fused node appends at k_len - 1 like
+// RopeKvAppend); on the CPU no position promise.
+TEST(QkvRopeGraph, PlanTimePromisesOfTheCombinedArm) {
+  DecodeModel m = tiny_llama();
+  optimize_graph(m.graph, m.attention_specs, offer_only(), m.kda_specs, m.layer_specs);
+  for (NodeId id : m.graph.live_nodes()) {  // node order: inner branches first
+    const Node& n = m.graph.node(id);
+    if (n.op != Op::Branch || n.erased) continue;
+    const std::string& kind = n.attrs.branch->recipe.kind;
+    collapse(m.graph, id, kind == kKind || kind == "flash_decode" ? 1 : 0);
+  }
+  eliminate_dead_code(m.graph);
+  verify_graph(m.graph);
+  const Graph& g = m.graph;
+  const std::vector<NodeId> fused = nodes_of(g, Op::RmsNormMatMulRopeKvAppend);
+  ASSERT_EQ(fused.size(), static_cast<std::size_t>(kLayers));
+  for (NodeId id : fused) {
+    EXPECT_TRUE(node_hints(g, id, Device::cuda()).constant_b);
+    EXPECT_TRUE(node_hints(g, id, Device::cuda()).stable_position);
+    EXPECT_FALSE(node_hints(g, id, Device::cpu()).stable_position);
+  }
+  const std::vector<NodeId> flash = nodes_of(g, Op::FlashDecode);
+  ASSERT_EQ(flash.size(), static_cast<std::size_t>(kLayers));
+  for (NodeId id : flash) EXPECT_TRUE(node_hints(g, id, Device::cuda()).stable_kv_prefix);
 }
 
 // Offered and not selected (every branch kept, the outer ones holding the inner ones): a step
