@@ -274,7 +274,7 @@ NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
     hints.stable_position = graph.node(n.inputs[p]).op == Op::SymValue &&
                             is_constant_param_view(graph, n.inputs[p - 2]) &&
                             is_constant_param_view(graph, n.inputs[p - 1]);
-  if (n.op == Op::RopeKvAppend && device.is_cuda())
+  if ((n.op == Op::RopeKvAppend || n.op == Op::RmsNormMatMulRopeKvAppend) && device.is_cuda())
     hints.trigger_dependents_first = feeds_stable_prefix_attention(graph, id);
   // FlashDecode's k_len is the step-scalar slot on CUDA sessions (run_compute_node).
   if (n.op == Op::FlashDecode && device.is_cuda()) hints.stable_kv_prefix = stable_kv_prefix(graph, n);
@@ -340,9 +340,9 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
   }
   if (n.op == Op::RmsNormMatMulRopeKvAppend) {  // the caches (inputs 6, 7) likewise
     Tensor k_cache = in[6], v_cache = in[7];
-    return fused_rms_norm_matmul_rope_kv_append(in[0], in[1], n.attrs.eps, in[2], in[3], in[4],
-                                                in[5], k_cache, v_cache, out, hints.constant_b,
-                                                hints.stable_position);
+    return fused_rms_norm_matmul_rope_kv_append(
+        in[0], in[1], n.attrs.eps, in[2], in[3], in[4], in[5], k_cache, v_cache, out,
+        hints.constant_b, hints.stable_position, hints.trigger_dependents_first);
   }
   if (n.op == Op::MatMulAdd) return fused_matmul_add(in[0], in[1], in[2], out, hints.constant_b);
   if (n.op == Op::RmsNormMatMul)

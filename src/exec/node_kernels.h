@@ -37,10 +37,11 @@ struct NodeHints {
   // writes a cache row below k_len - Sq, and earlier steps' graphs have completed, so the kernel
   // may load those rows before its producers finish (cuda::flash_decode's stable_prefix).
   bool stable_kv_prefix = false;
-  // RopeKvAppend whose output is (through views) the q of a FlashDecode with stable_kv_prefix: a
-  // scheduling hint, not a promise. Its kernel triggers its dependents before its own wait, so
-  // the attention launches early enough to plan and issue its K/V loads while the q|k|v
-  // projection and RoPE still run (run 23: without it those loads sat on the critical path).
+  // RopeKvAppend (or RmsNormMatMulRopeKvAppend) whose output is (through views) the q of a
+  // FlashDecode with stable_kv_prefix: a scheduling hint, not a promise. Its kernel triggers its
+  // dependents before its own wait, so the attention launches early enough to plan and issue its
+  // K/V loads while the q|k|v projection and RoPE still run (run 23: without it those loads sat on
+  // the critical path).
   bool trigger_dependents_first = false;
 };
 

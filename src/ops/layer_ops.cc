@@ -141,7 +141,8 @@ void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& si
 void fused_rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
                                           const Tensor& w, const Tensor& cos, const Tensor& sin,
                                           const Tensor& position, Tensor& k_cache, Tensor& v_cache,
-                                          Tensor& out, bool w_constant, bool position_stable) {
+                                          Tensor& out, bool w_constant, bool position_stable,
+                                          bool trigger_dependents_first) {
   const char* op = "rms_norm_matmul_rope_kv_append";
   check_defined(x, "x");
   const Device device = x.device();
@@ -166,10 +167,12 @@ void fused_rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_we
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda())
     return cuda::rms_norm_matmul_rope_kv_append(x, norm_weight, eps, w, cos, sin, position, k_cache,
-                                                v_cache, out, w_constant, position_stable);
+                                                v_cache, out, w_constant, position_stable,
+                                                trigger_dependents_first);
 #endif
   (void)w_constant;  // a CPU kernel has no launch ordering to relax
   (void)position_stable;
+  (void)trigger_dependents_first;
   cpu::rms_norm_matmul_rope_kv_append(x, norm_weight, eps, w, cos, sin, position, k_cache, v_cache,
                                       out);
 }

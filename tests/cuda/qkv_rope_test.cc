@@ -133,12 +133,15 @@ void check_kernel(std::int64_t heads, std::int64_t kv_heads, std::int64_t dim, s
   Tensor k_one = testing::upload(o.k_cache), v_one = testing::upload(o.v_cache);
   Tensor out_one = Tensor::empty({1, heads, 1, dim}, dtype, Device::cuda());
   const cuda::QkvRopeLaunches before = cuda::rms_norm_matmul_rope_kv_append_launches();
+  // The early trigger (a scheduling hint) with the stable position, as a session sets both.
   cuda::rms_norm_matmul_rope_kv_append(x, nw, kEps, w, cos, sin, pos, k_one, v_one, out_one,
-                                       w_constant, position_stable);
+                                       w_constant, position_stable,
+                                       /*trigger_dependents_first=*/position_stable);
   const cuda::QkvRopeLaunches after = cuda::rms_norm_matmul_rope_kv_append_launches();
   EXPECT_EQ(after.launches - before.launches, 1u);
   EXPECT_EQ(after.early_position - before.early_position, position_stable ? 1u : 0u);
   EXPECT_EQ(after.early_weights - before.early_weights, w_constant ? 1u : 0u);
+  EXPECT_EQ(after.early_trigger - before.early_trigger, position_stable ? 1u : 0u);
   const Tensor got_out = testing::download(out_one), got_k = testing::download(k_one),
                got_v = testing::download(v_one);
   const Tensor want_out = testing::download(out_two), want_k = testing::download(k_two),
@@ -415,10 +418,16 @@ Graph llama(int outer_arm) {
 
 struct Counts {
   std::uint64_t gemv = 0, rope_kv_append = 0, qkv_rope = 0;
+  std::uint64_t qkv_early_position = 0, qkv_early_weights = 0, qkv_early_trigger = 0;
 };
 Counts counts() {
-  return {cuda::gemv::launch_stats().launches, cuda::rope_kv_append_launches().launches,
-          cuda::rms_norm_matmul_rope_kv_append_launches().launches};
+  const cuda::QkvRopeLaunches q = cuda::rms_norm_matmul_rope_kv_append_launches();
+  return {cuda::gemv::launch_stats().launches,
+          cuda::rope_kv_append_launches().launches,
+          q.launches,
+          q.early_position,
+          q.early_weights,
+          q.early_trigger};
 }
 
 TEST(QkvRopeCuda, LlamaIssuesOneKernelFewerPerLayer) {
@@ -439,6 +448,11 @@ TEST(QkvRopeCuda, LlamaIssuesOneKernelFewerPerLayer) {
     const Counts a2 = counts();
     if (step == 1) {  // the eager first step issues every launch
       EXPECT_EQ(a1.qkv_rope - a0.qkv_rope, kLayers);
+      // The session's hints: every fused launch reads p before its wait, streams its weight
+      // before it and (its q feeds the stable-prefix flash arm) triggers the attention first.
+      EXPECT_EQ(a1.qkv_early_position - a0.qkv_early_position, kLayers);
+      EXPECT_EQ(a1.qkv_early_weights - a0.qkv_early_weights, kLayers);
+      EXPECT_EQ(a1.qkv_early_trigger - a0.qkv_early_trigger, kLayers);
       EXPECT_EQ(a1.rope_kv_append - a0.rope_kv_append, 0u);
       EXPECT_EQ(a2.qkv_rope - a1.qkv_rope, 0u);
       EXPECT_EQ(a2.rope_kv_append - a1.rope_kv_append, kLayers);

@@ -318,9 +318,10 @@ TEST(QkvRopeGraph, OptimizedModelWithTheCombinedArmIsBitwiseTheUnoptimizedOne) {
 
 // The plan-time promises (exec/node_kernels.h) with the combined arm and attention's flash arm
 // chosen: on a CUDA session the fused node streams its weight before the wait (constant_b: a
-// Param) and reads its position and tables there (stable_position: a SymValue, Param tables),
-// and each attention keeps its stable-prefix promise (the fused node appends at k_len - 1 like
-// RopeKvAppend); on the CPU no position promise.
+// Param), reads its position and tables there (stable_position: a SymValue, Param tables) and
+// triggers the attention first (trigger_dependents_first), and each attention keeps its
+// stable-prefix promise (the fused node appends at k_len - 1 like RopeKvAppend); on the CPU no
+// position promise and no trigger.
 TEST(QkvRopeGraph, PlanTimePromisesOfTheCombinedArm) {
   DecodeModel m = tiny_llama();
   optimize_graph(m.graph, m.attention_specs, offer_only(), m.kda_specs, m.layer_specs);
@@ -339,6 +340,9 @@ TEST(QkvRopeGraph, PlanTimePromisesOfTheCombinedArm) {
     EXPECT_TRUE(node_hints(g, id, Device::cuda()).constant_b);
     EXPECT_TRUE(node_hints(g, id, Device::cuda()).stable_position);
     EXPECT_FALSE(node_hints(g, id, Device::cpu()).stable_position);
+    // Its q feeds an attention that works before its wait (like RopeKvAppend's).
+    EXPECT_TRUE(node_hints(g, id, Device::cuda()).trigger_dependents_first);
+    EXPECT_FALSE(node_hints(g, id, Device::cpu()).trigger_dependents_first);
   }
   const std::vector<NodeId> flash = nodes_of(g, Op::FlashDecode);
   ASSERT_EQ(flash.size(), static_cast<std::size_t>(kLayers));

@@ -46,13 +46,14 @@ void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& si
 // launch whose epilogue applies RoPE and writes the caches (cuda::rms_norm_matmul_rope_kv_append:
 // bitwise the two CUDA kernels where the GEMV takes its register prologue, see there). The CUDA
 // contract row's qkv_rope_* limits say which calls it takes (an UnsupportedError otherwise).
-// `w_constant` as for fused_matmul_add, `position_stable` as for fused_rope_kv_append; both
-// ignored on the CPU.
+// `w_constant` as for fused_matmul_add, `position_stable` and `trigger_dependents_first` as for
+// fused_rope_kv_append; all ignored on the CPU.
 void fused_rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
                                           const Tensor& w, const Tensor& cos, const Tensor& sin,
                                           const Tensor& position, Tensor& k_cache, Tensor& v_cache,
                                           Tensor& out, bool w_constant = false,
-                                          bool position_stable = false);
+                                          bool position_stable = false,
+                                          bool trigger_dependents_first = false);
 
 // out = round(a @ b^T + c): a [..., M, K], b [N, K] (a's dtype), c, out [..., M, N]; the fp32 sum
 // plus c rounded once into out's dtype. `b_constant`: the caller's promise that no kernel in

@@ -803,7 +803,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 //      out[h] (q) or k_cache[h - Hq, p]; v heads: round_T(y) into v_cache[h - Hq - Hkv, p]. A p
 //      outside [0, min(table_rows, capacity)) writes zeros to out and leaves the caches.
 //   6. PDL as stage 6: every thread waits before its first read of x or write of a target and
-//      before the early exit of a warp without a pair; a single-wave grid triggers after it.
+//      before the early exit of a warp without a pair; a single-wave grid triggers after it, or,
+//      with the trigger_first hint (rope_kv_append's trigger_dependents_first), first thing.
 template <typename T, int kSlots, bool kPartials>
 __global__ void __launch_bounds__(kMaxThreads)
     rope_pairs_kernel(const RopeParams p, bool single_wave) {
@@ -863,13 +864,14 @@ __global__ void __launch_bounds__(kMaxThreads)
   };
 
   // Stage 2: only the promised-constant reads go before the wait.
+  if (p.trigger_first && single_wave) detail::allow_dependents();  // the next kernel may launch
   if (p.product.w_constant && has_pair) load_weights();
   if (p.position_stable && stores) {
     read_position();
     read_tables();
   }
   detail::wait_for_producers();
-  if (single_wave) detail::allow_dependents();  // after the wait (launch.cuh)
+  if (single_wave && !p.trigger_first) detail::allow_dependents();  // after the wait (launch.cuh)
   if (!has_pair) return;
   // Stage 3.
   if (!p.product.w_constant) load_weights();

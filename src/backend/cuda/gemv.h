@@ -153,6 +153,9 @@ struct RopeParams {
   // The caller's promise that no kernel in flight writes position, cos or sin (rope_kv_append's
   // position_stable): p and the table entries are then read before the wait.
   bool position_stable = false;
+  // A scheduling hint (rope_kv_append's trigger_dependents_first): a single-wave grid triggers
+  // its dependents as its first instruction instead of after its wait.
+  bool trigger_first = false;
 };
 
 // Whether launch_rope takes `product` as given: one row of 16-bit x, w and norm weight (unit

@@ -72,7 +72,7 @@ struct RopeKvAppendParams {
 
 std::atomic<std::uint64_t> g_launches{0}, g_early_position_launches{0}, g_early_trigger_launches{0};
 std::atomic<std::uint64_t> g_qkv_launches{0}, g_qkv_early_position_launches{0},
-    g_qkv_early_weight_launches{0};
+    g_qkv_early_weight_launches{0}, g_qkv_early_trigger_launches{0};
 constexpr int kVectorBytes = 16;  // gemv.cu's vector loads: 16-byte aligned rows
 static_assert(kQkvRopeMaxK <= static_cast<std::int64_t>(gemv::kRopeMaxSlots) * 32 * 8 &&
                   kQkvRopeKMultiple * 2 == kVectorBytes,
@@ -253,7 +253,8 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
 void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
                                     const Tensor& w, const Tensor& cos, const Tensor& sin,
                                     const Tensor& position, Tensor& k_cache, Tensor& v_cache,
-                                    Tensor& out, bool w_constant, bool position_stable) {
+                                    Tensor& out, bool w_constant, bool position_stable,
+                                    bool trigger_dependents_first) {
   constexpr const char* kOp = "rms_norm_matmul_rope_kv_append";
   const std::pair<const Tensor*, const char*> operands[] = {{&x, "x"},
                                                             {&norm_weight, "norm_weight"},
@@ -343,16 +344,20 @@ void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, 
   p.table_stride1 = cos.stride(1);
   p.position = static_cast<const int*>(position.raw_data());
   p.position_stable = position_stable;
+  p.trigger_first = trigger_dependents_first;
   g_qkv_launches.fetch_add(1, std::memory_order_relaxed);
   if (position_stable) g_qkv_early_position_launches.fetch_add(1, std::memory_order_relaxed);
   if (w_constant) g_qkv_early_weight_launches.fetch_add(1, std::memory_order_relaxed);
+  if (trigger_dependents_first)
+    g_qkv_early_trigger_launches.fetch_add(1, std::memory_order_relaxed);
   gemv::launch_rope(p, current_stream());
 }
 
 QkvRopeLaunches rms_norm_matmul_rope_kv_append_launches() {
   return {g_qkv_launches.load(std::memory_order_relaxed),
           g_qkv_early_position_launches.load(std::memory_order_relaxed),
-          g_qkv_early_weight_launches.load(std::memory_order_relaxed)};
+          g_qkv_early_weight_launches.load(std::memory_order_relaxed),
+          g_qkv_early_trigger_launches.load(std::memory_order_relaxed)};
 }
 
 RopeKvAppendLaunches rope_kv_append_launches() {

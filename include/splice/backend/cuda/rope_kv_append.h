@@ -52,20 +52,22 @@ RopeKvAppendLaunches rope_kv_append_launches();
 // rope_kv_append where that GEMV takes its register prologue in a one-batch instance (K <= 768,
 // or K <= 1536 with N small enough for <= 2 columns per warp: gemv.h's launch_rope); elsewhere
 // the normalized row may round one ulp apart (the sum of x^2 in another order).
-// `w_constant` as for rms_norm_matmul (weights streamed before the wait), `position_stable` as
-// for rope_kv_append.
+// `w_constant` as for rms_norm_matmul (weights streamed before the wait), `position_stable` and
+// `trigger_dependents_first` as for rope_kv_append (the trigger only when the grid is one wave).
 inline constexpr std::int64_t kQkvRopeMaxK = 2048;
 inline constexpr std::int64_t kQkvRopeKMultiple = 8;  // whole 16-byte vectors of 16-bit elements
 void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
                                     const Tensor& w, const Tensor& cos, const Tensor& sin,
                                     const Tensor& position, Tensor& k_cache, Tensor& v_cache,
                                     Tensor& out, bool w_constant = false,
-                                    bool position_stable = false);
+                                    bool position_stable = false,
+                                    bool trigger_dependents_first = false);
 
 // Launch counters of rms_norm_matmul_rope_kv_append (like RopeKvAppendLaunches): launches, those
-// that read the position before the wait, and those that stream the weights before it.
+// that read the position before the wait, those that stream the weights before it, and those
+// with the early-trigger hint.
 struct QkvRopeLaunches {
-  std::uint64_t launches = 0, early_position = 0, early_weights = 0;
+  std::uint64_t launches = 0, early_position = 0, early_weights = 0, early_trigger = 0;
 };
 QkvRopeLaunches rms_norm_matmul_rope_kv_append_launches();
 
