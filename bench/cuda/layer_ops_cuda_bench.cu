@@ -23,6 +23,9 @@
 //   5b. rms_norm_matmul (q|k|v and gate|up) and silu_mul_matmul_add (down_proj + residual): one
 //      prologue GEMV launch against its two-kernel chain (rms_norm or silu_mul, then the GEMV),
 //      the weight promised constant in both.
+//   5c. qkv_rope: rms_norm_matmul_rope_kv_append (the q|k|v GEMV with the RoPE and KV-append
+//      epilogue, one launch) against rms_norm_matmul then rope_kv_append (2), SmolLM2's shape
+//      (K <= 2048 only).
 //   6. Output: one row per op and shape (fused us with and without PDL, primitive us with and
 //      without PDL, kernels, ratio) and JSON at argv[1] (default layer_ops_cuda_bench.json);
 //      argv[2] the replays (default 30), argv[3] "smollm2": the SmolLM2 shapes only.
@@ -381,6 +384,65 @@ Row bench_silu_mul_matmul_add(splice::Rng& rng, std::int64_t inter, std::int64_t
   return row;
 }
 
+// RoPE and the KV appends in the q|k|v GEMV's epilogue: one cuda::rms_norm_matmul_rope_kv_append
+// launch against the two kernels the optimized Llama runs without it (the q|k|v rms_norm_matmul
+// GEMV, then rope_kv_append), both with the session's promises (constant weight, stable
+// position). Bytes: the weight read once. Only K <= cuda::kQkvRopeMaxK (the SmolLM2 shape).
+Row bench_qkv_rope(splice::Rng& rng, std::int64_t hidden, std::int64_t heads, std::int64_t kv_heads,
+                   std::int64_t dim, int reps, cuda::Stream stream) {
+  const std::int64_t n = (heads + 2 * kv_heads) * dim;
+  const Tensor x = device_random(rng, {1, 1, hidden}, DType::bf16);          // [1, 1, K]
+  const Tensor norm = device_random(rng, {hidden}, DType::bf16, 1.0, 0.1);   // [K]
+  const Tensor w = device_random(rng, {n, hidden}, DType::bf16, 0.0, 0.04);  // [N, K]
+  // [max_seq, dim], as the model's tables: |cos|, |sin| <= 1
+  Tensor cos_host = Tensor::empty({kMaxSeq, dim}, DType::f32);
+  Tensor sin_host = Tensor::empty({kMaxSeq, dim}, DType::f32);
+  for (std::int64_t t = 0; t < kMaxSeq; ++t)
+    for (std::int64_t e = 0; e < dim; ++e) {
+      const double angle =
+          static_cast<double>(t) *
+          std::pow(1e4, -2.0 * static_cast<double>(e % (dim / 2)) / static_cast<double>(dim));
+      cos_host.data<float>()[t * dim + e] = static_cast<float>(std::cos(angle));
+      sin_host.data<float>()[t * dim + e] = static_cast<float>(std::sin(angle));
+    }
+  const Tensor cos = cos_host.to_device(splice::Device::cuda());
+  const Tensor sin = sin_host.to_device(splice::Device::cuda());
+  Tensor pos_host = Tensor::empty({1}, DType::i32);
+  pos_host.data<std::int32_t>()[0] = kPosition;
+  const Tensor pos = pos_host.to_device(splice::Device::cuda());
+  // [batch, num_kv_heads, capacity, head_dim]
+  Tensor k_fused = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor v_fused = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor k_chain = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor v_chain = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor q_fused = device_empty({1, heads, 1, dim}, DType::bf16);  // [1, Hq, 1, D]
+  Tensor q_chain = device_empty({1, heads, 1, dim}, DType::bf16);
+  Tensor qkv = device_empty({1, 1, n}, DType::bf16);  // [1, 1, N]
+  Row row{"qkv_rope", "K " + std::to_string(hidden) + ", Hq " + std::to_string(heads) + ", Hkv " +
+                          std::to_string(kv_heads) + ", D " + std::to_string(dim)};
+  row.fused_us = time_arm(
+      [&] {
+        cuda::rms_norm_matmul_rope_kv_append(x, norm, kEps, w, cos, sin, pos, k_fused, v_fused,
+                                             q_fused, /*w_constant=*/true,
+                                             /*position_stable=*/true);
+      },
+      reps, stream, &row.fused_us_no_pdl);
+  row.primitive_us = time_arm(
+      [&] {
+        cuda::rms_norm_matmul(x, norm, kEps, w, qkv, /*w_constant=*/true);
+        cuda::rope_kv_append(qkv, cos, sin, pos, k_chain, v_chain, q_chain,
+                             /*position_stable=*/true);
+      },
+      reps, stream, &row.primitive_us_no_pdl);
+  row.primitive_kernels = 2;
+  row.bytes = 2.0 * static_cast<double>(n) * hidden;
+  const auto at_row = [](const Tensor& cache) { return cache.slice(2, kPosition, kPosition + 1); };
+  row.max_abs_diff = std::max({max_abs_diff(q_fused, q_chain),
+                               max_abs_diff_host(at_row(host(k_fused)), at_row(host(k_chain))),
+                               max_abs_diff_host(at_row(host(v_fused)), at_row(host(v_chain)))});
+  return row;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -439,6 +501,9 @@ int main(int argc, char** argv) {
         [&] { return bench_rms_norm_matmul(rng, hidden, 2 * inter, reps, stream); });  // gate|up
     add("silu_mul_matmul_add",
         [&] { return bench_silu_mul_matmul_add(rng, inter, hidden, reps, stream); });  // down + h
+    if (hidden <= cuda::kQkvRopeMaxK)
+      add("qkv_rope",
+          [&] { return bench_qkv_rope(rng, hidden, heads, kv_heads, dim, reps, stream); });
     if (smollm2_only) break;  // the first shape set is SmolLM2's
   }
   std::ofstream json(json_path);

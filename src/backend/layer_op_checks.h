@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <utility>
 
 #include "splice/core/error.h"
 #include "splice/core/tensor.h"
@@ -37,6 +39,71 @@ inline void check_norm_weight(const Tensor& x, const Tensor& weight, const char*
 inline void check_eps(float eps, const char* op) {
   if (!std::isfinite(eps) || eps < 0)
     fail<ValueError>(op, ": `eps` must be finite and >= 0, got ", eps);
+}
+
+// The operands of rms_norm_matmul_rope_kv_append, on either backend (devices are the caller's):
+//   x [B, 1, K] (unit stride along K), norm_weight [K], w [N, K] (unit stride along K), N =
+//   (Hq + 2 Hkv) D; k_cache, v_cache [B, Hkv, capacity, D] (one shape, unit last stride, D even);
+//   out [B, Hq, 1, D] (unit last stride); cos, sin [max_seq_len, D] (one float dtype and layout);
+//   position i32 [1]; x, norm_weight, w float; the caches and out of one float dtype. Everything is
+//   checked before any kernel writes, so a rejected call leaves the caches untouched. Returns {Hq,
+//   Hkv, D}.
+struct QkvRopeGeometry {
+  std::int64_t heads = 0, kv_heads = 0, dim = 0;
+};
+inline QkvRopeGeometry check_qkv_rope(const Tensor& x, const Tensor& norm_weight, float eps,
+                                      const Tensor& w, const Tensor& cos, const Tensor& sin,
+                                      const Tensor& position, const Tensor& k_cache,
+                                      const Tensor& v_cache, const Tensor& out, const char* op) {
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&x, "x"},
+                                {&norm_weight, "norm_weight"},
+                                {&w, "w"},
+                                {&cos, "cos"},
+                                {&sin, "sin"},
+                                {&k_cache, "k_cache"},
+                                {&v_cache, "v_cache"},
+                                {&out, "out"}})
+    check_float(*t, op, name);
+  check_eps(eps, op);
+  if (x.dim() != 3 || x.size(1) != 1 || (x.size(2) > 1 && x.stride(2) != 1))
+    fail<ShapeError>(op, ": `x` must be [B, 1, K] with a unit stride along K, got ", x.describe());
+  const std::int64_t batch = x.size(0), k = x.size(2);
+  if (norm_weight.dim() != 1 || norm_weight.size(0) != k)
+    fail<ShapeError>(op, ": `norm_weight` must be [", k, "] for x ", dims_str(x.shape()), ", got ",
+                     dims_str(norm_weight.shape()));
+  if (w.dim() != 2 || w.size(1) != k || (k > 1 && w.stride(1) != 1))
+    fail<ShapeError>(op, ": `w` must be [N, ", k, "] with a unit stride along K, got ",
+                     w.describe());
+  if (k_cache.dim() != 4 || k_cache.stride(3) != 1 || v_cache.shape() != k_cache.shape() ||
+      v_cache.stride(3) != 1 || k_cache.size(0) != batch)
+    fail<ShapeError>(op, ": `k_cache` and `v_cache` must both be [", batch,
+                     ", Hkv, capacity, D] with unit last strides, got k_cache ", k_cache.describe(),
+                     " and v_cache ", v_cache.describe());
+  QkvRopeGeometry g;
+  g.kv_heads = k_cache.size(1);
+  g.dim = k_cache.size(3);
+  const std::int64_t n = w.size(0);
+  g.heads = g.dim > 0 ? n / g.dim - 2 * g.kv_heads : 0;
+  if (g.dim % 2 != 0 || g.heads <= 0 || n != (g.heads + 2 * g.kv_heads) * g.dim)
+    fail<ShapeError>(op, ": `w` must have N = (Hq + 2 * ", g.kv_heads, ") * ", g.dim,
+                     " rows with Hq >= 1 and D even (the caches' Hkv and D), got N = ", n);
+  if (out.shape() != Dims{batch, g.heads, 1, g.dim} || out.stride(3) != 1)
+    fail<ShapeError>(op, ": `out` must be [", batch, ", ", g.heads, ", 1, ", g.dim,
+                     "] with a unit last stride, got ", out.describe());
+  if (v_cache.dtype() != k_cache.dtype() || out.dtype() != k_cache.dtype())
+    fail<DTypeError>(op, ": `v_cache` and `out` must have k_cache's dtype ",
+                     dtype_name(k_cache.dtype()), ", got ", dtype_name(v_cache.dtype()), " and ",
+                     dtype_name(out.dtype()));
+  if (cos.dim() != 2 || cos.size(1) != g.dim || sin.shape() != cos.shape() ||
+      sin.strides() != cos.strides())
+    fail<ShapeError>(op, ": `cos` and `sin` must both be [max_seq_len, ", g.dim,
+                     "] of one layout, got ", cos.describe(), " and ", sin.describe());
+  if (sin.dtype() != cos.dtype())
+    fail<DTypeError>(op, ": `cos` and `sin` must have one dtype, got ", dtype_name(cos.dtype()),
+                     " and ", dtype_name(sin.dtype()));
+  if (position.dtype() != DType::i32 || position.shape() != Dims{1})
+    fail<DTypeError>(op, ": `position` must be i32 [1], got ", position.describe());
+  return g;
 }
 
 }  // namespace splice::layer_op_checks

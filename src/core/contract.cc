@@ -7,9 +7,11 @@
 //  2. `tolerance(dtype)` is the written policy default for that dtype (tolerance.h). The flash rows
 //     need no loosening: outputs round once to the storage dtype after fp32 accumulation, which
 //     the default's two-roundings budget already covers (measured by the kernel grid tests).
-#include <algorithm>
-
 #include "splice/ops/contract.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
 
 namespace splice {
 
@@ -64,6 +66,8 @@ const char* layer_op_name(LayerOpKind kind) {
     case LayerOpKind::rms_norm_matmul: return "rms_norm_matmul";
     case LayerOpKind::silu_mul_matmul_add: return "silu_mul_matmul_add";
     case LayerOpKind::rope_kv_append: return "rope_kv_append";
+    case LayerOpKind::rms_norm_matmul_rope_kv_append:
+      return "rms_norm_matmul_rope_kv_append";
   }
   return "?";
 }
@@ -74,6 +78,35 @@ bool LayerOpContract::supports(LayerOpKind kind) const {
 
 bool LayerOpContract::supports_dtype(DType d) const {
   return std::find(dtypes.begin(), dtypes.end(), d) != dtypes.end();
+}
+
+std::string LayerOpContract::qkv_rope_gate(DType x, DType norm_weight, DType w, DType caches,
+                                           std::int64_t head_dim, std::int64_t k,
+                                           std::int64_t batch) const {
+  std::string why;
+  const auto add = [&](const std::string& what) { why += (why.empty() ? "" : "; ") + what; };
+  const std::vector<DType>& taken = qkv_rope_dtypes.empty() ? dtypes : qkv_rope_dtypes;
+  for (const auto& [dtype, name] : {std::pair<DType, const char*>{x, "x"},
+                                    {norm_weight, "norm_weight"},
+                                    {w, "w"},
+                                    {caches, "caches"}})
+    if (std::find(taken.begin(), taken.end(), dtype) == taken.end())
+      add(std::string("takes no ") + name + " of dtype " + dtype_name(dtype));
+  if (qkv_rope_one_dtype && (norm_weight != x || w != x || caches != x))
+    add(std::string("takes x, norm_weight, w and the caches of one dtype, got ") + dtype_name(x) +
+        ", " + dtype_name(norm_weight) + ", " + dtype_name(w) + ", " + dtype_name(caches));
+  if (head_dim % 2 != 0) add("needs an even head_dim, got " + std::to_string(head_dim));
+  if (!qkv_rope_head_dims.empty() && std::find(qkv_rope_head_dims.begin(), qkv_rope_head_dims.end(),
+                                               head_dim) == qkv_rope_head_dims.end())
+    add("takes no head_dim " + std::to_string(head_dim));
+  if (qkv_rope_max_k > 0 && k > qkv_rope_max_k)
+    add("takes K <= " + std::to_string(qkv_rope_max_k) + ", got " + std::to_string(k));
+  if (qkv_rope_k_multiple > 1 && k % qkv_rope_k_multiple != 0)
+    add("takes K a multiple of " + std::to_string(qkv_rope_k_multiple) + ", got " +
+        std::to_string(k));
+  if (qkv_rope_max_batch > 0 && batch > qkv_rope_max_batch)
+    add("takes batch <= " + std::to_string(qkv_rope_max_batch) + ", got " + std::to_string(batch));
+  return why;
 }
 
 Tolerance LayerOpContract::tolerance(DType dtype) const { return default_tolerance(dtype); }

@@ -143,7 +143,19 @@ int weight_input(Op op) {
       return 1;
     case Op::RmsNormMatMul:
     case Op::SiluMulMatMulAdd:
+    case Op::RmsNormMatMulRopeKvAppend:
       return 2;
+    default:
+      return -1;
+  }
+}
+
+int position_input(Op op) {
+  switch (op) {
+    case Op::RopeKvAppend:
+      return 3;
+    case Op::RmsNormMatMulRopeKvAppend:
+      return 5;
     default:
       return -1;
   }
@@ -207,14 +219,17 @@ bool stable_kv_prefix(const Graph& graph, const Node& flash) {
           return false;
         break;
       case Op::RopeKvAppend:
-        if (is_cache(n.inputs[4]) || is_cache(n.inputs[5])) {
-          const Node& position = graph.node(n.inputs[3]);
-          if (!state_under(graph, n.inputs[4]) || !state_under(graph, n.inputs[5]) ||
-              position.op != Op::SymValue ||
+      case Op::RmsNormMatMulRopeKvAppend: {  // the caches are the two inputs after the position
+        const int p = position_input(n.op);
+        const NodeId k = n.inputs[p + 1], v = n.inputs[p + 2];
+        if (is_cache(k) || is_cache(v)) {
+          const Node& position = graph.node(n.inputs[p]);
+          if (!state_under(graph, k) || !state_under(graph, v) || position.op != Op::SymValue ||
               !position.attrs.value.expr().structurally_equal(first_new_row))
             return false;
         }
         break;
+      }
       case Op::KdaDecode:  // writes its conv_state (input 2) and state (input 8) in place
         if (is_cache(n.inputs[2]) || is_cache(n.inputs[8])) return false;
         break;
@@ -255,12 +270,12 @@ NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
   if (const int w = weight_input(n.op); w >= 0)
     hints.constant_b = is_constant_param_view(graph, n.inputs[w]);
   // The step-scalar slot backs a SymValue only on CUDA sessions (Session::run_nodes).
-  if (n.op == Op::RopeKvAppend && device.is_cuda()) {
-    hints.stable_position = graph.node(n.inputs[3]).op == Op::SymValue &&
-                            is_constant_param_view(graph, n.inputs[1]) &&
-                            is_constant_param_view(graph, n.inputs[2]);
+  if (const int p = position_input(n.op); p >= 0 && device.is_cuda())
+    hints.stable_position = graph.node(n.inputs[p]).op == Op::SymValue &&
+                            is_constant_param_view(graph, n.inputs[p - 2]) &&
+                            is_constant_param_view(graph, n.inputs[p - 1]);
+  if ((n.op == Op::RopeKvAppend || n.op == Op::RmsNormMatMulRopeKvAppend) && device.is_cuda())
     hints.trigger_dependents_first = feeds_stable_prefix_attention(graph, id);
-  }
   // FlashDecode's k_len is the step-scalar slot on CUDA sessions (run_compute_node).
   if (n.op == Op::FlashDecode && device.is_cuda()) hints.stable_kv_prefix = stable_kv_prefix(graph, n);
   return hints;
@@ -322,6 +337,12 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
     Tensor k_cache = in[4], v_cache = in[5];
     return fused_rope_kv_append(in[0], in[1], in[2], in[3], k_cache, v_cache, out,
                                 hints.stable_position, hints.trigger_dependents_first);
+  }
+  if (n.op == Op::RmsNormMatMulRopeKvAppend) {  // the caches (inputs 6, 7) likewise
+    Tensor k_cache = in[6], v_cache = in[7];
+    return fused_rms_norm_matmul_rope_kv_append(
+        in[0], in[1], n.attrs.eps, in[2], in[3], in[4], in[5], k_cache, v_cache, out,
+        hints.constant_b, hints.stable_position, hints.trigger_dependents_first);
   }
   if (n.op == Op::MatMulAdd) return fused_matmul_add(in[0], in[1], in[2], out, hints.constant_b);
   if (n.op == Op::RmsNormMatMul)

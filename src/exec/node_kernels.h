@@ -20,15 +20,16 @@ struct NodeScalars {
 // Facts about a node fixed at plan time (computed once per session) that let its kernel relax
 // its ordering against the kernels before it.
 struct NodeHints {
-  // MatMul, MatMulAdd, RmsNormMatMul, SiluMulMatMulAdd: the weight input (weight_input) is a
-  // model Param, directly or through Permute / Slice views (never a Reshape, which may copy): no
-  // kernel ever writes it, so the CUDA GEMV may stream it before its producers finish
-  // (cuda::MatmulOptions::b_constant).
+  // MatMul, MatMulAdd, RmsNormMatMul, SiluMulMatMulAdd, RmsNormMatMulRopeKvAppend: the weight
+  // input (weight_input) is a model Param, directly or through Permute / Slice views (never a
+  // Reshape, which may copy): no kernel ever writes it, so the CUDA GEMV may stream it before
+  // its producers finish (cuda::MatmulOptions::b_constant).
   bool constant_b = false;
-  // RopeKvAppend on a CUDA session: the position input is a SymValue node (the step-scalar slot
-  // itself, written by the session's host copy before the step's first kernel and by nothing
-  // inside the step) and cos / sin are constant (Param views): the kernel may read p and its
-  // table rows before its producers finish (cuda::rope_kv_append's position_stable).
+  // RopeKvAppend, RmsNormMatMulRopeKvAppend on a CUDA session: the position input
+  // (position_input) is a SymValue node (the step-scalar slot itself, written by the session's
+  // host copy before the step's first kernel and by nothing inside the step) and cos / sin are
+  // constant (Param views): the kernel may read p and its table rows before its producers
+  // finish (cuda::rope_kv_append's position_stable).
   bool stable_position = false;
   // FlashDecode on a CUDA session: k_len is the step-scalar slot (as above), and every node of
   // the graph that writes the state under the k or v input is a WriteAt on its sequence axis (2)
@@ -36,16 +37,22 @@ struct NodeHints {
   // writes a cache row below k_len - Sq, and earlier steps' graphs have completed, so the kernel
   // may load those rows before its producers finish (cuda::flash_decode's stable_prefix).
   bool stable_kv_prefix = false;
-  // RopeKvAppend whose output is (through views) the q of a FlashDecode with stable_kv_prefix: a
-  // scheduling hint, not a promise. Its kernel triggers its dependents before its own wait, so
-  // the attention launches early enough to plan and issue its K/V loads while the q|k|v
-  // projection and RoPE still run (run 23: without it those loads sat on the critical path).
+  // RopeKvAppend (or RmsNormMatMulRopeKvAppend) whose output is (through views) the q of a
+  // FlashDecode with stable_kv_prefix: a scheduling hint, not a promise. Its kernel triggers its
+  // dependents before its own wait, so the attention launches early enough to plan and issue its
+  // K/V loads while the q|k|v projection and RoPE still run (run 23: without it those loads sat on
+  // the critical path).
   bool trigger_dependents_first = false;
 };
 
 // The input index of the streamed weight of a product op (MatMul, MatMulAdd: 1; RmsNormMatMul,
-// SiluMulMatMulAdd: 2), -1 for every other op.
+// SiluMulMatMulAdd, RmsNormMatMulRopeKvAppend: 2), -1 for every other op.
 int weight_input(Op op);
+
+// The input index of the position of an op that reads its tables at a step position
+// (RopeKvAppend: 3, RmsNormMatMulRopeKvAppend: 5; cos and sin are the two inputs before it), -1
+// for every other op.
+int position_input(Op op);
 
 // True when `id` is a Param or a Permute / Slice view chain ending at one (NodeHints::constant_b).
 bool is_constant_param_view(const Graph& graph, NodeId id);

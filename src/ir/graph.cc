@@ -283,6 +283,16 @@ NodeId Graph::rope_kv_append(NodeId qkv, NodeId cos_table, NodeId sin_table, Nod
              DType::f32);
 }
 
+NodeId Graph::rms_norm_matmul_rope_kv_append(NodeId x, NodeId norm_weight, NodeId w, float eps,
+                                             NodeId cos_table, NodeId sin_table, NodeId position,
+                                             NodeId k_cache, NodeId v_cache) {
+  Attrs a;
+  a.eps = eps;
+  return add(Op::RmsNormMatMulRopeKvAppend,
+             {x, norm_weight, w, cos_table, sin_table, position, k_cache, v_cache}, {}, DType::f32,
+             std::move(a));
+}
+
 NodeId Graph::state_after(NodeId state, const std::vector<NodeId>& after) {
   std::vector<NodeId> inputs{state};
   inputs.insert(inputs.end(), after.begin(), after.end());

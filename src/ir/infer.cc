@@ -392,6 +392,51 @@ Inferred infer_node(const Graph& g, const Node& n) {
       const std::int64_t heads = row / dim - 2 * kv_heads;
       return {{x[0], SymExpr(heads), SymExpr(1), kc[3]}, in(0).dtype};
     }
+    case Op::RmsNormMatMulRopeKvAppend: {
+      // RmsNormMatMul's rule over inputs 0 .. 2, then RopeKvAppend's over the q|k|v row it gives
+      // (the caches' dtype) and inputs 3 .. 7.
+      constexpr const char* kName = "rms_norm_matmul_rope_kv_append";
+      require_arity(n, 8);
+      require_float(in(0).dtype, n, "x");
+      require_float(in(1).dtype, n, "norm_weight");
+      require_float(in(2).dtype, n, "w");
+      require_float(in(3).dtype, n, "cos");
+      require_same_dtype(in(3).dtype, in(4).dtype, n);
+      require_float(in(6).dtype, n, "k_cache");
+      require_same_dtype(in(6).dtype, in(7).dtype, n);
+      const SymShape &x = in(0).shape, &nw = in(1).shape, &w = in(2).shape, &c = in(3).shape,
+                     &kc = in(6).shape;
+      if (x.size() != 3 || !x[1].is_constant() || x[1].constant() != 1 || nw.size() != 1 ||
+          !nw[0].structurally_equal(x[2]) || w.size() != 2 || !w[1].structurally_equal(x[2]) ||
+          !w[0].is_constant())
+        fail<GraphError>(kName,
+                         ": `x` must be [B, 1, K], `norm_weight` [K] and `w` [N, K] with a "
+                         "concrete N, got x ",
+                         sym_shape_str(x), ", norm_weight ", sym_shape_str(nw), " and w ",
+                         sym_shape_str(w));
+      if (kc.size() != 4 || !kc[1].is_constant() || !kc[3].is_constant() ||
+          kc[3].constant() % 2 != 0 || !same_shape(kc, in(7).shape) ||
+          !kc[0].structurally_equal(x[0]))
+        fail<GraphError>(kName,
+                         ": both caches must be [B, Hkv, capacity, D] (x's B, concrete heads, "
+                         "even D), got k_cache ",
+                         sym_shape_str(kc), ", v_cache ", sym_shape_str(in(7).shape));
+      const std::int64_t kv_heads = kc[1].constant(), dim = kc[3].constant();
+      const std::int64_t row = w[0].constant();
+      if (dim <= 0 || row % dim != 0 || row / dim <= 2 * kv_heads)
+        fail<GraphError>(kName, ": the q|k|v row of N = ", row, " is not (Hq + 2 * ", kv_heads,
+                         ") * ", dim, " with Hq >= 1");
+      if (c.size() != 2 || !c[1].structurally_equal(kc[3]) || !same_shape(c, in(4).shape))
+        fail<GraphError>(kName, ": `cos` and `sin` must both be [max_seq_len, D], got ",
+                         sym_shape_str(c), " and ", sym_shape_str(in(4).shape));
+      const Node& pos = in(5);
+      if (pos.dtype != DType::i32 || pos.shape.size() != 1 || !pos.shape[0].is_constant() ||
+          pos.shape[0].constant() != 1)
+        fail<GraphError>(kName, ": `position` must be i32 [1], got ", dtype_name(pos.dtype),
+                         sym_shape_str(pos.shape));
+      const std::int64_t heads = row / dim - 2 * kv_heads;
+      return {{x[0], SymExpr(heads), SymExpr(1), kc[3]}, in(6).dtype};
+    }
     case Op::StateAfter:
       if (n.inputs.size() < 2)
         fail<GraphError>("state_after: needs the state and at least one effect to follow");

@@ -109,6 +109,8 @@ const char* op_name(Op op) {
       return "silu_mul_matmul_add";
     case Op::RopeKvAppend:
       return "rope_kv_append";
+    case Op::RmsNormMatMulRopeKvAppend:
+      return "rms_norm_matmul_rope_kv_append";
     case Op::Branch:
       return "branch";
   }
@@ -127,7 +129,8 @@ bool is_view(Op op) {
          op == Op::StateAfter || op == Op::Branch;
 }
 bool has_effect(Op op) {
-  return op == Op::WriteAt || op == Op::KdaDecode || op == Op::RopeKvAppend;
+  return op == Op::WriteAt || op == Op::KdaDecode || op == Op::RopeKvAppend ||
+         op == Op::RmsNormMatMulRopeKvAppend;
 }
 
 }  // namespace splice

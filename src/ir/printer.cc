@@ -62,6 +62,7 @@ std::string attrs_str(const Graph& g, const Node& n) {
     }
     case Op::RmsNorm:
     case Op::RmsNormMatMul:
+    case Op::RmsNormMatMulRopeKvAppend:
       out << " eps=" << n.attrs.eps;
       break;
     case Op::Branch: {

@@ -40,9 +40,10 @@ constexpr int kMirrorSlots = 2;
 
 // Whether a decode step launched past the end of the sequence (one token too many: the pipelined
 // loop's step after a stop token) can be taken back by moving the position back: every state is
-// a cache whose writers append at the step's own row, k_len - 1 (WriteAt offsets and RopeKvAppend
-// positions), so the overrun only wrote a row past the live length, which the next step
-// rewrites. A recurrent state (KDA) advanced by the overrun cannot be taken back.
+// a cache whose writers append at the step's own row, k_len - 1 (WriteAt offsets, RopeKvAppend
+// and RmsNormMatMulRopeKvAppend positions), so the overrun only wrote a row past the live length,
+// which the next step rewrites. A recurrent state (KDA) advanced by the overrun cannot be taken
+// back.
 bool overrun_is_harmless(const Graph& g) {
   const std::optional<SymId> k_len = g.symbols().find("k_len");
   if (!k_len) return false;
@@ -53,8 +54,9 @@ bool overrun_is_harmless(const Graph& g) {
       case Op::WriteAt:
         if (!n.attrs.offset.expr().structurally_equal(last_row)) return false;
         break;
-      case Op::RopeKvAppend: {
-        const Node& position = g.node(n.inputs[3]);
+      case Op::RopeKvAppend:
+      case Op::RmsNormMatMulRopeKvAppend: {  // the position is input 3, or 5 (op.h)
+        const Node& position = g.node(n.inputs[n.op == Op::RopeKvAppend ? 3 : 5]);
         if (position.op != Op::SymValue || !position.attrs.value.expr().structurally_equal(last_row))
           return false;
         break;

@@ -14,8 +14,11 @@
 // Every RMSNorm, RoPE and SwiGLU activation also hands the optimizer a LayerOpSpec
 // (m.layer_specs) for its fused arm; with stacked projections the two per-layer norms are fused
 // with the q|k|v and gate|up products (rms_norm_matmul) and the SwiGLU activation with down_proj
-// and the residual (silu_mul_matmul_add).
+// and the residual (silu_mul_matmul_add), and the q|k|v product's region and the rope_kv_append
+// region nest in a third whose fused arm is one GEMV with a RoPE and KV-append epilogue
+// (rms_norm_matmul_rope_kv_append; the two inner arms stay its oracle, where it is declined too).
 #include <cmath>
+#include <optional>
 
 #include "splice/core/error.h"
 #include "splice/model/blocks.h"
@@ -88,11 +91,18 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
     if (o.stack_projections) {
       // q, k, v are adjacent columns of the q|k|v matmul: one rope_kv_append region (one RoPE
       // over the q and k heads, both appends) with its fused arm.
+      const std::size_t specs_before = m.layer_specs.size();
       const NodeId qkv =
           norm_project(p + "self_attn.qkv_proj.", qkv_parts, c.attention_bias, {3})[0];
+      // The rms_norm_matmul region norm_project built (none with a bias): with it, both regions
+      // nest in one rms_norm_matmul_rope_kv_append region (one GEMV with a RoPE epilogue).
+      const bool one_region = m.layer_specs.size() == specs_before + 1 &&
+                              m.layer_specs.back().kind == LayerOpKind::rms_norm_matmul;
+      const std::optional<LayerOpSpec> projection =
+          one_region ? std::optional<LayerOpSpec>(m.layer_specs.back()) : std::nullopt;
       const layers::RopeKvAppendOut r =
           layers::rope_kv_append(g, qkv, heads, cos_table, sin_table, position, k_state, v_state,
-                                 write, &m.layer_specs, site);
+                                 write, &m.layer_specs, site, projection ? &*projection : nullptr);
       q_rot = r.q;
       k_cache = r.k_cache;
       v_cache = r.v_cache;

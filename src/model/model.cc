@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "splice/core/error.h"
 #include "splice/model/safetensors.h"
@@ -177,7 +178,13 @@ NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId posit
 RopeKvAppendOut rope_kv_append(Graph& g, NodeId qkv, std::int64_t heads, NodeId cos_table,
                                NodeId sin_table, NodeId position, NodeId k_state, NodeId v_state,
                                const DynScalar& write, std::vector<LayerOpSpec>* specs,
-                               const std::string& site) {
+                               const std::string& site, const LayerOpSpec* projection) {
+  // A copy: `projection` may point into `specs`, which the regions below append to.
+  const std::optional<LayerOpSpec> outer_of =
+      projection ? std::optional<LayerOpSpec>(*projection) : std::nullopt;
+  SPLICE_INTERNAL_CHECK(
+      !outer_of || (outer_of->kind == LayerOpKind::rms_norm_matmul && outer_of->inputs.size() == 3),
+      "rope_kv_append: `projection` must be an rms_norm_matmul spec");
   const SymShape cache = g.node(k_state).shape;  // [B, Hkv, capacity, D]
   const SymExpr batch = g.node(qkv).shape[0];
   const std::int64_t kv_heads = cache[1].constant(), d = cache[3].constant();
@@ -203,6 +210,23 @@ RopeKvAppendOut rope_kv_append(Graph& g, NodeId qkv, std::int64_t heads, NodeId 
     spec.kind = LayerOpKind::rope_kv_append;
     spec.inputs = {qkv, cos_table, sin_table, position, k_state, v_state};
     merge = end_region(g, exit, std::move(spec), specs, site);
+    if (outer_of) {
+      // The outer region: from h through the projection's region and this one (both inner
+      // branches stay in its arm 0, the oracle); its fused arm is one GEMV with the RoPE and
+      // append epilogue. Offered after the inner specs, so it is selected after them.
+      LayerOpSpec outer;
+      outer.kind = LayerOpKind::rms_norm_matmul_rope_kv_append;
+      outer.inputs = {outer_of->inputs[0],
+                      outer_of->inputs[1],
+                      outer_of->inputs[2],
+                      cos_table,
+                      sin_table,
+                      position,
+                      k_state,
+                      v_state};
+      outer.eps = outer_of->eps;
+      merge = end_region(g, merge, std::move(outer), specs, site);
+    }
   }
   // q is a view of the merge, so a branch diverging at q (attention's) does not take in the
   // StateAfter views, which follow the merge itself.

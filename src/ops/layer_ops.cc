@@ -5,12 +5,15 @@
 //     CUDA backend is a DeviceError.
 //  2. Contract row of that device: the op is listed, the activation dtype is listed, the row
 //     length is within max_row (0 = any). A refusal is an UnsupportedError naming the row.
+//     rms_norm_matmul_rope_kv_append also checks the row's qkv_rope_* limits.
 //  3. Dispatch: cpu::rms_norm / silu_mul / rope / matmul_add / rms_norm_matmul /
-//     silu_mul_matmul_add or their cuda:: launchers (matmul_add on CUDA: cuda::matmul with the
+//     silu_mul_matmul_add / rope_kv_append / rms_norm_matmul_rope_kv_append or their cuda::
+//     launchers (matmul_add on CUDA: cuda::matmul with the
 //     residual epilogue, MatmulOptions; the two prologue products: cuda layer_ops.h).
 #include "splice/ops/layer_ops.h"
 
 #include <string>
+#include <vector>
 
 #include "splice/backend/cpu/layer_ops.h"
 #include "splice/core/error.h"
@@ -24,11 +27,19 @@
 namespace splice {
 namespace {
 
+// cuda::kQkvRopeMaxK and the 16-bit vector width (spelled here too: this table is compiled
+// without the CUDA backend; tests/cuda checks they agree).
+constexpr std::int64_t kCudaQkvRopeMaxK = 2048;
+constexpr std::int64_t kCudaQkvRopeKMultiple = 8;
 const std::vector<DType> kFloatDtypes = {DType::bf16, DType::f16, DType::f32};
-const std::vector<LayerOpKind> kAllLayerOps = {
-    LayerOpKind::rms_norm,      LayerOpKind::silu_mul,        LayerOpKind::rope,
-    LayerOpKind::matmul_add,    LayerOpKind::rms_norm_matmul, LayerOpKind::silu_mul_matmul_add,
-    LayerOpKind::rope_kv_append};
+const std::vector<LayerOpKind> kAllLayerOps = {LayerOpKind::rms_norm,
+                                               LayerOpKind::silu_mul,
+                                               LayerOpKind::rope,
+                                               LayerOpKind::matmul_add,
+                                               LayerOpKind::rms_norm_matmul,
+                                               LayerOpKind::silu_mul_matmul_add,
+                                               LayerOpKind::rope_kv_append,
+                                               LayerOpKind::rms_norm_matmul_rope_kv_append};
 
 void check_device(const Tensor& t, const char* name, const Device& device, const char* op) {
   check_defined(t, name);
@@ -127,6 +138,45 @@ void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& si
   cpu::rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out);
 }
 
+void fused_rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
+                                          const Tensor& w, const Tensor& cos, const Tensor& sin,
+                                          const Tensor& position, Tensor& k_cache, Tensor& v_cache,
+                                          Tensor& out, bool w_constant, bool position_stable,
+                                          bool trigger_dependents_first) {
+  const char* op = "rms_norm_matmul_rope_kv_append";
+  check_defined(x, "x");
+  const Device device = x.device();
+  check_device(norm_weight, "norm_weight", device, op);
+  check_device(w, "w", device, op);
+  check_device(cos, "cos", device, op);
+  check_device(sin, "sin", device, op);
+  check_device(position, "position", device, op);
+  check_device(k_cache, "k_cache", device, op);
+  check_device(v_cache, "v_cache", device, op);
+  check_device(out, "out", device, op);
+  const LayerOpContract& row = contract_for(device, op);
+  check_contract(row, LayerOpKind::rms_norm_matmul_rope_kv_append, x.dtype(), last_dim(x));
+  // The row's qkv_rope limits, on the shapes as given (the backend checks them in full).
+  const std::int64_t head_dim = k_cache.dim() == 4 ? k_cache.size(3) : 0;
+  const std::int64_t batch = x.dim() > 0 ? x.size(0) : 0;
+  if (const std::string why = row.qkv_rope_gate(x.dtype(), norm_weight.dtype(), w.dtype(),
+                                                k_cache.dtype(), head_dim, last_dim(x), batch);
+      !why.empty())
+    fail<UnsupportedError>(op, ": the ", row.backend, " kernel '", row.kernel, "' (revision ",
+                           row.revision, ") ", why);
+#if defined(SPLICE_WITH_CUDA)
+  if (device.is_cuda())
+    return cuda::rms_norm_matmul_rope_kv_append(x, norm_weight, eps, w, cos, sin, position, k_cache,
+                                                v_cache, out, w_constant, position_stable,
+                                                trigger_dependents_first);
+#endif
+  (void)w_constant;  // a CPU kernel has no launch ordering to relax
+  (void)position_stable;
+  (void)trigger_dependents_first;
+  cpu::rms_norm_matmul_rope_kv_append(x, norm_weight, eps, w, cos, sin, position, k_cache, v_cache,
+                                      out);
+}
+
 void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out,
                       bool b_constant) {
   const char* op = "matmul_add";
@@ -189,9 +239,20 @@ const LayerOpContract& cpu_layer_ops_contract() {
   return row;
 }
 
+// rms_norm_matmul_rope_kv_append's limits on CUDA (cuda::rms_norm_matmul_rope_kv_append): one
+// decode row (B = 1), 16-bit activations, K in whole 16-byte vectors of at most
+// cuda::kQkvRopeMaxK (the register prologue's row: every warp holds the normalized row), any
+// even head_dim.
 const LayerOpContract& cuda_layer_ops_contract() {
-  static const LayerOpContract row{"layer_ops",  "cuda",       "cuda-layer-ops-1",
-                                   kAllLayerOps, kFloatDtypes, 0};
+  static const LayerOpContract row = [] {
+    LayerOpContract r{"layer_ops", "cuda", "cuda-layer-ops-1", kAllLayerOps, kFloatDtypes, 0};
+    r.qkv_rope_dtypes = {DType::bf16, DType::f16};
+    r.qkv_rope_max_k = kCudaQkvRopeMaxK;
+    r.qkv_rope_max_batch = 1;
+    r.qkv_rope_k_multiple = kCudaQkvRopeKMultiple;
+    r.qkv_rope_one_dtype = true;
+    return r;
+  }();
   return row;
 }
 

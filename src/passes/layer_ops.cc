@@ -28,6 +28,8 @@ Op fused_op(LayerOpKind kind) {
       return Op::SiluMulMatMulAdd;
     case LayerOpKind::rope_kv_append:
       return Op::RopeKvAppend;
+    case LayerOpKind::rms_norm_matmul_rope_kv_append:
+      return Op::RmsNormMatMulRopeKvAppend;
   }
   fail<GraphError>("LayerOpSpec: unknown kind ", static_cast<int>(kind));
 }
@@ -49,6 +51,8 @@ std::vector<std::string> role_names(LayerOpKind kind) {
       return {"a", "b", "w", "c"};
     case LayerOpKind::rope_kv_append:
       return {"qkv", "cos", "sin", "position", "k_cache", "v_cache"};
+    case LayerOpKind::rms_norm_matmul_rope_kv_append:
+      return {"x", "norm_weight", "w", "cos", "sin", "position", "k_cache", "v_cache"};
   }
   return {};
 }
@@ -76,8 +80,12 @@ void validate(const Graph& g, const LayerOpSpec& s) {
   };
   for (std::size_t i = 0; i < roles.size(); ++i) live(s.inputs[i], roles[i]);
   live(s.decomposed_out, "decomposed_out");
-  if (s.kind == LayerOpKind::rope_kv_append)
-    for (std::size_t i : {std::size_t{4}, std::size_t{5}})
+  // The caches: inputs 4, 5 of rope_kv_append, 6, 7 of rms_norm_matmul_rope_kv_append.
+  const std::size_t first_cache = s.kind == LayerOpKind::rope_kv_append                   ? 4
+                                  : s.kind == LayerOpKind::rms_norm_matmul_rope_kv_append ? 6
+                                                                                          : 0;
+  if (first_cache > 0)
+    for (std::size_t i : {first_cache, first_cache + 1})
       if (g.node(s.inputs[i]).op != Op::State)
         fail<GraphError>("LayerOpSpec (", name, ", ", s.site, "): `", roles[i],
                          "` must be a state buffer (written in place), got ",
@@ -134,6 +142,20 @@ std::string layer_op_gate(const Graph& g, const LayerOpSpec& s, const LayerOpCon
       !c.supports_dtype(g.node(s.inputs[2]).dtype))
     why << who << " does not take a weight of dtype " << dtype_name(g.node(s.inputs[2]).dtype)
         << "; ";
+  // The q|k|v GEMV with the RoPE epilogue: the row's qkv_rope limits (dtypes of x, norm_weight,
+  // w and the caches, head_dim, K, batch) on the largest shapes the symbols allow.
+  if (s.kind == LayerOpKind::rms_norm_matmul_rope_kv_append && s.inputs.size() == 8) {
+    const Node& k_cache = g.node(s.inputs[6]);
+    const std::int64_t head_dim = k_cache.shape.size() == 4 && k_cache.shape[3].is_constant()
+                                      ? k_cache.shape[3].constant()
+                                      : 0;
+    const std::int64_t k = x.shape.back().upper_bound(g.symbols());
+    const std::int64_t batch = x.shape.empty() ? 0 : x.shape[0].upper_bound(g.symbols());
+    const std::string limits =
+        c.qkv_rope_gate(x.dtype, g.node(s.inputs[1]).dtype, g.node(s.inputs[2]).dtype,
+                        k_cache.dtype, head_dim, k, batch);
+    if (!limits.empty()) why << who << " " << limits << "; ";
+  }
   const SymExpr& row = x.shape.back();
   if (c.max_row > 0 && row.upper_bound(g.symbols()) > c.max_row)
     why << "the row length " << row.str(&g.symbols()) << " exceeds " << who << "'s max_row "
@@ -181,6 +203,10 @@ OfferResult offer_layer_op_arm(Graph& g, const LayerOpSpec& s, const LayerOpCont
       break;
     case LayerOpKind::rope_kv_append:
       fused = g.rope_kv_append(in[0], in[1], in[2], in[3], in[4], in[5]);
+      break;
+    case LayerOpKind::rms_norm_matmul_rope_kv_append:
+      fused = g.rms_norm_matmul_rope_kv_append(in[0], in[1], in[2], s.eps, in[3], in[4], in[5],
+                                               in[6], in[7]);
       break;
   }
   g.labeled(fused, (s.site.empty() ? kind : s.site + "." + kind) + "_fused");

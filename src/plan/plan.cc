@@ -148,9 +148,9 @@ Plan make_plan(const Graph& g) {
     const Node& n = g.node(w);
     std::vector<NodeId> written;
     if (n.op == Op::WriteAt) written.push_back(n.inputs[0]);
-    // KdaDecode writes its conv_state and state inputs, RopeKvAppend its k and v caches (through
-    // views) in place.
-    if (n.op == Op::KdaDecode || n.op == Op::RopeKvAppend)
+    // KdaDecode writes its conv_state and state inputs, RopeKvAppend and
+    // RmsNormMatMulRopeKvAppend their k and v caches (through views) in place.
+    if (n.op == Op::KdaDecode || n.op == Op::RopeKvAppend || n.op == Op::RmsNormMatMulRopeKvAppend)
       for (NodeId in : n.inputs) {
         const NodeId root = plan.storage_root[in.index];
         if (g.node(root).op == Op::State) written.push_back(root);

@@ -76,7 +76,8 @@ Decode greedy(DecodeModel model, bool layer_ops, bool matmul_add = false,
     const bool layer_op = decision.kind == "rms_norm" || decision.kind == "silu_mul" ||
                           decision.kind == "rope" || decision.kind == "rope_kv_append" ||
                           decision.kind == "matmul_add" || decision.kind == "rms_norm_matmul" ||
-                          decision.kind == "silu_mul_matmul_add";
+                          decision.kind == "silu_mul_matmul_add" ||
+                          decision.kind == "rms_norm_matmul_rope_kv_append";
     if (layer_op) {
       EXPECT_TRUE(decision.offered) << decision.site << ": " << decision.reason;
       d.fused_layer_ops += decision.collapsed_to == 1;
@@ -114,9 +115,10 @@ TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
   DecodeModel model = build_decode_model(config, weights, build);
   // Per layer: 2 norms fused with the q|k|v and gate|up projections (rms_norm_matmul), 1
   // rope_kv_append (q and k heads in one RoPE, both cache appends), the o_proj residual
-  // (matmul_add), the SwiGLU activation with down_proj and its residual (silu_mul_matmul_add); the
+  // (matmul_add), the SwiGLU activation with down_proj and its residual (silu_mul_matmul_add),
+  // the region around the q|k|v product and rope_kv_append (rms_norm_matmul_rope_kv_append); the
   // final norm with lm_head (rms_norm_matmul).
-  EXPECT_EQ(model.layer_specs.size(), 2u * 5u + 1u);
+  EXPECT_EQ(model.layer_specs.size(), 2u * 6u + 1u);
   int norm_products = 0, silu_products = 0;
   for (const LayerOpSpec& s : model.layer_specs) {
     norm_products += s.kind == LayerOpKind::rms_norm_matmul;
@@ -127,7 +129,8 @@ TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
   EXPECT_EQ(silu_products, 2);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);
-  EXPECT_EQ(fused.fused_layer_ops, 7);  // 2 x (2 rms_norm_matmul + rope_kv_append) + final norm
+  // 2 x (2 rms_norm_matmul + rope_kv_append + the region around them) + the final norm
+  EXPECT_EQ(fused.fused_layer_ops, 9);
   EXPECT_EQ(plain.fused_layer_ops, 0);
   expect_same_decode(fused, plain);
 }
@@ -182,8 +185,8 @@ TEST(LayerOpsE2e, LlamaGreedyTokensMatchWithAndWithoutMatMulAdd) {
   const Decode fused = greedy(build_decode_model(config, weights, build), true, true);
   const Decode plain = greedy(build_decode_model(config, weights, build), true, false);
   // + the o_proj residual and the silu_mul_matmul_add of 2 layers
-  EXPECT_EQ(fused.fused_layer_ops, 7 + 4);
-  EXPECT_EQ(plain.fused_layer_ops, 7);
+  EXPECT_EQ(fused.fused_layer_ops, 9 + 4);
+  EXPECT_EQ(plain.fused_layer_ops, 9);
   expect_close_decode(fused, plain);
 }
 

@@ -167,6 +167,11 @@ class Graph {
   // RopeKvAppend (op.h): returns the rotated q heads; writes k_cache, v_cache in place.
   NodeId rope_kv_append(NodeId qkv, NodeId cos_table, NodeId sin_table, NodeId position,
                         NodeId k_cache, NodeId v_cache);
+  // RmsNormMatMulRopeKvAppend (op.h): rms_norm_matmul into the q|k|v row, then rope_kv_append;
+  // returns the rotated q heads; writes k_cache, v_cache in place.
+  NodeId rms_norm_matmul_rope_kv_append(NodeId x, NodeId norm_weight, NodeId w, float eps,
+                                        NodeId cos_table, NodeId sin_table, NodeId position,
+                                        NodeId k_cache, NodeId v_cache);
   // StateAfter (op.h): `state` as left by the effects `after` depends on.
   NodeId state_after(NodeId state, const std::vector<NodeId>& after);
 

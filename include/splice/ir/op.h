@@ -96,6 +96,12 @@ enum class Op : std::uint8_t {
                      // input 3, [1] i32, p = position[0]) rotates the q and k heads; in place,
                      // k_cache[:, :, p] = rotated k, v_cache[:, :, p] = v (caches [B, Hkv,
                      // capacity, D], inputs 4, 5, qkv's dtype); output the rotated q [B, Hq, 1, D].
+  RmsNormMatMulRopeKvAppend,  // (effect) RmsNormMatMul then RopeKvAppend in one op: inputs x
+                              // [B, 1, K], norm_weight [K], w [N, K] (attrs.eps), cos, sin
+                              // (3, 4), position (5, [1] i32), k_cache, v_cache (6, 7, [B, Hkv,
+                              // capacity, D]); qkv = round_c(round_w(rms_norm(x)) @ w^T) with
+                              // N = (Hq + 2 Hkv) D and c the caches' dtype, then RopeKvAppend's
+                              // rule on qkv; output the rotated q [B, Hq, 1, D] (caches' dtype).
   // --- control ---
   Branch,  // (view) Equivalent arms: inputs are the arms' exits (arm 0 first, the oracle);
            // returns the chosen arm's exit (arm 0 unless a decision selects another).
@@ -111,7 +117,7 @@ bool is_source(Op op);
 // Branch.
 // Reshape aliases when its input is contiguous at run time and copies otherwise.
 bool is_view(Op op);
-// Writes persistent state: WriteAt, KdaDecode, RopeKvAppend.
+// Writes persistent state: WriteAt, KdaDecode, RopeKvAppend, RmsNormMatMulRopeKvAppend.
 bool has_effect(Op op);
 
 }  // namespace splice

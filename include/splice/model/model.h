@@ -111,10 +111,16 @@ NodeId rope(Graph& g, NodeId x, NodeId cos_table, NodeId sin_table, NodeId posit
 struct RopeKvAppendOut {
   NodeId q, k_cache, v_cache;
 };
+// With `specs` and `projection` (the rms_norm_matmul spec of the region whose merge qkv is a
+// view of: inputs {h, norm_weight, w}), the two regions are nested in a third one: a
+// rms_norm_matmul_rope_kv_append spec (inputs {h, norm_weight, w, cos, sin, position, k_state,
+// v_state}) whose decomposed_out is this region's merge, appended after this region's spec, so
+// the optimizer selects the two inner branches first and then the one-kernel arm against them.
 RopeKvAppendOut rope_kv_append(Graph& g, NodeId qkv, std::int64_t heads, NodeId cos_table,
                                NodeId sin_table, NodeId position, NodeId k_state, NodeId v_state,
                                const DynScalar& write, std::vector<LayerOpSpec>* specs = nullptr,
-                               const std::string& site = "");
+                               const std::string& site = "",
+                               const LayerOpSpec* projection = nullptr);
 // Hugging Face linears of one input, as (weight/bias name prefix, output rows).
 using LinearParts = std::vector<std::pair<std::string, std::int64_t>>;
 // x [..., in_features] through the linears `parts` (prefix + "weight" [rows, in_features], prefix

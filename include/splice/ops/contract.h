@@ -74,6 +74,9 @@ enum class LayerOpKind : std::uint8_t {
                         // the residual
   rope_kv_append,       // rope of the q|k heads, k and v written into the KV caches at the
                         // position (Op::RopeKvAppend)
+  rms_norm_matmul_rope_kv_append,  // rms_norm_matmul into the q|k|v row, then rope_kv_append
+                                   // on it (Op::RmsNormMatMulRopeKvAppend): one GEMV whose
+                                   // epilogue applies RoPE and writes the KV caches
 };
 const char* layer_op_name(LayerOpKind kind);
 
@@ -84,8 +87,24 @@ struct LayerOpContract {
   std::vector<LayerOpKind> ops;     // implemented ops
   std::vector<DType> dtypes;        // activation (x / a / b / out) dtypes
   std::int64_t max_row = 0;         // largest last-axis length (0 = any)
+  // rms_norm_matmul_rope_kv_append only (its CUDA kernel is a register-prologue GEMV with a RoPE
+  // epilogue, narrower than the other ops): the activation dtypes it takes (empty: `dtypes`), the
+  // head dims (empty: any even D), the largest K (0: any), the largest batch B (0: any), and
+  // what K must be a multiple of.
+  std::vector<DType> qkv_rope_dtypes = {};
+  std::vector<std::int64_t> qkv_rope_head_dims = {};
+  std::int64_t qkv_rope_max_k = 0;
+  std::int64_t qkv_rope_max_batch = 0;
+  std::int64_t qkv_rope_k_multiple = 1;  // K a multiple of this (whole 16-byte vectors)
+  bool qkv_rope_one_dtype = false;       // x, norm_weight, w and the caches of one dtype
   bool supports(LayerOpKind kind) const;
   bool supports_dtype(DType d) const;
+  // Empty when rms_norm_matmul_rope_kv_append's limits above take x's, norm_weight's, w's and
+  // the caches' dtypes, head dim `head_dim`, row length `k` and batch `batch` (the largest the
+  // shapes allow), else what is missing, for a gate's decline reason or the public entry's
+  // UnsupportedError.
+  std::string qkv_rope_gate(DType x, DType norm_weight, DType w, DType caches,
+                            std::int64_t head_dim, std::int64_t k, std::int64_t batch) const;
   // Verification tolerance for outputs in `dtype` (the policy default: each op rounds once to
   // the storage dtype after fp32 math, silu_mul twice exactly as its primitive region does).
   Tolerance tolerance(DType dtype) const;

@@ -37,6 +37,24 @@ void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& si
                           const Tensor& position, Tensor& k_cache, Tensor& v_cache, Tensor& out,
                           bool position_stable = false, bool trigger_dependents_first = false);
 
+// rms_norm_matmul then rope_kv_append in one op (Op::RmsNormMatMulRopeKvAppend): x [B, 1, K],
+// norm_weight [K], w [N, K] with N = (Hq + 2 Hkv) D; the q|k|v row qkv = round_c(round_w(
+// rms_norm(x)) @ w^T) (c the caches' dtype) is never stored: out [B, Hq, 1, D] = rope(q heads);
+// in place, k_cache[:, :, p] = rope(k heads), v_cache[:, :, p] = v heads (caches [B, Hkv,
+// capacity, D]) at p = position[0] ([1] i32 on x's device); cos, sin [max_seq_len, D]. Bitwise
+// fused_rms_norm_matmul into a temporary then fused_rope_kv_append on the CPU; on CUDA one GEMV
+// launch whose epilogue applies RoPE and writes the caches (cuda::rms_norm_matmul_rope_kv_append:
+// bitwise the two CUDA kernels where the GEMV takes its register prologue, see there). The CUDA
+// contract row's qkv_rope_* limits say which calls it takes (an UnsupportedError otherwise).
+// `w_constant` as for fused_matmul_add, `position_stable` and `trigger_dependents_first` as for
+// fused_rope_kv_append; all ignored on the CPU.
+void fused_rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
+                                          const Tensor& w, const Tensor& cos, const Tensor& sin,
+                                          const Tensor& position, Tensor& k_cache, Tensor& v_cache,
+                                          Tensor& out, bool w_constant = false,
+                                          bool position_stable = false,
+                                          bool trigger_dependents_first = false);
+
 // out = round(a @ b^T + c): a [..., M, K], b [N, K] (a's dtype), c, out [..., M, N]; the fp32 sum
 // plus c rounded once into out's dtype. `b_constant`: the caller's promise that no kernel in
 // flight writes b (a model weight; cuda::MatmulOptions::b_constant), ignored on the CPU.

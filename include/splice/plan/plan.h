@@ -1,8 +1,9 @@
 // splice/plan/plan.h: plan once — schedule, liveness, memory plan and branch regions.
 //
 // 1. Schedule: a topological order that also puts every reader of a state version before the
-//    node that overwrites that state in place (WriteAt, KdaDecode, RopeKvAppend), reading through
-//    view chains; a StateAfter's readers read the new contents (ordered by its inputs instead).
+//    node that overwrites that state in place (WriteAt, KdaDecode, RopeKvAppend,
+//    RmsNormMatMulRopeKvAppend), reading through view chains; a StateAfter's readers read the
+//    new contents (ordered by its inputs instead).
 // 2. Aliases: view ops (permute, slice, write_at, sequence, branch, and reshape when its input
 //    is contiguous) own no memory; each node's storage root is found by walking those edges.
 // 3. Liveness: a buffer lives from its producer to the last use of it or of any view of it;

@@ -19,15 +19,18 @@
 //                   into fp32 (no rounding) and one elementwise c + product rounded into out
 //                   (compositions of existing kernels, so bitwise those chains; the region
 //                   differs only by its rounding of the product before the add)
+//        rms_norm_matmul_rope_kv_append: rms_norm_matmul into a [B, 1, N] q|k|v temporary of
+//                   the caches' dtype, then rope_kv_append (a composition: bitwise that chain)
 #include "splice/backend/cpu/layer_ops.h"
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/kernel_util.h"
-#include "backend/layer_op_checks.h"
 #include "backend/cpu/parallel.h"
+#include "backend/layer_op_checks.h"
 #include "splice/backend/cpu/primitives.h"
 
 namespace splice::cpu {
@@ -336,6 +339,36 @@ void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Ten
   Tensor normalized = Tensor::empty(x.shape(), w.dtype());
   rms_norm(x, weight, eps, normalized);
   matmul(normalized, w, out, /*transpose_b=*/true);
+}
+
+void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
+                                    const Tensor& w, const Tensor& cos, const Tensor& sin,
+                                    const Tensor& position, Tensor& k_cache, Tensor& v_cache,
+                                    Tensor& out) {
+  constexpr const char* kOp = "rms_norm_matmul_rope_kv_append";
+  const std::pair<const Tensor*, const char*> operands[] = {{&x, "x"},
+                                                            {&norm_weight, "norm_weight"},
+                                                            {&w, "w"},
+                                                            {&cos, "cos"},
+                                                            {&sin, "sin"},
+                                                            {&position, "position"},
+                                                            {&k_cache, "k_cache"},
+                                                            {&v_cache, "v_cache"},
+                                                            {&out, "out"}};
+  for (const auto& [t, name] : operands) detail::check_cpu(*t, name);
+  layer_op_checks::check_qkv_rope(x, norm_weight, eps, w, cos, sin, position, k_cache, v_cache, out,
+                                  kOp);
+  detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/false);
+  detail::check_no_overlap(out, "out", w, "w", /*allow_identical=*/false);
+  const std::int64_t p = position.data<std::int32_t>()[0];
+  const std::int64_t rows = std::min(k_cache.size(2), cos.size(0));
+  if (p < 0 || p >= rows)
+    fail<ValueError>(kOp, ": `position` ", p, " is outside [0, ", rows,
+                     ") (the caches' capacity and the tables' rows)");
+  // [B, 1, N]: the q|k|v row, rounded to the caches' dtype like the RmsNormMatMul node's output.
+  Tensor qkv = Tensor::empty({x.size(0), 1, w.size(0)}, k_cache.dtype());
+  rms_norm_matmul(x, norm_weight, eps, w, qkv);
+  rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out);
 }
 
 void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,

@@ -5,6 +5,12 @@
 // With a prologue (Params::prologue, gemv.h: the RmsNormMatMul and SiluMulMatMulAdd layer ops) x
 // is not read as it is: stage 0 below first computes each row's GEMV input into shared memory.
 //
+// With the RoPE epilogue (launch_rope, gemv.h's RopeParams: the RmsNormMatMulRopeKvAppend layer
+// op) a second kernel, rope_pairs_kernel, runs one row with stage 0 in registers, stages 2-5 for
+// the two weight rows of a RoPE pair per warp, and instead of storing y rotates the pair and
+// writes it into out or the KV caches at the step's position (its own numbered stages, below
+// gemv_kernel).
+//
 // At rows <= 8 the product is a stream over the weight: n * k elements read once, a handful of
 // FLOPs per byte, so the floor is bytes(w) / DRAM bandwidth and the kernel's job is to keep enough
 // 16-byte loads in flight on every SM, from the first cycle to the last.
@@ -773,6 +779,148 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// ---- the RoPE epilogue (launch_rope, gemv.h's RopeParams)
+// ----------------------------------------
+//
+// rms_norm_matmul_rope_kv_append in one launch (the two-kernel chain is launch() with the
+// register rms_norm prologue, then rope_kv_append.cu):
+//   1. Mapping ("rope pairs"): warp g < (Hq + 2 Hkv) D/2 takes head h = g / (D/2), i = g % (D/2)
+//      and the weight rows j0 = h D + i, j1 = j0 + D/2 (no weight permutation).
+//   2. Before the wait: with w_constant the two rows' kSlots vectors per lane (stage 2's loads);
+//      with position_stable p = position[0] and this lane's table entries at row p.
+//   3. After it: register_rms_norm_rows (stage 0 in registers: every warp normalizes the whole
+//      row itself), the weights when not constant, p and the tables when not stable.
+//   4. Per lane, acc_c = sum over its vectors v = u * 32 + lane of x_v . w_{j_c, v} in launch()'s
+//      order for the columns per warp launch() takes at this n (kPartials: a partial per vector
+//      when that is 1 or 2 columns, one FMA chain at 4); then transposed_warp_sum over the two
+//      values: lanes 0 .. 15 hold y0 = y[j0], lanes 16 .. 31 y1 = y[j1] (the same butterfly tree,
+//      offsets 16, 8, 4, 2, 1, as launch()'s reduction at any column count), and one xor-16
+//      shuffle gives each lane the other half.
+//   5. Epilogue, lane 0 storing element i and lane 16 element i + D/2: x1 = float(round_T(y0)),
+//      x2 = float(round_T(y1)) (launch()'s store, read back as rope_kv_append reads it);
+//        q, k heads: y_i = x1 c_i + (-x2) s_i,  y_{i+D/2} = x2 c_{i+D/2} + x1 s_{i+D/2}
+//      each product rounded to fp32 before the sum (rope_kv_append.cu's exact operations), into
+//      out[h] (q) or k_cache[h - Hq, p]; v heads: round_T(y) into v_cache[h - Hq - Hkv, p]. A p
+//      outside [0, min(table_rows, capacity)) writes zeros to out and leaves the caches.
+//   6. PDL as stage 6: every thread waits before its first read of x or write of a target and
+//      before the early exit of a warp without a pair; a single-wave grid triggers after it, or,
+//      with the trigger_first hint (rope_kv_append's trigger_dependents_first), first thing.
+template <typename T, int kSlots, bool kPartials>
+__global__ void __launch_bounds__(kMaxThreads)
+    rope_pairs_kernel(const RopeParams p, bool single_wave) {
+  constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
+  using Raw = typename RawOf<kVectorBytes>::type;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int half = p.dim / 2;
+  const int pairs = (p.heads + 2 * p.kv_heads) * half;
+  const int pair = static_cast<int>(blockIdx.x) * static_cast<int>(blockDim.x / kWarpSize) +
+                   static_cast<int>(threadIdx.x) / kWarpSize;
+  const bool has_pair = pair < pairs;  // warp-uniform
+  const int head = has_pair ? pair / half : 0, i = has_pair ? pair % half : 0;
+  const int num_vec = static_cast<int>(p.product.k / kVec);
+  // Stage 1: the pair's weight rows, each [k].
+  const T* const w0 = static_cast<const T*>(p.product.w) +
+                      static_cast<std::int64_t>(head * p.dim + i) * p.product.w_row_stride;
+  const T* const w1 = w0 + static_cast<std::int64_t>(half) * p.product.w_row_stride;
+  Raw w_raw[kSlots][2];  // [slots, 2] vectors of w rows j0, j1
+  const auto load_weights = [&] {
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u) {
+      const int v = u * kWarpSize + lane;
+      const bool in_row = v < num_vec;
+      w_raw[u][0] = load_weight(reinterpret_cast<const Raw*>(w0 + v * kVec), in_row);
+      w_raw[u][1] = load_weight(reinterpret_cast<const Raw*>(w1 + v * kVec), in_row);
+    }
+  };
+  // Stage 5's target of this lane (lanes 0 and 16 store): element e of head h at cache row 0.
+  const bool upper = lane >= kWarpSize / 2;
+  const bool stores = has_pair && lane % (kWarpSize / 2) == 0;
+  const int e = i + (upper ? half : 0);
+  const bool is_q = head < p.heads, is_v = head >= p.heads + p.kv_heads;
+  T* target = nullptr;
+  std::int64_t row_stride = 0;
+  if (is_q) {
+    target = static_cast<T*>(p.out) + head * p.out_head_stride + e;
+  } else if (!is_v) {
+    target = static_cast<T*>(p.k_cache) + (head - p.heads) * p.k_head_stride + e;
+    row_stride = p.k_row_stride;
+  } else {
+    target = static_cast<T*>(p.v_cache) + (head - p.heads - p.kv_heads) * p.v_head_stride + e;
+    row_stride = p.v_row_stride;
+  }
+  bool valid = false;
+  std::int64_t row = 0;
+  float c = 0.0f, s = 0.0f;  // cos, sin at (p, e)
+  const auto read_position = [&] {
+    const std::int64_t pos = detail::load_in_order(p.position);
+    valid = pos >= 0 && pos < p.table_rows && pos < p.capacity;
+    row = valid ? pos : 0;
+  };
+  const auto read_tables = [&] {
+    if (!stores || !valid || is_v) return;
+    const std::int64_t at = row * p.table_stride0 + e * p.table_stride1;
+    c = load_any(p.cos, p.table_dtype, at);
+    s = load_any(p.sin, p.table_dtype, at);
+  };
+
+  // Stage 2: only the promised-constant reads go before the wait.
+  if (p.trigger_first && single_wave) detail::allow_dependents();  // the next kernel may launch
+  if (p.product.w_constant && has_pair) load_weights();
+  if (p.position_stable && stores) {
+    read_position();
+    read_tables();
+  }
+  detail::wait_for_producers();
+  if (single_wave && !p.trigger_first) detail::allow_dependents();  // after the wait (launch.cuh)
+  if (!has_pair) return;
+  // Stage 3.
+  if (!p.product.w_constant) load_weights();
+  Raw x_raw[kSlots][1];  // [slots, 1] vectors of the normalized row
+  register_rms_norm_rows<T, 1, kSlots>(p.product, x_raw, lane, num_vec);
+  if (!p.position_stable && stores) {
+    read_position();
+    read_tables();
+  }
+  // Stage 4: gemv_kernel's stage 3 for one row and the two columns.
+  float acc[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int u = 0; u < kSlots; ++u) {
+    if (u * kWarpSize >= num_vec) break;  // warp-uniform, as in gemv_kernel
+    float xf[kVec];
+    unpack<T>(x_raw[u][0], xf);
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      float wf[kVec];
+      unpack<T>(w_raw[u][col], wf);
+      if constexpr (kPartials) {
+        float part = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) part = fmaf(xf[k], wf[k], part);
+        acc[col] += part;
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[col] = fmaf(xf[k], wf[k], acc[col]);
+      }
+    }
+  }
+  const float sum = transposed_warp_sum(acc, lane);  // y0 in lanes 0 .. 15, y1 in 16 .. 31
+  const float other = __shfl_xor_sync(kFullMask, sum, kWarpSize / 2);
+  if (!stores) return;
+  // Stage 5.
+  const T mine = from_float<T>(sum);
+  const float x_mine = to_float(mine), x_other = to_float(from_float<T>(other));
+  const float x1 = upper ? x_other : x_mine, x2 = upper ? x_mine : x_other;  // elements i, i + D/2
+  T* const y = target + row * row_stride;
+  if (is_v) {
+    if (valid) *y = mine;  // an exact copy of the rounded element
+  } else if (valid) {
+    *y = upper ? from_float<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)))
+               : from_float<T>(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(-x2, s)));
+  } else if (is_q) {
+    *y = from_float<T>(0.0f);
+  }
+}
+
 // ---- host ----------------------------------------------------------------------------------
 
 int current_device() {
@@ -938,6 +1086,44 @@ std::int64_t prologue_bytes(std::int64_t rows, std::int64_t k, DType dtype) {
 
 bool aligned(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVectorBytes == 0; }
 
+// Stage 1's columns per warp of a launch with n columns on `sms` SMs (the largest of 4, 2, 1
+// that still gives kTargetWarpsPerSm column groups per SM).
+int default_cols(std::int64_t n, std::int64_t sms) {
+  int cols = kMaxCols;
+  while (cols > 1 && (n + cols - 1) / cols < kTargetWarpsPerSm * sms) cols /= 2;
+  return cols;
+}
+
+std::atomic<std::uint64_t> g_rope_launches{0};
+
+template <typename T, int kSlots, bool kPartials>
+void launch_rope_instance(const RopeParams& p, int pairs, int device, cudaStream_t stream) {
+  const auto kernel = rope_pairs_kernel<T, kSlots, kPartials>;
+  static OccupancyCache cache;
+  // One warp per pair; warps per CTA (4, 2, 1) so that there are at least as many CTAs as SMs.
+  const std::int64_t sms = sm_count(device);
+  int warps_per_cta = kMaxWarpsPerCta;
+  while (warps_per_cta > 1 && (pairs + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;
+  const unsigned threads = static_cast<unsigned>(warps_per_cta * kWarpSize);
+  const std::int64_t blocks = (pairs + warps_per_cta - 1) / warps_per_cta;
+  const std::int64_t wave =
+      sms * resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), threads, 0, device, cache);
+  g_rope_launches.fetch_add(1, std::memory_order_relaxed);
+  detail::launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), stream, p,
+                        blocks <= wave);
+}
+
+template <typename T, bool kPartials>
+void launch_rope_slots(const RopeParams& p, int pairs, int device, cudaStream_t stream) {
+  constexpr std::int64_t kVec = kVectorBytes / static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t num_vec = p.product.k / kVec;
+  if (num_vec <= static_cast<std::int64_t>(kSmallSlots) * kWarpSize)
+    return launch_rope_instance<T, kSmallSlots, kPartials>(p, pairs, device, stream);
+  if (num_vec <= static_cast<std::int64_t>(kLargeSlots) * kWarpSize)
+    return launch_rope_instance<T, kLargeSlots, kPartials>(p, pairs, device, stream);
+  launch_rope_instance<T, kRopeMaxSlots, kPartials>(p, pairs, device, stream);
+}
+
 // SPLICE_GEMV_VARIANT (gemv.h's variant()), read once; set_variant() overrides it.
 std::atomic<int> g_variant{-1};
 
@@ -1028,8 +1214,7 @@ void launch(const Params& params, cudaStream_t stream) {
   // Stage 1's tiling: columns per warp, then warps per CTA (the grid is capped in launch_instance).
   const int device = current_device();
   const std::int64_t sms = sm_count(device);
-  int cols = kMaxCols;
-  while (cols > 1 && (p.n + cols - 1) / cols < kTargetWarpsPerSm * sms) cols /= 2;
+  int cols = default_cols(p.n, sms);
   if (p.cols > 0) cols = p.cols;
   const std::int64_t warps = (p.n + cols - 1) / cols;
   int warps_per_cta = kMaxWarpsPerCta;
@@ -1073,6 +1258,47 @@ void launch(const Params& params, cudaStream_t stream) {
       return launch_prologue<float>(p, cols, g, vectorized, device, stream);
   }
 }
+
+bool rope_supported(const Params& q) {
+  const bool sixteen_bit = q.in_dtype == DType::bf16 || q.in_dtype == DType::f16;
+  if (!sixteen_bit || q.rows != 1 || q.k < 1 || q.n < 1 || q.w == nullptr || q.x[0] == nullptr ||
+      q.norm_weight == nullptr || q.norm_weight_dtype != q.in_dtype ||
+      (q.norm_weight_stride != 1 && q.k > 1))
+    return false;
+  const std::int64_t vec = kVectorBytes / static_cast<std::int64_t>(dtype_size(q.in_dtype));
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(q.in_dtype));
+  return q.k % vec == 0 && q.k / vec <= static_cast<std::int64_t>(kRopeMaxSlots) * kWarpSize &&
+         aligned(q.w) && (q.w_row_stride * elem) % kVectorBytes == 0 && aligned(q.x[0]) &&
+         aligned(q.norm_weight);
+}
+
+void launch_rope(const RopeParams& params, cudaStream_t stream) {
+  const Params& q = params.product;
+  SPLICE_INTERNAL_CHECK(rope_supported(q), "gemv rope epilogue: unsupported product (n ", q.n,
+                        ", k ", q.k, ", ", dtype_name(q.in_dtype), ")");
+  SPLICE_INTERNAL_CHECK(
+      params.heads >= 1 && params.kv_heads >= 0 && params.dim >= 2 && params.dim % 2 == 0 &&
+          q.n == static_cast<std::int64_t>(params.heads + 2 * params.kv_heads) * params.dim &&
+          params.out != nullptr && params.position != nullptr && params.cos != nullptr &&
+          params.sin != nullptr && (params.kv_heads == 0 || (params.k_cache && params.v_cache)),
+      "gemv rope epilogue params: heads ", params.heads, ", kv_heads ", params.kv_heads, ", dim ",
+      params.dim, ", n ", q.n);
+  SPLICE_INTERNAL_CHECK(q.n / 2 <= 0x7fffffff && q.n * q.w_row_stride < (std::int64_t{1} << 62),
+                        "gemv rope epilogue: n ", q.n, " is too large");
+  const int pairs = static_cast<int>(q.n / 2);
+  const int device = current_device();
+  // launch()'s per-lane accumulation for the columns per warp it would pick (stage 3): a
+  // partial per vector below kMinChains accumulators.
+  const bool partials = default_cols(q.n, sm_count(device)) < kMinChains;
+  if (q.in_dtype == DType::bf16) {
+    if (partials) return launch_rope_slots<__nv_bfloat16, true>(params, pairs, device, stream);
+    return launch_rope_slots<__nv_bfloat16, false>(params, pairs, device, stream);
+  }
+  if (partials) return launch_rope_slots<__half, true>(params, pairs, device, stream);
+  launch_rope_slots<__half, false>(params, pairs, device, stream);
+}
+
+std::uint64_t rope_launches() { return g_rope_launches.load(std::memory_order_relaxed); }
 
 // The routing rule (primitives_gemm.cc's try_gemv asks it). Measured on the H200 (05:10 run,
 // bf16, CUDA-graph replay over >= 256 MB of rotated weights; the previous kernel, one wave of

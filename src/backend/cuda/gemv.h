@@ -125,6 +125,55 @@ LaunchStats launch_stats();
 // prologue_fits is an UnsupportedError.
 void launch(const Params& params, cudaStream_t stream);
 
+// ---- the q|k|v GEMV with a RoPE and KV-append epilogue (cuda::rms_norm_matmul_rope_kv_append) --
+//
+// One row x [k] (16-bit), the register rms_norm prologue, the stacked weight w [N, k] with N =
+// (Hq + 2 Hkv) D, and the "rope pairs" column mapping: warp g = h D/2 + i computes output columns
+// h D + i and h D + i + D/2 (both halves of one RoPE pair of head h), so after the reduction one
+// warp holds the pair. Each element is rounded to T as launch() stores it, then q heads are
+// rotated into out, k heads rotated into k_cache row p and v heads copied into v_cache row p
+// (cuda::rope_kv_append's exact operations; gemv.cu's rope_pairs_kernel has the algorithm).
+// `product` carries the GEMV part: w, w_row_stride, n, k, x[0], norm_weight (T, unit stride),
+// eps, in_dtype (= T = out, caches), w_constant; rows = 1, prologue = rms_norm.
+inline constexpr int kRopeMaxSlots = 8;  // 16-byte vectors per lane: k <= 8 * 32 * 8 = 2048
+struct RopeParams {
+  Params product;
+  int heads = 0, kv_heads = 0, dim = 0;  // Hq, Hkv, D (even)
+  void* out = nullptr;                   // [1, Hq, 1, D]: (h, e) at out[h * out_head_stride + e]
+  std::int64_t out_head_stride = 0;
+  void* k_cache = nullptr;  // [1, Hkv, capacity, D]: (h, t, e) at [h * head_stride + t * row_stride
+  void* v_cache = nullptr;  // + e], each cache its own strides
+  std::int64_t k_head_stride = 0, k_row_stride = 0, v_head_stride = 0, v_row_stride = 0;
+  std::int64_t capacity = 0;
+  const void* cos = nullptr;  // [table_rows, D] each, element (t, e) at t * stride0 + e * stride1
+  const void* sin = nullptr;
+  DType table_dtype = DType::f32;
+  std::int64_t table_rows = 0, table_stride0 = 0, table_stride1 = 0;
+  const int* position = nullptr;  // [1]: p, read on the device
+  // The caller's promise that no kernel in flight writes position, cos or sin (rope_kv_append's
+  // position_stable): p and the table entries are then read before the wait.
+  bool position_stable = false;
+  // A scheduling hint (rope_kv_append's trigger_dependents_first): a single-wave grid triggers
+  // its dependents as its first instruction instead of after its wait.
+  bool trigger_first = false;
+};
+
+// Whether launch_rope takes `product` as given: one row of 16-bit x, w and norm weight (unit
+// stride), k a whole number of 16-byte vectors of at most kRopeMaxSlots per lane, every row
+// 16-byte aligned. The caller validates tensors first; this says whether the kernel's layout
+// assumptions hold.
+bool rope_supported(const Params& product);
+
+// Launches the fused kernel on `stream` (PDL per launch.cuh); invalid params are an internal
+// error. Per lane, the accumulation order is launch()'s for the columns per warp launch() would
+// pick for this n on this device, and the reduction tree is the same for every column count, so
+// the q|k|v elements are bitwise launch()'s with the register prologue (the default variant) and
+// one-batch instance (k <= 768 bf16 / f16 for any n; k <= 1536 where launch() takes at most 2
+// columns per warp); elsewhere launch() sums x^2 in shared memory in another order.
+void launch_rope(const RopeParams& params, cudaStream_t stream);
+// Launches of launch_rope (process-wide, relaxed): tests count kernels per step with it.
+std::uint64_t rope_launches();
+
 // The routing rule: true when this kernel is measured (or, where unmeasured, predicted) to be at
 // least as fast as cuBLASLt for `rows` rows of x and a 16-bit or f32 weight [n, k]. The measured
 // numbers behind the thresholds are in its comment in gemv.cu.

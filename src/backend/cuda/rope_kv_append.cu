@@ -25,6 +25,10 @@
 //      A p outside [0, min(max_seq_len, capacity)) writes zeros to out and leaves the caches.
 //      With `trigger_dependents_first` every CTA triggers its dependents as its first
 //      instruction (launch.cuh's one exception to triggering after the wait).
+//   3. rms_norm_matmul_rope_kv_append (host only): the same checks for x, norm_weight and w
+//      (layer_op_checks::check_qkv_rope, then the kernel's limits: B = 1, one 16-bit dtype, K,
+//      alignment), then one launch of gemv.cu's rope_pairs_kernel (gemv::launch_rope): the
+//      q|k|v GEMV with the register rms_norm prologue whose epilogue is step 2's RoPE and appends.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -33,9 +37,12 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "backend/cuda/float_convert.cuh"
+#include "backend/cuda/gemv.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/primitives_internal.h"
 #include "backend/layer_op_checks.h"
 #include "splice/backend/cuda/rope_kv_append.h"
 #include "splice/backend/cuda/runtime.h"
@@ -64,6 +71,12 @@ struct RopeKvAppendParams {
 };
 
 std::atomic<std::uint64_t> g_launches{0}, g_early_position_launches{0}, g_early_trigger_launches{0};
+std::atomic<std::uint64_t> g_qkv_launches{0}, g_qkv_early_position_launches{0},
+    g_qkv_early_weight_launches{0}, g_qkv_early_trigger_launches{0};
+constexpr int kVectorBytes = 16;  // gemv.cu's vector loads: 16-byte aligned rows
+static_assert(kQkvRopeMaxK <= static_cast<std::int64_t>(gemv::kRopeMaxSlots) * 32 * 8 &&
+                  kQkvRopeKMultiple * 2 == kVectorBytes,
+              "kQkvRopeMaxK / kQkvRopeKMultiple must match gemv.h's RoPE epilogue");
 
 using detail::dispatch_float;  // float_convert.cuh
 using detail::from_float;
@@ -235,6 +248,116 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
                           dim3(grid_for(rope_kv_append_index::items(p.g))), dim3(kThreads),
                           current_stream(), p);
   });
+}
+
+void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
+                                    const Tensor& w, const Tensor& cos, const Tensor& sin,
+                                    const Tensor& position, Tensor& k_cache, Tensor& v_cache,
+                                    Tensor& out, bool w_constant, bool position_stable,
+                                    bool trigger_dependents_first) {
+  constexpr const char* kOp = "rms_norm_matmul_rope_kv_append";
+  const std::pair<const Tensor*, const char*> operands[] = {{&x, "x"},
+                                                            {&norm_weight, "norm_weight"},
+                                                            {&w, "w"},
+                                                            {&cos, "cos"},
+                                                            {&sin, "sin"},
+                                                            {&position, "position"},
+                                                            {&k_cache, "k_cache"},
+                                                            {&v_cache, "v_cache"},
+                                                            {&out, "out"}};
+  for (const auto& [t, name] : operands) check_cuda_tensor(*t, kOp, name);
+  const layer_op_checks::QkvRopeGeometry geo = layer_op_checks::check_qkv_rope(
+      x, norm_weight, eps, w, cos, sin, position, k_cache, v_cache, out, kOp);
+  // The kernel's own limits (the CUDA layer-op contract row's qkv_rope_* fields).
+  const DType dtype = x.dtype();
+  if (dtype != DType::bf16 && dtype != DType::f16)
+    fail<UnsupportedError>(kOp, ": `x` must be bf16 or f16 on CUDA, got ", dtype_name(dtype));
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&norm_weight, "norm_weight"},
+                                {&w, "w"},
+                                {&k_cache, "k_cache"}})
+    if (t->dtype() != dtype)
+      fail<DTypeError>(kOp, ": `", name, "` must have x's dtype ", dtype_name(dtype),
+                       " on CUDA, got ", dtype_name(t->dtype()));
+  const std::int64_t k = x.size(2);
+  if (x.size(0) != 1)
+    fail<UnsupportedError>(kOp, ": CUDA takes batch 1 (x [1, 1, K]), got x ", dims_str(x.shape()));
+  if (k % kQkvRopeKMultiple != 0 || k > kQkvRopeMaxK)
+    fail<UnsupportedError>(kOp, ": CUDA takes K a multiple of ", kQkvRopeKMultiple, " and at most ",
+                           kQkvRopeMaxK, ", got K = ", k);
+  if (k > 1 && norm_weight.stride(0) != 1)
+    fail<LayoutError>(kOp, ": `norm_weight` must have a unit stride on CUDA, got ",
+                      norm_weight.describe());
+  for (const auto& [t, name] :
+       {std::pair<const Tensor*, const char*>{&x, "x"}, {&norm_weight, "norm_weight"}, {&w, "w"}})
+    if (reinterpret_cast<std::uintptr_t>(t->raw_data()) % kVectorBytes != 0)
+      fail<LayoutError>(kOp, ": `", name, "` must start on a ", kVectorBytes,
+                        "-byte boundary on CUDA, got ", t->describe());
+  if ((w.stride(0) * static_cast<std::int64_t>(dtype_size(dtype))) % kVectorBytes != 0 &&
+      w.size(0) > 1)
+    fail<LayoutError>(kOp, ": every row of `w` must start on a ", kVectorBytes,
+                      "-byte boundary on CUDA, got ", w.describe());
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&x, "x"},
+                                {&w, "w"},
+                                {&k_cache, "k_cache"},
+                                {&v_cache, "v_cache"}})
+    if (detail::overlaps(out, *t)) fail<LayoutError>(kOp, ": `out` must not overlap `", name, "`");
+  if (detail::overlaps(k_cache, v_cache))
+    fail<LayoutError>(kOp, ": `k_cache` and `v_cache` must not overlap");
+
+  gemv::RopeParams p;
+  gemv::Params& q = p.product;
+  q.w = w.raw_data();
+  q.n = w.size(0);
+  q.k = k;
+  q.w_row_stride = w.stride(0);
+  q.x[0] = x.raw_data();
+  q.y[0] = out.raw_data();  // unused by the epilogue; launch()'s params keep every row non-null
+  q.rows = 1;
+  q.in_dtype = dtype;
+  q.out_dtype = dtype;
+  q.w_constant = w_constant;
+  q.prologue = gemv::Prologue::rms_norm;
+  q.norm_weight = norm_weight.raw_data();
+  q.norm_weight_stride = 1;
+  q.norm_weight_dtype = dtype;
+  q.eps = eps;
+  if (!gemv::rope_supported(q))
+    fail<UnsupportedError>(kOp, ": the fused kernel does not take x ", x.describe(), ", w ",
+                           w.describe(), " (gemv::rope_supported)");
+  p.heads = static_cast<int>(geo.heads);
+  p.kv_heads = static_cast<int>(geo.kv_heads);
+  p.dim = static_cast<int>(geo.dim);
+  p.out = out.raw_data();
+  p.out_head_stride = out.stride(1);
+  p.k_cache = k_cache.raw_data();
+  p.v_cache = v_cache.raw_data();
+  p.k_head_stride = k_cache.stride(1);
+  p.k_row_stride = k_cache.stride(2);
+  p.v_head_stride = v_cache.stride(1);
+  p.v_row_stride = v_cache.stride(2);
+  p.capacity = k_cache.size(2);
+  p.cos = cos.raw_data();
+  p.sin = sin.raw_data();
+  p.table_dtype = cos.dtype();
+  p.table_rows = cos.size(0);
+  p.table_stride0 = cos.stride(0);
+  p.table_stride1 = cos.stride(1);
+  p.position = static_cast<const int*>(position.raw_data());
+  p.position_stable = position_stable;
+  p.trigger_first = trigger_dependents_first;
+  g_qkv_launches.fetch_add(1, std::memory_order_relaxed);
+  if (position_stable) g_qkv_early_position_launches.fetch_add(1, std::memory_order_relaxed);
+  if (w_constant) g_qkv_early_weight_launches.fetch_add(1, std::memory_order_relaxed);
+  if (trigger_dependents_first)
+    g_qkv_early_trigger_launches.fetch_add(1, std::memory_order_relaxed);
+  gemv::launch_rope(p, current_stream());
+}
+
+QkvRopeLaunches rms_norm_matmul_rope_kv_append_launches() {
+  return {g_qkv_launches.load(std::memory_order_relaxed),
+          g_qkv_early_position_launches.load(std::memory_order_relaxed),
+          g_qkv_early_weight_launches.load(std::memory_order_relaxed),
+          g_qkv_early_trigger_launches.load(std::memory_order_relaxed)};
 }
 
 RopeKvAppendLaunches rope_kv_append_launches() {

@@ -38,6 +38,17 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
 void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& position,
                     Tensor& k_cache, Tensor& v_cache, Tensor& out);
 
+// rms_norm_matmul then rope_kv_append (Op::RmsNormMatMulRopeKvAppend): x [B, 1, K], norm_weight
+// [K], w [N, K] with N = (Hq + 2 Hkv) D; qkv = rms_norm_matmul(x, norm_weight, eps, w) into a
+// [B, 1, N] temporary of the caches' dtype, then rope_kv_append(qkv, ...) into out [B, Hq, 1, D]
+// and the caches [B, Hkv, capacity, D] at p = position[0]. The composition of the two kernels
+// above, so bitwise the two-op chain; every operand and p (0 <= p < min(capacity, max_seq_len))
+// is validated before any write.
+void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
+                                    const Tensor& w, const Tensor& cos, const Tensor& sin,
+                                    const Tensor& position, Tensor& k_cache, Tensor& v_cache,
+                                    Tensor& out);
+
 // out[..., m, j] = round((sum_k a[..., m, k] * b[j, k]) + c[..., m, j]): a [..., M, K], b [N, K]
 // (unit stride along K), c and out [..., M, N] (any float dtypes); the sum in fp32, one rounding
 // into out's dtype (the MatMul -> Add region rounds the product to its dtype first). out may be

@@ -38,6 +38,39 @@ struct RopeKvAppendLaunches {
 };
 RopeKvAppendLaunches rope_kv_append_launches();
 
+// rms_norm_matmul then rope_kv_append in ONE launch (cpu::rms_norm_matmul_rope_kv_append's
+// contract; Op::RmsNormMatMulRopeKvAppend): x [1, 1, K], norm_weight [K], w [N, K] with N =
+// (Hq + 2 Hkv) D; the q|k|v row round(round(rms_norm(x)) @ w^T) lives only in registers (the
+// register-prologue GEMV of gemv.cu with the "rope pairs" column mapping, gemv.h's RopeParams),
+// then out [1, Hq, 1, D] = rope(q heads), k_cache[:, :, p] = rope(k heads), v_cache[:, :, p] = v
+// heads (caches [1, Hkv, capacity, D]) at p = position[0] read on the device; a p outside [0,
+// min(max_seq_len, capacity)) writes zeros to out and leaves the caches (as rope_kv_append).
+// Takes: B = 1; x, norm_weight, w, out and the caches of one dtype, bf16 or f16; K a multiple of
+// kQkvRopeKMultiple and at most kQkvRopeMaxK; unit strides along K and D; x, norm_weight and
+// every w row 16-byte aligned (else UnsupportedError / LayoutError; every check runs before the
+// launch, so a rejected call leaves the caches untouched). Bitwise rms_norm_matmul followed by
+// rope_kv_append where that GEMV takes its register prologue in a one-batch instance (K <= 768,
+// or K <= 1536 with N small enough for <= 2 columns per warp: gemv.h's launch_rope); elsewhere
+// the normalized row may round one ulp apart (the sum of x^2 in another order).
+// `w_constant` as for rms_norm_matmul (weights streamed before the wait), `position_stable` and
+// `trigger_dependents_first` as for rope_kv_append (the trigger only when the grid is one wave).
+inline constexpr std::int64_t kQkvRopeMaxK = 2048;
+inline constexpr std::int64_t kQkvRopeKMultiple = 8;  // whole 16-byte vectors of 16-bit elements
+void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
+                                    const Tensor& w, const Tensor& cos, const Tensor& sin,
+                                    const Tensor& position, Tensor& k_cache, Tensor& v_cache,
+                                    Tensor& out, bool w_constant = false,
+                                    bool position_stable = false,
+                                    bool trigger_dependents_first = false);
+
+// Launch counters of rms_norm_matmul_rope_kv_append (like RopeKvAppendLaunches): launches, those
+// that read the position before the wait, those that stream the weights before it, and those
+// with the early-trigger hint.
+struct QkvRopeLaunches {
+  std::uint64_t launches = 0, early_position = 0, early_weights = 0, early_trigger = 0;
+};
+QkvRopeLaunches rms_norm_matmul_rope_kv_append_launches();
+
 namespace rope_kv_append_index {
 
 // Element strides of the kernel's operands (every last stride is 1; the launcher checks it).
