@@ -389,31 +389,15 @@ TEST(QkvRopeCuda, ReplayedRegionEqualsPerCallLaunches) {
 // rms_norm_matmul_rope_kv_append branch collapsed to `outer_arm`, attention to the flash arm, every
 // other branch to arm 1 (the fused layer ops).
 Graph llama(int outer_arm) {
-  const testing::TinyLlamaSpec spec = testing::rope_kv_append_llama_spec();
-  BuildOptions build;
-  build.max_seq_len = 16;
-  build.dtype = DType::bf16;
-  DecodeModel m = build_decode_model(
-      testing::tiny_llama_config(::testing::TempDir() + "/qkv_rope_cuda_llama", spec),
-      testing::tiny_llama_weights(spec), build);
-  OptimizeOptions o;
-  o.select = false;
-  o.tune.device = Device::cuda();
-  optimize_graph(m.graph, m.attention_specs, o, m.kda_specs, m.layer_specs);
-  // Node order: inner branches before the outer one that holds them.
-  for (NodeId id : m.graph.live_nodes()) {
-    const Node& n = m.graph.node(id);
-    if (n.op != Op::Branch || n.erased) continue;
-    const std::string& kind = n.attrs.branch->recipe.kind;
-    collapse(m.graph, id, kind == "rms_norm_matmul_rope_kv_append" ? outer_arm : 1);
-  }
-  eliminate_dead_code(m.graph);
-  verify_graph(m.graph);
+  Graph g = testing::collapsed_rope_kv_append_llama(
+      ::testing::TempDir() + "/qkv_rope_cuda_llama", Device::cuda(),
+      [&](const std::string& kind) {
+        return kind == "rms_norm_matmul_rope_kv_append" ? outer_arm : 1;
+      });
   int fused = 0;
-  for (NodeId id : m.graph.live_nodes())
-    fused += m.graph.node(id).op == Op::RmsNormMatMulRopeKvAppend;
+  for (NodeId id : g.live_nodes()) fused += g.node(id).op == Op::RmsNormMatMulRopeKvAppend;
   EXPECT_EQ(fused, outer_arm == 1 ? 2 : 0);
-  return std::move(m.graph);
+  return g;
 }
 
 struct Counts {

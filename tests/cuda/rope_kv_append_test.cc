@@ -200,32 +200,15 @@ TEST(RopeKvAppendCuda, ReplayedRegionMatchesCpuBitwise) {
 // A tiny bf16 Llama (head_dim 64: the flash arm's smallest), its rope_kv_append branches
 // collapsed to `rope_kv_append_arm`, attention to the flash arm, every other branch to arm 0.
 Graph llama(int rope_kv_append_arm) {
-  const testing::TinyLlamaSpec spec = testing::rope_kv_append_llama_spec();
-  BuildOptions build;
-  build.max_seq_len = 16;
-  build.dtype = DType::bf16;
-  DecodeModel m = build_decode_model(
-      testing::tiny_llama_config(::testing::TempDir() + "/rope_kv_append_cuda_llama", spec),
-      testing::tiny_llama_weights(spec), build);
-  OptimizeOptions o;
-  o.select = false;
-  o.tune.device = Device::cuda();
-  optimize_graph(m.graph, m.attention_specs, o, m.kda_specs, m.layer_specs);
-  for (NodeId id : m.graph.live_nodes()) {
-    const Node& n = m.graph.node(id);
-    if (n.op != Op::Branch || n.erased) continue;
-    const std::string& kind = n.attrs.branch->recipe.kind;
-    collapse(m.graph, id,
-             kind == "rope_kv_append" ? rope_kv_append_arm
-             : kind == "flash_decode" ? 1
-                                      : 0);
-  }
-  eliminate_dead_code(m.graph);
-  verify_graph(m.graph);
+  Graph g = testing::collapsed_rope_kv_append_llama(
+      ::testing::TempDir() + "/rope_kv_append_cuda_llama", Device::cuda(),
+      [&](const std::string& kind) {
+        return kind == "rope_kv_append" ? rope_kv_append_arm : kind == "flash_decode" ? 1 : 0;
+      });
   int fused = 0;
-  for (NodeId id : m.graph.live_nodes()) fused += m.graph.node(id).op == Op::RopeKvAppend;
+  for (NodeId id : g.live_nodes()) fused += g.node(id).op == Op::RopeKvAppend;
   EXPECT_EQ(fused, rope_kv_append_arm == 1 ? 2 : 0);
-  return std::move(m.graph);
+  return g;
 }
 
 constexpr int kLlamaSteps = 6;

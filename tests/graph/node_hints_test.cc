@@ -25,25 +25,10 @@ namespace {
 
 // The tiny Llama's graph with the flash arm chosen and rope_kv_append's arm `rope_arm`.
 Graph llama(int rope_arm) {
-  const testing::TinyLlamaSpec spec = testing::rope_kv_append_llama_spec();
-  BuildOptions build;
-  build.max_seq_len = 16;
-  build.dtype = DType::bf16;
-  DecodeModel m = build_decode_model(
-      testing::tiny_llama_config(::testing::TempDir() + "/node_hints_llama", spec),
-      testing::tiny_llama_weights(spec), build);
-  OptimizeOptions o;
-  o.select = false;
-  optimize_graph(m.graph, m.attention_specs, o, m.kda_specs, m.layer_specs);
-  for (NodeId id : m.graph.live_nodes()) {
-    const Node& n = m.graph.node(id);
-    if (n.op != Op::Branch || n.erased) continue;
-    const std::string& kind = n.attrs.branch->recipe.kind;
-    collapse(m.graph, id, kind == "rope_kv_append" ? rope_arm : kind == "flash_decode" ? 1 : 0);
-  }
-  eliminate_dead_code(m.graph);
-  verify_graph(m.graph);
-  return std::move(m.graph);
+  return testing::collapsed_rope_kv_append_llama(
+      ::testing::TempDir() + "/node_hints_llama", Device::cpu(), [&](const std::string& kind) {
+        return kind == "rope_kv_append" ? rope_arm : kind == "flash_decode" ? 1 : 0;
+      });
 }
 
 std::vector<NodeId> nodes_of(const Graph& g, Op op) {

@@ -38,17 +38,10 @@ namespace splice {
 namespace {
 
 constexpr int kLayers = 2;
-constexpr std::int64_t kMaxSeqLen = 16;
 constexpr const char* kKind = "rms_norm_matmul_rope_kv_append";
 
 DecodeModel tiny_llama(DType dtype = DType::bf16) {
-  const testing::TinyLlamaSpec spec = testing::rope_kv_append_llama_spec();
-  BuildOptions build;
-  build.max_seq_len = kMaxSeqLen;
-  build.dtype = dtype;
-  return build_decode_model(
-      testing::tiny_llama_config(::testing::TempDir() + "/qkv_rope_llama", spec),
-      testing::tiny_llama_weights(spec), build);
+  return testing::rope_kv_append_llama(::testing::TempDir() + "/qkv_rope_llama", dtype);
 }
 
 std::vector<NodeId> nodes_of(const Graph& g, Op op) {

@@ -33,13 +33,7 @@ constexpr int kLayers = 2;
 constexpr std::int64_t kMaxSeqLen = 16;
 
 DecodeModel tiny_llama() {
-  const testing::TinyLlamaSpec spec = testing::rope_kv_append_llama_spec();
-  BuildOptions build;
-  build.max_seq_len = kMaxSeqLen;
-  build.dtype = DType::bf16;
-  return build_decode_model(
-      testing::tiny_llama_config(::testing::TempDir() + "/rope_kv_append_llama", spec),
-      testing::tiny_llama_weights(spec), build);
+  return testing::rope_kv_append_llama(::testing::TempDir() + "/rope_kv_append_llama");
 }
 
 // The live nodes of `op`, in node order.

@@ -5,6 +5,8 @@
 #include <sstream>
 
 #include "splice/core/random.h"
+#include "splice/ir/graph.h"
+#include "splice/tune/optimize.h"
 #include "splice/model/safetensors.h"
 #include "support/test_util.h"
 
@@ -73,6 +75,31 @@ ModelConfig tiny_llama_config(const std::string& dir, const TinyLlamaSpec& spec)
 
 Weights tiny_llama_weights(const TinyLlamaSpec& spec) {
   return Weights::from_tensors(tiny_llama_tensors(spec));
+}
+
+DecodeModel rope_kv_append_llama(const std::string& dir, DType dtype) {
+  const TinyLlamaSpec spec = rope_kv_append_llama_spec();
+  BuildOptions build;
+  build.max_seq_len = 16;
+  build.dtype = dtype;
+  return build_decode_model(tiny_llama_config(dir, spec), tiny_llama_weights(spec), build);
+}
+
+Graph collapsed_rope_kv_append_llama(const std::string& dir, Device device,
+                                     const std::function<int(const std::string& kind)>& arm_of) {
+  DecodeModel m = rope_kv_append_llama(dir);
+  OptimizeOptions o;
+  o.select = false;
+  o.tune.device = device;
+  optimize_graph(m.graph, m.attention_specs, o, m.kda_specs, m.layer_specs);
+  for (NodeId id : m.graph.live_nodes()) {
+    const Node& n = m.graph.node(id);
+    if (n.op != Op::Branch || n.erased) continue;
+    collapse(m.graph, id, arm_of(n.attrs.branch->recipe.kind));
+  }
+  eliminate_dead_code(m.graph);
+  verify_graph(m.graph);
+  return std::move(m.graph);
 }
 
 }  // namespace splice::testing

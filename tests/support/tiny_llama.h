@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,5 +49,14 @@ std::string write_tiny_llama(const std::string& dir, const TinyLlamaSpec& spec =
 // The config (written to `dir`/config.json and loaded back) and the in-memory weights.
 ModelConfig tiny_llama_config(const std::string& dir, const TinyLlamaSpec& spec = {});
 Weights tiny_llama_weights(const TinyLlamaSpec& spec = {});
+
+// The Llama of the RoPE / KV-append tests (rope_kv_append_llama_spec) built for decoding:
+// max_seq_len 16, activations of `dtype`, its config written under `dir`.
+DecodeModel rope_kv_append_llama(const std::string& dir, DType dtype = DType::bf16);
+// Its graph with every fused arm offered for `device`'s contracts (nothing verified or timed) and
+// every branch collapsed to arm_of(its recipe's kind), in node order, so an inner branch goes
+// before the outer one that holds it; then dead code eliminated and the graph verified.
+Graph collapsed_rope_kv_append_llama(const std::string& dir, Device device,
+                                     const std::function<int(const std::string& kind)>& arm_of);
 
 }  // namespace splice::testing
