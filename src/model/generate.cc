@@ -22,6 +22,7 @@
 #include <numeric>
 #include <optional>
 
+#include "exec/node_kernels.h"
 #include "splice/backend/cpu/sampling.h"
 #include "splice/core/error.h"
 
@@ -55,8 +56,8 @@ bool overrun_is_harmless(const Graph& g) {
         if (!n.attrs.offset.expr().structurally_equal(last_row)) return false;
         break;
       case Op::RopeKvAppend:
-      case Op::RmsNormMatMulRopeKvAppend: {  // the position is input 3, or 5 (op.h)
-        const Node& position = g.node(n.inputs[n.op == Op::RopeKvAppend ? 3 : 5]);
+      case Op::RmsNormMatMulRopeKvAppend: {  // their caches' row is the position input's value
+        const Node& position = g.node(n.inputs[position_input(n.op)]);
         if (position.op != Op::SymValue || !position.attrs.value.expr().structurally_equal(last_row))
           return false;
         break;
