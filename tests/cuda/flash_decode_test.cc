@@ -50,12 +50,6 @@
 namespace splice {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                     \
-  do {                                                                         \
-    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device available"; \
-    cuda::ensure_registered();                                                 \
-  } while (0)
-
 void cuda_ok(cudaError_t status, const char* what) {
   ASSERT_EQ(status, cudaSuccess) << what << ": " << cudaGetErrorString(status);
 }

@@ -77,12 +77,6 @@
 namespace splice {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                           \
-  do {                                                               \
-    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
-    cuda::ensure_registered();                                       \
-  } while (0)
-
 constexpr DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
 constexpr std::int64_t kRowsGrid[] = {1, 2, 3, 8};
 constexpr std::int64_t kNGrid[] = {1, 17, 192, 576, 1536, 4097};

@@ -35,12 +35,6 @@
 namespace splice {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                           \
-  do {                                                               \
-    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
-    cuda::ensure_registered();                                       \
-  } while (0)
-
 constexpr float kEps = 1e-6f;
 const DType kDtypes[] = {DType::bf16, DType::f16, DType::f32};
 const std::int64_t kLengths[] = {1, 17, 97, 576, 4095, 4096};

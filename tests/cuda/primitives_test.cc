@@ -35,12 +35,6 @@ using cpu::CompareKind;
 using cpu::ReduceKind;
 using cpu::UnaryKind;
 
-#define SKIP_WITHOUT_GPU()                                           \
-  do {                                                               \
-    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
-    cuda::ensure_registered();                                       \
-  } while (0)
-
 constexpr DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
 constexpr std::int64_t kPad = 3;
 constexpr std::int64_t kSizes[] = {1, 17, 97};

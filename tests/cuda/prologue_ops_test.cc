@@ -56,12 +56,6 @@
 namespace splice {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                           \
-  do {                                                               \
-    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
-    cuda::ensure_registered();                                       \
-  } while (0)
-
 using testing::download_view;
 using testing::PdlScope;
 using testing::upload;

@@ -48,12 +48,6 @@
 namespace splice {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                           \
-  do {                                                               \
-    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
-    cuda::ensure_registered();                                       \
-  } while (0)
-
 constexpr std::int64_t kCapacity = 40;
 constexpr float kEps = 1e-5f;
 

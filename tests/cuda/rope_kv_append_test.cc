@@ -48,12 +48,6 @@ namespace splice {
 namespace {
 
 // Every device tensor needs the CUDA backend registered (device copies included).
-#define SKIP_WITHOUT_GPU()                                           \
-  do {                                                               \
-    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
-    cuda::ensure_registered();                                       \
-  } while (0)
-
 constexpr std::int64_t kCapacity = 11;
 
 // The kernel's operand layouts: contiguous; qkv a batch-strided view; additionally the caches'

@@ -40,16 +40,11 @@
 #include "splice/model/model.h"
 #include "splice/ops/decode_attention.h"
 #include "splice/passes/decode_flash.h"
+#include "support/cuda_test_util.h"
 #include "support/test_util.h"
 
 namespace splice {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                           \
-  do {                                                               \
-    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
-    cuda::ensure_registered();                                       \
-  } while (0)
 
 // Two bf16 layers: each side rounds every intermediate (projections, attention, residual) to
 // bf16 once, in a different summation order, and a one-ulp difference (2^-8 relative) in a

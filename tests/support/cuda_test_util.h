@@ -1,6 +1,6 @@
 // Helpers for the GPU tests (tests/cuda): device copies that keep a view's whole storage (so
 // NaN padding outside the view travels both ways), NaN-poisoned host layouts and the check that
-// a kernel kept to its view, and a scope guard for the PDL switch.
+// a kernel kept to its view, a scope guard for the PDL switch, and SKIP_WITHOUT_GPU.
 // Header-only: the support library is also built without CUDA.
 #pragma once
 
@@ -13,6 +13,14 @@
 #include "splice/core/random.h"
 #include "splice/core/tensor.h"
 #include "support/test_util.h"
+
+// The first statement of every GPU test: skips it without a CUDA device, and registers the CUDA
+// backend otherwise.
+#define SKIP_WITHOUT_GPU()                                                     \
+  do {                                                                         \
+    if (!::splice::cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
+    ::splice::cuda::ensure_registered();                                       \
+  } while (0)
 
 namespace splice::testing {
 
