@@ -10,7 +10,7 @@
 #      OPEN_CTEST=0 skips it).
 #   3. The SmolLM2-135M-shaped random Llama (transformers, bf16): `splice bench` (p50, p99, host
 #      overhead, and the decode loop's p50 as generate() runs it), three interleaved pairs of each
-#      A:B environment pair in OPEN_AB (default: SPLICE_GEMV_VARIANT 1 vs 0, SPLICE_PDL 1 vs 0;
+#      A:B environment pair in OPEN_AB (default: SPLICE_PDL 1 vs 0;
 #      empty: three runs as built); then the default model.
 #   4. The standalone experiments in OPEN_EXPERIMENTS (default: dev/qkv_rope and dev/kv_prefix).
 #   5. The per-kernel breakdown of the same model's step (dev/step_stamps): a carried binary
@@ -67,7 +67,7 @@ echo "== SmolLM2-shaped, us per token: p50 p99 host (at $(el) s)"
 bench warm-up >/dev/null
 # OPEN_AB: space-separated A:B environment pairs, each run as 3 interleaved pairs (empty: three
 # runs of the build as it is).
-ab=${OPEN_AB-"SPLICE_GEMV_VARIANT=1:SPLICE_GEMV_VARIANT=0 SPLICE_PDL=1:SPLICE_PDL=0"}
+ab=${OPEN_AB-"SPLICE_PDL=1:SPLICE_PDL=0"}
 if [[ -z $ab ]]; then
   for run in 1 2 3; do bench "as built" SPLICE_UNUSED=0; done
 fi

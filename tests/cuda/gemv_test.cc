@@ -44,10 +44,10 @@
 //  9. fused_matmul_add (the MatMulAdd layer op) on CUDA against cpu::matmul_add.
 //  7. A Session marks a MatMul whose weight is a Param as constant (the prefetch path) and one
 //     whose b is an Input not, and both agree with the CPU.
-//  10. Every SPLICE_GEMV_VARIANT value (gemv::set_variant): the rms_norm / silu_mul prologue
-//     products, and the in-place residual epilogue and the rms_norm prologue on 2 CTAs (many
-//     column groups per warp), with rms_norm's prologue in shared memory and in registers,
-//     against the CPU.
+//  10. The rms_norm / silu_mul prologue products, and the in-place residual epilogue and the
+//     rms_norm prologue on 2 CTAs (many column groups per warp), against the CPU; and the
+//     decode-row kernel (one row, one wave) against the general kernel bit for bit, over every
+//     prologue, the residual, columns per warp and dtype.
 // Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
 // within default_tolerance(out dtype) (design.md §2).
@@ -650,27 +650,24 @@ TEST(CudaGemv, ResidualEpilogueAgainstCpu) {
         }
 }
 
-// ---- 10. SPLICE_GEMV_VARIANT: every knob value computes the prologue products ---------------
+// ---- 10. The prologue products, and the decode-row kernel against the general kernel --------
 
-// The prologue layer ops under each gemv::set_variant value (0: shared-memory prologue, 1:
-// rms_norm's prologue in registers) against the CPU compositions, on shapes where the register path
-// applies (bf16 / f32, aligned, k = 64, 576 and 1536 in one batch) and where it falls back (a
-// stride-2 norm weight: the per-element path; 4 columns per warp at k = 1536: two batches).
-// Tolerance: the prologue ops' (default, atol x4 in 16-bit: the prologue row is rounded to the
-// activation dtype).
-TEST(CudaGemv, PrologueProductsAgreeWithTheCpuUnderEveryVariant) {
+// The prologue layer ops against the CPU compositions, on shapes where rms_norm's prologue runs in
+// registers (bf16 / f32, aligned, k = 64, 576 and 1536 in one batch; one row of these takes the
+// decode-row kernel) and where it falls back to shared memory (a stride-2 norm weight: the
+// per-element path; 4 columns per warp at k = 1536: two batches; 3 rows). Tolerance: the
+// prologue ops' (default, atol x4 in 16-bit: the prologue row is rounded to the activation dtype).
+TEST(CudaGemv, PrologueProductsAgreeWithTheCpu) {
   SKIP_WITHOUT_GPU();
   Rng rng(47);
   constexpr float kEpsNorm = 1e-5f;
-  const int saved = cuda::gemv::variant();
-  // Inputs and CPU references once per shape; every knob value runs on them (the launches are
-  // cheap, the references are not).
   for (DType dtype : {DType::bf16, DType::f32})
     for (std::int64_t k : {64, 576, 1536})
       for (std::int64_t n : {192, 576, 1537})
         for (std::int64_t m : {1, 3}) {
           if (!cuda::gemv::preferred(m, n, k)) continue;
           const bool strided_norm = n == 1537;  // (m = 1: 3 rows of n > 1024 go to cuBLASLt)
+          SCOPED_TRACE(label(dtype, m, n, k, strided_norm ? "strided norm" : "contiguous"));
           Tolerance tol = default_tolerance(dtype);
           if (dtype != DType::f32) tol.atol *= 4;
           const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
@@ -695,64 +692,133 @@ TEST(CudaGemv, PrologueProductsAgreeWithTheCpuUnderEveryVariant) {
           Tensor expected_add = Tensor::empty({m, n}, dtype);  // [m, n]
           cpu::binary(cpu::BinaryKind::add, product, c, expected_add);
 
-          for (int variant = 0; variant <= cuda::gemv::kVariantMask; ++variant) {
-            cuda::gemv::set_variant(variant);
-            SCOPED_TRACE(label(dtype, m, n, k, strided_norm ? "strided norm" : "contiguous") +
-                         " variant " + std::to_string(variant));
-            Tensor dout = upload(nan_output({m, n}, dtype));
-            cuda::rms_norm_matmul(dx, dnorm, kEpsNorm, dw, dout, /*w_constant=*/m == 1);
-            EXPECT_TRUE(testing::close(download(dout), expected, tol)) << "rms_norm_matmul";
+          Tensor dout = upload(nan_output({m, n}, dtype));
+          cuda::rms_norm_matmul(dx, dnorm, kEpsNorm, dw, dout, /*w_constant=*/m == 1);
+          EXPECT_TRUE(testing::close(download(dout), expected, tol)) << "rms_norm_matmul";
 
-            Tensor dout_silu = upload(nan_output({m, n}, dtype));
-            cuda::silu_mul_matmul_add(dx, db, dw, dc, dout_silu, /*w_constant=*/m == 3);
-            EXPECT_TRUE(testing::close(download(dout_silu), expected_silu, tol))
-                << "silu_mul_matmul_add";
+          Tensor dout_silu = upload(nan_output({m, n}, dtype));
+          cuda::silu_mul_matmul_add(dx, db, dw, dc, dout_silu, /*w_constant=*/m == 3);
+          EXPECT_TRUE(testing::close(download(dout_silu), expected_silu, tol))
+              << "silu_mul_matmul_add";
 
-            // The residual epilogue in place (c = y, the h += linear(x) of a decoder layer) on
-            // at most 2 CTAs, so each warp streams many groups and reads the next group's c
-            // before storing this group's y (the early residual's order).
-            Tensor dy = upload(c);  // [m, n]: c and y
-            cuda::gemv::Params p;
-            p.w = dw.raw_data();
-            p.w_row_stride = dw.stride(0);
-            p.n = n;
-            p.k = k;
-            p.rows = static_cast<int>(m);
-            p.in_dtype = dtype;
-            p.out_dtype = dtype;
-            p.max_ctas = 2;
-            p.has_c = true;
-            p.c_dtype = dtype;
-            const std::int64_t size = static_cast<std::int64_t>(dtype_size(dtype));
-            for (std::int64_t r = 0; r < m; ++r) {
-              p.x[r] = static_cast<const char*>(dx.raw_data()) + r * dx.stride(0) * size;
-              p.y[r] = static_cast<char*>(dy.raw_data()) + r * dy.stride(0) * size;
-              p.c[r] = p.y[r];
-            }
-            cuda::gemv::launch(p, cuda::current_stream());
-            EXPECT_TRUE(testing::close(download(dy), expected_add, default_tolerance(dtype)))
-                << "in-place residual";
-
-            // The rms_norm prologue on 2 CTAs: each warp keeps its prologue row (in registers
-            // under bit 1) across many column groups.
-            Tensor dy_norm = upload(nan_output({m, n}, dtype));  // [m, n]
-            cuda::gemv::Params q = p;
-            q.has_c = false;
-            q.prologue = cuda::gemv::Prologue::rms_norm;
-            q.norm_weight = dnorm.raw_data();
-            q.norm_weight_stride = dnorm.stride(0);
-            q.norm_weight_dtype = dtype;
-            q.eps = kEpsNorm;
-            q.w_constant = true;
-            for (std::int64_t r = 0; r < m; ++r) {
-              q.y[r] = static_cast<char*>(dy_norm.raw_data()) + r * dy_norm.stride(0) * size;
-              q.c[r] = nullptr;
-            }
-            cuda::gemv::launch(q, cuda::current_stream());
-            EXPECT_TRUE(testing::close(download(dy_norm), expected, tol)) << "rms_norm on 2 CTAs";
+          // The residual epilogue in place (c = y, the h += linear(x) of a decoder layer) on at
+          // most 2 CTAs, so each warp streams many groups and reads the next group's c before
+          // storing this group's y (the early residual's order).
+          Tensor dy = upload(c);  // [m, n]: c and y
+          cuda::gemv::Params p;
+          p.w = dw.raw_data();
+          p.w_row_stride = dw.stride(0);
+          p.n = n;
+          p.k = k;
+          p.rows = static_cast<int>(m);
+          p.in_dtype = dtype;
+          p.out_dtype = dtype;
+          p.max_ctas = 2;
+          p.has_c = true;
+          p.c_dtype = dtype;
+          const std::int64_t size = static_cast<std::int64_t>(dtype_size(dtype));
+          for (std::int64_t r = 0; r < m; ++r) {
+            p.x[r] = static_cast<const char*>(dx.raw_data()) + r * dx.stride(0) * size;
+            p.y[r] = static_cast<char*>(dy.raw_data()) + r * dy.stride(0) * size;
+            p.c[r] = p.y[r];
           }
+          cuda::gemv::launch(p, cuda::current_stream());
+          EXPECT_TRUE(testing::close(download(dy), expected_add, default_tolerance(dtype)))
+              << "in-place residual";
+
+          // The rms_norm prologue on 2 CTAs: each warp keeps its prologue row (in registers in a
+          // one-batch shape) across many column groups.
+          Tensor dy_norm = upload(nan_output({m, n}, dtype));  // [m, n]
+          cuda::gemv::Params q = p;
+          q.has_c = false;
+          q.prologue = cuda::gemv::Prologue::rms_norm;
+          q.norm_weight = dnorm.raw_data();
+          q.norm_weight_stride = dnorm.stride(0);
+          q.norm_weight_dtype = dtype;
+          q.eps = kEpsNorm;
+          q.w_constant = true;
+          for (std::int64_t r = 0; r < m; ++r) {
+            q.y[r] = static_cast<char*>(dy_norm.raw_data()) + r * dy_norm.stride(0) * size;
+            q.c[r] = nullptr;
+          }
+          cuda::gemv::launch(q, cuda::current_stream());
+          EXPECT_TRUE(testing::close(download(dy_norm), expected, tol)) << "rms_norm on 2 CTAs";
         }
-  cuda::gemv::set_variant(saved);
+}
+
+// The decode-row kernel (gemv.cu's row_kernel: one row in a one-batch shape, the launcher's grid,
+// one resident wave) is gemv_kernel's product bit for bit: every prologue (none, rms_norm in
+// registers, silu_mul), with and without the residual, 1, 2 and 4 columns per warp, in every
+// dtype, at k = 64, 576, 1536 and 1544 (over the one-batch limit: both launches take gemv_kernel)
+// and n from 1 to 3072 (odd column-group tails), launched once with the launcher's grid and once
+// with max_ctas set (which always takes gemv_kernel). The SmolLM2 decode shapes must take the row
+// kernel (LaunchStats::row).
+TEST(CudaGemv, DecodeRowKernelIsBitwiseTheGeneralKernel) {
+  SKIP_WITHOUT_GPU();
+  using cuda::gemv::Prologue;
+  Rng rng(53);
+  for (DType dtype : kFloatTypes)
+    for (std::int64_t k : {64, 576, 1536, 1544})
+      for (std::int64_t n : {1, 17, 192, 576, 1537, 3072}) {
+        const Tensor x = contiguous_poisoned(rng, {1, k}, dtype);  // [1, k]: a (silu_mul) or x
+        const Tensor b = contiguous_poisoned(rng, {1, k}, dtype);  // [1, k]: silu_mul's b
+        const Tensor w =
+            testing::random_tensor(rng, {n, k}, dtype, 1.0 / std::sqrt(static_cast<double>(k)));
+        const Tensor norm = testing::random_tensor(rng, {k}, dtype, 0.3, 1.0);  // [k]
+        const Tensor c = contiguous_poisoned(rng, {1, n}, dtype);              // [1, n]
+        const Tensor dx = upload(x), db = upload(b), dw = upload(w), dnorm = upload(norm),
+                     dc = upload(c);
+        for (int cols : {1, 2, 4})
+          for (Prologue prologue : {Prologue::none, Prologue::rms_norm, Prologue::silu_mul})
+            for (bool has_c : {false, true}) {
+              SCOPED_TRACE(label(dtype, 1, n, k, "row") + " cols " + std::to_string(cols) +
+                           " prologue " + std::to_string(static_cast<int>(prologue)) +
+                           (has_c ? " residual" : ""));
+              cuda::gemv::Params p;
+              p.w = dw.raw_data();
+              p.w_row_stride = dw.stride(0);
+              p.n = n;
+              p.k = k;
+              p.rows = 1;
+              p.in_dtype = dtype;
+              p.out_dtype = dtype;
+              p.cols = cols;
+              p.w_constant = true;
+              p.x[0] = dx.raw_data();
+              p.b[0] = db.raw_data();
+              p.prologue = prologue;
+              p.norm_weight = dnorm.raw_data();
+              p.norm_weight_dtype = dtype;
+              p.eps = 1e-5f;
+              p.has_c = has_c;
+              p.c[0] = dc.raw_data();
+              p.c_dtype = dtype;
+              Tensor row_out = upload(nan_output({1, n}, dtype));      // [1, n]
+              Tensor general_out = upload(nan_output({1, n}, dtype));  // [1, n]
+              p.y[0] = row_out.raw_data();
+              const std::uint64_t rows_before = cuda::gemv::launch_stats().row;
+              cuda::gemv::launch(p, cuda::current_stream());
+              const bool took_row = cuda::gemv::launch_stats().row > rows_before;
+              p.y[0] = general_out.raw_data();
+              p.max_ctas = 1 << 20;
+              cuda::gemv::launch(p, cuda::current_stream());
+              EXPECT_EQ(cuda::gemv::launch_stats().row, rows_before + (took_row ? 1 : 0))
+                  << "max_ctas takes gemv_kernel";
+              const Tensor got_row = download(row_out), got_general = download(general_out);
+              EXPECT_TRUE(testing::bit_equal(got_row, got_general)) << "row vs general";
+              // The decode products of SmolLM2-135M in bf16 must take the row kernel: o_proj
+              // (576 x 576), gate|up (3072 x 576) and down (576 x 1536, at most 2 columns).
+              const bool decode_shape =
+                  dtype == DType::bf16 && ((k == 576 && (n == 576 || n == 3072)) ||
+                                           (k == 1536 && n == 576 && cols <= 2));
+              if (decode_shape) {
+                EXPECT_TRUE(took_row) << "a decode shape took gemv_kernel";
+              }
+              if (k == 1544) {
+                EXPECT_FALSE(took_row) << "k = 1544 is over the one-batch limit";
+              }
+            }
+      }
 }
 
 }  // namespace

@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "../../src/backend/cuda/gemv.h"  // internal: launch counters and the variant
+#include "../../src/backend/cuda/gemv.h"  // internal: launch counters
 #include "splice/backend/cuda/layer_ops.h"
 #include "splice/backend/cuda/rope_kv_append.h"
 #include "splice/backend/cuda/runtime.h"
@@ -169,9 +169,6 @@ void check_kernel(std::int64_t heads, std::int64_t kv_heads, std::int64_t dim, s
 
 TEST(QkvRopeCuda, FusedKernelMatchesTheTwoKernels) {
   SKIP_WITHOUT_GPU();
-  ASSERT_EQ(cuda::gemv::variant() & cuda::gemv::kVariantRegisterPrologue,
-            cuda::gemv::kVariantRegisterPrologue)
-      << "the bitwise cases assume the register prologue (SPLICE_GEMV_VARIANT unset)";
   Rng rng(31);
   const std::pair<std::int64_t, std::int64_t> heads[] = {{9, 3}, {4, 4}, {8, 2}};
   for (DType dtype : {DType::bf16, DType::f16})

@@ -75,7 +75,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -205,14 +204,26 @@ using detail::from_float;  // float_convert.cuh
 using detail::load_any;    // float_convert.cuh
 using detail::to_float;
 
-// The raw bits of one load as floats: f[i] = float(element i).
+// The raw bits of one load as floats: f[i] = float(element i). A bf16 is the top half of its
+// float, so a 32-bit word of two bf16 unpacks in one instruction per element (a shift for the low
+// element, a mask for the high one) instead of an extract and a shift each.
 template <typename T, typename R, int kN>
 __device__ __forceinline__ void unpack(const R& raw, float (&f)[kN]) {
   static_assert(sizeof(R) == kN * sizeof(T));
-  T elems[kN];
-  memcpy(elems, &raw, sizeof(R));
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && sizeof(R) % 4 == 0) {
+    unsigned words[kN / 2];
+    memcpy(words, &raw, sizeof(R));
 #pragma unroll
-  for (int i = 0; i < kN; ++i) f[i] = to_float(elems[i]);
+    for (int i = 0; i < kN / 2; ++i) {
+      f[2 * i] = __uint_as_float(words[i] << 16);
+      f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  } else {
+    T elems[kN];
+    memcpy(elems, &raw, sizeof(R));
+#pragma unroll
+    for (int i = 0; i < kN; ++i) f[i] = to_float(elems[i]);
+  }
 }
 
 // Stage 5: sums each of v[0 .. kV) over the warp's 32 lanes (v is clobbered) and returns, in lane
@@ -452,16 +463,17 @@ __device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_
     run_prologue_chunks<T, kRows, 1, kPro>(p, xs, k_pad, norm_direct);
 }
 
-// Stage 0 in registers for rms_norm (the launcher's register_prologue: SPLICE_GEMV_VARIANT bit 1,
-// when the rows are 16-byte vectors, one batch covers k (num_vec <= kUnroll * 32) and the norm
-// weight is read directly): each warp computes its own lanes' vectors v = u * 32 + lane of the
+// Stage 0 in registers for rms_norm (the launcher's register_prologue, and row_kernel's: when the
+// rows are 16-byte vectors, one batch covers k (num_vec <= kUnroll * 32) and the norm weight is
+// read directly): each warp computes its own lanes' vectors v = u * 32 + lane of the
 // normalized rows straight into the stream's x_raw [kUnroll, kRows], right after the wait:
 //   s_r = sum over the warp (xor butterfly) of the lane's sum of x[r]^2: every warp reduces the
 //   whole row itself, so there is no shared memory and no barrier; then
 //   x_raw = round_T((x * inv_r) * norm_w), inv_r = 1 / sqrt(s_r / k + eps)
 // The shared-memory stage 0's exact operations; only the order of the fp32 sum of squares
 // differs. The post-wait critical path drops three barriers, the cross-warp sum and two
-// shared-memory round trips (dev/chain_latency measures what that is worth).
+// shared-memory round trips (-0.2 to -0.3 us per call on the H200, docs/perf.md run 19; -30 us per
+// SmolLM2-shaped token, run 21).
 template <typename T, int kRows, int kUnroll, typename Raw, typename Index>
 __device__ __forceinline__ void register_rms_norm_rows(const Params& p,
                                                        Raw (&x_raw)[kUnroll][kRows], int lane,
@@ -548,7 +560,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   // Warp-uniform: a warp without a group exits after the wait (stage 6), and the shuffles below
   // see full warps.
   const bool has_group = group < num_groups;
-  // Stage 0 in registers (the launcher's register_prologue, SPLICE_GEMV_VARIANT bit 1): the
+  // Stage 0 in registers (the launcher's register_prologue): the
   // prologue rows live in x_raw for the whole kernel; no shared memory, no barrier.
   const bool in_registers = kOneBatch && kPro == Prologue::rms_norm && register_prologue;
 
@@ -779,6 +791,162 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// ---- the decode-row kernel (launch()'s one-row, one-wave products) ---------------------------
+//
+// launch() routes here a product of one x row whose weight and x rows are 16-byte vectors, that
+// one batch of kSlots vectors per lane covers (K = 576 bf16: 3 slots; 1536: 6) and whose column
+// groups fit one resident wave: the batch-1 products of a decode step (q|k|v, o_proj, gate|up,
+// down). It runs gemv_kernel's stages for that case in the least code: in a decode step every
+// kernel starts with a cold instruction cache, and each KB a call executes costs ~0.06 us
+// (docs/perf.md runs 26-27), more than the kernel's arithmetic.
+//   1. Warp g takes the columns g kCols .. g kCols + kCols - 1 (clamped to n - 1 for the loads,
+//      never stored past n) and nothing else: no group loop, no next-group prefetch.
+//   2. Lane l reads vectors v = u 32 + l, u < kSlots, of each weight row: one pointer per row,
+//      u * 512 bytes further per slot (the load's immediate offset), predicated off (zeros) past
+//      the row.
+//   0. The prologue, after the wait: rms_norm in registers (register_rms_norm_rows: every warp
+//      normalizes the whole row itself); silu_mul once per CTA into shared memory: each thread
+//      copies its 16-byte chunks c = tid, tid + blockDim, ... of a and b with cp.async (all in
+//      flight at once), waits for them, rewrites each chunk of a as
+//      round_T(round_T(a / (1 + e^-a)) * b) in a rolled loop (the cuda silu_mul kernel's exact
+//      operations), then one barrier; warps read their x vectors from there.
+//   3, 5. gemv_kernel's per-lane FMA order and reduction tree for one row, so the product is
+//      bitwise gemv_kernel's one-batch instance (and rope_pairs_kernel's q|k|v).
+//   6. PDL: with Params::w_constant the weights are loaded before the wait, everything else
+//      after it; the grid is one wave, so every CTA triggers its dependents right after the wait.
+__device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared_dst)),
+               "l"(global_src));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n"); }
+
+// Stage 0 for silu_mul: h [num_vec] 16-byte vectors of the row h = silu_mul(a, b) in shared
+// memory, with b_stage [num_vec] as the staging area of b. Every thread of the CTA calls it.
+template <typename T>
+__device__ __forceinline__ void silu_mul_row_to_shared(const Params& p, uint4* h, uint4* b_stage,
+                                                       int num_vec) {
+  constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
+  const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  const uint4* const a = static_cast<const uint4*>(p.x[0]);  // [num_vec]
+  const uint4* const b = static_cast<const uint4*>(p.b[0]);  // [num_vec]
+#pragma unroll 1
+  for (int c = tid; c < num_vec; c += threads) {
+    cp_async_16(h + c, a + c);
+    cp_async_16(b_stage + c, b + c);
+  }
+  cp_async_wait_all();  // this thread's copies; it alone rewrites its chunks
+#pragma unroll 1
+  for (int c = tid; c < num_vec; c += threads) {
+    float fa[kVec], fb[kVec];
+    unpack<T>(h[c], fa);
+    unpack<T>(b_stage[c], fb);
+    T out[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const float s = to_float(from_float<T>(fa[i] / (1.0f + expf(-fa[i]))));
+      out[i] = from_float<T>(__fmul_rn(s, fb[i]));
+    }
+    memcpy(&h[c], out, sizeof(uint4));
+  }
+  __syncthreads();
+}
+
+template <typename T, int kCols, int kSlots, Prologue kPro>
+__global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
+  constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
+  constexpr int kSlotElems = kWarpSize * kVec;  // a slot of one row: 32 vectors
+  constexpr int kLanesPerValue = kWarpSize / kCols;
+  // silu_mul: [2, num_vec] 16-byte vectors, h (rewritten over a) then b's staging area
+  extern __shared__ __align__(16) unsigned char silu_rows[];
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int group = static_cast<int>(blockIdx.x) * static_cast<int>(blockDim.x / kWarpSize) +
+                    static_cast<int>(threadIdx.x) / kWarpSize;
+  const int num_vec = static_cast<int>(p.k / kVec);
+  const bool has_group = group < static_cast<int>((p.n + kCols - 1) / kCols);  // warp-uniform
+  const int lane_vectors = num_vec - lane;  // slot u is in the row when u * 32 < lane_vectors
+
+  // Stages 1-2: this lane's first vector of each of the group's weight rows.
+  const std::int64_t j0 = static_cast<std::int64_t>(has_group ? group : 0) * kCols;
+  const T* w_lane[kCols];  // each: slot u at + u * kSlotElems
+#pragma unroll
+  for (int c = 0; c < kCols; ++c)
+    w_lane[c] = static_cast<const T*>(p.w) + std::min(j0 + c, p.n - 1) * p.w_row_stride +
+                lane * kVec;
+  uint4 w_raw[kSlots][kCols];  // [slots, cols] vectors of w
+  const auto load_weights = [&] {
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        w_raw[u][c] = load_weight(reinterpret_cast<const uint4*>(w_lane[c] + u * kSlotElems),
+                                  u * kWarpSize < lane_vectors);
+  };
+
+  // Stage 5's target: lane l holds column l / kLanesPerValue after the reduction.
+  const int out_col = lane / kLanesPerValue;
+  const std::int64_t j = j0 + out_col;
+  const bool stores = has_group && lane % kLanesPerValue == 0 && j < p.n;
+  ResidualLoad residual = ResidualLoad::at(p.c[0], j * p.c_col_stride, p.c_dtype,
+                                           p.has_c && stores);
+
+  // Stage 6.
+  if (p.w_constant && has_group) load_weights();
+  detail::wait_for_producers();
+  detail::allow_dependents();  // one wave (launch.cuh)
+  residual.issue(p.c_dtype);
+  uint4* const h = reinterpret_cast<uint4*>(silu_rows);  // [num_vec]
+  if constexpr (kPro == Prologue::silu_mul) silu_mul_row_to_shared<T>(p, h, h + num_vec, num_vec);
+  if (!has_group) return;
+  if (!p.w_constant) load_weights();
+  uint4 x_raw[kSlots][1];  // [slots, 1] vectors of x
+  if constexpr (kPro == Prologue::rms_norm) {
+    register_rms_norm_rows<T, 1, kSlots>(p, x_raw, lane, num_vec);
+  } else {
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u) {
+      const bool in_row = u * kWarpSize < lane_vectors;
+      if constexpr (kPro == Prologue::silu_mul)
+        x_raw[u][0] = load_shared(h + u * kWarpSize + lane, in_row);
+      else
+        x_raw[u][0] = load_activation(
+            reinterpret_cast<const uint4*>(static_cast<const T*>(p.x[0]) + lane * kVec) +
+                u * kWarpSize,
+            in_row);
+    }
+  }
+
+  // Stage 3: gemv_kernel's order (slots past the row skipped, a warp-uniform branch).
+  float acc[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kSlots; ++u) {
+    if (u * kWarpSize >= num_vec) break;
+    float xf[kVec];
+    unpack<T>(x_raw[u][0], xf);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      float wf[kVec];
+      unpack<T>(w_raw[u][c], wf);
+      if constexpr (kCols < kMinChains) {
+        float part = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) part = fmaf(xf[i], wf[i], part);
+        acc[c] += part;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc[c] = fmaf(xf[i], wf[i], acc[c]);
+      }
+    }
+  }
+  // Stage 5.
+  const float sum = transposed_warp_sum(acc, lane);
+  if (!stores) return;
+  float out = sum;
+  if (p.has_c) out += residual.value(p.c_dtype);
+  store_out(p.y[0], j * p.y_col_stride, out, p.out_dtype);
+}
+
 // ---- the RoPE epilogue (launch_rope, gemv.h's RopeParams)
 // ----------------------------------------
 //
@@ -984,7 +1152,7 @@ int resident_ctas_per_sm(const void* kernel, unsigned threads, unsigned smem, in
 }
 
 std::atomic<std::uint64_t> g_launches{0}, g_pdl_launches{0}, g_prefetch_launches{0},
-    g_prologue_launches{0};
+    g_prologue_launches{0}, g_row_launches{0};
 
 template <typename T, int kRows, int kCols, int kVec, Prologue kPro, int kSlots = 0>
 void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
@@ -1015,6 +1183,60 @@ void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
   const detail::LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(g.threads), g.smem};
   detail::launch_kernel(kernel, shape, stream, p, single_wave, g.k_pad, g.prologue_vectorized,
                         g.norm_direct, g.register_prologue);
+}
+
+// The decode-row kernel (row_kernel) for launch()'s grid shape: kCols columns per warp, warps
+// per CTA (4, 2, 1) so that there are at least as many CTAs as SMs. False (nothing launched)
+// when the grid is more than one resident wave; the caller then takes gemv_kernel.
+template <typename T, int kCols, int kSlots, Prologue kPro>
+bool launch_row_instance(const Params& p, int device, cudaStream_t stream) {
+  const auto kernel = row_kernel<T, kCols, kSlots, kPro>;
+  static OccupancyCache cache;
+  const std::int64_t sms = sm_count(device);
+  const std::int64_t groups = (p.n + kCols - 1) / kCols;
+  int warps_per_cta = kMaxWarpsPerCta;
+  while (warps_per_cta > 1 && (groups + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;
+  const unsigned threads = static_cast<unsigned>(warps_per_cta * kWarpSize);
+  const std::int64_t blocks = (groups + warps_per_cta - 1) / warps_per_cta;
+  // silu_mul: h and b's staging area, [2, num_vec] vectors (6 KiB at K = 1536 bf16).
+  const unsigned smem =
+      kPro == Prologue::silu_mul ? static_cast<unsigned>(2 * (p.k * sizeof(T))) : 0u;
+  const std::int64_t wave =
+      sms * resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), threads, smem, device,
+                                 cache);
+  if (blocks > wave) return false;
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  g_row_launches.fetch_add(1, std::memory_order_relaxed);
+  if (stream != nullptr && pdl_enabled()) g_pdl_launches.fetch_add(1, std::memory_order_relaxed);
+  if (p.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
+  if (kPro != Prologue::none) g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
+  const detail::LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(threads), smem};
+  detail::launch_kernel(kernel, shape, stream, p);
+  return true;
+}
+
+template <typename T, Prologue kPro>
+bool launch_row(const Params& p, int cols, int slots, int device, cudaStream_t stream) {
+  if (slots == kLargeSlots) {
+    if (cols == 1) return launch_row_instance<T, 1, kLargeSlots, kPro>(p, device, stream);
+    if (cols == 2) return launch_row_instance<T, 2, kLargeSlots, kPro>(p, device, stream);
+    return false;  // 4 columns x 6 slots is over the load budget (launch() never asks)
+  }
+  if (cols == 1) return launch_row_instance<T, 1, kSmallSlots, kPro>(p, device, stream);
+  if (cols == 2) return launch_row_instance<T, 2, kSmallSlots, kPro>(p, device, stream);
+  return launch_row_instance<T, kMaxCols, kSmallSlots, kPro>(p, device, stream);
+}
+
+template <typename T>
+bool launch_row_prologue(const Params& p, int cols, int slots, int device, cudaStream_t stream) {
+  switch (p.prologue) {
+    case Prologue::rms_norm:
+      return launch_row<T, Prologue::rms_norm>(p, cols, slots, device, stream);
+    case Prologue::silu_mul:
+      return launch_row<T, Prologue::silu_mul>(p, cols, slots, device, stream);
+    default:
+      return launch_row<T, Prologue::none>(p, cols, slots, device, stream);
+  }
 }
 
 template <typename T, int kRows, int kCols, Prologue kPro>
@@ -1124,27 +1346,7 @@ void launch_rope_slots(const RopeParams& p, int pairs, int device, cudaStream_t 
   launch_rope_instance<T, kRopeMaxSlots, kPartials>(p, pairs, device, stream);
 }
 
-// SPLICE_GEMV_VARIANT (gemv.h's variant()), read once; set_variant() overrides it.
-std::atomic<int> g_variant{-1};
-
 }  // namespace
-
-int variant() {
-  int v = g_variant.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  const char* env = std::getenv("SPLICE_GEMV_VARIANT");
-  v = env != nullptr ? std::atoi(env) : kDefaultVariant;
-  v = v >= 0 && v <= kVariantMask ? v : kDefaultVariant;
-  int expected = -1;
-  g_variant.compare_exchange_strong(expected, v, std::memory_order_relaxed);
-  return g_variant.load(std::memory_order_relaxed);
-}
-
-void set_variant(int v) {
-  SPLICE_INTERNAL_CHECK(v >= 0 && v <= kVariantMask, "gemv variant ", v, " is not in 0 ..",
-                        kVariantMask);
-  g_variant.store(v, std::memory_order_relaxed);
-}
 
 LaunchStats launch_stats() {
   LaunchStats s;
@@ -1152,6 +1354,7 @@ LaunchStats launch_stats() {
   s.pdl = g_pdl_launches.load(std::memory_order_relaxed);
   s.prefetch = g_prefetch_launches.load(std::memory_order_relaxed);
   s.prologue = g_prologue_launches.load(std::memory_order_relaxed);
+  s.row = g_row_launches.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -1241,13 +1444,33 @@ void launch(const Params& params, cudaStream_t stream) {
         break;
       }
   }
-  // SPLICE_GEMV_VARIANT bit 1 (kVariantRegisterPrologue): rms_norm's stage 0 in registers
-  // (register_rms_norm_rows) in a one-batch instance whose rows are 16-byte vectors and whose norm
-  // weight is read directly.
-  g.register_prologue = (variant() & kVariantRegisterPrologue) != 0 &&
-                        p.prologue == Prologue::rms_norm && g.slots > 0 && prologue_vectorized &&
+  // rms_norm's stage 0 in registers (register_rms_norm_rows) in a one-batch instance whose rows
+  // are 16-byte vectors and whose norm weight is read directly.
+  g.register_prologue = p.prologue == Prologue::rms_norm && g.slots > 0 && prologue_vectorized &&
                         g.norm_direct;
   if (g.register_prologue) g.smem = 0;
+
+  // The decode-row kernel: one row in a one-batch shape, a prologue it runs (rms_norm in
+  // registers, silu_mul from 16-byte vectors) and the launcher's grid (no max_ctas), when the
+  // column groups fit one resident wave.
+  const bool row_prologue = p.prologue == Prologue::none ||
+                            (p.prologue == Prologue::rms_norm && g.register_prologue) ||
+                            (p.prologue == Prologue::silu_mul && prologue_vectorized);
+  if (g.slots > 0 && row_prologue && p.max_ctas == 0 && p.n <= 0x7fffffff) {
+    bool launched = false;
+    switch (p.in_dtype) {
+      case DType::f16:
+        launched = launch_row_prologue<__half>(p, cols, g.slots, device, stream);
+        break;
+      case DType::bf16:
+        launched = launch_row_prologue<__nv_bfloat16>(p, cols, g.slots, device, stream);
+        break;
+      default:
+        launched = launch_row_prologue<float>(p, cols, g.slots, device, stream);
+        break;
+    }
+    if (launched) return;
+  }
 
   switch (p.in_dtype) {
     case DType::f16:

@@ -12,6 +12,11 @@
 // and every x row are 16-byte aligned (scalar loads otherwise), columns per warp, warps per CTA
 // and a grid of at most one resident wave (each warp loops over column groups) from n, the SM
 // count and the kernel's occupancy (no allocation, no synchronization: graph-capturable).
+// One row of whole 16-byte vectors that one batch per lane covers (k <= 768 bf16 / f16 at any
+// column count, k <= 1536 at 1 or 2 columns per warp), with no max_ctas and column groups that
+// fit one resident wave, takes the decode-row kernel instead: the same product bit for bit in
+// the least code (gemv.cu's row_kernel; LaunchStats::row counts it). The batch-1 products of a
+// decode step are such calls.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -88,34 +93,11 @@ struct Params {
 // Whether a prologue launch of `rows` rows of length k in `dtype` fits the shared-memory limit.
 bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 
-// Experiment knob SPLICE_GEMV_VARIANT (issue #7; read once, at the first launch; kDefaultVariant
-// when unset), a bit mask:
-//   kVariantRegisterPrologue (1): a one-row rms_norm prologue launch in a one-batch instance
-//     (below) whose rows are 16-byte vectors computes its row per warp in registers (each warp
-//     sums the whole row itself) instead of shared memory with three CTA barriers; bit-identical
-//     rows except for the order of the sum of squares. Won its A/B (rms_norm_matmul -0.2 to -0.3
-//     us per call on the H200, docs/perf.md run 19) and is the default; 0 keeps the shared-memory
-//     prologue for the A/B until the model-level GPU tests and the model bench have run under
-//     the default (then the knob goes).
-// Bits that lost or tied their A/B and were deleted (dev/chain_latency/README.md has the
-// numbers): the silu_mul prologue in registers, few CTAs for small products, the general batch
-// loop for one row, and 4 warps per CTA whatever n. Bits that won earlier (the residual loaded
-// with the group's first batch, dead batch slots skipped) are the mainline code.
-// Every value computes the same product within the policy; set_variant() overrides the
-// environment (tests, A/B benchmarks), values outside 0 .. kVariantMask are an internal error.
-inline constexpr int kVariantRegisterPrologue = 1;
-inline constexpr int kVariantMask = kVariantRegisterPrologue;
-// The value variant() returns when SPLICE_GEMV_VARIANT is unset (a bit that wins its A/B becomes
-// the mainline by moving into this value first, then into the code).
-inline constexpr int kDefaultVariant = kVariantRegisterPrologue;
-int variant();
-void set_variant(int variant);
-
 // Launch counters (process-wide, relaxed atomics) for tests and SPLICE_DEBUG: launches issued,
-// those with the PDL attribute, those that take the constant-weight prefetch path, and those
-// with a prologue.
+// those with the PDL attribute, those that take the constant-weight prefetch path, those with a
+// prologue, and those that took the decode-row kernel (below).
 struct LaunchStats {
-  std::uint64_t launches = 0, pdl = 0, prefetch = 0, prologue = 0;
+  std::uint64_t launches = 0, pdl = 0, prefetch = 0, prologue = 0, row = 0;
 };
 LaunchStats launch_stats();
 
@@ -167,9 +149,9 @@ bool rope_supported(const Params& product);
 // Launches the fused kernel on `stream` (PDL per launch.cuh); invalid params are an internal
 // error. Per lane, the accumulation order is launch()'s for the columns per warp launch() would
 // pick for this n on this device, and the reduction tree is the same for every column count, so
-// the q|k|v elements are bitwise launch()'s with the register prologue (the default variant) and
-// one-batch instance (k <= 768 bf16 / f16 for any n; k <= 1536 where launch() takes at most 2
-// columns per warp); elsewhere launch() sums x^2 in shared memory in another order.
+// the q|k|v elements are bitwise launch()'s with the register prologue in a one-batch shape (k
+// <= 768 bf16 / f16 for any n; k <= 1536 where launch() takes at most 2 columns per warp);
+// elsewhere launch() sums x^2 in shared memory in another order.
 void launch_rope(const RopeParams& params, cudaStream_t stream);
 // Launches of launch_rope (process-wide, relaxed): tests count kernels per step with it.
 std::uint64_t rope_launches();
