@@ -36,8 +36,8 @@
 //      a private cp.async ring (16-byte loads, kStages - 1 tiles in flight ahead of the one in
 //      use, rows swizzled by chunk ^ (row & 7) so ldmatrix is conflict-free). Tiles 0 ..
 //      kStages - 2 (tile 0 already, if speculative) are issued after the plan, tiles < c1 only;
-//      keys >= c1 are zero-filled; in the tile that straddles c1 the V rows >= c1 are zeroed in
-//      shared memory before use (the speculative tile may hold NaN there, and 0 * NaN would
+//      keys >= c1 are zero-filled; only the speculative tile, read up to the capacity, has its V
+//      rows >= c1 zeroed in shared memory before use (they may hold NaN, and 0 * NaN would
 //      leak). No CTA-wide barrier in the main loop. Step `it` issues tile it + kStages - 1 and
 //      waits for exactly tile `it` (cp.async groups: one per tile, in tile order).
 //   4. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
@@ -164,6 +164,20 @@ __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
+}
+// One 16-byte copy if `issue` (a predicated instruction, no branch): global bytes at address
+// `src` when `copy`, zeros otherwise (nothing is read then).
+__device__ __forceinline__ void cp_async_16_if(bool issue, std::uint32_t dst, std::uint64_t src,
+                                               bool copy) {
+  asm volatile(
+      "{\n.reg .pred i;\nsetp.ne.b32 i, %0, 0;\n"
+      "@i cp.async.cg.shared.global [%1], [%2], 16, %3;\n}\n" ::"r"(static_cast<int>(issue)),
+      "r"(dst), "l"(src), "r"(copy ? 16 : 0));
+}
+// `x`, with its value hidden from the optimizer (which then cannot re-derive it).
+__device__ __forceinline__ std::int64_t opaque(std::int64_t x) {
+  asm("mov.b64 %0, %0;" : "+l"(x));
+  return x;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int kPending>
@@ -324,28 +338,45 @@ __global__ void __launch_bounds__(kThreads, 1)
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
   const std::uint32_t pipe_u32 = smem_u32(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes);
+  // A tile's 16-byte copies, lane-major: pass u of the warp copies rows [u R, u R + R) with
+  // R = 32 / kChunks (4 at head_dim 64, 2 at 128, 1 at 256), lane = (row - u R) * kChunks + chunk.
+  // So a lane's chunk, its first row and its row's global offset are fixed: computed once here,
+  // a pass only adds constants. Swizzle: R divides 8 and lane_row < R, so (row & 7) of pass u is
+  // lane_row + (u R & 7) without carries, and chunk ^ (row & 7) = lane_x ^ (u R & 7).
+  constexpr int kPassRows = 32 / kChunks;               // R
+  constexpr int kPasses = kTileKeys * kChunks / 32;     // copies per lane per tile
+  const int lane_row = lane / kChunks;                  // row of pass 0, < R
+  const int lane_x = (lane % kChunks) ^ lane_row;       // swizzled chunk of pass 0
+  const std::uint32_t lane_dst = static_cast<std::uint32_t>(lane_row * kHeadDim * 2);
+  // Global byte addresses: key 0's chunk of this lane, and the bytes between a lane's rows of
+  // consecutive passes (opaque to the compiler, so that a pass adds them instead of multiplying
+  // its key by the row stride again).
+  const std::uint64_t k_lane = reinterpret_cast<std::uint64_t>(k_base + (lane % kChunks) * 8);
+  const std::uint64_t v_lane = reinterpret_cast<std::uint64_t>(v_base + (lane % kChunks) * 8);
+  const std::int64_t k_pass = opaque(p.k_stride_s * 2 * kPassRows);
+  const std::int64_t v_pass = opaque(p.v_stride_s * 2 * kPassRows);
   // Keys [from, to) of tile `it` of this warp's stream from key c0 into ring stage `stage`; keys
-  // >= zero_from are zero-filled (nothing is read for them); every other key is left alone.
+  // >= zero_from are zero-filled (nothing is read for them; the address is key 0's); every other
+  // key is left alone.
   auto load_tile = [&](int c0, int it, int stage, int from, int to, int zero_from) {
-    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
-    const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes;
+    const int key0 = c0 + (warp + it * kWarps) * kTileKeys + lane_row;  // this lane's pass-0 key
+    const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes + lane_dst;
     const std::uint32_t v_dst = k_dst + Cfg::kTileBytes;
+    std::uint64_t k_src = k_lane + key0 * p.k_stride_s * 2;
+    std::uint64_t v_src = v_lane + key0 * p.v_stride_s * 2;
     // At most 8 copies per unrolled step: at head_dim 256 (16 per lane) a full unroll let the
     // compiler keep every row's offsets live across the main loop (255 registers, a 12-byte
     // spill; 248 and none this way); 64 and 128 (4 and 8) stay fully unrolled.
 #pragma unroll 8
-    for (int u = 0; u < kTileKeys * kChunks / 32; ++u) {
-      const int c = lane + 32 * u;
-      const int row = c / kChunks;
-      const int ch = c % kChunks;
-      const int key = key0 + row;
+    for (int u = 0; u < kPasses; ++u) {
+      const int key = key0 + u * kPassRows;
       const bool copy = key >= from && key < to;
-      if (!copy && key < zero_from) continue;
-      const std::int64_t koff = copy ? key * p.k_stride_s + ch * 8 : 0;
-      const std::int64_t voff = copy ? key * p.v_stride_s + ch * 8 : 0;
-      const std::uint32_t so = swizzle<kHeadDim>(row, ch);
-      cp_async_16(k_dst + so, k_base + koff, copy ? 16 : 0);
-      cp_async_16(v_dst + so, v_base + voff, copy ? 16 : 0);
+      const std::uint32_t so = u * kPassRows * kHeadDim * 2 + ((lane_x ^ (u * kPassRows & 7)) << 4);
+      const bool issue = copy || key >= zero_from;
+      cp_async_16_if(issue, k_dst + so, copy ? k_src : k_lane, copy);
+      cp_async_16_if(issue, v_dst + so, copy ? v_src : v_lane, copy);
+      k_src += k_pass;
+      v_src += v_pass;
     }
   };
   auto tiles_of_warp = [&](int c0, int c1) {
@@ -520,15 +551,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const std::uint32_t k_tile = pipe_u32 + (it % kStages) * Cfg::kStageBytes;
     const std::uint32_t v_tile = k_tile + Cfg::kTileBytes;
     const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
-    if (key0 + kTileKeys > c1) {
-      // The tile that straddles the live end: zero its V rows >= c1 (P is 0 there, but a
-      // speculative tile may hold NaN, and 0 * NaN would leak into O).
-      for (int c = lane; c < kTileKeys * kChunks; c += 32)
-        if (key0 + c / kChunks >= c1)
+    if (speculative && it == 0 && key0 + kTileKeys > c1) {
+      // The speculative tile was read up to the capacity: zero its V rows >= c1 (P is 0 there,
+      // but they may hold NaN, and 0 * NaN would leak into O). Every other tile's keys >= c1
+      // were zero-filled by its copies.
+#pragma unroll 1
+      for (int u = 0; u < kPasses; ++u)
+        if (key0 + lane_row + u * kPassRows >= c1)
           *reinterpret_cast<uint4*>(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes +
-                                    (it % kStages) * Cfg::kStageBytes + Cfg::kTileBytes +
-                                    swizzle<kHeadDim>(c / kChunks, c % kChunks)) =
-              make_uint4(0, 0, 0, 0);
+                                    Cfg::kTileBytes + lane_dst + u * kPassRows * kHeadDim * 2 +
+                                    ((lane_x ^ (u * kPassRows & 7)) << 4)) = make_uint4(0, 0, 0, 0);
       __syncwarp();
     }
 
