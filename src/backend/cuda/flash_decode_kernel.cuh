@@ -285,17 +285,21 @@ __device__ __forceinline__ void store_out4(const FlashDecodeParams& p, T* dst,
   }
 }
 
-// Writes the final (o, lse) of one output slot: four consecutive outputs of a row from `acc`.
+// Writes the final (o, lse) of one output slot: four consecutive outputs of a row from `acc`, and
+// (only where lse is asked for) lse = lse2 ln 2, lse2 = big + log2 denom (-inf for denom = 0).
 template <typename T>
 __device__ __forceinline__ void store_result(const FlashDecodeParams& p, int b, int kv_head, int gr,
-                                             int d, const float (&acc)[4], float lse2) {
+                                             int d, const float (&acc)[4], float big,
+                                             float denom) {
   const auto [g, i] = query_row(p, gr);
   const int qo_head = kv_head * p.group + g;
   T* dst =
       static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
   store_out4<T>(p, dst, acc);
-  if (p.lse && d == 0)
+  if (p.lse && d == 0) {
+    const float lse2 = !(denom > 0.0f) ? -INFINITY : big + log2f(denom);
     p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] = lse2 * kLn2;
+  }
 }
 
 // Stage 2's plan for one k_len: the visible range [lo, hi), the split size and the live count,
@@ -423,7 +427,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = stable_prefix ? 0 : p.k_len[b * p.k_len_stride];
-  const std::int64_t unit = static_cast<std::int64_t>(bh) * gridDim.x + rb;  // (b, h, rb)
+  // (b, h, rb): the index of this CTA's merge counter and partial rows (split runs only).
+  auto unit_index = [&] { return static_cast<std::int64_t>(bh) * gridDim.x + rb; };
   // ALiBi slopes (log2 units) of this thread's two mma C-fragment rows, lane/4 and lane/4 + 8.
   float slope_log2[2] = {0.0f, 0.0f};
   if (p.alibi) {
@@ -460,12 +465,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (stable_prefix && split < plan.live) {
-    // The keys this step's producers wrote, [k_len - q_len, c1), of the prologue tiles.
-    const int pending_from = max(plan.k_len - p.q_len, plan.c0);
+  if (stable_prefix && split < plan.live && !(p.dev_drop & kDropKv)) {
+    // The keys this step's producers wrote, [k_len - q_len, c1), of the prologue tiles: the whole
+    // CTA copies them, kThreads / kChunks keys a pass (one pass for q_len <= 16 at head_dim 64),
+    // each chunk to where its tile's warp keeps it: tile t = (key - c0) / 16 of the split is
+    // warp t % 4's tile t / 4, in ring stage t / 4 (a prologue tile when t / 4 < kStages - 1).
+    // The wait for every group and the CTA barrier below publish them to that warp.
+    const int ch = tid % kChunks;
 #pragma unroll 1
-    for (int s = 0; s < kStages - 1; ++s)
-      if (s < my_tiles) load_tile(plan.c0, s, s, pending_from, plan.c1, INT_MAX);
+    for (int key = max(plan.k_len - p.q_len, plan.c0) + tid / kChunks; key < plan.c1;
+         key += kThreads / kChunks) {
+      const int t = (key - plan.c0) / kTileKeys;
+      if (t / kWarps >= kStages - 1) break;  // later tiles: the main loop copies them whole
+      const std::uint32_t dst = smem_u32(smem + Cfg::kQBytes) +
+                                ((t % kWarps) * kStages + t / kWarps) * Cfg::kStageBytes +
+                                swizzle<kHeadDim>((key - plan.c0) % kTileKeys, ch);
+      cp_async_16(dst, k_base + key * p.k_stride_s + ch * 8, 16);
+      cp_async_16(dst + Cfg::kTileBytes, v_base + key * p.v_stride_s + ch * 8, 16);
+    }
   }
   cp_async_commit();  // q (group 0; with the stable prefix the youngest, with the pending keys)
 
@@ -607,14 +624,30 @@ __global__ void __launch_bounds__(kThreads, 1)
           s[nt][e] = p.softcap * tanhf(s[nt][e] * p.softmax_scale / p.softcap) * kLog2e;
       to_log2 = 1.0f;
     }
+    // ALiBi, t += -slope (p_i - j), is a block of its own too. (Without it t = s * to_log2 where
+    // the inline form computed fma(to_log2, s, 0 * (j - p_i)): the same but for the sign of a
+    // zero t, which no output sees: t and the maxima m reach the outputs only through exp2 of
+    // differences, where a zero's sign is lost, and lse2 = M + log2 L, where a zero M's sign is
+    // lost too unless log2 L is a zero, which is +0, and -0 + +0 = +0.)
+    if (p.alibi) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int rr = e / 2;
+          const int j = key0 + nt * 8 + 2 * (lane % 4) + e % 2;
+          // One rounding of s * to_log2 + the bias, as nvcc contracted the inline form before.
+          s[nt][e] = fmaf(to_log2, s[nt][e], slope_log2[rr] * (static_cast<float>(j) - pos[rr]));
+        }
+      to_log2 = 1.0f;
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int rr = e / 2;
         const int j = key0 + nt * 8 + 2 * (lane % 4) + e % 2;
-        float t = s[nt][e] * to_log2;
-        t += slope_log2[rr] * (static_cast<float>(j) - pos[rr]);
+        const float t = s[nt][e] * to_log2;
         s[nt][e] = (j >= vis_lo[rr] && j < vis_hi[rr]) ? t : -INFINITY;
       }
     }
@@ -690,7 +723,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const int valid_rows = min(kRows, p.rows - row_base);
-  const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row index base
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
@@ -717,13 +749,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float inv = empty ? 0.0f : 1.0f / denom;
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= inv;
-    const float lse2 = empty ? -INFINITY : big + log2f(denom);
     if (live_splits == 1) {
-      store_result<T>(p, b, kv_head, row_base + row, d, acc, lse2);
+      store_result<T>(p, b, kv_head, row_base + row, d, acc, big, denom);
     } else {
+      const std::int64_t unit = unit_index();
+      const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row base
       *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (d == 0) p.partial_lse[(unit * kRows + row) * gridDim.y + split] = lse2;
+      if (d == 0)
+        p.partial_lse[(unit * kRows + row) * gridDim.y + split] =
+            empty ? -INFINITY : big + log2f(denom);
     }
   }
   stages.mark(kMarkStored);
@@ -735,6 +770,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // them; in the merging CTA thread 0's acquire fence and the CTA barrier order every thread's
   // partial loads after all arrivals. One fence per CTA, acq_rel rather than sc.
   __shared__ int is_last;
+  const std::int64_t unit = unit_index();
   __syncthreads();
   if (tid == 0) {
     fence_acq_rel_gpu();
@@ -789,7 +825,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale = empty ? 0.0f : 1.0f / denom;
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= scale;
-    store_result<T>(p, b, kv_head, row_base + row, d, acc, empty ? -INFINITY : big + log2f(denom));
+    store_result<T>(p, b, kv_head, row_base + row, d, acc, big, denom);
   }
 }
 
