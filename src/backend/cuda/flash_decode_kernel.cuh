@@ -382,14 +382,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const std::uint32_t v_dst = k_dst + Cfg::kTileBytes;
     std::uint64_t k_src = k_lane + key0 * p.k_stride_s * 2;
     std::uint64_t v_src = v_lane + key0 * p.v_stride_s * 2;
-    // At most 8 copies per unrolled step: at head_dim 256 (16 per lane) a full unroll let the
-    // compiler keep every row's offsets live across the main loop (255 registers, a 12-byte
-    // spill; 248 and none this way); 64 and 128 (4 and 8) stay fully unrolled.
-#pragma unroll 8
+    // Rolled (the header's "Code size"): a pass is a few integer instructions and two copies.
+#pragma unroll 1
     for (int u = 0; u < kPasses; ++u) {
       const int key = key0 + u * kPassRows;
       const bool copy = key >= from && key < to;
-      const std::uint32_t so = u * kPassRows * kHeadDim * 2 + ((lane_x ^ (u * kPassRows & 7)) << 4);
+      const std::uint32_t so =
+          u * kPassRows * kHeadDim * 2 + ((lane_x ^ (u * kPassRows & 7)) << 4);
       const bool issue = copy || key >= zero_from;
       cp_async_16_if(issue, k_dst + so, copy ? k_src : k_lane, copy);
       cp_async_16_if(issue, v_dst + so, copy ? v_src : v_lane, copy);
