@@ -13,7 +13,8 @@
 //      k_len - q_len ..): k_len, the plan (stage 2) and the ring prologue (stage 3) come before
 //      the wait, the prologue tiles copying only their stable keys (< k_len - q_len). After the
 //      wait the keys [k_len - q_len, c1) of those tiles are copied with q, in q's cp.async group
-//      (the youngest then). The K/V loads overlap the producer's tail instead of following it.
+//      (the youngest then), by the whole CTA (one pass of 16-byte copies for a decode step). The
+//      K/V loads overlap the producer's tail instead of following it.
 //   1. Issue at once, independent of each other: the k_len load, the ALiBi slopes, the 16 query
 //      rows (cp.async group 0, zeros for padding rows) and, speculatively, tile 0 of each warp's
 //      K/V stream in split 0 (group 1: keys [16 w, 16 w + 16) for warp w, the first 64 keys of
@@ -68,9 +69,11 @@
 //                 (lse2_s, O_s) loads (one per 16 splits) -> o store.
 // Code size: in a decode step every kernel starts cold on its SMs (the step runs ~250 KB of
 // distinct code per layer), and code an SM has not run recently costs ~0.06-0.1 us per KB
-// executed (docs/perf.md run 26). So the ring-prologue loops, whose work is asynchronous copies,
-// are rolled (one copy of load_tile's code each instead of kStages - 1), and the softcap is a
-// block of its own that one branch skips, instead of a branch per score.
+// executed (docs/perf.md run 26). So the ring-prologue loops and load_tile's passes, whose work
+// is asynchronous copies, are rolled (a pass: precomputed per-lane addresses plus one 64-bit add,
+// predicated copies, no branch); the softcap and ALiBi are blocks of their own that one branch
+// skips, instead of code per score; rows split into (g, i) by a multiplier, not a division; lse2
+// and the merge unit are computed only where stored (docs/perf-decode-step.md §6, session 7).
 // History (issue 5, docs/perf.md runs 16 and 18): a flag merge, a lean merge (one acq_rel atomic,
 // every partial in one batch), an L2 prefetch before the PDL wait, every split speculating from
 // the last call's k_len and whole-ring speculation were measured on the H200 and removed; one
