@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <mutex>
 #include <utility>
@@ -347,6 +348,9 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.group = static_cast<int>(num_qo_heads / num_kv_heads);
   p.q_len = static_cast<int>(q_len);
   p.rows = static_cast<int>(p.group * q_len);
+  p.q_len_shift = std::bit_width(static_cast<std::uint64_t>(q_len - 1));  // ceil(log2 q_len)
+  p.q_len_mul = static_cast<unsigned>(
+      ((std::uint64_t{1} << (31 + p.q_len_shift)) + q_len - 1) / static_cast<std::uint64_t>(q_len));
   p.capacity = static_cast<int>(capacity);
   p.forced_splits = static_cast<int>(forced);
   p.min_chunk = plan.min_chunk;

@@ -13,7 +13,8 @@
 //      k_len - q_len ..): k_len, the plan (stage 2) and the ring prologue (stage 3) come before
 //      the wait, the prologue tiles copying only their stable keys (< k_len - q_len). After the
 //      wait the keys [k_len - q_len, c1) of those tiles are copied with q, in q's cp.async group
-//      (the youngest then). The K/V loads overlap the producer's tail instead of following it.
+//      (the youngest then), by the whole CTA (one pass of 16-byte copies for a decode step). The
+//      K/V loads overlap the producer's tail instead of following it.
 //   1. Issue at once, independent of each other: the k_len load, the ALiBi slopes, the 16 query
 //      rows (cp.async group 0, zeros for padding rows) and, speculatively, tile 0 of each warp's
 //      K/V stream in split 0 (group 1: keys [16 w, 16 w + 16) for warp w, the first 64 keys of
@@ -36,8 +37,8 @@
 //      a private cp.async ring (16-byte loads, kStages - 1 tiles in flight ahead of the one in
 //      use, rows swizzled by chunk ^ (row & 7) so ldmatrix is conflict-free). Tiles 0 ..
 //      kStages - 2 (tile 0 already, if speculative) are issued after the plan, tiles < c1 only;
-//      keys >= c1 are zero-filled; in the tile that straddles c1 the V rows >= c1 are zeroed in
-//      shared memory before use (the speculative tile may hold NaN there, and 0 * NaN would
+//      keys >= c1 are zero-filled; only the speculative tile, read up to the capacity, has its V
+//      rows >= c1 zeroed in shared memory before use (they may hold NaN, and 0 * NaN would
 //      leak). No CTA-wide barrier in the main loop. Step `it` issues tile it + kStages - 1 and
 //      waits for exactly tile `it` (cp.async groups: one per tile, in tile order).
 //   4. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
@@ -68,9 +69,11 @@
 //                 (lse2_s, O_s) loads (one per 16 splits) -> o store.
 // Code size: in a decode step every kernel starts cold on its SMs (the step runs ~250 KB of
 // distinct code per layer), and code an SM has not run recently costs ~0.06-0.1 us per KB
-// executed (docs/perf.md run 26). So the ring-prologue loops, whose work is asynchronous copies,
-// are rolled (one copy of load_tile's code each instead of kStages - 1), and the softcap is a
-// block of its own that one branch skips, instead of a branch per score.
+// executed (docs/perf.md run 26). So the ring-prologue loops and load_tile's passes, whose work
+// is asynchronous copies, are rolled (a pass: precomputed per-lane addresses plus one 64-bit add,
+// predicated copies, no branch); the softcap and ALiBi are blocks of their own that one branch
+// skips, instead of code per score; rows split into (g, i) by a multiplier, not a division; lse2
+// and the merge unit are computed only where stored (docs/perf-decode-step.md §6, session 7).
 // History (issue 5, docs/perf.md runs 16 and 18): a flag merge, a lean merge (one acq_rel atomic,
 // every partial in one batch), an L2 prefetch before the PDL wait, every split speculating from
 // the last call's k_len and whole-ring speculation were measured on the H200 and removed; one
@@ -140,6 +143,10 @@ struct FlashDecodeParams {
   float scale_log2;     // softmax_scale * log2(e)
   float softmax_scale;
   float softcap;  // 0 = none
+  // Row gr = g * q_len + i splits as g = umulhi(2 gr, q_len_mul) >> q_len_shift (exact for
+  // 0 <= gr < 2^31): q_len_shift = ceil(log2 q_len), q_len_mul = ceil(2^(31 + shift) / q_len).
+  unsigned q_len_mul;
+  int q_len_shift;
 };
 
 template <int kHeadDim>
@@ -164,6 +171,20 @@ __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
+}
+// One 16-byte copy if `issue` (a predicated instruction, no branch): global bytes at address
+// `src` when `copy`, zeros otherwise (nothing is read then).
+__device__ __forceinline__ void cp_async_16_if(bool issue, std::uint32_t dst, std::uint64_t src,
+                                               bool copy) {
+  asm volatile(
+      "{\n.reg .pred i;\nsetp.ne.b32 i, %0, 0;\n"
+      "@i cp.async.cg.shared.global [%1], [%2], 16, %3;\n}\n" ::"r"(static_cast<int>(issue)),
+      "r"(dst), "l"(src), "r"(copy ? 16 : 0));
+}
+// `x`, with its value hidden from the optimizer (which then cannot re-derive it).
+__device__ __forceinline__ std::int64_t opaque(std::int64_t x) {
+  asm("mov.b64 %0, %0;" : "+l"(x));
+  return x;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int kPending>
@@ -226,6 +247,17 @@ struct Num<__half> {
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// Group member g = gr / q_len and query i = gr % q_len of row gr (0 <= gr < 2^31), by the
+// launcher's multiplier instead of an integer division (~20 instructions each).
+struct QueryRow {
+  int g, i;
+};
+__device__ __forceinline__ QueryRow query_row(const FlashDecodeParams& p, int gr) {
+  const int g = static_cast<int>(__umulhi(static_cast<unsigned>(gr) * 2u, p.q_len_mul) >>
+                                 p.q_len_shift);
+  return {g, gr - g * p.q_len};
+}
+
 // Release (and acquire) at GPU scope: orders this thread's earlier memory accesses, and those
 // ordered before them by a CTA barrier, before its later ones as seen by every other CTA.
 __device__ __forceinline__ void fence_acq_rel_gpu() {
@@ -256,18 +288,21 @@ __device__ __forceinline__ void store_out4(const FlashDecodeParams& p, T* dst,
   }
 }
 
-// Writes the final (o, lse) of one output slot: four consecutive outputs of a row from `acc`.
+// Writes the final (o, lse) of one output slot: four consecutive outputs of a row from `acc`, and
+// (only where lse is asked for) lse = lse2 ln 2, lse2 = big + log2 denom (-inf for denom = 0).
 template <typename T>
 __device__ __forceinline__ void store_result(const FlashDecodeParams& p, int b, int kv_head, int gr,
-                                             int d, const float (&acc)[4], float lse2) {
-  const int g = gr / p.q_len;
-  const int i = gr % p.q_len;
+                                             int d, const float (&acc)[4], float big,
+                                             float denom) {
+  const auto [g, i] = query_row(p, gr);
   const int qo_head = kv_head * p.group + g;
   T* dst =
       static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
   store_out4<T>(p, dst, acc);
-  if (p.lse && d == 0)
+  if (p.lse && d == 0) {
+    const float lse2 = !(denom > 0.0f) ? -INFINITY : big + log2f(denom);
     p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] = lse2 * kLn2;
+  }
 }
 
 // Stage 2's plan for one k_len: the visible range [lo, hi), the split size and the live count,
@@ -324,28 +359,44 @@ __global__ void __launch_bounds__(kThreads, 1)
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
   const std::uint32_t pipe_u32 = smem_u32(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes);
+  // A tile's 16-byte copies, lane-major: pass u of the warp copies rows [u R, u R + R) with
+  // R = 32 / kChunks (4 at head_dim 64, 2 at 128, 1 at 256), lane = (row - u R) * kChunks + chunk.
+  // So a lane's chunk, its first row and its row's global offset are fixed: computed once here,
+  // a pass only adds constants. Swizzle: R divides 8 and lane_row < R, so (row & 7) of pass u is
+  // lane_row + (u R & 7) without carries, and chunk ^ (row & 7) = lane_x ^ (u R & 7).
+  constexpr int kPassRows = 32 / kChunks;               // R
+  constexpr int kPasses = kTileKeys * kChunks / 32;     // copies per lane per tile
+  const int lane_row = lane / kChunks;                  // row of pass 0, < R
+  const int lane_x = (lane % kChunks) ^ lane_row;       // swizzled chunk of pass 0
+  const std::uint32_t lane_dst = static_cast<std::uint32_t>(lane_row * kHeadDim * 2);
+  // Global byte addresses: key 0's chunk of this lane, and the bytes between a lane's rows of
+  // consecutive passes (opaque to the compiler, so that a pass adds them instead of multiplying
+  // its key by the row stride again).
+  const std::uint64_t k_lane = reinterpret_cast<std::uint64_t>(k_base + (lane % kChunks) * 8);
+  const std::uint64_t v_lane = reinterpret_cast<std::uint64_t>(v_base + (lane % kChunks) * 8);
+  const std::int64_t k_pass = opaque(p.k_stride_s * 2 * kPassRows);
+  const std::int64_t v_pass = opaque(p.v_stride_s * 2 * kPassRows);
   // Keys [from, to) of tile `it` of this warp's stream from key c0 into ring stage `stage`; keys
-  // >= zero_from are zero-filled (nothing is read for them); every other key is left alone.
+  // >= zero_from are zero-filled (nothing is read for them; the address is key 0's); every other
+  // key is left alone.
   auto load_tile = [&](int c0, int it, int stage, int from, int to, int zero_from) {
-    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
-    const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes;
+    const int key0 = c0 + (warp + it * kWarps) * kTileKeys + lane_row;  // this lane's pass-0 key
+    const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes + lane_dst;
     const std::uint32_t v_dst = k_dst + Cfg::kTileBytes;
-    // At most 8 copies per unrolled step: at head_dim 256 (16 per lane) a full unroll let the
-    // compiler keep every row's offsets live across the main loop (255 registers, a 12-byte
-    // spill; 248 and none this way); 64 and 128 (4 and 8) stay fully unrolled.
-#pragma unroll 8
-    for (int u = 0; u < kTileKeys * kChunks / 32; ++u) {
-      const int c = lane + 32 * u;
-      const int row = c / kChunks;
-      const int ch = c % kChunks;
-      const int key = key0 + row;
+    std::uint64_t k_src = k_lane + key0 * p.k_stride_s * 2;
+    std::uint64_t v_src = v_lane + key0 * p.v_stride_s * 2;
+    // Rolled (the header's "Code size"): a pass is a few integer instructions and two copies.
+#pragma unroll 1
+    for (int u = 0; u < kPasses; ++u) {
+      const int key = key0 + u * kPassRows;
       const bool copy = key >= from && key < to;
-      if (!copy && key < zero_from) continue;
-      const std::int64_t koff = copy ? key * p.k_stride_s + ch * 8 : 0;
-      const std::int64_t voff = copy ? key * p.v_stride_s + ch * 8 : 0;
-      const std::uint32_t so = swizzle<kHeadDim>(row, ch);
-      cp_async_16(k_dst + so, k_base + koff, copy ? 16 : 0);
-      cp_async_16(v_dst + so, v_base + voff, copy ? 16 : 0);
+      const std::uint32_t so =
+          u * kPassRows * kHeadDim * 2 + ((lane_x ^ (u * kPassRows & 7)) << 4);
+      const bool issue = copy || key >= zero_from;
+      cp_async_16_if(issue, k_dst + so, copy ? k_src : k_lane, copy);
+      cp_async_16_if(issue, v_dst + so, copy ? v_src : v_lane, copy);
+      k_src += k_pass;
+      v_src += v_pass;
     }
   };
   auto tiles_of_warp = [&](int c0, int c1) {
@@ -378,47 +429,62 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = stable_prefix ? 0 : p.k_len[b * p.k_len_stride];
-  const std::int64_t unit = static_cast<std::int64_t>(bh) * gridDim.x + rb;  // (b, h, rb)
+  // (b, h, rb): the index of this CTA's merge counter and partial rows (split runs only).
+  auto unit_index = [&] { return static_cast<std::int64_t>(bh) * gridDim.x + rb; };
   // ALiBi slopes (log2 units) of this thread's two mma C-fragment rows, lane/4 and lane/4 + 8.
   float slope_log2[2] = {0.0f, 0.0f};
   if (p.alibi) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int gr = row_base + lane / 4 + 8 * rr;
-      if (gr < p.rows) slope_log2[rr] = p.alibi[kv_head * p.group + gr / p.q_len] * kLog2e;
+      if (gr < p.rows) slope_log2[rr] = p.alibi[kv_head * p.group + query_row(p, gr).g] * kLog2e;
     }
   }
   unsigned char* q_smem = smem;
-  for (int c = tid; c < kRows * kChunks; c += kThreads) {
-    const int row = c / kChunks;
-    const int ch = c % kChunks;
+  static_assert(kRows * kChunks % kThreads == 0);
+#pragma unroll
+  for (int n = 0; n < kRows * kChunks / kThreads; ++n) {  // 1, 2, 4 chunks per thread
+    const int row = tid / kChunks + n * (kThreads / kChunks);
+    const int ch = tid % kChunks;
     const int gr = row_base + row;
     unsigned char* dst = q_smem + swizzle<kHeadDim>(row, ch);
     if (gr >= p.rows) {  // padding row
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      continue;
-    }
-    const T* src = static_cast<const T*>(p.q) + b * p.q_stride_b +
-                   (kv_head * p.group + gr / p.q_len) * p.q_stride_h +
-                   (gr % p.q_len) * p.q_stride_s + ch * 8;
-    if (p.q_vec16) {
-      cp_async_16(smem_u32(dst), src, 16);
-    } else {  // misaligned rows: element loads
-      union {
-        T h[8];
-        uint4 u;
-      } tmp;
+    } else {
+      const auto [g, i] = query_row(p, gr);
+      const T* src = static_cast<const T*>(p.q) + b * p.q_stride_b +
+                     (kv_head * p.group + g) * p.q_stride_h + i * p.q_stride_s + ch * 8;
+      if (p.q_vec16) {
+        cp_async_16(smem_u32(dst), src, 16);
+      } else {  // misaligned rows: element loads
+        union {
+          T h[8];
+          uint4 u;
+        } tmp;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) tmp.h[e] = src[e];
-      *reinterpret_cast<uint4*>(dst) = tmp.u;
+        for (int e = 0; e < 8; ++e) tmp.h[e] = src[e];
+        *reinterpret_cast<uint4*>(dst) = tmp.u;
+      }
     }
   }
-  if (stable_prefix && split < plan.live) {
-    // The keys this step's producers wrote, [k_len - q_len, c1), of the prologue tiles.
-    const int pending_from = max(plan.k_len - p.q_len, plan.c0);
+  if (stable_prefix && split < plan.live && !(p.dev_drop & kDropKv)) {
+    // The keys this step's producers wrote, [k_len - q_len, c1), of the prologue tiles: the whole
+    // CTA copies them, kThreads / kChunks keys a pass (one pass for q_len <= 16 at head_dim 64),
+    // each chunk to where its tile's warp keeps it: tile t = (key - c0) / 16 of the split is
+    // warp t % 4's tile t / 4, in ring stage t / 4 (a prologue tile when t / 4 < kStages - 1).
+    // The wait for every group and the CTA barrier below publish them to that warp.
+    const int ch = tid % kChunks;
 #pragma unroll 1
-    for (int s = 0; s < kStages - 1; ++s)
-      if (s < my_tiles) load_tile(plan.c0, s, s, pending_from, plan.c1, INT_MAX);
+    for (int key = max(plan.k_len - p.q_len, plan.c0) + tid / kChunks; key < plan.c1;
+         key += kThreads / kChunks) {
+      const int t = (key - plan.c0) / kTileKeys;
+      if (t / kWarps >= kStages - 1) break;  // later tiles: the main loop copies them whole
+      const std::uint32_t dst = smem_u32(smem + Cfg::kQBytes) +
+                                ((t % kWarps) * kStages + t / kWarps) * Cfg::kStageBytes +
+                                swizzle<kHeadDim>((key - plan.c0) % kTileKeys, ch);
+      cp_async_16(dst, k_base + key * p.k_stride_s + ch * 8, 16);
+      cp_async_16(dst + Cfg::kTileBytes, v_base + key * p.v_stride_s + ch * 8, 16);
+    }
   }
   cp_async_commit();  // q (group 0; with the stable prefix the youngest, with the pending keys)
 
@@ -486,7 +552,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     vis_hi[rr] = 0;
     pos[rr] = 0.0f;
     if (gr < p.rows) {
-      const int pi = pos_first + gr % p.q_len;
+      const int pi = pos_first + query_row(p, gr).i;
       int l = c0;
       int h = c1;
       if (p.causal) h = min(h, pi + 1);
@@ -520,15 +586,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const std::uint32_t k_tile = pipe_u32 + (it % kStages) * Cfg::kStageBytes;
     const std::uint32_t v_tile = k_tile + Cfg::kTileBytes;
     const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
-    if (key0 + kTileKeys > c1) {
-      // The tile that straddles the live end: zero its V rows >= c1 (P is 0 there, but a
-      // speculative tile may hold NaN, and 0 * NaN would leak into O).
-      for (int c = lane; c < kTileKeys * kChunks; c += 32)
-        if (key0 + c / kChunks >= c1)
+    if (speculative && it == 0 && key0 + kTileKeys > c1) {
+      // The speculative tile was read up to the capacity: zero its V rows >= c1 (P is 0 there,
+      // but they may hold NaN, and 0 * NaN would leak into O). Every other tile's keys >= c1
+      // were zero-filled by its copies.
+#pragma unroll 1
+      for (int u = 0; u < kPasses; ++u)
+        if (key0 + lane_row + u * kPassRows >= c1)
           *reinterpret_cast<uint4*>(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes +
-                                    (it % kStages) * Cfg::kStageBytes + Cfg::kTileBytes +
-                                    swizzle<kHeadDim>(c / kChunks, c % kChunks)) =
-              make_uint4(0, 0, 0, 0);
+                                    Cfg::kTileBytes + lane_dst + u * kPassRows * kHeadDim * 2 +
+                                    ((lane_x ^ (u * kPassRows & 7)) << 4)) = make_uint4(0, 0, 0, 0);
       __syncwarp();
     }
 
@@ -559,14 +626,30 @@ __global__ void __launch_bounds__(kThreads, 1)
           s[nt][e] = p.softcap * tanhf(s[nt][e] * p.softmax_scale / p.softcap) * kLog2e;
       to_log2 = 1.0f;
     }
+    // ALiBi, t += -slope (p_i - j), is a block of its own too. (Without it t = s * to_log2 where
+    // the inline form computed fma(to_log2, s, 0 * (j - p_i)): the same but for the sign of a
+    // zero t, which no output sees: t and the maxima m reach the outputs only through exp2 of
+    // differences, where a zero's sign is lost, and lse2 = M + log2 L, where a zero M's sign is
+    // lost too unless log2 L is a zero, which is +0, and -0 + +0 = +0.)
+    if (p.alibi) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int rr = e / 2;
+          const int j = key0 + nt * 8 + 2 * (lane % 4) + e % 2;
+          // One rounding of s * to_log2 + the bias, as nvcc contracted the inline form before.
+          s[nt][e] = fmaf(to_log2, s[nt][e], slope_log2[rr] * (static_cast<float>(j) - pos[rr]));
+        }
+      to_log2 = 1.0f;
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int rr = e / 2;
         const int j = key0 + nt * 8 + 2 * (lane % 4) + e % 2;
-        float t = s[nt][e] * to_log2;
-        t += slope_log2[rr] * (static_cast<float>(j) - pos[rr]);
+        const float t = s[nt][e] * to_log2;
         s[nt][e] = (j >= vis_lo[rr] && j < vis_hi[rr]) ? t : -INFINITY;
       }
     }
@@ -642,7 +725,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const int valid_rows = min(kRows, p.rows - row_base);
-  const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row index base
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
@@ -669,13 +751,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float inv = empty ? 0.0f : 1.0f / denom;
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= inv;
-    const float lse2 = empty ? -INFINITY : big + log2f(denom);
     if (live_splits == 1) {
-      store_result<T>(p, b, kv_head, row_base + row, d, acc, lse2);
+      store_result<T>(p, b, kv_head, row_base + row, d, acc, big, denom);
     } else {
+      const std::int64_t unit = unit_index();
+      const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row base
       *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (d == 0) p.partial_lse[(unit * kRows + row) * gridDim.y + split] = lse2;
+      if (d == 0)
+        p.partial_lse[(unit * kRows + row) * gridDim.y + split] =
+            empty ? -INFINITY : big + log2f(denom);
     }
   }
   stages.mark(kMarkStored);
@@ -687,6 +772,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // them; in the merging CTA thread 0's acquire fence and the CTA barrier order every thread's
   // partial loads after all arrivals. One fence per CTA, acq_rel rather than sc.
   __shared__ int is_last;
+  const std::int64_t unit = unit_index();
   __syncthreads();
   if (tid == 0) {
     fence_acq_rel_gpu();
@@ -741,7 +827,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale = empty ? 0.0f : 1.0f / denom;
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= scale;
-    store_result<T>(p, b, kv_head, row_base + row, d, acc, empty ? -INFINITY : big + log2f(denom));
+    store_result<T>(p, b, kv_head, row_base + row, d, acc, big, denom);
   }
 }
 
