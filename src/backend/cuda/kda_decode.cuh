@@ -1292,8 +1292,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     const int k = lane;
     if (k < count) {
       Ahead& a = S.ahead[0][lane];
-      const GlobalInputs g(p, a.it);
-      const int nt0 = first_tokens(a.it);
+      // The item in registers: through the reference every token's loads re-read it from shared
+      // memory after the previous token's stores (~3 KB of SASS, executed in the prologue).
+      const Item it = a.it;
+      const GlobalInputs g(p, it);
+      const int nt0 = first_tokens(it);
       std::int32_t dst[kChunk];
       std::uint16_t beta[kChunk];
 #pragma unroll
