@@ -1489,36 +1489,43 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     return;
   }
 
+  // Iteration k = count only runs the last item's deferred norm: one code site for it.
 #pragma unroll 1
-  for (int k = 0; k < count; ++k) {
+  for (int k = 0; k <= count; ++k) {
+    const bool item_k = k < count;
     const int s = k % kStages;
     Stage<StateT>& st = S.stage[s];
-    mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
-    const Item it = st.in.item;
-    // Every thread has `it` and is past the wait; the previous item's write-back has read S.sm.x.
-    cta_sync<kStreamThreads>();
     const int next = k + kStages;  // the item that reuses stage s
     const bool has_next = next < count;
-    if (tid == 0 && has_next) announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
-    if (k == 0) {  // staggered prefill: the rest of the ring, announced in the prologue
-      for (int kk = early; kk < prefill; ++kk)
-        stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk]);
-    }
-    if (late_next >= 0) {  // late copies: item k - 1's refill, on warps 5 .. 7
-      const int ls = late_next % kStages;
-      stage_item<StateT, kStage, kLateCopyWarp0, kLateCopyWarps>(p, ahead_of(late_next),
-                                                                 S.stage[ls], &S.full[ls]);
-      late_next = -1;
-    }
-    // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages; one item
-    // later with late copies, whose last staging of batch nb - 2 reads its Ahead entries at
-    // the top of item 32 (nb - 1) - kStages).
-    if (warp == kResolveWarp) {
-      const int lead = k + kStages - (late_copies ? 1 : 0);
-      const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
-      if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
+    Item it{};
+    if (item_k) {
+      mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
+      it = st.in.item;
+      // Every thread has `it` and is past the wait; the previous item's write-back has read
+      // S.sm.x.
+      cta_sync<kStreamThreads>();
+      if (tid == 0 && has_next) announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
+      if (k == 0) {  // staggered prefill: the rest of the ring, announced in the prologue
+        for (int kk = early; kk < prefill; ++kk)
+          stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk]);
+      }
+      if (late_next >= 0) {  // late copies: item k - 1's refill, on warps 5 .. 7
+        const int ls = late_next % kStages;
+        stage_item<StateT, kStage, kLateCopyWarp0, kLateCopyWarps>(p, ahead_of(late_next),
+                                                                   S.stage[ls], &S.full[ls]);
+        late_next = -1;
+      }
+      // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages; one item
+      // later with late copies, whose last staging of batch nb - 2 reads its Ahead entries at
+      // the top of item 32 (nb - 1) - kStages).
+      if (warp == kResolveWarp) {
+        const int lead = k + kStages - (late_copies ? 1 : 0);
+        const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
+        if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
+      }
     }
     run_pending_norm();
+    if (!item_k) break;
     zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
     if (!it.live) {
       cta_sync<kStreamThreads>();  // the announcement precedes the copies
@@ -1549,7 +1556,6 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       pending_h = it.h;
     }
   }
-  run_pending_norm();
 }
 
 }  // namespace splice::cuda::kda
