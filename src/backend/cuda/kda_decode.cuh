@@ -1022,6 +1022,9 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //   (deferred norm, refill at the top of item k + 1 by warps 5-7 (late copies), stagger).
 //   History: v7 -> v8 (deferred norm, late copies, stagger) -> the overlap for bf16 T = 1 only
 //   (f32 lost 1.5-6% with it): docs/perf.md runs 17 and 19.
+//   Code size: every kernel runs with a cold instruction cache (~0.06 us per KB executed), so
+//   each loop runs its precompute, sweep and deferred norm from one inlined code site
+//   (docs/perf-decode-step.md §6, session 7).
 // So the loads of up to kStages items (~85 KB each for fp32) are in flight while one item
 // computes, and an item's path holds no dependent global load: Little's law asks ~33 KB in
 // flight per SM at the copy bandwidth.
