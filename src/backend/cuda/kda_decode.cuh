@@ -1022,6 +1022,9 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //   (deferred norm, refill at the top of item k + 1 by warps 5-7 (late copies), stagger).
 //   History: v7 -> v8 (deferred norm, late copies, stagger) -> the overlap for bf16 T = 1 only
 //   (f32 lost 1.5-6% with it): docs/perf.md runs 17 and 19.
+//   Code size: every kernel runs with a cold instruction cache (~0.06 us per KB executed), so
+//   each loop runs its precompute, sweep and deferred norm from one inlined code site
+//   (docs/perf-decode-step.md §6, session 7).
 // So the loads of up to kStages items (~85 KB each for fp32) are in flight while one item
 // computes, and an item's path holds no dependent global load: Little's law asks ~33 KB in
 // flight per SM at the copy bandwidth.
@@ -1292,8 +1295,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     const int k = lane;
     if (k < count) {
       Ahead& a = S.ahead[0][lane];
-      const GlobalInputs g(p, a.it);
-      const int nt0 = first_tokens(a.it);
+      // The item in registers: through the reference every token's loads re-read it from shared
+      // memory after the previous token's stores (~3 KB of SASS, executed in the prologue).
+      const Item it = a.it;
+      const GlobalInputs g(p, it);
+      const int nt0 = first_tokens(it);
       std::int32_t dst[kChunk];
       std::uint16_t beta[kChunk];
 #pragma unroll
@@ -1411,14 +1417,23 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
                           kKindsPerToken);
       }
     };
-    if (warp < kKindsPerToken) precompute_of(0);  // (no stagger: the ring is in flight)
+    // One code site each for item k's sweep, item k + 1's precompute and item k - 1's RMSNorm,
+    // whatever their order (a cold instruction cache fetches a site once per SM; the three
+    // inlined precompute sites, item 0's before the loop and k + 1's before or after the sweep,
+    // were ~18 KB each): iteration k = -1 only precomputes item 0 (no barrier: the ring is in
+    // flight, warps 4-7 go on to item 0's wait at once), iteration k = count only runs the last
+    // item's RMSNorm, and the inner loop runs the sweep and the precompute in the chosen order.
 #pragma unroll 1
-    for (int k = 0; k < count; ++k) {
-      const int s = k % kStages;
+    for (int k = -1; k <= count; ++k) {
+      const bool item_k = k >= 0 && k < count;  // item k is swept in this iteration
+      const int s = max(k, 0) % kStages;
       Stage<StateT>& st = S.stage[s];
-      mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
-      const Item it = st.in.item;
-      const int slot = k % kOverlapSlots;
+      Item it{};  // k = -1, count: a null item (nothing is read, swept or zeroed)
+      if (item_k) {
+        mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
+        it = st.in.item;
+      }
+      const int slot = max(k, 0) % kOverlapSlots;
       float sv[L::kRowsPerThread][L::kCols];
       if (it.live) load_state_of(st, sv);
       const ConvWriteback<kStreamThreads, 1> wb = [&] {
@@ -1427,73 +1442,93 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
         else
           return ConvWriteback<kStreamThreads, 1>(p, it, 0, GlobalInputs(p, it), it.live);
       }();
-      cta_sync<kStreamThreads>();    // X: stage s is no longer read; item k's precompute is done
-      const int next = k + kStages;  // the item that reuses stage s
-      if (warp >= kOverlapCopyWarp0) {
-        if (tid == kOverlapCopyWarp0 * kWarp && next < count)
-          announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
-        overlap_copy_warps_sync();  // the announcement precedes the copies
-        if (next < count)
-          stage_item<StateT, kStage, kOverlapCopyWarp0, kOverlapCopyWarps>(p, ahead_of(next), st,
-                                                                           &S.full[s]);
-        if (warp == kResolveWarp) {  // batch nb a batch ahead of its first staging
-          const int lead = k + kStages;
-          const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
-          if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
+      // X: stage s is no longer read; item k's precompute is done.
+      if (item_k) cta_sync<kStreamThreads>();
+      if (k >= 0 && warp >= kOverlapCopyWarp0) {
+        const int next = k + kStages;  // the item that reuses stage s
+        if (item_k) {
+          if (tid == kOverlapCopyWarp0 * kWarp && next < count)
+            announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
+          overlap_copy_warps_sync();  // the announcement precedes the copies
+          if (next < count)
+            stage_item<StateT, kStage, kOverlapCopyWarp0, kOverlapCopyWarps>(p, ahead_of(next),
+                                                                             st, &S.full[s]);
+          if (warp == kResolveWarp) {  // batch nb a batch ahead of its first staging
+            const int lead = k + kStages;
+            const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
+            if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
+          }
         }
-        run_pending_norm();
+        run_pending_norm();  // item k - 1's (after Y of iteration k - 1)
       }
-      const bool precompute_next = warp < kKindsPerToken && k + 1 < count;
+      // The precompute first when item k + 1's stage has landed (k = -1: always; precompute_of
+      // waits), else the sweep first.
+      bool precompute_pending = warp < kKindsPerToken && k + 1 < count;
+      bool sweep_pending = item_k;
       const bool landed =
-          precompute_next &&
-          mbar_test(&S.full[(k + 1) % kStages], static_cast<std::uint32_t>((k + 1) / kStages) & 1u);
-      if (landed) precompute_of(k + 1);
-      zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
-      pending_slot = -1;
-      if (it.live) {
-        wb.store(p, S.sm, 0, 0, 1, slot);
-        sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot, 0, it.h);
-        pending_slot = slot;
-        pending_row = it.b;
-        pending_h = it.h;
+          precompute_pending &&
+          (k < 0 || mbar_test(&S.full[(k + 1) % kStages],
+                              static_cast<std::uint32_t>((k + 1) / kStages) & 1u));
+#pragma unroll 1
+      while (precompute_pending || sweep_pending) {
+        if (precompute_pending && (landed || !sweep_pending)) {
+          precompute_of(k + 1);
+          precompute_pending = false;
+          continue;
+        }
+        zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
+        pending_slot = -1;
+        if (it.live) {
+          wb.store(p, S.sm, 0, 0, 1, slot);
+          sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot, 0, it.h);
+          pending_slot = slot;
+          pending_row = it.b;
+          pending_h = it.h;
+        }
+        sweep_pending = false;
       }
-      if (precompute_next && !landed) precompute_of(k + 1);
-      cta_sync<kStreamThreads>();  // Y: item k's o and item k + 1's precompute are in S.sm
+      if (item_k) cta_sync<kStreamThreads>();  // Y: item k's o and item k + 1's precompute
     }
-    run_pending_norm();
     return;
   }
 
+  // Iteration k = count only runs the last item's deferred norm: one code site for it.
 #pragma unroll 1
-  for (int k = 0; k < count; ++k) {
+  for (int k = 0; k <= count; ++k) {
+    const bool item_k = k < count;
     const int s = k % kStages;
     Stage<StateT>& st = S.stage[s];
-    mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
-    const Item it = st.in.item;
-    // Every thread has `it` and is past the wait; the previous item's write-back has read S.sm.x.
-    cta_sync<kStreamThreads>();
     const int next = k + kStages;  // the item that reuses stage s
     const bool has_next = next < count;
-    if (tid == 0 && has_next) announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
-    if (k == 0) {  // staggered prefill: the rest of the ring, announced in the prologue
-      for (int kk = early; kk < prefill; ++kk)
-        stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk]);
-    }
-    if (late_next >= 0) {  // late copies: item k - 1's refill, on warps 5 .. 7
-      const int ls = late_next % kStages;
-      stage_item<StateT, kStage, kLateCopyWarp0, kLateCopyWarps>(p, ahead_of(late_next),
-                                                                 S.stage[ls], &S.full[ls]);
-      late_next = -1;
-    }
-    // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages; one item
-    // later with late copies, whose last staging of batch nb - 2 reads its Ahead entries at
-    // the top of item 32 (nb - 1) - kStages).
-    if (warp == kResolveWarp) {
-      const int lead = k + kStages - (late_copies ? 1 : 0);
-      const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
-      if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
+    Item it{};
+    if (item_k) {
+      mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
+      it = st.in.item;
+      // Every thread has `it` and is past the wait; the previous item's write-back has read
+      // S.sm.x.
+      cta_sync<kStreamThreads>();
+      if (tid == 0 && has_next) announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
+      if (k == 0) {  // staggered prefill: the rest of the ring, announced in the prologue
+        for (int kk = early; kk < prefill; ++kk)
+          stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk]);
+      }
+      if (late_next >= 0) {  // late copies: item k - 1's refill, on warps 5 .. 7
+        const int ls = late_next % kStages;
+        stage_item<StateT, kStage, kLateCopyWarp0, kLateCopyWarps>(p, ahead_of(late_next),
+                                                                   S.stage[ls], &S.full[ls]);
+        late_next = -1;
+      }
+      // Batch nb is resolved a batch ahead of its first staging (item 32 nb - kStages; one item
+      // later with late copies, whose last staging of batch nb - 2 reads its Ahead entries at
+      // the top of item 32 (nb - 1) - kStages).
+      if (warp == kResolveWarp) {
+        const int lead = k + kStages - (late_copies ? 1 : 0);
+        const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
+        if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
+      }
     }
     run_pending_norm();
+    if (!item_k) break;
     zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
     if (!it.live) {
       cta_sync<kStreamThreads>();  // the announcement precedes the copies
@@ -1524,7 +1559,6 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       pending_h = it.h;
     }
   }
-  run_pending_norm();
 }
 
 }  // namespace splice::cuda::kda
