@@ -41,31 +41,44 @@ left() { echo $((BUDGET - $(el))); }
 #    then the default model.
 model=/tmp/smollm2_shaped
 timeout 90 python3 scripts/peers/smollm2_shaped.py "$model" >"$L/model.log" 2>&1
-bench() {
-  timeout 60 "$splice" bench --model "$model" --device cuda --dtype bf16 --max-seq-len 256 \
-    --tuning-cache "$L/tuning.json" --steps 256 --json 2>>"$L/bench.err" |
+bench() {  # bench LABEL [ENV=VALUE ...]
+  local label=$1
+  shift
+  env "$@" timeout 60 "$splice" bench --model "$model" --device cuda --dtype bf16 \
+    --max-seq-len 256 --tuning-cache "$L/tuning.json" --steps 256 --json 2>>"$L/bench.err" |
     python3 -c "
 import json, sys
 try:
     j = json.load(sys.stdin)
-    print('smollm2-shaped', round(j['p50_us'], 1), round(j['p99_us'], 1),
+    print('$label', round(j['p50_us'], 1), round(j['p99_us'], 1),
           round(j['host_overhead_us_p50'], 1), 'loop', round(j.get('generate_p50_us', 0), 1))
 except ValueError:
-    print('bench FAILED (see bench.err)')"
+    print('$label: bench FAILED (see bench.err)')"
 }
 echo "== SmolLM2-shaped, us per token: p50 p99 host, decode loop p50 (at $(el) s)"
-bench >/dev/null  # tunes the arms into the cache
-for run in 1 2 3; do bench; done
+bench warm-up >/dev/null  # tunes the arms into the cache
+# CARRIED_AB: space-separated A:B environment pairs (e.g. "SPLICE_X=0:SPLICE_X=1"), each run as
+# three interleaved pairs; unset or empty: three runs as built.
+if [[ -z ${CARRIED_AB:-} ]]; then
+  for run in 1 2 3; do bench smollm2-shaped; done
+fi
+for pair in ${CARRIED_AB:-}; do
+  for run in 1 2 3; do
+    bench "${pair%%:*}" "${pair%%:*}"
+    bench "${pair##*:}" "${pair##*:}"
+  done
+done
 timeout 30 "$splice" bench --device cuda --steps 128 2>&1 | tail -1 | sed 's/^/default model: /'
 
 # 2. Every GPU test in 14 gtest shards, bounded by the time left; a shard's log ends with its
 #    summary line, or says it was cut.
 shards=14
 limit=$(($(left) - 15))
-echo "== GPU tests, $shards shards, at most $limit s each (at $(el) s)"
+echo "== GPU tests, $shards shards, at most $limit s each, env '${CARRIED_TEST_ENV:-}' (at $(el) s)"
 pids=()
 for i in $(seq 0 $((shards - 1))); do
-  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$limit" "$tests" >"$L/shard$i.txt" 2>&1 &
+  env ${CARRIED_TEST_ENV:-} GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$limit" \
+    "$tests" >"$L/shard$i.txt" 2>&1 &
   pids+=($!)
 done
 wait "${pids[@]}"  # not a bare `wait`: that would also wait for the summary's tee
