@@ -19,6 +19,7 @@
 #include <cxxabi.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -71,6 +72,18 @@ std::string readable(const std::string& mangled) {
 }
 
 std::string base_name(const std::string& name) { return name.substr(0, name.find('<')); }
+
+// The instance name without qualifiers (row_kernel<__nv_bfloat16, 1, 6, (Prologue)2>): the
+// instances of one kernel differ in their stage marks.
+std::string instance_name(std::string name) {
+  for (std::size_t colons; (colons = name.find("::")) != std::string::npos;) {
+    std::size_t id = colons;
+    while (id > 0 && (std::isalnum(static_cast<unsigned char>(name[id - 1])) || name[id - 1] == '_'))
+      --id;
+    name.erase(id, colons + 2 - id);
+  }
+  return name;
+}
 
 // One launch's stamps in one step, by mark (0 = absent).
 struct GridStamps {
@@ -242,14 +255,14 @@ int main(int argc, char** argv) {
     std::printf(
         "\n== arrival at the wait after the previous launch's wait return (launch latency and "
         "pre-wait work; above the previous launch's share = the kernel was late), and the "
-        "kernel's own stage marks after its wait return (median us)\n%-40s %8s",
+        "kernel's own stage marks after its wait return (median us)\n%-56s %8s",
         "kernel", "arrival");
     for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
       std::printf(" %7s%u", "mark", m);
     std::printf("\n");
     std::map<std::string, std::vector<std::vector<double>>> by_kernel;  // [mark or 0: arrival]
     for (std::size_t n = 1; n < per_step; ++n) {
-      auto& row = by_kernel[base_name(names[n])];
+      auto& row = by_kernel[instance_name(names[n])];
       row.resize(stamps::kMarks);
       if (!lag[n].empty()) row[0].push_back(median(lag[n]));
       for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
@@ -261,7 +274,7 @@ int main(int argc, char** argv) {
       return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
     };
     for (const auto& [name, row] : by_kernel) {
-      std::printf("%-40s %8.2f", name.c_str(), mean(row[0]));
+      std::printf("%-56s %8.2f", name.substr(0, 56).c_str(), mean(row[0]));
       for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
         if (row[m].empty())
           std::printf(" %8s", "-");

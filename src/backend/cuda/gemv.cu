@@ -851,6 +851,10 @@ __device__ __forceinline__ void silu_mul_row_to_shared(const Params& p, uint4* h
   __syncthreads();
 }
 
+// Stage stamps of thread 0 of CTA 0 (kernel-stamps builds: dev/step_stamps): the prologue's end
+// (silu_mul: its barrier), the FMAs' end (the weights have landed), the store.
+inline constexpr unsigned kMarkPrologueDone = 2, kMarkProductDone = 3, kMarkRowStored = 4;
+
 template <typename T, int kCols, int kSlots, Prologue kPro>
 __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
@@ -890,12 +894,14 @@ __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
                                            p.has_c && stores);
 
   // Stage 6.
+  const detail::StageStamps stages;  // kernel-stamps builds only (launch.cuh); empty otherwise
   if (p.w_constant && has_group) load_weights();
   detail::wait_for_producers();
   detail::allow_dependents();  // one wave (launch.cuh)
   residual.issue(p.c_dtype);
   uint4* const h = reinterpret_cast<uint4*>(silu_rows);  // [num_vec]
   if constexpr (kPro == Prologue::silu_mul) silu_mul_row_to_shared<T>(p, h, h + num_vec, num_vec);
+  stages.mark(kMarkPrologueDone);
   if (!has_group) return;
   if (!p.w_constant) load_weights();
   uint4 x_raw[kSlots][1];  // [slots, 1] vectors of x
@@ -939,12 +945,15 @@ __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
       }
     }
   }
+  stages.mark(kMarkProductDone);
   // Stage 5.
   const float sum = transposed_warp_sum(acc, lane);
-  if (!stores) return;
-  float out = sum;
-  if (p.has_c) out += residual.value(p.c_dtype);
-  store_out(p.y[0], j * p.y_col_stride, out, p.out_dtype);
+  if (stores) {
+    float out = sum;
+    if (p.has_c) out += residual.value(p.c_dtype);
+    store_out(p.y[0], j * p.y_col_stride, out, p.out_dtype);
+  }
+  stages.mark(kMarkRowStored);
 }
 
 // ---- the RoPE epilogue (launch_rope, gemv.h's RopeParams)
