@@ -813,7 +813,10 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   3, 5. gemv_kernel's per-lane FMA order and reduction tree for one row, so the product is
 //      bitwise gemv_kernel's one-batch instance (and rope_pairs_kernel's q|k|v).
 //   6. PDL: with Params::w_constant the weights are loaded before the wait, everything else
-//      after it; the grid is one wave, so every CTA triggers its dependents right after the wait.
+//      after it. The grid is one wave, so every CTA triggers its dependents as its first
+//      instruction: the next kernel is resident, its own constant weights in flight, while this
+//      one still waits and works (-11 us per SmolLM2-shaped step_greedy, -20 us per token in the
+//      decode loop against triggering after the wait: docs/perf.md run 35).
 __device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared_dst)),
                "l"(global_src));
@@ -895,9 +898,9 @@ __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
 
   // Stage 6.
   const detail::StageStamps stages;  // kernel-stamps builds only (launch.cuh); empty otherwise
+  detail::allow_dependents();  // first thing: one wave (launch.cuh)
   if (p.w_constant && has_group) load_weights();
   detail::wait_for_producers();
-  detail::allow_dependents();  // one wave (launch.cuh)
   residual.issue(p.c_dtype);
   uint4* const h = reinterpret_cast<uint4*>(silu_rows);  // [num_vec]
   if constexpr (kPro == Prologue::silu_mul) silu_mul_row_to_shared<T>(p, h, h + num_vec, num_vec);

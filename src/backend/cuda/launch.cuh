@@ -37,9 +37,13 @@
 // its own producer finished: on the SmolLM2-shaped model PDL then cost 10% over no PDL at all;
 // triggering after the wait it saves 11%, docs/perf.md runs 10 and 12). A multi-wave grid does
 // not trigger, so waiting dependents never occupy SM slots while its later waves are still
-// queued. One exception, a plan-time scheduling hint: rope_kv_append triggers first thing when
-// its dependent is flash decode under the stable-prefix promise (NodeHints::
-// trigger_dependents_first), whose K/V loads before its wait then overlap the q|k|v projection.
+// queued. Two exceptions trigger first thing: rope_kv_append (and the fused q|k|v kernel) when
+// its dependent is flash decode under the stable-prefix promise (a plan-time hint, NodeHints::
+// trigger_dependents_first), whose K/V loads before its wait then overlap the q|k|v projection;
+// and gemv's row_kernel (always one wave), whose dependents then issue their constant weights
+// while it works. The cascade that lost in run 10 stops at the next kernel that triggers after
+// its wait (flash decode); with today's pre-wait weight loads the row kernels' early trigger
+// wins 11-20 us per SmolLM2-shaped token (docs/perf.md run 35).
 
 // Host switch: SPLICE_PDL=0 in the environment (read once, at the first launch) launches every
 // kernel here without the attribute; set_pdl_enabled() overrides it (tests, A/B benchmarks). The
