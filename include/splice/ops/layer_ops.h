@@ -73,8 +73,9 @@ void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, con
 // norm_weight [K], w [2I, K] (gate rows, then up rows), out [..., M, I];
 // y = round_T(round_w(rms_norm(x)) @ w^T) (T out's dtype), out[..., j] = round_T(round_T(silu(
 // y[..., j])) * y[..., I + j]). Bitwise fused_rms_norm_matmul into a temporary then
-// fused_silu_mul on its halves, on the CPU and on CUDA (cuda::rms_norm_matmul_swiglu).
-// `w_constant` as for fused_matmul_add, ignored on the CPU.
+// fused_silu_mul on its halves, on the CPU and on CUDA: there one GEMV launch whose epilogue
+// applies the activation where the one-row GEMV applies, else those two kernels
+// (cuda::rms_norm_matmul_swiglu). `w_constant` as for fused_matmul_add, ignored on the CPU.
 void fused_rms_norm_matmul_swiglu(const Tensor& x, const Tensor& norm_weight, float eps,
                                   const Tensor& w, Tensor& out, bool w_constant = false);
 
