@@ -106,4 +106,37 @@ inline QkvRopeGeometry check_qkv_rope(const Tensor& x, const Tensor& norm_weight
   return g;
 }
 
+// The operands of rms_norm_matmul_swiglu, on either backend (devices are the caller's): x
+// [..., M, K] (unit stride along K), norm_weight [K], w [2I, K] (unit stride along K; rows 0..I-1
+// the gate, I..2I-1 the up projection), out [..., M, I] (x's leading shape, unit last stride);
+// all float, eps finite and >= 0. Returns I.
+inline std::int64_t check_swiglu(const Tensor& x, const Tensor& norm_weight, float eps,
+                                 const Tensor& w, const Tensor& out, const char* op) {
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&x, "x"},
+                                {&norm_weight, "norm_weight"},
+                                {&w, "w"},
+                                {&out, "out"}})
+    check_float(*t, op, name);
+  check_eps(eps, op);
+  check_rows(x, op, "x");
+  check_rows(out, op, "out");
+  if (x.dim() < 2) fail<ShapeError>(op, ": `x` must be [..., M, K], got ", dims_str(x.shape()));
+  const std::int64_t k = x.size(-1);
+  if (norm_weight.dim() != 1 || norm_weight.size(0) != k)
+    fail<ShapeError>(op, ": `norm_weight` must be [", k, "] for x ", dims_str(x.shape()), ", got ",
+                     dims_str(norm_weight.shape()));
+  if (w.dim() != 2 || w.size(1) != k || w.size(0) < 2 || w.size(0) % 2 != 0 ||
+      (k > 1 && w.stride(1) != 1))
+    fail<ShapeError>(op, ": `w` must be [2I, ", k,
+                     "] (gate rows, then up rows; I >= 1) with a unit stride along K, got ",
+                     w.describe());
+  const std::int64_t inter = w.size(0) / 2;
+  Dims out_shape = x.shape();
+  out_shape.back() = inter;
+  if (out.shape() != out_shape)
+    fail<ShapeError>(op, ": `out` must be ", dims_str(out_shape), " (x's rows, I = ", inter,
+                     " columns), got ", dims_str(out.shape()));
+  return inter;
+}
+
 }  // namespace splice::layer_op_checks

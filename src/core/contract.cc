@@ -68,6 +68,8 @@ const char* layer_op_name(LayerOpKind kind) {
     case LayerOpKind::rope_kv_append: return "rope_kv_append";
     case LayerOpKind::rms_norm_matmul_rope_kv_append:
       return "rms_norm_matmul_rope_kv_append";
+    case LayerOpKind::rms_norm_matmul_swiglu:
+      return "rms_norm_matmul_swiglu";
   }
   return "?";
 }

@@ -144,6 +144,7 @@ int weight_input(Op op) {
     case Op::RmsNormMatMul:
     case Op::SiluMulMatMulAdd:
     case Op::RmsNormMatMulRopeKvAppend:
+    case Op::RmsNormMatMulSwiglu:
       return 2;
     default:
       return -1;
@@ -347,6 +348,8 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
   if (n.op == Op::MatMulAdd) return fused_matmul_add(in[0], in[1], in[2], out, hints.constant_b);
   if (n.op == Op::RmsNormMatMul)
     return fused_rms_norm_matmul(in[0], in[1], n.attrs.eps, in[2], out, hints.constant_b);
+  if (n.op == Op::RmsNormMatMulSwiglu)
+    return fused_rms_norm_matmul_swiglu(in[0], in[1], n.attrs.eps, in[2], out, hints.constant_b);
   if (n.op == Op::SiluMulMatMulAdd)
     return fused_silu_mul_matmul_add(in[0], in[1], in[2], in[3], out, hints.constant_b);
 #ifdef SPLICE_WITH_CUDA

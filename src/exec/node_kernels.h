@@ -20,10 +20,10 @@ struct NodeScalars {
 // Facts about a node fixed at plan time (computed once per session) that let its kernel relax
 // its ordering against the kernels before it.
 struct NodeHints {
-  // MatMul, MatMulAdd, RmsNormMatMul, SiluMulMatMulAdd, RmsNormMatMulRopeKvAppend: the weight
-  // input (weight_input) is a model Param, directly or through Permute / Slice views (never a
-  // Reshape, which may copy): no kernel ever writes it, so the CUDA GEMV may stream it before
-  // its producers finish (cuda::MatmulOptions::b_constant).
+  // MatMul, MatMulAdd, RmsNormMatMul, SiluMulMatMulAdd, RmsNormMatMulRopeKvAppend,
+  // RmsNormMatMulSwiglu: the weight input (weight_input) is a model Param, directly or through
+  // Permute / Slice views (never a Reshape, which may copy): no kernel ever writes it, so the CUDA
+  // GEMV may stream it before its producers finish (cuda::MatmulOptions::b_constant).
   bool constant_b = false;
   // RopeKvAppend, RmsNormMatMulRopeKvAppend on a CUDA session: the position input
   // (position_input) is a SymValue node (the step-scalar slot itself, written by the session's
@@ -46,7 +46,7 @@ struct NodeHints {
 };
 
 // The input index of the streamed weight of a product op (MatMul, MatMulAdd: 1; RmsNormMatMul,
-// SiluMulMatMulAdd, RmsNormMatMulRopeKvAppend: 2), -1 for every other op.
+// SiluMulMatMulAdd, RmsNormMatMulRopeKvAppend, RmsNormMatMulSwiglu: 2), -1 for every other op.
 int weight_input(Op op);
 
 // The input index of the position of an op that reads its tables at a step position

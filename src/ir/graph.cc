@@ -293,6 +293,13 @@ NodeId Graph::rms_norm_matmul_rope_kv_append(NodeId x, NodeId norm_weight, NodeI
              std::move(a));
 }
 
+NodeId Graph::rms_norm_matmul_swiglu(NodeId x, NodeId norm_weight, NodeId w, float eps,
+                                     DType dtype) {
+  Attrs a;
+  a.eps = eps;
+  return add(Op::RmsNormMatMulSwiglu, {x, norm_weight, w}, {}, dtype, std::move(a));
+}
+
 NodeId Graph::state_after(NodeId state, const std::vector<NodeId>& after) {
   std::vector<NodeId> inputs{state};
   inputs.insert(inputs.end(), after.begin(), after.end());

@@ -310,6 +310,29 @@ Inferred infer_node(const Graph& g, const Node& n) {
       y.push_back(w[0]);
       return {y, n.dtype};
     }
+    case Op::RmsNormMatMulSwiglu: {
+      // RmsNormMatMul's rule over the stacked gate|up weight w [2I, K], then the last axis halved.
+      require_arity(n, 3);
+      require_float(in(0).dtype, n, "x");
+      require_float(in(1).dtype, n, "norm_weight");
+      require_float(in(2).dtype, n, "w");
+      require_float(n.dtype, n, "out");
+      const SymShape &x = in(0).shape, &nw = in(1).shape, &w = in(2).shape;
+      if (x.size() < 2 || nw.size() != 1 || !nw[0].structurally_equal(x.back()) || w.size() != 2 ||
+          !w[1].structurally_equal(x.back()))
+        fail<GraphError>(
+            "rms_norm_matmul_swiglu: `x` must be [..., M, K], `norm_weight` [K] and `w` [2I, K], "
+            "got x ",
+            sym_shape_str(x), ", norm_weight ", sym_shape_str(nw), " and w ", sym_shape_str(w));
+      if (!w[0].is_constant() || w[0].constant() % 2 != 0 || w[0].constant() < 2)
+        fail<GraphError>(
+            "rms_norm_matmul_swiglu: `w` must have a constant, even, nonzero row "
+            "count 2I (gate rows then up rows), got ",
+            sym_shape_str(w));
+      SymShape y(x.begin(), x.end() - 1);
+      y.push_back(SymExpr(w[0].constant() / 2));
+      return {y, n.dtype};
+    }
     case Op::SiluMulMatMulAdd: {
       require_arity(n, 4);
       require_float(in(0).dtype, n, "a");

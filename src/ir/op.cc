@@ -111,6 +111,8 @@ const char* op_name(Op op) {
       return "rope_kv_append";
     case Op::RmsNormMatMulRopeKvAppend:
       return "rms_norm_matmul_rope_kv_append";
+    case Op::RmsNormMatMulSwiglu:
+      return "rms_norm_matmul_swiglu";
     case Op::Branch:
       return "branch";
   }

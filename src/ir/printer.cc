@@ -63,6 +63,7 @@ std::string attrs_str(const Graph& g, const Node& n) {
     case Op::RmsNorm:
     case Op::RmsNormMatMul:
     case Op::RmsNormMatMulRopeKvAppend:
+    case Op::RmsNormMatMulSwiglu:
       out << " eps=" << n.attrs.eps;
       break;
     case Op::Branch: {

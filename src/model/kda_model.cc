@@ -33,6 +33,7 @@
 // RMSNorms, the SwiGLU activations and the RoPE (one call over the q and k heads when stacked)
 // hand the optimizer LayerOpSpecs.
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "splice/core/error.h"
@@ -421,16 +422,23 @@ struct Builder {
       const std::int64_t inter = c.intermediate_size;
       // gate|up = rms_norm(h) @ W_gate_up^T: one matmul over their stacked weights when
       // stack_projections, then one rms_norm_matmul region with the norm (layers::norm_project);
-      // the activation, down_proj and the residual are one silu_mul_matmul_add region.
+      // the activation nests around it (a rms_norm_matmul_swiglu region: one GEMV with the
+      // SwiGLU epilogue), then down_proj and the residual are one matmul_add region.
       const Parts gate_up_parts = {{p + "mlp.gate_proj.", inter}, {p + "mlp.up_proj.", inter}};
+      const std::size_t mlp_specs_before = m.layer_specs.size();
       const std::vector<NodeId> gate_up = layers::norm_project(
           g, w, dt, o.stack_projections, h, param(p + "mlp_norm.weight", {hidden}),
           c.rms_norm_eps, hidden, p + "mlp.gate_up_proj.", gate_up_parts, false, {},
           &m.layer_specs, name + ".mlp_norm");
-      h = layers::swiglu_down_residual(g, h, gate_up[0], gate_up[1],
-                                       param(p + "mlp.down_proj.weight", {hidden, inter}),
-                                       &m.layer_specs, name + ".mlp", name + ".mlp.down_proj",
-                                       name + ".mlp.residual");
+      const std::optional<LayerOpSpec> gate_up_spec =
+          m.layer_specs.size() == mlp_specs_before + 1 &&
+                  m.layer_specs.back().kind == LayerOpKind::rms_norm_matmul
+              ? std::optional<LayerOpSpec>(m.layer_specs.back())
+              : std::nullopt;
+      h = layers::swiglu_down_residual(
+          g, h, gate_up[0], gate_up[1], param(p + "mlp.down_proj.weight", {hidden, inter}),
+          &m.layer_specs, name + ".mlp", name + ".mlp.down_proj", name + ".mlp.residual",
+          gate_up_spec ? &*gate_up_spec : nullptr);
     }
     const bool tied = c.tie_word_embeddings || !w.has("lm_head.weight");
     const NodeId head = tied ? embed : param("lm_head.weight", {vocab, hidden});

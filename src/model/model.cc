@@ -325,10 +325,34 @@ NodeId norm_linear(Graph& g, NodeId h, NodeId norm_weight, double eps, DType dty
   return end_region(g, y, std::move(spec), specs, site);
 }
 
-NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId up_out,
-                            NodeId down, std::vector<LayerOpSpec>* specs,
-                            const std::string& site, const std::string& down_site,
-                            const std::string& label) {
+NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId up_out, NodeId down,
+                            std::vector<LayerOpSpec>* specs, const std::string& site,
+                            const std::string& down_site, const std::string& label,
+                            const LayerOpSpec* projection) {
+  if (specs && projection) {
+    // A copy: `projection` may point into `specs`, which the regions below append to.
+    const LayerOpSpec gate_up = *projection;
+    SPLICE_INTERNAL_CHECK(gate_up.kind == LayerOpKind::rms_norm_matmul &&
+                              gate_up.inputs.size() == 3 &&
+                              g.node(gate_up.inputs[2]).shape.size() == 2 &&
+                              g.node(gate_up.inputs[2])
+                                  .shape[0]
+                                  .structurally_equal(g.node(gate_out).shape.back() * 2),
+                          "swiglu_down_residual: `projection` must be the rms_norm_matmul spec "
+                          "of the [2I, K] gate|up product");
+    // act = silu(gate) * up  [..., M, I]: the outer region runs from h through the gate|up
+    // product's region (its branch stays in arm 0, the oracle), the two views and Silu -> Mul;
+    // its fused arm is one GEMV with the SwiGLU epilogue. Offered after the product's spec, so
+    // it is selected after it.
+    const NodeId act = g.binary(Op::Mul, g.unary(Op::Silu, gate_out), up_out);
+    LayerOpSpec outer;
+    outer.kind = LayerOpKind::rms_norm_matmul_swiglu;
+    outer.inputs = gate_up.inputs;
+    outer.eps = gate_up.eps;
+    const NodeId merged = end_region(g, act, std::move(outer), specs, site);
+    // The down projection and the residual: a matmul_add region.
+    return linear_residual(g, residual, merged, down, {}, specs, down_site, label);
+  }
   SymShape product = g.node(gate_out).shape;  // [..., M, I] -> the product's [..., M, N]
   const bool fits = specs && g.node(down).shape.size() == 2 && product.size() >= 2 &&
                     product.back().structurally_equal(g.node(down).shape[1]);

@@ -7,7 +7,8 @@
 //     length is within max_row (0 = any). A refusal is an UnsupportedError naming the row.
 //     rms_norm_matmul_rope_kv_append also checks the row's qkv_rope_* limits.
 //  3. Dispatch: cpu::rms_norm / silu_mul / rope / matmul_add / rms_norm_matmul /
-//     silu_mul_matmul_add / rope_kv_append / rms_norm_matmul_rope_kv_append or their cuda::
+//     silu_mul_matmul_add / rope_kv_append / rms_norm_matmul_rope_kv_append /
+//     rms_norm_matmul_swiglu or their cuda::
 //     launchers (matmul_add on CUDA: cuda::matmul with the
 //     residual epilogue, MatmulOptions; the two prologue products: cuda layer_ops.h).
 #include "splice/ops/layer_ops.h"
@@ -39,7 +40,8 @@ const std::vector<LayerOpKind> kAllLayerOps = {LayerOpKind::rms_norm,
                                                LayerOpKind::rms_norm_matmul,
                                                LayerOpKind::silu_mul_matmul_add,
                                                LayerOpKind::rope_kv_append,
-                                               LayerOpKind::rms_norm_matmul_rope_kv_append};
+                                               LayerOpKind::rms_norm_matmul_rope_kv_append,
+                                               LayerOpKind::rms_norm_matmul_swiglu};
 
 void check_device(const Tensor& t, const char* name, const Device& device, const char* op) {
   check_defined(t, name);
@@ -213,6 +215,24 @@ void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, con
 #endif
   (void)w_constant;  // a CPU kernel has no launch ordering to relax
   cpu::rms_norm_matmul(x, weight, eps, w, out);
+}
+
+void fused_rms_norm_matmul_swiglu(const Tensor& x, const Tensor& norm_weight, float eps,
+                                  const Tensor& w, Tensor& out, bool w_constant) {
+  const char* op = "rms_norm_matmul_swiglu";
+  check_defined(x, "x");
+  const Device device = x.device();
+  check_device(norm_weight, "norm_weight", device, op);
+  check_device(w, "w", device, op);
+  check_device(out, "out", device, op);
+  check_contract(contract_for(device, op), LayerOpKind::rms_norm_matmul_swiglu, x.dtype(),
+                 last_dim(x));
+#if defined(SPLICE_WITH_CUDA)
+  if (device.is_cuda())
+    return cuda::rms_norm_matmul_swiglu(x, norm_weight, eps, w, out, w_constant);
+#endif
+  (void)w_constant;  // a CPU kernel has no launch ordering to relax
+  cpu::rms_norm_matmul_swiglu(x, norm_weight, eps, w, out);
 }
 
 void fused_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,

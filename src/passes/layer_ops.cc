@@ -30,6 +30,8 @@ Op fused_op(LayerOpKind kind) {
       return Op::RopeKvAppend;
     case LayerOpKind::rms_norm_matmul_rope_kv_append:
       return Op::RmsNormMatMulRopeKvAppend;
+    case LayerOpKind::rms_norm_matmul_swiglu:
+      return Op::RmsNormMatMulSwiglu;
   }
   fail<GraphError>("LayerOpSpec: unknown kind ", static_cast<int>(kind));
 }
@@ -53,6 +55,8 @@ std::vector<std::string> role_names(LayerOpKind kind) {
       return {"qkv", "cos", "sin", "position", "k_cache", "v_cache"};
     case LayerOpKind::rms_norm_matmul_rope_kv_append:
       return {"x", "norm_weight", "w", "cos", "sin", "position", "k_cache", "v_cache"};
+    case LayerOpKind::rms_norm_matmul_swiglu:
+      return {"x", "norm_weight", "w"};
   }
   return {};
 }
@@ -138,8 +142,8 @@ std::string layer_op_gate(const Graph& g, const LayerOpSpec& s, const LayerOpCon
     why << who << " does not take a residual of dtype "
         << dtype_name(g.node(s.inputs[residual]).dtype) << "; ";
   // The projection weight w of the norm's product (silu_mul_matmul_add's has a's dtype).
-  if (s.kind == LayerOpKind::rms_norm_matmul && s.inputs.size() == 3 &&
-      !c.supports_dtype(g.node(s.inputs[2]).dtype))
+  if ((s.kind == LayerOpKind::rms_norm_matmul || s.kind == LayerOpKind::rms_norm_matmul_swiglu) &&
+      s.inputs.size() == 3 && !c.supports_dtype(g.node(s.inputs[2]).dtype))
     why << who << " does not take a weight of dtype " << dtype_name(g.node(s.inputs[2]).dtype)
         << "; ";
   // The q|k|v GEMV with the RoPE epilogue: the row's qkv_rope limits (dtypes of x, norm_weight,
@@ -207,6 +211,9 @@ OfferResult offer_layer_op_arm(Graph& g, const LayerOpSpec& s, const LayerOpCont
     case LayerOpKind::rms_norm_matmul_rope_kv_append:
       fused = g.rms_norm_matmul_rope_kv_append(in[0], in[1], in[2], s.eps, in[3], in[4], in[5],
                                                in[6], in[7]);
+      break;
+    case LayerOpKind::rms_norm_matmul_swiglu:
+      fused = g.rms_norm_matmul_swiglu(in[0], in[1], in[2], s.eps, g.node(s.decomposed_out).dtype);
       break;
   }
   g.labeled(fused, (s.site.empty() ? kind : s.site + "." + kind) + "_fused");

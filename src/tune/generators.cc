@@ -6,8 +6,8 @@
 // verification point.
 //
 // rms_norm, silu_mul, rope: see LayerOpGenerator below; matmul_add, rms_norm_matmul and
-// silu_mul_matmul_add: MatMulAddGenerator; rope_kv_append: RopeKvAppendGenerator;
-// rms_norm_matmul_rope_kv_append: QkvRopeGenerator.
+// silu_mul_matmul_add, rms_norm_matmul_swiglu: MatMulAddGenerator; rope_kv_append:
+// RopeKvAppendGenerator; rms_norm_matmul_rope_kv_append: QkvRopeGenerator.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -188,6 +188,8 @@ class RopeKvAppendGenerator : public LayerOpGenerator {
 // random, norm_weight and w the model's) has no residual, but on CUDA its fused normalization
 // sums x^2 in another order than the region's reduce kernel, so a normalized element may round
 // one ulp apart before the product: the same widened atol covers a few such flips per row.
+// rms_norm_matmul_swiglu is rms_norm_matmul's product followed by silu_mul's exact operations
+// (a one-ulp flip of a gate or up element moves the activation by about one ulp): the same.
 class MatMulAddGenerator : public LayerOpGenerator {
  public:
   MatMulAddGenerator() : LayerOpGenerator(false) {}
@@ -229,6 +231,7 @@ void register_builtin_arm_generators() {
     register_arm_generator("matmul_add", std::make_shared<MatMulAddGenerator>());
     register_arm_generator("rms_norm_matmul", std::make_shared<MatMulAddGenerator>());
     register_arm_generator("silu_mul_matmul_add", std::make_shared<MatMulAddGenerator>());
+    register_arm_generator("rms_norm_matmul_swiglu", std::make_shared<MatMulAddGenerator>());
     register_arm_generator("rope_kv_append", std::make_shared<RopeKvAppendGenerator>());
     register_arm_generator("rms_norm_matmul_rope_kv_append", std::make_shared<QkvRopeGenerator>());
   });

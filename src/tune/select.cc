@@ -195,7 +195,8 @@ std::string shape_key(const Graph& g, NodeId branch) {
       key << "kda:lb=" << (k.lower_bound ? *k.lower_bound : 0.0f) << ",eps=" << k.norm_eps
           << (k.packed ? ",packed" : ",plain") << ";";
     }
-    if (e.op == Op::RmsNorm || e.op == Op::RmsNormMatMul || e.op == Op::RmsNormMatMulRopeKvAppend) {
+    if (e.op == Op::RmsNorm || e.op == Op::RmsNormMatMul || e.op == Op::RmsNormMatMulRopeKvAppend ||
+        e.op == Op::RmsNormMatMulSwiglu) {
       std::ostringstream eps;  // full precision: 1e-5 and 1e-6 models must not share decisions
       eps.precision(9);
       eps << e.attrs.eps;

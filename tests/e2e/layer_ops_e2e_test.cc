@@ -1,11 +1,12 @@
 // The fused layer ops end to end on the CPU: a tiny random Llama and the embedded default KDA
 // hybrid (both in bf16) decode 12 greedy tokens twice through the Generator, once with every
 // LayerOpSpec offered, verified and chosen (RMSNorm, RMSNorm + the stacked projection it feeds
-// (rms_norm_matmul), RoPE fused) and once without them (the primitive regions); everything else
+// (rms_norm_matmul), RoPE, the gate|up product with SwiGLU's activation (rms_norm_matmul_swiglu)
+// fused) and once without them (the primitive regions); everything else
 // (attention, KDA arms) is the same. The greedy tokens must be identical and the logits equal
 // within the bf16 tolerance (the CPU fused kernels reproduce their primitive regions bit for bit,
-// so they are in fact identical). The residual products (MatMulAdd: o_proj plus its residual;
-// SiluMulMatMulAdd: SwiGLU's activation, down_proj and the residual) round once where their
+// so they are in fact identical). The residual products (MatMulAdd: o_proj and down_proj plus
+// their residuals) round once where their
 // regions round the product first, so they are not bitwise: they run in tests of their own,
 // where the greedy tokens must be identical and the logits close within
 // kMatMulAddLogitTolerance.
@@ -53,8 +54,9 @@ struct Decode {
   int fused_layer_ops = 0;  // layer-op branches collapsed to the fused arm
 };
 
-// `layer_ops`: offer the RMSNorm, RMSNorm + projection and RoPE specs; `matmul_add`: the residual
-// MatMulAdd and SiluMulMatMulAdd specs as well. `forced`: feed these tokens instead of the run's
+// `layer_ops`: offer the RMSNorm, RMSNorm + projection, RoPE and SwiGLU specs; `matmul_add`: the
+// residual MatMulAdd (and SiluMulMatMulAdd, which the stacked builders no longer emit) specs as
+// well. `forced`: feed these tokens instead of the run's
 // own greedy choices (teacher forcing: step s gets forced[s - 1]); the greedy choices are still
 // recorded.
 Decode greedy(DecodeModel model, bool layer_ops, bool matmul_add = false,
@@ -77,7 +79,8 @@ Decode greedy(DecodeModel model, bool layer_ops, bool matmul_add = false,
                           decision.kind == "rope" || decision.kind == "rope_kv_append" ||
                           decision.kind == "matmul_add" || decision.kind == "rms_norm_matmul" ||
                           decision.kind == "silu_mul_matmul_add" ||
-                          decision.kind == "rms_norm_matmul_rope_kv_append";
+                          decision.kind == "rms_norm_matmul_rope_kv_append" ||
+                          decision.kind == "rms_norm_matmul_swiglu";
     if (layer_op) {
       EXPECT_TRUE(decision.offered) << decision.site << ": " << decision.reason;
       d.fused_layer_ops += decision.collapsed_to == 1;
@@ -114,23 +117,27 @@ TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
   build.dtype = DType::bf16;
   DecodeModel model = build_decode_model(config, weights, build);
   // Per layer: 2 norms fused with the q|k|v and gate|up projections (rms_norm_matmul), 1
-  // rope_kv_append (q and k heads in one RoPE, both cache appends), the o_proj residual
-  // (matmul_add), the SwiGLU activation with down_proj and its residual (silu_mul_matmul_add),
-  // the region around the q|k|v product and rope_kv_append (rms_norm_matmul_rope_kv_append); the
-  // final norm with lm_head (rms_norm_matmul).
-  EXPECT_EQ(model.layer_specs.size(), 2u * 6u + 1u);
-  int norm_products = 0, silu_products = 0;
+  // rope_kv_append (q and k heads in one RoPE, both cache appends), the region around the q|k|v
+  // product and rope_kv_append (rms_norm_matmul_rope_kv_append), the o_proj residual
+  // (matmul_add), the region around the gate|up product and SwiGLU's activation
+  // (rms_norm_matmul_swiglu), down_proj with its residual (matmul_add); the final norm with
+  // lm_head (rms_norm_matmul).
+  EXPECT_EQ(model.layer_specs.size(), 2u * 7u + 1u);
+  int norm_products = 0, swiglu_products = 0, residual_products = 0;
   for (const LayerOpSpec& s : model.layer_specs) {
     norm_products += s.kind == LayerOpKind::rms_norm_matmul;
-    silu_products += s.kind == LayerOpKind::silu_mul_matmul_add;
-    EXPECT_NE(s.kind, LayerOpKind::silu_mul) << s.site;  // replaced by silu_mul_matmul_add
+    swiglu_products += s.kind == LayerOpKind::rms_norm_matmul_swiglu;
+    residual_products += s.kind == LayerOpKind::matmul_add;
+    EXPECT_NE(s.kind, LayerOpKind::silu_mul) << s.site;  // inside rms_norm_matmul_swiglu
+    EXPECT_NE(s.kind, LayerOpKind::silu_mul_matmul_add) << s.site;
   }
   EXPECT_EQ(norm_products, 5);  // + the final norm with lm_head
-  EXPECT_EQ(silu_products, 2);
+  EXPECT_EQ(swiglu_products, 2);
+  EXPECT_EQ(residual_products, 4);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);
-  // 2 x (2 rms_norm_matmul + rope_kv_append + the region around them) + the final norm
-  EXPECT_EQ(fused.fused_layer_ops, 9);
+  // 2 x (2 rms_norm_matmul + rope_kv_append + the regions around them) + the final norm
+  EXPECT_EQ(fused.fused_layer_ops, 11);
   EXPECT_EQ(plain.fused_layer_ops, 0);
   expect_same_decode(fused, plain);
 }
@@ -143,10 +150,10 @@ TEST(LayerOpsE2e, DefaultKdaModelGreedyTokensAndLogitsMatchWithAndWithoutFusedLa
   build.dtype = DType::bf16;
   DecodeModel model = build_decode_model(config, weights, build);
   // 4 layers x (the mixer's norm fused with its stacked input projection and the MLP norm with
-  // gate|up (rms_norm_matmul), the mixer's o_proj residual (matmul_add), the SwiGLU activation
-  // with down_proj and its residual (silu_mul_matmul_add)), the attention layer's rope, the final
-  // norm with lm_head (rms_norm_matmul).
-  EXPECT_EQ(model.layer_specs.size(), 4u * 4u + 1u + 1u);
+  // gate|up (rms_norm_matmul), the mixer's o_proj residual (matmul_add), the region around the
+  // gate|up product and SwiGLU's activation (rms_norm_matmul_swiglu), down_proj with its residual
+  // (matmul_add)), the attention layer's rope, the final norm with lm_head (rms_norm_matmul).
+  EXPECT_EQ(model.layer_specs.size(), 4u * 5u + 1u + 1u);
   int norm_products = 0;
   for (const LayerOpSpec& s : model.layer_specs) {
     norm_products += s.kind == LayerOpKind::rms_norm_matmul;
@@ -155,7 +162,8 @@ TEST(LayerOpsE2e, DefaultKdaModelGreedyTokensAndLogitsMatchWithAndWithoutFusedLa
   EXPECT_EQ(norm_products, 4 * 2 + 1);
   const Decode fused = greedy(build_decode_model(config, weights, build), true);
   const Decode plain = greedy(std::move(model), false);
-  EXPECT_EQ(fused.fused_layer_ops, 10);  // 4 x 2 rms_norm_matmul + rope + the final norm
+  // 4 x (2 rms_norm_matmul + rms_norm_matmul_swiglu) + rope + the final norm
+  EXPECT_EQ(fused.fused_layer_ops, 14);
   expect_same_decode(fused, plain);
 }
 
@@ -184,9 +192,9 @@ TEST(LayerOpsE2e, LlamaGreedyTokensMatchWithAndWithoutMatMulAdd) {
   build.dtype = DType::bf16;
   const Decode fused = greedy(build_decode_model(config, weights, build), true, true);
   const Decode plain = greedy(build_decode_model(config, weights, build), true, false);
-  // + the o_proj residual and the silu_mul_matmul_add of 2 layers
-  EXPECT_EQ(fused.fused_layer_ops, 9 + 4);
-  EXPECT_EQ(plain.fused_layer_ops, 9);
+  // + the o_proj and down_proj residuals of 2 layers
+  EXPECT_EQ(fused.fused_layer_ops, 11 + 4);
+  EXPECT_EQ(plain.fused_layer_ops, 11);
   expect_close_decode(fused, plain);
 }
 
@@ -203,8 +211,8 @@ TEST(LayerOpsE2e, DefaultKdaModelTeacherForcedLogitsMatchWithAndWithoutMatMulAdd
   const Decode plain = greedy(build_decode_model(config, weights, build), true, false);
   const Decode fused =
       greedy(build_decode_model(config, weights, build), true, true, &plain.tokens);
-  // + the mixer residual and the silu_mul_matmul_add of 4 layers
-  EXPECT_EQ(fused.fused_layer_ops, 10 + 8);
+  // + the mixer and down_proj residuals of 4 layers
+  EXPECT_EQ(fused.fused_layer_ops, 14 + 8);
   expect_close_decode(fused, plain, /*same_tokens=*/false);
 }
 

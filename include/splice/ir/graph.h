@@ -172,6 +172,9 @@ class Graph {
   NodeId rms_norm_matmul_rope_kv_append(NodeId x, NodeId norm_weight, NodeId w, float eps,
                                         NodeId cos_table, NodeId sin_table, NodeId position,
                                         NodeId k_cache, NodeId v_cache);
+  // RmsNormMatMulSwiglu (op.h): rms_norm_matmul into the gate|up row, then silu(gate) * up;
+  // stored in `dtype`.
+  NodeId rms_norm_matmul_swiglu(NodeId x, NodeId norm_weight, NodeId w, float eps, DType dtype);
   // StateAfter (op.h): `state` as left by the effects `after` depends on.
   NodeId state_after(NodeId state, const std::vector<NodeId>& after);
 

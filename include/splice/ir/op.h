@@ -102,6 +102,11 @@ enum class Op : std::uint8_t {
                               // capacity, D]); qkv = round_c(round_w(rms_norm(x)) @ w^T) with
                               // N = (Hq + 2 Hkv) D and c the caches' dtype, then RopeKvAppend's
                               // rule on qkv; output the rotated q [B, Hq, 1, D] (caches' dtype).
+  RmsNormMatMulSwiglu,  // RmsNormMatMul then SwiGLU's activation in one op: inputs x [..., M, K],
+                        // norm_weight [K], w [2I, K] (attrs.eps; rows 0..I-1 gate, I..2I-1 up);
+                        // y = round_T(round_w(rms_norm(x)) @ w^T), then SiluMul's rule on the
+                        // halves: out[..., j] = round_T(round_T(silu(y[..., j])) * y[..., I + j]);
+                        // output [..., M, I] in the node's dtype T.
   // --- control ---
   Branch,  // (view) Equivalent arms: inputs are the arms' exits (arm 0 first, the oracle);
            // returns the chosen arm's exit (arm 0 unless a decision selects another).

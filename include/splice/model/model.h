@@ -154,10 +154,17 @@ NodeId norm_linear(Graph& g, NodeId h, NodeId norm_weight, double eps, DType dty
 // silu_mul_matmul_add LayerOpSpec (inputs {gate_out, up_out, down, residual}, `site`), so the
 // optimizer can offer Op::SiluMulMatMulAdd; otherwise swiglu_activation(..., site) then
 // linear_residual(..., down_site, label).
-NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId up_out,
-                            NodeId down, std::vector<LayerOpSpec>* specs = nullptr,
-                            const std::string& site = "", const std::string& down_site = "",
-                            const std::string& label = "");
+// With a spec sink and `projection` (the rms_norm_matmul spec of the gate|up product whose merge
+// gate_out and up_out are the [0, I) and [I, 2I) views of: inputs {h, norm_weight, w [2I, K]}),
+// the activation instead nests around that product: Silu -> Mul ending in a merge, with a
+// rms_norm_matmul_swiglu spec (inputs {h, norm_weight, w}, `site`) whose region holds the
+// product's region (Op::RmsNormMatMulSwiglu: SwiGLU in the gate|up GEMV's epilogue), then
+// linear_residual(..., down_site, label) over the merge (a matmul_add region). No
+// silu_mul_matmul_add spec on that path.
+NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId up_out, NodeId down,
+                            std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "",
+                            const std::string& down_site = "", const std::string& label = "",
+                            const LayerOpSpec* projection = nullptr);
 // cos/sin tables [max_seq_len, D] for rope_theta and optional llama3 scaling.
 std::pair<Tensor, Tensor> rope_tables(const ModelConfig& config, std::int64_t head_dim,
                                       std::int64_t max_seq_len);

@@ -77,6 +77,9 @@ enum class LayerOpKind : std::uint8_t {
   rms_norm_matmul_rope_kv_append,  // rms_norm_matmul into the q|k|v row, then rope_kv_append
                                    // on it (Op::RmsNormMatMulRopeKvAppend): one GEMV whose
                                    // epilogue applies RoPE and writes the KV caches
+  rms_norm_matmul_swiglu,  // rms_norm_matmul into the gate|up row, then silu(gate) * up on its
+                           // halves (Op::RmsNormMatMulSwiglu): one GEMV whose epilogue applies
+                           // SwiGLU's activation
 };
 const char* layer_op_name(LayerOpKind kind);
 

@@ -1,5 +1,6 @@
 // splice/ops/layer_ops.h: the public fused layer ops (RmsNorm, SiluMul, Rope, MatMulAdd,
-// RmsNormMatMul, SiluMulMatMulAdd of ir/op.h) on any backend, and their kernel contract rows.
+// RmsNormMatMul, SiluMulMatMulAdd, RopeKvAppend, RmsNormMatMulRopeKvAppend, RmsNormMatMulSwiglu
+// of ir/op.h) on any backend, and their kernel contract rows.
 //
 // Each entry point (1) checks that every tensor sits on x's (or a's) device and that the device's
 // backend is compiled in, (2) checks the call against that backend's contract row (op, activation
@@ -67,6 +68,16 @@ void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor&
 // or rms_norm then matmul where the GEMV does not apply. `w_constant` as for fused_matmul_add.
 void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
                            Tensor& out, bool w_constant = false);
+
+// SwiGLU's activation of the gate|up product (Op::RmsNormMatMulSwiglu): x [..., M, K],
+// norm_weight [K], w [2I, K] (gate rows, then up rows), out [..., M, I];
+// y = round_T(round_w(rms_norm(x)) @ w^T) (T out's dtype), out[..., j] = round_T(round_T(silu(
+// y[..., j])) * y[..., I + j]). Bitwise fused_rms_norm_matmul into a temporary then
+// fused_silu_mul on its halves, on the CPU and on CUDA: there one GEMV launch whose epilogue
+// applies the activation where the one-row GEMV applies, else those two kernels
+// (cuda::rms_norm_matmul_swiglu). `w_constant` as for fused_matmul_add, ignored on the CPU.
+void fused_rms_norm_matmul_swiglu(const Tensor& x, const Tensor& norm_weight, float eps,
+                                  const Tensor& w, Tensor& out, bool w_constant = false);
 
 // out = round(round(round(silu(a)) * b) @ w^T + c): a, b [..., M, K], w [N, K] (a's dtype),
 // c, out [..., M, N]. CUDA: one GEMV launch with the activation computed into shared memory, or

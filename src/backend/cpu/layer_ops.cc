@@ -21,6 +21,9 @@
 //                   differs only by its rounding of the product before the add)
 //        rms_norm_matmul_rope_kv_append: rms_norm_matmul into a [B, 1, N] q|k|v temporary of
 //                   the caches' dtype, then rope_kv_append (a composition: bitwise that chain)
+//        rms_norm_matmul_swiglu: rms_norm_matmul into a [..., M, 2I] gate|up temporary of
+//                   out's dtype, then silu_mul of its two halves (a composition: bitwise that
+//                   chain)
 #include "splice/backend/cpu/layer_ops.h"
 
 #include <algorithm>
@@ -369,6 +372,24 @@ void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, 
   Tensor qkv = Tensor::empty({x.size(0), 1, w.size(0)}, k_cache.dtype());
   rms_norm_matmul(x, norm_weight, eps, w, qkv);
   rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out);
+}
+
+void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
+                            Tensor& out) {
+  constexpr const char* kOp = "rms_norm_matmul_swiglu";
+  const std::pair<const Tensor*, const char*> operands[] = {
+      {&x, "x"}, {&norm_weight, "norm_weight"}, {&w, "w"}, {&out, "out"}};
+  for (const auto& [t, name] : operands) detail::check_cpu(*t, name);
+  const std::int64_t inter = layer_op_checks::check_swiglu(x, norm_weight, eps, w, out, kOp);
+  detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/false);
+  detail::check_no_overlap(out, "out", w, "w", /*allow_identical=*/false);
+  // [..., M, 2I]: the gate|up row, rounded to out's dtype like the RmsNormMatMul node's output.
+  Dims y_shape = x.shape();
+  y_shape.back() = 2 * inter;
+  Tensor y = Tensor::empty(y_shape, out.dtype());
+  rms_norm_matmul(x, norm_weight, eps, w, y);
+  const std::int64_t last = y.dim() - 1;
+  silu_mul(y.slice(last, 0, inter), y.slice(last, inter, 2 * inter), out);
 }
 
 void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,

@@ -11,6 +11,16 @@
 // writes it into out or the KV caches at the step's position (its own numbered stages, below
 // gemv_kernel).
 //
+// With the SwiGLU epilogue (launch_swiglu, gemv.h's SwigluParams: the RmsNormMatMulSwiglu layer
+// op) a third kernel, swiglu_pairs_kernel, runs one row with stage 0 in registers, stages 2-5 for
+// four weight rows per warp (gate j, j + 1 and up j, j + 1 of the stacked gate|up weight), and
+// instead of storing y writes silu(gate) * up for its two outputs (its own numbered stages,
+// after rope_pairs_kernel).
+//
+// Kernels: gemv_kernel (the general product, any rows <= 8, persistent column-group loop),
+// row_kernel (launch()'s one-row, one-wave decode products), rope_pairs_kernel and
+// swiglu_pairs_kernel (the two epilogue siblings of row_kernel).
+//
 // At rows <= 8 the product is a stream over the weight: n * k elements read once, a handful of
 // FLOPs per byte, so the floor is bytes(w) / DRAM bandwidth and the kernel's job is to keep enough
 // 16-byte loads in flight on every SM, from the first cycle to the last.
@@ -1101,6 +1111,115 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// ---- the SwiGLU epilogue (launch_swiglu, gemv.h's SwigluParams) -----------------------------
+//
+// rms_norm_matmul_swiglu in one launch (the two-kernel chain is launch() with the register
+// rms_norm prologue over the stacked [2I, k] gate|up weight, then layer_ops.cu's silu_mul over
+// the two halves of its output):
+//   1. Mapping ("swiglu pairs"): warp g < ceil(I / 2) takes j = 2 g and the four weight rows
+//      j, j + 1 (gate) and I + j, I + j + 1 (up), clamped to 2I - 1 for the loads (an odd I's
+//      last warp loads a row it never stores); no weight permutation.
+//   2. Before the wait: with w_constant the four rows' kSlots vectors per lane (stage 2's loads).
+//   3. After it: a single-wave grid triggers its dependents (stage 6), then
+//      register_rms_norm_rows (stage 0 in registers: every warp normalizes the whole row itself),
+//      and the weights when not constant.
+//   4. Per lane, acc_c = sum over its vectors v = u * 32 + lane of x_v . w_{col_c, v} in
+//      launch()'s order for the columns per warp launch() takes at n = 2I (kPartials: a partial
+//      per vector when that is 1 or 2 columns, one FMA chain per column at 4: each column's chain
+//      is the same whichever columns share its warp); then transposed_warp_sum over the four
+//      values: lane l holds value l / 8 (gate j in lanes 0 .. 7, gate j + 1 in 8 .. 15, up j in
+//      16 .. 23, up j + 1 in 24 .. 31), each summed by the butterfly tree of offsets 16, 8, 4, 2,
+//      1 that launch()'s reduction applies at any column count; one xor-16 shuffle hands lanes
+//      0 .. 15 the matching up sum.
+//   5. Epilogue, lane 0 storing out[j] and lane 8 out[j + 1] (when < I): g = float(round_T(gate
+//      sum)), u = float(round_T(up sum)) (launch()'s store, read back as silu_mul reads it), then
+//      silu_mul's exact operations: s = round_T(g / (1 + e^-g)), out = round_T(s * u) (IEEE
+//      division, __fmul_rn).
+//   6. PDL as stage 6: every thread waits before its first read of x or write of out and before
+//      the early exit of a warp without a pair; the weights are the only reads before it, and only
+//      under w_constant.
+// So out is bit for bit the two kernels' wherever launch() runs the product in a one-batch
+// instance with the register prologue, which swiglu_supported requires.
+template <typename T, int kSlots, bool kPartials>
+__global__ void __launch_bounds__(kMaxThreads)
+    swiglu_pairs_kernel(const SwigluParams p, bool single_wave) {
+  constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
+  constexpr int kSlotElems = kWarpSize * kVec;  // a slot of one row: 32 vectors
+  constexpr int kCols = 4;                      // gate j, gate j + 1, up j, up j + 1
+  constexpr int kLanesPerValue = kWarpSize / kCols;
+  const Params& q = p.product;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int pair = static_cast<int>(blockIdx.x) * static_cast<int>(blockDim.x / kWarpSize) +
+                   static_cast<int>(threadIdx.x) / kWarpSize;
+  const std::int64_t inter = p.inter;
+  const bool has_pair = pair < static_cast<int>((inter + 1) / 2);  // warp-uniform
+  const int num_vec = static_cast<int>(q.k / kVec);
+  const int lane_vectors = num_vec - lane;  // slot u is in the row when u * 32 < lane_vectors
+  // Stage 1: this lane's first vector of each of the four weight rows.
+  const std::int64_t j = 2 * static_cast<std::int64_t>(has_pair ? pair : 0);
+  const std::int64_t cols[kCols] = {j, j + 1, inter + j, inter + j + 1};
+  const T* w_lane[kCols];  // each: slot u at + u * kSlotElems
+#pragma unroll
+  for (int c = 0; c < kCols; ++c)
+    w_lane[c] =
+        static_cast<const T*>(q.w) + std::min(cols[c], q.n - 1) * q.w_row_stride + lane * kVec;
+  uint4 w_raw[kSlots][kCols];  // [slots, cols] vectors of w
+  const auto load_weights = [&] {
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        w_raw[u][c] = load_weight(reinterpret_cast<const uint4*>(w_lane[c] + u * kSlotElems),
+                                  u * kWarpSize < lane_vectors);
+  };
+  // Stage 5's target: lane 0 stores out[j], lane 8 out[j + 1].
+  const std::int64_t e = j + lane / kLanesPerValue;
+  const bool stores =
+      has_pair && lane < 2 * kLanesPerValue && lane % kLanesPerValue == 0 && e < inter;
+  T* const target = static_cast<T*>(p.out) + e;
+
+  // Stage 2 (only the promised-constant weights), the wait, the trigger.
+  if (q.w_constant && has_pair) load_weights();
+  detail::wait_for_producers();
+  if (single_wave) detail::allow_dependents();  // after the wait (launch.cuh)
+  if (!has_pair) return;
+  // Stage 3.
+  if (!q.w_constant) load_weights();
+  uint4 x_raw[kSlots][1];  // [slots, 1] vectors of the normalized row
+  register_rms_norm_rows<T, 1, kSlots>(q, x_raw, lane, num_vec);
+  // Stage 4: gemv_kernel's stage 3 for one row and the four columns.
+  float acc[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kSlots; ++u) {
+    if (u * kWarpSize >= num_vec) break;  // warp-uniform, as in gemv_kernel
+    float xf[kVec];
+    unpack<T>(x_raw[u][0], xf);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      float wf[kVec];
+      unpack<T>(w_raw[u][c], wf);
+      if constexpr (kPartials) {
+        float part = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) part = fmaf(xf[i], wf[i], part);
+        acc[c] += part;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc[c] = fmaf(xf[i], wf[i], acc[c]);
+      }
+    }
+  }
+  const float sum = transposed_warp_sum(acc, lane);  // gate in lanes 0 .. 15, up in 16 .. 31
+  const float up = __shfl_xor_sync(kFullMask, sum, kWarpSize / 2);
+  if (!stores) return;
+  // Stage 5.
+  const float g = to_float(from_float<T>(sum)), u = to_float(from_float<T>(up));
+  const float s = to_float(from_float<T>(g / (1.0f + expf(-g))));
+  *target = from_float<T>(__fmul_rn(s, u));
+}
+
 // ---- host ----------------------------------------------------------------------------------
 
 int current_device() {
@@ -1358,6 +1477,59 @@ void launch_rope_slots(const RopeParams& p, int pairs, int device, cudaStream_t 
   launch_rope_instance<T, kRopeMaxSlots, kPartials>(p, pairs, device, stream);
 }
 
+std::atomic<std::uint64_t> g_swiglu_launches{0};
+
+// Stage 2's one-batch slots launch() gives a one-row product of n columns of length k (of
+// 16-byte vectors) at its columns per warp `cols`: the smaller of kSmallSlots, kLargeSlots that
+// covers the row within unroll_for(1, cols); 0 when neither does (launch() then takes the
+// general batch loop and the shared-memory prologue).
+int one_batch_slots(std::int64_t k, DType dtype, int cols) {
+  const std::int64_t row_vectors =
+      k / (kVectorBytes / static_cast<std::int64_t>(dtype_size(dtype)));
+  for (const int slots : {kSmallSlots, kLargeSlots})
+    if (row_vectors <= static_cast<std::int64_t>(slots) * kWarpSize && slots <= unroll_for(1, cols))
+      return slots;
+  return 0;
+}
+
+template <typename T, int kSlots, bool kPartials>
+void launch_swiglu_instance(const SwigluParams& p, int device, cudaStream_t stream) {
+  const auto kernel = swiglu_pairs_kernel<T, kSlots, kPartials>;
+  static OccupancyCache cache;
+  // One warp per pair of output columns; warps per CTA (4, 2, 1) so that there are at least as
+  // many CTAs as SMs (launch()'s rule for its column groups: the same grid at 4 columns per warp).
+  const std::int64_t sms = sm_count(device);
+  const std::int64_t pairs = (p.inter + 1) / 2;
+  int warps_per_cta = kMaxWarpsPerCta;
+  while (warps_per_cta > 1 && (pairs + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;
+  const unsigned threads = static_cast<unsigned>(warps_per_cta * kWarpSize);
+  const std::int64_t blocks = (pairs + warps_per_cta - 1) / warps_per_cta;
+  const std::int64_t wave =
+      sms * resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), threads, 0, device, cache);
+  // launch()'s counters, as row_kernel counts itself, and this kernel's own.
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  g_row_launches.fetch_add(1, std::memory_order_relaxed);
+  if (stream != nullptr && pdl_enabled()) g_pdl_launches.fetch_add(1, std::memory_order_relaxed);
+  if (p.product.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
+  g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
+  g_swiglu_launches.fetch_add(1, std::memory_order_relaxed);
+  detail::launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), stream, p,
+                        blocks <= wave);
+}
+
+template <typename T>
+void launch_swiglu_typed(const SwigluParams& p, int slots, bool partials, int device,
+                         cudaStream_t stream) {
+  if (slots == kSmallSlots) {
+    if (partials) return launch_swiglu_instance<T, kSmallSlots, true>(p, device, stream);
+    return launch_swiglu_instance<T, kSmallSlots, false>(p, device, stream);
+  }
+  // kLargeSlots only within unroll_for(1, cols), i.e. at 1 or 2 columns per warp: partials.
+  SPLICE_INTERNAL_CHECK(slots == kLargeSlots && partials, "gemv swiglu epilogue: slots ", slots,
+                        " at ", partials ? "1-2" : "4", " columns per warp");
+  launch_swiglu_instance<T, kLargeSlots, true>(p, device, stream);
+}
+
 }  // namespace
 
 LaunchStats launch_stats() {
@@ -1534,6 +1706,42 @@ void launch_rope(const RopeParams& params, cudaStream_t stream) {
 }
 
 std::uint64_t rope_launches() { return g_rope_launches.load(std::memory_order_relaxed); }
+
+bool swiglu_supported(const Params& q) {
+  const bool sixteen_bit = q.in_dtype == DType::bf16 || q.in_dtype == DType::f16;
+  if (!sixteen_bit || q.out_dtype != q.in_dtype || q.rows != 1 || q.k < 1 || q.n < 2 ||
+      q.n % 2 != 0 || q.n > 0x7fffffff || q.w == nullptr || q.x[0] == nullptr ||
+      q.norm_weight == nullptr || q.norm_weight_dtype != q.in_dtype ||
+      (q.norm_weight_stride != 1 && q.k > 1) || q.w_row_stride < 0)
+    return false;
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(q.in_dtype));
+  const std::int64_t vec = kVectorBytes / elem;
+  if (q.k % vec != 0 || !aligned(q.w) || (q.w_row_stride * elem) % kVectorBytes != 0 ||
+      !aligned(q.x[0]) || !aligned(q.norm_weight))
+    return false;
+  // launch()'s one-batch register-prologue instance for this product (the bitwise reference).
+  return one_batch_slots(q.k, q.in_dtype, default_cols(q.n, sm_count(current_device()))) > 0;
+}
+
+void launch_swiglu(const SwigluParams& params, cudaStream_t stream) {
+  const Params& q = params.product;
+  SPLICE_INTERNAL_CHECK(swiglu_supported(q), "gemv swiglu epilogue: unsupported product (n ", q.n,
+                        ", k ", q.k, ", ", dtype_name(q.in_dtype), ")");
+  SPLICE_INTERNAL_CHECK(params.out != nullptr && params.inter >= 1 && q.n == 2 * params.inter &&
+                            q.n * q.w_row_stride < (std::int64_t{1} << 62),
+                        "gemv swiglu epilogue params: inter ", params.inter, ", n ", q.n);
+  const int device = current_device();
+  // launch()'s columns per warp at n = 2I, hence its per-lane accumulation (stage 3: a partial
+  // per vector below kMinChains accumulators) and its one-batch slots.
+  const int cols = default_cols(q.n, sm_count(device));
+  const bool partials = cols < kMinChains;
+  const int slots = one_batch_slots(q.k, q.in_dtype, cols);
+  if (q.in_dtype == DType::bf16)
+    return launch_swiglu_typed<__nv_bfloat16>(params, slots, partials, device, stream);
+  launch_swiglu_typed<__half>(params, slots, partials, device, stream);
+}
+
+std::uint64_t swiglu_launches() { return g_swiglu_launches.load(std::memory_order_relaxed); }
 
 // The routing rule (primitives_gemm.cc's try_gemv asks it). Measured on the H200 (05:10 run,
 // bf16, CUDA-graph replay over >= 256 MB of rotated weights; the previous kernel, one wave of

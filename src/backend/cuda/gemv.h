@@ -16,7 +16,9 @@
 // column count, k <= 1536 at 1 or 2 columns per warp), with no max_ctas and column groups that
 // fit one resident wave, takes the decode-row kernel instead: the same product bit for bit in
 // the least code (gemv.cu's row_kernel; LaunchStats::row counts it). The batch-1 products of a
-// decode step are such calls.
+// decode step are such calls. Two fused siblings of it reuse its stages with their own column
+// mapping and epilogue: launch_rope (q|k|v + RoPE + KV appends) and launch_swiglu (gate|up +
+// SwiGLU's activation), below.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -155,6 +157,38 @@ bool rope_supported(const Params& product);
 void launch_rope(const RopeParams& params, cudaStream_t stream);
 // Launches of launch_rope (process-wide, relaxed): tests count kernels per step with it.
 std::uint64_t rope_launches();
+
+// ---- the gate|up GEMV with a SwiGLU epilogue (cuda::rms_norm_matmul_swiglu) -----------------
+//
+// One row x [k] (16-bit), the register rms_norm prologue, the stacked weight w [2I, k] (rows 0 ..
+// I-1 the gate, I .. 2I-1 the up projection) and the "swiglu pairs" column mapping: warp g
+// computes columns j, j + 1, I + j, I + j + 1 (j = 2 g), so after the reduction one warp holds
+// the gate and up sums of two outputs. Each sum is rounded to T as launch() stores it, then
+// out[j] = round_T(round_T(silu(gate)) * up) (layer_ops.cu's silu_mul operations; gemv.cu's
+// swiglu_pairs_kernel has the algorithm). `product` carries the GEMV part: w, w_row_stride, n =
+// 2I, k, x[0], norm_weight (T, unit stride), eps, in_dtype = out_dtype = T, w_constant; rows = 1,
+// prologue = rms_norm.
+struct SwigluParams {
+  Params product;
+  void* out = nullptr;     // [I], T, unit stride
+  std::int64_t inter = 0;  // I
+};
+
+// Whether launch_swiglu takes `product` as given: one row of 16-bit x, w, norm weight and y of
+// one dtype (unit strides, every row 16-byte aligned), k a whole number of 16-byte vectors, and
+// launch() would run this product (n = 2I) in a one-batch instance with the register prologue
+// (k <= 768 bf16 / f16 at 4 columns per warp, <= 1536 at 1 or 2: gemv.h's header), the case in
+// which the fused kernel is bitwise launch() then silu_mul.
+bool swiglu_supported(const Params& product);
+
+// Launches the fused kernel on `stream` (PDL and w_constant as launch(); it counts in
+// launch_stats() as a decode-row launch with a prologue); invalid params are an internal error.
+// Per lane, the accumulation order is launch()'s for the columns per warp launch() would pick at
+// n = 2I on this device, and the reduction tree is the same for every column count, so out is
+// bitwise launch() into a [2I] row of T followed by cuda::silu_mul of its halves.
+void launch_swiglu(const SwigluParams& params, cudaStream_t stream);
+// Launches of launch_swiglu (process-wide, relaxed): tests count kernels per step with it.
+std::uint64_t swiglu_launches();
 
 // The routing rule: true when this kernel is measured (or, where unmeasured, predicted) to be at
 // least as fast as cuBLASLt for `rows` rows of x and a 16-bit or f32 weight [n, k]. The measured

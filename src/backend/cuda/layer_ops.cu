@@ -23,6 +23,10 @@
 //      rms_norm / silu_mul prologue (gemv.h: each CTA computes its x rows into shared memory, then
 //      streams the weight) when prologue_gemv_applies, else the two-kernel chain (rms_norm or
 //      silu_mul into scratch, then cuda::matmul, with the residual for silu_mul_matmul_add).
+//      rms_norm_matmul_swiglu (host only): validate, then one launch of gemv.h's swiglu epilogue
+//      kernel when gemv::swiglu_supported (one decode row of 16-bit x, w and out in launch()'s
+//      one-batch shape), else rms_norm_matmul into a [..., M, 2I] scratch row of out's dtype, then
+//      silu_mul of its two halves (bitwise the same where both run).
 //   5. Launch (launch.cuh): every kernel opens with pdl_prologue() (single-wave grids let the next
 //      kernel launch, then every thread waits for its producers before touching global memory)
 //      and is launched with programmatic dependent launch on a created stream unless SPLICE_PDL=0.
@@ -617,6 +621,42 @@ void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Ten
   p.norm_weight_dtype = weight.dtype();
   p.eps = eps;
   gemv::launch(p, current_stream());
+}
+
+void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
+                            Tensor& out, bool w_constant) {
+  constexpr const char* kOp = "rms_norm_matmul_swiglu";
+  check_cuda_tensor(x, kOp, "x");
+  check_cuda_tensor(weight, kOp, "weight");
+  check_cuda_tensor(w, kOp, "w");
+  check_cuda_tensor(out, kOp, "out");
+  const std::int64_t inter = layer_op_checks::check_swiglu(x, weight, eps, w, out, kOp);
+  if (detail::overlaps(out, x) || detail::overlaps(out, w))
+    fail<LayoutError>(kOp, ": `out` must not overlap `x` or `w`");
+  if (out.numel() == 0) return;
+  if (row_count(x) == 1 && x.dtype() == w.dtype() && out.dtype() == w.dtype() &&
+      prologue_gemv_applies(x, w)) {
+    // One launch: the gate|up GEMV with the SwiGLU epilogue, when its layout rules hold (it
+    // then equals the chain below bit for bit).
+    gemv::SwigluParams p;
+    p.product = product_params(x, w, out, w_constant);
+    p.product.prologue = gemv::Prologue::rms_norm;
+    p.product.norm_weight = weight.raw_data();
+    p.product.norm_weight_stride = weight.stride(0);
+    p.product.norm_weight_dtype = weight.dtype();
+    p.product.eps = eps;
+    p.out = p.product.y[0];
+    p.inter = inter;
+    if (gemv::swiglu_supported(p.product)) return gemv::launch_swiglu(p, current_stream());
+  }
+  // The two-kernel chain: the RmsNormMatMul node's gate|up row in out's dtype, then the SiluMul
+  // node over its halves.
+  Dims y_shape = x.shape();
+  y_shape.back() = 2 * inter;
+  Tensor y = detail::scratch(y_shape, out.dtype(), x.device());  // [..., M, 2I]
+  rms_norm_matmul(x, weight, eps, w, y, w_constant);
+  const std::int64_t last = y.dim() - 1;
+  silu_mul(y.slice(last, 0, inter), y.slice(last, inter, 2 * inter), out);
 }
 
 void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,

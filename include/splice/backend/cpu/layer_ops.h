@@ -49,6 +49,14 @@ void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, 
                                     const Tensor& position, Tensor& k_cache, Tensor& v_cache,
                                     Tensor& out);
 
+// rms_norm_matmul then silu_mul on the two halves (Op::RmsNormMatMulSwiglu): x [..., M, K],
+// norm_weight [K], w [2I, K] (gate rows, then up rows); y = rms_norm_matmul(x, norm_weight, eps,
+// w) into a [..., M, 2I] temporary of out's dtype, then out [..., M, I] = silu_mul(y[..., :I],
+// y[..., I:]). The composition of the two kernels, so bitwise the decomposed chain; every operand
+// is validated before either runs.
+void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
+                            Tensor& out);
+
 // out[..., m, j] = round((sum_k a[..., m, k] * b[j, k]) + c[..., m, j]): a [..., M, K], b [N, K]
 // (unit stride along K), c and out [..., M, N] (any float dtypes); the sum in fp32, one rounding
 // into out's dtype (the MatMul -> Add region rounds the product to its dtype first). out may be

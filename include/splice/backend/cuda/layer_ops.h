@@ -1,6 +1,6 @@
 // splice/backend/cuda/layer_ops.h: CUDA launchers of the fused layer ops (RmsNorm, SiluMul, Rope,
-// RmsNormMatMul, SiluMulMatMulAdd; ir/op.h; MatMulAdd is cuda::matmul's residual epilogue),
-// checked against the CPU kernels (backend/cpu/layer_ops.h) in tests/cuda.
+// RmsNormMatMul, SiluMulMatMulAdd, RmsNormMatMulSwiglu; ir/op.h; MatMulAdd is cuda::matmul's
+// residual epilogue), checked against the CPU kernels (backend/cpu/layer_ops.h) in tests/cuda.
 //
 // The semantics, argument rules and typed errors are the CPU kernels'; the differences:
 //   - every launch goes to cuda::current_stream() and returns without synchronizing; rope reads
@@ -41,6 +41,15 @@ void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Ten
 // scratch then cuda::matmul with the residual.
 void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
                          Tensor& out, bool w_constant = false);
+// out[..., j] = round_T(round_T(silu(y[..., j])) * y[..., I + j]) with y = round_T(rms_norm_matmul(
+// x, weight, eps, w)): x [..., M, K], weight [K], w [2I, K] (gate rows, then up rows; unit stride
+// along K), out [..., M, I] (T its dtype). SwiGLU's activation in the gate|up GEMV's epilogue: ONE
+// launch of gemv.h's swiglu epilogue kernel when gemv::swiglu_supported (one row; x, w, the norm
+// weight and out of one 16-bit dtype, 16-byte aligned; K in whole 16-byte vectors that launch()
+// covers in one batch at n = 2I), bitwise rms_norm_matmul into a [..., M, 2I] temporary then
+// silu_mul of its halves; otherwise exactly those two launches.
+void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
+                            Tensor& out, bool w_constant = false);
 
 // The largest K the one-launch route takes: every CTA of the GEMV recomputes the prologue over
 // the whole row, which paid at K = 576 and 1536 (1.08-1.40x the two-kernel chain on the H200)
