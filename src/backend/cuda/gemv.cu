@@ -1120,9 +1120,9 @@ __global__ void __launch_bounds__(kMaxThreads)
 //      j, j + 1 (gate) and I + j, I + j + 1 (up), clamped to 2I - 1 for the loads (an odd I's
 //      last warp loads a row it never stores); no weight permutation.
 //   2. Before the wait: with w_constant the four rows' kSlots vectors per lane (stage 2's loads).
-//   3. After it: a single-wave grid triggers its dependents (stage 6), then
-//      register_rms_norm_rows (stage 0 in registers: every warp normalizes the whole row itself),
-//      and the weights when not constant.
+//   3. After it: register_rms_norm_rows (stage 0 in registers: every warp normalizes the whole
+//      row itself), and the weights when not constant. (A single-wave grid triggers its
+//      dependents as its first instruction, as row_kernel does.)
 //   4. Per lane, acc_c = sum over its vectors v = u * 32 + lane of x_v . w_{col_c, v} in
 //      launch()'s order for the columns per warp launch() takes at n = 2I (kPartials: a partial
 //      per vector when that is 1 or 2 columns, one FMA chain per column at 4: each column's chain
@@ -1178,10 +1178,11 @@ __global__ void __launch_bounds__(kMaxThreads)
       has_pair && lane < 2 * kLanesPerValue && lane % kLanesPerValue == 0 && e < inter;
   T* const target = static_cast<T*>(p.out) + e;
 
-  // Stage 2 (only the promised-constant weights), the wait, the trigger.
+  // The trigger (first thing in a one-wave grid, as row_kernel), stage 2 (only the
+  // promised-constant weights), the wait.
+  if (single_wave) detail::allow_dependents();  // launch.cuh
   if (q.w_constant && has_pair) load_weights();
   detail::wait_for_producers();
-  if (single_wave) detail::allow_dependents();  // after the wait (launch.cuh)
   if (!has_pair) return;
   // Stage 3.
   if (!q.w_constant) load_weights();
