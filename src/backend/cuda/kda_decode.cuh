@@ -1417,23 +1417,14 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
                           kKindsPerToken);
       }
     };
-    // One code site each for item k's sweep, item k + 1's precompute and item k - 1's RMSNorm,
-    // whatever their order (a cold instruction cache fetches a site once per SM; the three
-    // inlined precompute sites, item 0's before the loop and k + 1's before or after the sweep,
-    // were ~18 KB each): iteration k = -1 only precomputes item 0 (no barrier: the ring is in
-    // flight, warps 4-7 go on to item 0's wait at once), iteration k = count only runs the last
-    // item's RMSNorm, and the inner loop runs the sweep and the precompute in the chosen order.
+    if (warp < kKindsPerToken) precompute_of(0);  // (no stagger: the ring is in flight)
 #pragma unroll 1
-    for (int k = -1; k <= count; ++k) {
-      const bool item_k = k >= 0 && k < count;  // item k is swept in this iteration
-      const int s = max(k, 0) % kStages;
+    for (int k = 0; k < count; ++k) {
+      const int s = k % kStages;
       Stage<StateT>& st = S.stage[s];
-      Item it{};  // k = -1, count: a null item (nothing is read, swept or zeroed)
-      if (item_k) {
-        mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
-        it = st.in.item;
-      }
-      const int slot = max(k, 0) % kOverlapSlots;
+      mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
+      const Item it = st.in.item;
+      const int slot = k % kOverlapSlots;
       float sv[L::kRowsPerThread][L::kCols];
       if (it.live) load_state_of(st, sv);
       const ConvWriteback<kStreamThreads, 1> wb = [&] {
@@ -1442,53 +1433,40 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
         else
           return ConvWriteback<kStreamThreads, 1>(p, it, 0, GlobalInputs(p, it), it.live);
       }();
-      // X: stage s is no longer read; item k's precompute is done.
-      if (item_k) cta_sync<kStreamThreads>();
-      if (k >= 0 && warp >= kOverlapCopyWarp0) {
-        const int next = k + kStages;  // the item that reuses stage s
-        if (item_k) {
-          if (tid == kOverlapCopyWarp0 * kWarp && next < count)
-            announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
-          overlap_copy_warps_sync();  // the announcement precedes the copies
-          if (next < count)
-            stage_item<StateT, kStage, kOverlapCopyWarp0, kOverlapCopyWarps>(p, ahead_of(next),
-                                                                             st, &S.full[s]);
-          if (warp == kResolveWarp) {  // batch nb a batch ahead of its first staging
-            const int lead = k + kStages;
-            const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
-            if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
-          }
+      cta_sync<kStreamThreads>();    // X: stage s is no longer read; item k's precompute is done
+      const int next = k + kStages;  // the item that reuses stage s
+      if (warp >= kOverlapCopyWarp0) {
+        if (tid == kOverlapCopyWarp0 * kWarp && next < count)
+          announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
+        overlap_copy_warps_sync();  // the announcement precedes the copies
+        if (next < count)
+          stage_item<StateT, kStage, kOverlapCopyWarp0, kOverlapCopyWarps>(p, ahead_of(next), st,
+                                                                           &S.full[s]);
+        if (warp == kResolveWarp) {  // batch nb a batch ahead of its first staging
+          const int lead = k + kStages;
+          const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
+          if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
         }
-        run_pending_norm();  // item k - 1's (after Y of iteration k - 1)
+        run_pending_norm();
       }
-      // The precompute first when item k + 1's stage has landed (k = -1: always; precompute_of
-      // waits), else the sweep first.
-      bool precompute_pending = warp < kKindsPerToken && k + 1 < count;
-      bool sweep_pending = item_k;
+      const bool precompute_next = warp < kKindsPerToken && k + 1 < count;
       const bool landed =
-          precompute_pending &&
-          (k < 0 || mbar_test(&S.full[(k + 1) % kStages],
-                              static_cast<std::uint32_t>((k + 1) / kStages) & 1u));
-#pragma unroll 1
-      while (precompute_pending || sweep_pending) {
-        if (precompute_pending && (landed || !sweep_pending)) {
-          precompute_of(k + 1);
-          precompute_pending = false;
-          continue;
-        }
-        zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
-        pending_slot = -1;
-        if (it.live) {
-          wb.store(p, S.sm, 0, 0, 1, slot);
-          sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot, 0, it.h);
-          pending_slot = slot;
-          pending_row = it.b;
-          pending_h = it.h;
-        }
-        sweep_pending = false;
+          precompute_next &&
+          mbar_test(&S.full[(k + 1) % kStages], static_cast<std::uint32_t>((k + 1) / kStages) & 1u);
+      if (landed) precompute_of(k + 1);
+      zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
+      pending_slot = -1;
+      if (it.live) {
+        wb.store(p, S.sm, 0, 0, 1, slot);
+        sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot, 0, it.h);
+        pending_slot = slot;
+        pending_row = it.b;
+        pending_h = it.h;
       }
-      if (item_k) cta_sync<kStreamThreads>();  // Y: item k's o and item k + 1's precompute
+      if (precompute_next && !landed) precompute_of(k + 1);
+      cta_sync<kStreamThreads>();  // Y: item k's o and item k + 1's precompute are in S.sm
     }
+    run_pending_norm();
     return;
   }
 
