@@ -801,6 +801,41 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// Stage 3 for one row, the per-lane order of gemv_kernel's stage 3: acc[c] = sum over the slots u
+// in the row (slots past it skipped: a warp-uniform branch) of x_u . w_{u, c}, each vector's 8
+// (16-bit) or 4 (f32) products as one partial per vector (kPartials: launch()'s mode below
+// kMinChains columns, independent chains) or straight into one FMA chain per column. Shared by
+// the one-row kernels (row_kernel, rope_pairs_kernel, swiglu_pairs_kernel), so their products are
+// bitwise gemv_kernel's.
+template <typename T, int kSlots, int kCols, bool kPartials>
+__device__ __forceinline__ void accumulate_row(const uint4 (&x_raw)[kSlots][1],
+                                               const uint4 (&w_raw)[kSlots][kCols], int num_vec,
+                                               float (&acc)[kCols]) {
+  constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kSlots; ++u) {
+    if (u * kWarpSize >= num_vec) break;
+    float xf[kVec];
+    unpack<T>(x_raw[u][0], xf);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      float wf[kVec];
+      unpack<T>(w_raw[u][c], wf);
+      if constexpr (kPartials) {
+        float part = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) part = fmaf(xf[i], wf[i], part);
+        acc[c] += part;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc[c] = fmaf(xf[i], wf[i], acc[c]);
+      }
+    }
+  }
+}
+
 // ---- the decode-row kernel (launch()'s one-row, one-wave products) ---------------------------
 //
 // launch() routes here a product of one x row whose weight and x rows are 16-byte vectors, that
@@ -934,30 +969,9 @@ __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
     }
   }
 
-  // Stage 3: gemv_kernel's order (slots past the row skipped, a warp-uniform branch).
+  // Stage 3.
   float acc[kCols];
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
-#pragma unroll
-  for (int u = 0; u < kSlots; ++u) {
-    if (u * kWarpSize >= num_vec) break;
-    float xf[kVec];
-    unpack<T>(x_raw[u][0], xf);
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      float wf[kVec];
-      unpack<T>(w_raw[u][c], wf);
-      if constexpr (kCols < kMinChains) {
-        float part = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) part = fmaf(xf[i], wf[i], part);
-        acc[c] += part;
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[c] = fmaf(xf[i], wf[i], acc[c]);
-      }
-    }
-  }
+  accumulate_row<T, kSlots, kCols, (kCols < kMinChains)>(x_raw, w_raw, num_vec, acc);
   stages.mark(kMarkProductDone);
   // Stage 5.
   const float sum = transposed_warp_sum(acc, lane);
@@ -1072,27 +1086,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     read_tables();
   }
   // Stage 4: gemv_kernel's stage 3 for one row and the two columns.
-  float acc[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int u = 0; u < kSlots; ++u) {
-    if (u * kWarpSize >= num_vec) break;  // warp-uniform, as in gemv_kernel
-    float xf[kVec];
-    unpack<T>(x_raw[u][0], xf);
-#pragma unroll
-    for (int col = 0; col < 2; ++col) {
-      float wf[kVec];
-      unpack<T>(w_raw[u][col], wf);
-      if constexpr (kPartials) {
-        float part = 0.0f;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) part = fmaf(xf[k], wf[k], part);
-        acc[col] += part;
-      } else {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) acc[col] = fmaf(xf[k], wf[k], acc[col]);
-      }
-    }
-  }
+  float acc[2];
+  accumulate_row<T, kSlots, 2, kPartials>(x_raw, w_raw, num_vec, acc);
   const float sum = transposed_warp_sum(acc, lane);  // y0 in lanes 0 .. 15, y1 in 16 .. 31
   const float other = __shfl_xor_sync(kFullMask, sum, kWarpSize / 2);
   if (!stores) return;
@@ -1190,28 +1185,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   register_rms_norm_rows<T, 1, kSlots>(q, x_raw, lane, num_vec);
   // Stage 4: gemv_kernel's stage 3 for one row and the four columns.
   float acc[kCols];
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
-#pragma unroll
-  for (int u = 0; u < kSlots; ++u) {
-    if (u * kWarpSize >= num_vec) break;  // warp-uniform, as in gemv_kernel
-    float xf[kVec];
-    unpack<T>(x_raw[u][0], xf);
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      float wf[kVec];
-      unpack<T>(w_raw[u][c], wf);
-      if constexpr (kPartials) {
-        float part = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) part = fmaf(xf[i], wf[i], part);
-        acc[c] += part;
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[c] = fmaf(xf[i], wf[i], acc[c]);
-      }
-    }
-  }
+  accumulate_row<T, kSlots, kCols, kPartials>(x_raw, w_raw, num_vec, acc);
   const float sum = transposed_warp_sum(acc, lane);  // gate in lanes 0 .. 15, up in 16 .. 31
   const float up = __shfl_xor_sync(kFullMask, sum, kWarpSize / 2);
   if (!stores) return;
