@@ -424,21 +424,9 @@ struct Builder {
       // stack_projections, then one rms_norm_matmul region with the norm (layers::norm_project);
       // the activation nests around it (a rms_norm_matmul_swiglu region: one GEMV with the
       // SwiGLU epilogue), then down_proj and the residual are one matmul_add region.
-      const Parts gate_up_parts = {{p + "mlp.gate_proj.", inter}, {p + "mlp.up_proj.", inter}};
-      const std::size_t mlp_specs_before = m.layer_specs.size();
-      const std::vector<NodeId> gate_up = layers::norm_project(
-          g, w, dt, o.stack_projections, h, param(p + "mlp_norm.weight", {hidden}),
-          c.rms_norm_eps, hidden, p + "mlp.gate_up_proj.", gate_up_parts, false, {},
-          &m.layer_specs, name + ".mlp_norm");
-      const std::optional<LayerOpSpec> gate_up_spec =
-          m.layer_specs.size() == mlp_specs_before + 1 &&
-                  m.layer_specs.back().kind == LayerOpKind::rms_norm_matmul
-              ? std::optional<LayerOpSpec>(m.layer_specs.back())
-              : std::nullopt;
-      h = layers::swiglu_down_residual(
-          g, h, gate_up[0], gate_up[1], param(p + "mlp.down_proj.weight", {hidden, inter}),
-          &m.layer_specs, name + ".mlp", name + ".mlp.down_proj", name + ".mlp.residual",
-          gate_up_spec ? &*gate_up_spec : nullptr);
+      h = layers::swiglu_mlp(g, w, dt, o.stack_projections, h,
+                             param(p + "mlp_norm.weight", {hidden}), c.rms_norm_eps, hidden, inter,
+                             p + "mlp.", &m.layer_specs, name + ".mlp_norm", name + ".mlp");
     }
     const bool tied = c.tie_word_embeddings || !w.has("lm_head.weight");
     const NodeId head = tied ? embed : param("lm_head.weight", {vocab, hidden});

@@ -134,24 +134,10 @@ DecodeModel build_llama_decode_model(const ModelConfig& c, const Weights& w,
         maybe_bias(p + "self_attn.o_proj.bias", hidden, c.attention_out_bias), &m.layer_specs,
         site + ".o_proj", site + ".residual");
     const std::int64_t inter = c.intermediate_size;
-    const std::size_t mlp_specs_before = m.layer_specs.size();
-    const std::vector<NodeId> gate_up = layers::norm_project(
-        g, w, dt, o.stack_projections, h, param(p + "post_attention_layernorm.weight", {hidden}),
-        c.rms_norm_eps, hidden, p + "mlp.gate_up_proj.",
-        {{p + "mlp.gate_proj.", inter}, {p + "mlp.up_proj.", inter}}, false, {}, &m.layer_specs,
-        layer + ".post_attention_norm");
-    // The rms_norm_matmul region norm_project built when stacked: with it, the activation's
-    // region nests around it (one GEMV with the SwiGLU epilogue) and down_proj plus the
-    // residual are a matmul_add region.
-    const std::optional<LayerOpSpec> gate_up_spec =
-        m.layer_specs.size() == mlp_specs_before + 1 &&
-                m.layer_specs.back().kind == LayerOpKind::rms_norm_matmul
-            ? std::optional<LayerOpSpec>(m.layer_specs.back())
-            : std::nullopt;
-    h = layers::swiglu_down_residual(
-        g, h, gate_up[0], gate_up[1], param(p + "mlp.down_proj.weight", {hidden, inter}),
-        &m.layer_specs, layer + ".mlp", layer + ".mlp.down_proj", layer + ".mlp.residual",
-        gate_up_spec ? &*gate_up_spec : nullptr);
+    h = layers::swiglu_mlp(g, w, dt, o.stack_projections, h,
+                           param(p + "post_attention_layernorm.weight", {hidden}), c.rms_norm_eps,
+                           hidden, inter, p + "mlp.", &m.layer_specs,
+                           layer + ".post_attention_norm", layer + ".mlp");
   }
   const bool tied = c.tie_word_embeddings || !w.has("lm_head.weight");
   const NodeId head = tied ? embed : param("lm_head.weight", {vocab, hidden});

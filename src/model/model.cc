@@ -370,6 +370,29 @@ NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId u
   return end_region(g, out, std::move(spec), specs, site);
 }
 
+NodeId swiglu_mlp(Graph& g, const Weights& w, DType dtype, bool stack, NodeId h, NodeId norm_weight,
+                  double eps, std::int64_t hidden, std::int64_t inter, const std::string& mlp_prefix,
+                  std::vector<LayerOpSpec>* specs, const std::string& norm_site,
+                  const std::string& site) {
+  const std::size_t specs_before = specs ? specs->size() : 0;
+  const std::vector<NodeId> gate_up = norm_project(
+      g, w, dtype, stack, h, norm_weight, eps, hidden, mlp_prefix + "gate_up_proj.",
+      {{mlp_prefix + "gate_proj.", inter}, {mlp_prefix + "up_proj.", inter}}, false, {}, specs,
+      norm_site);
+  // The rms_norm_matmul region norm_project built when stacked: with it, the activation's region
+  // nests around it (one GEMV with the SwiGLU epilogue) and down_proj plus the residual are a
+  // matmul_add region. A copy: swiglu_down_residual appends to `specs`.
+  const std::optional<LayerOpSpec> gate_up_spec =
+      specs && specs->size() == specs_before + 1 &&
+              specs->back().kind == LayerOpKind::rms_norm_matmul
+          ? std::optional<LayerOpSpec>(specs->back())
+          : std::nullopt;
+  const std::string down_name = mlp_prefix + "down_proj.weight";
+  const NodeId down = g.param(down_name, w.get(down_name, dtype, {hidden, inter}));
+  return swiglu_down_residual(g, h, gate_up[0], gate_up[1], down, specs, site, site + ".down_proj",
+                              site + ".residual", gate_up_spec ? &*gate_up_spec : nullptr);
+}
+
 std::pair<Tensor, Tensor> rope_tables(const ModelConfig& c, std::int64_t head_dim,
                                       std::int64_t max_seq_len) {
   const std::int64_t half = head_dim / 2;

@@ -165,6 +165,16 @@ NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId u
                             std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "",
                             const std::string& down_site = "", const std::string& label = "",
                             const LayerOpSpec* projection = nullptr);
+// The SwiGLU MLP with its residual, h + down(silu(gate) * up) with [gate | up] = rms_norm(h) @
+// [W_gate; W_up]^T: norm_project's gate|up product (weights `mlp_prefix` + gate_proj. / up_proj.,
+// stacked as `mlp_prefix` + gate_up_proj. when `stack`; an rms_norm_matmul region at `norm_site`
+// when stacked), then the Param `mlp_prefix` + down_proj.weight [hidden, inter] and
+// swiglu_down_residual with that region as its `projection` (sites `site`, `site` +
+// ".down_proj", label `site` + ".residual").
+NodeId swiglu_mlp(Graph& g, const Weights& w, DType dtype, bool stack, NodeId h, NodeId norm_weight,
+                  double eps, std::int64_t hidden, std::int64_t inter, const std::string& mlp_prefix,
+                  std::vector<LayerOpSpec>* specs, const std::string& norm_site,
+                  const std::string& site);
 // cos/sin tables [max_seq_len, D] for rope_theta and optional llama3 scaling.
 std::pair<Tensor, Tensor> rope_tables(const ModelConfig& config, std::int64_t head_dim,
                                       std::int64_t max_seq_len);
