@@ -18,6 +18,7 @@
 #include "splice/ir/graph.h"
 #include "splice/model/model.h"
 #include "splice/tune/optimize.h"
+#include "support/graph_test_util.h"
 #include "support/tiny_llama.h"
 
 namespace splice {
@@ -31,12 +32,7 @@ Graph llama(int rope_arm) {
       });
 }
 
-std::vector<NodeId> nodes_of(const Graph& g, Op op) {
-  std::vector<NodeId> found;
-  for (NodeId id : g.live_nodes())
-    if (g.node(id).op == op) found.push_back(id);
-  return found;
-}
+using testing::nodes_of;
 
 NodeId state_named(const Graph& g, const std::string& name) {
   for (NodeId id : g.live_nodes())

@@ -31,6 +31,7 @@
 #include "splice/ops/layer_ops.h"
 #include "splice/passes/layer_ops.h"
 #include "splice/tune/optimize.h"
+#include "support/graph_test_util.h"
 #include "support/test_util.h"
 #include "support/tiny_llama.h"
 
@@ -44,19 +45,8 @@ DecodeModel tiny_llama(DType dtype = DType::bf16) {
   return testing::rope_kv_append_llama(::testing::TempDir() + "/qkv_rope_llama", dtype);
 }
 
-std::vector<NodeId> nodes_of(const Graph& g, Op op) {
-  std::vector<NodeId> out;
-  for (NodeId id : g.live_nodes())
-    if (g.node(id).op == op) out.push_back(id);
-  return out;
-}
-
-std::vector<NodeId> branches_of(const Graph& g, const std::string& kind) {
-  std::vector<NodeId> out;
-  for (NodeId id : nodes_of(g, Op::Branch))
-    if (g.node(id).attrs.branch->recipe.kind == kind) out.push_back(id);
-  return out;
-}
+using testing::nodes_of;
+using testing::branches_of;
 
 TEST(QkvRopeGraph, OneOuterSpecPerLayerAfterItsInnerSpecs) {
   const DecodeModel m = tiny_llama();

@@ -23,6 +23,7 @@
 #include "splice/passes/layer_ops.h"
 #include "splice/tune/optimize.h"
 #include "support/rope_kv_append_region.h"
+#include "support/graph_test_util.h"
 #include "support/test_util.h"
 #include "support/tiny_llama.h"
 
@@ -37,12 +38,7 @@ DecodeModel tiny_llama() {
 }
 
 // The live nodes of `op`, in node order.
-std::vector<NodeId> nodes_of(const Graph& g, Op op) {
-  std::vector<NodeId> out;
-  for (NodeId id : g.live_nodes())
-    if (g.node(id).op == op) out.push_back(id);
-  return out;
-}
+using testing::nodes_of;
 
 // The State node a node's storage ends in.
 NodeId state_root(const Plan& plan, NodeId id) { return plan.storage_root[id.index]; }

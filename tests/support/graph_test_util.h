@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "splice/core/random.h"
 #include "splice/core/sym.h"
@@ -29,6 +31,22 @@ inline int count_op(const Graph& g, Op op) {
   int n = 0;
   for (NodeId id : g.live_nodes()) n += g.node(id).op == op;
   return n;
+}
+
+// Live nodes of `g` with op `op`, in node order.
+inline std::vector<NodeId> nodes_of(const Graph& g, Op op) {
+  std::vector<NodeId> out;
+  for (NodeId id : g.live_nodes())
+    if (g.node(id).op == op) out.push_back(id);
+  return out;
+}
+
+// Live Branch nodes of `g` whose recipe is of kind `kind` (a layer op's name), in node order.
+inline std::vector<NodeId> branches_of(const Graph& g, const std::string& kind) {
+  std::vector<NodeId> out;
+  for (NodeId id : nodes_of(g, Op::Branch))
+    if (g.node(id).attrs.branch->recipe.kind == kind) out.push_back(id);
+  return out;
 }
 
 }  // namespace splice::testing
