@@ -22,6 +22,9 @@
 //      out (-merge) and with the merge and the K/V stream left out (-mrg-kv;
 //      FlashDecodeDevKnobs::drop_stages, attribution only: outputs wrong), then at forced split
 //      counts 1 / 4 / 16 / 32.
+//   7. --warps-ab (replaces 1-6): B = 1 and 8 of the grid (head_dim 128) and the SmolLM2 shapes
+//      (with the model's capacity-256 cache too), each timed with 4-warp and 8-warp CTAs
+//      (FlashDecodeDevKnobs::warps), alternating, twice: the evidence for the plan's wide rule.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -72,6 +75,7 @@ struct Result {
   int sets = 0;
   int splits = 0;  // the grid's split dimension (forced or planned)
   int live = 0;    // splits the device plan runs at this k_len
+  int warps = 0;   // warps per CTA
   double us = 0.0;
   double spread_us = 0.0;  // max - min replay time per call
 };
@@ -121,9 +125,10 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   r.sets = in.sets;
   splice::DecodeAttentionOptions options;
   options.num_splits = forced_splits;
-  const splice::cuda::FlashDecodePlan plan =
-      splice::cuda::plan_flash_decode(s.batch, s.num_qo_heads, s.num_kv_heads, 1, s.head_dim,
-                                      s.cap(), s.cap(), splice::cuda::sm_count());
+  const splice::cuda::FlashDecodePlan plan = splice::cuda::plan_flash_decode(
+      s.batch, s.num_qo_heads, s.num_kv_heads, 1, s.head_dim, s.cap(), s.cap(),
+      splice::cuda::sm_count(), splice::cuda::flash_decode_dev_knobs().warps);
+  r.warps = plan.warps;
   r.splits = forced_splits > 0 ? static_cast<int>(forced_splits) : plan.num_splits;
   r.live = forced_splits > 0 ? static_cast<int>(forced_splits)
                              : splice::cuda::flash_decode_live_splits(plan, s.k_len);
@@ -152,8 +157,15 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
 
 // Sets the attribution knob (0: the mainline kernel).
 void set_drop_stages(int drop_stages) {
-  splice::cuda::FlashDecodeDevKnobs knobs;
+  splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
   knobs.drop_stages = drop_stages;
+  splice::cuda::set_flash_decode_dev_knobs(knobs);
+}
+
+// Sets the warps-per-CTA knob (0: the plan's rule).
+void set_warps(int warps) {
+  splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
+  knobs.warps = warps;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
@@ -177,6 +189,7 @@ int main(int argc, char** argv) {
   bool sweep = false;
   bool variants = true;
   bool ab = false;
+  bool warps_ab = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc)
@@ -193,10 +206,12 @@ int main(int argc, char** argv) {
       variants = false;
     else if (arg == "--ab")
       ab = true;
+    else if (arg == "--warps-ab")
+      warps_ab = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep] "
-                   "[--no-variants] [--ab]\n",
+                   "[--no-variants] [--ab] [--warps-ab]\n",
                    argv[0]);
       return 2;
     }
@@ -215,10 +230,11 @@ int main(int argc, char** argv) {
         const Shape s{batch, h[0], h[1], k_len, 128};
         if (quick && batch != 1 && s.kv_bytes() < (std::int64_t{1} << 30)) continue;
         if (ab && (batch != 1 || h[0] != 32 || h[1] != 8)) continue;
+        if (warps_ab && batch > 8) continue;
         if (static_cast<double>(s.kv_bytes()) <= max_kv_gb * 1e9) shapes.push_back(s);
       }
   for (std::int64_t k_len : {64, 256, 1024}) shapes.push_back(Shape{1, 9, 3, k_len, 64});
-  if (ab)  // the model's SmolLM2 cache: capacity 256, k_len 17-256
+  if (ab || warps_ab)  // the model's SmolLM2 cache: capacity 256, k_len 17-256
     for (std::int64_t k_len : {17, 64, 256}) shapes.push_back(Shape{1, 9, 3, k_len, 64, 256});
   // Smallest KV first (the peers use the same order): a latency-bound shape is never timed right
   // after a multi-GB one.
@@ -242,6 +258,28 @@ int main(int argc, char** argv) {
   BENCH_CHECK(cudaStreamSynchronize(stream));
   std::printf("device: %s; K/V pools 2 x %.2f GB\n", splice::cuda::device_name().c_str(),
               pool_bytes / 1e9);
+
+  if (warps_ab) {
+    std::printf("\n4-warp against 8-warp CTAs (us per call, graph replay; splits/live per width)\n");
+    std::printf("%-26s %4s %9s %9s %7s %7s %7s %7s %6s\n", "shape (B,Hq,Hkv,k_len,D)", "sets",
+                "w4 spl/lv", "w8 spl/lv", "w4", "w8", "w4", "w8", "w8/w4");
+    for (const Shape& s : shapes) {
+      Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
+      Result runs[4];
+      for (int i = 0; i < 4; ++i) {
+        set_warps(i % 2 == 0 ? 4 : 8);
+        runs[i] = run_shape(in, reps, stream);
+      }
+      set_warps(0);
+      const double w4 = std::min(runs[0].us, runs[2].us), w8 = std::min(runs[1].us, runs[3].us);
+      std::printf("%-26s %4d %4d/%-4d %4d/%-4d %7.2f %7.2f %7.2f %7.2f %6.3f\n",
+                  shape_name(s).c_str(), in.sets, runs[0].splits, runs[0].live, runs[1].splits,
+                  runs[1].live, runs[0].us, runs[1].us, runs[2].us, runs[3].us, w8 / w4);
+      std::fflush(stdout);
+    }
+    BENCH_CHECK(cudaStreamDestroy(stream));
+    return 0;
+  }
 
   if (ab) {
     // The table of dev/flash_b1: the plan's split count twice (their difference is the noise),
@@ -279,8 +317,8 @@ int main(int argc, char** argv) {
     Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
     results.push_back(run_shape(in, reps, stream));
     const Result& r = results.back();
-    std::printf("  %-26s sets=%-4d splits=%-3d live=%-3d %9.2f us (spread %.2f)\n",
-                shape_name(s).c_str(), r.sets, r.splits, r.live, r.us, r.spread_us);
+    std::printf("  %-26s sets=%-4d warps=%d splits=%-3d live=%-3d %9.2f us (spread %.2f)\n",
+                shape_name(s).c_str(), r.sets, r.warps, r.splits, r.live, r.us, r.spread_us);
     std::fflush(stdout);
   }
 
@@ -350,7 +388,7 @@ int main(int argc, char** argv) {
     json << "    {\"batch\": " << r.shape.batch << ", \"num_qo_heads\": " << r.shape.num_qo_heads
          << ", \"num_kv_heads\": " << r.shape.num_kv_heads << ", \"k_len\": " << r.shape.k_len
          << ", \"head_dim\": " << r.shape.head_dim << ", \"kv_bytes\": " << r.shape.kv_bytes()
-         << ", \"sets\": " << r.sets << ", \"splits\": " << r.splits
+         << ", \"sets\": " << r.sets << ", \"warps\": " << r.warps << ", \"splits\": " << r.splits
          << ", \"live_splits\": " << r.live << ", \"us\": " << r.us
          << ", \"spread_us\": " << r.spread_us << ", \"gbps\": " << gbps
          << ", \"floor_us\": " << floor_us << "}" << (i + 1 < results.size() ? "," : "") << "\n";

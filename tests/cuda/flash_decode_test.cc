@@ -489,6 +489,70 @@ TEST(FlashDecodeCuda, OutputIndependentOfSplitCount) {
   }
 }
 
+// Sets FlashDecodeDevKnobs::warps for a scope (0: the plan's rule) and restores it after.
+struct ForcedWarps {
+  cuda::FlashDecodeDevKnobs saved = cuda::flash_decode_dev_knobs();
+  explicit ForcedWarps(int warps) {
+    cuda::FlashDecodeDevKnobs knobs = saved;
+    knobs.warps = warps;
+    cuda::set_flash_decode_dev_knobs(knobs);
+  }
+  ~ForcedWarps() { cuda::set_flash_decode_dev_knobs(saved); }
+  ForcedWarps(const ForcedWarps&) = delete;
+  ForcedWarps& operator=(const ForcedWarps&) = delete;
+};
+
+// 4-warp and 8-warp CTAs (the plan picks 8 for small grids of long, split ranges at head_dim <=
+// 128, 4 elsewhere; here each width is forced on the same cases): each against the float64
+// reference over the features, one split and merged splits, q_len 1 and 8, ragged lengths, the
+// stable prefix; and the two widths within the stated split rounding of each other (a width
+// deals the tiles to the warps differently, so P is rounded against other running maxima).
+TEST(FlashDecodeCuda, NarrowAndWideCtasMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 450;
+  int index = 0;
+  for (std::int64_t head_dim : {64, 128}) {
+    for (std::int32_t len : {1, 17, 200, 700, 4097}) {
+      ++index;
+      Case c;
+      c.dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
+      c.batch = index % 3 == 0 ? 2 : 1;
+      c.num_qo_heads = index % 2 == 0 ? 9 : 8;
+      c.num_kv_heads = index % 2 == 0 ? 3 : 2;
+      c.q_len = index % 4 == 1 ? 8 : 1;
+      c.head_dim = head_dim;
+      c.capacity = len + 40;
+      c.k_len = c.batch == 2 ? std::vector<std::int32_t>{len, len / 2} : std::vector{len};
+      if (index % 5 == 2) c.window_left = 50;
+      if (index % 3 == 1) c.softcap = 20.0f;
+      c.alibi = index % 4 == 3;
+      Rng rng(seed++);
+      Problem problem(c, rng);
+      const auto [ref_out, ref_lse] = problem.reference();
+      std::pair<Tensor, Tensor> outs[2];
+      for (int w = 0; w < 2; ++w) {
+        const int warps = w == 0 ? cuda::kFlashDecodeWarps : cuda::kFlashDecodeWideWarps;
+        SCOPED_TRACE(c.str() + " warps=" + std::to_string(warps));
+        const ForcedWarps forced(warps);
+        outs[w] = problem.run();
+        EXPECT_TRUE(testing::close(outs[w].first, ref_out, default_tolerance(c.dtype)));
+        EXPECT_TRUE(testing::close(outs[w].second, ref_lse, kLseTolerance));
+        for (std::int64_t splits : {2, 5}) {  // merged splits at every length
+          problem.c.num_splits = splits;
+          const auto [out, lse] = problem.run();
+          problem.c.num_splits = 0;
+          EXPECT_TRUE(within_split_rounding(out, outs[w].first, c.dtype)) << "splits " << splits;
+        }
+        const auto [out, lse] = problem.run(nullptr, /*stable_prefix=*/true);
+        EXPECT_TRUE(testing::bit_equal(out, outs[w].first)) << "stable prefix";
+      }
+      SCOPED_TRACE(c.str());
+      EXPECT_TRUE(within_split_rounding(outs[1].first, outs[0].first, c.dtype));
+      EXPECT_TRUE(testing::close(outs[1].second, outs[0].second, Tolerance{1e-6, 1e-5}));
+    }
+  }
+}
+
 TEST(FlashDecodeCuda, RepeatedRunsAreBitwiseIdentical) {
   SKIP_WITHOUT_GPU();
   Case c;
@@ -496,7 +560,7 @@ TEST(FlashDecodeCuda, RepeatedRunsAreBitwiseIdentical) {
   c.num_kv_heads = 8;
   c.capacity = 16384;
   c.k_len = {16000};
-  for (std::int32_t len : {16000, 200}) {  // 33 merged splits; one split
+  for (std::int32_t len : {16000, 200}) {  // merged splits; one split
     SCOPED_TRACE("k_len=" + std::to_string(len));
     c.k_len = {len};
     Rng rng(500 + len);
@@ -827,8 +891,11 @@ TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
 
 TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   // Host-only: the plan rule of flash_decode.h.
-  const auto small = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132);
+  // 4-warp CTAs (forced; the rule picks them for grids of more than sm_count / 4 units).
+  const auto small = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132, 4);
   EXPECT_EQ(small.row_blocks, 1);
+  EXPECT_EQ(small.warps, 4);
+  EXPECT_EQ(small.ctas_per_sm, 2);
   EXPECT_EQ(small.num_splits, 132 * small.ctas_per_sm / 8);
   const auto few = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 300, 132);
   EXPECT_EQ(few.num_splits, 5);  // ceil(300 / 64)
@@ -849,6 +916,27 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::flash_decode_live_splits(small, 16384), 32);  // 512-key chunks
   const auto big = cuda::plan_flash_decode(128, 32, 8, 1, 128, 16384, 16384, 132);
   EXPECT_EQ(big.num_splits, 1);
+  EXPECT_EQ(big.warps, 4);  // 1024 units: 4-warp CTAs
+  // The wide rule: 8-warp CTAs (one per SM) at head_dim <= 128 when the grid has at most
+  // sm_count / 4 (b, kv head, row block) units and the bound splits into wide splits of >= 256
+  // keys; 4-warp CTAs otherwise (short ranges, one split, larger grids, head_dim 256).
+  const auto wide = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132);
+  EXPECT_EQ(wide.warps, 8);
+  EXPECT_EQ(wide.ctas_per_sm, 1);
+  EXPECT_EQ(wide.num_splits, 16);  // 132 / 8 units
+  EXPECT_EQ(cuda::flash_decode_live_splits(wide, 16384), 16);  // 1024-key chunks
+  EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 4096, 4096, 132).warps, 8);  // 256 a split
+  const auto short_range = cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132);
+  EXPECT_EQ(short_range.warps, 4);  // 16 wide splits of 64 keys: too few keys per CTA
+  EXPECT_EQ(short_range.num_splits, 16);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 256, 256, 132).warps, 4);  // the model's
+  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132).warps, 4);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 16384, 16384, 132).warps, 8);
+  EXPECT_EQ(cuda::plan_flash_decode(33, 8, 1, 1, 64, 65536, 65536, 132).warps, 8);
+  EXPECT_EQ(cuda::plan_flash_decode(34, 8, 1, 1, 64, 65536, 65536, 132).warps, 4);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 256, 16384, 16384, 132).warps, 4);
+  EXPECT_THROW(cuda::plan_flash_decode(1, 32, 8, 1, 256, 1024, 1024, 132, 8), ValueError);
+  EXPECT_THROW(cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132, 6), ValueError);
   const auto spec = cuda::plan_flash_decode(2, 64, 8, 8, 128, 1024, 1024, 132);
   EXPECT_EQ(spec.row_blocks, 4);  // 8 heads x 8 queries = 64 rows
 }

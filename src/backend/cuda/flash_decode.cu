@@ -17,6 +17,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 
@@ -29,7 +30,8 @@
 static_assert(splice::cuda::kFlashDecodeMaxSplits == splice::cuda::detail::kMaxSplits);
 static_assert(splice::cuda::kFlashDecodeRowsPerCta == splice::cuda::detail::kRows);
 static_assert(splice::cuda::kFlashDecodeTileKeys == splice::cuda::detail::kTileKeys);
-static_assert(splice::cuda::kFlashDecodeWarps == splice::cuda::detail::kWarps);
+static_assert(splice::cuda::kFlashDecodeWarps == splice::cuda::detail::kNarrowWarps);
+static_assert(splice::cuda::kFlashDecodeWideWarps == splice::cuda::detail::kWideWarps);
 
 namespace splice::cuda {
 namespace {
@@ -47,14 +49,17 @@ constexpr std::size_t kSmemReservedPerCta = 1024;
 constexpr std::int64_t kVecElems = 8;      // 16 bytes of 16-bit elements
 constexpr std::int64_t kHalfVecElems = 4;  // 8 bytes of 16-bit elements
 
-int smem_bytes(std::int64_t head_dim) {
+int smem_bytes(std::int64_t head_dim, int warps) {
+  const bool wide = warps == detail::kWideWarps;
   switch (head_dim) {
     case 64:
-      return FlashDecodeConfig<64>::kSmemBytes;
+      return wide ? FlashDecodeConfig<64, detail::kWideWarps>::kSmemBytes
+                  : FlashDecodeConfig<64, detail::kNarrowWarps>::kSmemBytes;
     case 128:
-      return FlashDecodeConfig<128>::kSmemBytes;
+      return wide ? FlashDecodeConfig<128, detail::kWideWarps>::kSmemBytes
+                  : FlashDecodeConfig<128, detail::kNarrowWarps>::kSmemBytes;
     default:
-      return FlashDecodeConfig<256>::kSmemBytes;
+      return FlashDecodeConfig<256, detail::kNarrowWarps>::kSmemBytes;
   }
 }
 
@@ -71,7 +76,14 @@ struct Workspace {
   std::size_t counter_count = 0;
   float* partials = nullptr;
   std::size_t partial_bytes = 0;
-  FlashDecodeDevKnobs knobs;
+  FlashDecodeDevKnobs knobs = knobs_from_environment();
+
+  static FlashDecodeDevKnobs knobs_from_environment() {
+    FlashDecodeDevKnobs knobs;
+    if (const char* warps = std::getenv("SPLICE_FLASH_DECODE_WARPS"); warps && *warps)
+      knobs.warps = std::atoi(warps);
+    return knobs;
+  }
 };
 
 Workspace& workspace() {
@@ -127,42 +139,49 @@ bool aligned(const Tensor& t, std::int64_t elems) {
 // registers let as many CTAs reside per SM as the plan assumes from shared memory alone (the
 // one-wave rule of speculation relies on it; 254 registers at head_dim 128 is the most that
 // still fits 2).
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kWarps>
 void prepare() {
   static std::once_flag once;
   std::call_once(once, [] {
-    constexpr int smem = FlashDecodeConfig<kHeadDim>::kSmemBytes;
-    SPLICE_CUDA_CHECK(cudaFuncSetAttribute(detail::flash_decode_kernel<T, kHeadDim>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
+    constexpr int smem = Cfg::kSmemBytes;
+    const auto kernel = detail::flash_decode_kernel<T, kHeadDim, kWarps>;
+    SPLICE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int resident = 0;
-    SPLICE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &resident, detail::flash_decode_kernel<T, kHeadDim>, detail::kThreads, smem));
+    SPLICE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Cfg::kThreads, smem));
     SPLICE_INTERNAL_CHECK(resident >= ctas_per_sm(smem), "flash_decode_kernel<head_dim ", kHeadDim,
-                          ">: ", resident, " resident CTAs per SM, the plan assumes ",
-                          ctas_per_sm(smem), " (registers?)");
+                          ", ", kWarps, " warps>: ", resident,
+                          " resident CTAs per SM, the plan assumes ", ctas_per_sm(smem),
+                          " (registers?)");
   });
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kWarps>
 void launch(const FlashDecodeParams& params, const dim3& grid, Stream stream) {
-  prepare<T, kHeadDim>();
+  prepare<T, kHeadDim, kWarps>();
   // launch.cuh's launcher (the PDL attribute unless disabled or the legacy stream); the kernel
   // obeys its safety rule (stage 0 waits before any global access or early return).
-  const detail::LaunchShape shape{grid, dim3(detail::kThreads, 1, 1),
-                                  FlashDecodeConfig<kHeadDim>::kSmemBytes};
-  detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim>, shape, stream, params);
+  using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
+  const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1), Cfg::kSmemBytes};
+  detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim, kWarps>, shape, stream, params);
 }
 
+// The instantiation for (head_dim, warps); wide CTAs exist at head_dim <= 128 (the plan's rule).
 template <typename T>
-void launch_head_dim(std::int64_t head_dim, const FlashDecodeParams& params, const dim3& grid,
-                     Stream stream) {
+void launch_instance(std::int64_t head_dim, int warps, const FlashDecodeParams& params,
+                     const dim3& grid, Stream stream) {
+  const bool wide = warps == detail::kWideWarps;
   switch (head_dim) {
     case 64:
-      return launch<T, 64>(params, grid, stream);
+      return wide ? launch<T, 64, detail::kWideWarps>(params, grid, stream)
+                  : launch<T, 64, detail::kNarrowWarps>(params, grid, stream);
     case 128:
-      return launch<T, 128>(params, grid, stream);
+      return wide ? launch<T, 128, detail::kWideWarps>(params, grid, stream)
+                  : launch<T, 128, detail::kNarrowWarps>(params, grid, stream);
     default:
-      return launch<T, 256>(params, grid, stream);
+      return launch<T, 256, detail::kNarrowWarps>(params, grid, stream);
   }
 }
 
@@ -171,26 +190,39 @@ void launch_head_dim(std::int64_t head_dim, const FlashDecodeParams& params, con
 FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                   std::int64_t num_kv_heads, std::int64_t q_len,
                                   std::int64_t head_dim, std::int64_t capacity,
-                                  std::int64_t max_live_k_len, int sm_count) {
+                                  std::int64_t max_live_k_len, int sm_count, int warps) {
   SPLICE_INTERNAL_CHECK(batch > 0 && num_kv_heads > 0 && num_qo_heads % num_kv_heads == 0 &&
                             q_len > 0 && sm_count > 0,
                         "plan_flash_decode needs validated shapes");
+  if (warps != 0 && warps != kFlashDecodeWarps &&
+      !(warps == kFlashDecodeWideWarps && head_dim <= 128))
+    fail<ValueError>("flash_decode: warps per CTA must be 0 (the plan's rule), ", kFlashDecodeWarps,
+                     " or ", kFlashDecodeWideWarps, " (head_dim <= 128), got ", warps,
+                     " at head_dim ", head_dim);
   FlashDecodePlan plan;
   const std::int64_t rows = (num_qo_heads / num_kv_heads) * q_len;
   plan.row_blocks = static_cast<int>((rows + kFlashDecodeRowsPerCta - 1) / kFlashDecodeRowsPerCta);
-  plan.ctas_per_sm = ctas_per_sm(smem_bytes(head_dim));
   const std::int64_t units = batch * num_kv_heads * plan.row_blocks;
   const std::int64_t bound =
       std::clamp<std::int64_t>(max_live_k_len, 1, std::max<std::int64_t>(capacity, 1));
   plan.single_split_keys =
       static_cast<int>(kFlashDecodeSingleSplitBytes / (2 * head_dim * kFlashDecodeElementBytes));
   const std::int64_t max_useful = (bound + plan.min_chunk - 1) / plan.min_chunk;
-  const std::int64_t slots = static_cast<std::int64_t>(sm_count) * plan.ctas_per_sm;
-  const std::int64_t fill = std::max<std::int64_t>(1, slots / units);
-  plan.num_splits = bound <= plan.single_split_keys
-                        ? 1
-                        : static_cast<int>(std::clamp<std::int64_t>(
-                              fill, 1, std::min<std::int64_t>(max_useful, kFlashDecodeMaxSplits)));
+  // Splits that fill one wave of CTAs of `width` warps.
+  const auto splits_for = [&](int width) {
+    if (bound <= plan.single_split_keys) return 1;
+    const std::int64_t slots =
+        static_cast<std::int64_t>(sm_count) * ctas_per_sm(smem_bytes(head_dim, width));
+    const std::int64_t fill = std::max<std::int64_t>(1, slots / units);
+    return static_cast<int>(std::clamp<std::int64_t>(
+        fill, 1, std::min<std::int64_t>(max_useful, kFlashDecodeMaxSplits)));
+  };
+  const int wide_splits = splits_for(kFlashDecodeWideWarps);
+  const bool wide_rule = head_dim <= 128 && units <= sm_count / 4 && wide_splits > 1 &&
+                         bound >= kFlashDecodeWideMinKeys * wide_splits;
+  plan.warps = warps != 0 ? warps : (wide_rule ? kFlashDecodeWideWarps : kFlashDecodeWarps);
+  plan.ctas_per_sm = ctas_per_sm(smem_bytes(head_dim, plan.warps));
+  plan.num_splits = splits_for(plan.warps);
   plan.grid_x = plan.row_blocks;
   plan.grid_y = plan.num_splits;
   plan.grid_z = batch * num_kv_heads;
@@ -298,8 +330,10 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
     fail<ValueError>("flash_decode: `num_splits` must be >= 0, got ", options.num_splits);
 
   // Stage 2: the plan at the capacity bound.
+  const FlashDecodeDevKnobs knobs = flash_decode_dev_knobs();
+  const int knob_warps = head_dim <= 128 ? knobs.warps : 0;  // no wide CTAs at head_dim 256
   const FlashDecodePlan plan = plan_flash_decode(batch, num_qo_heads, num_kv_heads, q_len, head_dim,
-                                                 capacity, capacity, sm_count());
+                                                 capacity, capacity, sm_count(), knob_warps);
   const std::int64_t max_splits =
       std::max<std::int64_t>(1, (capacity + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys);
   const std::int64_t forced =
@@ -361,7 +395,6 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // bandwidth in a multi-wave one, so only one-wave grids speculate.
   const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * plan.ctas_per_sm;
   p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
-  const FlashDecodeDevKnobs knobs = flash_decode_dev_knobs();
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
   p.stable_prefix = stable_prefix ? 1 : 0;  // supersedes speculation (kernel stage 0')
@@ -384,9 +417,9 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (stable_prefix) g_stable_prefix_launches.fetch_add(1, std::memory_order_relaxed);
   if (q.dtype() == DType::bf16)
-    launch_head_dim<__nv_bfloat16>(head_dim, p, grid, stream);
+    launch_instance<__nv_bfloat16>(head_dim, plan.warps, p, grid, stream);
   else
-    launch_head_dim<__half>(head_dim, p, grid, stream);
+    launch_instance<__half>(head_dim, plan.warps, p, grid, stream);
 }
 
 FlashDecodeLaunches flash_decode_launches() {

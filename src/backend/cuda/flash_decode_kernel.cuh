@@ -1,9 +1,13 @@
 // Device code of the flash-decode attention kernel (spec decode_attention.md §5). POD params in,
 // nothing from ir/plan/exec; the launcher (flash_decode.cu) plans the grid and checks arguments.
 //
-// One CTA = (row block rb, split s, batch b x kv head h); 4 warps; 16 query rows (one m16 tile:
-// row = g * q_len + i for group member g and query i, padded with empty rows). The launcher may
-// launch with programmatic dependent launch (PDL).
+// One CTA = (row block rb, split s, batch b x kv head h); W warps (4, or 8 in the plan's wide
+// CTAs), each streaming its own keys; 16 query rows (one m16 tile: row = g * q_len + i for group
+// member g and query i, padded with empty rows). The launcher may launch with programmatic
+// dependent launch (PDL).
+// Wide CTAs (flash_decode.h's plan rule: a small grid whose long ranges are split into >= 256-key
+// splits) stream a split with twice the warps, so the grid needs half the splits for the same
+// bytes in flight and the merge reads half the partials (docs/perf.md runs 42-44).
 //   0. PDL: wait until the previous kernel has finished and its writes are visible, then let the
 //      next kernel in the stream start launching (no-ops without PDL). Without the stable-prefix
 //      promise nothing is read or written before the wait, so the split workspace and every
@@ -17,7 +21,7 @@
 //      K/V loads overlap the producer's tail instead of following it.
 //   1. Issue at once, independent of each other: the k_len load, the ALiBi slopes, the 16 query
 //      rows (cp.async group 0, zeros for padding rows) and, speculatively, tile 0 of each warp's
-//      K/V stream in split 0 (group 1: keys [16 w, 16 w + 16) for warp w, the first 64 keys of
+//      K/V stream in split 0 (group 1: keys [16 w, 16 w + 16) for warp w, the first 16 W keys of
 //      the split), where the launcher sets p.speculate (no left window, a one-wave grid, no
 //      stable-prefix promise): then split 0 starts at key 0 at every k_len. The tile is read up
 //      to the capacity (keys < capacity stay in bounds); what lies at or beyond the live end is
@@ -92,8 +96,10 @@ namespace splice::cuda::detail {
 
 inline constexpr int kRows = 16;      // query rows per CTA (one m16 tile)
 inline constexpr int kTileKeys = 16;  // keys per warp step
-inline constexpr int kWarps = 4;
-inline constexpr int kThreads = kWarps * 32;
+// Warps per CTA, each its own key stream: 4, or 8 where the plan asks for wide CTAs (a grid of
+// few CTAs, head_dim <= 128: flash_decode.h's plan rule).
+inline constexpr int kNarrowWarps = 4;
+inline constexpr int kWideWarps = 8;
 inline constexpr int kMaxSplits = 256;
 // Splits whose (lse2_s, O_s) the merging CTA loads at once: one L2 round trip per batch (16
 // float4 + 16 floats in registers per output slot). Registers bound it: the plan assumes the
@@ -105,9 +111,12 @@ inline constexpr int kMergeBatch = 16;
 // split merge (partials are stored, nothing merged) and the K/V stream (no tiles loaded).
 inline constexpr int kDropMerge = 1;
 inline constexpr int kDropKv = 2;
-// Stages a kernel-stamps build records (kernel_stamps.h marks 2..): q and the new keys in shared
-// memory, warp 0's tile loop done, the output (or the split's partial) stored.
+// Stages a kernel-stamps build records (kernel_stamps.h marks 2..), in time order: q and the new
+// keys in shared memory (2), warp 0's first tile done (6), warp 0's tile loop done (3), every
+// warp's loop done (5), the warp-merge scratch written (7), the output (or the split's partial)
+// stored (4).
 inline constexpr unsigned kMarkQReady = 2, kMarkLoopDone = 3, kMarkStored = 4;
+inline constexpr unsigned kMarkWarpsDone = 5, kMarkFirstTile = 6, kMarkScratch = 7;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
@@ -149,8 +158,9 @@ struct FlashDecodeParams {
   int q_len_shift;
 };
 
-template <int kHeadDim>
+template <int kHeadDim, int kWarps>
 struct FlashDecodeConfig {
+  static constexpr int kThreads = kWarps * 32;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kStages = kHeadDim == 256 ? 2 : (kHeadDim == 64 ? 4 : 3);
   static constexpr int kTileBytes = kTileKeys * kHeadDim * 2;
@@ -336,10 +346,11 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
   return r;
 }
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kThreads, 1)
+template <typename T, int kHeadDim, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 1)
     flash_decode_kernel(const __grid_constant__ FlashDecodeParams p) {
-  using Cfg = FlashDecodeConfig<kHeadDim>;
+  using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
+  constexpr int kThreads = Cfg::kThreads;
   constexpr int kChunks = Cfg::kChunks;
   constexpr int kStages = Cfg::kStages;
   constexpr int kSlotsPerRow = kHeadDim / 4;  // float4 slots per output row
@@ -441,9 +452,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   unsigned char* q_smem = smem;
-  static_assert(kRows * kChunks % kThreads == 0);
+  constexpr int kQCopies = kRows * kChunks;  // 16-byte chunks of the CTA's q rows
 #pragma unroll
-  for (int n = 0; n < kRows * kChunks / kThreads; ++n) {  // 1, 2, 4 chunks per thread
+  for (int n = 0; n < (kQCopies + kThreads - 1) / kThreads; ++n) {  // 4 warps: 1, 2, 4 chunks
+    if (kQCopies % kThreads != 0 && tid + n * kThreads >= kQCopies) break;
     const int row = tid / kChunks + n * (kThreads / kChunks);
     const int ch = tid % kChunks;
     const int gr = row_base + row;
@@ -471,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The keys this step's producers wrote, [k_len - q_len, c1), of the prologue tiles: the whole
     // CTA copies them, kThreads / kChunks keys a pass (one pass for q_len <= 16 at head_dim 64),
     // each chunk to where its tile's warp keeps it: tile t = (key - c0) / 16 of the split is
-    // warp t % 4's tile t / 4, in ring stage t / 4 (a prologue tile when t / 4 < kStages - 1).
+    // warp t % W's tile t / W, in ring stage t / W (a prologue tile when t / W < kStages - 1).
     // The wait for every group and the CTA barrier below publish them to that warp.
     const int ch = tid % kChunks;
 #pragma unroll 1
@@ -692,17 +704,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       Num<T>::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
     }
     __syncwarp();
+    if (it == 0) stages.mark(kMarkFirstTile);
   }
   cp_async_wait<0>();
   stages.mark(kMarkLoopDone);
 
-  // Stage 5: merge the four warps' states in shared memory.
+  // Stage 5: merge the warps' states in shared memory.
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
     l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
   }
   __syncthreads();  // every warp is done with its ring: reuse it as scratch
+  stages.mark(kMarkWarpsDone);
   float* red_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);  // [warps][16][kRedStride]
   float* red_m = red_o + kWarps * kRows * Cfg::kRedStride;       // [warps][16]
   float* red_l = red_m + kWarps * kRows;                         // [warps][16]
@@ -723,6 +737,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
+  stages.mark(kMarkScratch);
 
   const int valid_rows = min(kRows, p.rows - row_base);
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {

@@ -899,8 +899,9 @@ __device__ __forceinline__ void silu_mul_row_to_shared(const Params& p, uint4* h
   __syncthreads();
 }
 
-// Stage stamps of thread 0 of CTA 0 (kernel-stamps builds: dev/step_stamps): the prologue's end
-// (silu_mul: its barrier), the FMAs' end (the weights have landed), the store.
+// Stage stamps of thread 0 of CTA 0 (kernel-stamps builds: dev/step_stamps) in the one-row
+// kernels (row, rope_pairs, swiglu_pairs): the prologue's end (silu_mul: its barrier; rms_norm:
+// the normalized row in registers), the FMAs' end (the weights have landed), the store.
 inline constexpr unsigned kMarkPrologueDone = 2, kMarkProductDone = 3, kMarkRowStored = 4;
 
 template <typename T, int kCols, int kSlots, Prologue kPro>
@@ -1068,6 +1069,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   };
 
   // Stage 2: only the promised-constant reads go before the wait.
+  const detail::StageStamps stages;  // kernel-stamps builds only (launch.cuh); empty otherwise
   if (p.trigger_first && single_wave) detail::allow_dependents();  // the next kernel may launch
   if (p.product.w_constant && has_pair) load_weights();
   if (p.position_stable && stores) {
@@ -1081,6 +1083,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (!p.product.w_constant) load_weights();
   Raw x_raw[kSlots][1];  // [slots, 1] vectors of the normalized row
   register_rms_norm_rows<T, 1, kSlots>(p.product, x_raw, lane, num_vec);
+  stages.mark(kMarkPrologueDone);
   if (!p.position_stable && stores) {
     read_position();
     read_tables();
@@ -1088,6 +1091,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   // Stage 4: gemv_kernel's stage 3 for one row and the two columns.
   float acc[2];
   accumulate_row<T, kSlots, 2, kPartials>(x_raw, w_raw, num_vec, acc);
+  stages.mark(kMarkProductDone);
   const float sum = transposed_warp_sum(acc, lane);  // y0 in lanes 0 .. 15, y1 in 16 .. 31
   const float other = __shfl_xor_sync(kFullMask, sum, kWarpSize / 2);
   if (!stores) return;
@@ -1104,6 +1108,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   } else if (is_q) {
     *y = from_float<T>(0.0f);
   }
+  stages.mark(kMarkRowStored);
 }
 
 // ---- the SwiGLU epilogue (launch_swiglu, gemv.h's SwigluParams) -----------------------------
@@ -1175,6 +1180,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   // The trigger (first thing in a one-wave grid, as row_kernel), stage 2 (only the
   // promised-constant weights), the wait.
+  const detail::StageStamps stages;  // kernel-stamps builds only (launch.cuh); empty otherwise
   if (single_wave) detail::allow_dependents();  // launch.cuh
   if (q.w_constant && has_pair) load_weights();
   detail::wait_for_producers();
@@ -1183,9 +1189,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (!q.w_constant) load_weights();
   uint4 x_raw[kSlots][1];  // [slots, 1] vectors of the normalized row
   register_rms_norm_rows<T, 1, kSlots>(q, x_raw, lane, num_vec);
+  stages.mark(kMarkPrologueDone);
   // Stage 4: gemv_kernel's stage 3 for one row and the four columns.
   float acc[kCols];
   accumulate_row<T, kSlots, kCols, kPartials>(x_raw, w_raw, num_vec, acc);
+  stages.mark(kMarkProductDone);
   const float sum = transposed_warp_sum(acc, lane);  // gate in lanes 0 .. 15, up in 16 .. 31
   const float up = __shfl_xor_sync(kFullMask, sum, kWarpSize / 2);
   if (!stores) return;
@@ -1193,6 +1201,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const float g = to_float(from_float<T>(sum)), u = to_float(from_float<T>(up));
   const float s = to_float(from_float<T>(g / (1.0f + expf(-g))));
   *target = from_float<T>(__fmul_rn(s, u));
+  stages.mark(kMarkRowStored);
 }
 
 // ---- host ----------------------------------------------------------------------------------

@@ -198,9 +198,20 @@ struct LaunchShape {
 // with the PDL attribute when pdl_enabled() and the stream is not the legacy default stream;
 // every runtime error is raised as a CudaError (check.h). The kernel must obey the safety rule
 // above.
+// The carveout rule: every kernel launched here prefers the largest shared-memory carveout
+// (cudaFuncAttributePreferredSharedMemoryCarveout, set once per kernel; primitives.cu). An SM
+// runs its resident CTAs under one L1 / shared-memory split, and a CTA that needs more shared
+// memory than an SM's current split allows waits until that SM drains to be reconfigured; with
+// one preference for every kernel of a step, flash decode's CTAs (66-196 KB) become resident
+// while their producer still runs, as PDL intends. The GEMVs give up L1 they barely use (weights
+// bypass it). SPLICE_SMEM_CARVEOUT=<percent> overrides the preference, -1 leaves the driver's
+// default (A/B tests: docs/perf.md runs 43-44).
+void prefer_smem_carveout(const void* kernel);
+
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), const LaunchShape& shape, Stream stream,
                    Args&&... args) {
+  prefer_smem_carveout(reinterpret_cast<const void*>(kernel));
   cudaLaunchConfig_t config{};
   config.gridDim = shape.grid;
   config.blockDim = shape.block;

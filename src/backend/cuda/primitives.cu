@@ -30,6 +30,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "backend/cuda/check.h"
@@ -603,6 +605,23 @@ bool pdl_enabled() { return pdl_switch().load(std::memory_order_relaxed); }
 void set_pdl_enabled(bool enabled) { pdl_switch().store(enabled, std::memory_order_relaxed); }
 
 namespace detail {
+
+// launch.cuh's carveout rule: every kernel prefers the largest shared-memory carveout, set once
+// per kernel; SPLICE_SMEM_CARVEOUT=<percent> overrides the preference, -1 leaves the driver's
+// default (read once, at the first launch).
+void prefer_smem_carveout(const void* kernel) {
+  static const int percent = [] {
+    const char* value = std::getenv("SPLICE_SMEM_CARVEOUT");
+    return value && *value ? std::atoi(value) : cudaSharedmemCarveoutMaxShared;
+  }();
+  if (percent < 0) return;
+  static std::mutex mutex;
+  static std::set<const void*> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!done.insert(kernel).second) return;
+  SPLICE_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+}
 
 Tensor scratch(const Dims& shape, DType dtype, Device device) {
   Tensor t = Tensor::empty(shape, dtype, device);

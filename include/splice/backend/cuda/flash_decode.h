@@ -36,6 +36,8 @@ using Stream = CUstream_st*;  // a cudaStream_t; nullptr is the legacy default s
 inline constexpr int kFlashDecodeRowsPerCta = 16;   // one m16 tensor-core tile of query rows
 inline constexpr int kFlashDecodeTileKeys = 16;     // keys a warp consumes per step
 inline constexpr int kFlashDecodeWarps = 4;         // warps per CTA, each its own key stream
+inline constexpr int kFlashDecodeWideWarps = 8;     // warps per CTA of the plan's wide CTAs
+inline constexpr int kFlashDecodeWideMinKeys = 256;  // fewest keys per split the wide rule takes
 inline constexpr int kFlashDecodeMinChunk = 64;     // fewest keys per split (one tile per warp)
 inline constexpr int kFlashDecodeMaxSplits = 256;   // most splits (forced ones included)
 inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
@@ -50,6 +52,7 @@ struct FlashDecodePlan {
   int row_blocks = 1;   // ceil(group * q_len / 16)
   int num_splits = 1;   // the grid's split dimension (an upper bound on live splits)
   int ctas_per_sm = 2;  // resident CTAs per SM the split rule assumes
+  int warps = kFlashDecodeWarps;  // warps per CTA: kFlashDecodeWarps or kFlashDecodeWideWarps
   int min_chunk = kFlashDecodeMinChunk;
   int single_split_keys = 0;        // live ranges of at most this many keys run as one split
   std::int64_t grid_x = 1;          // row_blocks
@@ -59,7 +62,14 @@ struct FlashDecodePlan {
 };
 
 // Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
-// capturing a graph that must serve every k_len). Rule: with
+// capturing a graph that must serve every k_len). Width: wide CTAs (kFlashDecodeWideWarps warps,
+// one per SM) when head_dim <= 128, units = batch * num_kv_heads * row_blocks <= sm_count / 4
+// and the bound splits into wide splits of >= kFlashDecodeWideMinKeys keys (the long-context
+// small-batch grids: half the splits for the same bytes in flight, half the partials to merge;
+// 0.82-0.95 of the 4-warp time from 4K keys at B = 1, docs/perf.md run 42), else
+// kFlashDecodeWarps (wide CTAs lost 0.3-0.4 us where a CTA holds few tiles, and in the model's
+// single-split step); `warps` = 4 or 8 forces the width (8 only at head_dim <= 128). ctas_per_sm
+// is what that CTA's shared memory allows. With
 //   single_split_keys = kFlashDecodeSingleSplitBytes / (2 * head_dim * 2),
 // one split when max_live_k_len <= single_split_keys, else fill one wave of resident CTAs,
 //   num_splits = clamp(floor(sm_count * ctas_per_sm / (batch * num_kv_heads * row_blocks)),
@@ -70,7 +80,7 @@ struct FlashDecodePlan {
 FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                   std::int64_t num_kv_heads, std::int64_t q_len,
                                   std::int64_t head_dim, std::int64_t capacity,
-                                  std::int64_t max_live_k_len, int sm_count);
+                                  std::int64_t max_live_k_len, int sm_count, int warps = 0);
 
 // The split count the kernel runs for a live visible range of n keys with no forced count (its
 // stage-2 rule, which the kernel evaluates on the device): 1 while n <= single_split_keys, else
@@ -91,6 +101,10 @@ struct FlashDecodeDevKnobs {
   // Attribution only (the outputs are then wrong): bit 0 leaves the split merge out (partials
   // stored, nothing merged or written), bit 1 the K/V stream (no tile loaded).
   int drop_stages = 0;
+  // Warps per CTA for every launch (0: the plan's rule; 4 or 8, 8 only at head_dim <= 128). Its
+  // default comes from the environment variable SPLICE_FLASH_DECODE_WARPS (read once), so a
+  // whole process (a model bench) can be A/B-tested.
+  int warps = 0;
 };
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
