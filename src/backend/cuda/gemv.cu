@@ -836,6 +836,35 @@ __device__ __forceinline__ void accumulate_row(const uint4 (&x_raw)[kSlots][1],
   }
 }
 
+// Stages 1-2 of the one-row kernels (row_kernel, swiglu_pairs_kernel): this lane's 16-byte
+// vectors of kCols weight rows, slot u of row c being the row's vector u * 32 + lane (one pointer
+// per row, u * 512 bytes further per slot: the load's immediate offset), zeros past the row.
+// Rows past n are clamped to n - 1 (loaded, never stored).
+template <typename T, int kSlots, int kCols>
+struct LaneWeights {
+  static constexpr int kSlotElems = kWarpSize * (kVectorBytes / static_cast<int>(sizeof(T)));
+  const T* lane_row[kCols];   // each: this lane's vector of slot 0 of row c
+  uint4 raw[kSlots][kCols];  // [slots, cols] vectors of w
+
+  __device__ __forceinline__ LaneWeights(const Params& p, const std::int64_t (&rows)[kCols],
+                                         int lane) {
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+      lane_row[c] = static_cast<const T*>(p.w) + std::min(rows[c], p.n - 1) * p.w_row_stride +
+                    lane * (kVectorBytes / static_cast<int>(sizeof(T)));
+  }
+  // lane_vectors = the row's vectors less the lane index: slot u is in the row when u * 32 <
+  // lane_vectors.
+  __device__ __forceinline__ void load(int lane_vectors) {
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        raw[u][c] = load_weight(reinterpret_cast<const uint4*>(lane_row[c] + u * kSlotElems),
+                                u * kWarpSize < lane_vectors);
+  }
+};
+
 // ---- the decode-row kernel (launch()'s one-row, one-wave products) ---------------------------
 //
 // launch() routes here a product of one x row whose weight and x rows are 16-byte vectors, that
@@ -907,7 +936,6 @@ inline constexpr unsigned kMarkPrologueDone = 2, kMarkProductDone = 3, kMarkRowS
 template <typename T, int kCols, int kSlots, Prologue kPro>
 __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
-  constexpr int kSlotElems = kWarpSize * kVec;  // a slot of one row: 32 vectors
   constexpr int kLanesPerValue = kWarpSize / kCols;
   // silu_mul: [2, num_vec] 16-byte vectors, h (rewritten over a) then b's staging area
   extern __shared__ __align__(16) unsigned char silu_rows[];
@@ -918,22 +946,12 @@ __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
   const bool has_group = group < static_cast<int>((p.n + kCols - 1) / kCols);  // warp-uniform
   const int lane_vectors = num_vec - lane;  // slot u is in the row when u * 32 < lane_vectors
 
-  // Stages 1-2: this lane's first vector of each of the group's weight rows.
+  // Stages 1-2: the group's weight rows.
   const std::int64_t j0 = static_cast<std::int64_t>(has_group ? group : 0) * kCols;
-  const T* w_lane[kCols];  // each: slot u at + u * kSlotElems
+  std::int64_t rows[kCols];
 #pragma unroll
-  for (int c = 0; c < kCols; ++c)
-    w_lane[c] = static_cast<const T*>(p.w) + std::min(j0 + c, p.n - 1) * p.w_row_stride +
-                lane * kVec;
-  uint4 w_raw[kSlots][kCols];  // [slots, cols] vectors of w
-  const auto load_weights = [&] {
-#pragma unroll
-    for (int u = 0; u < kSlots; ++u)
-#pragma unroll
-      for (int c = 0; c < kCols; ++c)
-        w_raw[u][c] = load_weight(reinterpret_cast<const uint4*>(w_lane[c] + u * kSlotElems),
-                                  u * kWarpSize < lane_vectors);
-  };
+  for (int c = 0; c < kCols; ++c) rows[c] = j0 + c;
+  LaneWeights<T, kSlots, kCols> w(p, rows, lane);
 
   // Stage 5's target: lane l holds column l / kLanesPerValue after the reduction.
   const int out_col = lane / kLanesPerValue;
@@ -945,14 +963,14 @@ __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
   // Stage 6.
   const detail::StageStamps stages;  // kernel-stamps builds only (launch.cuh); empty otherwise
   detail::allow_dependents();  // first thing: one wave (launch.cuh)
-  if (p.w_constant && has_group) load_weights();
+  if (p.w_constant && has_group) w.load(lane_vectors);
   detail::wait_for_producers();
   residual.issue(p.c_dtype);
   uint4* const h = reinterpret_cast<uint4*>(silu_rows);  // [num_vec]
   if constexpr (kPro == Prologue::silu_mul) silu_mul_row_to_shared<T>(p, h, h + num_vec, num_vec);
   stages.mark(kMarkPrologueDone);
   if (!has_group) return;
-  if (!p.w_constant) load_weights();
+  if (!p.w_constant) w.load(lane_vectors);
   uint4 x_raw[kSlots][1];  // [slots, 1] vectors of x
   if constexpr (kPro == Prologue::rms_norm) {
     register_rms_norm_rows<T, 1, kSlots>(p, x_raw, lane, num_vec);
@@ -972,7 +990,7 @@ __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
 
   // Stage 3.
   float acc[kCols];
-  accumulate_row<T, kSlots, kCols, (kCols < kMinChains)>(x_raw, w_raw, num_vec, acc);
+  accumulate_row<T, kSlots, kCols, (kCols < kMinChains)>(x_raw, w.raw, num_vec, acc);
   stages.mark(kMarkProductDone);
   // Stage 5.
   const float sum = transposed_warp_sum(acc, lane);
@@ -1144,7 +1162,6 @@ template <typename T, int kSlots, bool kPartials>
 __global__ void __launch_bounds__(kMaxThreads)
     swiglu_pairs_kernel(const SwigluParams p, bool single_wave) {
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
-  constexpr int kSlotElems = kWarpSize * kVec;  // a slot of one row: 32 vectors
   constexpr int kCols = 4;                      // gate j, gate j + 1, up j, up j + 1
   constexpr int kLanesPerValue = kWarpSize / kCols;
   const Params& q = p.product;
@@ -1155,23 +1172,10 @@ __global__ void __launch_bounds__(kMaxThreads)
   const bool has_pair = pair < static_cast<int>((inter + 1) / 2);  // warp-uniform
   const int num_vec = static_cast<int>(q.k / kVec);
   const int lane_vectors = num_vec - lane;  // slot u is in the row when u * 32 < lane_vectors
-  // Stage 1: this lane's first vector of each of the four weight rows.
+  // Stage 1: the four weight rows.
   const std::int64_t j = 2 * static_cast<std::int64_t>(has_pair ? pair : 0);
-  const std::int64_t cols[kCols] = {j, j + 1, inter + j, inter + j + 1};
-  const T* w_lane[kCols];  // each: slot u at + u * kSlotElems
-#pragma unroll
-  for (int c = 0; c < kCols; ++c)
-    w_lane[c] =
-        static_cast<const T*>(q.w) + std::min(cols[c], q.n - 1) * q.w_row_stride + lane * kVec;
-  uint4 w_raw[kSlots][kCols];  // [slots, cols] vectors of w
-  const auto load_weights = [&] {
-#pragma unroll
-    for (int u = 0; u < kSlots; ++u)
-#pragma unroll
-      for (int c = 0; c < kCols; ++c)
-        w_raw[u][c] = load_weight(reinterpret_cast<const uint4*>(w_lane[c] + u * kSlotElems),
-                                  u * kWarpSize < lane_vectors);
-  };
+  const std::int64_t rows[kCols] = {j, j + 1, inter + j, inter + j + 1};
+  LaneWeights<T, kSlots, kCols> w(q, rows, lane);
   // Stage 5's target: lane 0 stores out[j], lane 8 out[j + 1].
   const std::int64_t e = j + lane / kLanesPerValue;
   const bool stores =
@@ -1182,17 +1186,17 @@ __global__ void __launch_bounds__(kMaxThreads)
   // promised-constant weights), the wait.
   const detail::StageStamps stages;  // kernel-stamps builds only (launch.cuh); empty otherwise
   if (single_wave) detail::allow_dependents();  // launch.cuh
-  if (q.w_constant && has_pair) load_weights();
+  if (q.w_constant && has_pair) w.load(lane_vectors);
   detail::wait_for_producers();
   if (!has_pair) return;
   // Stage 3.
-  if (!q.w_constant) load_weights();
+  if (!q.w_constant) w.load(lane_vectors);
   uint4 x_raw[kSlots][1];  // [slots, 1] vectors of the normalized row
   register_rms_norm_rows<T, 1, kSlots>(q, x_raw, lane, num_vec);
   stages.mark(kMarkPrologueDone);
   // Stage 4: gemv_kernel's stage 3 for one row and the four columns.
   float acc[kCols];
-  accumulate_row<T, kSlots, kCols, kPartials>(x_raw, w_raw, num_vec, acc);
+  accumulate_row<T, kSlots, kCols, kPartials>(x_raw, w.raw, num_vec, acc);
   stages.mark(kMarkProductDone);
   const float sum = transposed_warp_sum(acc, lane);  // gate in lanes 0 .. 15, up in 16 .. 31
   const float up = __shfl_xor_sync(kFullMask, sum, kWarpSize / 2);
