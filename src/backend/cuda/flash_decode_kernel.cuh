@@ -7,7 +7,7 @@
 // dependent launch (PDL).
 // Wide CTAs (flash_decode.h's plan rule: a small grid whose long ranges are split into >= 256-key
 // splits) stream a split with twice the warps, so the grid needs half the splits for the same
-// bytes in flight and the merge reads half the partials (docs/perf.md runs 42-44).
+// bytes in flight and the merge reads half the partials (docs/perf.md run 42).
 //   0. PDL: wait until the previous kernel has finished and its writes are visible, then let the
 //      next kernel in the stream start launching (no-ops without PDL). Without the stable-prefix
 //      promise nothing is read or written before the wait, so the split workspace and every
@@ -37,7 +37,7 @@
 //        else:    chunk = max(min_chunk, round_up(ceil(n / S), 16)) with S = gridDim.y;
 //      live = ceil(n / chunk); CTAs with s >= live exit. Split s owns keys
 //      [c0, c1) = [lo + s * chunk, min(hi, lo + (s + 1) * chunk)).
-//   3. Loads. Each warp streams its own 16-key tiles t = warp, warp + 4, ... of [c0, c1) through
+//   3. Loads. Each warp streams its own 16-key tiles t = warp, warp + W, ... of [c0, c1) through
 //      a private cp.async ring (16-byte loads, kStages - 1 tiles in flight ahead of the one in
 //      use, rows swizzled by chunk ^ (row & 7) so ldmatrix is conflict-free). Tiles 0 ..
 //      kStages - 2 (tile 0 already, if speculative) are issued after the plan, tiles < c1 only;
