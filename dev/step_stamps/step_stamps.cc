@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
     std::vector<std::vector<GridStamps>> per_step_stamps;
     std::vector<double> wall;
     for (int i = 0; i < steps; ++i) {
-      stamps::start(std::size_t{1} << 14);  // 184 launches x 8 marks fit without aliasing
+      stamps::start(std::size_t{1} << 14);  // 184 launches x 16 marks fit without aliasing
       const auto t0 = std::chrono::steady_clock::now();
       gen.step_greedy();
       wall.push_back(
@@ -255,19 +255,24 @@ int main(int argc, char** argv) {
     std::printf(
         "\n== arrival at the wait after the previous launch's wait return (launch latency and "
         "pre-wait work; above the previous launch's share = the kernel was late), and the "
-        "kernel's own stage marks after its wait return (median us)\n%-56s %8s",
+        "kernel's own stage marks after its wait return (median us; only marks some kernel "
+        "records)\n%-56s %8s",
         "kernel", "arrival");
-    for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
-      std::printf(" %7s%u", "mark", m);
-    std::printf("\n");
     std::map<std::string, std::vector<std::vector<double>>> by_kernel;  // [mark or 0: arrival]
+    std::vector<bool> used(stamps::kMarks, false);
     for (std::size_t n = 1; n < per_step; ++n) {
       auto& row = by_kernel[instance_name(names[n])];
       row.resize(stamps::kMarks);
       if (!lag[n].empty()) row[0].push_back(median(lag[n]));
       for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
-        if (!stage[n][m].empty()) row[m].push_back(median(stage[n][m]));
+        if (!stage[n][m].empty()) {
+          row[m].push_back(median(stage[n][m]));
+          used[m] = true;
+        }
     }
+    for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
+      if (used[m]) std::printf(" %*s%u", m < 10 ? 7 : 6, "mark", m);
+    std::printf("\n");
     const auto mean = [](const std::vector<double>& v) {
       double sum = 0;
       for (double x : v) sum += x;
@@ -276,7 +281,9 @@ int main(int argc, char** argv) {
     for (const auto& [name, row] : by_kernel) {
       std::printf("%-56s %8.2f", name.substr(0, 56).c_str(), mean(row[0]));
       for (unsigned m = stamps::kFirstKernelMark; m < stamps::kMarks; ++m)
-        if (row[m].empty())
+        if (!used[m])
+          continue;
+        else if (row[m].empty())
           std::printf(" %8s", "-");
         else
           std::printf(" %8.2f", mean(row[m]));

@@ -114,9 +114,12 @@ inline constexpr int kDropKv = 2;
 // Stages a kernel-stamps build records (kernel_stamps.h marks 2..), in time order: q and the new
 // keys in shared memory (2), warp 0's first tile done (6), warp 0's tile loop done (3), every
 // warp's loop done (5), the warp-merge scratch written (7), the output (or the split's partial)
-// stored (4).
+// stored (4); and warp 0's second tile, each once its values exist: its K/V waited for (8), its
+// scores S (9), its probabilities P (10), its P V (11).
 inline constexpr unsigned kMarkQReady = 2, kMarkLoopDone = 3, kMarkStored = 4;
 inline constexpr unsigned kMarkWarpsDone = 5, kMarkFirstTile = 6, kMarkScratch = 7;
+inline constexpr unsigned kMarkTile2Waited = 8, kMarkTile2Scores = 9, kMarkTile2Probs = 10,
+                          kMarkTile2Done = 11;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
@@ -173,6 +176,12 @@ struct FlashDecodeConfig {
   static constexpr int kSmemBytes = kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
   static constexpr bool kQInRegs = kHeadDim <= 128;
 };
+
+// `x` with its exponent's top bit cleared: never NaN, still computed from x (a stamps-build value
+// that a mark waits for).
+__device__ __forceinline__ float not_nan(float x) {
+  return __uint_as_float(__float_as_uint(x) & 0xbfffffffu);
+}
 
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -598,6 +607,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     const std::uint32_t k_tile = pipe_u32 + (it % kStages) * Cfg::kStageBytes;
     const std::uint32_t v_tile = k_tile + Cfg::kTileBytes;
     const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
+    if (it == 1) stages.mark(kMarkTile2Waited);
     if (speculative && it == 0 && key0 + kTileKeys > c1) {
       // The speculative tile was read up to the capacity: zero its V rows >= c1 (P is 0 there,
       // but they may hold NaN, and 0 * NaN would leak into O). Every other tile's keys >= c1
@@ -626,6 +636,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       Num<T>::mma(s[0], a, kb[0], kb[1]);
       Num<T>::mma(s[1], a, kb[2], kb[3]);
     }
+    if (it == 1) stages.mark_after(not_nan(s[0][0] + s[1][3]), kMarkTile2Scores);
 
     // Scores in log2 units, masked (a NaN score of a key >= c1 becomes -inf here). The softcap
     // is a block of its own, skipped by one branch, so the common path's code stays short.
@@ -696,6 +707,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     // O += P V: P's C-fragments are exactly the A-fragment of a 16 x 16 (rows x keys) tile.
     const std::uint32_t pa[4] = {Num<T>::pack(s[0][0], s[0][1]), Num<T>::pack(s[0][2], s[0][3]),
                                  Num<T>::pack(s[1][0], s[1][1]), Num<T>::pack(s[1][2], s[1][3])};
+    if (it == 1) stages.mark_after(not_nan(__uint_as_float(pa[0] & pa[3])), kMarkTile2Probs);
 #pragma unroll
     for (int dp = 0; dp < kHeadDim / 16; ++dp) {
       std::uint32_t vb[4];
@@ -703,6 +715,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       Num<T>::mma(o[2 * dp], pa, vb[0], vb[1]);
       Num<T>::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
     }
+    if (it == 1) stages.mark_after(not_nan(o[0][0] + o[kHeadDim / 8 - 1][3]), kMarkTile2Done);
     __syncwarp();
     if (it == 0) stages.mark(kMarkFirstTile);
   }

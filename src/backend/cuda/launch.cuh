@@ -104,6 +104,22 @@ __device__ __forceinline__ void stamp(const Ring& ring, std::uint32_t mark) {
   slot->ns = ns;
   slot->mark = mark;
 }
+// stamp(), with the timer read predicated on `value`, so it waits until `value` exists (an mma
+// or load result the mark times; a plain timer read would issue before it lands).
+__device__ __forceinline__ void stamp_after(const Ring& ring, std::uint32_t mark, float value) {
+  if (ring.slots == nullptr) return;
+  std::uint64_t grid_id = 0, ns = 0;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid_id));
+  asm volatile(
+      "{\n.reg .pred nan;\nsetp.nan.f32 nan, %1, %1;\n@nan mov.u64 %0, 0;\n"
+      "@!nan mov.u64 %0, %%globaltimer;\n}\n"
+      : "=l"(ns)
+      : "f"(value));
+  Stamp* slot = ring.slots + ((grid_id * kMarks + mark) & ring.mask);
+  slot->grid_id = grid_id;
+  slot->ns = ns;
+  slot->mark = mark;
+}
 }  // namespace
 }  // namespace kernel_stamps
 #endif
@@ -133,8 +149,13 @@ struct StageStamps {
 #ifdef SPLICE_KERNEL_STAMPS
   kernel_stamps::Ring ring = kernel_stamps::ring_if_first_thread();
   __device__ __forceinline__ void mark(unsigned m) const { kernel_stamps::stamp(ring, m); }
+  // The mark once `value` exists (a NaN value records 0: no stamp).
+  __device__ __forceinline__ void mark_after(float value, unsigned m) const {
+    kernel_stamps::stamp_after(ring, m, value);
+  }
 #else
   __device__ __forceinline__ void mark(unsigned) const {}
+  __device__ __forceinline__ void mark_after(float, unsigned) const {}
 #endif
 };
 

@@ -35,7 +35,7 @@ enum Mark : std::uint32_t {
   kWaitReturn = 0,  // griddepcontrol.wait returned (the chain analysis uses these)
   kArrival = 1,     // the thread reached the wait (after the kernel's pre-wait work)
   kFirstKernelMark = 2,  // kernel-specific stages (detail::stamp_mark in launch.cuh), < kMarks
-  kMarks = 8,
+  kMarks = 16,
 };
 
 struct Stamp {
