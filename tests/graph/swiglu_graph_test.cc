@@ -41,8 +41,10 @@ DecodeModel tiny_llama(DType dtype = DType::bf16) {
   return testing::rope_kv_append_llama(::testing::TempDir() + "/swiglu_llama", dtype);
 }
 
-using testing::nodes_of;
 using testing::branches_of;
+using testing::Fused;
+using testing::nodes_of;
+using testing::select_fused;
 
 TEST(SwigluGraph, OneOuterSpecPerLayerBetweenTheProductAndTheDownProjection) {
   const DecodeModel m = tiny_llama();
@@ -174,26 +176,11 @@ TEST(SwigluGraph, DeclinedWithAReasonKeepingTheInnerArm) {
   }
 }
 
-// Which branches select_fused makes arm 1 the faster for.
-enum class Fused { all, all_but_outer, only_outer };
-
-OptimizeOptions select_fused(const Graph* graph, Fused fused) {
-  OptimizeOptions o;
-  o.select = true;
-  o.tune.warmup = 0;
-  o.tune.repeats = 1;
-  o.tune.time_override = [graph, fused](NodeId branch, int arm, std::int64_t) {
-    const bool outer = graph->node(branch).attrs.branch->recipe.kind == kKind;
-    const bool prefer_fused = fused == Fused::all || (fused == Fused::all_but_outer) != outer;
-    return (arm == 1) == prefer_fused ? 1.0 : 2.0;
-  };
-  return o;
-}
-
 TEST(SwigluGraph, VerifiedAgainstTheCollapsedInnerArmAndChosen) {
   DecodeModel m = tiny_llama();
-  const DecisionLog log = optimize_graph(
-      m.graph, m.attention_specs, select_fused(&m.graph, Fused::all), m.kda_specs, m.layer_specs);
+  const DecisionLog log =
+      optimize_graph(m.graph, m.attention_specs, select_fused(&m.graph, Fused::all, kKind),
+                     m.kda_specs, m.layer_specs);
   int chosen = 0;
   for (const Decision& d : log.entries()) {
     if (d.kind != kKind) continue;
@@ -218,7 +205,7 @@ TEST(SwigluGraph, VerifiedAgainstTheCollapsedInnerArmAndChosen) {
 
 Graph optimized(Fused fused) {
   DecodeModel m = tiny_llama();
-  optimize_graph(m.graph, m.attention_specs, select_fused(&m.graph, fused), m.kda_specs,
+  optimize_graph(m.graph, m.attention_specs, select_fused(&m.graph, fused, kKind), m.kda_specs,
                  m.layer_specs);
   const bool outer = fused != Fused::all_but_outer;
   EXPECT_EQ(nodes_of(m.graph, Op::RmsNormMatMulSwiglu).size(),

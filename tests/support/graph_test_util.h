@@ -9,6 +9,7 @@
 #include "splice/core/sym.h"
 #include "splice/exec/session.h"
 #include "splice/ir/graph.h"
+#include "splice/tune/optimize.h"
 #include "support/test_util.h"
 
 namespace splice::testing {
@@ -47,6 +48,26 @@ inline std::vector<NodeId> branches_of(const Graph& g, const std::string& kind) 
   for (NodeId id : nodes_of(g, Op::Branch))
     if (g.node(id).attrs.branch->recipe.kind == kind) out.push_back(id);
   return out;
+}
+
+// Which nested branches select_fused makes arm 1 (the fused arm) the faster for: every one, all
+// but the outer layer op's, or only the outer's.
+enum class Fused { all, all_but_outer, only_outer };
+
+// Options that select arms by forced timings: arm 1 takes 1.0 and arm 0 2.0 where `fused` prefers
+// the fused arm, the other way round elsewhere ("outer": branches of recipe kind `outer_kind`);
+// no warm-up, one repeat.
+inline OptimizeOptions select_fused(const Graph* graph, Fused fused, std::string outer_kind) {
+  OptimizeOptions o;
+  o.select = true;
+  o.tune.warmup = 0;
+  o.tune.repeats = 1;
+  o.tune.time_override = [graph, fused, outer_kind](NodeId branch, int arm, std::int64_t) {
+    const bool outer = graph->node(branch).attrs.branch->recipe.kind == outer_kind;
+    const bool prefer_fused = fused == Fused::all || (fused == Fused::all_but_outer) != outer;
+    return (arm == 1) == prefer_fused ? 1.0 : 2.0;
+  };
+  return o;
 }
 
 }  // namespace splice::testing
