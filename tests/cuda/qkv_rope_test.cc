@@ -381,7 +381,7 @@ TEST(QkvRopeCuda, ReplayedRegionEqualsPerCallLaunches) {
 // other branch to arm 1 (the fused layer ops).
 Graph llama(int outer_arm) {
   Graph g = testing::collapsed_rope_kv_append_llama(
-      ::testing::TempDir() + "/qkv_rope_cuda_llama", Device::cuda(),
+      testing::process_temp_path("qkv_rope_cuda_llama"), Device::cuda(),
       [&](const std::string& kind) {
         return kind == "rms_norm_matmul_rope_kv_append" ? outer_arm : 1;
       });

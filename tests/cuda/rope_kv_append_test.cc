@@ -195,7 +195,7 @@ TEST(RopeKvAppendCuda, ReplayedRegionMatchesCpuBitwise) {
 // collapsed to `rope_kv_append_arm`, attention to the flash arm, every other branch to arm 0.
 Graph llama(int rope_kv_append_arm) {
   Graph g = testing::collapsed_rope_kv_append_llama(
-      ::testing::TempDir() + "/rope_kv_append_cuda_llama", Device::cuda(),
+      testing::process_temp_path("rope_kv_append_cuda_llama"), Device::cuda(),
       [&](const std::string& kind) {
         return kind == "rope_kv_append" ? rope_kv_append_arm : kind == "flash_decode" ? 1 : 0;
       });

@@ -563,7 +563,7 @@ std::string write_large_vocab_llama(const std::string& dir) {
 
 TEST(CudaGreedyDecode, LargeVocabLlamaInStepEqualsHostGreedy) {
   SKIP_WITHOUT_GPU();
-  const std::string dir = write_large_vocab_llama(::testing::TempDir() + "/large_vocab_llama");
+  const std::string dir = write_large_vocab_llama(testing::process_temp_path("large_vocab_llama"));
   const ModelConfig config = load_config(dir + "/config.json");
   const Weights weights = Weights::from_directory(dir);
   ASSERT_GT(cuda::argmax_launch(config.vocab_size, DType::f32).ctas_per_row, 1);

@@ -40,7 +40,7 @@ Result run_cli(const std::string& args) {
   return {WEXITSTATUS(status), out};
 }
 
-std::string temp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+std::string temp(const std::string& name) { return testing::process_temp_path(name); }
 
 TEST(Cli, DecodeAttentionReproducesTheLibrary) {
   Rng rng(5);

@@ -110,7 +110,7 @@ void expect_same_decode(const Decode& fused, const Decode& plain) {
 
 TEST(LayerOpsE2e, LlamaGreedyTokensAndLogitsMatchWithAndWithoutFusedLayerOps) {
   const ModelConfig config =
-      testing::tiny_llama_config(::testing::TempDir() + "/layer_ops_llama", tiny_llama());
+      testing::tiny_llama_config(testing::process_temp_path("layer_ops_llama"), tiny_llama());
   const Weights weights = testing::tiny_llama_weights(tiny_llama());
   BuildOptions build;
   build.max_seq_len = 32;
@@ -185,7 +185,7 @@ void expect_close_decode(const Decode& fused, const Decode& plain, bool same_tok
 
 TEST(LayerOpsE2e, LlamaGreedyTokensMatchWithAndWithoutMatMulAdd) {
   const ModelConfig config =
-      testing::tiny_llama_config(::testing::TempDir() + "/matmul_add_llama", tiny_llama());
+      testing::tiny_llama_config(testing::process_temp_path("matmul_add_llama"), tiny_llama());
   const Weights weights = testing::tiny_llama_weights(tiny_llama());
   BuildOptions build;
   build.max_seq_len = 32;
@@ -234,7 +234,7 @@ std::vector<Tensor> session_logits(const ModelConfig& config, const Weights& wei
 
 TEST(StackedProjections, SameLogitsAsOneMatmulPerLinear) {
   const ModelConfig config =
-      testing::tiny_llama_config(::testing::TempDir() + "/layer_ops_qwen2", tiny_llama(true));
+      testing::tiny_llama_config(testing::process_temp_path("layer_ops_qwen2"), tiny_llama(true));
   ASSERT_TRUE(config.attention_bias);
   const Weights weights = testing::tiny_llama_weights(tiny_llama(true));
   // (f32 at batch 1 only: its batch-2 matmuls go through multithreaded BLAS, slow on loaded CI.)

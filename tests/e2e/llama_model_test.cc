@@ -26,7 +26,7 @@ class TinyLlama : public ::testing::TestWithParam<bool> {};
 TEST_P(TinyLlama, MatchesFloat64ReferenceEveryStep) {
   const bool optimized = GetParam();
   const std::string dir = write_tiny_llama(
-      ::testing::TempDir() + "/tiny_llama_" + std::to_string(optimized), optimized);
+      testing::process_temp_path("tiny_llama_" + std::to_string(optimized)), optimized);
   const ModelConfig config = load_config(dir + "/config.json");
   const Weights weights = Weights::from_directory(dir);
   BuildOptions build;
@@ -56,7 +56,7 @@ TEST_P(TinyLlama, MatchesFloat64ReferenceEveryStep) {
 INSTANTIATE_TEST_SUITE_P(DecomposedAndOptimized, TinyLlama, ::testing::Bool());
 
 TEST(Generate, GreedyAndSeededSamplingAreReproducible) {
-  const std::string dir = write_tiny_llama(::testing::TempDir() + "/tiny_llama_gen", true);
+  const std::string dir = write_tiny_llama(testing::process_temp_path("tiny_llama_gen"), true);
   const ModelConfig config = load_config(dir + "/config.json");
   const Weights weights = Weights::from_directory(dir);
   BuildOptions build;
@@ -95,7 +95,7 @@ TEST(Generate, GreedyAndSeededSamplingAreReproducible) {
 }
 
 TEST(Loading, MissingOrMalformedWeightsAreClearErrors) {
-  const std::string dir = write_tiny_llama(::testing::TempDir() + "/tiny_llama_bad", true);
+  const std::string dir = write_tiny_llama(testing::process_temp_path("tiny_llama_bad"), true);
   const ModelConfig config = load_config(dir + "/config.json");
   EXPECT_THROW(Weights::from_directory(dir + "/nope"), IoError);
   const Weights weights = Weights::from_directory(dir);

@@ -208,7 +208,7 @@ TEST(Select, TiesKeepArmZeroAndFasterWins) {
 }
 
 TEST(Select, TuningCacheReusesDecisionsWithoutTiming) {
-  const std::string path = ::testing::TempDir() + "/splice_tuning_cache_test.json";
+  const std::string path = testing::process_temp_path("splice_tuning_cache_test.json");
   std::filesystem::remove(path);
   int timed = 0;
   auto run = [&](std::vector<int>& winners) {

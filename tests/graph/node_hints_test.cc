@@ -27,7 +27,7 @@ namespace {
 // The tiny Llama's graph with the flash arm chosen and rope_kv_append's arm `rope_arm`.
 Graph llama(int rope_arm) {
   return testing::collapsed_rope_kv_append_llama(
-      ::testing::TempDir() + "/node_hints_llama", Device::cpu(), [&](const std::string& kind) {
+      testing::process_temp_path("node_hints_llama"), Device::cpu(), [&](const std::string& kind) {
         return kind == "rope_kv_append" ? rope_arm : kind == "flash_decode" ? 1 : 0;
       });
 }

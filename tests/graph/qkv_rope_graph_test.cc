@@ -42,7 +42,7 @@ constexpr int kLayers = 2;
 constexpr const char* kKind = "rms_norm_matmul_rope_kv_append";
 
 DecodeModel tiny_llama(DType dtype = DType::bf16) {
-  return testing::rope_kv_append_llama(::testing::TempDir() + "/qkv_rope_llama", dtype);
+  return testing::rope_kv_append_llama(testing::process_temp_path("qkv_rope_llama"), dtype);
 }
 
 using testing::branches_of;

@@ -34,7 +34,7 @@ constexpr int kLayers = 2;
 constexpr std::int64_t kMaxSeqLen = 16;
 
 DecodeModel tiny_llama() {
-  return testing::rope_kv_append_llama(::testing::TempDir() + "/rope_kv_append_llama");
+  return testing::rope_kv_append_llama(testing::process_temp_path("rope_kv_append_llama"));
 }
 
 // The live nodes of `op`, in node order.

@@ -38,7 +38,7 @@ constexpr int kLayers = 2;
 constexpr const char* kKind = "rms_norm_matmul_swiglu";
 
 DecodeModel tiny_llama(DType dtype = DType::bf16) {
-  return testing::rope_kv_append_llama(::testing::TempDir() + "/swiglu_llama", dtype);
+  return testing::rope_kv_append_llama(testing::process_temp_path("swiglu_llama"), dtype);
 }
 
 using testing::branches_of;

@@ -2,8 +2,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <string>
 
 #include "splice/core/random.h"
 #include "splice/core/tensor.h"
@@ -22,5 +24,12 @@ Tensor padded_tensor(const Dims& shape, DType dtype, std::int64_t pad);
 // Asserts `actual` matches `expected` within `tol`, printing the report on failure.
 ::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, Tolerance tol);
 ::testing::AssertionResult bit_equal(const Tensor& actual, const Tensor& expected);
+
+// A path under gtest's TempDir() that no other process shares: `name` plus this process's id.
+// ctest runs every test case of a binary as a process of its own, in parallel, so a fixed path
+// (a model directory the cases write and read back) would be rewritten under a reader's feet.
+inline std::string process_temp_path(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + "-" + std::to_string(::getpid());
+}
 
 }  // namespace splice::testing
