@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "splice/core/random.h"
 #include "splice/core/tensor.h"
@@ -28,8 +31,19 @@ Tensor padded_tensor(const Dims& shape, DType dtype, std::int64_t pad);
 // A path under gtest's TempDir() that no other process shares: `name` plus this process's id.
 // ctest runs every test case of a binary as a process of its own, in parallel, so a fixed path
 // (a model directory the cases write and read back) would be rewritten under a reader's feet.
+// Whatever lies at the paths handed out is removed when the process exits.
 inline std::string process_temp_path(const std::string& name) {
-  return ::testing::TempDir() + "/" + name + "-" + std::to_string(::getpid());
+  struct Removed {
+    std::vector<std::string> paths;
+    ~Removed() {
+      std::error_code ec;
+      for (const std::string& p : paths) std::filesystem::remove_all(p, ec);
+    }
+  };
+  static Removed removed;
+  std::string path = ::testing::TempDir() + "/" + name + "-" + std::to_string(::getpid());
+  removed.paths.push_back(path);
+  return path;
 }
 
 }  // namespace splice::testing
