@@ -46,7 +46,9 @@ DecodeModel tiny_llama(DType dtype = DType::bf16) {
 }
 
 using testing::branches_of;
+using testing::arm0_branches;
 using testing::Fused;
+using testing::offer_only;
 using testing::nodes_of;
 using testing::select_fused;
 
@@ -73,12 +75,6 @@ TEST(QkvRopeGraph, OneOuterSpecPerLayerAfterItsInnerSpecs) {
   EXPECT_EQ(outer, kLayers);
 }
 
-OptimizeOptions offer_only() {
-  OptimizeOptions o;
-  o.select = false;
-  return o;
-}
-
 TEST(QkvRopeGraph, OfferedWithBothInnerBranchesInItsArmZero) {
   DecodeModel m = tiny_llama();
   const DecisionLog log =
@@ -91,10 +87,8 @@ TEST(QkvRopeGraph, OfferedWithBothInnerBranchesInItsArmZero) {
   ASSERT_EQ(outer.size(), static_cast<std::size_t>(kLayers));
   for (NodeId b : outer) {
     const Node& branch = m.graph.node(b);
-    const auto arm0 = arm_interior(m.graph, branch.attrs.branch->diverge, branch.inputs[0]);
     int inner_rope = 0, inner_product = 0;
-    for (NodeId n : arm0) {
-      if (m.graph.node(n).op != Op::Branch) continue;
+    for (NodeId n : arm0_branches(m.graph, b)) {
       const std::string& kind = m.graph.node(n).attrs.branch->recipe.kind;
       inner_rope += kind == "rope_kv_append";
       inner_product += kind == "rms_norm_matmul";

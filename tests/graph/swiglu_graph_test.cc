@@ -42,7 +42,9 @@ DecodeModel tiny_llama(DType dtype = DType::bf16) {
 }
 
 using testing::branches_of;
+using testing::arm0_branches;
 using testing::Fused;
+using testing::offer_only;
 using testing::nodes_of;
 using testing::select_fused;
 
@@ -72,12 +74,6 @@ TEST(SwigluGraph, OneOuterSpecPerLayerBetweenTheProductAndTheDownProjection) {
   EXPECT_EQ(outer, kLayers);
 }
 
-OptimizeOptions offer_only() {
-  OptimizeOptions o;
-  o.select = false;
-  return o;
-}
-
 TEST(SwigluGraph, OfferedWithTheProductBranchInItsArmZero) {
   DecodeModel m = tiny_llama();
   const DecisionLog log =
@@ -90,10 +86,8 @@ TEST(SwigluGraph, OfferedWithTheProductBranchInItsArmZero) {
   ASSERT_EQ(outer.size(), static_cast<std::size_t>(kLayers));
   for (NodeId b : outer) {
     const Node& branch = m.graph.node(b);
-    const auto arm0 = arm_interior(m.graph, branch.attrs.branch->diverge, branch.inputs[0]);
     int inner_product = 0, others = 0;
-    for (NodeId n : arm0) {
-      if (m.graph.node(n).op != Op::Branch) continue;
+    for (NodeId n : arm0_branches(m.graph, b)) {
       const std::string& kind = m.graph.node(n).attrs.branch->recipe.kind;
       (kind == "rms_norm_matmul" ? inner_product : others) += 1;
       EXPECT_LT(n.index, b.index) << "the inner branch is selected first (node order)";

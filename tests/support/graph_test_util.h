@@ -50,6 +50,22 @@ inline std::vector<NodeId> branches_of(const Graph& g, const std::string& kind) 
   return out;
 }
 
+// Options that only offer the fused arms (no verification, timing or selection).
+inline OptimizeOptions offer_only() {
+  OptimizeOptions o;
+  o.select = false;
+  return o;
+}
+
+// The Branch nodes inside arm 0 of branch `outer` (the inner layer-op branches it nests).
+inline std::vector<NodeId> arm0_branches(const Graph& g, NodeId outer) {
+  const Node& branch = g.node(outer);
+  std::vector<NodeId> out;
+  for (NodeId n : arm_interior(g, branch.attrs.branch->diverge, branch.inputs[0]))
+    if (g.node(n).op == Op::Branch) out.push_back(n);
+  return out;
+}
+
 // Which nested branches select_fused makes arm 1 (the fused arm) the faster for: every one, all
 // but the outer layer op's, or only the outer's.
 enum class Fused { all, all_but_outer, only_outer };
