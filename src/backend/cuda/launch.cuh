@@ -78,6 +78,14 @@ struct Ring {
   Stamp* slots;
   std::uint64_t mask;  // capacity - 1
 };
+// A dev tool may build with SPLICE_KERNEL_STAMPS_CYCLES as well (dev/tile_cycles): a stamp then
+// holds the multiprocessor's %clock64 instead of %globaltimer (exact cycles, comparable only
+// within one CTA), stored with st.global.
+#ifdef SPLICE_KERNEL_STAMPS_CYCLES
+#define SPLICE_STAMP_TIMER "%%clock64"
+#else
+#define SPLICE_STAMP_TIMER "%%globaltimer"
+#endif
 __device__ Ring g_ring = {nullptr, 0};
 void set_ring(Stamp* slots, std::uint64_t mask) {
   const Ring ring{slots, mask};
@@ -92,17 +100,23 @@ __device__ __forceinline__ Ring ring_if_first_thread() {
       (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
   return first ? g_ring : Ring{nullptr, 0};
 }
+// One stamp into its slot, with global stores (st.global.cg): a generic store would also have to
+// be ordered against the thread's later shared-memory accesses.
+__device__ __forceinline__ void put(const Ring& ring, std::uint64_t grid_id, std::uint64_t ns,
+                                    std::uint32_t mark) {
+  Stamp* slot = ring.slots + ((grid_id * kMarks + mark) & ring.mask);
+  __stcg(reinterpret_cast<unsigned long long*>(&slot->grid_id), grid_id);
+  __stcg(reinterpret_cast<unsigned long long*>(&slot->ns), ns);
+  __stcg(&slot->mark, mark);
+}
 // A stamps-build-only exception to launch.cuh's rule: the arrival stamp is a store before the
 // wait, into a slot of this grid's own (no predecessor reads or writes it).
 __device__ __forceinline__ void stamp(const Ring& ring, std::uint32_t mark) {
   if (ring.slots == nullptr) return;
   std::uint64_t grid_id = 0, ns = 0;
   asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid_id));
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  Stamp* slot = ring.slots + ((grid_id * kMarks + mark) & ring.mask);
-  slot->grid_id = grid_id;
-  slot->ns = ns;
-  slot->mark = mark;
+  asm volatile("mov.u64 %0, " SPLICE_STAMP_TIMER ";" : "=l"(ns));
+  put(ring, grid_id, ns, mark);
 }
 // stamp(), with the timer read predicated on `value`, so it waits until `value` exists (an mma
 // or load result the mark times; a plain timer read would issue before it lands).
@@ -112,13 +126,10 @@ __device__ __forceinline__ void stamp_after(const Ring& ring, std::uint32_t mark
   asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid_id));
   asm volatile(
       "{\n.reg .pred nan;\nsetp.nan.f32 nan, %1, %1;\n@nan mov.u64 %0, 0;\n"
-      "@!nan mov.u64 %0, %%globaltimer;\n}\n"
+      "@!nan mov.u64 %0, " SPLICE_STAMP_TIMER ";\n}\n"
       : "=l"(ns)
       : "f"(value));
-  Stamp* slot = ring.slots + ((grid_id * kMarks + mark) & ring.mask);
-  slot->grid_id = grid_id;
-  slot->ns = ns;
-  slot->mark = mark;
+  put(ring, grid_id, ns, mark);
 }
 }  // namespace
 }  // namespace kernel_stamps
