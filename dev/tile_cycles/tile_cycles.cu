@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   p.softmax_scale = 0.125f;
   p.scale_log2 = p.softmax_scale * splice::cuda::detail::kLog2e;
 
-  auto kernel = splice::cuda::detail::flash_decode_kernel<T, kHeadDim, kWarps>;
+  auto kernel = splice::cuda::detail::flash_decode_kernel<T, kHeadDim, kWarps, false>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg::kSmemBytes));
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));

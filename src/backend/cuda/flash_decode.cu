@@ -139,13 +139,13 @@ bool aligned(const Tensor& t, std::int64_t elems) {
 // registers let as many CTAs reside per SM as the plan assumes from shared memory alone (the
 // one-wave rule of speculation relies on it; 254 registers at head_dim 128 is the most that
 // still fits 2).
-template <typename T, int kHeadDim, int kWarps>
+template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
 void prepare() {
   static std::once_flag once;
   std::call_once(once, [] {
     using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
     constexpr int smem = Cfg::kSmemBytes;
-    const auto kernel = detail::flash_decode_kernel<T, kHeadDim, kWarps>;
+    const auto kernel = detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods>;
     SPLICE_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int resident = 0;
@@ -158,31 +158,41 @@ void prepare() {
   });
 }
 
-template <typename T, int kHeadDim, int kWarps>
+template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
 void launch(const FlashDecodeParams& params, const dim3& grid, Stream stream) {
-  prepare<T, kHeadDim, kWarps>();
+  prepare<T, kHeadDim, kWarps, kScoreMods>();
   // launch.cuh's launcher (the PDL attribute unless disabled or the legacy stream); the kernel
   // obeys its safety rule (stage 0 waits before any global access or early return).
   using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
   const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1), Cfg::kSmemBytes};
-  detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim, kWarps>, shape, stream, params);
+  detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods>, shape, stream,
+                        params);
 }
 
-// The instantiation for (head_dim, warps); wide CTAs exist at head_dim <= 128 (the plan's rule).
-template <typename T>
+// The instantiation for (head_dim, warps, score modifiers); wide CTAs exist at head_dim <= 128
+// (the plan's rule).
+template <typename T, bool kScoreMods>
 void launch_instance(std::int64_t head_dim, int warps, const FlashDecodeParams& params,
                      const dim3& grid, Stream stream) {
   const bool wide = warps == detail::kWideWarps;
   switch (head_dim) {
     case 64:
-      return wide ? launch<T, 64, detail::kWideWarps>(params, grid, stream)
-                  : launch<T, 64, detail::kNarrowWarps>(params, grid, stream);
+      return wide ? launch<T, 64, detail::kWideWarps, kScoreMods>(params, grid, stream)
+                  : launch<T, 64, detail::kNarrowWarps, kScoreMods>(params, grid, stream);
     case 128:
-      return wide ? launch<T, 128, detail::kWideWarps>(params, grid, stream)
-                  : launch<T, 128, detail::kNarrowWarps>(params, grid, stream);
+      return wide ? launch<T, 128, detail::kWideWarps, kScoreMods>(params, grid, stream)
+                  : launch<T, 128, detail::kNarrowWarps, kScoreMods>(params, grid, stream);
     default:
-      return launch<T, 256, detail::kNarrowWarps>(params, grid, stream);
+      return launch<T, 256, detail::kNarrowWarps, kScoreMods>(params, grid, stream);
   }
+}
+template <typename T>
+void launch_instance(std::int64_t head_dim, int warps, const FlashDecodeParams& params,
+                     const dim3& grid, Stream stream) {
+  if (params.softcap > 0.0f || params.alibi != nullptr)
+    launch_instance<T, true>(head_dim, warps, params, grid, stream);
+  else
+    launch_instance<T, false>(head_dim, warps, params, grid, stream);
 }
 
 }  // namespace

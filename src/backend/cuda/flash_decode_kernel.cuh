@@ -177,6 +177,16 @@ struct FlashDecodeConfig {
   static constexpr bool kQInRegs = kHeadDim <= 128;
 };
 
+// 2^x on the MUFU unit with denormals flushed (one instruction; exp2f adds a compare and two
+// predicated multiplies per call to produce denormal results). Every exponent here is a difference
+// t - m <= 0 of log2-unit scores: a result below 2^-126 is a weight no fp32 sum or bf16/f16
+// product in this kernel can see next to the row's largest weight, 1. ex2(-inf) = +0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // `x` with its exponent's top bit cleared: never NaN, still computed from x (a stamps-build value
 // that a mark waits for).
 __device__ __forceinline__ float not_nan(float x) {
@@ -355,7 +365,10 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
   return r;
 }
 
-template <typename T, int kHeadDim, int kWarps>
+// kScoreMods: the launch has a softcap or ALiBi slopes. Without them (kScoreMods = false, every
+// model splice runs so far) the instance carries neither block nor the per-tile branches that skip
+// them.
+template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     flash_decode_kernel(const __grid_constant__ FlashDecodeParams p) {
   using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
@@ -453,7 +466,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   auto unit_index = [&] { return static_cast<std::int64_t>(bh) * gridDim.x + rb; };
   // ALiBi slopes (log2 units) of this thread's two mma C-fragment rows, lane/4 and lane/4 + 8.
   float slope_log2[2] = {0.0f, 0.0f};
-  if (p.alibi) {
+  if (kScoreMods && p.alibi) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int gr = row_base + lane / 4 + 8 * rr;
@@ -596,6 +609,22 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int frag_key = (lane / 16) * 8 + lane % 8;  // K ldmatrix row: keys 0-7 or 8-15
   const int frag_kc = lane / 8 % 2;                 // K ldmatrix chunk half
 
+  if (speculative && my_tiles > 0 && c0 + (warp + 1) * kTileKeys > c1) {
+    // The speculative tile 0 was read up to the capacity: zero its V rows >= c1 (P is 0 there,
+    // but they may hold NaN, and 0 * NaN would leak into O). Every other tile's keys >= c1 were
+    // zero-filled by its copies. Done here, once, rather than tested in every tile: tile 0 is
+    // the oldest ring group, so all but the kStages - 2 younger ones is tile 0 landed.
+    cp_async_wait<kStages - 2>();
+    __syncwarp();
+#pragma unroll 1
+    for (int u = 0; u < kPasses; ++u)
+      if (c0 + warp * kTileKeys + lane_row + u * kPassRows >= c1)
+        *reinterpret_cast<uint4*>(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes +
+                                  Cfg::kTileBytes + lane_dst + u * kPassRows * kHeadDim * 2 +
+                                  ((lane_x ^ (u * kPassRows & 7)) << 4)) = make_uint4(0, 0, 0, 0);
+    __syncwarp();
+  }
+
   for (int it = 0; it < my_tiles; ++it) {
     // One group per step (empty past the warp's last tile), so tile `it` always has exactly
     // kStages - 1 younger groups: waiting for all but those covers it.
@@ -608,19 +637,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     const std::uint32_t v_tile = k_tile + Cfg::kTileBytes;
     const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
     if (it == 1) stages.mark(kMarkTile2Waited);
-    if (speculative && it == 0 && key0 + kTileKeys > c1) {
-      // The speculative tile was read up to the capacity: zero its V rows >= c1 (P is 0 there,
-      // but they may hold NaN, and 0 * NaN would leak into O). Every other tile's keys >= c1
-      // were zero-filled by its copies.
-#pragma unroll 1
-      for (int u = 0; u < kPasses; ++u)
-        if (key0 + lane_row + u * kPassRows >= c1)
-          *reinterpret_cast<uint4*>(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes +
-                                    Cfg::kTileBytes + lane_dst + u * kPassRows * kHeadDim * 2 +
-                                    ((lane_x ^ (u * kPassRows & 7)) << 4)) = make_uint4(0, 0, 0, 0);
-      __syncwarp();
-    }
-
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
@@ -641,7 +657,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     // Scores in log2 units, masked (a NaN score of a key >= c1 becomes -inf here). The softcap
     // is a block of its own, skipped by one branch, so the common path's code stays short.
     float to_log2 = p.scale_log2;
-    if (p.softcap > 0.0f) {
+    if (kScoreMods && p.softcap > 0.0f) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -654,7 +670,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     // zero t, which no output sees: t and the maxima m reach the outputs only through exp2 of
     // differences, where a zero's sign is lost, and lse2 = M + log2 L, where a zero M's sign is
     // lost too unless log2 L is a zero, which is +0, and -0 + +0 = +0.)
-    if (p.alibi) {
+    if (kScoreMods && p.alibi) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -684,14 +700,14 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[rr], mx);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = exp2f(m[rr] - m_use);
+      const float alpha = exp2_ftz(m[rr] - m_use);
       m[rr] = m_new;
       float sum = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pe = exp2f(s[nt][2 * rr + e] - m_use);
+          const float pe = exp2_ftz(s[nt][2 * rr + e] - m_use);
           s[nt][2 * rr + e] = pe;
           sum += pe;
         }
@@ -765,7 +781,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
         const float mw = red_m[w * kRows + row];
-        const float ww = mw == -INFINITY ? 0.0f : exp2f(mw - big);
+        const float ww = mw == -INFINITY ? 0.0f : exp2_ftz(mw - big);
         denom += ww * red_l[w * kRows + row];
         const float4 ow =
             *reinterpret_cast<const float4*>(red_o + (w * kRows + row) * Cfg::kRedStride + d);
@@ -836,13 +852,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 #pragma unroll
       for (int i = 0; i < kMergeBatch; ++i) batch_big = fmaxf(batch_big, ls[i]);
       if (batch_big == -INFINITY) continue;    // no visible key so far
-      const float r = exp2f(big - batch_big);  // 0 while big = -inf (D and A are 0 then)
+      const float r = exp2_ftz(big - batch_big);  // 0 while big = -inf (D and A are 0 then)
       denom *= r;
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[e] *= r;
 #pragma unroll
       for (int i = 0; i < kMergeBatch; ++i) {
-        const float ws = exp2f(ls[i] - batch_big);  // 0 for an empty split or a padding entry
+        const float ws = exp2_ftz(ls[i] - batch_big);  // 0 for an empty split or a padding entry
         denom += ws;
         acc[0] += ws * os[i].x;
         acc[1] += ws * os[i].y;
