@@ -317,20 +317,45 @@ __device__ __forceinline__ void store_out4(const FlashDecodeParams& p, T* dst,
   }
 }
 
+// 1 / x on the MUFU unit (rcp.approx: within 1 ulp of the rounded quotient; x is a softmax
+// denominator in [1, 2^31), far from rcp.approx's 2^126 limit). The IEEE division 1.0f / x adds a
+// range check and a slow-path branch to the end of every output's critical path.
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Where output slot (row gr, outputs d .. d + 3) goes: `dst` in out, and `lse` (only for d == 0
+// where lse is asked for; nullptr otherwise). Computed apart from the values, so the address math
+// can overlap the loads of the merge instead of following them.
+template <typename T>
+struct ResultSlot {
+  T* dst;
+  float* lse;
+};
+template <typename T>
+__device__ __forceinline__ ResultSlot<T> result_slot(const FlashDecodeParams& p, int b, int kv_head,
+                                                     int gr, int d) {
+  const auto [g, i] = query_row(p, gr);
+  const int qo_head = kv_head * p.group + g;
+  ResultSlot<T> r;
+  r.dst = static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
+  r.lse = p.lse && d == 0
+              ? p.lse + b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s
+              : nullptr;
+  return r;
+}
+
 // Writes the final (o, lse) of one output slot: four consecutive outputs of a row from `acc`, and
 // (only where lse is asked for) lse = lse2 ln 2, lse2 = big + log2 denom (-inf for denom = 0).
 template <typename T>
-__device__ __forceinline__ void store_result(const FlashDecodeParams& p, int b, int kv_head, int gr,
-                                             int d, const float (&acc)[4], float big,
-                                             float denom) {
-  const auto [g, i] = query_row(p, gr);
-  const int qo_head = kv_head * p.group + g;
-  T* dst =
-      static_cast<T*>(p.out) + b * p.o_stride_b + qo_head * p.o_stride_h + i * p.o_stride_s + d;
-  store_out4<T>(p, dst, acc);
-  if (p.lse && d == 0) {
+__device__ __forceinline__ void store_result(const FlashDecodeParams& p, const ResultSlot<T>& slot,
+                                             const float (&acc)[4], float big, float denom) {
+  store_out4<T>(p, slot.dst, acc);
+  if (slot.lse) {
     const float lse2 = !(denom > 0.0f) ? -INFINITY : big + log2f(denom);
-    p.lse[b * p.lse_stride_b + qo_head * p.lse_stride_h + i * p.lse_stride_s] = lse2 * kLn2;
+    *slot.lse = lse2 * kLn2;
   }
 }
 
@@ -749,13 +774,16 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   float* red_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);  // [warps][16][kRedStride]
   float* red_m = red_o + kWarps * kRows * Cfg::kRedStride;       // [warps][16]
   float* red_l = red_m + kWarps * kRows;                         // [warps][16]
+  // Only the block's real rows (3 of 16 for a GQA group of 3 and one query) are written and read.
+  const int valid_rows = min(kRows, p.rows - row_base);
 #pragma unroll
   for (int dn = 0; dn < kHeadDim / 8; ++dn) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int row = lane / 4 + 8 * rr;
       float* dst = red_o + (warp * kRows + row) * Cfg::kRedStride + dn * 8 + 2 * (lane % 4);
-      *reinterpret_cast<float2*>(dst) = make_float2(o[dn][2 * rr], o[dn][2 * rr + 1]);
+      if (row < valid_rows)
+        *reinterpret_cast<float2*>(dst) = make_float2(o[dn][2 * rr], o[dn][2 * rr + 1]);
     }
   }
   if (lane % 4 == 0) {
@@ -768,35 +796,41 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   __syncthreads();
   stages.mark(kMarkScratch);
 
-  const int valid_rows = min(kRows, p.rows - row_base);
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
+    // Every warp's (m, l, O) loads first, in one shared-memory round trip, and the output's
+    // address beside them; then the math. A row no warp saw a key of has m = -inf in every warp:
+    // every weight is 0 then, so denom and acc stay 0 (its warps' l and O are 0).
+    float mw[kWarps], lw[kWarps];
+    float4 ow[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      mw[w] = red_m[w * kRows + row];
+      lw[w] = red_l[w * kRows + row];
+      ow[w] = *reinterpret_cast<const float4*>(red_o + (w * kRows + row) * Cfg::kRedStride + d);
+    }
+    const ResultSlot<T> out = result_slot<T>(p, b, kv_head, row_base + row, d);
     float big = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, red_m[w * kRows + row]);
+    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, mw[w]);
     float denom = 0.0f;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (big != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = red_m[w * kRows + row];
-        const float ww = mw == -INFINITY ? 0.0f : exp2_ftz(mw - big);
-        denom += ww * red_l[w * kRows + row];
-        const float4 ow =
-            *reinterpret_cast<const float4*>(red_o + (w * kRows + row) * Cfg::kRedStride + d);
-        acc[0] += ww * ow.x;
-        acc[1] += ww * ow.y;
-        acc[2] += ww * ow.z;
-        acc[3] += ww * ow.w;
-      }
+    for (int w = 0; w < kWarps; ++w) {
+      const float ww = mw[w] == -INFINITY ? 0.0f : exp2_ftz(mw[w] - big);
+      denom += ww * lw[w];
+      acc[0] += ww * ow[w].x;
+      acc[1] += ww * ow[w].y;
+      acc[2] += ww * ow[w].z;
+      acc[3] += ww * ow[w].w;
     }
     const bool empty = !(denom > 0.0f);
-    const float inv = empty ? 0.0f : 1.0f / denom;
+    const float inv = empty ? 0.0f : rcp_approx(denom);
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= inv;
     if (live_splits == 1) {
-      store_result<T>(p, b, kv_head, row_base + row, d, acc, big, denom);
+      store_result<T>(p, out, acc, big, denom);
     } else {
       const std::int64_t unit = unit_index();
       const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row base
@@ -868,10 +902,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       big = batch_big;
     }
     const bool empty = !(denom > 0.0f);
-    const float scale = empty ? 0.0f : 1.0f / denom;
+    const float scale = empty ? 0.0f : rcp_approx(denom);
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= scale;
-    store_result<T>(p, b, kv_head, row_base + row, d, acc, big, denom);
+    store_result<T>(p, result_slot<T>(p, b, kv_head, row_base + row, d), acc, big, denom);
   }
 }
 
