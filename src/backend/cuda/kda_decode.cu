@@ -63,8 +63,16 @@ void launch_kernel_ex(void (*kernel)(kda::Params), std::int64_t blocks, int thre
 template <int kThreads, int kSlices, typename StateT, bool kVec>
 void launch(const kda::Params& params, std::int64_t units, std::int64_t heads,
             cudaStream_t stream) {
-  launch_kernel_ex(&kda::kda_decode_kernel<kThreads, kSlices, StateT, kVec>,
-                   units * heads * kSlices, kThreads, 0, kSlices, params, stream);
+  // Grid (units * kSlices, heads): a CTA reads its head from blockIdx.y and its item and slice
+  // from blockIdx.x without a division by the head count. The cluster shape is the kernel's
+  // compile-time __cluster_dims__ (kSlices along x), so the launch has no cluster attribute.
+  SPLICE_INTERNAL_CHECK(units * kSlices <= 0x7fffffff && heads <= 65535, "kda grid of ", units,
+                        " x ", kSlices, " x ", heads, " CTAs");
+  const detail::LaunchShape shape{dim3(static_cast<unsigned>(units * kSlices),
+                                       static_cast<unsigned>(heads)),
+                                  dim3(kThreads), 0, 1u};
+  detail::launch_kernel(&kda::kda_decode_kernel<kThreads, kSlices, StateT, kVec>, shape, stream,
+                        params);
 }
 
 // Whether the compiled `stream` kernel can be placed, checked once per instantiation (and its

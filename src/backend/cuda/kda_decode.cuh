@@ -46,8 +46,8 @@
 //         positions 0, 1 <- old a+1, a+2 (first chunk), 2 + t <- x[b + t] (bit copies). Only the
 //         first chunk reads the history, and every slice's precompute of it precedes the barrier
 //         before the first write: with one CTA per head that is the precompute's own barrier (the
-//         write-back then runs before the sweep, off the tail); with a cluster, the cluster sync
-//         after c.
+//         write-back then runs before the sweep, off the tail); with a cluster, the partials'
+//         barrier wait of c.
 //
 // Critical path at N = 1 (the launch-bound size; `split4` at T <= 2, H heads -> 4H CTAs), in
 // dependent global round trips (a round trip = a load whose result a later load's address or a
@@ -59,8 +59,10 @@
 //      the write-back, norm_weight, and the precompute's inputs (x, conv history, taps, dt_bias,
 //      raw gate, beta, destinations, output gate, A_log: each warp item issues all of its loads
 //      before the first use).
-//   then compute only: precompute -> barrier -> sweep + checkpoint stores -> barrier -> cluster
-//   barrier (RMSNorm partials through DSMEM) -> output stores -> conv write-back (stores).
+//   then compute only: precompute -> barrier -> sweep + checkpoint stores -> barrier -> the
+//   RMSNorm partials' exchange (st.async into every slice's shared memory, an mbarrier wait; no
+//   cluster barrier, whose release fence would wait for the checkpoint stores' acks) -> output
+//   stores -> conv write-back (stores).
 //   T > 8: each further chunk's precompute is one more round trip (device memory).
 // Before this version the path held ~8: qsl[N] after the slots (its own round trip before the
 // state loads), exp(A_log) before the precompute's loads, one stall per conv tap (4) and per gate
@@ -72,7 +74,6 @@
 // the later warp items of a warp (one kind, token after token) hit L1.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -81,7 +82,6 @@
 
 namespace splice::cuda::kda {
 
-namespace cg = cooperative_groups;
 
 constexpr int kD = 128;                    // head dim (K = V)
 constexpr int kConvWidth = 4;              // conv taps
@@ -312,6 +312,9 @@ struct Shared {
   std::uint16_t x[kChunk][kProj][kD];  // raw x bits of this head's channels (conv write-back)
   float beta[kChunk];
   int dst[kChunk];
+  // [chunk parity] mbarriers: part[parity] is complete once every slice's partials have landed
+  // (st.async with complete_tx, stage 3c).
+  std::uint64_t part_bar[2];
 };
 
 template <int kThreads, int kSlices>
@@ -547,6 +550,45 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
 }
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait;" ::: "memory");
+}
+// The RMSNorm partials' exchange (stage 3c): each slice stores its partial into every slice's
+// shared memory with st.async, which completes bytes on the receiving slice's mbarrier; each slice
+// waits on its own. No cluster barrier after the sweep: its release would compile to a GPU-scope
+// fence (MEMBAR.ALL.GPU on sm_90a) that waits for the acks of the sweep's checkpoint stores, an
+// extra store round trip on the tail (dev/kda-n1-sass.md; -0.3 us at N = 1, perf.md run 51).
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+// Once per CTA, before the entry arrive: both parities' barriers expect one local arrival (the
+// expect_tx below) per phase; the fence makes the initialization visible to the cluster's st.async.
+__device__ __forceinline__ void part_bar_init(std::uint64_t* bars) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[0])));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[1])));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// The local arrival of a phase: `bytes` of partials are to land on `bar` in it.
+__device__ __forceinline__ void part_bar_expect(std::uint64_t* bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes) : "memory");
+}
+// v into slice `rank`'s copy of *dst, completing 4 bytes on that slice's copy of *bar.
+__device__ __forceinline__ void part_store(float* dst, float v, std::uint64_t* bar, int rank) {
+  std::uint32_t ra, rb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_u32(dst)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(ra),
+               "r"(__float_as_uint(v)), "r"(rb) : "memory");
+}
+// Until the phase of parity `phase` of *bar has completed (acquire at cluster scope: the partials'
+// bytes are visible after it).
+__device__ __forceinline__ void part_bar_wait(std::uint64_t* bar, std::uint32_t phase) {
+  std::uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(smem_u32(bar)), "r"(phase) : "memory");
+  }
 }
 
 // Barrier over the kThreads threads that run items (named barrier 1; every thread of the CTA in
@@ -849,15 +891,18 @@ __device__ __forceinline__ void run_item(const Params& p,
       sweep_token<kThreads, kSlices, StateT, kVec>(p, sm, s, ts + t, row0, h);
     cta_sync<kThreads>();
 
-    // Stage 3c: gated RMSNorm, one warp per token. A cluster needs one barrier: each slice
-    // pushes its partial sum into every slice's sm.part, then each slice adds the kSlices
-    // partials in rank order from its own shared memory.
+    // Stage 3c: gated RMSNorm, one warp per token. In a cluster each slice stores its partial
+    // sum into every slice's sm.part (st.async, completing on that slice's part_bar), then each
+    // slice waits on its own barrier and adds the kSlices partials in rank order from its own
+    // shared memory. Chunk k uses parity k & 1, the (k >> 1)-th phase of that barrier; a slice
+    // sends chunk k + 2's partials only after every slice's chunk k + 1 partials have reached it,
+    // so no partial lands in a later phase than its own.
     const int parity = (c0 / kChunk) & 1;
     if constexpr (kSlices > 1) {
-      cg::cluster_group cluster = cg::this_cluster();
-      // Every CTA of the cluster has started (the arrival at kernel entry) before the first
-      // store into another CTA's shared memory.
+      // Every CTA of the cluster has started and initialized its barriers (the arrival at kernel
+      // entry) before the first store into another CTA's shared memory.
       if (c0 == 0) cluster_wait();
+      if (tid == 0) part_bar_expect(&sm.part_bar[parity], kSlices * nt * sizeof(float));
 #pragma unroll 1
       for (int t = warp; t < nt; t += L::kWarps) {
         float ssq = 0.0f;
@@ -867,10 +912,12 @@ __device__ __forceinline__ void run_item(const Params& p,
           ssq += v * v;
         }
         ssq = warp_sum(ssq);
-        if (lane < kSlices) *cluster.map_shared_rank(&sm.part[parity][slice][t], lane) = ssq;
+        if (lane < kSlices) part_store(&sm.part[parity][slice][t], ssq, &sm.part_bar[parity], lane);
       }
-      cluster.sync();  // release / acquire: the partials; also orders every history read
-                       // before stage 3d
+      // Every thread waits: for the partials (the norm), and so that every slice's history reads
+      // precede stage 3d's write-back (a slice sends its partials after its precompute, whose
+      // results they depend on).
+      part_bar_wait(&sm.part_bar[parity], (c0 / kChunk >> 1) & 1);
     }
     if constexpr (kSlices > 1) {
 #pragma unroll 1
@@ -943,7 +990,7 @@ __device__ __forceinline__ void prefetch_first_chunk(const Params& p, const Item
 // so its load overlaps the first precompute.
 template <int kThreads, int kSlices, typename StateT, bool kVec>
 __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlocks)
-    kda_decode_kernel(const Params p) {
+    __cluster_dims__(kSlices, 1, 1) kda_decode_kernel(const Params p) {
   using L = Layout<kThreads, kSlices>;
   using G = Geometry<kThreads, kSlices, StateT>;
   __shared__ Shared<L::kRows> sm;
@@ -951,8 +998,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   // predecessor's tail.
   detail::pdl_prologue();
   const int slice = static_cast<int>(blockIdx.x % kSlices);
-  const int h = static_cast<int>((blockIdx.x / kSlices) % p.num_heads);
-  const int u = static_cast<int>(blockIdx.x / (kSlices * p.num_heads));
+  const int h = static_cast<int>(blockIdx.y);
+  const int u = static_cast<int>(blockIdx.x / kSlices);
   const int row0 = slice * L::kRows;
   // qsl[N] is read first, beside the item's metadata: issued after resolve_item it waited for the
   // slots (its selection) and pushed the state loads to a third round trip.
@@ -960,7 +1007,10 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   const Item it = resolve_item(p, u, h);
   zero_unowned<kThreads, L::kRows>(p, it, row0, qn);
   if (!it.live) return;  // uniform over the cluster: every slice resolves the same item
-  if constexpr (kSlices > 1) cluster_arrive_relaxed();  // waited on in run_item (stage 3c)
+  if constexpr (kSlices > 1) {
+    if (threadIdx.x == 0) part_bar_init(sm.part_bar);
+    cluster_arrive_relaxed();  // waited on in run_item (stage 3c)
+  }
 
   const G geo;
   uint4 raw[L::kRowsPerThread][G::kVecs];
