@@ -1435,23 +1435,35 @@ int default_cols(std::int64_t n, std::int64_t sms) {
   return cols;
 }
 
+// The grid of the one-row pair kernels (rope_pairs, swiglu_pairs): one warp per pair, warps per
+// CTA (4, 2, 1) so that there are at least as many CTAs as SMs (launch()'s rule for its column
+// groups), and whether that grid is one resident wave (the kernels' `single_wave` argument).
+struct PairGrid {
+  std::int64_t blocks;
+  unsigned threads;
+  bool single_wave;
+};
+PairGrid pair_grid(const void* kernel, std::int64_t pairs, int device, OccupancyCache& cache) {
+  const std::int64_t sms = sm_count(device);
+  int warps_per_cta = kMaxWarpsPerCta;
+  while (warps_per_cta > 1 && (pairs + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;
+  PairGrid g;
+  g.threads = static_cast<unsigned>(warps_per_cta * kWarpSize);
+  g.blocks = (pairs + warps_per_cta - 1) / warps_per_cta;
+  g.single_wave = g.blocks <= sms * resident_ctas_per_sm(kernel, g.threads, 0, device, cache);
+  return g;
+}
+
 std::atomic<std::uint64_t> g_rope_launches{0};
 
 template <typename T, int kSlots, bool kPartials>
 void launch_rope_instance(const RopeParams& p, int pairs, int device, cudaStream_t stream) {
   const auto kernel = rope_pairs_kernel<T, kSlots, kPartials>;
   static OccupancyCache cache;
-  // One warp per pair; warps per CTA (4, 2, 1) so that there are at least as many CTAs as SMs.
-  const std::int64_t sms = sm_count(device);
-  int warps_per_cta = kMaxWarpsPerCta;
-  while (warps_per_cta > 1 && (pairs + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;
-  const unsigned threads = static_cast<unsigned>(warps_per_cta * kWarpSize);
-  const std::int64_t blocks = (pairs + warps_per_cta - 1) / warps_per_cta;
-  const std::int64_t wave =
-      sms * resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), threads, 0, device, cache);
+  const PairGrid g = pair_grid(reinterpret_cast<const void*>(kernel), pairs, device, cache);
   g_rope_launches.fetch_add(1, std::memory_order_relaxed);
-  detail::launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), stream, p,
-                        blocks <= wave);
+  detail::launch_kernel(kernel, dim3(static_cast<unsigned>(g.blocks)), dim3(g.threads), stream, p,
+                        g.single_wave);
 }
 
 template <typename T, bool kPartials>
@@ -1484,16 +1496,9 @@ template <typename T, int kSlots, bool kPartials>
 void launch_swiglu_instance(const SwigluParams& p, int device, cudaStream_t stream) {
   const auto kernel = swiglu_pairs_kernel<T, kSlots, kPartials>;
   static OccupancyCache cache;
-  // One warp per pair of output columns; warps per CTA (4, 2, 1) so that there are at least as
-  // many CTAs as SMs (launch()'s rule for its column groups: the same grid at 4 columns per warp).
-  const std::int64_t sms = sm_count(device);
-  const std::int64_t pairs = (p.inter + 1) / 2;
-  int warps_per_cta = kMaxWarpsPerCta;
-  while (warps_per_cta > 1 && (pairs + warps_per_cta - 1) / warps_per_cta < sms) warps_per_cta /= 2;
-  const unsigned threads = static_cast<unsigned>(warps_per_cta * kWarpSize);
-  const std::int64_t blocks = (pairs + warps_per_cta - 1) / warps_per_cta;
-  const std::int64_t wave =
-      sms * resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), threads, 0, device, cache);
+  // One warp per pair of output columns (launch()'s grid at 4 columns per warp).
+  const PairGrid g =
+      pair_grid(reinterpret_cast<const void*>(kernel), (p.inter + 1) / 2, device, cache);
   // launch()'s counters, as row_kernel counts itself, and this kernel's own.
   g_launches.fetch_add(1, std::memory_order_relaxed);
   g_row_launches.fetch_add(1, std::memory_order_relaxed);
@@ -1501,8 +1506,8 @@ void launch_swiglu_instance(const SwigluParams& p, int device, cudaStream_t stre
   if (p.product.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
   g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
   g_swiglu_launches.fetch_add(1, std::memory_order_relaxed);
-  detail::launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), stream, p,
-                        blocks <= wave);
+  detail::launch_kernel(kernel, dim3(static_cast<unsigned>(g.blocks)), dim3(g.threads), stream, p,
+                        g.single_wave);
 }
 
 template <typename T>

@@ -30,7 +30,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <set>
 #include <string>
 
@@ -615,10 +614,12 @@ void prefer_smem_carveout(const void* kernel) {
     return value && *value ? std::atoi(value) : cudaSharedmemCarveoutMaxShared;
   }();
   if (percent < 0) return;
-  static std::mutex mutex;
-  static std::set<const void*> done;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!done.insert(kernel).second) return;
+  // Once per (thread, device, kernel): no lock on the launch path, and every device's copy of
+  // the kernel gets the preference (setting it again from another thread is harmless).
+  thread_local std::set<std::pair<int, const void*>> done;
+  int device = 0;
+  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
+  if (!done.insert({device, kernel}).second) return;
   SPLICE_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
 }
