@@ -551,44 +551,90 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait;" ::: "memory");
 }
+// mbarriers (shared by the split kernels' partials exchange and the stream kernel's bulk copies).
 // The RMSNorm partials' exchange (stage 3c): each slice stores its partial into every slice's
 // shared memory with st.async, which completes bytes on the receiving slice's mbarrier; each slice
 // waits on its own. No cluster barrier after the sweep: its release would compile to a GPU-scope
 // fence (MEMBAR.ALL.GPU on sm_90a) that waits for the acks of the sweep's checkpoint stores, an
 // extra store round trip on the tail (dev/kda-n1-sass.md; -0.3 us at N = 1, perf.md run 51).
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
-// Once per CTA, before the entry arrive: both parities' barriers expect one local arrival (the
-// expect_tx below) per phase; the fence makes the initialization visible to the cluster's st.async.
-__device__ __forceinline__ void part_bar_init(std::uint64_t* bars) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[0])));
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[1])));
+// `count` consecutive barriers, one arrival per phase each, made visible to the cluster (one
+// fence for all of them).
+template <int kCount = 1>
+__device__ __forceinline__ void mbar_init(std::uint64_t* bars) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bars + i)));
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-// The local arrival of a phase: `bytes` of partials are to land on `bar` in it.
-__device__ __forceinline__ void part_bar_expect(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-               "r"(bytes) : "memory");
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-// v into slice `rank`'s copy of *dst, completing 4 bytes on that slice's copy of *bar.
-__device__ __forceinline__ void part_store(float* dst, float v, std::uint64_t* bar, int rank) {
-  std::uint32_t ra, rb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_u32(dst)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(ra),
-               "r"(__float_as_uint(v)), "r"(rb) : "memory");
+// The single arrival of a phase that also expects `bytes` from bulk copies.
+__device__ __forceinline__ void mbar_arrive_expect(std::uint64_t* bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
 }
-// Until the phase of parity `phase` of *bar has completed (acquire at cluster scope: the partials'
-// bytes are visible after it).
-__device__ __forceinline__ void part_bar_wait(std::uint64_t* bar, std::uint32_t phase) {
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes,
+                                          std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+// Whether the phase of parity `phase` has completed (no waiting).
+__device__ __forceinline__ bool mbar_test(std::uint64_t* bar, std::uint32_t phase) {
+  std::uint32_t done = 0;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(phase)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase) {
+  std::uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(phase)
+        : "memory");
+  }
+}
+// mbar_wait with acquire at cluster scope: the bytes other CTAs' st.async completed on `bar` are
+// visible after it.
+__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, std::uint32_t phase) {
   std::uint32_t done = 0;
   while (!done) {
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
         " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(smem_u32(bar)), "r"(phase) : "memory");
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(phase)
+        : "memory");
   }
+}
+// v into cluster CTA `rank`'s copy of *dst, completing 4 bytes on that CTA's copy of *bar.
+__device__ __forceinline__ void st_async_cluster(float* dst, float v, std::uint64_t* bar,
+                                                 int rank) {
+  std::uint32_t remote_dst, remote_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote_dst)
+               : "r"(smem_addr(dst)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote_bar)
+               : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
+                   remote_dst),
+               "r"(__float_as_uint(v)), "r"(remote_bar)
+               : "memory");
 }
 
 // Barrier over the kThreads threads that run items (named barrier 1; every thread of the CTA in
@@ -902,7 +948,7 @@ __device__ __forceinline__ void run_item(const Params& p,
       // Every CTA of the cluster has started and initialized its barriers (the arrival at kernel
       // entry) before the first store into another CTA's shared memory.
       if (c0 == 0) cluster_wait();
-      if (tid == 0) part_bar_expect(&sm.part_bar[parity], kSlices * nt * sizeof(float));
+      if (tid == 0) mbar_arrive_expect(&sm.part_bar[parity], kSlices * nt * sizeof(float));
 #pragma unroll 1
       for (int t = warp; t < nt; t += L::kWarps) {
         float ssq = 0.0f;
@@ -912,12 +958,12 @@ __device__ __forceinline__ void run_item(const Params& p,
           ssq += v * v;
         }
         ssq = warp_sum(ssq);
-        if (lane < kSlices) part_store(&sm.part[parity][slice][t], ssq, &sm.part_bar[parity], lane);
+        if (lane < kSlices) st_async_cluster(&sm.part[parity][slice][t], ssq, &sm.part_bar[parity], lane);
       }
       // Every thread waits: for the partials (the norm), and so that every slice's history reads
       // precede stage 3d's write-back (a slice sends its partials after its precompute, whose
       // results they depend on).
-      part_bar_wait(&sm.part_bar[parity], (c0 / kChunk >> 1) & 1);
+      mbar_wait_cluster(&sm.part_bar[parity], (c0 / kChunk >> 1) & 1);
     }
     if constexpr (kSlices > 1) {
 #pragma unroll 1
@@ -1008,7 +1054,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   zero_unowned<kThreads, L::kRows>(p, it, row0, qn);
   if (!it.live) return;  // uniform over the cluster: every slice resolves the same item
   if constexpr (kSlices > 1) {
-    if (threadIdx.x == 0) part_bar_init(sm.part_bar);
+    // Both parities' barriers, before the entry arrive that publishes them.
+    if (threadIdx.x == 0) mbar_init<2>(sm.part_bar);
     cluster_arrive_relaxed();  // waited on in run_item (stage 3c)
   }
 
@@ -1078,53 +1125,6 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 // So the loads of up to kStages items (~85 KB each for fp32) are in flight while one item
 // computes, and an item's path holds no dependent global load: Little's law asks ~33 KB in
 // flight per SM at the copy bandwidth.
-
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)));
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-// The single arrival of a phase that also expects `bytes` from bulk copies.
-__device__ __forceinline__ void mbar_arrive_expect(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes,
-                                          std::uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-// Whether the phase of parity `phase` has completed (no waiting).
-__device__ __forceinline__ bool mbar_test(std::uint64_t* bar, std::uint32_t phase) {
-  std::uint32_t done = 0;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(phase)
-      : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase) {
-  std::uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(phase)
-        : "memory");
-  }
-}
 
 // 8 warps, all consumers: 2 warps per sub-partition, so up to 255 registers per thread.
 constexpr int kStreamThreads = 256;
