@@ -75,9 +75,15 @@
 // distinct code per layer), and code an SM has not run recently costs ~0.06-0.1 us per KB
 // executed (docs/perf.md run 26). So the ring-prologue loops and load_tile's passes, whose work
 // is asynchronous copies, are rolled (a pass: precomputed per-lane addresses plus one 64-bit add,
-// predicated copies, no branch); the softcap and ALiBi are blocks of their own that one branch
-// skips, instead of code per score; rows split into (g, i) by a multiplier, not a division; lse2
-// and the merge unit are computed only where stored (docs/perf-decode-step.md §6, session 7).
+// predicated copies, no branch); the softcap and ALiBi are blocks of their own, compiled only
+// into the instances launched with one of them (kScoreMods), instead of code per score; rows
+// split into (g, i) by a multiplier, not a division; lse2 and the merge unit are computed only
+// where stored (docs/perf-decode-step.md §6, session 7).
+// Latency: a tile runs one warp per scheduler, so every dependent step is paid in full
+// (dev/tile_cycles measures the stages in SM cycles): the softmax weights use ex2.approx.ftz and
+// the final 1 / L rcp.approx (no denormal guards, no division slow path), the loop tests nothing
+// a launch fixes (the speculative tile's V zeroing runs once before it), and the warp merge reads
+// only the block's real rows (decisions.md, session 9).
 // History (issue 5, docs/perf.md runs 16 and 18): a flag merge, a lean merge (one acq_rel atomic,
 // every partial in one batch), an L2 prefetch before the PDL wait, every split speculating from
 // the last call's k_len and whole-ring speculation were measured on the H200 and removed; one
