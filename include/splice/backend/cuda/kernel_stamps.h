@@ -5,10 +5,13 @@
 // carry no trace of it), every kernel launched through launch.cuh's launcher records, when its
 // griddepcontrol.wait returns, one stamp from thread 0 of CTA (0, 0, 0): the grid's %gridid (the
 // context's temporal launch number) and %globaltimer (ns). The store goes to a ring of
-// `capacity` slots indexed by gridid modulo capacity: fire and forget, no atomic, no round trip
-// on the kernel's path. On the host, the launcher notes each kernel's name (cudaFuncGetName) for
-// launches issued while the stream is being captured, so the n-th stamp of a replayed step maps
-// to the n-th captured launch.
+// `capacity` slots indexed by gridid modulo capacity with st.global: fire and forget, no atomic,
+// no round trip on the kernel's path (a generic store would also be ordered against the thread's
+// later shared-memory loads: a mark before an ldmatrix delayed it by ~0.6 us, docs/perf.md
+// run 54). A dev tool built with SPLICE_KERNEL_STAMPS_CYCLES as well records %clock64 instead
+// (exact SM cycles, comparable only within one CTA: dev/tile_cycles). On the host, the launcher
+// notes each kernel's name (cudaFuncGetName) for launches issued while the stream is being
+// captured, so the n-th stamp of a replayed step maps to the n-th captured launch.
 //
 // Under PDL a kernel's wait returns when its predecessor has completed, so the gap between two
 // consecutive stamps of a step is the first kernel's whole share of the step: its post-wait work,
@@ -40,7 +43,7 @@ enum Mark : std::uint32_t {
 
 struct Stamp {
   std::uint64_t grid_id = 0;  // %gridid; 0 = an empty slot
-  std::uint64_t ns = 0;       // %globaltimer when CTA 0's thread 0 passed the mark
+  std::uint64_t ns = 0;       // %globaltimer (cycles mode: %clock64) at the mark, CTA 0 thread 0
   std::uint32_t mark = 0;     // Mark
 };
 
