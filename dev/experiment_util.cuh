@@ -1,4 +1,5 @@
-// dev/experiment_util.cuh: what the standalone device experiments (dev/qkv_rope, dev/kv_prefix)
+// dev/experiment_util.cuh: what the standalone device experiments (dev/qkv_rope, dev/kv_prefix,
+// dev/flag_handoff; dev/tile_cycles takes the error check)
 // share: the error check, the PDL handshake and launcher, host bf16 conversions, deterministic
 // random bf16 data, and host <-> device copies. Header-only, so each experiment still builds with
 // one nvcc command.

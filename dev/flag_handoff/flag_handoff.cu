@@ -27,18 +27,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,                  \
-                   cudaGetErrorString(e_));                                                \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "../experiment_util.cuh"  // CHECK, pdl_wait / pdl_trigger, launch_pdl
 
 namespace {
 
@@ -50,10 +41,6 @@ constexpr int kThreads = 128;
 
 enum Variant : int { kPdl = 0, kFlag = 1, kFlagSleep = 2 };
 
-__device__ __forceinline__ void trigger_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void wait_for_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -68,9 +55,9 @@ __device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
 template <int kVariant>
 __global__ void __launch_bounds__(kThreads) link(const float* in, float* out, unsigned* done,
                                                  int index) {
-  trigger_dependents();
+  experiment::pdl_trigger();
   if constexpr (kVariant == kPdl) {
-    wait_for_grid();
+    experiment::pdl_wait();
   } else {
     if (threadIdx.x == 0 && index > 0) {
       while (load_acquire(done + index - 1) < gridDim.x) {
@@ -95,18 +82,9 @@ float time_chain(int grid, float* buf, unsigned* done, cudaStream_t stream, bool
   CHECK(cudaMemsetAsync(done, 0, kChain * sizeof(unsigned), stream));
   CHECK(cudaMemsetAsync(buf, 0, kFloats * sizeof(float), stream));
   for (int k = 0; k < kChain; ++k) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(kThreads);
-    config.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attr;
-    config.numAttrs = 1;
     const float* in = buf + (k % 2) * kFloats;
     float* out = buf + ((k + 1) % 2) * kFloats;
-    CHECK(cudaLaunchKernelEx(&config, link<kVariant>, in, out, done, k));
+    experiment::launch_pdl(link<kVariant>, grid, kThreads, 0, stream, in, out, done, k);
   }
   CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;

@@ -33,6 +33,7 @@
 #include <random>
 #include <vector>
 
+#include "../experiment_util.cuh"  // CHECK
 #include "backend/cuda/flash_decode_kernel.cuh"
 
 namespace splice::cuda::kernel_stamps {
@@ -49,15 +50,6 @@ using splice::cuda::detail::FlashDecodeConfig;
 using splice::cuda::detail::FlashDecodeParams;
 using splice::cuda::kernel_stamps::Stamp;
 using T = __nv_bfloat16;
-
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 constexpr int kRingSlots = 1024;
 

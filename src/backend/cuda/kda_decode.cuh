@@ -597,28 +597,27 @@ __device__ __forceinline__ bool mbar_test(std::uint64_t* bar, std::uint32_t phas
       : "memory");
   return done != 0;
 }
+// Until the phase of parity `phase` of *bar has completed. kCluster: acquire at cluster scope,
+// so the bytes other CTAs' st.async completed on `bar` are visible after it (the default is the
+// CTA scope of the bulk copies' completions).
+template <bool kCluster = false>
 __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase) {
   std::uint32_t done = 0;
   while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(phase)
-        : "memory");
-  }
-}
-// mbar_wait with acquire at cluster scope: the bytes other CTAs' st.async completed on `bar` are
-// visible after it.
-__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, std::uint32_t phase) {
-  std::uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(phase)
-        : "memory");
+    if constexpr (kCluster)
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+          "%2;\n selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_addr(bar)), "r"(phase)
+          : "memory");
+    else
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_addr(bar)), "r"(phase)
+          : "memory");
   }
 }
 // v into cluster CTA `rank`'s copy of *dst, completing 4 bytes on that CTA's copy of *bar.
@@ -963,7 +962,7 @@ __device__ __forceinline__ void run_item(const Params& p,
       // Every thread waits: for the partials (the norm), and so that every slice's history reads
       // precede stage 3d's write-back (a slice sends its partials after its precompute, whose
       // results they depend on).
-      mbar_wait_cluster(&sm.part_bar[parity], (c0 / kChunk >> 1) & 1);
+      mbar_wait<true>(&sm.part_bar[parity], (c0 / kChunk >> 1) & 1);
     }
     if constexpr (kSlices > 1) {
 #pragma unroll 1
