@@ -78,10 +78,24 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cluster.cuh"
 #include "backend/cuda/launch.cuh"
 
 namespace splice::cuda::kda {
 
+// cluster.cuh's DSMEM and mbarrier primitives: the split kernels' RMSNorm partials exchange (stage
+// 3c: each slice st.async-stores its partial into every slice's shared memory and waits on its own
+// mbarrier, no cluster barrier after the sweep) and the stream kernel's bulk-copy ring.
+using detail::bulk_copy;
+using detail::cluster_arrive_relaxed;
+using detail::cluster_wait;
+using detail::mbar_arrive;
+using detail::mbar_arrive_expect;
+using detail::mbar_init;
+using detail::mbar_test;
+using detail::mbar_wait;
+using detail::smem_addr;
+using detail::st_async_cluster;
 
 constexpr int kD = 128;                    // head dim (K = V)
 constexpr int kConvWidth = 4;              // conv taps
@@ -542,99 +556,6 @@ struct Geometry {
   // Vectors j, j + kLanes, ...: a row group reads 128 contiguous bytes per instruction.
   __device__ int col(int c) const { return (j + c * L::kLanes) * kVecElems; }
 };
-
-// The split halves of a cluster barrier: kda_decode_kernel arrives at entry, run_item waits
-// before its first store into another CTA's shared memory (which needs that CTA running).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait;" ::: "memory");
-}
-// mbarriers (shared by the split kernels' partials exchange and the stream kernel's bulk copies).
-// The RMSNorm partials' exchange (stage 3c): each slice stores its partial into every slice's
-// shared memory with st.async, which completes bytes on the receiving slice's mbarrier; each slice
-// waits on its own. No cluster barrier after the sweep: its release would compile to a GPU-scope
-// fence (MEMBAR.ALL.GPU on sm_90a) that waits for the acks of the sweep's checkpoint stores, an
-// extra store round trip on the tail (dev/kda-n1-sass.md; -0.3 us at N = 1, perf.md run 51).
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-// `count` consecutive barriers, one arrival per phase each, made visible to the cluster (one
-// fence for all of them).
-template <int kCount = 1>
-__device__ __forceinline__ void mbar_init(std::uint64_t* bars) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bars + i)));
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-// The single arrival of a phase that also expects `bytes` from bulk copies.
-__device__ __forceinline__ void mbar_arrive_expect(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes,
-                                          std::uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-// Whether the phase of parity `phase` has completed (no waiting).
-__device__ __forceinline__ bool mbar_test(std::uint64_t* bar, std::uint32_t phase) {
-  std::uint32_t done = 0;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(phase)
-      : "memory");
-  return done != 0;
-}
-// Until the phase of parity `phase` of *bar has completed. kCluster: acquire at cluster scope,
-// so the bytes other CTAs' st.async completed on `bar` are visible after it (the default is the
-// CTA scope of the bulk copies' completions).
-template <bool kCluster = false>
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase) {
-  std::uint32_t done = 0;
-  while (!done) {
-    if constexpr (kCluster)
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-          "%2;\n selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(smem_addr(bar)), "r"(phase)
-          : "memory");
-    else
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(smem_addr(bar)), "r"(phase)
-          : "memory");
-  }
-}
-// v into cluster CTA `rank`'s copy of *dst, completing 4 bytes on that CTA's copy of *bar.
-__device__ __forceinline__ void st_async_cluster(float* dst, float v, std::uint64_t* bar,
-                                                 int rank) {
-  std::uint32_t remote_dst, remote_bar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote_dst)
-               : "r"(smem_addr(dst)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote_bar)
-               : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
-                   remote_dst),
-               "r"(__float_as_uint(v)), "r"(remote_bar)
-               : "memory");
-}
 
 // Barrier over the kThreads threads that run items (named barrier 1; every thread of the CTA in
 // both kernels). Orders shared-memory accesses like __syncthreads.
