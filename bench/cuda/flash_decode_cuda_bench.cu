@@ -25,6 +25,11 @@
 //   7. --warps-ab (replaces 1-6): B = 1 and 8 of the grid (head_dim 128) and the SmolLM2 shapes
 //      (with the model's capacity-256 cache too), each timed with 4-warp and 8-warp CTAs
 //      (FlashDecodeDevKnobs::warps), alternating, twice: the evidence for the plan's wide rule.
+//   8. --cluster-ab (replaces 1-7): B = 1, 8 and 32 (k_len <= 4K at B > 1) of (32, 8) and
+//      (64, 8) and the SmolLM2 shapes, each timed under the plan's rules, with the global split
+//      merge, and with each width forced under the cluster merge (splits capped at 16, 8 or 4)
+//      and the global one (FlashDecodeDevKnobs::cluster_merge): the evidence for the plan's
+//      cluster rule.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -33,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -76,6 +82,7 @@ struct Result {
   int splits = 0;  // the grid's split dimension (forced or planned)
   int live = 0;    // splits the device plan runs at this k_len
   int warps = 0;   // warps per CTA
+  bool cluster = false;  // the splits merged in thread-block clusters (every timed launch)
   double us = 0.0;
   double spread_us = 0.0;  // max - min replay time per call
 };
@@ -125,9 +132,10 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   r.sets = in.sets;
   splice::DecodeAttentionOptions options;
   options.num_splits = forced_splits;
+  const splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
   const splice::cuda::FlashDecodePlan plan = splice::cuda::plan_flash_decode(
       s.batch, s.num_qo_heads, s.num_kv_heads, 1, s.head_dim, s.cap(), s.cap(),
-      splice::cuda::sm_count(), splice::cuda::flash_decode_dev_knobs().warps);
+      splice::cuda::sm_count(), knobs.warps, knobs.cluster_merge);
   r.warps = plan.warps;
   r.splits = forced_splits > 0 ? static_cast<int>(forced_splits) : plan.num_splits;
   r.live = forced_splits > 0 ? static_cast<int>(forced_splits)
@@ -137,8 +145,11 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
     splice::cuda::flash_decode(in.q[i], in.k[i], in.v[i], in.k_len, nullptr, options, in.out[i],
                                nullptr, stream);
   };
+  const std::uint64_t clustered = splice::cuda::flash_decode_launches().cluster_merge;
   for (int i = 0; i < r.sets; ++i) call(i);  // warm-up outside capture: sizes the workspace
   BENCH_CHECK(cudaStreamSynchronize(stream));
+  r.cluster = splice::cuda::flash_decode_launches().cluster_merge - clustered ==
+              static_cast<std::uint64_t>(r.sets);
 
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -169,6 +180,14 @@ void set_warps(int warps) {
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
+// Sets the warps and cluster-merge knobs (0 / -1: the plan's rules).
+void set_width_and_merge(int warps, int cluster_merge) {
+  splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
+  knobs.warps = warps;
+  knobs.cluster_merge = cluster_merge;
+  splice::cuda::set_flash_decode_dev_knobs(knobs);
+}
+
 std::string shape_name(const Shape& s) {
   char name[80];
   std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld,D%lld)", static_cast<long long>(s.batch),
@@ -190,6 +209,7 @@ int main(int argc, char** argv) {
   bool variants = true;
   bool ab = false;
   bool warps_ab = false;
+  bool cluster_ab = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc)
@@ -208,10 +228,12 @@ int main(int argc, char** argv) {
       ab = true;
     else if (arg == "--warps-ab")
       warps_ab = true;
+    else if (arg == "--cluster-ab")
+      cluster_ab = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep] "
-                   "[--no-variants] [--ab] [--warps-ab]\n",
+                   "[--no-variants] [--ab] [--warps-ab] [--cluster-ab]\n",
                    argv[0]);
       return 2;
     }
@@ -231,6 +253,7 @@ int main(int argc, char** argv) {
         if (quick && batch != 1 && s.kv_bytes() < (std::int64_t{1} << 30)) continue;
         if (ab && (batch != 1 || h[0] != 32 || h[1] != 8)) continue;
         if (warps_ab && batch > 8) continue;
+        if (cluster_ab && (batch > 32 || (batch > 1 && k_len > 4096) || h[1] == 32)) continue;
         if (static_cast<double>(s.kv_bytes()) <= max_kv_gb * 1e9) shapes.push_back(s);
       }
   for (std::int64_t k_len : {64, 256, 1024}) shapes.push_back(Shape{1, 9, 3, k_len, 64});
@@ -258,6 +281,41 @@ int main(int argc, char** argv) {
   BENCH_CHECK(cudaStreamSynchronize(stream));
   std::printf("device: %s; K/V pools 2 x %.2f GB\n", splice::cuda::device_name().c_str(),
               pool_bytes / 1e9);
+
+  if (cluster_ab) {
+    // Split merge through thread-block clusters (DSMEM into split 0) against the global merge,
+    // per width: `rule` = the plan's rules; g = global merge (cluster knob 0); c = clusters with
+    // the splits capped at 16 (knob 1); w4 / w8 = the width forced. Two alternating rounds, the
+    // faster kept; per column the grid's splits and whether clusters merged (*).
+    struct Column {
+      const char* name;
+      int warps, cluster;
+    };
+    const Column columns[] = {{"rule", 0, -1}, {"g", 0, 0},     {"w4 c", 4, 1}, {"w8 c", 8, 1},
+                              {"w8 g", 8, 0},  {"w8 c8", 8, 8}, {"w8 c4", 8, 4}, {"w4 c8", 4, 8}};
+    std::printf("\nCluster merge A/B (us per call, graph replay; splits, * = cluster merge)\n");
+    std::printf("%-26s %4s", "shape (B,Hq,Hkv,k_len,D)", "sets");
+    for (const Column& c : columns) std::printf(" %13s", c.name);
+    std::printf("\n");
+    for (const Shape& s : shapes) {
+      Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
+      Result best[std::size(columns)];
+      for (int round = 0; round < 2; ++round)
+        for (std::size_t i = 0; i < std::size(columns); ++i) {
+          set_width_and_merge(columns[i].warps, columns[i].cluster);
+          const Result r = run_shape(in, reps, stream);
+          if (round == 0 || r.us < best[i].us) best[i] = r;
+        }
+      set_width_and_merge(0, -1);
+      std::printf("%-26s %4d", shape_name(s).c_str(), in.sets);
+      for (const Result& r : best)
+        std::printf(" %7.2f %3d%s", r.us, r.splits, r.cluster ? "*" : " ");
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    BENCH_CHECK(cudaStreamDestroy(stream));
+    return 0;
+  }
 
   if (warps_ab) {
     std::printf("\n4-warp against 8-warp CTAs (us per call, graph replay; splits/live per width)\n");

@@ -711,6 +711,147 @@ TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
   }
 }
 
+// Sets FlashDecodeDevKnobs::cluster_merge for a scope (-1: the plan's rule, 0: the global merge,
+// 1: clusters wherever they fit, the splits capped at 16) and restores it after.
+struct ForcedMerge {
+  cuda::FlashDecodeDevKnobs saved = cuda::flash_decode_dev_knobs();
+  explicit ForcedMerge(int cluster_merge) {
+    cuda::FlashDecodeDevKnobs knobs = saved;
+    knobs.cluster_merge = cluster_merge;
+    cuda::set_flash_decode_dev_knobs(knobs);
+  }
+  ~ForcedMerge() { cuda::set_flash_decode_dev_knobs(saved); }
+  ForcedMerge(const ForcedMerge&) = delete;
+  ForcedMerge& operator=(const ForcedMerge&) = delete;
+};
+
+// Runs `problem` under the cluster-merge knob `cluster_merge`; whether the launch merged in
+// clusters.
+std::pair<Tensor, Tensor> run_merge(Problem& problem, int cluster_merge, bool* clustered,
+                                    cuda::Stream stream = nullptr) {
+  const ForcedMerge forced(cluster_merge);
+  const std::uint64_t before = cuda::flash_decode_launches().cluster_merge;
+  auto result = problem.run(stream);
+  *clustered = cuda::flash_decode_launches().cluster_merge > before;
+  return result;
+}
+
+// The cluster merge (a unit's splits in one thread-block cluster, each peer's fp32 partial sent
+// into split 0's shared memory with st.async) against the global merge (partials through global
+// memory, a counter, the last CTA merges) on the same inputs: bit for bit, out and lse, since both
+// fold the same partials in split order through the same code; and both against the float64
+// reference. Cases: every head_dim, GQA groups of 1-4 with 1 query and 16 rows (group 2 x 8
+// queries), ragged lengths with live split counts from 1 to 16 and an empty sequence, a window,
+// softcap and ALiBi, a forced split count below the plan's (still clusters), and the case the
+// receive area does not fit (16 rows x 16 splits at head_dim 64: the global merge).
+TEST(FlashDecodeCuda, ClusterMergeIsBitwiseTheGlobalMerge) {
+  SKIP_WITHOUT_GPU();
+  struct MergeCase {
+    Case c;
+    bool clusters;  // whether the cluster merge applies (the receive area fits)
+  };
+  std::vector<MergeCase> cases;
+  const auto add = [&](std::int64_t qo, std::int64_t kv, std::int64_t q_len, std::int64_t head_dim,
+                       std::int64_t capacity, std::vector<std::int32_t> lens, bool clusters) {
+    MergeCase m;
+    m.c.num_qo_heads = qo;
+    m.c.num_kv_heads = kv;
+    m.c.q_len = q_len;
+    m.c.head_dim = head_dim;
+    m.c.capacity = capacity;
+    m.c.batch = static_cast<std::int64_t>(lens.size());
+    m.c.k_len = std::move(lens);
+    m.clusters = clusters;
+    cases.push_back(m);
+    return &cases.back().c;
+  };
+  // Capacities <= 1024 keep the plan at <= 16 splits (64 keys each at least), so capping the
+  // splits at 16 changes nothing and both runs split the same way.
+  add(32, 8, 1, 128, 1024, {1024}, true);  // issue 5's B = 1 shape, 16 splits of 64 keys
+  add(32, 8, 1, 128, 1024, {300}, true)->dtype = DType::f16;  // 5 live splits of 16
+  add(9, 3, 1, 64, 1024, {1000}, true);                     // SmolLM2's heads
+  add(4, 4, 1, 256, 1024, {1023}, true);                    // head_dim 256, one row
+  add(16, 8, 8, 128, 448, {448}, true);                     // 16 rows, 7 splits
+  add(8, 2, 1, 128, 1024, {1000, 40, 0}, true);             // ragged: 16 / 1 / no live split
+  add(8, 2, 8, 64, 1024, {1024}, false);                    // 16 rows x 16 splits: global
+  Case* window = add(8, 2, 1, 128, 1024, {1000}, true);     // 601 visible keys, 10 splits
+  window->window_left = 600;
+  window->softcap = 30.0f;
+  window->alibi = true;
+  Case* forced = add(8, 2, 1, 128, 1024, {1024}, true);
+  forced->num_splits = 5;
+  std::uint64_t seed = 1200;
+  for (const MergeCase& m : cases) {
+    SCOPED_TRACE(m.c.str());
+    Rng rng(seed++);
+    Problem problem(m.c, rng);
+    bool global_clustered = true, cluster_clustered = false;
+    const auto [global_out, global_lse] = run_merge(problem, 0, &global_clustered);
+    const auto [out, lse] = run_merge(problem, 1, &cluster_clustered);
+    EXPECT_FALSE(global_clustered);
+    EXPECT_EQ(cluster_clustered, m.clusters);
+    EXPECT_TRUE(testing::bit_equal(out, global_out));
+    EXPECT_TRUE(testing::bit_equal(lse, global_lse));
+    const auto [ref_out, ref_lse] = problem.reference();
+    EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(m.c.dtype)));
+    EXPECT_TRUE(testing::close(lse, ref_lse, kLseTolerance));
+  }
+}
+
+// One capture under the cluster merge at the capacity bound, replayed with k_len changed in
+// device memory between replays (live splits 1 to 16, an empty range, back): every replay bit for
+// bit the eager global merge on the same inputs. Then back-to-back PDL launches whose q is the
+// previous output, under the cluster merge.
+TEST(FlashDecodeCuda, ClusterMergeGraphReplayAndBackToBack) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  Case c;
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.capacity = 1024;
+  c.k_len = {1024};
+  Rng rng(1300);
+  Problem problem(c, rng);
+  bool clustered = false;
+  run_merge(problem, 1, &clustered, stream);  // sizes the workspace outside capture
+  ASSERT_TRUE(clustered);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  {
+    const ForcedMerge forced(1);
+    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    cuda::flash_decode(problem.q.device, problem.k.device, problem.v.device, problem.k_len_device,
+                       nullptr, problem.options(), problem.out.device, &problem.lse.device,
+                       stream);
+    cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+  }
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (std::int32_t len : {1024, 257, 17, 1000, 0, 700, 256, 1023}) {
+    SCOPED_TRACE("k_len=" + std::to_string(len));
+    problem.c.k_len = {len};
+    problem.fill_kv(rng);
+    cuda_ok(cudaMemcpyAsync(problem.k_len_device.raw_data(), &len, sizeof len,
+                            cudaMemcpyHostToDevice, stream),
+            "k_len upload");
+    poison_nan(problem.out.host_base);
+    problem.out.upload();
+    cuda_ok(cudaGraphLaunch(exec, stream), "replay");
+    cuda_ok(cudaStreamSynchronize(stream), "sync");
+    const Tensor out = problem.out.download().clone();
+    const Tensor lse = problem.lse.download().clone();
+    bool global_clustered = true;
+    const auto [global_out, global_lse] = run_merge(problem, 0, &global_clustered, stream);
+    EXPECT_TRUE(testing::bit_equal(out, global_out));
+    EXPECT_TRUE(testing::bit_equal(lse, global_lse));
+  }
+  cuda_ok(cudaGraphExecDestroy(exec), "exec destroy");
+  cuda_ok(cudaGraphDestroy(graph), "graph destroy");
+  cuda_ok(cudaStreamDestroy(stream), "stream destroy");
+  const ForcedMerge forced(1);
+  check_back_to_back(1310, 1024);
+}
+
 // Split 0's speculative tile (keys [0, 64), issued before k_len is known and read up to the
 // capacity) at the model's lengths: short k_len in a large cache whose rows beyond k_len are NaN,
 // on both sides of one warp tile (16), of the speculated keys (64) and of the single-split limit,
@@ -906,7 +1047,8 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 256, 132).num_splits, 1);
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 257, 132).num_splits, 5);
   EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 512, 512, 132).num_splits, 1);
-  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132).num_splits, 32);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132).num_splits, 16);  // clusters
+  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132, 0, 0).num_splits, 32);
   // The device rule for the live split count (33 grid splits at (32, 8), head_dim 128).
   EXPECT_EQ(cuda::flash_decode_live_splits(small, 1), 1);
   EXPECT_EQ(cuda::flash_decode_live_splits(small, 256), 1);
@@ -926,9 +1068,10 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(wide.num_splits, 16);  // 132 / 8 units
   EXPECT_EQ(cuda::flash_decode_live_splits(wide, 16384), 16);  // 1024-key chunks
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 4096, 4096, 132).warps, 8);  // 256 a split
-  const auto short_range = cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132);
+  const auto short_range = cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132, 0, 0);
   EXPECT_EQ(short_range.warps, 4);  // 16 wide splits of 64 keys: too few keys per CTA
   EXPECT_EQ(short_range.num_splits, 16);
+  EXPECT_EQ(short_range.cluster, 1);  // cluster_merge 0: never
   EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 256, 256, 132).warps, 4);  // the model's
   EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132).warps, 4);
   EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 16384, 16384, 132).warps, 8);
@@ -939,6 +1082,33 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_THROW(cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132, 6), ValueError);
   const auto spec = cuda::plan_flash_decode(2, 64, 8, 8, 128, 1024, 1024, 132);
   EXPECT_EQ(spec.row_blocks, 4);  // 8 heads x 8 queries = 64 rows
+  // The cluster rule: a 4-warp plan of <= sm_count / 4 units caps its splits at
+  // min(16, sm_count / 2 / units), and the unit's splits form one cluster when split 0's ring
+  // holds their partials.
+  const auto b1 = cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132);
+  EXPECT_EQ(b1.warps, 4);
+  EXPECT_EQ(b1.num_splits, 8);  // 66 / 8 units
+  EXPECT_EQ(b1.cluster, 8);
+  const auto smol = cuda::plan_flash_decode(1, 9, 3, 1, 64, 1024, 1024, 132);
+  EXPECT_EQ(smol.num_splits, 16);  // min(16, 66 / 3)
+  EXPECT_EQ(smol.cluster, 16);
+  // sm_count / 4 < units <= sm_count / 2: one 8-warp CTA per SM, sm_count / units splits.
+  const auto mid = cuda::plan_flash_decode(8, 32, 8, 1, 128, 4096, 4096, 132);
+  EXPECT_EQ(mid.warps, 8);
+  EXPECT_EQ(mid.num_splits, 2);
+  EXPECT_EQ(mid.cluster, 2);
+  EXPECT_EQ(cuda::plan_flash_decode(8, 32, 8, 1, 128, 4096, 4096, 132, 0, 0).warps, 4);
+  // The wide rule's long ranges keep their 16 splits (a cluster; the launcher merges globally
+  // where the GPU cannot hold every cluster at once).
+  EXPECT_EQ(wide.cluster, 16);
+  EXPECT_EQ(big.cluster, 1);  // one split
+  // No cluster where split 0's ring cannot hold the partials: 16 rows x 16 splits at head_dim 64.
+  const auto rows16 = cuda::plan_flash_decode(1, 8, 2, 8, 64, 1024, 1024, 132, 0, 1);
+  EXPECT_EQ(rows16.num_splits, 16);
+  EXPECT_EQ(rows16.cluster, 1);
+  // The knob's caps.
+  EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132, 0, 4).num_splits, 4);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132, 0, 4).cluster, 4);
 }
 
 TEST(FlashDecodeCuda, BadArgumentsRaiseTypedErrors) {

@@ -42,14 +42,15 @@ __device__ __forceinline__ void mbar_init(std::uint64_t* bars) {
 __device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-// The arrival on cluster CTA `rank`'s copy of *bar, ordered after this thread's earlier memory
-// accesses at cluster scope (release).
-__device__ __forceinline__ void mbar_arrive_remote(std::uint64_t* bar, int rank) {
+// A relaxed arrival on cluster CTA `rank`'s copy of *bar: a signal that orders no data (a
+// release arrival compiles to MEMBAR.ALL.GPU on sm_90a). Use it where what it announces is that
+// earlier shared-memory reads, whose values this thread's CTA has already consumed, are done.
+__device__ __forceinline__ void mbar_arrive_remote_relaxed(std::uint64_t* bar, int rank) {
   std::uint32_t remote_bar;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
                : "=r"(remote_bar)
                : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar)
+  asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar)
                : "memory");
 }
 // The single arrival of a phase that also expects `bytes` from bulk copies or st.async stores.

@@ -18,6 +18,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -43,11 +44,26 @@ constexpr std::int64_t kMaxLength = std::int64_t{1} << 30;  // int32 position ar
 constexpr std::int64_t kMaxGridYZ = 65535;
 constexpr int kMaxCtasPerSm = 4;
 
-std::atomic<std::uint64_t> g_launches{0}, g_stable_prefix_launches{0};
+std::atomic<std::uint64_t> g_launches{0}, g_stable_prefix_launches{0}, g_cluster_launches{0};
 constexpr std::size_t kSmemPerSm = 228 * 1024;  // Hopper: shared memory per SM
 constexpr std::size_t kSmemReservedPerCta = 1024;
 constexpr std::int64_t kVecElems = 8;      // 16 bytes of 16-bit elements
 constexpr std::int64_t kHalfVecElems = 4;  // 8 bytes of 16-bit elements
+
+// Whether split 0's ring holds the cluster merge's receive area (`splits` partials of `rows` rows).
+bool cluster_merge_fits(std::int64_t head_dim, int warps, int splits, int rows) {
+  const bool wide = warps == detail::kWideWarps;
+  switch (head_dim) {
+    case 64:
+      return wide ? FlashDecodeConfig<64, detail::kWideWarps>::cluster_merge_fits(splits, rows)
+                  : FlashDecodeConfig<64, detail::kNarrowWarps>::cluster_merge_fits(splits, rows);
+    case 128:
+      return wide ? FlashDecodeConfig<128, detail::kWideWarps>::cluster_merge_fits(splits, rows)
+                  : FlashDecodeConfig<128, detail::kNarrowWarps>::cluster_merge_fits(splits, rows);
+    default:
+      return FlashDecodeConfig<256, detail::kNarrowWarps>::cluster_merge_fits(splits, rows);
+  }
+}
 
 int smem_bytes(std::int64_t head_dim, int warps) {
   const bool wide = warps == detail::kWideWarps;
@@ -82,6 +98,8 @@ struct Workspace {
     FlashDecodeDevKnobs knobs;
     if (const char* warps = std::getenv("SPLICE_FLASH_DECODE_WARPS"); warps && *warps)
       knobs.warps = std::atoi(warps);
+    if (const char* cluster = std::getenv("SPLICE_FLASH_DECODE_CLUSTER"); cluster && *cluster)
+      knobs.cluster_merge = std::atoi(cluster);
     return knobs;
   }
 };
@@ -148,6 +166,8 @@ void prepare() {
     const auto kernel = detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods>;
     SPLICE_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    SPLICE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     int resident = 0;
     SPLICE_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Cfg::kThreads, smem));
@@ -158,13 +178,51 @@ void prepare() {
   });
 }
 
+// Whether the device can hold all `clusters` clusters of (1, splits, 1) CTAs of the instance at
+// once (cudaOccupancyMaxActiveClusters, asked once per thread, device, instance and size): a
+// cluster's CTAs must share a GPC, so the answer depends on the GPU's GPC layout (H200 at one CTA
+// per SM: 7 clusters of 16, not 8; dev/cluster_occupancy).
 template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
-void launch(const FlashDecodeParams& params, const dim3& grid, Stream stream) {
+bool clusters_resident(int splits, std::int64_t clusters, Stream stream) {
+  thread_local std::map<std::pair<int, int>, int> resident;  // (device, splits) -> clusters
+  int device = 0;
+  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
+  auto [it, fresh] = resident.try_emplace({device, splits}, 0);
+  if (fresh) {
+    using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(1, static_cast<unsigned>(splits), 1);
+    config.blockDim = dim3(Cfg::kThreads, 1, 1);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 1;
+    attribute.val.clusterDim.y = static_cast<unsigned>(splits);
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    SPLICE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(
+        &it->second, detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods>, &config));
+  }
+  return clusters <= it->second;
+}
+
+template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
+void launch(FlashDecodeParams params, const dim3& grid, Stream stream) {
   prepare<T, kHeadDim, kWarps, kScoreMods>();
+  // The cluster merge only where every cluster of the grid is resident at once (else the global
+  // merge: a multi-wave grid of clusters would wait for whole free GPC slices).
+  if (params.cluster_merge &&
+      !clusters_resident<T, kHeadDim, kWarps, kScoreMods>(
+          static_cast<int>(grid.y), static_cast<std::int64_t>(grid.x) * grid.z, stream))
+    params.cluster_merge = 0;
   // launch.cuh's launcher (the PDL attribute unless disabled or the legacy stream); the kernel
   // obeys its safety rule (stage 0 waits before any global access or early return).
   using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
-  const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1), Cfg::kSmemBytes};
+  const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1), Cfg::kSmemBytes,
+                                  params.cluster_merge ? dim3(1, grid.y, 1) : dim3(1, 1, 1)};
+  g_cluster_launches.fetch_add(params.cluster_merge ? 1 : 0, std::memory_order_relaxed);
   detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods>, shape, stream,
                         params);
 }
@@ -200,7 +258,8 @@ void launch_instance(std::int64_t head_dim, int warps, const FlashDecodeParams& 
 FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                   std::int64_t num_kv_heads, std::int64_t q_len,
                                   std::int64_t head_dim, std::int64_t capacity,
-                                  std::int64_t max_live_k_len, int sm_count, int warps) {
+                                  std::int64_t max_live_k_len, int sm_count, int warps,
+                                  int cluster_merge) {
   SPLICE_INTERNAL_CHECK(batch > 0 && num_kv_heads > 0 && num_qo_heads % num_kv_heads == 0 &&
                             q_len > 0 && sm_count > 0,
                         "plan_flash_decode needs validated shapes");
@@ -233,6 +292,32 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
   plan.warps = warps != 0 ? warps : (wide_rule ? kFlashDecodeWideWarps : kFlashDecodeWarps);
   plan.ctas_per_sm = ctas_per_sm(smem_bytes(head_dim, plan.warps));
   plan.num_splits = splits_for(plan.warps);
+  if (cluster_merge == -1 && warps == 0 && plan.num_splits > 1) {
+    // The cluster rule (docs/perf.md run 58): grids that can merge in clusters take a shape in
+    // which a cluster's CTAs do not share SMs (the scheduler packs a cluster into one GPC, two
+    // 4-warp CTAs to an SM when it can, and a CTA sharing its SM streams at half speed).
+    if (plan.warps == kFlashDecodeWarps && units <= sm_count / 4) {
+      // Short ranges of few units: at most half the SMs' worth of 4-warp CTAs.
+      plan.num_splits = static_cast<int>(std::min<std::int64_t>(
+          {plan.num_splits, kFlashDecodeMaxClusterSplits, sm_count / 2 / units}));
+    } else if (head_dim <= 128 && units > sm_count / 4 && units <= sm_count / 2 &&
+               8 * units * (sm_count / units) >= 7 * sm_count) {
+      // A mid-size grid: one 8-warp CTA per SM, sm_count / units splits (2 or 3), where that
+      // fills at least 7/8 of the SMs.
+      plan.warps = kFlashDecodeWideWarps;
+      plan.ctas_per_sm = ctas_per_sm(smem_bytes(head_dim, plan.warps));
+      plan.num_splits = splits_for(plan.warps);
+    }
+  } else if (cluster_merge >= 1) {  // 1: up to the largest cluster; 2..16: up to that many splits
+    plan.num_splits = std::min(
+        plan.num_splits, cluster_merge == 1 ? kFlashDecodeMaxClusterSplits
+                                            : std::min(cluster_merge, kFlashDecodeMaxClusterSplits));
+  }
+  const int block_rows = static_cast<int>(std::min<std::int64_t>(rows, kFlashDecodeRowsPerCta));
+  if (cluster_merge != 0 && plan.num_splits > 1 &&
+      plan.num_splits <= kFlashDecodeMaxClusterSplits &&
+      cluster_merge_fits(head_dim, plan.warps, plan.num_splits, block_rows))
+    plan.cluster = plan.num_splits;
   plan.grid_x = plan.row_blocks;
   plan.grid_y = plan.num_splits;
   plan.grid_z = batch * num_kv_heads;
@@ -342,8 +427,9 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // Stage 2: the plan at the capacity bound.
   const FlashDecodeDevKnobs knobs = flash_decode_dev_knobs();
   const int knob_warps = head_dim <= 128 ? knobs.warps : 0;  // no wide CTAs at head_dim 256
-  const FlashDecodePlan plan = plan_flash_decode(batch, num_qo_heads, num_kv_heads, q_len, head_dim,
-                                                 capacity, capacity, sm_count(), knob_warps);
+  const FlashDecodePlan plan =
+      plan_flash_decode(batch, num_qo_heads, num_kv_heads, q_len, head_dim, capacity, capacity,
+                        sm_count(), knob_warps, knobs.cluster_merge);
   const std::int64_t max_splits =
       std::max<std::int64_t>(1, (capacity + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys);
   const std::int64_t forced =
@@ -408,6 +494,10 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
   p.stable_prefix = stable_prefix ? 1 : 0;  // supersedes speculation (kernel stage 0')
+  // The cluster merge needs the plan's split count in the grid (a forced count may raise it) and
+  // the merge itself (the attribution knob may drop it).
+  p.cluster_merge =
+      plan.cluster > 1 && grid_y == plan.grid_y && !(p.dev_drop & detail::kDropMerge) ? 1 : 0;
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {
     return w ? static_cast<int>(std::min<std::int64_t>(*w, kMaxLength)) : -1;
   };
@@ -434,7 +524,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 
 FlashDecodeLaunches flash_decode_launches() {
   return {g_launches.load(std::memory_order_relaxed),
-          g_stable_prefix_launches.load(std::memory_order_relaxed)};
+          g_stable_prefix_launches.load(std::memory_order_relaxed),
+          g_cluster_launches.load(std::memory_order_relaxed)};
 }
 
 }  // namespace splice::cuda

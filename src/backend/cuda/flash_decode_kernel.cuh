@@ -62,6 +62,16 @@
 //        M' = max(M, max_s lse2_s), r = 2^(M - M'), D' = r D + sum_s 2^(lse2_s - M'),
 //        A' = r A + sum_s 2^(lse2_s - M') O_s;  o = A / D, lse2 = M + log2 D,
 //      and resets the counter to 0 for the next launch (graph replay safe).
+//   6'. Cluster merge (p.cluster_merge: the launch's clusters are a unit's gridDim.y <= 16 splits;
+//      the launcher checks that split 0's ring holds the receive area and that every cluster of
+//      the grid is resident at once): no global round trip. At entry every CTA initializes two
+//      mbarriers and arrives (relaxed) on the cluster barrier. After its loop, split 0 expects
+//      (live - 1) partials' bytes on its barrier 0 and signals each live peer's barrier 1 (its
+//      ring is free); each peer waits for that signal and st.async-stores its (O_s, lse2_s) into
+//      entry s of split 0's receive area (after the warp-merge scratch), completing the bytes on
+//      split 0's barrier 0; split 0 writes its own entry 0, waits on barrier 0 (acquire, cluster
+//      scope) and folds the entries in split order with stage 6's batch code (bitwise the global
+//      merge's result). No fence and no cluster barrier on the path (cluster.cuh's header).
 //
 // Dependent global round trips on one CTA's critical path at B = 1 (launch gap not counted):
 //   one split:    [k_len || q || split 0's tile 0] -> further K/V tiles (streaming) -> o store.
@@ -71,6 +81,8 @@
 //                 plan) -> partial store + fence (waits for the acks) -> counter atomic
 //                 -> counter reset + fence (waits for its ack) -> the merging CTA's
 //                 (lse2_s, O_s) loads (one per 16 splits) -> o store.
+//   cluster merge: ... K/V of splits >= 1 -> split 0's signal (SM to SM) -> the peers' st.async
+//                 (SM to SM) -> o store.
 // Code size: in a decode step every kernel starts cold on its SMs (the step runs ~250 KB of
 // distinct code per layer), and code an SM has not run recently costs ~0.06-0.1 us per KB
 // executed (docs/perf.md run 26). So the ring-prologue loops and load_tile's passes, whose work
@@ -96,6 +108,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "backend/cuda/cluster.cuh"
 #include "backend/cuda/launch.cuh"
 
 namespace splice::cuda::detail {
@@ -155,6 +168,10 @@ struct FlashDecodeParams {
   // k_len - q_len (stage 1 then plans and issues the ring prologue before the PDL wait).
   int stable_prefix;
   int dev_drop;  // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
+  // 1: the launch's clusters are (1, gridDim.y, 1), a (b, h, rb) unit's splits in one cluster, and
+  // the splits merge through distributed shared memory into split 0 (stage 6'); the launcher
+  // checks that the receive area fits (cluster_merge_fits) and the clusters can be resident.
+  int cluster_merge;
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
@@ -181,6 +198,13 @@ struct FlashDecodeConfig {
   static constexpr int kMergeBytes = kWarps * kRows * (kRedStride + 2) * 4;
   static constexpr int kSmemBytes = kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
   static constexpr bool kQInRegs = kHeadDim <= 128;
+  // The cluster merge's receive area in split 0 (stage 6'): after the warp-merge scratch, in the
+  // ring, [splits][rows][head_dim] fp32 partials then [splits][rows] lse2 (the block's real rows).
+  static constexpr int kRecvOffset = kQBytes + kMergeBytes;
+  static constexpr int recv_bytes(int splits, int rows) { return splits * rows * (kHeadDim + 1) * 4; }
+  static constexpr bool cluster_merge_fits(int splits, int rows) {
+    return kRecvOffset + recv_bytes(splits, rows) <= kSmemBytes;
+  }
 };
 
 // 2^x on the MUFU unit with denormals flushed (one instruction; exp2f adds a compare and two
@@ -197,10 +221,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // that a mark waits for).
 __device__ __forceinline__ float not_nan(float x) {
   return __uint_as_float(__float_as_uint(x) & 0xbfffffffu);
-}
-
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
 __device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, int src_bytes) {
@@ -365,6 +385,48 @@ __device__ __forceinline__ void store_result(const FlashDecodeParams& p, const R
   }
 }
 
+// The split merge's running state for one output slot (stage 6): M = the largest lse2 so far,
+// D = sum_s 2^(lse2_s - M), A = sum_s 2^(lse2_s - M) O_s.
+struct SplitMerge {
+  float big = -INFINITY;  // M
+  float denom = 0.0f;     // D
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+};
+// Folds one batch of kMergeBatch splits' (lse2_s, O_s) into `m`, in batch order; a padding entry
+// has lse2 = -inf and O = 0 (its weight is then 0, and adding 0 * 0 changes no bit). Both merges
+// (global and cluster) fold through this, so they agree bit for bit.
+__device__ __forceinline__ void merge_batch(SplitMerge& m, const float (&ls)[kMergeBatch],
+                                            const float4 (&os)[kMergeBatch]) {
+  float batch_big = m.big;
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) batch_big = fmaxf(batch_big, ls[i]);
+  if (batch_big == -INFINITY) return;           // no visible key so far
+  const float r = exp2_ftz(m.big - batch_big);  // 0 while M = -inf (D and A are 0 then)
+  m.denom *= r;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) m.acc[e] *= r;
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) {
+    const float ws = exp2_ftz(ls[i] - batch_big);  // 0 for an empty split or a padding entry
+    m.denom += ws;
+    m.acc[0] += ws * os[i].x;
+    m.acc[1] += ws * os[i].y;
+    m.acc[2] += ws * os[i].z;
+    m.acc[3] += ws * os[i].w;
+  }
+  m.big = batch_big;
+}
+// The merged slot's output: o = A / D (0 where no split saw a key), and lse from (M, D).
+template <typename T>
+__device__ __forceinline__ void store_merged(const FlashDecodeParams& p, const ResultSlot<T>& slot,
+                                             SplitMerge& m) {
+  const bool empty = !(m.denom > 0.0f);
+  const float scale = empty ? 0.0f : rcp_approx(m.denom);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) m.acc[e] *= scale;
+  store_result<T>(p, slot, m.acc, m.big, m.denom);
+}
+
 // Stage 2's plan for one k_len: the visible range [lo, hi), the split size and the live count,
 // and split `split`'s keys [c0, c1).
 struct SplitPlan {
@@ -420,9 +482,18 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int row_base = rb * kRows;
 
   const StageStamps stages;  // kernel-stamps builds only (launch.cuh); empty otherwise
+  // Cluster merge (stage 6'): [0] completes when the peers' partials have landed in split 0's
+  // receive area, [1] (in the peers) when split 0's ring is free to receive them. Initialized and
+  // published to the cluster before anything else (every CTA arrives before it may exit).
+  __shared__ std::uint64_t merge_bars[2];
+  const bool cluster_merge = p.cluster_merge != 0;
+  if (cluster_merge) {
+    if (tid == 0) mbar_init<2>(merge_bars);
+    cluster_arrive_relaxed();
+  }
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
-  const std::uint32_t pipe_u32 = smem_u32(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes);
+  const std::uint32_t pipe_u32 = smem_addr(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes);
   // A tile's 16-byte copies, lane-major: pass u of the warp copies rows [u R, u R + R) with
   // R = 32 / kChunks (4 at head_dim 64, 2 at 128, 1 at 256), lane = (row - u R) * kChunks + chunk.
   // So a lane's chunk, its first row and its row's global offset are fixed: computed once here,
@@ -520,7 +591,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       const T* src = static_cast<const T*>(p.q) + b * p.q_stride_b +
                      (kv_head * p.group + g) * p.q_stride_h + i * p.q_stride_s + ch * 8;
       if (p.q_vec16) {
-        cp_async_16(smem_u32(dst), src, 16);
+        cp_async_16(smem_addr(dst), src, 16);
       } else {  // misaligned rows: element loads
         union {
           T h[8];
@@ -544,7 +615,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
          key += kThreads / kChunks) {
       const int t = (key - plan.c0) / kTileKeys;
       if (t / kWarps >= kStages - 1) break;  // later tiles: the main loop copies them whole
-      const std::uint32_t dst = smem_u32(smem + Cfg::kQBytes) +
+      const std::uint32_t dst = smem_addr(smem + Cfg::kQBytes) +
                                 ((t % kWarps) * kStages + t / kWarps) * Cfg::kStageBytes +
                                 swizzle<kHeadDim>((key - plan.c0) % kTileKeys, ch);
       cp_async_16(dst, k_base + key * p.k_stride_s + ch * 8, 16);
@@ -600,7 +671,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   std::uint32_t q_frag[Cfg::kQInRegs ? kHeadDim / 16 : 1][4];
   const int frag_row = (lane / 8 % 2) * 8 + lane % 8;  // ldmatrix row this lane addresses
   const int frag_hi = lane / 16;                       // second 8-column half for Q / V
-  const std::uint32_t q_u32 = smem_u32(q_smem);
+  const std::uint32_t q_u32 = smem_addr(q_smem);
   if constexpr (Cfg::kQInRegs) {
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks)
@@ -782,6 +853,23 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   float* red_l = red_m + kWarps * kRows;                         // [warps][16]
   // Only the block's real rows (3 of 16 for a GQA group of 3 and one query) are written and read.
   const int valid_rows = min(kRows, p.rows - row_base);
+  // Stage 6' receive area (split 0 of a cluster merge), after the scratch:
+  float* recv_o = reinterpret_cast<float*>(smem + Cfg::kRecvOffset);  // [live][valid_rows][D]
+  float* recv_lse = recv_o + live_splits * valid_rows * kHeadDim;       // [live][valid_rows]
+  const bool cluster_split = cluster_merge && live_splits > 1;
+  if (cluster_split) {
+    cluster_wait();  // every CTA of the cluster runs and has published its barriers
+    if (split == 0) {
+      // The ring is free: expect every peer's partial, then let the peers send (thread s
+      // signals split s). Relaxed: the ring's last reads (ldmatrix) returned before the barrier
+      // above, as the MMAs that consumed them were issued before it.
+      if (tid == 0)
+        mbar_arrive_expect(&merge_bars[0], static_cast<std::uint32_t>(Cfg::recv_bytes(
+                                               live_splits - 1, valid_rows)));
+      else if (tid < live_splits)
+        mbar_arrive_remote_relaxed(&merge_bars[1], tid);
+    }
+  }
 #pragma unroll
   for (int dn = 0; dn < kHeadDim / 8; ++dn) {
 #pragma unroll
@@ -835,20 +923,60 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     const float inv = empty ? 0.0f : rcp_approx(denom);
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= inv;
+    const auto lse2 = [&] { return empty ? -INFINITY : big + log2f(denom); };  // partials only
     if (live_splits == 1) {
       store_result<T>(p, out, acc, big, denom);
+    } else if (cluster_split) {
+      // Split s's partial into entry s of split 0's receive area: split 0's own by plain stores,
+      // a peer's by st.async (completing its bytes on split 0's barrier) once split 0's ring is
+      // free (the wait returns at once from the second slot on).
+      float4* o_dst = reinterpret_cast<float4*>(recv_o + (split * valid_rows + row) * kHeadDim + d);
+      float* lse_dst = recv_lse + split * valid_rows + row;
+      const float4 o_val = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      if (split == 0) {
+        *o_dst = o_val;
+        if (d == 0) *lse_dst = lse2();
+      } else {
+        mbar_wait<true>(&merge_bars[1], 0);
+        st_async_cluster(o_dst, o_val, &merge_bars[0], 0);
+        if (d == 0) st_async_cluster(lse_dst, lse2(), &merge_bars[0], 0);
+      }
     } else {
       const std::int64_t unit = unit_index();
       const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row base
       *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (d == 0)
-        p.partial_lse[(unit * kRows + row) * gridDim.y + split] =
-            empty ? -INFINITY : big + log2f(denom);
+      if (d == 0) p.partial_lse[(unit * kRows + row) * gridDim.y + split] = lse2();
     }
   }
   stages.mark(kMarkStored);
   if (live_splits == 1 || (p.dev_drop & kDropMerge)) return;
+
+  // Stage 6' (cluster merge): split 0 waits for the peers' partials (acquire at cluster scope)
+  // and merges every split's entry in split order, as stage 6 does (the same batch fold, so the
+  // two merges agree bit for bit). No global round trip: the partials travel SM to SM.
+  if (cluster_split) {
+    if (split != 0) return;
+    __syncthreads();  // split 0's own entry, written by every thread, is visible
+    mbar_wait<true>(&merge_bars[0], 0);
+    for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
+      const int row = slot / kSlotsPerRow;
+      const int d = (slot % kSlotsPerRow) * 4;
+      float ls[kMergeBatch];
+      float4 os[kMergeBatch];
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i) {  // live <= kMergeBatch: one batch
+        const bool ok = i < live_splits;
+        ls[i] = ok ? recv_lse[i * valid_rows + row] : -INFINITY;
+        os[i] = ok ? *reinterpret_cast<const float4*>(recv_o + (i * valid_rows + row) * kHeadDim + d)
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      SplitMerge merge;
+      merge_batch(merge, ls, os);
+      store_merged<T>(p, result_slot<T>(p, b, kv_head, row_base + row, d), merge);
+    }
+    return;
+  }
 
   // Stage 6: the last split to finish merges every split's partial, in split order. Arrival is
   // the cooperative-groups grid-barrier pattern: the CTA barrier orders every thread's partial
@@ -875,9 +1003,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     const int d = (slot % kSlotsPerRow) * 4;
     const float* lse_row = p.partial_lse + (unit * kRows + row) * gridDim.y;
     const float* o_base = p.partial_o + (first_row + row) * kHeadDim + d;
-    float big = -INFINITY;  // M
-    float denom = 0.0f;     // D
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    SplitMerge merge;
     for (int s0 = 0; s0 < live_splits; s0 += kMergeBatch) {
       float ls[kMergeBatch];
       float4 os[kMergeBatch];
@@ -888,30 +1014,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
         os[i] = ok ? __ldcg(reinterpret_cast<const float4*>(o_base + (s0 + i) * kRows * kHeadDim))
                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
-      float batch_big = big;
-#pragma unroll
-      for (int i = 0; i < kMergeBatch; ++i) batch_big = fmaxf(batch_big, ls[i]);
-      if (batch_big == -INFINITY) continue;    // no visible key so far
-      const float r = exp2_ftz(big - batch_big);  // 0 while big = -inf (D and A are 0 then)
-      denom *= r;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] *= r;
-#pragma unroll
-      for (int i = 0; i < kMergeBatch; ++i) {
-        const float ws = exp2_ftz(ls[i] - batch_big);  // 0 for an empty split or a padding entry
-        denom += ws;
-        acc[0] += ws * os[i].x;
-        acc[1] += ws * os[i].y;
-        acc[2] += ws * os[i].z;
-        acc[3] += ws * os[i].w;
-      }
-      big = batch_big;
+      merge_batch(merge, ls, os);
     }
-    const bool empty = !(denom > 0.0f);
-    const float scale = empty ? 0.0f : rcp_approx(denom);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[e] *= scale;
-    store_result<T>(p, result_slot<T>(p, b, kv_head, row_base + row, d), acc, big, denom);
+    store_merged<T>(p, result_slot<T>(p, b, kv_head, row_base + row, d), merge);
   }
 }
 

@@ -218,12 +218,12 @@ __device__ __forceinline__ T load_in_order(const T* ptr) {
 }
 
 // The shape of one launch: grid x block, dynamic shared memory, and thread-block clusters of
-// `cluster` CTAs along x when > 1.
+// `cluster` CTAs when that holds more than one (an unsigned n is (n, 1, 1)).
 struct LaunchShape {
   dim3 grid;
   dim3 block;
   std::size_t smem = 0;
-  unsigned cluster = 1;
+  dim3 cluster{1, 1, 1};
 };
 
 // The one launcher every kernel here goes through: launches `kernel` on `stream` with `shape`,
@@ -251,11 +251,11 @@ void launch_kernel(void (*kernel)(Params...), const LaunchShape& shape, Stream s
   config.stream = stream;
   cudaLaunchAttribute attributes[2]{};
   unsigned count = 0;
-  if (shape.cluster > 1) {
+  if (shape.cluster.x * shape.cluster.y * shape.cluster.z > 1) {
     attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = shape.cluster;
-    attributes[count].val.clusterDim.y = 1;
-    attributes[count].val.clusterDim.z = 1;
+    attributes[count].val.clusterDim.x = shape.cluster.x;
+    attributes[count].val.clusterDim.y = shape.cluster.y;
+    attributes[count].val.clusterDim.z = shape.cluster.z;
     ++count;
   }
   if (stream != nullptr && pdl_enabled()) {

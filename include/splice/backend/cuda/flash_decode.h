@@ -40,6 +40,9 @@ inline constexpr int kFlashDecodeWideWarps = 8;     // warps per CTA of the plan
 inline constexpr int kFlashDecodeWideMinKeys = 256;  // fewest keys per split the wide rule takes
 inline constexpr int kFlashDecodeMinChunk = 64;     // fewest keys per split (one tile per warp)
 inline constexpr int kFlashDecodeMaxSplits = 256;   // most splits (forced ones included)
+// Most splits of a cluster merge (a unit's splits in one thread-block cluster; 16 is the largest
+// cluster Hopper allows, with the non-portable size attribute).
+inline constexpr int kFlashDecodeMaxClusterSplits = 16;
 inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
 // A live range of at most this many K+V bytes runs as one split: one CTA streams it (about one
 // DRAM latency plus ~1.3 us at ~100 GB/s per SM) in less time than a split merge costs (partial
@@ -59,6 +62,11 @@ struct FlashDecodePlan {
   std::int64_t grid_y = 1;          // num_splits
   std::int64_t grid_z = 1;          // batch * num_kv_heads
   std::size_t workspace_bytes = 0;  // fp32 partials + per-row lse + merge counters
+  // CTAs per thread-block cluster along the split axis: num_splits when a unit's splits merge
+  // through distributed shared memory into split 0 (no global round trip), else 1 (the global
+  // merge: partial stores, a fence, a counter atomic, partial loads). The launcher keeps the
+  // global merge where the device cannot hold every cluster of the grid at once.
+  int cluster = 1;
 };
 
 // Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
@@ -77,10 +85,20 @@ struct FlashDecodePlan {
 // and on the device, for the live visible range of n keys: one split when
 // n <= single_split_keys, else
 //   chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)), live splits = ceil(n / chunk).
+// The cluster rule (`cluster_merge` -1, widths not forced, a split plan): 4-warp plans of at most
+// sm_count / 4 units cap the splits at min(16, sm_count / 2 / units) (half the SMs' worth of CTAs:
+// a cluster's CTAs never share an SM); grids of sm_count / 4 < units <= sm_count / 2 units take
+// 8-warp CTAs, one per SM, sm_count / units splits, where those fill >= 7/8 of the SMs
+// (docs/perf.md run 58). `cluster_merge` 0: no
+// cluster merge and no rule; 1: the splits capped at kFlashDecodeMaxClusterSplits; 2-16: capped
+// at that many. Then cluster = num_splits when 2 <= num_splits <=
+// kFlashDecodeMaxClusterSplits and split 0's ring holds every split's fp32 partial of the block's
+// rows beside the warp-merge scratch.
 FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                   std::int64_t num_kv_heads, std::int64_t q_len,
                                   std::int64_t head_dim, std::int64_t capacity,
-                                  std::int64_t max_live_k_len, int sm_count, int warps = 0);
+                                  std::int64_t max_live_k_len, int sm_count, int warps = 0,
+                                  int cluster_merge = -1);
 
 // The split count the kernel runs for a live visible range of n keys with no forced count (its
 // stage-2 rule, which the kernel evaluates on the device): 1 while n <= single_split_keys, else
@@ -105,6 +123,9 @@ struct FlashDecodeDevKnobs {
   // default comes from the environment variable SPLICE_FLASH_DECODE_WARPS (read once), so a
   // whole process (a model bench) can be A/B-tested.
   int warps = 0;
+  // The plan's cluster_merge argument for every launch (-1: the rule; 0: never; 1: cap the splits
+  // at 16 so that it applies; 2-16: cap them at that); default from SPLICE_FLASH_DECODE_CLUSTER.
+  int cluster_merge = -1;
 };
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
@@ -127,10 +148,10 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                   const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,
                   Tensor* lse, Stream stream = nullptr, bool stable_prefix = false);
 
-// Launch counters (process-wide, relaxed atomics) for tests: launches issued, and those made
-// under the stable-prefix promise.
+// Launch counters (process-wide, relaxed atomics) for tests: launches issued, those made under
+// the stable-prefix promise, and those that merged their splits in clusters.
 struct FlashDecodeLaunches {
-  std::uint64_t launches = 0, stable_prefix = 0;
+  std::uint64_t launches = 0, stable_prefix = 0, cluster_merge = 0;
 };
 FlashDecodeLaunches flash_decode_launches();
 
