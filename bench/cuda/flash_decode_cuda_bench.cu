@@ -135,7 +135,9 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   const splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
   const splice::cuda::FlashDecodePlan plan = splice::cuda::plan_flash_decode(
       s.batch, s.num_qo_heads, s.num_kv_heads, 1, s.head_dim, s.cap(), s.cap(),
-      splice::cuda::sm_count(), knobs.warps, knobs.cluster_merge);
+      splice::cuda::sm_count(), knobs.warps, knobs.cluster_merge,
+      knobs.single_split_bytes > 0 ? knobs.single_split_bytes
+                                   : splice::cuda::kFlashDecodeSingleSplitBytes);
   r.warps = plan.warps;
   r.splits = forced_splits > 0 ? static_cast<int>(forced_splits) : plan.num_splits;
   r.live = forced_splits > 0 ? static_cast<int>(forced_splits)
@@ -180,11 +182,12 @@ void set_warps(int warps) {
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
-// Sets the warps and cluster-merge knobs (0 / -1: the plan's rules).
-void set_width_and_merge(int warps, int cluster_merge) {
+// Sets the warps, cluster-merge and single-split knobs (0 / -1 / 0: the plan's rules).
+void set_width_and_merge(int warps, int cluster_merge, std::int64_t single_split_bytes = 0) {
   splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
   knobs.warps = warps;
   knobs.cluster_merge = cluster_merge;
+  knobs.single_split_bytes = single_split_bytes;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
@@ -257,8 +260,8 @@ int main(int argc, char** argv) {
         if (static_cast<double>(s.kv_bytes()) <= max_kv_gb * 1e9) shapes.push_back(s);
       }
   for (std::int64_t k_len : {64, 256, 1024}) shapes.push_back(Shape{1, 9, 3, k_len, 64});
-  if (ab || warps_ab)  // the model's SmolLM2 cache: capacity 256, k_len 17-256
-    for (std::int64_t k_len : {17, 64, 256}) shapes.push_back(Shape{1, 9, 3, k_len, 64, 256});
+  if (ab || warps_ab || cluster_ab)  // the model's SmolLM2 cache: capacity 256, k_len 17-256
+    for (std::int64_t k_len : {17, 64, 128, 192, 256}) shapes.push_back(Shape{1, 9, 3, k_len, 64, 256});
   // Smallest KV first (the peers use the same order): a latency-bound shape is never timed right
   // after a multi-GB one.
   std::stable_sort(shapes.begin(), shapes.end(),
@@ -290,9 +293,14 @@ int main(int argc, char** argv) {
     struct Column {
       const char* name;
       int warps, cluster;
+      std::int64_t single_split_bytes = 0;
     };
-    const Column columns[] = {{"rule", 0, -1}, {"g", 0, 0},     {"w4 c", 4, 1}, {"w8 c", 8, 1},
-                              {"w8 g", 8, 0},  {"w8 c8", 8, 8}, {"w8 c4", 8, 4}, {"w4 c8", 4, 8}};
+    // ss8 / ss16 / ss32: the rules with single-split limits of 8, 16 and 32 KB of K+V (the
+    // default is 128 KB): the short ranges split (into clusters) too.
+    const Column columns[] = {{"rule", 0, -1},      {"g", 0, 0},
+                              {"w8 c8", 8, 8},      {"w4 c8", 4, 8},
+                              {"ss8", 0, -1, 8192}, {"ss16", 0, -1, 16384},
+                              {"ss32", 0, -1, 32768}};
     std::printf("\nCluster merge A/B (us per call, graph replay; splits, * = cluster merge)\n");
     std::printf("%-26s %4s", "shape (B,Hq,Hkv,k_len,D)", "sets");
     for (const Column& c : columns) std::printf(" %13s", c.name);
@@ -302,7 +310,8 @@ int main(int argc, char** argv) {
       Result best[std::size(columns)];
       for (int round = 0; round < 2; ++round)
         for (std::size_t i = 0; i < std::size(columns); ++i) {
-          set_width_and_merge(columns[i].warps, columns[i].cluster);
+          set_width_and_merge(columns[i].warps, columns[i].cluster,
+                              columns[i].single_split_bytes);
           const Result r = run_shape(in, reps, stream);
           if (round == 0 || r.us < best[i].us) best[i] = r;
         }

@@ -189,7 +189,7 @@ const char* const kNames[16] = {"wait",   "arrive",  "q ready", "loop done", "st
 template <int kHeadDim, int kWarps>
 void run_case(const Case& c, std::initializer_list<int> k_lens, int launches, Stamp* ring) {
   using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
-  auto kernel = splice::cuda::detail::flash_decode_kernel<T, kHeadDim, kWarps, false>;
+  auto kernel = splice::cuda::detail::flash_decode_kernel<T, kHeadDim, kWarps, false, false>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg::kSmemBytes));
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));

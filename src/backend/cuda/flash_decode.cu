@@ -100,6 +100,8 @@ struct Workspace {
       knobs.warps = std::atoi(warps);
     if (const char* cluster = std::getenv("SPLICE_FLASH_DECODE_CLUSTER"); cluster && *cluster)
       knobs.cluster_merge = std::atoi(cluster);
+    if (const char* bytes = std::getenv("SPLICE_FLASH_DECODE_SINGLE_SPLIT_BYTES"); bytes && *bytes)
+      knobs.single_split_bytes = std::atoll(bytes);
     return knobs;
   }
 };
@@ -153,21 +155,22 @@ bool aligned(const Tensor& t, std::int64_t elems) {
   return true;
 }
 
-// One-time setup of an instantiation: its dynamic shared-memory limit, and a check that its
-// registers let as many CTAs reside per SM as the plan assumes from shared memory alone (the
-// one-wave rule of speculation relies on it; 254 registers at head_dim 128 is the most that
-// still fits 2).
-template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
+// One-time setup of an instantiation: its dynamic shared-memory limit, clusters of up to 16 CTAs,
+// and a check that its registers let as many CTAs reside per SM as the plan assumes from shared
+// memory alone (the one-wave rule of speculation relies on it; 254 registers at head_dim 128 is the
+// most that still fits 2).
+template <typename T, int kHeadDim, int kWarps, bool kScoreMods, bool kClusterMerge>
 void prepare() {
   static std::once_flag once;
   std::call_once(once, [] {
     using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
     constexpr int smem = Cfg::kSmemBytes;
-    const auto kernel = detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods>;
+    const auto kernel = detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods, kClusterMerge>;
     SPLICE_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    SPLICE_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    if (kClusterMerge)
+      SPLICE_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     int resident = 0;
     SPLICE_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Cfg::kThreads, smem));
@@ -178,10 +181,10 @@ void prepare() {
   });
 }
 
-// Whether the device can hold all `clusters` clusters of (1, splits, 1) CTAs of the instance at
-// once (cudaOccupancyMaxActiveClusters, asked once per thread, device, instance and size): a
-// cluster's CTAs must share a GPC, so the answer depends on the GPU's GPC layout (H200 at one CTA
-// per SM: 7 clusters of 16, not 8; dev/cluster_occupancy).
+// Whether the device can hold all `clusters` clusters of (1, splits, 1) CTAs of the cluster-merge
+// instance at once (cudaOccupancyMaxActiveClusters, asked once per thread, device, instance and
+// size): a cluster's CTAs must share a GPC, so the answer depends on the GPU's GPC layout (H200 at
+// one CTA per SM: 7 clusters of 16, not 8; dev/cluster_occupancy).
 template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
 bool clusters_resident(int splits, std::int64_t clusters, Stream stream) {
   thread_local std::map<std::pair<int, int>, int> resident;  // (device, splits) -> clusters
@@ -189,6 +192,7 @@ bool clusters_resident(int splits, std::int64_t clusters, Stream stream) {
   SPLICE_CUDA_CHECK(cudaGetDevice(&device));
   auto [it, fresh] = resident.try_emplace({device, splits}, 0);
   if (fresh) {
+    prepare<T, kHeadDim, kWarps, kScoreMods, true>();
     using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(1, static_cast<unsigned>(splits), 1);
@@ -203,54 +207,66 @@ bool clusters_resident(int splits, std::int64_t clusters, Stream stream) {
     config.attrs = &attribute;
     config.numAttrs = 1;
     SPLICE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(
-        &it->second, detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods>, &config));
+        &it->second, detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods, true>,
+        &config));
   }
   return clusters <= it->second;
 }
 
+// Launches the instance for (T, head_dim, warps, score modifiers), the cluster-merge one when
+// `cluster_merge` and every cluster of the grid is resident at once (else the global merge: a
+// multi-wave grid of clusters would wait for whole free GPC slices).
 template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
-void launch(FlashDecodeParams params, const dim3& grid, Stream stream) {
-  prepare<T, kHeadDim, kWarps, kScoreMods>();
-  // The cluster merge only where every cluster of the grid is resident at once (else the global
-  // merge: a multi-wave grid of clusters would wait for whole free GPC slices).
-  if (params.cluster_merge &&
-      !clusters_resident<T, kHeadDim, kWarps, kScoreMods>(
-          static_cast<int>(grid.y), static_cast<std::int64_t>(grid.x) * grid.z, stream))
-    params.cluster_merge = 0;
+void launch(const FlashDecodeParams& params, const dim3& grid, bool cluster_merge, Stream stream) {
+  using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
+  cluster_merge = cluster_merge && clusters_resident<T, kHeadDim, kWarps, kScoreMods>(
+                                       static_cast<int>(grid.y),
+                                       static_cast<std::int64_t>(grid.x) * grid.z, stream);
+  g_cluster_launches.fetch_add(cluster_merge ? 1 : 0, std::memory_order_relaxed);
   // launch.cuh's launcher (the PDL attribute unless disabled or the legacy stream); the kernel
   // obeys its safety rule (stage 0 waits before any global access or early return).
-  using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
-  const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1), Cfg::kSmemBytes,
-                                  params.cluster_merge ? dim3(1, grid.y, 1) : dim3(1, 1, 1)};
-  g_cluster_launches.fetch_add(params.cluster_merge ? 1 : 0, std::memory_order_relaxed);
-  detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods>, shape, stream,
-                        params);
+  if (cluster_merge) {
+    prepare<T, kHeadDim, kWarps, kScoreMods, true>();
+    const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1), Cfg::kSmemBytes,
+                                    dim3(1, grid.y, 1)};
+    detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods, true>,
+                          shape, stream, params);
+  } else {
+    prepare<T, kHeadDim, kWarps, kScoreMods, false>();
+    const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1), Cfg::kSmemBytes};
+    detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods, false>,
+                          shape, stream, params);
+  }
 }
 
 // The instantiation for (head_dim, warps, score modifiers); wide CTAs exist at head_dim <= 128
 // (the plan's rule).
 template <typename T, bool kScoreMods>
 void launch_instance(std::int64_t head_dim, int warps, const FlashDecodeParams& params,
-                     const dim3& grid, Stream stream) {
+                     const dim3& grid, bool cluster_merge, Stream stream) {
   const bool wide = warps == detail::kWideWarps;
   switch (head_dim) {
     case 64:
-      return wide ? launch<T, 64, detail::kWideWarps, kScoreMods>(params, grid, stream)
-                  : launch<T, 64, detail::kNarrowWarps, kScoreMods>(params, grid, stream);
+      return wide ? launch<T, 64, detail::kWideWarps, kScoreMods>(params, grid, cluster_merge,
+                                                                   stream)
+                  : launch<T, 64, detail::kNarrowWarps, kScoreMods>(params, grid, cluster_merge,
+                                                                     stream);
     case 128:
-      return wide ? launch<T, 128, detail::kWideWarps, kScoreMods>(params, grid, stream)
-                  : launch<T, 128, detail::kNarrowWarps, kScoreMods>(params, grid, stream);
+      return wide ? launch<T, 128, detail::kWideWarps, kScoreMods>(params, grid, cluster_merge,
+                                                                    stream)
+                  : launch<T, 128, detail::kNarrowWarps, kScoreMods>(params, grid, cluster_merge,
+                                                                      stream);
     default:
-      return launch<T, 256, detail::kNarrowWarps, kScoreMods>(params, grid, stream);
+      return launch<T, 256, detail::kNarrowWarps, kScoreMods>(params, grid, cluster_merge, stream);
   }
 }
 template <typename T>
 void launch_instance(std::int64_t head_dim, int warps, const FlashDecodeParams& params,
-                     const dim3& grid, Stream stream) {
+                     const dim3& grid, bool cluster_merge, Stream stream) {
   if (params.softcap > 0.0f || params.alibi != nullptr)
-    launch_instance<T, true>(head_dim, warps, params, grid, stream);
+    launch_instance<T, true>(head_dim, warps, params, grid, cluster_merge, stream);
   else
-    launch_instance<T, false>(head_dim, warps, params, grid, stream);
+    launch_instance<T, false>(head_dim, warps, params, grid, cluster_merge, stream);
 }
 
 }  // namespace
@@ -259,7 +275,7 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                   std::int64_t num_kv_heads, std::int64_t q_len,
                                   std::int64_t head_dim, std::int64_t capacity,
                                   std::int64_t max_live_k_len, int sm_count, int warps,
-                                  int cluster_merge) {
+                                  int cluster_merge, std::int64_t single_split_bytes) {
   SPLICE_INTERNAL_CHECK(batch > 0 && num_kv_heads > 0 && num_qo_heads % num_kv_heads == 0 &&
                             q_len > 0 && sm_count > 0,
                         "plan_flash_decode needs validated shapes");
@@ -274,8 +290,8 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
   const std::int64_t units = batch * num_kv_heads * plan.row_blocks;
   const std::int64_t bound =
       std::clamp<std::int64_t>(max_live_k_len, 1, std::max<std::int64_t>(capacity, 1));
-  plan.single_split_keys =
-      static_cast<int>(kFlashDecodeSingleSplitBytes / (2 * head_dim * kFlashDecodeElementBytes));
+  plan.single_split_keys = static_cast<int>(std::max<std::int64_t>(single_split_bytes, 0) /
+                                            (2 * head_dim * kFlashDecodeElementBytes));
   const std::int64_t max_useful = (bound + plan.min_chunk - 1) / plan.min_chunk;
   // Splits that fill one wave of CTAs of `width` warps.
   const auto splits_for = [&](int width) {
@@ -429,7 +445,9 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const int knob_warps = head_dim <= 128 ? knobs.warps : 0;  // no wide CTAs at head_dim 256
   const FlashDecodePlan plan =
       plan_flash_decode(batch, num_qo_heads, num_kv_heads, q_len, head_dim, capacity, capacity,
-                        sm_count(), knob_warps, knobs.cluster_merge);
+                        sm_count(), knob_warps, knobs.cluster_merge,
+                        knobs.single_split_bytes > 0 ? knobs.single_split_bytes
+                                                     : kFlashDecodeSingleSplitBytes);
   const std::int64_t max_splits =
       std::max<std::int64_t>(1, (capacity + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys);
   const std::int64_t forced =
@@ -496,8 +514,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.stable_prefix = stable_prefix ? 1 : 0;  // supersedes speculation (kernel stage 0')
   // The cluster merge needs the plan's split count in the grid (a forced count may raise it) and
   // the merge itself (the attribution knob may drop it).
-  p.cluster_merge =
-      plan.cluster > 1 && grid_y == plan.grid_y && !(p.dev_drop & detail::kDropMerge) ? 1 : 0;
+  const bool cluster_merge =
+      plan.cluster > 1 && grid_y == plan.grid_y && !(p.dev_drop & detail::kDropMerge);
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {
     return w ? static_cast<int>(std::min<std::int64_t>(*w, kMaxLength)) : -1;
   };
@@ -517,9 +535,9 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (stable_prefix) g_stable_prefix_launches.fetch_add(1, std::memory_order_relaxed);
   if (q.dtype() == DType::bf16)
-    launch_instance<__nv_bfloat16>(head_dim, plan.warps, p, grid, stream);
+    launch_instance<__nv_bfloat16>(head_dim, plan.warps, p, grid, cluster_merge, stream);
   else
-    launch_instance<__half>(head_dim, plan.warps, p, grid, stream);
+    launch_instance<__half>(head_dim, plan.warps, p, grid, cluster_merge, stream);
 }
 
 FlashDecodeLaunches flash_decode_launches() {

@@ -62,9 +62,9 @@
 //        M' = max(M, max_s lse2_s), r = 2^(M - M'), D' = r D + sum_s 2^(lse2_s - M'),
 //        A' = r A + sum_s 2^(lse2_s - M') O_s;  o = A / D, lse2 = M + log2 D,
 //      and resets the counter to 0 for the next launch (graph replay safe).
-//   6'. Cluster merge (p.cluster_merge: the launch's clusters are a unit's gridDim.y <= 16 splits;
-//      the launcher checks that split 0's ring holds the receive area and that every cluster of
-//      the grid is resident at once): no global round trip. At entry every CTA initializes two
+//   6'. Cluster merge (the kClusterMerge instances, launched in clusters of (1, gridDim.y, 1): a
+//      unit's <= 16 splits; the launcher checks that split 0's ring holds the receive area and
+//      that every cluster of the grid is resident at once): no global round trip. At entry every CTA initializes two
 //      mbarriers and arrives (relaxed) on the cluster barrier. After its loop, split 0 expects
 //      (live - 1) partials' bytes on its barrier 0 and signals each live peer's barrier 1 (its
 //      ring is free); each peer waits for that signal and st.async-stores its (O_s, lse2_s) into
@@ -168,10 +168,6 @@ struct FlashDecodeParams {
   // k_len - q_len (stage 1 then plans and issues the ring prologue before the PDL wait).
   int stable_prefix;
   int dev_drop;  // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
-  // 1: the launch's clusters are (1, gridDim.y, 1), a (b, h, rb) unit's splits in one cluster, and
-  // the splits merge through distributed shared memory into split 0 (stage 6'); the launcher
-  // checks that the receive area fits (cluster_merge_fits) and the clusters can be resident.
-  int cluster_merge;
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
@@ -460,8 +456,9 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
 
 // kScoreMods: the launch has a softcap or ALiBi slopes. Without them (kScoreMods = false, every
 // model splice runs so far) the instance carries neither block nor the per-tile branches that skip
-// them.
-template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
+// them. kClusterMerge: the launch is in clusters of a unit's splits (stage 6'); without it the
+// instance has none of that stage's code (the model's single-split launches).
+template <typename T, int kHeadDim, int kWarps, bool kScoreMods, bool kClusterMerge>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     flash_decode_kernel(const __grid_constant__ FlashDecodeParams p) {
   using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
@@ -482,12 +479,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int row_base = rb * kRows;
 
   const StageStamps stages;  // kernel-stamps builds only (launch.cuh); empty otherwise
-  // Cluster merge (stage 6'): [0] completes when the peers' partials have landed in split 0's
-  // receive area, [1] (in the peers) when split 0's ring is free to receive them. Initialized and
-  // published to the cluster before anything else (every CTA arrives before it may exit).
+  // Cluster merge (stage 6', kClusterMerge: launched in clusters): [0] completes when the peers'
+  // partials have landed in split 0's receive area, [1] (in the peers) when split 0's ring is
+  // free to receive them. Initialized and published to the cluster before anything else (every
+  // CTA arrives before it may exit).
   __shared__ std::uint64_t merge_bars[2];
-  const bool cluster_merge = p.cluster_merge != 0;
-  if (cluster_merge) {
+  if constexpr (kClusterMerge) {
     if (tid == 0) mbar_init<2>(merge_bars);
     cluster_arrive_relaxed();
   }
@@ -856,7 +853,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   // Stage 6' receive area (split 0 of a cluster merge), after the scratch:
   float* recv_o = reinterpret_cast<float*>(smem + Cfg::kRecvOffset);  // [live][valid_rows][D]
   float* recv_lse = recv_o + live_splits * valid_rows * kHeadDim;       // [live][valid_rows]
-  const bool cluster_split = cluster_merge && live_splits > 1;
+  const bool cluster_split = kClusterMerge && live_splits > 1;
   if (cluster_split) {
     cluster_wait();  // every CTA of the cluster runs and has published its barriers
     if (split == 0) {

@@ -98,7 +98,8 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                   std::int64_t num_kv_heads, std::int64_t q_len,
                                   std::int64_t head_dim, std::int64_t capacity,
                                   std::int64_t max_live_k_len, int sm_count, int warps = 0,
-                                  int cluster_merge = -1);
+                                  int cluster_merge = -1,
+                                  std::int64_t single_split_bytes = kFlashDecodeSingleSplitBytes);
 
 // The split count the kernel runs for a live visible range of n keys with no forced count (its
 // stage-2 rule, which the kernel evaluates on the device): 1 while n <= single_split_keys, else
@@ -126,6 +127,9 @@ struct FlashDecodeDevKnobs {
   // The plan's cluster_merge argument for every launch (-1: the rule; 0: never; 1: cap the splits
   // at 16 so that it applies; 2-16: cap them at that); default from SPLICE_FLASH_DECODE_CLUSTER.
   int cluster_merge = -1;
+  // The plan's single_split_bytes for every launch (0: kFlashDecodeSingleSplitBytes); default from
+  // SPLICE_FLASH_DECODE_SINGLE_SPLIT_BYTES.
+  std::int64_t single_split_bytes = 0;
 };
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
