@@ -7,10 +7,14 @@
 //   3. Make sure the module-owned fp32 split workspace and the zeroed merge counters are large
 //      enough (growth is refused during stream capture), fill the POD params (split 0 loads its
 //      first K/V tile per warp before k_len arrives, in one-wave grids with no left window) and
-//      launch the instantiation for (dtype, head_dim) with cudaLaunchKernelEx, with
-//      programmatic dependent launch on a created stream (the kernel waits for the previous
-//      kernel's writes before its first access, so only the launch itself overlaps). The dev
-//      knob (FlashDecodeDevKnobs::drop_stages) leaves stages out for benchmark attribution.
+//      launch the instantiation for (dtype, head_dim, width, score modifiers, merge) with
+//      cudaLaunchKernelEx, with programmatic dependent launch on a created stream (the kernel
+//      waits for the previous kernel's writes before its first access, so only the launch itself
+//      overlaps). The merge: in thread-block clusters of the unit's splits (kernel stage 6')
+//      when the plan says so, the grid has the plan's split count and every cluster of the grid
+//      is resident at once (cudaOccupancyMaxActiveClusters, asked once per instance and size);
+//      else through global memory (stage 6). The dev knobs (FlashDecodeDevKnobs) force widths,
+//      merges and split limits for A/B runs, or leave stages out for benchmark attribution.
 #include <cuda_runtime.h>
 
 #include <algorithm>
