@@ -183,11 +183,13 @@ void set_warps(int warps) {
 }
 
 // Sets the warps, cluster-merge and single-split knobs (0 / -1 / 0: the plan's rules).
-void set_width_and_merge(int warps, int cluster_merge, std::int64_t single_split_bytes = 0) {
+void set_width_and_merge(int warps, int cluster_merge, std::int64_t single_split_bytes = 0,
+                         bool spread = false) {
   splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
   knobs.warps = warps;
   knobs.cluster_merge = cluster_merge;
   knobs.single_split_bytes = single_split_bytes;
+  knobs.cluster_spread = spread;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
@@ -294,13 +296,14 @@ int main(int argc, char** argv) {
       const char* name;
       int warps, cluster;
       std::int64_t single_split_bytes = 0;
+      bool spread = false;
     };
-    // ss8 / ss16 / ss32: the rules with single-split limits of 8, 16 and 32 KB of K+V (the
-    // default is 128 KB): the short ranges split (into clusters) too.
-    const Column columns[] = {{"rule", 0, -1},      {"g", 0, 0},
-                              {"w8 c8", 8, 8},      {"w4 c8", 4, 8},
-                              {"ss8", 0, -1, 8192}, {"ss16", 0, -1, 16384},
-                              {"ss32", 0, -1, 32768}};
+    // ss16: the rules with a single-split limit of 16 KB of K+V (the default is 128 KB): the
+    // short ranges split (into clusters) too. `s`: the spread cluster scheduling policy.
+    const Column columns[] = {{"rule", 0, -1},          {"rule s", 0, -1, 0, true},
+                              {"g", 0, 0},              {"w4 c16 s", 4, 1, 0, true},
+                              {"w4 c8 s", 4, 8, 0, true}, {"w8 c8 s", 8, 8, 0, true},
+                              {"w4 c16", 4, 1},         {"ss16", 0, -1, 16384}};
     std::printf("\nCluster merge A/B (us per call, graph replay; splits, * = cluster merge)\n");
     std::printf("%-26s %4s", "shape (B,Hq,Hkv,k_len,D)", "sets");
     for (const Column& c : columns) std::printf(" %13s", c.name);
@@ -311,7 +314,7 @@ int main(int argc, char** argv) {
       for (int round = 0; round < 2; ++round)
         for (std::size_t i = 0; i < std::size(columns); ++i) {
           set_width_and_merge(columns[i].warps, columns[i].cluster,
-                              columns[i].single_split_bytes);
+                              columns[i].single_split_bytes, columns[i].spread);
           const Result r = run_shape(in, reps, stream);
           if (round == 0 || r.us < best[i].us) best[i] = r;
         }

@@ -852,6 +852,21 @@ TEST(FlashDecodeCuda, ClusterMergeGraphReplayAndBackToBack) {
   check_back_to_back(1310, 1024);
 }
 
+// The cluster rule's wide plan for very long ranges (B = 1, (32, 8), capacity 32K: 8 eight-warp
+// splits in one cluster per kv head): one capture replayed over live split counts 1 to 8, an
+// empty range and a ragged back-and-forth, each against the float64 reference.
+TEST(FlashDecodeCuda, ClusterMergeWideLongRanges) {
+  SKIP_WITHOUT_GPU();
+  const auto plan = cuda::plan_flash_decode(1, 32, 8, 1, 128, 32768, 32768, cuda::sm_count());
+  EXPECT_EQ(plan.cluster, plan.num_splits);
+  Case c;
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.capacity = 32768;
+  c.k_len = {32768};
+  check_graph_replay(c, {{32768}, {20000}, {300}, {1}, {0}, {4097}, {32767}}, 1320);
+}
+
 // Split 0's speculative tile (keys [0, 64), issued before k_len is known and read up to the
 // capacity) at the model's lengths: short k_len in a large cache whose rows beyond k_len are NaN,
 // on both sides of one warp tile (16), of the speculated keys (64) and of the single-split limit,
@@ -1062,7 +1077,7 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   // The wide rule: 8-warp CTAs (one per SM) at head_dim <= 128 when the grid has at most
   // sm_count / 4 (b, kv head, row block) units and the bound splits into wide splits of >= 256
   // keys; 4-warp CTAs otherwise (short ranges, one split, larger grids, head_dim 256).
-  const auto wide = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132);
+  const auto wide = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132, 0, 0);
   EXPECT_EQ(wide.warps, 8);
   EXPECT_EQ(wide.ctas_per_sm, 1);
   EXPECT_EQ(wide.num_splits, 16);  // 132 / 8 units
@@ -1098,9 +1113,24 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(mid.num_splits, 2);
   EXPECT_EQ(mid.cluster, 2);
   EXPECT_EQ(cuda::plan_flash_decode(8, 32, 8, 1, 128, 4096, 4096, 132, 0, 0).warps, 4);
-  // The wide rule's long ranges keep their 16 splits (a cluster; the launcher merges globally
+  // The wide rule's ranges of >= 32K keys: 8 splits in one cluster at <= sm_count / 16 units
+  // (shorter ones keep 16 splits, merged globally on the H200: 16-CTA clusters at one CTA per SM
+  // are not all resident); more units
+  // keep their splits (a cluster where split 0 holds the partials; the launcher merges globally
   // where the GPU cannot hold every cluster at once).
-  EXPECT_EQ(wide.cluster, 16);
+  const auto wide_cluster = cuda::plan_flash_decode(1, 32, 8, 1, 128, 65536, 65536, 132);
+  EXPECT_EQ(wide_cluster.warps, 8);
+  EXPECT_EQ(wide_cluster.num_splits, 8);
+  EXPECT_EQ(wide_cluster.cluster, 8);
+  EXPECT_EQ(wide.cluster, 1);  // cluster_merge 0
+  const auto wide_16k = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132);
+  EXPECT_EQ(wide_16k.warps, 8);
+  EXPECT_EQ(wide_16k.num_splits, 16);
+  EXPECT_EQ(wide_16k.cluster, 16);
+  const auto wide_b2 = cuda::plan_flash_decode(2, 32, 8, 1, 128, 65536, 65536, 132);
+  EXPECT_EQ(wide_b2.warps, 8);
+  EXPECT_EQ(wide_b2.num_splits, 8);  // 132 / 16 units
+  EXPECT_EQ(wide_b2.cluster, 8);
   EXPECT_EQ(big.cluster, 1);  // one split
   // No cluster where split 0's ring cannot hold the partials: 16 rows x 16 splits at head_dim 64.
   const auto rows16 = cuda::plan_flash_decode(1, 8, 2, 8, 64, 1024, 1024, 132, 0, 1);

@@ -106,6 +106,8 @@ struct Workspace {
       knobs.cluster_merge = std::atoi(cluster);
     if (const char* bytes = std::getenv("SPLICE_FLASH_DECODE_SINGLE_SPLIT_BYTES"); bytes && *bytes)
       knobs.single_split_bytes = std::atoll(bytes);
+    if (const char* spread = std::getenv("SPLICE_FLASH_DECODE_CLUSTER_SPREAD"); spread && *spread)
+      knobs.cluster_spread = std::atoi(spread) != 0;
     return knobs;
   }
 };
@@ -221,7 +223,8 @@ bool clusters_resident(int splits, std::int64_t clusters, Stream stream) {
 // `cluster_merge` and every cluster of the grid is resident at once (else the global merge: a
 // multi-wave grid of clusters would wait for whole free GPC slices).
 template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
-void launch(const FlashDecodeParams& params, const dim3& grid, bool cluster_merge, Stream stream) {
+void launch(const FlashDecodeParams& params, const dim3& grid, bool cluster_merge, bool spread,
+            Stream stream) {
   using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
   cluster_merge = cluster_merge && clusters_resident<T, kHeadDim, kWarps, kScoreMods>(
                                        static_cast<int>(grid.y),
@@ -232,7 +235,7 @@ void launch(const FlashDecodeParams& params, const dim3& grid, bool cluster_merg
   if (cluster_merge) {
     prepare<T, kHeadDim, kWarps, kScoreMods, true>();
     const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1), Cfg::kSmemBytes,
-                                    dim3(1, grid.y, 1)};
+                                    dim3(1, grid.y, 1), spread};
     detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods, true>,
                           shape, stream, params);
   } else {
@@ -247,30 +250,31 @@ void launch(const FlashDecodeParams& params, const dim3& grid, bool cluster_merg
 // (the plan's rule).
 template <typename T, bool kScoreMods>
 void launch_instance(std::int64_t head_dim, int warps, const FlashDecodeParams& params,
-                     const dim3& grid, bool cluster_merge, Stream stream) {
+                     const dim3& grid, bool cluster_merge, bool spread, Stream stream) {
   const bool wide = warps == detail::kWideWarps;
   switch (head_dim) {
     case 64:
       return wide ? launch<T, 64, detail::kWideWarps, kScoreMods>(params, grid, cluster_merge,
-                                                                   stream)
+                                                                   spread, stream)
                   : launch<T, 64, detail::kNarrowWarps, kScoreMods>(params, grid, cluster_merge,
-                                                                     stream);
+                                                                     spread, stream);
     case 128:
       return wide ? launch<T, 128, detail::kWideWarps, kScoreMods>(params, grid, cluster_merge,
-                                                                    stream)
+                                                                    spread, stream)
                   : launch<T, 128, detail::kNarrowWarps, kScoreMods>(params, grid, cluster_merge,
-                                                                      stream);
+                                                                      spread, stream);
     default:
-      return launch<T, 256, detail::kNarrowWarps, kScoreMods>(params, grid, cluster_merge, stream);
+      return launch<T, 256, detail::kNarrowWarps, kScoreMods>(params, grid, cluster_merge, spread,
+                                                              stream);
   }
 }
 template <typename T>
 void launch_instance(std::int64_t head_dim, int warps, const FlashDecodeParams& params,
-                     const dim3& grid, bool cluster_merge, Stream stream) {
+                     const dim3& grid, bool cluster_merge, bool spread, Stream stream) {
   if (params.softcap > 0.0f || params.alibi != nullptr)
-    launch_instance<T, true>(head_dim, warps, params, grid, cluster_merge, stream);
+    launch_instance<T, true>(head_dim, warps, params, grid, cluster_merge, spread, stream);
   else
-    launch_instance<T, false>(head_dim, warps, params, grid, cluster_merge, stream);
+    launch_instance<T, false>(head_dim, warps, params, grid, cluster_merge, spread, stream);
 }
 
 }  // namespace
@@ -320,6 +324,12 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       // Short ranges of few units: at most half the SMs' worth of 4-warp CTAs.
       plan.num_splits = static_cast<int>(std::min<std::int64_t>(
           {plan.num_splits, kFlashDecodeMaxClusterSplits, sm_count / 2 / units}));
+    } else if (plan.warps == kFlashDecodeWideWarps && bound >= kFlashDecodeWideClusterMinKeys &&
+               units * kFlashDecodeWideClusterSplits <= sm_count / 2) {
+      // Very long ranges of at most sm_count / 16 units: 8 eight-warp splits, clusters the H200
+      // holds 15 of (16-CTA ones only 7). -1.5 to -2 us at 64K in every run; at 16K 18.9-22.9 us
+      // from run to run against a steady 20.7 for 16 global-merge splits, at 4K +0.5 us.
+      plan.num_splits = std::min(plan.num_splits, kFlashDecodeWideClusterSplits);
     } else if (head_dim <= 128 && units > sm_count / 4 && units <= sm_count / 2 &&
                8 * units * (sm_count / units) >= 7 * sm_count) {
       // A mid-size grid: one 8-warp CTA per SM, sm_count / units splits (2 or 3), where that
@@ -539,9 +549,11 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (stable_prefix) g_stable_prefix_launches.fetch_add(1, std::memory_order_relaxed);
   if (q.dtype() == DType::bf16)
-    launch_instance<__nv_bfloat16>(head_dim, plan.warps, p, grid, cluster_merge, stream);
+    launch_instance<__nv_bfloat16>(head_dim, plan.warps, p, grid, cluster_merge,
+                                   knobs.cluster_spread, stream);
   else
-    launch_instance<__half>(head_dim, plan.warps, p, grid, cluster_merge, stream);
+    launch_instance<__half>(head_dim, plan.warps, p, grid, cluster_merge, knobs.cluster_spread,
+                            stream);
 }
 
 FlashDecodeLaunches flash_decode_launches() {

@@ -224,6 +224,9 @@ struct LaunchShape {
   dim3 block;
   std::size_t smem = 0;
   dim3 cluster{1, 1, 1};
+  // Ask the scheduler to spread a cluster's CTAs over the SMs of its GPC instead of packing them
+  // (cudaClusterSchedulingPolicySpread).
+  bool cluster_spread = false;
 };
 
 // The one launcher every kernel here goes through: launches `kernel` on `stream` with `shape`,
@@ -249,7 +252,7 @@ void launch_kernel(void (*kernel)(Params...), const LaunchShape& shape, Stream s
   config.blockDim = shape.block;
   config.dynamicSmemBytes = shape.smem;
   config.stream = stream;
-  cudaLaunchAttribute attributes[2]{};
+  cudaLaunchAttribute attributes[3]{};
   unsigned count = 0;
   if (shape.cluster.x * shape.cluster.y * shape.cluster.z > 1) {
     attributes[count].id = cudaLaunchAttributeClusterDimension;
@@ -257,6 +260,11 @@ void launch_kernel(void (*kernel)(Params...), const LaunchShape& shape, Stream s
     attributes[count].val.clusterDim.y = shape.cluster.y;
     attributes[count].val.clusterDim.z = shape.cluster.z;
     ++count;
+    if (shape.cluster_spread) {
+      attributes[count].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+      attributes[count].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
+      ++count;
+    }
   }
   if (stream != nullptr && pdl_enabled()) {
     attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -43,6 +43,10 @@ inline constexpr int kFlashDecodeMaxSplits = 256;   // most splits (forced ones 
 // Most splits of a cluster merge (a unit's splits in one thread-block cluster; 16 is the largest
 // cluster Hopper allows, with the non-portable size attribute).
 inline constexpr int kFlashDecodeMaxClusterSplits = 16;
+// Splits of the cluster rule's 8-warp plans for very long ranges (a cluster of 8 one-per-SM CTAs),
+// taken from this length bound on.
+inline constexpr int kFlashDecodeWideClusterSplits = 8;
+inline constexpr std::int64_t kFlashDecodeWideClusterMinKeys = 32768;
 inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
 // A live range of at most this many K+V bytes runs as one split: one CTA streams it (about one
 // DRAM latency plus ~1.3 us at ~100 GB/s per SM) in less time than a split merge costs (partial
@@ -87,7 +91,10 @@ struct FlashDecodePlan {
 //   chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)), live splits = ceil(n / chunk).
 // The cluster rule (`cluster_merge` -1, widths not forced, a split plan): 4-warp plans of at most
 // sm_count / 4 units cap the splits at min(16, sm_count / 2 / units) (half the SMs' worth of CTAs:
-// a cluster's CTAs never share an SM); grids of sm_count / 4 < units <= sm_count / 2 units take
+// a cluster's CTAs never share an SM); 8-warp plans (the wide rule's long ranges) of units <=
+// sm_count / 16 and a bound >= kFlashDecodeWideClusterMinKeys cap them at
+// kFlashDecodeWideClusterSplits; grids of sm_count / 4 < units <=
+// sm_count / 2 units take
 // 8-warp CTAs, one per SM, sm_count / units splits, where those fill >= 7/8 of the SMs
 // (docs/perf.md run 58). `cluster_merge` 0: no
 // cluster merge and no rule; 1: the splits capped at kFlashDecodeMaxClusterSplits; 2-16: capped
@@ -130,6 +137,9 @@ struct FlashDecodeDevKnobs {
   // The plan's single_split_bytes for every launch (0: kFlashDecodeSingleSplitBytes); default from
   // SPLICE_FLASH_DECODE_SINGLE_SPLIT_BYTES.
   std::int64_t single_split_bytes = 0;
+  // Cluster launches ask for the spread scheduling policy (a cluster's CTAs on distinct SMs where
+  // the GPC has room); default from SPLICE_FLASH_DECODE_CLUSTER_SPREAD.
+  bool cluster_spread = false;
 };
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
