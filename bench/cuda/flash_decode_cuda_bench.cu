@@ -26,10 +26,10 @@
 //      (with the model's capacity-256 cache too), each timed with 4-warp and 8-warp CTAs
 //      (FlashDecodeDevKnobs::warps), alternating, twice: the evidence for the plan's wide rule.
 //   8. --cluster-ab (replaces 1-7): B = 1, 8 and 32 (k_len <= 4K at B > 1) of (32, 8) and
-//      (64, 8) and the SmolLM2 shapes, each timed under the plan's rules, with the global split
-//      merge, and with each width forced under the cluster merge (splits capped at 16, 8 or 4)
-//      and the global one (FlashDecodeDevKnobs::cluster_merge): the evidence for the plan's
-//      cluster rule.
+//      (64, 8) and the SmolLM2 shapes (also in its capacity-256 cache), each timed under the
+//      plan's rules, with the global split merge, with a width forced under the cluster merge
+//      (splits capped at 16 or 8), with the spread cluster scheduling policy, and with a 16 KB
+//      single-split limit (FlashDecodeDevKnobs): the evidence for the plan's cluster rule.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
