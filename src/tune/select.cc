@@ -368,7 +368,13 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
           }
         }
         for (std::size_t arm = 1; arm < num_arms; ++arm) bd.verified[arm] = bd.failure[arm].empty();
-        // 2. Time every verified arm at the bucket's top.
+        // 2. Time every verified arm at the bucket's top: each warmed up, then the repeats
+        //    interleaved arm by arm, so that a drift of the machine while the bucket is timed
+        //    (clocks ramping, other load) is shared by the arms instead of charged to one.
+        std::vector<std::size_t> timed;
+        std::vector<SymBindings> arm_symbols(num_arms);
+        std::vector<TensorMap> arm_inputs(num_arms);
+        std::vector<std::vector<double>> times(num_arms);
         for (std::size_t arm = 0; arm < num_arms; ++arm) {
           if (!bd.verified[arm]) continue;
           if (opt.time_override) {
@@ -376,20 +382,22 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
             continue;
           }
           Rng rng(opt.seed);
-          SymBindings symbols;
-          TensorMap inputs;
-          generator->fill(regions[arm], recipe, *sessions[arm], bhi, rng, symbols, inputs);
-          for (int i = 0; i < opt.warmup; ++i) sessions[arm]->step(symbols, inputs);
-          device_sync(opt.device);
-          std::vector<double> times;
-          for (int i = 0; i < opt.repeats; ++i) {
-            const auto t0 = Clock::now();
-            sessions[arm]->step(symbols, inputs);
-            device_sync(opt.device);
-            times.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-          }
-          bd.median_us[arm] = median(times);
+          generator->fill(regions[arm], recipe, *sessions[arm], bhi, rng, arm_symbols[arm],
+                          arm_inputs[arm]);
+          for (int i = 0; i < opt.warmup; ++i)
+            sessions[arm]->step(arm_symbols[arm], arm_inputs[arm]);
+          timed.push_back(arm);
         }
+        device_sync(opt.device);
+        for (int i = 0; i < opt.repeats; ++i)
+          for (std::size_t arm : timed) {
+            const auto t0 = Clock::now();
+            sessions[arm]->step(arm_symbols[arm], arm_inputs[arm]);
+            device_sync(opt.device);
+            times[arm].push_back(
+                std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+          }
+        for (std::size_t arm : timed) bd.median_us[arm] = median(times[arm]);
         // 3. Choose.
         bd.winner = 0;
         bd.reason = "arm 0 (oracle): no verified fused arm";

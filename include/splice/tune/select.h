@@ -10,7 +10,8 @@
 //      and beyond k_len poisoned with NaN). Outputs, and states the arm writes, are compared under
 //      the kind's tolerance; a failure disqualifies the arm for that bucket with its max abs/rel
 //      error and worst index recorded.
-//   2. Time every arm (warm-up, then the median of repeats) at the bucket's top length.
+//   2. Time every arm at the bucket's top length: warm-up, then the median of repeats, taken
+//      interleaved across the arms (a drift of the machine is shared, not charged to one arm).
 //   3. Choose the fastest verified arm; a fused arm must beat arm 0 by `win_margin` (ties and
 //      missing data keep arm 0).
 //   4. Persist every decision in a JSON tuning cache keyed by device, kind, kernel revision,
