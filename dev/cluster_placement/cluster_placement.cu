@@ -52,22 +52,32 @@ __global__ void probe_kernel(int* smids) {
   }
 }
 
-// %smid of every CTA of one probe launch of `grid` in clusters of `cluster`.
-std::vector<int> probe(dim3 grid, dim3 cluster) {
-  const int ctas = static_cast<int>(grid.x * grid.y * grid.z);
-  int* d = nullptr;
-  CHECK(cudaMalloc(&d, ctas * sizeof(int)));
+// A launch of `grid` wide flash-decode-shaped CTAs (256 threads, its dynamic shared memory) in
+// clusters of `cluster` (none when it holds one CTA); `attribute` must outlive the config.
+cudaLaunchConfig_t cluster_config(dim3 grid, dim3 cluster, cudaLaunchAttribute& attribute,
+                                  cudaStream_t stream = nullptr) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(Cfg::kThreads);
   config.dynamicSmemBytes = Cfg::kSmemBytes;
-  cudaLaunchAttribute attribute{};
+  config.stream = stream;
+  attribute = cudaLaunchAttribute{};
   attribute.id = cudaLaunchAttributeClusterDimension;
   attribute.val.clusterDim.x = cluster.x;
   attribute.val.clusterDim.y = cluster.y;
   attribute.val.clusterDim.z = cluster.z;
   config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
+  return config;
+}
+
+// %smid of every CTA of one probe launch of `grid` in clusters of `cluster`.
+std::vector<int> probe(dim3 grid, dim3 cluster) {
+  const int ctas = static_cast<int>(grid.x * grid.y * grid.z);
+  int* d = nullptr;
+  CHECK(cudaMalloc(&d, ctas * sizeof(int)));
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = cluster_config(grid, cluster, attribute);
   CHECK(cudaLaunchKernelEx(&config, probe_kernel, d));
   CHECK(cudaDeviceSynchronize());
   std::vector<int> smids(ctas);
@@ -98,18 +108,8 @@ template <typename Kernel>
 double time_launches(Kernel kernel, const FlashDecodeParams& p, dim3 grid, dim3 cluster) {
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster.x;
-  attribute.val.clusterDim.y = cluster.y;
-  attribute.val.clusterDim.z = cluster.z;
-  config.attrs = &attribute;
-  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = cluster_config(grid, cluster, attribute, stream);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -153,16 +153,9 @@ int main(int argc, char** argv) {
   std::vector<std::vector<int>> launches;
   for (int size : {16, 8, 4})
     for (int rep = 0; rep < 8; ++rep) {
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(size, 1, 1);
-      config.blockDim = dim3(Cfg::kThreads);
-      config.dynamicSmemBytes = Cfg::kSmemBytes;
-      cudaLaunchAttribute attribute{};
-      attribute.id = cudaLaunchAttributeClusterDimension;
-      attribute.val.clusterDim.x = static_cast<unsigned>(size);
-      attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
-      config.attrs = &attribute;
-      config.numAttrs = 1;
+      cudaLaunchAttribute attribute;
+      const dim3 cluster(static_cast<unsigned>(size), 1, 1);
+      const cudaLaunchConfig_t config = cluster_config(cluster, cluster, attribute);
       int resident = 0;
       CHECK(cudaOccupancyMaxActiveClusters(&resident, probe_kernel, &config));
       const std::vector<int> smids = probe(dim3(size * resident, 1, 1), dim3(size, 1, 1));

@@ -489,17 +489,21 @@ TEST(FlashDecodeCuda, OutputIndependentOfSplitCount) {
   }
 }
 
-// Sets FlashDecodeDevKnobs::warps for a scope (0: the plan's rule) and restores it after.
-struct ForcedWarps {
-  cuda::FlashDecodeDevKnobs saved = cuda::flash_decode_dev_knobs();
-  explicit ForcedWarps(int warps) {
-    cuda::FlashDecodeDevKnobs knobs = saved;
-    knobs.warps = warps;
+// Sets FlashDecodeDevKnobs for a scope and restores them after: `field` (e.g.
+// &FlashDecodeDevKnobs::warps; 0: the plan's rule) to `value`.
+class ForcedKnob {
+ public:
+  ForcedKnob(int cuda::FlashDecodeDevKnobs::*field, int value) {
+    cuda::FlashDecodeDevKnobs knobs = saved_;
+    knobs.*field = value;
     cuda::set_flash_decode_dev_knobs(knobs);
   }
-  ~ForcedWarps() { cuda::set_flash_decode_dev_knobs(saved); }
-  ForcedWarps(const ForcedWarps&) = delete;
-  ForcedWarps& operator=(const ForcedWarps&) = delete;
+  ~ForcedKnob() { cuda::set_flash_decode_dev_knobs(saved_); }
+  ForcedKnob(const ForcedKnob&) = delete;
+  ForcedKnob& operator=(const ForcedKnob&) = delete;
+
+ private:
+  cuda::FlashDecodeDevKnobs saved_ = cuda::flash_decode_dev_knobs();
 };
 
 // 4-warp and 8-warp CTAs (the plan picks 8 for small grids of long, split ranges at head_dim <=
@@ -533,7 +537,7 @@ TEST(FlashDecodeCuda, NarrowAndWideCtasMatchTheReference) {
       for (int w = 0; w < 2; ++w) {
         const int warps = w == 0 ? cuda::kFlashDecodeWarps : cuda::kFlashDecodeWideWarps;
         SCOPED_TRACE(c.str() + " warps=" + std::to_string(warps));
-        const ForcedWarps forced(warps);
+        const ForcedKnob forced(&cuda::FlashDecodeDevKnobs::warps, warps);
         outs[w] = problem.run();
         EXPECT_TRUE(testing::close(outs[w].first, ref_out, default_tolerance(c.dtype)));
         EXPECT_TRUE(testing::close(outs[w].second, ref_lse, kLseTolerance));
@@ -711,18 +715,11 @@ TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
   }
 }
 
-// Sets FlashDecodeDevKnobs::cluster_merge for a scope (-1: the plan's rule, 0: the global merge,
-// 1: clusters wherever they fit, the splits capped at 16) and restores it after.
-struct ForcedMerge {
-  cuda::FlashDecodeDevKnobs saved = cuda::flash_decode_dev_knobs();
-  explicit ForcedMerge(int cluster_merge) {
-    cuda::FlashDecodeDevKnobs knobs = saved;
-    knobs.cluster_merge = cluster_merge;
-    cuda::set_flash_decode_dev_knobs(knobs);
-  }
-  ~ForcedMerge() { cuda::set_flash_decode_dev_knobs(saved); }
-  ForcedMerge(const ForcedMerge&) = delete;
-  ForcedMerge& operator=(const ForcedMerge&) = delete;
+// FlashDecodeDevKnobs::cluster_merge for a scope: -1 the plan's rule, 0 the global merge, 1
+// clusters wherever they fit (the splits capped at 16).
+struct ForcedMerge : ForcedKnob {
+  explicit ForcedMerge(int cluster_merge)
+      : ForcedKnob(&cuda::FlashDecodeDevKnobs::cluster_merge, cluster_merge) {}
 };
 
 // Runs `problem` under the cluster-merge knob `cluster_merge`; whether the launch merged in
@@ -769,12 +766,12 @@ TEST(FlashDecodeCuda, ClusterMergeIsBitwiseTheGlobalMerge) {
   // splits at 16 changes nothing and both runs split the same way.
   add(32, 8, 1, 128, 1024, {1024}, true);  // issue 5's B = 1 shape, 16 splits of 64 keys
   add(32, 8, 1, 128, 1024, {300}, true)->dtype = DType::f16;  // 5 live splits of 16
-  add(9, 3, 1, 64, 1024, {1000}, true);                     // SmolLM2's heads
-  add(4, 4, 1, 256, 1024, {1023}, true);                    // head_dim 256, one row
-  add(16, 8, 8, 128, 448, {448}, true);                     // 16 rows, 7 splits
-  add(8, 2, 1, 128, 1024, {1000, 40, 0}, true);             // ragged: 16 / 1 / no live split
-  add(8, 2, 8, 64, 1024, {1024}, false);                    // 16 rows x 16 splits: global
-  Case* window = add(8, 2, 1, 128, 1024, {1000}, true);     // 601 visible keys, 10 splits
+  add(9, 3, 1, 64, 1024, {1000}, true);                       // SmolLM2's heads
+  add(4, 4, 1, 256, 1024, {1023}, true);                      // head_dim 256, one row
+  add(16, 8, 8, 128, 448, {448}, true);                       // 16 rows, 7 splits
+  add(8, 2, 1, 128, 1024, {1000, 40, 0}, true);               // ragged: 16 / 1 / no live split
+  add(8, 2, 8, 64, 1024, {1024}, false);                      // 16 rows x 16 splits: global
+  Case* window = add(8, 2, 1, 128, 1024, {1000}, true);       // 601 visible keys, 10 splits
   window->window_left = 600;
   window->softcap = 30.0f;
   window->alibi = true;
@@ -822,8 +819,7 @@ TEST(FlashDecodeCuda, ClusterMergeGraphReplayAndBackToBack) {
     const ForcedMerge forced(1);
     cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
     cuda::flash_decode(problem.q.device, problem.k.device, problem.v.device, problem.k_len_device,
-                       nullptr, problem.options(), problem.out.device, &problem.lse.device,
-                       stream);
+                       nullptr, problem.options(), problem.out.device, &problem.lse.device, stream);
     cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
   }
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
@@ -999,7 +995,8 @@ TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
         Problem problem(c, rng);  // rows >= len are NaN in the caches
         // The new rows [len - q_len, len): random on the host, NaN in the device caches.
         const Dims rows_shape{c.batch, c.num_kv_heads, q_len, head_dim};
-        Tensor new_k = Tensor::empty(rows_shape, c.dtype), new_v = Tensor::empty(rows_shape, c.dtype);
+        Tensor new_k = Tensor::empty(rows_shape, c.dtype),
+               new_v = Tensor::empty(rows_shape, c.dtype);
         rng.normal(new_k);
         rng.normal(new_v);
         const std::int64_t first_new = len - q_len;
@@ -1080,7 +1077,7 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   const auto wide = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132, 0, 0);
   EXPECT_EQ(wide.warps, 8);
   EXPECT_EQ(wide.ctas_per_sm, 1);
-  EXPECT_EQ(wide.num_splits, 16);  // 132 / 8 units
+  EXPECT_EQ(wide.num_splits, 16);                              // 132 / 8 units
   EXPECT_EQ(cuda::flash_decode_live_splits(wide, 16384), 16);  // 1024-key chunks
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 4096, 4096, 132).warps, 8);  // 256 a split
   const auto short_range = cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132, 0, 0);

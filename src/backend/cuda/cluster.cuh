@@ -21,6 +21,15 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The shared::cluster address of `local`'s copy in cluster CTA `rank` (mapa).
+__device__ __forceinline__ std::uint32_t cluster_addr(const void* local, int rank) {
+  std::uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(smem_addr(local)), "r"(rank));
+  return remote;
+}
+
 // The split halves of a cluster barrier (see the header): arrive at entry, wait before the first
 // access to another CTA's shared memory.
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -46,12 +55,9 @@ __device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
 // release arrival compiles to MEMBAR.ALL.GPU on sm_90a). Use it where what it announces is that
 // earlier shared-memory reads, whose values this thread's CTA has already consumed, are done.
 __device__ __forceinline__ void mbar_arrive_remote_relaxed(std::uint64_t* bar, int rank) {
-  std::uint32_t remote_bar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote_bar)
-               : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar)
-               : "memory");
+  asm volatile(
+      "mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr(bar, rank))
+      : "memory");
 }
 // The single arrival of a phase that also expects `bytes` from bulk copies or st.async stores.
 __device__ __forceinline__ void mbar_arrive_expect(std::uint64_t* bar, std::uint32_t bytes) {
@@ -104,29 +110,19 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phas
 // v into cluster CTA `rank`'s copy of *dst, completing 4 bytes on that CTA's copy of *bar.
 __device__ __forceinline__ void st_async_cluster(float* dst, float v, std::uint64_t* bar,
                                                  int rank) {
-  std::uint32_t remote_dst, remote_bar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote_dst)
-               : "r"(smem_addr(dst)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote_bar)
-               : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
-                   remote_dst),
-               "r"(__float_as_uint(v)), "r"(remote_bar)
-               : "memory");
+  const std::uint32_t remote_dst = cluster_addr(dst, rank);
+  const std::uint32_t remote_bar = cluster_addr(bar, rank);
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote_dst),
+      "r"(__float_as_uint(v)), "r"(remote_bar)
+      : "memory");
 }
 // v (16 bytes, `dst` 16-byte aligned) into cluster CTA `rank`'s copy of *dst, completing 16 bytes
 // on that CTA's copy of *bar.
 __device__ __forceinline__ void st_async_cluster(float4* dst, float4 v, std::uint64_t* bar,
                                                  int rank) {
-  std::uint32_t remote_dst, remote_bar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote_dst)
-               : "r"(smem_addr(dst)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote_bar)
-               : "r"(smem_addr(bar)), "r"(rank));
+  const std::uint32_t remote_dst = cluster_addr(dst, rank);
+  const std::uint32_t remote_bar = cluster_addr(bar, rank);
   asm volatile(
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
       "[%5];" ::"r"(remote_dst),
