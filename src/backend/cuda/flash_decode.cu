@@ -317,7 +317,7 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
   plan.ctas_per_sm = ctas_per_sm(smem_bytes(head_dim, plan.warps));
   plan.num_splits = splits_for(plan.warps);
   if (cluster_merge == -1 && warps == 0 && plan.num_splits > 1) {
-    // The cluster rule (docs/perf.md run 58): grids that can merge in clusters take a shape in
+    // The cluster rule (docs/perf.md runs 59-67): grids that can merge in clusters take a shape in
     // which a cluster's CTAs do not share SMs (the scheduler packs a cluster into one GPC, two
     // 4-warp CTAs to an SM when it can, and a CTA sharing its SM streams at half speed).
     if (plan.warps == kFlashDecodeWarps && units <= sm_count / 4) {

@@ -89,18 +89,17 @@ struct FlashDecodePlan {
 // and on the device, for the live visible range of n keys: one split when
 // n <= single_split_keys, else
 //   chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)), live splits = ceil(n / chunk).
-// The cluster rule (`cluster_merge` -1, widths not forced, a split plan): 4-warp plans of at most
-// sm_count / 4 units cap the splits at min(16, sm_count / 2 / units) (half the SMs' worth of CTAs:
-// a cluster's CTAs never share an SM); 8-warp plans (the wide rule's long ranges) of units <=
-// sm_count / 16 and a bound >= kFlashDecodeWideClusterMinKeys cap them at
-// kFlashDecodeWideClusterSplits; grids of sm_count / 4 < units <=
-// sm_count / 2 units take
-// 8-warp CTAs, one per SM, sm_count / units splits, where those fill >= 7/8 of the SMs
-// (docs/perf.md run 58). `cluster_merge` 0: no
-// cluster merge and no rule; 1: the splits capped at kFlashDecodeMaxClusterSplits; 2-16: capped
-// at that many. Then cluster = num_splits when 2 <= num_splits <=
-// kFlashDecodeMaxClusterSplits and split 0's ring holds every split's fp32 partial of the block's
-// rows beside the warp-merge scratch.
+// The cluster rule (`cluster_merge` -1, widths not forced, a split plan; docs/perf.md runs 59-67):
+//   - 4-warp plans of at most sm_count / 4 units cap the splits at min(16, sm_count / 2 / units)
+//     (half the SMs' worth of CTAs: a cluster's CTAs never share an SM);
+//   - 8-warp plans (the wide rule's long ranges) of units <= sm_count / 16 and a bound >=
+//     kFlashDecodeWideClusterMinKeys cap them at kFlashDecodeWideClusterSplits;
+//   - grids of sm_count / 4 < units <= sm_count / 2 take 8-warp CTAs, one per SM, sm_count / units
+//     splits, where those fill >= 7/8 of the SMs.
+// `cluster_merge` 0: no cluster merge and no rule; 1: the splits capped at
+// kFlashDecodeMaxClusterSplits; 2-16: capped at that many. Then cluster = num_splits when
+// 2 <= num_splits <= kFlashDecodeMaxClusterSplits and split 0's ring holds every split's fp32
+// partial of the block's rows beside the warp-merge scratch.
 FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                   std::int64_t num_kv_heads, std::int64_t q_len,
                                   std::int64_t head_dim, std::int64_t capacity,
