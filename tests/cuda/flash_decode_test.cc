@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -578,9 +579,14 @@ TEST(FlashDecodeCuda, RepeatedRunsAreBitwiseIdentical) {
   }
 }
 
+// What a replay's (out, lse) is checked against: the float64 reference when empty, else this
+// (called with the problem as replayed, its outputs and the stream).
+using ReplayCheck =
+    std::function<void(Problem&, const Tensor& out, const Tensor& lse, cudaStream_t stream)>;
+
 // One capture at the capacity bound, replayed with each schedule entry's k_len per sequence.
 void check_graph_replay(Case c, const std::vector<std::vector<std::int32_t>>& schedule,
-                        std::uint64_t seed) {
+                        std::uint64_t seed, const ReplayCheck& check = {}) {
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   Rng rng(seed);
@@ -611,6 +617,10 @@ void check_graph_replay(Case c, const std::vector<std::vector<std::int32_t>>& sc
     cuda_ok(cudaStreamSynchronize(stream), "sync");
     const Tensor out = problem.out.download().clone();
     const Tensor lse = problem.lse.download().clone();
+    if (check) {
+      check(problem, out, lse, stream);
+      continue;
+    }
     const auto [ref_out, ref_lse] = problem.reference();
     EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)));
     EXPECT_TRUE(testing::close(lse, ref_lse, kLseTolerance));
@@ -801,50 +811,24 @@ TEST(FlashDecodeCuda, ClusterMergeIsBitwiseTheGlobalMerge) {
 // previous output, under the cluster merge.
 TEST(FlashDecodeCuda, ClusterMergeGraphReplayAndBackToBack) {
   SKIP_WITHOUT_GPU();
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const ForcedMerge forced(1);
   Case c;
   c.num_qo_heads = 32;
   c.num_kv_heads = 8;
   c.capacity = 1024;
   c.k_len = {1024};
-  Rng rng(1300);
-  Problem problem(c, rng);
-  bool clustered = false;
-  run_merge(problem, 1, &clustered, stream);  // sizes the workspace outside capture
-  ASSERT_TRUE(clustered);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  {
-    const ForcedMerge forced(1);
-    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-    cuda::flash_decode(problem.q.device, problem.k.device, problem.v.device, problem.k_len_device,
-                       nullptr, problem.options(), problem.out.device, &problem.lse.device, stream);
-    cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-  }
-  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  for (std::int32_t len : {1024, 257, 17, 1000, 0, 700, 256, 1023}) {
-    SCOPED_TRACE("k_len=" + std::to_string(len));
-    problem.c.k_len = {len};
-    problem.fill_kv(rng);
-    cuda_ok(cudaMemcpyAsync(problem.k_len_device.raw_data(), &len, sizeof len,
-                            cudaMemcpyHostToDevice, stream),
-            "k_len upload");
-    poison_nan(problem.out.host_base);
-    problem.out.upload();
-    cuda_ok(cudaGraphLaunch(exec, stream), "replay");
-    cuda_ok(cudaStreamSynchronize(stream), "sync");
-    const Tensor out = problem.out.download().clone();
-    const Tensor lse = problem.lse.download().clone();
-    bool global_clustered = true;
-    const auto [global_out, global_lse] = run_merge(problem, 0, &global_clustered, stream);
-    EXPECT_TRUE(testing::bit_equal(out, global_out));
-    EXPECT_TRUE(testing::bit_equal(lse, global_lse));
-  }
-  cuda_ok(cudaGraphExecDestroy(exec), "exec destroy");
-  cuda_ok(cudaGraphDestroy(graph), "graph destroy");
-  cuda_ok(cudaStreamDestroy(stream), "stream destroy");
-  const ForcedMerge forced(1);
+  const std::uint64_t clustered = cuda::flash_decode_launches().cluster_merge;
+  check_graph_replay(c, {{1024}, {257}, {17}, {1000}, {0}, {700}, {256}, {1023}}, 1300,
+                     [](Problem& problem, const Tensor& out, const Tensor& lse, cudaStream_t s) {
+                       bool global_clustered = true;
+                       const auto [global_out, global_lse] =
+                           run_merge(problem, 0, &global_clustered, s);
+                       EXPECT_FALSE(global_clustered);
+                       EXPECT_TRUE(testing::bit_equal(out, global_out));
+                       EXPECT_TRUE(testing::bit_equal(lse, global_lse));
+                     });
+  // The warm-up and the captured launch merged in clusters.
+  EXPECT_GE(cuda::flash_decode_launches().cluster_merge, clustered + 2);
   check_back_to_back(1310, 1024);
 }
 
