@@ -20,7 +20,7 @@
 // compare a slow process's placement with a fast one's.
 //
 // Build (here, nvcc 13): nvcc -O3 -DNDEBUG -DSPLICE_WITH_CUDA=1 -arch=sm_90a -std=c++20
-//   --expt-relaxed-constexpr -Iinclude -Isrc -o cluster_placement
+//   --expt-relaxed-constexpr -diag-suppress 20050 -Iinclude -Isrc -o cluster_placement
 //   dev/cluster_placement/cluster_placement.cu
 #include <cuda_bf16.h>
 
@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "../../bench/cuda/bench_util.cuh"  // time_replays
 #include "../experiment_util.cuh"  // CHECK
 #include "backend/cuda/flash_decode_kernel.cuh"
 #include "../flash_case.cuh"  // Case, Buffers, params_for, max_error
@@ -103,7 +104,7 @@ std::string clusters_per_gpc(const std::vector<int>& smids, int cluster_size,
   return s;
 }
 
-// Median us per launch of `kernel` over 20 replays of a graph of 20 launches.
+// Median us per launch of `kernel` over 20 replays (after 3) of a graph of 20 launches.
 template <typename Kernel>
 double time_launches(Kernel kernel, const FlashDecodeParams& p, dim3 grid, dim3 cluster) {
   cudaStream_t stream;
@@ -116,26 +117,11 @@ double time_launches(Kernel kernel, const FlashDecodeParams& p, dim3 grid, dim3 
   for (int i = 0; i < 20; ++i) CHECK(cudaLaunchKernelEx(&config, kernel, p));
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  std::vector<double> us;
-  for (int r = 0; r < 23; ++r) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (r >= 3) us.push_back(ms * 1000.0 / 20.0);
-  }
-  std::sort(us.begin(), us.end());
+  const double us = splice::bench::time_replays(exec, stream, 3, 20, 20).median_us;
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
   CHECK(cudaStreamDestroy(stream));
-  return us[us.size() / 2];
+  return us;
 }
 
 }  // namespace
