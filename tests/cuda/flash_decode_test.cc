@@ -492,10 +492,9 @@ TEST(FlashDecodeCuda, OutputIndependentOfSplitCount) {
 
 // Sets FlashDecodeDevKnobs for a scope and restores them after: `field` (e.g.
 // &FlashDecodeDevKnobs::warps; 0: the plan's rule) to `value`.
-template <typename Field = int>
 class ForcedKnob {
  public:
-  ForcedKnob(Field cuda::FlashDecodeDevKnobs::*field, Field value) {
+  ForcedKnob(int cuda::FlashDecodeDevKnobs::*field, int value) {
     cuda::FlashDecodeDevKnobs knobs = saved_;
     knobs.*field = value;
     cuda::set_flash_decode_dev_knobs(knobs);
@@ -728,7 +727,7 @@ TEST(FlashDecodeCuda, BackToBackLaunchesSeeThePreviousOutput) {
 
 // FlashDecodeDevKnobs::cluster_merge for a scope: -1 the plan's rule, 0 the global merge, 1
 // clusters wherever they fit (the splits capped at 16).
-struct ForcedMerge : ForcedKnob<> {
+struct ForcedMerge : ForcedKnob {
   explicit ForcedMerge(int cluster_merge)
       : ForcedKnob(&cuda::FlashDecodeDevKnobs::cluster_merge, cluster_merge) {}
 };
@@ -852,131 +851,6 @@ TEST(FlashDecodeCuda, ClusterMergeWideLongRanges) {
 // capacity) at the model's lengths: short k_len in a large cache whose rows beyond k_len are NaN,
 // on both sides of one warp tile (16), of the speculated keys (64) and of the single-split limit,
 // for every head_dim; with a left window (no speculation) for comparison.
-// The one-pass kernel (flash_decode_one_pass.cuh) runs grids planned with one split, one row
-// block and a length bound of at most flash_decode_one_pass_keys(head_dim) keys (256 at head_dim
-// 64, 128 at 128), where the call has no softcap, ALiBi or window. Over dtypes, both head_dims,
-// GQA groups of 1-9 with 1-8 queries (<= 16 rows), causal and full, lengths from 0 to the bound in
-// caches whose tails are NaN, padded strides and a ragged batch with an empty sequence: the
-// launch counter shows the one-pass kernel ran, its (out, lse) match the float64 reference and
-// the CPU kernel, its stable-prefix launch is bitwise its plain one, and the general kernel (the
-// knob off) agrees within the split rounding.
-std::uint64_t one_pass_launches() { return cuda::flash_decode_launches().one_pass; }
-
-TEST(FlashDecodeCuda, OnePassKernelMatchesTheReference) {
-  SKIP_WITHOUT_GPU();
-  struct Heads {
-    std::int64_t qo, kv, q_len;
-  };
-  const Heads heads[] = {{9, 3, 1}, {4, 1, 3}, {8, 8, 1}, {2, 1, 8}, {9, 3, 4}};
-  std::uint64_t seed = 1300;
-  int index = 0;
-  for (DType dtype : {DType::bf16, DType::f16}) {
-    for (std::int64_t head_dim : {64, 128}) {
-      const auto bound = static_cast<std::int32_t>(cuda::flash_decode_one_pass_keys(head_dim));
-      for (const Heads& hd : heads) {
-        for (std::int32_t len : {0, 1, 17, 100, bound - 1, bound}) {
-          ++index;
-          if (len > 0 && len < hd.q_len) continue;
-          Case c;
-          c.dtype = dtype;
-          c.num_qo_heads = hd.qo;
-          c.num_kv_heads = hd.kv;
-          c.q_len = hd.q_len;
-          c.head_dim = head_dim;
-          c.capacity = index % 3 == 0 ? std::max(len, 1) : bound;
-          c.batch = index % 4 == 1 ? 3 : 1;
-          c.k_len = c.batch == 3 ? std::vector<std::int32_t>{len, 0, std::max<std::int32_t>(len / 2, static_cast<std::int32_t>(hd.q_len))}
-                                 : std::vector{len};
-          if (c.batch == 3 && len == 0) c.k_len[2] = 0;
-          c.causal = index % 5 != 2;
-          c.want_lse = index % 7 != 3;
-          c.pad = index % 3 == 1 ? 2 : 0;
-          SCOPED_TRACE(c.str());
-          Rng rng(seed++);
-          Problem problem(c, rng);
-          const std::uint64_t before = one_pass_launches();
-          const auto [out, lse] = problem.run();
-          EXPECT_EQ(one_pass_launches(), before + 1) << "the one-pass kernel did not run";
-          const auto [ref_out, ref_lse] = problem.reference();
-          EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(dtype)));
-          if (c.want_lse) {
-            EXPECT_TRUE(testing::close(lse, ref_lse, kLseTolerance));
-          }
-          Tensor cpu_lse;
-          const Tensor cpu_out = decode_attention(problem.q.host, problem.k.host, problem.v.host,
-                                                  problem.k_len_host, nullptr, problem.options(),
-                                                  Tensor{}, &cpu_lse);
-          EXPECT_TRUE(testing::close(out, cpu_out, default_tolerance(dtype))) << "vs the CPU";
-          const auto stable = problem.run(nullptr, /*stable_prefix=*/true);
-          EXPECT_EQ(one_pass_launches(), before + 2);
-          EXPECT_TRUE(testing::bit_equal(stable.first, out)) << "stable prefix";
-          EXPECT_TRUE(testing::bit_equal(stable.second, lse)) << "stable prefix";
-          const ForcedKnob general(&cuda::FlashDecodeDevKnobs::one_pass, false);
-          const auto [general_out, general_lse] = problem.run();
-          EXPECT_EQ(one_pass_launches(), before + 2) << "the knob did not turn it off";
-          EXPECT_TRUE(within_split_rounding(general_out, out, dtype)) << "vs the general kernel";
-          if (c.want_lse) {
-            EXPECT_TRUE(testing::close(general_lse, lse, Tolerance{1e-6, 1e-5}));
-          }
-        }
-      }
-    }
-  }
-}
-
-// What the one-pass kernel leaves to the general kernel: a softcap, ALiBi, a window, a forced
-// split count, more rows than one block, a bound past its keys; each of these calls runs the
-// general kernel and matches the reference.
-TEST(FlashDecodeCuda, OnePassLeavesTheRestToTheGeneralKernel) {
-  SKIP_WITHOUT_GPU();
-  Case base;
-  base.num_qo_heads = 9;
-  base.num_kv_heads = 3;
-  base.head_dim = 64;
-  base.capacity = 256;
-  base.k_len = {200};
-  std::vector<Case> cases(7, base);
-  cases[0].softcap = 30.0f;
-  cases[1].alibi = true;
-  cases[2].window_left = 50;
-  cases[3].num_splits = 2;
-  cases[4].q_len = 8;  // 24 rows: two row blocks
-  cases[4].k_len = {100};
-  cases[5].capacity = 257;  // a bound past 256 keys
-  cases[6].head_dim = 128;
-  cases[6].capacity = 129;
-  cases[6].k_len = {100};
-  std::uint64_t seed = 1400;
-  for (const Case& c : cases) {
-    const std::uint64_t before = one_pass_launches();
-    check_case(c, seed++);
-    EXPECT_EQ(one_pass_launches(), before) << c.str();
-  }
-}
-
-// The SmolLM2 attention shape in the model's capacity-256 cache, one capture replayed with k_len
-// from 0 to the capacity: the one-pass kernel under graph replay.
-TEST(FlashDecodeCuda, OnePassGraphReplay) {
-  SKIP_WITHOUT_GPU();
-  Case c;
-  c.num_qo_heads = 9;
-  c.num_kv_heads = 3;
-  c.head_dim = 64;
-  c.capacity = 256;
-  c.k_len = {256};
-  const std::uint64_t before = one_pass_launches();
-  check_graph_replay(c, {{17}, {256}, {1}, {0}, {129}, {255}, {64}}, 1500);
-  EXPECT_GT(one_pass_launches(), before);
-  c.batch = 2;
-  c.num_qo_heads = 8;
-  c.num_kv_heads = 2;
-  c.q_len = 4;
-  c.head_dim = 128;
-  c.capacity = 128;
-  c.k_len = {128, 128};
-  check_graph_replay(c, {{4, 128}, {128, 0}, {77, 5}}, 1510);
-}
-
 TEST(FlashDecodeCuda, SpeculativeTileAtShortLengthsInALargeCache) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 900;
@@ -1092,15 +966,13 @@ TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
   std::uint64_t seed = 1200;
   for (std::int64_t head_dim : {64, 128}) {
     for (std::int64_t q_len : {1, 4}) {
-      // A capacity the one-pass kernel takes (its bound), and one the general kernel takes.
-      for (std::int32_t len : {5, 40, 128, 200, 700}) {
-        const auto one_pass = static_cast<std::int32_t>(cuda::flash_decode_one_pass_keys(head_dim));
+      for (std::int32_t len : {5, 40, 200, 700}) {
         Case c;
-        c.num_qo_heads = head_dim == 64 ? 9 : 8;
-        c.num_kv_heads = head_dim == 64 ? 3 : 2;
+        c.num_qo_heads = head_dim == 64 ? 9 : 32;
+        c.num_kv_heads = head_dim == 64 ? 3 : 8;
         c.head_dim = head_dim;
         c.q_len = q_len;
-        c.capacity = len <= one_pass ? one_pass : 1024;
+        c.capacity = 1024;
         c.k_len = {len};
         SCOPED_TRACE(c.str());
         Rng rng(seed++);
@@ -1248,28 +1120,6 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   // The knob's caps.
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132, 0, 4).num_splits, 4);
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132, 0, 4).cluster, 4);
-  // The one-pass kernel: one split, one row block, a bound of at most 256 keys at head_dim 64 and
-  // 128 at 128 (none at 256), at most one CTA per SM, widths not forced, the knob on.
-  const auto plan = [](std::int64_t batch, std::int64_t qo, std::int64_t kv, std::int64_t q_len,
-                       std::int64_t head_dim, std::int64_t capacity, int warps = 0,
-                       std::int64_t single_split_bytes = cuda::kFlashDecodeSingleSplitBytes,
-                       bool one_pass = true) {
-    return cuda::plan_flash_decode(batch, qo, kv, q_len, head_dim, capacity, capacity, 132, warps,
-                                   -1, single_split_bytes, one_pass);
-  };
-  EXPECT_TRUE(plan(1, 9, 3, 1, 64, 256).one_pass);  // the model's attention
-  EXPECT_EQ(plan(1, 9, 3, 1, 64, 256).num_splits, 1);
-  EXPECT_FALSE(plan(1, 9, 3, 1, 64, 257).one_pass);
-  EXPECT_TRUE(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 200, 132).one_pass);  // bound 200
-  EXPECT_TRUE(plan(1, 32, 8, 4, 128, 128).one_pass);  // 16 rows
-  EXPECT_FALSE(plan(1, 32, 8, 1, 128, 129).one_pass);
-  EXPECT_FALSE(plan(1, 8, 2, 1, 256, 64).one_pass);
-  EXPECT_FALSE(plan(1, 9, 3, 8, 64, 256).one_pass);   // 24 rows: two row blocks
-  EXPECT_TRUE(plan(44, 9, 3, 1, 64, 256).one_pass);   // 132 units
-  EXPECT_FALSE(plan(45, 9, 3, 1, 64, 256).one_pass);  // 135 units
-  EXPECT_FALSE(plan(1, 9, 3, 1, 64, 256, 4).one_pass);                                  // forced
-  EXPECT_FALSE(plan(1, 9, 3, 1, 64, 256, 0, 1024).one_pass);                            // splits
-  EXPECT_FALSE(plan(1, 9, 3, 1, 64, 256, 0, cuda::kFlashDecodeSingleSplitBytes, false).one_pass);
 }
 
 TEST(FlashDecodeCuda, BadArgumentsRaiseTypedErrors) {

@@ -28,7 +28,6 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/flash_decode_kernel.cuh"
-#include "backend/cuda/flash_decode_one_pass.cuh"
 #include "backend/cuda/launch.cuh"
 #include "splice/backend/cuda/flash_decode.h"
 
@@ -38,10 +37,6 @@ static_assert(splice::cuda::kFlashDecodeRowsPerCta == splice::cuda::detail::kRow
 static_assert(splice::cuda::kFlashDecodeTileKeys == splice::cuda::detail::kTileKeys);
 static_assert(splice::cuda::kFlashDecodeWarps == splice::cuda::detail::kNarrowWarps);
 static_assert(splice::cuda::kFlashDecodeWideWarps == splice::cuda::detail::kWideWarps);
-static_assert(splice::cuda::flash_decode_one_pass_keys(64) ==
-              splice::cuda::detail::OnePassConfig<64>::kMaxKeys);
-static_assert(splice::cuda::flash_decode_one_pass_keys(128) ==
-              splice::cuda::detail::OnePassConfig<128>::kMaxKeys);
 
 namespace splice::cuda {
 namespace {
@@ -53,8 +48,7 @@ constexpr std::int64_t kMaxLength = std::int64_t{1} << 30;  // int32 position ar
 constexpr std::int64_t kMaxGridYZ = 65535;
 constexpr int kMaxCtasPerSm = 4;
 
-std::atomic<std::uint64_t> g_launches{0}, g_stable_prefix_launches{0}, g_cluster_launches{0},
-    g_one_pass_launches{0};
+std::atomic<std::uint64_t> g_launches{0}, g_stable_prefix_launches{0}, g_cluster_launches{0};
 constexpr std::size_t kSmemPerSm = 228 * 1024;  // Hopper: shared memory per SM
 constexpr std::size_t kSmemReservedPerCta = 1024;
 constexpr std::int64_t kVecElems = 8;      // 16 bytes of 16-bit elements
@@ -114,10 +108,6 @@ struct Workspace {
       knobs.single_split_bytes = std::atoll(bytes);
     if (const char* spread = std::getenv("SPLICE_FLASH_DECODE_CLUSTER_SPREAD"); spread && *spread)
       knobs.cluster_spread = std::atoi(spread) != 0;
-    if (const char* one_pass = std::getenv("SPLICE_FLASH_DECODE_ONE_PASS"); one_pass && *one_pass)
-      knobs.one_pass = std::atoi(one_pass) != 0;
-    if (const char* first = std::getenv("SPLICE_FLASH_DECODE_TRIGGER_FIRST"); first && *first)
-      knobs.trigger_first = std::atoi(first) != 0;
     return knobs;
   }
 };
@@ -287,39 +277,13 @@ void launch_instance(std::int64_t head_dim, int warps, const FlashDecodeParams& 
     launch_instance<T, false>(head_dim, warps, params, grid, cluster_merge, spread, stream);
 }
 
-// The one-pass kernel (flash_decode_one_pass.cuh) for a grid of one CTA per (b, kv head), with
-// the merge scratch of the call's rows.
-template <typename T, int kHeadDim>
-void launch_one_pass(const FlashDecodeParams& params, const dim3& grid, Stream stream) {
-  using Cfg = detail::OnePassConfig<kHeadDim>;
-  const auto kernel = detail::flash_decode_one_pass_kernel<T, kHeadDim>;
-  static std::once_flag once;
-  std::call_once(once, [&] {
-    SPLICE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           Cfg::smem_bytes(detail::kRows)));
-  });
-  g_one_pass_launches.fetch_add(1, std::memory_order_relaxed);
-  const int rows = std::min(params.rows, detail::kRows);
-  const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1),
-                                  static_cast<std::size_t>(Cfg::smem_bytes(rows))};
-  detail::launch_kernel(kernel, shape, stream, params);
-}
-template <typename T>
-void launch_one_pass(std::int64_t head_dim, const FlashDecodeParams& params, const dim3& grid,
-                     Stream stream) {
-  if (head_dim == 64) return launch_one_pass<T, 64>(params, grid, stream);
-  SPLICE_INTERNAL_CHECK(head_dim == 128, "flash_decode: no one-pass kernel at head_dim ", head_dim);
-  launch_one_pass<T, 128>(params, grid, stream);
-}
-
 }  // namespace
 
 FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                   std::int64_t num_kv_heads, std::int64_t q_len,
                                   std::int64_t head_dim, std::int64_t capacity,
                                   std::int64_t max_live_k_len, int sm_count, int warps,
-                                  int cluster_merge, std::int64_t single_split_bytes,
-                                  bool one_pass) {
+                                  int cluster_merge, std::int64_t single_split_bytes) {
   SPLICE_INTERNAL_CHECK(batch > 0 && num_kv_heads > 0 && num_qo_heads % num_kv_heads == 0 &&
                             q_len > 0 && sm_count > 0,
                         "plan_flash_decode needs validated shapes");
@@ -384,8 +348,6 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       plan.num_splits <= kFlashDecodeMaxClusterSplits &&
       cluster_merge_fits(head_dim, plan.warps, plan.num_splits, block_rows))
     plan.cluster = plan.num_splits;
-  plan.one_pass = one_pass && warps == 0 && plan.num_splits == 1 && plan.row_blocks == 1 &&
-                  bound <= flash_decode_one_pass_keys(head_dim) && units <= sm_count;
   plan.grid_x = plan.row_blocks;
   plan.grid_y = plan.num_splits;
   plan.grid_z = batch * num_kv_heads;
@@ -499,8 +461,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
       plan_flash_decode(batch, num_qo_heads, num_kv_heads, q_len, head_dim, capacity, capacity,
                         sm_count(), knob_warps, knobs.cluster_merge,
                         knobs.single_split_bytes > 0 ? knobs.single_split_bytes
-                                                     : kFlashDecodeSingleSplitBytes,
-                        knobs.one_pass);
+                                                     : kFlashDecodeSingleSplitBytes);
   const std::int64_t max_splits =
       std::max<std::int64_t>(1, (capacity + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys);
   const std::int64_t forced =
@@ -565,7 +526,6 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
   p.stable_prefix = stable_prefix ? 1 : 0;  // supersedes speculation (kernel stage 0')
-  p.trigger_first = knobs.trigger_first ? 1 : 0;
   // The cluster merge needs the plan's split count in the grid (a forced count may raise it) and
   // the merge itself (the attribution knob may drop it).
   const bool cluster_merge =
@@ -588,15 +548,6 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                   static_cast<unsigned>(plan.grid_z));
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (stable_prefix) g_stable_prefix_launches.fetch_add(1, std::memory_order_relaxed);
-  // The one-pass kernel where the plan allows it and the call uses none of what it leaves out.
-  if (plan.one_pass && forced == 0 && p.softcap == 0.0f && !alibi && p.window_left < 0 &&
-      p.window_right < 0 && p.q_vec16 && p.dev_drop == 0) {
-    if (q.dtype() == DType::bf16)
-      launch_one_pass<__nv_bfloat16>(head_dim, p, grid, stream);
-    else
-      launch_one_pass<__half>(head_dim, p, grid, stream);
-    return;
-  }
   if (q.dtype() == DType::bf16)
     launch_instance<__nv_bfloat16>(head_dim, plan.warps, p, grid, cluster_merge,
                                    knobs.cluster_spread, stream);
@@ -608,8 +559,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 FlashDecodeLaunches flash_decode_launches() {
   return {g_launches.load(std::memory_order_relaxed),
           g_stable_prefix_launches.load(std::memory_order_relaxed),
-          g_cluster_launches.load(std::memory_order_relaxed),
-          g_one_pass_launches.load(std::memory_order_relaxed)};
+          g_cluster_launches.load(std::memory_order_relaxed)};
 }
 
 }  // namespace splice::cuda

@@ -168,9 +168,6 @@ struct FlashDecodeParams {
   // k_len - q_len (stage 1 then plans and issues the ring prologue before the PDL wait).
   int stable_prefix;
   int dev_drop;  // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
-  // Dev knob of the one-pass kernel (FlashDecodeDevKnobs::trigger_first): 1 lets the next kernel
-  // launch before this one's PDL wait instead of after it.
-  int trigger_first;
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores

@@ -54,11 +54,6 @@ inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
 // k_len round trip that splits >= 1 cannot hide), so a merge would only add latency.
 // 512 keys at head_dim 64, 256 at 128, 128 at 256.
 inline constexpr std::int64_t kFlashDecodeSingleSplitBytes = std::int64_t{128} << 10;
-// The one-pass kernel (flash_decode_one_pass.cuh): the most keys one CTA holds in registers, by
-// head_dim (0: no one-pass kernel at that head_dim).
-inline constexpr std::int64_t flash_decode_one_pass_keys(std::int64_t head_dim) {
-  return head_dim == 64 ? 256 : head_dim == 128 ? 128 : 0;
-}
 
 struct FlashDecodePlan {
   int row_blocks = 1;   // ceil(group * q_len / 16)
@@ -76,12 +71,6 @@ struct FlashDecodePlan {
   // merge: partial stores, a fence, a counter atomic, partial loads). The launcher keeps the
   // global merge where the device cannot hold every cluster of the grid at once.
   int cluster = 1;
-  // The one-pass kernel may run this grid (one split, one row block, a bound of at most
-  // flash_decode_one_pass_keys(head_dim), at most one CTA per SM): every key of a unit's range in
-  // one CTA's registers at once, the warps' tiles side by side instead of in series. The launcher
-  // takes it where the call also has no softcap, ALiBi, window or forced split count and its q
-  // rows allow 16-byte loads.
-  bool one_pass = false;
 };
 
 // Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
@@ -111,14 +100,12 @@ struct FlashDecodePlan {
 // kFlashDecodeMaxClusterSplits; 2-16: capped at that many. Then cluster = num_splits when
 // 2 <= num_splits <= kFlashDecodeMaxClusterSplits and split 0's ring holds every split's fp32
 // partial of the block's rows beside the warp-merge scratch.
-// `one_pass` (true: the rule above FlashDecodePlan::one_pass; false: never) is the dev knob's.
 FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                   std::int64_t num_kv_heads, std::int64_t q_len,
                                   std::int64_t head_dim, std::int64_t capacity,
                                   std::int64_t max_live_k_len, int sm_count, int warps = 0,
                                   int cluster_merge = -1,
-                                  std::int64_t single_split_bytes = kFlashDecodeSingleSplitBytes,
-                                  bool one_pass = true);
+                                  std::int64_t single_split_bytes = kFlashDecodeSingleSplitBytes);
 
 // The split count the kernel runs for a live visible range of n keys with no forced count (its
 // stage-2 rule, which the kernel evaluates on the device): 1 while n <= single_split_keys, else
@@ -152,13 +139,6 @@ struct FlashDecodeDevKnobs {
   // Cluster launches ask for the spread scheduling policy (a cluster's CTAs on distinct SMs where
   // the GPC has room); default from SPLICE_FLASH_DECODE_CLUSTER_SPREAD.
   bool cluster_spread = false;
-  // The plan's one_pass argument for every launch (false: the general kernel only); default from
-  // SPLICE_FLASH_DECODE_ONE_PASS (0 turns it off).
-  bool one_pass = true;
-  // The one-pass kernel lets the next kernel launch before its PDL wait (false: after it, as every
-  // flash-decode launch); default from SPLICE_FLASH_DECODE_TRIGGER_FIRST. An experiment on the
-  // decode step's launch cascade (docs/perf-decode-step.md §11).
-  bool trigger_first = false;
 };
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
@@ -182,10 +162,9 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                   Tensor* lse, Stream stream = nullptr, bool stable_prefix = false);
 
 // Launch counters (process-wide, relaxed atomics) for tests: launches issued, those made under
-// the stable-prefix promise, those that merged their splits in clusters, and those that ran the
-// one-pass kernel.
+// the stable-prefix promise, and those that merged their splits in clusters.
 struct FlashDecodeLaunches {
-  std::uint64_t launches = 0, stable_prefix = 0, cluster_merge = 0, one_pass = 0;
+  std::uint64_t launches = 0, stable_prefix = 0, cluster_merge = 0;
 };
 FlashDecodeLaunches flash_decode_launches();
 

@@ -1,3 +1,7 @@
+// NOT IN MAINLINE (session 11): measured and set aside, see README.md here; the integration into
+// flash_decode.cu, the dev knobs and the GPU tests are commit f128144. Kept as the reference for
+// the register-fragment layout and the load-ordering dependency.
+//
 // Device code of flash decode's one-pass kernel (spec decode_attention.md §5): the short-range
 // path of the launcher (flash_decode.cu), for grids planned with one split whose length bound fits
 // in one CTA's registers (plan_flash_decode's `one_pass`: <= 256 keys at head_dim 64, <= 128 at
