@@ -326,9 +326,10 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
           {plan.num_splits, kFlashDecodeMaxClusterSplits, sm_count / 2 / units}));
     } else if (plan.warps == kFlashDecodeWideWarps && bound >= kFlashDecodeWideClusterMinKeys &&
                units * kFlashDecodeWideClusterSplits <= sm_count / 2) {
-      // Very long ranges of at most sm_count / 16 units: 8 eight-warp splits, clusters the H200
-      // holds 15 of (16-CTA ones only 7). -1.5 to -2 us at 64K in every run; at 16K 18.9-22.9 us
-      // from run to run against a steady 20.7 for 16 global-merge splits, at 4K +0.5 us.
+      // Long ranges of at most sm_count / 16 units: 8 eight-warp splits, clusters the H200
+      // holds 15 of (16-CTA ones only 7). -1.5 to -2 us at 64K in every run; at 16K 18.9-19.0 us
+      // in runs 67 and 69 (22.8-22.9 in runs 59 and 66) against 20.4-20.7 for 16 global-merge
+      // splits; at 4K +0.5 us, so not below 16K.
       plan.num_splits = std::min(plan.num_splits, kFlashDecodeWideClusterSplits);
     } else if (head_dim <= 128 && units > sm_count / 4 && units <= sm_count / 2 &&
                8 * units * (sm_count / units) >= 7 * sm_count) {

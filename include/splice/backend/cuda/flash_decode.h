@@ -43,10 +43,10 @@ inline constexpr int kFlashDecodeMaxSplits = 256;   // most splits (forced ones 
 // Most splits of a cluster merge (a unit's splits in one thread-block cluster; 16 is the largest
 // cluster Hopper allows, with the non-portable size attribute).
 inline constexpr int kFlashDecodeMaxClusterSplits = 16;
-// Splits of the cluster rule's 8-warp plans for very long ranges (a cluster of 8 one-per-SM CTAs),
-// taken from this length bound on.
+// Splits of the cluster rule's 8-warp plans for long ranges (a cluster of 8 one-per-SM CTAs),
+// taken from this length bound on (docs/perf.md runs 66-69).
 inline constexpr int kFlashDecodeWideClusterSplits = 8;
-inline constexpr std::int64_t kFlashDecodeWideClusterMinKeys = 32768;
+inline constexpr std::int64_t kFlashDecodeWideClusterMinKeys = 16384;
 inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
 // A live range of at most this many K+V bytes runs as one split: one CTA streams it (about one
 // DRAM latency plus ~1.3 us at ~100 GB/s per SM) in less time than a split merge costs (partial
@@ -89,7 +89,7 @@ struct FlashDecodePlan {
 // and on the device, for the live visible range of n keys: one split when
 // n <= single_split_keys, else
 //   chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)), live splits = ceil(n / chunk).
-// The cluster rule (`cluster_merge` -1, widths not forced, a split plan; docs/perf.md runs 59-67):
+// The cluster rule (`cluster_merge` -1, widths not forced, a split plan; docs/perf.md runs 59-69):
 //   - 4-warp plans of at most sm_count / 4 units cap the splits at min(16, sm_count / 2 / units)
 //     (half the SMs' worth of CTAs: a cluster's CTAs never share an SM);
 //   - 8-warp plans (the wide rule's long ranges) of units <= sm_count / 16 and a bound >=
