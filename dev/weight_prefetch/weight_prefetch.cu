@@ -1,7 +1,8 @@
 // dev/weight_prefetch/weight_prefetch.cu: is the batch-1 decode step bound by when each GEMV's
 // weights arrive, and does prefetching them into L2 from an earlier kernel break that (issue #7;
 // docs/perf-decode-step.md §11)? Not yet run. Standalone:
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -o weight_prefetch weight_prefetch.cu
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -diag-suppress 20050 \
+//     -o weight_prefetch weight_prefetch.cu
 //   ./weight_prefetch            (~20 s on the H200)
 //
 // The model (SmolLM2-135M-shaped, bf16, batch 1): 30 layers of five dependent kernels, one CUDA
@@ -34,18 +35,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,             \
-                   cudaGetErrorString(e_));                                           \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "../../bench/cuda/bench_util.cuh"  // time_replays
+#include "../experiment_util.cuh"           // CHECK, pdl_wait, pdl_trigger
 
 namespace {
 
@@ -63,10 +56,9 @@ __device__ __forceinline__ unsigned long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
+using experiment::pdl_trigger;
+using experiment::pdl_wait;
+
 // A 16-byte load, zero when `pred` is off, the predicate inside the asm (a C++ `if` around it lets
 // ptxas sink the pre-wait weight loads below griddepcontrol.wait; dev/chain_latency/chain.cu).
 __device__ __forceinline__ uint4 load16(const void* p, bool pred) {
@@ -287,9 +279,6 @@ int main() {
   Stamps s;
   CHECK(cudaMalloc(&s.entry, kChain * sizeof(unsigned long long)));
   CHECK(cudaMalloc(&s.wait, kChain * sizeof(unsigned long long)));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
 
   std::printf("SmolLM2-shaped layer chain: 30 layers x 5 kernels, PDL, 212 MB of weights\n");
   std::printf("%8s %5s %9s |", "attn_ns", "ahead", "us/layer");
@@ -298,17 +287,8 @@ int main() {
   for (long long attn_ns : {500LL, 1500LL, 3000LL}) {
     for (int ahead : {0, 1, 2, 3}) {
       cudaGraphExec_t plain = capture(m, stream, attn_ns, ahead, Stamps{});
-      for (int w = 0; w < 3; ++w) CHECK(cudaGraphLaunch(plain, stream));
-      std::vector<double> us;
-      for (int r = 0; r < kReps; ++r) {
-        CHECK(cudaEventRecord(start, stream));
-        CHECK(cudaGraphLaunch(plain, stream));
-        CHECK(cudaEventRecord(stop, stream));
-        CHECK(cudaEventSynchronize(stop));
-        float ms = 0.0f;
-        CHECK(cudaEventElapsedTime(&ms, start, stop));
-        us.push_back(1e3 * ms / kLayers);
-      }
+      const double us_per_layer =
+          splice::bench::time_replays(plain, stream, 3, kReps, kLayers).median_us;
       CHECK(cudaGraphExecDestroy(plain));
       // One stamped replay (its own capture: the stamps cost a few atomics per CTA).
       cudaGraphExec_t stamped = capture(m, stream, attn_ns, ahead, s);
@@ -327,7 +307,7 @@ int main() {
         arrival[i % kKinds].push_back(1e-3 * (static_cast<double>(entry[i]) -
                                               static_cast<double>(wait[i - 1])));
       }
-      std::printf("%8lld %5d %9.2f |", attn_ns, ahead, median(us));
+      std::printf("%8lld %5d %9.2f |", attn_ns, ahead, us_per_layer);
       for (int k = 0; k < kKinds; ++k) std::printf(" %7.2f", median(share[k]));
       std::printf(" |");
       for (int k = 0; k < kKinds; ++k) std::printf(" %6.2f", median(arrival[k]));
