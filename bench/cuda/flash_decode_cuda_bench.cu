@@ -27,9 +27,10 @@
 //      (FlashDecodeDevKnobs::warps), alternating, twice: the evidence for the plan's wide rule.
 //   8. --cluster-ab (replaces 1-7): B = 1, 8 and 32 (k_len <= 4K at B > 1) of (32, 8) and
 //      (64, 8) and the SmolLM2 shapes (also in its capacity-256 cache), each timed under the
-//      plan's rules, with the global split merge, with a width forced under the cluster merge
-//      (splits capped at 16 or 8), with the spread cluster scheduling policy, and with a 16 KB
-//      single-split limit (FlashDecodeDevKnobs): the evidence for the plan's cluster rule.
+//      plan's rules, with the cluster grid's trigger moved, with the global split merge, and with
+//      widths and cluster sizes forced (FlashDecodeDevKnobs), two alternating rounds: the
+//      evidence for the plan's cluster rule.
+//   9. --shapes 'B,Hq,Hkv,k_len,D[,capacity];...' replaces the shape list of any mode.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -184,12 +185,13 @@ void set_warps(int warps) {
 
 // Sets the warps, cluster-merge and single-split knobs (0 / -1 / 0: the plan's rules).
 void set_width_and_merge(int warps, int cluster_merge, std::int64_t single_split_bytes = 0,
-                         bool spread = false) {
+                         bool spread = false, int trigger_at_exit = -1) {
   splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
   knobs.warps = warps;
   knobs.cluster_merge = cluster_merge;
   knobs.single_split_bytes = single_split_bytes;
   knobs.cluster_spread = spread;
+  knobs.trigger_at_exit = trigger_at_exit;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
@@ -215,6 +217,7 @@ int main(int argc, char** argv) {
   bool ab = false;
   bool warps_ab = false;
   bool cluster_ab = false;
+  std::string shapes_arg;  // "B,Hq,Hkv,k_len,D[,capacity];...": replaces the grid
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc)
@@ -235,10 +238,13 @@ int main(int argc, char** argv) {
       warps_ab = true;
     else if (arg == "--cluster-ab")
       cluster_ab = true;
+    else if (arg == "--shapes" && i + 1 < argc)
+      shapes_arg = argv[++i];
     else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep] "
-                   "[--no-variants] [--ab] [--warps-ab] [--cluster-ab]\n",
+                   "[--no-variants] [--ab] [--warps-ab] [--cluster-ab] "
+                   "[--shapes 'B,Hq,Hkv,k_len,D[,capacity];...']\n",
                    argv[0]);
       return 2;
     }
@@ -264,6 +270,24 @@ int main(int argc, char** argv) {
   for (std::int64_t k_len : {64, 256, 1024}) shapes.push_back(Shape{1, 9, 3, k_len, 64});
   if (ab || warps_ab || cluster_ab)  // the model's SmolLM2 cache: capacity 256, k_len 17-256
     for (std::int64_t k_len : {17, 64, 128, 192, 256}) shapes.push_back(Shape{1, 9, 3, k_len, 64, 256});
+  if (!shapes_arg.empty()) {  // --shapes: only these
+    shapes.clear();
+    std::size_t start = 0;
+    while (start < shapes_arg.size()) {
+      const std::size_t end = std::min(shapes_arg.find(';', start), shapes_arg.size());
+      long long v[6] = {0, 0, 0, 0, 0, 0};
+      const int n = std::sscanf(shapes_arg.substr(start, end - start).c_str(),
+                                "%lld,%lld,%lld,%lld,%lld,%lld", &v[0], &v[1], &v[2], &v[3],
+                                &v[4], &v[5]);
+      if (n < 5 || v[0] < 1 || v[2] < 1 || v[1] % v[2] != 0 || v[3] < 1) {
+        std::fprintf(stderr, "--shapes: bad shape '%s'\n",
+                     shapes_arg.substr(start, end - start).c_str());
+        return 2;
+      }
+      shapes.push_back(Shape{v[0], v[1], v[2], v[3], v[4], v[5]});
+      start = end + 1;
+    }
+  }
   // Smallest KV first (the peers use the same order): a latency-bound shape is never timed right
   // after a multi-GB one.
   std::stable_sort(shapes.begin(), shapes.end(),
@@ -297,13 +321,19 @@ int main(int argc, char** argv) {
       int warps, cluster;
       std::int64_t single_split_bytes = 0;
       bool spread = false;
+      int trigger_at_exit = -1;  // -1: the plan's
     };
-    // ss16: the rules with a single-split limit of 16 KB of K+V (the default is 128 KB): the
-    // short ranges split (into clusters) too. `s`: the spread cluster scheduling policy.
-    const Column columns[] = {{"rule", 0, -1},          {"rule s", 0, -1, 0, true},
-                              {"g", 0, 0},              {"w4 c16 s", 4, 1, 0, true},
-                              {"w4 c8 s", 4, 8, 0, true}, {"w8 c8 s", 8, 8, 0, true},
-                              {"w4 c16", 4, 1},         {"ss16", 0, -1, 16384}};
+    // `s`: the spread cluster scheduling policy; `x` / `-x`: the cluster grid lets the next
+    // kernel launch at exit / right after its wait (the plan's rule sets it for its 8-split
+    // long-range clusters only).
+    const Column columns[] = {{"rule", 0, -1},
+                              {"rule -x", 0, -1, 0, false, 0},
+                              {"g", 0, 0},
+                              {"w4 c8 s", 4, 8, 0, true},
+                              {"w4 c8 x", 4, 8, 0, false, 1},
+                              {"w8 c8 x", 8, 8, 0, false, 1},
+                              {"w8 c16", 8, 16},
+                              {"w8 c16 x", 8, 16, 0, false, 1}};
     std::printf("\nCluster merge A/B (us per call, graph replay; splits, * = cluster merge)\n");
     std::printf("%-26s %4s", "shape (B,Hq,Hkv,k_len,D)", "sets");
     for (const Column& c : columns) std::printf(" %13s", c.name);
