@@ -1109,10 +1109,25 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(wide_16k.warps, 8);
   EXPECT_EQ(wide_16k.num_splits, 8);
   EXPECT_EQ(wide_16k.cluster, 8);
+  EXPECT_TRUE(wide_16k.trigger_at_exit);  // the next kernel launches only at exit
+  EXPECT_TRUE(wide_cluster.trigger_at_exit);
   const auto wide_8k = cuda::plan_flash_decode(1, 32, 8, 1, 128, 8192, 8192, 132);
   EXPECT_EQ(wide_8k.warps, 8);
   EXPECT_EQ(wide_8k.num_splits, 16);
   EXPECT_EQ(wide_8k.cluster, 16);
+  EXPECT_FALSE(wide_8k.trigger_at_exit);  // every other plan: right after the wait
+  // Fewer than 3 sm_count / 64 units (7 on 132 SMs), or head_dim 64: the wide rule's global-merge
+  // splits over the whole GPU instead (an 8-split unit streams at most ~0.45 TB/s).
+  const auto two_units = cuda::plan_flash_decode(1, 16, 2, 1, 128, 65536, 65536, 132);
+  EXPECT_EQ(two_units.num_splits, 66);
+  EXPECT_EQ(two_units.cluster, 1);
+  EXPECT_FALSE(two_units.trigger_at_exit);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 48, 6, 1, 128, 16384, 16384, 132).num_splits, 22);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 56, 7, 1, 128, 16384, 16384, 132).num_splits, 8);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 16384, 16384, 132).num_splits, 44);
+  EXPECT_NE(cuda::plan_flash_decode(1, 32, 8, 1, 64, 16384, 16384, 132).num_splits, 8);
+  EXPECT_FALSE(cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132).trigger_at_exit);
+  EXPECT_FALSE(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132).trigger_at_exit);
   const auto wide_b2 = cuda::plan_flash_decode(2, 32, 8, 1, 128, 65536, 65536, 132);
   EXPECT_EQ(wide_b2.warps, 8);
   EXPECT_EQ(wide_b2.num_splits, 8);  // 132 / 16 units

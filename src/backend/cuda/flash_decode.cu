@@ -108,6 +108,8 @@ struct Workspace {
       knobs.single_split_bytes = std::atoll(bytes);
     if (const char* spread = std::getenv("SPLICE_FLASH_DECODE_CLUSTER_SPREAD"); spread && *spread)
       knobs.cluster_spread = std::atoi(spread) != 0;
+    if (const char* exit = std::getenv("SPLICE_FLASH_DECODE_TRIGGER_AT_EXIT"); exit && *exit)
+      knobs.trigger_at_exit = std::atoi(exit);
     return knobs;
   }
 };
@@ -324,13 +326,22 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       // Short ranges of few units: at most half the SMs' worth of 4-warp CTAs.
       plan.num_splits = static_cast<int>(std::min<std::int64_t>(
           {plan.num_splits, kFlashDecodeMaxClusterSplits, sm_count / 2 / units}));
-    } else if (plan.warps == kFlashDecodeWideWarps && bound >= kFlashDecodeWideClusterMinKeys &&
-               units * kFlashDecodeWideClusterSplits <= sm_count / 2) {
-      // Long ranges of at most sm_count / 16 units: 8 eight-warp splits, clusters the H200
-      // holds 15 of (16-CTA ones only 7). -1.5 to -2 us at 64K in every run; at 16K 18.9-19.0 us
-      // in runs 67 and 69 (22.8-22.9 in runs 59 and 66) against 20.4-20.7 for 16 global-merge
-      // splits; at 4K +0.5 us, so not below 16K.
+    } else if (plan.warps == kFlashDecodeWideWarps && head_dim == 128 &&
+               bound >= kFlashDecodeWideClusterMinKeys &&
+               units * kFlashDecodeWideClusterSplits <= sm_count / 2 &&
+               8 * units * kFlashDecodeWideClusterSplits >= 3 * sm_count) {
+      // Long ranges of 3/8 to 1/2 of sm_count / 8 units (7 or 8 on the H200) at head_dim 128:
+      // 8 eight-warp splits, clusters the H200 holds 15 of (16-CTA ones only 7). At 8 units
+      // 19.2 us at 16K and 65.0 at 64K against 20.5 / 66.1 for 16 global-merge splits; at 4K
+      // +0.5 us, so not below 16K. One 8-warp CTA streams at most ~55 GB/s, so a unit's 8
+      // splits cap it near 0.45 TB/s: with fewer units the grid's many global-merge splits win
+      // by far (2 units at 64K: 24.3 against 63.4 us), and so do they at head_dim 64
+      // (docs/perf.md run 79).
       plan.num_splits = std::min(plan.num_splits, kFlashDecodeWideClusterSplits);
+      // Back to back, this grid (one CTA per SM, a cluster per GPC) leaves room for all but one
+      // of the next one's clusters: that one waited for this grid to finish (a straggler,
+      // 20.8-24.3 us at 16K in runs 75-77); triggering at exit keeps 19.2 (run 77).
+      plan.trigger_at_exit = true;
     } else if (head_dim <= 128 && units > sm_count / 4 && units <= sm_count / 2 &&
                8 * units * (sm_count / units) >= 7 * sm_count) {
       // A mid-size grid: one 8-warp CTA per SM, sm_count / units splits (2 or 3), where that
@@ -525,6 +536,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * plan.ctas_per_sm;
   p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
+  p.trigger_at_exit =
+      knobs.trigger_at_exit >= 0 ? (knobs.trigger_at_exit != 0) : plan.trigger_at_exit;
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
   p.stable_prefix = stable_prefix ? 1 : 0;  // supersedes speculation (kernel stage 0')
   // The cluster merge needs the plan's split count in the grid (a forced count may raise it) and

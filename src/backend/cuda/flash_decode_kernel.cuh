@@ -168,6 +168,9 @@ struct FlashDecodeParams {
   // k_len - q_len (stage 1 then plans and issues the ring prologue before the PDL wait).
   int stable_prefix;
   int dev_drop;  // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
+  // kClusterMerge instances: 1 lets the next kernel launch only at exit (FlashDecodePlan::
+  // trigger_at_exit), 0 right after the wait as every other instance.
+  int trigger_at_exit;
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
@@ -557,7 +560,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
   // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
   wait_for_producers();  // launch.cuh: no-ops for a launch without the PDL attribute
-  allow_dependents();
+  if (!kClusterMerge || p.trigger_at_exit == 0) allow_dependents();
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = stable_prefix ? 0 : p.k_len[b * p.k_len_stride];

@@ -44,7 +44,7 @@ inline constexpr int kFlashDecodeMaxSplits = 256;   // most splits (forced ones 
 // cluster Hopper allows, with the non-portable size attribute).
 inline constexpr int kFlashDecodeMaxClusterSplits = 16;
 // Splits of the cluster rule's 8-warp plans for long ranges (a cluster of 8 one-per-SM CTAs),
-// taken from this length bound on (docs/perf.md runs 66-69).
+// taken from this length bound on (docs/perf.md runs 66-79).
 inline constexpr int kFlashDecodeWideClusterSplits = 8;
 inline constexpr std::int64_t kFlashDecodeWideClusterMinKeys = 16384;
 inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
@@ -71,6 +71,11 @@ struct FlashDecodePlan {
   // merge: partial stores, a fence, a counter atomic, partial loads). The launcher keeps the
   // global merge where the device cannot hold every cluster of the grid at once.
   int cluster = 1;
+  // The cluster grid lets the next kernel launch only when its CTAs exit, not after their PDL
+  // wait (the long-range 8-split cluster plan). Launched early, the next grid's clusters took
+  // the GPC slices this grid left free and one of them waited for a whole free slice: a
+  // straggler cluster, +2-5 us per call back to back (docs/perf.md run 77).
+  bool trigger_at_exit = false;
 };
 
 // Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
@@ -89,11 +94,13 @@ struct FlashDecodePlan {
 // and on the device, for the live visible range of n keys: one split when
 // n <= single_split_keys, else
 //   chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)), live splits = ceil(n / chunk).
-// The cluster rule (`cluster_merge` -1, widths not forced, a split plan; docs/perf.md runs 59-69):
+// The cluster rule (`cluster_merge` -1, widths not forced, a split plan; docs/perf.md runs 59-79):
 //   - 4-warp plans of at most sm_count / 4 units cap the splits at min(16, sm_count / 2 / units)
 //     (half the SMs' worth of CTAs: a cluster's CTAs never share an SM);
-//   - 8-warp plans (the wide rule's long ranges) of units <= sm_count / 16 and a bound >=
-//     kFlashDecodeWideClusterMinKeys cap them at kFlashDecodeWideClusterSplits;
+//   - 8-warp plans (the wide rule's long ranges) at head_dim 128 of 3 sm_count / 64 <= units <=
+//     sm_count / 16 and a bound >= kFlashDecodeWideClusterMinKeys cap them at
+//     kFlashDecodeWideClusterSplits, and their CTAs let the next kernel launch only at exit
+//     (trigger_at_exit); fewer units keep their many global-merge splits;
 //   - grids of sm_count / 4 < units <= sm_count / 2 take 8-warp CTAs, one per SM, sm_count / units
 //     splits, where those fill >= 7/8 of the SMs.
 // `cluster_merge` 0: no cluster merge and no rule; 1: the splits capped at
@@ -139,6 +146,9 @@ struct FlashDecodeDevKnobs {
   // Cluster launches ask for the spread scheduling policy (a cluster's CTAs on distinct SMs where
   // the GPC has room); default from SPLICE_FLASH_DECODE_CLUSTER_SPREAD.
   bool cluster_spread = false;
+  // The cluster grids' trigger (-1: the plan's trigger_at_exit; 0: after the wait; 1: at exit);
+  // default from SPLICE_FLASH_DECODE_TRIGGER_AT_EXIT.
+  int trigger_at_exit = -1;
 };
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
