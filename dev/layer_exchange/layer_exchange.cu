@@ -44,7 +44,8 @@
 #include <random>
 #include <vector>
 
-#include "../experiment_util.cuh"  // CHECK
+#include "../../src/backend/cuda/cluster.cuh"  // mbarrier, bulk copy, st.async
+#include "../experiment_util.cuh"               // CHECK
 
 namespace {
 
@@ -85,59 +86,12 @@ struct Params {
 };
 constexpr int kPoints = 8;
 
-// ---- shared-memory primitives (cluster.cuh's, restated so the experiment stands alone) ----
-__device__ __forceinline__ std::uint32_t saddr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ std::uint32_t remote(const void* p, int rank) {
-  std::uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(saddr(p)), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(bar)));
-}
-__device__ __forceinline__ void mbar_expect(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-template <bool kCluster>
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t parity) {
-  std::uint32_t done = 0;
-  while (!done) {
-    if constexpr (kCluster)
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-          "%2;\n selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(saddr(bar)), "r"(parity)
-          : "memory");
-    else
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(saddr(bar)), "r"(parity)
-          : "memory");
-  }
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes,
-                                          std::uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(saddr(dst)),
-      "l"(src), "r"(bytes), "r"(saddr(bar))
-      : "memory");
-}
-__device__ __forceinline__ void push4(const float4* dst, float4 v, std::uint64_t* bar, int rank) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
-      "[%5];" ::"r"(remote(dst, rank)),
-      "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
-      "r"(__float_as_uint(v.w)), "r"(remote(bar, rank))
-      : "memory");
-}
+// cluster.cuh's DSMEM / mbarrier / bulk-copy primitives.
+using splice::cuda::detail::bulk_copy;
+using splice::cuda::detail::mbar_arrive_expect;
+using splice::cuda::detail::mbar_wait;
+using splice::cuda::detail::st_async_cluster;
+
 __device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long* p) {
   unsigned long long v;
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -228,12 +182,13 @@ __device__ __forceinline__ void gemv_rows(const bf16* w, const float* x, int row
 __device__ __forceinline__ void all_gather(Shared& s, int use, const float* mine, int offset,
                                            int count, int total) {
   const int b = use & 1;
-  if (threadIdx.x == 0) mbar_expect(&s.gather_bar[b], total * 4);
+  if (threadIdx.x == 0) mbar_arrive_expect(&s.gather_bar[b], total * 4);
   const int vecs = count / 4;
   for (int t = threadIdx.x; t < vecs * kCluster; t += kThreads) {
     const int peer = t / vecs, v = t % vecs;
     const float4 val = reinterpret_cast<const float4*>(mine)[v];
-    push4(reinterpret_cast<const float4*>(s.gathered[b] + offset) + v, val, &s.gather_bar[b], peer);
+    st_async_cluster(reinterpret_cast<float4*>(s.gathered[b] + offset) + v, val, &s.gather_bar[b],
+                     peer);
   }
   mbar_wait<true>(&s.gather_bar[b], (use >> 1) & 1);
 }
@@ -301,17 +256,14 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Params p) {
   const std::uint32_t my_bytes = (is_a ? kSliceA : kSliceB) * 2;
 
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 2; ++i) {
-      mbar_init(&s.slot_bar[i]);
-      mbar_init(&s.gather_bar[i]);
-      mbar_init(&s.recv_bar[i]);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    splice::cuda::detail::mbar_init<2>(s.slot_bar);
+    splice::cuda::detail::mbar_init<2>(s.gather_bar);
+    splice::cuda::detail::mbar_init<2>(s.recv_bar);
   }
   const auto prefetch = [&](int layer) {  // thread 0: layer's slices into slot layer % 2
     if (threadIdx.x != 0 || layer >= kLayers) return;
     std::uint64_t* bar = &s.slot_bar[layer & 1];
-    mbar_expect(bar, my_bytes);
+    mbar_arrive_expect(bar, my_bytes);
     const unsigned char* src = reinterpret_cast<const unsigned char*>(
         p.weights + static_cast<std::size_t>(layer) * kLayerElems + my_offset);
     unsigned char* dst = reinterpret_cast<unsigned char*>(s.slot[layer & 1]);
@@ -392,11 +344,12 @@ __global__ void __launch_bounds__(kThreads, 1) step_kernel(Params p) {
       __syncthreads();
       mark(3);
       const int rb = recvs & 1;
-      if (threadIdx.x == 0) mbar_expect(&s.recv_bar[rb], kCluster * kSeg * 4);
+      if (threadIdx.x == 0) mbar_arrive_expect(&s.recv_bar[rb], kCluster * kSeg * 4);
       for (int t = threadIdx.x; t < kCluster * (kSeg / 4); t += kThreads) {
         const int peer = t / (kSeg / 4), v = t % (kSeg / 4);
-        push4(reinterpret_cast<const float4*>(s.recv[rb][rank]) + v,
-              reinterpret_cast<const float4*>(s.part + peer * kSeg)[v], &s.recv_bar[rb], peer);
+        st_async_cluster(reinterpret_cast<float4*>(s.recv[rb][rank]) + v,
+                         reinterpret_cast<const float4*>(s.part + peer * kSeg)[v], &s.recv_bar[rb],
+                         peer);
       }
       mbar_wait<true>(&s.recv_bar[rb], (recvs >> 1) & 1);
       mark(4);
