@@ -330,7 +330,7 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                bound >= kFlashDecodeWideClusterMinKeys &&
                units * kFlashDecodeWideClusterSplits <= sm_count / 2 &&
                8 * units * kFlashDecodeWideClusterSplits >= 3 * sm_count) {
-      // Long ranges of 3/8 to 1/2 of sm_count / 8 units (7 or 8 on the H200) at head_dim 128:
+      // Long ranges of 3 sm_count / 64 to sm_count / 16 units (7 or 8 on the H200), head_dim 128:
       // 8 eight-warp splits, clusters the H200 holds 15 of (16-CTA ones only 7). At 8 units
       // 19.2 us at 16K and 65.0 at 64K against 20.5 / 66.1 for 16 global-merge splits; at 4K
       // +0.5 us, so not below 16K. One 8-warp CTA streams at most ~55 GB/s, so a unit's 8

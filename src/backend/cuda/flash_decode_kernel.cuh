@@ -9,7 +9,8 @@
 // splits) stream a split with twice the warps, so the grid needs half the splits for the same
 // bytes in flight and the merge reads half the partials (docs/perf.md run 42).
 //   0. PDL: wait until the previous kernel has finished and its writes are visible, then let the
-//      next kernel in the stream start launching (no-ops without PDL). Without the stable-prefix
+//      next kernel in the stream start launching (no-ops without PDL; a cluster grid planned with
+//      trigger_at_exit lets it launch only at exit, flash_decode.h). Without the stable-prefix
 //      promise nothing is read or written before the wait, so the split workspace and every
 //      input are safe.
 //   0'. With the promise (p.stable_prefix: nothing in flight writes k_len or the cache rows below
