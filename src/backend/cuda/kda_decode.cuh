@@ -77,6 +77,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cluster.cuh"
 #include "backend/cuda/launch.cuh"
@@ -161,6 +162,57 @@ __device__ __forceinline__ float round_bf16(float v) { return bf16_to_f32(f32_to
 // token, next to O(D^2) state work.
 __device__ __forceinline__ float exp_f32(float z) { return expf(z); }
 __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + exp_f32(-z)); }
+// The 4-slice kernel's first-chunk precompute (LeanInputs, the N = 1 path) computes the IEEE
+// reciprocal and square root as nvcc's own fast paths do, without its per-call test and branch
+// to the slow path: a group of values is tested once and redone with the IEEE operators when any
+// is out of range, so every result is bit for bit what `1.0f / x` and `sqrtf` give
+// (dev/kda-n1-sass.md, P5: the groups' chains interleave instead of each waiting on a branch).
+__device__ __forceinline__ bool rcp_in_range(float x) {
+  return ((__float_as_uint(x) + 0x1800000u) & 0x7f800000u) > 0x1ffffffu;
+}
+__device__ __forceinline__ float rcp_fast(float x) {
+  float r;
+  asm("{\n .reg .f32 e;\n rcp.approx.ftz.f32 %0, %1;\n fma.rn.f32 e, %1, %0, 0fBF800000;\n"
+      " neg.ftz.f32 e, e;\n fma.rn.f32 %0, %0, e, %0;\n}"
+      : "=f"(r)
+      : "f"(x));
+  return r;
+}
+__device__ __forceinline__ bool sqrt_in_range(float x) {
+  return __float_as_uint(x) - 0x0d000000u <= 0x727fffffu;
+}
+__device__ __forceinline__ float sqrt_fast(float x) {
+  float r;
+  asm("{\n .reg .f32 y, s, h, e, ns;\n rsqrt.approx.ftz.f32 y, %1;\n mul.ftz.f32 s, %1, y;\n"
+      " mul.ftz.f32 h, y, 0f3F000000;\n neg.f32 ns, s;\n fma.rn.f32 e, ns, s, %1;\n"
+      " fma.rn.f32 %0, e, h, s;\n}"
+      : "=f"(r)
+      : "f"(x));
+  return r;
+}
+// 1.0f / sqrtf(x), one range test for both operations.
+__device__ __forceinline__ float inv_sqrt_rn(float x) {
+  const float root = sqrt_fast(x);
+  float inv = rcp_fast(root);
+  if (!(sqrt_in_range(x) && rcp_in_range(root))) inv = 1.0f / sqrtf(x);
+  return inv;
+}
+// sigmoid() of kN values, one range test for the group.
+template <int kN>
+__device__ __forceinline__ void sigmoid_n(const float (&z)[kN], float (&out)[kN]) {
+  float den[kN];
+  bool in_range = true;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    den[i] = 1.0f + exp_f32(-z[i]);
+    out[i] = rcp_fast(den[i]);
+    in_range = in_range && rcp_in_range(den[i]);
+  }
+  if (!in_range) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = 1.0f / den[i];
+  }
+}
 __device__ __forceinline__ float softplus(float z) {
   return z > kSoftplusThreshold ? z : log1pf(exp_f32(z));
 }
@@ -464,6 +516,15 @@ struct GlobalInputs {
   __device__ int dst_at(int t) const { return it.dst_row != nullptr ? it.dst_row[t] : it.ss; }
 };
 
+// The 4-slice kernel's first chunk (the N = 1 path, latency-bound; every call with T <= kChunk):
+// device memory as GlobalInputs, through the precompute's latency-trimmed code (grouped IEEE
+// reciprocals, a token-0 conv window; dev/kda-n1-sass.md P5 / P7, bit-identical). The stream
+// kernel, measured slower with it (docs/perf.md run 51), and the 1- and 2-slice kernels, which it
+// made spill more, keep the plain code.
+struct LeanInputs : GlobalInputs {
+  using GlobalInputs::GlobalInputs;
+};
+
 // The stream kernel's staged copy of one item's first-chunk inputs (filled by the copy engine:
 // every array is a whole number of 16-byte vectors at a 16-byte offset) and its scalars (written
 // by the warp that stages the item).
@@ -500,9 +561,11 @@ struct StagedInputs {
 // consecutive channels, so each tap is one coalesced load per i. Every tap's loads are issued
 // before the first use (the window entry's source is selected, not branched on), so the conv
 // costs one memory round trip, not one per tap (SASS before: a branch and a stall per tap).
-template <int kPer, typename In>
-__device__ __forceinline__ void conv_silu(const In& in, int pr, int tt, int d0, float (&out)[kPer],
-                                          std::uint16_t (&x_bits)[kPer]) {
+template <int kPer, bool kFirstToken, typename In>
+__device__ __forceinline__ void conv_silu_impl(const In& in, int pr, int tt_in, int d0,
+                                               float (&out)[kPer],
+                                               std::uint16_t (&x_bits)[kPer]) {
+  const int tt = kFirstToken ? 0 : tt_in;  // token 0: the window is hist0..2, x[b]
   std::uint16_t act[kConvWidth][kPer];
   float w[kConvWidth][kPer];
 #pragma unroll
@@ -528,11 +591,31 @@ __device__ __forceinline__ void conv_silu(const In& in, int pr, int tt, int d0, 
     for (int i = 0; i < kPer; ++i)
       pre[i] = __fadd_rn(pre[i], __fmul_rn(bf16_to_f32(act[tap][i]), w[tap][i]));
   }
+  if constexpr (std::is_same_v<In, LeanInputs>) {
+    float sig[kPer];
+    sigmoid_n<kPer>(pre, sig);
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    x_bits[i] = act[kConvWidth - 1][i];  // e = tt + 3 >= 3: always x[b + tt]
-    out[i] = round_bf16(pre[i] * sigmoid(pre[i]));
+    for (int i = 0; i < kPer; ++i) {
+      x_bits[i] = act[kConvWidth - 1][i];  // e = tt + 3 >= 3: always x[b + tt]
+      out[i] = round_bf16(pre[i] * sig[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      x_bits[i] = act[kConvWidth - 1][i];
+      out[i] = round_bf16(pre[i] * sigmoid(pre[i]));
+    }
   }
+}
+// LeanInputs run token 0 (every T = 1 call) through a copy specialized for it (its window's
+// sources are constants: no min / max / select; dev/kda-n1-sass.md, P7).
+template <int kPer, typename In>
+__device__ __forceinline__ void conv_silu(const In& in, int pr, int tt, int d0, float (&out)[kPer],
+                                          std::uint16_t (&x_bits)[kPer]) {
+  if constexpr (std::is_same_v<In, LeanInputs>) {
+    if (tt == 0) return conv_silu_impl<kPer, true>(in, pr, tt, d0, out, x_bits);
+  }
+  conv_silu_impl<kPer, false>(in, pr, tt, d0, out, x_bits);
 }
 
 // Thread geometry of the state sweep: this thread's i-th row and c-th 16-byte column vector.
@@ -598,6 +681,8 @@ __device__ __forceinline__ void precompute_tokens(const Params& p, Shared<kRows>
                                                   int stride) {
   const int lane = threadIdx.x % kWarp;
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kD));
+  // LeanInputs: grouped reciprocals (P5, bit-identical).
+  constexpr bool kGrouped = std::is_same_v<In, LeanInputs>;
 #pragma unroll 1
   for (int item = first; item < nt * kKindsPerToken; item += stride) {
     const int t = item / kKindsPerToken, kind = item % kKindsPerToken;
@@ -612,7 +697,8 @@ __device__ __forceinline__ void precompute_tokens(const Params& p, Shared<kRows>
       float ssq = 0.0f;
 #pragma unroll
       for (int e = 0; e < kChannelsPerLane; ++e) ssq += m[e] * m[e];
-      const float inv = 1.0f / sqrtf(warp_sum(ssq) + kL2Eps);
+      const float inv = kGrouped ? inv_sqrt_rn(warp_sum(ssq) + kL2Eps)
+                                 : 1.0f / sqrtf(warp_sum(ssq) + kL2Eps);
       float* dst = kind == 0 ? sm.q[slot] : sm.k[slot];
 #pragma unroll
       for (int e = 0; e < kChannelsPerLane; ++e)
@@ -632,7 +718,15 @@ __device__ __forceinline__ void precompute_tokens(const Params& p, Shared<kRows>
       float z[kChannelsPerLane];
 #pragma unroll
       for (int e = 0; e < kChannelsPerLane; ++e) z[e] = bf16_to_f32(gate_bits[e]) + bias[e];
-      if (p.use_lower_bound) {
+      if (p.use_lower_bound && kGrouped) {
+        float az[kChannelsPerLane], sig[kChannelsPerLane];
+#pragma unroll
+        for (int e = 0; e < kChannelsPerLane; ++e) az[e] = a_h * z[e];
+        sigmoid_n<kChannelsPerLane>(az, sig);
+#pragma unroll
+        for (int e = 0; e < kChannelsPerLane; ++e)
+          sm.decay[slot][lane + e * kWarp] = exp_f32(p.lower_bound * sig[e]);
+      } else if (p.use_lower_bound) {
 #pragma unroll
         for (int e = 0; e < kChannelsPerLane; ++e)
           sm.decay[slot][lane + e * kWarp] = exp_f32(p.lower_bound * sigmoid(a_h * z[e]));
@@ -658,7 +752,15 @@ __device__ __forceinline__ void precompute_tokens(const Params& p, Shared<kRows>
         const int rr = lane + e * kWarp;
         sm.x[slot][2][row0 + rr] = xb[e];
         sm.v[slot][rr] = vv[e];
-        sm.og[slot][rr] = sigmoid(bf16_to_f32(og_bits[e]));
+        if constexpr (!kGrouped) sm.og[slot][rr] = sigmoid(bf16_to_f32(og_bits[e]));
+      }
+      if constexpr (kGrouped) {
+        float oz[kPer], og[kPer];
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) oz[e] = bf16_to_f32(og_bits[e]);
+        sigmoid_n<kPer>(oz, og);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) sm.og[slot][lane + e * kWarp] = og[e];
       }
     }
   }
@@ -990,8 +1092,9 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
     for (int c = 0; c < G::kVecs; ++c)
       raw[i][c] = load_state_vec<StateT, kVec>(src + (row0 + geo.row(i)) * kD + geo.col(c));
   prefetch_first_chunk(p, it);
+  using FirstInputs = std::conditional_t<kSlices == 4, LeanInputs, GlobalInputs>;
   run_item<kThreads, kSlices, StateT, kVec>(
-      p, sm, it, slice, GlobalInputs(p, it),
+      p, sm, it, slice, FirstInputs(p, it),
       [&](float(&s)[L::kRowsPerThread][L::kCols]) {
 #pragma unroll
         for (int i = 0; i < L::kRowsPerThread; ++i)
