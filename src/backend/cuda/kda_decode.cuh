@@ -21,7 +21,8 @@
 //   2. This CTA's rows of S = state[ss, h] (kRows x D, 16-byte vectors) reach registers (fp32)
 //      after the first precompute; the old conv history this CTA writes back is loaded now.
 //      The first chunk's inputs come from device memory or from the stream kernel's stage
-//      (GlobalInputs / StagedInputs); later chunks always from device memory.
+//      (GlobalInputs / StagedInputs; the 4-slice kernel's LeanInputs are device memory through
+//      latency-trimmed precompute code); later chunks always from device memory.
 //   3. For each chunk of up to kChunk tokens:
 //      a. Precompute (one warp per (token, kind)), into shared memory; each warp item issues all
 //         of its loads before their first use (one memory round trip, not one per conv tap or
