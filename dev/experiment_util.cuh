@@ -1,6 +1,6 @@
 // dev/experiment_util.cuh: what the standalone device experiments (dev/qkv_rope, dev/kv_prefix,
 // dev/flag_handoff; dev/tile_cycles takes the error check)
-// share: the error check, the PDL handshake and launcher, host bf16 conversions, deterministic
+// share: the error check, the PDL handshake and launcher, a cluster launch config, host bf16 conversions, deterministic
 // random bf16 data, and host <-> device copies. Header-only, so each experiment still builds with
 // one nvcc command.
 #pragma once
@@ -46,6 +46,27 @@ void launch_pdl(void (*kernel)(Params...), int ctas, int threads, int smem, cuda
   c.attrs = &a;
   c.numAttrs = 1;
   CHECK(cudaLaunchKernelEx(&c, kernel, args...));
+}
+
+// A launch config of `grid` CTAs of `block` threads and `smem` dynamic shared-memory bytes in
+// thread-block clusters of `cluster` (no cluster attribute when it holds one CTA); `attribute`
+// must outlive the config.
+inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, dim3 block, int smem, dim3 cluster,
+                                                cudaLaunchAttribute& attribute,
+                                                cudaStream_t stream = nullptr) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  attribute = cudaLaunchAttribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster.x;
+  attribute.val.clusterDim.y = cluster.y;
+  attribute.val.clusterDim.z = cluster.z;
+  config.attrs = &attribute;
+  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
+  return config;
 }
 
 inline float bf(std::uint16_t bits) {

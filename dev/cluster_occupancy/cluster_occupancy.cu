@@ -7,7 +7,7 @@
 
 #include <cstdio>
 
-#include "../experiment_util.cuh"  // CHECK
+#include "../experiment_util.cuh"  // CHECK, cluster_launch_config
 
 __global__ void probe_kernel(int* out) {
   extern __shared__ int smem[];
@@ -37,17 +37,10 @@ int main() {
   for (const Case& c : cases) {
     std::printf("%-32s", c.name);
     for (int n : sizes) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(1, n * 16, 1);
-      cfg.blockDim = dim3(c.threads, 1, 1);
-      cfg.dynamicSmemBytes = c.smem;
       cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = 1;
-      attr.val.clusterDim.y = n;
-      attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
+      cudaLaunchConfig_t cfg = experiment::cluster_launch_config(
+          dim3(1, n * 16, 1), dim3(c.threads, 1, 1), c.smem, dim3(1, n, 1), attr);
+      cfg.numAttrs = 1;  // a cluster of 1 too: its occupancy is the reference
       int clusters = -1;
       const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, probe_kernel, &cfg);
       if (e != cudaSuccess) {

@@ -57,19 +57,8 @@ __global__ void probe_kernel(int* smids) {
 // clusters of `cluster` (none when it holds one CTA); `attribute` must outlive the config.
 cudaLaunchConfig_t cluster_config(dim3 grid, dim3 cluster, cudaLaunchAttribute& attribute,
                                   cudaStream_t stream = nullptr) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  attribute = cudaLaunchAttribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster.x;
-  attribute.val.clusterDim.y = cluster.y;
-  attribute.val.clusterDim.z = cluster.z;
-  config.attrs = &attribute;
-  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
-  return config;
+  return experiment::cluster_launch_config(grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, cluster,
+                                           attribute, stream);
 }
 
 // %smid of every CTA of one probe launch of `grid` in clusters of `cluster`.

@@ -471,18 +471,9 @@ int main() {
   CHECK(cudaFuncSetAttribute(step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kCtas);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kCluster;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = experiment::cluster_launch_config(
+      dim3(kCtas), dim3(kThreads), smem, dim3(kCluster), attr, stream);
   int resident = 0;
   CHECK(cudaOccupancyMaxActiveClusters(&resident, step_kernel, &cfg));
   std::printf("shared memory %d B per CTA; resident clusters %d (need %d)\n", smem, resident,
