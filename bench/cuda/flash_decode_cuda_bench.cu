@@ -326,14 +326,15 @@ int main(int argc, char** argv) {
     // `s`: the spread cluster scheduling policy; `x` / `-x`: the cluster grid lets the next
     // kernel launch at exit / right after its wait (the plan's rule sets it for its 8-split
     // long-range clusters only).
+    // `l`: after the CTA's K/V loop; `i`: once a warp has issued its last K/V tile.
     const Column columns[] = {{"rule", 0, -1},
                               {"rule -x", 0, -1, 0, false, 0},
                               {"g", 0, 0},
-                              {"w4 c8 s", 4, 8, 0, true},
-                              {"w4 c8 x", 4, 8, 0, false, 1},
                               {"w8 c8 x", 8, 8, 0, false, 1},
-                              {"w8 c16", 8, 16},
-                              {"w8 c16 x", 8, 16, 0, false, 1}};
+                              {"w8 c8 -x", 8, 8, 0, false, 0},
+                              {"w4 c8 s", 4, 8, 0, true, 0},
+                              {"w4 c8 s x", 4, 8, 0, true, 1},
+                              {"w8 c4 x", 8, 4, 0, false, 1}};
     std::printf("\nCluster merge A/B (us per call, graph replay; splits, * = cluster merge)\n");
     std::printf("%-26s %4s", "shape (B,Hq,Hkv,k_len,D)", "sets");
     for (const Column& c : columns) std::printf(" %13s", c.name);
@@ -344,7 +345,8 @@ int main(int argc, char** argv) {
       for (int round = 0; round < 2; ++round)
         for (std::size_t i = 0; i < std::size(columns); ++i) {
           set_width_and_merge(columns[i].warps, columns[i].cluster,
-                              columns[i].single_split_bytes, columns[i].spread);
+                              columns[i].single_split_bytes, columns[i].spread,
+                              columns[i].trigger_at_exit);
           const Result r = run_shape(in, reps, stream);
           if (round == 0 || r.us < best[i].us) best[i] = r;
         }

@@ -832,20 +832,26 @@ TEST(FlashDecodeCuda, ClusterMergeGraphReplayAndBackToBack) {
   check_back_to_back(1310, 1024);
 }
 
-// The cluster rule's wide plan for long ranges (B = 1, (32, 8), capacity 16K, the rule's first
-// bound: 8 eight-warp splits in one cluster per kv head): one capture replayed over live split
-// counts 1 to 8, an empty range and a ragged back-and-forth, each against the float64 reference.
-// (Capacity 32K passed too, run 74, at twice the test's ~30 s.)
+// The cluster rule's wide plan for long ranges (B = 1, (32, 8), capacity 16K, and 4K, the rule's
+// first bound: 8 eight-warp splits in one cluster per kv head): one capture replayed over live
+// split counts 1 to 8, an empty range and a ragged back-and-forth, each against the float64
+// reference. (Capacity 32K passed too, run 74, at twice the test's ~30 s.)
 TEST(FlashDecodeCuda, ClusterMergeWideLongRanges) {
   SKIP_WITHOUT_GPU();
-  const auto plan = cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, cuda::sm_count());
-  EXPECT_EQ(plan.cluster, plan.num_splits);
-  Case c;
-  c.num_qo_heads = 32;
-  c.num_kv_heads = 8;
-  c.capacity = 16384;
-  c.k_len = {16384};
-  check_graph_replay(c, {{16384}, {10240}, {300}, {1}, {0}, {4097}, {16383}}, 1320);
+  for (const std::int32_t capacity : {16384, 4096}) {
+    const auto plan =
+        cuda::plan_flash_decode(1, 32, 8, 1, 128, capacity, capacity, cuda::sm_count());
+    EXPECT_EQ(plan.cluster, plan.num_splits);
+    Case c;
+    c.num_qo_heads = 32;
+    c.num_kv_heads = 8;
+    c.capacity = capacity;
+    c.k_len = {capacity};
+    if (capacity == 16384)
+      check_graph_replay(c, {{16384}, {10240}, {300}, {1}, {0}, {4097}, {16383}}, 1320);
+    else
+      check_graph_replay(c, {{4096}, {2500}, {300}, {1}, {0}, {4095}, {1100}}, 1321);
+  }
 }
 
 // Split 0's speculative tile (keys [0, 64), issued before k_len is known and read up to the
@@ -1095,11 +1101,9 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(mid.num_splits, 2);
   EXPECT_EQ(mid.cluster, 2);
   EXPECT_EQ(cuda::plan_flash_decode(8, 32, 8, 1, 128, 4096, 4096, 132, 0, 0).warps, 4);
-  // The wide rule's ranges of >= 16K keys: 8 splits in one cluster at <= sm_count / 16 units
-  // (shorter ones keep 16 splits, merged globally on the H200: 16-CTA clusters at one CTA per SM
-  // are not all resident); more units
-  // keep their splits (a cluster where split 0 holds the partials; the launcher merges globally
-  // where the GPU cannot hold every cluster at once).
+  // The wide rule's ranges of >= 4K keys: 8 splits in one cluster at <= sm_count / 16 units;
+  // more units keep their splits (a cluster where split 0 holds the partials; the launcher merges
+  // globally where the GPU cannot hold every cluster at once).
   const auto wide_cluster = cuda::plan_flash_decode(1, 32, 8, 1, 128, 65536, 65536, 132);
   EXPECT_EQ(wide_cluster.warps, 8);
   EXPECT_EQ(wide_cluster.num_splits, 8);
@@ -1111,11 +1115,17 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(wide_16k.cluster, 8);
   EXPECT_TRUE(wide_16k.trigger_at_exit);  // the next kernel launches only at exit
   EXPECT_TRUE(wide_cluster.trigger_at_exit);
-  const auto wide_8k = cuda::plan_flash_decode(1, 32, 8, 1, 128, 8192, 8192, 132);
-  EXPECT_EQ(wide_8k.warps, 8);
-  EXPECT_EQ(wide_8k.num_splits, 16);
-  EXPECT_EQ(wide_8k.cluster, 16);
-  EXPECT_FALSE(wide_8k.trigger_at_exit);  // every other plan: right after the wait
+  for (const std::int64_t bound : {4096, 8192}) {
+    const auto wide_short = cuda::plan_flash_decode(1, 32, 8, 1, 128, bound, bound, 132);
+    EXPECT_EQ(wide_short.warps, 8) << bound;
+    EXPECT_EQ(wide_short.num_splits, 8) << bound;
+    EXPECT_EQ(wide_short.cluster, 8) << bound;
+    EXPECT_TRUE(wide_short.trigger_at_exit) << bound;
+  }
+  // Below 4K keys the 4-warp cluster plan, whose CTAs trigger right after the wait.
+  const auto short_3k = cuda::plan_flash_decode(1, 32, 8, 1, 128, 3072, 3072, 132);
+  EXPECT_EQ(short_3k.warps, 4);
+  EXPECT_FALSE(short_3k.trigger_at_exit);  // every other plan: right after the wait
   // Fewer than 3 sm_count / 64 units (7 on 132 SMs), or head_dim 64: the wide rule's global-merge
   // splits over the whole GPU instead (an 8-split unit streams at most ~0.45 TB/s).
   const auto two_units = cuda::plan_flash_decode(1, 16, 2, 1, 128, 65536, 65536, 132);

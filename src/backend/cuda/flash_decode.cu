@@ -331,16 +331,19 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                units * kFlashDecodeWideClusterSplits <= sm_count / 2 &&
                8 * units * kFlashDecodeWideClusterSplits >= 3 * sm_count) {
       // Long ranges of 3 sm_count / 64 to sm_count / 16 units (7 or 8 on the H200), head_dim 128:
-      // 8 eight-warp splits, clusters the H200 holds 15 of (16-CTA ones only 7). At 8 units
-      // 19.2 us at 16K and 65.0 at 64K against 20.5 / 66.1 for 16 global-merge splits; at 4K
-      // +0.5 us, so not below 16K. One 8-warp CTA streams at most ~55 GB/s, so a unit's 8
-      // splits cap it near 0.45 TB/s: with fewer units the grid's many global-merge splits win
-      // by far (2 units at 64K: 24.3 against 63.4 us), and so do they at head_dim 64
-      // (docs/perf.md run 79).
+      // 8 eight-warp splits, clusters the H200 holds 15 of (16-CTA ones only 7). At 8 units,
+      // against 16 global-merge splits (docs/perf.md run 92): 7.71 / 11.46 / 15.51 / 19.15 us at
+      // 4K / 8K / 12K / 16K against 8.47 / 12.40 / 16.79 / 20.54, 65.0 at 64K against 66.1; at
+      // 3K and below the 4-warp plans win. 64 such CTAs stream ~4.4 TB/s (dev/sm_ingress), but
+      // one 8-warp CTA's tile loop runs at ~66 GB/s, so a unit's 8 splits cap it near 0.5 TB/s:
+      // with fewer units the grid's many global-merge splits win by far (2 units at 64K: 24.3
+      // against 63.4 us), and so do they at head_dim 64 (docs/perf.md run 79).
       plan.num_splits = std::min(plan.num_splits, kFlashDecodeWideClusterSplits);
       // Back to back, this grid (one CTA per SM, a cluster per GPC) leaves room for all but one
       // of the next one's clusters: that one waited for this grid to finish (a straggler,
-      // 20.8-24.3 us at 16K in runs 75-77); triggering at exit keeps 19.2 (run 77).
+      // 20.8-24.3 us at 16K in runs 75-77, 9.0 against 7.7 at 4K in run 92); triggering at exit
+      // keeps 19.2 (run 77). Later triggers (after the CTA's K/V loop, or once a warp has issued
+      // its last tile) straggle too: 19.5-23.3 at 16K, 71.5-71.9 at 64K (run 91).
       plan.trigger_at_exit = true;
     } else if (head_dim <= 128 && units > sm_count / 4 && units <= sm_count / 2 &&
                8 * units * (sm_count / units) >= 7 * sm_count) {

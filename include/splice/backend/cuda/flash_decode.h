@@ -44,9 +44,10 @@ inline constexpr int kFlashDecodeMaxSplits = 256;   // most splits (forced ones 
 // cluster Hopper allows, with the non-portable size attribute).
 inline constexpr int kFlashDecodeMaxClusterSplits = 16;
 // Splits of the cluster rule's 8-warp plans for long ranges (a cluster of 8 one-per-SM CTAs),
-// taken from this length bound on (docs/perf.md runs 66-79).
+// taken from this length bound on (docs/perf.md runs 66-79 and 92: from 4K on once the grid
+// lets the next kernel launch only at exit).
 inline constexpr int kFlashDecodeWideClusterSplits = 8;
-inline constexpr std::int64_t kFlashDecodeWideClusterMinKeys = 16384;
+inline constexpr std::int64_t kFlashDecodeWideClusterMinKeys = 4096;
 inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
 // A live range of at most this many K+V bytes runs as one split: one CTA streams it (about one
 // DRAM latency plus ~1.3 us at ~100 GB/s per SM) in less time than a split merge costs (partial
