@@ -14,7 +14,9 @@
 //     automatic choice. A/B configurations are timed beside them and printed as "A/B" lines (and
 //     JSON fields), never in the table: `chosen_nopdl` = the chosen variant launched without PDL
 //     (N <= 8; every other time is with PDL unless SPLICE_PDL=0: the launches of one graph then
-//     overlap their predecessor's tail).
+//     overlap their predecessor's tail); `chosen_stable` = the chosen variant under the
+//     stable-state promise (KdaDecodeArgs::stable_state; N <= 8, consecutive launches on
+//     disjoint slot sets, where the promise holds).
 //  5. Dev A/B of the `stream` kernel's schedule knob (cuda::KdaTuneBits, dev/kda_b/): with
 //     KDA_BENCH_TUNES=1 (kKdaTuneNoOverlap: bf16 T = 1 without the overlap) the `stream` variant
 //     is also timed with each listed bit mask (set_kda_tune), printed as "A/B" lines, a decision
@@ -255,6 +257,13 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
     splice::cuda::set_pdl_enabled(false);
     res.ab_us["chosen_nopdl"] = time_config(chosen);
     splice::cuda::set_pdl_enabled(pdl);
+    // With the stable-state promise (KdaDecodeArgs::stable_state): it holds here because
+    // consecutive launches use disjoint slot sets (G >= 2).
+    if (G >= 2) {
+      for (auto& a : args) a.stable_state = true;
+      res.ab_us["chosen_stable"] = time_config(chosen);
+      for (auto& a : args) a.stable_state = false;
+    }
   }
   res.us = res.variant_us[res.chosen];
   for (void* p :
@@ -357,6 +366,13 @@ int main(int argc, char** argv) {
           std::printf("  A/B %s N=%d T=%d: %s without PDL %.2f vs with %.2f us (%+.1f%%)\n",
                       r.dtype.c_str(), n, t, r.chosen.c_str(), r.ab_us.at("chosen_nopdl"), with,
                       100.0 * (with / r.ab_us.at("chosen_nopdl") - 1.0));
+        }
+        if (r.ab_us.count("chosen_stable")) {
+          const double plain = r.variant_us.at(r.chosen);
+          std::printf("  A/B %s N=%d T=%d: %s with the stable-state promise %.2f vs without %.2f "
+                      "us (%+.1f%%)\n",
+                      r.dtype.c_str(), n, t, r.chosen.c_str(), r.ab_us.at("chosen_stable"), plain,
+                      100.0 * (r.ab_us.at("chosen_stable") / plain - 1.0));
         }
         std::fflush(stdout);
       }

@@ -4,7 +4,9 @@
 // a device k_len scalar calls the CUDA launcher directly on that stream, so a step can be captured.
 #include "exec/node_kernels.h"
 
+#include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
@@ -263,6 +265,67 @@ bool feeds_stable_prefix_attention(const Graph& graph, NodeId id) {
   return false;
 }
 
+// The inputs node `n` writes in place (the State under each is the one written).
+std::vector<int> in_place_inputs(const Node& n) {
+  switch (n.op) {
+    case Op::WriteAt:
+      return {0};
+    case Op::KdaDecode:
+      return {2, 8};
+    case Op::RopeKvAppend:
+    case Op::RmsNormMatMulRopeKvAppend: {
+      const int p = position_input(n.op);
+      return {p + 1, p + 2};
+    }
+    default:
+      return {};
+  }
+}
+
+// NodeHints::stable_kda_state of KdaDecode node `id`.
+bool stable_kda_state(const Graph& graph, NodeId id) {
+  const Node& kda = graph.node(id);
+  auto graph_owned = [&](NodeId in) {
+    for (;;) {
+      const Node& n = graph.node(in);
+      if (n.op == Op::Constant || n.op == Op::Param) return true;
+      if (n.op != Op::Reshape && n.op != Op::Permute && n.op != Op::Slice) return false;
+      in = n.inputs[0];
+    }
+  };
+  // Metadata: state_indices (7); packed: query_start_loc, num_accepted_tokens (11, 12) and
+  // t1_state_indices (13).
+  for (std::size_t i : {std::size_t{7}, std::size_t{11}, std::size_t{12}, std::size_t{13}})
+    if (i < kda.inputs.size() && !graph_owned(kda.inputs[i])) return false;
+  const std::optional<NodeId> state = state_under_any_view(graph, kda.inputs[8]);
+  if (!state) return false;
+  // Nodes that never run in a step that runs `id`: the other arms of each branch holding it.
+  std::vector<bool> exclusive(graph.size(), false);
+  for (NodeId b : graph.live_nodes()) {
+    const Node& branch = graph.node(b);
+    if (branch.op != Op::Branch) continue;
+    std::vector<std::vector<NodeId>> interiors;
+    int holder = -1;
+    for (std::size_t arm = 0; arm < branch.inputs.size(); ++arm) {
+      interiors.push_back(arm_interior(graph, branch.attrs.branch->diverge, branch.inputs[arm]));
+      if (std::find(interiors.back().begin(), interiors.back().end(), id) != interiors.back().end())
+        holder = static_cast<int>(arm);
+    }
+    if (holder < 0) continue;
+    for (std::size_t arm = 0; arm < interiors.size(); ++arm)
+      if (static_cast<int>(arm) != holder)
+        for (NodeId other : interiors[arm]) exclusive[other.index] = true;
+  }
+  for (NodeId other : graph.live_nodes()) {
+    if (other == id || exclusive[other.index]) continue;
+    for (int i : in_place_inputs(graph.node(other))) {
+      const std::optional<NodeId> written = state_under_any_view(graph, graph.node(other).inputs[i]);
+      if (written && *written == *state) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
@@ -279,6 +342,7 @@ NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
     hints.trigger_dependents_first = feeds_stable_prefix_attention(graph, id);
   // FlashDecode's k_len is the step-scalar slot on CUDA sessions (run_compute_node).
   if (n.op == Op::FlashDecode && device.is_cuda()) hints.stable_kv_prefix = stable_kv_prefix(graph, n);
+  if (n.op == Op::KdaDecode && device.is_cuda()) hints.stable_kda_state = stable_kda_state(graph, id);
   return hints;
 }
 
@@ -318,6 +382,7 @@ void run_compute_node(const Node& n, const std::vector<Tensor>& in, Tensor& out,
     KdaDecodeOptions options;
     options.lower_bound = k.lower_bound;
     options.norm_eps = k.norm_eps;
+    options.stable_state = hints.stable_kda_state;
     Tensor conv_state = in[2], state = in[8];
     if (!k.packed) {
       fused_kda_decode(in[0], in[1], conv_state, in[3], in[4], in[5], in[6], in[7], state, in[9],

@@ -43,6 +43,13 @@ struct NodeHints {
   // K/V loads while the q|k|v projection and RoPE still run (run 23: without it those loads sat on
   // the critical path).
   bool trigger_dependents_first = false;
+  // KdaDecode on a CUDA session: its slot tables and sequence metadata are Constant or Param
+  // nodes (through views: the graph owns them and no kernel writes them; an Input may be a
+  // caller's tensor still being written), and the State under its state input is written by no
+  // node of the graph but itself and the other arms of a branch it is an arm of (one arm runs
+  // per step): the kernel may read the metadata and its source state rows before its producers
+  // finish (KdaDecodeOptions::stable_state).
+  bool stable_kda_state = false;
 };
 
 // The input index of the streamed weight of a product op (MatMul, MatMulAdd: 1; RmsNormMatMul,

@@ -252,6 +252,7 @@ KdaDecodeArgs build_args(const ArgInputs& in, bool plain) {
   a.lower_bound = o.lower_bound;
   a.norm_eps = o.norm_eps;
   a.validate = o.validate;
+  a.stable_state = o.stable_state;
 
   // Sequence metadata.
   if (!plain) {

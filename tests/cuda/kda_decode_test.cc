@@ -798,6 +798,52 @@ TEST(KdaCuda, PdlChainMatchesSerial) {
   cudaStreamDestroy(stream);
 }
 
+// The stable-state promise (KdaDecodeArgs::stable_state: the per-head kernels read the metadata
+// and source state before their PDL wait): calls alternating over two problems with disjoint
+// buffers on one PDL stream, so each call's state was written two calls before it and nothing in
+// flight writes it (the promise holds, as in a decode step), equal the same calls made serially
+// without the promise, bit for bit, for every variant (`stream` ignores the promise).
+TEST(KdaCuda, StableStatePromiseBitIdentical) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  testing::PdlScope restore_pdl;
+  cuda::set_pdl_enabled(true);
+  Rng rng(29);
+  constexpr int kRounds = 3;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (int T : {1, 3})
+    for (DType sdt : {DType::f32, DType::bf16}) {
+      const Meta m = random_meta(rng, 3, T, 1, true);
+      const Problem a = make_problem(rng.integer(0, 1 << 30), 8, m, sdt);
+      const Problem b = make_problem(rng.integer(0, 1 << 30), 8, m, sdt);
+      std::vector<cuda::KdaVariant> variants(std::begin(kVariants), std::end(kVariants));
+      variants.push_back(cuda::KdaVariant::automatic);
+      for (auto v : variants) {
+        SCOPED_TRACE("T=" + std::to_string(T) + " " + dtype_name(sdt) +
+                     " variant=" + cuda::kda_variant_name(v));
+        Problem pa = to_device(a, Device::cuda()), pb = to_device(b, Device::cuda());
+        Problem sa = to_device(a, Device::cuda()), sb = to_device(b, Device::cuda());
+        cuda::synchronize();
+        for (int k = 0; k < kRounds; ++k)
+          for (Problem* p : {&pa, &pb}) {
+            KdaDecodeArgs args = packed_args(*p, -5.0f);
+            args.stable_state = true;
+            cuda::kda_decode(args, stream, v);
+          }
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        for (int k = 0; k < kRounds; ++k)
+          for (Problem* p : {&sa, &sb}) cuda::kda_decode(packed_args(*p, -5.0f), nullptr, v);
+        cuda::synchronize();
+        for (auto [got, want] : {std::pair{&pa, &sa}, std::pair{&pb, &sb}}) {
+          EXPECT_EQ(storage_bytes(got->output), storage_bytes(want->output));
+          EXPECT_EQ(storage_bytes(got->conv_state), storage_bytes(want->conv_state));
+          EXPECT_EQ(storage_bytes(got->state), storage_bytes(want->state));
+        }
+      }
+    }
+  cudaStreamDestroy(stream);
+}
+
 // One captured launch replayed with new query_start_loc, num_accepted_tokens and slot tables
 // equals a direct call on the same inputs, bit for bit.
 TEST(KdaCuda, GraphReplayWithChangingMetadata) {

@@ -7,8 +7,14 @@
 //      WriteAt's offset) and every RopeKvAppend gets stable_position and (its q feeds such an
 //      attention) trigger_dependents_first; on the CPU none.
 //   2. Any other writer of a cache takes the promise away from the attention that reads it (and
-//      only from that one, and with it the early trigger of the RoPE kernel feeding it): a WriteAt at row 0, a WriteAt at k_len - 2, a WriteAt on the wrong
-//      axis (the graph refuses a WriteAt through a permuted view).
+//      only from that one, and with it the early trigger of the RoPE kernel feeding it): a
+//      WriteAt at row 0, a WriteAt at k_len - 2, a WriteAt on the wrong axis (the graph refuses
+//      a WriteAt through a permuted view).
+//   3. The default hybrid model's KdaDecode nodes get stable_kda_state on CUDA (constant slot
+//      tables; the state written only by the node itself), with the branch collapsed to the
+//      fused arm and with both arms left in (the oracle's WriteAt on the state sits in the other
+//      arm); on the CPU none. A WriteAt on one layer's state outside the branch takes that
+//      layer's promise away, and only that one's.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -16,6 +22,7 @@
 
 #include "exec/node_kernels.h"
 #include "splice/ir/graph.h"
+#include "splice/model/default_model.h"
 #include "splice/model/model.h"
 #include "splice/tune/optimize.h"
 #include "support/graph_test_util.h"
@@ -101,5 +108,60 @@ TEST(NodeHints, AnyOtherCacheWriterTakesThePromiseAway) {
   }
 }
 
+// The default hybrid model with its KDA fused arms offered: `select` collapses every branch to
+// the fused arm (timed faster), else both arms stay in.
+DecodeModel kda_model(bool select) {
+  const ModelConfig config = default_model_config();
+  const Weights weights = Weights::from_tensors(make_kda_weights(config, 5));
+  BuildOptions options;
+  options.max_seq_len = 16;
+  DecodeModel model = build_kda_decode_model(config, weights, options);
+  OptimizeOptions opt;
+  opt.select = select;
+  opt.tune.warmup = 0;
+  opt.tune.repeats = 1;
+  opt.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 0 ? 100.0 : 1.0; };
+  optimize_graph(model.graph, model.attention_specs, opt, model.kda_specs);
+  return model;
+}
+
+std::vector<bool> kda_promises(const Graph& g, Device device) {
+  std::vector<bool> promises;
+  for (NodeId id : nodes_of(g, Op::KdaDecode))
+    promises.push_back(node_hints(g, id, device).stable_kda_state);
+  return promises;
+}
+
+TEST(NodeHints, KdaDecodeReadsAStableState) {
+  for (bool select : {true, false}) {
+    SCOPED_TRACE(select ? "fused arm chosen" : "both arms in the branch");
+    const DecodeModel m = kda_model(select);
+    const std::vector<bool> cuda = kda_promises(m.graph, Device::cuda());
+    ASSERT_GE(cuda.size(), 2u);
+    EXPECT_EQ(cuda, std::vector<bool>(cuda.size(), true));
+    EXPECT_EQ(kda_promises(m.graph, Device::cpu()), std::vector<bool>(cuda.size(), false));
+    std::size_t branches = 0;
+    for (NodeId id : m.graph.live_nodes()) branches += m.graph.node(id).op == Op::Branch;
+    EXPECT_EQ(branches > 0, !select);
+  }
+}
+
+TEST(NodeHints, AnyOtherKdaStateWriterTakesThePromiseAway) {
+  DecodeModel m = kda_model(true);
+  Graph& g = m.graph;
+  const std::vector<NodeId> kda = nodes_of(g, Op::KdaDecode);
+  ASSERT_GE(kda.size(), 2u);
+  const NodeId state = g.node(kda[0]).inputs[8];
+  Dims row = {1};
+  for (std::size_t d = 1; d < g.node(state).shape.size(); ++d)
+    row.push_back(g.node(state).shape[d].constant());
+  const NodeId value = g.constant(Tensor::zeros(row, g.node(state).dtype), "extra_state_row");
+  g.write_at(state, value, 0, DynScalar::Concrete(1));
+  std::vector<bool> want(kda.size(), true);
+  want[0] = false;
+  EXPECT_EQ(kda_promises(g, Device::cuda()), want);
+}
+
 }  // namespace
 }  // namespace splice
+

@@ -46,6 +46,11 @@ struct KdaDecodeOptions {
   // CUDA: also check the value contracts on the host (copies metadata back; syncs). The CPU
   // backend always checks them.
   bool validate = false;
+  // CUDA: the caller's promise of KdaDecodeArgs::stable_state (no kernel still in flight on the
+  // stream writes the slot tables, query_start_loc, num_accepted_tokens or a source state slot;
+  // a session sets it where its graph shows that, NodeHints::stable_kda_state). Ignored on the
+  // CPU; never changes a result.
+  bool stable_state = false;
 };
 
 // How rows find their cache slots.
@@ -104,6 +109,13 @@ struct KdaDecodeArgs {
   std::optional<float> lower_bound;  // none = softplus gate
   float norm_eps = 1e-5f;
   bool validate = false;
+  // CUDA: the caller's promise that no kernel still in flight on the launch stream writes
+  // query_start_loc, num_accepted_tokens, the slot tables or a source state slot (a decode step
+  // whose per-token scalars the host wrote before the step, and whose only writer of the state is
+  // this call: the previous token's call has completed). The per-head kernels then read those
+  // before their programmatic-dependent-launch wait, beside the predecessor's tail; the results
+  // are bitwise the same. Ignored on the CPU.
+  bool stable_state = false;
 };
 
 // Packed T >= 1 decode (spec §1, §3). `output` is the caller's [1, R, H, D] bf16 contiguous buffer

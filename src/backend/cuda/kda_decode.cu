@@ -371,6 +371,7 @@ void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant) {
   p.lower_bound = args.lower_bound.value_or(0.0f);
   p.norm_eps = args.norm_eps;
   p.tune = kda_tune();
+  p.stable_state = args.stable_state ? 1 : 0;
 
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   if (args.state_dtype == DType::f32) {
