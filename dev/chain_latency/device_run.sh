@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # dev/chain_latency/device_run.sh BUILD_DIR OUT_DIR: the issue #7 per-kernel latency A/B in one
 # short device call (<= 90 s; every step has a timeout and the later ones an elapsed-time guard).
+# Historical: the SPLICE_GEMV_VARIANT knob it sets no longer exists (its winning bits became the
+# mainline; README.md), so every knob value below now runs the mainline GEMV and the A/B columns
+# only show run-to-run noise. Kept as the record of how runs 10:05 and later were taken.
 #
 # BUILD_DIR: built with CUDA and -DSPLICE_BUILD_BENCH=ON, targets layer_ops_cuda_bench
 # gemv_cuda_bench cuda_gemv_test cuda_prologue_ops_test cuda_layer_ops_test
