@@ -833,9 +833,10 @@ TEST(FlashDecodeCuda, ClusterMergeGraphReplayAndBackToBack) {
 }
 
 // The cluster rule's wide plan for long ranges (B = 1, (32, 8), capacity 16K, and 4K, the rule's
-// first bound: 8 eight-warp splits in one cluster per kv head): one capture replayed over live
-// split counts 1 to 8, an empty range and a ragged back-and-forth, each against the float64
-// reference. (Capacity 32K passed too, run 74, at twice the test's ~30 s.)
+// first bound: 8 eight-warp splits in one cluster per kv head; and head_dim 64 at 8K): one
+// capture replayed over live split counts 1 to 8, an empty range and a ragged back-and-forth,
+// each against the float64 reference. (Capacity 32K passed too, run 74, at twice the test's
+// ~30 s.)
 TEST(FlashDecodeCuda, ClusterMergeWideLongRanges) {
   SKIP_WITHOUT_GPU();
   for (const std::int32_t capacity : {16384, 4096}) {
@@ -852,6 +853,16 @@ TEST(FlashDecodeCuda, ClusterMergeWideLongRanges) {
     else
       check_graph_replay(c, {{4096}, {2500}, {300}, {1}, {0}, {4095}, {1100}}, 1321);
   }
+  // head_dim 64 at capacity 8K: the same clusters, triggering right after the wait.
+  const auto d64 = cuda::plan_flash_decode(1, 32, 8, 1, 64, 8192, 8192, cuda::sm_count());
+  EXPECT_EQ(d64.cluster, d64.num_splits);
+  Case c;
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 64;
+  c.capacity = 8192;
+  c.k_len = {8192};
+  check_graph_replay(c, {{8192}, {5000}, {300}, {1}, {0}, {8191}, {2049}}, 1322);
 }
 
 // Split 0's speculative tile (keys [0, 64), issued before k_len is known and read up to the
@@ -1121,6 +1132,14 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
     EXPECT_EQ(wide_short.num_splits, 8) << bound;
     EXPECT_EQ(wide_short.cluster, 8) << bound;
     EXPECT_TRUE(wide_short.trigger_at_exit) << bound;
+  }
+  // At head_dim 64 the same plan up to an 8K-key bound, triggering right after the wait.
+  for (const std::int64_t bound : {4096, 8192}) {
+    const auto d64 = cuda::plan_flash_decode(1, 32, 8, 1, 64, bound, bound, 132);
+    EXPECT_EQ(d64.warps, 8) << bound;
+    EXPECT_EQ(d64.num_splits, 8) << bound;
+    EXPECT_EQ(d64.cluster, 8) << bound;
+    EXPECT_FALSE(d64.trigger_at_exit) << bound;
   }
   // Below 4K keys the 4-warp cluster plan, whose CTAs trigger right after the wait.
   const auto short_3k = cuda::plan_flash_decode(1, 32, 8, 1, 128, 3072, 3072, 132);

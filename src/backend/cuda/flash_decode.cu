@@ -326,7 +326,9 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       // Short ranges of few units: at most half the SMs' worth of 4-warp CTAs.
       plan.num_splits = static_cast<int>(std::min<std::int64_t>(
           {plan.num_splits, kFlashDecodeMaxClusterSplits, sm_count / 2 / units}));
-    } else if (plan.warps == kFlashDecodeWideWarps && head_dim == 128 &&
+    } else if (plan.warps == kFlashDecodeWideWarps &&
+               (head_dim == 128 ||
+                (head_dim == 64 && bound <= kFlashDecodeWideClusterMaxKeysD64)) &&
                bound >= kFlashDecodeWideClusterMinKeys &&
                units * kFlashDecodeWideClusterSplits <= sm_count / 2 &&
                8 * units * kFlashDecodeWideClusterSplits >= 3 * sm_count) {
@@ -337,14 +339,16 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       // 3K and below the 4-warp plans win. 64 such CTAs stream ~4.4 TB/s (dev/sm_ingress), but
       // one 8-warp CTA's tile loop runs at ~66 GB/s, so a unit's 8 splits cap it near 0.5 TB/s:
       // with fewer units the grid's many global-merge splits win by far (2 units at 64K: 24.3
-      // against 63.4 us), and so do they at head_dim 64 (docs/perf.md run 79).
+      // against 63.4 us), and so do they at head_dim 64 from 16K (docs/perf.md runs 79, 95:
+      // (1,32,8,16K,D64) 12.11 global against 12.84; 64K 35.1 against 43.4).
       plan.num_splits = std::min(plan.num_splits, kFlashDecodeWideClusterSplits);
       // Back to back, this grid (one CTA per SM, a cluster per GPC) leaves room for all but one
       // of the next one's clusters: that one waited for this grid to finish (a straggler,
       // 20.8-24.3 us at 16K in runs 75-77, 9.0 against 7.7 at 4K in run 92); triggering at exit
       // keeps 19.2 (run 77). Later triggers (after the CTA's K/V loop, or once a warp has issued
-      // its last tile) straggle too: 19.5-23.3 at 16K, 71.5-71.9 at 64K (run 91).
-      plan.trigger_at_exit = true;
+      // its last tile) straggle too: 19.5-23.3 at 16K, 71.5-71.9 at 64K (run 91). At head_dim
+      // 64 the early trigger is the faster (4K 5.33 against 5.75 at exit, run 95).
+      plan.trigger_at_exit = head_dim == 128;
     } else if (head_dim <= 128 && units > sm_count / 4 && units <= sm_count / 2 &&
                8 * units * (sm_count / units) >= 7 * sm_count) {
       // A mid-size grid: one 8-warp CTA per SM, sm_count / units splits (2 or 3), where that

@@ -48,6 +48,9 @@ inline constexpr int kFlashDecodeMaxClusterSplits = 16;
 // lets the next kernel launch only at exit).
 inline constexpr int kFlashDecodeWideClusterSplits = 8;
 inline constexpr std::int64_t kFlashDecodeWideClusterMinKeys = 4096;
+// At head_dim 64 the same plan (triggering right after the wait) wins only up to this bound
+// (docs/perf.md run 95: 4K 6.15 -> 5.33 us, 8K 8.21 -> 7.75; 16K 12.11 -> 12.84 lost).
+inline constexpr std::int64_t kFlashDecodeWideClusterMaxKeysD64 = 8192;
 inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
 // A live range of at most this many K+V bytes runs as one split: one CTA streams it (about one
 // DRAM latency plus ~1.3 us at ~100 GB/s per SM) in less time than a split merge costs (partial
@@ -98,10 +101,12 @@ struct FlashDecodePlan {
 // The cluster rule (`cluster_merge` -1, widths not forced, a split plan; docs/perf.md runs 59-79):
 //   - 4-warp plans of at most sm_count / 4 units cap the splits at min(16, sm_count / 2 / units)
 //     (half the SMs' worth of CTAs: a cluster's CTAs never share an SM);
-//   - 8-warp plans (the wide rule's long ranges) at head_dim 128 of 3 sm_count / 64 <= units <=
-//     sm_count / 16 and a bound >= kFlashDecodeWideClusterMinKeys cap them at
-//     kFlashDecodeWideClusterSplits, and their CTAs let the next kernel launch only at exit
-//     (trigger_at_exit); fewer units keep their many global-merge splits;
+//   - 8-warp plans (the wide rule's long ranges) of 3 sm_count / 64 <= units <= sm_count / 16
+//     and a bound >= kFlashDecodeWideClusterMinKeys cap them at kFlashDecodeWideClusterSplits
+//     at head_dim 128, whose CTAs then let the next kernel launch only at exit
+//     (trigger_at_exit), and at head_dim 64 up to a bound of
+//     kFlashDecodeWideClusterMaxKeysD64 (triggering right after the wait); fewer units and
+//     longer head_dim 64 ranges keep their many global-merge splits;
 //   - grids of sm_count / 4 < units <= sm_count / 2 take 8-warp CTAs, one per SM, sm_count / units
 //     splits, where those fill >= 7/8 of the SMs.
 // `cluster_merge` 0: no cluster merge and no rule; 1: the splits capped at
