@@ -185,13 +185,13 @@ void set_warps(int warps) {
 
 // Sets the warps, cluster-merge and single-split knobs (0 / -1 / 0: the plan's rules).
 void set_width_and_merge(int warps, int cluster_merge, std::int64_t single_split_bytes = 0,
-                         bool spread = false, int trigger_at_exit = -1) {
+                         bool spread = false, int trigger = -1) {
   splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
   knobs.warps = warps;
   knobs.cluster_merge = cluster_merge;
   knobs.single_split_bytes = single_split_bytes;
   knobs.cluster_spread = spread;
-  knobs.trigger_at_exit = trigger_at_exit;
+  knobs.trigger = trigger;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
@@ -321,14 +321,15 @@ int main(int argc, char** argv) {
       int warps, cluster;
       std::int64_t single_split_bytes = 0;
       bool spread = false;
-      int trigger_at_exit = -1;  // -1: the plan's
+      int trigger = -1;  // -1: the plan's; else a FlashDecodeTrigger value
     };
-    // `s`: the spread cluster scheduling policy; `x` / `-x`: the cluster grid lets the next
-    // kernel launch at exit / right after its wait (the plan's rule sets it for its 8-split
-    // long-range clusters only).
-    // `l`: after the CTA's K/V loop; `i`: once a warp has issued its last K/V tile.
+    // `s`: the spread cluster scheduling policy; `x` / `-x` / `m`: the cluster grid lets the
+    // next kernel launch at exit / right after its wait / in split 0 once every partial has
+    // landed (FlashDecodeTrigger; the plan's rule sets `m` for its 8-split head_dim 128
+    // clusters only).
     const Column columns[] = {{"rule", 0, -1},
                               {"rule -x", 0, -1, 0, false, 0},
+                              {"rule x", 0, -1, 0, false, 1},
                               {"g", 0, 0},
                               {"w8 c8 x", 8, 8, 0, false, 1},
                               {"w8 c8 -x", 8, 8, 0, false, 0},
@@ -346,7 +347,7 @@ int main(int argc, char** argv) {
         for (std::size_t i = 0; i < std::size(columns); ++i) {
           set_width_and_merge(columns[i].warps, columns[i].cluster,
                               columns[i].single_split_bytes, columns[i].spread,
-                              columns[i].trigger_at_exit);
+                              columns[i].trigger);
           const Result r = run_shape(in, reps, stream);
           if (round == 0 || r.us < best[i].us) best[i] = r;
         }

@@ -1096,6 +1096,8 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_THROW(cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132, 6), ValueError);
   const auto spec = cuda::plan_flash_decode(2, 64, 8, 8, 128, 1024, 1024, 132);
   EXPECT_EQ(spec.row_blocks, 4);  // 8 heads x 8 queries = 64 rows
+  constexpr auto kEarly = cuda::FlashDecodeTrigger::after_wait;
+  constexpr auto kLate = cuda::FlashDecodeTrigger::merge_inputs_landed;
   // The cluster rule: a 4-warp plan of <= sm_count / 4 units caps its splits at
   // min(16, sm_count / 2 / units), and the unit's splits form one cluster when split 0's ring
   // holds their partials.
@@ -1124,14 +1126,14 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(wide_16k.warps, 8);
   EXPECT_EQ(wide_16k.num_splits, 8);
   EXPECT_EQ(wide_16k.cluster, 8);
-  EXPECT_TRUE(wide_16k.trigger_at_exit);  // the next kernel launches only at exit
-  EXPECT_TRUE(wide_cluster.trigger_at_exit);
+  EXPECT_EQ(wide_16k.trigger, kLate);  // the next kernel launches once the partials landed
+  EXPECT_EQ(wide_cluster.trigger, cuda::FlashDecodeTrigger::at_exit);  // above 16K keys
   for (const std::int64_t bound : {4096, 8192}) {
     const auto wide_short = cuda::plan_flash_decode(1, 32, 8, 1, 128, bound, bound, 132);
     EXPECT_EQ(wide_short.warps, 8) << bound;
     EXPECT_EQ(wide_short.num_splits, 8) << bound;
     EXPECT_EQ(wide_short.cluster, 8) << bound;
-    EXPECT_TRUE(wide_short.trigger_at_exit) << bound;
+    EXPECT_EQ(wide_short.trigger, kLate) << bound;
   }
   // At head_dim 64 the same plan up to an 8K-key bound, triggering right after the wait.
   for (const std::int64_t bound : {4096, 8192}) {
@@ -1139,24 +1141,24 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
     EXPECT_EQ(d64.warps, 8) << bound;
     EXPECT_EQ(d64.num_splits, 8) << bound;
     EXPECT_EQ(d64.cluster, 8) << bound;
-    EXPECT_FALSE(d64.trigger_at_exit) << bound;
+    EXPECT_EQ(d64.trigger, kEarly) << bound;
   }
   // Below 4K keys the 4-warp cluster plan, whose CTAs trigger right after the wait.
   const auto short_3k = cuda::plan_flash_decode(1, 32, 8, 1, 128, 3072, 3072, 132);
   EXPECT_EQ(short_3k.warps, 4);
-  EXPECT_FALSE(short_3k.trigger_at_exit);  // every other plan: right after the wait
+  EXPECT_EQ(short_3k.trigger, kEarly);  // every other plan: right after the wait
   // Fewer than 3 sm_count / 64 units (7 on 132 SMs), or head_dim 64: the wide rule's global-merge
   // splits over the whole GPU instead (an 8-split unit streams at most ~0.45 TB/s).
   const auto two_units = cuda::plan_flash_decode(1, 16, 2, 1, 128, 65536, 65536, 132);
   EXPECT_EQ(two_units.num_splits, 66);
   EXPECT_EQ(two_units.cluster, 1);
-  EXPECT_FALSE(two_units.trigger_at_exit);
+  EXPECT_EQ(two_units.trigger, kEarly);
   EXPECT_EQ(cuda::plan_flash_decode(1, 48, 6, 1, 128, 16384, 16384, 132).num_splits, 22);
   EXPECT_EQ(cuda::plan_flash_decode(1, 56, 7, 1, 128, 16384, 16384, 132).num_splits, 8);
   EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 16384, 16384, 132).num_splits, 44);
   EXPECT_NE(cuda::plan_flash_decode(1, 32, 8, 1, 64, 16384, 16384, 132).num_splits, 8);
-  EXPECT_FALSE(cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132).trigger_at_exit);
-  EXPECT_FALSE(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132).trigger_at_exit);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132).trigger, kEarly);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132).trigger, kEarly);
   const auto wide_b2 = cuda::plan_flash_decode(2, 32, 8, 1, 128, 65536, 65536, 132);
   EXPECT_EQ(wide_b2.warps, 8);
   EXPECT_EQ(wide_b2.num_splits, 8);  // 132 / 16 units

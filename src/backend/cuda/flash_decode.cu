@@ -108,8 +108,8 @@ struct Workspace {
       knobs.single_split_bytes = std::atoll(bytes);
     if (const char* spread = std::getenv("SPLICE_FLASH_DECODE_CLUSTER_SPREAD"); spread && *spread)
       knobs.cluster_spread = std::atoi(spread) != 0;
-    if (const char* exit = std::getenv("SPLICE_FLASH_DECODE_TRIGGER_AT_EXIT"); exit && *exit)
-      knobs.trigger_at_exit = std::atoi(exit);
+    if (const char* trigger = std::getenv("SPLICE_FLASH_DECODE_TRIGGER"); trigger && *trigger)
+      knobs.trigger = std::atoi(trigger);
     return knobs;
   }
 };
@@ -344,11 +344,20 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       plan.num_splits = std::min(plan.num_splits, kFlashDecodeWideClusterSplits);
       // Back to back, this grid (one CTA per SM, a cluster per GPC) leaves room for all but one
       // of the next one's clusters: that one waited for this grid to finish (a straggler,
-      // 20.8-24.3 us at 16K in runs 75-77, 9.0 against 7.7 at 4K in run 92); triggering at exit
-      // keeps 19.2 (run 77). Later triggers (after the CTA's K/V loop, or once a warp has issued
-      // its last tile) straggle too: 19.5-23.3 at 16K, 71.5-71.9 at 64K (run 91). At head_dim
-      // 64 the early trigger is the faster (4K 5.33 against 5.75 at exit, run 95).
-      plan.trigger_at_exit = head_dim == 128;
+      // 20.8-24.3 us at 16K in runs 75-77, 9.0 against 7.7 at 4K in run 92). Triggering at exit
+      // kept 19.2 (run 77); triggering in split 0 once every peer's partial has landed (the
+      // peers have exited: only split 0's fold and store are left) hides most of the next
+      // launch too, up to 16K: over five processes 4K 7.72-7.74 -> 7.37-7.39, 8K 11.39-11.52 ->
+      // 11.16-11.23, 12K about equal, 16K (32, 8) 19.16-19.28 -> 19.06-19.39, (64, 8)
+      // 19.60-19.73 -> 19.31-19.36; at 64K it straggled in four of them (65.0-65.6 -> 70.9-71.2,
+      // run 100), so longer bounds keep the exit trigger. Earlier triggers that all CTAs pass
+      // (after the CTA's K/V loop, or once a warp has issued its last tile) straggle: 19.5-23.3
+      // at 16K, 71.5-71.9 at 64K (run 91). At head_dim 64 the early trigger is the faster (4K
+      // 5.33 against 5.75 at exit, run 95).
+      plan.trigger = head_dim != 128 ? FlashDecodeTrigger::after_wait
+                     : bound <= kFlashDecodeMergeTriggerMaxKeys
+                         ? FlashDecodeTrigger::merge_inputs_landed
+                         : FlashDecodeTrigger::at_exit;
     } else if (head_dim <= 128 && units > sm_count / 4 && units <= sm_count / 2 &&
                8 * units * (sm_count / units) >= 7 * sm_count) {
       // A mid-size grid: one 8-warp CTA per SM, sm_count / units splits (2 or 3), where that
@@ -543,8 +552,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * plan.ctas_per_sm;
   p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
-  p.trigger_at_exit =
-      knobs.trigger_at_exit >= 0 ? (knobs.trigger_at_exit != 0) : plan.trigger_at_exit;
+  p.trigger = knobs.trigger >= 0 ? knobs.trigger : static_cast<int>(plan.trigger);
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
   p.stable_prefix = stable_prefix ? 1 : 0;  // supersedes speculation (kernel stage 0')
   // The cluster merge needs the plan's split count in the grid (a forced count may raise it) and

@@ -10,7 +10,8 @@
 // bytes in flight and the merge reads half the partials (docs/perf.md run 42).
 //   0. PDL: wait until the previous kernel has finished and its writes are visible, then let the
 //      next kernel in the stream start launching (no-ops without PDL; a cluster grid planned with
-//      trigger_at_exit lets it launch only at exit, flash_decode.h). Without the stable-prefix
+//      FlashDecodeTrigger::merge_inputs_landed lets it launch only once split 0 holds every
+//      partial, stage 6', and at_exit at exit; flash_decode.h). Without the stable-prefix
 //      promise nothing is read or written before the wait, so the split workspace and every
 //      input are safe.
 //   0'. With the promise (p.stable_prefix: nothing in flight writes k_len or the cache rows below
@@ -169,9 +170,10 @@ struct FlashDecodeParams {
   // k_len - q_len (stage 1 then plans and issues the ring prologue before the PDL wait).
   int stable_prefix;
   int dev_drop;  // benchmark attribution only (kDropMerge | kDropKv); outputs are then wrong
-  // kClusterMerge instances: 1 lets the next kernel launch only at exit (FlashDecodePlan::
-  // trigger_at_exit), 0 right after the wait as every other instance.
-  int trigger_at_exit;
+  // kClusterMerge instances: where the next kernel may launch (a FlashDecodeTrigger value):
+  // 0 right after the wait as every other instance, 1 at exit, 2 (split 0) once every peer's
+  // partial has landed (the peers at exit).
+  int trigger;
   int window_left, window_right;  // -1 = unbounded
   int causal;
   int q_vec16, o_vec8;  // q rows allow 16-byte loads / out rows 8-byte stores
@@ -561,7 +563,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
   // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
   wait_for_producers();  // launch.cuh: no-ops for a launch without the PDL attribute
-  if (!kClusterMerge || p.trigger_at_exit == 0) allow_dependents();
+  if (!kClusterMerge || p.trigger == 0) allow_dependents();
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = stable_prefix ? 0 : p.k_len[b * p.k_len_stride];
@@ -960,6 +962,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     if (split != 0) return;
     __syncthreads();  // split 0's own entry, written by every thread, is visible
     mbar_wait<true>(&merge_bars[0], 0);
+    // The peers have exited, only this CTA's fold and store are left: the next grid may launch
+    // (FlashDecodeTrigger::merge_inputs_landed).
+    if (p.trigger == 2) allow_dependents();
     for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
       const int row = slot / kSlotsPerRow;
       const int d = (slot % kSlotsPerRow) * 4;

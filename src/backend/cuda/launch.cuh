@@ -43,9 +43,11 @@
 // and gemv's row_kernel (always one wave), whose dependents then issue their constant weights
 // while it works. The cascade that lost in run 10 stops at the next kernel that triggers after
 // its wait (flash decode); with today's pre-wait weight loads the row kernels' early trigger
-// wins 11-20 us per SmolLM2-shaped token (docs/perf.md run 35). One exception triggers only at
-// exit: flash decode's long-range cluster grid (FlashDecodePlan::trigger_at_exit), where a next
-// cluster grid launched early finds room for all but one of its clusters (docs/perf.md run 77).
+// wins 11-20 us per SmolLM2-shaped token (docs/perf.md run 35). One exception triggers late:
+// flash decode's long-range cluster grid (FlashDecodePlan::trigger), where a next cluster grid
+// launched early finds room for all but one of its clusters (docs/perf.md runs 77, 98-100): up
+// to 16K keys its split 0 triggers once every peer's partial has landed (the peers have
+// exited), beyond that every CTA at exit.
 
 // Host switch: SPLICE_PDL=0 in the environment (read once, at the first launch) launches every
 // kernel here without the attribute; set_pdl_enabled() overrides it (tests, A/B benchmarks). The

@@ -51,6 +51,10 @@ inline constexpr std::int64_t kFlashDecodeWideClusterMinKeys = 4096;
 // At head_dim 64 the same plan (triggering right after the wait) wins only up to this bound
 // (docs/perf.md run 95: 4K 6.15 -> 5.33 us, 8K 8.21 -> 7.75; 16K 12.11 -> 12.84 lost).
 inline constexpr std::int64_t kFlashDecodeWideClusterMaxKeysD64 = 8192;
+// Its head_dim 128 grids trigger once split 0 holds every partial up to this bound, at exit
+// beyond it (FlashDecodeTrigger; docs/perf.md run 100: at 64K the earlier trigger straggled in
+// four processes of five, +6 us).
+inline constexpr std::int64_t kFlashDecodeMergeTriggerMaxKeys = 16384;
 inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
 // A live range of at most this many K+V bytes runs as one split: one CTA streams it (about one
 // DRAM latency plus ~1.3 us at ~100 GB/s per SM) in less time than a split merge costs (partial
@@ -58,6 +62,15 @@ inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
 // k_len round trip that splits >= 1 cannot hide), so a merge would only add latency.
 // 512 keys at head_dim 64, 256 at 128, 128 at 256.
 inline constexpr std::int64_t kFlashDecodeSingleSplitBytes = std::int64_t{128} << 10;
+
+// Where a flash-decode CTA lets the next kernel in the stream launch (PDL's trigger).
+enum class FlashDecodeTrigger : std::uint8_t {
+  after_wait = 0,           // right after its PDL wait (every plan but the ones below)
+  at_exit = 1,              // cluster-merge instances: at exit
+  merge_inputs_landed = 2,  // cluster-merge instances: a peer at exit, right after it sends
+                            // its partial; split 0 once every partial has landed, before its
+                            // fold and output store (docs/perf.md run 98)
+};
 
 struct FlashDecodePlan {
   int row_blocks = 1;   // ceil(group * q_len / 16)
@@ -75,11 +88,12 @@ struct FlashDecodePlan {
   // merge: partial stores, a fence, a counter atomic, partial loads). The launcher keeps the
   // global merge where the device cannot hold every cluster of the grid at once.
   int cluster = 1;
-  // The cluster grid lets the next kernel launch only when its CTAs exit, not after their PDL
-  // wait (the long-range 8-split cluster plan). Launched early, the next grid's clusters took
-  // the GPC slices this grid left free and one of them waited for a whole free slice: a
-  // straggler cluster, +2-5 us per call back to back (docs/perf.md run 77).
-  bool trigger_at_exit = false;
+  // When the grid lets the next kernel in the stream launch (FlashDecodeTrigger). The 8-split
+  // head_dim 128 cluster plans use merge_inputs_landed up to kFlashDecodeMergeTriggerMaxKeys,
+  // at_exit beyond: launched right after the wait, the next grid's clusters took the GPC slices
+  // this grid left free and one of them waited for a whole free slice (a straggler cluster,
+  // +2-5 us per call back to back, docs/perf.md run 77).
+  FlashDecodeTrigger trigger = FlashDecodeTrigger::after_wait;
 };
 
 // Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
@@ -103,8 +117,9 @@ struct FlashDecodePlan {
 //     (half the SMs' worth of CTAs: a cluster's CTAs never share an SM);
 //   - 8-warp plans (the wide rule's long ranges) of 3 sm_count / 64 <= units <= sm_count / 16
 //     and a bound >= kFlashDecodeWideClusterMinKeys cap them at kFlashDecodeWideClusterSplits
-//     at head_dim 128, whose CTAs then let the next kernel launch only at exit
-//     (trigger_at_exit), and at head_dim 64 up to a bound of
+//     at head_dim 128, whose CTAs then let the next kernel launch only once split 0 holds every
+//     partial (FlashDecodeTrigger::merge_inputs_landed; at exit above a bound of
+//     kFlashDecodeMergeTriggerMaxKeys), and at head_dim 64 up to a bound of
 //     kFlashDecodeWideClusterMaxKeysD64 (triggering right after the wait); fewer units and
 //     longer head_dim 64 ranges keep their many global-merge splits;
 //   - grids of sm_count / 4 < units <= sm_count / 2 take 8-warp CTAs, one per SM, sm_count / units
@@ -152,9 +167,10 @@ struct FlashDecodeDevKnobs {
   // Cluster launches ask for the spread scheduling policy (a cluster's CTAs on distinct SMs where
   // the GPC has room); default from SPLICE_FLASH_DECODE_CLUSTER_SPREAD.
   bool cluster_spread = false;
-  // The cluster grids' trigger (-1: the plan's trigger_at_exit; 0: after the wait; 1: at exit);
-  // default from SPLICE_FLASH_DECODE_TRIGGER_AT_EXIT.
-  int trigger_at_exit = -1;
+  // The cluster grids' trigger (-1: the plan's; else a FlashDecodeTrigger value: 0 after the
+  // wait, 1 at exit, 2 once split 0 holds every partial); default from
+  // SPLICE_FLASH_DECODE_TRIGGER.
+  int trigger = -1;
 };
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
