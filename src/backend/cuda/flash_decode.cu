@@ -552,6 +552,10 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * plan.ctas_per_sm;
   p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
+  static_assert(static_cast<int>(FlashDecodeTrigger::after_wait) == detail::kTriggerAfterWait &&
+                static_cast<int>(FlashDecodeTrigger::at_exit) == detail::kTriggerAtExit &&
+                static_cast<int>(FlashDecodeTrigger::merge_inputs_landed) ==
+                    detail::kTriggerMergeInputsLanded);
   p.trigger = knobs.trigger >= 0 ? knobs.trigger : static_cast<int>(plan.trigger);
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
   p.stable_prefix = stable_prefix ? 1 : 0;  // supersedes speculation (kernel stage 0')

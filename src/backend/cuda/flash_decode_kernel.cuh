@@ -131,6 +131,8 @@ inline constexpr int kMergeBatch = 16;
 // Stages a benchmark may leave out to time the rest (FlashDecodeDevKnobs::drop_stages): the
 // split merge (partials are stored, nothing merged) and the K/V stream (no tiles loaded).
 inline constexpr int kDropMerge = 1;
+// FlashDecodeParams::trigger values (FlashDecodeTrigger of flash_decode.h, checked there).
+inline constexpr int kTriggerAfterWait = 0, kTriggerAtExit = 1, kTriggerMergeInputsLanded = 2;
 inline constexpr int kDropKv = 2;
 // Stages a kernel-stamps build records (kernel_stamps.h marks 2..), in time order: q and the new
 // keys in shared memory (2), warp 0's first tile done (6), warp 0's tile loop done (3), every
@@ -563,7 +565,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
   // Stage 0: PDL (wait for the previous kernel's writes; then the next kernel may launch).
   wait_for_producers();  // launch.cuh: no-ops for a launch without the PDL attribute
-  if (!kClusterMerge || p.trigger == 0) allow_dependents();
+  if (!kClusterMerge || p.trigger == kTriggerAfterWait) allow_dependents();
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = stable_prefix ? 0 : p.k_len[b * p.k_len_stride];
@@ -964,7 +966,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     mbar_wait<true>(&merge_bars[0], 0);
     // The peers have exited, only this CTA's fold and store are left: the next grid may launch
     // (FlashDecodeTrigger::merge_inputs_landed).
-    if (p.trigger == 2) allow_dependents();
+    if (p.trigger == kTriggerMergeInputsLanded) allow_dependents();
     for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
       const int row = slot / kSlotsPerRow;
       const int d = (slot % kSlotsPerRow) * 4;
