@@ -1128,21 +1128,17 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(wide_16k.cluster, 8);
   EXPECT_EQ(wide_16k.trigger, kLate);  // the next kernel launches once the partials landed
   EXPECT_EQ(wide_cluster.trigger, cuda::FlashDecodeTrigger::at_exit);  // above 16K keys
-  for (const std::int64_t bound : {4096, 8192}) {
-    const auto wide_short = cuda::plan_flash_decode(1, 32, 8, 1, 128, bound, bound, 132);
-    EXPECT_EQ(wide_short.warps, 8) << bound;
-    EXPECT_EQ(wide_short.num_splits, 8) << bound;
-    EXPECT_EQ(wide_short.cluster, 8) << bound;
-    EXPECT_EQ(wide_short.trigger, kLate) << bound;
-  }
-  // At head_dim 64 the same plan up to an 8K-key bound, triggering right after the wait.
-  for (const std::int64_t bound : {4096, 8192}) {
-    const auto d64 = cuda::plan_flash_decode(1, 32, 8, 1, 64, bound, bound, 132);
-    EXPECT_EQ(d64.warps, 8) << bound;
-    EXPECT_EQ(d64.num_splits, 8) << bound;
-    EXPECT_EQ(d64.cluster, 8) << bound;
-    EXPECT_EQ(d64.trigger, kEarly) << bound;
-  }
+  // 4K and 8K bounds: the same plan, triggering once the partials landed at head_dim 128 and
+  // right after the wait at head_dim 64 (taken there up to an 8K-key bound).
+  for (const std::int64_t head_dim : {128, 64})
+    for (const std::int64_t bound : {4096, 8192}) {
+      const auto plan = cuda::plan_flash_decode(1, 32, 8, 1, head_dim, bound, bound, 132);
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", bound " + std::to_string(bound));
+      EXPECT_EQ(plan.warps, 8);
+      EXPECT_EQ(plan.num_splits, 8);
+      EXPECT_EQ(plan.cluster, 8);
+      EXPECT_EQ(plan.trigger, head_dim == 128 ? kLate : kEarly);
+    }
   // Below 4K keys the 4-warp cluster plan, whose CTAs trigger right after the wait.
   const auto short_3k = cuda::plan_flash_decode(1, 32, 8, 1, 128, 3072, 3072, 132);
   EXPECT_EQ(short_3k.warps, 4);
