@@ -68,9 +68,9 @@ void launch(const kda::Params& params, std::int64_t units, std::int64_t heads,
   // compile-time __cluster_dims__ (kSlices along x), so the launch has no cluster attribute.
   SPLICE_INTERNAL_CHECK(units * kSlices <= 0x7fffffff && heads <= 65535, "kda grid of ", units,
                         " x ", kSlices, " x ", heads, " CTAs");
-  const detail::LaunchShape shape{dim3(static_cast<unsigned>(units * kSlices),
-                                       static_cast<unsigned>(heads)),
-                                  dim3(kThreads), 0, 1u};
+  const detail::LaunchShape shape{
+      dim3(static_cast<unsigned>(units * kSlices), static_cast<unsigned>(heads)), dim3(kThreads), 0,
+      1u};
   detail::launch_kernel(&kda::kda_decode_kernel<kThreads, kSlices, StateT, kVec>, shape, stream,
                         params);
 }
@@ -210,7 +210,16 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
 // The dev-only schedule knob (kda_decode.h): -1 until read from SPLICE_KDA_TUNE at the first
 // use or set by set_kda_tune().
 std::atomic<long long> g_tune{-1};
-static_assert(kda::kTuneNoOverlap == kKdaTuneNoOverlap, "kernel and header tune bits agree");
+static_assert(kda::kTuneNoOverlap == kKdaTuneNoOverlap &&
+                  kda::kTuneDevDropCheckpoints == kKdaTuneDevDropCheckpoints &&
+                  kda::kTuneDevDropSweepMath == kKdaTuneDevDropSweepMath,
+              "kernel and header tune bits agree");
+// The bits a launch may carry: the attribution bits only in a dev attribution build.
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+constexpr unsigned kTuneMask = kKdaTuneAll | kKdaTuneDevDropCheckpoints | kKdaTuneDevDropSweepMath;
+#else
+constexpr unsigned kTuneMask = kKdaTuneAll;
+#endif
 
 void check_cuda(const Tensor& t, const char* name, int device) {
   SPLICE_INTERNAL_CHECK(!t.defined() || (t.device().is_cuda() && t.device().index == device),
@@ -231,7 +240,7 @@ unsigned kda_tune() {
   long long v = g_tune.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* env = std::getenv("SPLICE_KDA_TUNE");
-    v = env != nullptr ? static_cast<long long>(std::strtoul(env, nullptr, 10) & kKdaTuneAll) : 0;
+    v = env != nullptr ? static_cast<long long>(std::strtoul(env, nullptr, 10) & kTuneMask) : 0;
     g_tune.store(v, std::memory_order_relaxed);
     if (v != 0 && debug_enabled())
       std::fprintf(stderr, "splice: kda dev knob SPLICE_KDA_TUNE=%lld\n", v);
@@ -240,7 +249,7 @@ unsigned kda_tune() {
 }
 
 void set_kda_tune(unsigned bits) {
-  g_tune.store(static_cast<long long>(bits & kKdaTuneAll), std::memory_order_relaxed);
+  g_tune.store(static_cast<long long>(bits & kTuneMask), std::memory_order_relaxed);
 }
 
 const char* kda_variant_name(KdaVariant variant) {

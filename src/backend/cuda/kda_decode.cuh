@@ -156,6 +156,9 @@ struct Params {
 
 // KdaTuneBits of kda_decode.h, as the kernels test them.
 constexpr unsigned kTuneNoOverlap = 1u;
+// Attribution only (dev/kda_attribution; honoured in a SPLICE_KDA_DEV_ATTRIBUTION build): the
+// sweep stores no checkpoint / skips its arithmetic.
+constexpr unsigned kTuneDevDropCheckpoints = 2u, kTuneDevDropSweepMath = 4u;
 
 __device__ __forceinline__ float bf16_to_f32(std::uint16_t bits) {
   return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
@@ -370,22 +373,24 @@ __device__ __forceinline__ uint4 pack(const float* in) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Per-chunk shared memory of one CTA with kRows value rows.
-template <int kRows>
+// Per-chunk shared memory of one CTA with kRows value rows and kSlots token slots (a chunk's
+// kChunk tokens; the stream kernel's overlap holds three items' tokens, stream_slots()).
+template <int kRows, int kSlots = kChunk>
 struct Shared {
-  float q[kChunk][kD];      // q^
-  float k[kChunk][kD];      // k^
-  float decay[kChunk][kD];  // exp(g)
-  float v[kChunk][kRows];   // bf16-exact v of this slice's rows
-  float og[kChunk][kRows];  // sigmoid(output_gate)
-  float o[kChunk][kRows];   // bf16(o_raw)
+  static_assert(kSlots >= kChunk, "a chunk's tokens");
+  float q[kSlots][kD];      // q^
+  float k[kSlots][kD];      // k^
+  float decay[kSlots][kD];  // exp(g)
+  float v[kSlots][kRows];   // bf16-exact v of this slice's rows
+  float og[kSlots][kRows];  // sigmoid(output_gate)
+  float o[kSlots][kRows];   // bf16(o_raw)
   // [chunk parity, slice, token]: each slice's sum of o_b^2, pushed into every slice of the
   // cluster (distributed shared memory); the parity keeps a fast slice's next chunk from
   // overwriting partials a slow slice still reads.
   float part[2][kD / kRows][kChunk];
-  std::uint16_t x[kChunk][kProj][kD];  // raw x bits of this head's channels (conv write-back)
-  float beta[kChunk];
-  int dst[kChunk];
+  std::uint16_t x[kSlots][kProj][kD];  // raw x bits of this head's channels (conv write-back)
+  float beta[kSlots];
+  int dst[kSlots];
   // [chunk parity] mbarriers: part[parity] is complete once every slice's partials have landed
   // (st.async with complete_tx, stage 3c).
   std::uint64_t part_bar[2];
@@ -571,8 +576,7 @@ struct StagedInputs {
 // costs one memory round trip, not one per tap (SASS before: a branch and a stall per tap).
 template <int kPer, bool kFirstToken, typename In>
 __device__ __forceinline__ void conv_silu_impl(const In& in, int pr, int tt_in, int d0,
-                                               float (&out)[kPer],
-                                               std::uint16_t (&x_bits)[kPer]) {
+                                               float (&out)[kPer], std::uint16_t (&x_bits)[kPer]) {
   const int tt = kFirstToken ? 0 : tt_in;  // token 0: the window is hist0..2, x[b]
   std::uint16_t act[kConvWidth][kPer];
   float w[kConvWidth][kPer];
@@ -659,8 +663,9 @@ __device__ __forceinline__ void cta_sync() {
 // output gate are in token slot `slot` of sm; row = the token's packed row.
 //   inv = 1/sqrt(sum_v o_b[v]^2 / D + eps);  out[row, h, v] = bf16(o_b[v] inv norm_w[v] og[v])
 // The inline norm and the deferred one (stream, T = 1) both run this code: the same bits.
-__device__ __forceinline__ void norm_head_token(const Params& p, const Shared<kD>& sm, int slot,
-                                                std::int64_t row, int h,
+template <int kSlots>
+__device__ __forceinline__ void norm_head_token(const Params& p, const Shared<kD, kSlots>& sm,
+                                                int slot, std::int64_t row, int h,
                                                 const float (&norm_w)[kChannelsPerLane]) {
   const int lane = threadIdx.x % kWarp;
   float ssq = 0.0f;
@@ -683,10 +688,10 @@ __device__ __forceinline__ void norm_head_token(const Params& p, const Shared<kD
 // (token t, kind), kind 0 q, 1 k, 2 gate, 3 v), from `in`, into token slot ts + t of sm. Each kind
 // issues all of its loads before their first use (one memory round trip per warp item when `in`
 // is device memory). Rows row0 .. row0+kRows-1 of v and the output gate.
-template <int kRows, typename In>
-__device__ __forceinline__ void precompute_tokens(const Params& p, Shared<kRows>& sm, int row0,
-                                                  int c0, int nt, const In& in, int ts, int first,
-                                                  int stride) {
+template <int kRows, int kSlots, typename In>
+__device__ __forceinline__ void precompute_tokens(const Params& p, Shared<kRows, kSlots>& sm,
+                                                  int row0, int c0, int nt, const In& in, int ts,
+                                                  int first, int stride) {
   const int lane = threadIdx.x % kWarp;
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kD));
   // LeanInputs: grouped reciprocals (P5, bit-identical).
@@ -705,8 +710,8 @@ __device__ __forceinline__ void precompute_tokens(const Params& p, Shared<kRows>
       float ssq = 0.0f;
 #pragma unroll
       for (int e = 0; e < kChannelsPerLane; ++e) ssq += m[e] * m[e];
-      const float inv = kGrouped ? inv_sqrt_rn(warp_sum(ssq) + kL2Eps)
-                                 : 1.0f / sqrtf(warp_sum(ssq) + kL2Eps);
+      const float inv =
+          kGrouped ? inv_sqrt_rn(warp_sum(ssq) + kL2Eps) : 1.0f / sqrtf(warp_sum(ssq) + kL2Eps);
       float* dst = kind == 0 ? sm.q[slot] : sm.k[slot];
 #pragma unroll
       for (int e = 0; e < kChannelsPerLane; ++e)
@@ -805,8 +810,9 @@ struct ConvWriteback {
   }
   // Chunk c0's tokens (token t in slot ts + t of sm.x): positions 0, 1 <- old a+1, a+2 (first
   // chunk), positions 2 + c0 + t <- x[b + c0 + t].
-  __device__ __forceinline__ void store(const Params& p, const Shared<L::kRows>& sm, int row0,
-                                        int c0, int nt, int ts) const {
+  template <int kSlots>
+  __device__ __forceinline__ void store(const Params& p, const Shared<L::kRows, kSlots>& sm,
+                                        int row0, int c0, int nt, int ts) const {
     const std::int64_t width = static_cast<std::int64_t>(kProj) * p.channels;
     const int tid = threadIdx.x;
 #pragma unroll
@@ -827,9 +833,9 @@ struct ConvWriteback {
 
 // Stage 3b for one token (slot `slot` of sm) on this thread's rows s of the state: the decay, the
 // delta rule, o_b into sm.o[slot] and the checkpoint into slot dst (when dst > 0).
-template <int kThreads, int kSlices, typename StateT, bool kVec>
+template <int kThreads, int kSlices, typename StateT, bool kVec, int kSlots>
 __device__ __forceinline__ void sweep_token(
-    const Params& p, Shared<Layout<kThreads, kSlices>::kRows>& sm,
+    const Params& p, Shared<Layout<kThreads, kSlices>::kRows, kSlots>& sm,
     float (&s)[Layout<kThreads, kSlices>::kRowsPerThread][Layout<kThreads, kSlices>::kCols],
     int slot, int row0, int h) {
   using L = Layout<kThreads, kSlices>;
@@ -844,9 +850,16 @@ __device__ __forceinline__ void sweep_token(
   float part[kRt];
 #pragma unroll
   for (int i = 0; i < kRt; ++i) part[i] = 0.0f;
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+  const bool drop_math = (p.tune & kTuneDevDropSweepMath) != 0;
+  const bool drop_stores = (p.tune & kTuneDevDropCheckpoints) != 0;
+#else
+  constexpr bool drop_math = false, drop_stores = false;
+#endif
   float kk[L::kCols];  // this thread's k^ columns, read once for both passes
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
+    if (drop_math) break;
 #pragma unroll
     for (int e = 0; e < kVecElems; e += 4) {
       const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[slot][geo.col(c) + e]);
@@ -875,6 +888,7 @@ __device__ __forceinline__ void sweep_token(
   for (int i = 0; i < kRt; ++i) o[i] = 0.0f;
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
+    if (drop_math) break;
 #pragma unroll
     for (int e = 0; e < kVecElems; e += 4) {
       const float4 qv = *reinterpret_cast<const float4*>(&sm.q[slot][geo.col(c) + e]);
@@ -894,7 +908,7 @@ __device__ __forceinline__ void sweep_token(
   if (row_leader) sm.o[slot][geo.row(my_row)] = round_bf16(o_total);
 
   const int dst = sm.dst[slot];
-  if (dst > 0) {
+  if (dst > 0 && !drop_stores) {
     StateT* out = static_cast<StateT*>(p.state) + static_cast<std::int64_t>(dst) * p.state_slot +
                   static_cast<std::int64_t>(h) * kD * kD;
 #pragma unroll
@@ -912,10 +926,10 @@ __device__ __forceinline__ void sweep_token(
 // precompute; then one barrier, after which `first` is no longer read and `release()` runs.
 // `defer_slot` (stream, T = 1 only; else -1): the item's one token uses token slot defer_slot
 // of sm, and its RMSNorm is left to the caller (norm_head_token, during the next item).
-template <int kThreads, int kSlices, typename StateT, bool kVec, typename FirstInputs,
+template <int kThreads, int kSlices, typename StateT, bool kVec, int kSlots, typename FirstInputs,
           typename LoadState, typename Release>
 __device__ __forceinline__ void run_item(const Params& p,
-                                         Shared<Layout<kThreads, kSlices>::kRows>& sm,
+                                         Shared<Layout<kThreads, kSlices>::kRows, kSlots>& sm,
                                          const Item& it, int slice, const FirstInputs& first,
                                          LoadState&& load_state, Release&& release,
                                          int defer_slot = -1) {
@@ -988,7 +1002,8 @@ __device__ __forceinline__ void run_item(const Params& p,
           ssq += v * v;
         }
         ssq = warp_sum(ssq);
-        if (lane < kSlices) st_async_cluster(&sm.part[parity][slice][t], ssq, &sm.part_bar[parity], lane);
+        if (lane < kSlices)
+          st_async_cluster(&sm.part[parity][slice][t], ssq, &sm.part_bar[parity], lane);
       }
       // Every thread waits: for the partials (the norm), and so that every slice's history reads
       // precede stage 3d's write-back (a slice sends its partials after its precompute, whose
@@ -1142,19 +1157,21 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     item k that follow their stores.
 //   The schedule per (state dtype, T) (kLookaheadStages: 3 stages, bf16, keep ~2 items of
 //   lookahead when a refill is issued late; 2 stages, f32, only ~1):
-//     bf16 T = 1: the overlap loop (below): item k + 1's precompute (warps 0-3) runs during item
-//       k's sweep, beside item k's refill (warps 4-7) and item k - 1's RMSNorm (warp 4); two
-//       barriers per item; the whole ring is issued in the prologue (no stagger).
+//     bf16 T <= kOverlapMaxT (4): the overlap loop (below): item k + 1's precompute (warps 0-3)
+//       runs during item k's sweep, beside item k's refill (warps 4-7) and item k - 1's RMSNorms
+//       (warps 4 ..); two barriers per item; the whole ring is issued in the prologue (no
+//       stagger).
 //     f32 T = 1: the item loop; item k's RMSNorm deferred to warp 4 during item k + 1 (token
 //       slots alternate); the refill issued by all 8 warps between the precompute and the
 //       sweep; staggered prefill (item 0's stage first, the rest once it has landed) only when
 //       the CTA has no item past the ring.
-//     bf16 T > 1: the item loop, norm on warp 0 at the item's end, refill by all 8 warps,
-//       staggered prefill always. f32 T > 1: the same, stagger only with no item past the ring.
-//   kTuneNoOverlap (dev knob, the A/B reference): bf16 T = 1 runs the pre-overlap item loop
-//   (deferred norm, refill at the top of item k + 1 by warps 5-7 (late copies), stagger).
+//     bf16 T > kOverlapMaxT: the item loop, norm on warp 0 at the item's end, refill by all 8
+//       warps, staggered prefill always. f32 T > 1: the same, stagger only with no item past the
+//       ring.
+//   kTuneNoOverlap (dev knob, the A/B reference): bf16 runs the item loop at every T (T = 1:
+//   deferred norm, refill at the top of item k + 1 by warps 5-7 (late copies), stagger).
 //   History: v7 -> v8 (deferred norm, late copies, stagger) -> the overlap for bf16 T = 1 only
-//   (f32 lost 1.5-6% with it): docs/perf.md runs 17 and 19.
+//   (f32 lost 1.5-6% with it): docs/perf.md runs 17 and 19 -> for bf16 T <= 4 (session 14).
 //   Code size: every kernel runs with a cold instruction cache (~0.06 us per KB executed), so
 //   each loop runs its precompute, sweep and deferred norm from one inlined code site
 //   (docs/perf-decode-step.md §6, session 7).
@@ -1181,8 +1198,11 @@ constexpr int kLookaheadStages = 3;
 // next item's precompute, this item's sweep, the previous item's norm).
 constexpr int kOverlapCopyWarp0 = kKindsPerToken;
 constexpr int kOverlapCopyWarps = kStreamWarps - kOverlapCopyWarp0;
-constexpr int kOverlapSlots = 3;
-static_assert(kOverlapSlots <= kChunk, "token slots of Shared");
+constexpr int kOverlapItems = 3;  // items whose tokens the overlap holds: k - 1, k, k + 1
+// The overlap runs sequences of up to kOverlapMaxT tokens (one chunk; the norms of an item's
+// tokens, one per copy warp, in one pass); longer ones run the item loop.
+constexpr int kOverlapMaxT = 4;
+static_assert(kOverlapMaxT <= kChunk && kOverlapMaxT <= kOverlapCopyWarps, "overlap tokens");
 static_assert(kOverlapCopyWarp0 == kDeferNormWarp, "the deferred norm runs on a copy warp");
 
 // Barrier over the copy warps of the overlap loop (named barrier 2).
@@ -1190,11 +1210,17 @@ __device__ __forceinline__ void overlap_copy_warps_sync() {
   asm volatile("bar.sync 2, %0;" ::"n"(kOverlapCopyWarps * kWarp) : "memory");
 }
 
-// Stages that fit one CTA's shared memory (227 KB) beside Shared<kD> (~31 KB): fp32 2 x ~83 KB,
-// bf16 3 x ~51 KB.
+// Stages that fit one CTA's shared memory (227 KB) beside Shared (~31 KB with kChunk token
+// slots, ~46 KB with the overlap's 12): fp32 2 x ~83 KB, bf16 3 x ~51 KB.
 template <typename StateT>
 constexpr int stream_stages() {
   return sizeof(StateT) == 4 ? 2 : 3;
+}
+// Token slots of the stream kernel's Shared: the overlap's three items of up to kOverlapMaxT
+// tokens where it runs (3 stages), else one chunk.
+template <typename StateT>
+constexpr int stream_slots() {
+  return stream_stages<StateT>() >= kLookaheadStages ? kOverlapItems * kOverlapMaxT : kChunk;
 }
 
 template <typename StateT>
@@ -1215,7 +1241,7 @@ template <typename StateT>
 struct StreamSmem {
   static constexpr int kStages = stream_stages<StateT>();
   Stage<StateT> stage[kStages];
-  Shared<kD> sm;
+  Shared<kD, stream_slots<StateT>()> sm;
   Ahead ahead[2][kWarp];  // resolved items of the current and the next batch
   std::uint64_t full[kStages];
 };
@@ -1417,9 +1443,9 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   if (warp == kResolveWarp) resolve_batch(0, false);
   __syncthreads();
   const int prefill = min(kStages, count);
-  // The overlap loop (header: bf16 T = 1; kTuneNoOverlap turns it off for the A/B).
+  // The overlap loop (header: bf16 T <= kOverlapMaxT; kTuneNoOverlap turns it off for the A/B).
   const bool overlap =
-      p.max_t == 1 && kStages >= kLookaheadStages && (p.tune & kTuneNoOverlap) == 0;
+      p.max_t <= kOverlapMaxT && kStages >= kLookaheadStages && (p.tune & kTuneNoOverlap) == 0;
   // Staggered prefill: only item 0's stage now; items 1 .. prefill-1 (announced now) are staged
   // at the top of item 0, once its stage has landed: item 0 waits for 1 / kStages of the ramp
   // (chip wide 132 x 51-85 KB). With 3 stages in the item loop (bf16: 0.5-3% faster up to
@@ -1452,17 +1478,20 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   // lookahead. Measured with the deferred norm: bf16 -4 to -6% at N >= 32; f32 (2 stages) +2 to
   // +4% at N >= 128, so not there.
   const bool late_copies = p.max_t == 1 && kStages >= kLookaheadStages;
-  int late_next = -1;     // the item whose copies wait for the top of the next item
-  int pending_slot = -1;  // the deferred norm's token slot (-1: none)
+  int late_next = -1;      // the item whose copies wait for the top of the next item
+  int pending_slot = -1;   // the deferred norm's first token slot (-1: none)
+  int pending_tokens = 0;  // its tokens (slots pending_slot ..; rows pending_row ..)
   std::int64_t pending_row = 0;
   int pending_h = 0;
+  // Token t of the pending item on warp kDeferNormWarp + t (T = 1: warp kDeferNormWarp alone).
   auto run_pending_norm = [&] {
-    if (pending_slot >= 0 && warp == kDeferNormWarp) {
+    const int t = warp - kDeferNormWarp;
+    if (pending_slot >= 0 && t >= 0 && t < pending_tokens) {
       float norm_w[kChannelsPerLane];
 #pragma unroll
       for (int e = 0; e < kChannelsPerLane; ++e)
         norm_w[e] = __ldg(p.norm_weight + lane * kChannelsPerLane + e);
-      norm_head_token(p, S.sm, pending_slot, pending_row, pending_h, norm_w);
+      norm_head_token(p, S.sm, pending_slot + t, pending_row + t, pending_h, norm_w);
     }
     pending_slot = -1;
   };
@@ -1477,29 +1506,37 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
                        &sv[i][c * G::kVecElems]);
   };
 
-  // The overlap (bf16 T = 1): item k + 1's precompute runs during item k's sweep. Warps 0-3
-  // (one kind each) precompute item k + 1 from its stage into token slot (k + 1) % 3 while warps
-  // 4-7 issue item k's refill (item k + kStages), warp 4 runs item k - 1's RMSNorm (slot
-  // (k - 1) % 3) and warp 7 resolves metadata; then all 8 warps write back and sweep item k
-  // (slot k % 3). Per item two barriers, X (every thread has item k's state in registers and
-  // its old history: the stage may be refilled) and Y (item k's sweep and item k + 1's
-  // precompute done), instead of three; the precompute leaves the serial path, and each
-  // sub-partition's pair (warp w, w + 4) overlaps w's precompute with w + 4's sweep.
+  // The overlap (bf16, T <= kOverlapMaxT): item k + 1's precompute runs during item k's sweep.
+  // Item k's tokens use token slots from base(k) = (k % 3) T. Warps 0-3 (one kind each, token
+  // after token) precompute item k + 1 from its stage into its slots while warps 4-7 issue item
+  // k's refill (item k + kStages), run item k - 1's RMSNorms (token t on warp 4 + t) and warp 7
+  // resolves metadata; then all 8 warps write back and sweep item k. Per item two barriers, X
+  // (every thread has item k's state in registers and its old history: the stage may be
+  // refilled) and Y (item k's sweep and item k + 1's precompute done), instead of three; the
+  // precompute leaves the serial path, and each sub-partition's pair (warp w, w + 4) overlaps
+  // w's precompute with w + 4's sweep.
   // A precompute warp whose next stage has not landed yet sweeps item k first (no order between
   // the two: different token slots). The arithmetic is run_item's (precompute_tokens,
   // ConvWriteback, sweep_token, norm_head_token): the same bits as the item loop (the test
   // TuneSwitchesBitIdentical compares the two through kTuneNoOverlap).
-  if (overlap) {
+  // kOne (T = 1, a compile-time constant there): one token an item, as before the T > 1 overlap
+  // (its runtime token loops cost bf16 T = 1 ~7%, perf.md run 103).
+  const auto overlap_loop = [&](auto one_token) {
+    constexpr bool kOne = decltype(one_token)::value;
+    const auto tokens = [&](const Item& it) { return kOne ? 1 : it.len; };
+    const auto base = [&](int k) {
+      return kOne ? k % kOverlapItems : (k % kOverlapItems) * p.max_t;
+    };
     auto precompute_of = [&](int k) {  // warps 0-3: item k's precompute, once its stage landed
       const int sk = k % kStages;
       mbar_wait(&S.full[sk], static_cast<std::uint32_t>(k / kStages) & 1u);
       const Item itk = S.stage[sk].in.item;
       if (!itk.live) return;
       if constexpr (kStage) {
-        precompute_tokens(p, S.sm, 0, 0, 1, StagedInputs{&S.stage[sk].in}, k % kOverlapSlots, warp,
+        precompute_tokens(p, S.sm, 0, 0, tokens(itk), StagedInputs{&S.stage[sk].in}, base(k), warp,
                           kKindsPerToken);
       } else {
-        precompute_tokens(p, S.sm, 0, 0, 1, GlobalInputs(p, itk), k % kOverlapSlots, warp,
+        precompute_tokens(p, S.sm, 0, 0, tokens(itk), GlobalInputs(p, itk), base(k), warp,
                           kKindsPerToken);
       }
     };
@@ -1510,7 +1547,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       Stage<StateT>& st = S.stage[s];
       mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
       const Item it = st.in.item;
-      const int slot = k % kOverlapSlots;
+      const int slot = base(k);
       float sv[L::kRowsPerThread][L::kCols];
       if (it.live) load_state_of(st, sv);
       const ConvWriteback<kStreamThreads, 1> wb = [&] {
@@ -1543,9 +1580,13 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
       pending_slot = -1;
       if (it.live) {
-        wb.store(p, S.sm, 0, 0, 1, slot);
-        sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot, 0, it.h);
+        const int len = tokens(it);
+        wb.store(p, S.sm, 0, 0, len, slot);
+#pragma unroll 1
+        for (int t = 0; t < len; ++t)
+          sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot + t, 0, it.h);
         pending_slot = slot;
+        pending_tokens = len;
         pending_row = it.b;
         pending_h = it.h;
       }
@@ -1553,7 +1594,15 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       cta_sync<kStreamThreads>();  // Y: item k's o and item k + 1's precompute are in S.sm
     }
     run_pending_norm();
-    return;
+  };
+  if constexpr (kStages >= kLookaheadStages) {  // (the Shared of 2-stage kernels has kChunk slots)
+    if (overlap) {
+      if (p.max_t == 1)
+        overlap_loop(std::true_type{});
+      else
+        overlap_loop(std::false_type{});
+      return;
+    }
   }
 
   // Iteration k = count only runs the last item's deferred norm: one code site for it.
@@ -1619,6 +1668,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     }
     if (defer_norm) {
       pending_slot = defer_slot;
+      pending_tokens = 1;
       pending_row = it.b;
       pending_h = it.h;
     }

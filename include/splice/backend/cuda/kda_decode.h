@@ -76,11 +76,16 @@ KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs);
 // Read from SPLICE_KDA_TUNE (a decimal bit mask) at the first launch; set_kda_tune() overrides
 // it (benchmarks, tests). (Until run 19 the bits were 1 = v7's schedule, 2 = the overlap.)
 enum KdaTuneBits : unsigned {
-  // bf16 T = 1 without the overlap (the mainline: item k + 1's precompute during item k's sweep,
-  // kda_decode.cuh): the pre-overlap item loop, v8's schedule (RMSNorm deferred to the next
+  // bf16 T <= 4 without the overlap (the mainline: item k + 1's precompute during item k's
+  // sweep, kda_decode.cuh): the item loop (at T = 1 v8's schedule: RMSNorm deferred to the next
   // item, refill at the top of the next item, staggered prefill). No effect elsewhere.
   kKdaTuneNoOverlap = 1u,
   kKdaTuneAll = kKdaTuneNoOverlap,
+  // Attribution only, honoured only in a build with SPLICE_KDA_DEV_ATTRIBUTION defined (dev/
+  // kda_attribution): the state sweep stores no checkpoint / skips its arithmetic (outputs,
+  // states and checkpoints are then wrong). Masked off everywhere else.
+  kKdaTuneDevDropCheckpoints = 2u,
+  kKdaTuneDevDropSweepMath = 4u,
 };
 unsigned kda_tune();
 void set_kda_tune(unsigned bits);
