@@ -857,23 +857,24 @@ __device__ __forceinline__ void sweep_token(
   constexpr bool drop_math = false, drop_stores = false;
 #endif
   float kk[L::kCols];  // this thread's k^ columns, read once for both passes
+  if (!drop_math) {
 #pragma unroll
-  for (int c = 0; c < kVecs; ++c) {
-    if (drop_math) break;
+    for (int c = 0; c < kVecs; ++c) {
 #pragma unroll
-    for (int e = 0; e < kVecElems; e += 4) {
-      const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[slot][geo.col(c) + e]);
-      const float4 kv = *reinterpret_cast<const float4*>(&sm.k[slot][geo.col(c) + e]);
-      const float dd[4] = {dv.x, dv.y, dv.z, dv.w};
-      const float kq[4] = {kv.x, kv.y, kv.z, kv.w};
+      for (int e = 0; e < kVecElems; e += 4) {
+        const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[slot][geo.col(c) + e]);
+        const float4 kv = *reinterpret_cast<const float4*>(&sm.k[slot][geo.col(c) + e]);
+        const float dd[4] = {dv.x, dv.y, dv.z, dv.w};
+        const float kq[4] = {kv.x, kv.y, kv.z, kv.w};
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int col = c * kVecElems + e + x;
-        kk[col] = kq[x];
+        for (int x = 0; x < 4; ++x) {
+          const int col = c * kVecElems + e + x;
+          kk[col] = kq[x];
 #pragma unroll
-        for (int i = 0; i < kRt; ++i) {
-          s[i][col] *= dd[x];
-          part[i] = fmaf(s[i][col], kq[x], part[i]);
+          for (int i = 0; i < kRt; ++i) {
+            s[i][col] *= dd[x];
+            part[i] = fmaf(s[i][col], kq[x], part[i]);
+          }
         }
       }
     }
@@ -886,20 +887,21 @@ __device__ __forceinline__ void sweep_token(
   float o[kRt];
 #pragma unroll
   for (int i = 0; i < kRt; ++i) o[i] = 0.0f;
+  if (!drop_math) {
 #pragma unroll
-  for (int c = 0; c < kVecs; ++c) {
-    if (drop_math) break;
+    for (int c = 0; c < kVecs; ++c) {
 #pragma unroll
-    for (int e = 0; e < kVecElems; e += 4) {
-      const float4 qv = *reinterpret_cast<const float4*>(&sm.q[slot][geo.col(c) + e]);
-      const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
+      for (int e = 0; e < kVecElems; e += 4) {
+        const float4 qv = *reinterpret_cast<const float4*>(&sm.q[slot][geo.col(c) + e]);
+        const float qq[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int col = c * kVecElems + e + x;
+        for (int x = 0; x < 4; ++x) {
+          const int col = c * kVecElems + e + x;
 #pragma unroll
-        for (int i = 0; i < kRt; ++i) {
-          s[i][col] = fmaf(delta[i], kk[col], s[i][col]);
-          o[i] = fmaf(s[i][col], qq[x], o[i]);
+          for (int i = 0; i < kRt; ++i) {
+            s[i][col] = fmaf(delta[i], kk[col], s[i][col]);
+            o[i] = fmaf(s[i][col], qq[x], o[i]);
+          }
         }
       }
     }
