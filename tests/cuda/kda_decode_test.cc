@@ -423,6 +423,39 @@ const cuda::KdaVariant kVariants[] = {cuda::KdaVariant::stream, cuda::KdaVariant
                                       cuda::KdaVariant::wide, cuda::KdaVariant::split2,
                                       cuda::KdaVariant::split4};
 
+// Every forced variant, then the automatic choice.
+std::vector<cuda::KdaVariant> variants_and_automatic() {
+  std::vector<cuda::KdaVariant> variants(std::begin(kVariants), std::end(kVariants));
+  variants.push_back(cuda::KdaVariant::automatic);
+  return variants;
+}
+
+// The output, conv_state and state storages of `got` equal `want`'s, byte for byte (EXPECT_TRUE:
+// a failing EXPECT_EQ would print both storages).
+void expect_bitwise_equal(const Problem& got, const Problem& want) {
+  EXPECT_TRUE(storage_bytes(got.output) == storage_bytes(want.output)) << "output";
+  EXPECT_TRUE(storage_bytes(got.conv_state) == storage_bytes(want.conv_state)) << "conv_state";
+  EXPECT_TRUE(storage_bytes(got.state) == storage_bytes(want.state)) << "state";
+}
+
+// A non-blocking stream with programmatic dependent launch on for a test's scope (the previous
+// setting restored after).
+class PdlStream {
+ public:
+  PdlStream() {
+    cuda::set_pdl_enabled(true);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  ~PdlStream() { cudaStreamDestroy(stream_); }
+  PdlStream(const PdlStream&) = delete;
+  PdlStream& operator=(const PdlStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  testing::PdlScope restore_pdl_;
+  cudaStream_t stream_ = nullptr;
+};
+
 // ---------------------------------------------------------------------------------------------
 
 // The compiled `stream` kernel can be placed on an SM with the block it is launched with: its
@@ -619,11 +652,7 @@ TEST(KdaCuda, PlainPackedT1Agree) {
                             c.state_indices, c.state, c.output_gate, c.norm_weight,
                             options_for(-5.0f), c.output, junk_qsl, c.nat, &plain_idx);
     cuda::synchronize();
-    for (Problem* q : {&b, &c}) {
-      EXPECT_EQ(storage_bytes(q->output), storage_bytes(a.output));
-      EXPECT_EQ(storage_bytes(q->conv_state), storage_bytes(a.conv_state));
-      EXPECT_EQ(storage_bytes(q->state), storage_bytes(a.state));
-    }
+    for (Problem* q : {&b, &c}) expect_bitwise_equal(*q, a);
   }
 }
 
@@ -668,11 +697,7 @@ TEST(KdaCuda, PerRowModesEveryVariant) {
       t1.query_start_loc = junk_qsl;
       cuda::kda_decode(t1, nullptr, v);
       cuda::synchronize();
-      for (Problem* q : {&b, &c}) {
-        EXPECT_EQ(storage_bytes(q->output), storage_bytes(a.output));
-        EXPECT_EQ(storage_bytes(q->conv_state), storage_bytes(a.conv_state));
-        EXPECT_EQ(storage_bytes(q->state), storage_bytes(a.state));
-      }
+      for (Problem* q : {&b, &c}) expect_bitwise_equal(*q, a);
     }
   }
 }
@@ -765,12 +790,9 @@ TEST(KdaCuda, TuneSwitchesBitIdentical) {
 // (never PDL), bit for bit, for every variant.
 TEST(KdaCuda, PdlChainMatchesSerial) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  testing::PdlScope restore_pdl;
-  cuda::set_pdl_enabled(true);
+  const PdlStream stream;
   Rng rng(21);
   constexpr int kCalls = 3;
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (int T : {1, 3})
     for (DType sdt : {DType::f32, DType::bf16}) {
       Meta m;
@@ -783,23 +805,19 @@ TEST(KdaCuda, PdlChainMatchesSerial) {
       }
       m.slots = N + 2;
       const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
-      std::vector<cuda::KdaVariant> variants(std::begin(kVariants), std::end(kVariants));
-      variants.push_back(cuda::KdaVariant::automatic);
-      for (auto v : variants) {
+      for (auto v : variants_and_automatic()) {
         SCOPED_TRACE("T=" + std::to_string(T) + " " + dtype_name(sdt) +
                      " variant=" + cuda::kda_variant_name(v));
         Problem chained = to_device(p, Device::cuda()), serial = to_device(p, Device::cuda());
         cuda::synchronize();
-        for (int k = 0; k < kCalls; ++k) cuda::kda_decode(packed_args(chained, -5.0f), stream, v);
-        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        for (int k = 0; k < kCalls; ++k)
+          cuda::kda_decode(packed_args(chained, -5.0f), stream.get(), v);
+        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
         for (int k = 0; k < kCalls; ++k) cuda::kda_decode(packed_args(serial, -5.0f), nullptr, v);
         cuda::synchronize();
-        EXPECT_EQ(storage_bytes(chained.output), storage_bytes(serial.output));
-        EXPECT_EQ(storage_bytes(chained.conv_state), storage_bytes(serial.conv_state));
-        EXPECT_EQ(storage_bytes(chained.state), storage_bytes(serial.state));
+        expect_bitwise_equal(chained, serial);
       }
     }
-  cudaStreamDestroy(stream);
 }
 
 // The stable-state promise (KdaDecodeArgs::stable_state: the per-head kernels read the metadata
@@ -809,20 +827,15 @@ TEST(KdaCuda, PdlChainMatchesSerial) {
 // without the promise, bit for bit, for every variant (`stream` ignores the promise).
 TEST(KdaCuda, StableStatePromiseBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  testing::PdlScope restore_pdl;
-  cuda::set_pdl_enabled(true);
+  const PdlStream stream;
   Rng rng(29);
   constexpr int kRounds = 3;
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (int T : {1, 3})
     for (DType sdt : {DType::f32, DType::bf16}) {
       const Meta m = random_meta(rng, 3, T, 1, true);
       const Problem a = make_problem(rng.integer(0, 1 << 30), 8, m, sdt);
       const Problem b = make_problem(rng.integer(0, 1 << 30), 8, m, sdt);
-      std::vector<cuda::KdaVariant> variants(std::begin(kVariants), std::end(kVariants));
-      variants.push_back(cuda::KdaVariant::automatic);
-      for (auto v : variants) {
+      for (auto v : variants_and_automatic()) {
         SCOPED_TRACE("T=" + std::to_string(T) + " " + dtype_name(sdt) +
                      " variant=" + cuda::kda_variant_name(v));
         Problem pa = to_device(a, Device::cuda()), pb = to_device(b, Device::cuda());
@@ -832,20 +845,16 @@ TEST(KdaCuda, StableStatePromiseBitIdentical) {
           for (Problem* p : {&pa, &pb}) {
             KdaDecodeArgs args = packed_args(*p, -5.0f);
             args.stable_state = true;
-            cuda::kda_decode(args, stream, v);
+            cuda::kda_decode(args, stream.get(), v);
           }
-        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
         for (int k = 0; k < kRounds; ++k)
           for (Problem* p : {&sa, &sb}) cuda::kda_decode(packed_args(*p, -5.0f), nullptr, v);
         cuda::synchronize();
-        for (auto [got, want] : {std::pair{&pa, &sa}, std::pair{&pb, &sb}}) {
-          EXPECT_EQ(storage_bytes(got->output), storage_bytes(want->output));
-          EXPECT_EQ(storage_bytes(got->conv_state), storage_bytes(want->conv_state));
-          EXPECT_EQ(storage_bytes(got->state), storage_bytes(want->state));
-        }
+        expect_bitwise_equal(pa, sa);
+        expect_bitwise_equal(pb, sb);
       }
     }
-  cudaStreamDestroy(stream);
 }
 
 // One captured launch replayed with new query_start_loc, num_accepted_tokens and slot tables
