@@ -492,7 +492,8 @@ TEST(KdaCuda, RuleTable) {
   const Row rows[] = {
       {512, 1, DType::f32, V::stream}, {512, 1, DType::bf16, V::stream},
       {32, 4, DType::bf16, V::stream}, {32, 8, DType::f32, V::stream},
-      {32, 8, DType::bf16, V::wide},   {512, 8, DType::bf16, V::wide},
+      {32, 8, DType::bf16, V::stream}, {512, 8, DType::bf16, V::stream},
+      {32, 9, DType::bf16, V::wide},   {512, 16, DType::bf16, V::wide},
       {8, 1, DType::f32, V::stream},   {8, 1, DType::bf16, V::wide},
       {8, 2, DType::f32, V::stream},   {8, 2, DType::bf16, V::wide},
       {8, 4, DType::f32, V::stream},   {8, 4, DType::bf16, V::wide},

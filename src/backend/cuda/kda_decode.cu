@@ -38,7 +38,7 @@ namespace {
 constexpr std::size_t kVecAlign = 16;  // bytes of one state vector
 constexpr int kWideThreads = 256;
 constexpr int kSplitThreads = 128;
-constexpr std::int64_t kWideBf16MinT = 8;  // the rule: bf16 state from this T runs `wide`
+constexpr std::int64_t kWideBf16MinT = 9;  // the rule: bf16 state from this T runs `wide`
 
 int current_sm_count() {
   int device = 0;
@@ -286,13 +286,14 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   //                                 bf16  any  wide     N=8 T=1 10.49~ (split2 11.01, stream
   //                                                     11.91), T=2 12.50*, T=4/8 19.09/31.94~
   //                                                     (stream 20.77/34.33)
-  //   items >= 2 SMs                bf16  >=8  wide     N=32/128/512 T=8 115.70/425.89/1641.44~
-  //                                                     (stream 121.09/453.82/1740.38)
-  //                                 otherwise  stream   every other point
-  // (stream falls back to `wide` for state that is not 16-byte aligned.) At bf16 T = 8 a
-  // stream item's 8-token precompute runs on 4 of 8 warps between barriers; `wide` holds ~2
-  // CTAs per SM that overlap one CTA's precompute with the other's sweep. Between the measured
-  // points the bands are a guess.
+  //   items >= 2 SMs                bf16  >8   wide     (unmeasured: T = 8's old band kept)
+  //                                 otherwise  stream   every other point; bf16 T=8 N=32/128/512
+  //                                                     119.49/453.73/1746.53* (wide 122.59/
+  //                                                     474.69/1772.54; perf.md run 109)
+  // (stream falls back to `wide` for state that is not 16-byte aligned.) Until run 109 bf16
+  // T >= 8 ran `wide` (run 7: 115.70/425.89/1641.44 against stream's 121.09/453.82/1740.38);
+  // the stream kernel has since gained more than `wide` at T = 8. Between the measured points
+  // the bands are a guess.
   const std::int64_t items = units * heads;
   const std::int64_t sms = sm_count;
   const bool bf16 = state_dtype == DType::bf16;
