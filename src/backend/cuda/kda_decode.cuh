@@ -72,9 +72,10 @@
 // Before this version the path held ~8: qsl[N] after the slots (its own round trip before the
 // state loads), exp(A_log) before the precompute's loads, one stall per conv tap (4) and per gate
 // channel (4), the output gate after the conv, and nat[u] before the source slot (T > 1).
-// The `stream` kernel (N = 1 at T >= 8, bf16 T >= 4) has two before its first item computes: the
-// resolving warp's metadata, then the bulk copies of the state and first-chunk inputs (batch 0's
-// beta bits and destinations are read while those copies fly; they were a third round trip).
+// The `stream` kernel (forced at N = 1; the rule picks it from 2 SMs of items) has two before its
+// first item computes: the resolving warp's metadata, then the bulk copies of the state and
+// first-chunk inputs (batch 0's beta bits and destinations are read while those copies fly; they
+// were a third round trip).
 // Per-head kernels at T > 1 prefetch the first chunk's inputs into L1 beside the state loads, so
 // the later warp items of a warp (one kind, token after token) hit L1.
 #pragma once

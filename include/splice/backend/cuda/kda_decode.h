@@ -50,7 +50,7 @@ const char* kda_variant_name(KdaVariant variant);
 //   items < sm_count / 2           -> split4
 //   items < 2 * sm_count           -> stream for f32 state, wide for bf16
 //   otherwise                      -> stream (each SM pipelines two or more heads), but wide for
-//                                     bf16 state at T >= 8
+//                                     bf16 state at T > 8 (unmeasured there; stream wins at 8)
 // (stream falls back to wide when the state is not 16-byte aligned).
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
                               DType state_dtype, int sm_count);
