@@ -116,6 +116,43 @@ splice::Tensor borrow(void* p, const splice::Dims& shape, splice::DType dt,
   return splice::Tensor::borrow(p, shape, dt, std::move(strides), splice::Device::cuda());
 }
 
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+// (attribution build, KDA_BENCH_STAMPS set) one more `stream` launch with the overlap loop's
+// clock64 stamps (kda_decode.cuh, dev_stamp): per warp, the mean cycles of each phase of an
+// item over items 4 .. 59 of CTAs 0 and 66: wait (stage landed, state and history loaded), X
+// (barrier), pre (warps 0-3: the next item's precompute; 4-7: copies, norms), sweep, late (a
+// precompute whose stage had not landed), Y (barrier), and the whole item.
+void print_stamps(const splice::KdaDecodeArgs& args, cudaStream_t stream, int N, int T) {
+  splice::cuda::kda_dev_stamps_reset();
+  splice::cuda::kda_decode(args, stream, splice::cuda::KdaVariant::stream);
+  const std::vector<long long> st = splice::cuda::kda_dev_stamps();
+  constexpr int kItems = 64, kWarps = 8, kPoints = 7;
+  auto at = [&](int c, int k, int w, int pt) {
+    return st[((static_cast<std::size_t>(c) * kItems + k) * kWarps + w) * kPoints + pt];
+  };
+  for (int c = 0; c < 2; ++c) {
+    std::printf(
+        "  stamps N=%d T=%d cta %d (cycles): warp   wait      X    pre  sweep   late      Y"
+        "   item\n",
+        N, T, c == 0 ? 0 : 66);
+    for (int w = 0; w < kWarps; ++w) {
+      double sum[kPoints] = {};
+      int n = 0;
+      for (int k = 4; k < 60; ++k) {
+        if (at(c, k + 1, w, 0) < 0 || at(c, k, w, 6) < 0) continue;
+        for (int pt = 0; pt + 1 < kPoints; ++pt) sum[pt] += at(c, k, w, pt + 1) - at(c, k, w, pt);
+        sum[kPoints - 1] += at(c, k + 1, w, 0) - at(c, k, w, 0);
+        ++n;
+      }
+      if (n == 0) continue;
+      std::printf("  stamps N=%d T=%d cta %d %20d", N, T, c == 0 ? 0 : 66, w);
+      for (int pt = 0; pt < kPoints; ++pt) std::printf(" %6.0f", sum[pt] / n);
+      std::printf("\n");
+    }
+  }
+}
+#endif
+
 Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Options& opt) {
   using splice::DType;
   const std::int64_t C = std::int64_t(kH) * kD, R = std::int64_t(N) * T, hist = T + 2;
@@ -242,6 +279,10 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
     if (variant == chosen ||
         std::find(opt.variants.begin(), opt.variants.end(), name) != opt.variants.end())
       res.variant_us[name] = time_config(variant);
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+    if (variant == splice::cuda::KdaVariant::stream && std::getenv("KDA_BENCH_STAMPS") != nullptr)
+      print_stamps(args[0], stream, N, T);
+#endif
   }
   if (!opt.tunes.empty()) {  // the `stream` schedule knob (dev A/B)
     const unsigned saved = splice::cuda::kda_tune();
@@ -369,10 +410,11 @@ int main(int argc, char** argv) {
         }
         if (r.ab_us.count("chosen_stable")) {
           const double plain = r.variant_us.at(r.chosen);
-          std::printf("  A/B %s N=%d T=%d: %s with the stable-state promise %.2f vs without %.2f "
-                      "us (%+.1f%%)\n",
-                      r.dtype.c_str(), n, t, r.chosen.c_str(), r.ab_us.at("chosen_stable"), plain,
-                      100.0 * (r.ab_us.at("chosen_stable") / plain - 1.0));
+          std::printf(
+              "  A/B %s N=%d T=%d: %s with the stable-state promise %.2f vs without %.2f "
+              "us (%+.1f%%)\n",
+              r.dtype.c_str(), n, t, r.chosen.c_str(), r.ab_us.at("chosen_stable"), plain,
+              100.0 * (r.ab_us.at("chosen_stable") / plain - 1.0));
         }
         std::fflush(stdout);
       }

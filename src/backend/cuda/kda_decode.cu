@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kda_decode.cuh"
@@ -96,6 +97,9 @@ KdaKernelInfo probe_stream_kernel() {
   const auto kernel = &kda::kda_decode_stream_kernel<StateT, kStage>;
   info.block = kda::kStreamBlock;
   info.smem_bytes = static_cast<int>(sizeof(kda::StreamSmem<StateT>));
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+  info.smem_bytes += kda::kDevScratchBytes;
+#endif
   int device = 0;
   SPLICE_CUDA_CHECK(cudaGetDevice(&device));
   SPLICE_CUDA_CHECK(
@@ -153,8 +157,16 @@ void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t h
   // One persistent CTA per SM (its shared memory admits no second one), never more than items.
   const std::int64_t items = units * heads;
   const std::int64_t grid = std::min<std::int64_t>(items, current_sm_count());
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+  static_assert(kSmem % 16 == 0);
+  kda::Params with_scratch = params;
+  with_scratch.dev_scratch_vec = kSmem / 16;
+  launch_kernel_ex(&kda::kda_decode_stream_kernel<StateT, kStage>, grid, kda::kStreamBlock,
+                   kSmem + kda::kDevScratchBytes, 1, with_scratch, stream);
+#else
   launch_kernel_ex(&kda::kda_decode_stream_kernel<StateT, kStage>, grid, kda::kStreamBlock, kSmem,
                    1, params, stream);
+#endif
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVecAlign == 0; }
@@ -212,11 +224,19 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
 std::atomic<long long> g_tune{-1};
 static_assert(kda::kTuneNoOverlap == kKdaTuneNoOverlap &&
                   kda::kTuneDevDropCheckpoints == kKdaTuneDevDropCheckpoints &&
-                  kda::kTuneDevDropSweepMath == kKdaTuneDevDropSweepMath,
+                  kda::kTuneDevDropSweepMath == kKdaTuneDevDropSweepMath &&
+                  kda::kTuneDevCheckpointsToShared == kKdaTuneDevCheckpointsToShared &&
+                  kda::kTuneDevTruncatePack == kKdaTuneDevTruncatePack &&
+                  kda::kTuneDevDropPrecompute == kKdaTuneDevDropPrecompute &&
+                  kda::kTuneDevDropNorms == kKdaTuneDevDropNorms &&
+                  kda::kTuneDevDropButterflies == kKdaTuneDevDropButterflies,
               "kernel and header tune bits agree");
 // The bits a launch may carry: the attribution bits only in a dev attribution build.
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
-constexpr unsigned kTuneMask = kKdaTuneAll | kKdaTuneDevDropCheckpoints | kKdaTuneDevDropSweepMath;
+constexpr unsigned kTuneMask = kKdaTuneAll | kKdaTuneDevDropCheckpoints | kKdaTuneDevDropSweepMath |
+                               kKdaTuneDevCheckpointsToShared | kKdaTuneDevTruncatePack |
+                               kKdaTuneDevDropPrecompute | kKdaTuneDevDropNorms |
+                               kKdaTuneDevDropButterflies;
 #else
 constexpr unsigned kTuneMask = kKdaTuneAll;
 #endif
@@ -235,6 +255,23 @@ KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs) {
     return staged_inputs ? stream_info<float, true>() : stream_info<float, false>();
   return staged_inputs ? stream_info<__nv_bfloat16, true>() : stream_info<__nv_bfloat16, false>();
 }
+
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+void kda_dev_stamps_reset() {
+  SPLICE_CUDA_CHECK(cudaDeviceSynchronize());
+  void* stamps = nullptr;
+  SPLICE_CUDA_CHECK(cudaGetSymbolAddress(&stamps, kda::g_kda_dev_stamps));
+  SPLICE_CUDA_CHECK(cudaMemset(stamps, 0xff, sizeof(kda::g_kda_dev_stamps)));
+  SPLICE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+std::vector<long long> kda_dev_stamps() {
+  std::vector<long long> out(sizeof(kda::g_kda_dev_stamps) / sizeof(long long));
+  SPLICE_CUDA_CHECK(cudaDeviceSynchronize());
+  SPLICE_CUDA_CHECK(
+      cudaMemcpyFromSymbol(out.data(), kda::g_kda_dev_stamps, sizeof(kda::g_kda_dev_stamps)));
+  return out;
+}
+#endif
 
 unsigned kda_tune() {
   long long v = g_tune.load(std::memory_order_relaxed);

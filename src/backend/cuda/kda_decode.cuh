@@ -150,6 +150,9 @@ struct Params {
   int use_lower_bound;
   float norm_eps;
   unsigned tune;  // KdaTuneBits (kda_decode.h): the dev-only schedule knob of `stream`
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+  int dev_scratch_vec;  // (attribution) the scratch's offset in the dynamic shared memory, uint4s
+#endif
   // KdaDecodeArgs::stable_state (the per-head kernels read the metadata and the source state
   // before their PDL wait; `stream` ignores it).
   int stable_state;
@@ -160,6 +163,34 @@ constexpr unsigned kTuneNoOverlap = 1u;
 // Attribution only (dev/kda_attribution; honoured in a SPLICE_KDA_DEV_ATTRIBUTION build): the
 // sweep stores no checkpoint / skips its arithmetic.
 constexpr unsigned kTuneDevDropCheckpoints = 2u, kTuneDevDropSweepMath = 4u;
+// (`stream` only) checkpoints packed into a per-warp shared scratch past StreamSmem (its dynamic
+// shared memory has kDevScratchBytes more in an attribution build) / packed by truncation.
+constexpr unsigned kTuneDevCheckpointsToShared = 8u, kTuneDevTruncatePack = 16u;
+// The precompute skips its q, k and v warp items (gates, beta and destinations stay) / `stream`
+// skips its deferred RMSNorms / the sweep skips its three shuffle butterflies.
+constexpr unsigned kTuneDevDropPrecompute = 32u, kTuneDevDropNorms = 64u,
+                   kTuneDevDropButterflies = 128u;
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+// (attribution) clock64 stamps of `stream`'s overlap loop: CTAs 0 and kStampSecondCta, items
+// k < kStampItems, lane 0 of each warp, kStampPoints points per item (the overlap loop's phases;
+// kda_dev_stamps() in kda_decode.cu copies them out after a launch).
+constexpr int kStampCtas = 2, kStampSecondCta = 66, kStampItems = 64, kStampWarps = 8,
+              kStampPoints = 7;
+__device__ long long g_kda_dev_stamps[kStampCtas][kStampItems][kStampWarps][kStampPoints];
+__device__ __forceinline__ void dev_stamp(int k, int point) {
+  const int cta = blockIdx.x == 0 ? 0 : (blockIdx.x == kStampSecondCta ? 1 : -1);
+  if (cta >= 0 && k < kStampItems) {
+    __syncwarp();  // the warp's view, not one lane's (a lane may run ahead of a diverged warp)
+    const long long now = clock64();
+    if (threadIdx.x % kWarp == 0 && threadIdx.x / kWarp < kStampWarps)
+      g_kda_dev_stamps[cta][k][threadIdx.x / kWarp][point] = now;
+  }
+}
+#define SPLICE_KDA_STAMP(k, point) dev_stamp(k, point)
+#else
+#define SPLICE_KDA_STAMP(k, point) ((void)0)
+#endif
+constexpr int kDevScratchBytes = 16384;
 
 __device__ __forceinline__ float bf16_to_f32(std::uint16_t bits) {
   return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
@@ -373,6 +404,22 @@ __device__ __forceinline__ uint4 pack(const float* in) {
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
+
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+// Attribution only: pack() with the bf16 rounding replaced by truncation (one PRMT a pair).
+template <typename StateT>
+__device__ __forceinline__ uint4 pack_truncate(const float* in) {
+  if constexpr (sizeof(StateT) == 4) {
+    return pack<StateT>(in);
+  } else {
+    std::uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = __byte_perm(__float_as_uint(in[2 * i]), __float_as_uint(in[2 * i + 1]), 0x7632);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+#endif
 
 // Per-chunk shared memory of one CTA with kRows value rows and kSlots token slots (a chunk's
 // kChunk tokens; the stream kernel's overlap holds three items' tokens, stream_slots()).
@@ -702,6 +749,9 @@ __device__ __forceinline__ void precompute_tokens(const Params& p, Shared<kRows,
     const int t = item / kKindsPerToken, kind = item % kKindsPerToken;
     const int tt = c0 + t;
     const int slot = ts + t;
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+    if ((p.tune & kTuneDevDropPrecompute) != 0 && kind != 2) continue;
+#endif
     if (kind < 2) {  // q (kind 0) or k (kind 1): conv, SiLU, L2 norm
       float m[kChannelsPerLane];
       std::uint16_t xb[kChannelsPerLane];
@@ -880,10 +930,20 @@ __device__ __forceinline__ void sweep_token(
       }
     }
   }
-  const float pred = reduce_rows<kRt, kLanes>(part, geo.j);
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+  const bool drop_shuffles = (p.tune & kTuneDevDropButterflies) != 0;
+#else
+  constexpr bool drop_shuffles = false;
+#endif
+  const float pred = drop_shuffles ? part[0] : reduce_rows<kRt, kLanes>(part, geo.j);
   const float delta_mine = sm.beta[slot] * (sm.v[slot][geo.row(my_row)] - pred);
   float delta[kRt];
-  gather_rows<kRt, kLanes>(delta_mine, delta, geo.j);
+  if (drop_shuffles) {
+#pragma unroll
+    for (int i = 0; i < kRt; ++i) delta[i] = delta_mine;
+  } else {
+    gather_rows<kRt, kLanes>(delta_mine, delta, geo.j);
+  }
 
   float o[kRt];
 #pragma unroll
@@ -907,10 +967,38 @@ __device__ __forceinline__ void sweep_token(
       }
     }
   }
-  const float o_total = reduce_rows<kRt, kLanes>(o, geo.j);
+  const float o_total = drop_shuffles ? o[0] : reduce_rows<kRt, kLanes>(o, geo.j);
   if (row_leader) sm.o[slot][geo.row(my_row)] = round_bf16(o_total);
 
   const int dst = sm.dst[slot];
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+  if (dst > 0 && (p.tune & kTuneDevCheckpointsToShared) != 0) {
+    extern __shared__ uint4 smem_raw[];
+    uint4* scratch =
+        smem_raw + p.dev_scratch_vec + (threadIdx.x / kWarp) * (kDevScratchBytes / 16 / 8);
+    const int lane = threadIdx.x % kWarp;
+    const bool trunc = (p.tune & kTuneDevTruncatePack) != 0;
+#pragma unroll
+    for (int i = 0; i < kRt; ++i)
+#pragma unroll
+      for (int c = 0; c < kVecs; ++c)
+        scratch[((i * kVecs + c) * kWarp + lane) & (kDevScratchBytes / 16 / 8 - 1)] =
+            trunc ? pack_truncate<StateT>(&s[i][c * kVecElems])
+                  : pack<StateT>(&s[i][c * kVecElems]);
+    return;
+  }
+  if (dst > 0 && !drop_stores && (p.tune & kTuneDevTruncatePack) != 0) {
+    StateT* out = static_cast<StateT*>(p.state) + static_cast<std::int64_t>(dst) * p.state_slot +
+                  static_cast<std::int64_t>(h) * kD * kD;
+#pragma unroll
+    for (int i = 0; i < kRt; ++i)
+#pragma unroll
+      for (int c = 0; c < kVecs; ++c)
+        store_state_vec<StateT, kVec>(out + (row0 + geo.row(i)) * kD + geo.col(c),
+                                      pack_truncate<StateT>(&s[i][c * kVecElems]));
+    return;
+  }
+#endif
   if (dst > 0 && !drop_stores) {
     StateT* out = static_cast<StateT*>(p.state) + static_cast<std::int64_t>(dst) * p.state_slot +
                   static_cast<std::int64_t>(h) * kD * kD;
@@ -1489,6 +1577,9 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   // Token t of the pending item on warp kDeferNormWarp + t (T = 1: warp kDeferNormWarp alone).
   auto run_pending_norm = [&] {
     const int t = warp - kDeferNormWarp;
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+    if ((p.tune & kTuneDevDropNorms) != 0) pending_slot = -1;
+#endif
     if (pending_slot >= 0 && t >= 0 && t < pending_tokens) {
       float norm_w[kChannelsPerLane];
 #pragma unroll
@@ -1548,6 +1639,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     for (int k = 0; k < count; ++k) {
       const int s = k % kStages;
       Stage<StateT>& st = S.stage[s];
+      SPLICE_KDA_STAMP(k, 0);
       mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
       const Item it = st.in.item;
       const int slot = base(k);
@@ -1559,7 +1651,9 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
         else
           return ConvWriteback<kStreamThreads, 1>(p, it, 0, GlobalInputs(p, it), it.live);
       }();
-      cta_sync<kStreamThreads>();    // X: stage s is no longer read; item k's precompute is done
+      SPLICE_KDA_STAMP(k, 1);
+      cta_sync<kStreamThreads>();  // X: stage s is no longer read; item k's precompute is done
+      SPLICE_KDA_STAMP(k, 2);
       const int next = k + kStages;  // the item that reuses stage s
       if (warp >= kOverlapCopyWarp0) {
         if (tid == kOverlapCopyWarp0 * kWarp && next < count)
@@ -1580,6 +1674,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
           precompute_next &&
           mbar_test(&S.full[(k + 1) % kStages], static_cast<std::uint32_t>((k + 1) / kStages) & 1u);
       if (landed) precompute_of(k + 1);
+      SPLICE_KDA_STAMP(k, 3);
       zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
       pending_slot = -1;
       if (it.live) {
@@ -1593,8 +1688,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
         pending_row = it.b;
         pending_h = it.h;
       }
+      SPLICE_KDA_STAMP(k, 4);
       if (precompute_next && !landed) precompute_of(k + 1);
+      SPLICE_KDA_STAMP(k, 5);
       cta_sync<kStreamThreads>();  // Y: item k's o and item k + 1's precompute are in S.sm
+      SPLICE_KDA_STAMP(k, 6);
     }
     run_pending_norm();
   };

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "splice/ops/kda_decode.h"
 
@@ -86,9 +87,24 @@ enum KdaTuneBits : unsigned {
   // states and checkpoints are then wrong). Masked off everywhere else.
   kKdaTuneDevDropCheckpoints = 2u,
   kKdaTuneDevDropSweepMath = 4u,
+  // Attribution only, as above (`stream` only): the checkpoints are packed and stored into a
+  // per-warp shared-memory scratch instead of device memory / rounded by truncation (no F2FP).
+  kKdaTuneDevCheckpointsToShared = 8u,
+  kKdaTuneDevTruncatePack = 16u,
+  // (attribution) the precompute's q, k, v items / `stream`'s deferred RMSNorms / the sweep's
+  // shuffle butterflies are skipped.
+  kKdaTuneDevDropPrecompute = 32u,
+  kKdaTuneDevDropNorms = 64u,
+  kKdaTuneDevDropButterflies = 128u,
 };
 unsigned kda_tune();
 void set_kda_tune(unsigned bits);
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+// (attribution build) the clock64 stamps of the last `stream` overlap-loop launch:
+// [2 CTAs][64 items][8 warps][7 points] (kda_decode.cuh, dev_stamp), -1 where none was taken.
+std::vector<long long> kda_dev_stamps();
+void kda_dev_stamps_reset();
+#endif
 
 // Runs the decode described by `args` on `stream` with `variant` (automatic: the rule above).
 // Writes args.output, updates args.conv_state and args.state in place. Never synchronizes and
