@@ -1290,6 +1290,7 @@ constexpr int kLookaheadStages = 3;
 constexpr int kOverlapCopyWarp0 = kKindsPerToken;
 constexpr int kOverlapCopyWarps = kStreamWarps - kOverlapCopyWarp0;
 constexpr int kOverlapItems = 3;  // items whose tokens the overlap holds: k - 1, k, k + 1
+constexpr int kT1NormWarp = 2;    // the overlap's deferred norm at T = 1 (the gate warp)
 // The overlap runs sequences of up to kOverlapMaxT tokens (one chunk; the norms of an item's
 // tokens, one per copy warp, in one pass); longer ones run the item loop.
 constexpr int kOverlapMaxT = 4;
@@ -1575,8 +1576,8 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   std::int64_t pending_row = 0;
   int pending_h = 0;
   // Token t of the pending item on warp kDeferNormWarp + t (T = 1: warp kDeferNormWarp alone).
-  auto run_pending_norm = [&] {
-    const int t = warp - kDeferNormWarp;
+  auto run_pending_norm = [&](int first_warp = kDeferNormWarp) {
+    const int t = warp - first_warp;
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
     if ((p.tune & kTuneDevDropNorms) != 0) pending_slot = -1;
 #endif
@@ -1603,8 +1604,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   // The overlap (bf16, T <= kOverlapMaxT): item k + 1's precompute runs during item k's sweep.
   // Item k's tokens use token slots from base(k) = (k % 3) T. Warps 0-3 (one kind each, token
   // after token) precompute item k + 1 from its stage into its slots while warps 4-7 issue item
-  // k's refill (item k + kStages), run item k - 1's RMSNorms (token t on warp 4 + t) and warp 7
-  // resolves metadata; then all 8 warps write back and sweep item k. Per item two barriers, X
+  // k's refill (item k + kStages), run item k - 1's RMSNorms (token t on warp 4 + t; T = 1: on
+  // warp kT1NormWarp) and warp 7 resolves metadata; at T = 4 the copy warps also precompute the
+  // last token (one kind each); then all 8 warps write back and sweep item k. The shares follow
+  // the overlap loop's clock64 stamps (dev/kda_attribution, perf.md run 115): per warp, copies
+  // and a norm took about as long as one token's precompute. Per item two barriers, X
   // (every thread has item k's state in registers and its old history: the stage may be
   // refilled) and Y (item k's sweep and item k + 1's precompute done), instead of three; the
   // precompute leaves the serial path, and each sub-partition's pair (warp w, w + 4) overlaps
@@ -1621,20 +1625,33 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     const auto base = [&](int k) {
       return kOne ? k % kOverlapItems : (k % kOverlapItems) * p.max_t;
     };
-    auto precompute_of = [&](int k) {  // warps 0-3: item k's precompute, once its stage landed
+    // Item k's precompute, once its stage landed: warps 0-3 (kind = warp) take its first
+    // n - n / 4 tokens, the copy warps (kind = warp - 4) the rest, so at T = 4 each side has
+    // about the same path before its sweep (copies and a norm ~ one token's precompute).
+    const bool shares_precompute = warp < kKindsPerToken || (!kOne && p.max_t >= 4);
+    auto precompute_of = [&](int k) {
       const int sk = k % kStages;
       mbar_wait(&S.full[sk], static_cast<std::uint32_t>(k / kStages) & 1u);
       const Item itk = S.stage[sk].in.item;
       if (!itk.live) return;
+      const int n = tokens(itk), n_first = n - n / kKindsPerToken;
+      const bool later = warp >= kKindsPerToken;
+      const int c0 = later ? n_first : 0, nt = later ? n - n_first : n_first;
+      if (nt == 0) return;
+      const int kind = warp % kKindsPerToken;
       if constexpr (kStage) {
-        precompute_tokens(p, S.sm, 0, 0, tokens(itk), StagedInputs{&S.stage[sk].in}, base(k), warp,
+        precompute_tokens(p, S.sm, 0, c0, nt, StagedInputs{&S.stage[sk].in}, base(k) + c0, kind,
                           kKindsPerToken);
       } else {
-        precompute_tokens(p, S.sm, 0, 0, tokens(itk), GlobalInputs(p, itk), base(k), warp,
+        precompute_tokens(p, S.sm, 0, c0, nt, GlobalInputs(p, itk), base(k) + c0, kind,
                           kKindsPerToken);
       }
     };
-    if (warp < kKindsPerToken) precompute_of(0);  // (no stagger: the ring is in flight)
+    // The deferred RMSNorms: token t of item k - 1 on warp norm_warp0 + t. T = 1: on the gate
+    // warp (the shortest precompute: stamps, dev/kda_attribution), not on copy warp 4, whose
+    // copies and norm set the item's pace.
+    const int norm_warp0 = kOne ? kT1NormWarp : kDeferNormWarp;
+    if (shares_precompute) precompute_of(0);  // (no stagger: the ring is in flight)
 #pragma unroll 1
     for (int k = 0; k < count; ++k) {
       const int s = k % kStages;
@@ -1667,9 +1684,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
           const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
           if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
         }
-        run_pending_norm();
+        run_pending_norm(norm_warp0);
+      } else {
+        run_pending_norm(norm_warp0);
       }
-      const bool precompute_next = warp < kKindsPerToken && k + 1 < count;
+      const bool precompute_next = shares_precompute && k + 1 < count;
       const bool landed =
           precompute_next &&
           mbar_test(&S.full[(k + 1) % kStages], static_cast<std::uint32_t>((k + 1) / kStages) & 1u);
@@ -1694,7 +1713,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       cta_sync<kStreamThreads>();  // Y: item k's o and item k + 1's precompute are in S.sm
       SPLICE_KDA_STAMP(k, 6);
     }
-    run_pending_norm();
+    run_pending_norm(norm_warp0);
   };
   if constexpr (kStages >= kLookaheadStages) {  // (the Shared of 2-stage kernels has kChunk slots)
     if (overlap) {
