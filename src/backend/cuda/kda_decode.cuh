@@ -971,31 +971,24 @@ __device__ __forceinline__ void sweep_token(
   if (row_leader) sm.o[slot][geo.row(my_row)] = round_bf16(o_total);
 
   const int dst = sm.dst[slot];
+  // The checkpoint's 16-byte vectors (attribution build: optionally packed by truncation).
+  auto packed = [&](int i, int c) {
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+    if ((p.tune & kTuneDevTruncatePack) != 0) return pack_truncate<StateT>(&s[i][c * kVecElems]);
+#endif
+    return pack<StateT>(&s[i][c * kVecElems]);
+  };
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   if (dst > 0 && (p.tune & kTuneDevCheckpointsToShared) != 0) {
     extern __shared__ uint4 smem_raw[];
     uint4* scratch =
         smem_raw + p.dev_scratch_vec + (threadIdx.x / kWarp) * (kDevScratchBytes / 16 / 8);
     const int lane = threadIdx.x % kWarp;
-    const bool trunc = (p.tune & kTuneDevTruncatePack) != 0;
 #pragma unroll
     for (int i = 0; i < kRt; ++i)
 #pragma unroll
       for (int c = 0; c < kVecs; ++c)
-        scratch[((i * kVecs + c) * kWarp + lane) & (kDevScratchBytes / 16 / 8 - 1)] =
-            trunc ? pack_truncate<StateT>(&s[i][c * kVecElems])
-                  : pack<StateT>(&s[i][c * kVecElems]);
-    return;
-  }
-  if (dst > 0 && !drop_stores && (p.tune & kTuneDevTruncatePack) != 0) {
-    StateT* out = static_cast<StateT*>(p.state) + static_cast<std::int64_t>(dst) * p.state_slot +
-                  static_cast<std::int64_t>(h) * kD * kD;
-#pragma unroll
-    for (int i = 0; i < kRt; ++i)
-#pragma unroll
-      for (int c = 0; c < kVecs; ++c)
-        store_state_vec<StateT, kVec>(out + (row0 + geo.row(i)) * kD + geo.col(c),
-                                      pack_truncate<StateT>(&s[i][c * kVecElems]));
+        scratch[((i * kVecs + c) * kWarp + lane) & (kDevScratchBytes / 16 / 8 - 1)] = packed(i, c);
     return;
   }
 #endif
@@ -1006,8 +999,7 @@ __device__ __forceinline__ void sweep_token(
     for (int i = 0; i < kRt; ++i)
 #pragma unroll
       for (int c = 0; c < kVecs; ++c)
-        store_state_vec<StateT, kVec>(out + (row0 + geo.row(i)) * kD + geo.col(c),
-                                      pack<StateT>(&s[i][c * kVecElems]));
+        store_state_vec<StateT, kVec>(out + (row0 + geo.row(i)) * kD + geo.col(c), packed(i, c));
   }
 }
 
