@@ -18,7 +18,8 @@
 //     stable-state promise (KdaDecodeArgs::stable_state; N <= 8, consecutive launches on
 //     disjoint slot sets, where the promise holds).
 //  5. Dev A/B of the `stream` kernel's schedule knob (cuda::KdaTuneBits, dev/kda_b/): with
-//     KDA_BENCH_TUNES=1 (kKdaTuneNoOverlap: bf16 T = 1 without the overlap) the `stream` variant
+//     KDA_BENCH_TUNES=1 (kKdaTuneNoOverlap: bf16 T <= 4 on the 8-warp item loop instead of the
+//     precompute-group kernel) the `stream` variant
 //     is also timed with each listed bit mask (set_kda_tune), printed as "A/B" lines, a decision
 //     table (us and % of the floor per mask) and the JSON field "stream_tune_us"; the main table
 //     and "stream_us" keep the default.
@@ -117,22 +118,24 @@ splice::Tensor borrow(void* p, const splice::Dims& shape, splice::DType dt,
 }
 
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
-// (attribution build, KDA_BENCH_STAMPS set) one more `stream` launch with the overlap loop's
-// clock64 stamps (kda_decode.cuh, dev_stamp): per warp, the mean cycles of each phase of an
-// item over items 4 .. 59 of CTAs 0 and 66: wait (stage landed, state and history loaded), X
-// (barrier), pre (warps 0-3: the next item's precompute; 4-7: copies, norms), sweep, late (a
-// precompute whose stage had not landed), Y (barrier), and the whole item.
+// (attribution build, KDA_BENCH_STAMPS set) one more `stream` launch (bf16 T <= 4: the
+// precompute-group kernel) with its clock64 stamps (kda_decode.cuh, dev_stamp): per warp, the
+// mean cycles of each phase of an item over items 4 .. 59 of CTAs 0 and 66, and the whole item.
+// Sweep warps 0-7: p1 wait for the precompute, p2 state and history into registers, p3 barrier
+// X, p4 the refill's copies, p5 write-back and sweep, p6 arrival. Precompute warps 8-11: p1 the
+// next item's precompute (and the taps two items ahead), p2 -, p3 a metadata batch, p4 wait for
+// the sweep, p5 the norms, p6 -.
 void print_stamps(const splice::KdaDecodeArgs& args, cudaStream_t stream, int N, int T) {
   splice::cuda::kda_dev_stamps_reset();
   splice::cuda::kda_decode(args, stream, splice::cuda::KdaVariant::stream);
   const std::vector<long long> st = splice::cuda::kda_dev_stamps();
-  constexpr int kItems = 64, kWarps = 8, kPoints = 7;
+  constexpr int kItems = 64, kWarps = 12, kPoints = 7;
   auto at = [&](int c, int k, int w, int pt) {
     return st[((static_cast<std::size_t>(c) * kItems + k) * kWarps + w) * kPoints + pt];
   };
   for (int c = 0; c < 2; ++c) {
     std::printf(
-        "  stamps N=%d T=%d cta %d (cycles): warp   wait      X    pre  sweep   late      Y"
+        "  stamps N=%d T=%d cta %d (cycles): warp     p1     p2     p3     p4     p5     p6"
         "   item\n",
         N, T, c == 0 ? 0 : 66);
     for (int w = 0; w < kWarps; ++w) {

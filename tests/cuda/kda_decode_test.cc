@@ -464,12 +464,19 @@ class PdlStream {
 // to `wide` silently (or, before that check, fail to launch).
 TEST(KdaCuda, StreamKernelAdmitsItsBlock) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  for (DType dtype : {DType::f32, DType::bf16}) {
+  struct Kernel {
+    DType dtype;
+    bool precompute_group;
+  };
+  for (const Kernel kernel :
+       {Kernel{DType::f32, false}, Kernel{DType::bf16, false}, Kernel{DType::bf16, true}}) {
     for (bool staged : {true, false}) {
-      const cuda::KdaKernelInfo info = cuda::kda_stream_kernel_info(dtype, staged);
-      SCOPED_TRACE(std::string(dtype_name(dtype)) + (staged ? " staged" : " plain") + ": " +
-                   std::to_string(info.num_regs) + " registers, " +
-                   std::to_string(info.smem_bytes) + " B shared");
+      const cuda::KdaKernelInfo info =
+          cuda::kda_stream_kernel_info(kernel.dtype, staged, kernel.precompute_group);
+      SCOPED_TRACE(std::string(dtype_name(kernel.dtype)) +
+                   (kernel.precompute_group ? " precompute group" : "") +
+                   (staged ? " staged" : " plain") + ": " + std::to_string(info.num_regs) +
+                   " registers, " + std::to_string(info.smem_bytes) + " B shared");
       EXPECT_GE(info.max_threads_per_block, info.block);
       EXPECT_LE(info.smem_bytes, info.smem_optin);
       EXPECT_EQ(info.local_bytes, 0) << "the kernel spills";
@@ -730,14 +737,14 @@ TEST(KdaCuda, Deterministic) {
 // The dev-only schedule knob of `stream` (cuda::KdaTuneBits, dev/kda_b/) changes the order of
 // work, never the arithmetic: with kKdaTuneNoOverlap (bf16 T <= 4: the item loop; at T = 1 with
 // the deferred norm, late copies and the stagger) each stream kernel (staged and plain inputs)
-// leaves output, state and conv_state bit-identical to the mainline (bf16 T <= 4: the overlap
-// loop), on T = 1 with many items per CTA (token slots rotating over many items, null and
-// trailing rows between them, the metadata batches) and with one or two items per CTA (the
-// ring's edge: fewer items than stages, the f32 stagger), on T = 2, 3, 4 (ragged sequences,
-// several tokens' slots per item, their norms on several warps) and T = 5 (the knob inactive:
-// the same item loop twice); f32 runs the item loop with and without the knob.
-// The mainline is also checked against the CPU kernel and the reference on the small cases (as
-// in every other test), so the knob's schedule is.
+// leaves output, state and conv_state bit-identical to the mainline (bf16 T <= 4: the kernel
+// with the precompute warp group), on T = 1 with many items per CTA (token slots rotating over many
+// items, null and trailing rows between them, the metadata batches) and with one or two items per
+// CTA (the ring's edge: fewer items than stages, the f32 stagger), on T = 2, 3, 4 (ragged
+// sequences, several tokens' slots per item, their norms on several warps) and T = 5 (the knob
+// inactive: the same item loop twice); f32 runs the item loop with and without the knob. The
+// mainline is also checked against the CPU kernel and the reference on the small cases (as in every
+// other test), so the knob's schedule is.
 TEST(KdaCuda, TuneSwitchesBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct TuneScope {
@@ -748,8 +755,8 @@ TEST(KdaCuda, TuneSwitchesBitIdentical) {
   struct Shape {
     int n, t, h;
   };
-  // The overlap runs bf16 T <= 4 (many items per CTA at N = 280 and 48, one or two at N = 6);
-  // T = 5 runs the item loop under both masks.
+  // The precompute-group kernel runs bf16 T <= 4 (many items per CTA at N = 280 and 48, one or
+  // two at N = 6); T = 5 runs the item loop under both masks.
   for (const Shape sh : {Shape{280, 1, 32}, Shape{6, 1, 32}, Shape{1, 1, 8}, Shape{48, 3, 32},
                          Shape{6, 4, 32}, Shape{6, 2, 32}, Shape{6, 5, 8}})
     for (DType sdt : {DType::f32, DType::bf16}) {

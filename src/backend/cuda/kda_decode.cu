@@ -12,7 +12,8 @@
 //     threads per sub-partition, shared memory; checked once, reason under SPLICE_DEBUG).
 //  3. Fills the POD Params (pointers, element strides, scalars) and launches: one grid of
 //     slices * H * units CTAs for the per-head variants (split variants as thread-block clusters
-//     of `slices` CTAs), or min(items, SMs) persistent CTAs for `stream`, all through
+//     of `slices` CTAs), or min(items, SMs) persistent CTAs for `stream` (bf16 T <= 4: the
+//     kernel with the precompute warp group, 384 threads; else the 8-warp kernel), all through
 //     cudaLaunchKernelEx with the PDL attribute when launch.cuh's pdl_enabled() and the stream is
 //     not the legacy default stream (every kda kernel waits before its first global access).
 //     Nothing is read back from the device. Params.tune carries the dev-only KdaTuneBits
@@ -24,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -91,11 +93,21 @@ bool debug_enabled() {
   return v != nullptr && std::atoi(v) > 0;
 }
 
-template <typename StateT, bool kStage>
+// The stream kernel of (StateT, kStage): with the precompute warp group (kWs, bf16 only) or not.
+template <typename StateT, bool kStage, bool kWs>
+constexpr auto stream_kernel() {
+  if constexpr (kWs)
+    return &kda::kda_decode_stream_ws_kernel<kStage>;
+  else
+    return &kda::kda_decode_stream_kernel<StateT, kStage>;
+}
+
+template <typename StateT, bool kStage, bool kWs>
 KdaKernelInfo probe_stream_kernel() {
+  static_assert(!kWs || std::is_same_v<StateT, __nv_bfloat16>, "the precompute group: bf16");
   KdaKernelInfo info;
-  const auto kernel = &kda::kda_decode_stream_kernel<StateT, kStage>;
-  info.block = kda::kStreamBlock;
+  const auto kernel = stream_kernel<StateT, kStage, kWs>();
+  info.block = kWs ? kda::kWsBlock : kda::kStreamBlock;
   info.smem_bytes = static_cast<int>(sizeof(kda::StreamSmem<StateT>));
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   info.smem_bytes += kda::kDevScratchBytes;
@@ -132,28 +144,29 @@ KdaKernelInfo probe_stream_kernel() {
     info.launchable = true;
   }
   if (!info.launchable && debug_enabled()) {
-    std::fprintf(stderr, "splice: kda `stream` (%s state%s) falls back to `wide`: %s\n",
-                 sizeof(StateT) == 4 ? "f32" : "bf16", kStage ? ", staged inputs" : "",
-                 info.reason.c_str());
+    std::fprintf(stderr, "splice: kda `stream`%s (%s state%s) falls back: %s\n",
+                 kWs ? " with the precompute group" : "", sizeof(StateT) == 4 ? "f32" : "bf16",
+                 kStage ? ", staged inputs" : "", info.reason.c_str());
   }
   return info;
 }
 
-template <typename StateT, bool kStage>
+template <typename StateT, bool kStage, bool kWs = false>
 const KdaKernelInfo& stream_info() {
-  static const KdaKernelInfo info = probe_stream_kernel<StateT, kStage>();
+  static const KdaKernelInfo info = probe_stream_kernel<StateT, kStage, kWs>();
   return info;
 }
 
-template <typename StateT, bool kStage>
+template <typename StateT, bool kStage, bool kWs = false>
 bool stream_fits() {
-  return stream_info<StateT, kStage>().launchable;
+  return stream_info<StateT, kStage, kWs>().launchable;
 }
 
-template <typename StateT, bool kStage>
+template <typename StateT, bool kStage, bool kWs = false>
 void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t heads,
                    cudaStream_t stream) {
   constexpr int kSmem = sizeof(kda::StreamSmem<StateT>);
+  constexpr int kBlock = kWs ? kda::kWsBlock : kda::kStreamBlock;
   // One persistent CTA per SM (its shared memory admits no second one), never more than items.
   const std::int64_t items = units * heads;
   const std::int64_t grid = std::min<std::int64_t>(items, current_sm_count());
@@ -161,12 +174,19 @@ void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t h
   static_assert(kSmem % 16 == 0);
   kda::Params with_scratch = params;
   with_scratch.dev_scratch_vec = kSmem / 16;
-  launch_kernel_ex(&kda::kda_decode_stream_kernel<StateT, kStage>, grid, kda::kStreamBlock,
+  launch_kernel_ex(stream_kernel<StateT, kStage, kWs>(), grid, kBlock,
                    kSmem + kda::kDevScratchBytes, 1, with_scratch, stream);
 #else
-  launch_kernel_ex(&kda::kda_decode_stream_kernel<StateT, kStage>, grid, kda::kStreamBlock, kSmem,
-                   1, params, stream);
+  launch_kernel_ex(stream_kernel<StateT, kStage, kWs>(), grid, kBlock, kSmem, 1, params, stream);
 #endif
+}
+
+// bf16 T <= kOverlapMaxT: the stream kernel with the precompute warp group (kda_decode.cuh),
+// unless kTuneNoOverlap asks for the 8-warp kernel's item loop (the A/B reference).
+template <typename StateT>
+bool wants_precompute_group(const kda::Params& params) {
+  return std::is_same_v<StateT, __nv_bfloat16> && params.max_t <= kda::kOverlapMaxT &&
+         (params.tune & kda::kTuneNoOverlap) == 0;
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVecAlign == 0; }
@@ -193,8 +213,20 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
       // The copy engine needs 16-byte aligned state (else the per-head kernel runs); the
       // precompute's inputs are staged when they are aligned too (`stream` only).
       if constexpr (kVec) {
-        if (variant == KdaVariant::stream && inputs_stageable(params) &&
-            stream_fits<StateT, true>()) {
+        const bool staged = variant == KdaVariant::stream && inputs_stageable(params);
+        if constexpr (std::is_same_v<StateT, __nv_bfloat16>) {
+          if (wants_precompute_group<StateT>(params)) {
+            if (staged && stream_fits<StateT, true, true>()) {
+              launch_stream<StateT, true, true>(params, units, heads, stream);
+              return;
+            }
+            if (!staged && stream_fits<StateT, false, true>()) {
+              launch_stream<StateT, false, true>(params, units, heads, stream);
+              return;
+            }
+          }
+        }
+        if (staged && stream_fits<StateT, true>()) {
           launch_stream<StateT, true>(params, units, heads, stream);
           return;
         }
@@ -248,9 +280,14 @@ void check_cuda(const Tensor& t, const char* name, int device) {
 
 }  // namespace
 
-KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs) {
+KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs, bool precompute_group) {
   SPLICE_INTERNAL_CHECK(state_dtype == DType::f32 || state_dtype == DType::bf16, "state dtype ",
                         dtype_name(state_dtype));
+  SPLICE_INTERNAL_CHECK(!precompute_group || state_dtype == DType::bf16,
+                        "the precompute-group kernel runs bf16 state only");
+  if (precompute_group)
+    return staged_inputs ? stream_info<__nv_bfloat16, true, true>()
+                         : stream_info<__nv_bfloat16, false, true>();
   if (state_dtype == DType::f32)
     return staged_inputs ? stream_info<float, true>() : stream_info<float, false>();
   return staged_inputs ? stream_info<__nv_bfloat16, true>() : stream_info<__nv_bfloat16, false>();

@@ -1,8 +1,9 @@
 // The fused KDA decode kernels (spec kda_decode.md §2-§3): device code only. Host logic (variant
 // choice, launch, alignment checks) lives in kda_decode.cu.
 //
-// Work item = (work unit u, head h); a unit is a sequence (packed) or a row (plain / t1). Two
-// kernels share the per-item body (run_item):
+// Work item = (work unit u, head h); a unit is a sequence (packed) or a row (plain / t1). Three
+// kernels share the per-item stages below (precompute_tokens, sweep_token, norm_head_token,
+// ConvWriteback):
 //   kda_decode_kernel: one CTA per (item, value slice s); a cluster of kSlices CTAs covers one
 //     head's 128 value rows. The state loads are issued before the precompute.
 //   kda_decode_stream_kernel: one persistent CTA of 8 warps per SM walks items with a grid
@@ -10,6 +11,8 @@
 //     engine (cp.async.bulk + mbarrier) with each coming item's source state and first-chunk
 //     inputs; the copies of item k + stages are issued by the warps themselves right after item
 //     k's state is in registers (no producer warp: 9 warps cannot hold ~200 registers each).
+//   kda_decode_stream_ws_kernel (bf16, T <= 4): the same ring on 12 warps in two roles, 8 sweep
+//     warps and 4 precompute warps that run item k + 1's precompute beside item k's sweep.
 // Notation: D = 128, C = H*D, rows b .. b+L-1 of unit u, accepted offset a, conv slot cs, source
 // slot ss, checkpoint destinations dst[t].
 //
@@ -171,10 +174,10 @@ constexpr unsigned kTuneDevCheckpointsToShared = 8u, kTuneDevTruncatePack = 16u;
 constexpr unsigned kTuneDevDropPrecompute = 32u, kTuneDevDropNorms = 64u,
                    kTuneDevDropButterflies = 128u;
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
-// (attribution) clock64 stamps of `stream`'s overlap loop: CTAs 0 and kStampSecondCta, items
-// k < kStampItems, lane 0 of each warp, kStampPoints points per item (the overlap loop's phases;
-// kda_dev_stamps() in kda_decode.cu copies them out after a launch).
-constexpr int kStampCtas = 2, kStampSecondCta = 66, kStampItems = 64, kStampWarps = 8,
+// (attribution) clock64 stamps of the precompute-group `stream` kernel: CTAs 0 and
+// kStampSecondCta, items k < kStampItems, lane 0 of each warp, kStampPoints points per item (its
+// loops' phases; kda_dev_stamps() in kda_decode.cu copies them out after a launch).
+constexpr int kStampCtas = 2, kStampSecondCta = 66, kStampItems = 64, kStampWarps = 12,
               kStampPoints = 7;
 __device__ long long g_kda_dev_stamps[kStampCtas][kStampItems][kStampWarps][kStampPoints];
 __device__ __forceinline__ void dev_stamp(int k, int point) {
@@ -561,7 +564,10 @@ struct GlobalInputs {
     return p.weight + static_cast<std::int64_t>(pr * kConvWidth + tap) * p.channels + head();
   }
   __device__ std::uint16_t act(const std::uint16_t* q) const { return *q; }
-  __device__ float tap(const float* q) const { return __ldg(q); }
+  // Tap `tap` of channel d of projection pr (the i-th of this lane's channels).
+  __device__ float weight(int pr, int tap, int /*i*/, int d) const {
+    return __ldg(w_at(pr, tap) + d);
+  }
   __device__ std::uint16_t gate_bits(int t, int d) const {
     return __ldg(p.gate + (it.b + t) * p.gate_row + it.h * p.gate_head + d);
   }
@@ -571,7 +577,7 @@ struct GlobalInputs {
   __device__ std::uint16_t beta_bits(int t) const {
     return __ldg(p.beta + (it.b + t) * p.beta_row + it.h * p.beta_head);
   }
-  __device__ float dt_bias(int d) const { return __ldg(p.dt_bias + head() + d); }
+  __device__ float dt_bias(int /*e*/, int d) const { return __ldg(p.dt_bias + head() + d); }
   __device__ float a_log() const { return __ldg(p.a_log + it.h); }
   // Packed: state_indices[u, t]; per-row: the row's slot.
   __device__ int dst_at(int t) const { return it.dst_row != nullptr ? it.dst_row[t] : it.ss; }
@@ -606,15 +612,46 @@ struct StagedInputs {
   const StagedIn* s;
   __device__ const std::uint16_t* hist_at(int pos, int pr) const { return s->hist[pos][pr]; }
   __device__ const std::uint16_t* x_at(int t, int pr) const { return s->x[t][pr]; }
-  __device__ const float* w_at(int pr, int tap) const { return s->weight[pr][tap]; }
   __device__ std::uint16_t act(const std::uint16_t* q) const { return *q; }
-  __device__ float tap(const float* q) const { return *q; }
+  __device__ float weight(int pr, int tap, int /*i*/, int d) const { return s->weight[pr][tap][d]; }
   __device__ std::uint16_t gate_bits(int t, int d) const { return s->gate[t][d]; }
   __device__ std::uint16_t og_bits(int t, int d) const { return s->og[t][d]; }
   __device__ std::uint16_t beta_bits(int t) const { return s->beta[t]; }
-  __device__ float dt_bias(int d) const { return s->dt_bias[d]; }
+  __device__ float dt_bias(int /*e*/, int d) const { return s->dt_bias[d]; }
   __device__ float a_log() const { return s->a_log; }
   __device__ int dst_at(int t) const { return s->dst[t]; }
+};
+
+// One precompute warp's share of a head's parameters, in registers: the conv taps of its
+// kind's projection (q 0, k 1, v 2) for this lane's channels lane + 32 i, or (the gate kind)
+// dt_bias of those channels in w[0]. The precompute-group kernel loads them from device memory
+// (every item of the head finds them in L2) instead of staging them: 13 fewer bulk copies an
+// item, whose issue holds the issuing warp ~300 cycles each (perf.md runs 123-127).
+struct HeadTaps {
+  float w[kConvWidth][kChannelsPerLane];
+  __device__ void load(const Params& p, int h, int kind) {
+    const int lane = threadIdx.x % kWarp;
+    const std::int64_t head = static_cast<std::int64_t>(h) * kD;
+    if (kind == 2) {
+#pragma unroll
+      for (int i = 0; i < kChannelsPerLane; ++i)
+        w[0][i] = __ldg(p.dt_bias + head + lane + i * kWarp);
+      return;
+    }
+    const int pr = kind == 3 ? 2 : kind;
+#pragma unroll
+    for (int tap = 0; tap < kConvWidth; ++tap)
+#pragma unroll
+      for (int i = 0; i < kChannelsPerLane; ++i)
+        w[tap][i] = __ldg(p.weight + static_cast<std::int64_t>(pr * kConvWidth + tap) * p.channels +
+                          head + lane + i * kWarp);
+  }
+};
+// The staged inputs with the taps and dt_bias from a warp's HeadTaps (its own projection's).
+struct StagedInputsRegisterTaps : StagedInputs {
+  const HeadTaps& taps;
+  __device__ float weight(int /*pr*/, int tap, int i, int /*d*/) const { return taps.w[tap][i]; }
+  __device__ float dt_bias(int e, int /*d*/) const { return taps.w[0][e]; }
 };
 
 // The conv + SiLU outputs of channels d0 + 32 i (i < kPer) of projection `pr` for token `tt`,
@@ -634,11 +671,10 @@ __device__ __forceinline__ void conv_silu_impl(const In& in, int pr, int tt_in, 
     const std::uint16_t* hist = in.hist_at(min(e, kHist - 1), pr);
     const std::uint16_t* xrow = in.x_at(max(e - kHist, 0), pr);
     const std::uint16_t* src = e < kHist ? hist : xrow;
-    const float* wt = in.w_at(pr, tap);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       act[tap][i] = in.act(src + d0 + i * kWarp);
-      w[tap][i] = in.tap(wt + d0 + i * kWarp);
+      w[tap][i] = in.weight(pr, tap, i, d0 + i * kWarp);
     }
   }
   float pre[kPer];
@@ -773,7 +809,7 @@ __device__ __forceinline__ void precompute_tokens(const Params& p, Shared<kRows,
 #pragma unroll
       for (int e = 0; e < kChannelsPerLane; ++e) {
         gate_bits[e] = in.gate_bits(tt, lane + e * kWarp);
-        bias[e] = in.dt_bias(lane + e * kWarp);
+        bias[e] = in.dt_bias(e, lane + e * kWarp);
       }
       const float a_log = in.a_log();
       const std::uint16_t beta_bits = in.beta_bits(tt);  // one address: a broadcast load
@@ -1226,10 +1262,11 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 // existing barriers, so the CTA keeps up to kStages items in flight with no producer warp.
 // A CTA walks items w = blockIdx.x + k * gridDim.x, k = 0, 1, ... (its k-th item), item k uses
 // stage k % kStages and phase k / kStages of full[k % kStages].
-//   Why no producer warp: a sub-partition holds 16K registers and a CTA's warps are spread over
-//   the SM's 4 sub-partitions round-robin, so 9 warps put 3 on one sub-partition: at most 170
-//   (168 allocated) registers per thread, where the sweep wants ~200-230. 8 warps (2 per
-//   sub-partition) admit 255.
+//   Why no producer warp here: a sub-partition holds 16K registers and a CTA's warps are spread
+//   over the SM's 4 sub-partitions round-robin, so 9 warps put 3 on one sub-partition: at most
+//   170 (168 allocated) registers per thread, where this kernel's warps, which hold the state
+//   while they precompute, want ~200-230. 8 warps (2 per sub-partition) admit 255. (The
+//   precompute-group kernel below separates the two roles and fits 12 warps.)
 //   Metadata: one warp (kResolveWarp) resolves 32 items at a time, one per lane (their dependent
 //     loads overlap), into ahead[batch & 1]; batch B + 1 is resolved during item 32 B - kStages
 //     (item 0 for batch 1), a batch before it is needed, at the start of the item where that
@@ -1245,10 +1282,9 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     item k that follow their stores.
 //   The schedule per (state dtype, T) (kLookaheadStages: 3 stages, bf16, keep ~2 items of
 //   lookahead when a refill is issued late; 2 stages, f32, only ~1):
-//     bf16 T <= kOverlapMaxT (4): the overlap loop (below): item k + 1's precompute (warps 0-3)
-//       runs during item k's sweep, beside item k's refill (warps 4-7) and item k - 1's RMSNorms
-//       (warps 4 ..); two barriers per item; the whole ring is issued in the prologue (no
-//       stagger).
+//     bf16 T <= kOverlapMaxT (4): kda_decode_stream_ws_kernel (below) instead, whose own
+//       precompute warps run item k + 1's precompute beside item k's sweep (until session 16
+//       this kernel's overlap loop shared that out over its 8 warps: perf.md runs 123-127).
 //     f32 T = 1: the item loop; item k's RMSNorm deferred to warp 4 during item k + 1 (token
 //       slots alternate); the refill issued by all 8 warps between the precompute and the
 //       sweep; staggered prefill (item 0's stage first, the rest once it has landed) only when
@@ -1256,10 +1292,11 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     bf16 T > kOverlapMaxT: the item loop, norm on warp 0 at the item's end, refill by all 8
 //       warps, staggered prefill always. f32 T > 1: the same, stagger only with no item past the
 //       ring.
-//   kTuneNoOverlap (dev knob, the A/B reference): bf16 runs the item loop at every T (T = 1:
-//   deferred norm, refill at the top of item k + 1 by warps 5-7 (late copies), stagger).
-//   History: v7 -> v8 (deferred norm, late copies, stagger) -> the overlap for bf16 T = 1 only
-//   (f32 lost 1.5-6% with it): docs/perf.md runs 17 and 19 -> for bf16 T <= 4 (session 14).
+//   kTuneNoOverlap (dev knob, the A/B reference): bf16 T <= 4 runs this kernel's item loop
+//   (T = 1: deferred norm, refill at the top of item k + 1 by warps 5-7 (late copies), stagger).
+//   History: v7 -> v8 (deferred norm, late copies, stagger) -> the 8-warp overlap for bf16 T = 1
+//   (f32 lost 1.5-6% with it): docs/perf.md runs 17 and 19 -> for bf16 T <= 4 (session 14) ->
+//   the precompute-group kernel (session 16).
 //   Code size: every kernel runs with a cold instruction cache (~0.06 us per KB executed), so
 //   each loop runs its precompute, sweep and deferred norm from one inlined code site
 //   (docs/perf-decode-step.md §6, session 7).
@@ -1281,23 +1318,11 @@ constexpr int kLateCopyWarps = kStreamWarps - kLateCopyWarp0;  // issue the late
 // the overlap 5-18% faster); with 2 (f32) ~1, and the runs lost 2-4% at N >= 128 (late copies),
 // 1.5-6% at N = 8 .. 512 (overlap) and 2% at N = 32 (stagger).
 constexpr int kLookaheadStages = 3;
-// The overlap: warps kOverlapCopyWarp0.. issue the refills (and warp 4 the deferred norm) while
-// warps 0 .. kKindsPerToken-1 precompute the next item; token slots rotate over 3 items (the
-// next item's precompute, this item's sweep, the previous item's norm).
-constexpr int kOverlapCopyWarp0 = kKindsPerToken;
-constexpr int kOverlapCopyWarps = kStreamWarps - kOverlapCopyWarp0;
-constexpr int kOverlapItems = 3;  // items whose tokens the overlap holds: k - 1, k, k + 1
-constexpr int kT1NormWarp = 2;    // the overlap's deferred norm at T = 1 (the gate warp)
+constexpr int kOverlapItems = 3;  // items whose token slots the overlap holds: k - 1, k, k + 1
 // The overlap runs sequences of up to kOverlapMaxT tokens (one chunk; the norms of an item's
-// tokens, one per copy warp, in one pass); longer ones run the item loop.
+// tokens, one per precompute warp); longer ones run the item loop.
 constexpr int kOverlapMaxT = 4;
-static_assert(kOverlapMaxT <= kChunk && kOverlapMaxT <= kOverlapCopyWarps, "overlap tokens");
-static_assert(kOverlapCopyWarp0 == kDeferNormWarp, "the deferred norm runs on a copy warp");
-
-// Barrier over the copy warps of the overlap loop (named barrier 2).
-__device__ __forceinline__ void overlap_copy_warps_sync() {
-  asm volatile("bar.sync 2, %0;" ::"n"(kOverlapCopyWarps * kWarp) : "memory");
-}
+static_assert(kOverlapMaxT <= kChunk && kOverlapMaxT <= kKindsPerToken, "overlap tokens");
 
 // Stages that fit one CTA's shared memory (227 KB) beside Shared (~31 KB with kChunk token
 // slots, ~46 KB with the overlap's 12): fp32 2 x ~83 KB, bf16 3 x ~51 KB.
@@ -1356,8 +1381,8 @@ constexpr int kFirstTokenCopy = kDtBiasCopy + 1;
 constexpr int kMaxCopies = kFirstTokenCopy + kChunk * kTokenCopies;
 static_assert(kMaxCopies <= kStreamWarps * kWarp, "one copy per thread");
 
-__device__ __forceinline__ std::uint32_t staged_bytes(int nt0) {
-  return kHistCopies * kVecBytes + kTapCopies * kTapBytes + kTapBytes +
+__device__ __forceinline__ std::uint32_t staged_bytes(int nt0, bool taps) {
+  return kHistCopies * kVecBytes + (taps ? kTapCopies * kTapBytes + kTapBytes : 0u) +
          static_cast<std::uint32_t>(nt0) * kTokenCopies * kVecBytes;
 }
 
@@ -1368,14 +1393,14 @@ __device__ __forceinline__ int first_tokens(const Item& it) {
 
 // Thread 0: the single arrival of the phase that brings item `a` into the stage of `bar`, with
 // the bytes its copies will deliver (a null item: a plain arrival, the phase completes).
-template <typename StateT, bool kStage>
+template <typename StateT, bool kStage, bool kTaps = true>
 __device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar) {
   if (!a.it.live) {
     mbar_arrive(bar);
     return;
   }
   const std::uint32_t bytes = static_cast<std::uint32_t>(kD * kD * sizeof(StateT)) +
-                              (kStage ? staged_bytes(first_tokens(a.it)) : 0u);
+                              (kStage ? staged_bytes(first_tokens(a.it), kTaps) : 0u);
   mbar_arrive_expect(bar, bytes);
 }
 
@@ -1383,7 +1408,8 @@ __device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar
 // scalars into stage `st` (warp kWarp0) and issues this thread's bulk copy of it, if any (copy
 // order above, copy c on warp kWarp0 + c % kWarps); other warps return. The stage is no longer
 // read (a barrier since its last read) and `a` was announced on `bar` before that barrier.
-template <typename StateT, bool kStage, int kWarp0 = 0, int kWarps = kStreamWarps>
+template <typename StateT, bool kStage, int kWarp0 = 0, int kWarps = kStreamWarps,
+          bool kTaps = true>
 __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stage<StateT>& st,
                                            std::uint64_t* bar) {
   static_assert(kMaxCopies <= kWarps * kWarp, "one copy per thread");
@@ -1407,13 +1433,18 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stag
   const void* src = nullptr;
   void* dst = nullptr;
   std::uint32_t bytes = 0;
-  const int c = lane * kWarps + warp;  // this thread's copy (order above)
-  const int copies = kStage ? kFirstTokenCopy + first_tokens(it) * kTokenCopies : 1;
+  // Without taps the copies skip the tap rows and dt_bias (indices kFirstTapCopy ..
+  // kDtBiasCopy), which the precompute-group kernel holds in registers (HeadTaps).
+  constexpr int kSkipped = kTaps ? 0 : kTapCopies + 1;
+  const int copies =
+      kStage ? kFirstTokenCopy - kSkipped + first_tokens(it) * kTokenCopies : 1;  // issued
+  const int ci = lane * kWarps + warp;  // this thread's copy (order above)
+  const int c = kTaps || ci < kFirstTapCopy ? ci : ci + kSkipped;
   if (c == 0) {
     src = static_cast<const StateT*>(p.state) + it.ss * p.state_slot + hd * kD;
     dst = st.state;
     bytes = static_cast<std::uint32_t>(sizeof(st.state));
-  } else if (c < copies) {
+  } else if (ci < copies) {
     if (c < kFirstTapCopy) {
       const int i = c - kFirstHistCopy, pos = i / kProj, pr = i % kProj;
       src = p.conv + it.cs * p.conv_slot + (it.a + pos) * kProj * chans + pr * chans + hd;
@@ -1444,39 +1475,37 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stag
       }
     }
   }
-  if (bytes != 0) {
-    // The consumers' reads of this stage (generic proxy, ordered by the barrier before this)
-    // precede this copy's writes (async proxy).
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    bulk_copy(dst, src, bytes, bar);
-  }
+  // No proxy fence before the copies: the stage's earlier readers (generic proxy) completed
+  // their reads before the barrier that precedes this call (a barrier waits for its
+  // participants' prior accesses to be performed), and no generic-proxy write of these bytes is
+  // read by the copy engine (the scalars above are other fields). A fence.proxy.async here was
+  // MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS: the issuing warp waited for its outstanding
+  // checkpoint stores, ~300 cycles a copy (perf.md runs 123-124).
+  if (bytes != 0) bulk_copy(dst, src, bytes, bar);
 }
 
-template <typename StateT, bool kStage>
-__global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(const Params p) {
-  using L = Layout<kStreamThreads, 1>;
-  using G = Geometry<kStreamThreads, 1, StateT>;
-  using Smem = StreamSmem<StateT>;
-  constexpr int kStages = Smem::kStages;
-  static_assert(kStages < kWarp, "a batch outlasts the ring");
-  extern __shared__ uint4 smem_raw[];
-  Smem& S = *reinterpret_cast<Smem*>(smem_raw);
-  const int tid = threadIdx.x;
-  const int warp = tid / kWarp;
-  const int lane = tid % kWarp;
-  const int total = p.num_units * p.num_heads;
-  const int stride = gridDim.x;
-  // This CTA's items: w = blockIdx.x + k * stride, k < count.
-  const int count = (total - static_cast<int>(blockIdx.x) + stride - 1) / stride;
+// This CTA's items of a stream kernel, w = blockIdx.x + k * gridDim.x for k < count, and their
+// metadata, resolved a batch of kWarp items at a time into S.ahead[batch & 1] (two batches held).
+template <typename StateT>
+struct StreamItems {
+  const Params& p;
+  StreamSmem<StateT>& S;
+  int count;
+  __device__ StreamItems(const Params& params, StreamSmem<StateT>& smem) : p(params), S(smem) {
+    const int total = p.num_units * p.num_heads, stride = static_cast<int>(gridDim.x);
+    count = (total - static_cast<int>(blockIdx.x) + stride - 1) / stride;
+  }
+  __device__ const Ahead& ahead_of(int k) const { return S.ahead[(k / kWarp) & 1][k % kWarp]; }
 
-  // Lane l of kResolveWarp resolves this CTA's item 32 * batch + l (metadata, first-chunk beta
-  // bits and destinations, A_log) into ahead[batch & 1][l]. Its loads stall this warp only.
-  // With `scalars` false the beta bits and destinations are left zero (they wait for the item's
-  // rows and slot row: a second round trip) and resolve_scalars fills them in later.
-  auto resolve_batch = [&](int batch, bool scalars) {
+  // On one warp: lane l resolves item kWarp * batch + l (metadata, first-chunk beta bits and
+  // destinations, A_log); its loads stall this warp only. With `scalars` false the beta bits and
+  // destinations are left zero (they wait for the item's rows and slot row: a second round trip)
+  // and resolve_scalars fills them in later.
+  __device__ void resolve_batch(int batch, bool scalars) const {
+    const int lane = threadIdx.x % kWarp;
     const int k = batch * kWarp + lane;
     if (k < count) {
-      const int w = static_cast<int>(blockIdx.x) + k * stride;
+      const int w = static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x);
       Ahead a;
       a.it = resolve_item(p, w / p.num_heads, w % p.num_heads);
       a.a_log = __ldg(p.a_log + a.it.h);
@@ -1489,13 +1518,13 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       }
       S.ahead[batch & 1][lane] = a;
     }
-  };
-  // The beta bits and destinations of batch 0, into its Ahead entries and, for the items already
-  // staged (k < staged), into their stages too.
-  auto resolve_scalars = [&](int staged) {
-    const int k = lane;
+  }
+  // On one warp: the beta bits and destinations of batch 0, into its Ahead entries and, for the
+  // items already staged (k < staged), into their stages too.
+  __device__ void resolve_scalars(int staged) const {
+    const int k = threadIdx.x % kWarp;
     if (k < count) {
-      Ahead& a = S.ahead[0][lane];
+      Ahead& a = S.ahead[0][k];
       // The item in registers: through the reference every token's loads re-read it from shared
       // memory after the previous token's stores (~3 KB of SASS, executed in the prologue).
       const Item it = a.it;
@@ -1518,40 +1547,69 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
         }
       }
     }
-  };
-  auto ahead_of = [&](int k) -> const Ahead& { return S.ahead[(k / kWarp) & 1][k % kWarp]; };
+  }
+  // The batch a loop resolves at its item k (0: none): batch nb a batch ahead of its first
+  // staging (item kWarp nb - lead_items, with `lead_items` the loop's staging lead).
+  __device__ int batch_due(int k, int lead_items) const {
+    const int lead = k + lead_items;
+    const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
+    return nb > 0 && nb * kWarp < count ? nb : 0;
+  }
 
-  // Prologue: barriers, batch 0's metadata, the first kStages items announced and staged, then
+  // Every thread of the CTA: the stream kernels' prologue. Barriers, batch 0's metadata (warp
+  // kResolveWarp), items 0 .. prefill-1 announced and 0 .. early-1 staged (by warps 0-7), then
   // batch 0's beta bits and destinations (their round trip overlaps the copies in flight: the
   // first item's path holds two round trips, metadata and copies, not three).
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) mbar_init(&S.full[s]);
+  template <bool kStage, bool kTaps = true>
+  __device__ void prologue(int prefill, int early) const {
+    const int tid = threadIdx.x, warp = tid / kWarp;
+    if (tid == 0) {
+      for (int s = 0; s < StreamSmem<StateT>::kStages; ++s) mbar_init(&S.full[s]);
+    }
+    detail::pdl_prologue();  // PDL (launch.cuh's rule): the first global access follows the wait
+    if (warp == kResolveWarp) resolve_batch(0, false);
+    __syncthreads();
+    if (tid == 0) {
+      for (int k = 0; k < prefill; ++k)
+        announce_item<StateT, kStage, kTaps>(ahead_of(k), &S.full[k]);
+    }
+    __syncthreads();
+    for (int k = 0; k < early; ++k)
+      stage_item<StateT, kStage, 0, kStreamWarps, kTaps>(p, ahead_of(k), S.stage[k], &S.full[k]);
+    __syncthreads();  // stage_item's (zero) scalars precede resolve_scalars' stores to the stages
+    if (warp == kResolveWarp) resolve_scalars(early);
+    __syncthreads();  // the prologue's scalars (later items': the barriers of the item staging
+                      // them)
   }
-  detail::pdl_prologue();  // PDL (launch.cuh's rule): the first global access follows the wait
-  const int qn = owned_rows(p);
-  if (warp == kResolveWarp) resolve_batch(0, false);
-  __syncthreads();
+};
+
+template <typename StateT, bool kStage>
+__global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(const Params p) {
+  using L = Layout<kStreamThreads, 1>;
+  using G = Geometry<kStreamThreads, 1, StateT>;
+  using Smem = StreamSmem<StateT>;
+  constexpr int kStages = Smem::kStages;
+  static_assert(kStages < kWarp, "a batch outlasts the ring");
+  extern __shared__ uint4 smem_raw[];
+  Smem& S = *reinterpret_cast<Smem*>(smem_raw);
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarp;
+  const int lane = tid % kWarp;
+  const StreamItems<StateT> items(p, S);
+  const int count = items.count;
+  auto ahead_of = [&](int k) -> const Ahead& { return items.ahead_of(k); };
+
   const int prefill = min(kStages, count);
-  // The overlap loop (header: bf16 T <= kOverlapMaxT; kTuneNoOverlap turns it off for the A/B).
-  const bool overlap =
-      p.max_t <= kOverlapMaxT && kStages >= kLookaheadStages && (p.tune & kTuneNoOverlap) == 0;
   // Staggered prefill: only item 0's stage now; items 1 .. prefill-1 (announced now) are staged
   // at the top of item 0, once its stage has landed: item 0 waits for 1 / kStages of the ramp
   // (chip wide 132 x 51-85 KB). With 3 stages in the item loop (bf16: 0.5-3% faster up to
   // N = 32, neutral beyond); with 2 (f32) only when the CTA has no item past the ring (N = 8:
-  // 1.5-3% faster; N = 32 lost 1-2%: its item 1 then lands a whole item later). Not with the
+  // 1.5-3% faster; N = 32 lost 1-2%: its item 1 then lands a whole item later). Not with an
   // overlap (run 19: the whole ring in the prologue 0.4-5.4% faster at N = 512 .. 32).
-  const bool stagger = !overlap && (kStages >= kLookaheadStages || count <= kStages);
+  const bool stagger = kStages >= kLookaheadStages || count <= kStages;
   const int early = stagger ? min(1, prefill) : prefill;
-  if (tid == 0) {
-    for (int k = 0; k < prefill; ++k) announce_item<StateT, kStage>(ahead_of(k), &S.full[k]);
-  }
-  __syncthreads();
-  for (int k = 0; k < early; ++k)
-    stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k]);
-  __syncthreads();  // stage_item's (zero) scalars precede resolve_scalars' stores to the stages
-  if (warp == kResolveWarp) resolve_scalars(early);
-  __syncthreads();  // the prologue's scalars (later items': the barriers of the item staging them)
+  items.template prologue<kStage>(prefill, early);
+  const int qn = owned_rows(p);
 
   // Deferred norm (T = 1: every item has one token): item k's o and output gate go to token
   // slot k % kDeferSlots, and its RMSNorm runs on kDeferNormWarp after item k + 1's first
@@ -1573,8 +1631,8 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   std::int64_t pending_row = 0;
   int pending_h = 0;
   // Token t of the pending item on warp kDeferNormWarp + t (T = 1: warp kDeferNormWarp alone).
-  auto run_pending_norm = [&](int first_warp = kDeferNormWarp) {
-    const int t = warp - first_warp;
+  auto run_pending_norm = [&] {
+    const int t = warp - kDeferNormWarp;
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
     if ((p.tune & kTuneDevDropNorms) != 0) pending_slot = -1;
 #endif
@@ -1597,130 +1655,6 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
         unpack<StateT>(*reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
                        &sv[i][c * G::kVecElems]);
   };
-
-  // The overlap (bf16, T <= kOverlapMaxT): item k + 1's precompute runs during item k's sweep.
-  // Item k's tokens use token slots from base(k) = (k % 3) T. Warps 0-3 (one kind each, token
-  // after token) precompute item k + 1 from its stage into its slots while warps 4-7 issue item
-  // k's refill (item k + kStages), run item k - 1's RMSNorms (token t on warp 4 + t; T = 1: on
-  // warp kT1NormWarp) and warp 7 resolves metadata; at T = 4 the copy warps also precompute the
-  // last token (one kind each); then all 8 warps write back and sweep item k. The shares follow
-  // the overlap loop's clock64 stamps (dev/kda_attribution, perf.md run 115): per warp, copies
-  // and a norm took about as long as one token's precompute. Per item two barriers, X
-  // (every thread has item k's state in registers and its old history: the stage may be
-  // refilled) and Y (item k's sweep and item k + 1's precompute done), instead of three; the
-  // precompute leaves the serial path, and each sub-partition's pair (warp w, w + 4) overlaps
-  // w's precompute with w + 4's sweep.
-  // A precompute warp whose next stage has not landed yet sweeps item k first (no order between
-  // the two: different token slots). The arithmetic is run_item's (precompute_tokens,
-  // ConvWriteback, sweep_token, norm_head_token): the same bits as the item loop (the test
-  // TuneSwitchesBitIdentical compares the two through kTuneNoOverlap).
-  // kOne (T = 1, a compile-time constant there): one token an item, as before the T > 1 overlap
-  // (its runtime token loops cost bf16 T = 1 ~7%, perf.md run 103).
-  const auto overlap_loop = [&](auto one_token) {
-    constexpr bool kOne = decltype(one_token)::value;
-    const auto tokens = [&](const Item& it) { return kOne ? 1 : it.len; };
-    const auto base = [&](int k) {
-      return kOne ? k % kOverlapItems : (k % kOverlapItems) * p.max_t;
-    };
-    // Item k's precompute, once its stage landed: warps 0-3 (kind = warp) take its first
-    // n - n / 4 tokens, the copy warps (kind = warp - 4) the rest, so at T = 4 each side has
-    // about the same path before its sweep (copies and a norm ~ one token's precompute).
-    const bool shares_precompute = warp < kKindsPerToken || (!kOne && p.max_t >= 4);
-    auto precompute_of = [&](int k) {
-      const int sk = k % kStages;
-      mbar_wait(&S.full[sk], static_cast<std::uint32_t>(k / kStages) & 1u);
-      const Item itk = S.stage[sk].in.item;
-      if (!itk.live) return;
-      const int n = tokens(itk), n_first = n - n / kKindsPerToken;
-      const bool later = warp >= kKindsPerToken;
-      const int c0 = later ? n_first : 0, nt = later ? n - n_first : n_first;
-      if (nt == 0) return;
-      const int kind = warp % kKindsPerToken;
-      if constexpr (kStage) {
-        precompute_tokens(p, S.sm, 0, c0, nt, StagedInputs{&S.stage[sk].in}, base(k) + c0, kind,
-                          kKindsPerToken);
-      } else {
-        precompute_tokens(p, S.sm, 0, c0, nt, GlobalInputs(p, itk), base(k) + c0, kind,
-                          kKindsPerToken);
-      }
-    };
-    // The deferred RMSNorms: token t of item k - 1 on warp norm_warp0 + t. T = 1: on the gate
-    // warp (the shortest precompute: stamps, dev/kda_attribution), not on copy warp 4, whose
-    // copies and norm set the item's pace.
-    const int norm_warp0 = kOne ? kT1NormWarp : kDeferNormWarp;
-    if (shares_precompute) precompute_of(0);  // (no stagger: the ring is in flight)
-#pragma unroll 1
-    for (int k = 0; k < count; ++k) {
-      const int s = k % kStages;
-      Stage<StateT>& st = S.stage[s];
-      SPLICE_KDA_STAMP(k, 0);
-      mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
-      const Item it = st.in.item;
-      const int slot = base(k);
-      float sv[L::kRowsPerThread][L::kCols];
-      if (it.live) load_state_of(st, sv);
-      const ConvWriteback<kStreamThreads, 1> wb = [&] {
-        if constexpr (kStage)
-          return ConvWriteback<kStreamThreads, 1>(p, it, 0, StagedInputs{&st.in}, it.live);
-        else
-          return ConvWriteback<kStreamThreads, 1>(p, it, 0, GlobalInputs(p, it), it.live);
-      }();
-      SPLICE_KDA_STAMP(k, 1);
-      cta_sync<kStreamThreads>();  // X: stage s is no longer read; item k's precompute is done
-      SPLICE_KDA_STAMP(k, 2);
-      const int next = k + kStages;  // the item that reuses stage s
-      if (warp >= kOverlapCopyWarp0) {
-        if (tid == kOverlapCopyWarp0 * kWarp && next < count)
-          announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
-        overlap_copy_warps_sync();  // the announcement precedes the copies
-        if (next < count)
-          stage_item<StateT, kStage, kOverlapCopyWarp0, kOverlapCopyWarps>(p, ahead_of(next), st,
-                                                                           &S.full[s]);
-        if (warp == kResolveWarp) {  // batch nb a batch ahead of its first staging
-          const int lead = k + kStages;
-          const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
-          if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
-        }
-        run_pending_norm(norm_warp0);
-      } else {
-        run_pending_norm(norm_warp0);
-      }
-      const bool precompute_next = shares_precompute && k + 1 < count;
-      const bool landed =
-          precompute_next &&
-          mbar_test(&S.full[(k + 1) % kStages], static_cast<std::uint32_t>((k + 1) / kStages) & 1u);
-      if (landed) precompute_of(k + 1);
-      SPLICE_KDA_STAMP(k, 3);
-      zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
-      pending_slot = -1;
-      if (it.live) {
-        const int len = tokens(it);
-        wb.store(p, S.sm, 0, 0, len, slot);
-#pragma unroll 1
-        for (int t = 0; t < len; ++t)
-          sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot + t, 0, it.h);
-        pending_slot = slot;
-        pending_tokens = len;
-        pending_row = it.b;
-        pending_h = it.h;
-      }
-      SPLICE_KDA_STAMP(k, 4);
-      if (precompute_next && !landed) precompute_of(k + 1);
-      SPLICE_KDA_STAMP(k, 5);
-      cta_sync<kStreamThreads>();  // Y: item k's o and item k + 1's precompute are in S.sm
-      SPLICE_KDA_STAMP(k, 6);
-    }
-    run_pending_norm(norm_warp0);
-  };
-  if constexpr (kStages >= kLookaheadStages) {  // (the Shared of 2-stage kernels has kChunk slots)
-    if (overlap) {
-      if (p.max_t == 1)
-        overlap_loop(std::true_type{});
-      else
-        overlap_loop(std::false_type{});
-      return;
-    }
-  }
 
   // Iteration k = count only runs the last item's deferred norm: one code site for it.
 #pragma unroll 1
@@ -1752,9 +1686,8 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       // later with late copies, whose last staging of batch nb - 2 reads its Ahead entries at
       // the top of item 32 (nb - 1) - kStages).
       if (warp == kResolveWarp) {
-        const int lead = k + kStages - (late_copies ? 1 : 0);
-        const int nb = k == 0 ? 1 : (lead % kWarp == 0 ? lead / kWarp + 1 : 0);
-        if (nb > 0 && nb * kWarp < count) resolve_batch(nb, true);
+        const int nb = items.batch_due(k, kStages - (late_copies ? 1 : 0));
+        if (nb > 0) items.resolve_batch(nb, true);
       }
     }
     run_pending_norm();
@@ -1790,6 +1723,209 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       pending_h = it.h;
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `stream` with a precompute warp group (bf16 state, T <= kOverlapMaxT; the launcher's pick
+// there unless kTuneNoOverlap): the ring, items and arithmetic of kda_decode_stream_kernel on 12
+// warps in two roles, so that an item's precompute and the previous item's RMSNorms run beside
+// a sweep instead of before it (perf.md runs 123-128).
+//   Sweep warps 0-7 (the state in registers, Layout<256, 1>), per item k: wait until item k is
+//     precomputed (named barrier kBarPrecomputed + (k & 1)) -> state and old history from stage
+//     k % kStages into registers; thread 0 announces item k + kStages on the stage's mbarrier
+//     -> barrier X over the sweep warps (the stage is no longer read) -> the refill's bulk
+//     copies over the 8 warps -> write-back and the sweep of item k's tokens (o into its token
+//     slots, checkpoints) -> arrive at kBarSwept + (k & 1).
+//   Precompute warps 8-11 (kind = warp - 8: q, k, gate, v), per item k: item k + 1's precompute
+//     of its kind for every token, from its stage into its token slots -> arrive at
+//     kBarPrecomputed + ((k + 1) & 1) -> a metadata batch when due (kind kWsResolveKind) ->
+//     wait at kBarSwept + (k & 1) -> item k's RMSNorms (token t on kind t; T = 1 on the gate
+//     kind, the shortest precompute).
+//   The stages hold no conv taps or dt_bias: each precompute warp loads its kind's share of
+//   them into registers (HeadTaps) two items ahead, from device memory, where every item of a
+//   head finds them in L2. That is 13 fewer bulk copies an item, and a bulk copy's issue holds
+//   its warp ~300 cycles whatever its size (stamps, perf.md runs 123-127). Read at each use
+//   instead, the loads made the precompute late (T = 4 849 us, run 127).
+//   The refill stays on the sweep warps: on the precompute warps (behind a release barrier) it
+//   made the precompute late (T = 1 370.8 against 319.6 us, run 124).
+//   Token slots rotate over 3 items (item k's from base(k) = (k % 3) T): item k + 1's
+//   precompute writes the slots of item k - 2, whose sweep and norms precede it (the wait at
+//   kBarSwept of k - 1 needs every thread of both groups).
+//   Each hand-off alternates between two barrier ids (k & 1), so that no group arrives twice at
+//   one id before the other has passed it: the precompute warps arrive for item k + 2 only after
+//   passing kBarSwept of k, which the sweep warps arrive at after passing kBarPrecomputed of k.
+//   A bar.arrive orders the arriving threads' earlier memory accesses before the waiting
+//   threads' later ones (the PTX ISA's producer-consumer use of named barriers; racecheck does
+//   not model it and reports the hand-offs as RAW hazards, perf.md run 124).
+//   Metadata batch nb (resolved at item k with k + kStages = kWarp (nb - 1)) overwrites batch
+//   nb - 2, whose last reader staged item k - 1 + kStages during the sweep warps' item k - 1,
+//   before their kBarSwept of k - 1, which the resolving warp has passed.
+//   Why 12 warps fit (the 8-warp kernel's header says why it has no producer warp): the sweep
+//   warps hold no precompute values beside the state, so each role's registers are its own
+//   path's: ~130-146 registers without spills, under the 168 that three warps a sub-partition
+//   leave.
+constexpr int kWsPrecomputeWarps = kKindsPerToken;                     // warps 8 .. 11
+constexpr int kWsBlock = kStreamThreads + kWsPrecomputeWarps * kWarp;  // 384 threads
+constexpr int kBarPrecomputed = 3;  // named barriers 3, 4: item k precomputed (k & 1)
+constexpr int kBarSwept = 5;        // named barriers 5, 6: item k swept (k & 1)
+constexpr int kWsT1NormKind = 2;    // T = 1: the norm on the gate warp
+constexpr int kWsResolveKind = 1;   // metadata batches on the k warp
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <bool kStage>
+__global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const Params p) {
+  using StateT = __nv_bfloat16;
+  using L = Layout<kStreamThreads, 1>;
+  using G = Geometry<kStreamThreads, 1, StateT>;
+  using Smem = StreamSmem<StateT>;
+  constexpr int kStages = Smem::kStages;
+  static_assert(kStages >= kLookaheadStages && kStages < kWarp, "the ring of the overlap");
+  static_assert(stream_slots<StateT>() >= kOverlapItems * kOverlapMaxT, "token slots");
+  extern __shared__ uint4 smem_raw[];
+  Smem& S = *reinterpret_cast<Smem*>(smem_raw);
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarp;
+  const StreamItems<StateT> items(p, S);
+  const int count = items.count;
+  items.template prologue<kStage, false>(min(kStages, count), min(kStages, count));
+
+  // kOne (T = 1, a compile-time constant there): one token an item (runtime token loops cost
+  // bf16 T = 1 ~7% in the 8-warp overlap, perf.md run 103).
+  const auto run = [&](auto one_token) {
+    constexpr bool kOne = decltype(one_token)::value;
+    const auto tokens = [&](const Item& it) { return kOne ? 1 : it.len; };
+    const auto base = [&](int k) {
+      return kOne ? k % kOverlapItems : (k % kOverlapItems) * p.max_t;
+    };
+    if (warp < kStreamWarps) {  // sweep warps
+      const int qn = owned_rows(p);
+      const G geo;
+#pragma unroll 1
+      for (int k = 0; k < count; ++k) {
+        const int s = k % kStages;
+        Stage<StateT>& st = S.stage[s];
+        SPLICE_KDA_STAMP(k, 0);
+        named_sync(kBarPrecomputed + (k & 1), kWsBlock);
+        SPLICE_KDA_STAMP(k, 1);
+        mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
+        const Item it = st.in.item;
+        float sv[L::kRowsPerThread][L::kCols];
+        if (it.live) {
+#pragma unroll
+          for (int i = 0; i < L::kRowsPerThread; ++i)
+#pragma unroll
+            for (int c = 0; c < G::kVecs; ++c)
+              unpack<StateT>(
+                  *reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
+                  &sv[i][c * G::kVecElems]);
+        }
+        const ConvWriteback<kStreamThreads, 1> wb = [&] {
+          if constexpr (kStage)
+            return ConvWriteback<kStreamThreads, 1>(p, it, 0, StagedInputs{&st.in}, it.live);
+          else
+            return ConvWriteback<kStreamThreads, 1>(p, it, 0, GlobalInputs(p, it), it.live);
+        }();
+        const int next = k + kStages;  // the item that reuses stage s
+        if (tid == 0 && next < count)
+          announce_item<StateT, kStage, false>(items.ahead_of(next), &S.full[s]);
+        SPLICE_KDA_STAMP(k, 2);
+        cta_sync<kStreamThreads>();  // X: stage s is no longer read; the announcement is made
+        SPLICE_KDA_STAMP(k, 3);
+        if (next < count)
+          stage_item<StateT, kStage, 0, kStreamWarps, false>(p, items.ahead_of(next), st,
+                                                             &S.full[s]);
+        SPLICE_KDA_STAMP(k, 4);
+        zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
+        if (it.live) {
+          const int len = tokens(it), slot = base(k);
+          wb.store(p, S.sm, 0, 0, len, slot);
+#pragma unroll 1
+          for (int t = 0; t < len; ++t)
+            sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot + t, 0, it.h);
+        }
+        SPLICE_KDA_STAMP(k, 5);
+        named_arrive(kBarSwept + (k & 1), kWsBlock);
+        SPLICE_KDA_STAMP(k, 6);
+      }
+      return;
+    }
+    // Precompute warps.
+    const int kind = warp - kStreamWarps;
+    const int lane = tid % kWarp;
+    // Item k's precompute of this warp's kind; `taps`: its head's (kStage).
+    const auto precompute_of = [&](int k, const HeadTaps& taps) {
+      const int sk = k % kStages;
+      mbar_wait(&S.full[sk], static_cast<std::uint32_t>(k / kStages) & 1u);
+      const Item itk = S.stage[sk].in.item;
+      if (itk.live) {
+        if constexpr (kStage) {
+          precompute_tokens(p, S.sm, 0, 0, tokens(itk),
+                            StagedInputsRegisterTaps{{&S.stage[sk].in}, taps}, base(k), kind,
+                            kKindsPerToken);
+        } else {
+          precompute_tokens(p, S.sm, 0, 0, tokens(itk), GlobalInputs(p, itk), base(k), kind,
+                            kKindsPerToken);
+        }
+      }
+      return itk;
+    };
+    float norm_w[kChannelsPerLane];
+#pragma unroll
+    for (int e = 0; e < kChannelsPerLane; ++e)
+      norm_w[e] = __ldg(p.norm_weight + lane * kChannelsPerLane + e);
+    const int norm_token = kind - (kOne ? kWsT1NormKind : 0);  // this warp's token of a norm
+    // The taps of item k's head, loaded during item k - 2 (their latency beside the wait for a
+    // sweep). Item k's scalars are in its stage from the sweep warps' item k - kStages on,
+    // before their kBarSwept of k - kStages, which these warps have passed.
+    HeadTaps taps;
+    const auto load_taps = [&](int k) {
+      const Item& itk = S.stage[k % kStages].in.item;
+      if constexpr (kStage) {
+        if (itk.live) taps.load(p, itk.h, kind);
+      }
+    };
+    load_taps(0);
+    Item cur = precompute_of(0, taps);
+    named_arrive(kBarPrecomputed, kWsBlock);
+    if (1 < count) load_taps(1);
+#pragma unroll 1
+    for (int k = 0; k < count; ++k) {
+      SPLICE_KDA_STAMP(k, 0);
+      Item nxt{};
+      if (k + 1 < count) {
+        nxt = precompute_of(k + 1, taps);
+        named_arrive(kBarPrecomputed + ((k + 1) & 1), kWsBlock);
+      }
+      if (k + 2 < count) load_taps(k + 2);
+      SPLICE_KDA_STAMP(k, 1);
+      SPLICE_KDA_STAMP(k, 2);
+      if (kind == kWsResolveKind) {  // batch nb a batch ahead of its first staging
+        const int nb = items.batch_due(k, kStages);
+        if (nb > 0) items.resolve_batch(nb, true);
+      }
+      SPLICE_KDA_STAMP(k, 3);
+      named_sync(kBarSwept + (k & 1), kWsBlock);
+      SPLICE_KDA_STAMP(k, 4);
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+      if ((p.tune & kTuneDevDropNorms) != 0) cur.live = 0;
+#endif
+      if (cur.live && norm_token >= 0 && norm_token < tokens(cur))
+        norm_head_token(p, S.sm, base(k) + norm_token, cur.b + norm_token, cur.h, norm_w);
+      SPLICE_KDA_STAMP(k, 5);
+      SPLICE_KDA_STAMP(k, 6);
+      cur = nxt;
+    }
+  };
+  if (p.max_t == 1)
+    run(std::true_type{});
+  else
+    run(std::false_type{});
 }
 
 }  // namespace splice::cuda::kda

@@ -69,7 +69,9 @@ struct KdaKernelInfo {
   bool launchable = false;        // threads, registers and shared memory all fit one SM
   std::string reason;             // why not, when !launchable
 };
-KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs);
+// precompute_group: the bf16 kernel with the precompute warp group (bf16 T <= 4).
+KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs,
+                                     bool precompute_group = false);
 
 // The dev-only A/B knob of the `stream` kernel (issue 6, dev/kda_b/): bits, all off by default.
 // It changes the schedule only, never the arithmetic: outputs, caches and checkpoints are bit for
@@ -101,7 +103,7 @@ unsigned kda_tune();
 void set_kda_tune(unsigned bits);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
 // (attribution build) the clock64 stamps of the last `stream` overlap-loop launch:
-// [2 CTAs][64 items][8 warps][7 points] (kda_decode.cuh, dev_stamp), -1 where none was taken.
+// [2 CTAs][64 items][12 warps][7 points] (kda_decode.cuh, dev_stamp), -1 where none was taken.
 std::vector<long long> kda_dev_stamps();
 void kda_dev_stamps_reset();
 #endif
