@@ -17,9 +17,11 @@ captured in one torch CUDA graph, replayed after warm-up; median replay time / G
 kernel alone is timed the same way. FlashInfer's fused_kda_decode needs SM10x for T > 1 and is
 not installed on the device; it is reported as skipped.
 
-Writes "<dtype> <N> <T> <fla_us> <fla_recurrent_us>" lines to argv[1].
+Writes "<dtype> <N> <T> <fla_us> <fla_recurrent_us>" lines to argv[1]. KDA_BENCH_STATES (f32,
+bf16), KDA_BENCH_TS and KDA_BENCH_NS (comma lists) restrict the grid as they do the C++ bench's.
 """
 import math
+import os
 import sys
 
 import torch
@@ -47,12 +49,17 @@ def main():
         print("flashinfer: not installed on this machine (its packed KDA decode also refuses "
               "Hopper for T > 1); skipped")
 
+    def env_list(name, default):
+        value = os.environ.get(name, "")
+        return [v.strip() for v in value.split(",") if v.strip()] if value else default
+
+    states = {"f32": torch.float32, "bf16": torch.bfloat16}
     dev = torch.device("cuda")
     C = H * D
     lines = []
-    for sdt in (torch.float32, torch.bfloat16):
-        for T in (1, 2, 4, 8):
-            for N in (1, 8, 32, 128, 512):
+    for sdt in (states[s] for s in env_list("KDA_BENCH_STATES", ["f32", "bf16"])):
+        for T in (int(t) for t in env_list("KDA_BENCH_TS", ["1", "2", "4", "8"])):
+            for N in (int(n) for n in env_list("KDA_BENCH_NS", ["1", "8", "32", "128", "512"])):
                 R = N * T
                 es = torch.finfo(sdt).bits // 8
                 per_set = N * H * D * D * es * (1 + T)
