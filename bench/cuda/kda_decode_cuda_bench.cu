@@ -18,7 +18,7 @@
 //     stable-state promise (KdaDecodeArgs::stable_state; N <= 8, consecutive launches on
 //     disjoint slot sets, where the promise holds).
 //  5. Dev A/B of the `stream` kernel's schedule knob (cuda::KdaTuneBits, dev/kda_b/): with
-//     KDA_BENCH_TUNES=1 (kKdaTuneNoOverlap: bf16 T <= 4 on the 8-warp item loop instead of the
+//     KDA_BENCH_TUNES=1 (kKdaTuneNoOverlap: bf16 T <= 8 on the 8-warp item loop instead of the
 //     precompute-group kernel) the `stream` variant
 //     is also timed with each listed bit mask (set_kda_tune), printed as "A/B" lines, a decision
 //     table (us and % of the floor per mask) and the JSON field "stream_tune_us"; the main table
@@ -118,7 +118,7 @@ splice::Tensor borrow(void* p, const splice::Dims& shape, splice::DType dt,
 }
 
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
-// (attribution build, KDA_BENCH_STAMPS set) one more `stream` launch (bf16 T <= 4: the
+// (attribution build, KDA_BENCH_STAMPS set) one more `stream` launch (bf16 T <= 8: the
 // precompute-group kernel) with its clock64 stamps (kda_decode.cuh, dev_stamp): per warp, the
 // mean cycles of each phase of an item over items 4 .. 59 of CTAs 0 and 66, and the whole item.
 // Sweep warps 0-7: p1 wait for the precompute, p2 state and history into registers, p3 barrier

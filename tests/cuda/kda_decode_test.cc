@@ -735,16 +735,17 @@ TEST(KdaCuda, Deterministic) {
 }
 
 // The dev-only schedule knob of `stream` (cuda::KdaTuneBits, dev/kda_b/) changes the order of
-// work, never the arithmetic: with kKdaTuneNoOverlap (bf16 T <= 4: the item loop; at T = 1 with
-// the deferred norm, late copies and the stagger) each stream kernel (staged and plain inputs)
-// leaves output, state and conv_state bit-identical to the mainline (bf16 T <= 4: the kernel
-// with the precompute warp group), on T = 1 with many items per CTA (token slots rotating over many
-// items, null and trailing rows between them, the metadata batches) and with one or two items per
-// CTA (the ring's edge: fewer items than stages, the f32 stagger), on T = 2, 3, 4 (ragged
-// sequences, several tokens' slots per item, their norms on several warps) and T = 5 (the knob
-// inactive: the same item loop twice); f32 runs the item loop with and without the knob. The
-// mainline is also checked against the CPU kernel and the reference on the small cases (as in every
-// other test), so the knob's schedule is.
+// work, never the arithmetic: with kKdaTuneNoOverlap (bf16 T <= 8: the 8-warp kernel's item loop;
+// at T = 1 with the deferred norm, late copies and the stagger) each stream kernel (staged and
+// plain inputs) leaves output, state and conv_state bit-identical to the mainline (bf16 T <= 8:
+// the kernel with the precompute warp group), on T = 1 with many items per CTA (token slots
+// rotating over many items, null and trailing rows between them, the metadata batches) and with
+// one or two items per CTA (the ring's edge: fewer items than stages, the f32 stagger), on
+// T = 2, 3, 4, 5, 8 (ragged sequences, several tokens' slots per item, their norms on several
+// warps, two per warp at T = 8) and T = 9 (the knob inactive: the same item loop twice); f32
+// runs the item loop with and without the knob. The mainline is also checked against the CPU
+// kernel and the reference on the small cases (as in every other test), so the knob's schedule
+// is.
 TEST(KdaCuda, TuneSwitchesBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct TuneScope {
@@ -755,10 +756,11 @@ TEST(KdaCuda, TuneSwitchesBitIdentical) {
   struct Shape {
     int n, t, h;
   };
-  // The precompute-group kernel runs bf16 T <= 4 (many items per CTA at N = 280 and 48, one or
-  // two at N = 6); T = 5 runs the item loop under both masks.
-  for (const Shape sh : {Shape{280, 1, 32}, Shape{6, 1, 32}, Shape{1, 1, 8}, Shape{48, 3, 32},
-                         Shape{6, 4, 32}, Shape{6, 2, 32}, Shape{6, 5, 8}})
+  // The precompute-group kernel runs bf16 T <= 8 (many items per CTA at N = 280, 48 and 40, one
+  // or two at N = 6); T = 9 runs the item loop under both masks.
+  for (const Shape sh :
+       {Shape{280, 1, 32}, Shape{6, 1, 32}, Shape{1, 1, 8}, Shape{48, 3, 32}, Shape{6, 4, 32},
+        Shape{6, 2, 32}, Shape{6, 5, 8}, Shape{40, 8, 32}, Shape{6, 9, 8}})
     for (DType sdt : {DType::f32, DType::bf16}) {
       const Meta m = random_meta(rng, sh.n, sh.t, 2, true);
       const Problem p = make_problem(rng.integer(0, 1 << 30), sh.h, m, sdt);

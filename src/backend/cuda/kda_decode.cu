@@ -12,7 +12,7 @@
 //     threads per sub-partition, shared memory; checked once, reason under SPLICE_DEBUG).
 //  3. Fills the POD Params (pointers, element strides, scalars) and launches: one grid of
 //     slices * H * units CTAs for the per-head variants (split variants as thread-block clusters
-//     of `slices` CTAs), or min(items, SMs) persistent CTAs for `stream` (bf16 T <= 4: the
+//     of `slices` CTAs), or min(items, SMs) persistent CTAs for `stream` (bf16 T <= 8: the
 //     kernel with the precompute warp group, 384 threads; else the 8-warp kernel), all through
 //     cudaLaunchKernelEx with the PDL attribute when launch.cuh's pdl_enabled() and the stream is
 //     not the legacy default stream (every kda kernel waits before its first global access).

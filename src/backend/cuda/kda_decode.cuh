@@ -11,7 +11,7 @@
 //     engine (cp.async.bulk + mbarrier) with each coming item's source state and first-chunk
 //     inputs; the copies of item k + stages are issued by the warps themselves right after item
 //     k's state is in registers (no producer warp: 9 warps cannot hold ~200 registers each).
-//   kda_decode_stream_ws_kernel (bf16, T <= 4): the same ring on 12 warps in two roles, 8 sweep
+//   kda_decode_stream_ws_kernel (bf16, T <= 8): the same ring on 12 warps in two roles, 8 sweep
 //     warps and 4 precompute warps that run item k + 1's precompute beside item k's sweep.
 // Notation: D = 128, C = H*D, rows b .. b+L-1 of unit u, accepted offset a, conv slot cs, source
 // slot ss, checkpoint destinations dst[t].
@@ -193,7 +193,9 @@ __device__ __forceinline__ void dev_stamp(int k, int point) {
 #else
 #define SPLICE_KDA_STAMP(k, point) ((void)0)
 #endif
-constexpr int kDevScratchBytes = 16384;
+// (attribution, bit 8) the checkpoint scratch past StreamSmem: 512 B a warp (was 2 KB before the
+// bf16 ring's 16 token slots left only ~7.7 KB of the 227 KB).
+constexpr int kDevScratchBytes = 4096;
 
 __device__ __forceinline__ float bf16_to_f32(std::uint16_t bits) {
   return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
@@ -425,7 +427,7 @@ __device__ __forceinline__ uint4 pack_truncate(const float* in) {
 #endif
 
 // Per-chunk shared memory of one CTA with kRows value rows and kSlots token slots (a chunk's
-// kChunk tokens; the stream kernel's overlap holds three items' tokens, stream_slots()).
+// kChunk tokens; the stream kernel's overlap holds two items' tokens, stream_slots()).
 template <int kRows, int kSlots = kChunk>
 struct Shared {
   static_assert(kSlots >= kChunk, "a chunk's tokens");
@@ -1282,7 +1284,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     item k that follow their stores.
 //   The schedule per (state dtype, T) (kLookaheadStages: 3 stages, bf16, keep ~2 items of
 //   lookahead when a refill is issued late; 2 stages, f32, only ~1):
-//     bf16 T <= kOverlapMaxT (4): kda_decode_stream_ws_kernel (below) instead, whose own
+//     bf16 T <= kOverlapMaxT (8): kda_decode_stream_ws_kernel (below) instead, whose own
 //       precompute warps run item k + 1's precompute beside item k's sweep (until session 16
 //       this kernel's overlap loop shared that out over its 8 warps: perf.md runs 123-127).
 //     f32 T = 1: the item loop; item k's RMSNorm deferred to warp 4 during item k + 1 (token
@@ -1292,7 +1294,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     bf16 T > kOverlapMaxT: the item loop, norm on warp 0 at the item's end, refill by all 8
 //       warps, staggered prefill always. f32 T > 1: the same, stagger only with no item past the
 //       ring.
-//   kTuneNoOverlap (dev knob, the A/B reference): bf16 T <= 4 runs this kernel's item loop
+//   kTuneNoOverlap (dev knob, the A/B reference): bf16 T <= 8 runs this kernel's item loop
 //   (T = 1: deferred norm, refill at the top of item k + 1 by warps 5-7 (late copies), stagger).
 //   History: v7 -> v8 (deferred norm, late copies, stagger) -> the 8-warp overlap for bf16 T = 1
 //   (f32 lost 1.5-6% with it): docs/perf.md runs 17 and 19 -> for bf16 T <= 4 (session 14) ->
@@ -1318,19 +1320,20 @@ constexpr int kLateCopyWarps = kStreamWarps - kLateCopyWarp0;  // issue the late
 // the overlap 5-18% faster); with 2 (f32) ~1, and the runs lost 2-4% at N >= 128 (late copies),
 // 1.5-6% at N = 8 .. 512 (overlap) and 2% at N = 32 (stagger).
 constexpr int kLookaheadStages = 3;
-constexpr int kOverlapItems = 3;  // items whose token slots the overlap holds: k - 1, k, k + 1
-// The overlap runs sequences of up to kOverlapMaxT tokens (one chunk; the norms of an item's
-// tokens, one per precompute warp); longer ones run the item loop.
-constexpr int kOverlapMaxT = 4;
-static_assert(kOverlapMaxT <= kChunk && kOverlapMaxT <= kKindsPerToken, "overlap tokens");
+// Items whose token slots the overlap holds: k (swept) and k + 1 (precomputed); item k's norms
+// run before item k + 2's precompute takes its slots.
+constexpr int kOverlapItems = 2;
+// The overlap runs sequences of up to kOverlapMaxT tokens (the first chunk: every input staged);
+// longer ones run the item loop.
+constexpr int kOverlapMaxT = kChunk;
 
 // Stages that fit one CTA's shared memory (227 KB) beside Shared (~31 KB with kChunk token
-// slots, ~46 KB with the overlap's 12): fp32 2 x ~83 KB, bf16 3 x ~51 KB.
+// slots, ~61 KB with the overlap's 16): fp32 2 x ~83 KB, bf16 3 x ~51 KB.
 template <typename StateT>
 constexpr int stream_stages() {
   return sizeof(StateT) == 4 ? 2 : 3;
 }
-// Token slots of the stream kernel's Shared: the overlap's three items of up to kOverlapMaxT
+// Token slots of the stream kernel's Shared: the overlap's two items of up to kOverlapMaxT
 // tokens where it runs (3 stages), else one chunk.
 template <typename StateT>
 constexpr int stream_slots() {
@@ -1726,7 +1729,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// `stream` with a precompute warp group (bf16 state, T <= kOverlapMaxT; the launcher's pick
+// `stream` with a precompute warp group (bf16 state, T <= kOverlapMaxT = 8; the launcher's pick
 // there unless kTuneNoOverlap): the ring, items and arithmetic of kda_decode_stream_kernel on 12
 // warps in two roles, so that an item's precompute and the previous item's RMSNorms run beside
 // a sweep instead of before it (perf.md runs 123-128).
@@ -1739,8 +1742,8 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 //   Precompute warps 8-11 (kind = warp - 8: q, k, gate, v), per item k: item k + 1's precompute
 //     of its kind for every token, from its stage into its token slots -> arrive at
 //     kBarPrecomputed + ((k + 1) & 1) -> a metadata batch when due (kind kWsResolveKind) ->
-//     wait at kBarSwept + (k & 1) -> item k's RMSNorms (token t on kind t; T = 1 on the gate
-//     kind, the shortest precompute).
+//     wait at kBarSwept + (k & 1) -> item k's RMSNorms (token t on kind t % 4; T = 1 on the gate
+//     kind, the shortest precompute) -> a barrier over the precompute warps.
 //   The stages hold no conv taps or dt_bias: each precompute warp loads its kind's share of
 //   them into registers (HeadTaps) two items ahead, from device memory, where every item of a
 //   head finds them in L2. That is 13 fewer bulk copies an item, and a bulk copy's issue holds
@@ -1748,9 +1751,9 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 //   instead, the loads made the precompute late (T = 4 849 us, run 127).
 //   The refill stays on the sweep warps: on the precompute warps (behind a release barrier) it
 //   made the precompute late (T = 1 370.8 against 319.6 us, run 124).
-//   Token slots rotate over 3 items (item k's from base(k) = (k % 3) T): item k + 1's
-//   precompute writes the slots of item k - 2, whose sweep and norms precede it (the wait at
-//   kBarSwept of k - 1 needs every thread of both groups).
+//   Token slots rotate over 2 items (item k's from base(k) = (k % 2) T): item k + 1's
+//   precompute writes the slots of item k - 1, whose sweep precedes it (kBarSwept of k - 1) and
+//   whose norms precede it (the precompute warps' barrier after them).
 //   Each hand-off alternates between two barrier ids (k & 1), so that no group arrives twice at
 //   one id before the other has passed it: the precompute warps arrive for item k + 2 only after
 //   passing kBarSwept of k, which the sweep warps arrive at after passing kBarPrecomputed of k.
@@ -1766,16 +1769,21 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 //   leave.
 constexpr int kWsPrecomputeWarps = kKindsPerToken;                     // warps 8 .. 11
 constexpr int kWsBlock = kStreamThreads + kWsPrecomputeWarps * kWarp;  // 384 threads
-constexpr int kBarPrecomputed = 3;  // named barriers 3, 4: item k precomputed (k & 1)
-constexpr int kBarSwept = 5;        // named barriers 5, 6: item k swept (k & 1)
-constexpr int kWsT1NormKind = 2;    // T = 1: the norm on the gate warp
-constexpr int kWsResolveKind = 1;   // metadata batches on the k warp
+constexpr int kBarPrecomputed = 3;      // named barriers 3, 4: item k precomputed (k & 1)
+constexpr int kBarSwept = 5;            // named barriers 5, 6: item k swept (k & 1)
+constexpr int kWsT1NormKind = 2;        // T = 1: the norm on the gate warp
+constexpr int kBarPrecomputeWarps = 7;  // named barrier 7: the precompute warps alone
+constexpr int kWsResolveKind = 1;       // metadata batches on the k warp
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void precompute_warps_sync() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kBarPrecomputeWarps), "n"(kWsPrecomputeWarps * kWarp)
+               : "memory");
 }
 
 template <bool kStage>
@@ -1797,6 +1805,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
 
   // kOne (T = 1, a compile-time constant there): one token an item (runtime token loops cost
   // bf16 T = 1 ~7% in the 8-warp overlap, perf.md run 103).
+  static_assert(kOverlapMaxT <= kChunk && kOverlapItems == 2, "the overlap's token slots");
   const auto run = [&](auto one_token) {
     constexpr bool kOne = decltype(one_token)::value;
     const auto tokens = [&](const Item& it) { return kOne ? 1 : it.len; };
@@ -1915,8 +1924,11 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
       if ((p.tune & kTuneDevDropNorms) != 0) cur.live = 0;
 #endif
-      if (cur.live && norm_token >= 0 && norm_token < tokens(cur))
-        norm_head_token(p, S.sm, base(k) + norm_token, cur.b + norm_token, cur.h, norm_w);
+      if (cur.live && norm_token >= 0) {
+        for (int t = norm_token; t < tokens(cur); t += kWsPrecomputeWarps)
+          norm_head_token(p, S.sm, base(k) + t, cur.b + t, cur.h, norm_w);
+      }
+      precompute_warps_sync();  // item k's norms precede item k + 2's precompute into its slots
       SPLICE_KDA_STAMP(k, 5);
       SPLICE_KDA_STAMP(k, 6);
       cur = nxt;

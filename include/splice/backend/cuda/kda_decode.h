@@ -69,7 +69,7 @@ struct KdaKernelInfo {
   bool launchable = false;        // threads, registers and shared memory all fit one SM
   std::string reason;             // why not, when !launchable
 };
-// precompute_group: the bf16 kernel with the precompute warp group (bf16 T <= 4).
+// precompute_group: the bf16 kernel with the precompute warp group (bf16 T <= 8).
 KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs,
                                      bool precompute_group = false);
 
@@ -79,7 +79,7 @@ KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs,
 // Read from SPLICE_KDA_TUNE (a decimal bit mask) at the first launch; set_kda_tune() overrides
 // it (benchmarks, tests). (Until run 19 the bits were 1 = v7's schedule, 2 = the overlap.)
 enum KdaTuneBits : unsigned {
-  // bf16 T <= 4 without the overlap (the mainline: item k + 1's precompute during item k's
+  // bf16 T <= 8 without the overlap (the mainline: item k + 1's precompute during item k's
   // sweep, kda_decode.cuh): the item loop (at T = 1 v8's schedule: RMSNorm deferred to the next
   // item, refill at the top of the next item, staggered prefill). No effect elsewhere.
   kKdaTuneNoOverlap = 1u,
