@@ -1346,6 +1346,21 @@ struct alignas(16) Stage {
   StagedIn in;
 };
 
+// This thread's rows (geo) of a stage's source state into registers (fp32), as the stream
+// kernels' sweep warps hold them (Layout<kStreamThreads, 1>).
+template <typename StateT>
+__device__ __forceinline__ void load_stage_state(
+    const Stage<StateT>& st, const Geometry<kStreamThreads, 1, StateT>& geo,
+    float (&sv)[Layout<kStreamThreads, 1>::kRowsPerThread][Layout<kStreamThreads, 1>::kCols]) {
+  using G = Geometry<kStreamThreads, 1, StateT>;
+#pragma unroll
+  for (int i = 0; i < Layout<kStreamThreads, 1>::kRowsPerThread; ++i)
+#pragma unroll
+    for (int c = 0; c < G::kVecs; ++c)
+      unpack<StateT>(*reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
+                     &sv[i][c * G::kVecElems]);
+}
+
 // One resolved item, as the resolving warp's lanes leave it.
 struct Ahead {
   Item it;
@@ -1650,15 +1665,6 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   };
 
   const G geo;
-  auto load_state_of = [&](const Stage<StateT>& st, float(&sv)[L::kRowsPerThread][L::kCols]) {
-#pragma unroll
-    for (int i = 0; i < L::kRowsPerThread; ++i)
-#pragma unroll
-      for (int c = 0; c < G::kVecs; ++c)
-        unpack<StateT>(*reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
-                       &sv[i][c * G::kVecElems]);
-  };
-
   // Iteration k = count only runs the last item's deferred norm: one code site for it.
 #pragma unroll 1
   for (int k = 0; k <= count; ++k) {
@@ -1701,7 +1707,9 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       if (has_next) stage_item<StateT, kStage>(p, ahead_of(next), st, &S.full[s]);
       continue;
     }
-    auto load_state = [&](float(&sv)[L::kRowsPerThread][L::kCols]) { load_state_of(st, sv); };
+    auto load_state = [&](float(&sv)[L::kRowsPerThread][L::kCols]) {
+      load_stage_state(st, geo, sv);
+    };
     // After run_item's first barrier no thread reads the stage: refill it (late copies: at
     // the top of item k + 1, by warps with no precompute work at T = 1).
     auto release = [&] {
@@ -1825,15 +1833,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
         const Item it = st.in.item;
         float sv[L::kRowsPerThread][L::kCols];
-        if (it.live) {
-#pragma unroll
-          for (int i = 0; i < L::kRowsPerThread; ++i)
-#pragma unroll
-            for (int c = 0; c < G::kVecs; ++c)
-              unpack<StateT>(
-                  *reinterpret_cast<const uint4*>(st.state + geo.row(i) * kD + geo.col(c)),
-                  &sv[i][c * G::kVecElems]);
-        }
+        if (it.live) load_stage_state(st, geo, sv);
         const ConvWriteback<kStreamThreads, 1> wb = [&] {
           if constexpr (kStage)
             return ConvWriteback<kStreamThreads, 1>(p, it, 0, StagedInputs{&st.in}, it.live);
