@@ -830,41 +830,59 @@ TEST(KdaCuda, PdlChainMatchesSerial) {
     }
 }
 
-// The stable-state promise (KdaDecodeArgs::stable_state: the per-head kernels read the metadata
-// and source state before their PDL wait): calls alternating over two problems with disjoint
-// buffers on one PDL stream, so each call's state was written two calls before it and nothing in
-// flight writes it (the promise holds, as in a decode step), equal the same calls made serially
-// without the promise, bit for bit, for every variant (`stream` ignores the promise).
+// The stable-state promise (KdaDecodeArgs::stable_state: the kernels read the metadata and
+// source state before their PDL wait): calls alternating over two problems with disjoint buffers
+// on one PDL stream, so each call's state was written two calls before it and nothing in flight
+// writes it (the promise holds, as in a decode step), equal the same calls made serially without
+// the promise, bit for bit.
+void expect_stable_state_matches_serial(Rng& rng, int N, std::int64_t H, int T, DType sdt,
+                                        const std::vector<cuda::KdaVariant>& variants) {
+  constexpr int kRounds = 3;
+  const PdlStream stream;
+  const Meta m = random_meta(rng, N, T, 1, true);
+  const Problem a = make_problem(rng.integer(0, 1 << 30), H, m, sdt);
+  const Problem b = make_problem(rng.integer(0, 1 << 30), H, m, sdt);
+  for (auto v : variants) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " H=" + std::to_string(H) + " T=" +
+                 std::to_string(T) + " " + dtype_name(sdt) +
+                 " variant=" + cuda::kda_variant_name(v));
+    Problem pa = to_device(a, Device::cuda()), pb = to_device(b, Device::cuda());
+    Problem sa = to_device(a, Device::cuda()), sb = to_device(b, Device::cuda());
+    cuda::synchronize();
+    for (int k = 0; k < kRounds; ++k)
+      for (Problem* p : {&pa, &pb}) {
+        KdaDecodeArgs args = packed_args(*p, -5.0f);
+        args.stable_state = true;
+        cuda::kda_decode(args, stream.get(), v);
+      }
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    for (int k = 0; k < kRounds; ++k)
+      for (Problem* p : {&sa, &sb}) cuda::kda_decode(packed_args(*p, -5.0f), nullptr, v);
+    cuda::synchronize();
+    expect_bitwise_equal(pa, sa);
+    expect_bitwise_equal(pb, sb);
+  }
+}
+
 TEST(KdaCuda, StableStatePromiseBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const PdlStream stream;
   Rng rng(29);
-  constexpr int kRounds = 3;
   for (int T : {1, 3})
-    for (DType sdt : {DType::f32, DType::bf16}) {
-      const Meta m = random_meta(rng, 3, T, 1, true);
-      const Problem a = make_problem(rng.integer(0, 1 << 30), 8, m, sdt);
-      const Problem b = make_problem(rng.integer(0, 1 << 30), 8, m, sdt);
-      for (auto v : variants_and_automatic()) {
-        SCOPED_TRACE("T=" + std::to_string(T) + " " + dtype_name(sdt) +
-                     " variant=" + cuda::kda_variant_name(v));
-        Problem pa = to_device(a, Device::cuda()), pb = to_device(b, Device::cuda());
-        Problem sa = to_device(a, Device::cuda()), sb = to_device(b, Device::cuda());
-        cuda::synchronize();
-        for (int k = 0; k < kRounds; ++k)
-          for (Problem* p : {&pa, &pb}) {
-            KdaDecodeArgs args = packed_args(*p, -5.0f);
-            args.stable_state = true;
-            cuda::kda_decode(args, stream.get(), v);
-          }
-        ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-        for (int k = 0; k < kRounds; ++k)
-          for (Problem* p : {&sa, &sb}) cuda::kda_decode(packed_args(*p, -5.0f), nullptr, v);
-        cuda::synchronize();
-        expect_bitwise_equal(pa, sa);
-        expect_bitwise_equal(pb, sb);
-      }
-    }
+    for (DType sdt : {DType::f32, DType::bf16})
+      expect_stable_state_matches_serial(rng, 3, 8, T, sdt, variants_and_automatic());
+}
+
+// The same for the stream kernels with several items per CTA (24 x 32 items over <= 132 CTAs):
+// the prologue stages the sources of a whole ring (kStages items) before the wait and their inputs
+// after it, at the top of item 0 where the prefill is staggered (the 8-warp kernel: f32, and bf16
+// T >= 9) and in the prologue on the precompute-group kernel (bf16 T <= 8).
+TEST(KdaCuda, StableStatePromiseStreamRing) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(31);
+  for (int T : {1, 3, 9})
+    for (DType sdt : {DType::f32, DType::bf16})
+      expect_stable_state_matches_serial(
+          rng, 24, 32, T, sdt, {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain});
 }
 
 // One captured launch replayed with new query_start_loc, num_accepted_tokens and slot tables

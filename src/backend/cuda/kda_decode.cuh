@@ -156,8 +156,9 @@ struct Params {
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   int dev_scratch_vec;  // (attribution) the scratch's offset in the dynamic shared memory, uint4s
 #endif
-  // KdaDecodeArgs::stable_state (the per-head kernels read the metadata and the source state
-  // before their PDL wait; `stream` ignores it).
+  // KdaDecodeArgs::stable_state (the kernels read the metadata and the source state before
+  // their PDL wait: the per-head kernels their CTA's item, the stream kernels their first
+  // kStages items).
   int stable_state;
 };
 
@@ -1422,14 +1423,20 @@ __device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar
   mbar_arrive_expect(bar, bytes);
 }
 
+// Which of an item's bulk copies a stage_item call issues: all of them, or (the stable-state
+// prologue) the source state alone before the PDL wait and the rest after it.
+enum class StageCopies : std::uint8_t { all, state, inputs };
+
 // Every thread of warps kWarp0 .. kWarp0 + kWarps - 1 (default: all 8): writes item `a`'s
 // scalars into stage `st` (warp kWarp0) and issues this thread's bulk copy of it, if any (copy
-// order above, copy c on warp kWarp0 + c % kWarps); other warps return. The stage is no longer
-// read (a barrier since its last read) and `a` was announced on `bar` before that barrier.
+// order above, copy c on warp kWarp0 + c % kWarps; only the copies `which` names); other warps
+// return. The stage is no longer read (a barrier since its last read) and `a` was announced on
+// `bar` before that barrier.
 template <typename StateT, bool kStage, int kWarp0 = 0, int kWarps = kStreamWarps,
           bool kTaps = true>
 __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stage<StateT>& st,
-                                           std::uint64_t* bar) {
+                                           std::uint64_t* bar,
+                                           StageCopies which = StageCopies::all) {
   static_assert(kMaxCopies <= kWarps * kWarp, "one copy per thread");
   const int warp = threadIdx.x / kWarp - kWarp0;
   const int lane = threadIdx.x % kWarp;
@@ -1458,6 +1465,7 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stag
       kStage ? kFirstTokenCopy - kSkipped + first_tokens(it) * kTokenCopies : 1;  // issued
   const int ci = lane * kWarps + warp;  // this thread's copy (order above)
   const int c = kTaps || ci < kFirstTapCopy ? ci : ci + kSkipped;
+  if (which == (c == 0 ? StageCopies::inputs : StageCopies::state)) return;
   if (c == 0) {
     src = static_cast<const StateT*>(p.state) + it.ss * p.state_slot + hd * kD;
     dst = st.state;
@@ -1514,6 +1522,11 @@ struct StreamItems {
     count = (total - static_cast<int>(blockIdx.x) + stride - 1) / stride;
   }
   __device__ const Ahead& ahead_of(int k) const { return S.ahead[(k / kWarp) & 1][k % kWarp]; }
+  // The copies a prologue item staged after the wait issues (its state came before the wait
+  // under the stable-state promise).
+  __device__ StageCopies copies_after_wait() const {
+    return p.stable_state != 0 ? StageCopies::inputs : StageCopies::all;
+  }
 
   // On one warp: lane l resolves item kWarp * batch + l (metadata, first-chunk beta bits and
   // destinations, A_log); its loads stall this warp only. With `scalars` false the beta bits and
@@ -1578,13 +1591,19 @@ struct StreamItems {
   // kResolveWarp), items 0 .. prefill-1 announced and 0 .. early-1 staged (by warps 0-7), then
   // batch 0's beta bits and destinations (their round trip overlaps the copies in flight: the
   // first item's path holds two round trips, metadata and copies, not three).
+  // With the stable-state promise (p.stable_state: nothing in flight writes the metadata or a
+  // source state slot) the metadata and the source states of items 0 .. prefill-1 are read
+  // before the PDL wait, while the predecessor finishes (a back-to-back stream grid: its CTAs
+  // with one item fewer exit an item early), and only the inputs' copies follow the wait; items
+  // early .. prefill-1 then stage their inputs alone (copies_after_wait()).
   template <bool kStage, bool kTaps = true>
   __device__ void prologue(int prefill, int early) const {
     const int tid = threadIdx.x, warp = tid / kWarp;
+    const bool stable = p.stable_state != 0;
     if (tid == 0) {
       for (int s = 0; s < StreamSmem<StateT>::kStages; ++s) mbar_init(&S.full[s]);
     }
-    detail::pdl_prologue();  // PDL (launch.cuh's rule): the first global access follows the wait
+    if (!stable) detail::pdl_prologue();  // PDL (launch.cuh's rule): global reads follow the wait
     if (warp == kResolveWarp) resolve_batch(0, false);
     __syncthreads();
     if (tid == 0) {
@@ -1592,8 +1611,15 @@ struct StreamItems {
         announce_item<StateT, kStage, kTaps>(ahead_of(k), &S.full[k]);
     }
     __syncthreads();
+    if (stable) {
+      for (int k = 0; k < prefill; ++k)
+        stage_item<StateT, kStage, 0, kStreamWarps, kTaps>(p, ahead_of(k), S.stage[k], &S.full[k],
+                                                           StageCopies::state);
+      detail::pdl_prologue();  // the inputs (the predecessor's outputs) and every store follow it
+    }
     for (int k = 0; k < early; ++k)
-      stage_item<StateT, kStage, 0, kStreamWarps, kTaps>(p, ahead_of(k), S.stage[k], &S.full[k]);
+      stage_item<StateT, kStage, 0, kStreamWarps, kTaps>(p, ahead_of(k), S.stage[k], &S.full[k],
+                                                         copies_after_wait());
     __syncthreads();  // stage_item's (zero) scalars precede resolve_scalars' stores to the stages
     if (warp == kResolveWarp) resolve_scalars(early);
     __syncthreads();  // the prologue's scalars (later items': the barriers of the item staging
@@ -1683,7 +1709,8 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       if (tid == 0 && has_next) announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
       if (k == 0) {  // staggered prefill: the rest of the ring, announced in the prologue
         for (int kk = early; kk < prefill; ++kk)
-          stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk]);
+          stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk],
+                                     items.copies_after_wait());
       }
       if (late_next >= 0) {  // late copies: item k - 1's refill, on warps 5 .. 7
         const int ls = late_next % kStages;
