@@ -12,11 +12,11 @@
 //     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
 //  4. Every variant (stream, stream_plain, wide, split2, split4) is timed; the table reports the
 //     automatic choice. A/B configurations are timed beside them and printed as "A/B" lines (and
-//     JSON fields), never in the table: `chosen_nopdl` = the chosen variant launched without PDL
-//     (N <= 8; every other time is with PDL unless SPLICE_PDL=0: the launches of one graph then
-//     overlap their predecessor's tail); `chosen_stable` = the chosen variant under the
-//     stable-state promise (KdaDecodeArgs::stable_state; N <= 8, consecutive launches on
-//     disjoint slot sets, where the promise holds).
+//     JSON fields): `chosen_nopdl` = the chosen variant launched without PDL (N <= 8; every
+//     other time is with PDL unless SPLICE_PDL=0: the launches of one graph then overlap their
+//     predecessor's tail); `chosen_stable` = the chosen variant under the stable-state promise
+//     (KdaDecodeArgs::stable_state, what a decode step launches; consecutive launches use
+//     disjoint slot sets, so the promise holds), also the table's `stable` column.
 //  5. Dev A/B of the `stream` kernel's schedule knob (cuda::KdaTuneBits, dev/kda_b/): with
 //     KDA_BENCH_TUNES=1 (kKdaTuneNoOverlap: bf16 T <= 8 on the 8-warp item loop instead of the
 //     precompute-group kernel) the `stream` variant
@@ -29,8 +29,9 @@
 // KDA_BENCH_STATES (comma list of state dtypes, f32 and/or bf16; default both),
 // KDA_BENCH_VARIANTS (comma list of variant names to time; the rule's pick is always timed),
 // KDA_BENCH_TUNES (comma list of tune masks, above), KDA_BENCH_MIN_SETS (at least this many
-// launches G per graph: back-to-back launches that overlap their neighbours' ramps through PDL,
-// as inside a decode step, instead of one launch per replay at large N), SPLICE_PDL=0 (every
+// launches G per graph, default 2 (1 before session 17): back-to-back launches that overlap their
+// neighbours' ramps through PDL, as inside a decode step, instead of one launch per replay at
+// large N; the stable-state promise needs a neighbour to show anything), SPLICE_PDL=0 (every
 // launch without PDL), SPLICE_KDA_TUNE (the default tune mask of every launch).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -98,7 +99,7 @@ void fill(__nv_bfloat16* p, std::int64_t n, float scale, std::uint32_t seed) {
 struct Options {
   std::vector<std::string> variants;  // variant names timed (the rule's pick always)
   std::vector<unsigned> tunes;        // tune masks timed for `stream` as A/B
-  int min_sets = 1;                   // at least this many launches per graph
+  int min_sets = 2;                   // at least this many launches per graph
 };
 
 struct Result {
@@ -301,13 +302,13 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
     splice::cuda::set_pdl_enabled(false);
     res.ab_us["chosen_nopdl"] = time_config(chosen);
     splice::cuda::set_pdl_enabled(pdl);
-    // With the stable-state promise (KdaDecodeArgs::stable_state): it holds here because
-    // consecutive launches use disjoint slot sets (G >= 2).
-    if (G >= 2) {
-      for (auto& a : args) a.stable_state = true;
-      res.ab_us["chosen_stable"] = time_config(chosen);
-      for (auto& a : args) a.stable_state = false;
-    }
+  }
+  // With the stable-state promise (KdaDecodeArgs::stable_state, what a decode step launches): it
+  // holds here because consecutive launches use disjoint slot sets (G >= 2).
+  if (G >= 2) {
+    for (auto& a : args) a.stable_state = true;
+    res.ab_us["chosen_stable"] = time_config(chosen);
+    for (auto& a : args) a.stable_state = false;
   }
   res.us = res.variant_us[res.chosen];
   for (void* p :
@@ -448,20 +449,25 @@ int main(int argc, char** argv) {
          << ", \"split2_us\": " << us_of("split2") << ", \"split4_us\": " << us_of("split4")
          << ", \"stream_tune_us\": " << tune_json.str() << ", \"chosen_nopdl_us\": "
          << (r.ab_us.count("chosen_nopdl") ? r.ab_us["chosen_nopdl"] : -1)
+         << ", \"chosen_stable_us\": "
+         << (r.ab_us.count("chosen_stable") ? r.ab_us["chosen_stable"] : -1)
          << ", \"fla_us\": " << r.fla_us << ", \"fla_recurrent_us\": " << r.fla_rec_us << "}"
          << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "]\n";
 
-  std::printf("\n%-6s %4s %2s %-7s %9s %8s %7s %9s %7s %9s %7s\n", "state", "N", "T", "variant",
-              "us", "GB/s", "%floor", "FLA us", "ratio", "FLArec", "best");
+  // `stable` = the chosen variant under the stable-state promise (a decode step's launches).
+  std::printf("\n%-6s %4s %2s %-7s %9s %8s %7s %9s %7s %9s %7s %9s %7s\n", "state", "N", "T",
+              "variant", "us", "GB/s", "%floor", "FLA us", "ratio", "FLArec", "best", "stable",
+              "%floor");
   for (const Result& r : results) {
     double best = 1e30;
     for (const auto& [k, v] : r.variant_us) best = std::min(best, v);
-    std::printf("%-6s %4d %2d %-7s %9.2f %8.0f %6.1f%% %9.2f %7.2f %9.2f %7.2f\n", r.dtype.c_str(),
-                r.n, r.t, r.chosen.c_str(), r.us, r.floor_bytes / r.us * 1e-3,
+    const double stable = r.ab_us.count("chosen_stable") ? r.ab_us.at("chosen_stable") : -1.0;
+    std::printf("%-6s %4d %2d %-7s %9.2f %8.0f %6.1f%% %9.2f %7.2f %9.2f %7.2f %9.2f %6.1f%%\n",
+                r.dtype.c_str(), r.n, r.t, r.chosen.c_str(), r.us, r.floor_bytes / r.us * 1e-3,
                 100.0 * r.floor_us / r.us, r.fla_us, r.fla_us > 0 ? r.fla_us / r.us : 0.0,
-                r.fla_rec_us, best);
+                r.fla_rec_us, best, stable, stable > 0 ? 100.0 * r.floor_us / stable : 0.0);
   }
   if (!opt.tunes.empty()) {
     // The decision table of the dev A/B (dev/kda_b/README.md): `stream` with each tune mask, us
