@@ -11,7 +11,8 @@
 //      shapes), is touched per replay; one CUDA graph holds one call per set; after warm-up, each
 //      of --reps replays is timed with events; time per call = median replay / sets. The PyTorch
 //      peers (bench/peers/attention_peers.py) are timed the same way.
-//   4. Output: one row per shape (us, effective KV GB/s, % of the 4.4 TB/s floor) and JSON.
+//   4. Output: one row per shape (us, effective KV GB/s, % of the 4.4 TB/s floor; batch <= 8
+//      also under the stable-prefix promise, what a decode step launches) and JSON.
 //   5. Plan check (unless --no-variants): the SmolLM2 shapes and B = 1 (32, 8) at 1K / 4K with
 //      forced split counts {1, 2, 4, 8, 16} beside the plan's, to check the single-split limit
 //      and the split rule; then the batch <= 8 shapes with programmatic dependent launch off and
@@ -86,6 +87,7 @@ struct Result {
   bool cluster = false;  // the splits merged in thread-block clusters (every timed launch)
   double us = 0.0;
   double spread_us = 0.0;  // max - min replay time per call
+  double stable_us = -1.0;  // batch <= 8: the same under the stable-prefix promise
 };
 
 splice::Tensor device_view(const std::shared_ptr<splice::Storage>& storage, std::int64_t offset,
@@ -126,7 +128,11 @@ struct Inputs {
   }
 };
 
-Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_splits = 0) {
+// `stable_prefix`: the calls carry flash_decode's stable-prefix promise (what a decode step
+// launches: nothing in flight writes k_len or the cache rows below k_len - q_len). It holds here:
+// no call writes K, V or k_len.
+Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_splits = 0,
+                 bool stable_prefix = false) {
   const Shape& s = in.shape;
   Result r;
   r.shape = s;
@@ -146,7 +152,7 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
 
   const auto call = [&](int i) {
     splice::cuda::flash_decode(in.q[i], in.k[i], in.v[i], in.k_len, nullptr, options, in.out[i],
-                               nullptr, stream);
+                               nullptr, stream, stable_prefix);
   };
   const std::uint64_t clustered = splice::cuda::flash_decode_launches().cluster_merge;
   for (int i = 0; i < r.sets; ++i) call(i);  // warm-up outside capture: sizes the workspace
@@ -419,9 +425,12 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
     results.push_back(run_shape(in, reps, stream));
-    const Result& r = results.back();
-    std::printf("  %-26s sets=%-4d warps=%d splits=%-3d live=%-3d %9.2f us (spread %.2f)\n",
+    Result& r = results.back();
+    if (s.batch <= 8) r.stable_us = run_shape(in, reps, stream, 0, true).us;
+    std::printf("  %-26s sets=%-4d warps=%d splits=%-3d live=%-3d %9.2f us (spread %.2f)",
                 shape_name(s).c_str(), r.sets, r.warps, r.splits, r.live, r.us, r.spread_us);
+    if (r.stable_us > 0) std::printf(", stable prefix %.2f us", r.stable_us);
+    std::printf("\n");
     std::fflush(stdout);
   }
 
@@ -479,21 +488,23 @@ int main(int argc, char** argv) {
   json << "{\n  \"device\": \"" << splice::cuda::device_name() << "\",\n  \"floor_tbps\": 4.4,\n"
        << "  \"method\": \"graph of `sets` rotating calls, median of " << reps
        << " replays / sets\",\n  \"rows\": [\n";
-  std::printf("\n%-28s %10s %9s %8s %8s\n", "shape (B,Hq,Hkv,k_len,D)", "splice us", "GB/s",
-              "%4.4TB", "floor us");
+  // `stable us`: batch <= 8 under the stable-prefix promise (what a decode step launches).
+  std::printf("\n%-28s %10s %9s %8s %8s %10s\n", "shape (B,Hq,Hkv,k_len,D)", "splice us", "GB/s",
+              "%4.4TB", "floor us", "stable us");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bytes = static_cast<double>(r.shape.kv_bytes());
     const double gbps = bytes / (r.us * 1e-6) / 1e9;
     const double floor_us = bytes / kFloorBytesPerSecond * 1e6;
-    std::printf("%-28s %10.2f %9.0f %7.1f%% %8.2f\n", shape_name(r.shape).c_str(), r.us, gbps,
-                100.0 * floor_us / r.us, floor_us);
+    std::printf("%-28s %10.2f %9.0f %7.1f%% %8.2f %10.2f\n", shape_name(r.shape).c_str(), r.us,
+                gbps, 100.0 * floor_us / r.us, floor_us, r.stable_us);
     json << "    {\"batch\": " << r.shape.batch << ", \"num_qo_heads\": " << r.shape.num_qo_heads
          << ", \"num_kv_heads\": " << r.shape.num_kv_heads << ", \"k_len\": " << r.shape.k_len
          << ", \"head_dim\": " << r.shape.head_dim << ", \"kv_bytes\": " << r.shape.kv_bytes()
          << ", \"sets\": " << r.sets << ", \"warps\": " << r.warps << ", \"splits\": " << r.splits
          << ", \"live_splits\": " << r.live << ", \"us\": " << r.us
-         << ", \"spread_us\": " << r.spread_us << ", \"gbps\": " << gbps
+         << ", \"spread_us\": " << r.spread_us << ", \"stable_prefix_us\": " << r.stable_us
+         << ", \"gbps\": " << gbps
          << ", \"floor_us\": " << floor_us << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";
