@@ -558,11 +558,16 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                     detail::kTriggerMergeInputsLanded);
   p.trigger = knobs.trigger >= 0 ? knobs.trigger : static_cast<int>(plan.trigger);
   if (p.dev_drop & detail::kDropKv) p.speculate = 0;
-  p.stable_prefix = stable_prefix ? 1 : 0;  // supersedes speculation (kernel stage 0')
   // The cluster merge needs the plan's split count in the grid (a forced count may raise it) and
   // the merge itself (the attribution knob may drop it).
   const bool cluster_merge =
       plan.cluster > 1 && grid_y == plan.grid_y && !(p.dev_drop & detail::kDropMerge);
+  // The promise supersedes speculation (kernel stage 0'). The 8-warp cluster grids (the long
+  // ranges at small batch) do not use it: back to back they were 0.9-1.3 us slower with it at
+  // 4K-64K keys (perf.md run 132: (1,32,8,4K) 8.36 against 7.36 us), while the 4-warp grids
+  // gained 0.5-0.65 us (1K, the SmolLM2 shape).
+  p.stable_prefix =
+      stable_prefix && !(cluster_merge && plan.warps == kFlashDecodeWideWarps) ? 1 : 0;
   const auto clamp_window = [&](const std::optional<std::int64_t>& w) {
     return w ? static_cast<int>(std::min<std::int64_t>(*w, kMaxLength)) : -1;
   };

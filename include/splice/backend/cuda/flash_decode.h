@@ -187,7 +187,8 @@ int sm_count();
 // `stable_prefix`: the caller's promise that no kernel in flight on `stream` writes k_len or the
 // cache rows below k_len - q_len (a session's step scalar, and caches whose only writers in the
 // step append at k_len - q_len: NodeHints::stable_kv_prefix). The kernel then plans and loads
-// those rows before its programmatic-dependent-launch wait; the result is bitwise the same.
+// those rows before its programmatic-dependent-launch wait; the result is bitwise the same. The
+// 8-warp cluster grids (long ranges at small batch) ignore it: measured slower there.
 // Throws DTypeError / ShapeError / LayoutError / DeviceError naming the argument on bad input.
 void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_len,
                   const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,
