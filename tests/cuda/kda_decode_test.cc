@@ -468,8 +468,8 @@ TEST(KdaCuda, StreamKernelAdmitsItsBlock) {
     DType dtype;
     bool precompute_group;
   };
-  for (const Kernel kernel :
-       {Kernel{DType::f32, false}, Kernel{DType::bf16, false}, Kernel{DType::bf16, true}}) {
+  for (const Kernel kernel : {Kernel{DType::f32, false}, Kernel{DType::bf16, false},
+                              Kernel{DType::f32, true}, Kernel{DType::bf16, true}}) {
     for (bool staged : {true, false}) {
       const cuda::KdaKernelInfo info =
           cuda::kda_stream_kernel_info(kernel.dtype, staged, kernel.precompute_group);
@@ -756,11 +756,12 @@ TEST(KdaCuda, TuneSwitchesBitIdentical) {
   struct Shape {
     int n, t, h;
   };
-  // The precompute-group kernel runs bf16 T <= 8 (many items per CTA at N = 280, 48 and 40, one
-  // or two at N = 6); T = 9 runs the item loop under both masks.
+  // The precompute-group kernel runs bf16 T <= 8 (many items per CTA at N = 280, 72, 48 and 40,
+  // one or two at N = 6), fp32 T = 1 and fp32 T <= 4 with >= 16 items a CTA (N = 72 x 32 heads on
+  // <= 144 SMs); T = 9 runs the item loop under both masks.
   for (const Shape sh :
-       {Shape{280, 1, 32}, Shape{6, 1, 32}, Shape{1, 1, 8}, Shape{48, 3, 32}, Shape{6, 4, 32},
-        Shape{6, 2, 32}, Shape{6, 5, 8}, Shape{40, 8, 32}, Shape{6, 9, 8}})
+       {Shape{280, 1, 32}, Shape{6, 1, 32}, Shape{1, 1, 8}, Shape{48, 3, 32}, Shape{72, 4, 32},
+        Shape{6, 4, 32}, Shape{6, 2, 32}, Shape{6, 5, 8}, Shape{40, 8, 32}, Shape{6, 9, 8}})
     for (DType sdt : {DType::f32, DType::bf16}) {
       const Meta m = random_meta(rng, sh.n, sh.t, 2, true);
       const Problem p = make_problem(rng.integer(0, 1 << 30), sh.h, m, sdt);
@@ -843,9 +844,8 @@ void expect_stable_state_matches_serial(Rng& rng, int N, std::int64_t H, int T, 
   const Problem a = make_problem(rng.integer(0, 1 << 30), H, m, sdt);
   const Problem b = make_problem(rng.integer(0, 1 << 30), H, m, sdt);
   for (auto v : variants) {
-    SCOPED_TRACE("N=" + std::to_string(N) + " H=" + std::to_string(H) + " T=" +
-                 std::to_string(T) + " " + dtype_name(sdt) +
-                 " variant=" + cuda::kda_variant_name(v));
+    SCOPED_TRACE("N=" + std::to_string(N) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
+                 " " + dtype_name(sdt) + " variant=" + cuda::kda_variant_name(v));
     Problem pa = to_device(a, Device::cuda()), pb = to_device(b, Device::cuda());
     Problem sa = to_device(a, Device::cuda()), sb = to_device(b, Device::cuda());
     cuda::synchronize();

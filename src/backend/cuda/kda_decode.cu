@@ -97,14 +97,13 @@ bool debug_enabled() {
 template <typename StateT, bool kStage, bool kWs>
 constexpr auto stream_kernel() {
   if constexpr (kWs)
-    return &kda::kda_decode_stream_ws_kernel<kStage>;
+    return &kda::kda_decode_stream_ws_kernel<StateT, kStage>;
   else
     return &kda::kda_decode_stream_kernel<StateT, kStage>;
 }
 
 template <typename StateT, bool kStage, bool kWs>
 KdaKernelInfo probe_stream_kernel() {
-  static_assert(!kWs || std::is_same_v<StateT, __nv_bfloat16>, "the precompute group: bf16");
   KdaKernelInfo info;
   const auto kernel = stream_kernel<StateT, kStage, kWs>();
   info.block = kWs ? kda::kWsBlock : kda::kStreamBlock;
@@ -181,12 +180,19 @@ void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t h
 #endif
 }
 
-// bf16 T <= kOverlapMaxT: the stream kernel with the precompute warp group (kda_decode.cuh),
-// unless kTuneNoOverlap asks for the 8-warp kernel's item loop (the A/B reference).
+// The stream kernel with the precompute warp group (kda_decode.cuh) for bf16 T <= kOverlapMaxT
+// and fp32 T <= overlap_max_t<float>() (4), unless kTuneNoOverlap asks for the 8-warp kernel's
+// item loop (the A/B reference). fp32 at T > 1 only with >= 16 items a CTA: its 2-stage ring
+// ramps longer, and with 8 items a CTA (N = 32) it lost 6% at T = 2 and 4, while from N = 128 it
+// won 0.7-1.3% (perf.md run 133; T = 1 won at every N).
 template <typename StateT>
 bool wants_precompute_group(const kda::Params& params) {
-  return std::is_same_v<StateT, __nv_bfloat16> && params.max_t <= kda::kOverlapMaxT &&
-         (params.tune & kda::kTuneNoOverlap) == 0;
+  if (params.max_t > kda::overlap_max_t<StateT>() || (params.tune & kda::kTuneNoOverlap) != 0)
+    return false;
+  constexpr std::int64_t kMinItemsPerCta = 16;
+  const std::int64_t items = static_cast<std::int64_t>(params.num_units) * params.num_heads;
+  return std::is_same_v<StateT, __nv_bfloat16> || params.max_t == 1 ||
+         items >= kMinItemsPerCta * current_sm_count();
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVecAlign == 0; }
@@ -214,16 +220,14 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
       // precompute's inputs are staged when they are aligned too (`stream` only).
       if constexpr (kVec) {
         const bool staged = variant == KdaVariant::stream && inputs_stageable(params);
-        if constexpr (std::is_same_v<StateT, __nv_bfloat16>) {
-          if (wants_precompute_group<StateT>(params)) {
-            if (staged && stream_fits<StateT, true, true>()) {
-              launch_stream<StateT, true, true>(params, units, heads, stream);
-              return;
-            }
-            if (!staged && stream_fits<StateT, false, true>()) {
-              launch_stream<StateT, false, true>(params, units, heads, stream);
-              return;
-            }
+        if (wants_precompute_group<StateT>(params)) {
+          if (staged && stream_fits<StateT, true, true>()) {
+            launch_stream<StateT, true, true>(params, units, heads, stream);
+            return;
+          }
+          if (!staged && stream_fits<StateT, false, true>()) {
+            launch_stream<StateT, false, true>(params, units, heads, stream);
+            return;
           }
         }
         if (staged && stream_fits<StateT, true>()) {
@@ -283,8 +287,8 @@ void check_cuda(const Tensor& t, const char* name, int device) {
 KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs, bool precompute_group) {
   SPLICE_INTERNAL_CHECK(state_dtype == DType::f32 || state_dtype == DType::bf16, "state dtype ",
                         dtype_name(state_dtype));
-  SPLICE_INTERNAL_CHECK(!precompute_group || state_dtype == DType::bf16,
-                        "the precompute-group kernel runs bf16 state only");
+  if (precompute_group && state_dtype == DType::f32)
+    return staged_inputs ? stream_info<float, true, true>() : stream_info<float, false, true>();
   if (precompute_group)
     return staged_inputs ? stream_info<__nv_bfloat16, true, true>()
                          : stream_info<__nv_bfloat16, false, true>();

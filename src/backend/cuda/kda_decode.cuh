@@ -11,8 +11,9 @@
 //     engine (cp.async.bulk + mbarrier) with each coming item's source state and first-chunk
 //     inputs; the copies of item k + stages are issued by the warps themselves right after item
 //     k's state is in registers (no producer warp: 9 warps cannot hold ~200 registers each).
-//   kda_decode_stream_ws_kernel (bf16, T <= 8): the same ring on 12 warps in two roles, 8 sweep
-//     warps and 4 precompute warps that run item k + 1's precompute beside item k's sweep.
+//   kda_decode_stream_ws_kernel (bf16 T <= 8; fp32 T = 1, and T <= 4 with >= 16 items a CTA):
+//     the same ring on 12 warps in two roles, 8 sweep warps and 4 precompute warps that run
+//     item k + 1's precompute beside item k's sweep.
 // Notation: D = 128, C = H*D, rows b .. b+L-1 of unit u, accepted offset a, conv slot cs, source
 // slot ss, checkpoint destinations dst[t].
 //
@@ -1288,10 +1289,11 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     bf16 T <= kOverlapMaxT (8): kda_decode_stream_ws_kernel (below) instead, whose own
 //       precompute warps run item k + 1's precompute beside item k's sweep (until session 16
 //       this kernel's overlap loop shared that out over its 8 warps: perf.md runs 123-127).
-//     f32 T = 1: the item loop; item k's RMSNorm deferred to warp 4 during item k + 1 (token
-//       slots alternate); the refill issued by all 8 warps between the precompute and the
-//       sweep; staggered prefill (item 0's stage first, the rest once it has landed) only when
-//       the CTA has no item past the ring.
+//       Also fp32 T = 1, and fp32 T <= 4 with >= 16 items a CTA (the launcher's rule, run 133).
+//     f32 T = 1 (under kTuneNoOverlap): the item loop; item k's RMSNorm deferred to warp 4
+//       during item k + 1 (token slots alternate); the refill issued by all 8 warps between the
+//       precompute and the sweep; staggered prefill (item 0's stage first, the rest once it has
+//       landed) only when the CTA has no item past the ring.
 //     bf16 T > kOverlapMaxT: the item loop, norm on warp 0 at the item's end, refill by all 8
 //       warps, staggered prefill always. f32 T > 1: the same, stagger only with no item past the
 //       ring.
@@ -1339,6 +1341,12 @@ constexpr int stream_stages() {
 template <typename StateT>
 constexpr int stream_slots() {
   return stream_stages<StateT>() >= kLookaheadStages ? kOverlapItems * kOverlapMaxT : kChunk;
+}
+// The longest sequences the precompute-group kernel runs: bf16 kOverlapMaxT; fp32 (2 stages of
+// ~83 KB, kChunk token slots) the items whose two token sets fit kChunk slots.
+template <typename StateT>
+constexpr int overlap_max_t() {
+  return stream_slots<StateT>() / kOverlapItems;
 }
 
 template <typename StateT>
@@ -1764,10 +1772,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// `stream` with a precompute warp group (bf16 state, T <= kOverlapMaxT = 8; the launcher's pick
-// there unless kTuneNoOverlap): the ring, items and arithmetic of kda_decode_stream_kernel on 12
-// warps in two roles, so that an item's precompute and the previous item's RMSNorms run beside
-// a sweep instead of before it (perf.md runs 123-128).
+// `stream` with a precompute warp group (bf16 state, T <= kOverlapMaxT = 8; fp32 T = 1, and
+// T <= 4 with >= 16 items a CTA, in 2 stages; the launcher's pick there unless kTuneNoOverlap): the
+// ring, items and arithmetic of kda_decode_stream_kernel on 12 warps in two roles, so that an
+// item's precompute and the previous item's RMSNorms run beside a sweep instead of before it
+// (perf.md runs 123-128).
 //   Sweep warps 0-7 (the state in registers, Layout<256, 1>), per item k: wait until item k is
 //     precomputed (named barrier kBarPrecomputed + (k & 1)) -> state and old history from stage
 //     k % kStages into registers; thread 0 announces item k + kStages on the stage's mbarrier
@@ -1821,15 +1830,13 @@ __device__ __forceinline__ void precompute_warps_sync() {
                : "memory");
 }
 
-template <bool kStage>
+template <typename StateT, bool kStage>
 __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const Params p) {
-  using StateT = __nv_bfloat16;
   using L = Layout<kStreamThreads, 1>;
   using G = Geometry<kStreamThreads, 1, StateT>;
   using Smem = StreamSmem<StateT>;
   constexpr int kStages = Smem::kStages;
-  static_assert(kStages >= kLookaheadStages && kStages < kWarp, "the ring of the overlap");
-  static_assert(stream_slots<StateT>() >= kOverlapItems * kOverlapMaxT, "token slots");
+  static_assert(kStages >= 2 && kStages < kWarp, "the ring of the overlap");
   extern __shared__ uint4 smem_raw[];
   Smem& S = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x;
@@ -1840,7 +1847,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
 
   // kOne (T = 1, a compile-time constant there): one token an item (runtime token loops cost
   // bf16 T = 1 ~7% in the 8-warp overlap, perf.md run 103).
-  static_assert(kOverlapMaxT <= kChunk && kOverlapItems == 2, "the overlap's token slots");
+  static_assert(overlap_max_t<StateT>() <= kChunk && kOverlapItems == 2, "token slots");
   const auto run = [&](auto one_token) {
     constexpr bool kOne = decltype(one_token)::value;
     const auto tokens = [&](const Item& it) { return kOne ? 1 : it.len; };
@@ -1938,7 +1945,8 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         nxt = precompute_of(k + 1, taps);
         named_arrive(kBarPrecomputed + ((k + 1) & 1), kWsBlock);
       }
-      if (k + 2 < count) load_taps(k + 2);
+      // (3 stages: item k + 2 was staged during the sweep warps' item k - 1.)
+      if (kStages >= 3 && k + 2 < count) load_taps(k + 2);
       SPLICE_KDA_STAMP(k, 1);
       SPLICE_KDA_STAMP(k, 2);
       if (kind == kWsResolveKind) {  // batch nb a batch ahead of its first staging
@@ -1947,6 +1955,8 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
       }
       SPLICE_KDA_STAMP(k, 3);
       named_sync(kBarSwept + (k & 1), kWsBlock);
+      // (2 stages: item k + 2 is staged during the sweep warps' item k, before its kBarSwept.)
+      if (kStages < 3 && k + 2 < count) load_taps(k + 2);
       SPLICE_KDA_STAMP(k, 4);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
       if ((p.tune & kTuneDevDropNorms) != 0) cur.live = 0;
