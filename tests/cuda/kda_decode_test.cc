@@ -874,8 +874,9 @@ TEST(KdaCuda, StableStatePromiseBitIdentical) {
 
 // The same for the stream kernels with several items per CTA (24 x 32 items over <= 132 CTAs):
 // the prologue stages the sources of a whole ring (kStages items) before the wait and their inputs
-// after it, at the top of item 0 where the prefill is staggered (the 8-warp kernel: f32, and bf16
-// T >= 9) and in the prologue on the precompute-group kernel (bf16 T <= 8).
+// after it, at the top of item 0 where the prefill is staggered (the 8-warp kernel: fp32 T = 3 at
+// this size, and T = 9) and in the prologue on the precompute-group kernel (bf16 T <= 8, fp32
+// T = 1).
 TEST(KdaCuda, StableStatePromiseStreamRing) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(31);

@@ -93,7 +93,7 @@ bool debug_enabled() {
   return v != nullptr && std::atoi(v) > 0;
 }
 
-// The stream kernel of (StateT, kStage): with the precompute warp group (kWs, bf16 only) or not.
+// The stream kernel of (StateT, kStage): with the precompute warp group (kWs) or not.
 template <typename StateT, bool kStage, bool kWs>
 constexpr auto stream_kernel() {
   if constexpr (kWs)

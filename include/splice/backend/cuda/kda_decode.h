@@ -69,7 +69,8 @@ struct KdaKernelInfo {
   bool launchable = false;        // threads, registers and shared memory all fit one SM
   std::string reason;             // why not, when !launchable
 };
-// precompute_group: the bf16 kernel with the precompute warp group (bf16 T <= 8).
+// precompute_group: the kernel with the precompute warp group (bf16 T <= 8; fp32 T = 1, and
+// T <= 4 with >= 16 items a CTA).
 KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs,
                                      bool precompute_group = false);
 
