@@ -41,10 +41,25 @@ struct ReplayTimes {
   double spread_us = 0;  // max - min, per call
 };
 
-// Replays `exec` on `stream` `warmup` times untimed, then `reps` times, each between two CUDA
-// events; per call = the replay's time / `calls_per_replay`.
+// Replays `exec` on `stream` `warmup` times untimed, and further until `min_warm_ms` of device
+// time have passed (batches of `warmup` replays, timed with events), then `reps` times, each
+// between two CUDA events; per call = the replay's time / `calls_per_replay`.
 inline ReplayTimes time_replays(cudaGraphExec_t exec, cudaStream_t stream, int warmup, int reps,
-                                int calls_per_replay) {
+                                int calls_per_replay, double min_warm_ms = 0.0) {
+  if (min_warm_ms > 0.0) {
+    cudaEvent_t w0, w1;
+    BENCH_CHECK(cudaEventCreate(&w0));
+    BENCH_CHECK(cudaEventCreate(&w1));
+    BENCH_CHECK(cudaEventRecord(w0, stream));
+    for (float ms = 0.0f; ms < min_warm_ms;) {
+      for (int i = 0; i < std::max(warmup, 1); ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+      BENCH_CHECK(cudaEventRecord(w1, stream));
+      BENCH_CHECK(cudaEventSynchronize(w1));
+      BENCH_CHECK(cudaEventElapsedTime(&ms, w0, w1));
+    }
+    BENCH_CHECK(cudaEventDestroy(w0));
+    BENCH_CHECK(cudaEventDestroy(w1));
+  }
   for (int i = 0; i < warmup; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
   cudaEvent_t start, stop;
   BENCH_CHECK(cudaEventCreate(&start));

@@ -31,7 +31,8 @@
 //      plan's rules, with the cluster grid's trigger moved, with the global split merge, and with
 //      widths and cluster sizes forced (FlashDecodeDevKnobs), two alternating rounds: the
 //      evidence for the plan's cluster rule.
-//   9. --shapes 'B,Hq,Hkv,k_len,D[,capacity];...' replaces the shape list of any mode.
+//   9. --shapes 'B,Hq,Hkv,k_len,D[,capacity];...' replaces the shape list of any mode;
+//      --warm-ms M: each graph replays untimed for at least M ms first (default 50).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -57,6 +58,10 @@ constexpr int kMaxSets = 64;
 constexpr std::size_t kMinTouchedBytes = std::size_t{128} << 20;  // > 2x the L2
 constexpr int kMaxSmallSets = 4096;
 constexpr int kWarmupReplays = 3;
+// Untimed replays of each graph before its timed ones, at least this many ms (--warm-ms; the KDA
+// bench's first configurations after a shape switch read up to 10% slow with 3 replays alone,
+// perf.md run 142).
+double g_warm_ms = 50.0;
 
 struct Shape {
   std::int64_t batch, num_qo_heads, num_kv_heads, k_len, head_dim;
@@ -167,7 +172,7 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
   BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   const splice::bench::ReplayTimes t =
-      splice::bench::time_replays(exec, stream, kWarmupReplays, reps, r.sets);
+      splice::bench::time_replays(exec, stream, kWarmupReplays, reps, r.sets, g_warm_ms);
   r.us = t.median_us;
   r.spread_us = t.spread_us;
   BENCH_CHECK(cudaGraphExecDestroy(exec));
@@ -232,6 +237,8 @@ int main(int argc, char** argv) {
       max_kv_gb = std::atof(argv[++i]);
     else if (arg == "--reps" && i + 1 < argc)
       reps = std::atoi(argv[++i]);
+    else if (arg == "--warm-ms" && i + 1 < argc)
+      g_warm_ms = std::max(0.0, std::atof(argv[++i]));
     else if (arg == "--quick")
       quick = true;
     else if (arg == "--sweep")
@@ -248,8 +255,8 @@ int main(int argc, char** argv) {
       shapes_arg = argv[++i];
     else {
       std::fprintf(stderr,
-                   "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--quick] [--sweep] "
-                   "[--no-variants] [--ab] [--warps-ab] [--cluster-ab] "
+                   "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--warm-ms M] [--quick] "
+                   "[--sweep] [--no-variants] [--ab] [--warps-ab] [--cluster-ab] "
                    "[--shapes 'B,Hq,Hkv,k_len,D[,capacity];...']\n",
                    argv[0]);
       return 2;

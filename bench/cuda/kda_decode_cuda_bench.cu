@@ -32,7 +32,10 @@
 // KDA_BENCH_TUNES (comma list of tune masks, above), KDA_BENCH_MIN_SETS (at least this many
 // launches G per graph, default 2 (1 before session 17): back-to-back launches that overlap their
 // neighbours' ramps through PDL, as inside a decode step, instead of one launch per replay at
-// large N; the stable-state promise needs a neighbour to show anything), SPLICE_PDL=0 (every
+// large N; the stable-state promise needs a neighbour to show anything), KDA_BENCH_WARM_MS
+// (untimed replays of each graph before its timed ones, at least this many ms; default 50: with
+// 3 warm-up replays the first configurations after a dtype switch read up to 9% slow, perf.md
+// runs 134-141), SPLICE_PDL=0 (every
 // launch without PDL), SPLICE_KDA_TUNE (the default tune mask of every launch).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -101,6 +104,7 @@ struct Options {
   std::vector<std::string> variants;  // variant names timed (the rule's pick always)
   std::vector<unsigned> tunes;        // tune masks timed for `stream` as A/B
   int min_sets = 2;                   // at least this many launches per graph
+  double warm_ms = 50.0;              // untimed replays of each graph, at least this long
 };
 
 struct Result {
@@ -272,7 +276,7 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
     BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
     BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     const splice::bench::ReplayTimes t =
-        splice::bench::time_replays(exec, stream, kWarmup, kReplays, G);
+        splice::bench::time_replays(exec, stream, kWarmup, kReplays, G, opt.warm_ms);
     BENCH_CHECK(cudaGraphExecDestroy(exec));
     BENCH_CHECK(cudaGraphDestroy(graph));
     return t.median_us;
@@ -379,10 +383,13 @@ int main(int argc, char** argv) {
   for (int b : tunes) opt.tunes.push_back(static_cast<unsigned>(b));
   if (const char* v = std::getenv("KDA_BENCH_MIN_SETS"); v != nullptr && *v != '\0')
     opt.min_sets = std::max(1, std::atoi(v));
+  if (const char* v = std::getenv("KDA_BENCH_WARM_MS"); v != nullptr && *v != '\0')
+    opt.warm_ms = std::max(0.0, std::atof(v));
   std::printf("kda tune default %u; timed:", splice::cuda::kda_tune());
   for (const auto& v : opt.variants) std::printf(" %s", v.c_str());
   for (unsigned b : opt.tunes) std::printf(" stream+tune%u", b);
-  std::printf("; at least %d launch(es) per graph\n", opt.min_sets);
+  std::printf("; at least %d launch(es) per graph, %.0f ms of warm-up replays each\n", opt.min_sets,
+              opt.warm_ms);
   // bf16 first: in a process that had run the fp32 grid, bf16 T = 1 read ~8% slower (perf.md
   // runs 134-137; same SASS, cause not found).
   std::vector<splice::DType> states = {splice::DType::bf16, splice::DType::f32};
