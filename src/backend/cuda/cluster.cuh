@@ -73,6 +73,15 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint3
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
+// bulk_copy with an L2 cache policy (createpolicy) on its global reads.
+__device__ __forceinline__ void bulk_copy_hinted(void* dst, const void* src, std::uint32_t bytes,
+                                                 std::uint64_t* bar, std::uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
 // Whether the phase of parity `phase` has completed (no waiting).
 __device__ __forceinline__ bool mbar_test(std::uint64_t* bar, std::uint32_t phase) {
   std::uint32_t done = 0;

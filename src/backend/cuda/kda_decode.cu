@@ -16,8 +16,10 @@
 //     kernel with the precompute warp group, 384 threads; else the 8-warp kernel), all through
 //     cudaLaunchKernelEx with the PDL attribute when launch.cuh's pdl_enabled() and the stream is
 //     not the legacy default stream (every kda kernel waits before its first global access).
-//     Nothing is read back from the device. Params.tune carries the dev-only KdaTuneBits
-//     (kda_tune(): SPLICE_KDA_TUNE or set_kda_tune()), `stream`'s schedule knob for A/B runs.
+//     Nothing is read back from the device. `stream` launches whose source states exceed twice
+//     the L2 mark the state's bytes with L2 priorities (wants_l2_hints). Params.tune carries
+//     the dev-only KdaTuneBits (kda_tune(): SPLICE_KDA_TUNE or set_kda_tune()), `stream`'s
+//     schedule knobs for A/B runs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -49,6 +51,27 @@ int current_sm_count() {
   int count = 0;
   SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
   return count;
+}
+
+std::int64_t current_l2_bytes() {
+  int device = 0;
+  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
+  int bytes = 0;
+  SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
+  return bytes;
+}
+
+// The stream kernels' L2 priorities (Params::l2_hints, kda_decode.cuh's l2_evict_policy): on
+// when the launch's source states exceed twice the L2 (states that fit it ran slower with them),
+// and not under kTuneNoL2Hints. H200, H = 32 (perf.md runs 146-149): at
+// N = 512 2.7-4.1% faster at T = 1 / 2, 1.6-2.9% at T = 4 / 8; at N = 128 1.3-3.9% (bf16 T = 1
+// within 0.4%); at N = 32 (bf16 33 MB, fp32 67 MB of state against 50 MB of L2) 0.1-3%
+// slower, hence the bound.
+template <typename StateT>
+bool wants_l2_hints(const kda::Params& params) {
+  const std::int64_t state_bytes = static_cast<std::int64_t>(params.num_units) * params.num_heads *
+                                   kda::kD * kda::kD * sizeof(StateT);
+  return (params.tune & kda::kTuneNoL2Hints) == 0 && state_bytes > 2 * current_l2_bytes();
 }
 
 // One launch of a kda kernel through launch.cuh's launcher: thread-block clusters of `cluster`
@@ -211,7 +234,7 @@ bool inputs_stageable(const kda::Params& p) {
 }
 
 template <typename StateT, bool kVec>
-void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t units,
+void launch_variant(KdaVariant variant, const kda::Params& base_params, std::int64_t units,
                     std::int64_t heads, cudaStream_t stream) {
   switch (variant) {
     case KdaVariant::stream:
@@ -219,6 +242,8 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
       // The copy engine needs 16-byte aligned state (else the per-head kernel runs); the
       // precompute's inputs are staged when they are aligned too (`stream` only).
       if constexpr (kVec) {
+        kda::Params params = base_params;
+        params.l2_hints = wants_l2_hints<StateT>(params) ? 1 : 0;
         const bool staged = variant == KdaVariant::stream && inputs_stageable(params);
         if (wants_precompute_group<StateT>(params)) {
           if (staged && stream_fits<StateT, true, true>()) {
@@ -241,13 +266,13 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
       }
       [[fallthrough]];
     case KdaVariant::wide:
-      launch<kWideThreads, 1, StateT, kVec>(params, units, heads, stream);
+      launch<kWideThreads, 1, StateT, kVec>(base_params, units, heads, stream);
       return;
     case KdaVariant::split2:
-      launch<kSplitThreads, 2, StateT, kVec>(params, units, heads, stream);
+      launch<kSplitThreads, 2, StateT, kVec>(base_params, units, heads, stream);
       return;
     case KdaVariant::split4:
-      launch<kSplitThreads, 4, StateT, kVec>(params, units, heads, stream);
+      launch<kSplitThreads, 4, StateT, kVec>(base_params, units, heads, stream);
       return;
     case KdaVariant::automatic:
       break;
@@ -259,6 +284,7 @@ void launch_variant(KdaVariant variant, const kda::Params& params, std::int64_t 
 // use or set by set_kda_tune().
 std::atomic<long long> g_tune{-1};
 static_assert(kda::kTuneNoOverlap == kKdaTuneNoOverlap &&
+                  kda::kTuneNoL2Hints == kKdaTuneNoL2Hints &&
                   kda::kTuneDevDropCheckpoints == kKdaTuneDevDropCheckpoints &&
                   kda::kTuneDevDropSweepMath == kKdaTuneDevDropSweepMath &&
                   kda::kTuneDevCheckpointsToShared == kKdaTuneDevCheckpointsToShared &&

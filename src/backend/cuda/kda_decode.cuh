@@ -98,6 +98,7 @@ namespace splice::cuda::kda {
 // 3c: each slice st.async-stores its partial into every slice's shared memory and waits on its own
 // mbarrier, no cluster barrier after the sweep) and the stream kernel's bulk-copy ring.
 using detail::bulk_copy;
+using detail::bulk_copy_hinted;
 using detail::cluster_arrive_relaxed;
 using detail::cluster_wait;
 using detail::mbar_arrive;
@@ -161,10 +162,13 @@ struct Params {
   // their PDL wait: the per-head kernels their CTA's item, the stream kernels their first
   // kStages items).
   int stable_state;
+  // (stream kernels; the launcher's rule) the source-state bulk copies carry an L2 evict_last
+  // policy and the checkpoint stores evict_first (l2_evict_policy).
+  int l2_hints;
 };
 
 // KdaTuneBits of kda_decode.h, as the kernels test them.
-constexpr unsigned kTuneNoOverlap = 1u;
+constexpr unsigned kTuneNoOverlap = 1u, kTuneNoL2Hints = 256u;
 // Attribution only (dev/kda_attribution; honoured in a SPLICE_KDA_DEV_ATTRIBUTION build): the
 // sweep stores no checkpoint / skips its arithmetic.
 constexpr unsigned kTuneDevDropCheckpoints = 2u, kTuneDevDropSweepMath = 4u;
@@ -353,6 +357,30 @@ __device__ __forceinline__ uint4 load_state_vec(const StateT* p) {
     r.w = q[6] | (static_cast<std::uint32_t>(q[7]) << 16);
     return r;
   }
+}
+
+// An L2 eviction policy for every access that carries it (createpolicy, fraction 1). The stream
+// kernels stream more state than the L2 holds (Params::l2_hints): their source-state copies
+// carry evict_last and their checkpoint stores evict_first, which moved 2-4% more bytes a second
+// than plain accesses at N >= 128 (perf.md runs 146-149; measured, mechanism not known: the L2's
+// choice among clean read lines and dirty checkpoint lines when it evicts). A source slot is
+// overwritten by a checkpoint of the same launch wherever a decode step writes one there (T = 1
+// in place; the accepted token's slot of a speculative row), so its lines leave evict_first.
+template <bool kEvictLast>
+__device__ __forceinline__ std::uint64_t l2_evict_policy() {
+  std::uint64_t policy;
+  if constexpr (kEvictLast)
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// One 16-byte checkpoint store with L2 policy `policy` (16-byte aligned state only).
+__device__ __forceinline__ void store_state_vec_hinted(void* p, uint4 r, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(
+                   __cvta_generic_to_global(p)),
+               "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w), "l"(policy));
 }
 
 template <typename StateT, bool kVec>
@@ -1039,6 +1067,16 @@ __device__ __forceinline__ void sweep_token(
     StateT* const first = static_cast<StateT*>(p.state) +
                           static_cast<std::int64_t>(dst) * p.state_slot +
                           (static_cast<std::int64_t>(h) * kD + row0 + geo.row(0)) * kD + geo.col(0);
+    if (kVec && p.l2_hints != 0) {
+      const std::uint64_t policy = l2_evict_policy<false>();
+#pragma unroll
+      for (int i = 0; i < kRt; ++i)
+#pragma unroll
+        for (int c = 0; c < kVecs; ++c)
+          store_state_vec_hinted(first + i * L::kGroups * kD + c * kLanes * kVecElems, packed(i, c),
+                                 policy);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kRt; ++i)
 #pragma unroll
@@ -1515,7 +1553,10 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stag
   // read by the copy engine (the scalars above are other fields). A fence.proxy.async here was
   // MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS: the issuing warp waited for its outstanding
   // checkpoint stores, ~300 cycles a copy (perf.md runs 123-124).
-  if (bytes != 0) bulk_copy(dst, src, bytes, bar);
+  if (c == 0 && p.l2_hints != 0)
+    bulk_copy_hinted(dst, src, bytes, bar, l2_evict_policy<true>());
+  else if (bytes != 0)
+    bulk_copy(dst, src, bytes, bar);
 }
 
 // This CTA's items of a stream kernel, w = blockIdx.x + k * gridDim.x for k < count, and their

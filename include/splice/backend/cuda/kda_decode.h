@@ -84,7 +84,10 @@ enum KdaTuneBits : unsigned {
   // sweep, kda_decode.cuh): the item loop (at T = 1 v8's schedule: RMSNorm deferred to the next
   // item, refill at the top of the next item, staggered prefill). No effect elsewhere.
   kKdaTuneNoOverlap = 1u,
-  kKdaTuneAll = kKdaTuneNoOverlap,
+  // `stream` without its L2 priorities (source-state copies evict_last, checkpoint stores
+  // evict_first, on launches whose source states exceed twice the L2): the A/B reference.
+  kKdaTuneNoL2Hints = 256u,
+  kKdaTuneAll = kKdaTuneNoOverlap | kKdaTuneNoL2Hints,
   // Attribution only, honoured only in a build with SPLICE_KDA_DEV_ATTRIBUTION defined (dev/
   // kda_attribution): the state sweep stores no checkpoint / skips its arithmetic (outputs,
   // states and checkpoints are then wrong). Masked off everywhere else.
