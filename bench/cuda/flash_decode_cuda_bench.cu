@@ -58,9 +58,9 @@ constexpr int kMaxSets = 64;
 constexpr std::size_t kMinTouchedBytes = std::size_t{128} << 20;  // > 2x the L2
 constexpr int kMaxSmallSets = 4096;
 constexpr int kWarmupReplays = 3;
-// Untimed replays of each graph before its timed ones, at least this many ms (--warm-ms; the KDA
-// bench's first configurations after a shape switch read up to 10% slow with 3 replays alone,
-// perf.md run 142).
+// Untimed replays of each graph before its timed ones, at least this many ms (--warm-ms): with 3
+// replays alone the KDA bench's first configurations after a dtype switch read 8-10% slow (perf.md
+// run 142); flash decode showed no such transient (run 143) but is timed the same way.
 double g_warm_ms = 50.0;
 
 struct Shape {

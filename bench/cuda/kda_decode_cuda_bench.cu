@@ -34,9 +34,9 @@
 // neighbours' ramps through PDL, as inside a decode step, instead of one launch per replay at
 // large N; the stable-state promise needs a neighbour to show anything), KDA_BENCH_WARM_MS
 // (untimed replays of each graph before its timed ones, at least this many ms; default 50: with
-// 3 warm-up replays the first configurations after a dtype switch read up to 9% slow, perf.md
-// runs 134-141), SPLICE_PDL=0 (every
-// launch without PDL), SPLICE_KDA_TUNE (the default tune mask of every launch).
+// 3 warm-up replays alone the first configurations after a dtype switch read 8-10% slow, perf.md
+// runs 134-142), SPLICE_PDL=0 (every launch without PDL), SPLICE_KDA_TUNE (the default tune mask
+// of every launch).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -390,8 +390,8 @@ int main(int argc, char** argv) {
   for (unsigned b : opt.tunes) std::printf(" stream+tune%u", b);
   std::printf("; at least %d launch(es) per graph, %.0f ms of warm-up replays each\n", opt.min_sets,
               opt.warm_ms);
-  // bf16 first: in a process that had run the fp32 grid, bf16 T = 1 read ~8% slower (perf.md
-  // runs 134-137; same SASS, cause not found).
+  // bf16 first (from session 17, when 3 warm-up replays left the first bf16 points after the
+  // fp32 grid ~8% slow; the 50 ms warm-up removed that, perf.md run 142).
   std::vector<splice::DType> states = {splice::DType::bf16, splice::DType::f32};
   if (const char* v = std::getenv("KDA_BENCH_STATES"); v != nullptr && *v != '\0') {
     states.clear();

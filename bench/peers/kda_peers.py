@@ -14,9 +14,9 @@ rolling-window conv update); that is a lower bound on what a T > 1 conv costs.
 
 Timing: G iterations over disjoint slot sets (>= 400 MB of state per replay, as the C++ bench)
 captured in one torch CUDA graph, replayed after warm-up (at least KDA_BENCH_WARM_MS, default 50
-ms); median replay time / G. The recurrent
-kernel alone is timed the same way. FlashInfer's fused_kda_decode needs SM10x for T > 1 and is
-not installed on the device; it is reported as skipped.
+ms); median replay time / G. The recurrent kernel alone is timed the same way. FlashInfer's
+fused_kda_decode needs SM10x for T > 1 and is not installed on the device; it is reported as
+skipped.
 
 Writes "<dtype> <N> <T> <fla_us> <fla_recurrent_us>" lines to argv[1]. KDA_BENCH_STATES (f32,
 bf16), KDA_BENCH_TS and KDA_BENCH_NS (comma lists) restrict the grid as they do the C++ bench's.
