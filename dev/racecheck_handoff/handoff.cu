@@ -87,7 +87,8 @@ __global__ void handoff(int mode, unsigned long long* sums) {
 // threads); the precompute warps write slot k % 2 and arrive at barrier 1 + (k & 1) (count 384),
 // the sweep warps sync there, sync among themselves (barrier 5, count 256, the kernel's cta_sync),
 // read, write their result into res[k % 2] and arrive at barrier 3 + (k & 1); the precompute warps
-// sync there and read the result (the kernel's norms). Mode 4: the same with mbarriers.
+// sync there and read the result (the kernel's norms); ids and counts in registers, as the
+// kernel's named_sync / named_arrive pass them. Mode 4: the same with mbarriers.
 __global__ void handoff_ws(int mode, unsigned long long* sums) {
   __shared__ int slot[2][kWords];
   __shared__ int res[2][kWords];
@@ -112,20 +113,20 @@ __global__ void handoff_ws(int mode, unsigned long long* sums) {
     const int s = k & 1;
     const unsigned phase = (k >> 1) & 1u;
     if (sweep) {
-      if (mode == 3) asm volatile("bar.sync %0, 384;" ::"r"(1 + s) : "memory");
+      if (mode == 3) asm volatile("bar.sync %0, %1;" ::"r"(1 + s), "r"(384) : "memory");
       else mbar_wait(&full[s], phase);
       const int v = slot[s][lane];
       asm volatile("bar.sync 5, 256;" ::: "memory");
       if (warp == 0) res[s][lane] = v + 1;
-      if (mode == 3) asm volatile("bar.arrive %0, 384;" ::"r"(3 + s) : "memory");
+      if (mode == 3) asm volatile("bar.arrive %0, %1;" ::"r"(3 + s), "r"(384) : "memory");
       else mbar_arrive(&done[s]);
     } else {
       if (k + 1 < kRounds) {  // item k + 1 into the other slot (its readers passed barrier 5)
         if (warp == 8) slot[s ^ 1][lane] = (k + 1) * 100 + lane;
-        if (mode == 3) asm volatile("bar.arrive %0, 384;" ::"r"(1 + (s ^ 1)) : "memory");
+        if (mode == 3) asm volatile("bar.arrive %0, %1;" ::"r"(1 + (s ^ 1)), "r"(384) : "memory");
         else mbar_arrive(&full[s ^ 1]);
       }
-      if (mode == 3) asm volatile("bar.sync %0, 384;" ::"r"(3 + s) : "memory");
+      if (mode == 3) asm volatile("bar.sync %0, %1;" ::"r"(3 + s), "r"(384) : "memory");
       else mbar_wait(&done[s], phase);
       if (warp == 8) sum += res[s][lane];
       asm volatile("bar.sync 6, 128;" ::: "memory");
