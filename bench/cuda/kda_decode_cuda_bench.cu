@@ -19,7 +19,7 @@
 //     disjoint slot sets, so the promise holds), also the table's `stable` column.
 //  5. Dev A/B of the `stream` kernel's schedule knob (cuda::KdaTuneBits, dev/kda_b/): with
 //     KDA_BENCH_TUNES=1 (kKdaTuneNoOverlap: bf16 T <= 8 on the 8-warp item loop instead of the
-//     precompute-group kernel) the `stream` variant
+//     precompute-group kernel) or 256 (kKdaTuneNoL2Hints: no L2 priorities) the `stream` variant
 //     is also timed with each listed bit mask (set_kda_tune), printed as "A/B" lines, a decision
 //     table (us and % of the floor per mask) and the JSON field "stream_tune_us"; the main table
 //     and "stream_us" keep the default.
