@@ -1843,8 +1843,10 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 //   one id before the other has passed it: the precompute warps arrive for item k + 2 only after
 //   passing kBarSwept of k, which the sweep warps arrive at after passing kBarPrecomputed of k.
 //   A bar.arrive orders the arriving threads' earlier memory accesses before the waiting
-//   threads' later ones (the PTX ISA's producer-consumer use of named barriers; racecheck does
-//   not model it and reports the hand-offs as RAW hazards, perf.md run 124).
+//   threads' later ones (the PTX ISA's producer-consumer use of named barriers). racecheck
+//   reports this kernel's hand-offs as RAW hazards (perf.md runs 124, 150) though a minimal
+//   two-warp hand-off through the same instructions is clean under it: open,
+//   dev/racecheck_handoff/README.md.
 //   Metadata batch nb (resolved at item k with k + kStages = kWarp (nb - 1)) overwrites batch
 //   nb - 2, whose last reader staged item k - 1 + kStages during the sweep warps' item k - 1,
 //   before their kBarSwept of k - 1, which the resolving warp has passed.
