@@ -30,6 +30,7 @@
 #include "backend/cuda/flash_decode_kernel.cuh"
 #include "backend/cuda/launch.cuh"
 #include "splice/backend/cuda/flash_decode.h"
+#include "splice/backend/cuda/runtime.h"
 
 // The planner's constants (public header) and the kernel's must agree.
 static_assert(splice::cuda::kFlashDecodeMaxSplits == splice::cuda::detail::kMaxSplits);
@@ -399,16 +400,7 @@ FlashDecodeDevKnobs flash_decode_dev_knobs() {
   return ws.knobs;
 }
 
-int sm_count() {
-  static int counts[64] = {};
-  int device = 0;
-  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < 64 && counts[device] > 0) return counts[device];
-  int count = 0;
-  SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  if (device < 64) counts[device] = count;
-  return count;
-}
+int sm_count() { return current_device_facts().sm_count; }
 
 void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_len,
                   const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,

@@ -96,6 +96,7 @@
 #include "backend/cuda/float_convert.cuh"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/launch.cuh"
+#include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
 
 namespace splice::cuda::gemv {
@@ -110,7 +111,7 @@ constexpr int kTargetWarpsPerSm = 4;  // fewer columns per warp until n / kCols 
 constexpr int kLoadBudget = 24;       // (w + x) vectors a lane loads per batch, at most
 constexpr int kMinChains = 4;         // fewer accumulators than this: per-vector partials (stage 3)
 constexpr int kMaxThreads = kMaxWarpsPerCta * kWarpSize;
-constexpr int kMaxDevices = 64;  // per-device caches (SM count, occupancy)
+constexpr int kMaxDevices = 64;  // per-device occupancy caches
 // Vectors per lane of the one-batch instances (gemv_kernel's kSlots): 3 covers K = 576 bf16
 // (72 vectors), 6 covers K = 1536 bf16 (192 vectors); the SmolLM2 decode products.
 constexpr int kSmallSlots = 3;
@@ -1210,20 +1211,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // ---- host ----------------------------------------------------------------------------------
 
-int current_device() {
-  int device = 0;
-  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
-}
-
-int sm_count(int device) {
-  static int counts[kMaxDevices] = {};
-  if (device < kMaxDevices && counts[device] > 0) return counts[device];
-  int count = 0;
-  SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  if (device < kMaxDevices) counts[device] = count;
-  return count;
-}
+int sm_count(int device) { return device_facts(device).sm_count; }
 
 struct Grid {
   unsigned blocks = 0, threads = 0;
@@ -1243,7 +1231,7 @@ struct Grid {
 // in `by_smem` (a few distinct k per model).
 constexpr int kBlockSizes = 3;
 struct OccupancyCache {
-  int plain[kMaxDevices][kBlockSizes] = {};
+  std::atomic<int> plain[kMaxDevices][kBlockSizes] = {};  // read without the mutex
   std::mutex mutex;
   std::map<std::tuple<int, unsigned, unsigned>, int> by_smem;
   bool smem_attribute_set[kMaxDevices] = {};
@@ -1251,8 +1239,10 @@ struct OccupancyCache {
 int resident_ctas_per_sm(const void* kernel, unsigned threads, unsigned smem, int device,
                          OccupancyCache& cache) {
   const int slot = threads <= kWarpSize ? 0 : threads <= 2 * kWarpSize ? 1 : 2;
-  if (smem == 0 && device < kMaxDevices && cache.plain[device][slot] > 0)
-    return cache.plain[device][slot];
+  if (smem == 0 && device < kMaxDevices) {
+    const int cached = cache.plain[device][slot].load(std::memory_order_relaxed);
+    if (cached > 0) return cached;
+  }
   std::unique_lock<std::mutex> lock(cache.mutex, std::defer_lock);
   if (smem > 0) {
     lock.lock();
@@ -1266,7 +1256,7 @@ int resident_ctas_per_sm(const void* kernel, unsigned threads, unsigned smem, in
   if (smem > 0)
     cache.by_smem[{device, threads, smem}] = ctas;
   else if (device < kMaxDevices)
-    cache.plain[device][slot] = ctas;
+    cache.plain[device][slot].store(ctas, std::memory_order_relaxed);
   return ctas;
 }
 

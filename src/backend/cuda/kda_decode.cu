@@ -45,21 +45,7 @@ constexpr int kWideThreads = 256;
 constexpr int kSplitThreads = 128;
 constexpr std::int64_t kWideBf16MinT = 9;  // the rule: bf16 state from this T runs `wide`
 
-int current_sm_count() {
-  int device = 0;
-  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
-  int count = 0;
-  SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
-std::int64_t current_l2_bytes() {
-  int device = 0;
-  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
-  int bytes = 0;
-  SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
-  return bytes;
-}
+int current_sm_count() { return current_device_facts().sm_count; }
 
 // The stream kernels' L2 priorities (Params::l2_hints, kda_decode.cuh's l2_evict_policy): on
 // when the launch's source states exceed twice the L2 (states that fit it ran slower with them),
@@ -71,7 +57,8 @@ template <typename StateT>
 bool wants_l2_hints(const kda::Params& params) {
   const std::int64_t state_bytes = static_cast<std::int64_t>(params.num_units) * params.num_heads *
                                    kda::kD * kda::kD * sizeof(StateT);
-  return (params.tune & kda::kTuneNoL2Hints) == 0 && state_bytes > 2 * current_l2_bytes();
+  return (params.tune & kda::kTuneNoL2Hints) == 0 &&
+         state_bytes > 2 * current_device_facts().l2_bytes;
 }
 
 // One launch of a kda kernel through launch.cuh's launcher: thread-block clusters of `cluster`
@@ -134,13 +121,9 @@ KdaKernelInfo probe_stream_kernel() {
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   info.smem_bytes += kda::kDevScratchBytes;
 #endif
-  int device = 0;
-  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
-  SPLICE_CUDA_CHECK(
-      cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  int regs_per_sm = 0;
-  SPLICE_CUDA_CHECK(
-      cudaDeviceGetAttribute(&regs_per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device));
+  const DeviceFacts& facts = current_device_facts();
+  info.smem_optin = facts.smem_optin_bytes;
+  const int regs_per_sm = facts.registers_per_sm;
   cudaFuncAttributes attr{};
   SPLICE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
   info.max_threads_per_block = attr.maxThreadsPerBlock;

@@ -9,11 +9,13 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "splice/core/error.h"
 
 namespace splice::cuda {
 namespace {
@@ -122,6 +124,36 @@ std::string device_name(int index) {
 }
 
 void synchronize() { SPLICE_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+int current_device() {
+  int device = 0;
+  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+const DeviceFacts& device_facts(int device) {
+  constexpr int kMaxDevices = 64;
+  struct Slot {
+    std::once_flag once;
+    DeviceFacts facts;
+  };
+  static std::array<Slot, kMaxDevices> slots;
+  SPLICE_INTERNAL_CHECK(device >= 0 && device < kMaxDevices, "CUDA device index ", device);
+  Slot& slot = slots[static_cast<std::size_t>(device)];
+  // A query that throws leaves the flag unset, so a later call retries.
+  std::call_once(slot.once, [&] {
+    const auto attribute = [device](cudaDeviceAttr what) {
+      int value = 0;
+      SPLICE_CUDA_CHECK(cudaDeviceGetAttribute(&value, what, device));
+      return value;
+    };
+    slot.facts.sm_count = attribute(cudaDevAttrMultiProcessorCount);
+    slot.facts.l2_bytes = attribute(cudaDevAttrL2CacheSize);
+    slot.facts.smem_optin_bytes = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    slot.facts.registers_per_sm = attribute(cudaDevAttrMaxRegistersPerMultiprocessor);
+  });
+  return slot.facts;
+}
 
 Stream current_stream() { return t_current_stream; }
 void set_current_stream(Stream stream) { t_current_stream = stream; }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "splice/core/tensor.h"
@@ -37,6 +38,21 @@ void ensure_registered();
 // A short description of the device, e.g. "NVIDIA H200 (sm_90, 132 SMs)".
 std::string device_name(int index = 0);
 void synchronize();
+
+// ---- device facts --------------------------------------------------------------------------
+// What the launchers and planners read about a device on every launch: queried once per device,
+// then cached (thread-safe; the first call for a device pays the driver queries).
+struct DeviceFacts {
+  int sm_count = 0;           // streaming multiprocessors
+  std::int64_t l2_bytes = 0;  // L2 cache size
+  int smem_optin_bytes = 0;   // dynamic shared memory one CTA may opt in to
+  int registers_per_sm = 0;   // 32-bit registers of one SM
+};
+// The calling host thread's current device (cudaGetDevice).
+int current_device();
+// `device`'s facts; `device` in [0, 64).
+const DeviceFacts& device_facts(int device);
+inline const DeviceFacts& current_device_facts() { return device_facts(current_device()); }
 
 // ---- streams ------------------------------------------------------------------------------
 // The stream this host thread launches on (nullptr: the legacy default stream).
