@@ -1067,22 +1067,19 @@ __device__ __forceinline__ void sweep_token(
     StateT* const first = static_cast<StateT*>(p.state) +
                           static_cast<std::int64_t>(dst) * p.state_slot +
                           (static_cast<std::int64_t>(h) * kD + row0 + geo.row(0)) * kD + geo.col(0);
-    if (kVec && p.l2_hints != 0) {
-      const std::uint64_t policy = l2_evict_policy<false>();
+    const auto store_checkpoint = [&](auto store) {
 #pragma unroll
       for (int i = 0; i < kRt; ++i)
 #pragma unroll
         for (int c = 0; c < kVecs; ++c)
-          store_state_vec_hinted(first + i * L::kGroups * kD + c * kLanes * kVecElems, packed(i, c),
-                                 policy);
-      return;
+          store(first + i * L::kGroups * kD + c * kLanes * kVecElems, packed(i, c));
+    };
+    if (kVec && p.l2_hints != 0) {
+      const std::uint64_t policy = l2_evict_policy<false>();
+      store_checkpoint([policy](StateT* at, uint4 r) { store_state_vec_hinted(at, r, policy); });
+    } else {
+      store_checkpoint([](StateT* at, uint4 r) { store_state_vec<StateT, kVec>(at, r); });
     }
-#pragma unroll
-    for (int i = 0; i < kRt; ++i)
-#pragma unroll
-      for (int c = 0; c < kVecs; ++c)
-        store_state_vec<StateT, kVec>(first + i * L::kGroups * kD + c * kLanes * kVecElems,
-                                      packed(i, c));
   }
 }
 
