@@ -27,6 +27,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "splice/backend/cuda/runtime.h"
@@ -590,6 +591,22 @@ TEST(KdaCuda, StreamManyItemsPerCta) {
     const Problem p3 = make_problem(rng.integer(0, 1 << 30), 32, m3, sdt);
     for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain})
       check_case(p3, std::nullopt, v, std::string("many items T=3 ") + dtype_name(sdt));
+  }
+}
+
+// The precompute-group `stream` kernel (bf16 T <= 8, fp32 T = 1) with 4 items on every CTA of a
+// 132-SM GPU (N * H = 528): its stage ring and both hand-off barrier pairs wrap twice. Small
+// enough for compute-sanitizer racecheck (scripts/gpu-check's kda section), which the large
+// ring tests outlast.
+TEST(KdaCuda, PrecomputeGroupRingSmall) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(37);
+  const std::pair<DType, int> cases[] = {{DType::f32, 1}, {DType::bf16, 1}, {DType::bf16, 2}};
+  for (const auto& [sdt, T] : cases) {
+    const Meta m = random_meta(rng, 132, T, 1, true);
+    const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
+    check_case(p, -5.0f, cuda::KdaVariant::stream,
+               "ring T=" + std::to_string(T) + " " + dtype_name(sdt));
   }
 }
 
