@@ -19,7 +19,8 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar))
+               : "memory");
 }
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned phase) {
   unsigned done = 0;
@@ -62,21 +63,30 @@ __global__ void handoff(int mode, unsigned long long* sums) {
       __syncthreads();
       continue;
     }
-    if (warp == 0) {  // producer: wait until the slot is empty (not in the first pass), write, signal
+    if (warp ==
+        0) {  // producer: wait until the slot is empty (not in the first pass), write, signal
       if (r >= kSlots) {
-        if (mode == 0) named_sync(1 + kSlots + s);
-        else mbar_wait(&empty[s], phase ^ 1u);
+        if (mode == 0)
+          named_sync(1 + kSlots + s);
+        else
+          mbar_wait(&empty[s], phase ^ 1u);
       }
       slot[s][lane] = r * 100 + lane;
-      if (mode == 0) named_arrive(1 + s);
-      else mbar_arrive(&full[s]);
+      if (mode == 0)
+        named_arrive(1 + s);
+      else
+        mbar_arrive(&full[s]);
     } else {  // consumer: wait until full, read, signal empty
-      if (mode == 0) named_sync(1 + s);
-      else mbar_wait(&full[s], phase);
+      if (mode == 0)
+        named_sync(1 + s);
+      else
+        mbar_wait(&full[s], phase);
       sum += slot[s][lane];
       if (r + kSlots < kRounds) {
-        if (mode == 0) named_arrive(1 + kSlots + s);
-        else mbar_arrive(&empty[s]);
+        if (mode == 0)
+          named_arrive(1 + kSlots + s);
+        else
+          mbar_arrive(&empty[s]);
       }
     }
   }
@@ -88,46 +98,106 @@ __global__ void handoff(int mode, unsigned long long* sums) {
 // the sweep warps sync there, sync among themselves (barrier 5, count 256, the kernel's cta_sync),
 // read, write their result into res[k % 2] and arrive at barrier 3 + (k & 1); the precompute warps
 // sync there and read the result (the kernel's norms); ids and counts in registers, as the
-// kernel's named_sync / named_arrive pass them. Mode 4: the same with mbarriers.
+// kernel's named_sync / named_arrive pass them. Mode 4: the same with mbarriers, every thread
+// arriving (counts 128 and 256). Mode 5: mbarriers with one arrival a warp (counts 4 and 8):
+// each warp's __syncwarp, then its lane 0 arrives (release), as dev/kda-ws-mbarrier-handoffs.patch
+// does in the kernel. Mode 6: mode 3 with every barrier id and count an immediate (a branch on
+// the slot), to tell a register-operand model gap from a shape one.
 __global__ void handoff_ws(int mode, unsigned long long* sums) {
   __shared__ int slot[2][kWords];
   __shared__ int res[2][kWords];
   __shared__ unsigned long long full[2], done[2];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool elected = mode == 5;  // one arrival a warp
+  const auto arrive = [&](unsigned long long* bar) {
+    if (elected) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar);
+    } else {
+      mbar_arrive(bar);
+    }
+  };
   if (threadIdx.x == 0) {
+    const unsigned full_count = elected ? 4 : 128, done_count = elected ? 8 : 256;
     for (int s = 0; s < 2; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;" ::"r"(smem_addr(&full[s])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 256;" ::"r"(smem_addr(&done[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&full[s])),
+                   "r"(full_count));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&done[s])),
+                   "r"(done_count));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  // The four hand-offs: item in slot s precomputed ("full") / swept ("done").
+  const bool named = mode == 3 || mode == 6;
+  const auto named_sync_arrive = [&](bool sync, int id) {  // id: 1, 2 (full), 3, 4 (done)
+    if (mode == 3) {
+      if (sync)
+        asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(384) : "memory");
+      else
+        asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(384) : "memory");
+      return;
+    }
+    switch (id * 2 + (sync ? 1 : 0)) {  // mode 6: immediates
+      case 2:
+        asm volatile("bar.arrive 1, 384;" ::: "memory");
+        break;
+      case 3:
+        asm volatile("bar.sync 1, 384;" ::: "memory");
+        break;
+      case 4:
+        asm volatile("bar.arrive 2, 384;" ::: "memory");
+        break;
+      case 5:
+        asm volatile("bar.sync 2, 384;" ::: "memory");
+        break;
+      case 6:
+        asm volatile("bar.arrive 3, 384;" ::: "memory");
+        break;
+      case 7:
+        asm volatile("bar.sync 3, 384;" ::: "memory");
+        break;
+      case 8:
+        asm volatile("bar.arrive 4, 384;" ::: "memory");
+        break;
+      default:
+        asm volatile("bar.sync 4, 384;" ::: "memory");
+        break;
+    }
+  };
+  const auto signal_full = [&](int s) {
+    named ? named_sync_arrive(false, 1 + s) : arrive(&full[s]);
+  };
+  const auto wait_full = [&](int s, unsigned phase) {
+    named ? named_sync_arrive(true, 1 + s) : mbar_wait(&full[s], phase);
+  };
+  const auto signal_done = [&](int s) {
+    named ? named_sync_arrive(false, 3 + s) : arrive(&done[s]);
+  };
+  const auto wait_done = [&](int s, unsigned phase) {
+    named ? named_sync_arrive(true, 3 + s) : mbar_wait(&done[s], phase);
+  };
   unsigned long long sum = 0;
   const bool sweep = warp < 8;
   if (!sweep) {  // producer of item 0
     if (warp == 8) slot[0][lane] = lane;
-    if (mode == 3) asm volatile("bar.arrive 1, 384;" ::: "memory");
-    else mbar_arrive(&full[0]);
+    signal_full(0);
   }
   for (int k = 0; k < kRounds; ++k) {
     const int s = k & 1;
     const unsigned phase = (k >> 1) & 1u;
     if (sweep) {
-      if (mode == 3) asm volatile("bar.sync %0, %1;" ::"r"(1 + s), "r"(384) : "memory");
-      else mbar_wait(&full[s], phase);
+      wait_full(s, phase);
       const int v = slot[s][lane];
       asm volatile("bar.sync 5, 256;" ::: "memory");
       if (warp == 0) res[s][lane] = v + 1;
-      if (mode == 3) asm volatile("bar.arrive %0, %1;" ::"r"(3 + s), "r"(384) : "memory");
-      else mbar_arrive(&done[s]);
+      signal_done(s);
     } else {
       if (k + 1 < kRounds) {  // item k + 1 into the other slot (its readers passed barrier 5)
         if (warp == 8) slot[s ^ 1][lane] = (k + 1) * 100 + lane;
-        if (mode == 3) asm volatile("bar.arrive %0, %1;" ::"r"(1 + (s ^ 1)), "r"(384) : "memory");
-        else mbar_arrive(&full[s ^ 1]);
+        signal_full(s ^ 1);
       }
-      if (mode == 3) asm volatile("bar.sync %0, %1;" ::"r"(3 + s), "r"(384) : "memory");
-      else mbar_wait(&done[s], phase);
+      wait_done(s, phase);
       if (warp == 8) sum += res[s][lane];
       asm volatile("bar.sync 6, 128;" ::: "memory");
     }
@@ -137,6 +207,10 @@ __global__ void handoff_ws(int mode, unsigned long long* sums) {
 
 int main(int argc, char** argv) {
   const int mode = argc > 1 ? std::atoi(argv[1]) : 0;
+  if (mode < 0 || mode > 6) {
+    std::fprintf(stderr, "mode %d: 0-6\n", mode);
+    return 2;
+  }
   unsigned long long* d = nullptr;
   cudaMalloc(&d, 32 * sizeof(unsigned long long));
   if (mode >= 3)
@@ -151,8 +225,13 @@ int main(int argc, char** argv) {
     for (int r = 0; r < kRounds; ++r) want += mode >= 3 ? r * 100 + l + 1 : r * 100 + l;
     bad += h[l] != want;
   }
-  const char* names[] = {"named barriers", "mbarriers", "__syncthreads", "ws shape, named barriers",
-                         "ws shape, mbarriers"};
+  const char* names[] = {"named barriers",
+                         "mbarriers",
+                         "__syncthreads",
+                         "ws shape, named barriers",
+                         "ws shape, mbarriers",
+                         "ws shape, mbarriers, one arrival a warp",
+                         "ws shape, named barriers, immediate operands"};
   std::printf("mode %d (%s): %s, %s\n", mode, names[mode], bad ? "WRONG sums" : "sums right",
               cudaGetErrorString(cudaGetLastError()));
   return bad ? 1 : 0;

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# dev/prepared_call.sh: one device call on binaries built on a machine without a GPU (session 19
+# had no device; this is the first call it leaves to the next session). ~7 minutes.
+#
+# Here, first (build/bundle and build/benchpack as in dev/carried_check.sh and the README of
+# .gpubin; a generic BLAS, the libraries in .deps):
+#   head/     cuda_all_test, kda_decode_cuda_bench            built at HEAD
+#   mbar/     cuda_all_test, kda_decode_cuda_bench            HEAD + dev/kda-ws-mbarrier-handoffs.patch
+#   t1plain/  kda_decode_cuda_bench                           HEAD + dev/kda-t1-plain-checkpoint-stores.patch
+#   handoff                                                   dev/racecheck_handoff/handoff.cu
+# stripped, in .gpubin/pack/prepared.tgz (tar czf ... -C /tmp/prepared .), then
+#   run(command="dev/prepared_call.sh", carry=[".gpubin/pack/prepared.tgz", ".deps"])
+#
+#   1. Tests, at once: every GPU test of head (7 gtest shards); every KdaCuda test of mbar (2
+#      shards); memcheck of mbar on the ring tests; racecheck of head and of mbar on
+#      KdaCuda.PrecomputeGroupRingSmall (the precompute-group kernel, ring wrapped twice).
+#   2. racecheck of the hand-off shapes alone (handoff modes 3-6; README there says what each
+#      outcome means).
+#   3. Timed, alone: head / mbar / t1plain in interleaved processes (3 rounds), bf16 and fp32
+#      state, N = 128, 512, T = 1, 2, 4, 8; the median of each binary's rounds and its change
+#      against head.
+# Everything printed goes to $OUT/summary.txt too; the logs to $OUT/logs.tgz.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+OUT=${OUT:?the device tool sets OUT}
+exec > >(tee -a "$OUT/summary.txt") 2>&1
+export LD_LIBRARY_PATH="$root/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+T0=$(date +%s)
+el() { echo $(($(date +%s) - T0)); }
+P=/tmp/prepared
+L=/tmp/prepared-logs
+rm -rf "$P" "$L" && mkdir -p "$P" "$L"
+tar xzf .gpubin/pack/prepared.tgz -C "$P"
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
+
+# 1. Tests and sanitizers, together (none of them is timed).
+echo "== tests and sanitizers (at $(el) s)"
+pids=()
+for i in 0 1 2 3 4 5 6; do
+  GTEST_TOTAL_SHARDS=7 GTEST_SHARD_INDEX=$i timeout 300 "$P/head/cuda_all_test" \
+    >"$L/head_s$i.txt" 2>&1 &
+  pids+=($!)
+done
+for i in 0 1; do
+  GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i timeout 300 "$P/mbar/cuda_all_test" \
+    --gtest_filter='KdaCuda.*' >"$L/mbar_s$i.txt" 2>&1 &
+  pids+=($!)
+done
+timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$P/mbar/cuda_all_test" \
+  --gtest_filter='KdaCuda.StreamManyItemsPerCta:KdaCuda.StableStatePromise*:KdaCuda.PrecomputeGroupRingSmall' \
+  >"$L/mbar_memcheck.txt" 2>&1 &
+pids+=($!)
+for b in head mbar; do
+  ( time timeout 300 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 \
+      "$P/$b/cuda_all_test" --gtest_filter='KdaCuda.PrecomputeGroupRingSmall' ) \
+    >"$L/${b}_racecheck.txt" 2>&1 &
+  pids+=($!)
+done
+wait "${pids[@]}"
+for b in head mbar; do
+  ok=$(cat "$L"/${b}_s*.txt | grep -c '^\[       OK \]')
+  failed=$(cat "$L"/${b}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u)
+  echo "$b: $ok passed, $(echo -n "$failed" | grep -c .) failed"
+  [[ -n $failed ]] && echo "$failed"
+  for f in "$L"/${b}_s*.txt; do
+    grep -q 'PASSED\|FAILED' "$f" || echo "  cut or crashed: $(basename "$f"): $(grep '^\[ RUN' "$f" | tail -1)"
+  done
+done
+echo "mbar memcheck: $(grep -E 'ERROR SUMMARY' "$L/mbar_memcheck.txt" | tail -1)"
+for b in head mbar; do
+  echo "$b racecheck on PrecomputeGroupRingSmall: $(grep -E 'RACECHECK SUMMARY' "$L/${b}_racecheck.txt" | tail -1)" \
+    "$(grep -c '^\[       OK \]' "$L/${b}_racecheck.txt") test(s) OK, $(grep real "$L/${b}_racecheck.txt")"
+  grep -E 'hazard' "$L/${b}_racecheck.txt" | sed 's/0x[0-9a-f]*/X/g' | sort | uniq -c | sort -rn | head -4
+done
+
+# 2. The hand-off shapes alone.
+echo "== handoff modes (at $(el) s)"
+for m in 3 4 5 6; do
+  "$P/handoff" $m
+  timeout 60 compute-sanitizer --tool racecheck --racecheck-report all "$P/handoff" $m 2>&1 |
+    grep -E 'RACECHECK SUMMARY|hazard' | sed 's/0x[0-9a-f]*/X/g' | sort | uniq -c | head -4
+done
+
+# 3. Timed A/B: one process per binary and round, interleaved.
+echo "== timed A/B, head / mbar / t1plain (at $(el) s)"
+for round in 1 2 3; do
+  for b in head mbar t1plain; do
+    KDA_BENCH_NS=128,512 KDA_BENCH_TS=1,2,4,8 KDA_BENCH_STATES=bf16,f32 KDA_BENCH_VARIANTS=stream \
+      timeout 100 "$P/$b/kda_decode_cuda_bench" "$L/${b}_$round.json" >"$L/${b}_bench_$round.txt" 2>&1 ||
+      echo "$b round $round: bench rc=$?"
+  done
+done
+python3 - "$L" <<'EOF'
+import re, statistics, sys, glob, os
+pat = re.compile(r"^\s+(bf16|f32) N=(\d+) T=(\d+) \(G=\d+\):.* stream ([\d.]+) .*floor ([\d.]+)")
+runs = {}
+for path in glob.glob(os.path.join(sys.argv[1], "*_bench_*.txt")):
+    b = os.path.basename(path).split("_bench_")[0]
+    for line in open(path):
+        m = pat.match(line)
+        if m:
+            key = (m[1], int(m[2]), int(m[3]))
+            runs.setdefault(b, {}).setdefault(key, []).append((float(m[4]), float(m[5])))
+head = runs.get("head", {})
+print(f"{'state':6} {'N':>4} {'T':>2} {'head us':>9} {'%floor':>7} {'mbar':>9} {'chg':>7} {'t1plain':>9} {'chg':>7}")
+for key in sorted(head):
+    h = statistics.median(u for u, _ in head[key]); floor = head[key][0][1]
+    row = f"{key[0]:6} {key[1]:4} {key[2]:2} {h:9.2f} {100 * floor / h:6.1f}%"
+    for b in ("mbar", "t1plain"):
+        v = runs.get(b, {}).get(key)
+        if v:
+            m = statistics.median(u for u, _ in v)
+            row += f" {m:9.2f} {100 * (m - h) / h:+6.1f}%"
+        else:
+            row += f" {'-':>9} {'-':>7}"
+    print(row)
+EOF
+echo "done at $(el) s"
+tar czf "$OUT/logs.tgz" -C "$L" .
