@@ -3,11 +3,43 @@
 
 #include <cmath>
 
+#include "splice/core/dtype.h"
+#include "splice/core/error.h"
 #include "splice/core/random.h"
 
 namespace splice {
 
+namespace {
+
+void validate(const DemoAttentionOptions& o) {
+  const auto at_least = [](const char* name, std::int64_t value, std::int64_t lo) {
+    if (value < lo)
+      fail<ValueError>("DemoAttentionOptions: `", name, "` must be >= ", lo, ", got ", value);
+  };
+  at_least("num_layers", o.num_layers, 0);
+  at_least("batch", o.batch, 1);
+  at_least("num_qo_heads", o.num_qo_heads, 1);
+  at_least("num_kv_heads", o.num_kv_heads, 1);
+  at_least("head_dim", o.head_dim, 1);
+  at_least("capacity", o.capacity, 1);
+  if (o.num_qo_heads % o.num_kv_heads != 0)
+    fail<ValueError>("DemoAttentionOptions: `num_qo_heads` (", o.num_qo_heads,
+                     ") must be a multiple of `num_kv_heads` (", o.num_kv_heads, ")");
+  if (!is_floating(o.dtype))
+    fail<ValueError>("DemoAttentionOptions: `dtype` must be f32, bf16 or f16, got ",
+                     dtype_name(o.dtype));
+  if (o.softcap && !(std::isfinite(*o.softcap) && *o.softcap > 0))
+    fail<ValueError>("DemoAttentionOptions: `softcap` must be finite and > 0 when set, got ",
+                     *o.softcap);
+  if (o.concrete_k_len && (*o.concrete_k_len < 1 || *o.concrete_k_len > o.capacity))
+    fail<ValueError>("DemoAttentionOptions: `concrete_k_len` must be in [1, capacity ", o.capacity,
+                     "], got ", *o.concrete_k_len);
+}
+
+}  // namespace
+
 DemoAttentionGraph build_demo_attention_graph(const DemoAttentionOptions& o) {
+  validate(o);
   DemoAttentionGraph out;
   Graph& g = out.graph;
   const std::int64_t dim = o.num_qo_heads * o.head_dim;

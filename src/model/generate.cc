@@ -58,7 +58,8 @@ bool overrun_is_harmless(const Graph& g) {
       case Op::RopeKvAppend:
       case Op::RmsNormMatMulRopeKvAppend: {  // their caches' row is the position input's value
         const Node& position = g.node(n.inputs[position_input(n.op)]);
-        if (position.op != Op::SymValue || !position.attrs.value.expr().structurally_equal(last_row))
+        if (position.op != Op::SymValue ||
+            !position.attrs.value.expr().structurally_equal(last_row))
           return false;
         break;
       }
@@ -73,12 +74,22 @@ bool overrun_is_harmless(const Graph& g) {
 
 }  // namespace
 
-Sampler::Sampler(SamplingOptions options) : options_(options), rng_(options.seed) {
+void validate(const SamplingOptions& options) {
   if (!(options.temperature >= 0) || !std::isfinite(options.temperature))
     fail<ValueError>("temperature must be finite and >= 0, got ", options.temperature);
   if (options.top_k < 0) fail<ValueError>("top_k must be >= 0, got ", options.top_k);
   if (!(options.top_p > 0 && options.top_p <= 1))
     fail<ValueError>("top_p must be in (0, 1], got ", options.top_p);
+}
+
+void validate(const GenerateOptions& options) {
+  if (options.max_new_tokens < 0)
+    fail<ValueError>("max_new_tokens must be >= 0, got ", options.max_new_tokens);
+  validate(options.sampling);
+}
+
+Sampler::Sampler(SamplingOptions options) : options_(options), rng_(options.seed) {
+  validate(options_);
 }
 
 std::int32_t Sampler::sample(const Tensor& logits) {
@@ -291,16 +302,20 @@ std::int32_t Generator::step_greedy(std::optional<std::int32_t> token) {
   return pick;
 }
 
-GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt,
-                                   const GenerateOptions& options) {
+void Generator::check_generate(const std::vector<std::int32_t>& prompt,
+                               const GenerateOptions& options) const {
   if (prompt.empty()) fail<ValueError>("the prompt must hold at least one token");
-  if (options.max_new_tokens < 0)
-    fail<ValueError>("max_new_tokens must be >= 0, got ", options.max_new_tokens);
+  validate(options);
   if (position_ + static_cast<std::int64_t>(prompt.size()) > max_seq_len_)
     fail<ValueError>("the prompt (", prompt.size(),
                      " tokens) does not fit: ", max_seq_len_ - position_,
                      " positions are left of max_seq_len ", max_seq_len_);
   for (std::int32_t t : prompt) check_token(t);
+}
+
+GenerateResult Generator::generate(const std::vector<std::int32_t>& prompt,
+                                   const GenerateOptions& options) {
+  check_generate(prompt, options);
   Sampler sampler(options.sampling);
   GenerateResult result;
   result.greedy_in_step = feedback_ != nullptr && options.sampling.temperature == 0.0f;

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <memory>
 #include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "splice/core/random.h"
@@ -190,6 +192,35 @@ TEST(Cli, RunsTheDefaultModelAndRejectsBadFlags) {
   EXPECT_NE(missing.status, 0);
   EXPECT_NE(missing.output.find("/no/such/model"), std::string::npos) << missing.output;
   EXPECT_NE(run_cli("frobnicate").status, 0);
+}
+
+// Bad generation and graph options fail before the report starts (the options before the model
+// loads; the prompt's ids and length once it has): a non-zero exit, the error naming the
+// option, and no report line.
+TEST(Cli, BadOptionsFailBeforeAnyOutput) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"run --max-new-tokens -3", "max_new_tokens"},
+      {"run --temperature -1", "temperature"},
+      {"run --temperature nan", "temperature"},
+      {"run --top-k -2", "top_k"},
+      {"run --top-p 2", "top_p"},
+      {"run --top-p 0", "top_p"},
+      {"run --prompt-ids 99999", "vocabulary"},
+      {"run --max-seq-len 2 --prompt-ids 1,2,3", "does not fit"},
+      {"inspect --capacity 0", "--capacity"},
+      {"inspect --heads 0", "--heads"},
+      {"inspect --head-dim 0", "--head-dim"},
+      {"inspect --window-left -5", "--window-left"},
+      {"inspect --softcap -1", "--softcap"},
+      {"inspect --heads 4 --kv-heads 3", "num_kv_heads"},
+  };
+  for (const auto& [args, names] : cases) {
+    const Result r = run_cli(args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_NE(r.output.find(names), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find("output:"), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find("decisions"), std::string::npos) << args << ": " << r.output;
+  }
 }
 
 // The ids after "tokens:" in `splice run`'s report (empty when absent).

@@ -36,6 +36,39 @@ DemoAttentionOptions small(bool alibi = false, std::optional<float> softcap = {}
   return o;
 }
 
+TEST(DemoGraph, BadOptionsAreValueErrorsNamingTheField) {
+  struct Case {
+    const char* field;
+    void (*edit)(DemoAttentionOptions&);
+  };
+  const Case cases[] = {
+      {"num_layers", [](DemoAttentionOptions& o) { o.num_layers = -1; }},
+      {"batch", [](DemoAttentionOptions& o) { o.batch = 0; }},
+      {"num_qo_heads", [](DemoAttentionOptions& o) { o.num_qo_heads = 0; }},
+      {"num_kv_heads", [](DemoAttentionOptions& o) { o.num_kv_heads = 0; }},
+      {"num_kv_heads", [](DemoAttentionOptions& o) { o.num_kv_heads = 3; }},
+      {"head_dim", [](DemoAttentionOptions& o) { o.head_dim = 0; }},
+      {"capacity", [](DemoAttentionOptions& o) { o.capacity = 0; }},
+      {"dtype", [](DemoAttentionOptions& o) { o.dtype = DType::i32; }},
+      {"softcap", [](DemoAttentionOptions& o) { o.softcap = -1.0f; }},
+      {"concrete_k_len", [](DemoAttentionOptions& o) { o.concrete_k_len = 65; }},
+      {"concrete_k_len", [](DemoAttentionOptions& o) { o.concrete_k_len = 0; }},
+  };
+  for (const Case& c : cases) {
+    DemoAttentionOptions o = small();
+    c.edit(o);
+    try {
+      build_demo_attention_graph(o);
+      ADD_FAILURE() << c.field << ": no error";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.field), std::string::npos) << e.what();
+    }
+  }
+  DemoAttentionOptions none = small();
+  none.num_layers = 0;  // a graph of no layers is valid: y = x
+  EXPECT_NO_THROW(build_demo_attention_graph(none));
+}
+
 TEST(Offer, SplicesABranchPerLayer) {
   DemoAttentionGraph demo = build_demo_attention_graph(small());
   DecisionLog log;

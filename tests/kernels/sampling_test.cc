@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -170,6 +171,50 @@ TEST(Sampler, GreedyPicksWhatTheOraclePicks) {
     for (std::int64_t j = 0; j < n; ++j) logits.set({j}, row.values[static_cast<std::size_t>(j)]);
     EXPECT_EQ(greedy.sample(logits), row.pick) << row.what;
   }
+}
+
+// The options' validation (what Sampler's constructor, Generator::generate and `splice run`
+// check before anything runs): a ValueError naming the field, for each bad value alone.
+TEST(Sampler, BadOptionsAreValueErrorsNamingTheField) {
+  const auto message = [](const GenerateOptions& options) {
+    try {
+      validate(options);
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  struct Case {
+    const char* field;
+    GenerateOptions options;
+  };
+  std::vector<Case> cases;
+  auto add = [&](const char* field, auto edit) {
+    GenerateOptions o;
+    edit(o);
+    cases.push_back({field, o});
+  };
+  add("max_new_tokens", [](GenerateOptions& o) { o.max_new_tokens = -1; });
+  add("temperature", [](GenerateOptions& o) { o.sampling.temperature = -0.5f; });
+  add("temperature", [](GenerateOptions& o) { o.sampling.temperature = quiet_nan(); });
+  add("temperature",
+      [](GenerateOptions& o) { o.sampling.temperature = std::numeric_limits<float>::infinity(); });
+  add("top_k", [](GenerateOptions& o) { o.sampling.top_k = -3; });
+  add("top_p", [](GenerateOptions& o) { o.sampling.top_p = 0.0f; });
+  add("top_p", [](GenerateOptions& o) { o.sampling.top_p = 1.5f; });
+  add("top_p", [](GenerateOptions& o) { o.sampling.top_p = quiet_nan(); });
+  for (const Case& c : cases) {
+    const std::string what = message(c.options);
+    EXPECT_NE(what.find(c.field), std::string::npos) << what;
+    if (std::string(c.field) != "max_new_tokens") {  // the one field that is not the sampler's
+      EXPECT_THROW(Sampler{c.options.sampling}, ValueError) << c.field;
+    }
+  }
+  GenerateOptions fine;
+  fine.max_new_tokens = 0;
+  fine.sampling = {0.7f, 40, 0.9f, 3};
+  EXPECT_NO_THROW(validate(fine));
+  EXPECT_NO_THROW(Sampler{fine.sampling});
 }
 
 }  // namespace

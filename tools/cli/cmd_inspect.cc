@@ -26,16 +26,25 @@ Runner add_inspect(CLI::App& app) {
   auto window = std::make_shared<std::int64_t>(-1);
   o->capacity = 1024;
   app.add_option("--layers", o->num_layers, "attention layers in the demo graph")
-      ->capture_default_str();
-  app.add_option("--heads", o->num_qo_heads, "query heads")->capture_default_str();
-  app.add_option("--kv-heads", o->num_kv_heads, "key/value heads (GQA)")->capture_default_str();
-  app.add_option("--head-dim", o->head_dim, "head dimension")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--heads", o->num_qo_heads, "query heads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--kv-heads", o->num_kv_heads, "key/value heads (GQA)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--head-dim", o->head_dim, "head dimension")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_option("--capacity", o->capacity, "KV capacity (k_len upper bound)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--dtype", *dtype, "f32, bf16 or f16")->capture_default_str();
   app.add_flag("--alibi", o->alibi, "use ALiBi slopes");
-  app.add_option("--softcap", *softcap, "logit softcap (0 = none)");
-  app.add_option("--window-left", *window, "left window (-1 = none)");
+  app.add_option("--softcap", *softcap, "logit softcap (0 = none)")->check(CLI::NonNegativeNumber);
+  app.add_option("--window-left", *window, "left window (-1 = none)")
+      ->check(CLI::Range(std::int64_t{-1}, std::int64_t{1} << 40));
   app.add_option("--device", *device, "cpu or cuda")->capture_default_str();
   app.add_option("--dot", *dot, "write the optimized graph as Graphviz DOT to FILE");
   app.add_option("--tuning-cache", *cache, "JSON tuning cache to read and update");

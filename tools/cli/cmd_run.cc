@@ -150,6 +150,7 @@ Runner add_run(CLI::App& app) {
   app.add_option("--stop", *stop, "comma-separated stop token ids (default: the model's eos)");
   app.add_flag("--json", *json, "machine-readable output (tokens, logits of the prompt, timings)");
   return [=]() {
+    validate(*gen);  // before the model loads and the report starts
     Opened o = open(*m, *json, gen->sampling.temperature > 0.0f);
     GenerateOptions options = *gen;
     options.stop_tokens = stop->empty() ? std::vector<std::int32_t>{} : parse_ids(*stop, "--stop");
@@ -157,6 +158,7 @@ Runner add_run(CLI::App& app) {
       for (auto id : o.loaded.config.eos_token_ids)
         options.stop_tokens.push_back(static_cast<std::int32_t>(id));
     const std::vector<std::int32_t> prompt_ids = prompt_tokens(o, *prompt, *ids);
+    o.generator->check_generate(prompt_ids, options);  // before the report starts
     std::unique_ptr<StreamDecoder> stream;
     if (o.loaded.tokenizer && !*json) stream = std::make_unique<StreamDecoder>(*o.loaded.tokenizer);
     if (!*json) {

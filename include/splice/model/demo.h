@@ -41,6 +41,8 @@ struct DemoAttentionGraph {
   std::int64_t model_dim = 0;
 };
 
+// Validates `options` first (ValueError naming the field: counts >= 1, layers >= 0, heads a
+// multiple of kv heads, a floating dtype, softcap > 0 when set, concrete_k_len in [1, capacity]).
 DemoAttentionGraph build_demo_attention_graph(const DemoAttentionOptions& options);
 
 }  // namespace splice

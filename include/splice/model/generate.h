@@ -49,6 +49,10 @@ struct SamplingOptions {
   std::uint64_t seed = 0;
 };
 
+// ValueError naming the field unless temperature is finite and >= 0, top_k >= 0 and top_p in
+// (0, 1].
+void validate(const SamplingOptions& options);
+
 // Picks a token from logits [vocab] (host, any float dtype). Validates the options (ValueError
 // naming them). Temperature 0 is greedy: cpu::argmax_row's rule (the first maximum; NaN skipped
 // unless at index 0), which the device argmax matches.
@@ -79,6 +83,10 @@ struct GenerateOptions {
   bool keep_logits = false;                    // fill GenerateResult::all_logits
 };
 
+// ValueError naming the field unless max_new_tokens >= 0 and the sampling options are valid
+// (what Generator::generate checks before it runs; callers can check before they print).
+void validate(const GenerateOptions& options);
+
 struct GenerateResult {
   std::vector<std::int32_t> tokens;  // generated (stop token included when hit)
   bool stopped_on_token = false;
@@ -108,6 +116,11 @@ class Generator {
   // step_greedy to continue (construction, reset(), step() and generate() leave none).
   std::int32_t step_greedy(std::optional<std::int32_t> token = std::nullopt);
   GenerateResult generate(const std::vector<std::int32_t>& prompt, const GenerateOptions& options);
+  // What generate() checks before it runs: ValueError unless the prompt is non-empty, fits the
+  // positions left of max_seq_len, holds only ids inside the vocabulary, and the options are
+  // valid (validate). Nothing changes.
+  void check_generate(const std::vector<std::int32_t>& prompt,
+                      const GenerateOptions& options) const;
   void reset();  // empties every cache; position 0 again
   // Whether greedy tokens are chosen inside the step (GeneratorOptions::greedy_in_step).
   bool greedy_in_step() const { return feedback_ != nullptr; }
