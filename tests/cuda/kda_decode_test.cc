@@ -27,7 +27,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "splice/backend/cuda/runtime.h"
@@ -595,20 +594,20 @@ TEST(KdaCuda, StreamManyItemsPerCta) {
 }
 
 // The precompute-group `stream` kernel (bf16 T <= 8, fp32 T = 1) with 4 items on every CTA of a
-// 132-SM GPU (N * H = 528): its stage ring and both hand-off barrier pairs wrap twice. Small
-// enough for compute-sanitizer racecheck (scripts/gpu-check's kda section), which the large
-// ring tests outlast.
-TEST(KdaCuda, PrecomputeGroupRingSmall) {
+// 132-SM GPU (N * H = 528): its stage ring and both hand-off barrier pairs wrap twice. One test
+// per case, small enough for compute-sanitizer racecheck (scripts/gpu-check's kda section runs
+// the fp32 one), which the large ring tests outlast.
+void check_precompute_group_ring(DType sdt, int T, std::uint64_t seed) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  Rng rng(37);
-  const std::pair<DType, int> cases[] = {{DType::f32, 1}, {DType::bf16, 1}, {DType::bf16, 2}};
-  for (const auto& [sdt, T] : cases) {
-    const Meta m = random_meta(rng, 132, T, 1, true);
-    const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
-    check_case(p, -5.0f, cuda::KdaVariant::stream,
-               "ring T=" + std::to_string(T) + " " + dtype_name(sdt));
-  }
+  Rng rng(seed);
+  const Meta m = random_meta(rng, 132, T, 1, true);
+  const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
+  check_case(p, -5.0f, cuda::KdaVariant::stream,
+             "ring T=" + std::to_string(T) + " " + dtype_name(sdt));
 }
+TEST(KdaCuda, PrecomputeGroupRingF32T1) { check_precompute_group_ring(DType::f32, 1, 37); }
+TEST(KdaCuda, PrecomputeGroupRingBf16T1) { check_precompute_group_ring(DType::bf16, 1, 38); }
+TEST(KdaCuda, PrecomputeGroupRingBf16T2) { check_precompute_group_ring(DType::bf16, 2, 39); }
 
 TEST(KdaCuda, EveryAcceptedOffset) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
