@@ -595,8 +595,8 @@ TEST(KdaCuda, StreamManyItemsPerCta) {
 
 // The precompute-group `stream` kernel (bf16 T <= 8, fp32 T = 1) with 4 items on every CTA of a
 // 132-SM GPU (N * H = 528): its stage ring and both hand-off barrier pairs wrap twice. One test
-// per case, small enough for compute-sanitizer racecheck (scripts/gpu-check's kda section runs
-// the fp32 one), which the large ring tests outlast.
+// per case, 1.5-2.6 s each (the large ring tests take 40-110 s, mostly the CPU reference), so
+// gpu-check's memcheck covers them; racecheck outlasts even these (> 470 s, perf.md run 152).
 void check_precompute_group_ring(DType sdt, int T, std::uint64_t seed) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(seed);

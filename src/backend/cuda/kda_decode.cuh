@@ -1841,9 +1841,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 //   passing kBarSwept of k, which the sweep warps arrive at after passing kBarPrecomputed of k.
 //   A bar.arrive orders the arriving threads' earlier memory accesses before the waiting
 //   threads' later ones (the PTX ISA's producer-consumer use of named barriers). racecheck
-//   reports this kernel's hand-offs as RAW hazards (perf.md runs 124, 150) though a minimal
-//   two-warp hand-off through the same instructions is clean under it: open,
-//   dev/racecheck_handoff/README.md.
+//   reports this kernel's hand-offs as RAW hazards (perf.md runs 124, 150): it does not model a
+//   named-barrier hand-off in this 8 + 4 warp shape (dev/racecheck_handoff modes 3 and 6 report
+//   the same in a one-CTA ring whose sums are right, run 151), while it does model mbarriers
+//   with every thread arriving (mode 4). Those hand-offs in this kernel
+//   (dev/kda-ws-mbarrier-handoffs.patch) hung intermittently (run 152): not kept.
 //   Metadata batch nb (resolved at item k with k + kStages = kWarp (nb - 1)) overwrites batch
 //   nb - 2, whose last reader staged item k - 1 + kStages during the sweep warps' item k - 1,
 //   before their kBarSwept of k - 1, which the resolving warp has passed.
