@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# dev/prepared_call.sh: one device call on binaries built on a machine without a GPU (session 19
-# had no device; this is the first call it leaves to the next session). ~7 minutes.
+# dev/prepared_call.sh: one device call on binaries built on a machine without a GPU. Ran as
+# perf.md run 151 (session 19; the test it racechecks was split into KdaCuda.PrecomputeGroupRing*
+# after it): kept as the template for a carried-binaries call that tests and times HEAD against
+# builds with dev/*.patch applied. ~7 minutes.
 #
 # Here, first (build/bundle and build/benchpack as in dev/carried_check.sh and the README of
 # .gpubin; a generic BLAS, the libraries in .deps):
