@@ -400,8 +400,6 @@ FlashDecodeDevKnobs flash_decode_dev_knobs() {
   return ws.knobs;
 }
 
-int sm_count() { return current_device_facts().sm_count; }
-
 void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_len,
                   const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,
                   Tensor* lse, Stream stream, bool stable_prefix) {
@@ -479,7 +477,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const int knob_warps = head_dim <= 128 ? knobs.warps : 0;  // no wide CTAs at head_dim 256
   const FlashDecodePlan plan =
       plan_flash_decode(batch, num_qo_heads, num_kv_heads, q_len, head_dim, capacity, capacity,
-                        sm_count(), knob_warps, knobs.cluster_merge,
+                        current_device_facts().sm_count, knob_warps, knobs.cluster_merge,
                         knobs.single_split_bytes > 0 ? knobs.single_split_bytes
                                                      : kFlashDecodeSingleSplitBytes);
   const std::int64_t max_splits =
@@ -541,7 +539,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // is unless a left window moves it. Wasted copies (a short k_len) read at most 64 keys per
   // (b, kv head, row block) and call: free in a one-wave grid, which is latency-bound, but
   // bandwidth in a multi-wave one, so only one-wave grids speculate.
-  const std::int64_t slots = static_cast<std::int64_t>(sm_count()) * plan.ctas_per_sm;
+  const std::int64_t slots =
+      static_cast<std::int64_t>(current_device_facts().sm_count) * plan.ctas_per_sm;
   p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   static_assert(static_cast<int>(FlashDecodeTrigger::after_wait) == detail::kTriggerAfterWait &&

@@ -45,8 +45,6 @@ constexpr int kWideThreads = 256;
 constexpr int kSplitThreads = 128;
 constexpr std::int64_t kWideBf16MinT = 9;  // the rule: bf16 state from this T runs `wide`
 
-int current_sm_count() { return current_device_facts().sm_count; }
-
 // The stream kernels' L2 priorities (Params::l2_hints, kda_decode.cuh's l2_evict_policy): on
 // when the launch's source states exceed twice the L2 (states that fit it ran slower with them),
 // and not under kTuneNoL2Hints. H200, H = 32 (perf.md runs 146-149): at
@@ -174,7 +172,7 @@ void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t h
   constexpr int kBlock = kWs ? kda::kWsBlock : kda::kStreamBlock;
   // One persistent CTA per SM (its shared memory admits no second one), never more than items.
   const std::int64_t items = units * heads;
-  const std::int64_t grid = std::min<std::int64_t>(items, current_sm_count());
+  const std::int64_t grid = std::min<std::int64_t>(items, current_device_facts().sm_count);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   static_assert(kSmem % 16 == 0);
   kda::Params with_scratch = params;
@@ -198,7 +196,7 @@ bool wants_precompute_group(const kda::Params& params) {
   constexpr std::int64_t kMinItemsPerCta = 16;
   const std::int64_t items = static_cast<std::int64_t>(params.num_units) * params.num_heads;
   return std::is_same_v<StateT, __nv_bfloat16> || params.max_t == 1 ||
-         items >= kMinItemsPerCta * current_sm_count();
+         items >= kMinItemsPerCta * current_device_facts().sm_count;
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVecAlign == 0; }
@@ -425,7 +423,8 @@ void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant) {
   const std::int64_t units = per_row ? args.num_rows : args.num_seqs;
   const std::int64_t heads = args.num_heads;
   if (variant == KdaVariant::automatic)
-    variant = choose_kda_variant(units, heads, args.max_t, args.state_dtype, current_sm_count());
+    variant = choose_kda_variant(units, heads, args.max_t, args.state_dtype,
+                                 current_device_facts().sm_count);
   const std::size_t elem = dtype_size(args.state_dtype);
   const auto base = reinterpret_cast<std::uintptr_t>(args.state.raw_data());
   const bool vec = base % kVecAlign == 0 &&
