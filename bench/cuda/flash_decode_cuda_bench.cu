@@ -147,7 +147,7 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   const splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
   const splice::cuda::FlashDecodePlan plan = splice::cuda::plan_flash_decode(
       s.batch, s.num_qo_heads, s.num_kv_heads, 1, s.head_dim, s.cap(), s.cap(),
-      splice::cuda::sm_count(), knobs.warps, knobs.cluster_merge,
+      splice::cuda::current_device_facts().sm_count, knobs.warps, knobs.cluster_merge,
       knobs.single_split_bytes > 0 ? knobs.single_split_bytes
                                    : splice::cuda::kFlashDecodeSingleSplitBytes);
   r.warps = plan.warps;

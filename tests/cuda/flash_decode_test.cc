@@ -841,7 +841,7 @@ TEST(FlashDecodeCuda, ClusterMergeWideLongRanges) {
   SKIP_WITHOUT_GPU();
   for (const std::int32_t capacity : {16384, 4096}) {
     const auto plan =
-        cuda::plan_flash_decode(1, 32, 8, 1, 128, capacity, capacity, cuda::sm_count());
+        cuda::plan_flash_decode(1, 32, 8, 1, 128, capacity, capacity, cuda::current_device_facts().sm_count);
     EXPECT_EQ(plan.cluster, plan.num_splits);
     Case c;
     c.num_qo_heads = 32;
@@ -854,7 +854,7 @@ TEST(FlashDecodeCuda, ClusterMergeWideLongRanges) {
       check_graph_replay(c, {{4096}, {2500}, {300}, {1}, {0}, {4095}, {1100}}, 1321);
   }
   // head_dim 64 at capacity 8K: the same clusters, triggering right after the wait.
-  const auto d64 = cuda::plan_flash_decode(1, 32, 8, 1, 64, 8192, 8192, cuda::sm_count());
+  const auto d64 = cuda::plan_flash_decode(1, 32, 8, 1, 64, 8192, 8192, cuda::current_device_facts().sm_count);
   EXPECT_EQ(d64.cluster, d64.num_splits);
   Case c;
   c.num_qo_heads = 32;

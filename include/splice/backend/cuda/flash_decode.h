@@ -175,9 +175,6 @@ struct FlashDecodeDevKnobs {
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
 
-// Multiprocessor count of the current device (cached).
-int sm_count();
-
 // Computes attention into `out` (and `*lse` when non-null) on `stream`. The grid is planned at
 // the capacity bound so the launch can be captured in a graph and replayed with new k_len values;
 // `options.num_splits > 0` forces that many splits (tests use it to check split invariance).
