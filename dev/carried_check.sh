@@ -45,7 +45,7 @@ bench() {  # bench LABEL [ENV=VALUE ...]
   local label=$1
   shift
   env "$@" timeout 60 "$splice" bench --model "$model" --device cuda --dtype bf16 \
-    --max-seq-len 256 --tuning-cache "$L/tuning.json" --steps 256 --json 2>>"$L/bench.err" |
+    --max-seq-len 264 --tuning-cache "$L/tuning.json" --steps 256 --json 2>>"$L/bench.err" |
     python3 -c "
 import json, sys
 try:

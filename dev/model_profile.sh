@@ -15,7 +15,7 @@ out=$2
 mkdir -p "$out"
 work=$(mktemp -d)
 python3 "$(dirname "$0")/../scripts/peers/smollm2_shaped.py" "$work/m"
-common=(bench --model "$work/m" --device cuda --dtype bf16 --max-seq-len 256 --tuning-cache "$work/tuning.json" --json)
+common=(bench --model "$work/m" --device cuda --dtype bf16 --max-seq-len 264 --tuning-cache "$work/tuning.json" --json)
 "$cli" "${common[@]}" --steps 128 >"$out/bench_first.json" 2>&1
 : >"$out/pdl_ab.txt"
 for pair in 1 2 3 4; do

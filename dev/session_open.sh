@@ -52,7 +52,7 @@ timeout 120 python3 scripts/peers/smollm2_shaped.py "$model" >"$R/model.log" 2>&
 bench() {  # label, env...
   local label=$1
   shift
-  env "$@" timeout 40 $B/splice bench --model $model --device cuda --dtype bf16 --max-seq-len 256 \
+  env "$@" timeout 40 $B/splice bench --model $model --device cuda --dtype bf16 --max-seq-len 264 \
     --tuning-cache "$R/tuning.json" --steps 256 --json 2>>"$R/bench.err" |
     python3 -c "
 import json, sys

@@ -40,7 +40,9 @@ Runner add_inspect(CLI::App& app) {
   app.add_option("--capacity", o->capacity, "KV capacity (k_len upper bound)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--dtype", *dtype, "f32, bf16 or f16")->capture_default_str();
+  app.add_option("--dtype", *dtype, "f32, bf16 or f16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_flag("--alibi", o->alibi, "use ALiBi slopes");
   app.add_option("--softcap", *softcap, "logit softcap (0 = none)")->check(CLI::NonNegativeNumber);
   app.add_option("--window-left", *window, "left window (-1 = none)")

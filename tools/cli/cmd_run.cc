@@ -33,6 +33,7 @@ struct ModelArgs {
   std::string device = "cpu";
   std::string dtype = "bf16";
   std::int64_t max_seq_len = 512;
+  bool max_seq_len_given = false;  // --max-seq-len was on the command line
   std::string tuning_cache;
   bool no_optimize = false;
   bool host_greedy = false;
@@ -43,9 +44,16 @@ void add_model_options(CLI::App& app, ModelArgs& m) {
                  "a model directory (config.json + safetensors) or a .gguf file; "
                  "default: the embedded default model");
   app.add_option("--device", m.device, "cpu or cuda")->capture_default_str();
-  app.add_option("--dtype", m.dtype, "weights and activations: bf16 or f32")->capture_default_str();
-  app.add_option("--max-seq-len", m.max_seq_len, "KV/KDA cache capacity in positions")
+  app.add_option("--dtype", m.dtype, "weights and activations: bf16, f16 or f32")
       ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  app.add_option_function<std::int64_t>(
+         "--max-seq-len",
+         [&m](std::int64_t n) {
+           m.max_seq_len = n;
+           m.max_seq_len_given = true;
+         },
+         "KV/KDA cache capacity in positions (default " + std::to_string(m.max_seq_len) + ")")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--tuning-cache", m.tuning_cache, "JSON tuning cache to read and update");
   app.add_flag("--no-optimize", m.no_optimize, "run the decomposed (primitive) arms only");
@@ -221,8 +229,16 @@ Runner add_bench(CLI::App& app) {
       ->check(CLI::Range(8, 1 << 20));
   app.add_flag("--json", *json, "machine-readable output");
   return [=]() {
+    // The timed steps, their warm-up and the generate() pass after a reset all decode from
+    // position 0: the caches need steps + 8 positions. Raised when left at its default, refused
+    // when the user asked for less.
     ModelArgs args = *m;
-    args.max_seq_len = std::max(args.max_seq_len, *steps + 8);
+    const std::int64_t needed = *steps + 8;
+    if (args.max_seq_len_given && args.max_seq_len < needed)
+      fail<ValueError>("--max-seq-len ", args.max_seq_len, " holds fewer positions than --steps ",
+                       *steps, " needs (", needed, "); pass at least ", needed,
+                       " or leave it out");
+    args.max_seq_len = std::max(args.max_seq_len, needed);
     Opened o = open(args, *json);
     std::vector<double> total, host;
     constexpr std::int32_t kFirstToken = 1;
