@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "splice/backend/cuda/runtime.h"
+#include "splice/core/error.h"
 #include "splice/core/random.h"
 #include "splice/core/tolerance.h"
 #include "splice/ops/kda_decode.h"
@@ -608,6 +609,32 @@ void check_precompute_group_ring(DType sdt, int T, std::uint64_t seed) {
 TEST(KdaCuda, PrecomputeGroupRingF32T1) { check_precompute_group_ring(DType::f32, 1, 37); }
 TEST(KdaCuda, PrecomputeGroupRingBf16T1) { check_precompute_group_ring(DType::bf16, 1, 38); }
 TEST(KdaCuda, PrecomputeGroupRingBf16T2) { check_precompute_group_ring(DType::bf16, 2, 39); }
+
+// One `stream` CTA (cuda::set_kda_stream_grid_cap) walking 24 items: its stage ring and both
+// hand-off barrier pairs wrap several times, from a problem small enough for compute-sanitizer
+// racecheck (gpu-check; the ring tests above take it > 470 s). bf16 T <= 2 and fp32 T = 1 run the
+// precompute-group kernel, fp32 T = 2 the 8-warp kernel. (Metadata batches, 32 items each, wrap in
+// StreamManyItemsPerCta.)
+void check_one_stream_cta(DType sdt, int T, std::uint64_t seed) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Cap {
+    Cap() { cuda::set_kda_stream_grid_cap(1); }
+    ~Cap() { cuda::set_kda_stream_grid_cap(0); }
+  } cap;
+  Rng rng(seed);
+  const Meta m = random_meta(rng, 12, T, 1, true);
+  const Problem p = make_problem(rng.integer(0, 1 << 30), 2, m, sdt);
+  check_case(p, -5.0f, cuda::KdaVariant::stream,
+             "one CTA T=" + std::to_string(T) + " " + dtype_name(sdt));
+}
+TEST(KdaCuda, OneStreamCtaF32T1) { check_one_stream_cta(DType::f32, 1, 41); }
+TEST(KdaCuda, OneStreamCtaF32T2) { check_one_stream_cta(DType::f32, 2, 42); }
+TEST(KdaCuda, OneStreamCtaBf16T1) { check_one_stream_cta(DType::bf16, 1, 43); }
+TEST(KdaCuda, OneStreamCtaBf16T2) { check_one_stream_cta(DType::bf16, 2, 44); }
+
+TEST(KdaCuda, StreamGridCapRejectsNegative) {
+  EXPECT_THROW(cuda::set_kda_stream_grid_cap(-1), ValueError);
+}
 
 TEST(KdaCuda, EveryAcceptedOffset) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

@@ -165,6 +165,10 @@ bool stream_fits() {
   return stream_info<StateT, kStage, kWs>().launchable;
 }
 
+// The test hook's cap on the stream kernels' grid (kda_decode.h, set_kda_stream_grid_cap; 0:
+// none).
+std::atomic<int> g_stream_grid_cap{0};
+
 template <typename StateT, bool kStage, bool kWs = false>
 void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t heads,
                    cudaStream_t stream) {
@@ -172,7 +176,10 @@ void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t h
   constexpr int kBlock = kWs ? kda::kWsBlock : kda::kStreamBlock;
   // One persistent CTA per SM (its shared memory admits no second one), never more than items.
   const std::int64_t items = units * heads;
-  const std::int64_t grid = std::min<std::int64_t>(items, current_device_facts().sm_count);
+  const int cap = g_stream_grid_cap.load(std::memory_order_relaxed);
+  const std::int64_t ctas = cap > 0 ? std::min(cap, current_device_facts().sm_count)
+                                    : current_device_facts().sm_count;
+  const std::int64_t grid = std::min<std::int64_t>(items, ctas);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   static_assert(kSmem % 16 == 0);
   kda::Params with_scratch = params;
@@ -335,6 +342,11 @@ unsigned kda_tune() {
 
 void set_kda_tune(unsigned bits) {
   g_tune.store(static_cast<long long>(bits & kTuneMask), std::memory_order_relaxed);
+}
+
+void set_kda_stream_grid_cap(int ctas) {
+  if (ctas < 0) fail<ValueError>("set_kda_stream_grid_cap: `ctas` must be >= 0, got ", ctas);
+  g_stream_grid_cap.store(ctas, std::memory_order_relaxed);
 }
 
 const char* kda_variant_name(KdaVariant variant) {

@@ -105,6 +105,11 @@ enum KdaTuneBits : unsigned {
 };
 unsigned kda_tune();
 void set_kda_tune(unsigned bits);
+// Test hook: the `stream` kernels' persistent grid holds at most `ctas` CTAs (0, the default:
+// one per SM). Few CTAs give each CTA many items from a small problem, so compute-sanitizer can
+// follow a CTA's stage ring, hand-offs and metadata batches through several wraps in seconds.
+// Like the tune bits it changes the schedule, never the arithmetic.
+void set_kda_stream_grid_cap(int ctas);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
 // (attribution build) the clock64 stamps of the last `stream` overlap-loop launch:
 // [2 CTAs][64 items][12 warps][7 points] (kda_decode.cuh, dev_stamp), -1 where none was taken.
