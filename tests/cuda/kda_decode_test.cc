@@ -594,39 +594,41 @@ TEST(KdaCuda, StreamManyItemsPerCta) {
   }
 }
 
+// The `stream` variant on `units` x `heads` items, its grid capped at `grid_cap` CTAs (0: one per
+// SM; cuda::set_kda_stream_grid_cap), so that each CTA walks several items.
+void check_stream_items(DType sdt, int T, std::uint64_t seed, int units, std::int64_t heads,
+                        int grid_cap, const std::string& what) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Cap {
+    explicit Cap(int ctas) { cuda::set_kda_stream_grid_cap(ctas); }
+    ~Cap() { cuda::set_kda_stream_grid_cap(0); }
+  } cap(grid_cap);
+  Rng rng(seed);
+  const Meta m = random_meta(rng, units, T, 1, true);
+  const Problem p = make_problem(rng.integer(0, 1 << 30), heads, m, sdt);
+  check_case(p, -5.0f, cuda::KdaVariant::stream,
+             what + " T=" + std::to_string(T) + " " + dtype_name(sdt));
+}
+
 // The precompute-group `stream` kernel (bf16 T <= 8, fp32 T = 1) with 4 items on every CTA of a
 // 132-SM GPU (N * H = 528): its stage ring and both hand-off barrier pairs wrap twice. One test
 // per case, 1.5-2.6 s each (the large ring tests take 40-110 s, mostly the CPU reference), so
 // gpu-check's memcheck covers them; racecheck outlasts even these (> 470 s, perf.md run 152).
 void check_precompute_group_ring(DType sdt, int T, std::uint64_t seed) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  Rng rng(seed);
-  const Meta m = random_meta(rng, 132, T, 1, true);
-  const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
-  check_case(p, -5.0f, cuda::KdaVariant::stream,
-             "ring T=" + std::to_string(T) + " " + dtype_name(sdt));
+  check_stream_items(sdt, T, seed, 132, 4, 0, "ring");
 }
 TEST(KdaCuda, PrecomputeGroupRingF32T1) { check_precompute_group_ring(DType::f32, 1, 37); }
 TEST(KdaCuda, PrecomputeGroupRingBf16T1) { check_precompute_group_ring(DType::bf16, 1, 38); }
 TEST(KdaCuda, PrecomputeGroupRingBf16T2) { check_precompute_group_ring(DType::bf16, 2, 39); }
 
-// One `stream` CTA (cuda::set_kda_stream_grid_cap) walking 24 items: its stage ring and both
-// hand-off barrier pairs wrap several times, from a problem small enough for compute-sanitizer
-// racecheck (the ring tests above take it > 470 s): the 8-warp case (fp32 T = 2) runs clean in
-// 4.5 s (gpu-check, perf.md run 154). bf16 T <= 2 and fp32 T = 1 run the precompute-group kernel,
-// whose named-barrier hand-offs racecheck does not model (gpu-check's comment). (Metadata batches,
-// 32 items each, wrap in StreamManyItemsPerCta.)
+// One `stream` CTA walking 24 items: its stage ring and both hand-off barrier pairs wrap several
+// times, from a problem small enough for compute-sanitizer racecheck (the ring tests above take it
+// > 470 s): the 8-warp case (fp32 T = 2) runs clean in 4.5 s (gpu-check, perf.md run 154). bf16
+// T <= 2 and fp32 T = 1 run the precompute-group kernel, whose named-barrier hand-offs racecheck
+// does not model (gpu-check's comment). (Metadata batches, 32 items each, wrap in
+// StreamManyItemsPerCta.)
 void check_one_stream_cta(DType sdt, int T, std::uint64_t seed) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Cap {
-    Cap() { cuda::set_kda_stream_grid_cap(1); }
-    ~Cap() { cuda::set_kda_stream_grid_cap(0); }
-  } cap;
-  Rng rng(seed);
-  const Meta m = random_meta(rng, 12, T, 1, true);
-  const Problem p = make_problem(rng.integer(0, 1 << 30), 2, m, sdt);
-  check_case(p, -5.0f, cuda::KdaVariant::stream,
-             "one CTA T=" + std::to_string(T) + " " + dtype_name(sdt));
+  check_stream_items(sdt, T, seed, 12, 2, 1, "one CTA");
 }
 TEST(KdaCuda, OneStreamCtaF32T1) { check_one_stream_cta(DType::f32, 1, 41); }
 TEST(KdaCuda, OneStreamCtaF32T2) { check_one_stream_cta(DType::f32, 2, 42); }
