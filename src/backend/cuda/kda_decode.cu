@@ -176,10 +176,9 @@ void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t h
   constexpr int kBlock = kWs ? kda::kWsBlock : kda::kStreamBlock;
   // One persistent CTA per SM (its shared memory admits no second one), never more than items.
   const std::int64_t items = units * heads;
+  const int sms = current_device_facts().sm_count;
   const int cap = g_stream_grid_cap.load(std::memory_order_relaxed);
-  const std::int64_t ctas = cap > 0 ? std::min(cap, current_device_facts().sm_count)
-                                    : current_device_facts().sm_count;
-  const std::int64_t grid = std::min<std::int64_t>(items, ctas);
+  const std::int64_t grid = std::min<std::int64_t>(items, cap > 0 ? std::min(cap, sms) : sms);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   static_assert(kSmem % 16 == 0);
   kda::Params with_scratch = params;
