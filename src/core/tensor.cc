@@ -255,8 +255,8 @@ void Tensor::set_linear(std::int64_t linear, double value) {
 
 void Tensor::fill(double value) {
   require_cpu(*this, "Tensor::fill");
-  const std::int64_t n = numel();
-  for (std::int64_t i = 0; i < n; ++i) set_linear(i, value);
+  for_each_offset([&](std::int64_t at) { store_from_double(storage_->data, dtype_, at, value); },
+                  *this);
 }
 
 // Dense conversions between the float dtypes (weight loading converts whole checkpoints): typed
@@ -309,15 +309,18 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   const std::size_t es = dtype_size(dtype_);
+  char* dst = static_cast<char*>(storage_->data);
+  const char* s = static_cast<const char*>(src.storage_->data);
   if (src.dtype_ == dtype_) {
-    char* dst = static_cast<char*>(storage_->data);
-    const char* s = static_cast<const char*>(src.storage_->data);
-    for (std::int64_t i = 0; i < n; ++i)
-      std::memcpy(dst + linear_to_offset(i) * es, s + src.linear_to_offset(i) * es, es);
+    for_each_offset([&](std::int64_t to, std::int64_t from) {
+      std::memcpy(dst + to * es, s + from * es, es);
+    }, *this, src);
     return;
   }
   if (src.is_contiguous() && is_contiguous() && convert_contiguous(src, *this)) return;
-  for (std::int64_t i = 0; i < n; ++i) set_linear(i, src.at_linear(i));
+  for_each_offset([&](std::int64_t to, std::int64_t from) {
+    store_from_double(dst, dtype_, to, load_as_double(s, src.dtype_, from));
+  }, *this, src);
 }
 
 Tensor Tensor::contiguous() const {

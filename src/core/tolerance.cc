@@ -49,31 +49,38 @@ CompareReport compare_tensors(const Tensor& actual, const Tensor& expected, Tole
   CompareReport report;
   report.count = actual.numel();
   double worst_excess = -1.0;
-  for (std::int64_t i = 0; i < report.count; ++i) {
-    const double a = actual.at_linear(i), e = expected.at_linear(i);
-    double excess;
-    if (std::isnan(a) || std::isnan(e)) {
-      excess = (nan_equal && std::isnan(a) && std::isnan(e)) ? -1.0 : INFINITY;
-    } else if (std::isinf(a) || std::isinf(e)) {
-      excess = (a == e) ? -1.0 : INFINITY;
-    } else {
-      const double abs_err = std::fabs(a - e);
-      const double rel_err = abs_err / std::max(std::fabs(e), 1e-30);
-      report.max_abs_error = std::max(report.max_abs_error, abs_err);
-      if (std::fabs(e) > tol.atol) report.max_rel_error = std::max(report.max_rel_error, rel_err);
-      excess = abs_err - (tol.atol + tol.rtol * std::fabs(e));
-    }
-    if (excess > 0) {
-      ++report.mismatches;
-      if (std::isinf(excess)) report.max_abs_error = INFINITY;
-    }
-    if (excess > worst_excess) {
-      worst_excess = excess;
-      report.worst_index = unravel(i, actual.shape());
-      report.worst_actual = a;
-      report.worst_expected = e;
-    }
-  }
+  const void* actual_data = actual.storage() ? actual.storage()->data : nullptr;
+  const void* expected_data = expected.storage() ? expected.storage()->data : nullptr;
+  std::int64_t i = 0;  // the row-major position
+  for_each_offset(
+      [&](std::int64_t actual_at, std::int64_t expected_at) {
+        const double a = load_as_double(actual_data, actual.dtype(), actual_at);
+        const double e = load_as_double(expected_data, expected.dtype(), expected_at);
+        double excess;
+        if (std::isnan(a) || std::isnan(e)) {
+          excess = (nan_equal && std::isnan(a) && std::isnan(e)) ? -1.0 : INFINITY;
+        } else if (std::isinf(a) || std::isinf(e)) {
+          excess = (a == e) ? -1.0 : INFINITY;
+        } else {
+          const double abs_err = std::fabs(a - e);
+          const double rel_err = abs_err / std::max(std::fabs(e), 1e-30);
+          report.max_abs_error = std::max(report.max_abs_error, abs_err);
+          if (std::fabs(e) > tol.atol) report.max_rel_error = std::max(report.max_rel_error, rel_err);
+          excess = abs_err - (tol.atol + tol.rtol * std::fabs(e));
+        }
+        if (excess > 0) {
+          ++report.mismatches;
+          if (std::isinf(excess)) report.max_abs_error = INFINITY;
+        }
+        if (excess > worst_excess) {
+          worst_excess = excess;
+          report.worst_index = unravel(i, actual.shape());
+          report.worst_actual = a;
+          report.worst_expected = e;
+        }
+        ++i;
+      },
+      actual, expected);
   report.ok = report.mismatches == 0;
   return report;
 }
@@ -86,16 +93,18 @@ CompareReport compare_bits(const Tensor& actual, const Tensor& expected) {
   const std::size_t es = dtype_size(actual.dtype());
   const char* a = static_cast<const char*>(actual.storage()->data);
   const char* e = static_cast<const char*>(expected.storage()->data);
-  for (std::int64_t i = 0; i < report.count; ++i) {
-    if (std::memcmp(a + actual.linear_to_offset(i) * es, e + expected.linear_to_offset(i) * es,
-                    es) != 0) {
-      if (report.mismatches++ == 0) {
-        report.worst_index = unravel(i, actual.shape());
-        report.worst_actual = actual.at_linear(i);
-        report.worst_expected = expected.at_linear(i);
-      }
-    }
-  }
+  std::int64_t i = 0;  // the row-major position
+  for_each_offset(
+      [&](std::int64_t actual_at, std::int64_t expected_at) {
+        if (std::memcmp(a + actual_at * es, e + expected_at * es, es) != 0 &&
+            report.mismatches++ == 0) {
+          report.worst_index = unravel(i, actual.shape());
+          report.worst_actual = load_as_double(a, actual.dtype(), actual_at);
+          report.worst_expected = load_as_double(e, expected.dtype(), expected_at);
+        }
+        ++i;
+      },
+      actual, expected);
   report.ok = report.mismatches == 0;
   return report;
 }

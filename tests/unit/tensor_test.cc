@@ -114,6 +114,46 @@ TEST(Tensor, CompareReportsWorstIndex) {
   EXPECT_TRUE(compare_bits(a.clone(), a).ok);
 }
 
+// for_each_offset visits every element in row-major order with each tensor's own offset
+// (linear_to_offset's, without its divisions): permuted, sliced and selected views in lockstep
+// with a dense and a column-major tensor, rank 0, and an empty dimension (no call).
+TEST(Tensor, ForEachOffsetWalksRowMajor) {
+  const Tensor base = Tensor::empty({4, 5, 6}, DType::f32);
+  const Tensor views[] = {base, base.permute({2, 0, 1}).slice(1, 1, 4),
+                          base.slice(2, 1, 5).permute({1, 0, 2}), base.select(1, 3),
+                          base.slice(0, 2, 3)};
+  for (const Tensor& view : views) {
+    const Tensor dense = Tensor::empty(view.shape(), DType::bf16);
+    // The same shape with column-major strides: a dense tensor of the reversed shape, reversed.
+    Dims reversed(view.shape().rbegin(), view.shape().rend());
+    std::vector<std::int64_t> reverse(reversed.size());
+    for (std::size_t i = 0; i < reverse.size(); ++i)
+      reverse[i] = static_cast<std::int64_t>(reverse.size() - 1 - i);
+    const Tensor other = Tensor::empty(reversed, DType::i32).permute(reverse);
+    std::int64_t i = 0;
+    for_each_offset(
+        [&](std::int64_t a, std::int64_t b, std::int64_t c) {
+          EXPECT_EQ(a, view.linear_to_offset(i)) << view.describe() << " at " << i;
+          EXPECT_EQ(b, dense.linear_to_offset(i));
+          EXPECT_EQ(c, other.linear_to_offset(i));
+          ++i;
+        },
+        view, dense, other);
+    EXPECT_EQ(i, view.numel()) << view.describe();
+  }
+  const Tensor scalar = base.select(0, 1).select(0, 2).select(0, 3);
+  int calls = 0;
+  for_each_offset(
+      [&](std::int64_t at) {
+        EXPECT_EQ(at, scalar.offset());
+        ++calls;
+      },
+      scalar);
+  EXPECT_EQ(calls, 1);
+  for_each_offset([&](std::int64_t) { ++calls; }, base.slice(1, 2, 2));
+  EXPECT_EQ(calls, 1);
+}
+
 TEST(Internal, InvariantCheckSaysInternalError) {
   try {
     SPLICE_INTERNAL_CHECK(1 + 1 == 3, "math");

@@ -6,11 +6,13 @@
 // non-contiguous tensors are ordinary. Shapes are concrete here; symbolic shapes live in the IR.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "splice/core/dtype.h"
@@ -127,6 +129,47 @@ class Tensor {
 template <typename T>
 T* Tensor::data() const {
   return static_cast<T*>(raw_data());
+}
+
+// Calls f(offset_0, ..., offset_k) for every element of the same-shape tensors `first`, `rest...`
+// (the caller checks the shapes), in row-major order, with each tensor's storage element offset
+// (offset() + index . strides()). The offsets advance like an odometer, with no division per
+// element: the loop over strided tensors (Tensor::at_linear costs a division per dimension).
+template <typename F, typename... Rest>
+void for_each_offset(F&& f, const Tensor& first, const Rest&... rest) {
+  constexpr std::size_t kCount = 1 + sizeof...(Rest);
+  const std::array<const Tensor*, kCount> tensors{&first, &rest...};
+  const Dims& shape = first.shape();
+  const std::size_t rank = shape.size();
+  std::array<std::int64_t, kCount> offsets;
+  for (std::size_t k = 0; k < kCount; ++k) offsets[k] = tensors[k]->offset();
+  if (rank == 0) {
+    std::apply(f, offsets);
+    return;
+  }
+  for (std::int64_t extent : shape)
+    if (extent == 0) return;
+  const std::int64_t inner = shape[rank - 1];
+  std::array<std::int64_t, kCount> inner_stride;
+  for (std::size_t k = 0; k < kCount; ++k) inner_stride[k] = tensors[k]->strides()[rank - 1];
+  Dims index(rank, 0);  // the outer dimensions' odometer
+  for (;;) {
+    std::array<std::int64_t, kCount> at = offsets;
+    for (std::int64_t j = 0; j < inner; ++j) {
+      std::apply(f, at);
+      for (std::size_t k = 0; k < kCount; ++k) at[k] += inner_stride[k];
+    }
+    std::size_t axis = rank - 1;
+    for (;;) {  // carry into the next outer dimension
+      if (axis == 0) return;
+      --axis;
+      for (std::size_t k = 0; k < kCount; ++k) offsets[k] += tensors[k]->strides()[axis];
+      if (++index[axis] < shape[axis]) break;
+      for (std::size_t k = 0; k < kCount; ++k)
+        offsets[k] -= shape[axis] * tensors[k]->strides()[axis];
+      index[axis] = 0;
+    }
+  }
 }
 
 // Hooks for device copies (registered by the CUDA backend).
