@@ -363,11 +363,14 @@ void check_case(const Problem& host, std::optional<float> lb, cuda::KdaVariant v
     g_stats.out_rel = std::max(g_stats.out_rel, r.max_rel_error);
     std::int64_t beyond = 0;
     const std::int64_t count = gpu_out.numel();
-    for (std::int64_t i = 0; i < count; ++i) {
-      const double g = gpu_out.at_linear(i), e = ref.output.at_linear(i);
-      const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(e), 1e-30)) - 7);
-      if (std::fabs(g - e) > ulp * 1.0001) ++beyond;
-    }
+    for_each_offset(
+        [&](std::int64_t at_gpu, std::int64_t at_ref) {
+          const double g = load_as_double(gpu_out.storage()->data, gpu_out.dtype(), at_gpu);
+          const double e = load_as_double(ref.output.storage()->data, ref.output.dtype(), at_ref);
+          const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(e), 1e-30)) - 7);
+          if (std::fabs(g - e) > ulp * 1.0001) ++beyond;
+        },
+        gpu_out, ref.output);
     g_stats.out_count += count;
     g_stats.out_beyond_ulp += beyond;
     EXPECT_LE(static_cast<double>(beyond), kMaxFractionBeyondOneUlp * count + 1) << "ulp budget";
