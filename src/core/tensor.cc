@@ -312,15 +312,17 @@ void Tensor::copy_from(const Tensor& src) {
   char* dst = static_cast<char*>(storage_->data);
   const char* s = static_cast<const char*>(src.storage_->data);
   if (src.dtype_ == dtype_) {
-    for_each_offset([&](std::int64_t to, std::int64_t from) {
-      std::memcpy(dst + to * es, s + from * es, es);
-    }, *this, src);
+    for_each_offset(
+        [&](std::int64_t to, std::int64_t from) { std::memcpy(dst + to * es, s + from * es, es); },
+        *this, src);
     return;
   }
   if (src.is_contiguous() && is_contiguous() && convert_contiguous(src, *this)) return;
-  for_each_offset([&](std::int64_t to, std::int64_t from) {
-    store_from_double(dst, dtype_, to, load_as_double(s, src.dtype_, from));
-  }, *this, src);
+  for_each_offset(
+      [&](std::int64_t to, std::int64_t from) {
+        store_from_double(dst, dtype_, to, load_as_double(s, src.dtype_, from));
+      },
+      *this, src);
 }
 
 Tensor Tensor::contiguous() const {

@@ -65,7 +65,8 @@ CompareReport compare_tensors(const Tensor& actual, const Tensor& expected, Tole
           const double abs_err = std::fabs(a - e);
           const double rel_err = abs_err / std::max(std::fabs(e), 1e-30);
           report.max_abs_error = std::max(report.max_abs_error, abs_err);
-          if (std::fabs(e) > tol.atol) report.max_rel_error = std::max(report.max_rel_error, rel_err);
+          if (std::fabs(e) > tol.atol)
+            report.max_rel_error = std::max(report.max_rel_error, rel_err);
           excess = abs_err - (tol.atol + tol.rtol * std::fabs(e));
         }
         if (excess > 0) {

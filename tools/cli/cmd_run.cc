@@ -236,8 +236,7 @@ Runner add_bench(CLI::App& app) {
     const std::int64_t needed = *steps + 8;
     if (args.max_seq_len_given && args.max_seq_len < needed)
       fail<ValueError>("--max-seq-len ", args.max_seq_len, " holds fewer positions than --steps ",
-                       *steps, " needs (", needed, "); pass at least ", needed,
-                       " or leave it out");
+                       *steps, " needs (", needed, "); pass at least ", needed, " or leave it out");
     args.max_seq_len = std::max(args.max_seq_len, needed);
     Opened o = open(args, *json);
     std::vector<double> total, host;
