@@ -93,30 +93,6 @@ for round in 1 2 3; do
       echo "$b round $round: bench rc=$?"
   done
 done
-python3 - "$L" <<'EOF'
-import re, statistics, sys, glob, os
-pat = re.compile(r"^\s+(bf16|f32) N=(\d+) T=(\d+) \(G=\d+\):.* stream ([\d.]+) .*floor ([\d.]+)")
-runs = {}
-for path in glob.glob(os.path.join(sys.argv[1], "*_bench_*.txt")):
-    b = os.path.basename(path).split("_bench_")[0]
-    for line in open(path):
-        m = pat.match(line)
-        if m:
-            key = (m[1], int(m[2]), int(m[3]))
-            runs.setdefault(b, {}).setdefault(key, []).append((float(m[4]), float(m[5])))
-head = runs.get("head", {})
-print(f"{'state':6} {'N':>4} {'T':>2} {'head us':>9} {'%floor':>7} {'mbar':>9} {'chg':>7} {'t1plain':>9} {'chg':>7}")
-for key in sorted(head):
-    h = statistics.median(u for u, _ in head[key]); floor = head[key][0][1]
-    row = f"{key[0]:6} {key[1]:4} {key[2]:2} {h:9.2f} {100 * floor / h:6.1f}%"
-    for b in ("mbar", "t1plain"):
-        v = runs.get(b, {}).get(key)
-        if v:
-            m = statistics.median(u for u, _ in v)
-            row += f" {m:9.2f} {100 * (m - h) / h:+6.1f}%"
-        else:
-            row += f" {'-':>9} {'-':>7}"
-    print(row)
-EOF
+python3 dev/ab_table.py "$L" head mbar t1plain
 echo "done at $(el) s"
 tar czf "$OUT/logs.tgz" -C "$L" .

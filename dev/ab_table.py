@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""The timed A/B table of the carried-binaries calls (dev/prepared_call.sh,
+dev/mbar_adoption_call.sh): reads LOGDIR/<binary>_bench_<round>.txt (kda_decode_cuda_bench's
+output, one file per binary and round) and prints, per (state, N, T), the first binary's median
+`stream` time and share of the floor, and each other binary's median and its change against it.
+
+usage: ab_table.py LOGDIR BASELINE OTHER...
+"""
+import glob
+import os
+import re
+import statistics
+import sys
+
+PATTERN = re.compile(r"^\s+(bf16|f32) N=(\d+) T=(\d+) \(G=\d+\):.* stream ([\d.]+) .*floor ([\d.]+)")
+
+
+def main():
+    logdir, baseline, others = sys.argv[1], sys.argv[2], sys.argv[3:]
+    runs = {}
+    for path in glob.glob(os.path.join(logdir, "*_bench_*.txt")):
+        binary = os.path.basename(path).split("_bench_")[0]
+        for line in open(path):
+            m = PATTERN.match(line)
+            if m:
+                key = (m[1], int(m[2]), int(m[3]))
+                runs.setdefault(binary, {}).setdefault(key, []).append((float(m[4]), float(m[5])))
+    base = runs.get(baseline, {})
+    header = f"{'state':6} {'N':>4} {'T':>2} {baseline + ' us':>9} {'%floor':>7}"
+    for b in others:
+        header += f" {b:>9} {'chg':>7}"
+    print(header)
+    for key in sorted(base):
+        h = statistics.median(u for u, _ in base[key])
+        floor = base[key][0][1]
+        row = f"{key[0]:6} {key[1]:4} {key[2]:2} {h:9.2f} {100 * floor / h:6.1f}%"
+        for b in others:
+            v = runs.get(b, {}).get(key)
+            if v:
+                m = statistics.median(u for u, _ in v)
+                row += f" {m:9.2f} {100 * (m - h) / h:+6.1f}%"
+            else:
+                row += f" {'-':>9} {'-':>7}"
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
