@@ -1844,9 +1844,9 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 //   reports this kernel's hand-offs as RAW hazards (perf.md runs 124, 150): it does not model a
 //   named-barrier hand-off in this 8 + 4 warp shape (dev/racecheck_handoff modes 3 and 6 report
 //   the same in a one-CTA ring whose sums are right, run 151), while it does model mbarriers
-//   with every thread arriving (mode 4). Those hand-offs are prepared in
-//   dev/kda-ws-mbarrier-handoffs.patch: without a __syncwarp after each wait they hung
-//   intermittently (run 152; bar.sync is .aligned), with it every KdaCuda test passes (run 153).
+//   with every thread arriving (mode 4). Those hand-offs (dev/kda-ws-mbarrier-handoffs.patch)
+//   are not used: they hang intermittently, with or without a __syncwarp after each wait
+//   (perf.md runs 152-155), and time within noise of these named barriers (run 155).
 //   Metadata batch nb (resolved at item k with k + kStages = kWarp (nb - 1)) overwrites batch
 //   nb - 2, whose last reader staged item k - 1 + kStages during the sweep warps' item k - 1,
 //   before their kBarSwept of k - 1, which the resolving warp has passed.
