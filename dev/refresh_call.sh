@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# dev/refresh_call.sh PHASE...: scripts/gpu-check's work from binaries built here and carried (no
+# device build), in phases that fit the device tool's 10-minute calls, plus the control the
+# mbarrier hand-offs lacked in run 155 (is their "hang" a hang, or a slow test on a GPU shared by
+# 17 processes?). Built here:
+#   head/    cuda_all_test, splice (build/bundle), kda_decode_cuda_bench, flash_decode_cuda_bench
+#            (build/benchpack), HEAD
+#   normed/  cuda_all_test: HEAD + dev/kda-ws-mbarrier-handoffs.patch + kda-ws-normed-mbarrier.patch
+#            (from run 155's pack; kernel-identical base)
+# in two packs under the carry limit (64 MiB with .deps and .whl), stripped: refresh1.tgz
+# (head/cuda_all_test, head/kda_decode_cuda_bench, normed/cuda_all_test) and refresh2.tgz
+# (head/splice, head/flash_decode_cuda_bench), each `tar czf ... -C /tmp/refresh-pack FILES`; then
+#   run(command="dev/refresh_call.sh control tests kda",
+#       carry=[".gpubin/pack/refresh1.tgz", ".deps", ".whl"])
+#   run(command="dev/refresh_call.sh attention model",
+#       carry=[".gpubin/pack/refresh2.tgz", ".deps"])
+# Phases:
+#   control    alone on the GPU: KdaCuda.PerRowModesEveryVariant, head and normed alternating, 4
+#              rounds each, each timed (<= 30 s)
+#   tests      at once, each cut at 235 s: every GPU test of head (12 shards), gpu-check's
+#              sanitizer filters on head, racecheck of normed on OneStreamCtaBf16T2, and the same
+#              hang test for head and normed, 5 timed rounds each (the contended control)
+#   kda        alone: FLA's three-kernel path (bench/peers/kda_peers.py), then splice's KDA grid
+#   attention  alone: the flash-decode grid, then PyTorch SDPA (cuDNN, FA2) and the combined table
+#   model      the Llama cross-check and SmolLM2-shaped speed beside transformers; the default model
+# Output: summary.txt (everything printed), logs.tgz, kda_table.txt, attention_table.txt,
+# model_table.txt, and the benches' JSON (kda.json, attention.json).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+OUT=${OUT:?the device tool sets OUT}
+exec > >(tee -a "$OUT/summary.txt") 2>&1
+export LD_LIBRARY_PATH="$root/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+T0=$(date +%s)
+el() { echo $(($(date +%s) - T0)); }
+P=/tmp/refresh
+L=/tmp/refresh-logs
+mkdir -p "$L"
+mkdir -p "$P" && for pack in .gpubin/pack/refresh*.tgz; do tar xzf "$pack" -C "$P"; done
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
+( while sleep 10; do tar czf "$OUT/logs.tgz" -C "$L" . 2>/dev/null; done ) &
+saver=$!
+
+# One timed round of the hang test: "<label>: PASSED in S s" or "<label>: not done in LIMIT s".
+hang_round() {  # hang_round BINARY_DIR LABEL LIMIT
+  local s=$SECONDS
+  if timeout "$3" "$P/$1/cuda_all_test" --gtest_filter='KdaCuda.PerRowModesEveryVariant' \
+      >"$L/hang_$2.txt" 2>&1; then
+    echo "$2: PASSED in $((SECONDS - s)) s"
+  else
+    echo "$2: rc $? after $((SECONDS - s)) s ($(tail -1 "$L/hang_$2.txt"))"
+  fi
+}
+
+phase_control() {
+  echo "== control, alone (at $(el) s)"
+  for r in 1 2 3 4; do
+    for b in head normed; do hang_round "$b" "alone_${b}_$r" 30; done
+  done
+}
+
+phase_tests() {
+  echo "== tests, sanitizers and the contended control (at $(el) s)"
+  local pids=() i
+  for i in $(seq 0 11); do
+    GTEST_TOTAL_SHARDS=12 GTEST_SHARD_INDEX=$i timeout 235 "$P/head/cuda_all_test" \
+      >"$L/shard_$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  local att_small='FlashDecodeCuda.RaggedBatchAndEmptySequence:FlashDecodeCuda.MisalignedQueryAndOutputRows:FlashDecodeCuda.OpEntryDispatchesToTheCudaKernel:FlashDecodeCuda.SmolLM2ShapeMatchesFloat64Reference:FlashDecodeCuda.StablePrefixReadsTheRowsItsProducerWrites'
+  local kda_small='KdaCuda.PlainPackedT1Agree:KdaCuda.EveryAcceptedOffset'
+  local kda_mem="$kda_small:KdaCuda.StreamManyItemsPerCta:KdaCuda.StableStatePromise*:KdaCuda.PrecomputeGroupRing*:KdaCuda.OneStreamCta*"
+  local name tool filter
+  for name in att_memcheck att_racecheck kda_memcheck kda_racecheck normed_race_Bf16T2; do
+    case $name in
+      att_*) filter=$att_small ;;
+      kda_memcheck) filter=$kda_mem ;;
+      kda_racecheck) filter="$kda_small:KdaCuda.OneStreamCtaF32T2" ;;
+      normed_*) filter=KdaCuda.OneStreamCtaBf16T2 ;;
+    esac
+    tool=memcheck
+    [[ $name == *race* ]] && tool=racecheck
+    local bin=head
+    [[ $name == normed_* ]] && bin=normed
+    ( s=$SECONDS
+      timeout 235 compute-sanitizer --tool "$tool" --error-exitcode 3 "$P/$bin/cuda_all_test" \
+        --gtest_filter="$filter" >"$L/$name.txt" 2>&1
+      echo "rc $? in $((SECONDS - s)) s" >>"$L/$name.txt" ) &
+    pids+=($!)
+  done
+  for b in head normed; do
+    ( for r in 1 2 3 4 5; do hang_round "$b" "shared_${b}_$r" 40; done ) >"$L/control_$b.txt" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  local ok failed
+  ok=$(cat "$L"/shard_*.txt | grep -c '^\[       OK \]')
+  failed=$(cat "$L"/shard_*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u)
+  echo "head, every GPU test: $ok passed, $(echo -n "$failed" | grep -c .) failed"
+  [[ -n $failed ]] && echo "$failed"
+  for f in "$L"/shard_*.txt; do
+    grep -q '^\[  PASSED  \]\|^\[  FAILED  \]' "$f" ||
+      echo "  cut: $(basename "$f") in $(grep '^\[ RUN' "$f" | tail -1 | sed 's/.*\] //')"
+  done
+  echo "slowest tests (ms):"
+  cat "$L"/shard_*.txt | grep '^\[       OK \]' | sed 's/.*OK \] \(.*\) (\([0-9]*\) ms)/\2 \1/' |
+    sort -rn | head -12 | sed 's/^/  /'
+  for name in att_memcheck att_racecheck kda_memcheck kda_racecheck normed_race_Bf16T2; do
+    echo "$name: $(grep -E '(ERROR|RACECHECK) SUMMARY' "$L/$name.txt" | tail -1)" \
+      "$(grep -c '^\[       OK \]' "$L/$name.txt") OK, $(tail -1 "$L/$name.txt")"
+  done
+  cat "$L/control_head.txt" "$L/control_normed.txt"
+}
+
+phase_kda() {
+  echo "== kda: FLA, then splice (at $(el) s)"
+  if ! python3 -c 'import fla' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/kda-site .whl/*.whl && export PYTHONPATH=/tmp/kda-site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  PYTHONUNBUFFERED=1 timeout 200 python3 bench/peers/kda_peers.py "$L/kda_peers.txt" \
+    >"$L/kda_peers.log" 2>&1 || echo "FLA peers rc=$? ($(tail -2 "$L/kda_peers.log"))"
+  timeout 240 "$P/head/kda_decode_cuda_bench" "$OUT/kda.json" "$L/kda_peers.txt" >"$L/kda_bench.txt" 2>&1 ||
+    echo "kda bench rc=$?"
+  sed -n '/^state /,$p' "$L/kda_bench.txt" | tee "$OUT/kda_table.txt"
+}
+
+phase_attention() {
+  echo "== attention: splice, then PyTorch SDPA (at $(el) s)"
+  timeout 240 "$P/head/flash_decode_cuda_bench" --json "$L/flash.json" >"$L/flash_bench.txt" 2>&1 ||
+    echo "flash bench rc=$?"
+  PYTHONUNBUFFERED=1 timeout 240 python3 bench/peers/attention_peers.py --json "$L/attention_peers.json" \
+    --splice "$L/flash.json" --combined "$OUT/attention.json" --table "$OUT/attention_table.txt" \
+    >"$L/attention_peers.log" 2>&1 || echo "attention peers rc=$? ($(tail -2 "$L/attention_peers.log"))"
+  cat "$OUT/attention_table.txt" 2>/dev/null
+}
+
+phase_model() {
+  echo "== model (at $(el) s)"
+  PYTHONUNBUFFERED=1 timeout 200 python3 scripts/peers/llama_peers.py "$P/head/splice" "$L" --device cuda \
+    >"$OUT/model_table.txt" 2>&1 || echo "llama peers rc=$?"
+  timeout 100 "$P/head/splice" bench --device cuda --steps 128 >>"$OUT/model_table.txt" 2>&1 ||
+    echo "default model bench rc=$?"
+  cat "$OUT/model_table.txt"
+}
+
+for phase in "$@"; do "phase_$phase"; done
+kill "$saver" 2>/dev/null
+echo "done at $(el) s"
+tar czf "$OUT/logs.tgz" -C "$L" .
