@@ -330,16 +330,29 @@ std::set<int> written_slots(const Meta& m) {
 // ---------------------------------------------------------------------------------------------
 // The comparison of one case.
 
-void check_case(const Problem& host, std::optional<float> lb, cuda::KdaVariant variant,
-                const std::string& what) {
+// What a case is checked against: the float64 reference and the CPU kernel, each run once on a
+// copy of the host problem (a problem checked under several variants reuses them: on the largest
+// problems they take most of a case's time).
+struct Oracle {
+  Problem cpu;                        // the CPU kernel's results
+  testing::KdaReferenceResult ref;    // the float64 reference's
+};
+Oracle oracle_of(const Problem& host, std::optional<float> lb) {
+  Oracle o{to_device(host, Device::cpu()),
+           testing::reference_packed_kda_decode(
+               host.x, host.weight, host.conv_state, host.raw_gate, host.raw_beta, host.A_log,
+               host.dt_bias, host.state_indices, host.state, host.output_gate, host.norm_weight,
+               lb ? std::optional<double>(*lb) : std::nullopt, 1e-5, host.qsl, host.nat)};
+  run_packed(o.cpu, lb);
+  return o;
+}
+
+// One variant's run of `host` against its oracle.
+void check_variant(const Problem& host, const Oracle& oracle, std::optional<float> lb,
+                   cuda::KdaVariant variant, const std::string& what) {
   SCOPED_TRACE(what + " variant=" + cuda::kda_variant_name(variant));
-  // Oracle runs on copies of the host problem.
-  Problem cpu = to_device(host, Device::cpu());
-  const auto ref = testing::reference_packed_kda_decode(
-      host.x, host.weight, host.conv_state, host.raw_gate, host.raw_beta, host.A_log, host.dt_bias,
-      host.state_indices, host.state, host.output_gate, host.norm_weight,
-      lb ? std::optional<double>(*lb) : std::nullopt, 1e-5, host.qsl, host.nat);
-  run_packed(cpu, lb);
+  const Problem& cpu = oracle.cpu;
+  const testing::KdaReferenceResult& ref = oracle.ref;
 
   Problem gpu = to_device(host, Device::cuda());
   KdaDecodeArgs args = packed_args(gpu, lb);
@@ -421,6 +434,18 @@ void check_case(const Problem& host, std::optional<float> lb, cuda::KdaVariant v
   if (host.conv_state.storage() != host.state.storage()) {
     EXPECT_EQ(storage_bytes(gpu.conv_state), storage_bytes(cpu.conv_state)) << "conv storage";
   }
+}
+
+void check_case(const Problem& host, std::optional<float> lb, cuda::KdaVariant variant,
+                const std::string& what) {
+  check_variant(host, oracle_of(host, lb), lb, variant, what);
+}
+// Each of `variants` against one oracle.
+template <typename Variants>
+void check_variants(const Problem& host, std::optional<float> lb, const Variants& variants,
+                    const std::string& what) {
+  const Oracle oracle = oracle_of(host, lb);
+  for (cuda::KdaVariant v : variants) check_variant(host, oracle, lb, v, what);
 }
 
 const cuda::KdaVariant kVariants[] = {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain,
@@ -559,10 +584,9 @@ TEST(KdaCuda, T1Grid) {
       for (int H : {1, 3, 32}) {
         const Meta m = random_meta(rng, 7, 1, 2, true);
         const Problem p = make_problem(rng.integer(0, 1 << 30), H, m, sdt);
-        for (auto v : kVariants)
-          check_case(
-              p, lb, v,
-              "T=1 H=" + std::to_string(H) + " " + dtype_name(sdt) + (lb ? " lb" : " softplus"));
+        check_variants(
+            p, lb, kVariants,
+            "T=1 H=" + std::to_string(H) + " " + dtype_name(sdt) + (lb ? " lb" : " softplus"));
       }
 }
 
@@ -575,27 +599,28 @@ TEST(KdaCuda, PackedGrid) {
           (T % 2) ? std::optional<float>() : std::optional<float>(-3.0f);
       const Meta m = random_meta(rng, T == 40 ? 3 : 9, T, T % 3, true);
       const Problem p = make_problem(rng.integer(0, 1 << 30), T == 40 ? 2 : 5, m, sdt);
-      for (auto v : kVariants)
-        check_case(p, lb, v, "T=" + std::to_string(T) + " " + dtype_name(sdt));
+      check_variants(p, lb, kVariants, "T=" + std::to_string(T) + " " + dtype_name(sdt));
     }
 }
 
 // The persistent `stream` kernel with many items per CTA: its stage ring wraps many times and
-// it resolves three batches of 32 items per CTA (N * H = 8960 > 64 * 132 SMs at T = 1).
-TEST(KdaCuda, StreamManyItemsPerCta) {
+// it resolves three batches of 32 items per CTA (N * H = 8960 > 64 * 132 SMs at T = 1). One test
+// a state dtype (the largest GPU tests: separate tests spread over gtest shards and ctest jobs).
+void check_many_items_per_cta(DType sdt, std::uint64_t seed) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  Rng rng(17);
-  for (DType sdt : {DType::f32, DType::bf16}) {
-    const Meta m1 = random_meta(rng, 280, 1, 3, true);
-    const Problem p1 = make_problem(rng.integer(0, 1 << 30), 32, m1, sdt);
-    for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain})
-      check_case(p1, -5.0f, v, std::string("many items T=1 ") + dtype_name(sdt));
-    const Meta m3 = random_meta(rng, 48, 3, 2, true);
-    const Problem p3 = make_problem(rng.integer(0, 1 << 30), 32, m3, sdt);
-    for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain})
-      check_case(p3, std::nullopt, v, std::string("many items T=3 ") + dtype_name(sdt));
-  }
+  Rng rng(seed);
+  const cuda::KdaVariant stream_variants[] = {cuda::KdaVariant::stream,
+                                              cuda::KdaVariant::stream_plain};
+  const Meta m1 = random_meta(rng, 280, 1, 3, true);
+  const Problem p1 = make_problem(rng.integer(0, 1 << 30), 32, m1, sdt);
+  check_variants(p1, -5.0f, stream_variants, std::string("many items T=1 ") + dtype_name(sdt));
+  const Meta m3 = random_meta(rng, 48, 3, 2, true);
+  const Problem p3 = make_problem(rng.integer(0, 1 << 30), 32, m3, sdt);
+  check_variants(p3, std::nullopt, stream_variants,
+                 std::string("many items T=3 ") + dtype_name(sdt));
 }
+TEST(KdaCuda, StreamManyItemsPerCtaF32) { check_many_items_per_cta(DType::f32, 17); }
+TEST(KdaCuda, StreamManyItemsPerCtaBf16) { check_many_items_per_cta(DType::bf16, 18); }
 
 // The `stream` variant on `units` x `heads` items, its grid capped at `grid_cap` CTAs (0: one per
 // SM; cuda::set_kda_stream_grid_cap), so that each CTA walks several items.
@@ -668,7 +693,7 @@ TEST(KdaCuda, PaddedAndSharedLayouts) {
       layout.row_pad = 5;
       layout.slot_pad = slot_pad;
       const Problem p = make_problem(rng.integer(0, 1 << 30), 3, m, sdt, std::nullopt, layout);
-      for (auto v : kVariants) check_case(p, -5.0f, v, "padded " + std::to_string(slot_pad));
+      check_variants(p, -5.0f, kVariants, "padded " + std::to_string(slot_pad));
     }
     Layout shared;
     shared.shared_page = true;
@@ -795,13 +820,14 @@ TEST(KdaCuda, Deterministic) {
 // runs the item loop with and without the knob. The mainline is also checked against the CPU
 // kernel and the reference on the small cases (as in every other test), so the knob's schedule
 // is.
-TEST(KdaCuda, TuneSwitchesBitIdentical) {
+// One test a state dtype (among the largest GPU tests: they spread over shards and ctest jobs).
+void check_tune_switches(DType sdt, std::uint64_t seed) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct TuneScope {
     unsigned saved = cuda::kda_tune();
     ~TuneScope() { cuda::set_kda_tune(saved); }
   } restore_tune;
-  Rng rng(23);
+  Rng rng(seed);
   struct Shape {
     int n, t, h;
   };
@@ -810,41 +836,42 @@ TEST(KdaCuda, TuneSwitchesBitIdentical) {
   // <= 144 SMs); T = 9 runs the item loop under both masks.
   for (const Shape sh :
        {Shape{280, 1, 32}, Shape{6, 1, 32}, Shape{1, 1, 8}, Shape{48, 3, 32}, Shape{72, 4, 32},
-        Shape{6, 4, 32}, Shape{6, 2, 32}, Shape{6, 5, 8}, Shape{40, 8, 32}, Shape{6, 9, 8}})
-    for (DType sdt : {DType::f32, DType::bf16}) {
-      const Meta m = random_meta(rng, sh.n, sh.t, 2, true);
-      const Problem p = make_problem(rng.integer(0, 1 << 30), sh.h, m, sdt);
-      for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain}) {
-        std::vector<std::uint8_t> want_out, want_state, want_conv;
-        // Every subset of the tune bits, ascending (0 first: the reference).
-        for (unsigned bits = 0;; bits = ((bits | ~cuda::kKdaTuneAll) + 1u) & cuda::kKdaTuneAll) {
-          SCOPED_TRACE("N=" + std::to_string(sh.n) + " T=" + std::to_string(sh.t) + " " +
-                       dtype_name(sdt) + " variant=" + cuda::kda_variant_name(v) +
-                       " tune=" + std::to_string(bits));
-          cuda::set_kda_tune(bits);
-          Problem g = to_device(p, Device::cuda());
-          cuda::kda_decode(packed_args(g, -5.0f), nullptr, v);
-          cuda::synchronize();
-          if (bits == 0) {
-            want_out = storage_bytes(g.output);
-            want_state = storage_bytes(g.state);
-            want_conv = storage_bytes(g.conv_state);
-            continue;
-          }
-          // (EXPECT_TRUE: a failing EXPECT_EQ would print both storages, up to ~0.6 GB)
-          EXPECT_TRUE(storage_bytes(g.output) == want_out) << "output";
-          EXPECT_TRUE(storage_bytes(g.state) == want_state) << "state";
-          EXPECT_TRUE(storage_bytes(g.conv_state) == want_conv) << "conv_state";
-          if (bits == cuda::kKdaTuneAll) break;
+        Shape{6, 4, 32}, Shape{6, 2, 32}, Shape{6, 5, 8}, Shape{40, 8, 32}, Shape{6, 9, 8}}) {
+    const Meta m = random_meta(rng, sh.n, sh.t, 2, true);
+    const Problem p = make_problem(rng.integer(0, 1 << 30), sh.h, m, sdt);
+    for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain}) {
+      std::vector<std::uint8_t> want_out, want_state, want_conv;
+      // Every subset of the tune bits, ascending (0 first: the reference).
+      for (unsigned bits = 0;; bits = ((bits | ~cuda::kKdaTuneAll) + 1u) & cuda::kKdaTuneAll) {
+        SCOPED_TRACE("N=" + std::to_string(sh.n) + " T=" + std::to_string(sh.t) + " " +
+                     dtype_name(sdt) + " variant=" + cuda::kda_variant_name(v) +
+                     " tune=" + std::to_string(bits));
+        cuda::set_kda_tune(bits);
+        Problem g = to_device(p, Device::cuda());
+        cuda::kda_decode(packed_args(g, -5.0f), nullptr, v);
+        cuda::synchronize();
+        if (bits == 0) {
+          want_out = storage_bytes(g.output);
+          want_state = storage_bytes(g.state);
+          want_conv = storage_bytes(g.conv_state);
+          continue;
         }
-      }
-      if (sh.n * sh.h < 1000) {  // every mask equals this bit for bit (above)
-        cuda::set_kda_tune(0);
-        check_case(p, -5.0f, cuda::KdaVariant::stream,
-                   "default schedule N=" + std::to_string(sh.n) + " " + dtype_name(sdt));
+        // (EXPECT_TRUE: a failing EXPECT_EQ would print both storages, up to ~0.6 GB)
+        EXPECT_TRUE(storage_bytes(g.output) == want_out) << "output";
+        EXPECT_TRUE(storage_bytes(g.state) == want_state) << "state";
+        EXPECT_TRUE(storage_bytes(g.conv_state) == want_conv) << "conv_state";
+        if (bits == cuda::kKdaTuneAll) break;
       }
     }
+    if (sh.n * sh.h < 1000) {  // every mask equals this bit for bit (above)
+      cuda::set_kda_tune(0);
+      check_case(p, -5.0f, cuda::KdaVariant::stream,
+                 "default schedule N=" + std::to_string(sh.n) + " " + dtype_name(sdt));
+    }
+  }
 }
+TEST(KdaCuda, TuneSwitchesBitIdenticalF32) { check_tune_switches(DType::f32, 23); }
+TEST(KdaCuda, TuneSwitchesBitIdenticalBf16) { check_tune_switches(DType::bf16, 24); }
 
 // PDL: a chain of calls on one stream (the PDL attribute set, every kernel waiting before its first
 // global access) where each call reads the state and conv history the previous call wrote (every
@@ -928,14 +955,16 @@ TEST(KdaCuda, StableStatePromiseBitIdentical) {
 // after it, at the top of item 0 where the prefill is staggered (the 8-warp kernel: fp32 T = 3 at
 // this size, and T = 9) and in the prologue on the precompute-group kernel (bf16 T <= 8, fp32
 // T = 1).
-TEST(KdaCuda, StableStatePromiseStreamRing) {
+// One test a state dtype.
+void check_stable_state_stream_ring(DType sdt, std::uint64_t seed) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  Rng rng(31);
+  Rng rng(seed);
   for (int T : {1, 3, 9})
-    for (DType sdt : {DType::f32, DType::bf16})
-      expect_stable_state_matches_serial(
-          rng, 24, 32, T, sdt, {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain});
+    expect_stable_state_matches_serial(
+        rng, 24, 32, T, sdt, {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain});
 }
+TEST(KdaCuda, StableStatePromiseStreamRingF32) { check_stable_state_stream_ring(DType::f32, 31); }
+TEST(KdaCuda, StableStatePromiseStreamRingBf16) { check_stable_state_stream_ring(DType::bf16, 32); }
 
 // One captured launch replayed with new query_start_loc, num_accepted_tokens and slot tables
 // equals a direct call on the same inputs, bit for bit.
