@@ -1473,8 +1473,9 @@ enum class StageCopies : std::uint8_t { all, state, inputs };
 // Every thread of warps kWarp0 .. kWarp0 + kWarps - 1 (default: all 8): writes item `a`'s
 // scalars into stage `st` (warp kWarp0) and issues this thread's bulk copy of it, if any (copy
 // order above, copy c on warp kWarp0 + c % kWarps; only the copies `which` names); other warps
-// return. The stage is no longer read (a barrier since its last read) and `a` was announced on
-// `bar` before that barrier.
+// return. The stage is no longer read (a barrier since its last read) and `a` is announced on
+// `bar` before that barrier or, by a thread past it, beside these copies (a copy may complete
+// before the announcement's expect_tx; the phase still waits for its arrival).
 template <typename StateT, bool kStage, int kWarp0 = 0, int kWarps = kStreamWarps,
           bool kTaps = true>
 __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stage<StateT>& st,
@@ -1918,10 +1919,18 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
             return ConvWriteback<kStreamThreads, 1>(p, it, 0, GlobalInputs(p, it), it.live);
         }();
         const int next = k + kStages;  // the item that reuses stage s
+        SPLICE_KDA_STAMP(k, 2);
+        // X: stage s is no longer read, and every sweep thread is past its wait for item k on
+        // S.full[s]. Only then is item k + kStages announced there: a null item's announcement
+        // completes its phase at once, and a warp still to test item k's parity would then see
+        // the phase after it and wait forever (perf.md run 159: the deadlock of the mbarrier
+        // hand-offs, which release the sweep warps one by one; a named barrier releases them
+        // together, which made the race rare, not impossible). The copies
+        // other warps issue right after X may land before the announcement's expect_tx: the
+        // tx-count is signed, and the phase waits for the announcement's arrival.
+        cta_sync<kStreamThreads>();
         if (tid == 0 && next < count)
           announce_item<StateT, kStage, false>(items.ahead_of(next), &S.full[s]);
-        SPLICE_KDA_STAMP(k, 2);
-        cta_sync<kStreamThreads>();  // X: stage s is no longer read; the announcement is made
         SPLICE_KDA_STAMP(k, 3);
         if (next < count)
           stage_item<StateT, kStage, 0, kStreamWarps, false>(p, items.ahead_of(next), st,
