@@ -640,8 +640,8 @@ void check_stream_items(DType sdt, int T, std::uint64_t seed, int units, std::in
 
 // The precompute-group `stream` kernel (bf16 T <= 8, fp32 T = 1) with 4 items on every CTA of a
 // 132-SM GPU (N * H = 528): its stage ring and both hand-off barrier pairs wrap twice. One test
-// per case, 1.5-2.6 s each (the large ring tests take 40-110 s, mostly the CPU reference), so
-// gpu-check's memcheck covers them; racecheck outlasts even these (> 470 s, perf.md run 152).
+// per case, 1.5-2.6 s each (the large ring tests take 20-45 s, mostly the CPU reference), so
+// gpu-check's memcheck covers them; its racecheck takes the one-CTA tests below.
 void check_precompute_group_ring(DType sdt, int T, std::uint64_t seed) {
   check_stream_items(sdt, T, seed, 132, 4, 0, "ring");
 }
@@ -650,11 +650,9 @@ TEST(KdaCuda, PrecomputeGroupRingBf16T1) { check_precompute_group_ring(DType::bf
 TEST(KdaCuda, PrecomputeGroupRingBf16T2) { check_precompute_group_ring(DType::bf16, 2, 39); }
 
 // One `stream` CTA walking 24 items: its stage ring and both hand-off barrier pairs wrap several
-// times, from a problem small enough for compute-sanitizer racecheck (the ring tests above take it
-// > 470 s): the 8-warp case (fp32 T = 2) runs clean in 4.5 s (gpu-check, perf.md run 154). bf16
-// T <= 2 and fp32 T = 1 run the precompute-group kernel, whose named-barrier hand-offs racecheck
-// does not model (gpu-check's comment). (Metadata batches, 32 items each, wrap in
-// StreamManyItemsPerCta.)
+// times, from a problem small enough for compute-sanitizer racecheck (gpu-check): fp32 T = 2 runs
+// the 8-warp kernel, bf16 T <= 2 and fp32 T = 1 the precompute-group kernel; 0 hazards in 4-5 s
+// each (perf.md run 160). (Metadata batches, 32 items each, wrap in StreamManyItemsPerCta*.)
 void check_one_stream_cta(DType sdt, int T, std::uint64_t seed) {
   check_stream_items(sdt, T, seed, 12, 2, 1, "one CTA");
 }

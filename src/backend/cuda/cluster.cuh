@@ -39,13 +39,14 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait;" ::: "memory");
 }
 
-// `count` consecutive barriers, one arrival per phase each, made visible to the cluster (one
-// fence for all of them).
+// `count` consecutive barriers, `arrivals` arrivals per phase each, made visible to the cluster
+// (one fence for all of them).
 template <int kCount = 1>
-__device__ __forceinline__ void mbar_init(std::uint64_t* bars) {
+__device__ __forceinline__ void mbar_init(std::uint64_t* bars, std::uint32_t arrivals = 1) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bars + i)));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bars + i)),
+                 "r"(arrivals));
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 __device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
@@ -115,6 +116,14 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phas
           : "r"(smem_addr(bar)), "r"(phase)
           : "memory");
   }
+}
+// mbar_wait for a whole warp: its lanes can leave the try_wait loop at different turns, so the
+// warp converges before it goes on (an aligned barrier, bar.sync, or a full-mask shuffle after it
+// needs every lane).
+template <bool kCluster = false>
+__device__ __forceinline__ void mbar_wait_warp(std::uint64_t* bar, std::uint32_t phase) {
+  mbar_wait<kCluster>(bar, phase);
+  __syncwarp();
 }
 // v into cluster CTA `rank`'s copy of *dst, completing 4 bytes on that CTA's copy of *bar.
 __device__ __forceinline__ void st_async_cluster(float* dst, float v, std::uint64_t* bar,

@@ -105,7 +105,7 @@ using detail::mbar_arrive;
 using detail::mbar_arrive_expect;
 using detail::mbar_init;
 using detail::mbar_test;
-using detail::mbar_wait;
+using detail::mbar_wait_warp;
 using detail::smem_addr;
 using detail::st_async_cluster;
 
@@ -1171,7 +1171,7 @@ __device__ __forceinline__ void run_item(const Params& p,
       // Every thread waits: for the partials (the norm), and so that every slice's history reads
       // precede stage 3d's write-back (a slice sends its partials after its precompute, whose
       // results they depend on).
-      mbar_wait<true>(&sm.part_bar[parity], (c0 / kChunk >> 1) & 1);
+      mbar_wait_warp<true>(&sm.part_bar[parity], (c0 / kChunk >> 1) & 1);
     }
     if constexpr (kSlices > 1) {
 #pragma unroll 1
@@ -1420,6 +1420,12 @@ struct StreamSmem {
   Shared<kD, stream_slots<StateT>()> sm;
   Ahead ahead[2][kWarp];  // resolved items of the current and the next batch
   std::uint64_t full[kStages];
+  // The precompute-group kernel's hand-offs (item k on [k & 1], phase k >> 1): item precomputed
+  // (every precompute thread arrives), item swept (every sweep thread).
+  std::uint64_t precomputed[2], swept[2];
+  // Item k's norms are done (phase k; every precompute thread arrives, then waits): they precede
+  // item k + 2's precompute into their slots.
+  std::uint64_t normed;
 };
 
 // The bulk copies of one item: the state, then (staged inputs) the history vectors, the tap rows,
@@ -1748,7 +1754,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     const bool has_next = next < count;
     Item it{};
     if (item_k) {
-      mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
+      mbar_wait_warp(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
       it = st.in.item;
       // Every thread has `it` and is past the wait; the previous item's write-back has read
       // S.sm.x.
@@ -1817,16 +1823,16 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 // item's precompute and the previous item's RMSNorms run beside a sweep instead of before it
 // (perf.md runs 123-128).
 //   Sweep warps 0-7 (the state in registers, Layout<256, 1>), per item k: wait until item k is
-//     precomputed (named barrier kBarPrecomputed + (k & 1)) -> state and old history from stage
-//     k % kStages into registers; thread 0 announces item k + kStages on the stage's mbarrier
-//     -> barrier X over the sweep warps (the stage is no longer read) -> the refill's bulk
-//     copies over the 8 warps -> write-back and the sweep of item k's tokens (o into its token
-//     slots, checkpoints) -> arrive at kBarSwept + (k & 1).
+//     precomputed (mbarrier S.precomputed[k & 1]) -> state and old history from stage
+//     k % kStages into registers -> barrier X over the sweep warps (the stage is no longer read)
+//     -> thread 0 announces item k + kStages on the stage's mbarrier, the refill's bulk copies
+//     over the 8 warps -> write-back and the sweep of item k's tokens (o into its token slots,
+//     checkpoints) -> arrive at S.swept[k & 1].
 //   Precompute warps 8-11 (kind = warp - 8: q, k, gate, v), per item k: item k + 1's precompute
 //     of its kind for every token, from its stage into its token slots -> arrive at
-//     kBarPrecomputed + ((k + 1) & 1) -> a metadata batch when due (kind kWsResolveKind) ->
-//     wait at kBarSwept + (k & 1) -> item k's RMSNorms (token t on kind t % 4; T = 1 on the gate
-//     kind, the shortest precompute) -> a barrier over the precompute warps.
+//     S.precomputed[(k + 1) & 1] -> a metadata batch when due (kind kWsResolveKind) ->
+//     wait at S.swept[k & 1] -> item k's RMSNorms (token t on kind t % 4; T = 1 on the gate
+//     kind, the shortest precompute) -> arrive at S.normed, wait there (phase k).
 //   The stages hold no conv taps or dt_bias: each precompute warp loads its kind's share of
 //   them into registers (HeadTaps) two items ahead, from device memory, where every item of a
 //   head finds them in L2. That is 13 fewer bulk copies an item, and a bulk copy's issue holds
@@ -1835,43 +1841,36 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 //   The refill stays on the sweep warps: on the precompute warps (behind a release barrier) it
 //   made the precompute late (T = 1 370.8 against 319.6 us, run 124).
 //   Token slots rotate over 2 items (item k's from base(k) = (k % 2) T): item k + 1's
-//   precompute writes the slots of item k - 1, whose sweep precedes it (kBarSwept of k - 1) and
-//   whose norms precede it (the precompute warps' barrier after them).
-//   Each hand-off alternates between two barrier ids (k & 1), so that no group arrives twice at
-//   one id before the other has passed it: the precompute warps arrive for item k + 2 only after
-//   passing kBarSwept of k, which the sweep warps arrive at after passing kBarPrecomputed of k.
-//   A bar.arrive orders the arriving threads' earlier memory accesses before the waiting
-//   threads' later ones (the PTX ISA's producer-consumer use of named barriers). racecheck
-//   reports this kernel's hand-offs as RAW hazards (perf.md runs 124, 150): it does not model a
-//   named-barrier hand-off in this 8 + 4 warp shape (dev/racecheck_handoff modes 3 and 6 report
-//   the same in a one-CTA ring whose sums are right, run 151), while it does model mbarriers
-//   with every thread arriving (mode 4). Those hand-offs (dev/kda-ws-mbarrier-handoffs.patch)
-//   are not used: they hang intermittently, with or without a __syncwarp after each wait
-//   (perf.md runs 152-155), and time within noise of these named barriers (run 155).
+//   precompute writes the slots of item k - 1, whose sweep precedes it (S.swept of k - 1) and
+//   whose norms precede it (S.normed of k - 1, which every precompute warp passes first).
+//   Each hand-off alternates between two mbarriers (k & 1; item k is phase k >> 1 of its
+//   barrier), so that no barrier runs a phase ahead of its waiters: the precompute warps arrive
+//   for item k + 2 only after passing S.swept of k, which the sweep warps arrive at after passing
+//   S.precomputed of k. Every thread's arrival is a release and the wait an acquire, so the
+//   arriving threads' earlier memory accesses precede the waiting threads' later ones; each warp
+//   converges (__syncwarp) after a wait, because its lanes may leave the try_wait loop at
+//   different turns and the aligned barrier X and full-warp shuffles after it need the whole
+//   warp. The only named barrier left is X, over the sweep warps alone. racecheck models these
+//   hand-offs (0 hazards on one CTA walking 24 items, fp32 and bf16, T = 1 and 2: perf.md run
+//   160); it does not model named-barrier hand-offs between warp groups, which this kernel used
+//   before (dev/racecheck_handoff modes 3 and 6, runs 150-151).
 //   Metadata batch nb (resolved at item k with k + kStages = kWarp (nb - 1)) overwrites batch
 //   nb - 2, whose last reader staged item k - 1 + kStages during the sweep warps' item k - 1,
-//   before their kBarSwept of k - 1, which the resolving warp has passed.
+//   before their S.swept of k - 1, which the resolving warp has passed.
 //   Why 12 warps fit (the 8-warp kernel's header says why it has no producer warp): the sweep
 //   warps hold no precompute values beside the state, so each role's registers are its own
 //   path's: ~130-146 registers without spills, under the 168 that three warps a sub-partition
 //   leave.
 constexpr int kWsPrecomputeWarps = kKindsPerToken;                     // warps 8 .. 11
 constexpr int kWsBlock = kStreamThreads + kWsPrecomputeWarps * kWarp;  // 384 threads
-constexpr int kBarPrecomputed = 3;      // named barriers 3, 4: item k precomputed (k & 1)
-constexpr int kBarSwept = 5;            // named barriers 5, 6: item k swept (k & 1)
 constexpr int kWsT1NormKind = 2;        // T = 1: the norm on the gate warp
-constexpr int kBarPrecomputeWarps = 7;  // named barrier 7: the precompute warps alone
 constexpr int kWsResolveKind = 1;       // metadata batches on the k warp
 
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void precompute_warps_sync() {
-  asm volatile("bar.sync %0, %1;" ::"n"(kBarPrecomputeWarps), "n"(kWsPrecomputeWarps * kWarp)
-               : "memory");
+// The item hand-offs (S.precomputed, S.swept): every thread arrives (release, CTA scope); a wait
+// (acquire) ends with the warp converged.
+__device__ __forceinline__ void handoff_arrive(std::uint64_t* bar) { mbar_arrive(bar); }
+__device__ __forceinline__ void handoff_wait(std::uint64_t* bar, int k) {
+  mbar_wait_warp(bar, static_cast<std::uint32_t>(k >> 1) & 1u);
 }
 
 template <typename StateT, bool kStage>
@@ -1887,6 +1886,11 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
   const int warp = tid / kWarp;
   const StreamItems<StateT> items(p, S);
   const int count = items.count;
+  if (tid == 0) {
+    mbar_init<2>(S.precomputed, kWsPrecomputeWarps * kWarp);
+    mbar_init<2>(S.swept, kStreamThreads);
+    mbar_init(&S.normed, kWsPrecomputeWarps * kWarp);
+  }
   items.template prologue<kStage, false>(min(kStages, count), min(kStages, count));
 
   // kOne (T = 1, a compile-time constant there): one token an item (runtime token loops cost
@@ -1906,9 +1910,9 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         const int s = k % kStages;
         Stage<StateT>& st = S.stage[s];
         SPLICE_KDA_STAMP(k, 0);
-        named_sync(kBarPrecomputed + (k & 1), kWsBlock);
+        handoff_wait(&S.precomputed[k & 1], k);
         SPLICE_KDA_STAMP(k, 1);
-        mbar_wait(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
+        mbar_wait_warp(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
         const Item it = st.in.item;
         float sv[L::kRowsPerThread][L::kCols];
         if (it.live) load_stage_state(st, geo, sv);
@@ -1923,9 +1927,8 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         // X: stage s is no longer read, and every sweep thread is past its wait for item k on
         // S.full[s]. Only then is item k + kStages announced there: a null item's announcement
         // completes its phase at once, and a warp still to test item k's parity would then see
-        // the phase after it and wait forever (perf.md run 159: the deadlock of the mbarrier
-        // hand-offs, which release the sweep warps one by one; a named barrier releases them
-        // together, which made the race rare, not impossible). The copies
+        // the phase after it and wait forever (perf.md run 159: the hand-off above releases the
+        // sweep warps one by one, so one can be that late). The copies
         // other warps issue right after X may land before the announcement's expect_tx: the
         // tx-count is signed, and the phase waits for the announcement's arrival.
         cta_sync<kStreamThreads>();
@@ -1945,7 +1948,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
             sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot + t, 0, it.h);
         }
         SPLICE_KDA_STAMP(k, 5);
-        named_arrive(kBarSwept + (k & 1), kWsBlock);
+        handoff_arrive(&S.swept[k & 1]);
         SPLICE_KDA_STAMP(k, 6);
       }
       return;
@@ -1956,7 +1959,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
     // Item k's precompute of this warp's kind; `taps`: its head's (kStage).
     const auto precompute_of = [&](int k, const HeadTaps& taps) {
       const int sk = k % kStages;
-      mbar_wait(&S.full[sk], static_cast<std::uint32_t>(k / kStages) & 1u);
+      mbar_wait_warp(&S.full[sk], static_cast<std::uint32_t>(k / kStages) & 1u);
       const Item itk = S.stage[sk].in.item;
       if (itk.live) {
         if constexpr (kStage) {
@@ -1977,7 +1980,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
     const int norm_token = kind - (kOne ? kWsT1NormKind : 0);  // this warp's token of a norm
     // The taps of item k's head, loaded during item k - 2 (their latency beside the wait for a
     // sweep). Item k's scalars are in its stage from the sweep warps' item k - kStages on,
-    // before their kBarSwept of k - kStages, which these warps have passed.
+    // before their S.swept of k - kStages, which these warps have passed.
     HeadTaps taps;
     const auto load_taps = [&](int k) {
       const Item& itk = S.stage[k % kStages].in.item;
@@ -1987,7 +1990,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
     };
     load_taps(0);
     Item cur = precompute_of(0, taps);
-    named_arrive(kBarPrecomputed, kWsBlock);
+    handoff_arrive(&S.precomputed[0]);
     if (1 < count) load_taps(1);
 #pragma unroll 1
     for (int k = 0; k < count; ++k) {
@@ -1995,7 +1998,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
       Item nxt{};
       if (k + 1 < count) {
         nxt = precompute_of(k + 1, taps);
-        named_arrive(kBarPrecomputed + ((k + 1) & 1), kWsBlock);
+        handoff_arrive(&S.precomputed[(k + 1) & 1]);
       }
       // (3 stages: item k + 2 was staged during the sweep warps' item k - 1.)
       if (kStages >= 3 && k + 2 < count) load_taps(k + 2);
@@ -2006,8 +2009,8 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         if (nb > 0) items.resolve_batch(nb, true);
       }
       SPLICE_KDA_STAMP(k, 3);
-      named_sync(kBarSwept + (k & 1), kWsBlock);
-      // (2 stages: item k + 2 is staged during the sweep warps' item k, before its kBarSwept.)
+      handoff_wait(&S.swept[k & 1], k);
+      // (2 stages: item k + 2 is staged during the sweep warps' item k, before its S.swept.)
       if (kStages < 3 && k + 2 < count) load_taps(k + 2);
       SPLICE_KDA_STAMP(k, 4);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
@@ -2017,7 +2020,9 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         for (int t = norm_token; t < tokens(cur); t += kWsPrecomputeWarps)
           norm_head_token(p, S.sm, base(k) + t, cur.b + t, cur.h, norm_w);
       }
-      precompute_warps_sync();  // item k's norms precede item k + 2's precompute into its slots
+      // Item k's norms precede item k + 2's precompute into their slots.
+      handoff_arrive(&S.normed);
+      mbar_wait_warp(&S.normed, static_cast<std::uint32_t>(k) & 1u);
       SPLICE_KDA_STAMP(k, 5);
       SPLICE_KDA_STAMP(k, 6);
       cur = nxt;
