@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The timed A/B table of the carried-binaries calls (dev/prepared_call.sh,
-dev/mbar_adoption_call.sh): reads LOGDIR/<binary>_bench_<round>.txt (kda_decode_cuda_bench's
+dev/refresh_call.sh and the one-off calls of session 21): reads LOGDIR/<binary>_bench_<round>.txt (kda_decode_cuda_bench's
 output, one file per binary and round) and prints, per (state, N, T), the first binary's median
 `stream` time and share of the floor, and each other binary's median and its change against it.
 

@@ -7,7 +7,7 @@
 # Here, first (build/bundle and build/benchpack as in dev/carried_check.sh and the README of
 # .gpubin; a generic BLAS, the libraries in .deps):
 #   head/     cuda_all_test, kda_decode_cuda_bench            built at HEAD (session 19: b9067ed)
-#   mbar/     cuda_all_test, kda_decode_cuda_bench            HEAD + dev/kda-ws-mbarrier-handoffs.patch
+#   mbar/     cuda_all_test, kda_decode_cuda_bench            HEAD + the mbarrier hand-offs (in mainline since run 161)
 #   t1plain/  kda_decode_cuda_bench                           HEAD + dev/kda-t1-plain-checkpoint-stores.patch
 #   handoff                                                   dev/racecheck_handoff/handoff.cu
 # stripped, in .gpubin/pack/prepared.tgz (tar czf ... -C /tmp/prepared .), then

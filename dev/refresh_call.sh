@@ -1,25 +1,20 @@
 #!/usr/bin/env bash
 # dev/refresh_call.sh PHASE...: scripts/gpu-check's work from binaries built here and carried (no
-# device build), in phases that fit the device tool's 10-minute calls, plus the control the
-# mbarrier hand-offs lacked in run 155 (is their "hang" a hang, or a slow test on a GPU shared by
-# 17 processes?). Built here:
-#   head/    cuda_all_test, splice (build/bundle), kda_decode_cuda_bench, flash_decode_cuda_bench
-#            (build/benchpack), HEAD
-#   normed/  cuda_all_test: HEAD + dev/kda-ws-mbarrier-handoffs.patch + kda-ws-normed-mbarrier.patch
-#            (from run 155's pack; kernel-identical base)
-# in two packs under the carry limit (64 MiB with .deps and .whl), stripped: refresh1.tgz
-# (head/cuda_all_test, head/kda_decode_cuda_bench, normed/cuda_all_test) and refresh2.tgz
-# (head/splice, head/flash_decode_cuda_bench), each `tar czf ... -C /tmp/refresh-pack FILES`; then
+# device build), in phases that fit the device tool's 10-minute calls (perf.md runs 156-157).
+# Built here (build/bundle and build/benchpack as in dev/carried_check.sh), stripped, in two packs
+# under the carry limit (64 MiB with .deps and .whl):
+#   refresh1.tgz: head/cuda_all_test, head/kda_decode_cuda_bench
+#   refresh2.tgz: head/splice, head/flash_decode_cuda_bench
+# each `tar czf .gpubin/pack/refreshN.tgz -C /tmp/refresh-pack FILES`; then
 #   run(command="dev/refresh_call.sh control tests kda",
 #       carry=[".gpubin/pack/refresh1.tgz", ".deps", ".whl"])
 #   run(command="dev/refresh_call.sh attention model",
 #       carry=[".gpubin/pack/refresh2.tgz", ".deps"])
 # Phases:
-#   control    alone on the GPU: KdaCuda.PerRowModesEveryVariant, head and normed alternating, 4
-#              rounds each, each timed (<= 30 s)
-#   tests      at once, each cut at 235 s: every GPU test of head (12 shards), gpu-check's
-#              sanitizer filters on head, racecheck of normed on OneStreamCtaBf16T2, and the same
-#              hang test for head and normed, 5 timed rounds each (the contended control)
+#   control    alone on the GPU: KdaCuda.PerRowModesEveryVariant 4 times, each timed (<= 30 s): a
+#              deadlock shows as a round that runs out its time (it found one: runs 155-159)
+#   tests      at once, each cut at 235 s: every GPU test (12 shards) and gpu-check's sanitizer
+#              filters
 #   kda        alone: FLA's three-kernel path (bench/peers/kda_peers.py), then splice's KDA grid
 #   attention  alone: the flash-decode grid, then PyTorch SDPA (cuDNN, FA2) and the combined table
 #   model      the Llama cross-check and SmolLM2-shaped speed beside transformers; the default model
@@ -54,13 +49,11 @@ hang_round() {  # hang_round BINARY_DIR LABEL LIMIT
 
 phase_control() {
   echo "== control, alone (at $(el) s)"
-  for r in 1 2 3 4; do
-    for b in head normed; do hang_round "$b" "alone_${b}_$r" 30; done
-  done
+  for r in 1 2 3 4; do hang_round head "alone_head_$r" 30; done
 }
 
 phase_tests() {
-  echo "== tests, sanitizers and the contended control (at $(el) s)"
+  echo "== tests and sanitizers (at $(el) s)"
   local pids=() i
   for i in $(seq 0 11); do
     GTEST_TOTAL_SHARDS=12 GTEST_SHARD_INDEX=$i timeout 235 "$P/head/cuda_all_test" \
@@ -69,27 +62,20 @@ phase_tests() {
   done
   local att_small='FlashDecodeCuda.RaggedBatchAndEmptySequence:FlashDecodeCuda.MisalignedQueryAndOutputRows:FlashDecodeCuda.OpEntryDispatchesToTheCudaKernel:FlashDecodeCuda.SmolLM2ShapeMatchesFloat64Reference:FlashDecodeCuda.StablePrefixReadsTheRowsItsProducerWrites'
   local kda_small='KdaCuda.PlainPackedT1Agree:KdaCuda.EveryAcceptedOffset'
-  local kda_mem="$kda_small:KdaCuda.StreamManyItemsPerCta:KdaCuda.StableStatePromise*:KdaCuda.PrecomputeGroupRing*:KdaCuda.OneStreamCta*"
+  local kda_mem="$kda_small:KdaCuda.StreamManyItemsPerCta*:KdaCuda.StableStatePromise*:KdaCuda.PrecomputeGroupRing*:KdaCuda.OneStreamCta*"
   local name tool filter
-  for name in att_memcheck att_racecheck kda_memcheck kda_racecheck normed_race_Bf16T2; do
+  for name in att_memcheck att_racecheck kda_memcheck kda_racecheck; do
     case $name in
       att_*) filter=$att_small ;;
       kda_memcheck) filter=$kda_mem ;;
-      kda_racecheck) filter="$kda_small:KdaCuda.OneStreamCtaF32T2" ;;
-      normed_*) filter=KdaCuda.OneStreamCtaBf16T2 ;;
+      kda_racecheck) filter="$kda_small:KdaCuda.OneStreamCta*" ;;
     esac
     tool=memcheck
     [[ $name == *race* ]] && tool=racecheck
-    local bin=head
-    [[ $name == normed_* ]] && bin=normed
     ( s=$SECONDS
-      timeout 235 compute-sanitizer --tool "$tool" --error-exitcode 3 "$P/$bin/cuda_all_test" \
+      timeout 235 compute-sanitizer --tool "$tool" --error-exitcode 3 "$P/head/cuda_all_test" \
         --gtest_filter="$filter" >"$L/$name.txt" 2>&1
       echo "rc $? in $((SECONDS - s)) s" >>"$L/$name.txt" ) &
-    pids+=($!)
-  done
-  for b in head normed; do
-    ( for r in 1 2 3 4 5; do hang_round "$b" "shared_${b}_$r" 40; done ) >"$L/control_$b.txt" &
     pids+=($!)
   done
   wait "${pids[@]}"
@@ -105,11 +91,10 @@ phase_tests() {
   echo "slowest tests (ms):"
   cat "$L"/shard_*.txt | grep '^\[       OK \]' | sed 's/.*OK \] \(.*\) (\([0-9]*\) ms)/\2 \1/' |
     sort -rn | head -12 | sed 's/^/  /'
-  for name in att_memcheck att_racecheck kda_memcheck kda_racecheck normed_race_Bf16T2; do
+  for name in att_memcheck att_racecheck kda_memcheck kda_racecheck; do
     echo "$name: $(grep -E '(ERROR|RACECHECK) SUMMARY' "$L/$name.txt" | tail -1)" \
       "$(grep -c '^\[       OK \]' "$L/$name.txt") OK, $(tail -1 "$L/$name.txt")"
   done
-  cat "$L/control_head.txt" "$L/control_normed.txt"
 }
 
 phase_kda() {
