@@ -334,8 +334,8 @@ std::set<int> written_slots(const Meta& m) {
 // copy of the host problem (a problem checked under several variants reuses them: on the largest
 // problems they take most of a case's time).
 struct Oracle {
-  Problem cpu;                        // the CPU kernel's results
-  testing::KdaReferenceResult ref;    // the float64 reference's
+  Problem cpu;                      // the CPU kernel's results
+  testing::KdaReferenceResult ref;  // the float64 reference's
 };
 Oracle oracle_of(const Problem& host, std::optional<float> lb) {
   Oracle o{to_device(host, Device::cpu()),
@@ -958,8 +958,8 @@ void check_stable_state_stream_ring(DType sdt, std::uint64_t seed) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(seed);
   for (int T : {1, 3, 9})
-    expect_stable_state_matches_serial(
-        rng, 24, 32, T, sdt, {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain});
+    expect_stable_state_matches_serial(rng, 24, 32, T, sdt,
+                                       {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain});
 }
 TEST(KdaCuda, StableStatePromiseStreamRingF32) { check_stable_state_stream_ring(DType::f32, 31); }
 TEST(KdaCuda, StableStatePromiseStreamRingBf16) { check_stable_state_stream_ring(DType::bf16, 32); }

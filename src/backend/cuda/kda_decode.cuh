@@ -768,8 +768,9 @@ struct Geometry {
   __device__ int col(int c) const { return (j + c * L::kLanes) * kVecElems; }
 };
 
-// Barrier over the kThreads threads that run items (named barrier 1; every thread of the CTA in
-// both kernels). Orders shared-memory accesses like __syncthreads.
+// Barrier over the kThreads threads that run items (named barrier 1: every thread of the per-head
+// and 8-warp stream kernels, the 8 sweep warps of the precompute-group kernel). Orders
+// shared-memory accesses like __syncthreads.
 template <int kThreads>
 __device__ __forceinline__ void cta_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
@@ -1866,8 +1867,8 @@ constexpr int kWsBlock = kStreamThreads + kWsPrecomputeWarps * kWarp;  // 384 th
 constexpr int kWsT1NormKind = 2;        // T = 1: the norm on the gate warp
 constexpr int kWsResolveKind = 1;       // metadata batches on the k warp
 
-// The item hand-offs (S.precomputed, S.swept): every thread arrives (release, CTA scope); a wait
-// (acquire) ends with the warp converged.
+// The hand-offs (S.precomputed, S.swept, S.normed): every thread arrives (release, CTA scope); a
+// wait (acquire) ends with the warp converged.
 __device__ __forceinline__ void handoff_arrive(std::uint64_t* bar) { mbar_arrive(bar); }
 __device__ __forceinline__ void handoff_wait(std::uint64_t* bar, int k) {
   mbar_wait_warp(bar, static_cast<std::uint32_t>(k >> 1) & 1u);
@@ -1928,9 +1929,9 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         // S.full[s]. Only then is item k + kStages announced there: a null item's announcement
         // completes its phase at once, and a warp still to test item k's parity would then see
         // the phase after it and wait forever (perf.md run 159: the hand-off above releases the
-        // sweep warps one by one, so one can be that late). The copies
-        // other warps issue right after X may land before the announcement's expect_tx: the
-        // tx-count is signed, and the phase waits for the announcement's arrival.
+        // sweep warps one by one, so one can be that late). The copies other warps issue right
+        // after X may land before the announcement's expect_tx: the tx-count is signed, and the
+        // phase waits for the announcement's arrival.
         cta_sync<kStreamThreads>();
         if (tid == 0 && next < count)
           announce_item<StateT, kStage, false>(items.ahead_of(next), &S.full[s]);
