@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# dev/variant_ab_call.sh: tests, sanitizers and a timed A/B of KDA kernel variants, on binaries
+# built here and carried in .gpubin/pack/variants.tgz:
+#   head/       kda_decode_cuda_bench                  HEAD
+#   <variant>/  cuda_all_test, kda_decode_cuda_bench   HEAD + dev/<variant>.patch (any number)
+# (objects: compile src/backend/cuda/kda_decode.cu of the patched tree with build/bundle's
+# command, swap it into a copy of libsplice_backend_cuda.a, relink cuda_all_test (build/bundle)
+# and kda_decode_cuda_bench (build/benchpack) with their link.txt; strip; tar czf ... -C DIR .)
+#   run(command="dev/variant_ab_call.sh", carry=[".gpubin/pack/variants.tgz", ".deps"])
+# ~3 minutes for two variants:
+#   1. Alone: KdaCuda.PerRowModesEveryVariant 3 times a variant (a deadlock runs out its 30 s).
+#   2. At once, cut at 110 s: each variant's KdaCuda.* (4 shards) and racecheck on each
+#      KdaCuda.OneStreamCta* case.
+#   3. Timed alone: head and the variants in interleaved processes, 3 rounds, N = 128, 512,
+#      T = 1, 2, 4, 8, bf16 and fp32 (dev/ab_table.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?}
+exec > >(tee -a "$OUT/summary.txt") 2>&1
+export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu"
+P=/tmp/variants; L=/tmp/variants-logs
+rm -rf $P $L; mkdir -p $P $L; tar xzf .gpubin/pack/variants.tgz -C $P
+variants=()
+for d in $P/*/; do d=$(basename $d); [[ $d != head ]] && variants+=($d); done
+echo "variants: ${variants[*]}"
+T0=$SECONDS
+echo "== 1. the hang test alone"
+for v in "${variants[@]}"; do
+  for r in 1 2 3; do
+    s=$SECONDS
+    timeout 30 $P/$v/cuda_all_test --gtest_filter='KdaCuda.PerRowModesEveryVariant' >$L/${v}_hang_$r.txt 2>&1
+    echo "$v round $r: rc $? in $((SECONDS - s)) s"
+  done
+done
+echo "== 2. tests and racecheck (at $((SECONDS - T0)) s)"
+pids=()
+for v in "${variants[@]}"; do
+  for i in 0 1 2 3; do
+    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout 110 $P/$v/cuda_all_test --gtest_filter='KdaCuda.*' >$L/${v}_s$i.txt 2>&1 &
+    pids+=($!)
+  done
+  for t in F32T1 F32T2 Bf16T1 Bf16T2; do
+    ( s=$SECONDS; timeout 110 compute-sanitizer --tool racecheck --error-exitcode 3 $P/$v/cuda_all_test \
+        --gtest_filter=KdaCuda.OneStreamCta$t >$L/${v}_race_$t.txt 2>&1; echo "rc $? in $((SECONDS - s)) s" >>$L/${v}_race_$t.txt ) &
+    pids+=($!)
+  done
+done
+wait "${pids[@]}"
+for v in "${variants[@]}"; do
+  echo "$v KdaCuda.*: $(cat $L/${v}_s*.txt | grep -c '^\[       OK \]') passed, $(cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -vc 'listed below') failed"
+  cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u
+  for f in $L/${v}_s*.txt; do grep -q '^\[  PASSED\|^\[  FAILED' $f || echo "  cut: $(basename $f) in $(grep '^\[ RUN' $f | tail -1)"; done
+  for t in F32T1 F32T2 Bf16T1 Bf16T2; do
+    echo "$v racecheck OneStreamCta$t: $(grep 'RACECHECK SUMMARY' $L/${v}_race_$t.txt | tail -1) $(tail -1 $L/${v}_race_$t.txt)"
+  done
+done
+echo "== 3. timed A/B (at $((SECONDS - T0)) s)"
+for round in 1 2 3; do
+  for b in head "${variants[@]}"; do
+    KDA_BENCH_NS=128,512 KDA_BENCH_TS=1,2,4,8 KDA_BENCH_STATES=bf16,f32 KDA_BENCH_VARIANTS=stream \
+      timeout 40 $P/$b/kda_decode_cuda_bench $L/${b}_$round.json >$L/${b}_bench_$round.txt 2>&1 || echo "$b round $round: rc $?"
+  done
+done
+python3 dev/ab_table.py $L head "${variants[@]}"
+echo "done at $((SECONDS - T0)) s"
+tar czf $OUT/logs.tgz -C $L .
