@@ -10,12 +10,9 @@
 #   run(command="dev/mbar_watchdog_call.sh", carry=[".gpubin/pack/wd.tgz", ".deps"])
 # Found the stage-announcement race in one call (perf.md run 159).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu"
-OUT=${OUT:?}
+source "$(dirname "$0")/call_env.sh"
 P=/tmp/wd
 mkdir -p $P && tar xzf .gpubin/pack/wd.tgz -C $P
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 for r in 1 2 3 4 5 6 7 8; do
   s=$SECONDS
   timeout 60 $P/wd/cuda_all_test --gtest_filter="${WD_FILTER:-KdaCuda.PerRowModesEveryVariant}" >$OUT/round_$r.txt 2>&1

@@ -23,13 +23,7 @@
 #      against head.
 # Everything printed goes to $OUT/summary.txt too; the logs to $OUT/logs.tgz.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-OUT=${OUT:?the device tool sets OUT}
-exec > >(tee -a "$OUT/summary.txt") 2>&1
-export LD_LIBRARY_PATH="$root/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-T0=$(date +%s)
-el() { echo $(($(date +%s) - T0)); }
+source "$(dirname "$0")/call_env.sh"
 P=/tmp/prepared
 L=/tmp/prepared-logs
 rm -rf "$P" "$L" && mkdir -p "$P" "$L"

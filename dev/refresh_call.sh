@@ -21,13 +21,7 @@
 # Output: summary.txt (everything printed), logs.tgz, kda_table.txt, attention_table.txt,
 # model_table.txt, and the benches' JSON (kda.json, attention.json).
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-OUT=${OUT:?the device tool sets OUT}
-exec > >(tee -a "$OUT/summary.txt") 2>&1
-export LD_LIBRARY_PATH="$root/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-T0=$(date +%s)
-el() { echo $(($(date +%s) - T0)); }
+source "$(dirname "$0")/call_env.sh"
 P=/tmp/refresh
 L=/tmp/refresh-logs
 mkdir -p "$L"

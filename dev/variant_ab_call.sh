@@ -14,10 +14,7 @@
 #   3. Timed alone: head and the variants in interleaved processes, 3 rounds, N = 128, 512,
 #      T = 1, 2, 4, 8, bf16 and fp32 (dev/ab_table.py).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:?}
-exec > >(tee -a "$OUT/summary.txt") 2>&1
-export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu"
+source "$(dirname "$0")/call_env.sh"
 P=/tmp/variants; L=/tmp/variants-logs
 rm -rf $P $L; mkdir -p $P $L; tar xzf .gpubin/pack/variants.tgz -C $P
 variants=()
