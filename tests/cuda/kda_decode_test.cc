@@ -650,14 +650,17 @@ TEST(KdaCuda, PrecomputeGroupRingBf16T1) { check_precompute_group_ring(DType::bf
 TEST(KdaCuda, PrecomputeGroupRingBf16T2) { check_precompute_group_ring(DType::bf16, 2, 39); }
 
 // One `stream` CTA walking 24 items: its stage ring and both hand-off barrier pairs wrap several
-// times, from a problem small enough for compute-sanitizer racecheck (gpu-check): fp32 T = 2 runs
-// the 8-warp kernel, bf16 T <= 2 and fp32 T = 1 the precompute-group kernel; 0 hazards in 4-5 s
-// each (perf.md run 160). (Metadata batches, 32 items each, wrap in StreamManyItemsPerCta*.)
+// times, from a problem small enough for compute-sanitizer racecheck (gpu-check): T <= 8 runs
+// the precompute-group kernel (24 items on the one CTA: fp32 too), T = 9 the 8-warp kernel's
+// item loop; 0 hazards in 4-5 s each (perf.md runs 160, 166). (Metadata batches, 32 items each,
+// wrap in StreamManyItemsPerCta*.)
 void check_one_stream_cta(DType sdt, int T, std::uint64_t seed) {
   check_stream_items(sdt, T, seed, 12, 2, 1, "one CTA");
 }
 TEST(KdaCuda, OneStreamCtaF32T1) { check_one_stream_cta(DType::f32, 1, 41); }
 TEST(KdaCuda, OneStreamCtaF32T2) { check_one_stream_cta(DType::f32, 2, 42); }
+TEST(KdaCuda, OneStreamCtaF32T8) { check_one_stream_cta(DType::f32, 8, 45); }
+TEST(KdaCuda, OneStreamCtaF32T9) { check_one_stream_cta(DType::f32, 9, 46); }
 TEST(KdaCuda, OneStreamCtaBf16T1) { check_one_stream_cta(DType::bf16, 1, 43); }
 TEST(KdaCuda, OneStreamCtaBf16T2) { check_one_stream_cta(DType::bf16, 2, 44); }
 
@@ -829,12 +832,12 @@ void check_tune_switches(DType sdt, std::uint64_t seed) {
   struct Shape {
     int n, t, h;
   };
-  // The precompute-group kernel runs bf16 T <= 8 (many items per CTA at N = 280, 72, 48 and 40,
-  // one or two at N = 6), fp32 T = 1 and fp32 T <= 4 with >= 16 items a CTA (N = 72 x 32 heads on
-  // <= 144 SMs); T = 9 runs the item loop under both masks.
+  // The precompute-group kernel runs bf16 T <= 8 (many items per CTA at N = 280, 72 and 48, one
+  // or two at N = 6), fp32 T = 1 and fp32 T <= 8 with >= 16 items a CTA (N = 72 x 32 heads on
+  // <= 144 SMs: T = 4 and 8); T = 9 runs the item loop under both masks.
   for (const Shape sh :
        {Shape{280, 1, 32}, Shape{6, 1, 32}, Shape{1, 1, 8}, Shape{48, 3, 32}, Shape{72, 4, 32},
-        Shape{6, 4, 32}, Shape{6, 2, 32}, Shape{6, 5, 8}, Shape{40, 8, 32}, Shape{6, 9, 8}}) {
+        Shape{6, 4, 32}, Shape{6, 2, 32}, Shape{6, 5, 8}, Shape{72, 8, 32}, Shape{6, 9, 8}}) {
     const Meta m = random_meta(rng, sh.n, sh.t, 2, true);
     const Problem p = make_problem(rng.integer(0, 1 << 30), sh.h, m, sdt);
     for (auto v : {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain}) {

@@ -115,7 +115,7 @@ KdaKernelInfo probe_stream_kernel() {
   KdaKernelInfo info;
   const auto kernel = stream_kernel<StateT, kStage, kWs>();
   info.block = kWs ? kda::kWsBlock : kda::kStreamBlock;
-  info.smem_bytes = static_cast<int>(sizeof(kda::StreamSmem<StateT>));
+  info.smem_bytes = static_cast<int>(sizeof(kda::StreamSmem<StateT, kWs>));
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   info.smem_bytes += kda::kDevScratchBytes;
 #endif
@@ -169,16 +169,20 @@ bool stream_fits() {
 // none).
 std::atomic<int> g_stream_grid_cap{0};
 
+// A stream kernel's grid for `items` items: one persistent CTA per SM (its shared memory admits
+// no second one), never more than items, nor than the test hook's cap.
+std::int64_t stream_grid(std::int64_t items) {
+  const int sms = current_device_facts().sm_count;
+  const int cap = g_stream_grid_cap.load(std::memory_order_relaxed);
+  return std::min<std::int64_t>(items, cap > 0 ? std::min(cap, sms) : sms);
+}
+
 template <typename StateT, bool kStage, bool kWs = false>
 void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t heads,
                    cudaStream_t stream) {
-  constexpr int kSmem = sizeof(kda::StreamSmem<StateT>);
+  constexpr int kSmem = sizeof(kda::StreamSmem<StateT, kWs>);
   constexpr int kBlock = kWs ? kda::kWsBlock : kda::kStreamBlock;
-  // One persistent CTA per SM (its shared memory admits no second one), never more than items.
-  const std::int64_t items = units * heads;
-  const int sms = current_device_facts().sm_count;
-  const int cap = g_stream_grid_cap.load(std::memory_order_relaxed);
-  const std::int64_t grid = std::min<std::int64_t>(items, cap > 0 ? std::min(cap, sms) : sms);
+  const std::int64_t grid = stream_grid(units * heads);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   static_assert(kSmem % 16 == 0);
   kda::Params with_scratch = params;
@@ -190,19 +194,19 @@ void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t h
 #endif
 }
 
-// The stream kernel with the precompute warp group (kda_decode.cuh) for bf16 T <= kOverlapMaxT
-// and fp32 T <= overlap_max_t<float>() (4), unless kTuneNoOverlap asks for the 8-warp kernel's
-// item loop (the A/B reference). fp32 at T > 1 only with >= 16 items a CTA: its 2-stage ring
-// ramps longer, and with 8 items a CTA (N = 32) it lost 6% at T = 2 and 4, while from N = 128 it
-// won 0.7-1.3% (perf.md run 133; T = 1 won at every N).
+// The stream kernel with the precompute warp group (kda_decode.cuh) for T <= kOverlapMaxT (8),
+// unless kTuneNoOverlap asks for the 8-warp kernel's item loop (the A/B reference). fp32 at
+// T > 1 only with >= 16 items a CTA: its 2-stage ring ramps longer, and with 8 items a CTA
+// (N = 32) it lost 6% at T = 2 and 4, while from N = 128 it won 0.7-1.3% (perf.md run 133; T = 1
+// won at every N). fp32 T = 5-8 since session 22 (its stages dropped the staged taps, so the
+// overlap's 16 token slots fit beside them: perf.md run 166).
 template <typename StateT>
 bool wants_precompute_group(const kda::Params& params) {
-  if (params.max_t > kda::overlap_max_t<StateT>() || (params.tune & kda::kTuneNoOverlap) != 0)
-    return false;
+  if (params.max_t > kda::kOverlapMaxT || (params.tune & kda::kTuneNoOverlap) != 0) return false;
   constexpr std::int64_t kMinItemsPerCta = 16;
   const std::int64_t items = static_cast<std::int64_t>(params.num_units) * params.num_heads;
   return std::is_same_v<StateT, __nv_bfloat16> || params.max_t == 1 ||
-         items >= kMinItemsPerCta * current_device_facts().sm_count;
+         items >= kMinItemsPerCta * stream_grid(items);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % kVecAlign == 0; }

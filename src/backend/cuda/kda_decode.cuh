@@ -11,7 +11,7 @@
 //     engine (cp.async.bulk + mbarrier) with each coming item's source state and first-chunk
 //     inputs; the copies of item k + stages are issued by the warps themselves right after item
 //     k's state is in registers (no producer warp: 9 warps cannot hold ~200 registers each).
-//   kda_decode_stream_ws_kernel (bf16 T <= 8; fp32 T = 1, and T <= 4 with >= 16 items a CTA):
+//   kda_decode_stream_ws_kernel (bf16 T <= 8; fp32 T = 1, and T <= 8 with >= 16 items a CTA):
 //     the same ring on 12 warps in two roles, 8 sweep warps and 4 precompute warps that run
 //     item k + 1's precompute beside item k's sweep.
 // Notation: D = 128, C = H*D, rows b .. b+L-1 of unit u, accepted offset a, conv slot cs, source
@@ -632,24 +632,32 @@ struct alignas(16) StagedIn {
   std::uint16_t x[kChunk][kProj][kD];    // x rows b .. b+nt0-1, head h's channels
   std::uint16_t gate[kChunk][kD];
   std::uint16_t og[kChunk][kD];
-  float weight[kProj][kConvWidth][kD];
-  float dt_bias[kD];
   Item item;
   float a_log;
   std::int32_t dst[kChunk];
   std::uint16_t beta[kChunk];
 };
 
+// The item's head parameters, staged beside StagedIn by the 8-warp stream kernel (the
+// precompute-group kernel holds them in registers instead: HeadTaps).
+struct alignas(16) StagedTaps {
+  float weight[kProj][kConvWidth][kD];
+  float dt_bias[kD];
+};
+
 struct StagedInputs {
   const StagedIn* s;
+  const StagedTaps* taps = nullptr;  // (only where the kernel staged them)
   __device__ const std::uint16_t* hist_at(int pos, int pr) const { return s->hist[pos][pr]; }
   __device__ const std::uint16_t* x_at(int t, int pr) const { return s->x[t][pr]; }
   __device__ std::uint16_t act(const std::uint16_t* q) const { return *q; }
-  __device__ float weight(int pr, int tap, int /*i*/, int d) const { return s->weight[pr][tap][d]; }
+  __device__ float weight(int pr, int tap, int /*i*/, int d) const {
+    return taps->weight[pr][tap][d];
+  }
   __device__ std::uint16_t gate_bits(int t, int d) const { return s->gate[t][d]; }
   __device__ std::uint16_t og_bits(int t, int d) const { return s->og[t][d]; }
   __device__ std::uint16_t beta_bits(int t) const { return s->beta[t]; }
-  __device__ float dt_bias(int /*e*/, int d) const { return s->dt_bias[d]; }
+  __device__ float dt_bias(int /*e*/, int d) const { return taps->dt_bias[d]; }
   __device__ float a_log() const { return s->a_log; }
   __device__ int dst_at(int t) const { return s->dst[t]; }
 };
@@ -681,9 +689,11 @@ struct HeadTaps {
 };
 // The staged inputs with the taps and dt_bias from a warp's HeadTaps (its own projection's).
 struct StagedInputsRegisterTaps : StagedInputs {
-  const HeadTaps& taps;
-  __device__ float weight(int /*pr*/, int tap, int i, int /*d*/) const { return taps.w[tap][i]; }
-  __device__ float dt_bias(int e, int /*d*/) const { return taps.w[0][e]; }
+  const HeadTaps& head_taps;
+  __device__ float weight(int /*pr*/, int tap, int i, int /*d*/) const {
+    return head_taps.w[tap][i];
+  }
+  __device__ float dt_bias(int e, int /*d*/) const { return head_taps.w[0][e]; }
 };
 
 // The conv + SiLU outputs of channels d0 + 32 i (i < kPer) of projection `pr` for token `tt`,
@@ -1325,7 +1335,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     bf16 T <= kOverlapMaxT (8): kda_decode_stream_ws_kernel (below) instead, whose own
 //       precompute warps run item k + 1's precompute beside item k's sweep (until session 16
 //       this kernel's overlap loop shared that out over its 8 warps: perf.md runs 123-127).
-//       Also fp32 T = 1, and fp32 T <= 4 with >= 16 items a CTA (the launcher's rule, run 133).
+//       Also fp32 T = 1, and fp32 T <= 8 with >= 16 items a CTA (the launcher's rule, run 133;
+//       T = 5-8 since session 22).
 //     f32 T = 1 (under kTuneNoOverlap): the item loop; item k's RMSNorm deferred to warp 4
 //       during item k + 1 (token slots alternate); the refill issued by all 8 warps between the
 //       precompute and the sweep; staggered prefill (item 0's stage first, the rest once it has
@@ -1367,35 +1378,40 @@ constexpr int kOverlapItems = 2;
 constexpr int kOverlapMaxT = kChunk;
 
 // Stages that fit one CTA's shared memory (227 KB) beside Shared (~31 KB with kChunk token
-// slots, ~61 KB with the overlap's 16): fp32 2 x ~83 KB, bf16 3 x ~51 KB.
+// slots, ~61 KB with the overlap's 16): 8-warp kernel fp32 2 x ~83 KB, bf16 3 x ~51 KB; the
+// precompute-group kernel's stages hold no taps (~6.5 KB less each), so its fp32 ring of 2
+// stages fits beside the overlap's 16 slots (~224 KB in all).
 template <typename StateT>
 constexpr int stream_stages() {
   return sizeof(StateT) == 4 ? 2 : 3;
 }
-// Token slots of the stream kernel's Shared: the overlap's two items of up to kOverlapMaxT
-// tokens where it runs (3 stages), else one chunk.
-template <typename StateT>
+// Token slots of a stream kernel's Shared: the overlap's two items of up to kOverlapMaxT tokens
+// where it runs (the precompute-group kernel; the 8-warp kernel's 3-stage bf16 ring, which runs
+// it under kTuneNoOverlap's A/B), else one chunk.
+template <typename StateT, bool kWs>
 constexpr int stream_slots() {
-  return stream_stages<StateT>() >= kLookaheadStages ? kOverlapItems * kOverlapMaxT : kChunk;
-}
-// The longest sequences the precompute-group kernel runs: bf16 kOverlapMaxT; fp32 (2 stages of
-// ~83 KB, kChunk token slots) the items whose two token sets fit kChunk slots.
-template <typename StateT>
-constexpr int overlap_max_t() {
-  return stream_slots<StateT>() / kOverlapItems;
+  return kWs || stream_stages<StateT>() >= kLookaheadStages ? kOverlapItems * kOverlapMaxT : kChunk;
 }
 
-template <typename StateT>
+// One ring stage of a stream kernel: an item's source state and staged inputs, and (kTaps: the
+// 8-warp kernel) its head's taps.
+template <typename StateT, bool kTaps>
 struct alignas(16) Stage {
+  StateT state[kD * kD];  // [D, D] the item's source state
+  StagedIn in;
+  StagedTaps taps;
+};
+template <typename StateT>
+struct alignas(16) Stage<StateT, false> {
   StateT state[kD * kD];  // [D, D] the item's source state
   StagedIn in;
 };
 
 // This thread's rows (geo) of a stage's source state into registers (fp32), as the stream
 // kernels' sweep warps hold them (Layout<kStreamThreads, 1>).
-template <typename StateT>
+template <typename StateT, bool kTaps>
 __device__ __forceinline__ void load_stage_state(
-    const Stage<StateT>& st, const Geometry<kStreamThreads, 1, StateT>& geo,
+    const Stage<StateT, kTaps>& st, const Geometry<kStreamThreads, 1, StateT>& geo,
     float (&sv)[Layout<kStreamThreads, 1>::kRowsPerThread][Layout<kStreamThreads, 1>::kCols]) {
   using G = Geometry<kStreamThreads, 1, StateT>;
 #pragma unroll
@@ -1414,11 +1430,14 @@ struct Ahead {
   std::uint16_t beta[kChunk];
 };
 
-template <typename StateT>
+// A stream kernel's shared memory: the 8-warp kernel's (kWs false) or the precompute-group
+// kernel's (kWs: no staged taps, the overlap's token slots).
+template <typename StateT, bool kWs>
 struct StreamSmem {
   static constexpr int kStages = stream_stages<StateT>();
-  Stage<StateT> stage[kStages];
-  Shared<kD, stream_slots<StateT>()> sm;
+  static constexpr bool kTaps = !kWs;  // whether the stages hold the head's taps
+  Stage<StateT, kTaps> stage[kStages];
+  Shared<kD, stream_slots<StateT, kWs>()> sm;
   Ahead ahead[2][kWarp];  // resolved items of the current and the next batch
   std::uint64_t full[kStages];
   // The precompute-group kernel's hand-offs (item k on [k & 1], phase k >> 1): item precomputed
@@ -1485,8 +1504,8 @@ enum class StageCopies : std::uint8_t { all, state, inputs };
 // before the announcement's expect_tx; the phase still waits for its arrival).
 template <typename StateT, bool kStage, int kWarp0 = 0, int kWarps = kStreamWarps,
           bool kTaps = true>
-__device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stage<StateT>& st,
-                                           std::uint64_t* bar,
+__device__ __forceinline__ void stage_item(const Params& p, const Ahead& a,
+                                           Stage<StateT, kTaps>& st, std::uint64_t* bar,
                                            StageCopies which = StageCopies::all) {
   static_assert(kMaxCopies <= kWarps * kWarp, "one copy per thread");
   const int warp = threadIdx.x / kWarp - kWarp0;
@@ -1527,15 +1546,18 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stag
       src = p.conv + it.cs * p.conv_slot + (it.a + pos) * kProj * chans + pr * chans + hd;
       dst = st.in.hist[pos][pr];
       bytes = kVecBytes;
-    } else if (c < kDtBiasCopy) {
-      const int i = c - kFirstTapCopy, pr = i / kConvWidth, tap = i % kConvWidth;
-      src = p.weight + (pr * kConvWidth + tap) * chans + hd;
-      dst = st.in.weight[pr][tap];
-      bytes = kTapBytes;
-    } else if (c == kDtBiasCopy) {
-      src = p.dt_bias + hd;
-      dst = st.in.dt_bias;
-      bytes = kTapBytes;
+    } else if (c <= kDtBiasCopy) {
+      if constexpr (kTaps) {  // (without taps c skips these copies)
+        if (c < kDtBiasCopy) {
+          const int i = c - kFirstTapCopy, pr = i / kConvWidth, tap = i % kConvWidth;
+          src = p.weight + (pr * kConvWidth + tap) * chans + hd;
+          dst = st.taps.weight[pr][tap];
+        } else {
+          src = p.dt_bias + hd;
+          dst = st.taps.dt_bias;
+        }
+        bytes = kTapBytes;
+      }
     } else {
       const int i = c - kFirstTokenCopy, t = i / kTokenCopies, kind = i % kTokenCopies;
       const std::int64_t row = it.b + t;
@@ -1566,12 +1588,13 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a, Stag
 
 // This CTA's items of a stream kernel, w = blockIdx.x + k * gridDim.x for k < count, and their
 // metadata, resolved a batch of kWarp items at a time into S.ahead[batch & 1] (two batches held).
-template <typename StateT>
+template <typename StateT, bool kWs>
 struct StreamItems {
+  using Smem = StreamSmem<StateT, kWs>;
   const Params& p;
-  StreamSmem<StateT>& S;
+  Smem& S;
   int count;
-  __device__ StreamItems(const Params& params, StreamSmem<StateT>& smem) : p(params), S(smem) {
+  __device__ StreamItems(const Params& params, Smem& smem) : p(params), S(smem) {
     const int total = p.num_units * p.num_heads, stride = static_cast<int>(gridDim.x);
     count = (total - static_cast<int>(blockIdx.x) + stride - 1) / stride;
   }
@@ -1650,12 +1673,13 @@ struct StreamItems {
   // before the PDL wait, while the predecessor finishes (a back-to-back stream grid: its CTAs
   // with one item fewer exit an item early), and only the inputs' copies follow the wait; items
   // early .. prefill-1 then stage their inputs alone (copies_after_wait()).
-  template <bool kStage, bool kTaps = true>
+  template <bool kStage>
   __device__ void prologue(int prefill, int early) const {
+    constexpr bool kTaps = Smem::kTaps;
     const int tid = threadIdx.x, warp = tid / kWarp;
     const bool stable = p.stable_state != 0;
     if (tid == 0) {
-      for (int s = 0; s < StreamSmem<StateT>::kStages; ++s) mbar_init(&S.full[s]);
+      for (int s = 0; s < Smem::kStages; ++s) mbar_init(&S.full[s]);
     }
     if (!stable) detail::pdl_prologue();  // PDL (launch.cuh's rule): global reads follow the wait
     if (warp == kResolveWarp) resolve_batch(0, false);
@@ -1685,7 +1709,7 @@ template <typename StateT, bool kStage>
 __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(const Params p) {
   using L = Layout<kStreamThreads, 1>;
   using G = Geometry<kStreamThreads, 1, StateT>;
-  using Smem = StreamSmem<StateT>;
+  using Smem = StreamSmem<StateT, false>;
   constexpr int kStages = Smem::kStages;
   static_assert(kStages < kWarp, "a batch outlasts the ring");
   extern __shared__ uint4 smem_raw[];
@@ -1693,7 +1717,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   const int tid = threadIdx.x;
   const int warp = tid / kWarp;
   const int lane = tid % kWarp;
-  const StreamItems<StateT> items(p, S);
+  const StreamItems<StateT, false> items(p, S);
   const int count = items.count;
   auto ahead_of = [&](int k) -> const Ahead& { return items.ahead_of(k); };
 
@@ -1750,7 +1774,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
   for (int k = 0; k <= count; ++k) {
     const bool item_k = k < count;
     const int s = k % kStages;
-    Stage<StateT>& st = S.stage[s];
+    Stage<StateT, Smem::kTaps>& st = S.stage[s];
     const int next = k + kStages;  // the item that reuses stage s
     const bool has_next = next < count;
     Item it{};
@@ -1802,8 +1826,8 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     };
     const int defer_slot = defer_norm ? k % kDeferSlots : -1;
     if constexpr (kStage) {
-      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs{&st.in}, load_state,
-                                                release, defer_slot);
+      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs{&st.in, &st.taps},
+                                                load_state, release, defer_slot);
     } else {
       run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, GlobalInputs(p, it), load_state,
                                                 release, defer_slot);
@@ -1819,7 +1843,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 
 // ---------------------------------------------------------------------------------------------
 // `stream` with a precompute warp group (bf16 state, T <= kOverlapMaxT = 8; fp32 T = 1, and
-// T <= 4 with >= 16 items a CTA, in 2 stages; the launcher's pick there unless kTuneNoOverlap): the
+// T <= 8 with >= 16 items a CTA, in 2 stages; the launcher's pick there unless kTuneNoOverlap): the
 // ring, items and arithmetic of kda_decode_stream_kernel on 12 warps in two roles, so that an
 // item's precompute and the previous item's RMSNorms run beside a sweep instead of before it
 // (perf.md runs 123-128).
@@ -1878,25 +1902,25 @@ template <typename StateT, bool kStage>
 __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const Params p) {
   using L = Layout<kStreamThreads, 1>;
   using G = Geometry<kStreamThreads, 1, StateT>;
-  using Smem = StreamSmem<StateT>;
+  using Smem = StreamSmem<StateT, true>;
   constexpr int kStages = Smem::kStages;
   static_assert(kStages >= 2 && kStages < kWarp, "the ring of the overlap");
   extern __shared__ uint4 smem_raw[];
   Smem& S = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x;
   const int warp = tid / kWarp;
-  const StreamItems<StateT> items(p, S);
+  const StreamItems<StateT, true> items(p, S);
   const int count = items.count;
   if (tid == 0) {
     mbar_init<2>(S.precomputed, kWsPrecomputeWarps * kWarp);
     mbar_init<2>(S.swept, kStreamThreads);
     mbar_init(&S.normed, kWsPrecomputeWarps * kWarp);
   }
-  items.template prologue<kStage, false>(min(kStages, count), min(kStages, count));
+  items.template prologue<kStage>(min(kStages, count), min(kStages, count));
 
   // kOne (T = 1, a compile-time constant there): one token an item (runtime token loops cost
   // bf16 T = 1 ~7% in the 8-warp overlap, perf.md run 103).
-  static_assert(overlap_max_t<StateT>() <= kChunk && kOverlapItems == 2, "token slots");
+  static_assert(kOverlapMaxT <= kChunk && kOverlapItems == 2, "token slots");
   const auto run = [&](auto one_token) {
     constexpr bool kOne = decltype(one_token)::value;
     const auto tokens = [&](const Item& it) { return kOne ? 1 : it.len; };
@@ -1909,7 +1933,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
 #pragma unroll 1
       for (int k = 0; k < count; ++k) {
         const int s = k % kStages;
-        Stage<StateT>& st = S.stage[s];
+        Stage<StateT, Smem::kTaps>& st = S.stage[s];
         SPLICE_KDA_STAMP(k, 0);
         handoff_wait(&S.precomputed[k & 1], k);
         SPLICE_KDA_STAMP(k, 1);
