@@ -20,6 +20,11 @@ rm -rf $P $L; mkdir -p $P $L; tar xzf .gpubin/pack/variants.tgz -C $P
 variants=()
 for d in $P/*/; do d=$(basename $d); [[ $d != head ]] && variants+=($d); done
 echo "variants: ${variants[*]}"
+# The OneStreamCta* cases a variant's cuda_all_test holds (F32T1, ...).
+race_cases() {
+  $P/$1/cuda_all_test --gtest_list_tests --gtest_filter='KdaCuda.OneStreamCta*' |
+    sed -n 's/^  OneStreamCta//p'
+}
 T0=$SECONDS
 echo "== 1. the hang test alone"
 for v in "${variants[@]}"; do
@@ -36,7 +41,7 @@ for v in "${variants[@]}"; do
     GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout 110 $P/$v/cuda_all_test --gtest_filter='KdaCuda.*' >$L/${v}_s$i.txt 2>&1 &
     pids+=($!)
   done
-  for t in F32T1 F32T2 Bf16T1 Bf16T2; do
+  for t in $(race_cases $v); do
     ( s=$SECONDS; timeout 110 compute-sanitizer --tool racecheck --error-exitcode 3 $P/$v/cuda_all_test \
         --gtest_filter=KdaCuda.OneStreamCta$t >$L/${v}_race_$t.txt 2>&1; echo "rc $? in $((SECONDS - s)) s" >>$L/${v}_race_$t.txt ) &
     pids+=($!)
@@ -47,7 +52,7 @@ for v in "${variants[@]}"; do
   echo "$v KdaCuda.*: $(cat $L/${v}_s*.txt | grep -c '^\[       OK \]') passed, $(cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -vc 'listed below') failed"
   cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u
   for f in $L/${v}_s*.txt; do grep -q '^\[  PASSED\|^\[  FAILED' $f || echo "  cut: $(basename $f) in $(grep '^\[ RUN' $f | tail -1)"; done
-  for t in F32T1 F32T2 Bf16T1 Bf16T2; do
+  for t in $(race_cases $v); do
     echo "$v racecheck OneStreamCta$t: $(grep 'RACECHECK SUMMARY' $L/${v}_race_$t.txt | tail -1) $(tail -1 $L/${v}_race_$t.txt)"
   done
 done

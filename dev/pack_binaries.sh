@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# dev/pack_binaries.sh KIND [PATCH...]: the carried-binaries packs of the dev/*_call.sh device
+# calls, built here from build/bundle (no device build; ~1 minute a KDA variant).
+#
+# build/bundle, once (tests bundled into cuda_all_test, the CUDA benches, a generic BLAS whose
+# libblas.so.3 travels in .deps, `scripts/gpu-check --pack-deps`):
+#   cmake -S . -B build/bundle -DCMAKE_BUILD_TYPE=Release -DSPLICE_BUILD_TESTS=ON \
+#     -DSPLICE_BUILD_BENCH=ON -DSPLICE_GPU_TEST_BUNDLE=ON -DBLA_VENDOR=Generic \
+#     -DCMAKE_PREFIX_PATH=/usr -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+#     -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
+#   cmake --build build/bundle -j2 --target cuda_all_test splice kda_decode_cuda_bench \
+#     flash_decode_cuda_bench
+# KIND:
+#   refresh   .gpubin/pack/refresh1.tgz (head/cuda_all_test, head/kda_decode_cuda_bench) and
+#             refresh2.tgz (head/splice, head/flash_decode_cuda_bench) for dev/refresh_call.sh
+#   variants  .gpubin/pack/variants.tgz for dev/variant_ab_call.sh: head/kda_decode_cuda_bench,
+#             and for each PATCH (a dev/*.patch touching src/backend/cuda/kda_decode*) a directory
+#             named after it with cuda_all_test and kda_decode_cuda_bench: kda_decode.cu of a
+#             patched copy of the tree compiled with build/bundle's command, swapped into a copy
+#             of libsplice_backend_cuda.a, both executables relinked with their link.txt.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+B=$root/build/bundle
+kind=${1:?usage: pack_binaries.sh refresh|variants [PATCH...]}
+shift
+mkdir -p .gpubin/pack
+W=$(mktemp -d /tmp/pack.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+
+put() {  # put SRC DIR: a stripped copy of SRC in $W/DIR/
+  mkdir -p "$W/$2"
+  cp "$1" "$W/$2/" && strip "$W/$2/$(basename "$1")"
+}
+
+relink() {  # relink LINK_DIR TARGET ARCHIVE OUTPUT: TARGET's link line with ARCHIVE for the backend
+  local dir=$1 target=$2 archive=$3 out=$4 cmd
+  cmd=$(sed -e "s#[^ ]*libsplice_backend_cuda\.a#$archive#g" \
+            -e "s#-o [^ ]*$target\b#-o $out#" "$dir/CMakeFiles/$target.dir/link.txt")
+  (cd "$dir" && eval "$cmd")
+}
+
+case $kind in
+  refresh)
+    put "$B/tests/cuda_all_test" r1/head
+    put "$B/bench/kda_decode_cuda_bench" r1/head
+    put "$B/splice" r2/head
+    put "$B/bench/flash_decode_cuda_bench" r2/head
+    tar czf .gpubin/pack/refresh1.tgz -C "$W/r1" .
+    tar czf .gpubin/pack/refresh2.tgz -C "$W/r2" .
+    ;;
+  variants)
+    put "$B/bench/kda_decode_cuda_bench" v/head
+    compile=$(python3 -c "
+import json, sys
+for e in json.load(open('$B/compile_commands.json')):
+    if e['file'].endswith('src/backend/cuda/kda_decode.cu'): print(e['command'])")
+    for patch in "$@"; do
+      name=$(basename "$patch" .patch)
+      tree=$W/tree_$name
+      mkdir -p "$tree" && git archive HEAD src include | tar x -C "$tree"
+      git -C "$tree" init -q && git -C "$tree" apply "$root/$patch"
+      # build/bundle's command on the patched copy: its include paths first, the same flags.
+      obj=$W/$name.o
+      (cd "$B" && eval "$(echo "$compile" | sed -e "s#--options-file [^ ]*#-I$tree/include -I$tree/src -isystem=/usr/local/cuda/include#" \
+        -e "s#-c [^ ]*kda_decode.cu#-c $tree/src/backend/cuda/kda_decode.cu#" -e "s#-o [^ ]*#-o $obj#")")
+      cp "$B/libsplice_backend_cuda.a" "$W/$name.a"
+      (cd "$W" && cp "$obj" kda_decode.cu.o && ar r "$name.a" kda_decode.cu.o)
+      mkdir -p "$W/v/$name"
+      relink "$B/tests" cuda_all_test "$W/$name.a" "$W/v/$name/cuda_all_test"
+      relink "$B/bench" kda_decode_cuda_bench "$W/$name.a" "$W/v/$name/kda_decode_cuda_bench"
+      strip "$W/v/$name/"*
+      echo "$name: $(nm -C "$W/$name.a" 2>/dev/null | grep -c kda_decode_stream) stream symbols"
+    done
+    tar czf .gpubin/pack/variants.tgz -C "$W/v" .
+    ;;
+  *) echo "unknown KIND $kind" >&2; exit 2 ;;
+esac
+ls -la .gpubin/pack/
