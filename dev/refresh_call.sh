@@ -97,7 +97,7 @@ phase_kda() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/kda-site .whl/*.whl && export PYTHONPATH=/tmp/kda-site${PYTHONPATH:+:$PYTHONPATH}
   fi
-  PYTHONUNBUFFERED=1 timeout 200 python3 bench/peers/kda_peers.py "$L/kda_peers.txt" \
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/peers/kda_peers.py "$L/kda_peers.txt" \
     >"$L/kda_peers.log" 2>&1 || echo "FLA peers rc=$? ($(tail -2 "$L/kda_peers.log"))"
   timeout 240 "$P/head/kda_decode_cuda_bench" "$OUT/kda.json" "$L/kda_peers.txt" >"$L/kda_bench.txt" 2>&1 ||
     echo "kda bench rc=$?"

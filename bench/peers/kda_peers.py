@@ -12,6 +12,14 @@ The path (flash-linear-attention / fla-core, imported as an installed package, n
 For T > 1 the conv is timed as the per-row update over all R rows (FLA has no speculative
 rolling-window conv update); that is a lower bound on what a T > 1 conv costs.
 
+Autotuning: FLA's conv update and gated RMSNorm kernels are Triton-autotuned on keys without the
+row count (conv: D and W), so in one process the first shape's choice serves every later N, and
+a config tuned at N = 1 ran the conv 10-30x slower at N = 512 in some processes (perf.md runs 162,
+167: the three-kernel path's conv and norm took 15 to 463 us at fp32 T = 1 N = 512). Each shape is
+therefore tuned afresh (every FLA autotuner's in-process cache cleared, Triton's on-disk autotune
+cache off through FLA_CACHE_RESULTS=0), as a deployment tuned at its own batch size would run;
+KDA_PEERS_TUNE_ONCE=1 keeps the first shape's choices instead.
+
 Timing: G iterations over disjoint slot sets (>= 400 MB of state per replay, as the C++ bench)
 captured in one torch CUDA graph, replayed after warm-up (at least KDA_BENCH_WARM_MS, default 50
 ms); median replay time / G. The recurrent kernel alone is timed the same way. FlashInfer's
@@ -36,8 +44,33 @@ WARMUP, REPLAYS = 3, 21
 WARM_MS = float(os.environ.get("KDA_BENCH_WARM_MS", "50"))
 
 
+def reset_fla_autotuners():
+    """Clears the in-process config cache of every Triton autotuner in FLA's loaded modules."""
+    from triton.runtime.autotuner import Autotuner
+    cleared = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fla") or module is None:
+            continue
+        for obj in list(vars(module).values()):
+            seen = 0
+            while obj is not None and seen < 4:  # heuristics / autotune wrappers nest through .fn
+                if isinstance(obj, Autotuner):
+                    obj.cache.clear()
+                    cleared += 1
+                    break
+                try:
+                    obj = getattr(obj, "fn", None)
+                except Exception:  # noqa: BLE001 (a module attribute whose .fn raises)
+                    obj = None
+                seen += 1
+    return cleared
+
+
 def main():
     out_path = sys.argv[1] if len(sys.argv) > 1 else "kda_peers.txt"
+    tune_once = os.environ.get("KDA_PEERS_TUNE_ONCE", "0") == "1"
+    if not tune_once:
+        os.environ.setdefault("FLA_CACHE_RESULTS", "0")  # read when fla is imported
     try:
         from fla.modules.causal_conv1d.ops import causal_conv1d_update
         from fla.modules.norm.fused_norm_gate import rms_norm_gated
@@ -64,6 +97,10 @@ def main():
     for sdt in (states[s] for s in env_list("KDA_BENCH_STATES", ["f32", "bf16"])):
         for T in (int(t) for t in env_list("KDA_BENCH_TS", ["1", "2", "4", "8"])):
             for N in (int(n) for n in env_list("KDA_BENCH_NS", ["1", "8", "32", "128", "512"])):
+                if not tune_once:
+                    cleared = reset_fla_autotuners()
+                    if N == 1 and T == 1:
+                        print(f"FLA autotuners reset before each shape ({cleared} loaded)")
                 R = N * T
                 es = torch.finfo(sdt).bits // 8
                 per_set = N * H * D * D * es * (1 + T)
