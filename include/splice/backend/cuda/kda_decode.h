@@ -70,7 +70,7 @@ struct KdaKernelInfo {
   std::string reason;             // why not, when !launchable
 };
 // precompute_group: the kernel with the precompute warp group (bf16 T <= 8; fp32 T = 1, and
-// T <= 4 with >= 16 items a CTA).
+// T <= 8 with >= 16 items a CTA).
 KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs,
                                      bool precompute_group = false);
 
