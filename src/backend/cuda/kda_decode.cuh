@@ -1481,7 +1481,7 @@ __device__ __forceinline__ int first_tokens(const Item& it) {
 
 // Thread 0: the single arrival of the phase that brings item `a` into the stage of `bar`, with
 // the bytes its copies will deliver (a null item: a plain arrival, the phase completes).
-template <typename StateT, bool kStage, bool kTaps = true>
+template <typename StateT, bool kStage, bool kTaps>
 __device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar) {
   if (!a.it.live) {
     mbar_arrive(bar);
@@ -1503,7 +1503,7 @@ enum class StageCopies : std::uint8_t { all, state, inputs };
 // `bar` before that barrier or, by a thread past it, beside these copies (a copy may complete
 // before the announcement's expect_tx; the phase still waits for its arrival).
 template <typename StateT, bool kStage, int kWarp0 = 0, int kWarps = kStreamWarps,
-          bool kTaps = true>
+          bool kTaps>  // (deduced from the stage)
 __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a,
                                            Stage<StateT, kTaps>& st, std::uint64_t* bar,
                                            StageCopies which = StageCopies::all) {
@@ -1675,7 +1675,6 @@ struct StreamItems {
   // early .. prefill-1 then stage their inputs alone (copies_after_wait()).
   template <bool kStage>
   __device__ void prologue(int prefill, int early) const {
-    constexpr bool kTaps = Smem::kTaps;
     const int tid = threadIdx.x, warp = tid / kWarp;
     const bool stable = p.stable_state != 0;
     if (tid == 0) {
@@ -1686,18 +1685,16 @@ struct StreamItems {
     __syncthreads();
     if (tid == 0) {
       for (int k = 0; k < prefill; ++k)
-        announce_item<StateT, kStage, kTaps>(ahead_of(k), &S.full[k]);
+        announce_item<StateT, kStage, Smem::kTaps>(ahead_of(k), &S.full[k]);
     }
     __syncthreads();
     if (stable) {
       for (int k = 0; k < prefill; ++k)
-        stage_item<StateT, kStage, 0, kStreamWarps, kTaps>(p, ahead_of(k), S.stage[k], &S.full[k],
-                                                           StageCopies::state);
+        stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k], StageCopies::state);
       detail::pdl_prologue();  // the inputs (the predecessor's outputs) and every store follow it
     }
     for (int k = 0; k < early; ++k)
-      stage_item<StateT, kStage, 0, kStreamWarps, kTaps>(p, ahead_of(k), S.stage[k], &S.full[k],
-                                                         copies_after_wait());
+      stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k], copies_after_wait());
     __syncthreads();  // stage_item's (zero) scalars precede resolve_scalars' stores to the stages
     if (warp == kResolveWarp) resolve_scalars(early);
     __syncthreads();  // the prologue's scalars (later items': the barriers of the item staging
@@ -1784,7 +1781,8 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       // Every thread has `it` and is past the wait; the previous item's write-back has read
       // S.sm.x.
       cta_sync<kStreamThreads>();
-      if (tid == 0 && has_next) announce_item<StateT, kStage>(ahead_of(next), &S.full[s]);
+      if (tid == 0 && has_next)
+        announce_item<StateT, kStage, Smem::kTaps>(ahead_of(next), &S.full[s]);
       if (k == 0) {  // staggered prefill: the rest of the ring, announced in the prologue
         for (int kk = early; kk < prefill; ++kk)
           stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk],
@@ -1958,11 +1956,9 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         // phase waits for the announcement's arrival.
         cta_sync<kStreamThreads>();
         if (tid == 0 && next < count)
-          announce_item<StateT, kStage, false>(items.ahead_of(next), &S.full[s]);
+          announce_item<StateT, kStage, Smem::kTaps>(items.ahead_of(next), &S.full[s]);
         SPLICE_KDA_STAMP(k, 3);
-        if (next < count)
-          stage_item<StateT, kStage, 0, kStreamWarps, false>(p, items.ahead_of(next), st,
-                                                             &S.full[s]);
+        if (next < count) stage_item<StateT, kStage>(p, items.ahead_of(next), st, &S.full[s]);
         SPLICE_KDA_STAMP(k, 4);
         zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
         if (it.live) {
