@@ -493,17 +493,22 @@ class PdlStream {
 // to `wide` silently (or, before that check, fail to launch).
 TEST(KdaCuda, StreamKernelAdmitsItsBlock) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using cuda::KdaStreamKernel;
   struct Kernel {
     DType dtype;
-    bool precompute_group;
+    KdaStreamKernel kind;
+    const char* name;
   };
-  for (const Kernel kernel : {Kernel{DType::f32, false}, Kernel{DType::bf16, false},
-                              Kernel{DType::f32, true}, Kernel{DType::bf16, true}}) {
+  for (const Kernel kernel :
+       {Kernel{DType::f32, KdaStreamKernel::eight_warps, "8 warps"},
+        Kernel{DType::bf16, KdaStreamKernel::eight_warps, "8 warps"},
+        Kernel{DType::f32, KdaStreamKernel::precompute_group, "precompute group"},
+        Kernel{DType::bf16, KdaStreamKernel::precompute_group, "precompute group"},
+        Kernel{DType::f32, KdaStreamKernel::precompute_group_one_token, "one-token"}}) {
     for (bool staged : {true, false}) {
       const cuda::KdaKernelInfo info =
-          cuda::kda_stream_kernel_info(kernel.dtype, staged, kernel.precompute_group);
-      SCOPED_TRACE(std::string(dtype_name(kernel.dtype)) +
-                   (kernel.precompute_group ? " precompute group" : "") +
+          cuda::kda_stream_kernel_info(kernel.dtype, staged, kernel.kind);
+      SCOPED_TRACE(std::string(dtype_name(kernel.dtype)) + " " + kernel.name +
                    (staged ? " staged" : " plain") + ": " + std::to_string(info.num_regs) +
                    " registers, " + std::to_string(info.smem_bytes) + " B shared");
       EXPECT_GE(info.max_threads_per_block, info.block);
@@ -663,6 +668,12 @@ TEST(KdaCuda, OneStreamCtaF32T8) { check_one_stream_cta(DType::f32, 8, 45); }
 TEST(KdaCuda, OneStreamCtaF32T9) { check_one_stream_cta(DType::f32, 9, 46); }
 TEST(KdaCuda, OneStreamCtaBf16T1) { check_one_stream_cta(DType::bf16, 1, 43); }
 TEST(KdaCuda, OneStreamCtaBf16T2) { check_one_stream_cta(DType::bf16, 2, 44); }
+
+TEST(KdaCuda, OneTokenKernelInfoRejectsBf16) {
+  EXPECT_THROW(cuda::kda_stream_kernel_info(DType::bf16, true,
+                                            cuda::KdaStreamKernel::precompute_group_one_token),
+               ValueError);
+}
 
 TEST(KdaCuda, StreamGridCapRejectsNegative) {
   EXPECT_THROW(cuda::set_kda_stream_grid_cap(-1), ValueError);

@@ -102,20 +102,20 @@ bool debug_enabled() {
 }
 
 // The stream kernel of (StateT, kStage): with the precompute warp group (kWs) or not.
-template <typename StateT, bool kStage, bool kWs>
+template <typename StateT, bool kStage, bool kWs, int kTokens = kda::kChunk>
 constexpr auto stream_kernel() {
   if constexpr (kWs)
-    return &kda::kda_decode_stream_ws_kernel<StateT, kStage>;
+    return &kda::kda_decode_stream_ws_kernel<StateT, kStage, kTokens>;
   else
     return &kda::kda_decode_stream_kernel<StateT, kStage>;
 }
 
-template <typename StateT, bool kStage, bool kWs>
+template <typename StateT, bool kStage, bool kWs, int kTokens = kda::kChunk>
 KdaKernelInfo probe_stream_kernel() {
   KdaKernelInfo info;
-  const auto kernel = stream_kernel<StateT, kStage, kWs>();
+  const auto kernel = stream_kernel<StateT, kStage, kWs, kTokens>();
   info.block = kWs ? kda::kWsBlock : kda::kStreamBlock;
-  info.smem_bytes = static_cast<int>(sizeof(kda::StreamSmem<StateT, kWs>));
+  info.smem_bytes = static_cast<int>(sizeof(kda::StreamSmem<StateT, kWs, kTokens>));
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   info.smem_bytes += kda::kDevScratchBytes;
 #endif
@@ -154,15 +154,15 @@ KdaKernelInfo probe_stream_kernel() {
   return info;
 }
 
-template <typename StateT, bool kStage, bool kWs = false>
+template <typename StateT, bool kStage, bool kWs = false, int kTokens = kda::kChunk>
 const KdaKernelInfo& stream_info() {
-  static const KdaKernelInfo info = probe_stream_kernel<StateT, kStage, kWs>();
+  static const KdaKernelInfo info = probe_stream_kernel<StateT, kStage, kWs, kTokens>();
   return info;
 }
 
-template <typename StateT, bool kStage, bool kWs = false>
+template <typename StateT, bool kStage, bool kWs = false, int kTokens = kda::kChunk>
 bool stream_fits() {
-  return stream_info<StateT, kStage, kWs>().launchable;
+  return stream_info<StateT, kStage, kWs, kTokens>().launchable;
 }
 
 // The test hook's cap on the stream kernels' grid (kda_decode.h, set_kda_stream_grid_cap; 0:
@@ -177,20 +177,21 @@ std::int64_t stream_grid(std::int64_t items) {
   return std::min<std::int64_t>(items, cap > 0 ? std::min(cap, sms) : sms);
 }
 
-template <typename StateT, bool kStage, bool kWs = false>
+template <typename StateT, bool kStage, bool kWs = false, int kTokens = kda::kChunk>
 void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t heads,
                    cudaStream_t stream) {
-  constexpr int kSmem = sizeof(kda::StreamSmem<StateT, kWs>);
+  constexpr int kSmem = sizeof(kda::StreamSmem<StateT, kWs, kTokens>);
   constexpr int kBlock = kWs ? kda::kWsBlock : kda::kStreamBlock;
   const std::int64_t grid = stream_grid(units * heads);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   static_assert(kSmem % 16 == 0);
   kda::Params with_scratch = params;
   with_scratch.dev_scratch_vec = kSmem / 16;
-  launch_kernel_ex(stream_kernel<StateT, kStage, kWs>(), grid, kBlock,
+  launch_kernel_ex(stream_kernel<StateT, kStage, kWs, kTokens>(), grid, kBlock,
                    kSmem + kda::kDevScratchBytes, 1, with_scratch, stream);
 #else
-  launch_kernel_ex(stream_kernel<StateT, kStage, kWs>(), grid, kBlock, kSmem, 1, params, stream);
+  launch_kernel_ex(stream_kernel<StateT, kStage, kWs, kTokens>(), grid, kBlock, kSmem, 1, params,
+                   stream);
 #endif
 }
 
@@ -237,6 +238,18 @@ void launch_variant(KdaVariant variant, const kda::Params& base_params, std::int
         params.l2_hints = wants_l2_hints<StateT>(params) ? 1 : 0;
         const bool staged = variant == KdaVariant::stream && inputs_stageable(params);
         if (wants_precompute_group<StateT>(params)) {
+          // fp32 T = 1: the one-token form, whose small stages hold a ring of 3 (perf.md run
+          // 170: N = 32 / 128 / 512 -3.2 / -0.3 / -0.7% against the 2-stage ring).
+          if constexpr (std::is_same_v<StateT, float>) {
+            if (params.max_t == 1 && staged && stream_fits<StateT, true, true, 1>()) {
+              launch_stream<StateT, true, true, 1>(params, units, heads, stream);
+              return;
+            }
+            if (params.max_t == 1 && !staged && stream_fits<StateT, false, true, 1>()) {
+              launch_stream<StateT, false, true, 1>(params, units, heads, stream);
+              return;
+            }
+          }
           if (staged && stream_fits<StateT, true, true>()) {
             launch_stream<StateT, true, true>(params, units, heads, stream);
             return;
@@ -301,9 +314,18 @@ void check_cuda(const Tensor& t, const char* name, int device) {
 
 }  // namespace
 
-KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs, bool precompute_group) {
+KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs,
+                                     KdaStreamKernel kernel) {
   SPLICE_INTERNAL_CHECK(state_dtype == DType::f32 || state_dtype == DType::bf16, "state dtype ",
                         dtype_name(state_dtype));
+  if (kernel == KdaStreamKernel::precompute_group_one_token) {
+    if (state_dtype != DType::f32)
+      fail<ValueError>("kda_stream_kernel_info: the one-token precompute-group kernel exists for ",
+                       "f32 state only, got ", dtype_name(state_dtype));
+    return staged_inputs ? stream_info<float, true, true, 1>()
+                         : stream_info<float, false, true, 1>();
+  }
+  const bool precompute_group = kernel == KdaStreamKernel::precompute_group;
   if (precompute_group && state_dtype == DType::f32)
     return staged_inputs ? stream_info<float, true, true>() : stream_info<float, false, true>();
   if (precompute_group)

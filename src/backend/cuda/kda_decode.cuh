@@ -457,10 +457,11 @@ __device__ __forceinline__ uint4 pack_truncate(const float* in) {
 #endif
 
 // Per-chunk shared memory of one CTA with kRows value rows and kSlots token slots (a chunk's
-// kChunk tokens; the stream kernel's overlap holds two items' tokens, stream_slots()).
+// kChunk tokens; the stream kernel's overlap holds two items' tokens, stream_slots(); the
+// one-token precompute-group kernel two slots).
 template <int kRows, int kSlots = kChunk>
 struct Shared {
-  static_assert(kSlots >= kChunk, "a chunk's tokens");
+  static_assert(kSlots >= 2, "two items' tokens at least");
   float q[kSlots][kD];      // q^
   float k[kSlots][kD];      // k^
   float decay[kSlots][kD];  // exp(g)
@@ -627,16 +628,19 @@ struct LeanInputs : GlobalInputs {
 // The stream kernel's staged copy of one item's first-chunk inputs (filled by the copy engine:
 // every array is a whole number of 16-byte vectors at a 16-byte offset) and its scalars (written
 // by the warp that stages the item).
-struct alignas(16) StagedIn {
+// kTokens: the first-chunk tokens a stage holds (kChunk; 1 in the one-token kernel).
+template <int kTokens>
+struct alignas(16) StagedInT {
   std::uint16_t hist[kHist][kProj][kD];  // conv history positions a .. a+2
-  std::uint16_t x[kChunk][kProj][kD];    // x rows b .. b+nt0-1, head h's channels
-  std::uint16_t gate[kChunk][kD];
-  std::uint16_t og[kChunk][kD];
+  std::uint16_t x[kTokens][kProj][kD];   // x rows b .. b+nt0-1, head h's channels
+  std::uint16_t gate[kTokens][kD];
+  std::uint16_t og[kTokens][kD];
   Item item;
   float a_log;
   std::int32_t dst[kChunk];
   std::uint16_t beta[kChunk];
 };
+using StagedIn = StagedInT<kChunk>;
 
 // The item's head parameters, staged beside StagedIn by the 8-warp stream kernel (the
 // precompute-group kernel holds them in registers instead: HeadTaps).
@@ -645,8 +649,9 @@ struct alignas(16) StagedTaps {
   float dt_bias[kD];
 };
 
+template <typename In = StagedIn>
 struct StagedInputs {
-  const StagedIn* s;
+  const In* s;
   const StagedTaps* taps = nullptr;  // (only where the kernel staged them)
   __device__ const std::uint16_t* hist_at(int pos, int pr) const { return s->hist[pos][pr]; }
   __device__ const std::uint16_t* x_at(int t, int pr) const { return s->x[t][pr]; }
@@ -688,7 +693,8 @@ struct HeadTaps {
   }
 };
 // The staged inputs with the taps and dt_bias from a warp's HeadTaps (its own projection's).
-struct StagedInputsRegisterTaps : StagedInputs {
+template <typename In = StagedIn>
+struct StagedInputsRegisterTaps : StagedInputs<In> {
   const HeadTaps& head_taps;
   __device__ float weight(int /*pr*/, int tap, int i, int /*d*/) const {
     return head_taps.w[tap][i];
@@ -1335,8 +1341,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
 //     bf16 T <= kOverlapMaxT (8): kda_decode_stream_ws_kernel (below) instead, whose own
 //       precompute warps run item k + 1's precompute beside item k's sweep (until session 16
 //       this kernel's overlap loop shared that out over its 8 warps: perf.md runs 123-127).
-//       Also fp32 T = 1, and fp32 T <= 8 with >= 16 items a CTA (the launcher's rule, run 133;
-//       T = 5-8 since session 22).
+//       Also fp32 T = 1 (its one-token form: a 3-stage ring) and fp32 T <= 8 with >= 16 items a
+//       CTA (the launcher's rule, run 133; T = 5-8 since session 22).
 //     f32 T = 1 (under kTuneNoOverlap): the item loop; item k's RMSNorm deferred to warp 4
 //       during item k + 1 (token slots alternate); the refill issued by all 8 warps between the
 //       precompute and the sweep; staggered prefill (item 0's stage first, the rest once it has
@@ -1380,7 +1386,8 @@ constexpr int kOverlapMaxT = kChunk;
 // Stages that fit one CTA's shared memory (227 KB) beside Shared (~31 KB with kChunk token
 // slots, ~61 KB with the overlap's 16): 8-warp kernel fp32 2 x ~83 KB, bf16 3 x ~51 KB; the
 // precompute-group kernel's stages hold no taps (~6.5 KB less each), so its fp32 ring of 2
-// stages fits beside the overlap's 16 slots (~224 KB in all).
+// stages fits beside the overlap's 16 slots (~224 KB in all), and its one-token form (T = 1: one
+// staged token a stage, ~68 KB, and 2 slots) holds fp32's ring of 3 (~222 KB; StreamSmem).
 template <typename StateT>
 constexpr int stream_stages() {
   return sizeof(StateT) == 4 ? 2 : 3;
@@ -1395,23 +1402,25 @@ constexpr int stream_slots() {
 
 // One ring stage of a stream kernel: an item's source state and staged inputs, and (kTaps: the
 // 8-warp kernel) its head's taps.
-template <typename StateT, bool kTaps>
+template <typename StateT, bool kTaps, int kTokens = kChunk>
 struct alignas(16) Stage {
+  static constexpr int kStagedTokens = kTokens;
   StateT state[kD * kD];  // [D, D] the item's source state
-  StagedIn in;
+  StagedInT<kTokens> in;
   StagedTaps taps;
 };
-template <typename StateT>
-struct alignas(16) Stage<StateT, false> {
+template <typename StateT, int kTokens>
+struct alignas(16) Stage<StateT, false, kTokens> {
+  static constexpr int kStagedTokens = kTokens;
   StateT state[kD * kD];  // [D, D] the item's source state
-  StagedIn in;
+  StagedInT<kTokens> in;
 };
 
 // This thread's rows (geo) of a stage's source state into registers (fp32), as the stream
 // kernels' sweep warps hold them (Layout<kStreamThreads, 1>).
-template <typename StateT, bool kTaps>
+template <typename StateT, bool kTaps, int kTokens>
 __device__ __forceinline__ void load_stage_state(
-    const Stage<StateT, kTaps>& st, const Geometry<kStreamThreads, 1, StateT>& geo,
+    const Stage<StateT, kTaps, kTokens>& st, const Geometry<kStreamThreads, 1, StateT>& geo,
     float (&sv)[Layout<kStreamThreads, 1>::kRowsPerThread][Layout<kStreamThreads, 1>::kCols]) {
   using G = Geometry<kStreamThreads, 1, StateT>;
 #pragma unroll
@@ -1432,12 +1441,16 @@ struct Ahead {
 
 // A stream kernel's shared memory: the 8-warp kernel's (kWs false) or the precompute-group
 // kernel's (kWs: no staged taps, the overlap's token slots).
-template <typename StateT, bool kWs>
+// kTokens (the one-token precompute-group kernel: 1): the first-chunk tokens a stage holds; its
+// stages and slots are small enough for an fp32 ring of 3 stages.
+template <typename StateT, bool kWs, int kTokens = kChunk>
 struct StreamSmem {
-  static constexpr int kStages = stream_stages<StateT>();
+  static_assert(kTokens == kChunk || (kWs && kTokens == 1), "one-token stages: precompute group");
+  static constexpr int kStages = kTokens == 1 ? kLookaheadStages : stream_stages<StateT>();
   static constexpr bool kTaps = !kWs;  // whether the stages hold the head's taps
-  Stage<StateT, kTaps> stage[kStages];
-  Shared<kD, stream_slots<StateT, kWs>()> sm;
+  using In = StagedInT<kTokens>;
+  Stage<StateT, kTaps, kTokens> stage[kStages];
+  Shared<kD, kTokens == 1 ? kOverlapItems : stream_slots<StateT, kWs>()> sm;
   Ahead ahead[2][kWarp];  // resolved items of the current and the next batch
   std::uint64_t full[kStages];
   // The precompute-group kernel's hand-offs (item k on [k & 1], phase k >> 1): item precomputed
@@ -1474,21 +1487,23 @@ __device__ __forceinline__ std::uint32_t staged_bytes(int nt0, bool taps) {
          static_cast<std::uint32_t>(nt0) * kTokenCopies * kVecBytes;
 }
 
-// First-chunk tokens of a resolved item (0 when it is not live: nothing is staged).
+// First-chunk tokens of a resolved item (0 when it is not live: nothing is staged), at most the
+// kTokens a stage holds (the one-token kernel runs max_t == 1 launches only).
+template <int kTokens = kChunk>
 __device__ __forceinline__ int first_tokens(const Item& it) {
-  return it.live ? min(kChunk, it.len) : 0;
+  return it.live ? min(kTokens, it.len) : 0;
 }
 
 // Thread 0: the single arrival of the phase that brings item `a` into the stage of `bar`, with
 // the bytes its copies will deliver (a null item: a plain arrival, the phase completes).
-template <typename StateT, bool kStage, bool kTaps>
+template <typename StateT, bool kStage, bool kTaps, int kTokens = kChunk>
 __device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar) {
   if (!a.it.live) {
     mbar_arrive(bar);
     return;
   }
   const std::uint32_t bytes = static_cast<std::uint32_t>(kD * kD * sizeof(StateT)) +
-                              (kStage ? staged_bytes(first_tokens(a.it), kTaps) : 0u);
+                              (kStage ? staged_bytes(first_tokens<kTokens>(a.it), kTaps) : 0u);
   mbar_arrive_expect(bar, bytes);
 }
 
@@ -1502,10 +1517,10 @@ enum class StageCopies : std::uint8_t { all, state, inputs };
 // return. The stage is no longer read (a barrier since its last read) and `a` is announced on
 // `bar` before that barrier or, by a thread past it, beside these copies (a copy may complete
 // before the announcement's expect_tx; the phase still waits for its arrival).
-template <typename StateT, bool kStage, int kWarp0 = 0, int kWarps = kStreamWarps,
-          bool kTaps>  // (deduced from the stage)
+template <typename StateT, bool kStage, int kWarp0 = 0, int kWarps = kStreamWarps, bool kTaps,
+          int kTokens>  // (deduced from the stage)
 __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a,
-                                           Stage<StateT, kTaps>& st, std::uint64_t* bar,
+                                           Stage<StateT, kTaps, kTokens>& st, std::uint64_t* bar,
                                            StageCopies which = StageCopies::all) {
   static_assert(kMaxCopies <= kWarps * kWarp, "one copy per thread");
   const int warp = threadIdx.x / kWarp - kWarp0;
@@ -1532,7 +1547,7 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a,
   // kDtBiasCopy), which the precompute-group kernel holds in registers (HeadTaps).
   constexpr int kSkipped = kTaps ? 0 : kTapCopies + 1;
   const int copies =
-      kStage ? kFirstTokenCopy - kSkipped + first_tokens(it) * kTokenCopies : 1;  // issued
+      kStage ? kFirstTokenCopy - kSkipped + first_tokens<kTokens>(it) * kTokenCopies : 1;  // issued
   const int ci = lane * kWarps + warp;  // this thread's copy (order above)
   const int c = kTaps || ci < kFirstTapCopy ? ci : ci + kSkipped;
   if (which == (c == 0 ? StageCopies::inputs : StageCopies::state)) return;
@@ -1588,9 +1603,9 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a,
 
 // This CTA's items of a stream kernel, w = blockIdx.x + k * gridDim.x for k < count, and their
 // metadata, resolved a batch of kWarp items at a time into S.ahead[batch & 1] (two batches held).
-template <typename StateT, bool kWs>
+template <typename StateT, bool kWs, int kTokens = kChunk>
 struct StreamItems {
-  using Smem = StreamSmem<StateT, kWs>;
+  using Smem = StreamSmem<StateT, kWs, kTokens>;
   const Params& p;
   Smem& S;
   int count;
@@ -1685,7 +1700,7 @@ struct StreamItems {
     __syncthreads();
     if (tid == 0) {
       for (int k = 0; k < prefill; ++k)
-        announce_item<StateT, kStage, Smem::kTaps>(ahead_of(k), &S.full[k]);
+        announce_item<StateT, kStage, Smem::kTaps, kTokens>(ahead_of(k), &S.full[k]);
     }
     __syncthreads();
     if (stable) {
@@ -1824,7 +1839,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     };
     const int defer_slot = defer_norm ? k % kDeferSlots : -1;
     if constexpr (kStage) {
-      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs{&st.in, &st.taps},
+      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs<>{&st.in, &st.taps},
                                                 load_state, release, defer_slot);
     } else {
       run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, GlobalInputs(p, it), load_state,
@@ -1840,11 +1855,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// `stream` with a precompute warp group (bf16 state, T <= kOverlapMaxT = 8; fp32 T = 1, and
-// T <= 8 with >= 16 items a CTA, in 2 stages; the launcher's pick there unless kTuneNoOverlap): the
-// ring, items and arithmetic of kda_decode_stream_kernel on 12 warps in two roles, so that an
-// item's precompute and the previous item's RMSNorms run beside a sweep instead of before it
-// (perf.md runs 123-128).
+// `stream` with a precompute warp group (bf16 state, T <= kOverlapMaxT = 8; fp32 T = 1 in the
+// one-token form's 3 stages, and T <= 8 with >= 16 items a CTA in 2 stages; the launcher's pick
+// there unless kTuneNoOverlap): the ring, items and arithmetic of kda_decode_stream_kernel on 12
+// warps in two roles, so that an item's precompute and the previous item's RMSNorms run beside a
+// sweep instead of before it (perf.md runs 123-128).
 //   Sweep warps 0-7 (the state in registers, Layout<256, 1>), per item k: wait until item k is
 //     precomputed (mbarrier S.precomputed[k & 1]) -> state and old history from stage
 //     k % kStages into registers -> barrier X over the sweep warps (the stage is no longer read)
@@ -1896,18 +1911,21 @@ __device__ __forceinline__ void handoff_wait(std::uint64_t* bar, int k) {
   mbar_wait_warp(bar, static_cast<std::uint32_t>(k >> 1) & 1u);
 }
 
-template <typename StateT, bool kStage>
+// kTokens == 1: the one-token form (launches with max_t == 1 only): stages of one staged token
+// and two token slots, small enough for fp32's ring of kLookaheadStages stages.
+template <typename StateT, bool kStage, int kTokens = kChunk>
 __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const Params p) {
   using L = Layout<kStreamThreads, 1>;
   using G = Geometry<kStreamThreads, 1, StateT>;
-  using Smem = StreamSmem<StateT, true>;
+  using Smem = StreamSmem<StateT, true, kTokens>;
+  using In = typename Smem::In;
   constexpr int kStages = Smem::kStages;
   static_assert(kStages >= 2 && kStages < kWarp, "the ring of the overlap");
   extern __shared__ uint4 smem_raw[];
   Smem& S = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x;
   const int warp = tid / kWarp;
-  const StreamItems<StateT, true> items(p, S);
+  const StreamItems<StateT, true, kTokens> items(p, S);
   const int count = items.count;
   if (tid == 0) {
     mbar_init<2>(S.precomputed, kWsPrecomputeWarps * kWarp);
@@ -1931,7 +1949,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
 #pragma unroll 1
       for (int k = 0; k < count; ++k) {
         const int s = k % kStages;
-        Stage<StateT, Smem::kTaps>& st = S.stage[s];
+        Stage<StateT, Smem::kTaps, kTokens>& st = S.stage[s];
         SPLICE_KDA_STAMP(k, 0);
         handoff_wait(&S.precomputed[k & 1], k);
         SPLICE_KDA_STAMP(k, 1);
@@ -1941,7 +1959,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         if (it.live) load_stage_state(st, geo, sv);
         const ConvWriteback<kStreamThreads, 1> wb = [&] {
           if constexpr (kStage)
-            return ConvWriteback<kStreamThreads, 1>(p, it, 0, StagedInputs{&st.in}, it.live);
+            return ConvWriteback<kStreamThreads, 1>(p, it, 0, StagedInputs<In>{&st.in}, it.live);
           else
             return ConvWriteback<kStreamThreads, 1>(p, it, 0, GlobalInputs(p, it), it.live);
         }();
@@ -1956,7 +1974,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         // phase waits for the announcement's arrival.
         cta_sync<kStreamThreads>();
         if (tid == 0 && next < count)
-          announce_item<StateT, kStage, Smem::kTaps>(items.ahead_of(next), &S.full[s]);
+          announce_item<StateT, kStage, Smem::kTaps, kTokens>(items.ahead_of(next), &S.full[s]);
         SPLICE_KDA_STAMP(k, 3);
         if (next < count) stage_item<StateT, kStage>(p, items.ahead_of(next), st, &S.full[s]);
         SPLICE_KDA_STAMP(k, 4);
@@ -1985,7 +2003,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
       if (itk.live) {
         if constexpr (kStage) {
           precompute_tokens(p, S.sm, 0, 0, tokens(itk),
-                            StagedInputsRegisterTaps{{&S.stage[sk].in}, taps}, base(k), kind,
+                            StagedInputsRegisterTaps<In>{{&S.stage[sk].in}, taps}, base(k), kind,
                             kKindsPerToken);
         } else {
           precompute_tokens(p, S.sm, 0, 0, tokens(itk), GlobalInputs(p, itk), base(k), kind,
@@ -2004,8 +2022,8 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
     // before their S.swept of k - kStages, which these warps have passed.
     HeadTaps taps;
     const auto load_taps = [&](int k) {
-      const Item& itk = S.stage[k % kStages].in.item;
       if constexpr (kStage) {
+        const Item& itk = S.stage[k % kStages].in.item;
         if (itk.live) taps.load(p, itk.h, kind);
       }
     };
@@ -2049,7 +2067,9 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
       cur = nxt;
     }
   };
-  if (p.max_t == 1)
+  if constexpr (kTokens == 1)
+    run(std::true_type{});
+  else if (p.max_t == 1)
     run(std::true_type{});
   else
     run(std::false_type{});

@@ -69,10 +69,13 @@ struct KdaKernelInfo {
   bool launchable = false;        // threads, registers and shared memory all fit one SM
   std::string reason;             // why not, when !launchable
 };
-// precompute_group: the kernel with the precompute warp group (bf16 T <= 8; fp32 T = 1, and
-// T <= 8 with >= 16 items a CTA).
+// The persistent `stream` kernels: the 8-warp kernel (bf16 T > 8, fp32 T > 8 or few items a CTA,
+// and every launch under kKdaTuneNoOverlap), the kernel with the precompute warp group (bf16
+// T <= 8, fp32 T = 2-8 with >= 16 items a CTA) and its one-token form (fp32 T = 1: one staged
+// token a stage, so fp32's ring holds 3 stages; fp32 state only).
+enum class KdaStreamKernel { eight_warps, precompute_group, precompute_group_one_token };
 KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs,
-                                     bool precompute_group = false);
+                                     KdaStreamKernel kernel = KdaStreamKernel::eight_warps);
 
 // The dev-only A/B knob of the `stream` kernel (issue 6, dev/kda_b/): bits, all off by default.
 // It changes the schedule only, never the arithmetic: outputs, caches and checkpoints are bit for
