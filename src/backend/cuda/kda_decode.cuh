@@ -1404,14 +1404,12 @@ constexpr int stream_slots() {
 // 8-warp kernel) its head's taps.
 template <typename StateT, bool kTaps, int kTokens = kChunk>
 struct alignas(16) Stage {
-  static constexpr int kStagedTokens = kTokens;
   StateT state[kD * kD];  // [D, D] the item's source state
   StagedInT<kTokens> in;
   StagedTaps taps;
 };
 template <typename StateT, int kTokens>
 struct alignas(16) Stage<StateT, false, kTokens> {
-  static constexpr int kStagedTokens = kTokens;
   StateT state[kD * kD];  // [D, D] the item's source state
   StagedInT<kTokens> in;
 };
