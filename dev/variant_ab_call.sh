@@ -3,16 +3,20 @@
 # built here and carried in .gpubin/pack/variants.tgz:
 #   head/       kda_decode_cuda_bench                  HEAD
 #   <variant>/  cuda_all_test, kda_decode_cuda_bench   HEAD + dev/<variant>.patch (any number)
-# (objects: compile src/backend/cuda/kda_decode.cu of the patched tree with build/bundle's
-# command, swap it into a copy of libsplice_backend_cuda.a, relink cuda_all_test (build/bundle)
-# and kda_decode_cuda_bench (build/benchpack) with their link.txt; strip; tar czf ... -C DIR .)
+# (dev/pack_binaries.sh variants dev/<variant>.patch ... builds it), then
 #   run(command="dev/variant_ab_call.sh", carry=[".gpubin/pack/variants.tgz", ".deps"])
 # ~3 minutes for two variants:
-#   1. Alone: KdaCuda.PerRowModesEveryVariant 3 times a variant (a deadlock runs out its 30 s).
-#   2. At once, cut at 110 s: each variant's KdaCuda.* (4 shards) and racecheck on each
-#      KdaCuda.OneStreamCta* case.
-#   3. Timed alone: head and the variants in interleaved processes, 3 rounds, N = 128, 512,
-#      T = 1, 2, 4, 8, bf16 and fp32 (dev/ab_table.py).
+#   1. Alone: KdaCuda.PerRowModesEveryVariant HANG_ROUNDS times a variant (a deadlock runs out its
+#      30 s).
+#   2. At once, cut at TEST_CUT s: each variant's TESTS (4 shards) and racecheck on each
+#      KdaCuda.OneStreamCta* case matching RACE.
+#   3. Timed alone: head and the variants in interleaved processes, 3 rounds, at STATES x TS x NS
+#      (dev/ab_table.py).
+# Environment (defaults): HANG_ROUNDS (3), TESTS ('KdaCuda.*'), TEST_CUT (110), RACE (a glob of
+# the OneStreamCta suffixes, '*'), STATES (bf16,f32), TS (1,2,4,8), NS (128,512). A session's last
+# device minutes (perf.md run 170, ~1 minute):
+#   HANG_ROUNDS=0 TESTS='KdaCuda.*F32*:KdaCuda.T1Grid:KdaCuda.PerRowModesEveryVariant' TEST_CUT=75
+#   RACE=F32T1 STATES=f32 TS=1 NS=32,128,512 dev/variant_ab_call.sh
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/variants; L=/tmp/variants-logs
@@ -20,15 +24,17 @@ rm -rf $P $L; mkdir -p $P $L; tar xzf .gpubin/pack/variants.tgz -C $P
 variants=()
 for d in $P/*/; do d=$(basename $d); [[ $d != head ]] && variants+=($d); done
 echo "variants: ${variants[*]}"
-# The OneStreamCta* cases a variant's cuda_all_test holds (F32T1, ...).
+HANG_ROUNDS=${HANG_ROUNDS:-3} TESTS=${TESTS:-KdaCuda.*} TEST_CUT=${TEST_CUT:-110} RACE=${RACE:-*}
+STATES=${STATES:-bf16,f32} TS=${TS:-1,2,4,8} NS=${NS:-128,512}
+# The OneStreamCta* cases matching RACE that a variant's cuda_all_test holds (F32T1, ...).
 race_cases() {
-  $P/$1/cuda_all_test --gtest_list_tests --gtest_filter='KdaCuda.OneStreamCta*' |
+  $P/$1/cuda_all_test --gtest_list_tests --gtest_filter="KdaCuda.OneStreamCta$RACE" |
     sed -n 's/^  OneStreamCta//p'
 }
 T0=$SECONDS
 echo "== 1. the hang test alone"
 for v in "${variants[@]}"; do
-  for r in 1 2 3; do
+  for ((r = 1; r <= HANG_ROUNDS; ++r)); do
     s=$SECONDS
     timeout 30 $P/$v/cuda_all_test --gtest_filter='KdaCuda.PerRowModesEveryVariant' >$L/${v}_hang_$r.txt 2>&1
     echo "$v round $r: rc $? in $((SECONDS - s)) s"
@@ -38,18 +44,18 @@ echo "== 2. tests and racecheck (at $((SECONDS - T0)) s)"
 pids=()
 for v in "${variants[@]}"; do
   for i in 0 1 2 3; do
-    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout 110 $P/$v/cuda_all_test --gtest_filter='KdaCuda.*' >$L/${v}_s$i.txt 2>&1 &
+    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout $TEST_CUT $P/$v/cuda_all_test --gtest_filter="$TESTS" >$L/${v}_s$i.txt 2>&1 &
     pids+=($!)
   done
   for t in $(race_cases $v); do
-    ( s=$SECONDS; timeout 110 compute-sanitizer --tool racecheck --error-exitcode 3 $P/$v/cuda_all_test \
+    ( s=$SECONDS; timeout $TEST_CUT compute-sanitizer --tool racecheck --error-exitcode 3 $P/$v/cuda_all_test \
         --gtest_filter=KdaCuda.OneStreamCta$t >$L/${v}_race_$t.txt 2>&1; echo "rc $? in $((SECONDS - s)) s" >>$L/${v}_race_$t.txt ) &
     pids+=($!)
   done
 done
 wait "${pids[@]}"
 for v in "${variants[@]}"; do
-  echo "$v KdaCuda.*: $(cat $L/${v}_s*.txt | grep -c '^\[       OK \]') passed, $(cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -vc 'listed below') failed"
+  echo "$v $TESTS: $(cat $L/${v}_s*.txt | grep -c '^\[       OK \]') passed, $(cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -vc 'listed below') failed"
   cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u
   for f in $L/${v}_s*.txt; do grep -q '^\[  PASSED\|^\[  FAILED' $f || echo "  cut: $(basename $f) in $(grep '^\[ RUN' $f | tail -1)"; done
   for t in $(race_cases $v); do
@@ -59,7 +65,7 @@ done
 echo "== 3. timed A/B (at $((SECONDS - T0)) s)"
 for round in 1 2 3; do
   for b in head "${variants[@]}"; do
-    KDA_BENCH_NS=128,512 KDA_BENCH_TS=1,2,4,8 KDA_BENCH_STATES=bf16,f32 KDA_BENCH_VARIANTS=stream \
+    KDA_BENCH_NS=$NS KDA_BENCH_TS=$TS KDA_BENCH_STATES=$STATES KDA_BENCH_VARIANTS=stream \
       timeout 40 $P/$b/kda_decode_cuda_bench $L/${b}_$round.json >$L/${b}_bench_$round.txt 2>&1 || echo "$b round $round: rc $?"
   done
 done
