@@ -6,7 +6,10 @@ kda_decode.sm_90a.cubin) is extracted with cuobjdump -xelf (python3 -m pip insta
 /tmp/cuobj nvidia-cuda-cuobjdump; CUOBJDUMP names the binary). Compares every `.text.<kernel>`
 section byte for byte, so a refactor that must not change the generated code is checked here,
 without the device and without nvdisasm (line tables, which move with the source, are ignored).
-Exit status 0 when every kernel's code is identical.
+Exit status 0 when every kernel's code is identical. --rename=FROM=TO (repeatable) renames an
+OLD kernel that NEW lacks by replacing FROM with TO in its mangled name, for a kernel that gained
+a template argument (session 22: --rename=EEEvNS1_6ParamsE=ELi8EEEvNS1_6ParamsE for the
+precompute-group kernel's kTokens); new kernels without a counterpart are listed, not failed.
 """
 import os
 import shutil
@@ -49,18 +52,33 @@ def cubin_bytes(path, cubin, tmp):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--cubin=")]
-    cubin = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--cubin=")),
+    options = [a for a in sys.argv[1:] if a.startswith("--")]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    cubin = next((a.split("=", 1)[1] for a in options if a.startswith("--cubin=")),
                  "kda_decode.sm_90a.cubin")
-    if len(args) != 2:
+    renames = [a[len("--rename="):].split("=", 1) for a in options if a.startswith("--rename=")]
+    if len(args) != 2 or any(len(r) != 2 for r in renames):
         sys.exit(__doc__)
     with tempfile.TemporaryDirectory() as tmp:
         old, new = (text_sections(cubin_bytes(p, cubin, tmp)) for p in args)
-    differing = sorted(n for n in old.keys() | new.keys() if old.get(n) != new.get(n))
+
+    def counterpart(name):  # NEW's name for OLD's kernel `name`
+        if name in new:
+            return name
+        for src, dst in renames:
+            name = name.replace(src, dst)
+        return name
+
+    pairs = {name: counterpart(name) for name in old}
+    differing = sorted(n for n, m in pairs.items() if old[n] != new.get(m))
+    added = sorted(set(new) - set(pairs.values()))
     print(f"{cubin}: {len(old)} / {len(new)} kernels, {sum(map(len, old.values()))} / "
-          f"{sum(map(len, new.values()))} bytes of code; {len(differing)} differ")
+          f"{sum(map(len, new.values()))} bytes of code; {len(differing)} of OLD's differ or are "
+          f"missing, {len(added)} new")
     for name in differing:
         print("  differs:", name[len(".text."):])
+    for name in added:
+        print("  new:", name[len(".text."):])
     sys.exit(1 if differing or not old else 0)
 
 
