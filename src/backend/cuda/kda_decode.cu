@@ -160,9 +160,11 @@ const KdaKernelInfo& stream_info() {
   return info;
 }
 
-template <typename StateT, bool kStage, bool kWs = false, int kTokens = kda::kChunk>
-bool stream_fits() {
-  return stream_info<StateT, kStage, kWs, kTokens>().launchable;
+// stream_info of the kernel with (staged) or without staged inputs.
+template <typename StateT, bool kWs, int kTokens = kda::kChunk>
+const KdaKernelInfo& stream_info_of(bool staged) {
+  return staged ? stream_info<StateT, true, kWs, kTokens>()
+                : stream_info<StateT, false, kWs, kTokens>();
 }
 
 // The test hook's cap on the stream kernels' grid (kda_decode.h, set_kda_stream_grid_cap; 0:
@@ -193,6 +195,18 @@ void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t h
   launch_kernel_ex(stream_kernel<StateT, kStage, kWs, kTokens>(), grid, kBlock, kSmem, 1, params,
                    stream);
 #endif
+}
+
+// Launches the stream kernel (kWs, kTokens; staged inputs or not) if it fits one SM.
+template <typename StateT, bool kWs, int kTokens = kda::kChunk>
+bool launch_stream_if_fits(bool staged, const kda::Params& params, std::int64_t units,
+                           std::int64_t heads, cudaStream_t stream) {
+  if (!stream_info_of<StateT, kWs, kTokens>(staged).launchable) return false;
+  if (staged)
+    launch_stream<StateT, true, kWs, kTokens>(params, units, heads, stream);
+  else
+    launch_stream<StateT, false, kWs, kTokens>(params, units, heads, stream);
+  return true;
 }
 
 // The stream kernel with the precompute warp group (kda_decode.cuh) for T <= kOverlapMaxT (8),
@@ -241,32 +255,16 @@ void launch_variant(KdaVariant variant, const kda::Params& base_params, std::int
           // fp32 T = 1: the one-token form, whose small stages hold a ring of 3 (perf.md run
           // 170: N = 32 / 128 / 512 -3.2 / -0.3 / -0.7% against the 2-stage ring).
           if constexpr (std::is_same_v<StateT, float>) {
-            if (params.max_t == 1 && staged && stream_fits<StateT, true, true, 1>()) {
-              launch_stream<StateT, true, true, 1>(params, units, heads, stream);
+            if (params.max_t == 1 &&
+                launch_stream_if_fits<StateT, true, 1>(staged, params, units, heads, stream))
               return;
-            }
-            if (params.max_t == 1 && !staged && stream_fits<StateT, false, true, 1>()) {
-              launch_stream<StateT, false, true, 1>(params, units, heads, stream);
-              return;
-            }
           }
-          if (staged && stream_fits<StateT, true, true>()) {
-            launch_stream<StateT, true, true>(params, units, heads, stream);
-            return;
-          }
-          if (!staged && stream_fits<StateT, false, true>()) {
-            launch_stream<StateT, false, true>(params, units, heads, stream);
-            return;
-          }
+          if (launch_stream_if_fits<StateT, true>(staged, params, units, heads, stream)) return;
         }
-        if (staged && stream_fits<StateT, true>()) {
-          launch_stream<StateT, true>(params, units, heads, stream);
+        // The 8-warp kernel; with unstaged inputs where its staged form does not fit.
+        if (launch_stream_if_fits<StateT, false>(staged, params, units, heads, stream)) return;
+        if (staged && launch_stream_if_fits<StateT, false>(false, params, units, heads, stream))
           return;
-        }
-        if (stream_fits<StateT, false>()) {
-          launch_stream<StateT, false>(params, units, heads, stream);
-          return;
-        }
       }
       [[fallthrough]];
     case KdaVariant::wide:
@@ -322,18 +320,14 @@ KdaKernelInfo kda_stream_kernel_info(DType state_dtype, bool staged_inputs,
     if (state_dtype != DType::f32)
       fail<ValueError>("kda_stream_kernel_info: the one-token precompute-group kernel exists for ",
                        "f32 state only, got ", dtype_name(state_dtype));
-    return staged_inputs ? stream_info<float, true, true, 1>()
-                         : stream_info<float, false, true, 1>();
+    return stream_info_of<float, true, 1>(staged_inputs);
   }
-  const bool precompute_group = kernel == KdaStreamKernel::precompute_group;
-  if (precompute_group && state_dtype == DType::f32)
-    return staged_inputs ? stream_info<float, true, true>() : stream_info<float, false, true>();
-  if (precompute_group)
-    return staged_inputs ? stream_info<__nv_bfloat16, true, true>()
-                         : stream_info<__nv_bfloat16, false, true>();
-  if (state_dtype == DType::f32)
-    return staged_inputs ? stream_info<float, true>() : stream_info<float, false>();
-  return staged_inputs ? stream_info<__nv_bfloat16, true>() : stream_info<__nv_bfloat16, false>();
+  const bool f32 = state_dtype == DType::f32;
+  if (kernel == KdaStreamKernel::precompute_group)
+    return f32 ? stream_info_of<float, true>(staged_inputs)
+               : stream_info_of<__nv_bfloat16, true>(staged_inputs);
+  return f32 ? stream_info_of<float, false>(staged_inputs)
+             : stream_info_of<__nv_bfloat16, false>(staged_inputs);
 }
 
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
