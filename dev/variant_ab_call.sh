@@ -13,7 +13,8 @@
 #   3. Timed alone: head and the variants in interleaved processes, 3 rounds, at STATES x TS x NS
 #      (dev/ab_table.py).
 # Environment (defaults): HANG_ROUNDS (3), TESTS ('KdaCuda.*'), TEST_CUT (110), RACE (a glob of
-# the OneStreamCta suffixes, '*'), STATES (bf16,f32), TS (1,2,4,8), NS (128,512). A session's last
+# the OneStreamCta suffixes, '*'), STATES (bf16,f32), TS (1,2,4,8), NS (128,512), BENCH_CUT (40 s
+# a bench process), ROUNDS (3). A session's last
 # device minutes (perf.md run 170, ~1 minute):
 #   HANG_ROUNDS=0 TESTS='KdaCuda.*F32*:KdaCuda.T1Grid:KdaCuda.PerRowModesEveryVariant' TEST_CUT=75
 #   RACE=F32T1 STATES=f32 TS=1 NS=32,128,512 dev/variant_ab_call.sh
@@ -25,7 +26,8 @@ variants=()
 for d in $P/*/; do d=$(basename $d); [[ $d != head ]] && variants+=($d); done
 echo "variants: ${variants[*]}"
 HANG_ROUNDS=${HANG_ROUNDS:-3} TESTS=${TESTS:-KdaCuda.*} TEST_CUT=${TEST_CUT:-110} RACE=${RACE:-*}
-STATES=${STATES:-bf16,f32} TS=${TS:-1,2,4,8} NS=${NS:-128,512}
+STATES=${STATES:-bf16,f32} TS=${TS:-1,2,4,8} NS=${NS:-128,512} BENCH_CUT=${BENCH_CUT:-40}
+ROUNDS=${ROUNDS:-3}
 # The OneStreamCta* cases matching RACE that a variant's cuda_all_test holds (F32T1, ...).
 race_cases() {
   $P/$1/cuda_all_test --gtest_list_tests --gtest_filter="KdaCuda.OneStreamCta$RACE" |
@@ -63,10 +65,10 @@ for v in "${variants[@]}"; do
   done
 done
 echo "== 3. timed A/B (at $((SECONDS - T0)) s)"
-for round in 1 2 3; do
+for round in $(seq 1 $ROUNDS); do
   for b in head "${variants[@]}"; do
     KDA_BENCH_NS=$NS KDA_BENCH_TS=$TS KDA_BENCH_STATES=$STATES KDA_BENCH_VARIANTS=stream \
-      timeout 40 $P/$b/kda_decode_cuda_bench $L/${b}_$round.json >$L/${b}_bench_$round.txt 2>&1 || echo "$b round $round: rc $?"
+      timeout $BENCH_CUT $P/$b/kda_decode_cuda_bench $L/${b}_$round.json >$L/${b}_bench_$round.txt 2>&1 || echo "$b round $round: rc $?"
   done
 done
 python3 dev/ab_table.py $L head "${variants[@]}"
