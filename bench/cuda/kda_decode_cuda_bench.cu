@@ -19,10 +19,11 @@
 //     disjoint slot sets, so the promise holds), also the table's `stable` column.
 //  5. Dev A/B of the `stream` kernel's schedule knob (cuda::KdaTuneBits, dev/kda_b/): with
 //     KDA_BENCH_TUNES=1 (kKdaTuneNoOverlap: bf16 T <= 8 on the 8-warp item loop instead of the
-//     precompute-group kernel) or 256 (kKdaTuneNoL2Hints: no L2 priorities) the `stream` variant
-//     is also timed with each listed bit mask (set_kda_tune), printed as "A/B" lines, a decision
-//     table (us and % of the floor per mask) and the JSON field "stream_tune_us"; the main table
-//     and "stream_us" keep the default.
+//     precompute-group kernel), 256 (kKdaTuneNoL2Hints: no L2 priorities) or 512
+//     (kKdaTuneStaticItems: the fp32 precompute-group kernel without dynamic items) the `stream`
+//     variant is also timed with each listed bit mask (set_kda_tune), printed as "A/B" lines, a
+//     decision table (us and % of the floor per mask) and the JSON field "stream_tune_us"; the main
+//     table and "stream_us" keep the default.
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
 // given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
 // Environment: KDA_BENCH_QUICK (T in {1, 4}), KDA_BENCH_NS / KDA_BENCH_TS (comma lists),
@@ -36,7 +37,9 @@
 // (untimed replays of each graph before its timed ones, at least this many ms; default 50: with
 // 3 warm-up replays alone the first configurations after a dtype switch read 8-10% slow, perf.md
 // runs 134-142), SPLICE_PDL=0 (every launch without PDL), SPLICE_KDA_TUNE (the default tune mask
-// of every launch).
+// of every launch). In a SPLICE_KDA_DEV_ATTRIBUTION build also KDA_BENCH_STAMPS (per-phase clock64
+// stamps of two CTAs) and KDA_BENCH_TIMELINE (every CTA's %globaltimer timeline over 4 launches
+// back to back: print_timeline).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -159,6 +162,75 @@ void print_stamps(const splice::KdaDecodeArgs& args, cudaStream_t stream, int N,
       std::printf("\n");
     }
   }
+}
+#endif
+
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+// (attribution build, KDA_BENCH_TIMELINE set) 4 `stream` launches back to back (sets 0 .. 3 mod
+// G) with the precompute-group kernel's %globaltimer timeline (kda_decode.h, KdaDevTimeline);
+// for launches 2-4, in us from the launch's first CTA entry: the previous launch's last norm,
+// then min / median / max over the CTAs of their entry, prologue end, first item's state in
+// registers, last sweep end, norm exit; the per-CTA item period (first to last sweep end); and
+// the timer's finest step seen.
+void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t stream, int N,
+                    int T) {
+  using TL = splice::cuda::KdaDevTimeline;
+  splice::cuda::kda_dev_timeline_reset();
+  for (int i = 0; i < TL::kSlots; ++i)
+    splice::cuda::kda_decode(args[i % args.size()], stream, splice::cuda::KdaVariant::stream);
+  const TL tl = splice::cuda::kda_dev_timeline();
+  long long step = 1LL << 62;
+  for (int slot = 1; slot < TL::kSlots; ++slot) {
+    std::vector<int> ctas;
+    for (int c = 0; c < TL::kCtas; ++c)
+      if (tl.at(slot, c, TL::entry) >= 0 && tl.at(slot, c, TL::norm_exit) >= 0) ctas.push_back(c);
+    if (ctas.empty()) {
+      std::printf("  timeline N=%d T=%d launch %d: no stamps (not the precompute-group kernel)\n",
+                  N, T, slot + 1);
+      return;
+    }
+    long long t0 = 1LL << 62, prev_end = -1;
+    for (int c : ctas) t0 = std::min(t0, tl.at(slot, c, TL::entry));
+    for (int c = 0; c < TL::kCtas; ++c)
+      prev_end = std::max(prev_end, tl.at(slot - 1, c, TL::norm_exit));
+    auto stats = [&](auto value) {  // min / median / max over the CTAs, us from t0
+      std::vector<double> v;
+      for (int c : ctas) v.push_back((value(c) - t0) * 1e-3);
+      std::sort(v.begin(), v.end());
+      std::printf(" %7.2f %7.2f %7.2f |", v.front(), v[v.size() / 2], v.back());
+    };
+    std::printf("  timeline N=%d T=%d launch %d (%zu CTAs): prev norm end %+.2f us\n", N, T,
+                slot + 1, ctas.size(), prev_end >= 0 ? (prev_end - t0) * 1e-3 : 0.0);
+    std::printf(
+        "  timeline   entry                 | prologue end          | item 0 ready"
+        "          | last sweep            | norm exit             |\n  timeline ");
+    stats([&](int c) { return tl.at(slot, c, TL::entry); });
+    stats([&](int c) { return tl.at(slot, c, TL::prologue_end); });
+    stats([&](int c) { return tl.ready(slot, c, 0); });
+    stats([&](int c) {
+      const int n = static_cast<int>(std::min<long long>(tl.at(slot, c, TL::count), TL::kItems));
+      return tl.swept(slot, c, n - 1);
+    });
+    stats([&](int c) { return tl.at(slot, c, TL::norm_exit); });
+    std::vector<double> period;
+    int max_count = 0;
+    for (int c : ctas) {
+      const int n = static_cast<int>(std::min<long long>(tl.at(slot, c, TL::count), TL::kItems));
+      max_count = std::max(max_count, n);
+      if (n >= 2)
+        period.push_back((tl.swept(slot, c, n - 1) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1));
+      for (int k = 1; k < n; ++k) {
+        const long long d = tl.swept(slot, c, k) - tl.swept(slot, c, k - 1);
+        if (d > 0) step = std::min(step, d);
+      }
+    }
+    std::sort(period.begin(), period.end());
+    if (!period.empty())
+      std::printf("\n  timeline   item period us: min %.3f median %.3f max %.3f; items a CTA <= %d",
+                  period.front(), period[period.size() / 2], period.back(), max_count);
+    std::printf("\n");
+  }
+  std::printf("  timeline   finest timer step seen: %lld ns\n", step);
 }
 #endif
 
@@ -291,6 +363,8 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
     if (variant == splice::cuda::KdaVariant::stream && std::getenv("KDA_BENCH_STAMPS") != nullptr)
       print_stamps(args[0], stream, N, T);
+    if (variant == splice::cuda::KdaVariant::stream && std::getenv("KDA_BENCH_TIMELINE") != nullptr)
+      print_timeline(args, stream, N, T);
 #endif
   }
   if (!opt.tunes.empty()) {  // the `stream` schedule knob (dev A/B)

@@ -669,6 +669,71 @@ TEST(KdaCuda, OneStreamCtaF32T9) { check_one_stream_cta(DType::f32, 9, 46); }
 TEST(KdaCuda, OneStreamCtaBf16T1) { check_one_stream_cta(DType::bf16, 1, 43); }
 TEST(KdaCuda, OneStreamCtaBf16T2) { check_one_stream_cta(DType::bf16, 2, 44); }
 
+// Dynamic items (kda_decode.cuh, StreamItems: each CTA of the fp32 precompute-group kernel walks
+// half of its share statically and claims the rest from a pool whose counters the launch's last
+// CTA resets): 4 CTAs x 20 items (N = 20, H = 4), every sequence updating its own slot in place,
+// so each launch reads what the previous one wrote. Launches back to back on one PDL stream
+// (the counters reused at once) and a captured graph of two launches replayed three times equal
+// the same launches made serially with static items (kKdaTuneStaticItems), bit for bit; T = 1
+// (the one-token kernel), 2 and 4. bf16 state keeps static items (the same launches count none).
+TEST(KdaCuda, DynamicItemsChainAndGraphReplay) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Scope {
+    unsigned saved = cuda::kda_tune();
+    Scope() { cuda::set_kda_stream_grid_cap(4); }
+    ~Scope() {
+      cuda::set_kda_tune(saved);
+      cuda::set_kda_stream_grid_cap(0);
+    }
+  } scope;
+  const PdlStream stream;
+  Rng rng(47);
+  constexpr int kLaunches = 6;
+  for (int T : {1, 2, 4})
+    for (DType sdt : {DType::f32, DType::bf16}) {
+      if (sdt == DType::bf16 && T > 1) continue;
+      SCOPED_TRACE("T=" + std::to_string(T) + " " + dtype_name(sdt));
+      Meta m;
+      m.T = T;
+      const int N = 20;
+      for (int n = 0; n < N; ++n) {
+        m.lens.push_back(T);
+        m.nat.push_back(1 + n % T);
+        m.si.push_back(std::vector<int>(T, n + 1));
+      }
+      m.slots = N + 2;
+      const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
+      Problem chained = to_device(p, Device::cuda()), replayed = to_device(p, Device::cuda());
+      Problem serial = to_device(p, Device::cuda());
+      cuda::synchronize();
+      cuda::set_kda_tune(0);
+      const std::uint64_t dynamic0 = cuda::kda_dynamic_item_launches();
+      for (int k = 0; k < kLaunches; ++k)
+        cuda::kda_decode(packed_args(chained, -5.0f), stream.get(), cuda::KdaVariant::stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+      for (int k = 0; k < 2; ++k)
+        cuda::kda_decode(packed_args(replayed, -5.0f), stream.get(), cuda::KdaVariant::stream);
+      ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      for (int r = 0; r < kLaunches / 2; ++r)
+        ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      EXPECT_EQ(cuda::kda_dynamic_item_launches() - dynamic0,
+                sdt == DType::f32 ? kLaunches + 2u : 0u);
+      cuda::set_kda_tune(cuda::kKdaTuneStaticItems);
+      for (int k = 0; k < kLaunches; ++k)
+        cuda::kda_decode(packed_args(serial, -5.0f), nullptr, cuda::KdaVariant::stream);
+      cuda::synchronize();
+      expect_bitwise_equal(chained, serial);
+      expect_bitwise_equal(replayed, serial);
+    }
+}
+
 TEST(KdaCuda, OneTokenKernelInfoRejectsBf16) {
   EXPECT_THROW(cuda::kda_stream_kernel_info(DType::bf16, true,
                                             cuda::KdaStreamKernel::precompute_group_one_token),

@@ -26,8 +26,11 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -179,18 +182,75 @@ std::int64_t stream_grid(std::int64_t items) {
   return std::min<std::int64_t>(items, cap > 0 ? std::min(cap, sms) : sms);
 }
 
+// The precompute-group kernel's dynamic-item counters (kda_decode.cuh, StreamItems): a pair
+// (claims, CTAs done) per output buffer, zero between launches (a launch's last CTA resets its
+// pair). Keyed by the output pointer: launches that may overlap (on different streams) write
+// different outputs, or already race on the one they share, and a captured graph keeps its
+// pair. One slab per device, allocated at the first need outside stream capture; without one
+// (that first need during a capture, or kCounterPairs outputs seen) launches keep static items.
+constexpr std::size_t kCounterPairs = 4096;
+struct ItemCounters {
+  unsigned* slab = nullptr;  // [kCounterPairs][2]
+  std::unordered_map<const void*, std::size_t> pair_of;
+};
+std::mutex g_item_counters_mutex;
+std::atomic<std::uint64_t> g_dynamic_item_launches{0};
+std::map<int, ItemCounters> g_item_counters;  // by device
+
+unsigned* item_counter_for(const void* output, cudaStream_t stream) {
+  int device = 0;
+  SPLICE_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(g_item_counters_mutex);
+  ItemCounters& c = g_item_counters[device];
+  if (const auto it = c.pair_of.find(output); it != c.pair_of.end()) return c.slab + 2 * it->second;
+  if (c.pair_of.size() >= kCounterPairs) return nullptr;
+  if (c.slab == nullptr) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SPLICE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return nullptr;
+    void* slab = nullptr;
+    SPLICE_CUDA_CHECK(cudaMalloc(&slab, kCounterPairs * 2 * sizeof(unsigned)));
+    SPLICE_CUDA_CHECK(cudaMemset(slab, 0, kCounterPairs * 2 * sizeof(unsigned)));
+    c.slab = static_cast<unsigned*>(slab);
+  }
+  const std::size_t pair = c.pair_of.size();
+  c.pair_of.emplace(output, pair);
+  return c.slab + 2 * pair;
+}
+
+// Dynamic items (the precompute-group kernel): each CTA walks half of its share statically and
+// claims the rest, so CTAs whose items run faster take more of them. Measured before (perf.md
+// run 174's timeline): at fp32 N = 128 T = 1 the CTAs' item periods ranged over 3.1-4.4 us and
+// their last sweeps ended 144-184 us into the launch; bf16 T = 2 N = 512 506 (median) - 531 us.
+// Only with a pool of at least one item a CTA past the claims' lead (kStages + 5 items).
+template <int kStages>
+void set_dynamic_items(kda::Params& params, std::int64_t items, std::int64_t grid,
+                       cudaStream_t stream) {
+  params.item_counter = nullptr;
+  params.static_items = 0;
+  const std::int64_t share = items / grid;
+  if ((params.tune & kda::kTuneStaticItems) != 0 || share < kStages + 6) return;
+  params.item_counter = item_counter_for(params.out, stream);
+  if (params.item_counter == nullptr) return;
+  params.static_items = static_cast<int>(std::max<std::int64_t>(kStages + 5, share / 2));
+  g_dynamic_item_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
 template <typename StateT, bool kStage, bool kWs = false, int kTokens = kda::kChunk>
-void launch_stream(const kda::Params& params, std::int64_t units, std::int64_t heads,
+void launch_stream(const kda::Params& base_params, std::int64_t units, std::int64_t heads,
                    cudaStream_t stream) {
   constexpr int kSmem = sizeof(kda::StreamSmem<StateT, kWs, kTokens>);
   constexpr int kBlock = kWs ? kda::kWsBlock : kda::kStreamBlock;
   const std::int64_t grid = stream_grid(units * heads);
+  kda::Params params = base_params;
+  if constexpr (kda::dynamic_items_kernel<StateT, kWs>())
+    set_dynamic_items<kda::StreamSmem<StateT, kWs, kTokens>::kStages>(params, units * heads, grid,
+                                                                      stream);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   static_assert(kSmem % 16 == 0);
-  kda::Params with_scratch = params;
-  with_scratch.dev_scratch_vec = kSmem / 16;
+  params.dev_scratch_vec = kSmem / 16;
   launch_kernel_ex(stream_kernel<StateT, kStage, kWs, kTokens>(), grid, kBlock,
-                   kSmem + kda::kDevScratchBytes, 1, with_scratch, stream);
+                   kSmem + kda::kDevScratchBytes, 1, params, stream);
 #else
   launch_kernel_ex(stream_kernel<StateT, kStage, kWs, kTokens>(), grid, kBlock, kSmem, 1, params,
                    stream);
@@ -287,6 +347,7 @@ void launch_variant(KdaVariant variant, const kda::Params& base_params, std::int
 std::atomic<long long> g_tune{-1};
 static_assert(kda::kTuneNoOverlap == kKdaTuneNoOverlap &&
                   kda::kTuneNoL2Hints == kKdaTuneNoL2Hints &&
+                  kda::kTuneStaticItems == kKdaTuneStaticItems &&
                   kda::kTuneDevDropCheckpoints == kKdaTuneDevDropCheckpoints &&
                   kda::kTuneDevDropSweepMath == kKdaTuneDevDropSweepMath &&
                   kda::kTuneDevCheckpointsToShared == kKdaTuneDevCheckpointsToShared &&
@@ -338,6 +399,27 @@ void kda_dev_stamps_reset() {
   SPLICE_CUDA_CHECK(cudaMemset(stamps, 0xff, sizeof(kda::g_kda_dev_stamps)));
   SPLICE_CUDA_CHECK(cudaDeviceSynchronize());
 }
+void kda_dev_timeline_reset() {
+  SPLICE_CUDA_CHECK(cudaDeviceSynchronize());
+  void* p = nullptr;
+  SPLICE_CUDA_CHECK(cudaGetSymbolAddress(&p, kda::g_kda_dev_timeline));
+  SPLICE_CUDA_CHECK(cudaMemset(p, 0xff, sizeof(kda::g_kda_dev_timeline)));
+  SPLICE_CUDA_CHECK(cudaGetSymbolAddress(&p, kda::g_kda_dev_timeline_ticket));
+  SPLICE_CUDA_CHECK(cudaMemset(p, 0, sizeof(kda::g_kda_dev_timeline_ticket)));
+  SPLICE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+KdaDevTimeline kda_dev_timeline() {
+  static_assert(KdaDevTimeline::kSlots == kda::kTimelineSlots &&
+                KdaDevTimeline::kCtas == kda::kTimelineCtas &&
+                KdaDevTimeline::kItems == kda::kTimelineItems &&
+                KdaDevTimeline::kFields == kda::kTimelineFields);
+  KdaDevTimeline out;
+  out.raw.resize(sizeof(kda::g_kda_dev_timeline) / sizeof(long long));
+  SPLICE_CUDA_CHECK(cudaDeviceSynchronize());
+  SPLICE_CUDA_CHECK(cudaMemcpyFromSymbol(out.raw.data(), kda::g_kda_dev_timeline,
+                                         sizeof(kda::g_kda_dev_timeline)));
+  return out;
+}
 std::vector<long long> kda_dev_stamps() {
   std::vector<long long> out(sizeof(kda::g_kda_dev_stamps) / sizeof(long long));
   SPLICE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -366,6 +448,10 @@ void set_kda_tune(unsigned bits) {
 void set_kda_stream_grid_cap(int ctas) {
   if (ctas < 0) fail<ValueError>("set_kda_stream_grid_cap: `ctas` must be >= 0, got ", ctas);
   g_stream_grid_cap.store(ctas, std::memory_order_relaxed);
+}
+
+std::uint64_t kda_dynamic_item_launches() {
+  return g_dynamic_item_launches.load(std::memory_order_relaxed);
 }
 
 const char* kda_variant_name(KdaVariant variant) {

@@ -86,6 +86,7 @@
 
 #include <cuda_bf16.h>
 
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -165,10 +166,17 @@ struct Params {
   // (stream kernels; the launcher's rule) the source-state bulk copies carry an L2 evict_last
   // policy and the checkpoint stores evict_first (l2_evict_policy).
   int l2_hints;
+  // (fp32 precompute-group stream kernel; the launcher's rule) dynamic items: with item_counter
+  // non-null each CTA walks its first static_items items statically (w = blockIdx.x + k *
+  // gridDim.x) and then claims items from the pool w >= static_items * gridDim.x one at a time
+  // (item_counter[0]: claims; [1]: CTAs done claiming; zero between launches, the last CTA done
+  // resets both). Null: every item static.
+  unsigned* item_counter;
+  int static_items;
 };
 
 // KdaTuneBits of kda_decode.h, as the kernels test them.
-constexpr unsigned kTuneNoOverlap = 1u, kTuneNoL2Hints = 256u;
+constexpr unsigned kTuneNoOverlap = 1u, kTuneNoL2Hints = 256u, kTuneStaticItems = 512u;
 // Attribution only (dev/kda_attribution; honoured in a SPLICE_KDA_DEV_ATTRIBUTION build): the
 // sweep stores no checkpoint / skips its arithmetic.
 constexpr unsigned kTuneDevDropCheckpoints = 2u, kTuneDevDropSweepMath = 4u;
@@ -196,6 +204,28 @@ __device__ __forceinline__ void dev_stamp(int k, int point) {
   }
 }
 #define SPLICE_KDA_STAMP(k, point) dev_stamp(k, point)
+// (attribution) the whole-launch timeline of the precompute-group `stream` kernel: %globaltimer
+// (ns) of every CTA b < kTimelineCtas in kTimelineSlots consecutive launches (slot = the CTA's
+// ticket, so launches back to back keep theirs). Fields (kda_decode.h, KdaDevTimeline): entry
+// and the end of the prologue (thread 0), each item's state in registers and its sweep's end
+// (sweep warp 0), the sweep warps' and the norm warp's exits, the SM id.
+constexpr int kTimelineSlots = 4, kTimelineCtas = 264, kTimelineItems = 128,
+              kTimelineFields = 6 + 2 * kTimelineItems;
+constexpr int kTlEntry = 0, kTlPrologue = 1, kTlSweepExit = 2, kTlNormExit = 3, kTlSm = 4,
+              kTlCount = 5, kTlReady = 6, kTlSwept = 6 + kTimelineItems;
+__device__ long long g_kda_dev_timeline[kTimelineSlots][kTimelineCtas][kTimelineFields];
+__device__ unsigned g_kda_dev_timeline_ticket[2][kTimelineCtas];
+__device__ __forceinline__ long long global_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// This launch's timeline row of this CTA (role 0: thread 0; role 1: the norm warp's lane 0).
+__device__ __forceinline__ long long* timeline_row(int role) {
+  if (blockIdx.x >= kTimelineCtas) return nullptr;
+  const unsigned slot = atomicAdd(&g_kda_dev_timeline_ticket[role][blockIdx.x], 1u);
+  return g_kda_dev_timeline[slot % kTimelineSlots][blockIdx.x];
+}
 #else
 #define SPLICE_KDA_STAMP(k, point) ((void)0)
 #endif
@@ -1437,6 +1467,23 @@ struct Ahead {
   std::uint16_t beta[kChunk];
 };
 
+// Whether a stream kernel claims items dynamically (Params::item_counter): the precompute-group
+// kernel with fp32 state (bf16 lost 5-18% at T = 1-2 with them and gained <= 1% at T = 4-8,
+// perf.md run 177).
+template <typename StateT, bool kWs>
+constexpr bool dynamic_items_kernel() {
+  return kWs && std::is_same_v<StateT, float>;
+}
+// The shared memory of dynamic items (StreamItems::Claims), none without them.
+template <bool kDynamic>
+struct ClaimArea {
+  int end[2][kWarp];         // per Ahead entry: no item there (the CTA's items end before it)
+  int w;                     // the claim whose Stage A loads are in flight
+  std::uint32_t raw[kWarp];  // their values
+};
+template <>
+struct ClaimArea<false> {};
+
 // A stream kernel's shared memory: the 8-warp kernel's (kWs false) or the precompute-group
 // kernel's (kWs: no staged taps, the overlap's token slots).
 // kTokens (the one-token precompute-group kernel: 1): the first-chunk tokens a stage holds; its
@@ -1457,6 +1504,7 @@ struct StreamSmem {
   // Item k's norms are done (phase k; every precompute thread arrives, then waits): they precede
   // item k + 2's precompute into their slots.
   std::uint64_t normed;
+  ClaimArea<dynamic_items_kernel<StateT, kWs>()> claim;  // last: the other offsets stay put
 };
 
 // The bulk copies of one item: the state, then (staged inputs) the history vectors, the tap rows,
@@ -1601,15 +1649,20 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a,
 
 // This CTA's items of a stream kernel, w = blockIdx.x + k * gridDim.x for k < count, and their
 // metadata, resolved a batch of kWarp items at a time into S.ahead[batch & 1] (two batches held).
+// With dynamic items (the fp32 precompute-group kernel, Params::item_counter) items k >= count are
+// claimed one at a time from the pool after the static ones, each into its own Ahead entry.
 template <typename StateT, bool kWs, int kTokens = kChunk>
 struct StreamItems {
   using Smem = StreamSmem<StateT, kWs, kTokens>;
   const Params& p;
   Smem& S;
-  int count;
+  static constexpr bool kDynamic = dynamic_items_kernel<StateT, kWs>();
+  int count;     // the statically mapped items (all of them unless `dynamic`)
+  bool dynamic;  // p.item_counter: items count .. are claimed (Claims)
   __device__ StreamItems(const Params& params, Smem& smem) : p(params), S(smem) {
     const int total = p.num_units * p.num_heads, stride = static_cast<int>(gridDim.x);
-    count = (total - static_cast<int>(blockIdx.x) + stride - 1) / stride;
+    dynamic = kDynamic && p.item_counter != nullptr;
+    count = dynamic ? p.static_items : (total - static_cast<int>(blockIdx.x) + stride - 1) / stride;
   }
   __device__ const Ahead& ahead_of(int k) const { return S.ahead[(k / kWarp) & 1][k % kWarp]; }
   // The copies a prologue item staged after the wait issues (its state came before the wait
@@ -1625,19 +1678,149 @@ struct StreamItems {
   __device__ void resolve_batch(int batch, bool scalars) const {
     const int lane = threadIdx.x % kWarp;
     const int k = batch * kWarp + lane;
-    if (k < count) {
-      const int w = static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x);
-      Ahead a;
-      a.it = resolve_item(p, w / p.num_heads, w % p.num_heads);
-      a.a_log = __ldg(p.a_log + a.it.h);
-      const GlobalInputs g(p, a.it);
-      const int nt0 = scalars ? first_tokens(a.it) : 0;
+    if (k < count)
+      resolve_into(S.ahead[batch & 1][lane],
+                   static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x), scalars);
+  }
+  // Item w's metadata (and with `scalars` its first-chunk beta bits and destinations) into `a`.
+  __device__ void resolve_into(Ahead& a_out, int w, bool scalars) const {
+    Ahead a;
+    a.it = resolve_item(p, w / p.num_heads, w % p.num_heads);
+    a.a_log = __ldg(p.a_log + a.it.h);
+    const GlobalInputs g(p, a.it);
+    const int nt0 = scalars ? first_tokens(a.it) : 0;
 #pragma unroll
-      for (int t = 0; t < kChunk; ++t) {
-        a.dst[t] = t < nt0 ? g.dst_at(t) : 0;
-        a.beta[t] = t < nt0 ? g.beta_bits(t) : 0;
+    for (int t = 0; t < kChunk; ++t) {
+      a.dst[t] = t < nt0 ? g.dst_at(t) : 0;
+      a.beta[t] = t < nt0 ? g.beta_bits(t) : 0;
+    }
+    a_out = a;
+  }
+  // Whether this CTA has an item k; past the static items from item k's `end` flag, which the
+  // caller reads after the hand-off that publishes it (the kernel's header) and never past the
+  // CTA's first missing item, whose later entries nobody writes (the kernel's `has`).
+  __device__ bool exists(int k) const {
+    if constexpr (kDynamic)
+      return k < count || (dynamic && S.claim.end[(k / kWarp) & 1][k % kWarp] == 0);
+    else
+      return k < count;
+  }
+  // Dynamic items: the resolving warp carries each claimed item j over four loop turns, its
+  // loads issued at one turn and read at the next (the precompute warps have ~0.3-0.8 us of
+  // slack a turn at bf16 T = 1, perf.md run 142, less than one memory round trip under load):
+  //   turn j - kClaimLead - 1: lane 0's atomic on the pool (claim_next, or the previous item's
+  //     Stage A turn);
+  //   turn j - kClaimLead (Stage A): the claim's item w; the pool empty: the entry says `end`,
+  //     the CTA claims no more, and its count of CTAs done claiming goes up (its last claim has
+  //     returned; the last CTA done resets both counters for the next launch, when no claim is
+  //     in flight anywhere). Else each lane issues one of item w's metadata loads (kLoad*)
+  //     and lane 0 the next claim's atomic;
+  //   turn j - kClaimLead + 1: the metadata from the lanes into S.claim.raw, the entry's item,
+  //     A_log, destinations and `end` = 0 (claim_item, resolve_item's arithmetic); lanes
+  //     t < first tokens issue token t's beta load (Stage B);
+  //   turn j - kClaimLead + 2: the beta bits into the entry: complete.
+  // Each lane holds one value a stage across the turn (a_val, b_val): two registers.
+  static constexpr int kClaimLead = Smem::kStages + 4;  // Stage A at item j - kClaimLead
+  // Lane roles of a Stage A (kLoad*): the unit's first row and the next one's (per-row mode:
+  // the row's slot), num_accepted_tokens, A_log's bits, the slot row's entries t.
+  static constexpr int kLoadQ0 = 0, kLoadQ1 = 1, kLoadNat = 2, kLoadALog = 3, kLoadRow = 8;
+  struct Claims {
+    unsigned ticket = 0;                 // lane 0: the claim Stage A reads
+    std::uint32_t a_val = 0, b_val = 0;  // this lane's Stage A / Stage B load
+    int a_item = -1, b_item = -1;        // the items whose Stage A / B loads are in flight
+    bool active = false;                 // claims continue
+  };
+  __device__ Ahead& entry(int k) const { return S.ahead[(k / kWarp) & 1][k % kWarp]; }
+  __device__ int& end_of(int k) const { return S.claim.end[(k / kWarp) & 1][k % kWarp]; }
+  __device__ void claim_next(Claims& c) const {
+    if (threadIdx.x % kWarp == 0) c.ticket = atomicAdd(p.item_counter, 1u);
+    c.active = true;
+  }
+  // Item (u, h) from the raw metadata of a Stage A (resolve_item's arithmetic on raw[kLoad*]).
+  __device__ Item claim_item(int u, int h, const std::uint32_t* raw) const {
+    Item it;
+    it.u = u;
+    it.h = h;
+    if (p.row_slots == nullptr) {
+      const int q0 = static_cast<int>(raw[kLoadQ0]), q1 = static_cast<int>(raw[kLoadQ1]);
+      const int T = p.max_t;
+      it.dst_row = p.state_indices + static_cast<std::int64_t>(u) * T;
+      it.a = T > 1 ? min(max(static_cast<int>(raw[kLoadNat]) - 1, 0), T - 1) : 0;
+      it.cs = static_cast<int>(raw[kLoadRow]);
+      it.ss = static_cast<int>(raw[kLoadRow + it.a]);
+      it.b = max(q0, 0);
+      it.len = min(min(q1, p.num_rows) - q0, T);
+    } else {
+      it.b = u;
+      it.len = 1;
+      it.cs = it.ss = static_cast<int>(raw[kLoadQ0]);
+    }
+    it.live = it.len > 0 && it.cs > 0 && it.ss > 0 && it.cs < p.num_slots && it.ss < p.num_slots;
+    return it;
+  }
+  // The resolving warp's turn at item k (every lane): Stage B of c.b_item, Stage A + 1 of
+  // c.a_item, and Stage A of item j = k + kClaimLead.
+  __device__ void claim_turn(Claims& c, int j) const {
+    const int lane = threadIdx.x % kWarp;
+    if (c.b_item >= 0 && lane < kChunk)
+      entry(c.b_item).beta[lane] = static_cast<std::uint16_t>(c.b_val);
+    c.b_item = -1;
+    if (c.a_item >= 0) {
+      S.claim.raw[lane] = c.a_val;
+      __syncwarp();
+      const int w = S.claim.w;
+      if (lane == 0) {
+        Ahead& e = entry(c.a_item);
+        const Item it = claim_item(w / p.num_heads, w % p.num_heads, S.claim.raw);
+        const int nt = first_tokens(it);
+        e.it = it;
+        e.a_log = __uint_as_float(S.claim.raw[kLoadALog]);
+#pragma unroll
+        for (int t = 0; t < kChunk; ++t)
+          e.dst[t] =
+              t < nt ? (it.dst_row != nullptr ? static_cast<int>(S.claim.raw[kLoadRow + t]) : it.ss)
+                     : 0;
+        end_of(c.a_item) = 0;
       }
-      S.ahead[batch & 1][lane] = a;
+      __syncwarp();
+      const Item it = entry(c.a_item).it;
+      c.b_val = lane < first_tokens(it) ? GlobalInputs(p, it).beta_bits(lane) : 0u;
+      c.b_item = c.a_item;
+      c.a_item = -1;
+    }
+    if (!c.active) return;
+    const long long w =
+        static_cast<long long>(count) * gridDim.x + __shfl_sync(0xffffffffu, c.ticket, 0);
+    if (w < static_cast<long long>(p.num_units) * p.num_heads) {
+      const int wi = static_cast<int>(w), u = wi / p.num_heads, h = wi % p.num_heads;
+      const int T = p.max_t;
+      std::uint32_t v = 0;
+      if (p.row_slots != nullptr) {
+        if (lane == kLoadQ0) v = static_cast<std::uint32_t>(p.row_slots[u]);
+      } else if (lane == kLoadQ0 || lane == kLoadQ1) {
+        v = static_cast<std::uint32_t>(p.qsl[u + lane - kLoadQ0]);
+      } else if (lane == kLoadNat) {
+        v = T > 1 ? static_cast<std::uint32_t>(p.nat[u]) : 0u;
+      } else if (lane >= kLoadRow && lane < kLoadRow + T) {
+        v = static_cast<std::uint32_t>(
+            p.state_indices[static_cast<std::int64_t>(u) * T + lane - kLoadRow]);
+      }
+      if (lane == kLoadALog) v = __float_as_uint(__ldg(p.a_log + h));
+      c.a_val = v;
+      c.a_item = j;
+      if (lane == 0) {
+        S.claim.w = wi;
+        c.ticket = atomicAdd(p.item_counter, 1u);
+      }
+    } else {
+      c.active = false;
+      if (lane == 0) {
+        end_of(j) = 1;
+        if (atomicAdd(p.item_counter + 1, 1u) == gridDim.x - 1) {
+          atomicExch(p.item_counter, 0u);
+          atomicExch(p.item_counter + 1, 0u);
+        }
+      }
     }
   }
   // On one warp: the beta bits and destinations of batch 0, into its Ahead entries and, for the
@@ -1893,6 +2076,19 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 //   Metadata batch nb (resolved at item k with k + kStages = kWarp (nb - 1)) overwrites batch
 //   nb - 2, whose last reader staged item k - 1 + kStages during the sweep warps' item k - 1,
 //   before their S.swept of k - 1, which the resolving warp has passed.
+//   Dynamic items (fp32 only, Params::item_counter; the launcher's rule: >= kStages + 6 items
+//   a CTA): the CTAs' item rates differ (fp32 N = 128 T = 1: item periods 3.1-4.4 us, perf.md
+//   run 174), so each CTA walks only the first half of its share statically (items k < count)
+//   and claims the rest from the pool w >= count * gridDim.x, one item per loop turn
+//   (StreamItems::Claims). At its item k, after its S.precomputed of k + 1, the resolving warp
+//   takes the claim of item j = k + kStages + 4 (`end` in its entry when the pool is empty,
+//   after which it claims no more), writes item j - 1's item and `end` = 0 and item j - 2's beta
+//   bits: entry j is whole at turn j - kStages - 2, and that turn's next S.precomputed
+//   (j - kStages) publishes it to the sweep warps, which stage item j at their item j - kStages
+//   and test its existence there and at item j; the precompute warps test it at items >= j - 2,
+//   past S.normed of the turn that wrote `end`. Past the first missing item no entry is read
+//   (`has`). The entry's slot is rewritten only by item j + 64's claim, 60-odd items later.
+//   Batches cover only the static items, so they never write a claimed entry.
 //   Why 12 warps fit (the 8-warp kernel's header says why it has no producer warp): the sweep
 //   warps hold no precompute values beside the state, so each role's registers are its own
 //   path's: ~130-146 registers without spills, under the 168 that three warps a sub-partition
@@ -1923,14 +2119,31 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
   Smem& S = *reinterpret_cast<Smem*>(smem_raw);
   const int tid = threadIdx.x;
   const int warp = tid / kWarp;
-  const StreamItems<StateT, true, kTokens> items(p, S);
+  using Items = StreamItems<StateT, true, kTokens>;
+  const Items items(p, S);
   const int count = items.count;
   if (tid == 0) {
     mbar_init<2>(S.precomputed, kWsPrecomputeWarps * kWarp);
     mbar_init<2>(S.swept, kStreamThreads);
     mbar_init(&S.normed, kWsPrecomputeWarps * kWarp);
   }
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+  long long* tl = nullptr;
+  if (tid == 0) {
+    const long long now = global_ns();
+    tl = timeline_row(0);
+    if (tl != nullptr) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      tl[kTlEntry] = now;
+      tl[kTlSm] = sm;
+    }
+  }
+#endif
   items.template prologue<kStage>(min(kStages, count), min(kStages, count));
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+  if (tl != nullptr) tl[kTlPrologue] = global_ns();
+#endif
 
   // kOne (T = 1, a compile-time constant there): one token an item (runtime token loops cost
   // bf16 T = 1 ~7% in the 8-warp overlap, perf.md run 103).
@@ -1941,11 +2154,25 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
     const auto base = [&](int k) {
       return kOne ? k % kOverlapItems : (k % kOverlapItems) * p.max_t;
     };
+    // Whether this CTA has item x (StreamItems::exists). Every thread asks in increasing order
+    // of x within each of its sequences, and no sequence skips an item, so the first missing
+    // item is met before any later one, whose entry nobody writes.
+    [[maybe_unused]] int first_missing = INT_MAX;
+    const auto has = [&](int x) {
+      if constexpr (!Items::kDynamic) {
+        return x < count;
+      } else {
+        if (x >= first_missing) return false;
+        if (items.exists(x)) return true;
+        first_missing = x;
+        return false;
+      }
+    };
     if (warp < kStreamWarps) {  // sweep warps
       const int qn = owned_rows(p);
       const G geo;
 #pragma unroll 1
-      for (int k = 0; k < count; ++k) {
+      for (int k = 0; has(k); ++k) {
         const int s = k % kStages;
         Stage<StateT, Smem::kTaps, kTokens>& st = S.stage[s];
         SPLICE_KDA_STAMP(k, 0);
@@ -1963,6 +2190,9 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         }();
         const int next = k + kStages;  // the item that reuses stage s
         SPLICE_KDA_STAMP(k, 2);
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+        if (tl != nullptr && k < kTimelineItems) tl[kTlReady + k] = global_ns();
+#endif
         // X: stage s is no longer read, and every sweep thread is past its wait for item k on
         // S.full[s]. Only then is item k + kStages announced there: a null item's announcement
         // completes its phase at once, and a warp still to test item k's parity would then see
@@ -1971,10 +2201,11 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         // after X may land before the announcement's expect_tx: the tx-count is signed, and the
         // phase waits for the announcement's arrival.
         cta_sync<kStreamThreads>();
-        if (tid == 0 && next < count)
+        const bool has_next = has(next);
+        if (tid == 0 && has_next)
           announce_item<StateT, kStage, Smem::kTaps, kTokens>(items.ahead_of(next), &S.full[s]);
         SPLICE_KDA_STAMP(k, 3);
-        if (next < count) stage_item<StateT, kStage>(p, items.ahead_of(next), st, &S.full[s]);
+        if (has_next) stage_item<StateT, kStage>(p, items.ahead_of(next), st, &S.full[s]);
         SPLICE_KDA_STAMP(k, 4);
         zero_unowned<kStreamThreads, kD>(p, it, 0, qn);
         if (it.live) {
@@ -1985,9 +2216,20 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
             sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot + t, 0, it.h);
         }
         SPLICE_KDA_STAMP(k, 5);
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+        if (tl != nullptr && k < kTimelineItems) tl[kTlSwept + k] = global_ns();
+#endif
         handoff_arrive(&S.swept[k & 1]);
         SPLICE_KDA_STAMP(k, 6);
       }
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+      if (tl != nullptr) {
+        tl[kTlSweepExit] = global_ns();
+        int n = 0;
+        while (has(n)) ++n;
+        tl[kTlCount] = n;
+      }
+#endif
       return;
     }
     // Precompute warps.
@@ -2028,27 +2270,40 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
     load_taps(0);
     Item cur = precompute_of(0, taps);
     handoff_arrive(&S.precomputed[0]);
-    if (1 < count) load_taps(1);
+    if (has(1)) load_taps(1);
+    // Dynamic items: the resolving warp's claim turn at its item k, after the hand-off of item
+    // k + 1 (StreamItems::Claims).
+    [[maybe_unused]] const bool claims = Items::kDynamic && items.dynamic && kind == kWsResolveKind;
+    [[maybe_unused]] typename Items::Claims claim;
 #pragma unroll 1
-    for (int k = 0; k < count; ++k) {
+    for (int k = 0; has(k); ++k) {
       SPLICE_KDA_STAMP(k, 0);
       Item nxt{};
-      if (k + 1 < count) {
+      if (has(k + 1)) {
         nxt = precompute_of(k + 1, taps);
         handoff_arrive(&S.precomputed[(k + 1) & 1]);
       }
       // (3 stages: item k + 2 was staged during the sweep warps' item k - 1.)
-      if (kStages >= 3 && k + 2 < count) load_taps(k + 2);
+      if (kStages >= 3 && has(k + 2)) load_taps(k + 2);
       SPLICE_KDA_STAMP(k, 1);
       SPLICE_KDA_STAMP(k, 2);
       if (kind == kWsResolveKind) {  // batch nb a batch ahead of its first staging
         const int nb = items.batch_due(k, kStages);
         if (nb > 0) items.resolve_batch(nb, true);
       }
+      if constexpr (Items::kDynamic) {
+        if (claims) {
+          const int j = k + items.kClaimLead;  // this turn's Stage A
+          if (j >= count)
+            items.claim_turn(claim, j);
+          else if (j + 1 == count)
+            items.claim_next(claim);  // the first claim, a turn before its Stage A
+        }
+      }
       SPLICE_KDA_STAMP(k, 3);
       handoff_wait(&S.swept[k & 1], k);
       // (2 stages: item k + 2 is staged during the sweep warps' item k, before its S.swept.)
-      if (kStages < 3 && k + 2 < count) load_taps(k + 2);
+      if (kStages < 3 && has(k + 2)) load_taps(k + 2);
       SPLICE_KDA_STAMP(k, 4);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
       if ((p.tune & kTuneDevDropNorms) != 0) cur.live = 0;
@@ -2064,6 +2319,12 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
       SPLICE_KDA_STAMP(k, 6);
       cur = nxt;
     }
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+    if (lane == 0 && kind == kWsT1NormKind) {
+      const long long now = global_ns();
+      if (long long* row = timeline_row(1); row != nullptr) row[kTlNormExit] = now;
+    }
+#endif
   };
   if constexpr (kTokens == 1)
     run(std::true_type{});

@@ -90,7 +90,11 @@ enum KdaTuneBits : unsigned {
   // `stream` without its L2 priorities (source-state copies evict_last, checkpoint stores
   // evict_first, on launches whose source states exceed twice the L2): the A/B reference.
   kKdaTuneNoL2Hints = 256u,
-  kKdaTuneAll = kKdaTuneNoOverlap | kKdaTuneNoL2Hints,
+  // The fp32 precompute-group kernel with every item static (w = CTA + k x grid) instead of
+  // claiming the second half of its items from a shared pool (kda_decode.cuh, StreamItems): the
+  // A/B reference of the dynamic items. (bf16 state always walks static items.)
+  kKdaTuneStaticItems = 512u,
+  kKdaTuneAll = kKdaTuneNoOverlap | kKdaTuneNoL2Hints | kKdaTuneStaticItems,
   // Attribution only, honoured only in a build with SPLICE_KDA_DEV_ATTRIBUTION defined (dev/
   // kda_attribution): the state sweep stores no checkpoint / skips its arithmetic (outputs,
   // states and checkpoints are then wrong). Masked off everywhere else.
@@ -113,11 +117,28 @@ void set_kda_tune(unsigned bits);
 // follow a CTA's stage ring, hand-offs and metadata batches through several wraps in seconds.
 // Like the tune bits it changes the schedule, never the arithmetic.
 void set_kda_stream_grid_cap(int ctas);
+// Launches of the fp32 precompute-group kernel with dynamic items (process-wide, for tests).
+std::uint64_t kda_dynamic_item_launches();
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
 // (attribution build) the clock64 stamps of the last `stream` overlap-loop launch:
 // [2 CTAs][64 items][12 warps][7 points] (kda_decode.cuh, dev_stamp), -1 where none was taken.
 std::vector<long long> kda_dev_stamps();
 void kda_dev_stamps_reset();
+// (attribution build) the %globaltimer timeline (ns) of the last kSlots launches of the
+// precompute-group `stream` kernel, one row per CTA b < kCtas (kda_decode.cuh, timeline_row):
+// -1 where nothing was stamped. Launch i of a reset's sequence is slot i % kSlots.
+struct KdaDevTimeline {
+  static constexpr int kSlots = 4, kCtas = 264, kItems = 128, kFields = 6 + 2 * kItems;
+  enum Field { entry = 0, prologue_end = 1, sweep_exit = 2, norm_exit = 3, sm = 4, count = 5 };
+  std::vector<long long> raw;  // [kSlots][kCtas][kFields]
+  long long at(int slot, int cta, int field) const {
+    return raw[(static_cast<std::size_t>(slot) * kCtas + cta) * kFields + field];
+  }
+  long long ready(int slot, int cta, int k) const { return at(slot, cta, 6 + k); }  // state in regs
+  long long swept(int slot, int cta, int k) const { return at(slot, cta, 6 + kItems + k); }
+};
+KdaDevTimeline kda_dev_timeline();
+void kda_dev_timeline_reset();
 #endif
 
 // Runs the decode described by `args` on `stream` with `variant` (automatic: the rule above).
