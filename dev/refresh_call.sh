@@ -56,7 +56,7 @@ phase_tests() {
   done
   local att_small='FlashDecodeCuda.RaggedBatchAndEmptySequence:FlashDecodeCuda.MisalignedQueryAndOutputRows:FlashDecodeCuda.OpEntryDispatchesToTheCudaKernel:FlashDecodeCuda.SmolLM2ShapeMatchesFloat64Reference:FlashDecodeCuda.StablePrefixReadsTheRowsItsProducerWrites'
   local kda_small='KdaCuda.PlainPackedT1Agree:KdaCuda.EveryAcceptedOffset'
-  local kda_mem="$kda_small:KdaCuda.StreamManyItemsPerCta*:KdaCuda.StableStatePromise*:KdaCuda.PrecomputeGroupRing*:KdaCuda.OneStreamCta*"
+  local kda_mem="$kda_small:KdaCuda.StreamManyItemsPerCta*:KdaCuda.StableStatePromise*:KdaCuda.PrecomputeGroupRing*:KdaCuda.OneStreamCta*:KdaCuda.DynamicItems*"
   local name tool filter
   for name in att_memcheck att_racecheck kda_memcheck kda_racecheck; do
     case $name in

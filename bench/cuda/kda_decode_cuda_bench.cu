@@ -169,8 +169,9 @@ void print_stamps(const splice::KdaDecodeArgs& args, cudaStream_t stream, int N,
 // (attribution build, KDA_BENCH_TIMELINE set) 4 `stream` launches back to back (sets 0 .. 3 mod
 // G) with the precompute-group kernel's %globaltimer timeline (kda_decode.h, KdaDevTimeline);
 // for launches 2-4, in us from the launch's first CTA entry: the previous launch's last norm,
-// then min / median / max over the CTAs of their entry, prologue end, first item's state in
-// registers, last sweep end, norm exit; the per-CTA item period (first to last sweep end); and
+// then min / median / max over the CTAs of their entry, prologue end, item 0's stage landed and
+// its precompute done, its state in registers, the last sweep's end, the norm warp's exit; the
+// per-CTA item period (first to last sweep end); and
 // the timer's finest step seen.
 void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t stream, int N,
                     int T) {
@@ -202,10 +203,13 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
     std::printf("  timeline N=%d T=%d launch %d (%zu CTAs): prev norm end %+.2f us\n", N, T,
                 slot + 1, ctas.size(), prev_end >= 0 ? (prev_end - t0) * 1e-3 : 0.0);
     std::printf(
-        "  timeline   entry                 | prologue end          | item 0 ready"
-        "          | last sweep            | norm exit             |\n  timeline ");
+        "  timeline   entry                 | prologue end          | item 0 landed"
+        "         | item 0 precomputed    | item 0 ready          | last sweep"
+        "            | norm exit             |\n  timeline ");
     stats([&](int c) { return tl.at(slot, c, TL::entry); });
     stats([&](int c) { return tl.at(slot, c, TL::prologue_end); });
+    stats([&](int c) { return tl.at(slot, c, TL::landed0); });
+    stats([&](int c) { return tl.at(slot, c, TL::precomputed0); });
     stats([&](int c) { return tl.ready(slot, c, 0); });
     stats([&](int c) {
       const int n = static_cast<int>(std::min<long long>(tl.at(slot, c, TL::count), TL::kItems));

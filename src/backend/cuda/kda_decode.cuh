@@ -208,11 +208,13 @@ __device__ __forceinline__ void dev_stamp(int k, int point) {
 // (ns) of every CTA b < kTimelineCtas in kTimelineSlots consecutive launches (slot = the CTA's
 // ticket, so launches back to back keep theirs). Fields (kda_decode.h, KdaDevTimeline): entry
 // and the end of the prologue (thread 0), each item's state in registers and its sweep's end
-// (sweep warp 0), the sweep warps' and the norm warp's exits, the SM id.
+// (sweep warp 0), the sweep warps' and the norm warp's exits, the SM id, item 0's stage landed
+// and its precompute done (the norm warp).
 constexpr int kTimelineSlots = 4, kTimelineCtas = 264, kTimelineItems = 128,
-              kTimelineFields = 6 + 2 * kTimelineItems;
+              kTimelineFields = 8 + 2 * kTimelineItems;
 constexpr int kTlEntry = 0, kTlPrologue = 1, kTlSweepExit = 2, kTlNormExit = 3, kTlSm = 4,
-              kTlCount = 5, kTlReady = 6, kTlSwept = 6 + kTimelineItems;
+              kTlCount = 5, kTlLanded0 = 6, kTlPrecomputed0 = 7, kTlReady = 8,
+              kTlSwept = 8 + kTimelineItems;
 __device__ long long g_kda_dev_timeline[kTimelineSlots][kTimelineCtas][kTimelineFields];
 __device__ unsigned g_kda_dev_timeline_ticket[2][kTimelineCtas];
 __device__ __forceinline__ long long global_ns() {
@@ -2268,7 +2270,15 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
       }
     };
     load_taps(0);
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+    long long* tl_norm = lane == 0 && kind == kWsT1NormKind ? timeline_row(1) : nullptr;
+    mbar_wait_warp(&S.full[0], 0u);  // (precompute_of's own wait then passes at once)
+    if (tl_norm != nullptr) tl_norm[kTlLanded0] = global_ns();
+#endif
     Item cur = precompute_of(0, taps);
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+    if (tl_norm != nullptr) tl_norm[kTlPrecomputed0] = global_ns();
+#endif
     handoff_arrive(&S.precomputed[0]);
     if (has(1)) load_taps(1);
     // Dynamic items: the resolving warp's claim turn at its item k, after the hand-off of item
@@ -2320,10 +2330,7 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
       cur = nxt;
     }
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
-    if (lane == 0 && kind == kWsT1NormKind) {
-      const long long now = global_ns();
-      if (long long* row = timeline_row(1); row != nullptr) row[kTlNormExit] = now;
-    }
+    if (tl_norm != nullptr) tl_norm[kTlNormExit] = global_ns();
 #endif
   };
   if constexpr (kTokens == 1)
