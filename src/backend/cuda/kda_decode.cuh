@@ -1738,7 +1738,10 @@ struct StreamItems {
     if (threadIdx.x % kWarp == 0) c.ticket = atomicAdd(p.item_counter, 1u);
     c.active = true;
   }
-  // Item (u, h) from the raw metadata of a Stage A (resolve_item's arithmetic on raw[kLoad*]).
+  // Item (u, h) from the raw metadata of a Stage A: resolve_item's arithmetic on raw[kLoad*]
+  // (resolve_item keeps its own loads, ordered for the per-head kernels' latency; the two agree
+  // bit for bit in DynamicItemsChainAndGraphReplay, TuneSwitchesBitIdenticalF32 and the per-row
+  // modes' test, which compare claimed items with static ones).
   __device__ Item claim_item(int u, int h, const std::uint32_t* raw) const {
     Item it;
     it.u = u;
