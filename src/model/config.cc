@@ -24,6 +24,9 @@ constexpr const char* kKdaArchitecture = "KDAForCausalLM";
 // FLA's GatedMLP default: intermediate = 256 * ceil(int(hidden * ratio * 2 / 3) / 256).
 constexpr std::int64_t kFlaMlpMultiple = 256;
 constexpr std::int64_t kFlaDefaultHiddenRatio = 4;
+// The bound on sizes a config derives in floating point (head_dim * expand_v, the FLA MLP width),
+// so the conversion to int64 and the rounding up after it stay defined.
+constexpr double kMaxDerivedDim = 0x1p62;
 
 std::string supported_list() {
   std::string out;
@@ -234,8 +237,13 @@ void read_kda(const Json& j, ModelConfig& c) {
     c.intermediate_size = f.positive("intermediate_size");
   } else {
     const std::int64_t ratio = f.positive("hidden_ratio", kFlaDefaultHiddenRatio);
-    const auto raw = static_cast<std::int64_t>(static_cast<double>(c.hidden_size * ratio) * 2 / 3);
-    c.intermediate_size = kFlaMlpMultiple * ((raw + kFlaMlpMultiple - 1) / kFlaMlpMultiple);
+    // In double: hidden_size * ratio may not fit int64 (then the size is refused, not wrapped).
+    const double raw = static_cast<double>(c.hidden_size) * static_cast<double>(ratio) * 2 / 3;
+    if (!(raw < kMaxDerivedDim))
+      fail<ValueError>(c.source, ": `hidden_size` * `hidden_ratio` * 2 / 3 (", c.hidden_size, " * ",
+                       ratio, " * 2 / 3) must be below 2^62");
+    const auto raw_size = static_cast<std::int64_t>(raw);
+    c.intermediate_size = kFlaMlpMultiple * ((raw_size + kFlaMlpMultiple - 1) / kFlaMlpMultiple);
   }
   if (f.has("attnres_block_size"))
     fail<UnsupportedError>(c.source, ": `attnres_block_size` ", f.raw("attnres_block_size").dump(),
@@ -247,10 +255,11 @@ void read_kda(const Json& j, ModelConfig& c) {
   k.num_v_heads = f.positive("num_v_heads", k.num_heads);
   k.head_dim = f.positive("head_dim", 128);
   k.expand_v = f.real("expand_v", 1.0, true);
-  k.head_v_dim = static_cast<std::int64_t>(static_cast<double>(k.head_dim) * k.expand_v);
-  if (k.head_v_dim < 1)
+  const double head_v_dim = static_cast<double>(k.head_dim) * k.expand_v;
+  if (!(head_v_dim >= 1.0 && head_v_dim < kMaxDerivedDim))
     fail<ValueError>(c.source, ": `head_dim` * `expand_v` (", k.head_dim, " * ", k.expand_v,
-                     ") must be at least 1");
+                     ") must be at least 1 and below 2^62");
+  k.head_v_dim = static_cast<std::int64_t>(head_v_dim);
   if (k.num_v_heads % k.num_heads != 0)
     fail<ValueError>(c.source, ": `num_v_heads` (", k.num_v_heads,
                      ") must be a multiple of `num_heads` (", k.num_heads, ")");

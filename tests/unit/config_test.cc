@@ -250,6 +250,12 @@ TEST(ConfigTest, BadValuesAreClearErrors) {
                            {"`lower_bound` must be negative"});
   expect_error<ValueError>(with(kSmolLM2, "num_hidden_layers", "3000000000"),
                            {"`num_hidden_layers` must be at most 4096, got 3000000000"});
+  // Sizes derived in floating point are bounded before their conversion (found by the JSON
+  // fuzzer: a 100-digit expand_v made the conversion undefined).
+  expect_error<ValueError>(with(kKdaHybrid, "expand_v", "2.5e100"),
+                           {"`head_dim` * `expand_v` (64 * 2.5e+100) must be at least 1"});
+  expect_error<ValueError>(with(kKdaHybrid, "hidden_ratio", "9000000000000000000"),
+                           {"`hidden_size` * `hidden_ratio` * 2 / 3 (256 * 9000000000000000000"});
   expect_error<IoError>("{\"architectures\": [", {"not valid JSON"});
   expect_error<IoError>("[1]", {"must be a JSON object"});
 }
