@@ -182,12 +182,13 @@ std::int64_t stream_grid(std::int64_t items) {
   return std::min<std::int64_t>(items, cap > 0 ? std::min(cap, sms) : sms);
 }
 
-// The precompute-group kernel's dynamic-item counters (kda_decode.cuh, StreamItems): a pair
+// The fp32 precompute-group kernel's dynamic-item counters (kda_decode.cuh, StreamItems): a pair
 // (claims, CTAs done) per output buffer, zero between launches (a launch's last CTA resets its
 // pair). Keyed by the output pointer: launches that may overlap (on different streams) write
 // different outputs, or already race on the one they share, and a captured graph keeps its
 // pair. One slab per device, allocated at the first need outside stream capture; without one
-// (that first need during a capture, or kCounterPairs outputs seen) launches keep static items.
+// (that first need during a capture, or kCounterPairs outputs seen) launches keep static items;
+// a later call outside capture allocates it.
 constexpr std::size_t kCounterPairs = 4096;
 struct ItemCounters {
   unsigned* slab = nullptr;  // [kCounterPairs][2]
@@ -218,11 +219,12 @@ unsigned* item_counter_for(const void* output, cudaStream_t stream) {
   return c.slab + 2 * pair;
 }
 
-// Dynamic items (the precompute-group kernel): each CTA walks half of its share statically and
-// claims the rest, so CTAs whose items run faster take more of them. Measured before (perf.md
-// run 174's timeline): at fp32 N = 128 T = 1 the CTAs' item periods ranged over 3.1-4.4 us and
-// their last sweeps ended 144-184 us into the launch; bf16 T = 2 N = 512 506 (median) - 531 us.
-// Only with a pool of at least one item a CTA past the claims' lead (kStages + 5 items).
+// Dynamic items (the fp32 precompute-group kernel): each CTA walks half of its share statically
+// and claims the rest, so CTAs whose items run faster take more of them. Before them (perf.md
+// run 174's timeline) the CTAs' item periods at fp32 N = 128 T = 1 ranged over 3.1-4.4 us and
+// their last sweeps ended 144-184 us into the launch; with them fp32 is 0.9-4.0% faster at
+// N >= 128 (run 178). Only with a pool of at least one item a CTA past the claims' lead
+// (kStages + 5 items).
 template <int kStages>
 void set_dynamic_items(kda::Params& params, std::int64_t items, std::int64_t grid,
                        cudaStream_t stream) {
