@@ -226,6 +226,21 @@ Meta random_meta(Rng& rng, int N, int T, int trailing, bool nulls) {
   return m;
 }
 
+// Metadata of N full sequences (L = T, accepted offsets cycling over 1 .. T) where every token of
+// sequence n checkpoints into the slot it reads (n + 1): a chain of calls updates each state in
+// place, so each call reads what the previous one wrote.
+Meta in_place_meta(int N, int T) {
+  Meta m;
+  m.T = T;
+  for (int n = 0; n < N; ++n) {
+    m.lens.push_back(T);
+    m.nat.push_back(1 + n % T);
+    m.si.push_back(std::vector<int>(T, n + 1));
+  }
+  m.slots = N + 2;
+  return m;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Device mirrors.
 
@@ -693,16 +708,7 @@ TEST(KdaCuda, DynamicItemsChainAndGraphReplay) {
     for (DType sdt : {DType::f32, DType::bf16}) {
       if (sdt == DType::bf16 && T > 1) continue;
       SCOPED_TRACE("T=" + std::to_string(T) + " " + dtype_name(sdt));
-      Meta m;
-      m.T = T;
-      const int N = 20;
-      for (int n = 0; n < N; ++n) {
-        m.lens.push_back(T);
-        m.nat.push_back(1 + n % T);
-        m.si.push_back(std::vector<int>(T, n + 1));
-      }
-      m.slots = N + 2;
-      const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
+      const Problem p = make_problem(rng.integer(0, 1 << 30), 4, in_place_meta(20, T), sdt);
       Problem chained = to_device(p, Device::cuda()), replayed = to_device(p, Device::cuda());
       Problem serial = to_device(p, Device::cuda());
       cuda::synchronize();
@@ -961,16 +967,7 @@ TEST(KdaCuda, PdlChainMatchesSerial) {
   constexpr int kCalls = 3;
   for (int T : {1, 3})
     for (DType sdt : {DType::f32, DType::bf16}) {
-      Meta m;
-      m.T = T;
-      const int N = 5;
-      for (int n = 0; n < N; ++n) {
-        m.lens.push_back(T);
-        m.nat.push_back(1 + n % T);
-        m.si.push_back(std::vector<int>(T, n + 1));
-      }
-      m.slots = N + 2;
-      const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
+      const Problem p = make_problem(rng.integer(0, 1 << 30), 4, in_place_meta(5, T), sdt);
       for (auto v : variants_and_automatic()) {
         SCOPED_TRACE("T=" + std::to_string(T) + " " + dtype_name(sdt) +
                      " variant=" + cuda::kda_variant_name(v));
