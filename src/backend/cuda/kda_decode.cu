@@ -206,9 +206,7 @@ unsigned* item_counter_for(const void* output, cudaStream_t stream) {
   if (const auto it = c.pair_of.find(output); it != c.pair_of.end()) return c.slab + 2 * it->second;
   if (c.pair_of.size() >= kCounterPairs) return nullptr;
   if (c.slab == nullptr) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    SPLICE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone) return nullptr;
+    if (is_capturing(stream)) return nullptr;
     void* slab = nullptr;
     SPLICE_CUDA_CHECK(cudaMalloc(&slab, kCounterPairs * 2 * sizeof(unsigned)));
     SPLICE_CUDA_CHECK(cudaMemset(slab, 0, kCounterPairs * 2 * sizeof(unsigned)));
