@@ -217,11 +217,12 @@ unsigned* item_counter_for(const void* output, cudaStream_t stream) {
   return c.slab + 2 * pair;
 }
 
-// Dynamic items (the fp32 precompute-group kernel): each CTA walks half of its share statically
-// and claims the rest, so CTAs whose items run faster take more of them. Before them (perf.md
-// run 174's timeline) the CTAs' item periods at fp32 N = 128 T = 1 ranged over 3.1-4.4 us and
-// their last sweeps ended 144-184 us into the launch; with them fp32 is 0.9-4.0% faster at
-// N >= 128 (run 178). Only with a pool of at least one item a CTA past the claims' lead
+// Dynamic items (the fp32 precompute-group kernel): each CTA walks a quarter of its share
+// statically and claims the rest, so CTAs whose items run faster take more of them. Before them
+// (perf.md run 174's timeline) the CTAs' item periods at fp32 N = 128 T = 1 ranged over 3.1-4.4
+// us and their last sweeps ended 144-184 us into the launch; with half static fp32 is 0.9-4.0%
+// faster at N >= 128 (run 178), with a quarter another 0.6-0.8% at N = 512 and at T = 2 (run
+// 181; T = 1 N = 128 level). Only with a pool of at least one item a CTA past the claims' lead
 // (kStages + 5 items).
 template <int kStages>
 void set_dynamic_items(kda::Params& params, std::int64_t items, std::int64_t grid,
@@ -232,7 +233,7 @@ void set_dynamic_items(kda::Params& params, std::int64_t items, std::int64_t gri
   if ((params.tune & kda::kTuneStaticItems) != 0 || share < kStages + 6) return;
   params.item_counter = item_counter_for(params.out, stream);
   if (params.item_counter == nullptr) return;
-  params.static_items = static_cast<int>(std::max<std::int64_t>(kStages + 5, share / 2));
+  params.static_items = static_cast<int>(std::max<std::int64_t>(kStages + 5, share / 4));
   g_dynamic_item_launches.fetch_add(1, std::memory_order_relaxed);
 }
 

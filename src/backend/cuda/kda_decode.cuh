@@ -1557,25 +1557,27 @@ __device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar
 
 // Which of an item's bulk copies a stage_item call issues: all of them, or (the stable-state
 // prologue) the source state alone before the PDL wait and the rest after it.
-enum class StageCopies : std::uint8_t { all, state, inputs };
+enum class StageCopies : std::uint8_t { all, state, inputs, none };
 
 // Every thread of warps kWarp0 .. kWarp0 + kWarps - 1 (default: all 8): writes item `a`'s
-// scalars into stage `st` (warp kWarp0) and issues this thread's bulk copy of it, if any (copy
-// order above, copy c on warp kWarp0 + c % kWarps; only the copies `which` names); other warps
-// return. The stage is no longer read (a barrier since its last read) and `a` is announced on
-// `bar` before that barrier or, by a thread past it, beside these copies (a copy may complete
-// before the announcement's expect_tx; the phase still waits for its arrival).
+// scalars into stage `st` (warp kWarp0; not with `scalars` false: the prologue wrote them) and
+// issues this thread's bulk copy of it, if any (copy order above, copy c on warp
+// kWarp0 + c % kWarps; only the copies `which` names); other warps return. The stage is no longer
+// read (a barrier since its last read) and `a` is announced on `bar` before that barrier or, by a
+// thread past it, beside these copies (a copy may complete before the announcement's expect_tx; the
+// phase still waits for its arrival).
 template <typename StateT, bool kStage, int kWarp0 = 0, int kWarps = kStreamWarps, bool kTaps,
           int kTokens>  // (deduced from the stage)
 __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a,
                                            Stage<StateT, kTaps, kTokens>& st, std::uint64_t* bar,
-                                           StageCopies which = StageCopies::all) {
+                                           StageCopies which = StageCopies::all,
+                                           bool scalars = true) {
   static_assert(kMaxCopies <= kWarps * kWarp, "one copy per thread");
   const int warp = threadIdx.x / kWarp - kWarp0;
   const int lane = threadIdx.x % kWarp;
   if (warp < 0 || warp >= kWarps) return;
   const Item& it = a.it;
-  if (warp == 0) {
+  if (warp == 0 && scalars) {
     if (lane == 0) {
       st.in.item = it;
       st.in.a_log = a.a_log;
@@ -1585,7 +1587,7 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a,
       st.in.beta[lane] = a.beta[lane];
     }
   }
-  if (!it.live) return;
+  if (!it.live || which == StageCopies::none) return;
   const std::int64_t hd = static_cast<std::int64_t>(it.h) * kD;
   const std::int64_t chans = p.channels;
   const void* src = nullptr;
@@ -1829,7 +1831,7 @@ struct StreamItems {
     }
   }
   // On one warp: the beta bits and destinations of batch 0, into its Ahead entries and, for the
-  // items already staged (k < staged), into their stages too.
+  // prologue's items (k < staged), into their stages too.
   __device__ void resolve_scalars(int staged) const {
     const int k = threadIdx.x % kWarp;
     if (k < count) {
@@ -1866,14 +1868,16 @@ struct StreamItems {
   }
 
   // Every thread of the CTA: the stream kernels' prologue. Barriers, batch 0's metadata (warp
-  // kResolveWarp), items 0 .. prefill-1 announced and 0 .. early-1 staged (by warps 0-7), then
-  // batch 0's beta bits and destinations (their round trip overlaps the copies in flight: the
-  // first item's path holds two round trips, metadata and copies, not three).
-  // With the stable-state promise (p.stable_state: nothing in flight writes the metadata or a
-  // source state slot) the metadata and the source states of items 0 .. prefill-1 are read
-  // before the PDL wait, while the predecessor finishes (a back-to-back stream grid: its CTAs
-  // with one item fewer exit an item early), and only the inputs' copies follow the wait; items
-  // early .. prefill-1 then stage their inputs alone (copies_after_wait()).
+  // kResolveWarp), items 0 .. prefill-1 announced, their scalars in their stages and 0 .. early-1
+  // staged (by warps 0-7; a staggered prefill copies early .. prefill-1 later, with `scalars`
+  // false: a precompute warp reads a stage's scalars once its barrier's phase completes, which
+  // orders nothing written beside the copies), then batch 0's beta bits and destinations (their
+  // round trip overlaps the copies in flight: the first item's path holds two round trips, metadata
+  // and copies, not three). With the stable-state promise (p.stable_state: nothing in flight writes
+  // the metadata or a source state slot) the metadata and the source states of items 0 .. prefill-1
+  // are read before the PDL wait, while the predecessor finishes (a back-to-back stream grid: its
+  // CTAs with one item fewer exit an item early), and only the inputs' copies follow the wait;
+  // items early .. prefill-1 then stage their inputs alone (copies_after_wait()).
   template <bool kStage>
   __device__ void prologue(int prefill, int early) const {
     const int tid = threadIdx.x, warp = tid / kWarp;
@@ -1894,10 +1898,11 @@ struct StreamItems {
         stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k], StageCopies::state);
       detail::pdl_prologue();  // the inputs (the predecessor's outputs) and every store follow it
     }
-    for (int k = 0; k < early; ++k)
-      stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k], copies_after_wait());
+    for (int k = 0; k < prefill; ++k)
+      stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k],
+                                 k < early ? copies_after_wait() : StageCopies::none);
     __syncthreads();  // stage_item's (zero) scalars precede resolve_scalars' stores to the stages
-    if (warp == kResolveWarp) resolve_scalars(early);
+    if (warp == kResolveWarp) resolve_scalars(prefill);
     __syncthreads();  // the prologue's scalars (later items': the barriers of the item staging
                       // them)
   }
@@ -1987,7 +1992,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       if (k == 0) {  // staggered prefill: the rest of the ring, announced in the prologue
         for (int kk = early; kk < prefill; ++kk)
           stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk],
-                                     items.copies_after_wait());
+                                     items.copies_after_wait(), false);
       }
       if (late_next >= 0) {  // late copies: item k - 1's refill, on warps 5 .. 7
         const int ls = late_next % kStages;
@@ -2083,7 +2088,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 //   before their S.swept of k - 1, which the resolving warp has passed.
 //   Dynamic items (fp32 only, Params::item_counter; the launcher's rule: >= kStages + 6 items
 //   a CTA): the CTAs' item rates differ (fp32 N = 128 T = 1: item periods 3.1-4.4 us, perf.md
-//   run 174), so each CTA walks only the first half of its share statically (items k < count)
+//   run 174), so each CTA walks only the first quarter of its share statically (items k < count)
 //   and claims the rest from the pool w >= count * gridDim.x, one item per loop turn
 //   (StreamItems::Claims). At its item k, after its S.precomputed of k + 1, the resolving warp
 //   takes the claim of item j = k + kStages + 4 (`end` in its entry when the pool is empty,
@@ -2145,7 +2150,13 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
     }
   }
 #endif
-  items.template prologue<kStage>(min(kStages, count), min(kStages, count));
+  // Staggered prefill (fp32 T = 1): the prologue copies item 0 alone and the sweep warps copy
+  // items 1 .. prefill-1 once item 0's stage has landed, so item 0 lands after its own copies
+  // instead of the whole ring's (perf.md run 181).
+  const int prefill = min(kStages, count);
+  const bool stagger = std::is_same_v<StateT, float> && p.max_t == 1;
+  const int early = stagger ? min(1, prefill) : prefill;
+  items.template prologue<kStage>(prefill, early);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   if (tl != nullptr) tl[kTlPrologue] = global_ns();
 #endif
@@ -2181,6 +2192,12 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         const int s = k % kStages;
         Stage<StateT, Smem::kTaps, kTokens>& st = S.stage[s];
         SPLICE_KDA_STAMP(k, 0);
+        if (k == 0 && early < prefill) {  // staggered prefill: the rest of the ring
+          mbar_wait_warp(&S.full[0], 0u);
+          for (int kk = early; kk < prefill; ++kk)
+            stage_item<StateT, kStage>(p, items.ahead_of(kk), S.stage[kk], &S.full[kk],
+                                       items.copies_after_wait(), false);
+        }
         handoff_wait(&S.precomputed[k & 1], k);
         SPLICE_KDA_STAMP(k, 1);
         mbar_wait_warp(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
