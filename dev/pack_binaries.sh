@@ -18,12 +18,20 @@
 #             named after it with cuda_all_test and kda_decode_cuda_bench: kda_decode.cu of a
 #             patched copy of the tree compiled with build/bundle's command, swapped into a copy
 #             of libsplice_backend_cuda.a, both executables relinked with their link.txt.
+#   timeline  .gpubin/pack/timeline.tgz for dev/timeline_call.sh: the same from build/kdaattr (the
+#             attribution build, KDA_BENCH_TIMELINE; kda_decode_cuda_bench only), once:
+#               cmake -S . -B build/kdaattr -DCMAKE_BUILD_TYPE=Release -DSPLICE_BUILD_BENCH=ON \
+#                 -DCMAKE_CUDA_FLAGS=-DSPLICE_KDA_DEV_ATTRIBUTION (+ the CUDA20 options above)
+#               cmake --build build/kdaattr -j2 --target kda_decode_cuda_bench
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 B=$root/build/bundle
-kind=${1:?usage: pack_binaries.sh refresh|variants [PATCH...]}
+kind=${1:?usage: pack_binaries.sh refresh|variants|timeline [PATCH...]}
 shift
+[[ $kind == timeline ]] && B=$root/build/kdaattr
+stale=$(find src include -newer "$B/libsplice_backend_cuda.a" -type f | head -3)
+[[ -z $stale ]] || { echo "$B is older than $(echo $stale): build it first" >&2; exit 2; }
 mkdir -p .gpubin/pack
 W=$(mktemp -d /tmp/pack.XXXXXX)
 trap 'rm -rf "$W"' EXIT
@@ -49,7 +57,7 @@ case $kind in
     tar czf .gpubin/pack/refresh1.tgz -C "$W/r1" .
     tar czf .gpubin/pack/refresh2.tgz -C "$W/r2" .
     ;;
-  variants)
+  variants | timeline)
     put "$B/bench/kda_decode_cuda_bench" v/head
     compile=$(python3 -c "
 import json, sys
@@ -60,19 +68,19 @@ for e in json.load(open('$B/compile_commands.json')):
       tree=$W/tree_$name
       mkdir -p "$tree" && git archive HEAD src include | tar x -C "$tree"
       git -C "$tree" init -q && git -C "$tree" apply "$root/$patch"
-      # build/bundle's command on the patched copy: its include paths first, the same flags.
+      # $B's command on the patched copy: its include paths first, the same flags.
       obj=$W/$name.o
       (cd "$B" && eval "$(echo "$compile" | sed -e "s#--options-file [^ ]*#-I$tree/include -I$tree/src -isystem=/usr/local/cuda/include#" \
         -e "s#-c [^ ]*kda_decode.cu#-c $tree/src/backend/cuda/kda_decode.cu#" -e "s#-o [^ ]*#-o $obj#")")
       cp "$B/libsplice_backend_cuda.a" "$W/$name.a"
       (cd "$W" && cp "$obj" kda_decode.cu.o && ar r "$name.a" kda_decode.cu.o)
       mkdir -p "$W/v/$name"
-      relink "$B/tests" cuda_all_test "$W/$name.a" "$W/v/$name/cuda_all_test"
+      [[ $kind == variants ]] && relink "$B/tests" cuda_all_test "$W/$name.a" "$W/v/$name/cuda_all_test"
       relink "$B/bench" kda_decode_cuda_bench "$W/$name.a" "$W/v/$name/kda_decode_cuda_bench"
       strip "$W/v/$name/"*
       echo "$name: $(nm -C "$W/$name.a" 2>/dev/null | grep -c kda_decode_stream) stream symbols"
     done
-    tar czf .gpubin/pack/variants.tgz -C "$W/v" .
+    tar czf ".gpubin/pack/$kind.tgz" -C "$W/v" .
     ;;
   *) echo "unknown KIND $kind" >&2; exit 2 ;;
 esac
