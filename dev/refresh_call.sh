@@ -9,7 +9,7 @@
 #   run(command="dev/refresh_call.sh control tests kda",
 #       carry=[".gpubin/pack/refresh1.tgz", ".deps", ".whl"])
 #   run(command="dev/refresh_call.sh attention model",
-#       carry=[".gpubin/pack/refresh2.tgz", ".deps"])
+#       carry=[".gpubin/pack/refresh2.tgz", ".deps", ".whl"])   (.whl: FlashInfer for attention)
 # Phases:
 #   control    alone on the GPU: KdaCuda.PerRowModesEveryVariant 4 times, each timed (<= 30 s): a
 #              deadlock shows as a round that runs out its time (it found one: runs 155-159)
@@ -22,6 +22,7 @@
 # model_table.txt, and the benches' JSON (kda.json, attention.json).
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
+source "$root/scripts/lib/peer_wheels.sh"
 P=/tmp/refresh
 L=/tmp/refresh-logs
 mkdir -p "$L"
@@ -93,10 +94,7 @@ phase_tests() {
 
 phase_kda() {
   echo "== kda: FLA, then splice (at $(el) s)"
-  if ! python3 -c 'import fla' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/kda-site .whl/*.whl && export PYTHONPATH=/tmp/kda-site${PYTHONPATH:+:$PYTHONPATH}
-  fi
+  install_peer_wheels "$root"
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/peers/kda_peers.py "$L/kda_peers.txt" \
     >"$L/kda_peers.log" 2>&1 || echo "FLA peers rc=$? ($(tail -2 "$L/kda_peers.log"))"
   timeout 240 "$P/head/kda_decode_cuda_bench" "$OUT/kda.json" "$L/kda_peers.txt" >"$L/kda_bench.txt" 2>&1 ||
@@ -105,10 +103,11 @@ phase_kda() {
 }
 
 phase_attention() {
-  echo "== attention: splice, then PyTorch SDPA (at $(el) s)"
+  echo "== attention: splice, then PyTorch SDPA and FlashInfer if carried (at $(el) s)"
+  install_peer_wheels "$root"
   timeout 240 "$P/head/flash_decode_cuda_bench" --json "$L/flash.json" >"$L/flash_bench.txt" 2>&1 ||
     echo "flash bench rc=$?"
-  PYTHONUNBUFFERED=1 timeout 240 python3 bench/peers/attention_peers.py --json "$L/attention_peers.json" \
+  PYTHONUNBUFFERED=1 timeout 420 python3 bench/peers/attention_peers.py --json "$L/attention_peers.json" \
     --splice "$L/flash.json" --combined "$OUT/attention.json" --table "$OUT/attention_table.txt" \
     >"$L/attention_peers.log" 2>&1 || echo "attention peers rc=$? ($(tail -2 "$L/attention_peers.log"))"
   cat "$OUT/attention_table.txt" 2>/dev/null
