@@ -20,7 +20,7 @@ for d in "$P"/head "$P"/*/; do
   echo "== $b (at $(el) s)"
   KDA_BENCH_TIMELINE=1 KDA_BENCH_STATES=$STATES KDA_BENCH_TS=$TS KDA_BENCH_NS=$NS \
     KDA_BENCH_VARIANTS=stream timeout "$CUT" "$d/kda_decode_cuda_bench" "$OUT/${b}_timeline.json" \
-    >"$OUT/${b}_timeline.txt" 2>&1 || echo "$b: rc $?"
+    >"$OUT/${b}_timeline.txt" 2>&1 || echo "$b: rc $? ($(tail -1 "$OUT/${b}_timeline.txt"))"
   grep 'timeline\|(G=' "$OUT/${b}_timeline.txt" | grep -v 'timeline   finest'
 done
 echo "done at $(el) s"
