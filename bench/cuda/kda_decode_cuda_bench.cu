@@ -39,7 +39,7 @@
 // runs 134-142), SPLICE_PDL=0 (every launch without PDL), SPLICE_KDA_TUNE (the default tune mask
 // of every launch). In a SPLICE_KDA_DEV_ATTRIBUTION build also KDA_BENCH_STAMPS (per-phase clock64
 // stamps of two CTAs) and KDA_BENCH_TIMELINE (every CTA's %globaltimer timeline over 4 launches
-// back to back: print_timeline).
+// back to back: print_timeline; KDA_BENCH_TIMELINE=stable also under the stable-state promise).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -172,9 +172,9 @@ void print_stamps(const splice::KdaDecodeArgs& args, cudaStream_t stream, int N,
 // then min / median / max over the CTAs of their entry, prologue end, item 0's stage landed and
 // its precompute done, its state in registers, the last sweep's end, the norm warp's exit; the
 // per-CTA item period (first to last sweep end); and
-// the timer's finest step seen.
+// the timer's finest step seen. `label` follows "launch k" (e.g. the launches' promise).
 void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t stream, int N,
-                    int T) {
+                    int T, const char* label) {
   using TL = splice::cuda::KdaDevTimeline;
   splice::cuda::kda_dev_timeline_reset();
   for (int i = 0; i < TL::kSlots; ++i)
@@ -200,8 +200,8 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
       std::sort(v.begin(), v.end());
       std::printf(" %7.2f %7.2f %7.2f |", v.front(), v[v.size() / 2], v.back());
     };
-    std::printf("  timeline N=%d T=%d launch %d (%zu CTAs): prev norm end %+.2f us\n", N, T,
-                slot + 1, ctas.size(), prev_end >= 0 ? (prev_end - t0) * 1e-3 : 0.0);
+    std::printf("  timeline N=%d T=%d launch %d%s (%zu CTAs): prev norm end %+.2f us\n", N, T,
+                slot + 1, label, ctas.size(), prev_end >= 0 ? (prev_end - t0) * 1e-3 : 0.0);
     std::printf(
         "  timeline   entry                 | prologue end          | item 0 landed"
         "         | item 0 precomputed    | item 0 ready          | last sweep"
@@ -367,8 +367,15 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
     if (variant == splice::cuda::KdaVariant::stream && std::getenv("KDA_BENCH_STAMPS") != nullptr)
       print_stamps(args[0], stream, N, T);
-    if (variant == splice::cuda::KdaVariant::stream && std::getenv("KDA_BENCH_TIMELINE") != nullptr)
-      print_timeline(args, stream, N, T);
+    if (variant == splice::cuda::KdaVariant::stream &&
+        std::getenv("KDA_BENCH_TIMELINE") != nullptr) {
+      print_timeline(args, stream, N, T, "");
+      if (std::string(std::getenv("KDA_BENCH_TIMELINE")) == "stable" && args.size() >= 2) {
+        std::vector<splice::KdaDecodeArgs> promised = args;  // disjoint sets: the promise holds
+        for (auto& a : promised) a.stable_state = true;
+        print_timeline(promised, stream, N, T, " (stable-state promise)");
+      }
+    }
 #endif
   }
   if (!opt.tunes.empty()) {  // the `stream` schedule knob (dev A/B)
