@@ -18,6 +18,8 @@
 #             named after it with cuda_all_test and kda_decode_cuda_bench: kda_decode.cu of a
 #             patched copy of the tree compiled with build/bundle's command, swapped into a copy
 #             of libsplice_backend_cuda.a, both executables relinked with their link.txt.
+#   (PACK_NAME=name: .gpubin/pack/name.tgz instead, e.g. two variant packs side by side; the
+#   calls take PACK=.gpubin/pack/name.tgz)
 #   timeline  .gpubin/pack/timeline.tgz for dev/timeline_call.sh: the same from build/kdaattr (the
 #             attribution build, KDA_BENCH_TIMELINE; kda_decode_cuda_bench only), once:
 #               cmake -S . -B build/kdaattr -DCMAKE_BUILD_TYPE=Release -DSPLICE_BUILD_BENCH=ON \
@@ -80,7 +82,7 @@ for e in json.load(open('$B/compile_commands.json')):
       strip "$W/v/$name/"*
       echo "$name: $(nm -C "$W/$name.a" 2>/dev/null | grep -c kda_decode_stream) stream symbols"
     done
-    tar czf ".gpubin/pack/$kind.tgz" -C "$W/v" .
+    tar czf ".gpubin/pack/${PACK_NAME:-$kind}.tgz" -C "$W/v" .
     ;;
   *) echo "unknown KIND $kind" >&2; exit 2 ;;
 esac

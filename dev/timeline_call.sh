@@ -7,13 +7,13 @@
 #       carry=[".gpubin/pack/timeline.tgz", ".deps"])
 # ~20-40 s a binary. The attribution build runs 1-6% slower than mainline: read the timeline's
 # shape, and time variants with dev/variant_ab_call.sh.
-# Environment (defaults): STATES (bf16,f32), TS (1,2), NS (128,512), CUT (150 s a binary),
+# Environment (defaults): PACK (.gpubin/pack/timeline.tgz), STATES (bf16,f32), TS (1,2), NS (128,512), CUT (150 s a binary),
 # STABLE (unset; 1: each shape's timeline also under the stable-state promise).
 # Output: <binary>_timeline.txt / .json under $OUT; summary.txt holds each one's timeline lines.
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/timeline
-rm -rf "$P" && mkdir -p "$P" && tar xzf .gpubin/pack/timeline.tgz -C "$P"
+rm -rf "$P" && mkdir -p "$P" && tar xzf "${PACK:-.gpubin/pack/timeline.tgz}" -C "$P"
 STATES=${STATES:-bf16,f32} TS=${TS:-1,2} NS=${NS:-128,512} CUT=${CUT:-150}
 mode=1
 [[ -n ${STABLE:-} ]] && mode=stable  # KDA_BENCH_TIMELINE=stable: also under the promise

@@ -12,7 +12,7 @@
 #      KdaCuda.OneStreamCta* case matching RACE.
 #   3. Timed alone: head and the variants in interleaved processes, 3 rounds, at STATES x TS x NS
 #      (dev/ab_table.py).
-# Environment (defaults): HANG_ROUNDS (3), TESTS ('KdaCuda.*'), TEST_CUT (110), RACE (a glob of
+# Environment (defaults): PACK (.gpubin/pack/variants.tgz), HANG_ROUNDS (3), TESTS ('KdaCuda.*'), TEST_CUT (110), RACE (a glob of
 # the OneStreamCta suffixes, '*'), STATES (bf16,f32), TS (1,2,4,8), NS (128,512), BENCH_CUT (40 s
 # a bench process), ROUNDS (3). A session's last
 # device minutes (perf.md run 170, ~1 minute):
@@ -21,7 +21,7 @@
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/variants; L=/tmp/variants-logs
-rm -rf $P $L; mkdir -p $P $L; tar xzf .gpubin/pack/variants.tgz -C $P
+rm -rf $P $L; mkdir -p $P $L; tar xzf "${PACK:-.gpubin/pack/variants.tgz}" -C $P
 variants=()
 for d in $P/*/; do d=$(basename $d); [[ $d != head ]] && variants+=($d); done
 echo "variants: ${variants[*]}"
