@@ -77,7 +77,8 @@ for e in json.load(open('$B/compile_commands.json')):
       cp "$B/libsplice_backend_cuda.a" "$W/$name.a"
       (cd "$W" && cp "$obj" kda_decode.cu.o && ar r "$name.a" kda_decode.cu.o)
       mkdir -p "$W/v/$name"
-      [[ $kind == variants ]] && relink "$B/tests" cuda_all_test "$W/$name.a" "$W/v/$name/cuda_all_test"
+      [[ $kind == variants ]] &&
+        relink "$B/tests" cuda_all_test "$W/$name.a" "$W/v/$name/cuda_all_test"
       relink "$B/bench" kda_decode_cuda_bench "$W/$name.a" "$W/v/$name/kda_decode_cuda_bench"
       strip "$W/v/$name/"*
       echo "$name: $(nm -C "$W/$name.a" 2>/dev/null | grep -c kda_decode_stream) stream symbols"

@@ -191,8 +191,8 @@ def run_peers(args):
                     if diff > FLASHINFER_MAX_REL_DIFF * scale:  # a time for wrong output is no peer
                         row["flashinfer_unchecked_us"] = row.pop("flashinfer_us")
                         row["flashinfer_us"] = None
-                        row["flashinfer_error"] = "output differs from SDPA's: max |diff| %.3g of %.3g" % (
-                            diff, scale)
+                        row["flashinfer_error"] = (
+                            "output differs from SDPA's: max |diff| %.3g of %.3g" % (diff, scale))
                 del call, fi_outs
             except Exception as error:  # JIT or plan failures are reported, not fatal
                 row["flashinfer_us"] = None
