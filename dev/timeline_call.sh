@@ -8,7 +8,8 @@
 # ~20-40 s a binary. The attribution build runs 1-6% slower than mainline: read the timeline's
 # shape, and time variants with dev/variant_ab_call.sh.
 # Environment (defaults): PACK (.gpubin/pack/timeline.tgz), STATES (bf16,f32), TS (1,2),
-# NS (128,512), CUT (150 s a binary), STABLE (unset; 1: each shape's timeline also under the stable-state promise).
+# NS (128,512), CUT (150 s a binary), STABLE (unset; 1: each shape's timeline also under the
+# stable-state promise).
 # Output: <binary>_timeline.txt / .json under $OUT; summary.txt holds each one's timeline lines.
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
