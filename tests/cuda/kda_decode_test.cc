@@ -684,12 +684,12 @@ TEST(KdaCuda, OneStreamCtaF32T9) { check_one_stream_cta(DType::f32, 9, 46); }
 TEST(KdaCuda, OneStreamCtaBf16T1) { check_one_stream_cta(DType::bf16, 1, 43); }
 TEST(KdaCuda, OneStreamCtaBf16T2) { check_one_stream_cta(DType::bf16, 2, 44); }
 
-// Dynamic items (kda_decode.cuh, StreamItems: each CTA of the fp32 precompute-group kernel walks a
-// quarter of its share statically, at least kStages + 5 items, and claims the rest from a pool
-// whose counters the launch's last CTA resets): 4 CTAs x 20 items (N = 20, H = 4), every sequence
-// updating its own slot in place, so each launch reads what the previous one wrote. Launches back
-// to back on one PDL stream (the counters reused at once) and a captured graph of two launches
-// replayed three times equal the same launches made serially with static items
+// Dynamic items (kda_decode_stream.cuh, StreamItems: each CTA of the fp32 precompute-group kernel
+// walks a quarter of its share statically, at least kStages + 5 items, and claims the rest from a
+// pool whose counters the launch's last CTA resets): 4 CTAs x 20 items (N = 20, H = 4), every
+// sequence updating its own slot in place, so each launch reads what the previous one wrote.
+// Launches back to back on one PDL stream (the counters reused at once) and a captured graph of two
+// launches replayed three times equal the same launches made serially with static items
 // (kKdaTuneStaticItems), bit for bit; T = 1 (the one-token kernel), 2 and 4. bf16 state keeps
 // static items (the same launches count none).
 TEST(KdaCuda, DynamicItemsChainAndGraphReplay) {

@@ -1,5 +1,6 @@
 // The CUDA fused KDA decode launcher (splice/backend/cuda/kda_decode.h): variant choice, kernel
-// parameters and launch. The kernel itself is in kda_decode.cuh.
+// parameters and launch. The kernels are in kda_decode.cuh (the per-head kernel and the stages
+// every kernel shares) and kda_decode_stream.cuh (the stream kernels).
 //
 //  1. Checks the layout guarantees of KdaDecodeArgs it relies on (internal errors: the op layer
 //     validated them) and that every tensor is on the current CUDA device.
@@ -34,7 +35,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/kda_decode.cuh"
+#include "backend/cuda/kda_decode_stream.cuh"
 #include "backend/cuda/launch.cuh"
 #include "splice/backend/cuda/kda_decode.h"
 #include "splice/backend/cuda/runtime.h"
@@ -182,8 +183,8 @@ std::int64_t stream_grid(std::int64_t items) {
   return std::min<std::int64_t>(items, cap > 0 ? std::min(cap, sms) : sms);
 }
 
-// The fp32 precompute-group kernel's dynamic-item counters (kda_decode.cuh, StreamItems): a pair
-// (claims, CTAs done) per output buffer, zero between launches (a launch's last CTA resets its
+// The fp32 precompute-group kernel's dynamic-item counters (kda_decode_stream.cuh, StreamItems): a
+// pair (claims, CTAs done) per output buffer, zero between launches (a launch's last CTA resets its
 // pair). Keyed by the output pointer: launches that may overlap (on different streams) write
 // different outputs, or already race on the one they share, and a captured graph keeps its
 // pair. One slab per device, allocated at the first need outside stream capture; without one
@@ -270,12 +271,12 @@ bool launch_stream_if_fits(bool staged, const kda::Params& params, std::int64_t 
   return true;
 }
 
-// The stream kernel with the precompute warp group (kda_decode.cuh) for T <= kOverlapMaxT (8),
-// unless kTuneNoOverlap asks for the 8-warp kernel's item loop (the A/B reference). fp32 at
-// T > 1 only with >= 16 items a CTA: its 2-stage ring ramps longer, and with 8 items a CTA
-// (N = 32) it lost 6% at T = 2 and 4, while from N = 128 it won 0.7-1.3% (perf.md run 133; T = 1
-// won at every N). fp32 T = 5-8 since session 22 (its stages dropped the staged taps, so the
-// overlap's 16 token slots fit beside them: perf.md run 166).
+// The stream kernel with the precompute warp group (kda_decode_stream.cuh) for T <= kOverlapMaxT
+// (8), unless kTuneNoOverlap asks for the 8-warp kernel's item loop (the A/B reference). fp32 at T
+// > 1 only with >= 16 items a CTA: its 2-stage ring ramps longer, and with 8 items a CTA (N = 32)
+// it lost 6% at T = 2 and 4, while from N = 128 it won 0.7-1.3% (perf.md run 133; T = 1 won at
+// every N). fp32 T = 5-8 since session 22 (its stages dropped the staged taps, so the overlap's 16
+// token slots fit beside them: perf.md run 166).
 template <typename StateT>
 bool wants_precompute_group(const kda::Params& params) {
   if (params.max_t > kda::kOverlapMaxT || (params.tune & kda::kTuneNoOverlap) != 0) return false;
