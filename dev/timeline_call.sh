@@ -10,11 +10,13 @@
 # Environment (defaults): PACK (.gpubin/pack/timeline.tgz), STATES (bf16,f32), TS (1,2),
 # NS (128,512), CUT (150 s a binary), STABLE (unset; 1: each shape's timeline also under the
 # stable-state promise).
-# Output: <binary>_timeline.txt / .json under $OUT; summary.txt holds each one's timeline lines.
+# Output: $OUT/timeline.tgz (each binary's full output and JSON); summary.txt holds the timeline
+# lines (two files of the 8 a call returns, so it can share a call with dev/refresh_call.sh).
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/timeline
-rm -rf "$P" && mkdir -p "$P" && tar xzf "${PACK:-.gpubin/pack/timeline.tgz}" -C "$P"
+L=/tmp/timeline-logs
+rm -rf "$P" "$L" && mkdir -p "$P" "$L" && tar xzf "${PACK:-.gpubin/pack/timeline.tgz}" -C "$P"
 STATES=${STATES:-bf16,f32} TS=${TS:-1,2} NS=${NS:-128,512} CUT=${CUT:-150}
 mode=1
 [[ -n ${STABLE:-} ]] && mode=stable  # KDA_BENCH_TIMELINE=stable: also under the promise
@@ -23,8 +25,9 @@ for d in "$P"/head "$P"/*/; do
   [[ $b == head && $d != "$P/head" ]] && continue  # head runs first
   echo "== $b (at $(el) s)"
   KDA_BENCH_TIMELINE=$mode KDA_BENCH_STATES=$STATES KDA_BENCH_TS=$TS KDA_BENCH_NS=$NS \
-    KDA_BENCH_VARIANTS=stream timeout "$CUT" "$d/kda_decode_cuda_bench" "$OUT/${b}_timeline.json" \
-    >"$OUT/${b}_timeline.txt" 2>&1 || echo "$b: rc $? ($(tail -1 "$OUT/${b}_timeline.txt"))"
-  grep 'timeline\|(G=' "$OUT/${b}_timeline.txt" | grep -v 'timeline   finest'
+    KDA_BENCH_VARIANTS=stream timeout "$CUT" "$d/kda_decode_cuda_bench" "$L/${b}.json" \
+    >"$L/${b}.txt" 2>&1 || echo "$b: rc $? ($(tail -1 "$L/${b}.txt"))"
+  grep 'timeline\|(G=' "$L/${b}.txt" | grep -v 'timeline   finest'
 done
+tar czf "$OUT/timeline.tgz" -C "$L" .
 echo "done at $(el) s"
