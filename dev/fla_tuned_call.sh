@@ -8,8 +8,8 @@ set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/flat; L=/tmp/flat-logs
 rm -rf $P $L; mkdir -p $P $L; tar xzf .gpubin/pack/refresh1.tgz -C $P
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/kda-site .whl/*.whl && export PYTHONPATH=/tmp/kda-site${PYTHONPATH:+:$PYTHONPATH}
+source "$root/scripts/lib/peer_wheels.sh"
+install_peer_wheels "$root"
 ( while sleep 10; do tar czf "$OUT/logs.tgz" -C "$L" . 2>/dev/null; done ) &
 saver=$!
 echo "== 1. FLA tuned once (the first shape's choices), T = 1 (at $(el) s)"

@@ -194,6 +194,9 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
     for (int c : ctas) t0 = std::min(t0, tl.at(slot, c, TL::entry));
     for (int c = 0; c < TL::kCtas; ++c)
       prev_end = std::max(prev_end, tl.at(slot - 1, c, TL::norm_exit));
+    auto items_of = [&](int c) {  // the CTA's items with stamps
+      return static_cast<int>(std::min<long long>(tl.at(slot, c, TL::count), TL::kItems));
+    };
     auto stats = [&](auto value) {  // min / median / max over the CTAs, us from t0
       std::vector<double> v;
       for (int c : ctas) v.push_back((value(c) - t0) * 1e-3);
@@ -211,15 +214,12 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
     stats([&](int c) { return tl.at(slot, c, TL::landed0); });
     stats([&](int c) { return tl.at(slot, c, TL::precomputed0); });
     stats([&](int c) { return tl.ready(slot, c, 0); });
-    stats([&](int c) {
-      const int n = static_cast<int>(std::min<long long>(tl.at(slot, c, TL::count), TL::kItems));
-      return tl.swept(slot, c, n - 1);
-    });
+    stats([&](int c) { return tl.swept(slot, c, items_of(c) - 1); });
     stats([&](int c) { return tl.at(slot, c, TL::norm_exit); });
     std::vector<double> period;
     int max_count = 0;
     for (int c : ctas) {
-      const int n = static_cast<int>(std::min<long long>(tl.at(slot, c, TL::count), TL::kItems));
+      const int n = items_of(c);
       max_count = std::max(max_count, n);
       if (n >= 2)
         period.push_back((tl.swept(slot, c, n - 1) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1));

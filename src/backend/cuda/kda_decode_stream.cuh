@@ -537,15 +537,15 @@ struct StreamItems {
 
   // Every thread of the CTA: the stream kernels' prologue. Barriers, batch 0's metadata (warp
   // kResolveWarp), items 0 .. prefill-1 announced, their scalars in their stages and 0 .. early-1
-  // staged (by warps 0-7; a staggered prefill copies early .. prefill-1 later, with `scalars`
-  // false: a precompute warp reads a stage's scalars once its barrier's phase completes, which
-  // orders nothing written beside the copies), then batch 0's beta bits and destinations (their
-  // round trip overlaps the copies in flight: the first item's path holds two round trips, metadata
-  // and copies, not three). With the stable-state promise (p.stable_state: nothing in flight writes
-  // the metadata or a source state slot) the metadata and the source states of items 0 .. prefill-1
-  // are read before the PDL wait, while the predecessor finishes (a back-to-back stream grid: its
-  // CTAs with one item fewer exit an item early), and only the inputs' copies follow the wait;
-  // items early .. prefill-1 then stage their inputs alone (copies_after_wait()).
+  // staged (by warps 0-7; a staggered prefill copies early .. prefill-1 later (stage_rest), with
+  // `scalars` false: a precompute warp reads a stage's scalars once its barrier's phase completes,
+  // which orders nothing written beside the copies), then batch 0's beta bits and destinations
+  // (their round trip overlaps the copies in flight: the first item's path holds two round trips,
+  // metadata and copies, not three). With the stable-state promise (p.stable_state: nothing in
+  // flight writes the metadata or a source state slot) the metadata and the source states of items
+  // 0 .. prefill-1 are read before the PDL wait, while the predecessor finishes (a back-to-back
+  // stream grid: its CTAs with one item fewer exit an item early), and only the inputs' copies
+  // follow the wait; items early .. prefill-1 then stage their inputs alone (copies_after_wait()).
   template <bool kStage>
   __device__ void prologue(int prefill, int early) const {
     const int tid = threadIdx.x, warp = tid / kWarp;
@@ -573,6 +573,14 @@ struct StreamItems {
     if (warp == kResolveWarp) resolve_scalars(prefill);
     __syncthreads();  // the prologue's scalars (later items': the barriers of the item staging
                       // them)
+  }
+  // Warps 0-7, once item 0's stage has landed: a staggered prefill's other copies, of items
+  // early .. prefill-1 (announced by the prologue, which also wrote their scalars).
+  template <bool kStage>
+  __device__ void stage_rest(int prefill, int early) const {
+    for (int k = early; k < prefill; ++k)
+      stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k], copies_after_wait(),
+                                 false);
   }
 };
 
@@ -657,11 +665,7 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
       cta_sync<kStreamThreads>();
       if (tid == 0 && has_next)
         announce_item<StateT, kStage, Smem::kTaps>(ahead_of(next), &S.full[s]);
-      if (k == 0) {  // staggered prefill: the rest of the ring, announced in the prologue
-        for (int kk = early; kk < prefill; ++kk)
-          stage_item<StateT, kStage>(p, ahead_of(kk), S.stage[kk], &S.full[kk],
-                                     items.copies_after_wait(), false);
-      }
+      if (k == 0) items.template stage_rest<kStage>(prefill, early);  // staggered prefill
       if (late_next >= 0) {  // late copies: item k - 1's refill, on warps 5 .. 7
         const int ls = late_next % kStages;
         stage_item<StateT, kStage, kLateCopyWarp0, kLateCopyWarps>(p, ahead_of(late_next),
@@ -863,11 +867,9 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         const int s = k % kStages;
         Stage<StateT, Smem::kTaps, kTokens>& st = S.stage[s];
         SPLICE_KDA_STAMP(k, 0);
-        if (k == 0 && early < prefill) {  // staggered prefill: the rest of the ring
+        if (k == 0 && early < prefill) {  // staggered prefill, once item 0's stage has landed
           mbar_wait_warp(&S.full[0], 0u);
-          for (int kk = early; kk < prefill; ++kk)
-            stage_item<StateT, kStage>(p, items.ahead_of(kk), S.stage[kk], &S.full[kk],
-                                       items.copies_after_wait(), false);
+          items.template stage_rest<kStage>(prefill, early);
         }
         handoff_wait(&S.precomputed[k & 1], k);
         SPLICE_KDA_STAMP(k, 1);
