@@ -216,6 +216,21 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
     stats([&](int c) { return tl.ready(slot, c, 0); });
     stats([&](int c) { return tl.swept(slot, c, items_of(c) - 1); });
     stats([&](int c) { return tl.at(slot, c, TL::norm_exit); });
+    // Where the first items' states reach registers and their sweeps end (medians over the
+    // CTAs; a staggered prefill's other copies issued, where the launch staggers).
+    auto median_of = [&](auto value) {
+      std::vector<double> v;
+      for (int c : ctas)
+        if (value(c) >= 0) v.push_back((value(c) - t0) * 1e-3);
+      std::sort(v.begin(), v.end());
+      return v.empty() ? -1.0 : v[v.size() / 2];
+    };
+    std::printf("\n  timeline   ring issued %.2f; items 0-4 ready / swept (medians):",
+                median_of([&](int c) { return tl.at(slot, c, TL::ring_issued); }));
+    for (int k = 0; k < 5; ++k)
+      std::printf(" %.2f / %.2f",
+                  median_of([&](int c) { return k < items_of(c) ? tl.ready(slot, c, k) : -1; }),
+                  median_of([&](int c) { return k < items_of(c) ? tl.swept(slot, c, k) : -1; }));
     std::vector<double> period;
     int max_count = 0;
     for (int c : ctas) {

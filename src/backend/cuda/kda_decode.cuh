@@ -209,12 +209,12 @@ __device__ __forceinline__ void dev_stamp(int k, int point) {
 // ticket, so launches back to back keep theirs). Fields (kda_decode.h, KdaDevTimeline): entry
 // and the end of the prologue (thread 0), each item's state in registers and its sweep's end
 // (sweep warp 0), the sweep warps' and the norm warp's exits, the SM id, item 0's stage landed
-// and its precompute done (the norm warp).
+// and its precompute done (the norm warp), the staggered prefill's other copies issued (thread 0).
 constexpr int kTimelineSlots = 4, kTimelineCtas = 264, kTimelineItems = 128,
-              kTimelineFields = 8 + 2 * kTimelineItems;
+              kTimelineFields = 9 + 2 * kTimelineItems;
 constexpr int kTlEntry = 0, kTlPrologue = 1, kTlSweepExit = 2, kTlNormExit = 3, kTlSm = 4,
-              kTlCount = 5, kTlLanded0 = 6, kTlPrecomputed0 = 7, kTlReady = 8,
-              kTlSwept = 8 + kTimelineItems;
+              kTlCount = 5, kTlLanded0 = 6, kTlPrecomputed0 = 7, kTlRingIssued = 8, kTlReady = 9,
+              kTlSwept = 9 + kTimelineItems;
 __device__ long long g_kda_dev_timeline[kTimelineSlots][kTimelineCtas][kTimelineFields];
 __device__ unsigned g_kda_dev_timeline_ticket[2][kTimelineCtas];
 __device__ __forceinline__ long long global_ns() {

@@ -870,6 +870,9 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
         if (k == 0 && early < prefill) {  // staggered prefill, once item 0's stage has landed
           mbar_wait_warp(&S.full[0], 0u);
           items.template stage_rest<kStage>(prefill, early);
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+          if (tl != nullptr) tl[kTlRingIssued] = global_ns();
+#endif
         }
         handoff_wait(&S.precomputed[k & 1], k);
         SPLICE_KDA_STAMP(k, 1);

@@ -128,7 +128,7 @@ void kda_dev_stamps_reset();
 // precompute-group `stream` kernel, one row per CTA b < kCtas (kda_decode.cuh, timeline_row):
 // -1 where nothing was stamped. Launch i of a reset's sequence is slot i % kSlots.
 struct KdaDevTimeline {
-  static constexpr int kSlots = 4, kCtas = 264, kItems = 128, kFields = 8 + 2 * kItems;
+  static constexpr int kSlots = 4, kCtas = 264, kItems = 128, kFields = 9 + 2 * kItems;
   enum Field {
     entry = 0,
     prologue_end = 1,
@@ -138,13 +138,14 @@ struct KdaDevTimeline {
     count = 5,
     landed0 = 6,       // item 0's stage landed (the norm warp's view)
     precomputed0 = 7,  // item 0 precomputed (the norm warp's kind)
+    ring_issued = 8,   // a staggered prefill's other copies issued (thread 0; -1 without)
   };
   std::vector<long long> raw;  // [kSlots][kCtas][kFields]
   long long at(int slot, int cta, int field) const {
     return raw[(static_cast<std::size_t>(slot) * kCtas + cta) * kFields + field];
   }
-  long long ready(int slot, int cta, int k) const { return at(slot, cta, 8 + k); }  // state in regs
-  long long swept(int slot, int cta, int k) const { return at(slot, cta, 8 + kItems + k); }
+  long long ready(int slot, int cta, int k) const { return at(slot, cta, 9 + k); }  // state in regs
+  long long swept(int slot, int cta, int k) const { return at(slot, cta, 9 + kItems + k); }
 };
 KdaDevTimeline kda_dev_timeline();
 void kda_dev_timeline_reset();
