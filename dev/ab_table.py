@@ -2,7 +2,9 @@
 """The timed A/B table of the carried-binaries calls (dev/prepared_call.sh,
 dev/refresh_call.sh and the one-off calls of session 21): reads LOGDIR/<binary>_bench_<round>.txt (kda_decode_cuda_bench's
 output, one file per binary and round) and prints, per (state, N, T), the first binary's median
-`stream` time and share of the floor, and each other binary's median and its change against it.
+`stream` time and share of the floor, and each other binary's median and its change against it;
+then the same for the times under the stable-state promise (the bench's `chosen_stable`, what a
+decode step launches), where the bench printed them.
 
 usage: ab_table.py LOGDIR BASELINE OTHER...
 """
@@ -13,11 +15,12 @@ import statistics
 import sys
 
 PATTERN = re.compile(r"^\s+(bf16|f32) N=(\d+) T=(\d+) \(G=\d+\):.* stream ([\d.]+) .*floor ([\d.]+)")
+STABLE = re.compile(r"^\s+A/B (bf16|f32) N=(\d+) T=(\d+): \w+ with the stable-state promise ([\d.]+) vs")
 
 
 def main():
     logdir, baseline, others = sys.argv[1], sys.argv[2], sys.argv[3:]
-    runs = {}
+    runs, stable, floors = {}, {}, {}
     for path in glob.glob(os.path.join(logdir, "*_bench_*.txt")):
         binary = os.path.basename(path).split("_bench_")[0]
         for line in open(path):
@@ -25,8 +28,23 @@ def main():
             if m:
                 key = (m[1], int(m[2]), int(m[3]))
                 runs.setdefault(binary, {}).setdefault(key, []).append((float(m[4]), float(m[5])))
+                floors[key] = float(m[5])
+            m = STABLE.match(line)
+            if m:
+                key = (m[1], int(m[2]), int(m[3]))
+                stable.setdefault(binary, {}).setdefault(key, []).append(float(m[4]))
+    table(runs, baseline, others, "")
+    if stable:
+        for times in stable.values():
+            for key, v in times.items():
+                times[key] = [(u, floors.get(key, 0.0)) for u in v]
+        print()
+        table(stable, baseline, others, " (stable)")
+
+
+def table(runs, baseline, others, label):
     base = runs.get(baseline, {})
-    header = f"{'state':6} {'N':>4} {'T':>2} {baseline + ' us':>9} {'%floor':>7}"
+    header = f"{'state':6} {'N':>4} {'T':>2} {baseline + label + ' us':>9} {'%floor':>7}"
     for b in others:
         header += f" {b:>9} {'chg':>7}"
     print(header)

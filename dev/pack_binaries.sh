@@ -19,7 +19,9 @@
 #             patched copy of the tree compiled with build/bundle's command, swapped into a copy
 #             of libsplice_backend_cuda.a, both executables relinked with their link.txt.
 #   (PACK_NAME=name: .gpubin/pack/name.tgz instead, e.g. two variant packs side by side; the
-#   calls take PACK=.gpubin/pack/name.tgz)
+#   calls take PACK=.gpubin/pack/name.tgz. BENCH_ONLY=1: the variants' benches alone, ~3.5 MB
+#   each instead of ~22, so five variants share a call; dev/variant_ab_call.sh then only times
+#   them)
 #   timeline  .gpubin/pack/timeline.tgz for dev/timeline_call.sh: the same from build/kdaattr (the
 #             attribution build, KDA_BENCH_TIMELINE; kda_decode_cuda_bench only), once:
 #               cmake -S . -B build/kdaattr -DCMAKE_BUILD_TYPE=Release -DSPLICE_BUILD_BENCH=ON \
@@ -77,7 +79,7 @@ for e in json.load(open('$B/compile_commands.json')):
       cp "$B/libsplice_backend_cuda.a" "$W/$name.a"
       (cd "$W" && cp "$obj" kda_decode.cu.o && ar r "$name.a" kda_decode.cu.o)
       mkdir -p "$W/v/$name"
-      [[ $kind == variants ]] &&
+      [[ $kind == variants && -z ${BENCH_ONLY:-} ]] &&
         relink "$B/tests" cuda_all_test "$W/$name.a" "$W/v/$name/cuda_all_test"
       relink "$B/bench" kda_decode_cuda_bench "$W/$name.a" "$W/v/$name/kda_decode_cuda_bench"
       strip "$W/v/$name/"*

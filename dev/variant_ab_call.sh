@@ -25,6 +25,10 @@ rm -rf $P $L; mkdir -p $P $L; tar xzf "${PACK:-.gpubin/pack/variants.tgz}" -C $P
 variants=()
 for d in $P/*/; do d=$(basename $d); [[ $d != head ]] && variants+=($d); done
 echo "variants: ${variants[*]}"
+# A bench-only pack (pack_binaries.sh BENCH_ONLY=1) carries no cuda_all_test: timed A/B alone.
+tested=()
+for v in "${variants[@]}"; do [[ -x $P/$v/cuda_all_test ]] && tested+=($v); done
+(( ${#tested[@]} < ${#variants[@]} )) && echo "untested (bench only): $(( ${#variants[@]} - ${#tested[@]} )) variant(s)"
 HANG_ROUNDS=${HANG_ROUNDS:-3} TESTS=${TESTS:-KdaCuda.*} TEST_CUT=${TEST_CUT:-110} RACE=${RACE:-*}
 STATES=${STATES:-bf16,f32} TS=${TS:-1,2,4,8} NS=${NS:-128,512} BENCH_CUT=${BENCH_CUT:-40}
 ROUNDS=${ROUNDS:-3}
@@ -35,7 +39,7 @@ race_cases() {
 }
 T0=$SECONDS
 echo "== 1. the hang test alone"
-for v in "${variants[@]}"; do
+for v in "${tested[@]}"; do
   for ((r = 1; r <= HANG_ROUNDS; ++r)); do
     s=$SECONDS
     timeout 30 $P/$v/cuda_all_test --gtest_filter='KdaCuda.PerRowModesEveryVariant' >$L/${v}_hang_$r.txt 2>&1
@@ -44,7 +48,7 @@ for v in "${variants[@]}"; do
 done
 echo "== 2. tests and racecheck (at $((SECONDS - T0)) s)"
 pids=()
-for v in "${variants[@]}"; do
+for v in "${tested[@]}"; do
   for i in 0 1 2 3; do
     GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout $TEST_CUT $P/$v/cuda_all_test --gtest_filter="$TESTS" >$L/${v}_s$i.txt 2>&1 &
     pids+=($!)
@@ -56,7 +60,7 @@ for v in "${variants[@]}"; do
   done
 done
 wait "${pids[@]}"
-for v in "${variants[@]}"; do
+for v in "${tested[@]}"; do
   echo "$v $TESTS: $(cat $L/${v}_s*.txt | grep -c '^\[       OK \]') passed, $(cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -vc 'listed below') failed"
   cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u
   for f in $L/${v}_s*.txt; do grep -q '^\[  PASSED\|^\[  FAILED' $f || echo "  cut: $(basename $f) in $(grep '^\[ RUN' $f | tail -1)"; done
