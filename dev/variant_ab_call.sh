@@ -59,7 +59,8 @@ for v in "${tested[@]}"; do
     pids+=($!)
   done
 done
-wait "${pids[@]}"
+# (Never a bare `wait`: it would also wait for call_env.sh's tee, forever: run 185.)
+(( ${#pids[@]} > 0 )) && wait "${pids[@]}"
 for v in "${tested[@]}"; do
   echo "$v $TESTS: $(cat $L/${v}_s*.txt | grep -c '^\[       OK \]') passed, $(cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -vc 'listed below') failed"
   cat $L/${v}_s*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u

@@ -582,6 +582,20 @@ struct StreamItems {
       stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k], copies_after_wait(),
                                  false);
   }
+  // Lane l < n of one warp: an L2 prefetch (cp.async.bulk.prefetch.L2) of item first + l's source
+  // state, for items of batch 0 (resolved by the prologue) only. Nothing waits for it; a later
+  // copy of that state then reads L2.
+  __device__ void prefetch_states_l2(int first, int n) const {
+    const int k = first + static_cast<int>(threadIdx.x % kWarp);
+    if (static_cast<int>(threadIdx.x % kWarp) >= n || k >= count || k >= kWarp) return;
+    const Item& it = ahead_of(k).it;
+    if (!it.live) return;
+    constexpr std::uint32_t kStateBytes = kD * kD * sizeof(StateT);
+    const StateT* src = static_cast<const StateT*>(p.state) + it.ss * p.state_slot +
+                        static_cast<std::int64_t>(it.h) * kD * kD;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(kStateBytes)
+                 : "memory");
+  }
 };
 
 template <typename StateT, bool kStage>
@@ -832,6 +846,18 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
   const bool stagger = std::is_same_v<StateT, float> || p.max_t > 1;
   const int early = stagger ? min(1, prefill) : prefill;
   items.template prologue<kStage>(prefill, early);
+  // fp32 under the stable-state promise: the states of the two items after the ring (128 KB a
+  // CTA, 17 MB chip wide) prefetched into L2 by the first precompute warp. The promised prologue
+  // copied the ring's states before the PDL wait, so after it the memory system carries only the
+  // inputs' copies; the prefetch fills that gap and the items' later copies read L2. perf.md run
+  // 186: fp32 under the promise -0.8% at N = 128 T = 1 (-0.2 to -1.2% at N = 32 .. 512, T <= 2);
+  // without the promise (item 0's copies then compete with it) +0.1 to +4.7%, and at bf16 +0.6
+  // to +3.9% either way, so only here.
+  if constexpr (std::is_same_v<StateT, float>) {
+    constexpr int kRampPrefetchItems = (128 << 10) / (kD * kD * sizeof(StateT));
+    if (p.stable_state != 0 && warp == kStreamWarps)
+      items.prefetch_states_l2(prefill, kRampPrefetchItems);
+  }
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   if (tl != nullptr) tl[kTlPrologue] = global_ns();
 #endif
