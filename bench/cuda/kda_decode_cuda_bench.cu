@@ -36,7 +36,8 @@
 // large N; the stable-state promise needs a neighbour to show anything), KDA_BENCH_WARM_MS
 // (untimed replays of each graph before its timed ones, at least this many ms; default 50: with
 // 3 warm-up replays alone the first configurations after a dtype switch read 8-10% slow, perf.md
-// runs 134-142), SPLICE_PDL=0 (every launch without PDL), SPLICE_KDA_TUNE (the default tune mask
+// runs 134-142), KDA_BENCH_GRID_CAP (at most this many CTAs a stream launch), SPLICE_PDL=0
+// (every launch without PDL), SPLICE_KDA_TUNE (the default tune mask
 // of every launch). In a SPLICE_KDA_DEV_ATTRIBUTION build also KDA_BENCH_STAMPS (per-phase clock64
 // stamps of two CTAs) and KDA_BENCH_TIMELINE (every CTA's %globaltimer timeline over 4 launches
 // back to back: print_timeline; KDA_BENCH_TIMELINE=stable also under the stable-state promise).
@@ -485,6 +486,13 @@ int main(int argc, char** argv) {
     opt.min_sets = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("KDA_BENCH_WARM_MS"); v != nullptr && *v != '\0')
     opt.warm_ms = std::max(0.0, std::atof(v));
+  // KDA_BENCH_GRID_CAP: at most this many CTAs a stream launch (the test hook
+  // set_kda_stream_grid_cap; an experiment's knob: is the bf16 item loop bound by the chip's
+  // bandwidth, so fewer CTAs holding whole rounds of items run each item faster?).
+  if (const char* v = std::getenv("KDA_BENCH_GRID_CAP"); v != nullptr && *v != '\0') {
+    splice::cuda::set_kda_stream_grid_cap(std::max(0, std::atoi(v)));
+    std::printf("stream grid capped at %d CTAs\n", std::max(0, std::atoi(v)));
+  }
   std::printf("kda tune default %u; timed:", splice::cuda::kda_tune());
   for (const auto& v : opt.variants) std::printf(" %s", v.c_str());
   for (unsigned b : opt.tunes) std::printf(" stream+tune%u", b);
