@@ -83,6 +83,11 @@ __device__ __forceinline__ void bulk_copy_hinted(void* dst, const void* src, std
       "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
+// An L2 prefetch of `bytes` (a multiple of 16) at `src`: nothing waits for it, and a later read
+// of those bytes finds them in L2.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, std::uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 // Whether the phase of parity `phase` has completed (no waiting).
 __device__ __forceinline__ bool mbar_test(std::uint64_t* bar, std::uint32_t phase) {
   std::uint32_t done = 0;

@@ -100,6 +100,7 @@ namespace splice::cuda::kda {
 // mbarrier, no cluster barrier after the sweep) and the stream kernel's bulk-copy ring.
 using detail::bulk_copy;
 using detail::bulk_copy_hinted;
+using detail::bulk_prefetch_l2;
 using detail::cluster_arrive_relaxed;
 using detail::cluster_wait;
 using detail::mbar_arrive;

@@ -223,6 +223,13 @@ __device__ __forceinline__ void announce_item(const Ahead& a, std::uint64_t* bar
   mbar_arrive_expect(bar, bytes);
 }
 
+// Item `it`'s source state: [D, D] of head it.h in slot it.ss.
+template <typename StateT>
+__device__ __forceinline__ const StateT* source_state(const Params& p, const Item& it) {
+  return static_cast<const StateT*>(p.state) + it.ss * p.state_slot +
+         static_cast<std::int64_t>(it.h) * kD * kD;
+}
+
 // Which of an item's bulk copies a stage_item call issues: all of them, or (the stable-state
 // prologue) the source state alone before the PDL wait and the rest after it.
 enum class StageCopies : std::uint8_t { all, state, inputs, none };
@@ -269,7 +276,7 @@ __device__ __forceinline__ void stage_item(const Params& p, const Ahead& a,
   const int ci = lane * kWarps + warp;  // this thread's copy (order above)
   const int c = kTaps || ci < kFirstTapCopy ? ci : ci + kSkipped;
   if (which == (c == 0 ? StageCopies::inputs : StageCopies::state)) return;
-  if (c == 0) {
+  if (c == 0) {  // source_state(p, it), written with hd (calling it compiles to other code)
     src = static_cast<const StateT*>(p.state) + it.ss * p.state_slot + hd * kD;
     dst = st.state;
     bytes = static_cast<std::uint32_t>(sizeof(st.state));
@@ -589,12 +596,7 @@ struct StreamItems {
     const int k = first + static_cast<int>(threadIdx.x % kWarp);
     if (static_cast<int>(threadIdx.x % kWarp) >= n || k >= count || k >= kWarp) return;
     const Item& it = ahead_of(k).it;
-    if (!it.live) return;
-    constexpr std::uint32_t kStateBytes = kD * kD * sizeof(StateT);
-    const StateT* src = static_cast<const StateT*>(p.state) + it.ss * p.state_slot +
-                        static_cast<std::int64_t>(it.h) * kD * kD;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(kStateBytes)
-                 : "memory");
+    if (it.live) bulk_prefetch_l2(source_state<StateT>(p, it), kD * kD * sizeof(StateT));
   }
 };
 
