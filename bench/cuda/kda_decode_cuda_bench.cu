@@ -248,6 +248,18 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
     if (!period.empty())
       std::printf("\n  timeline   item period us: min %.3f median %.3f max %.3f; items a CTA <= %d",
                   period.front(), period[period.size() / 2], period.back(), max_count);
+    // The CTAs that finish last, with their SM and item period: whether a launch waits for the
+    // same SMs launch after launch (a property of the chip) or for CTAs with one more item.
+    std::vector<int> by_end = ctas;
+    auto last_sweep = [&](int c) { return tl.swept(slot, c, items_of(c) - 1); };
+    std::sort(by_end.begin(), by_end.end(),
+              [&](int a, int b) { return last_sweep(a) > last_sweep(b); });
+    std::printf("\n  timeline   last to finish (sm: end us, items, period us):");
+    for (std::size_t i = 0; i < std::min<std::size_t>(4, by_end.size()); ++i) {
+      const int c = by_end[i], n = items_of(c);
+      std::printf(" %lld: %.2f, %d, %.3f;", tl.at(slot, c, TL::sm), (last_sweep(c) - t0) * 1e-3, n,
+                  n >= 2 ? (last_sweep(c) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1) : 0.0);
+    }
     std::printf("\n");
   }
   std::printf("  timeline   finest timer step seen: %lld ns\n", step);
