@@ -502,8 +502,9 @@ int main(int argc, char** argv) {
   // set_kda_stream_grid_cap; an experiment's knob: is the bf16 item loop bound by the chip's
   // bandwidth, so fewer CTAs holding whole rounds of items run each item faster?).
   if (const char* v = std::getenv("KDA_BENCH_GRID_CAP"); v != nullptr && *v != '\0') {
-    splice::cuda::set_kda_stream_grid_cap(std::max(0, std::atoi(v)));
-    std::printf("stream grid capped at %d CTAs\n", std::max(0, std::atoi(v)));
+    const int cap = std::max(0, std::atoi(v));
+    splice::cuda::set_kda_stream_grid_cap(cap);
+    std::printf("stream grid capped at %d CTAs\n", cap);
   }
   std::printf("kda tune default %u; timed:", splice::cuda::kda_tune());
   for (const auto& v : opt.variants) std::printf(" %s", v.c_str());

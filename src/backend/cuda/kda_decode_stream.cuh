@@ -842,8 +842,8 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
   // copy items 1 .. prefill-1 once item 0's stage has landed, so item 0 lands after its own
   // copies instead of the whole ring's. perf.md runs 180-182: fp32 T = 1 -1.2 / -0.7% at N = 32
   // / 128, bf16 T = 2 -4.3 / -1.4%, T = 8 -3.4 / -1.2%, fp32 T > 1 -0.5% at N = 128, level at
-  // N = 512; bf16 T = 1 level to +2.8% (why is open: docs/perf-gpu-kda.md, "What the N = 128
-  // targets need").
+  // N = 512; bf16 T = 1 level to +2.8%: there item 0 lands ~4 us sooner but its precompute
+  // waits beside the ring's other copies and its state reaches registers no sooner (run 184).
   const int prefill = min(kStages, count);
   const bool stagger = std::is_same_v<StateT, float> || p.max_t > 1;
   const int early = stagger ? min(1, prefill) : prefill;
