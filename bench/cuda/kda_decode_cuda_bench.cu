@@ -260,6 +260,29 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
       std::printf(" %lld: %.2f, %d, %.3f;", tl.at(slot, c, TL::sm), (last_sweep(c) - t0) * 1e-3, n,
                   n >= 2 ? (last_sweep(c) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1) : 0.0);
     }
+    // The slowest CTA's and a median CTA's item-by-item sweep times (us between sweep ends, item
+    // 0 from its ready stamp): a one-off stall or a uniformly slower CTA.
+    for (int which : {0, static_cast<int>(by_end.size() / 2)}) {
+      const int c = by_end[which], n = items_of(c);
+      std::printf("\n  timeline   %s CTA (sm %lld) item times:", which == 0 ? "last" : "median",
+                  tl.at(slot, c, TL::sm));
+      for (int k = 0; k < n; ++k)
+        std::printf(" %.2f", (tl.swept(slot, c, k) -
+                              (k == 0 ? tl.ready(slot, c, 0) : tl.swept(slot, c, k - 1))) *
+                                 1e-3);
+    }
+    // Every CTA's item period in SM order (SM: period us, a star where the CTA has an extra
+    // item): whether an SM's rate is a property of the SM, compared across launches and runs.
+    std::vector<int> by_sm = ctas;
+    std::sort(by_sm.begin(), by_sm.end(),
+              [&](int a, int b) { return tl.at(slot, a, TL::sm) < tl.at(slot, b, TL::sm); });
+    std::printf("\n  timeline   sm periods:");
+    for (int c : by_sm) {
+      const int n = items_of(c);
+      std::printf(" %lld:%.3f%s", tl.at(slot, c, TL::sm),
+                  n >= 2 ? (last_sweep(c) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1) : 0.0,
+                  n == max_count ? "*" : "");
+    }
     std::printf("\n");
   }
   std::printf("  timeline   finest timer step seen: %lld ns\n", step);

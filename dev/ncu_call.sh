@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# dev/ncu_call.sh: Nsight Compute on one launch of the KDA stream kernel, to see where its item
+# loop waits (warp-state and PC-sampled stall reasons per SASS instruction, memory workload,
+# speed of light). ncu runs the profiled launch alone, caches flushed, clocks left alone, so the
+# launch-to-launch ramp is not in it: it shows the item loop. From a bench built here (the pack
+# of dev/gridcap_call.sh):
+#   run(command="CASES='bf16:128:1 bf16:128:2' dev/ncu_call.sh",
+#       carry=[".gpubin/pack/gridcap.tgz", ".deps"])
+# Environment (defaults): CASES (state:N:T, space-separated; bf16:128:1), SKIP (launches of the
+# kernel to skip before the profiled one: 8), SET (ncu section set: full).
+# Output: $OUT/ncu-<case>.tgz per case: details.csv (every section's metrics), source.csv (per
+# SASS instruction: PC-sampled stall reasons), and ncu's log.
+set -uo pipefail
+source "$(dirname "$0")/call_env.sh"
+P=/tmp/ncu-pack
+rm -rf "$P" && mkdir -p "$P" && tar xzf .gpubin/pack/gridcap.tgz -C "$P"
+which ncu || { echo "no ncu on the PATH"; exit 1; }
+for c in ${CASES:-bf16:128:1}; do
+  IFS=: read -r st n t <<<"$c"
+  W=/tmp/ncu-$st-$n-$t
+  rm -rf "$W" && mkdir -p "$W"
+  echo "== $c (at $(el) s)"
+  KDA_BENCH_NS=$n KDA_BENCH_TS=$t KDA_BENCH_STATES=$st KDA_BENCH_VARIANTS=stream KDA_BENCH_WARM_MS=1 \
+    timeout 240 ncu --clock-control none --set "${SET:-full}" --import-source no \
+    --kernel-name regex:kda_decode_stream --launch-skip "${SKIP:-8}" --launch-count 1 \
+    -o "$W/prof" "$P/head/kda_decode_cuda_bench" "$W/bench.json" >"$W/ncu.log" 2>&1 ||
+    echo "$c: ncu rc $?"
+  tail -4 "$W/ncu.log"
+  if [[ -f $W/prof.ncu-rep ]]; then
+    ncu -i "$W/prof.ncu-rep" --page details --csv >"$W/details.csv" 2>&1
+    ncu -i "$W/prof.ncu-rep" --page source --csv --print-source sass >"$W/source.csv" 2>&1
+    grep -i 'Duration\|Memory Throughput\|DRAM Throughput\|Registers Per\|Achieved Occ\|Issued Warp\|No Eligible\|Warp Cycles Per Issued' \
+      "$W/details.csv" | cut -c1-400 | head -20
+    wc -c "$W"/*.csv
+  fi
+  tar czf "$OUT/ncu-$st-$n-$t.tgz" -C "$W" --exclude=prof.ncu-rep .
+done
+echo "done at $(el) s"
