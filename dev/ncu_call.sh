@@ -7,7 +7,7 @@
 #   run(command="CASES='bf16:128:1 bf16:128:2' dev/ncu_call.sh",
 #       carry=[".gpubin/pack/gridcap.tgz", ".deps"])
 # Environment (defaults): CASES (state:N:T, space-separated; bf16:128:1), SKIP (launches of the
-# kernel to skip before the profiled one: 8), SET (ncu section set: full).
+# kernel to skip before the profiled one: 8), SET (ncu section set: full), FLASH (below).
 # Output: $OUT/ncu-<case>.tgz per case: details.csv (every section's metrics), source.csv (per
 # SASS instruction: PC-sampled stall reasons), and ncu's log.
 set -uo pipefail
@@ -35,4 +35,25 @@ for c in ${CASES:-bf16:128:1}; do
   fi
   tar czf "$OUT/ncu-$st-$n-$t.tgz" -C "$W" --exclude=prof.ncu-rep .
 done
+# FLASH (shapes 'B,Hq,Hkv,k_len,D;...'; carry .gpubin/pack/refresh2.tgz too): one flash-decode
+# launch of each shape under the same sections.
+if [[ -n ${FLASH:-} ]]; then
+  F=/tmp/ncu-flash-pack
+  rm -rf "$F" && mkdir -p "$F" && tar xzf .gpubin/pack/refresh2.tgz -C "$F"
+  W=/tmp/ncu-flash
+  rm -rf "$W" && mkdir -p "$W"
+  echo "== flash $FLASH (at $(el) s)"
+  timeout 240 ncu --clock-control none --set "${SET:-full}" --import-source no \
+    --kernel-name regex:flash --launch-skip "${SKIP:-8}" --launch-count 1 -o "$W/prof" \
+    "$F/head/flash_decode_cuda_bench" --shapes "$FLASH" --no-variants --warm-ms 1 --reps 3 \
+    --json "$W/bench.json" >"$W/ncu.log" 2>&1 || echo "flash: ncu rc $?"
+  tail -4 "$W/ncu.log"
+  if [[ -f $W/prof.ncu-rep ]]; then
+    ncu -i "$W/prof.ncu-rep" --page details --csv >"$W/details.csv" 2>&1
+    ncu -i "$W/prof.ncu-rep" --page source --csv --print-source sass >"$W/source.csv" 2>&1
+    grep -i '"Duration"\|DRAM Throughput\|Registers Per\|Grid Size\|Block Size\|No Eligible' \
+      "$W/details.csv" | cut -d, -f5,13-15 | head -12
+  fi
+  tar czf "$OUT/ncu-flash.tgz" -C "$W" --exclude=prof.ncu-rep .
+fi
 echo "done at $(el) s"
