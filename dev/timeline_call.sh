@@ -27,7 +27,7 @@ for d in "$P"/head "$P"/*/; do
   KDA_BENCH_TIMELINE=$mode KDA_BENCH_STATES=$STATES KDA_BENCH_TS=$TS KDA_BENCH_NS=$NS \
     KDA_BENCH_VARIANTS=stream timeout "$CUT" "$d/kda_decode_cuda_bench" "$L/${b}.json" \
     >"$L/${b}.txt" 2>&1 || echo "$b: rc $? ($(tail -1 "$L/${b}.txt"))"
-  grep 'timeline\|(G=' "$L/${b}.txt" | grep -v 'timeline   finest\|sm periods'
+  grep 'timeline\|(G=' "$L/${b}.txt" | grep -v 'timeline   finest\|sm periods\|cta periods'
 done
 tar czf "$OUT/timeline.tgz" -C "$L" .
 echo "done at $(el) s"

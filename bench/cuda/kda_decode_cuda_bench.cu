@@ -254,18 +254,19 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
     auto last_sweep = [&](int c) { return tl.swept(slot, c, items_of(c) - 1); };
     std::sort(by_end.begin(), by_end.end(),
               [&](int a, int b) { return last_sweep(a) > last_sweep(b); });
-    std::printf("\n  timeline   last to finish (sm: end us, items, period us):");
+    std::printf("\n  timeline   last to finish (cta / sm: end us, items, period us):");
     for (std::size_t i = 0; i < std::min<std::size_t>(4, by_end.size()); ++i) {
       const int c = by_end[i], n = items_of(c);
-      std::printf(" %lld: %.2f, %d, %.3f;", tl.at(slot, c, TL::sm), (last_sweep(c) - t0) * 1e-3, n,
+      std::printf(" %d / %lld: %.2f, %d, %.3f;", c, tl.at(slot, c, TL::sm),
+                  (last_sweep(c) - t0) * 1e-3, n,
                   n >= 2 ? (last_sweep(c) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1) : 0.0);
     }
     // The slowest CTA's and a median CTA's item-by-item sweep times (us between sweep ends, item
     // 0 from its ready stamp): a one-off stall or a uniformly slower CTA.
     for (int which : {0, static_cast<int>(by_end.size() / 2)}) {
       const int c = by_end[which], n = items_of(c);
-      std::printf("\n  timeline   %s CTA (sm %lld) item times:", which == 0 ? "last" : "median",
-                  tl.at(slot, c, TL::sm));
+      std::printf("\n  timeline   %s CTA (%d, sm %lld) item times:", which == 0 ? "last" : "median",
+                  c, tl.at(slot, c, TL::sm));
       for (int k = 0; k < n; ++k)
         std::printf(" %.2f", (tl.swept(slot, c, k) -
                               (k == 0 ? tl.ready(slot, c, 0) : tl.swept(slot, c, k - 1))) *
@@ -282,6 +283,13 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
       std::printf(" %lld:%.3f%s", tl.at(slot, c, TL::sm),
                   n >= 2 ? (last_sweep(c) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1) : 0.0,
                   n == max_count ? "*" : "");
+    }
+    // And in CTA order (blockIdx.x: which items a CTA walks): a CTA slow by its items.
+    std::printf("\n  timeline   cta periods:");
+    for (int c : ctas) {
+      const int n = items_of(c);
+      std::printf(" %d:%.3f", c,
+                  n >= 2 ? (last_sweep(c) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1) : 0.0);
     }
     std::printf("\n");
   }

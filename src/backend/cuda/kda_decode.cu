@@ -174,6 +174,10 @@ const KdaKernelInfo& stream_info_of(bool staged) {
 // The test hook's cap on the stream kernels' grid (kda_decode.h, set_kda_stream_grid_cap; 0:
 // none).
 std::atomic<int> g_stream_grid_cap{0};
+#ifdef SPLICE_KDA_DEV_ATTRIBUTION
+// (attribution) the next stream launch writes the clock64 stamps (kda_dev_stamps_reset).
+std::atomic<bool> g_dev_stamps_next{false};
+#endif
 
 // A stream kernel's grid for `items` items: one persistent CTA per SM (its shared memory admits
 // no second one), never more than items, nor than the test hook's cap.
@@ -251,6 +255,7 @@ void launch_stream(const kda::Params& base_params, std::int64_t units, std::int6
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   static_assert(kSmem % 16 == 0);
   params.dev_scratch_vec = kSmem / 16;
+  params.dev_stamps = g_dev_stamps_next.exchange(false) ? 1 : 0;
   launch_kernel_ex(stream_kernel<StateT, kStage, kWs, kTokens>(), grid, kBlock,
                    kSmem + kda::kDevScratchBytes, 1, params, stream);
 #else
@@ -400,6 +405,7 @@ void kda_dev_stamps_reset() {
   SPLICE_CUDA_CHECK(cudaGetSymbolAddress(&stamps, kda::g_kda_dev_stamps));
   SPLICE_CUDA_CHECK(cudaMemset(stamps, 0xff, sizeof(kda::g_kda_dev_stamps)));
   SPLICE_CUDA_CHECK(cudaDeviceSynchronize());
+  g_dev_stamps_next.store(true);
 }
 void kda_dev_timeline_reset() {
   SPLICE_CUDA_CHECK(cudaDeviceSynchronize());

@@ -159,6 +159,7 @@ struct Params {
   unsigned tune;  // KdaTuneBits (kda_decode.h): the dev-only schedule knob of `stream`
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   int dev_scratch_vec;  // (attribution) the scratch's offset in the dynamic shared memory, uint4s
+  int dev_stamps;       // (attribution) this launch writes the clock64 stamps (dev_stamp)
 #endif
   // KdaDecodeArgs::stable_state (the kernels read the metadata and the source state before
   // their PDL wait: the per-head kernels their CTA's item, the stream kernels their first
@@ -191,11 +192,14 @@ constexpr unsigned kTuneDevDropPrecompute = 32u, kTuneDevDropNorms = 64u,
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
 // (attribution) clock64 stamps of the precompute-group `stream` kernel: CTAs 0 and
 // kStampSecondCta, items k < kStampItems, lane 0 of each warp, kStampPoints points per item (its
-// loops' phases; kda_dev_stamps() in kda_decode.cu copies them out after a launch).
+// loops' phases; kda_dev_stamps() in kda_decode.cu copies them out after a launch). Only the
+// launch after kda_dev_stamps_reset() stamps (Params::dev_stamps): the stamps' barrier and stores
+// slow their two CTAs by 3-7% (perf.md run 197), which skewed the whole-launch timeline's tail.
 constexpr int kStampCtas = 2, kStampSecondCta = 66, kStampItems = 64, kStampWarps = 12,
               kStampPoints = 7;
 __device__ long long g_kda_dev_stamps[kStampCtas][kStampItems][kStampWarps][kStampPoints];
-__device__ __forceinline__ void dev_stamp(int k, int point) {
+__device__ __forceinline__ void dev_stamp(const Params& p, int k, int point) {
+  if (p.dev_stamps == 0) return;
   const int cta = blockIdx.x == 0 ? 0 : (blockIdx.x == kStampSecondCta ? 1 : -1);
   if (cta >= 0 && k < kStampItems) {
     __syncwarp();  // the warp's view, not one lane's (a lane may run ahead of a diverged warp)
@@ -204,7 +208,7 @@ __device__ __forceinline__ void dev_stamp(int k, int point) {
       g_kda_dev_stamps[cta][k][threadIdx.x / kWarp][point] = now;
   }
 }
-#define SPLICE_KDA_STAMP(k, point) dev_stamp(k, point)
+#define SPLICE_KDA_STAMP(k, point) dev_stamp(p, k, point)
 // (attribution) the whole-launch timeline of the precompute-group `stream` kernel: %globaltimer
 // (ns) of every CTA b < kTimelineCtas in kTimelineSlots consecutive launches (slot = the CTA's
 // ticket, so launches back to back keep theirs). Fields (kda_decode.h, KdaDevTimeline): entry

@@ -123,6 +123,7 @@ std::uint64_t kda_dynamic_item_launches();
 // (attribution build) the clock64 stamps of the last `stream` overlap-loop launch:
 // [2 CTAs][64 items][12 warps][7 points] (kda_decode.cuh, dev_stamp), -1 where none was taken.
 std::vector<long long> kda_dev_stamps();
+// Clears the stamps; the next `stream` launch (only that one) writes them.
 void kda_dev_stamps_reset();
 // (attribution build) the %globaltimer timeline (ns) of the last kSlots launches of the
 // precompute-group `stream` kernel, one row per CTA b < kCtas (kda_decode.cuh, timeline_row):
