@@ -233,12 +233,16 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
                   median_of([&](int c) { return k < items_of(c) ? tl.ready(slot, c, k) : -1; }),
                   median_of([&](int c) { return k < items_of(c) ? tl.swept(slot, c, k) : -1; }));
     std::vector<double> period;
+    // A CTA's item period, us: first to last sweep end over its items (0 with fewer than 2).
+    auto period_of = [&](int c) {
+      const int n = items_of(c);
+      return n >= 2 ? (tl.swept(slot, c, n - 1) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1) : 0.0;
+    };
     int max_count = 0;
     for (int c : ctas) {
       const int n = items_of(c);
       max_count = std::max(max_count, n);
-      if (n >= 2)
-        period.push_back((tl.swept(slot, c, n - 1) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1));
+      if (n >= 2) period.push_back(period_of(c));
       for (int k = 1; k < n; ++k) {
         const long long d = tl.swept(slot, c, k) - tl.swept(slot, c, k - 1);
         if (d > 0) step = std::min(step, d);
@@ -258,8 +262,7 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
     for (std::size_t i = 0; i < std::min<std::size_t>(4, by_end.size()); ++i) {
       const int c = by_end[i], n = items_of(c);
       std::printf(" %d / %lld: %.2f, %d, %.3f;", c, tl.at(slot, c, TL::sm),
-                  (last_sweep(c) - t0) * 1e-3, n,
-                  n >= 2 ? (last_sweep(c) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1) : 0.0);
+                  (last_sweep(c) - t0) * 1e-3, n, period_of(c));
     }
     // The slowest CTA's and a median CTA's item-by-item sweep times (us between sweep ends, item
     // 0 from its ready stamp): a one-off stall or a uniformly slower CTA.
@@ -278,19 +281,12 @@ void print_timeline(const std::vector<splice::KdaDecodeArgs>& args, cudaStream_t
     std::sort(by_sm.begin(), by_sm.end(),
               [&](int a, int b) { return tl.at(slot, a, TL::sm) < tl.at(slot, b, TL::sm); });
     std::printf("\n  timeline   sm periods:");
-    for (int c : by_sm) {
-      const int n = items_of(c);
-      std::printf(" %lld:%.3f%s", tl.at(slot, c, TL::sm),
-                  n >= 2 ? (last_sweep(c) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1) : 0.0,
-                  n == max_count ? "*" : "");
-    }
+    for (int c : by_sm)
+      std::printf(" %lld:%.3f%s", tl.at(slot, c, TL::sm), period_of(c),
+                  items_of(c) == max_count ? "*" : "");
     // And in CTA order (blockIdx.x: which items a CTA walks): a CTA slow by its items.
     std::printf("\n  timeline   cta periods:");
-    for (int c : ctas) {
-      const int n = items_of(c);
-      std::printf(" %d:%.3f", c,
-                  n >= 2 ? (last_sweep(c) - tl.swept(slot, c, 0)) * 1e-3 / (n - 1) : 0.0);
-    }
+    for (int c : ctas) std::printf(" %d:%.3f", c, period_of(c));
     std::printf("\n");
   }
   std::printf("  timeline   finest timer step seen: %lld ns\n", step);
