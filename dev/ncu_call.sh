@@ -15,45 +15,36 @@ source "$(dirname "$0")/call_env.sh"
 P=/tmp/ncu-pack
 rm -rf "$P" && mkdir -p "$P" && tar xzf .gpubin/pack/gridcap.tgz -C "$P"
 which ncu || { echo "no ncu on the PATH"; exit 1; }
-for c in ${CASES:-bf16:128:1}; do
-  IFS=: read -r st n t <<<"$c"
-  W=/tmp/ncu-$st-$n-$t
+# profile NAME KERNEL_REGEX COMMAND...: ncu on one launch of the kernel COMMAND runs (after SKIP
+# of them), its details and source pages as CSV and the headline metrics; $OUT/ncu-NAME.tgz.
+profile() {
+  local name=$1 regex=$2 W=/tmp/ncu-$1
+  shift 2
   rm -rf "$W" && mkdir -p "$W"
-  echo "== $c (at $(el) s)"
-  KDA_BENCH_NS=$n KDA_BENCH_TS=$t KDA_BENCH_STATES=$st KDA_BENCH_VARIANTS=stream KDA_BENCH_WARM_MS=1 \
-    timeout 240 ncu --clock-control none --set "${SET:-full}" --import-source no \
-    --kernel-name regex:kda_decode_stream --launch-skip "${SKIP:-8}" --launch-count 1 \
-    -o "$W/prof" "$P/head/kda_decode_cuda_bench" "$W/bench.json" >"$W/ncu.log" 2>&1 ||
-    echo "$c: ncu rc $?"
+  echo "== $name (at $(el) s)"
+  timeout 240 ncu --clock-control none --set "${SET:-full}" --import-source no \
+    --kernel-name "regex:$regex" --launch-skip "${SKIP:-8}" --launch-count 1 -o "$W/prof" \
+    "$@" >"$W/ncu.log" 2>&1 || echo "$name: ncu rc $?"
   tail -4 "$W/ncu.log"
   if [[ -f $W/prof.ncu-rep ]]; then
     ncu -i "$W/prof.ncu-rep" --page details --csv >"$W/details.csv" 2>&1
     ncu -i "$W/prof.ncu-rep" --page source --csv --print-source sass >"$W/source.csv" 2>&1
-    grep -i 'Duration\|Memory Throughput\|DRAM Throughput\|Registers Per\|Achieved Occ\|Issued Warp\|No Eligible\|Warp Cycles Per Issued' \
-      "$W/details.csv" | cut -c1-400 | head -20
-    wc -c "$W"/*.csv
+    grep -i '"Duration"\|DRAM Throughput\|Registers Per\|Grid Size\|Block Size\|No Eligible\|Issued Warp' \
+      "$W/details.csv" | cut -d, -f13-15 | head -12
   fi
-  tar czf "$OUT/ncu-$st-$n-$t.tgz" -C "$W" --exclude=prof.ncu-rep .
+  tar czf "$OUT/ncu-$name.tgz" -C "$W" --exclude=prof.ncu-rep .
+}
+for c in ${CASES:-bf16:128:1}; do
+  IFS=: read -r st n t <<<"$c"
+  KDA_BENCH_NS=$n KDA_BENCH_TS=$t KDA_BENCH_STATES=$st KDA_BENCH_VARIANTS=stream KDA_BENCH_WARM_MS=1 \
+    profile "$st-$n-$t" kda_decode_stream "$P/head/kda_decode_cuda_bench" "/tmp/ncu-$st-$n-$t.json"
 done
 # FLASH (shapes 'B,Hq,Hkv,k_len,D;...'; carry .gpubin/pack/refresh2.tgz too): one flash-decode
-# launch of each shape under the same sections.
+# launch (of the first shape) under the same sections.
 if [[ -n ${FLASH:-} ]]; then
   F=/tmp/ncu-flash-pack
   rm -rf "$F" && mkdir -p "$F" && tar xzf .gpubin/pack/refresh2.tgz -C "$F"
-  W=/tmp/ncu-flash
-  rm -rf "$W" && mkdir -p "$W"
-  echo "== flash $FLASH (at $(el) s)"
-  timeout 240 ncu --clock-control none --set "${SET:-full}" --import-source no \
-    --kernel-name regex:flash --launch-skip "${SKIP:-8}" --launch-count 1 -o "$W/prof" \
-    "$F/head/flash_decode_cuda_bench" --shapes "$FLASH" --no-variants --warm-ms 1 --reps 3 \
-    --json "$W/bench.json" >"$W/ncu.log" 2>&1 || echo "flash: ncu rc $?"
-  tail -4 "$W/ncu.log"
-  if [[ -f $W/prof.ncu-rep ]]; then
-    ncu -i "$W/prof.ncu-rep" --page details --csv >"$W/details.csv" 2>&1
-    ncu -i "$W/prof.ncu-rep" --page source --csv --print-source sass >"$W/source.csv" 2>&1
-    grep -i '"Duration"\|DRAM Throughput\|Registers Per\|Grid Size\|Block Size\|No Eligible' \
-      "$W/details.csv" | cut -d, -f5,13-15 | head -12
-  fi
-  tar czf "$OUT/ncu-flash.tgz" -C "$W" --exclude=prof.ncu-rep .
+  profile flash flash "$F/head/flash_decode_cuda_bench" --shapes "$FLASH" --no-variants \
+    --warm-ms 1 --reps 3 --json /tmp/ncu-flash.json
 fi
 echo "done at $(el) s"
