@@ -134,15 +134,17 @@ inline constexpr int kDropMerge = 1;
 // FlashDecodeParams::trigger values (FlashDecodeTrigger of flash_decode.h, checked there).
 inline constexpr int kTriggerAfterWait = 0, kTriggerAtExit = 1, kTriggerMergeInputsLanded = 2;
 inline constexpr int kDropKv = 2;
-// Stages a kernel-stamps build records (kernel_stamps.h marks 2..), in time order: q and the new
-// keys in shared memory (2), warp 0's first tile done (6), warp 0's tile loop done (3), every
-// warp's loop done (5), the warp-merge scratch written (7), the output (or the split's partial)
-// stored (4); and warp 0's second tile, each once its values exist: its K/V waited for (8), its
-// scores S (9), its probabilities P (10), its P V (11).
+// Stages a kernel-stamps build records (kernel_stamps.h marks 2..), in time order: the plan,
+// once k_len has landed (14), q and the new keys in shared memory (2), warp 0's first tile done
+// (6), warp 0's tile loop done (3), every warp's loop done (5), the warp-merge scratch written
+// (7), the output (or the split's partial) stored (4); and warp 0's second tile, each once its
+// values exist: its K/V waited for (8), its scores S (9), its probabilities P (10), its P V (11);
+// in a cluster merge's split 0 the peers' partials landed (12) and the merged output stored (13).
 inline constexpr unsigned kMarkQReady = 2, kMarkLoopDone = 3, kMarkStored = 4;
 inline constexpr unsigned kMarkWarpsDone = 5, kMarkFirstTile = 6, kMarkScratch = 7;
 inline constexpr unsigned kMarkTile2Waited = 8, kMarkTile2Scores = 9, kMarkTile2Probs = 10,
                           kMarkTile2Done = 11;
+inline constexpr unsigned kMarkMergeLanded = 12, kMarkMerged = 13, kMarkPlanned = 14;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
@@ -640,6 +642,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
   // Stage 2: live range and the device-side split plan.
   if (!stable_prefix) plan = plan_splits(p, k_len_raw, split);
+  stages.mark_after(static_cast<float>(plan.c1), kMarkPlanned);
   const int pos_first = plan.k_len - p.q_len;
   const int live_splits = plan.live;
   if (split >= live_splits) {  // never split 0
@@ -964,6 +967,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     if (split != 0) return;
     __syncthreads();  // split 0's own entry, written by every thread, is visible
     mbar_wait<true>(&merge_bars[0], 0);
+    stages.mark(kMarkMergeLanded);
     // The peers have exited, only this CTA's fold and store are left: the next grid may launch
     // (FlashDecodeTrigger::merge_inputs_landed).
     if (p.trigger == kTriggerMergeInputsLanded) allow_dependents();
@@ -983,6 +987,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       merge_batch(merge, ls, os);
       store_merged<T>(p, result_slot<T>(p, b, kv_head, row_base + row, d), merge);
     }
+    stages.mark(kMarkMerged);
     return;
   }
 

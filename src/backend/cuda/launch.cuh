@@ -98,17 +98,38 @@ void set_ring(Stamp* slots, std::uint64_t mask) {
 [[maybe_unused]] const bool g_unit_registered = (register_unit(&set_ring), true);
 
 // The ring as thread 0 of CTA (0, 0, 0) sees it, read before the wait (the host wrote it before
-// any launch: no predecessor writes it); nullptr elsewhere.
+// any launch: no predecessor writes it); nullptr elsewhere. A dev tool may build with
+// SPLICE_KERNEL_STAMPS_EVERY_CTA as well (dev/flash_timeline): thread 0 of every CTA then stamps,
+// into slot ((grid_id * kEveryCtaSlots + cta) * kMarks + mark) mod capacity, and the stamp's mark
+// field carries the CTA's linear index (bits 8-19) and SM id (bits 20-27) above the mark.
+#ifdef SPLICE_KERNEL_STAMPS_EVERY_CTA
+inline constexpr std::uint64_t kEveryCtaSlots = 4096;
+__device__ __forceinline__ std::uint32_t linear_cta() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+#endif
 __device__ __forceinline__ Ring ring_if_first_thread() {
+#ifdef SPLICE_KERNEL_STAMPS_EVERY_CTA
+  const bool first = (threadIdx.x | threadIdx.y | threadIdx.z) == 0;
+#else
   const bool first =
       (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
+#endif
   return first ? g_ring : Ring{nullptr, 0};
 }
 // One stamp into its slot, with global stores (st.global.cg): a generic store would also have to
 // be ordered against the thread's later shared-memory accesses.
 __device__ __forceinline__ void put(const Ring& ring, std::uint64_t grid_id, std::uint64_t ns,
                                     std::uint32_t mark) {
+#ifdef SPLICE_KERNEL_STAMPS_EVERY_CTA
+  const std::uint32_t cta = linear_cta();
+  std::uint32_t sm = 0;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  Stamp* slot = ring.slots + (((grid_id * kEveryCtaSlots + cta) * kMarks + mark) & ring.mask);
+  mark |= (cta & 0xfffu) << 8 | (sm & 0xffu) << 20;
+#else
   Stamp* slot = ring.slots + ((grid_id * kMarks + mark) & ring.mask);
+#endif
   __stcg(reinterpret_cast<unsigned long long*>(&slot->grid_id), grid_id);
   __stcg(reinterpret_cast<unsigned long long*>(&slot->ns), ns);
   __stcg(&slot->mark, mark);

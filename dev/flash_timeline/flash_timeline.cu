@@ -1,0 +1,348 @@
+// dev/flash_timeline: where a B = 1 flash-decode call's time goes, every CTA, back to back
+// (issue #5: (1, 32, 8) at 4K reads 7.36 us where 16.8 MB of K/V take 3.8 us at 4.4 TB/s).
+//
+// Builds flash_decode_kernel.cuh with SPLICE_KERNEL_STAMPS and SPLICE_KERNEL_STAMPS_EVERY_CTA
+// (launch.cuh: thread 0 of every CTA stores {%gridid, %globaltimer, mark | cta | smid} at each
+// mark) and launches the plan's instance for B = 1, (32, 8), head_dim 128 from 4K to 16K keys the
+// way flash_decode.cu does: 8 eight-warp splits per kv head in clusters of 8, the cluster merge,
+// speculative split 0, the next call let in once split 0 holds every partial
+// (FlashDecodeTrigger::merge_inputs_landed), programmatic dependent launch. As the bench does
+// (bench/cuda/flash_decode_cuda_bench.cu), one CUDA graph holds one call per input set, the sets
+// (K, V, q, out) rotating over >= 512 MB so the L2 does not flatter, k_len one shared int.
+//
+// Per k_len it prints: the replay's time per call (CUDA events, median of 20 replays after 50 ms
+// of warm replays; stamps on, so compare with the bench's number), the output's largest error
+// against a float64 reference (units of 2e-2 + 2e-2 |ref|), then, from one stamped replay, each
+// mark's time after the call's first wait return, the earliest / median / latest CTA (each the
+// median over the replay's calls but the first and last), split 0 and the peers apart, and the
+// hand-off to the next call. With `-v`, every CTA of the middle call.
+//
+//   flash_timeline [-v] [K_LEN ...]        (default 4096 16384)
+//
+// Build (here, nvcc 13, ~1 min): nvcc -O3 -DNDEBUG -DSPLICE_WITH_CUDA=1 -arch=sm_90a -std=c++20
+//   --expt-relaxed-constexpr -Iinclude -Isrc -o .gpubin/flash_timeline
+//   dev/flash_timeline/flash_timeline.cu
+#define SPLICE_KERNEL_STAMPS 1
+#define SPLICE_KERNEL_STAMPS_EVERY_CTA 1
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "../experiment_util.cuh"  // CHECK, bf, download
+#include "../flash_case.cuh"       // Case, Buffers, params_for
+#include "backend/cuda/flash_decode_kernel.cuh"
+
+namespace splice::cuda::kernel_stamps {
+namespace {
+void (*g_setter)(Stamp*, std::uint64_t) = nullptr;
+}
+void register_unit(void (*set_ring)(Stamp*, std::uint64_t)) { g_setter = set_ring; }
+void note_launch(const void*, void*) {}
+}  // namespace splice::cuda::kernel_stamps
+
+namespace {
+
+namespace kd = splice::cuda::detail;
+using splice::cuda::kernel_stamps::Stamp;
+using T = __nv_bfloat16;
+
+constexpr int kKvHeads = 8, kGroup = 4, kHeadDim = 128, kWarps = 8, kSplits = 8;
+constexpr std::size_t kRingSlots = std::size_t{1} << 22;  // 64 grids of 4096 CTA slots x 16 marks
+constexpr std::size_t kRotateBytes = std::size_t{512} << 20;
+using Cfg = kd::FlashDecodeConfig<kHeadDim, kWarps>;
+
+// Deterministic bf16 in [-1, 1) from the element index and a seed.
+__global__ void fill(T* x, std::size_t n, unsigned seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = __float2bfloat16(static_cast<float>(h >> 8) / 8388608.0f - 1.0f);
+  }
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The marks shown, in time order (kernel_stamps.h 0-1, flash_decode_kernel.cuh 2-14).
+struct MarkRow {
+  unsigned mark;
+  const char* name;
+};
+const MarkRow kRows[] = {
+    {1, "arrival (before the wait)"},
+    {0, "wait returned"},
+    {kd::kMarkPlanned, "k_len landed, planned"},
+    {kd::kMarkQReady, "q ready (ring prologue issued)"},
+    {kd::kMarkFirstTile, "warp 0: tile 0 done"},
+    {kd::kMarkTile2Waited, "warp 0: tile 1 landed"},
+    {kd::kMarkLoopDone, "warp 0: loop done"},
+    {kd::kMarkWarpsDone, "all warps' loops done"},
+    {kd::kMarkScratch, "warp-merge scratch written"},
+    {kd::kMarkStored, "partial stored / sent"},
+    {kd::kMarkMergeLanded, "split 0: peers' partials landed"},
+    {kd::kMarkMerged, "split 0: merged output stored"},
+};
+
+struct CtaMarks {
+  double t[16];
+  bool has[16];
+  int sm = -1;
+};
+
+void run(int k_len, bool verbose) {
+  const std::size_t kv_elems = static_cast<std::size_t>(kKvHeads) * k_len * kHeadDim;  // one set
+  const std::size_t q_elems = static_cast<std::size_t>(kKvHeads) * kGroup * kHeadDim;
+  const int sets =
+      static_cast<int>(std::clamp<std::size_t>(kRotateBytes / (2 * kv_elems * 2), 1, 64));
+  T *k_pool, *v_pool, *q_pool, *out_pool;
+  int* k_len_dev;
+  CHECK(cudaMalloc(&k_pool, sets * kv_elems * sizeof(T)));
+  CHECK(cudaMalloc(&v_pool, sets * kv_elems * sizeof(T)));
+  CHECK(cudaMalloc(&q_pool, sets * q_elems * sizeof(T)));
+  CHECK(cudaMalloc(&out_pool, sets * q_elems * sizeof(T)));
+  CHECK(cudaMalloc(&k_len_dev, sizeof(int)));
+  CHECK(cudaMemcpy(k_len_dev, &k_len, sizeof k_len, cudaMemcpyHostToDevice));
+  fill<<<1024, 256>>>(k_pool, sets * kv_elems, 11u);
+  fill<<<1024, 256>>>(v_pool, sets * kv_elems, 22u);
+  fill<<<64, 256>>>(q_pool, sets * q_elems, 33u);
+  CHECK(cudaDeviceSynchronize());
+
+  flash_case::Buffers b;
+  b.q_elems = q_elems;
+  b.kv_elems = kv_elems;
+  b.k_len = k_len_dev;
+  const flash_case::Case c{kKvHeads, kGroup, kHeadDim, k_len, false, kSplits};
+  kd::FlashDecodeParams base = flash_case::params_for(c, b);
+  base.trigger = kd::kTriggerMergeInputsLanded;  // the plan's up to 16K keys (flash_decode.cu)
+
+  auto kernel = kd::flash_decode_kernel<T, kHeadDim, kWarps, false, true>;
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto launch = [&](int set) {
+    kd::FlashDecodeParams p = base;
+    p.q = q_pool + set * q_elems;
+    p.out = out_pool + set * q_elems;
+    p.k = k_pool + set * kv_elems;
+    p.v = v_pool + set * kv_elems;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(1, kSplits, kKvHeads);
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute attrs[2]{};
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = 1;
+    attrs[0].val.clusterDim.y = kSplits;
+    attrs[0].val.clusterDim.z = 1;
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attrs;
+    config.numAttrs = 2;
+    CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  };
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  for (int i = 0; i < sets; ++i) launch(i);
+  CHECK(cudaStreamSynchronize(stream));
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < sets; ++i) launch(i);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  // Timing (stamps on): 50 ms of warm replays, then 20 timed ones.
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  float warm_ms = 0.0f;
+  CHECK(cudaEventRecord(e0, stream));
+  while (warm_ms < 50.0f) {
+    for (int r = 0; r < 10; ++r) CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(e1, stream));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaEventElapsedTime(&warm_ms, e0, e1));
+  }
+  std::vector<double> per_call;
+  for (int r = 0; r < 20; ++r) {
+    CHECK(cudaEventRecord(e0, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(e1, stream));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    per_call.push_back(ms * 1000.0 / sets);
+  }
+
+  // One stamped replay into a cleared ring.
+  Stamp* ring = nullptr;
+  CHECK(cudaMalloc(&ring, kRingSlots * sizeof(Stamp)));
+  CHECK(cudaMemset(ring, 0, kRingSlots * sizeof(Stamp)));
+  splice::cuda::kernel_stamps::g_setter(ring, kRingSlots - 1);
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  splice::cuda::kernel_stamps::g_setter(nullptr, 0);
+  const std::vector<Stamp> got = experiment::download(ring, kRingSlots);
+  CHECK(cudaFree(ring));
+
+  // Output of set 0 against float64.
+  const auto kh = experiment::download(reinterpret_cast<std::uint16_t*>(k_pool), kv_elems);
+  const auto vh = experiment::download(reinterpret_cast<std::uint16_t*>(v_pool), kv_elems);
+  const auto qh = experiment::download(reinterpret_cast<std::uint16_t*>(q_pool), q_elems);
+  const auto oh = experiment::download(reinterpret_cast<std::uint16_t*>(out_pool), q_elems);
+  double worst = 0.0;
+  for (int h = 0; h < kKvHeads * kGroup; ++h) {
+    const std::size_t kv0 = static_cast<std::size_t>(h / kGroup) * k_len * kHeadDim;
+    std::vector<double> s(k_len);
+    double big = -INFINITY;
+    for (int j = 0; j < k_len; ++j) {
+      double dot = 0.0;
+      for (int d = 0; d < kHeadDim; ++d)
+        dot += experiment::bf(qh[h * kHeadDim + d]) * experiment::bf(kh[kv0 + j * kHeadDim + d]);
+      s[j] = dot / std::sqrt(static_cast<double>(kHeadDim));
+      big = std::max(big, s[j]);
+    }
+    double sum = 0.0;
+    for (double& x : s) sum += (x = std::exp(x - big));
+    for (int d = 0; d < kHeadDim; ++d) {
+      double ref = 0.0;
+      for (int j = 0; j < k_len; ++j) ref += s[j] * experiment::bf(vh[kv0 + j * kHeadDim + d]);
+      ref /= sum;
+      const double err = std::abs(experiment::bf(oh[h * kHeadDim + d]) - ref);
+      worst = std::max(worst, err / (2e-2 + 2e-2 * std::abs(ref)));
+    }
+  }
+
+  // Stamps by call (grid id) and CTA (linear index = split + 8 kv_head).
+  std::map<std::uint64_t, std::map<int, CtaMarks>> calls;
+  std::uint64_t min_step = ~0ull;
+  for (const Stamp& s : got) {
+    if (s.grid_id == 0) continue;
+    const unsigned mark = s.mark & 0xffu, cta = (s.mark >> 8) & 0xfffu, sm = (s.mark >> 20) & 0xffu;
+    if (mark >= 16 || s.ns == 0) continue;
+    CtaMarks& m = calls[s.grid_id][static_cast<int>(cta)];
+    m.t[mark] = static_cast<double>(s.ns);
+    m.has[mark] = true;
+    m.sm = static_cast<int>(sm);
+  }
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, ctas] : calls) ids.push_back(id);
+  // t0 of a call: its earliest wait return; end: split 0's latest merged store.
+  const auto t0_of = [&](std::uint64_t id) {
+    double t = INFINITY;
+    for (const auto& [cta, m] : calls[id])
+      if (m.has[0]) t = std::min(t, m.t[0]);
+    return t;
+  };
+  const auto end_of = [&](std::uint64_t id) {
+    double t = -INFINITY;
+    for (const auto& [cta, m] : calls[id])
+      if (m.has[kd::kMarkMerged]) t = std::max(t, m.t[kd::kMarkMerged]);
+    return t;
+  };
+  for (const auto& [id, ctas] : calls)
+    for (const auto& [cta, m] : ctas)
+      for (int a = 0; a < 16; ++a)
+        for (int z = 0; z < 16; ++z)
+          if (m.has[a] && m.has[z] && m.t[a] > m.t[z])
+            min_step =
+                std::min<std::uint64_t>(min_step, static_cast<std::uint64_t>(m.t[a] - m.t[z]));
+
+  std::printf(
+      "\n(1,32,8,%d,128): %d sets, %zu calls stamped, %.2f us per call (median of 20 "
+      "replays, stamps on), max err %.3f of tolerance, smallest stamp step %llu ns\n",
+      k_len, sets, ids.size(), median(per_call), worst, static_cast<unsigned long long>(min_step));
+  if (ids.size() < 3) return;
+  // Per row: over the calls 1 .. n-2, the median of (earliest, median, latest CTA) of the mark
+  // minus the call's t0; split 0 and the peers apart.
+  std::printf("%-34s %8s %8s %8s | %8s %8s   (us after the call's first wait return)\n", "mark",
+              "first", "median", "last", "split 0", "peers");
+  for (const MarkRow& row : kRows) {
+    std::vector<double> lo, mid, hi, s0, peers;
+    for (std::size_t i = 1; i + 1 < ids.size(); ++i) {
+      const double t0 = t0_of(ids[i]);
+      std::vector<double> all, zero, rest;
+      for (const auto& [cta, m] : calls[ids[i]]) {
+        if (!m.has[row.mark]) continue;
+        const double us = (m.t[row.mark] - t0) / 1000.0;
+        all.push_back(us);
+        (cta % kSplits == 0 ? zero : rest).push_back(us);
+      }
+      if (all.empty()) continue;
+      lo.push_back(*std::min_element(all.begin(), all.end()));
+      mid.push_back(median(all));
+      hi.push_back(*std::max_element(all.begin(), all.end()));
+      if (!zero.empty()) s0.push_back(median(zero));
+      if (!rest.empty()) peers.push_back(median(rest));
+    }
+    std::printf("%-34s %8.2f %8.2f %8.2f | %8.2f %8.2f\n", row.name, median(lo), median(mid),
+                median(hi), median(s0), median(peers));
+  }
+  std::vector<double> period, gap, early;
+  for (std::size_t i = 1; i + 2 < ids.size(); ++i) {
+    period.push_back((t0_of(ids[i + 1]) - t0_of(ids[i])) / 1000.0);
+    gap.push_back((t0_of(ids[i + 1]) - end_of(ids[i])) / 1000.0);
+    double first_arrival = INFINITY;
+    for (const auto& [cta, m] : calls[ids[i + 1]])
+      if (m.has[1]) first_arrival = std::min(first_arrival, m.t[1]);
+    early.push_back((first_arrival - end_of(ids[i])) / 1000.0);
+  }
+  std::printf(
+      "call period (t0 to next t0) %.2f us; last merged store -> next call's first wait "
+      "return %.2f us, -> its first CTA's arrival %.2f us (medians)\n",
+      median(period), median(gap), median(early));
+  if (verbose) {
+    const std::uint64_t id = ids[ids.size() / 2];
+    const double t0 = t0_of(id);
+    std::printf("call %zu, every CTA (us after t0; - = no stamp):\n%5s %5s %4s", ids.size() / 2,
+                "cta", "split", "sm");
+    for (const MarkRow& row : kRows) std::printf(" %6u", row.mark);
+    std::printf("\n");
+    for (const auto& [cta, m] : calls[id]) {
+      std::printf("%5d %5d %4d", cta, cta % kSplits, m.sm);
+      for (const MarkRow& row : kRows) {
+        if (m.has[row.mark])
+          std::printf(" %6.2f", (m.t[row.mark] - t0) / 1000.0);
+        else
+          std::printf(" %6s", "-");
+      }
+      std::printf("\n");
+    }
+  }
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  for (void* ptr :
+       {static_cast<void*>(k_pool), static_cast<void*>(v_pool), static_cast<void*>(q_pool),
+        static_cast<void*>(out_pool), static_cast<void*>(k_len_dev)})
+    CHECK(cudaFree(ptr));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool verbose = false;
+  std::vector<int> k_lens;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-v") == 0)
+      verbose = true;
+    else
+      k_lens.push_back(std::atoi(argv[i]));
+  }
+  if (k_lens.empty()) k_lens = {4096, 16384};
+  for (int k_len : k_lens) run(k_len, verbose);
+  return 0;
+}
