@@ -35,8 +35,10 @@
 #include <vector>
 
 #include "../experiment_util.cuh"  // CHECK, bf, download
-#include "../flash_case.cuh"       // Case, Buffers, params_for
 #include "backend/cuda/flash_decode_kernel.cuh"
+// clang-format off: flash_case.cuh needs the kernel header first
+#include "../flash_case.cuh"  // Case, Buffers, params_for
+// clang-format on
 
 namespace splice::cuda::kernel_stamps {
 namespace {
