@@ -102,7 +102,7 @@ FlashDecodeParams params_for(const Case& c, const Buffers& b) {
   p.min_chunk = 64;                                    // kFlashDecodeMinChunk
   p.single_split_keys = (128 << 10) / (4 * c.head_dim);  // kFlashDecodeSingleSplitBytes
   p.stable_prefix = c.stable_prefix ? 1 : 0;
-  p.speculate = c.stable_prefix ? 0 : 1;  // a one-wave grid with no left window
+  p.head_plan = 1;  // a one-wave grid with no left window
   p.window_left = p.window_right = -1;
   p.causal = 1;
   p.q_vec16 = p.o_vec8 = 1;

@@ -153,7 +153,7 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   r.warps = plan.warps;
   r.splits = forced_splits > 0 ? static_cast<int>(forced_splits) : plan.num_splits;
   r.live = forced_splits > 0 ? static_cast<int>(forced_splits)
-                             : splice::cuda::flash_decode_live_splits(plan, s.k_len);
+                             : splice::cuda::flash_decode_live_splits(plan, s.k_len, true);
 
   const auto call = [&](int i) {
     splice::cuda::flash_decode(in.q[i], in.k[i], in.v[i], in.k_len, nullptr, options, in.out[i],

@@ -922,6 +922,49 @@ TEST(FlashDecodeCuda, SpeculationGraphReplayAndBackToBack) {
   }
 }
 
+// The head plan (speculating grids: every split's warp w streams keys [16 (W s + w), + 16) first,
+// issued before k_len is known, then its share of the keys past the head region of
+// 16 W num_splits keys): one capture at the capacity bound replayed across the single-split
+// limit, the head region's end (1024 keys for (32, 8)'s 8 eight-warp splits at 4K, 512 for the
+// 4-warp plan at 1K and head_dim 64's) and tile edges on both sides, K/V NaN beyond each k_len;
+// then q_len 3 causal and ragged batches through check_case.
+TEST(FlashDecodeCuda, HeadPlanAcrossTheHeadRegion) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.capacity = 4096;
+  c.k_len = {4096};
+  check_graph_replay(
+      c, {{4096}, {1024}, {1025}, {1023}, {257}, {256}, {1041}, {3000}, {129}, {2049}, {1}, {4095}},
+      1400);
+  c.capacity = 1024;
+  c.k_len = {1024};
+  check_graph_replay(c, {{1024}, {512}, {513}, {511}, {300}, {1000}}, 1410);
+  c.head_dim = 64;
+  c.capacity = 4096;
+  c.k_len = {4096};
+  check_graph_replay(c, {{4096}, {2048}, {2049}, {513}, {700}, {1100}}, 1420);
+  std::uint64_t seed = 1430;
+  for (std::int32_t len : {1023, 1025, 1041, 2500}) {
+    Case q3;
+    q3.num_qo_heads = 32;
+    q3.num_kv_heads = 8;
+    q3.q_len = 3;
+    q3.capacity = 4096;
+    q3.k_len = {len};
+    q3.window_right = len % 2 == 0 ? std::optional<std::int64_t>(1) : std::nullopt;
+    check_case(q3, seed++);
+  }
+  Case ragged;
+  ragged.batch = 2;
+  ragged.num_qo_heads = 32;
+  ragged.num_kv_heads = 8;
+  ragged.capacity = 4096;
+  ragged.k_len = {1500, 300};
+  check_case(ragged, seed++);
+}
+
 // The stable-prefix promise (k_len and the rows below k_len - q_len read before the PDL wait)
 // changes when loads are issued, never what is computed: bitwise the plain kernel's output and
 // LSE over head dims, q_len, both plan paths, windows, ALiBi, softcap and ragged batches.
@@ -1063,13 +1106,21 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 512, 512, 132).num_splits, 1);
   EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132).num_splits, 16);  // clusters
   EXPECT_EQ(cuda::plan_flash_decode(1, 9, 3, 1, 64, 2048, 2048, 132, 0, 0).num_splits, 32);
-  // The device rule for the live split count (33 grid splits at (32, 8), head_dim 128).
-  EXPECT_EQ(cuda::flash_decode_live_splits(small, 1), 1);
-  EXPECT_EQ(cuda::flash_decode_live_splits(small, 256), 1);
-  EXPECT_EQ(cuda::flash_decode_live_splits(small, 257), 5);  // 64-key chunks
-  EXPECT_EQ(cuda::flash_decode_live_splits(small, 1024), 16);
-  EXPECT_EQ(cuda::flash_decode_live_splits(small, 16000), 33);  // 496-key chunks
-  EXPECT_EQ(cuda::flash_decode_live_splits(small, 16384), 32);  // 512-key chunks
+  // The device rule for the live split count (33 grid splits at (32, 8), head_dim 128), with
+  // contiguous splits (no speculation)
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 1, false), 1);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 256, false), 1);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 257, false), 5);  // 64-key chunks
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 1024, false), 16);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 16000, false), 33);  // 496-key chunks
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 16384, false), 32);  // 512-key chunks
+  // and under the head plan (4 warps: 64-key heads, 33 of them = 2112 keys)
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 256, true), 1);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 257, true), 5);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 2112, true), 33);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 2049, true), 33);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 2048, true), 32);
+  EXPECT_EQ(cuda::flash_decode_live_splits(small, 16384, true), 33);
   const auto big = cuda::plan_flash_decode(128, 32, 8, 1, 128, 16384, 16384, 132);
   EXPECT_EQ(big.num_splits, 1);
   EXPECT_EQ(big.warps, 4);  // 1024 units: 4-warp CTAs
@@ -1080,7 +1131,9 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(wide.warps, 8);
   EXPECT_EQ(wide.ctas_per_sm, 1);
   EXPECT_EQ(wide.num_splits, 16);                              // 132 / 8 units
-  EXPECT_EQ(cuda::flash_decode_live_splits(wide, 16384), 16);  // 1024-key chunks
+  EXPECT_EQ(cuda::flash_decode_live_splits(wide, 16384, false), 16);  // 1024-key chunks
+  EXPECT_EQ(cuda::flash_decode_live_splits(wide, 16384, true), 16);   // 128-key heads + 896
+  EXPECT_EQ(cuda::flash_decode_live_splits(wide, 300, true), 3);      // 128-key heads only
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 4096, 4096, 132).warps, 8);  // 256 a split
   const auto short_range = cuda::plan_flash_decode(1, 32, 8, 1, 128, 1024, 1024, 132, 0, 0);
   EXPECT_EQ(short_range.warps, 4);  // 16 wide splits of 64 keys: too few keys per CTA

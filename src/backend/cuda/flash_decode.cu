@@ -535,20 +535,22 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.forced_splits = static_cast<int>(forced);
   p.min_chunk = plan.min_chunk;
   p.single_split_keys = plan.single_split_keys;
-  // Speculative first K/V tile per warp (kernel stage 1): split 0 starts at key 0 whatever k_len
-  // is unless a left window moves it. Wasted copies (a short k_len) read at most 64 keys per
-  // (b, kv head, row block) and call: free in a one-wave grid, which is latency-bound, but
-  // bandwidth in a multi-wave one, so only one-wave grids speculate.
+  // The head plan (kernel stages 1-2): without a left window every split's warp w streams keys
+  // [16 (W split + w), + 16) first whatever k_len is, so without the stable prefix they are
+  // issued before k_len lands. Wasted copies (a k_len short of the head region) read at most
+  // 16 W keys per CTA and call: free in a one-wave grid, which is latency-bound, but bandwidth in
+  // a multi-wave one, so only one-wave grids take it; a forced split count (split-invariance
+  // tests) keeps contiguous splits.
   const std::int64_t slots =
       static_cast<std::int64_t>(current_device_facts().sm_count) * plan.ctas_per_sm;
-  p.speculate = !options.window_left && units * grid_y <= slots ? 1 : 0;
+  p.head_plan = !options.window_left && forced == 0 && units * grid_y <= slots ? 1 : 0;
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   static_assert(static_cast<int>(FlashDecodeTrigger::after_wait) == detail::kTriggerAfterWait &&
                 static_cast<int>(FlashDecodeTrigger::at_exit) == detail::kTriggerAtExit &&
                 static_cast<int>(FlashDecodeTrigger::merge_inputs_landed) ==
                     detail::kTriggerMergeInputsLanded);
   p.trigger = knobs.trigger >= 0 ? knobs.trigger : static_cast<int>(plan.trigger);
-  if (p.dev_drop & detail::kDropKv) p.speculate = 0;
+  if (p.dev_drop & detail::kDropKv) p.head_plan = 0;
   // The cluster merge needs the plan's split count in the grid (a forced count may raise it) and
   // the merge itself (the attribution knob may drop it).
   const bool cluster_merge =

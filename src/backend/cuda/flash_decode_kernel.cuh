@@ -18,35 +18,44 @@
 //      k_len - q_len; in a decode step only this step's appends write the caches, at rows
 //      k_len - q_len ..): k_len, the plan (stage 2) and the ring prologue (stage 3) come before
 //      the wait, the prologue tiles copying only their stable keys (< k_len - q_len). After the
-//      wait the keys [k_len - q_len, c1) of those tiles are copied with q, in q's cp.async group
+//      wait the keys [k_len - q_len, hi) of those tiles are copied with q, in q's cp.async group
 //      (the youngest then), by the whole CTA (one pass of 16-byte copies for a decode step). The
 //      K/V loads overlap the producer's tail instead of following it.
 //   1. Issue at once, independent of each other: the k_len load, the ALiBi slopes, the 16 query
 //      rows (cp.async group 0, zeros for padding rows) and, speculatively, tile 0 of each warp's
-//      K/V stream in split 0 (group 1: keys [16 w, 16 w + 16) for warp w, the first 16 W keys of
-//      the split), where the launcher sets p.speculate (no left window, a one-wave grid, no
-//      stable-prefix promise): then split 0 starts at key 0 at every k_len. The tile is read up
-//      to the capacity (keys < capacity stay in bounds); what lies at or beyond the live end is
-//      masked in stage 4. Only one ring stage is speculated: in a cache much longer than k_len
-//      (the model's: 256 keys, k_len 17-256) the rest of the ring would be bytes read and waited
-//      for in vain.
+//      K/V stream (group 1: its head tile, keys [16 (W s + w), + 16) for warp w of split s),
+//      where the launcher sets p.head_plan (no left window, a one-wave grid, no forced split
+//      count) and there is no stable-prefix promise: stage 2's head plan makes those keys every
+//      split's first whatever k_len is, so every split streams from the wait on instead of after
+//      k_len's round trip (docs/perf.md run 201: (1, 32, 8) 4K 7.37 -> 7.01 us). The stable
+//      prefix plans the same way (its loads need k_len, which it has before the wait), so both
+//      compute the same sums in the same order, bit for bit. The tile is read up to the capacity
+//      (keys < capacity stay in bounds); what lies at or beyond the live end is masked in stage 4.
+//      Only one ring stage is speculated: in a cache much longer than k_len (the model's: 256 keys,
+//      k_len 17-256) the rest of the ring would be bytes read and waited for in vain.
 //   2. Live range and plan. k_len is clamped to [0, capacity]; query i sits at
 //      p_i = k_len - q_len + i; the keys any row may see are [lo, hi) with
 //      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1), n = hi - lo. Split size:
 //        forced:  chunk = round_up(ceil(n / forced), 16);
 //        n <= single_split_keys (the keys one CTA streams in less time than a merge costs):
 //                 chunk = n, one split, no partials, no counter;
+//        head plan (p.head_plan, n > single_split_keys; lo = 0): with S = gridDim.y and the
+//                 head region R = 16 W S, split s streams its head [16 W s, 16 W (s + 1)) (tile
+//                 0 of each warp) and then [c0, c1) = [R + s chunk, min(hi, R + (s + 1) chunk))
+//                 with chunk = round_up(ceil((hi - R) / S), 16); live = S when hi > R, else
+//                 ceil(n / (16 W));
 //        else:    chunk = max(min_chunk, round_up(ceil(n / S), 16)) with S = gridDim.y;
 //      live = ceil(n / chunk); CTAs with s >= live exit. Split s owns keys
 //      [c0, c1) = [lo + s * chunk, min(hi, lo + (s + 1) * chunk)).
-//   3. Loads. Each warp streams its own 16-key tiles t = warp, warp + W, ... of [c0, c1) through
-//      a private cp.async ring (16-byte loads, kStages - 1 tiles in flight ahead of the one in
-//      use, rows swizzled by chunk ^ (row & 7) so ldmatrix is conflict-free). Tiles 0 ..
-//      kStages - 2 (tile 0 already, if speculative) are issued after the plan, tiles < c1 only;
-//      keys >= c1 are zero-filled; only the speculative tile, read up to the capacity, has its V
-//      rows >= c1 zeroed in shared memory before use (they may hold NaN, and 0 * NaN would
-//      leak). No CTA-wide barrier in the main loop. Step `it` issues tile it + kStages - 1 and
-//      waits for exactly tile `it` (cp.async groups: one per tile, in tile order).
+//   3. Loads. Each warp streams its own 16-key tiles t = warp, warp + W, ... of [c0, c1) (after
+//      its head tile under the head plan) through a private cp.async ring (16-byte loads,
+//      kStages - 1 tiles in flight ahead of the one in use, rows swizzled by chunk ^ (row & 7) so
+//      ldmatrix is conflict-free). Tiles 0 .. kStages - 2 (tile 0 already, if speculative) are
+//      issued after the plan, tiles < c1 only; keys >= c1 are zero-filled; only the speculative
+//      tile, read up to the capacity, has its V rows >= hi zeroed in shared memory before use
+//      (they may hold NaN, and 0 * NaN would leak). No CTA-wide barrier in the main loop. Step
+//      `it` issues tile it + kStages - 1 and waits for exactly tile `it` (cp.async groups: one
+//      per tile, in tile order).
 //   4. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
 //      in log2 units t = log2(e) * s with s = scale * (q . k_j), then s = cap * tanh(s / cap)
 //      (softcap), s += -slope_h * (p_i - j) (ALiBi), and t = -inf outside
@@ -66,14 +75,15 @@
 //      and resets the counter to 0 for the next launch (graph replay safe).
 //   6'. Cluster merge (the kClusterMerge instances, launched in clusters of (1, gridDim.y, 1): a
 //      unit's <= 16 splits; the launcher checks that split 0's ring holds the receive area and
-//      that every cluster of the grid is resident at once): no global round trip. At entry every CTA initializes two
-//      mbarriers and arrives (relaxed) on the cluster barrier. After its loop, split 0 expects
-//      (live - 1) partials' bytes on its barrier 0 and signals each live peer's barrier 1 (its
-//      ring is free); each peer waits for that signal and st.async-stores its (O_s, lse2_s) into
-//      entry s of split 0's receive area (after the warp-merge scratch), completing the bytes on
-//      split 0's barrier 0; split 0 writes its own entry 0, waits on barrier 0 (acquire, cluster
-//      scope) and folds the entries in split order with stage 6's batch code (bitwise the global
-//      merge's result). No fence and no cluster barrier on the path (cluster.cuh's header).
+//      that every cluster of the grid is resident at once): no global round trip. At entry every
+//      CTA initializes two mbarriers and arrives (relaxed) on the cluster barrier. After its loop,
+//      split 0 expects (live - 1) partials' bytes on its barrier 0 and signals each live peer's
+//      barrier 1 (its ring is free); each peer waits for that signal and st.async-stores its (O_s,
+//      lse2_s) into entry s of split 0's receive area (after the warp-merge scratch), completing
+//      the bytes on split 0's barrier 0; split 0 writes its own entry 0, waits on barrier 0
+//      (acquire, cluster scope) and folds the entries in split order with stage 6's batch code
+//      (bitwise the global merge's result). No fence and no cluster barrier on the path
+//      (cluster.cuh's header).
 //
 // Dependent global round trips on one CTA's critical path at B = 1 (launch gap not counted):
 //   one split:    [k_len || q || split 0's tile 0] -> further K/V tiles (streaming) -> o store.
@@ -169,7 +179,9 @@ struct FlashDecodeParams {
   int forced_splits;      // > 0: split into this many (split-invariance tests); 0: plan
   int min_chunk;          // fewest keys per split when splitting
   int single_split_keys;  // n <= this: one split (stage 2)
-  int speculate;          // 1: split 0 issues its first K/V tile per warp before k_len (stage 1)
+  // 1: the head plan (stage 2; no left window, no forced split count, a one-wave grid), and
+  // without the stable prefix every warp's head tile issued before k_len (stage 1)
+  int head_plan;
   // 1: the caller's promise that no kernel in flight writes k_len or the cache rows below
   // k_len - q_len (stage 1 then plans and issues the ring prologue before the PDL wait).
   int stable_prefix;
@@ -437,9 +449,11 @@ __device__ __forceinline__ void store_merged(const FlashDecodeParams& p, const R
 // and split `split`'s keys [c0, c1).
 struct SplitPlan {
   int k_len, lo, hi, chunk, live, c0, c1;
+  int head;  // 1: each warp's tile 0 is its head tile, [c0, c1) the rest (stage 2's head plan)
 };
+// `head_tiles`: the launch's head plan (p.head_plan; stage 2).
 __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int k_len_raw,
-                                                 int split) {
+                                                 int split, int warps, bool head_tiles) {
   SplitPlan r;
   r.k_len = min(max(k_len_raw, 0), p.capacity);
   const int pos_first = r.k_len - p.q_len;
@@ -449,6 +463,22 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
   if (p.window_left >= 0) r.lo = max(r.lo, pos_first - p.window_left);
   if (p.window_right >= 0) r.hi = min(r.hi, pos_last + p.window_right + 1);
   const int n = max(r.hi - r.lo, 0);
+  r.head = 0;
+  if (head_tiles && n > p.single_split_keys) {
+    // Head plan (lo = 0): split s's warp w streams its head tile, keys [16 (W s + w), + 16), then
+    // its share of the keys past the head region [0, R), R = 16 W gridDim.y, in contiguous
+    // chunks; the head tiles are known before k_len (stage 1).
+    const int head_keys = kTileKeys * warps;  // per split
+    const int region = head_keys * static_cast<int>(gridDim.y);
+    const int rest = max(r.hi - region, 0);
+    r.head = 1;
+    r.chunk = max(ceil_div(ceil_div(rest, static_cast<int>(gridDim.y)), kTileKeys) * kTileKeys,
+                  kTileKeys);
+    r.live = rest > 0 ? static_cast<int>(gridDim.y) : ceil_div(n, head_keys);
+    r.c0 = region + split * r.chunk;
+    r.c1 = min(r.hi, r.c0 + r.chunk);
+    return r;
+  }
   int chunk;
   if (p.forced_splits > 0)
     chunk = ceil_div(ceil_div(n, p.forced_splits), kTileKeys) * kTileKeys;
@@ -518,11 +548,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const std::uint64_t v_lane = reinterpret_cast<std::uint64_t>(v_base + (lane % kChunks) * 8);
   const std::int64_t k_pass = opaque(p.k_stride_s * 2 * kPassRows);
   const std::int64_t v_pass = opaque(p.v_stride_s * 2 * kPassRows);
-  // Keys [from, to) of tile `it` of this warp's stream from key c0 into ring stage `stage`; keys
+  // Keys [from, to) of the tile of keys [first, first + 16) into ring stage `stage`; keys
   // >= zero_from are zero-filled (nothing is read for them; the address is key 0's); every other
   // key is left alone.
-  auto load_tile = [&](int c0, int it, int stage, int from, int to, int zero_from) {
-    const int key0 = c0 + (warp + it * kWarps) * kTileKeys + lane_row;  // this lane's pass-0 key
+  auto load_tile = [&](int first, int stage, int from, int to, int zero_from) {
+    const int key0 = first + lane_row;  // this lane's pass-0 key
     const std::uint32_t k_dst = pipe_u32 + stage * Cfg::kStageBytes + lane_dst;
     const std::uint32_t v_dst = k_dst + Cfg::kTileBytes;
     std::uint64_t k_src = k_lane + key0 * p.k_stride_s * 2;
@@ -541,10 +571,24 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       v_src += v_pass;
     }
   };
+  // Tile `it` of this warp's stream (stage 3): under the head plan tile 0 is the head tile and
+  // tile it > 0 the (it - 1)-th of [c0, c1); otherwise tile it of [c0, c1).
+  const int head_key = (warp + kWarps * split) * kTileKeys;
+  auto tile_key = [&](const SplitPlan& sp, int it) {
+    return it < sp.head ? head_key : sp.c0 + (warp + (it - sp.head) * kWarps) * kTileKeys;
+  };
   auto tiles_of_warp = [&](int c0, int c1) {
     const int num_tiles = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) : 0;
     return num_tiles > warp && !(p.dev_drop & kDropKv) ? ceil_div(num_tiles - warp, kWarps) : 0;
   };
+  // This warp's tiles under plan `sp` (its head tile, if the head plan gives it live keys, then
+  // its tiles of [c0, c1)), and where keys of tile `it` are zero-filled (keys >= hi in the head
+  // tile, >= c1 in the others).
+  auto tiles_of = [&](const SplitPlan& sp) {
+    return sp.head ? (head_key < sp.hi ? 1 + tiles_of_warp(sp.c0, sp.c1) : 0)
+                   : tiles_of_warp(sp.c0, sp.c1);
+  };
+  auto zero_from = [&](const SplitPlan& sp, int it) { return it < sp.head ? sp.hi : sp.c1; };
 
   // Stage 1 with the stable-prefix promise (p.stable_prefix): k_len, the plan and the ring
   // prologue's stable keys (< k_len - q_len) before the wait; the keys [k_len - q_len, c1) of the
@@ -553,13 +597,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   SplitPlan plan{};
   int my_tiles = 0;
   if (stable_prefix) {
-    plan = plan_splits(p, p.k_len[b * p.k_len_stride], split);
+    plan = plan_splits(p, p.k_len[b * p.k_len_stride], split, kWarps, p.head_plan != 0);
     if (split < plan.live) {
-      my_tiles = tiles_of_warp(plan.c0, plan.c1);
+      my_tiles = tiles_of(plan);
       const int stable_end = min(plan.k_len - p.q_len, plan.c1);
 #pragma unroll 1  // one copy of load_tile's code (the header's "Code size")
       for (int s = 0; s < kStages - 1; ++s) {
-        if (s < my_tiles) load_tile(plan.c0, s, s, 0, stable_end, plan.c1);
+        if (s < my_tiles) load_tile(tile_key(plan, s), s, 0, stable_end, zero_from(plan, s));
         cp_async_commit();  // one group per prologue tile, empty past the warp's last
       }
     }
@@ -611,37 +655,53 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     }
   }
   if (stable_prefix && split < plan.live && !(p.dev_drop & kDropKv)) {
-    // The keys this step's producers wrote, [k_len - q_len, c1), of the prologue tiles: the whole
-    // CTA copies them, kThreads / kChunks keys a pass (one pass for q_len <= 16 at head_dim 64),
-    // each chunk to where its tile's warp keeps it: tile t = (key - c0) / 16 of the split is
-    // warp t % W's tile t / W, in ring stage t / W (a prologue tile when t / W < kStages - 1).
-    // The wait for every group and the CTA barrier below publish them to that warp.
+    // The keys this step's producers wrote, [k_len - q_len, hi), of this split's prologue tiles:
+    // the whole CTA copies them, kThreads / kChunks keys a pass (one pass for q_len <= 16 at
+    // head_dim 64), each chunk to where its tile's warp keeps it: a key of the split's head
+    // [16 W s, 16 W (s + 1)) is warp (key - 16 W s) / 16's tile 0; tile t = (key - c0) / 16 of
+    // [c0, c1) is warp t % W's tile head + t / W, in the ring stage of that index (a prologue
+    // tile when it is < kStages - 1). The wait for every group and the CTA barrier below publish
+    // them to that warp.
     const int ch = tid % kChunks;
+    const int split_head = kWarps * split * kTileKeys;  // the split's head under the head plan
 #pragma unroll 1
-    for (int key = max(plan.k_len - p.q_len, plan.c0) + tid / kChunks; key < plan.c1;
+    for (int key = max(plan.k_len - p.q_len, 0) + tid / kChunks; key < plan.hi;
          key += kThreads / kChunks) {
-      const int t = (key - plan.c0) / kTileKeys;
-      if (t / kWarps >= kStages - 1) break;  // later tiles: the main loop copies them whole
+      int owner, index, first;  // the key's warp, that warp's tile index, the tile's first key
+      if (plan.head && key >= split_head && key < split_head + kWarps * kTileKeys) {
+        owner = (key - split_head) / kTileKeys;
+        index = 0;
+        first = split_head + owner * kTileKeys;
+      } else if (key >= plan.c0 && key < plan.c1) {
+        const int t = (key - plan.c0) / kTileKeys;
+        owner = t % kWarps;
+        index = plan.head + t / kWarps;
+        first = plan.c0 + t * kTileKeys;
+      } else {
+        continue;  // another split's key
+      }
+      if (index >= kStages - 1) continue;  // later tiles: the main loop copies them whole
       const std::uint32_t dst = smem_addr(smem + Cfg::kQBytes) +
-                                ((t % kWarps) * kStages + t / kWarps) * Cfg::kStageBytes +
-                                swizzle<kHeadDim>((key - plan.c0) % kTileKeys, ch);
+                                (owner * kStages + index) * Cfg::kStageBytes +
+                                swizzle<kHeadDim>(key - first, ch);
       cp_async_16(dst, k_base + key * p.k_stride_s + ch * 8, 16);
       cp_async_16(dst + Cfg::kTileBytes, v_base + key * p.v_stride_s + ch * 8, 16);
     }
   }
   cp_async_commit();  // q (group 0; with the stable prefix the youngest, with the pending keys)
 
-  // Speculative tile 0 (stage 1): split 0's keys start at lo = 0 when p.speculate is set (no left
-  // window), so tile 0 of each warp is keys [16 warp, 16 warp + 16) at every k_len; it is read up
-  // to the capacity (what lies at or past c1 is masked in stage 4).
-  const bool speculative = !stable_prefix && split == 0 && p.speculate != 0;
+  // Speculative tile 0 (stage 1): with p.head_plan (no left window, so lo = 0) each warp's tile 0
+  // is its head tile, keys [16 (W split + w), + 16), at every k_len (stage 2: under the head plan
+  // by definition, and under the one-split plan split 0's tile 0 is the same keys); it is read
+  // up to the capacity (what lies at or past hi is masked in stage 4).
+  const bool speculative = !stable_prefix && p.head_plan != 0;
   if (speculative) {
-    load_tile(0, 0, 0, 0, p.capacity, p.capacity);
+    load_tile(head_key, 0, 0, p.capacity, p.capacity);
     cp_async_commit();  // group 1: tile 0
   }
 
   // Stage 2: live range and the device-side split plan.
-  if (!stable_prefix) plan = plan_splits(p, k_len_raw, split);
+  if (!stable_prefix) plan = plan_splits(p, k_len_raw, split, kWarps, speculative);
   stages.mark_after(static_cast<float>(plan.c1), kMarkPlanned);
   const int pos_first = plan.k_len - p.q_len;
   const int live_splits = plan.live;
@@ -659,13 +719,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     cp_async_wait<0>();
   } else {
     // Stage 3: the rest of this warp's ring prologue.
-    my_tiles = tiles_of_warp(c0, c1);
+    my_tiles = tiles_of(plan);
     // Tiles 0 .. kStages - 2 are issued before the main loop, one cp.async group each in tile
     // order (tile 0 already, if speculative), tiles < c1 only (an empty group otherwise).
 #pragma unroll 1
     for (int s = 0; s < kStages - 1; ++s) {
       if (s > 0 || !speculative) {
-        if (s < my_tiles) load_tile(c0, s, s, 0, c1, c1);
+        if (s < my_tiles) load_tile(tile_key(plan, s), s, 0, c1, c1);
         cp_async_commit();
       }
     }
@@ -697,8 +757,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     pos[rr] = 0.0f;
     if (gr < p.rows) {
       const int pi = pos_first + query_row(p, gr).i;
-      int l = c0;
-      int h = c1;
+      int l = plan.head ? plan.lo : c0;  // the head plan's tiles lie in [lo, hi), not [c0, c1)
+      int h = plan.head ? plan.hi : c1;
       if (p.causal) h = min(h, pi + 1);
       if (p.window_left >= 0) l = max(l, pi - p.window_left);
       if (p.window_right >= 0) h = min(h, pi + p.window_right + 1);
@@ -719,8 +779,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int frag_key = (lane / 16) * 8 + lane % 8;  // K ldmatrix row: keys 0-7 or 8-15
   const int frag_kc = lane / 8 % 2;                 // K ldmatrix chunk half
 
-  if (speculative && my_tiles > 0 && c0 + (warp + 1) * kTileKeys > c1) {
-    // The speculative tile 0 was read up to the capacity: zero its V rows >= c1 (P is 0 there,
+  if (speculative && my_tiles > 0 && head_key + kTileKeys > plan.hi) {
+    // The speculative tile 0 was read up to the capacity: zero its V rows >= hi (P is 0 there,
     // but they may hold NaN, and 0 * NaN would leak into O). Every other tile's keys >= c1 were
     // zero-filled by its copies. Done here, once, rather than tested in every tile: tile 0 is
     // the oldest ring group, so all but the kStages - 2 younger ones is tile 0 landed.
@@ -728,7 +788,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     __syncwarp();
 #pragma unroll 1
     for (int u = 0; u < kPasses; ++u)
-      if (c0 + warp * kTileKeys + lane_row + u * kPassRows >= c1)
+      if (head_key + lane_row + u * kPassRows >= plan.hi)
         *reinterpret_cast<uint4*>(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes +
                                   Cfg::kTileBytes + lane_dst + u * kPassRows * kHeadDim * 2 +
                                   ((lane_x ^ (u * kPassRows & 7)) << 4)) = make_uint4(0, 0, 0, 0);
@@ -739,13 +799,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     // One group per step (empty past the warp's last tile), so tile `it` always has exactly
     // kStages - 1 younger groups: waiting for all but those covers it.
     const int pre = it + kStages - 1;
-    if (pre < my_tiles) load_tile(c0, pre, pre % kStages, 0, c1, c1);
+    if (pre < my_tiles) load_tile(tile_key(plan, pre), pre % kStages, 0, c1, c1);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const std::uint32_t k_tile = pipe_u32 + (it % kStages) * Cfg::kStageBytes;
     const std::uint32_t v_tile = k_tile + Cfg::kTileBytes;
-    const int key0 = c0 + (warp + it * kWarps) * kTileKeys;
+    const int key0 = tile_key(plan, it);
     if (it == 1) stages.mark(kMarkTile2Waited);
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll

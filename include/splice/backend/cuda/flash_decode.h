@@ -110,7 +110,10 @@ struct FlashDecodePlan {
 //   num_splits = clamp(floor(sm_count * ctas_per_sm / (batch * num_kv_heads * row_blocks)),
 //                      1, min(ceil(max_live_k_len / min_chunk), 256)),
 // and on the device, for the live visible range of n keys: one split when
-// n <= single_split_keys, else
+// n <= single_split_keys, else (one-wave grids without a left window or forced count: the head
+// plan, flash_decode_kernel.cuh stage 2) every split first streams a head of 16 * warps keys,
+// [16 W s, 16 W (s + 1)), which it can issue before k_len lands, and the keys past the
+// num_splits heads in contiguous chunks; otherwise
 //   chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)), live splits = ceil(n / chunk).
 // The cluster rule (`cluster_merge` -1, widths not forced, a split plan; docs/perf.md runs 59-79):
 //   - 4-warp plans of at most sm_count / 4 units cap the splits at min(16, sm_count / 2 / units)
@@ -137,9 +140,18 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
 
 // The split count the kernel runs for a live visible range of n keys with no forced count (its
 // stage-2 rule, which the kernel evaluates on the device): 1 while n <= single_split_keys, else
-// ceil(n / chunk) with chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)).
-inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n) {
+//   head_tiles (the launch's head plan: a one-wave grid, no left window, no forced count):
+//   every split streams a head of H = 16 * warps keys, [H s, H (s + 1)),
+//   then its share of the keys past the num_splits heads: num_splits splits when
+//   n > H * num_splits, else ceil(n / H);
+//   otherwise ceil(n / chunk) with chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)).
+inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n, bool head_tiles) {
   if (n <= plan.single_split_keys) return 1;
+  if (head_tiles) {
+    const std::int64_t head_keys = static_cast<std::int64_t>(kFlashDecodeTileKeys) * plan.warps;
+    return n > head_keys * plan.num_splits ? plan.num_splits
+                                           : static_cast<int>((n + head_keys - 1) / head_keys);
+  }
   const std::int64_t per_split = (n + plan.num_splits - 1) / plan.num_splits;
   const std::int64_t rounded =
       (per_split + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys * kFlashDecodeTileKeys;
