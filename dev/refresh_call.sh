@@ -16,6 +16,7 @@
 #   tests      at once, each cut at 235 s: every GPU test (12 shards) and gpu-check's sanitizer
 #              filters
 #   kda        alone: FLA's three-kernel path (bench/peers/kda_peers.py), then splice's KDA grid
+#   flash      the flash-decode GPU tests (and the model tests that run it), attention sanitizers
 #   attention  alone: the flash-decode grid, then PyTorch SDPA (cuDNN, FA2) and the combined table
 #   model      the Llama cross-check and SmolLM2-shaped speed beside transformers; the default model
 # Output: summary.txt (everything printed), logs.tgz, kda_table.txt, attention_table.txt,
@@ -89,6 +90,35 @@ phase_tests() {
   for name in att_memcheck att_racecheck kda_memcheck kda_racecheck; do
     echo "$name: $(grep -E '(ERROR|RACECHECK) SUMMARY' "$L/$name.txt" | tail -1)" \
       "$(grep -c '^\[       OK \]' "$L/$name.txt") OK, $(tail -1 "$L/$name.txt")"
+  done
+}
+
+# The flash-decode GPU tests (and the model tests that run it) in 8 shards, then the attention
+# sanitizer filters: a kernel change's check in ~1.5 minutes (the whole `tests` phase takes ~2).
+phase_flash() {
+  echo "== flash tests and sanitizers (at $(el) s)"
+  local pids=() i
+  local att_small='FlashDecodeCuda.RaggedBatchAndEmptySequence:FlashDecodeCuda.MisalignedQueryAndOutputRows:FlashDecodeCuda.OpEntryDispatchesToTheCudaKernel:FlashDecodeCuda.SmolLM2ShapeMatchesFloat64Reference:FlashDecodeCuda.StablePrefixReadsTheRowsItsProducerWrites'
+  for i in $(seq 0 7); do
+    GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 235 "$P/head/cuda_all_test" \
+      --gtest_filter='FlashDecodeCuda.*:CudaGreedyDecode.*:*Llama*:CudaSessionGraph.*' \
+      >"$L/flash_shard_$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  for tool in memcheck racecheck; do
+    ( s=$SECONDS
+      timeout 235 compute-sanitizer --tool "$tool" --error-exitcode 3 "$P/head/cuda_all_test" \
+        --gtest_filter="$att_small" >"$L/att_$tool.txt" 2>&1
+      echo "rc $? in $((SECONDS - s)) s" >>"$L/att_$tool.txt" ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  echo "flash GPU tests: $(cat "$L"/flash_shard_*.txt | grep -c '^\[       OK \]') passed," \
+    "$(cat "$L"/flash_shard_*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -vc 'listed below') failed"
+  cat "$L"/flash_shard_*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u
+  for tool in memcheck racecheck; do
+    echo "att_$tool: $(grep -E '(ERROR|RACECHECK) SUMMARY' "$L/att_$tool.txt" | tail -1)" \
+      "$(grep -c '^\[       OK \]' "$L/att_$tool.txt") OK, $(tail -1 "$L/att_$tool.txt")"
   done
 }
 
