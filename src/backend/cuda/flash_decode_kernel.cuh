@@ -60,10 +60,12 @@
 //      in log2 units t = log2(e) * s with s = scale * (q . k_j), then s = cap * tanh(s / cap)
 //      (softcap), s += -slope_h * (p_i - j) (ALiBi), and t = -inf outside
 //      max(c0, p_i - left) <= j < min(c1, p_i + 1 [causal], p_i + right + 1).
-//      Online softmax per row, rescaled lazily: when some row of the warp has
+//      Online softmax per row. Wide CTAs rescale lazily: when some row of the warp has
 //      max_j t_j > m + kRescaleSlack (8), every row takes m' = max(m, max_j t_j) and
 //      l, O *= alpha = 2^(m - m'); otherwise m stays. Then l' = l + sum_j 2^(t_j - m'),
 //      O' = O + P V with P = 2^(t - m') <= 2^8 rounded to the input dtype (mma.sync again).
+//      Narrow CTAs rescale every tile: m' = max(m, max_j t_j), l' = alpha l + sum_j 2^(t_j - m'),
+//      O' = alpha O + P V with P = 2^(t - m').
 //   5. Warps merge in shared memory: M = max_w m_w, w_w = 2^(m_w - M), L = sum w_w l_w,
 //      O = sum w_w O_w / L, lse2 = M + log2 L (-inf and O = 0 when L = 0: no visible key).
 //   6. One live split: write o and lse = lse2 * ln 2. Otherwise write the fp32 partial
@@ -856,17 +858,76 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
         }
       to_log2 = 1.0f;
     }
-    // The mask is needed only where some real row of the warp does not see the whole tile (the
-    // range's edges, causal rows, windows); padding rows are never stored (docs/perf.md run 204).
-    const bool row0_sees_tile =
-        row_base + lane / 4 >= p.rows || (key0 >= vis_lo[0] && key0 + kTileKeys <= vis_hi[0]);
-    const bool row1_sees_tile =
-        row_base + lane / 4 + 8 >= p.rows || (key0 >= vis_lo[1] && key0 + kTileKeys <= vis_hi[1]);
-    if (__all_sync(0xffffffffu, row0_sees_tile && row1_sees_tile)) {
+    // The wide CTAs (long ranges, many tiles a warp) mask only edge tiles and rescale lazily;
+    // the narrow ones (short ranges, the model's calls: a few tiles a warp, each on the critical
+    // path) mask every tile and rescale eagerly, which was 0.1-0.2 us faster there (docs/perf.md
+    // run 208: SmolLM2's call 3.01 -> 2.89 us under the promise).
+    if constexpr (kWarps == kWideWarps) {
+      // The mask is needed only where some real row of the warp does not see the whole tile (the
+      // range's edges, causal rows, windows); padding rows are never stored (docs/perf.md run 204).
+      const bool row0_sees_tile =
+          row_base + lane / 4 >= p.rows || (key0 >= vis_lo[0] && key0 + kTileKeys <= vis_hi[0]);
+      const bool row1_sees_tile =
+          row_base + lane / 4 + 8 >= p.rows || (key0 >= vis_lo[1] && key0 + kTileKeys <= vis_hi[1]);
+      if (__all_sync(0xffffffffu, row0_sees_tile && row1_sees_tile)) {
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+        for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] *= to_log2;
+          for (int e = 0; e < 4; ++e) s[nt][e] *= to_log2;
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int rr = e / 2;
+            const int j = key0 + nt * 8 + 2 * (lane % 4) + e % 2;
+            const float t = s[nt][e] * to_log2;
+            s[nt][e] = (j >= vis_lo[rr] && j < vis_hi[rr]) ? t : -INFINITY;
+          }
+        }
+      }
+      // Lazy rescaling: the running maxima m (and so l and O) move only when some row of the warp
+      // sees a tile maximum more than kRescaleSlack above its m; otherwise P = 2^(t - m) <= 2^8
+      // against the stale m (exact in fp32; bf16 / f16 keep their relative precision, and 2^8 is
+      // far below their range), and the 2 x kHeadDim / 4 rescaling multiplies and the two exp2 of
+      // alpha are skipped (docs/perf.md run 203: (1, 32, 8) 16K 18.9 -> 18.4 us).
+      float mx[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        mx[rr] =
+            fmaxf(fmaxf(s[0][2 * rr], s[0][2 * rr + 1]), fmaxf(s[1][2 * rr], s[1][2 * rr + 1]));
+        mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
+        mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
+      }
+      if (__any_sync(0xffffffffu, mx[0] > m[0] + kRescaleSlack || mx[1] > m[1] + kRescaleSlack)) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const float m_new = fmaxf(m[rr], mx[rr]);
+          const float alpha = m_new == -INFINITY ? 1.0f : exp2_ftz(m[rr] - m_new);
+          m[rr] = m_new;
+          l[rr] *= alpha;
+#pragma unroll
+          for (int dn = 0; dn < kHeadDim / 8; ++dn) {
+            o[dn][2 * rr] *= alpha;
+            o[dn][2 * rr + 1] *= alpha;
+          }
+        }
+      }
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const float m_use = m[rr] == -INFINITY ? 0.0f : m[rr];
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = exp2_ftz(s[nt][2 * rr + e] - m_use);
+            s[nt][2 * rr + e] = pe;
+            sum += pe;
+          }
+        }
+        l[rr] += sum;
+      }
     } else {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -878,47 +939,33 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
           s[nt][e] = (j >= vis_lo[rr] && j < vis_hi[rr]) ? t : -INFINITY;
         }
       }
-    }
-    // Lazy rescaling: the running maxima m (and so l and O) move only when some row of the warp
-    // sees a tile maximum more than kRescaleSlack above its m; otherwise P = 2^(t - m) <= 2^8
-    // against the stale m (exact in fp32; bf16 / f16 keep their relative precision, and 2^8 is
-    // far below their range), and the 2 x kHeadDim / 4 rescaling multiplies and the two exp2 of
-    // alpha are skipped (docs/perf.md run 203: (1, 32, 8) 16K 18.9 -> 18.4 us).
-    float mx[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      mx[rr] = fmaxf(fmaxf(s[0][2 * rr], s[0][2 * rr + 1]), fmaxf(s[1][2 * rr], s[1][2 * rr + 1]));
-      mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
-      mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
-    }
-    if (__any_sync(0xffffffffu, mx[0] > m[0] + kRescaleSlack || mx[1] > m[1] + kRescaleSlack)) {
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        const float m_new = fmaxf(m[rr], mx[rr]);
-        const float alpha = m_new == -INFINITY ? 1.0f : exp2_ftz(m[rr] - m_new);
+        float mx =
+            fmaxf(fmaxf(s[0][2 * rr], s[0][2 * rr + 1]), fmaxf(s[1][2 * rr], s[1][2 * rr + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[rr], mx);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = exp2_ftz(m[rr] - m_use);
         m[rr] = m_new;
-        l[rr] *= alpha;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = exp2_ftz(s[nt][2 * rr + e] - m_use);
+            s[nt][2 * rr + e] = pe;
+            sum += pe;
+          }
+        }
+        l[rr] = l[rr] * alpha + sum;
 #pragma unroll
         for (int dn = 0; dn < kHeadDim / 8; ++dn) {
           o[dn][2 * rr] *= alpha;
           o[dn][2 * rr + 1] *= alpha;
         }
       }
-    }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const float m_use = m[rr] == -INFINITY ? 0.0f : m[rr];
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pe = exp2_ftz(s[nt][2 * rr + e] - m_use);
-          s[nt][2 * rr + e] = pe;
-          sum += pe;
-        }
-      }
-      l[rr] += sum;
     }
 
     // O += P V: P's C-fragments are exactly the A-fragment of a 16 x 16 (rows x keys) tile.
