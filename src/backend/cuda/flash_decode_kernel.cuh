@@ -862,6 +862,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     // the narrow ones (short ranges, the model's calls: a few tiles a warp, each on the critical
     // path) mask every tile and rescale eagerly, which was 0.1-0.2 us faster there (docs/perf.md
     // run 208: SmolLM2's call 3.01 -> 2.89 us under the promise).
+    bool whole_tile = false;  // every real row of the warp sees every key of the tile
     if constexpr (kWarps == kWideWarps) {
       // The mask is needed only where some real row of the warp does not see the whole tile (the
       // range's edges, causal rows, windows); padding rows are never stored (docs/perf.md run 204).
@@ -869,23 +870,26 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
           row_base + lane / 4 >= p.rows || (key0 >= vis_lo[0] && key0 + kTileKeys <= vis_hi[0]);
       const bool row1_sees_tile =
           row_base + lane / 4 + 8 >= p.rows || (key0 >= vis_lo[1] && key0 + kTileKeys <= vis_hi[1]);
-      if (__all_sync(0xffffffffu, row0_sees_tile && row1_sees_tile)) {
+      whole_tile = __all_sync(0xffffffffu, row0_sees_tile && row1_sees_tile);
+    }
+    if (whole_tile) {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] *= to_log2;
-      } else {
+        for (int e = 0; e < 4; ++e) s[nt][e] *= to_log2;
+    } else {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int rr = e / 2;
-            const int j = key0 + nt * 8 + 2 * (lane % 4) + e % 2;
-            const float t = s[nt][e] * to_log2;
-            s[nt][e] = (j >= vis_lo[rr] && j < vis_hi[rr]) ? t : -INFINITY;
-          }
+        for (int e = 0; e < 4; ++e) {
+          const int rr = e / 2;
+          const int j = key0 + nt * 8 + 2 * (lane % 4) + e % 2;
+          const float t = s[nt][e] * to_log2;
+          s[nt][e] = (j >= vis_lo[rr] && j < vis_hi[rr]) ? t : -INFINITY;
         }
       }
+    }
+    if constexpr (kWarps == kWideWarps) {
       // Lazy rescaling: the running maxima m (and so l and O) move only when some row of the warp
       // sees a tile maximum more than kRescaleSlack above its m; otherwise P = 2^(t - m) <= 2^8
       // against the stale m (exact in fp32; bf16 / f16 keep their relative precision, and 2^8 is
@@ -929,16 +933,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
         l[rr] += sum;
       }
     } else {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int rr = e / 2;
-          const int j = key0 + nt * 8 + 2 * (lane % 4) + e % 2;
-          const float t = s[nt][e] * to_log2;
-          s[nt][e] = (j >= vis_lo[rr] && j < vis_hi[rr]) ? t : -INFINITY;
-        }
-      }
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         float mx =
