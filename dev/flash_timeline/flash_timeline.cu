@@ -17,7 +17,14 @@
 // median over the replay's calls but the first and last), split 0 and the peers apart, and the
 // hand-off to the next call. With `-v`, every CTA of the middle call.
 //
-//   flash_timeline [-v] [K_LEN ...]        (default 4096 16384)
+//   flash_timeline [-v] [--batch B] [--warps 4|8] [--splits S] [--cluster 0|1] [K_LEN ...]
+//
+// (defaults: the B = 1 plan above, --batch 1 --warps 8 --splits 8 --cluster 1; k_len 4096 16384).
+// Other plans: e.g. issue 5's large points, `--batch 128 --warps 4 --splits 1 --cluster 0 4096`
+// (1024 one-split 4-warp CTAs, two to an SM, in 3.9 waves: the head plan only in one-wave grids,
+// as flash_decode.cu rules). Multi-split grids without clusters merge through the global
+// workspace. Every run also prints the active CTAs over the call's span (20 bins: how full the
+// GPU is at the end of a multi-wave grid).
 //
 // Built with -DFLASH_TIMELINE_NO_STAMPS the kernel compiles as mainline does and only the time
 // per call and the error are printed: the A/B build for kernel variants (a variant header first
@@ -68,10 +75,16 @@ namespace kd = splice::cuda::detail;
 using splice::cuda::kernel_stamps::Stamp;
 using T = __nv_bfloat16;
 
-constexpr int kKvHeads = 8, kGroup = 4, kHeadDim = 128, kWarps = 8, kSplits = 8;
+constexpr int kKvHeads = 8, kGroup = 4, kHeadDim = 128;
 constexpr std::size_t kRingSlots = std::size_t{1} << 22;  // 64 grids of 4096 CTA slots x 16 marks
 constexpr std::size_t kRotateBytes = std::size_t{512} << 20;
-using Cfg = kd::FlashDecodeConfig<kHeadDim, kWarps>;
+constexpr int kSmCount = 132;  // H200 (the one-wave rule of the head plan)
+
+// The launch: flash_decode.cu's plan for the shape, given here rather than derived.
+struct Plan {
+  int batch = 1, warps = 8, splits = 8;
+  bool cluster = true;
+};
 
 // Deterministic bf16 in [-1, 1) from the element index and a seed.
 __global__ void fill(T* x, std::size_t n, unsigned seed) {
@@ -117,9 +130,14 @@ struct CtaMarks {
   int sm = -1;
 };
 
-void run(int k_len, bool verbose) {
-  const std::size_t kv_elems = static_cast<std::size_t>(kKvHeads) * k_len * kHeadDim;  // one set
-  const std::size_t q_elems = static_cast<std::size_t>(kKvHeads) * kGroup * kHeadDim;
+template <int kWarps, bool kCluster>
+void run(const Plan& plan, int k_len, bool verbose) {
+  using Cfg = kd::FlashDecodeConfig<kHeadDim, kWarps>;
+  const int kSplits = plan.splits;
+  const std::size_t batch_kv = static_cast<std::size_t>(kKvHeads) * k_len * kHeadDim;
+  const std::size_t batch_q = static_cast<std::size_t>(kKvHeads) * kGroup * kHeadDim;
+  const std::size_t kv_elems = batch_kv * plan.batch;  // one set
+  const std::size_t q_elems = batch_q * plan.batch;
   const int sets =
       static_cast<int>(std::clamp<std::size_t>(kRotateBytes / (2 * kv_elems * 2), 1, 64));
   T *k_pool, *v_pool, *q_pool, *out_pool;
@@ -135,15 +153,26 @@ void run(int k_len, bool verbose) {
   fill<<<64, 256>>>(q_pool, sets * q_elems, 33u);
   CHECK(cudaDeviceSynchronize());
 
-  flash_case::Buffers b;
-  b.q_elems = q_elems;
-  b.kv_elems = kv_elems;
+  flash_case::Buffers b;  // per-batch element counts: params_for's batch strides
+  b.q_elems = batch_q;
+  b.kv_elems = batch_kv;
   b.k_len = k_len_dev;
   const flash_case::Case c{kKvHeads, kGroup, kHeadDim, k_len, false, kSplits};
   kd::FlashDecodeParams base = flash_case::params_for(c, b);
-  base.trigger = kd::kTriggerMergeInputsLanded;  // the plan's up to 16K keys (flash_decode.cu)
+  // flash_decode.cu's rules: the cluster grid's trigger up to 16K keys, the head plan in one-wave
+  // grids, the global merge's workspace for split grids without clusters.
+  base.trigger = k_len <= 16384 ? kd::kTriggerMergeInputsLanded : kd::kTriggerAtExit;
+  const int units = plan.batch * kKvHeads;
+  base.head_plan = units * kSplits <= kSmCount * (kWarps == 8 ? 1 : 2) ? 1 : 0;
+  if (!kCluster && kSplits > 1) {
+    const std::size_t rows = static_cast<std::size_t>(units) * kSplits * 16;
+    CHECK(cudaMalloc(&base.partial_lse, rows * sizeof(float)));
+    CHECK(cudaMalloc(&base.partial_o, rows * kHeadDim * sizeof(float)));
+    CHECK(cudaMalloc(&base.counters, units * sizeof(unsigned)));
+    CHECK(cudaMemset(base.counters, 0, units * sizeof(unsigned)));
+  }
 
-  auto kernel = kd::flash_decode_kernel<T, kHeadDim, kWarps, false, true>;
+  auto kernel = kd::flash_decode_kernel<T, kHeadDim, kWarps, false, kCluster>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
   cudaStream_t stream;
@@ -155,19 +184,19 @@ void run(int k_len, bool verbose) {
     p.k = k_pool + set * kv_elems;
     p.v = v_pool + set * kv_elems;
     cudaLaunchConfig_t config{};
-    config.gridDim = dim3(1, kSplits, kKvHeads);
+    config.gridDim = dim3(1, kSplits, units);
     config.blockDim = dim3(Cfg::kThreads);
     config.dynamicSmemBytes = Cfg::kSmemBytes;
     config.stream = stream;
     cudaLaunchAttribute attrs[2]{};
-    attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = 1;
-    attrs[0].val.clusterDim.y = kSplits;
-    attrs[0].val.clusterDim.z = 1;
-    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[0].val.programmaticStreamSerializationAllowed = 1;
+    attrs[1].id = cudaLaunchAttributeClusterDimension;
+    attrs[1].val.clusterDim.x = 1;
+    attrs[1].val.clusterDim.y = kSplits;
+    attrs[1].val.clusterDim.z = 1;
     config.attrs = attrs;
-    config.numAttrs = 2;
+    config.numAttrs = kCluster ? 2 : 1;
     CHECK(cudaLaunchKernelEx(&config, kernel, p));
   };
 
@@ -203,22 +232,23 @@ void run(int k_len, bool verbose) {
     per_call.push_back(ms * 1000.0 / sets);
   }
 
-  // One stamped replay into a cleared ring.
+  // Stamped replays into a cleared ring: at least 3 calls (the analysis skips the first and last).
   Stamp* ring = nullptr;
   CHECK(cudaMalloc(&ring, kRingSlots * sizeof(Stamp)));
   CHECK(cudaMemset(ring, 0, kRingSlots * sizeof(Stamp)));
   splice::cuda::kernel_stamps::g_setter(ring, kRingSlots - 1);
-  CHECK(cudaGraphLaunch(exec, stream));
+  for (int r = 0; r < (sets >= 3 ? 1 : (3 + sets - 1) / sets); ++r)
+    CHECK(cudaGraphLaunch(exec, stream));
   CHECK(cudaStreamSynchronize(stream));
   splice::cuda::kernel_stamps::g_setter(nullptr, 0);
   const std::vector<Stamp> got = experiment::download(ring, kRingSlots);
   CHECK(cudaFree(ring));
 
-  // Output of set 0 against float64.
-  const auto kh = experiment::download(reinterpret_cast<std::uint16_t*>(k_pool), kv_elems);
-  const auto vh = experiment::download(reinterpret_cast<std::uint16_t*>(v_pool), kv_elems);
-  const auto qh = experiment::download(reinterpret_cast<std::uint16_t*>(q_pool), q_elems);
-  const auto oh = experiment::download(reinterpret_cast<std::uint16_t*>(out_pool), q_elems);
+  // Output of set 0's sequence 0 against float64.
+  const auto kh = experiment::download(reinterpret_cast<std::uint16_t*>(k_pool), batch_kv);
+  const auto vh = experiment::download(reinterpret_cast<std::uint16_t*>(v_pool), batch_kv);
+  const auto qh = experiment::download(reinterpret_cast<std::uint16_t*>(q_pool), batch_q);
+  const auto oh = experiment::download(reinterpret_cast<std::uint16_t*>(out_pool), batch_q);
   double worst = 0.0;
   for (int h = 0; h < kKvHeads * kGroup; ++h) {
     const std::size_t kv0 = static_cast<std::size_t>(h / kGroup) * k_len * kHeadDim;
@@ -263,10 +293,14 @@ void run(int k_len, bool verbose) {
       if (m.has[0]) t = std::min(t, m.t[0]);
     return t;
   };
+  // A CTA's end: its merged output (a cluster merge's split 0), else its output or partial.
+  const auto cta_end = [](const CtaMarks& m) {
+    return m.has[kd::kMarkMerged] ? m.t[kd::kMarkMerged]
+                                  : (m.has[kd::kMarkStored] ? m.t[kd::kMarkStored] : -INFINITY);
+  };
   const auto end_of = [&](std::uint64_t id) {
     double t = -INFINITY;
-    for (const auto& [cta, m] : calls[id])
-      if (m.has[kd::kMarkMerged]) t = std::max(t, m.t[kd::kMarkMerged]);
+    for (const auto& [cta, m] : calls[id]) t = std::max(t, cta_end(m));
     return t;
   };
   for (const auto& [id, ctas] : calls)
@@ -278,9 +312,12 @@ void run(int k_len, bool verbose) {
                 std::min<std::uint64_t>(min_step, static_cast<std::uint64_t>(m.t[a] - m.t[z]));
 
   std::printf(
-      "\n(1,32,8,%d,128): %d sets, %zu calls stamped, %.2f us per call (median of 20 "
-      "replays, stamps on), max err %.3f of tolerance, smallest stamp step %llu ns\n",
-      k_len, sets, ids.size(), median(per_call), worst, static_cast<unsigned long long>(min_step));
+      "\n(%d,32,8,%d,128), %d-warp CTAs, %d split(s), %s merge, head plan %s: %d sets, %zu calls "
+      "stamped, %.2f us per call (median of 20 replays), max err %.3f of tolerance, smallest "
+      "stamp step %llu ns\n",
+      plan.batch, k_len, kWarps, kSplits, kCluster ? "cluster" : "global",
+      base.head_plan ? "on" : "off", sets, ids.size(), median(per_call), worst,
+      static_cast<unsigned long long>(min_step));
   if (ids.size() < 3) return;
   // Per row: over the calls 1 .. n-2, the median of (earliest, median, latest CTA) of the mark
   // minus the call's t0; split 0 and the peers apart.
@@ -320,6 +357,25 @@ void run(int k_len, bool verbose) {
       "call period (t0 to next t0) %.2f us; last merged store -> next call's first wait "
       "return %.2f us, -> its first CTA's arrival %.2f us (medians)\n",
       median(period), median(gap), median(early));
+  {
+    // The middle call's active CTAs (arrived, not yet ended) at the middles of 20 equal bins of
+    // its span, from its first arrival to its last end.
+    const std::uint64_t id = ids[ids.size() / 2];
+    double first = INFINITY, last = -INFINITY;
+    for (const auto& [cta, m] : calls[id]) {
+      if (m.has[1]) first = std::min(first, m.t[1]);
+      last = std::max(last, cta_end(m));
+    }
+    std::printf("active CTAs over the middle call's %.2f us (20 bins):", (last - first) / 1000.0);
+    for (int bin = 0; bin < 20; ++bin) {
+      const double at = first + (bin + 0.5) * (last - first) / 20.0;
+      int active = 0;
+      for (const auto& [cta, m] : calls[id])
+        if (m.has[1] && m.t[1] <= at && cta_end(m) > at) ++active;
+      std::printf(" %d", active);
+    }
+    std::printf("\n");
+  }
   if (verbose) {
     const std::uint64_t id = ids[ids.size() / 2];
     const double t0 = t0_of(id);
@@ -351,14 +407,43 @@ void run(int k_len, bool verbose) {
 
 int main(int argc, char** argv) {
   bool verbose = false;
+  Plan plan;
   std::vector<int> k_lens;
   for (int i = 1; i < argc; ++i) {
+    const auto value = [&] {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", argv[i]);
+        std::exit(2);
+      }
+      return std::atoi(argv[++i]);
+    };
     if (std::strcmp(argv[i], "-v") == 0)
       verbose = true;
+    else if (std::strcmp(argv[i], "--batch") == 0)
+      plan.batch = value();
+    else if (std::strcmp(argv[i], "--warps") == 0)
+      plan.warps = value();
+    else if (std::strcmp(argv[i], "--splits") == 0)
+      plan.splits = value();
+    else if (std::strcmp(argv[i], "--cluster") == 0)
+      plan.cluster = value() != 0;
     else
       k_lens.push_back(std::atoi(argv[i]));
   }
+  if (plan.batch < 1 || (plan.warps != 4 && plan.warps != 8) || plan.splits < 1 ||
+      plan.splits > 16 || (plan.cluster && plan.splits < 2) ||
+      plan.batch * kKvHeads * plan.splits > 4096) {
+    std::fprintf(stderr,
+                 "need --batch >= 1, --warps 4 or 8, 1 <= --splits <= 16 (>= 2 with --cluster 1) "
+                 "and batch x 8 x splits <= 4096 CTAs\n");
+    return 2;
+  }
   if (k_lens.empty()) k_lens = {4096, 16384};
-  for (int k_len : k_lens) run(k_len, verbose);
+  for (int k_len : k_lens) {
+    if (plan.warps == 8)
+      plan.cluster ? run<8, true>(plan, k_len, verbose) : run<8, false>(plan, k_len, verbose);
+    else
+      plan.cluster ? run<4, true>(plan, k_len, verbose) : run<4, false>(plan, k_len, verbose);
+  }
   return 0;
 }
