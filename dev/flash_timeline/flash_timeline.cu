@@ -48,7 +48,8 @@
 #include <map>
 #include <vector>
 
-#include "../experiment_util.cuh"  // CHECK, bf, download
+#include "../../bench/cuda/bench_util.cuh"  // fill_random, time_replays
+#include "../experiment_util.cuh"           // CHECK, bf, download
 #include "backend/cuda/flash_decode_kernel.cuh"
 // clang-format off: flash_case.cuh needs the kernel header first
 #include "../flash_case.cuh"  // Case, Buffers, params_for
@@ -85,18 +86,6 @@ struct Plan {
   int batch = 1, warps = 8, splits = 8;
   bool cluster = true;
 };
-
-// Deterministic bf16 in [-1, 1) from the element index and a seed.
-__global__ void fill(T* x, std::size_t n, unsigned seed) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::size_t{gridDim.x} * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    x[i] = __float2bfloat16(static_cast<float>(h >> 8) / 8388608.0f - 1.0f);
-  }
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return NAN;
@@ -148,9 +137,9 @@ void run(const Plan& plan, int k_len, bool verbose) {
   CHECK(cudaMalloc(&out_pool, sets * q_elems * sizeof(T)));
   CHECK(cudaMalloc(&k_len_dev, sizeof(int)));
   CHECK(cudaMemcpy(k_len_dev, &k_len, sizeof k_len, cudaMemcpyHostToDevice));
-  fill<<<1024, 256>>>(k_pool, sets * kv_elems, 11u);
-  fill<<<1024, 256>>>(v_pool, sets * kv_elems, 22u);
-  fill<<<64, 256>>>(q_pool, sets * q_elems, 33u);
+  splice::bench::fill_random<<<1024, 256>>>(k_pool, sets * kv_elems, 11u);
+  splice::bench::fill_random<<<1024, 256>>>(v_pool, sets * kv_elems, 22u);
+  splice::bench::fill_random<<<64, 256>>>(q_pool, sets * q_elems, 33u);
   CHECK(cudaDeviceSynchronize());
 
   flash_case::Buffers b;  // per-batch element counts: params_for's batch strides
@@ -209,28 +198,9 @@ void run(const Plan& plan, int k_len, bool verbose) {
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
-  // Timing (stamps on): 50 ms of warm replays, then 20 timed ones.
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  float warm_ms = 0.0f;
-  CHECK(cudaEventRecord(e0, stream));
-  while (warm_ms < 50.0f) {
-    for (int r = 0; r < 10; ++r) CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(e1, stream));
-    CHECK(cudaEventSynchronize(e1));
-    CHECK(cudaEventElapsedTime(&warm_ms, e0, e1));
-  }
-  std::vector<double> per_call;
-  for (int r = 0; r < 20; ++r) {
-    CHECK(cudaEventRecord(e0, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(e1, stream));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    per_call.push_back(ms * 1000.0 / sets);
-  }
+  // Timing as the bench's: 50 ms of warm replays, then 20 timed ones (the ring is not set yet, so
+  // a stamps build stamps nothing here, but runs its extra code).
+  const double us_per_call = splice::bench::time_replays(exec, stream, 3, 20, sets, 50.0).median_us;
 
   // Stamped replays into a cleared ring: at least 3 calls (the analysis skips the first and last).
   Stamp* ring = nullptr;
@@ -316,7 +286,7 @@ void run(const Plan& plan, int k_len, bool verbose) {
       "stamped, %.2f us per call (median of 20 replays), max err %.3f of tolerance, smallest "
       "stamp step %llu ns\n",
       plan.batch, k_len, kWarps, kSplits, kCluster ? "cluster" : "global",
-      base.head_plan ? "on" : "off", sets, ids.size(), median(per_call), worst,
+      base.head_plan ? "on" : "off", sets, ids.size(), us_per_call, worst,
       static_cast<unsigned long long>(min_step));
   if (ids.size() < 3) return;
   // Per row: over the calls 1 .. n-2, the median of (earliest, median, latest CTA) of the mark
