@@ -43,6 +43,22 @@ hang_round() {  # hang_round BINARY_DIR LABEL LIMIT
   fi
 }
 
+# The attention filters of the sanitizer runs (the KDA ones are in phase_tests).
+att_small='FlashDecodeCuda.RaggedBatchAndEmptySequence:FlashDecodeCuda.MisalignedQueryAndOutputRows:FlashDecodeCuda.OpEntryDispatchesToTheCudaKernel:FlashDecodeCuda.SmolLM2ShapeMatchesFloat64Reference:FlashDecodeCuda.StablePrefixReadsTheRowsItsProducerWrites'
+# sanitize NAME TOOL FILTER: compute-sanitizer's TOOL on the GPU tests FILTER names, in the
+# background ($! is its pid), into $L/NAME.txt with its exit status and time last.
+sanitize() {
+  ( s=$SECONDS
+    timeout 235 compute-sanitizer --tool "$2" --error-exitcode 3 "$P/head/cuda_all_test" \
+      --gtest_filter="$3" >"$L/$1.txt" 2>&1
+    echo "rc $? in $((SECONDS - s)) s" >>"$L/$1.txt" ) &
+}
+# sanitizer_line NAME: its summary, tests passed and exit status on one line.
+sanitizer_line() {
+  echo "$1: $(grep -E '(ERROR|RACECHECK) SUMMARY' "$L/$1.txt" | tail -1)" \
+    "$(grep -c '^\[       OK \]' "$L/$1.txt") OK, $(tail -1 "$L/$1.txt")"
+}
+
 phase_control() {
   echo "== control, alone (at $(el) s)"
   for r in 1 2 3 4; do hang_round head "alone_head_$r" 30; done
@@ -56,7 +72,6 @@ phase_tests() {
       >"$L/shard_$i.txt" 2>&1 &
     pids+=($!)
   done
-  local att_small='FlashDecodeCuda.RaggedBatchAndEmptySequence:FlashDecodeCuda.MisalignedQueryAndOutputRows:FlashDecodeCuda.OpEntryDispatchesToTheCudaKernel:FlashDecodeCuda.SmolLM2ShapeMatchesFloat64Reference:FlashDecodeCuda.StablePrefixReadsTheRowsItsProducerWrites'
   local kda_small='KdaCuda.PlainPackedT1Agree:KdaCuda.EveryAcceptedOffset'
   local kda_mem="$kda_small:KdaCuda.StreamManyItemsPerCta*:KdaCuda.StableStatePromise*:KdaCuda.PrecomputeGroupRing*:KdaCuda.OneStreamCta*:KdaCuda.DynamicItems*"
   local name tool filter
@@ -68,10 +83,7 @@ phase_tests() {
     esac
     tool=memcheck
     [[ $name == *race* ]] && tool=racecheck
-    ( s=$SECONDS
-      timeout 235 compute-sanitizer --tool "$tool" --error-exitcode 3 "$P/head/cuda_all_test" \
-        --gtest_filter="$filter" >"$L/$name.txt" 2>&1
-      echo "rc $? in $((SECONDS - s)) s" >>"$L/$name.txt" ) &
+    sanitize "$name" "$tool" "$filter"
     pids+=($!)
   done
   wait "${pids[@]}"
@@ -87,18 +99,14 @@ phase_tests() {
   echo "slowest tests (ms):"
   cat "$L"/shard_*.txt | grep '^\[       OK \]' | sed 's/.*OK \] \(.*\) (\([0-9]*\) ms)/\2 \1/' |
     sort -rn | head -12 | sed 's/^/  /'
-  for name in att_memcheck att_racecheck kda_memcheck kda_racecheck; do
-    echo "$name: $(grep -E '(ERROR|RACECHECK) SUMMARY' "$L/$name.txt" | tail -1)" \
-      "$(grep -c '^\[       OK \]' "$L/$name.txt") OK, $(tail -1 "$L/$name.txt")"
-  done
+  for name in att_memcheck att_racecheck kda_memcheck kda_racecheck; do sanitizer_line "$name"; done
 }
 
 # The flash-decode GPU tests (and the model tests that run it) in 8 shards, then the attention
 # sanitizer filters: a kernel change's check in ~1.5 minutes (the whole `tests` phase takes ~2).
 phase_flash() {
   echo "== flash tests and sanitizers (at $(el) s)"
-  local pids=() i
-  local att_small='FlashDecodeCuda.RaggedBatchAndEmptySequence:FlashDecodeCuda.MisalignedQueryAndOutputRows:FlashDecodeCuda.OpEntryDispatchesToTheCudaKernel:FlashDecodeCuda.SmolLM2ShapeMatchesFloat64Reference:FlashDecodeCuda.StablePrefixReadsTheRowsItsProducerWrites'
+  local pids=() i tool
   for i in $(seq 0 7); do
     GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 235 "$P/head/cuda_all_test" \
       --gtest_filter='FlashDecodeCuda.*:CudaGreedyDecode.*:*Llama*:CudaSessionGraph.*' \
@@ -106,20 +114,14 @@ phase_flash() {
     pids+=($!)
   done
   for tool in memcheck racecheck; do
-    ( s=$SECONDS
-      timeout 235 compute-sanitizer --tool "$tool" --error-exitcode 3 "$P/head/cuda_all_test" \
-        --gtest_filter="$att_small" >"$L/att_$tool.txt" 2>&1
-      echo "rc $? in $((SECONDS - s)) s" >>"$L/att_$tool.txt" ) &
+    sanitize "att_$tool" "$tool" "$att_small"
     pids+=($!)
   done
   wait "${pids[@]}"
   echo "flash GPU tests: $(cat "$L"/flash_shard_*.txt | grep -c '^\[       OK \]') passed," \
     "$(cat "$L"/flash_shard_*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -vc 'listed below') failed"
   cat "$L"/flash_shard_*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u
-  for tool in memcheck racecheck; do
-    echo "att_$tool: $(grep -E '(ERROR|RACECHECK) SUMMARY' "$L/att_$tool.txt" | tail -1)" \
-      "$(grep -c '^\[       OK \]' "$L/att_$tool.txt") OK, $(tail -1 "$L/att_$tool.txt")"
-  done
+  for tool in memcheck racecheck; do sanitizer_line "att_$tool"; done
 }
 
 phase_kda() {
