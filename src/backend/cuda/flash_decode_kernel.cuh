@@ -92,12 +92,12 @@
 //   one split:    [k_len || q || split 0's tile 0] -> further K/V tiles (streaming) -> o store.
 //   stable prefix: before the wait k_len -> the prologue tiles' stable keys; after it
 //                 [q || the new keys] -> further K/V tiles (streaming) -> o store (one split).
-//   S > 1 splits: [k_len || q || split 0's tile 0] -> K/V of splits >= 1 (addresses need the
-//                 plan) -> partial store + fence (waits for the acks) -> counter atomic
-//                 -> counter reset + fence (waits for its ack) -> the merging CTA's
-//                 (lse2_s, O_s) loads (one per 16 splits) -> o store.
-//   cluster merge: ... K/V of splits >= 1 -> split 0's signal (SM to SM) -> the peers' st.async
-//                 (SM to SM) -> o store.
+//   S > 1 splits: [k_len || q || every split's head tiles (the head plan)] -> the rest of each
+//                 split's K/V (addresses need the plan) -> partial store + fence (waits for the
+//                 acks) -> counter atomic -> counter reset + fence (waits for its ack) -> the
+//                 merging CTA's (lse2_s, O_s) loads (one per 16 splits) -> o store.
+//   cluster merge: ... the rest of each split's K/V -> split 0's signal (SM to SM) -> the peers'
+//                 st.async (SM to SM) -> o store.
 // Code size: in a decode step every kernel starts cold on its SMs (the step runs ~250 KB of
 // distinct code per layer), and code an SM has not run recently costs ~0.06-0.1 us per KB
 // executed (docs/perf.md run 26). So the ring-prologue loops and load_tile's passes, whose work
