@@ -930,37 +930,32 @@ TEST(FlashDecodeCuda, SpeculationGraphReplayAndBackToBack) {
 // then q_len 3 causal and ragged batches through check_case.
 TEST(FlashDecodeCuda, HeadPlanAcrossTheHeadRegion) {
   SKIP_WITHOUT_GPU();
-  Case c;
-  c.num_qo_heads = 32;
-  c.num_kv_heads = 8;
-  c.capacity = 4096;
-  c.k_len = {4096};
+  Case base;  // (32, 8) at capacity 4096: 8 eight-warp splits, a 1024-key head region
+  base.num_qo_heads = 32;
+  base.num_kv_heads = 8;
+  base.capacity = 4096;
+  base.k_len = {4096};
   check_graph_replay(
-      c, {{4096}, {1024}, {1025}, {1023}, {257}, {256}, {1041}, {3000}, {129}, {2049}, {1}, {4095}},
+      base,
+      {{4096}, {1024}, {1025}, {1023}, {257}, {256}, {1041}, {3000}, {129}, {2049}, {1}, {4095}},
       1400);
+  Case c = base;
   c.capacity = 1024;
   c.k_len = {1024};
   check_graph_replay(c, {{1024}, {512}, {513}, {511}, {300}, {1000}}, 1410);
+  c = base;
   c.head_dim = 64;
-  c.capacity = 4096;
-  c.k_len = {4096};
   check_graph_replay(c, {{4096}, {2048}, {2049}, {513}, {700}, {1100}}, 1420);
   std::uint64_t seed = 1430;
   for (std::int32_t len : {1023, 1025, 1041, 2500}) {
-    Case q3;
-    q3.num_qo_heads = 32;
-    q3.num_kv_heads = 8;
+    Case q3 = base;
     q3.q_len = 3;
-    q3.capacity = 4096;
     q3.k_len = {len};
     q3.window_right = len % 2 == 0 ? std::optional<std::int64_t>(1) : std::nullopt;
     check_case(q3, seed++);
   }
-  Case ragged;
+  Case ragged = base;
   ragged.batch = 2;
-  ragged.num_qo_heads = 32;
-  ragged.num_kv_heads = 8;
-  ragged.capacity = 4096;
   ragged.k_len = {1500, 300};
   check_case(ragged, seed++);
 }
