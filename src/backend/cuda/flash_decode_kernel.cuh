@@ -862,6 +862,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     // the narrow ones (short ranges, the model's calls: a few tiles a warp, each on the critical
     // path) mask every tile and rescale eagerly, which was 0.1-0.2 us faster there (docs/perf.md
     // run 208: SmolLM2's call 3.01 -> 2.89 us under the promise).
+    // Row rr's scores become P = 2^(t - m_use) in place; returns their sum.
+    auto probabilities = [&](int rr, float m_use) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = exp2_ftz(s[nt][2 * rr + e] - m_use);
+          s[nt][2 * rr + e] = pe;
+          sum += pe;
+        }
+      }
+      return sum;
+    };
     bool whole_tile = false;  // every real row of the warp sees every key of the tile
     if constexpr (kWarps == kWideWarps) {
       // The mask is needed only where some real row of the warp does not see the whole tile (the
@@ -920,16 +934,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const float m_use = m[rr] == -INFINITY ? 0.0f : m[rr];
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = exp2_ftz(s[nt][2 * rr + e] - m_use);
-            s[nt][2 * rr + e] = pe;
-            sum += pe;
-          }
-        }
+        const float sum = probabilities(rr, m_use);
         l[rr] += sum;
       }
     } else {
@@ -943,16 +948,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
         const float alpha = exp2_ftz(m[rr] - m_use);
         m[rr] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = exp2_ftz(s[nt][2 * rr + e] - m_use);
-            s[nt][2 * rr + e] = pe;
-            sum += pe;
-          }
-        }
+        const float sum = probabilities(rr, m_use);
         l[rr] = l[rr] * alpha + sum;
 #pragma unroll
         for (int dn = 0; dn < kHeadDim / 8; ++dn) {
