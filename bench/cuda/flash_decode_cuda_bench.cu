@@ -32,7 +32,8 @@
 //      widths and cluster sizes forced (FlashDecodeDevKnobs), two alternating rounds: the
 //      evidence for the plan's cluster rule.
 //   9. --shapes 'B,Hq,Hkv,k_len,D[,capacity];...' replaces the shape list of any mode;
-//      --warm-ms M: each graph replays untimed for at least M ms first (default 50).
+//      --warm-ms M: each graph replays untimed for at least M ms first (default 50);
+//      --min-sets N: at least N input sets per shape (2: no set is read twice in a row).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -58,6 +59,7 @@ constexpr int kMaxSets = 64;
 constexpr std::size_t kMinTouchedBytes = std::size_t{128} << 20;  // > 2x the L2
 constexpr int kMaxSmallSets = 4096;
 constexpr int kWarmupReplays = 3;
+int g_min_sets = 1;  // --min-sets: at least this many input sets (2: no set read twice in a row)
 // Untimed replays of each graph before its timed ones, at least this many ms (--warm-ms): with 3
 // replays alone the KDA bench's first configurations after a dtype switch read 8-10% slow (perf.md
 // run 142); flash decode showed no such transient (run 143) but is timed the same way.
@@ -80,7 +82,7 @@ int sets_for(const Shape& s) {
   std::size_t sets = std::clamp<std::size_t>((kRotateBytes + kv - 1) / kv, 1, kMaxSets);
   if (sets * kv < kMinTouchedBytes)
     sets = std::min<std::size_t>((kMinTouchedBytes + kv - 1) / kv, kMaxSmallSets);
-  return static_cast<int>(sets);
+  return std::max(static_cast<int>(sets), g_min_sets);
 }
 
 struct Result {
@@ -253,11 +255,13 @@ int main(int argc, char** argv) {
       cluster_ab = true;
     else if (arg == "--shapes" && i + 1 < argc)
       shapes_arg = argv[++i];
+    else if (arg == "--min-sets" && i + 1 < argc)
+      g_min_sets = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--warm-ms M] [--quick] "
                    "[--sweep] [--no-variants] [--ab] [--warps-ab] [--cluster-ab] "
-                   "[--shapes 'B,Hq,Hkv,k_len,D[,capacity];...']\n",
+                   "[--shapes 'B,Hq,Hkv,k_len,D[,capacity];...'] [--min-sets N]\n",
                    argv[0]);
       return 2;
     }

@@ -142,8 +142,12 @@ def run_peers(args):
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
     flashinfer_failed = {}  # (tensor cores, head_dim) -> the first error: one JIT attempt per kind
     rows = []
-    for batch, hq, hkv, k_len, head_dim, kv in grid(args.max_kv_gb, args.quick):
-        sets = sets_for(kv)
+    shapes = grid(args.max_kv_gb, args.quick)
+    if args.shapes:  # "B,Hq,Hkv,k_len,D;...": only these
+        shapes = [tuple(int(x) for x in item.split(",")) for item in args.shapes.split(";") if item]
+        shapes = [(b, hq, hkv, n, d, 2 * b * hkv * n * d * 2) for b, hq, hkv, n, d in shapes]
+    for batch, hq, hkv, k_len, head_dim, kv in shapes:
+        sets = max(sets_for(kv), args.min_sets)
         gen = torch.Generator(device="cuda").manual_seed(batch * 7 + k_len + hq)
 
         def sets_of(heads, length):  # one allocation, one contiguous view per set
@@ -263,6 +267,9 @@ def main():
     parser.add_argument("--max-kv-gb", type=float, default=40.0)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--shapes", help="'B,Hq,Hkv,k_len,D;...': these shapes instead of the grid")
+    parser.add_argument("--min-sets", type=int, default=1,
+                        help="at least this many input sets (2: no set is read twice in a row)")
     args = parser.parse_args()
     try:
         import torch

@@ -17,7 +17,8 @@
 // median over the replay's calls but the first and last), split 0 and the peers apart, and the
 // hand-off to the next call. With `-v`, every CTA of the middle call.
 //
-//   flash_timeline [-v] [--batch B] [--warps 4|8] [--splits S] [--cluster 0|1] [K_LEN ...]
+//   flash_timeline [-v] [--batch B] [--warps 4|8] [--splits S] [--cluster 0|1] [--sets N]
+//                 [--head 0|1] [--split-from U] [K_LEN ...]
 //
 // (defaults: the B = 1 plan above, --batch 1 --warps 8 --splits 8 --cluster 1; k_len 4096 16384).
 // Other plans: e.g. issue 5's large points, `--batch 128 --warps 4 --splits 1 --cluster 0 4096`
@@ -25,6 +26,11 @@
 // as flash_decode.cu rules). Multi-split grids without clusters merge through the global
 // workspace. Every run also prints the active CTAs over the call's span (20 bins: how full the
 // GPU is at the end of a multi-wave grid).
+//
+// --sets N takes at least N input sets (2: no replay starts on the K/V the last one read);
+// --head 0|1 forces the head plan off or on (its speculative tile 0 in a multi-wave one-split
+// grid); --split-from U, with dev/flash-tail-split.patch's header (-I/tmp/variant and
+// -DFLASH_TIMELINE_SPLIT_FROM), streams units below U in one split and the rest in --splits.
 //
 // Built with -DFLASH_TIMELINE_NO_STAMPS the kernel compiles as mainline does and only the time
 // per call and the error are printed: the A/B build for kernel variants (a variant header first
@@ -79,12 +85,20 @@ using T = __nv_bfloat16;
 constexpr int kKvHeads = 8, kGroup = 4, kHeadDim = 128;
 constexpr std::size_t kRingSlots = std::size_t{1} << 22;  // 64 grids of 4096 CTA slots x 16 marks
 constexpr std::size_t kRotateBytes = std::size_t{512} << 20;
+#ifdef FLASH_TIMELINE_NO_STAMPS
+constexpr bool kStamped = false;
+#else
+constexpr bool kStamped = true;
+#endif
 constexpr int kSmCount = 132;  // H200 (the one-wave rule of the head plan)
 
 // The launch: flash_decode.cu's plan for the shape, given here rather than derived.
 struct Plan {
   int batch = 1, warps = 8, splits = 8;
   bool cluster = true;
+  int min_sets = 1;    // --sets: at least this many input sets (2: no set read twice in a row)
+  int head = -1;       // --head 0|1: the head plan forced off / on (-1: flash_decode.cu's rule)
+  int split_from = 0;  // --split-from U: units below U in one split (dev/flash-tail-split.patch)
 };
 
 double median(std::vector<double> v) {
@@ -128,7 +142,8 @@ void run(const Plan& plan, int k_len, bool verbose) {
   const std::size_t kv_elems = batch_kv * plan.batch;  // one set
   const std::size_t q_elems = batch_q * plan.batch;
   const int sets =
-      static_cast<int>(std::clamp<std::size_t>(kRotateBytes / (2 * kv_elems * 2), 1, 64));
+      std::max(plan.min_sets,
+               static_cast<int>(std::clamp<std::size_t>(kRotateBytes / (2 * kv_elems * 2), 1, 64)));
   T *k_pool, *v_pool, *q_pool, *out_pool;
   int* k_len_dev;
   CHECK(cudaMalloc(&k_pool, sets * kv_elems * sizeof(T)));
@@ -153,6 +168,10 @@ void run(const Plan& plan, int k_len, bool verbose) {
   base.trigger = k_len <= 16384 ? kd::kTriggerMergeInputsLanded : kd::kTriggerAtExit;
   const int units = plan.batch * kKvHeads;
   base.head_plan = units * kSplits <= kSmCount * (kWarps == 8 ? 1 : 2) ? 1 : 0;
+  if (plan.head >= 0) base.head_plan = plan.head;
+#ifdef FLASH_TIMELINE_SPLIT_FROM  // a variant header with FlashDecodeParams::split_from_bh
+  base.split_from_bh = plan.split_from;
+#endif
   if (!kCluster && kSplits > 1) {
     const std::size_t rows = static_cast<std::size_t>(units) * kSplits * 16;
     CHECK(cudaMalloc(&base.partial_lse, rows * sizeof(float)));
@@ -202,13 +221,12 @@ void run(const Plan& plan, int k_len, bool verbose) {
   // a stamps build stamps nothing here, but runs its extra code).
   const double us_per_call = splice::bench::time_replays(exec, stream, 3, 20, sets, 50.0).median_us;
 
-  // Stamped replays into a cleared ring: at least 3 calls (the analysis skips the first and last).
+  // One stamped replay into a cleared ring.
   Stamp* ring = nullptr;
   CHECK(cudaMalloc(&ring, kRingSlots * sizeof(Stamp)));
   CHECK(cudaMemset(ring, 0, kRingSlots * sizeof(Stamp)));
   splice::cuda::kernel_stamps::g_setter(ring, kRingSlots - 1);
-  for (int r = 0; r < (sets >= 3 ? 1 : (3 + sets - 1) / sets); ++r)
-    CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaGraphLaunch(exec, stream));  // one replay: its calls are told apart by grid id
   CHECK(cudaStreamSynchronize(stream));
   splice::cuda::kernel_stamps::g_setter(nullptr, 0);
   const std::vector<Stamp> got = experiment::download(ring, kRingSlots);
@@ -288,14 +306,18 @@ void run(const Plan& plan, int k_len, bool verbose) {
       plan.batch, k_len, kWarps, kSplits, kCluster ? "cluster" : "global",
       base.head_plan ? "on" : "off", sets, ids.size(), us_per_call, worst,
       static_cast<unsigned long long>(min_step));
-  if (ids.size() < 3) return;
-  // Per row: over the calls 1 .. n-2, the median of (earliest, median, latest CTA) of the mark
+  // A graph of one call (one input set) replays with the same grid id: its one stamped replay is
+  // analysed alone; otherwise the calls but the first and last.
+  const std::size_t first_call = ids.size() >= 3 ? 1 : 0;
+  const std::size_t end_call = ids.size() >= 3 ? ids.size() - 1 : ids.size();
+  if (ids.empty()) return;
+  // Per row: over the calls analysed, the median of (earliest, median, latest CTA) of the mark
   // minus the call's t0; split 0 and the peers apart.
   std::printf("%-34s %8s %8s %8s | %8s %8s   (us after the call's first wait return)\n", "mark",
               "first", "median", "last", "split 0", "peers");
   for (const MarkRow& row : kRows) {
     std::vector<double> lo, mid, hi, s0, peers;
-    for (std::size_t i = 1; i + 1 < ids.size(); ++i) {
+    for (std::size_t i = first_call; i < end_call; ++i) {
       const double t0 = t0_of(ids[i]);
       std::vector<double> all, zero, rest;
       for (const auto& [cta, m] : calls[ids[i]]) {
@@ -345,6 +367,30 @@ void run(const Plan& plan, int k_len, bool verbose) {
       std::printf(" %d", active);
     }
     std::printf("\n");
+    // The start and the drain of a multi-wave grid: the first wave's ramp (its CTAs' median
+    // first tile), the last arrival, then when the CTAs running after it end (quartiles), and the
+    // active-CTA integral over the span against all slots busy throughout.
+    std::vector<double> ends, first_tiles;
+    double last_arrival = -INFINITY, busy = 0.0;
+    for (const auto& [cta, m] : calls[id]) {
+      if (!m.has[1] || !std::isfinite(cta_end(m))) continue;  // (a split with no keys exits)
+      last_arrival = std::max(last_arrival, m.t[1]);
+      busy += cta_end(m) - m.t[1];
+      if (m.t[1] < first + 1000.0 && m.has[kd::kMarkFirstTile])
+        first_tiles.push_back((m.t[kd::kMarkFirstTile] - first) / 1000.0);
+    }
+    for (const auto& [cta, m] : calls[id])
+      if (m.has[1] && cta_end(m) > last_arrival) ends.push_back((cta_end(m) - first) / 1000.0);
+    std::sort(ends.begin(), ends.end());
+    const int slots = kSmCount * (kWarps == 8 ? 1 : 2);
+    if (!ends.empty())
+      std::printf(
+          "first wave's median tile 0 done %.2f us; last arrival %.2f us; the %zu CTAs running "
+          "after it end at %.2f / %.2f / %.2f / %.2f us (quartiles, last); busy %.1f%% of %d "
+          "slots x span\n",
+          median(first_tiles), (last_arrival - first) / 1000.0, ends.size(), ends[ends.size() / 4],
+          ends[ends.size() / 2], ends[3 * ends.size() / 4], ends.back(),
+          100.0 * busy / (slots * (last - first)), slots);
   }
   if (verbose) {
     const std::uint64_t id = ids[ids.size() / 2];
@@ -397,15 +443,22 @@ int main(int argc, char** argv) {
       plan.splits = value();
     else if (std::strcmp(argv[i], "--cluster") == 0)
       plan.cluster = value() != 0;
+    else if (std::strcmp(argv[i], "--sets") == 0)
+      plan.min_sets = value();
+    else if (std::strcmp(argv[i], "--head") == 0)
+      plan.head = value();
+    else if (std::strcmp(argv[i], "--split-from") == 0)
+      plan.split_from = value();
     else
       k_lens.push_back(std::atoi(argv[i]));
   }
   if (plan.batch < 1 || (plan.warps != 4 && plan.warps != 8) || plan.splits < 1 ||
       plan.splits > 16 || (plan.cluster && plan.splits < 2) ||
-      plan.batch * kKvHeads * plan.splits > 4096) {
+      (kStamped && plan.batch * kKvHeads * plan.splits > 4096)) {
     std::fprintf(stderr,
                  "need --batch >= 1, --warps 4 or 8, 1 <= --splits <= 16 (>= 2 with --cluster 1) "
-                 "and batch x 8 x splits <= 4096 CTAs\n");
+                 "and (stamps builds: a CTA's stamp holds 12 bits of its index) batch x 8 x "
+                 "splits <= 4096 CTAs\n");
     return 2;
   }
   if (k_lens.empty()) k_lens = {4096, 16384};
