@@ -490,6 +490,51 @@ TEST(FlashDecodeCuda, OutputIndependentOfSplitCount) {
   }
 }
 
+// The tail split (plan_flash_decode): a one-split grid of more units than CTA slots streams the
+// units past its last full wave in kFlashDecodeTailSplits splits, the others in one. Ragged
+// lengths (0, 1, within and past the single-split limit) on both sides of split_from_bh, against
+// the float64 reference and within split rounding of every unit in one split (a forced count).
+TEST(FlashDecodeCuda, TailSplitOfAMultiWaveGrid) {
+  SKIP_WITHOUT_GPU();
+  const int sm_count = cuda::current_device_facts().sm_count;
+  for (const std::int64_t head_dim : {128, 64}) {
+    Case c;
+    c.num_qo_heads = 16;
+    c.num_kv_heads = 8;
+    c.head_dim = head_dim;
+    c.capacity = 4096 * 128 / head_dim;  // 2 MiB of K+V a unit: kFlashDecodeTailMinUnitBytes
+    // Units = batch * 8 (one row block each) between 2 and 3 waves of 4-warp CTAs.
+    const auto plan_for = [&](std::int64_t batch) {
+      return cuda::plan_flash_decode(batch, c.num_qo_heads, c.num_kv_heads, 1, head_dim, c.capacity,
+                                     c.capacity, sm_count);
+    };
+    const std::int64_t slots = std::int64_t{sm_count} * plan_for(64).ctas_per_sm;
+    c.batch = (2 * slots + slots / 2) / c.num_kv_heads;
+    const auto plan = plan_for(c.batch);
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", split_from_bh " +
+                 std::to_string(plan.split_from_bh));
+    ASSERT_EQ(plan.warps, 4);
+    ASSERT_EQ(plan.num_splits, cuda::kFlashDecodeTailSplits);
+    ASSERT_EQ(plan.split_from_bh, 2 * slots);
+    const std::int32_t limit = single_split_keys(head_dim);
+    const std::vector<std::int32_t> lengths = {
+        static_cast<std::int32_t>(c.capacity), 0, 1, 17, limit, limit + 1, 3 * limit + 5};
+    c.k_len.clear();  // one length per sequence
+    for (std::int64_t b = 0; b < c.batch; ++b)
+      c.k_len.push_back(lengths[static_cast<std::size_t>(b) % lengths.size()]);
+    Rng rng(450 + head_dim);
+    Problem problem(c, rng);
+    const auto [out, lse] = problem.run();
+    const auto [ref_out, ref_lse] = problem.reference();
+    EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)));
+    EXPECT_TRUE(testing::close(lse, ref_lse, Tolerance{1e-5, 1e-5}));
+    problem.c.num_splits = 1;  // every unit in one split
+    const auto [one_out, one_lse] = problem.run();
+    EXPECT_TRUE(within_split_rounding(out, one_out, c.dtype));
+    EXPECT_TRUE(testing::close(lse, one_lse, Tolerance{1e-6, 1e-5}));
+  }
+}
+
 // Sets FlashDecodeDevKnobs for a scope and restores them after: `field` (e.g.
 // &FlashDecodeDevKnobs::warps; 0: the plan's rule) to `value`.
 class ForcedKnob {
@@ -1116,9 +1161,32 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::flash_decode_live_splits(small, 2049, true), 33);
   EXPECT_EQ(cuda::flash_decode_live_splits(small, 2048, true), 32);
   EXPECT_EQ(cuda::flash_decode_live_splits(small, 16384, true), 33);
+  // 1024 units: 4-warp CTAs, 3 full waves of 264 slots; the tail split streams the other 232
+  // units in 4 splits (the global merge), the first 792 in one.
   const auto big = cuda::plan_flash_decode(128, 32, 8, 1, 128, 16384, 16384, 132);
-  EXPECT_EQ(big.num_splits, 1);
-  EXPECT_EQ(big.warps, 4);  // 1024 units: 4-warp CTAs
+  EXPECT_EQ(big.warps, 4);
+  EXPECT_EQ(big.num_splits, cuda::kFlashDecodeTailSplits);
+  EXPECT_EQ(big.split_from_bh, 792);
+  EXPECT_EQ(big.cluster, 1);
+  EXPECT_EQ(big.workspace_bytes, 232u * 4 * 16 * 129 * sizeof(float));
+  EXPECT_EQ(cuda::flash_decode_live_splits(big, 16384, false, 791), 1);
+  EXPECT_EQ(cuda::flash_decode_live_splits(big, 16384, false, 792), 4);
+  EXPECT_EQ(cuda::flash_decode_live_splits(big, 16384, false), 4);
+  EXPECT_EQ(cuda::flash_decode_live_splits(big, 256, false, 792), 1);
+  // No tail split: a whole number of waves (528 units), one wave or less, units under 2 MiB of
+  // K+V (4095 keys at head_dim 128, 8191 at 64), the rule's knobs forced (a width, clusters).
+  EXPECT_EQ(cuda::plan_flash_decode(66, 32, 8, 1, 128, 4096, 4096, 132).num_splits, 1);
+  EXPECT_EQ(cuda::plan_flash_decode(33, 32, 8, 1, 128, 4096, 4096, 132).split_from_bh, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 4095, 4095, 132).num_splits, 1);
+  EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 1024, 1024, 132).split_from_bh, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 64, 8191, 8191, 132).num_splits, 1);
+  EXPECT_GT(cuda::plan_flash_decode(128, 32, 8, 1, 64, 8192, 8192, 132).split_from_bh, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 4096, 4096, 132, 4).num_splits, 1);
+  EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 4096, 4096, 132, 0, 0).num_splits, 1);
+  // Row blocks: split_from_bh counts (b, kv head) units of row_blocks CTAs each.
+  const auto rows = cuda::plan_flash_decode(40, 64, 8, 4, 128, 4096, 4096, 132);
+  EXPECT_EQ(rows.row_blocks, 2);       // 8 heads x 4 queries = 32 rows
+  EXPECT_EQ(rows.split_from_bh, 264);  // 640 units, 528 in two full waves
   // The wide rule: 8-warp CTAs (one per SM) at head_dim <= 128 when the grid has at most
   // sm_count / 4 (b, kv head, row block) units and the bound splits into wide splits of >= 256
   // keys; 4-warp CTAs otherwise (short ranges, one split, larger grids, head_dim 256).
@@ -1207,7 +1275,6 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(wide_b2.warps, 8);
   EXPECT_EQ(wide_b2.num_splits, 8);  // 132 / 16 units
   EXPECT_EQ(wide_b2.cluster, 8);
-  EXPECT_EQ(big.cluster, 1);  // one split
   // No cluster where split 0's ring cannot hold the partials: 16 rows x 16 splits at head_dim 64.
   const auto rows16 = cuda::plan_flash_decode(1, 8, 2, 8, 64, 1024, 1024, 132, 0, 1);
   EXPECT_EQ(rows16.num_splits, 16);

@@ -372,16 +372,29 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
         plan.num_splits, cluster_merge == 1 ? kFlashDecodeMaxClusterSplits
                                             : std::min(cluster_merge, kFlashDecodeMaxClusterSplits));
   }
+  if (cluster_merge == -1 && warps == 0 && plan.num_splits == 1) {
+    // The tail split (header): the units past the last full wave in quarter-size pieces.
+    const std::int64_t slots = static_cast<std::int64_t>(sm_count) * plan.ctas_per_sm;
+    const std::int64_t full_units = units / slots * slots;
+    const std::int64_t unit_bytes = bound * 2 * head_dim * kFlashDecodeElementBytes;
+    if (plan.warps == kFlashDecodeWarps && full_units > 0 && full_units < units &&
+        unit_bytes >= kFlashDecodeTailMinUnitBytes) {
+      plan.num_splits = kFlashDecodeTailSplits;
+      plan.split_from_bh = full_units / plan.row_blocks;
+    }
+  }
   const int block_rows = static_cast<int>(std::min<std::int64_t>(rows, kFlashDecodeRowsPerCta));
-  if (cluster_merge != 0 && plan.num_splits > 1 &&
+  if (cluster_merge != 0 && plan.split_from_bh == 0 && plan.num_splits > 1 &&
       plan.num_splits <= kFlashDecodeMaxClusterSplits &&
       cluster_merge_fits(head_dim, plan.warps, plan.num_splits, block_rows))
     plan.cluster = plan.num_splits;
   plan.grid_x = plan.row_blocks;
   plan.grid_y = plan.num_splits;
   plan.grid_z = batch * num_kv_heads;
+  // Partials of the units that split (the tail split's only).
+  const std::int64_t split_units = (plan.grid_z - plan.split_from_bh) * plan.grid_x;
   plan.workspace_bytes = plan.num_splits > 1
-                             ? static_cast<std::size_t>(units * plan.num_splits *
+                             ? static_cast<std::size_t>(split_units * plan.num_splits *
                                                         kFlashDecodeRowsPerCta * (head_dim + 1)) *
                                    sizeof(float)
                              : 0;
@@ -486,13 +499,16 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
       std::min<std::int64_t>({options.num_splits, max_splits, kFlashDecodeMaxSplits});
   const std::int64_t units = plan.grid_x * plan.grid_z;
   const std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced);
+  // The tail split's one-split units (a forced split count splits every unit).
+  const std::int64_t split_from_bh = forced > 0 ? 0 : plan.split_from_bh;
+  const std::int64_t split_units = units - split_from_bh * plan.grid_x;
 
-  // Stage 3: workspace, params, launch.
+  // Stage 3: workspace (partials and counters of the units that split), params, launch.
   const std::size_t partial_rows =
-      static_cast<std::size_t>(units * grid_y * kFlashDecodeRowsPerCta);
+      static_cast<std::size_t>(split_units * grid_y * kFlashDecodeRowsPerCta);
   const std::size_t partial_bytes =
       grid_y > 1 ? partial_rows * static_cast<std::size_t>(head_dim + 1) * sizeof(float) : 0;
-  ensure_workspace(static_cast<std::size_t>(units), partial_bytes, stream);
+  ensure_workspace(static_cast<std::size_t>(split_units), partial_bytes, stream);
   Workspace& ws = workspace();
 
   FlashDecodeParams p{};
@@ -535,6 +551,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.forced_splits = static_cast<int>(forced);
   p.min_chunk = plan.min_chunk;
   p.single_split_keys = plan.single_split_keys;
+  p.split_from_bh = static_cast<int>(split_from_bh);
   // The head plan (kernel stages 1-2): without a left window every split's warp w streams keys
   // [16 (W split + w), + 16) first whatever k_len is, so without the stable prefix they are
   // issued before k_len lands. Wasted copies (a k_len short of the head region) read at most

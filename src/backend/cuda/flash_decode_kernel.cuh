@@ -37,7 +37,9 @@
 //      p_i = k_len - q_len + i; the keys any row may see are [lo, hi) with
 //      lo = max(0, p_0 - left), hi = min(k_len, p_last + right + 1), n = hi - lo. Split size:
 //        forced:  chunk = round_up(ceil(n / forced), 16);
-//        n <= single_split_keys (the keys one CTA streams in less time than a merge costs):
+//        n <= single_split_keys (the keys one CTA streams in less time than a merge costs), or
+//        a unit below p.split_from_bh (the launcher's tail split of a multi-wave 4-warp grid,
+//        whose units past the last full wave split; the others' splits >= 1 exit at entry):
 //                 chunk = n, one split, no partials, no counter;
 //        head plan (p.head_plan, n > single_split_keys; lo = 0): with S = gridDim.y and the
 //                 head region R = 16 W S, split s streams its head [16 W s, 16 W (s + 1)) (tile
@@ -172,9 +174,10 @@ struct FlashDecodeParams {
   float* lse;                 // [batch, num_qo_heads, q_len] or null
   const std::int32_t* k_len;  // [batch] or [1]
   const float* alibi;         // [num_qo_heads] or null
-  float* partial_o;           // [batch * num_kv_heads, row_blocks, grid splits, 16, head_dim]
-  float* partial_lse;         // [batch * num_kv_heads, row_blocks, 16, grid splits]
-  unsigned* counters;         // [batch * num_kv_heads, row_blocks], zero between launches
+  // The split units' (batch * num_kv_heads - split_from_bh of them) merge workspace:
+  float* partial_o;    // [split units, row_blocks, grid splits, 16, head_dim]
+  float* partial_lse;  // [split units, row_blocks, 16, grid splits]
+  unsigned* counters;  // [split units, row_blocks], zero between launches
   std::int64_t q_stride_b, q_stride_h, q_stride_s;
   std::int64_t k_stride_b, k_stride_h, k_stride_s;
   std::int64_t v_stride_b, v_stride_h, v_stride_s;
@@ -206,6 +209,9 @@ struct FlashDecodeParams {
   // 0 <= gr < 2^31): q_len_shift = ceil(log2 q_len), q_len_mul = ceil(2^(31 + shift) / q_len).
   unsigned q_len_mul;
   int q_len_shift;
+  // The launcher's tail split (stage 2; 4-warp instances without the cluster merge): units
+  // (b, h) = blockIdx.z below this stream in one split. 0: every unit splits as planned.
+  int split_from_bh;
 };
 
 template <int kHeadDim, int kWarps>
@@ -459,7 +465,8 @@ struct SplitPlan {
 };
 // `head_tiles`: the launch's head plan (p.head_plan; stage 2).
 __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int k_len_raw,
-                                                 int split, int warps, bool head_tiles) {
+                                                 int split, int warps, bool head_tiles,
+                                                 bool one_split_unit) {
   SplitPlan r;
   r.k_len = min(max(k_len_raw, 0), p.capacity);
   const int pos_first = r.k_len - p.q_len;
@@ -488,7 +495,7 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
   int chunk;
   if (p.forced_splits > 0)
     chunk = ceil_div(ceil_div(n, p.forced_splits), kTileKeys) * kTileKeys;
-  else if (n <= p.single_split_keys)
+  else if (n <= p.single_split_keys || one_split_unit)
     chunk = n;
   else
     chunk =
@@ -534,6 +541,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     if (tid == 0) mbar_init<2>(merge_bars);
     cluster_arrive_relaxed();
   }
+  // The tail split's one-split units (stage 2): their splits >= 1 have no keys whatever k_len.
+  // Only 4-warp instances without the cluster merge are launched with one (flash_decode.cu).
+  constexpr bool kTailSplit = kWarps == kNarrowWarps && !kClusterMerge;
+  const bool one_split_unit = kTailSplit && bh < p.split_from_bh;
+  if (one_split_unit && split > 0) return;
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
   const std::uint32_t pipe_u32 = smem_addr(smem + Cfg::kQBytes + warp * kStages * Cfg::kStageBytes);
@@ -603,7 +615,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   SplitPlan plan{};
   int my_tiles = 0;
   if (stable_prefix) {
-    plan = plan_splits(p, p.k_len[b * p.k_len_stride], split, kWarps, p.head_plan != 0);
+    plan = plan_splits(p, p.k_len[b * p.k_len_stride], split, kWarps, p.head_plan != 0,
+                       one_split_unit);
     if (split < plan.live) {
       my_tiles = tiles_of(plan);
       const int stable_end = min(plan.k_len - p.q_len, plan.c1);
@@ -621,8 +634,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
   // Stage 1: k_len, q and (split 0, speculative) the first K/V tiles, all in flight together.
   const int k_len_raw = stable_prefix ? 0 : p.k_len[b * p.k_len_stride];
-  // (b, h, rb): the index of this CTA's merge counter and partial rows (split runs only).
-  auto unit_index = [&] { return static_cast<std::int64_t>(bh) * gridDim.x + rb; };
+  // (b, h, rb) among the units that split: the index of this CTA's merge counter and partial
+  // rows (split runs only).
+  auto unit_index = [&] {
+    return static_cast<std::int64_t>(bh - (kTailSplit ? p.split_from_bh : 0)) * gridDim.x + rb;
+  };
   // ALiBi slopes (log2 units) of this thread's two mma C-fragment rows, lane/4 and lane/4 + 8.
   float slope_log2[2] = {0.0f, 0.0f};
   if (kScoreMods && p.alibi) {
@@ -707,7 +723,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   }
 
   // Stage 2: live range and the device-side split plan.
-  if (!stable_prefix) plan = plan_splits(p, k_len_raw, split, kWarps, speculative);
+  if (!stable_prefix) plan = plan_splits(p, k_len_raw, split, kWarps, speculative, one_split_unit);
   stages.mark_after(static_cast<float>(plan.c1), kMarkPlanned);
   const int pos_first = plan.k_len - p.q_len;
   const int live_splits = plan.live;

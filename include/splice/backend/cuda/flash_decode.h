@@ -62,6 +62,13 @@ inline constexpr int kFlashDecodeElementBytes = 2;  // bf16 / f16
 // k_len round trip that splits >= 1 cannot hide), so a merge would only add latency.
 // 512 keys at head_dim 64, 256 at 128, 128 at 256.
 inline constexpr std::int64_t kFlashDecodeSingleSplitBytes = std::int64_t{128} << 10;
+// The tail split of a multi-wave one-split grid (plan_flash_decode): the units past its last
+// full wave stream in this many splits (global merge), so the last wave ends in quarter-size
+// pieces instead of whole units started ~one unit's time apart (docs/perf.md runs 210-212).
+inline constexpr int kFlashDecodeTailSplits = 4;
+// ... for units of at least this many K+V bytes (a 4K-key bound at head_dim 128; at 1K keys, 1 MiB
+// a unit, it was level or up to 1% slower, docs/perf.md run 212).
+inline constexpr std::int64_t kFlashDecodeTailMinUnitBytes = std::int64_t{2} << 20;
 
 // Where a flash-decode CTA lets the next kernel in the stream launch (PDL's trigger).
 enum class FlashDecodeTrigger : std::uint8_t {
@@ -94,6 +101,9 @@ struct FlashDecodePlan {
   // this grid left free and one of them waited for a whole free slice (a straggler cluster,
   // +2-5 us per call back to back, docs/perf.md run 77).
   FlashDecodeTrigger trigger = FlashDecodeTrigger::after_wait;
+  // The tail split: units (b, h) = grid z below this stream in one split whatever num_splits
+  // says (their other splits' CTAs exit at once); the rest split as planned. 0: every unit.
+  std::int64_t split_from_bh = 0;
 };
 
 // Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
@@ -127,6 +137,15 @@ struct FlashDecodePlan {
 //     longer head_dim 64 ranges keep their many global-merge splits;
 //   - grids of sm_count / 4 < units <= sm_count / 2 take 8-warp CTAs, one per SM, sm_count / units
 //     splits, where those fill >= 7/8 of the SMs.
+// The tail split (same conditions: `warps` and `cluster_merge` the rule's): a one-split 4-warp
+// plan of more units than slots = sm_count * ctas_per_sm, not a multiple of them, whose units
+// hold >= kFlashDecodeTailMinUnitBytes of K+V at the bound, streams the units past its full
+// waves, from split_from_bh = floor(units / slots) * slots / row_blocks on, in
+// kFlashDecodeTailSplits splits (the global merge), the others in one split. The last wave then
+// ends in quarter-size pieces: in a grid of whole units the last wave's CTAs start as the wave
+// before ends, spread over one unit's time, and the call's last ~30 us stream with too few CTAs
+// in flight (docs/perf.md runs 210-212: 1024 units of (128, 32, 8) at 4K / 16K / 64K
+// 479.9 / 1885 / 7608 -> 474.0 / 1852 / 7414 us, alternating in one process pair).
 // `cluster_merge` 0: no cluster merge and no rule; 1: the splits capped at
 // kFlashDecodeMaxClusterSplits; 2-16: capped at that many. Then cluster = num_splits when
 // 2 <= num_splits <= kFlashDecodeMaxClusterSplits and split 0's ring holds every split's fp32
@@ -145,8 +164,11 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
 //   then its share of the keys past the num_splits heads: num_splits splits when
 //   n > H * num_splits, else ceil(n / H);
 //   otherwise ceil(n / chunk) with chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)).
-inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n, bool head_tiles) {
-  if (n <= plan.single_split_keys) return 1;
+// A unit below the tail split's split_from_bh (`bh`, its batch * num_kv_heads index) runs one
+// split; bh = -1: a unit that splits as planned.
+inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n, bool head_tiles,
+                                    std::int64_t bh = -1) {
+  if (n <= plan.single_split_keys || (bh >= 0 && bh < plan.split_from_bh)) return 1;
   if (head_tiles) {
     const std::int64_t head_keys = static_cast<std::int64_t>(kFlashDecodeTileKeys) * plan.warps;
     return n > head_keys * plan.num_splits ? plan.num_splits
