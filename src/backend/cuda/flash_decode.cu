@@ -572,6 +572,9 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // the merge itself (the attribution knob may drop it).
   const bool cluster_merge =
       plan.cluster > 1 && grid_y == plan.grid_y && !(p.dev_drop & detail::kDropMerge);
+  // Only the 4-warp global-merge instances compile the tail split (kernel stage 2).
+  SPLICE_INTERNAL_CHECK(p.split_from_bh == 0 || (plan.warps == kFlashDecodeWarps && !cluster_merge),
+                        "flash_decode: a tail split needs the 4-warp global-merge kernel");
   // The promise supersedes speculation (kernel stage 0'). The 8-warp cluster grids (the long
   // ranges at small batch) do not use it: back to back they were 0.9-1.3 us slower with it at
   // 4K-64K keys (perf.md run 132: (1,32,8,4K) 8.36 against 7.36 us), while the 4-warp grids
