@@ -29,8 +29,9 @@
 //
 // --sets N takes at least N input sets (2: no replay starts on the K/V the last one read);
 // --head 0|1 forces the head plan off or on (its speculative tile 0 in a multi-wave one-split
-// grid); --split-from U, with dev/flash-tail-split.patch's header (-I/tmp/variant and
-// -DFLASH_TIMELINE_SPLIT_FROM), streams units below U in one split and the rest in --splits.
+// grid); --split-from U streams units below U in one split and the rest in --splits (mainline's
+// tail split, FlashDecodeParams::split_from_bh: 4-warp CTAs without clusters; first measured
+// as dev/flash-tail-split.patch, perf.md run 211).
 //
 // Built with -DFLASH_TIMELINE_NO_STAMPS the kernel compiles as mainline does and only the time
 // per call and the error are printed: the A/B build for kernel variants (a variant header first
@@ -98,7 +99,7 @@ struct Plan {
   bool cluster = true;
   int min_sets = 1;    // --sets: at least this many input sets (2: no set read twice in a row)
   int head = -1;       // --head 0|1: the head plan forced off / on (-1: flash_decode.cu's rule)
-  int split_from = 0;  // --split-from U: units below U in one split (dev/flash-tail-split.patch)
+  int split_from = 0;  // --split-from U: units below U in one split (the tail split)
 };
 
 double median(std::vector<double> v) {
@@ -169,9 +170,7 @@ void run(const Plan& plan, int k_len, bool verbose) {
   const int units = plan.batch * kKvHeads;
   base.head_plan = units * kSplits <= kSmCount * (kWarps == 8 ? 1 : 2) ? 1 : 0;
   if (plan.head >= 0) base.head_plan = plan.head;
-#ifdef FLASH_TIMELINE_SPLIT_FROM  // a variant header with FlashDecodeParams::split_from_bh
   base.split_from_bh = plan.split_from;
-#endif
   if (!kCluster && kSplits > 1) {
     const std::size_t rows = static_cast<std::size_t>(units) * kSplits * 16;
     CHECK(cudaMalloc(&base.partial_lse, rows * sizeof(float)));
