@@ -31,7 +31,12 @@
 //      plan's rules, with the cluster grid's trigger moved, with the global split merge, and with
 //      widths and cluster sizes forced (FlashDecodeDevKnobs), two alternating rounds: the
 //      evidence for the plan's cluster rule.
-//   9. --shapes 'B,Hq,Hkv,k_len,D[,capacity];...' replaces the shape list of any mode;
+//   9. --plans 'LABEL:WARPS:CLUSTER:SPLITS;...' (replaces 1-8): each shape timed under each
+//      plan column (FlashDecodeDevKnobs warps and cluster_merge, 0 / -1: the rule; SPLITS > 0 a
+//      forced split count, 0 the plan's), in --rounds rounds (default 3) that alternate the
+//      columns; per column every round's time, then the fastest: whether another plan beats
+//      the rule at a point, measured beside the rule in one process.
+//  10. --shapes 'B,Hq,Hkv,k_len,D[,capacity];...' replaces the shape list of any mode;
 //      --warm-ms M: each graph replays untimed for at least M ms first (default 50);
 //      --min-sets N: at least N input sets per shape (2: no set is read twice in a row).
 #include <cuda_bf16.h>
@@ -231,6 +236,8 @@ int main(int argc, char** argv) {
   bool warps_ab = false;
   bool cluster_ab = false;
   std::string shapes_arg;  // "B,Hq,Hkv,k_len,D[,capacity];...": replaces the grid
+  std::string plans_arg;   // "LABEL:WARPS:CLUSTER:SPLITS;...": the --plans columns
+  int rounds = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc)
@@ -257,11 +264,16 @@ int main(int argc, char** argv) {
       shapes_arg = argv[++i];
     else if (arg == "--min-sets" && i + 1 < argc)
       g_min_sets = std::max(1, std::atoi(argv[++i]));
+    else if (arg == "--plans" && i + 1 < argc)
+      plans_arg = argv[++i];
+    else if (arg == "--rounds" && i + 1 < argc)
+      rounds = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--warm-ms M] [--quick] "
                    "[--sweep] [--no-variants] [--ab] [--warps-ab] [--cluster-ab] "
-                   "[--shapes 'B,Hq,Hkv,k_len,D[,capacity];...'] [--min-sets N]\n",
+                   "[--shapes 'B,Hq,Hkv,k_len,D[,capacity];...'] [--min-sets N] "
+                   "[--plans 'LABEL:WARPS:CLUSTER:SPLITS;...' [--rounds N]]\n",
                    argv[0]);
       return 2;
     }
@@ -327,6 +339,60 @@ int main(int argc, char** argv) {
   BENCH_CHECK(cudaStreamSynchronize(stream));
   std::printf("device: %s; K/V pools 2 x %.2f GB\n", splice::cuda::device_name().c_str(),
               pool_bytes / 1e9);
+
+  if (!plans_arg.empty()) {
+    struct Column {
+      std::string label;
+      int warps = 0, cluster = -1;
+      std::int64_t splits = 0;
+    };
+    std::vector<Column> columns;
+    std::size_t start = 0;
+    while (start < plans_arg.size()) {
+      const std::size_t end = std::min(plans_arg.find(';', start), plans_arg.size());
+      const std::string item = plans_arg.substr(start, end - start);
+      start = end + 1;
+      if (item.empty()) continue;
+      char label[32] = {};
+      int warps = 0, cluster = -1;
+      long long splits = 0;
+      if (std::sscanf(item.c_str(), "%31[^:]:%d:%d:%lld", label, &warps, &cluster, &splits) != 4 ||
+          (warps != 0 && warps != 4 && warps != 8) || cluster < -1 || splits < 0) {
+        std::fprintf(stderr,
+                     "--plans: bad column '%s' (LABEL:WARPS 0|4|8:CLUSTER >= -1:SPLITS >= 0)\n",
+                     item.c_str());
+        return 2;
+      }
+      columns.push_back(Column{label, warps, cluster, splits});
+    }
+    std::printf(
+        "\nPlan columns (us per call, graph replay; per column: the rounds, then warps/splits, "
+        "* = cluster merge)\n");
+    for (const Shape& s : shapes) {
+      Inputs in(s, k_pool.storage(), v_pool.storage(), stream);
+      std::vector<std::vector<Result>> runs(columns.size());
+      for (int round = 0; round < rounds; ++round)
+        for (std::size_t i = 0; i < columns.size(); ++i) {
+          set_width_and_merge(columns[i].warps, columns[i].cluster);
+          runs[i].push_back(run_shape(in, reps, stream, columns[i].splits));
+        }
+      set_width_and_merge(0, -1);
+      std::printf("%-26s sets=%d\n", shape_name(s).c_str(), in.sets);
+      for (std::size_t i = 0; i < columns.size(); ++i) {
+        double best = runs[i][0].us;
+        std::printf("  %-10s", columns[i].label.c_str());
+        for (const Result& r : runs[i]) {
+          std::printf(" %9.2f", r.us);
+          best = std::min(best, r.us);
+        }
+        const Result& r = runs[i][0];
+        std::printf("  w%d s%d%s  best %9.2f\n", r.warps, r.splits, r.cluster ? "*" : "", best);
+      }
+      std::fflush(stdout);
+    }
+    BENCH_CHECK(cudaStreamDestroy(stream));
+    return 0;
+  }
 
   if (cluster_ab) {
     // Split merge through thread-block clusters (DSMEM into split 0) against the global merge,
