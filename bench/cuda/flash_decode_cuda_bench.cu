@@ -31,9 +31,10 @@
 //      plan's rules, with the cluster grid's trigger moved, with the global split merge, and with
 //      widths and cluster sizes forced (FlashDecodeDevKnobs), two alternating rounds: the
 //      evidence for the plan's cluster rule.
-//   9. --plans 'LABEL:WARPS:CLUSTER:SPLITS;...' (replaces 1-8): each shape timed under each
-//      plan column (FlashDecodeDevKnobs warps and cluster_merge, 0 / -1: the rule; SPLITS > 0 a
-//      forced split count, 0 the plan's), in --rounds rounds (default 3) that alternate the
+//   9. --plans 'LABEL:WARPS:CLUSTER:SPLITS[:LATE[:SHIFT]];...' (replaces 1-8): each shape timed
+//      under each plan column (FlashDecodeDevKnobs warps, cluster_merge, late_splits and
+//      late_shift, 0 / -1 / -1 / -1: the rule; SPLITS > 0 a forced split count, 0 the plan's),
+//      in --rounds rounds (default 3) that alternate the
 //      columns; per column every round's time, then the fastest: whether another plan beats
 //      the rule at a point, measured beside the rule in one process.
 //  10. --shapes 'B,Hq,Hkv,k_len,D[,capacity];...' replaces the shape list of any mode;
@@ -97,6 +98,7 @@ struct Result {
   int live = 0;    // splits the device plan runs at this k_len
   int warps = 0;   // warps per CTA
   bool cluster = false;  // the splits merged in thread-block clusters (every timed launch)
+  int late = 0;          // late splits (the plan's, or the knob's where the plan may take them)
   double us = 0.0;
   double spread_us = 0.0;  // max - min replay time per call
   double stable_us = -1.0;  // batch <= 8: the same under the stable-prefix promise
@@ -158,6 +160,11 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
       knobs.single_split_bytes > 0 ? knobs.single_split_bytes
                                    : splice::cuda::kFlashDecodeSingleSplitBytes);
   r.warps = plan.warps;
+  const bool late_eligible = forced_splits == 0 && plan.num_splits == 1 &&
+                             plan.split_from_bh == 0 && plan.warps == 4 && plan.cluster == 1;
+  r.late = forced_splits > 0                         ? 0
+           : knobs.late_splits >= 0 && late_eligible ? knobs.late_splits
+                                                     : plan.late_splits;
   r.splits = forced_splits > 0 ? static_cast<int>(forced_splits) : plan.num_splits;
   r.live = forced_splits > 0 ? static_cast<int>(forced_splits)
                              : splice::cuda::flash_decode_live_splits(plan, s.k_len, true);
@@ -210,6 +217,14 @@ void set_width_and_merge(int warps, int cluster_merge, std::int64_t single_split
   knobs.single_split_bytes = single_split_bytes;
   knobs.cluster_spread = spread;
   knobs.trigger = trigger;
+  splice::cuda::set_flash_decode_dev_knobs(knobs);
+}
+
+// Sets the late-split knobs (-1 / -1: the plan's rule).
+void set_late(int late_splits, int late_shift) {
+  splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
+  knobs.late_splits = late_splits;
+  knobs.late_shift = late_shift;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
@@ -345,6 +360,7 @@ int main(int argc, char** argv) {
       std::string label;
       int warps = 0, cluster = -1;
       std::int64_t splits = 0;
+      int late = -1, late_shift = -1;
     };
     std::vector<Column> columns;
     std::size_t start = 0;
@@ -354,16 +370,19 @@ int main(int argc, char** argv) {
       start = end + 1;
       if (item.empty()) continue;
       char label[32] = {};
-      int warps = 0, cluster = -1;
+      int warps = 0, cluster = -1, late = -1, late_shift = -1;
       long long splits = 0;
-      if (std::sscanf(item.c_str(), "%31[^:]:%d:%d:%lld", label, &warps, &cluster, &splits) != 4 ||
-          (warps != 0 && warps != 4 && warps != 8) || cluster < -1 || splits < 0) {
+      const int fields = std::sscanf(item.c_str(), "%31[^:]:%d:%d:%lld:%d:%d", label, &warps,
+                                     &cluster, &splits, &late, &late_shift);
+      if (fields < 4 || (warps != 0 && warps != 4 && warps != 8) || cluster < -1 || splits < 0 ||
+          late < -1 || late_shift < -1) {
         std::fprintf(stderr,
-                     "--plans: bad column '%s' (LABEL:WARPS 0|4|8:CLUSTER >= -1:SPLITS >= 0)\n",
+                     "--plans: bad column '%s' (LABEL:WARPS 0|4|8:CLUSTER >= -1:SPLITS >= "
+                     "0[:LATE >= -1[:SHIFT >= -1]])\n",
                      item.c_str());
         return 2;
       }
-      columns.push_back(Column{label, warps, cluster, splits});
+      columns.push_back(Column{label, warps, cluster, splits, late, late_shift});
     }
     std::printf(
         "\nPlan columns (us per call, graph replay; per column: the rounds, then warps/splits, "
@@ -374,9 +393,11 @@ int main(int argc, char** argv) {
       for (int round = 0; round < rounds; ++round)
         for (std::size_t i = 0; i < columns.size(); ++i) {
           set_width_and_merge(columns[i].warps, columns[i].cluster);
+          set_late(columns[i].late, columns[i].late_shift);
           runs[i].push_back(run_shape(in, reps, stream, columns[i].splits));
         }
       set_width_and_merge(0, -1);
+      set_late(-1, -1);
       std::printf("%-26s sets=%d\n", shape_name(s).c_str(), in.sets);
       for (std::size_t i = 0; i < columns.size(); ++i) {
         double best = runs[i][0].us;
@@ -386,7 +407,8 @@ int main(int argc, char** argv) {
           best = std::min(best, r.us);
         }
         const Result& r = runs[i][0];
-        std::printf("  w%d s%d%s  best %9.2f\n", r.warps, r.splits, r.cluster ? "*" : "", best);
+        std::printf("  w%d s%d%s l%d  best %9.2f\n", r.warps, r.splits, r.cluster ? "*" : "",
+                    r.late, best);
       }
       std::fflush(stdout);
     }

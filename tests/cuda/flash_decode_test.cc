@@ -552,6 +552,66 @@ class ForcedKnob {
   cuda::FlashDecodeDevKnobs saved_ = cuda::flash_decode_dev_knobs();
 };
 
+// The late splits of a one-wave one-split grid (plan_flash_decode's rule takes them for >= 8 MiB
+// of K+V a unit; the knob forces them here on 2 MiB units so the float64 reference stays small):
+// every unit's last pieces in CTAs dispatched after every split 0, merged through the global
+// workspace. Ragged lengths (0, 1, 17, at and past the single-split limit, short of and at twice
+// the late pieces, the capacity) against the float64 reference with the rule's count and 1 and
+// 8 pieces, the stable prefix bit for bit, and within split rounding of one split.
+TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
+  SKIP_WITHOUT_GPU();
+  const int sm_count = cuda::current_device_facts().sm_count;
+  for (const std::int64_t head_dim : {128, 64}) {
+    Case c;
+    c.num_qo_heads = 16;
+    c.num_kv_heads = 8;
+    c.head_dim = head_dim;
+    c.capacity = 4096 * 128 / head_dim;  // 2 MiB of K+V a unit: kFlashDecodeTailMinUnitBytes
+    const auto plan_for = [&](std::int64_t batch) {
+      return cuda::plan_flash_decode(batch, c.num_qo_heads, c.num_kv_heads, 1, head_dim, c.capacity,
+                                     c.capacity, sm_count);
+    };
+    const std::int64_t slots = std::int64_t{sm_count} * plan_for(64).ctas_per_sm;  // 4-warp
+    c.batch = slots / c.num_kv_heads;  // one wave, just under or at its slots
+    const auto plan = plan_for(c.batch);
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", batch " + std::to_string(c.batch));
+    ASSERT_EQ(plan.warps, 4);
+    ASSERT_EQ(plan.num_splits, 1);
+    ASSERT_EQ(plan.split_from_bh, 0);
+    ForcedKnob rule_count(&cuda::FlashDecodeDevKnobs::late_splits, cuda::kFlashDecodeLateSplits);
+    const std::int32_t limit = single_split_keys(head_dim);
+    const auto cap = static_cast<std::int32_t>(c.capacity);
+    // 2 L c keys at the smallest piece (16 keys) is 128: lengths around it (at head_dim 64 the
+    // single-split limit 512 lies above it).
+    const std::vector<std::int32_t> lengths = {cap,       0,   1,   17,          limit,
+                                               limit + 1, 127, 128, cap / 2 + 3, cap - 1};
+    c.k_len.clear();  // one length per sequence
+    for (std::int64_t b = 0; b < c.batch; ++b)
+      c.k_len.push_back(lengths[static_cast<std::size_t>(b) % lengths.size()]);
+    Rng rng(470 + head_dim);
+    Problem problem(c, rng);
+    const auto [out, lse] = problem.run();
+    const auto [ref_out, ref_lse] = problem.reference();
+    EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)));
+    EXPECT_TRUE(testing::close(lse, ref_lse, Tolerance{1e-5, 1e-5}));
+    const auto stable = problem.run(nullptr, /*stable_prefix=*/true);
+    EXPECT_TRUE(testing::bit_equal(stable.first, out)) << "stable prefix";
+    EXPECT_TRUE(testing::bit_equal(stable.second, lse)) << "stable prefix";
+    for (const int late : {1, 8}) {
+      ForcedKnob forced(&cuda::FlashDecodeDevKnobs::late_splits, late);
+      const auto [late_out, late_lse] = problem.run();
+      EXPECT_TRUE(testing::close(late_out, ref_out, default_tolerance(c.dtype))) << late;
+      EXPECT_TRUE(testing::close(late_lse, ref_lse, Tolerance{1e-5, 1e-5})) << late;
+    }
+    {
+      ForcedKnob none(&cuda::FlashDecodeDevKnobs::late_splits, 0);  // every unit in one split
+      const auto [one_out, one_lse] = problem.run();
+      EXPECT_TRUE(within_split_rounding(out, one_out, c.dtype));
+      EXPECT_TRUE(testing::close(lse, one_lse, Tolerance{1e-6, 1e-5}));
+    }
+  }
+}
+
 // 4-warp and 8-warp CTAs (the plan picks 8 for small grids of long, split ranges at head_dim <=
 // 128, 4 elsewhere; here each width is forced on the same cases): each against the float64
 // reference over the features, one split and merged splits, q_len 1 and 8, ragged lengths, the
@@ -1183,6 +1243,25 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_GT(cuda::plan_flash_decode(128, 32, 8, 1, 64, 8192, 8192, 132).split_from_bh, 0);
   EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 4096, 4096, 132, 4).num_splits, 1);
   EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 4096, 4096, 132, 0, 0).num_splits, 1);
+  // The late splits: a one-split 4-warp grid of at most one wave with >= 1/16 of its 264 slots
+  // idle (<= 248 units), 8 MiB of K+V a unit, streams each unit's last 4 pieces of n / 32 keys
+  // in CTAs dispatched after every unit's first split; not below 8 MiB, with fewer idle slots,
+  // over a wave (the tail split) or with a knob forced.
+  const auto one_wave = cuda::plan_flash_decode(31, 32, 8, 1, 128, 16384, 16384, 132);
+  EXPECT_EQ(one_wave.num_splits, 1);
+  EXPECT_EQ(one_wave.split_from_bh, 0);
+  EXPECT_EQ(one_wave.late_splits, cuda::kFlashDecodeLateSplits);
+  EXPECT_EQ(one_wave.late_shift, cuda::kFlashDecodeLateShift);
+  EXPECT_EQ(one_wave.workspace_bytes, 248u * 5 * 16 * 129 * sizeof(float));
+  EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 16384, false), 5);  // 512-key pieces
+  EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 257, false), 5);    // 16-key pieces
+  EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 256, false), 1);    // single-split limit
+  EXPECT_EQ(cuda::plan_flash_decode(17, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 4);
+  EXPECT_EQ(cuda::plan_flash_decode(31, 32, 8, 1, 128, 16383, 16383, 132).late_splits, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(32, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(34, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(31, 32, 8, 1, 128, 16384, 16384, 132, 4).late_splits, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
   // Row blocks: split_from_bh counts (b, kv head) units of row_blocks CTAs each.
   const auto rows = cuda::plan_flash_decode(40, 64, 8, 4, 128, 4096, 4096, 132);
   EXPECT_EQ(rows.row_blocks, 2);       // 8 heads x 4 queries = 32 rows

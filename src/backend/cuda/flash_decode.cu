@@ -111,6 +111,10 @@ struct Workspace {
       knobs.cluster_spread = std::atoi(spread) != 0;
     if (const char* trigger = std::getenv("SPLICE_FLASH_DECODE_TRIGGER"); trigger && *trigger)
       knobs.trigger = std::atoi(trigger);
+    if (const char* late = std::getenv("SPLICE_FLASH_DECODE_LATE"); late && *late)
+      knobs.late_splits = std::atoi(late);
+    if (const char* shift = std::getenv("SPLICE_FLASH_DECODE_LATE_SHIFT"); shift && *shift)
+      knobs.late_shift = std::atoi(shift);
     return knobs;
   }
 };
@@ -373,14 +377,19 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
                                             : std::min(cluster_merge, kFlashDecodeMaxClusterSplits));
   }
   if (cluster_merge == -1 && warps == 0 && plan.num_splits == 1) {
-    // The tail split (header): the units past the last full wave in quarter-size pieces.
+    // The tail split (header): the units past the last full wave in quarter-size pieces; the
+    // late splits (header): a one-wave grid's last pieces of each unit to whichever SM is free.
     const std::int64_t slots = static_cast<std::int64_t>(sm_count) * plan.ctas_per_sm;
     const std::int64_t full_units = units / slots * slots;
     const std::int64_t unit_bytes = bound * 2 * head_dim * kFlashDecodeElementBytes;
-    if (plan.warps == kFlashDecodeWarps && full_units > 0 && full_units < units &&
-        unit_bytes >= kFlashDecodeTailMinUnitBytes) {
+    if (plan.warps == kFlashDecodeWarps && unit_bytes >= kFlashDecodeTailMinUnitBytes &&
+        full_units > 0 && full_units < units) {
       plan.num_splits = kFlashDecodeTailSplits;
       plan.split_from_bh = full_units / plan.row_blocks;
+    } else if (plan.warps == kFlashDecodeWarps && unit_bytes >= kFlashDecodeLateMinUnitBytes &&
+               units <= slots - slots / 16) {
+      plan.late_splits = kFlashDecodeLateSplits;
+      plan.late_shift = kFlashDecodeLateShift;
     }
   }
   const int block_rows = static_cast<int>(std::min<std::int64_t>(rows, kFlashDecodeRowsPerCta));
@@ -391,10 +400,11 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
   plan.grid_x = plan.row_blocks;
   plan.grid_y = plan.num_splits;
   plan.grid_z = batch * num_kv_heads;
-  // Partials of the units that split (the tail split's only).
+  // Partials of the units that split (the tail split's only), every split of the late ones.
   const std::int64_t split_units = (plan.grid_z - plan.split_from_bh) * plan.grid_x;
-  plan.workspace_bytes = plan.num_splits > 1
-                             ? static_cast<std::size_t>(split_units * plan.num_splits *
+  const std::int64_t unit_splits = plan.num_splits + plan.late_splits;
+  plan.workspace_bytes = unit_splits > 1
+                             ? static_cast<std::size_t>(split_units * unit_splits *
                                                         kFlashDecodeRowsPerCta * (head_dim + 1)) *
                                    sizeof(float)
                              : 0;
@@ -498,9 +508,19 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const std::int64_t forced =
       std::min<std::int64_t>({options.num_splits, max_splits, kFlashDecodeMaxSplits});
   const std::int64_t units = plan.grid_x * plan.grid_z;
-  const std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced);
-  // The tail split's one-split units (a forced split count splits every unit).
+  // The tail split's one-split units and the late splits (a forced split count splits every
+  // unit evenly instead); the knobs may set the late splits where the plan could take them.
   const std::int64_t split_from_bh = forced > 0 ? 0 : plan.split_from_bh;
+  int late_splits = forced > 0 ? 0 : plan.late_splits;
+  int late_shift = plan.late_shift;
+  const bool late_eligible = forced == 0 && plan.num_splits == 1 && plan.split_from_bh == 0 &&
+                             plan.warps == kFlashDecodeWarps && plan.cluster == 1;
+  if (late_eligible && knobs.late_splits >= 0) {
+    late_splits = std::min(knobs.late_splits, kFlashDecodeMaxSplits - 1);
+    late_shift = knobs.late_shift >= 0 ? std::min(knobs.late_shift, 16) : kFlashDecodeLateShift;
+  }
+  // Splits per unit: the grid's y dimension, or its z dimension under the late splits.
+  const std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced) + late_splits;
   const std::int64_t split_units = units - split_from_bh * plan.grid_x;
 
   // Stage 3: workspace (partials and counters of the units that split), params, launch.
@@ -552,6 +572,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.min_chunk = plan.min_chunk;
   p.single_split_keys = plan.single_split_keys;
   p.split_from_bh = static_cast<int>(split_from_bh);
+  p.late_splits = late_splits;
+  p.late_shift = late_shift;
   // The head plan (kernel stages 1-2): without a left window every split's warp w streams keys
   // [16 (W split + w), + 16) first whatever k_len is, so without the stable prefix they are
   // issued before k_len lands. Wasted copies (a k_len short of the head region) read at most
@@ -560,7 +582,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // tests) keeps contiguous splits.
   const std::int64_t slots =
       static_cast<std::int64_t>(current_device_facts().sm_count) * plan.ctas_per_sm;
-  p.head_plan = !options.window_left && forced == 0 && units * grid_y <= slots ? 1 : 0;
+  p.head_plan =
+      !options.window_left && forced == 0 && late_splits == 0 && units * grid_y <= slots ? 1 : 0;
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   static_assert(static_cast<int>(FlashDecodeTrigger::after_wait) == detail::kTriggerAfterWait &&
                 static_cast<int>(FlashDecodeTrigger::at_exit) == detail::kTriggerAtExit &&
@@ -572,9 +595,10 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // the merge itself (the attribution knob may drop it).
   const bool cluster_merge =
       plan.cluster > 1 && grid_y == plan.grid_y && !(p.dev_drop & detail::kDropMerge);
-  // Only the 4-warp global-merge instances compile the tail split (kernel stage 2).
-  SPLICE_INTERNAL_CHECK(p.split_from_bh == 0 || (plan.warps == kFlashDecodeWarps && !cluster_merge),
-                        "flash_decode: a tail split needs the 4-warp global-merge kernel");
+  // Only the 4-warp global-merge instances compile the tail and late splits (kernel stage 2).
+  SPLICE_INTERNAL_CHECK((p.split_from_bh == 0 && p.late_splits == 0) ||
+                            (plan.warps == kFlashDecodeWarps && !cluster_merge),
+                        "flash_decode: a tail or late split needs the 4-warp global-merge kernel");
   // The promise supersedes speculation (kernel stage 0'). The 8-warp cluster grids (the long
   // ranges at small batch) do not use it: back to back they were 0.9-1.3 us slower with it at
   // 4K-64K keys (perf.md run 132: (1,32,8,4K) 8.36 against 7.36 us), while the 4-warp grids
@@ -595,8 +619,12 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.scale_log2 = p.softmax_scale * detail::kLog2e;
   p.softcap = options.softcap ? *options.softcap : 0.0f;
 
-  const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(grid_y),
-                  static_cast<unsigned>(plan.grid_z));
+  // Late splits: (row block, unit, split), so that every unit's split 0 dispatches first.
+  const dim3 grid = late_splits > 0
+                        ? dim3(static_cast<unsigned>(plan.grid_x),
+                               static_cast<unsigned>(plan.grid_z), static_cast<unsigned>(grid_y))
+                        : dim3(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(grid_y),
+                               static_cast<unsigned>(plan.grid_z));
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (stable_prefix) g_stable_prefix_launches.fetch_add(1, std::memory_order_relaxed);
   if (q.dtype() == DType::bf16)

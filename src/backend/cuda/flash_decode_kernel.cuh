@@ -41,6 +41,12 @@
 //        a unit below p.split_from_bh (the launcher's tail split of a multi-wave 4-warp grid,
 //        whose units past the last full wave split; the others' splits >= 1 exit at entry):
 //                 chunk = n, one split, no partials, no counter;
+//        late splits (p.late_splits = L > 0, the launcher's one-wave one-split grids of 4-warp
+//                 CTAs, launched as (row block, unit, split) so that every unit's split 0
+//                 dispatches before any other): with c = round_up(ceil(n / 2^late_shift), 16),
+//                 split 0 streams [lo, lo + n - L c) and split s >= 1 [lo + n - L c + (s - 1) c,
+//                 + c); live = 1 + L, or 1 while n < 2 L c or n <= single_split_keys. The SMs
+//                 that finish their unit first stream the other units' late pieces;
 //        head plan (p.head_plan, n > single_split_keys; lo = 0): with S = gridDim.y and the
 //                 head region R = 16 W S, split s streams its head [16 W s, 16 W (s + 1)) (tile
 //                 0 of each warp) and then [c0, c1) = [R + s chunk, min(hi, R + (s + 1) chunk))
@@ -212,6 +218,10 @@ struct FlashDecodeParams {
   // The launcher's tail split (stage 2; 4-warp instances without the cluster merge): units
   // (b, h) = blockIdx.z below this stream in one split. 0: every unit splits as planned.
   int split_from_bh;
+  // The launcher's late splits (stage 2; the same instances): > 0, a grid of (row block, unit =
+  // blockIdx.y, split = blockIdx.z) in which split 0 streams a unit's first n - late_splits c
+  // keys and splits 1 .. late_splits c keys each, c = round_up(ceil(n / 2^late_shift), 16).
+  int late_splits, late_shift;
 };
 
 template <int kHeadDim, int kWarps>
@@ -464,9 +474,10 @@ struct SplitPlan {
   int head;  // 1: each warp's tile 0 is its head tile, [c0, c1) the rest (stage 2's head plan)
 };
 // `head_tiles`: the launch's head plan (p.head_plan; stage 2).
+// `splits`: the grid's splits per unit; `late`: the launch's late splits.
 __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int k_len_raw,
-                                                 int split, int warps, bool head_tiles,
-                                                 bool one_split_unit) {
+                                                 int split, int splits, int warps, bool head_tiles,
+                                                 bool one_split_unit, bool late) {
   SplitPlan r;
   r.k_len = min(max(k_len_raw, 0), p.capacity);
   const int pos_first = r.k_len - p.q_len;
@@ -477,17 +488,30 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
   if (p.window_right >= 0) r.hi = min(r.hi, pos_last + p.window_right + 1);
   const int n = max(r.hi - r.lo, 0);
   r.head = 0;
+  if (late) {
+    // Late splits: split 0 streams [lo, lo + n - L c), split s >= 1 the s-th of L pieces of c
+    // keys after it; one split while n < 2 L c (or n <= single_split_keys).
+    const int late_chunk =
+        max(ceil_div(ceil_div(n, 1 << p.late_shift), kTileKeys) * kTileKeys, kTileKeys);
+    const int late_keys = p.late_splits * late_chunk;
+    const bool pieces = n > p.single_split_keys && n >= 2 * late_keys;
+    const int first = pieces ? n - late_keys : n;
+    r.chunk = late_chunk;
+    r.live = pieces ? 1 + p.late_splits : 1;
+    r.c0 = split == 0 ? r.lo : r.lo + first + (split - 1) * late_chunk;
+    r.c1 = split == 0 ? r.lo + first : min(r.hi, r.c0 + late_chunk);
+    return r;
+  }
   if (head_tiles && n > p.single_split_keys) {
     // Head plan (lo = 0): split s's warp w streams its head tile, keys [16 (W s + w), + 16), then
     // its share of the keys past the head region [0, R), R = 16 W gridDim.y, in contiguous
     // chunks; the head tiles are known before k_len (stage 1).
     const int head_keys = kTileKeys * warps;  // per split
-    const int region = head_keys * static_cast<int>(gridDim.y);
+    const int region = head_keys * splits;
     const int rest = max(r.hi - region, 0);
     r.head = 1;
-    r.chunk = max(ceil_div(ceil_div(rest, static_cast<int>(gridDim.y)), kTileKeys) * kTileKeys,
-                  kTileKeys);
-    r.live = rest > 0 ? static_cast<int>(gridDim.y) : ceil_div(n, head_keys);
+    r.chunk = max(ceil_div(ceil_div(rest, splits), kTileKeys) * kTileKeys, kTileKeys);
+    r.live = rest > 0 ? splits : ceil_div(n, head_keys);
     r.c0 = region + split * r.chunk;
     r.c1 = min(r.hi, r.c0 + r.chunk);
     return r;
@@ -498,8 +522,7 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
   else if (n <= p.single_split_keys || one_split_unit)
     chunk = n;
   else
-    chunk =
-        max(p.min_chunk, ceil_div(ceil_div(n, static_cast<int>(gridDim.y)), kTileKeys) * kTileKeys);
+    chunk = max(p.min_chunk, ceil_div(ceil_div(n, splits), kTileKeys) * kTileKeys);
   r.chunk = max(chunk, kTileKeys);
   r.live = max(1, ceil_div(n, r.chunk));
   r.c0 = r.lo + split * r.chunk;
@@ -524,9 +547,14 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
+  // The tail and late splits (stage 2) compile into the 4-warp instances without the cluster
+  // merge only, the launcher's only instances launched with them (flash_decode.cu).
+  constexpr bool kTailSplit = kWarps == kNarrowWarps && !kClusterMerge;
+  const bool late = kTailSplit && p.late_splits > 0;  // grid (row block, unit, split)
   const int rb = blockIdx.x;
-  const int split = blockIdx.y;
-  const int bh = blockIdx.z;
+  const int split = late ? blockIdx.z : blockIdx.y;
+  const int bh = late ? blockIdx.y : blockIdx.z;
+  const int grid_splits = static_cast<int>(late ? gridDim.z : gridDim.y);  // splits per unit
   const int b = bh / p.num_kv_heads;
   const int kv_head = bh % p.num_kv_heads;
   const int row_base = rb * kRows;
@@ -542,8 +570,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     cluster_arrive_relaxed();
   }
   // The tail split's one-split units (stage 2): their splits >= 1 have no keys whatever k_len.
-  // Only 4-warp instances without the cluster merge are launched with one (flash_decode.cu).
-  constexpr bool kTailSplit = kWarps == kNarrowWarps && !kClusterMerge;
   const bool one_split_unit = kTailSplit && bh < p.split_from_bh;
   if (one_split_unit && split > 0) return;
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
@@ -615,8 +641,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   SplitPlan plan{};
   int my_tiles = 0;
   if (stable_prefix) {
-    plan = plan_splits(p, p.k_len[b * p.k_len_stride], split, kWarps, p.head_plan != 0,
-                       one_split_unit);
+    plan = plan_splits(p, p.k_len[b * p.k_len_stride], split, grid_splits, kWarps, p.head_plan != 0,
+                       one_split_unit, late);
     if (split < plan.live) {
       my_tiles = tiles_of(plan);
       const int stable_end = min(plan.k_len - p.q_len, plan.c1);
@@ -723,7 +749,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   }
 
   // Stage 2: live range and the device-side split plan.
-  if (!stable_prefix) plan = plan_splits(p, k_len_raw, split, kWarps, speculative, one_split_unit);
+  if (!stable_prefix)
+    plan = plan_splits(p, k_len_raw, split, grid_splits, kWarps, speculative, one_split_unit, late);
   stages.mark_after(static_cast<float>(plan.c1), kMarkPlanned);
   const int pos_first = plan.k_len - p.q_len;
   const int live_splits = plan.live;
@@ -1095,10 +1122,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       }
     } else {
       const std::int64_t unit = unit_index();
-      const std::int64_t part_row0 = (unit * gridDim.y + split) * kRows;  // partial row base
+      const std::int64_t part_row0 = (unit * grid_splits + split) * kRows;  // partial row base
       *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (d == 0) p.partial_lse[(unit * kRows + row) * gridDim.y + split] = lse2();
+      if (d == 0) p.partial_lse[(unit * kRows + row) * grid_splits + split] = lse2();
     }
   }
   stages.mark(kMarkStored);
@@ -1154,11 +1181,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   }
   __syncthreads();
   if (!is_last) return;
-  const std::int64_t first_row = unit * gridDim.y * kRows;  // split 0's row 0
+  const std::int64_t first_row = unit * grid_splits * kRows;  // split 0's row 0
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
-    const float* lse_row = p.partial_lse + (unit * kRows + row) * gridDim.y;
+    const float* lse_row = p.partial_lse + (unit * kRows + row) * grid_splits;
     const float* o_base = p.partial_o + (first_row + row) * kHeadDim + d;
     SplitMerge merge;
     for (int s0 = 0; s0 < live_splits; s0 += kMergeBatch) {

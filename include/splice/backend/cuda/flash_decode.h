@@ -69,6 +69,16 @@ inline constexpr int kFlashDecodeTailSplits = 4;
 // ... for units of at least this many K+V bytes (a 4K-key bound at head_dim 128; at 1K keys, 1 MiB
 // a unit, it was level or up to 1% slower, docs/perf.md run 212).
 inline constexpr std::int64_t kFlashDecodeTailMinUnitBytes = std::int64_t{2} << 20;
+// The late splits of a one-wave one-split grid that leaves at least 1/16 of its CTA slots idle
+// (plan_flash_decode): every unit's last kFlashDecodeLateSplits pieces of
+// ceil(n / 2^kFlashDecodeLateShift) keys (rounded up to whole tiles) run as CTAs dispatched after
+// every unit's first split, so the idle slots and the SMs that finish their unit early stream
+// them, for units of at least kFlashDecodeLateMinUnitBytes of K+V at the bound (docs/perf.md
+// runs 217-218: 224-248 units of (B, 32, 8) at 16K-64K keys 0.9-6.5% faster; at 256 of 264
+// slots 0.5-1% slower, at 4K keys level).
+inline constexpr int kFlashDecodeLateSplits = 4;
+inline constexpr int kFlashDecodeLateShift = 5;
+inline constexpr std::int64_t kFlashDecodeLateMinUnitBytes = std::int64_t{8} << 20;
 
 // Where a flash-decode CTA lets the next kernel in the stream launch (PDL's trigger).
 enum class FlashDecodeTrigger : std::uint8_t {
@@ -104,6 +114,12 @@ struct FlashDecodePlan {
   // The tail split: units (b, h) = grid z below this stream in one split whatever num_splits
   // says (their other splits' CTAs exit at once); the rest split as planned. 0: every unit.
   std::int64_t split_from_bh = 0;
+  // The late splits (num_splits 1): each unit's keys [0, n - late_splits c) in its split 0 and
+  // late_splits more splits of c = round_up(ceil(n / 2^late_shift), 16) keys each, launched as
+  // grid (row_blocks, batch * num_kv_heads, 1 + late_splits) so that every unit's split 0
+  // dispatches first. 0: none.
+  int late_splits = 0;
+  int late_shift = 0;
 };
 
 // Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
@@ -146,6 +162,13 @@ struct FlashDecodePlan {
 // before ends, spread over one unit's time, and the call's last ~30 us stream with too few CTAs
 // in flight (docs/perf.md runs 210-212: 1024 units of (128, 32, 8) at 4K / 16K / 64K
 // 479.9 / 1885 / 7608 -> 474.0 / 1852 / 7414 us, alternating in one process pair).
+// The late splits (same conditions): a one-split 4-warp plan of at most slots - slots / 16 units
+// (one wave with idle slots; more than slots / 2, or the split rule would have split them),
+// whose units hold >= kFlashDecodeLateMinUnitBytes at the bound, streams each unit's last
+// kFlashDecodeLateSplits pieces of n / 2^kFlashDecodeLateShift keys in CTAs dispatched after
+// every unit's first split (the global merge): the idle slots stream pieces from the start, and
+// so do the SMs whose CTAs finish first (a one-wave grid's CTAs stream at unequal rates, at 64K
+// keys some ~30% faster than the rest, docs/perf.md run 216).
 // `cluster_merge` 0: no cluster merge and no rule; 1: the splits capped at
 // kFlashDecodeMaxClusterSplits; 2-16: capped at that many. Then cluster = num_splits when
 // 2 <= num_splits <= kFlashDecodeMaxClusterSplits and split 0's ring holds every split's fp32
@@ -165,10 +188,17 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
 //   n > H * num_splits, else ceil(n / H);
 //   otherwise ceil(n / chunk) with chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)).
 // A unit below the tail split's split_from_bh (`bh`, its batch * num_kv_heads index) runs one
-// split; bh = -1: a unit that splits as planned.
+// split; bh = -1: a unit that splits as planned. Late splits: 1 + late_splits once n holds twice
+// the late splits' keys, else 1.
 inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n, bool head_tiles,
                                     std::int64_t bh = -1) {
   if (n <= plan.single_split_keys || (bh >= 0 && bh < plan.split_from_bh)) return 1;
+  if (plan.late_splits > 0) {
+    const std::int64_t piece = (n + (std::int64_t{1} << plan.late_shift) - 1) >> plan.late_shift;
+    const std::int64_t late_chunk =
+        (piece + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys * kFlashDecodeTileKeys;
+    return n >= 2 * plan.late_splits * late_chunk ? 1 + plan.late_splits : 1;
+  }
   if (head_tiles) {
     const std::int64_t head_keys = static_cast<std::int64_t>(kFlashDecodeTileKeys) * plan.warps;
     return n > head_keys * plan.num_splits ? plan.num_splits
@@ -205,6 +235,12 @@ struct FlashDecodeDevKnobs {
   // wait, 1 at exit, 2 once split 0 holds every partial); default from
   // SPLICE_FLASH_DECODE_TRIGGER.
   int trigger = -1;
+  // The late splits for every launch whose plan may take them (a one-split 4-warp plan without
+  // the tail split): -1 the plan's rule, 0 none, n > 0 that many; late_shift -1 the rule's
+  // piece size, else pieces of n / 2^late_shift keys. Defaults from SPLICE_FLASH_DECODE_LATE and
+  // SPLICE_FLASH_DECODE_LATE_SHIFT.
+  int late_splits = -1;
+  int late_shift = -1;
 };
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
