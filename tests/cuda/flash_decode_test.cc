@@ -556,8 +556,8 @@ class ForcedKnob {
 // of K+V a unit; the knob forces them here on 2 MiB units so the float64 reference stays small):
 // every unit's last pieces in CTAs dispatched after every split 0, merged through the global
 // workspace. Ragged lengths (0, 1, 17, at and past the single-split limit, short of and at twice
-// the late pieces, the capacity) against the float64 reference with the rule's count and 1 and
-// 8 pieces, the stable prefix bit for bit, and within split rounding of one split.
+// the late pieces, the capacity) against the float64 reference with the rule's count and 1, 8 and
+// 16 pieces, the stable prefix bit for bit, and within split rounding of one split.
 TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
   SKIP_WITHOUT_GPU();
   const int sm_count = cuda::current_device_facts().sm_count;
@@ -597,7 +597,7 @@ TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
     const auto stable = problem.run(nullptr, /*stable_prefix=*/true);
     EXPECT_TRUE(testing::bit_equal(stable.first, out)) << "stable prefix";
     EXPECT_TRUE(testing::bit_equal(stable.second, lse)) << "stable prefix";
-    for (const int late : {1, 8}) {
+    for (const int late : {1, 8, cuda::kFlashDecodeMaxLateSplits}) {
       ForcedKnob forced(&cuda::FlashDecodeDevKnobs::late_splits, late);
       const auto [late_out, late_lse] = problem.run();
       EXPECT_TRUE(testing::close(late_out, ref_out, default_tolerance(c.dtype))) << late;
@@ -1244,7 +1244,7 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 4096, 4096, 132, 4).num_splits, 1);
   EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 4096, 4096, 132, 0, 0).num_splits, 1);
   // The late splits: a one-split 4-warp grid of at most one wave with >= 1/16 of its 264 slots
-  // idle (<= 248 units), 8 MiB of K+V a unit, streams each unit's last 4 pieces of n / 32 keys
+  // idle (<= 248 units), 8 MiB of K+V a unit, streams each unit's last 4+ pieces of n / 32 keys
   // in CTAs dispatched after every unit's first split; not below 8 MiB, with fewer idle slots,
   // over a wave (the tail split) or with a knob forced.
   const auto one_wave = cuda::plan_flash_decode(31, 32, 8, 1, 128, 16384, 16384, 132);
@@ -1256,7 +1256,11 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 16384, false), 5);  // 512-key pieces
   EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 257, false), 5);    // 16-key pieces
   EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 256, false), 1);    // single-split limit
-  EXPECT_EQ(cuda::plan_flash_decode(17, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 4);
+  // The piece count: the idle share of the 264 slots in 32nds, 4 .. 16.
+  EXPECT_EQ(cuda::plan_flash_decode(30, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 4);
+  EXPECT_EQ(cuda::plan_flash_decode(24, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 9);
+  EXPECT_EQ(cuda::plan_flash_decode(20, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 13);
+  EXPECT_EQ(cuda::plan_flash_decode(17, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 16);
   EXPECT_EQ(cuda::plan_flash_decode(31, 32, 8, 1, 128, 16383, 16383, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(32, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(34, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);

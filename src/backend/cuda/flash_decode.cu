@@ -388,7 +388,10 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       plan.split_from_bh = full_units / plan.row_blocks;
     } else if (plan.warps == kFlashDecodeWarps && unit_bytes >= kFlashDecodeLateMinUnitBytes &&
                units <= slots - slots / 16) {
-      plan.late_splits = kFlashDecodeLateSplits;
+      // About the idle slots' share of the keys in late pieces of n / 32 (header).
+      const std::int64_t idle_32nds = (32 * (slots - units) + slots / 2) / slots;
+      plan.late_splits = static_cast<int>(
+          std::clamp<std::int64_t>(idle_32nds, kFlashDecodeLateSplits, kFlashDecodeMaxLateSplits));
       plan.late_shift = kFlashDecodeLateShift;
     }
   }

@@ -70,13 +70,16 @@ inline constexpr int kFlashDecodeTailSplits = 4;
 // a unit, it was level or up to 1% slower, docs/perf.md run 212).
 inline constexpr std::int64_t kFlashDecodeTailMinUnitBytes = std::int64_t{2} << 20;
 // The late splits of a one-wave one-split grid that leaves at least 1/16 of its CTA slots idle
-// (plan_flash_decode): every unit's last kFlashDecodeLateSplits pieces of
-// ceil(n / 2^kFlashDecodeLateShift) keys (rounded up to whole tiles) run as CTAs dispatched after
-// every unit's first split, so the idle slots and the SMs that finish their unit early stream
-// them, for units of at least kFlashDecodeLateMinUnitBytes of K+V at the bound (docs/perf.md
-// runs 217-218: 224-248 units of (B, 32, 8) at 16K-64K keys 0.9-6.5% faster; at 256 of 264
-// slots 0.5-1% slower, at 4K keys level).
+// (plan_flash_decode): every unit's last L pieces of ceil(n / 2^kFlashDecodeLateShift) keys
+// (rounded up to whole tiles) run as CTAs dispatched after every unit's first split, so the idle
+// slots and the SMs that finish their unit early stream them, for units of at least
+// kFlashDecodeLateMinUnitBytes of K+V at the bound. L = the idle share of the slots in 32nds,
+// clamped to [kFlashDecodeLateSplits, kFlashDecodeMaxLateSplits] (docs/perf.md runs 217-219:
+// 224-248 units of (B, 32, 8) at 16K-64K keys 0.9-6.5% faster on the H200 with 4 pieces; at 136-
+// 192 units 4 pieces were level or slower and 12 up to 6% faster on an H100; at 256 of 264 slots
+// 0.5-1% slower, at 4K keys level).
 inline constexpr int kFlashDecodeLateSplits = 4;
+inline constexpr int kFlashDecodeMaxLateSplits = 16;
 inline constexpr int kFlashDecodeLateShift = 5;
 inline constexpr std::int64_t kFlashDecodeLateMinUnitBytes = std::int64_t{8} << 20;
 
@@ -165,8 +168,10 @@ struct FlashDecodePlan {
 // The late splits (same conditions): a one-split 4-warp plan of at most slots - slots / 16 units
 // (one wave with idle slots; more than slots / 2, or the split rule would have split them),
 // whose units hold >= kFlashDecodeLateMinUnitBytes at the bound, streams each unit's last
-// kFlashDecodeLateSplits pieces of n / 2^kFlashDecodeLateShift keys in CTAs dispatched after
-// every unit's first split (the global merge): the idle slots stream pieces from the start, and
+// late_splits = clamp(round(32 (slots - units) / slots), kFlashDecodeLateSplits,
+// kFlashDecodeMaxLateSplits) pieces of n / 2^kFlashDecodeLateShift keys (about the idle share of
+// the keys) in CTAs dispatched after every unit's first split (the global merge): the idle
+// slots stream pieces from the start, and
 // so do the SMs whose CTAs finish first (a one-wave grid's CTAs stream at unequal rates, at 64K
 // keys some ~30% faster than the rest, docs/perf.md run 216).
 // `cluster_merge` 0: no cluster merge and no rule; 1: the splits capped at
