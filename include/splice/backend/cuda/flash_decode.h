@@ -74,10 +74,9 @@ inline constexpr std::int64_t kFlashDecodeTailMinUnitBytes = std::int64_t{2} << 
 // (rounded up to whole tiles) run as CTAs dispatched after every unit's first split, so the idle
 // slots and the SMs that finish their unit early stream them, for units of at least
 // kFlashDecodeLateMinUnitBytes of K+V at the bound. L = the idle share of the slots in 32nds,
-// clamped to [kFlashDecodeLateSplits, kFlashDecodeMaxLateSplits] (docs/perf.md runs 217-219:
-// 224-248 units of (B, 32, 8) at 16K-64K keys 0.9-6.5% faster on the H200 with 4 pieces; at 136-
-// 192 units 4 pieces were level or slower and 12 up to 6% faster on an H100; at 256 of 264 slots
-// 0.5-1% slower, at 4K keys level).
+// clamped to [kFlashDecodeLateSplits, kFlashDecodeMaxLateSplits] (docs/perf.md runs 217-220:
+// on the H200 136-248 units of (B, 32, 8) at 16K-64K keys 2.5-15% faster than one split; with 4
+// pieces at 136-192 units level or slower; at 256 of 264 slots 0.5-1% slower, at 4K level).
 inline constexpr int kFlashDecodeLateSplits = 4;
 inline constexpr int kFlashDecodeMaxLateSplits = 16;
 inline constexpr int kFlashDecodeLateShift = 5;
