@@ -473,10 +473,11 @@ struct SplitPlan {
   int k_len, lo, hi, chunk, live, c0, c1;
   int head;  // 1: each warp's tile 0 is its head tile, [c0, c1) the rest (stage 2's head plan)
 };
-// `head_tiles`: the launch's head plan (p.head_plan; stage 2).
-// `splits`: the grid's splits per unit; `late`: the launch's late splits.
+// `head_tiles`: the launch's head plan (p.head_plan; stage 2); `late`: the launch's late splits
+// (whose grid holds the units in y: the other plans, which read the split count there, never
+// run under them).
 __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int k_len_raw,
-                                                 int split, int splits, int warps, bool head_tiles,
+                                                 int split, int warps, bool head_tiles,
                                                  bool one_split_unit, bool late) {
   SplitPlan r;
   r.k_len = min(max(k_len_raw, 0), p.capacity);
@@ -507,11 +508,12 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
     // its share of the keys past the head region [0, R), R = 16 W gridDim.y, in contiguous
     // chunks; the head tiles are known before k_len (stage 1).
     const int head_keys = kTileKeys * warps;  // per split
-    const int region = head_keys * splits;
+    const int region = head_keys * static_cast<int>(gridDim.y);
     const int rest = max(r.hi - region, 0);
     r.head = 1;
-    r.chunk = max(ceil_div(ceil_div(rest, splits), kTileKeys) * kTileKeys, kTileKeys);
-    r.live = rest > 0 ? splits : ceil_div(n, head_keys);
+    r.chunk = max(ceil_div(ceil_div(rest, static_cast<int>(gridDim.y)), kTileKeys) * kTileKeys,
+                  kTileKeys);
+    r.live = rest > 0 ? static_cast<int>(gridDim.y) : ceil_div(n, head_keys);
     r.c0 = region + split * r.chunk;
     r.c1 = min(r.hi, r.c0 + r.chunk);
     return r;
@@ -522,7 +524,8 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
   else if (n <= p.single_split_keys || one_split_unit)
     chunk = n;
   else
-    chunk = max(p.min_chunk, ceil_div(ceil_div(n, splits), kTileKeys) * kTileKeys);
+    chunk =
+        max(p.min_chunk, ceil_div(ceil_div(n, static_cast<int>(gridDim.y)), kTileKeys) * kTileKeys);
   r.chunk = max(chunk, kTileKeys);
   r.live = max(1, ceil_div(n, r.chunk));
   r.c0 = r.lo + split * r.chunk;
@@ -554,7 +557,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int rb = blockIdx.x;
   const int split = late ? blockIdx.z : blockIdx.y;
   const int bh = late ? blockIdx.y : blockIdx.z;
-  const int grid_splits = static_cast<int>(late ? gridDim.z : gridDim.y);  // splits per unit
+  // Splits per unit (read where used, as gridDim.y was before the late splits).
+  const auto grid_splits = [&] { return late ? gridDim.z : gridDim.y; };
   const int b = bh / p.num_kv_heads;
   const int kv_head = bh % p.num_kv_heads;
   const int row_base = rb * kRows;
@@ -641,7 +645,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   SplitPlan plan{};
   int my_tiles = 0;
   if (stable_prefix) {
-    plan = plan_splits(p, p.k_len[b * p.k_len_stride], split, grid_splits, kWarps, p.head_plan != 0,
+    plan = plan_splits(p, p.k_len[b * p.k_len_stride], split, kWarps, p.head_plan != 0,
                        one_split_unit, late);
     if (split < plan.live) {
       my_tiles = tiles_of(plan);
@@ -750,7 +754,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
   // Stage 2: live range and the device-side split plan.
   if (!stable_prefix)
-    plan = plan_splits(p, k_len_raw, split, grid_splits, kWarps, speculative, one_split_unit, late);
+    plan = plan_splits(p, k_len_raw, split, kWarps, speculative, one_split_unit, late);
   stages.mark_after(static_cast<float>(plan.c1), kMarkPlanned);
   const int pos_first = plan.k_len - p.q_len;
   const int live_splits = plan.live;
@@ -1122,10 +1126,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       }
     } else {
       const std::int64_t unit = unit_index();
-      const std::int64_t part_row0 = (unit * grid_splits + split) * kRows;  // partial row base
+      const std::int64_t part_row0 = (unit * grid_splits() + split) * kRows;  // partial row base
       *reinterpret_cast<float4*>(p.partial_o + (part_row0 + row) * kHeadDim + d) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (d == 0) p.partial_lse[(unit * kRows + row) * grid_splits + split] = lse2();
+      if (d == 0) p.partial_lse[(unit * kRows + row) * grid_splits() + split] = lse2();
     }
   }
   stages.mark(kMarkStored);
@@ -1181,11 +1185,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   }
   __syncthreads();
   if (!is_last) return;
-  const std::int64_t first_row = unit * grid_splits * kRows;  // split 0's row 0
+  const std::int64_t first_row = unit * grid_splits() * kRows;  // split 0's row 0
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
-    const float* lse_row = p.partial_lse + (unit * kRows + row) * grid_splits;
+    const float* lse_row = p.partial_lse + (unit * kRows + row) * grid_splits();
     const float* o_base = p.partial_o + (first_row + row) * kHeadDim + d;
     SplitMerge merge;
     for (int s0 = 0; s0 < live_splits; s0 += kMergeBatch) {
