@@ -526,8 +526,9 @@ int main(int argc, char** argv) {
     results.push_back(run_shape(in, reps, stream));
     Result& r = results.back();
     if (s.batch <= 8) r.stable_us = run_shape(in, reps, stream, 0, true).us;
-    std::printf("  %-26s sets=%-4d warps=%d splits=%-3d live=%-3d %9.2f us (spread %.2f)",
-                shape_name(s).c_str(), r.sets, r.warps, r.splits, r.live, r.us, r.spread_us);
+    std::printf("  %-26s sets=%-4d warps=%d splits=%-3d live=%-3d late=%-2d %9.2f us (spread %.2f)",
+                shape_name(s).c_str(), r.sets, r.warps, r.splits, r.live, r.late, r.us,
+                r.spread_us);
     if (r.stable_us > 0) std::printf(", stable prefix %.2f us", r.stable_us);
     std::printf("\n");
     std::fflush(stdout);
@@ -601,9 +602,9 @@ int main(int argc, char** argv) {
          << ", \"num_kv_heads\": " << r.shape.num_kv_heads << ", \"k_len\": " << r.shape.k_len
          << ", \"head_dim\": " << r.shape.head_dim << ", \"kv_bytes\": " << r.shape.kv_bytes()
          << ", \"sets\": " << r.sets << ", \"warps\": " << r.warps << ", \"splits\": " << r.splits
-         << ", \"live_splits\": " << r.live << ", \"us\": " << r.us
-         << ", \"spread_us\": " << r.spread_us << ", \"stable_prefix_us\": " << r.stable_us
-         << ", \"gbps\": " << gbps
+         << ", \"live_splits\": " << r.live << ", \"late_splits\": " << r.late
+         << ", \"us\": " << r.us << ", \"spread_us\": " << r.spread_us
+         << ", \"stable_prefix_us\": " << r.stable_us << ", \"gbps\": " << gbps
          << ", \"floor_us\": " << floor_us << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";
