@@ -490,38 +490,54 @@ TEST(FlashDecodeCuda, OutputIndependentOfSplitCount) {
   }
 }
 
+// A grid of many (b, kv head) units of 2 MiB of K+V each (16 query and 8 kv heads: one row block a
+// unit; kFlashDecodeTailMinUnitBytes), for the plan rules that count CTA slots (the tail and the
+// late splits). `slots`: the 4-warp plans' CTA slots on this device.
+struct UnitGrid {
+  Case c;
+  int sm_count = cuda::current_device_facts().sm_count;
+  std::int64_t slots = 0;
+
+  explicit UnitGrid(std::int64_t head_dim) {
+    c.num_qo_heads = 16;
+    c.num_kv_heads = 8;
+    c.head_dim = head_dim;
+    c.capacity = 4096 * 128 / head_dim;
+    slots = std::int64_t{sm_count} * plan(64).ctas_per_sm;  // 512 units: a 4-warp plan
+  }
+  cuda::FlashDecodePlan plan(std::int64_t batch) const {
+    return cuda::plan_flash_decode(batch, c.num_qo_heads, c.num_kv_heads, 1, c.head_dim, c.capacity,
+                                   c.capacity, sm_count);
+  }
+  // `batch` sequences, their lengths `lengths` over and over.
+  void set_batch(std::int64_t batch, const std::vector<std::int32_t>& lengths) {
+    c.batch = batch;
+    c.k_len.clear();
+    for (std::int64_t b = 0; b < batch; ++b)
+      c.k_len.push_back(lengths[static_cast<std::size_t>(b) % lengths.size()]);
+  }
+};
+
 // The tail split (plan_flash_decode): a one-split grid of more units than CTA slots streams the
 // units past its last full wave in kFlashDecodeTailSplits splits, the others in one. Ragged
 // lengths (0, 1, within and past the single-split limit) on both sides of split_from_bh, against
 // the float64 reference and within split rounding of every unit in one split (a forced count).
 TEST(FlashDecodeCuda, TailSplitOfAMultiWaveGrid) {
   SKIP_WITHOUT_GPU();
-  const int sm_count = cuda::current_device_facts().sm_count;
   for (const std::int64_t head_dim : {128, 64}) {
-    Case c;
-    c.num_qo_heads = 16;
-    c.num_kv_heads = 8;
-    c.head_dim = head_dim;
-    c.capacity = 4096 * 128 / head_dim;  // 2 MiB of K+V a unit: kFlashDecodeTailMinUnitBytes
+    UnitGrid grid(head_dim);
     // Units = batch * 8 (one row block each) between 2 and 3 waves of 4-warp CTAs.
-    const auto plan_for = [&](std::int64_t batch) {
-      return cuda::plan_flash_decode(batch, c.num_qo_heads, c.num_kv_heads, 1, head_dim, c.capacity,
-                                     c.capacity, sm_count);
-    };
-    const std::int64_t slots = std::int64_t{sm_count} * plan_for(64).ctas_per_sm;
-    c.batch = (2 * slots + slots / 2) / c.num_kv_heads;
-    const auto plan = plan_for(c.batch);
+    const std::int64_t batch = (2 * grid.slots + grid.slots / 2) / grid.c.num_kv_heads;
+    const auto plan = grid.plan(batch);
     SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", split_from_bh " +
                  std::to_string(plan.split_from_bh));
     ASSERT_EQ(plan.warps, 4);
     ASSERT_EQ(plan.num_splits, cuda::kFlashDecodeTailSplits);
-    ASSERT_EQ(plan.split_from_bh, 2 * slots);
+    ASSERT_EQ(plan.split_from_bh, 2 * grid.slots);
     const std::int32_t limit = single_split_keys(head_dim);
-    const std::vector<std::int32_t> lengths = {
-        static_cast<std::int32_t>(c.capacity), 0, 1, 17, limit, limit + 1, 3 * limit + 5};
-    c.k_len.clear();  // one length per sequence
-    for (std::int64_t b = 0; b < c.batch; ++b)
-      c.k_len.push_back(lengths[static_cast<std::size_t>(b) % lengths.size()]);
+    grid.set_batch(batch, {static_cast<std::int32_t>(grid.c.capacity), 0, 1, 17, limit, limit + 1,
+                           3 * limit + 5});
+    const Case& c = grid.c;
     Rng rng(450 + head_dim);
     Problem problem(c, rng);
     const auto [out, lse] = problem.run();
@@ -560,34 +576,21 @@ class ForcedKnob {
 // 16 pieces, the stable prefix bit for bit, and within split rounding of one split.
 TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
   SKIP_WITHOUT_GPU();
-  const int sm_count = cuda::current_device_facts().sm_count;
   for (const std::int64_t head_dim : {128, 64}) {
-    Case c;
-    c.num_qo_heads = 16;
-    c.num_kv_heads = 8;
-    c.head_dim = head_dim;
-    c.capacity = 4096 * 128 / head_dim;  // 2 MiB of K+V a unit: kFlashDecodeTailMinUnitBytes
-    const auto plan_for = [&](std::int64_t batch) {
-      return cuda::plan_flash_decode(batch, c.num_qo_heads, c.num_kv_heads, 1, head_dim, c.capacity,
-                                     c.capacity, sm_count);
-    };
-    const std::int64_t slots = std::int64_t{sm_count} * plan_for(64).ctas_per_sm;  // 4-warp
-    c.batch = slots / c.num_kv_heads;  // one wave, just under or at its slots
-    const auto plan = plan_for(c.batch);
-    SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", batch " + std::to_string(c.batch));
+    UnitGrid grid(head_dim);
+    const std::int64_t batch = grid.slots / grid.c.num_kv_heads;  // one wave, just under its slots
+    const auto plan = grid.plan(batch);
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", batch " + std::to_string(batch));
     ASSERT_EQ(plan.warps, 4);
     ASSERT_EQ(plan.num_splits, 1);
     ASSERT_EQ(plan.split_from_bh, 0);
     ForcedKnob rule_count(&cuda::FlashDecodeDevKnobs::late_splits, cuda::kFlashDecodeLateSplits);
     const std::int32_t limit = single_split_keys(head_dim);
-    const auto cap = static_cast<std::int32_t>(c.capacity);
+    const auto cap = static_cast<std::int32_t>(grid.c.capacity);
     // 2 L c keys at the smallest piece (16 keys) is 128: lengths around it (at head_dim 64 the
     // single-split limit 512 lies above it).
-    const std::vector<std::int32_t> lengths = {cap,       0,   1,   17,          limit,
-                                               limit + 1, 127, 128, cap / 2 + 3, cap - 1};
-    c.k_len.clear();  // one length per sequence
-    for (std::int64_t b = 0; b < c.batch; ++b)
-      c.k_len.push_back(lengths[static_cast<std::size_t>(b) % lengths.size()]);
+    grid.set_batch(batch, {cap, 0, 1, 17, limit, limit + 1, 127, 128, cap / 2 + 3, cap - 1});
+    const Case& c = grid.c;
     Rng rng(470 + head_dim);
     Problem problem(c, rng);
     const auto [out, lse] = problem.run();
