@@ -516,10 +516,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const std::int64_t split_from_bh = forced > 0 ? 0 : plan.split_from_bh;
   int late_splits = forced > 0 ? 0 : plan.late_splits;
   int late_shift = plan.late_shift;
-  const bool late_eligible = forced == 0 && plan.num_splits == 1 && plan.split_from_bh == 0 &&
-                             plan.warps == kFlashDecodeWarps && plan.cluster == 1 &&
-                             plan.grid_z <= 65535;  // the units then lie in the grid's y
-  if (late_eligible && knobs.late_splits >= 0) {
+  if (knobs.late_splits >= 0 && flash_decode_late_knob_applies(plan, forced)) {
     late_splits = std::min(knobs.late_splits, kFlashDecodeMaxSplits - 1);
     late_shift = knobs.late_shift >= 0 ? std::min(knobs.late_shift, 16) : kFlashDecodeLateShift;
   }

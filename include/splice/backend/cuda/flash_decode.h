@@ -215,6 +215,15 @@ inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n,
   return static_cast<int>((n + chunk - 1) / chunk);
 }
 
+// Whether a launch under `plan` may run late splits the dev knobs ask for (FlashDecodeDevKnobs::
+// late_splits): a one-split 4-warp global-merge plan without the tail split, no forced split
+// count, and at most 65535 (b, kv head) units (under late splits they lie in the grid's y).
+inline bool flash_decode_late_knob_applies(const FlashDecodePlan& plan,
+                                           std::int64_t forced_splits) {
+  return forced_splits == 0 && plan.num_splits == 1 && plan.split_from_bh == 0 &&
+         plan.warps == kFlashDecodeWarps && plan.cluster == 1 && plan.grid_z <= 65535;
+}
+
 // Dev-only benchmark attribution (issue 5, dev/flash_b1/): not part of the plan, off by
 // default; the benchmark's --ab mode sets it. Process-wide, not thread-safe: set it before
 // launching, never while another thread launches.
