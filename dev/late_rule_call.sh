@@ -3,6 +3,8 @@
 # none and the first rule's 4, on the H200, with the late splits' GPU test and the peers.
 #   run(command="dev/late_rule_call.sh", carry=[".gpubin/pack/refresh1.tgz",
 #       ".gpubin/pack/refresh2.tgz", ".deps", ".whl"])
+# SHAPES (bench form, ";"-separated), BENCH_S and PEERS_S (timeouts, s) override the defaults;
+# give the call >= 300 s.
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 source "$root/scripts/lib/peer_wheels.sh"
@@ -13,9 +15,9 @@ install_peer_wheels "$root" >/dev/null 2>&1 &
 timeout 120 "$P/head/cuda_all_test" --gtest_filter='FlashDecodeCuda.LateSplits*:FlashDecodeCuda.PlanIs*' 2>&1 |
   grep -E '^\[ +(OK|FAILED) +\]'
 S=${SHAPES:-'17,32,8,65536,128;20,32,8,16384,128;24,32,8,32768,128;28,32,8,32768,128;31,32,8,65536,128'}
-timeout 150 "$P/head/flash_decode_cuda_bench" --plans 'rule:0:-1:0;none:0:-1:0:0;l4:0:-1:0:4:5' \
+timeout "${BENCH_S:-240}" "$P/head/flash_decode_cuda_bench" --plans 'rule:0:-1:0;none:0:-1:0:0;l4:0:-1:0:4:5' \
   --rounds 3 --shapes "$S" 2>&1 | sed -n '/^Plan columns/,$p'
 wait  # the peers' wheels
-PYTHONUNBUFFERED=1 timeout 100 python3 bench/peers/attention_peers.py --shapes "$S" \
-  --json "$OUT/peers.json" 2>&1 | grep 'B='
+PYTHONUNBUFFERED=1 timeout "${PEERS_S:-150}" python3 bench/peers/attention_peers.py --shapes "$S" \
+  --json "$OUT/peers.json" 2>&1 | grep --line-buffered 'B='
 echo "done at $(el) s"
