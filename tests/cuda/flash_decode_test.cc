@@ -573,7 +573,8 @@ class ForcedKnob {
 // every unit's last pieces in CTAs dispatched after every split 0, merged through the global
 // workspace. Ragged lengths (0, 1, 17, at and past the single-split limit, short of and at twice
 // the late pieces, the capacity) against the float64 reference with the rule's count and 1, 8 and
-// 16 pieces, the stable prefix bit for bit, and within split rounding of one split.
+// 16 pieces of n / 32 and 10 and 15 of n / 16, the stable prefix bit for bit, and within split
+// rounding of one split.
 TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
   SKIP_WITHOUT_GPU();
   for (const std::int64_t head_dim : {128, 64}) {
@@ -587,8 +588,8 @@ TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
     ForcedKnob rule_count(&cuda::FlashDecodeDevKnobs::late_splits, cuda::kFlashDecodeLateSplits);
     const std::int32_t limit = single_split_keys(head_dim);
     const auto cap = static_cast<std::int32_t>(grid.c.capacity);
-    // 2 L c keys at the smallest piece (16 keys) is 128: lengths around it (at head_dim 64 the
-    // single-split limit 512 lies above it).
+    // Lengths within and past the single-split limit and past (L + 1) c (split 0 keeps a
+    // piece; in pieces of n / 16, limit + 1 keys stay in one split).
     grid.set_batch(batch, {cap, 0, 1, 17, limit, limit + 1, 127, 128, cap / 2 + 3, cap - 1});
     const Case& c = grid.c;
     Rng rng(470 + head_dim);
@@ -605,6 +606,16 @@ TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
       const auto [late_out, late_lse] = problem.run();
       EXPECT_TRUE(testing::close(late_out, ref_out, default_tolerance(c.dtype))) << late;
       EXPECT_TRUE(testing::close(late_lse, ref_lse, Tolerance{1e-5, 1e-5})) << late;
+    }
+    {
+      // Pieces of n / 16 (the plans of 2 and 3 splits): split 0 keeps 1 / 16 of the keys at 15.
+      ForcedKnob shift(&cuda::FlashDecodeDevKnobs::late_shift, cuda::kFlashDecodeLateWideShift);
+      for (const int late : {10, 15}) {
+        ForcedKnob forced(&cuda::FlashDecodeDevKnobs::late_splits, late);
+        const auto [late_out, late_lse] = problem.run();
+        EXPECT_TRUE(testing::close(late_out, ref_out, default_tolerance(c.dtype))) << late;
+        EXPECT_TRUE(testing::close(late_lse, ref_lse, Tolerance{1e-5, 1e-5})) << late;
+      }
     }
     {
       ForcedKnob none(&cuda::FlashDecodeDevKnobs::late_splits, 0);  // every unit in one split
@@ -1269,6 +1280,25 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::plan_flash_decode(34, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(31, 32, 8, 1, 128, 16384, 16384, 132, 4).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
+  // A one-wave plan of 2 or 3 splits a unit with >= 1/16 of the slots idle runs one split and
+  // late pieces of n / 16 (the idle share in 16ths, up to 15) from slots / 4 units on: 96 units
+  // (2 splits: 192 CTAs), 72 (3: 216), 160 at head_dim 64 (396 slots, 2 splits: 320); 128 units
+  // (2 splits: 256 CTAs) and the 8-warp 64 keep their splits.
+  const auto two_splits = cuda::plan_flash_decode(12, 32, 8, 1, 128, 65536, 65536, 132);
+  EXPECT_EQ(two_splits.num_splits, 1);
+  EXPECT_EQ(two_splits.cluster, 1);
+  EXPECT_EQ(two_splits.late_splits, 10);
+  EXPECT_EQ(two_splits.late_shift, cuda::kFlashDecodeLateWideShift);
+  EXPECT_EQ(cuda::flash_decode_live_splits(two_splits, 65536, false), 11);  // 4096-key pieces
+  EXPECT_EQ(cuda::flash_decode_live_splits(two_splits, 352, false), 11);    // 11 pieces of 32 keys
+  EXPECT_EQ(cuda::flash_decode_live_splits(two_splits, 351, false), 1);
+  EXPECT_EQ(cuda::plan_flash_decode(9, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 12);
+  EXPECT_EQ(cuda::plan_flash_decode(20, 32, 8, 1, 64, 65536, 65536, 132).late_splits, 10);
+  const auto near_full = cuda::plan_flash_decode(16, 32, 8, 1, 128, 65536, 65536, 132);
+  EXPECT_EQ(near_full.num_splits, 2);
+  EXPECT_EQ(near_full.late_splits, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(8, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(12, 32, 8, 1, 128, 16383, 16383, 132).num_splits, 2);
   // Row blocks: split_from_bh counts (b, kv head) units of row_blocks CTAs each.
   const auto rows = cuda::plan_flash_decode(40, 64, 8, 4, 128, 4096, 4096, 132);
   EXPECT_EQ(rows.row_blocks, 2);       // 8 heads x 4 queries = 32 rows

@@ -376,23 +376,29 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
         plan.num_splits, cluster_merge == 1 ? kFlashDecodeMaxClusterSplits
                                             : std::min(cluster_merge, kFlashDecodeMaxClusterSplits));
   }
-  if (cluster_merge == -1 && warps == 0 && plan.num_splits == 1) {
+  if (cluster_merge == -1 && warps == 0 && plan.warps == kFlashDecodeWarps) {
     // The tail split (header): the units past the last full wave in quarter-size pieces; the
     // late splits (header): a one-wave grid's last pieces of each unit to whichever SM is free.
     const std::int64_t slots = static_cast<std::int64_t>(sm_count) * plan.ctas_per_sm;
     const std::int64_t full_units = units / slots * slots;
     const std::int64_t unit_bytes = bound * 2 * head_dim * kFlashDecodeElementBytes;
-    if (plan.warps == kFlashDecodeWarps && unit_bytes >= kFlashDecodeTailMinUnitBytes &&
-        full_units > 0 && full_units < units) {
+    if (plan.num_splits == 1 && unit_bytes >= kFlashDecodeTailMinUnitBytes && full_units > 0 &&
+        full_units < units) {
       plan.num_splits = kFlashDecodeTailSplits;
       plan.split_from_bh = full_units / plan.row_blocks;
-    } else if (plan.warps == kFlashDecodeWarps && unit_bytes >= kFlashDecodeLateMinUnitBytes &&
-               units <= slots - slots / 16) {
-      // About the idle slots' share of the keys in late pieces of n / 32 (header).
+    } else if (unit_bytes >= kFlashDecodeLateMinUnitBytes &&
+               units * plan.num_splits <= slots - slots / 16 && 4 * units >= slots) {
+      // About the idle slots' share of the keys in late pieces of n / 32, or of n / 16 once
+      // that share passes half (header).
       const std::int64_t idle_32nds = (32 * (slots - units) + slots / 2) / slots;
-      plan.late_splits = static_cast<int>(
-          std::clamp<std::int64_t>(idle_32nds, kFlashDecodeLateSplits, kFlashDecodeMaxLateSplits));
-      plan.late_shift = kFlashDecodeLateShift;
+      const bool wide_pieces = idle_32nds > kFlashDecodeMaxLateSplits;
+      plan.late_shift = wide_pieces ? kFlashDecodeLateWideShift : kFlashDecodeLateShift;
+      const std::int64_t idle_pieces =
+          wide_pieces ? (16 * (slots - units) + slots / 2) / slots : idle_32nds;
+      plan.late_splits = static_cast<int>(std::clamp<std::int64_t>(
+          idle_pieces, kFlashDecodeLateSplits,
+          wide_pieces ? (1 << kFlashDecodeLateWideShift) - 1 : kFlashDecodeMaxLateSplits));
+      plan.num_splits = 1;
     }
   }
   const int block_rows = static_cast<int>(std::min<std::int64_t>(rows, kFlashDecodeRowsPerCta));

@@ -45,7 +45,7 @@
 //                 CTAs, launched as (row block, unit, split) so that every unit's split 0
 //                 dispatches before any other): with c = round_up(ceil(n / 2^late_shift), 16),
 //                 split 0 streams [lo, lo + n - L c) and split s >= 1 [lo + n - L c + (s - 1) c,
-//                 + c); live = 1 + L, or 1 while n < 2 L c or n <= single_split_keys. The SMs
+//                 + c); live = 1 + L, or 1 while n < (L + 1) c or n <= single_split_keys. The SMs
 //                 that finish their unit first stream the other units' late pieces;
 //        head plan (p.head_plan, n > single_split_keys; lo = 0): with S = gridDim.y and the
 //                 head region R = 16 W S, split s streams its head [16 W s, 16 W (s + 1)) (tile
@@ -495,7 +495,7 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
     const int late_chunk =
         max(ceil_div(ceil_div(n, 1 << p.late_shift), kTileKeys) * kTileKeys, kTileKeys);
     const int late_keys = p.late_splits * late_chunk;
-    const bool pieces = n > p.single_split_keys && n >= 2 * late_keys;
+    const bool pieces = n > p.single_split_keys && n >= late_keys + late_chunk;
     const int first = pieces ? n - late_keys : n;
     r.chunk = late_chunk;
     r.live = pieces ? 1 + p.late_splits : 1;

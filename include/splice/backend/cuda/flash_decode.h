@@ -77,9 +77,17 @@ inline constexpr std::int64_t kFlashDecodeTailMinUnitBytes = std::int64_t{2} << 
 // clamped to [kFlashDecodeLateSplits, kFlashDecodeMaxLateSplits] (docs/perf.md runs 217-220:
 // on the H200 136-248 units of (B, 32, 8) at 16K-64K keys 2.5-15% faster than one split; with 4
 // pieces at 136-192 units level or slower; at 256 of 264 slots 0.5-1% slower, at 4K level).
+// The same for a one-wave plan of 2 or 3 splits a unit (units >= slots / 4) whose CTAs leave
+// that many slots idle: one split a unit and late pieces, of n / 2^kFlashDecodeLateWideShift
+// where the idle share passes half (L = that share in 16ths, at most 15), so split 0 streams
+// about units / slots of its unit. Those splits had shared SMs unevenly (docs/perf.md runs
+// 223-226: 96 units of (12, 32, 8) at 16K / 64K 209.5 / 819.3 -> 189.6 / 715.9 us, 72 units at
+// 32K in 3 splits 299.7 -> 279.3, head_dim 64's 160 units at 64K 662.9 -> 597.1; 120 units
+// level).
 inline constexpr int kFlashDecodeLateSplits = 4;
 inline constexpr int kFlashDecodeMaxLateSplits = 16;
 inline constexpr int kFlashDecodeLateShift = 5;
+inline constexpr int kFlashDecodeLateWideShift = 4;
 inline constexpr std::int64_t kFlashDecodeLateMinUnitBytes = std::int64_t{8} << 20;
 
 // Where a flash-decode CTA lets the next kernel in the stream launch (PDL's trigger).
@@ -164,15 +172,17 @@ struct FlashDecodePlan {
 // before ends, spread over one unit's time, and the call's last ~30 us stream with too few CTAs
 // in flight (docs/perf.md runs 210-212: 1024 units of (128, 32, 8) at 4K / 16K / 64K
 // 479.9 / 1885 / 7608 -> 474.0 / 1852 / 7414 us, alternating in one process pair).
-// The late splits (same conditions): a one-split 4-warp plan of at most slots - slots / 16 units
-// (one wave with idle slots; more than slots / 2, or the split rule would have split them),
-// whose units hold >= kFlashDecodeLateMinUnitBytes at the bound, streams each unit's last
-// late_splits = clamp(round(32 (slots - units) / slots), kFlashDecodeLateSplits,
-// kFlashDecodeMaxLateSplits) pieces of n / 2^kFlashDecodeLateShift keys (about the idle share of
-// the keys) in CTAs dispatched after every unit's first split (the global merge): the idle
-// slots stream pieces from the start, and
-// so do the SMs whose CTAs finish first (a one-wave grid's CTAs stream at unequal rates, at 64K
-// keys some ~30% faster than the rest, docs/perf.md run 216).
+// The late splits (same conditions): a 4-warp plan of 1, 2 or 3 splits a unit whose CTAs
+// (units * num_splits) leave at least slots / 16 slots idle, of units >= slots / 4 that hold
+// >= kFlashDecodeLateMinUnitBytes at the bound, runs one split a unit and streams each unit's
+// last late_splits = clamp(round(32 (slots - units) / slots), kFlashDecodeLateSplits,
+// kFlashDecodeMaxLateSplits) pieces of n / 2^kFlashDecodeLateShift keys, or, where that share
+// passes half (units < slots / 2: the plans of 2 and 3 splits), clamp(round(16 (slots - units) /
+// slots), kFlashDecodeLateSplits, 15) pieces of n / 2^kFlashDecodeLateWideShift (about the idle
+// share of the keys; num_splits 1), in CTAs dispatched after every unit's first split (the
+// global merge): the idle slots stream pieces from the start, and so do the SMs whose CTAs
+// finish first (a one-wave grid's CTAs stream at unequal rates, at 64K keys some ~30% faster
+// than the rest, docs/perf.md run 216; 2 or 3 splits a unit share SMs unevenly, session 30).
 // `cluster_merge` 0: no cluster merge and no rule; 1: the splits capped at
 // kFlashDecodeMaxClusterSplits; 2-16: capped at that many. Then cluster = num_splits when
 // 2 <= num_splits <= kFlashDecodeMaxClusterSplits and split 0's ring holds every split's fp32
@@ -192,8 +202,8 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
 //   n > H * num_splits, else ceil(n / H);
 //   otherwise ceil(n / chunk) with chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)).
 // A unit below the tail split's split_from_bh (`bh`, its batch * num_kv_heads index) runs one
-// split; bh = -1: a unit that splits as planned. Late splits: 1 + late_splits once n holds twice
-// the late splits' keys, else 1.
+// split; bh = -1: a unit that splits as planned. Late splits: 1 + late_splits once n holds the
+// late splits' keys and one piece more (split 0 keeps at least a piece), else 1.
 inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n, bool head_tiles,
                                     std::int64_t bh = -1) {
   if (n <= plan.single_split_keys || (bh >= 0 && bh < plan.split_from_bh)) return 1;
@@ -201,7 +211,7 @@ inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n,
     const std::int64_t piece = (n + (std::int64_t{1} << plan.late_shift) - 1) >> plan.late_shift;
     const std::int64_t late_chunk =
         (piece + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys * kFlashDecodeTileKeys;
-    return n >= 2 * plan.late_splits * late_chunk ? 1 + plan.late_splits : 1;
+    return n >= (plan.late_splits + 1) * late_chunk ? 1 + plan.late_splits : 1;
   }
   if (head_tiles) {
     const std::int64_t head_keys = static_cast<std::int64_t>(kFlashDecodeTileKeys) * plan.warps;
