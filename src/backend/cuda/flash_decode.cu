@@ -524,7 +524,9 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   int late_shift = plan.late_shift;
   if (knobs.late_splits >= 0 && flash_decode_late_knob_applies(plan, forced)) {
     late_splits = std::min(knobs.late_splits, kFlashDecodeMaxSplits - 1);
-    late_shift = knobs.late_shift >= 0 ? std::min(knobs.late_shift, 16) : kFlashDecodeLateShift;
+    late_shift = knobs.late_shift >= 0  ? std::min(knobs.late_shift, 16)
+                 : plan.late_splits > 0 ? plan.late_shift
+                                        : kFlashDecodeLateShift;
   }
   // Splits per unit: the grid's y dimension, or its z dimension under the late splits.
   const std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced) + late_splits;

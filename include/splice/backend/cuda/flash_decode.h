@@ -259,9 +259,9 @@ struct FlashDecodeDevKnobs {
   // SPLICE_FLASH_DECODE_TRIGGER.
   int trigger = -1;
   // The late splits for every launch whose plan may take them (a one-split 4-warp plan without
-  // the tail split): -1 the plan's rule, 0 none, n > 0 that many; late_shift -1 the rule's
-  // piece size, else pieces of n / 2^late_shift keys. Defaults from SPLICE_FLASH_DECODE_LATE and
-  // SPLICE_FLASH_DECODE_LATE_SHIFT.
+  // the tail split): -1 the plan's rule, 0 none, n > 0 that many; late_shift -1 the plan's
+  // piece size (n / 32 where the plan has no late splits), else pieces of n / 2^late_shift keys.
+  // Defaults from SPLICE_FLASH_DECODE_LATE and SPLICE_FLASH_DECODE_LATE_SHIFT.
   int late_splits = -1;
   int late_shift = -1;
 };
