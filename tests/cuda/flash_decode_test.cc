@@ -571,10 +571,10 @@ class ForcedKnob {
 // The late splits of a one-wave one-split grid (plan_flash_decode's rule takes them for >= 8 MiB
 // of K+V a unit; the knob forces them here on 2 MiB units so the float64 reference stays small):
 // every unit's last pieces in CTAs dispatched after every split 0, merged through the global
-// workspace. Ragged lengths (0, 1, 17, at and past the single-split limit, short of and at twice
-// the late pieces, the capacity) against the float64 reference with the rule's count and 1, 8 and
-// 16 pieces of n / 32 and 10 and 15 of n / 16, the stable prefix bit for bit, and within split
-// rounding of one split.
+// workspace. Ragged lengths (0, 1, 17, at and past the single-split limit, short of and at the
+// keys 15 pieces of n / 16 need, the capacity) against the float64 reference with the rule's count
+// and 1, 8 and 16 pieces of n / 32 and 10 and 15 of n / 16, the stable prefix bit for bit, and
+// within split rounding of one split.
 TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
   SKIP_WITHOUT_GPU();
   for (const std::int64_t head_dim : {128, 64}) {
@@ -588,9 +588,11 @@ TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
     ForcedKnob rule_count(&cuda::FlashDecodeDevKnobs::late_splits, cuda::kFlashDecodeLateSplits);
     const std::int32_t limit = single_split_keys(head_dim);
     const auto cap = static_cast<std::int32_t>(grid.c.capacity);
-    // Lengths within and past the single-split limit and past (L + 1) c (split 0 keeps a
-    // piece; in pieces of n / 16, limit + 1 keys stay in one split).
-    grid.set_batch(batch, {cap, 0, 1, 17, limit, limit + 1, 127, 128, cap / 2 + 3, cap - 1});
+    // Lengths within and past the single-split limit, and on both sides of (L + 1) c for 15
+    // pieces of n / 16 (split 0 keeps a piece): 2 limit - 1 keys stay in one split there (c =
+    // 2 limit / 16), 2 limit split.
+    grid.set_batch(
+        batch, {cap, 0, 1, 17, limit, limit + 1, 2 * limit - 1, 2 * limit, cap / 2 + 3, cap - 1});
     const Case& c = grid.c;
     Rng rng(470 + head_dim);
     Problem problem(c, rng);
