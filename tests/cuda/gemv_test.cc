@@ -16,7 +16,7 @@
 //     and partly used ones), N with odd column-group tails (N % 4 in {1, 3}) and K covering the
 //     scalar path, several batches per group and vector + tail; and lm_head-sized N = 100003 with
 //     the launcher's own grid (a full resident wave, several groups per warp).
-//  1c. The routing rule's thresholds (gemv::preferred) on the measured shapes.
+//  1c. The routing rule's thresholds (gemv::preferred): launch_rules_host_test.cc.
 //  2. Every operand is a view into a NaN-poisoned buffer (padding between rows and slack after the
 //     last row), outputs start as NaN: a read past the view or a missed store shows as NaN.
 //  3. Layout and dtype cases: batched a [B, 1, K] and a with non-uniform (padded) batch strides,
@@ -240,22 +240,6 @@ TEST(CudaGemv, LmHeadSizedFullWave) {
           << label(dtype, m, kN, kK, "routed");
     }
   }
-}
-
-TEST(CudaGemv, RoutingRuleOnMeasuredShapes) {
-  using Shape = std::pair<std::int64_t, std::int64_t>;  // (n, k)
-  // One row: always the GEMV (wins or ties everywhere measured; the lm_head is the predicted one).
-  const Shape one_row[] = {{192, 576}, {49152, 576}, {4096, 4096}, {14336, 4096}};
-  for (const auto& [n, k] : one_row) EXPECT_TRUE(cuda::gemv::preferred(1, n, k)) << n << "x" << k;
-  // Four rows: the GEMV on the small weights it won at, cuBLASLt on those it lost at.
-  const Shape four_rows_gemv[] = {{576, 576}, {192, 576}, {576, 1536}, {960, 576}};
-  for (const auto& [n, k] : four_rows_gemv)
-    EXPECT_TRUE(cuda::gemv::preferred(4, n, k)) << n << "x" << k;
-  const Shape four_rows_lt[] = {
-      {1536, 576}, {3072, 576}, {49152, 576}, {4096, 4096}, {14336, 4096}};
-  for (const auto& [n, k] : four_rows_lt)
-    EXPECT_FALSE(cuda::gemv::preferred(4, n, k)) << n << "x" << k;
-  EXPECT_FALSE(cuda::gemv::preferred(cuda::gemv::kMaxRows + 1, 192, 576));
 }
 
 TEST(CudaGemv, BatchedRowsStridesAndOutputLayouts) {

@@ -534,43 +534,6 @@ TEST(KdaCuda, StreamKernelAdmitsItsBlock) {
   }
 }
 
-// The rule's table (kda_decode.cu) at the measured points (H = 32 on the H200's 132 SMs), and at
-// the band edges.
-TEST(KdaCuda, RuleTable) {
-  using V = cuda::KdaVariant;
-  constexpr int kSms = 132;
-  constexpr std::int64_t kH = 32;
-  struct Row {
-    std::int64_t n, t;
-    DType dtype;
-    V want;
-  };
-  const Row rows[] = {
-      {512, 1, DType::f32, V::stream}, {512, 1, DType::bf16, V::stream},
-      {32, 4, DType::bf16, V::stream}, {32, 8, DType::f32, V::stream},
-      {32, 8, DType::bf16, V::stream}, {512, 8, DType::bf16, V::stream},
-      {32, 9, DType::bf16, V::wide},   {512, 16, DType::bf16, V::wide},
-      {8, 1, DType::f32, V::stream},   {8, 1, DType::bf16, V::wide},
-      {8, 2, DType::f32, V::stream},   {8, 2, DType::bf16, V::wide},
-      {8, 4, DType::f32, V::stream},   {8, 4, DType::bf16, V::wide},
-      {8, 8, DType::f32, V::stream},   {8, 8, DType::bf16, V::wide},
-      {1, 1, DType::f32, V::split4},   {1, 1, DType::bf16, V::split4},
-      {1, 2, DType::f32, V::split4},   {1, 2, DType::bf16, V::split4},
-      {1, 4, DType::f32, V::split4},   {1, 4, DType::bf16, V::split4},
-      {1, 8, DType::f32, V::split4},   {1, 8, DType::bf16, V::split4},
-  };
-  for (const Row& r : rows) {
-    EXPECT_EQ(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms), r.want)
-        << "N=" << r.n << " T=" << r.t << " " << dtype_name(r.dtype) << ": got "
-        << cuda::kda_variant_name(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms));
-  }
-  // Band edges in items: 2 SMs (stream), SMs / 2 (middle band), one below (small band).
-  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms, 1, 1, DType::bf16, kSms), V::stream);
-  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 1, DType::bf16, kSms), V::wide);
-  EXPECT_EQ(cuda::choose_kda_variant(kSms / 2, 1, 2, DType::f32, kSms), V::stream);
-  EXPECT_EQ(cuda::choose_kda_variant(kSms / 2 - 1, 1, 2, DType::f32, kSms), V::split4);
-}
-
 // Where the rule's choice changed with run 7's and dev/kda_b's tables (N = 8, H = 32; N = 1 at
 // T >= 4), the automatic variant against the CPU kernel and the reference, every sequence at full
 // length.
