@@ -573,8 +573,8 @@ class ForcedKnob {
 // every unit's last pieces in CTAs dispatched after every split 0, merged through the global
 // workspace. Ragged lengths (0, 1, 17, at and past the single-split limit, short of and at the
 // keys 15 pieces of n / 16 need, the capacity) against the float64 reference with the rule's count
-// and 1, 8 and 16 pieces of n / 32 and 10 and 15 of n / 16, the stable prefix bit for bit, and
-// within split rounding of one split.
+// and 1, 8, 10 and 15 pieces of n / 16 and 16 and 24 of n / 32, the stable prefix bit for bit,
+// and within split rounding of one split.
 TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
   SKIP_WITHOUT_GPU();
   for (const std::int64_t head_dim : {128, 64}) {
@@ -603,16 +603,15 @@ TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
     const auto stable = problem.run(nullptr, /*stable_prefix=*/true);
     EXPECT_TRUE(testing::bit_equal(stable.first, out)) << "stable prefix";
     EXPECT_TRUE(testing::bit_equal(stable.second, lse)) << "stable prefix";
-    for (const int late : {1, 8, cuda::kFlashDecodeMaxLateSplits}) {
+    for (const int late : {1, 8, 10, 15}) {  // pieces of n / 16: split 0 keeps 1 / 16 at 15
       ForcedKnob forced(&cuda::FlashDecodeDevKnobs::late_splits, late);
       const auto [late_out, late_lse] = problem.run();
       EXPECT_TRUE(testing::close(late_out, ref_out, default_tolerance(c.dtype))) << late;
       EXPECT_TRUE(testing::close(late_lse, ref_lse, Tolerance{1e-5, 1e-5})) << late;
     }
     {
-      // Pieces of n / 16 (the plans of 2 and 3 splits): split 0 keeps 1 / 16 of the keys at 15.
-      ForcedKnob shift(&cuda::FlashDecodeDevKnobs::late_shift, cuda::kFlashDecodeLateWideShift);
-      for (const int late : {10, 15}) {
+      ForcedKnob shift(&cuda::FlashDecodeDevKnobs::late_shift, 5);  // pieces of n / 32
+      for (const int late : {16, 24}) {
         ForcedKnob forced(&cuda::FlashDecodeDevKnobs::late_splits, late);
         const auto [late_out, late_lse] = problem.run();
         EXPECT_TRUE(testing::close(late_out, ref_out, default_tolerance(c.dtype))) << late;

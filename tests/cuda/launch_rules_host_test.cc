@@ -78,7 +78,7 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 4096, 4096, 132, 4).num_splits, 1);
   EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 4096, 4096, 132, 0, 0).num_splits, 1);
   // The late splits: a one-split 4-warp grid of at most one wave with >= 1/16 of its 264 slots
-  // idle (<= 248 units), 8 MiB of K+V a unit, streams each unit's last 4+ pieces of n / 32 keys
+  // idle (<= 248 units), 8 MiB of K+V a unit, streams each unit's last 4+ pieces of n / 16 keys
   // in CTAs dispatched after every unit's first split; not below 8 MiB, with fewer idle slots,
   // over a wave (the tail split) or with a knob forced.
   const auto one_wave = cuda::plan_flash_decode(31, 32, 8, 1, 128, 16384, 16384, 132);
@@ -87,31 +87,31 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(one_wave.late_splits, cuda::kFlashDecodeLateSplits);
   EXPECT_EQ(one_wave.late_shift, cuda::kFlashDecodeLateShift);
   EXPECT_EQ(one_wave.workspace_bytes, 248u * 5 * 16 * 129 * sizeof(float));
-  EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 16384, false), 5);  // 512-key pieces
-  EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 257, false), 5);    // 16-key pieces
+  EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 16384, false), 5);  // 1024-key pieces
+  EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 257, false), 5);    // 32-key pieces
   EXPECT_EQ(cuda::flash_decode_live_splits(one_wave, 256, false), 1);    // single-split limit
-  // The piece count: the idle share of the 264 slots in 32nds, 4 .. 16.
+  // The piece count: 16 - floor(16 units / 264), 4 .. 15 (split 0 keeps at most units / slots).
   EXPECT_EQ(cuda::plan_flash_decode(30, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 4);
-  EXPECT_EQ(cuda::plan_flash_decode(24, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 9);
-  EXPECT_EQ(cuda::plan_flash_decode(20, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 13);
-  EXPECT_EQ(cuda::plan_flash_decode(17, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 16);
+  EXPECT_EQ(cuda::plan_flash_decode(24, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 5);
+  EXPECT_EQ(cuda::plan_flash_decode(20, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 7);
+  EXPECT_EQ(cuda::plan_flash_decode(17, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 8);
   EXPECT_EQ(cuda::plan_flash_decode(31, 32, 8, 1, 128, 16383, 16383, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(32, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(34, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(31, 32, 8, 1, 128, 16384, 16384, 132, 4).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
   // A one-wave plan of 2 or 3 splits a unit with >= 1/16 of the slots idle runs one split and
-  // late pieces of n / 16 (the idle share in 16ths, up to 15) from slots / 4 units on: 96 units
+  // late pieces by the same rule from slots / 4 units on: 96 units
   // (2 splits: 192 CTAs), 72 (3: 216), 160 at head_dim 64 (396 slots, 2 splits: 320); 128 units
   // (2 splits: 256 CTAs) and the 8-warp 64 keep their splits.
   const auto two_splits = cuda::plan_flash_decode(12, 32, 8, 1, 128, 65536, 65536, 132);
   EXPECT_EQ(two_splits.num_splits, 1);
   EXPECT_EQ(two_splits.cluster, 1);
-  EXPECT_EQ(two_splits.late_splits, 10);
-  EXPECT_EQ(two_splits.late_shift, cuda::kFlashDecodeLateWideShift);
-  EXPECT_EQ(cuda::flash_decode_live_splits(two_splits, 65536, false), 11);  // 4096-key pieces
-  EXPECT_EQ(cuda::flash_decode_live_splits(two_splits, 352, false), 11);    // 11 pieces of 32 keys
-  EXPECT_EQ(cuda::flash_decode_live_splits(two_splits, 351, false), 1);
+  EXPECT_EQ(two_splits.late_splits, 11);
+  EXPECT_EQ(two_splits.late_shift, cuda::kFlashDecodeLateShift);
+  EXPECT_EQ(cuda::flash_decode_live_splits(two_splits, 65536, false), 12);  // 4096-key pieces
+  EXPECT_EQ(cuda::flash_decode_live_splits(two_splits, 384, false), 12);    // 12 pieces of 32 keys
+  EXPECT_EQ(cuda::flash_decode_live_splits(two_splits, 383, false), 1);
   EXPECT_EQ(cuda::plan_flash_decode(9, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 12);
   EXPECT_EQ(cuda::plan_flash_decode(20, 32, 8, 1, 64, 65536, 65536, 132).late_splits, 10);
   const auto near_full = cuda::plan_flash_decode(16, 32, 8, 1, 128, 65536, 65536, 132);

@@ -388,16 +388,13 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       plan.split_from_bh = full_units / plan.row_blocks;
     } else if (unit_bytes >= kFlashDecodeLateMinUnitBytes &&
                units * plan.num_splits <= slots - slots / 16 && 4 * units >= slots) {
-      // About the idle slots' share of the keys in late pieces of n / 32, or of n / 16 once
-      // that share passes half (header).
-      const std::int64_t idle_32nds = (32 * (slots - units) + slots / 2) / slots;
-      const bool wide_pieces = idle_32nds > kFlashDecodeMaxLateSplits;
-      plan.late_shift = wide_pieces ? kFlashDecodeLateWideShift : kFlashDecodeLateShift;
-      const std::int64_t idle_pieces =
-          wide_pieces ? (16 * (slots - units) + slots / 2) / slots : idle_32nds;
+      // Split 0 streams the largest whole number of pieces of n / 2^kFlashDecodeLateShift not
+      // above units / slots of its unit, so it ends no later than an evenly shared grid would;
+      // the rest of the unit runs in late pieces (header).
+      const std::int64_t pieces = std::int64_t{1} << kFlashDecodeLateShift;
+      plan.late_shift = kFlashDecodeLateShift;
       plan.late_splits = static_cast<int>(std::clamp<std::int64_t>(
-          idle_pieces, kFlashDecodeLateSplits,
-          wide_pieces ? (1 << kFlashDecodeLateWideShift) - 1 : kFlashDecodeMaxLateSplits));
+          pieces - pieces * units / slots, kFlashDecodeLateSplits, pieces - 1));
       plan.num_splits = 1;
     }
   }
@@ -524,9 +521,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   int late_shift = plan.late_shift;
   if (knobs.late_splits >= 0 && flash_decode_late_knob_applies(plan, forced)) {
     late_splits = std::min(knobs.late_splits, kFlashDecodeMaxSplits - 1);
-    late_shift = knobs.late_shift >= 0  ? std::min(knobs.late_shift, 16)
-                 : plan.late_splits > 0 ? plan.late_shift
-                                        : kFlashDecodeLateShift;
+    late_shift = knobs.late_shift >= 0 ? std::min(knobs.late_shift, 16) : kFlashDecodeLateShift;
   }
   // Splits per unit: the grid's y dimension, or its z dimension under the late splits.
   const std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced) + late_splits;

@@ -491,7 +491,7 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
   r.head = 0;
   if (late) {
     // Late splits: split 0 streams [lo, lo + n - L c), split s >= 1 the s-th of L pieces of c
-    // keys after it; one split while n < 2 L c (or n <= single_split_keys).
+    // keys after it; one split while n < (L + 1) c (or n <= single_split_keys).
     const int late_chunk =
         max(ceil_div(ceil_div(n, 1 << p.late_shift), kTileKeys) * kTileKeys, kTileKeys);
     const int late_keys = p.late_splits * late_chunk;

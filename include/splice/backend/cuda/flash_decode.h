@@ -69,25 +69,19 @@ inline constexpr int kFlashDecodeTailSplits = 4;
 // ... for units of at least this many K+V bytes (a 4K-key bound at head_dim 128; at 1K keys, 1 MiB
 // a unit, it was level or up to 1% slower, docs/perf.md run 212).
 inline constexpr std::int64_t kFlashDecodeTailMinUnitBytes = std::int64_t{2} << 20;
-// The late splits of a one-wave one-split grid that leaves at least 1/16 of its CTA slots idle
+// The late splits of a one-wave grid that leaves at least 1/16 of its CTA slots idle
 // (plan_flash_decode): every unit's last L pieces of ceil(n / 2^kFlashDecodeLateShift) keys
 // (rounded up to whole tiles) run as CTAs dispatched after every unit's first split, so the idle
 // slots and the SMs that finish their unit early stream them, for units of at least
-// kFlashDecodeLateMinUnitBytes of K+V at the bound. L = the idle share of the slots in 32nds,
-// clamped to [kFlashDecodeLateSplits, kFlashDecodeMaxLateSplits] (docs/perf.md runs 217-220:
-// on the H200 136-248 units of (B, 32, 8) at 16K-64K keys 2.5-15% faster than one split; with 4
-// pieces at 136-192 units level or slower; at 256 of 264 slots 0.5-1% slower, at 4K level).
-// The same for a one-wave plan of 2 or 3 splits a unit (units >= slots / 4) whose CTAs leave
-// that many slots idle: one split a unit and late pieces, of n / 2^kFlashDecodeLateWideShift
-// where the idle share passes half (L = that share in 16ths, at most 15), so split 0 streams
-// about units / slots of its unit. Those splits had shared SMs unevenly (docs/perf.md runs
-// 223-226: 96 units of (12, 32, 8) at 16K / 64K 209.5 / 819.3 -> 189.6 / 715.9 us, 72 units at
-// 32K in 3 splits 299.7 -> 279.3, head_dim 64's 160 units at 64K 662.9 -> 597.1; 120 units
-// level).
+// kFlashDecodeLateMinUnitBytes of K+V at the bound. Split 0 keeps the largest whole number of
+// pieces not above units / slots of its unit (it ends no later than an evenly shared grid would),
+// L = 16 - that number, at least kFlashDecodeLateSplits. docs/perf.md runs 217-226: 7-18%
+// faster than one split or the 2- and 3-split plans at 72-192 units of (B, 32, 8) at 16K-64K
+// keys; run 228: a split 0 of about units / slots (the rule before, in 32nds) straggles, and
+// the floor of it in 16ths is 0.3-1.5% faster from 144 units on (192 units at 32K: 733.7 ->
+// 722.7 us), level below; at 256 of 264 slots late pieces lose (no late splits there).
 inline constexpr int kFlashDecodeLateSplits = 4;
-inline constexpr int kFlashDecodeMaxLateSplits = 16;
-inline constexpr int kFlashDecodeLateShift = 5;
-inline constexpr int kFlashDecodeLateWideShift = 4;
+inline constexpr int kFlashDecodeLateShift = 4;
 inline constexpr std::int64_t kFlashDecodeLateMinUnitBytes = std::int64_t{8} << 20;
 
 // Where a flash-decode CTA lets the next kernel in the stream launch (PDL's trigger).
@@ -175,14 +169,12 @@ struct FlashDecodePlan {
 // The late splits (same conditions): a 4-warp plan of 1, 2 or 3 splits a unit whose CTAs
 // (units * num_splits) leave at least slots / 16 slots idle, of units >= slots / 4 that hold
 // >= kFlashDecodeLateMinUnitBytes at the bound, runs one split a unit and streams each unit's
-// last late_splits = clamp(round(32 (slots - units) / slots), kFlashDecodeLateSplits,
-// kFlashDecodeMaxLateSplits) pieces of n / 2^kFlashDecodeLateShift keys, or, where that share
-// passes half (units < slots / 2: the plans of 2 and 3 splits), clamp(round(16 (slots - units) /
-// slots), kFlashDecodeLateSplits, 15) pieces of n / 2^kFlashDecodeLateWideShift (about the idle
-// share of the keys; num_splits 1), in CTAs dispatched after every unit's first split (the
-// global merge): the idle slots stream pieces from the start, and so do the SMs whose CTAs
-// finish first (a one-wave grid's CTAs stream at unequal rates, at 64K keys some ~30% faster
-// than the rest, docs/perf.md run 216; 2 or 3 splits a unit share SMs unevenly, session 30).
+// last late_splits = clamp(P - floor(P units / slots), kFlashDecodeLateSplits, P - 1) pieces of
+// n / P keys, P = 2^kFlashDecodeLateShift (split 0 streams at most units / slots of its unit),
+// in CTAs dispatched after every unit's first split (the global merge): the idle slots stream
+// pieces from the start, and so do the SMs whose CTAs finish first (a one-wave grid's CTAs
+// stream at unequal rates, at 64K keys some ~30% faster than the rest, docs/perf.md run 216; 2
+// or 3 splits a unit share SMs unevenly, session 30).
 // `cluster_merge` 0: no cluster merge and no rule; 1: the splits capped at
 // kFlashDecodeMaxClusterSplits; 2-16: capped at that many. Then cluster = num_splits when
 // 2 <= num_splits <= kFlashDecodeMaxClusterSplits and split 0's ring holds every split's fp32
@@ -260,7 +252,7 @@ struct FlashDecodeDevKnobs {
   int trigger = -1;
   // The late splits for every launch whose plan may take them (a one-split 4-warp plan without
   // the tail split): -1 the plan's rule, 0 none, n > 0 that many; late_shift -1 the plan's
-  // piece size (n / 32 where the plan has no late splits), else pieces of n / 2^late_shift keys.
+  // piece size (n / 2^kFlashDecodeLateShift), else pieces of n / 2^late_shift keys.
   // Defaults from SPLICE_FLASH_DECODE_LATE and SPLICE_FLASH_DECODE_LATE_SHIFT.
   int late_splits = -1;
   int late_shift = -1;
