@@ -74,12 +74,12 @@ inline constexpr std::int64_t kFlashDecodeTailMinUnitBytes = std::int64_t{2} << 
 // (rounded up to whole tiles) run as CTAs dispatched after every unit's first split, so the idle
 // slots and the SMs that finish their unit early stream them, for units of at least
 // kFlashDecodeLateMinUnitBytes of K+V at the bound. Split 0 keeps the largest whole number of
-// pieces not above units / slots of its unit (it ends no later than an evenly shared grid would),
-// L = 16 - that number, at least kFlashDecodeLateSplits. docs/perf.md runs 217-226: 7-18%
-// faster than one split or the 2- and 3-split plans at 72-192 units of (B, 32, 8) at 16K-64K
-// keys; run 228: a split 0 of about units / slots (the rule before, in 32nds) straggles, and
-// the floor of it in 16ths is 0.3-1.5% faster from 144 units on (192 units at 32K: 733.7 ->
-// 722.7 us), level below; at 256 of 264 slots late pieces lose (no late splits there).
+// pieces not above units / slots of its unit (it ends no later than an evenly shared grid would):
+// L = 2^kFlashDecodeLateShift - that number, at least kFlashDecodeLateSplits. docs/perf.md runs
+// 217-226: 7-18% faster than one split or the 2- and 3-split plans at 72-192 units of (B, 32, 8)
+// at 16K-64K keys; run 228: a split 0 of about units / slots (the rule before, in 32nds)
+// straggles, and the floor of it in 16ths is 0.3-1.5% faster from 144 units on (192 units at
+// 32K: 733.7 -> 722.7 us), level below; at 256 of 264 slots late pieces lose (none there).
 inline constexpr int kFlashDecodeLateSplits = 4;
 inline constexpr int kFlashDecodeLateShift = 4;
 inline constexpr std::int64_t kFlashDecodeLateMinUnitBytes = std::int64_t{8} << 20;
