@@ -10,7 +10,8 @@
 #   ROUNDS      the bench's rounds (3); PEER_RUNS: bench, then peers, this many times (1)
 #   PACK        the packs to unpack (.gpubin/pack/refresh2.tgz); BENCH the bench in them
 #               (head/flash_decode_cuda_bench)
-#   TESTS       a gtest filter run first from head/cuda_all_test (PACK must hold refresh1.tgz)
+#   TESTS       a gtest filter run first from head/cuda_all_test (PACK must hold refresh1.tgz),
+#               cut at TESTS_S s (120; the whole FlashDecodeCuda filter needs ~240)
 #   FLASHINFER  1: the peers include FlashInfer from the carried wheels (its first use of a new
 #               head_dim or group JIT-compiles for minutes of the call); else cuDNN and FA2
 #   BENCH_S, PEERS_S  timeouts in s (240, 150)
@@ -27,7 +28,7 @@ C=${COLUMNS:-'rule:0:-1:0;g:0:0:0;w4:4:-1:0;w4g:4:0:0;w8:8:-1:0;w8g:8:0:0;s2:0:-
 if [[ ${FLASHINFER:-0} == 1 ]]; then install_peer_wheels "$root" >/dev/null 2>&1; fi
 if [[ -n ${TESTS:-} ]]; then
   echo "== tests (at $(el) s)"
-  timeout 120 "$P/head/cuda_all_test" --gtest_filter="$TESTS" 2>&1 |
+  timeout "${TESTS_S:-120}" "$P/head/cuda_all_test" --gtest_filter="$TESTS" 2>&1 |
     grep --line-buffered -E '^\[ +(OK|FAILED) +\]'
 fi
 for run in $(seq "${PEER_RUNS:-1}"); do
