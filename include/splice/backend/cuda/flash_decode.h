@@ -78,8 +78,8 @@ inline constexpr std::int64_t kFlashDecodeTailMinUnitBytes = std::int64_t{2} << 
 // L = 2^kFlashDecodeLateShift - that number, at least kFlashDecodeLateSplits. docs/perf.md runs
 // 217-226: 7-18% faster than one split or the 2- and 3-split plans at 72-192 units of (B, 32, 8)
 // at 16K-64K keys; run 228: a split 0 of about units / slots (the rule before, in 32nds)
-// straggles, and the floor of it in 16ths is 0.3-1.5% faster from 144 units on (192 units at
-// 32K: 733.7 -> 722.7 us), level below; at 256 of 264 slots late pieces lose (none there).
+// straggles, and the floor of it in 16ths is 0.5-1.5% faster at 144-192 units (192 units at
+// 32K: 733.7 -> 722.7 us), level at 72-120 and 216-240; at 256 of 264 slots late pieces lose.
 inline constexpr int kFlashDecodeLateSplits = 4;
 inline constexpr int kFlashDecodeLateShift = 4;
 inline constexpr std::int64_t kFlashDecodeLateMinUnitBytes = std::int64_t{8} << 20;
