@@ -79,8 +79,8 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::plan_flash_decode(128, 32, 8, 1, 128, 4096, 4096, 132, 0, 0).num_splits, 1);
   // The late splits: a one-split 4-warp grid of at most one wave with >= 1/16 of its 264 slots
   // idle (<= 248 units), 8 MiB of K+V a unit, streams each unit's last 4+ pieces of n / 16 keys
-  // in CTAs dispatched after every unit's first split; not below 8 MiB, with fewer idle slots,
-  // over a wave (the tail split) or with a knob forced.
+  // in CTAs dispatched after every unit's first split; not below 8 MiB, with fewer idle slots
+  // (but below), over a wave (the tail split) or with a knob forced.
   const auto one_wave = cuda::plan_flash_decode(31, 32, 8, 1, 128, 16384, 16384, 132);
   EXPECT_EQ(one_wave.num_splits, 1);
   EXPECT_EQ(one_wave.split_from_bh, 0);
@@ -96,8 +96,22 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::plan_flash_decode(20, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 7);
   EXPECT_EQ(cuda::plan_flash_decode(17, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 8);
   EXPECT_EQ(cuda::plan_flash_decode(31, 32, 8, 1, 128, 16383, 16383, 132).late_splits, 0);
-  EXPECT_EQ(cuda::plan_flash_decode(32, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(34, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
+  // Fewer than 264 / 16 slots idle: one late piece of n / 16 for units of 32 MiB (64K keys at
+  // head_dim 128), none below it, with every slot busy, or where the plan splits a unit (the
+  // 2-split 128 units below).
+  const auto few_idle = cuda::plan_flash_decode(32, 32, 8, 1, 128, 65536, 65536, 132);
+  EXPECT_EQ(few_idle.num_splits, 1);
+  EXPECT_EQ(few_idle.late_splits, 1);
+  EXPECT_EQ(few_idle.late_shift, cuda::kFlashDecodeLateShift);
+  EXPECT_EQ(few_idle.workspace_bytes, 256u * 2 * 16 * 129 * sizeof(float));
+  EXPECT_EQ(cuda::flash_decode_live_splits(few_idle, 65536, false), 2);
+  EXPECT_EQ(cuda::flash_decode_live_splits(few_idle, 32, false), 1);
+  EXPECT_EQ(cuda::plan_flash_decode(8, 32, 32, 1, 128, 65536, 65536, 132).late_splits, 1);
+  EXPECT_EQ(cuda::plan_flash_decode(263, 8, 1, 1, 128, 65536, 65536, 132).late_splits, 1);
+  EXPECT_EQ(cuda::plan_flash_decode(33, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(32, 32, 8, 1, 128, 65535, 65535, 132).late_splits, 0);
+  EXPECT_EQ(cuda::plan_flash_decode(32, 32, 8, 1, 128, 16384, 16384, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(31, 32, 8, 1, 128, 16384, 16384, 132, 4).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
   // A one-wave plan of 2 or 3 splits a unit with >= 1/16 of the slots idle runs one split and

@@ -386,15 +386,19 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
         full_units < units) {
       plan.num_splits = kFlashDecodeTailSplits;
       plan.split_from_bh = full_units / plan.row_blocks;
-    } else if (unit_bytes >= kFlashDecodeLateMinUnitBytes &&
-               units * plan.num_splits <= slots - slots / 16 && 4 * units >= slots) {
+    } else if (const bool few_idle = units * plan.num_splits > slots - slots / 16;
+               units * plan.num_splits < slots && 4 * units >= slots &&
+               unit_bytes >= (few_idle ? kFlashDecodeLateFewIdleMinUnitBytes
+                                       : kFlashDecodeLateMinUnitBytes) &&
+               (!few_idle || plan.num_splits == 1)) {
       // Split 0 streams the largest whole number of pieces of n / 2^kFlashDecodeLateShift not
       // above units / slots of its unit, so it ends no later than an evenly shared grid would;
-      // the rest of the unit runs in late pieces (header).
+      // the rest of the unit runs in late pieces (header). With fewer than slots / 16 slots idle
+      // that is one piece, and only long units take it.
       const std::int64_t pieces = std::int64_t{1} << kFlashDecodeLateShift;
       plan.late_shift = kFlashDecodeLateShift;
       plan.late_splits = static_cast<int>(std::clamp<std::int64_t>(
-          pieces - pieces * units / slots, kFlashDecodeLateSplits, pieces - 1));
+          pieces - pieces * units / slots, few_idle ? 1 : kFlashDecodeLateSplits, pieces - 1));
       plan.num_splits = 1;
     }
   }

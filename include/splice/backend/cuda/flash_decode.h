@@ -79,10 +79,16 @@ inline constexpr std::int64_t kFlashDecodeTailMinUnitBytes = std::int64_t{2} << 
 // 217-226: 7-18% faster than one split or the 2- and 3-split plans at 72-192 units of (B, 32, 8)
 // at 16K-64K keys; run 228: a split 0 of about units / slots (the rule before, in 32nds)
 // straggles, and the floor of it in 16ths is 0.5-1.5% faster at 144-192 units (192 units at
-// 32K: 733.7 -> 722.7 us), level at 72-120 and 216-240; at 256 of 264 slots late pieces lose.
+// 32K: 733.7 -> 722.7 us), level at 72-120 and 216-240.
 inline constexpr int kFlashDecodeLateSplits = 4;
 inline constexpr int kFlashDecodeLateShift = 4;
 inline constexpr std::int64_t kFlashDecodeLateMinUnitBytes = std::int64_t{8} << 20;
+// A one-split grid that leaves 1 to slots / 16 - 1 slots idle: split 0 keeps 15 of 16 pieces and
+// one late piece runs per unit (the rule above, unclamped), for units of at least this many K+V
+// bytes. docs/perf.md run 233, 256 units in 264 slots: 64K keys (32 MiB) 0.2-0.55% faster than
+// one split (1902.4 -> 1892.0 us at (32, 64, 8)); 16K (8 MiB) 1-1.5% slower, and so are 1 to 4
+// pieces of n / 32 or n / 64 there; at 64K 1-3 pieces of n / 32 or n / 64 no better than n / 16.
+inline constexpr std::int64_t kFlashDecodeLateFewIdleMinUnitBytes = std::int64_t{32} << 20;
 
 // Where a flash-decode CTA lets the next kernel in the stream launch (PDL's trigger).
 enum class FlashDecodeTrigger : std::uint8_t {
@@ -170,7 +176,9 @@ struct FlashDecodePlan {
 // (units * num_splits) leave at least slots / 16 slots idle, of units >= slots / 4 that hold
 // >= kFlashDecodeLateMinUnitBytes at the bound, runs one split a unit and streams each unit's
 // last late_splits = clamp(P - floor(P units / slots), kFlashDecodeLateSplits, P - 1) pieces of
-// n / P keys, P = 2^kFlashDecodeLateShift (split 0 streams at most units / slots of its unit),
+// n / P keys, P = 2^kFlashDecodeLateShift (split 0 streams at most units / slots of its unit);
+// a one-split plan leaving 1 to slots / 16 - 1 slots idle, of units that hold
+// >= kFlashDecodeLateFewIdleMinUnitBytes, streams one late piece a unit (the same formula),
 // in CTAs dispatched after every unit's first split (the global merge): the idle slots stream
 // pieces from the start, and so do the SMs whose CTAs finish first (a one-wave grid's CTAs
 // stream at unequal rates, at 64K keys some ~30% faster than the rest, docs/perf.md run 216; 2
