@@ -38,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "splice/backend/cuda/primitives.h"
@@ -518,10 +519,29 @@ struct UnitGrid {
   }
 };
 
+// Sets FlashDecodeDevKnobs for a scope and restores them after: `field` (e.g.
+// &FlashDecodeDevKnobs::warps; 0: the plan's rule) to `value`.
+class ForcedKnob {
+ public:
+  ForcedKnob(int cuda::FlashDecodeDevKnobs::*field, int value) {
+    cuda::FlashDecodeDevKnobs knobs = saved_;
+    knobs.*field = value;
+    cuda::set_flash_decode_dev_knobs(knobs);
+  }
+  ~ForcedKnob() { cuda::set_flash_decode_dev_knobs(saved_); }
+  ForcedKnob(const ForcedKnob&) = delete;
+  ForcedKnob& operator=(const ForcedKnob&) = delete;
+
+ private:
+  cuda::FlashDecodeDevKnobs saved_ = cuda::flash_decode_dev_knobs();
+};
+
 // The tail split (plan_flash_decode): a one-split grid of more units than CTA slots streams the
 // units past its last full wave in kFlashDecodeTailSplits splits, the others in one. Ragged
 // lengths (0, 1, within and past the single-split limit) on both sides of split_from_bh, against
-// the float64 reference and within split rounding of every unit in one split (a forced count).
+// the float64 reference and within split rounding of every unit in one split (a forced count);
+// the late-split knob replacing the tail split (every unit's split 0, then 1 or 2 pieces of
+// n / 16 or n / 32 a unit) against the reference too.
 TEST(FlashDecodeCuda, TailSplitOfAMultiWaveGrid) {
   SKIP_WITHOUT_GPU();
   for (const std::int64_t head_dim : {128, 64}) {
@@ -544,29 +564,19 @@ TEST(FlashDecodeCuda, TailSplitOfAMultiWaveGrid) {
     const auto [ref_out, ref_lse] = problem.reference();
     EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)));
     EXPECT_TRUE(testing::close(lse, ref_lse, Tolerance{1e-5, 1e-5}));
+    for (const auto& [late, shift] : {std::pair{1, 4}, std::pair{2, 5}}) {
+      ForcedKnob forced(&cuda::FlashDecodeDevKnobs::late_splits, late);
+      ForcedKnob pieces(&cuda::FlashDecodeDevKnobs::late_shift, shift);
+      const auto [late_out, late_lse] = problem.run();
+      EXPECT_TRUE(testing::close(late_out, ref_out, default_tolerance(c.dtype))) << late;
+      EXPECT_TRUE(testing::close(late_lse, ref_lse, Tolerance{1e-5, 1e-5})) << late;
+    }
     problem.c.num_splits = 1;  // every unit in one split
     const auto [one_out, one_lse] = problem.run();
     EXPECT_TRUE(within_split_rounding(out, one_out, c.dtype));
     EXPECT_TRUE(testing::close(lse, one_lse, Tolerance{1e-6, 1e-5}));
   }
 }
-
-// Sets FlashDecodeDevKnobs for a scope and restores them after: `field` (e.g.
-// &FlashDecodeDevKnobs::warps; 0: the plan's rule) to `value`.
-class ForcedKnob {
- public:
-  ForcedKnob(int cuda::FlashDecodeDevKnobs::*field, int value) {
-    cuda::FlashDecodeDevKnobs knobs = saved_;
-    knobs.*field = value;
-    cuda::set_flash_decode_dev_knobs(knobs);
-  }
-  ~ForcedKnob() { cuda::set_flash_decode_dev_knobs(saved_); }
-  ForcedKnob(const ForcedKnob&) = delete;
-  ForcedKnob& operator=(const ForcedKnob&) = delete;
-
- private:
-  cuda::FlashDecodeDevKnobs saved_ = cuda::flash_decode_dev_knobs();
-};
 
 // The late splits of a one-wave one-split grid (plan_flash_decode's rule takes them for >= 8 MiB
 // of K+V a unit; the knob forces them here on 2 MiB units so the float64 reference stays small):

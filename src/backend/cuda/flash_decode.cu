@@ -520,15 +520,20 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const std::int64_t units = plan.grid_x * plan.grid_z;
   // The tail split's one-split units and the late splits (a forced split count splits every
   // unit evenly instead); the knobs may set the late splits where the plan could take them.
-  const std::int64_t split_from_bh = forced > 0 ? 0 : plan.split_from_bh;
+  std::int64_t split_from_bh = forced > 0 ? 0 : plan.split_from_bh;
+  std::int64_t base_splits = std::max<std::int64_t>(plan.grid_y, forced);
   int late_splits = forced > 0 ? 0 : plan.late_splits;
   int late_shift = plan.late_shift;
-  if (knobs.late_splits >= 0 && flash_decode_late_knob_applies(plan, forced)) {
+  if (knobs.late_splits >= 0 && flash_decode_late_knob_applies(plan, forced) &&
+      (knobs.late_splits > 0 || plan.split_from_bh == 0)) {
+    // A tail-split plan gives its tail split up for the late splits (one split a unit).
+    split_from_bh = 0;
+    base_splits = 1;
     late_splits = std::min(knobs.late_splits, kFlashDecodeMaxSplits - 1);
     late_shift = knobs.late_shift >= 0 ? std::min(knobs.late_shift, 16) : kFlashDecodeLateShift;
   }
   // Splits per unit: the grid's y dimension, or its z dimension under the late splits.
-  const std::int64_t grid_y = std::max<std::int64_t>(plan.grid_y, forced) + late_splits;
+  const std::int64_t grid_y = base_splits + late_splits;
   const std::int64_t split_units = units - split_from_bh * plan.grid_x;
 
   // Stage 3: workspace (partials and counters of the units that split), params, launch.

@@ -226,11 +226,12 @@ inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n,
 }
 
 // Whether a launch under `plan` may run late splits the dev knobs ask for (FlashDecodeDevKnobs::
-// late_splits): a one-split 4-warp global-merge plan without the tail split, no forced split
-// count, and at most 65535 (b, kv head) units (under late splits they lie in the grid's y).
+// late_splits): a one-split 4-warp global-merge plan, or one with the tail split (which the knob
+// then replaces: every unit's split 0, then the late pieces), no forced split count, and at most
+// 65535 (b, kv head) units (under late splits they lie in the grid's y).
 inline bool flash_decode_late_knob_applies(const FlashDecodePlan& plan,
                                            std::int64_t forced_splits) {
-  return forced_splits == 0 && plan.num_splits == 1 && plan.split_from_bh == 0 &&
+  return forced_splits == 0 && (plan.num_splits == 1 || plan.split_from_bh > 0) &&
          plan.warps == kFlashDecodeWarps && plan.cluster == 1 && plan.grid_z <= 65535;
 }
 
@@ -258,8 +259,9 @@ struct FlashDecodeDevKnobs {
   // wait, 1 at exit, 2 once split 0 holds every partial); default from
   // SPLICE_FLASH_DECODE_TRIGGER.
   int trigger = -1;
-  // The late splits for every launch whose plan may take them (a one-split 4-warp plan without
-  // the tail split): -1 the plan's rule, 0 none, n > 0 that many; late_shift -1 the plan's
+  // The late splits for every launch whose plan may take them (a one-split 4-warp plan, or a
+  // tail-split one, whose tail split they replace): -1 the plan's rule, 0 none, n > 0 that many
+  // (0 keeps a tail split); late_shift -1 the plan's
   // piece size (n / 2^kFlashDecodeLateShift), else pieces of n / 2^late_shift keys.
   // Defaults from SPLICE_FLASH_DECODE_LATE and SPLICE_FLASH_DECODE_LATE_SHIFT.
   int late_splits = -1;
