@@ -382,15 +382,19 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
     const std::int64_t slots = static_cast<std::int64_t>(sm_count) * plan.ctas_per_sm;
     const std::int64_t full_units = units / slots * slots;
     const std::int64_t unit_bytes = bound * 2 * head_dim * kFlashDecodeElementBytes;
+    // The late splits: a one-wave grid with idle slots; below slots / 16 idle slots only
+    // one-split plans of long units (one piece, header).
+    const std::int64_t ctas = units * plan.num_splits;
+    const bool few_idle = ctas > slots - slots / 16;
+    const bool late =
+        ctas < slots && 4 * units >= slots &&
+        (few_idle ? plan.num_splits == 1 && unit_bytes >= kFlashDecodeLateFewIdleMinUnitBytes
+                  : unit_bytes >= kFlashDecodeLateMinUnitBytes);
     if (plan.num_splits == 1 && unit_bytes >= kFlashDecodeTailMinUnitBytes && full_units > 0 &&
         full_units < units) {
       plan.num_splits = kFlashDecodeTailSplits;
       plan.split_from_bh = full_units / plan.row_blocks;
-    } else if (const bool few_idle = units * plan.num_splits > slots - slots / 16;
-               units * plan.num_splits < slots && 4 * units >= slots &&
-               unit_bytes >= (few_idle ? kFlashDecodeLateFewIdleMinUnitBytes
-                                       : kFlashDecodeLateMinUnitBytes) &&
-               (!few_idle || plan.num_splits == 1)) {
+    } else if (late) {
       // Split 0 streams the largest whole number of pieces of n / 2^kFlashDecodeLateShift not
       // above units / slots of its unit, so it ends no later than an evenly shared grid would;
       // the rest of the unit runs in late pieces (header). With fewer than slots / 16 slots idle
