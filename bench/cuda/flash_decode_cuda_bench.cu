@@ -160,11 +160,10 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
       knobs.single_split_bytes > 0 ? knobs.single_split_bytes
                                    : splice::cuda::kFlashDecodeSingleSplitBytes);
   r.warps = plan.warps;
-  r.late =
-      forced_splits > 0 ? 0
-      : knobs.late_splits >= 0 && splice::cuda::flash_decode_late_knob_applies(plan, forced_splits)
-          ? knobs.late_splits
-          : plan.late_splits;
+  r.late = forced_splits > 0 ? 0
+           : splice::cuda::flash_decode_late_knob_applies(plan, forced_splits, knobs.late_splits)
+               ? knobs.late_splits
+               : plan.late_splits;
   r.splits = forced_splits > 0 ? static_cast<int>(forced_splits) : plan.num_splits;
   r.live = forced_splits > 0 ? static_cast<int>(forced_splits)
                              : splice::cuda::flash_decode_live_splits(plan, s.k_len, true);

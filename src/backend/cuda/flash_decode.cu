@@ -528,8 +528,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   std::int64_t base_splits = std::max<std::int64_t>(plan.grid_y, forced);
   int late_splits = forced > 0 ? 0 : plan.late_splits;
   int late_shift = plan.late_shift;
-  if (knobs.late_splits >= 0 && flash_decode_late_knob_applies(plan, forced) &&
-      (knobs.late_splits > 0 || plan.split_from_bh == 0)) {
+  if (flash_decode_late_knob_applies(plan, forced, knobs.late_splits)) {
     // A tail-split plan gives its tail split up for the late splits (one split a unit).
     split_from_bh = 0;
     base_splits = 1;

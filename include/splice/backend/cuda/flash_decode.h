@@ -225,14 +225,16 @@ inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n,
   return static_cast<int>((n + chunk - 1) / chunk);
 }
 
-// Whether a launch under `plan` may run late splits the dev knobs ask for (FlashDecodeDevKnobs::
-// late_splits): a one-split 4-warp global-merge plan, or one with the tail split (which the knob
-// then replaces: every unit's split 0, then the late pieces), no forced split count, and at most
-// 65535 (b, kv head) units (under late splits they lie in the grid's y).
-inline bool flash_decode_late_knob_applies(const FlashDecodePlan& plan,
-                                           std::int64_t forced_splits) {
-  return forced_splits == 0 && (plan.num_splits == 1 || plan.split_from_bh > 0) &&
-         plan.warps == kFlashDecodeWarps && plan.cluster == 1 && plan.grid_z <= 65535;
+// Whether a launch under `plan` runs the `late_splits` (>= 0) the dev knobs ask for
+// (FlashDecodeDevKnobs::late_splits) instead of the plan's: a one-split 4-warp global-merge plan,
+// or a tail-split one for a positive count (which then replaces its tail split: every unit's
+// split 0, then the late pieces), no forced split count, and at most 65535 (b, kv head) units
+// (under late splits they lie in the grid's y).
+inline bool flash_decode_late_knob_applies(const FlashDecodePlan& plan, std::int64_t forced_splits,
+                                           int late_splits) {
+  return late_splits >= 0 && forced_splits == 0 && plan.warps == kFlashDecodeWarps &&
+         plan.cluster == 1 && plan.grid_z <= 65535 &&
+         (plan.split_from_bh > 0 ? late_splits > 0 : plan.num_splits == 1);
 }
 
 // Dev-only benchmark attribution (issue 5, dev/flash_b1/): not part of the plan, off by
@@ -259,10 +261,9 @@ struct FlashDecodeDevKnobs {
   // wait, 1 at exit, 2 once split 0 holds every partial); default from
   // SPLICE_FLASH_DECODE_TRIGGER.
   int trigger = -1;
-  // The late splits for every launch whose plan may take them (a one-split 4-warp plan, or a
-  // tail-split one, whose tail split they replace): -1 the plan's rule, 0 none, n > 0 that many
-  // (0 keeps a tail split); late_shift -1 the plan's
-  // piece size (n / 2^kFlashDecodeLateShift), else pieces of n / 2^late_shift keys.
+  // The late splits for every launch whose plan may take them (flash_decode_late_knob_applies):
+  // -1 the plan's rule, 0 none, n > 0 that many (replacing a tail split); late_shift -1 the
+  // plan's piece size (n / 2^kFlashDecodeLateShift), else pieces of n / 2^late_shift keys.
   // Defaults from SPLICE_FLASH_DECODE_LATE and SPLICE_FLASH_DECODE_LATE_SHIFT.
   int late_splits = -1;
   int late_shift = -1;
