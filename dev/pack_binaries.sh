@@ -22,6 +22,10 @@
 #   calls take PACK=.gpubin/pack/name.tgz. BENCH_ONLY=1: the variants' benches alone, ~3.5 MB
 #   each instead of ~22, so five variants share a call; dev/variant_ab_call.sh then only times
 #   them)
+#   flash-variants  .gpubin/pack/flash-variants.tgz for dev/flash_variant_call.sh: for each PATCH
+#             (touching src/backend/cuda/flash_decode*) a directory named after it with
+#             flash_decode_cuda_bench, built as the KDA variants are (flash_decode.cu swapped in),
+#             and head/flash_decode_cuda_bench
 #   timeline  .gpubin/pack/timeline.tgz for dev/timeline_call.sh: the same from build/kdaattr (the
 #             attribution build, KDA_BENCH_TIMELINE; kda_decode_cuda_bench only), once:
 #               cmake -S . -B build/kdaattr -DCMAKE_BUILD_TYPE=Release -DSPLICE_BUILD_BENCH=ON \
@@ -61,12 +65,15 @@ case $kind in
     tar czf .gpubin/pack/refresh1.tgz -C "$W/r1" .
     tar czf .gpubin/pack/refresh2.tgz -C "$W/r2" .
     ;;
-  variants | timeline)
-    put "$B/bench/kda_decode_cuda_bench" v/head
+  variants | timeline | flash-variants)
+    # The kernel's translation unit and the binaries relinked with it.
+    unit=kda_decode bench=kda_decode_cuda_bench
+    [[ $kind == flash-variants ]] && unit=flash_decode bench=flash_decode_cuda_bench
+    put "$B/bench/$bench" v/head
     compile=$(python3 -c "
 import json, sys
 for e in json.load(open('$B/compile_commands.json')):
-    if e['file'].endswith('src/backend/cuda/kda_decode.cu'): print(e['command'])")
+    if e['file'].endswith('src/backend/cuda/$unit.cu'): print(e['command'])")
     for patch in "$@"; do
       name=$(basename "$patch" .patch)
       tree=$W/tree_$name
@@ -75,15 +82,15 @@ for e in json.load(open('$B/compile_commands.json')):
       # $B's command on the patched copy: its include paths first, the same flags.
       obj=$W/$name.o
       (cd "$B" && eval "$(echo "$compile" | sed -e "s#--options-file [^ ]*#-I$tree/include -I$tree/src -isystem=/usr/local/cuda/include#" \
-        -e "s#-c [^ ]*kda_decode.cu#-c $tree/src/backend/cuda/kda_decode.cu#" -e "s#-o [^ ]*#-o $obj#")")
+        -e "s#-c [^ ]*$unit.cu#-c $tree/src/backend/cuda/$unit.cu#" -e "s#-o [^ ]*#-o $obj#")")
       cp "$B/libsplice_backend_cuda.a" "$W/$name.a"
-      (cd "$W" && cp "$obj" kda_decode.cu.o && ar r "$name.a" kda_decode.cu.o)
+      (cd "$W" && cp "$obj" $unit.cu.o && ar r "$name.a" $unit.cu.o)
       mkdir -p "$W/v/$name"
       [[ $kind == variants && -z ${BENCH_ONLY:-} ]] &&
         relink "$B/tests" cuda_all_test "$W/$name.a" "$W/v/$name/cuda_all_test"
-      relink "$B/bench" kda_decode_cuda_bench "$W/$name.a" "$W/v/$name/kda_decode_cuda_bench"
+      relink "$B/bench" $bench "$W/$name.a" "$W/v/$name/$bench"
       strip "$W/v/$name/"*
-      echo "$name: $(nm -C "$W/$name.a" 2>/dev/null | grep -c kda_decode_stream) stream symbols"
+      echo "$name: $(nm -C "$W/$name.a" 2>/dev/null | grep -c "${unit}_") kernel symbols"
     done
     tar czf ".gpubin/pack/${PACK_NAME:-$kind}.tgz" -C "$W/v" .
     ;;
