@@ -1,6 +1,7 @@
 // Thread-block-cluster and mbarrier primitives shared by the kernels that exchange data through
 // distributed shared memory (DSMEM): the KDA split kernels' RMSNorm partials and bulk-copy ring
-// (kda_decode.cuh), and flash decode's cluster split merge (flash_decode_kernel.cuh). sm_90+.
+// (kda_decode.cuh), and flash decode's cluster split merge (flash_decode_kernel.cuh); beside them
+// the asynchronous copies' L2 cache policies. sm_90+.
 //
 // The pattern both use, and why: a CTA that hands data to another CTA stores it with st.async
 // into the receiver's shared memory, which completes those bytes on the receiver's mbarrier; the
@@ -82,6 +83,17 @@ __device__ __forceinline__ void bulk_copy_hinted(void* dst, const void* src, std
       " [%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
+}
+// An L2 eviction policy for every access that carries it (createpolicy, fraction 1): the lines
+// those accesses bring into the L2 are the last (kEvictLast) or the first to be evicted.
+template <bool kEvictLast>
+__device__ __forceinline__ std::uint64_t l2_evict_policy() {
+  std::uint64_t policy;
+  if constexpr (kEvictLast)
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
 }
 // An L2 prefetch of `bytes` (a multiple of 16) at `src`: nothing waits for it, and a later read
 // of those bytes finds them in L2.

@@ -103,6 +103,7 @@ using detail::bulk_copy_hinted;
 using detail::bulk_prefetch_l2;
 using detail::cluster_arrive_relaxed;
 using detail::cluster_wait;
+using detail::l2_evict_policy;
 using detail::mbar_arrive;
 using detail::mbar_arrive_expect;
 using detail::mbar_init;
@@ -396,22 +397,13 @@ __device__ __forceinline__ uint4 load_state_vec(const StateT* p) {
   }
 }
 
-// An L2 eviction policy for every access that carries it (createpolicy, fraction 1). The stream
-// kernels stream more state than the L2 holds (Params::l2_hints): their source-state copies
-// carry evict_last and their checkpoint stores evict_first, which moved 2-4% more bytes a second
-// than plain accesses at N >= 128 (perf.md runs 146-149; measured, mechanism not known: the L2's
-// choice among clean read lines and dirty checkpoint lines when it evicts). A source slot is
-// overwritten by a checkpoint of the same launch wherever a decode step writes one there (T = 1
-// in place; the accepted token's slot of a speculative row), so its lines leave evict_first.
-template <bool kEvictLast>
-__device__ __forceinline__ std::uint64_t l2_evict_policy() {
-  std::uint64_t policy;
-  if constexpr (kEvictLast)
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  else
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
+// The stream kernels' L2 eviction policies (l2_evict_policy, cluster.cuh). They stream more state
+// than the L2 holds (Params::l2_hints): their source-state copies carry evict_last and their
+// checkpoint stores evict_first, which moved 2-4% more bytes a second than plain accesses at
+// N >= 128 (perf.md runs 146-149; measured, mechanism not known: the L2's choice among clean
+// read lines and dirty checkpoint lines when it evicts). A source slot is overwritten by a
+// checkpoint of the same launch wherever a decode step writes one there (T = 1 in place; the
+// accepted token's slot of a speculative row), so its lines leave evict_first.
 
 // One 16-byte checkpoint store with L2 policy `policy` (16-byte aligned state only).
 __device__ __forceinline__ void store_state_vec_hinted(void* p, uint4 r, std::uint64_t policy) {
