@@ -599,8 +599,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const std::int64_t k_pass = opaque(p.k_stride_s * 2 * kPassRows);
   const std::int64_t v_pass = opaque(p.v_stride_s * 2 * kPassRows);
   // K and V are read once a launch: their lines are the first the L2 evicts (evict_first).
-  // docs/perf.md run 243: 1.3-1.4% faster than plain copies at the 1024-unit 4K grids, 1-1.4%
-  // at B = 1 4K / 16K (what the L2 keeps instead was not measured).
+  // docs/perf.md runs 243-244: 1.2-1.4% faster than plain copies at the 1024-unit 4K grids on
+  // two machines, level to 1.4% at B = 1, level elsewhere; evict_last 0.1-0.5% slower than plain
+  // (what the L2 keeps instead was not measured).
   const std::uint64_t kv_policy = l2_evict_policy<false>();
   // Keys [from, to) of the tile of keys [first, first + 16) into ring stage `stage`; keys
   // >= zero_from are zero-filled (nothing is read for them; the address is key 0's); every other
