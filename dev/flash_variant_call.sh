@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # dev/flash_variant_call.sh: flash-decode kernel variants timed beside HEAD in one device call.
-#   head/        flash_decode_cuda_bench of HEAD   (from .gpubin/pack/refresh2.tgz)
+#   head/        flash_decode_cuda_bench of HEAD
 #   <variant>/   flash_decode_cuda_bench of HEAD + dev/<variant>.patch   (from PACK)
 # Build the variants here: dev/pack_binaries.sh flash-variants dev/<variant>.patch ... (~1 min
 # each), then
@@ -16,8 +16,7 @@ set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/flashvar
 rm -rf $P && mkdir -p $P
-# HEAD's bench: in PACK (pack_binaries.sh flash-variants puts it there), else refresh2.tgz.
-[[ -f .gpubin/pack/refresh2.tgz ]] && tar xzf .gpubin/pack/refresh2.tgz -C $P
+# PACK holds head/ beside the variants (pack_binaries.sh flash-variants puts HEAD's bench there).
 tar xzf "${PACK:-.gpubin/pack/flash-variants.tgz}" -C $P
 SHAPES=${SHAPES:-'128,32,8,4096,128;128,64,8,4096,128;32,32,8,65536,128;32,64,8,65536,128;1,32,8,4096,128;1,32,8,16384,128;8,32,8,16384,128;128,32,8,16384,128'}
 ROUNDS=${ROUNDS:-2} BENCH_ROUNDS=${BENCH_ROUNDS:-2} TESTS=${TESTS:-} BENCH_CUT=${BENCH_CUT:-60}
