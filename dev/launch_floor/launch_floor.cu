@@ -247,9 +247,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Mode `mix`: item_copy's structure writing each item to kWrites destinations (KDA at T tokens
-// writes T checkpoints per source state read), stores with an L2 evict_first policy (KDA's
-// checkpoint stores at N >= 128); the item's j-th copy goes to dst + (j n_items + w) item_bytes.
-template <int kWrites>
+// writes T checkpoints per source state read), stores with an L2 evict_first policy and, with
+// kEvictLastReads, the reads with an evict_last one (KDA's state traffic at N >= 128); the
+// item's j-th copy goes to dst + (j n_items + w) item_bytes.
+template <int kWrites, bool kEvictLastReads>
 __global__ void __launch_bounds__(kThreads)
     item_mix(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst, int n_items,
              int item_bytes) {
@@ -264,8 +265,13 @@ __global__ void __launch_bounds__(kThreads)
     if (w >= n_items) return;
     std::uint64_t* bar = &full[k % kStages];
     mbar_arrive_expect(bar, static_cast<std::uint32_t>(item_bytes));
-    bulk_copy(ring + (k % kStages) * item_bytes, src + static_cast<std::size_t>(w) * item_bytes,
-              item_bytes, bar);
+    if constexpr (kEvictLastReads)
+      splice::cuda::detail::bulk_copy_hinted(
+          ring + (k % kStages) * item_bytes, src + static_cast<std::size_t>(w) * item_bytes,
+          item_bytes, bar, splice::cuda::detail::l2_evict_policy<true>());
+    else
+      bulk_copy(ring + (k % kStages) * item_bytes, src + static_cast<std::size_t>(w) * item_bytes,
+                item_bytes, bar);
   };
   pdl_wait();
   if (tid == 0)
@@ -410,24 +416,27 @@ void run_variants(unsigned char* src, unsigned char* dst, std::size_t pool, int 
   }
 }
 
-// Mode `mix`: item_mix at 1, 2, 4 and 8 writes an item, bf16 N = 32 / 128 / 512.
+// Mode `mix`: item_mix at 1, 2, 4 and 8 writes an item, bf16 N = 32 / 128 / 256 / 512.
 void run_mix(unsigned char* src, unsigned char* dst, std::size_t pool, std::size_t dst_pool,
              int sms) {
   constexpr double kCopy = 4.24e12;
   using ItemFn = void (*)(const unsigned char*, unsigned char*, int, int);
-  const ItemFn fns[] = {item_mix<1>, item_mix<2>, item_mix<4>, item_mix<8>};
-  const int writes[] = {1, 2, 4, 8};
+  const ItemFn fns[] = {item_mix<1, false>, item_mix<2, false>, item_mix<4, false>,
+                        item_mix<8, false>,  item_mix<1, true>,  item_mix<2, true>,
+                        item_mix<4, true>,   item_mix<8, true>};
+  const int writes[] = {1, 2, 4, 8, 1, 2, 4, 8};
   for (ItemFn f : fns)
     CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kStages * 32768));
-  const int items_of[] = {1024, 4096, 16384};
+  const int items_of[] = {1024, 4096, 8192, 16384};
   for (int items : items_of) {
     const std::size_t bytes = static_cast<std::size_t>(items) * 32768;
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < 8; ++v) {
       const std::size_t out = writes[v] * bytes;
       const int sets = static_cast<int>(std::max<std::size_t>(
           1, std::min({pool / bytes, dst_pool / out, (std::size_t{512} << 20) / bytes + 1})));
       char name[64];
-      std::snprintf(name, sizeof name, "bf16 N=%d, 1 read : %d writes", items / 32, writes[v]);
+      std::snprintf(name, sizeof name, "bf16 N=%d, 1 read%s : %d writes", items / 32,
+                    v >= 4 ? " (evict_last)" : "", writes[v]);
       row(name, static_cast<double>(bytes + out),
           time_per_launch(
               [&](cudaStream_t s, int set) {
