@@ -23,11 +23,12 @@
 // Other modes: `variants` (copy kernels' load / store kinds, grid stride or contiguous shares,
 // CTAs per SM; item_copy's write-back as plain, .cs, evict_first or one bulk store, rings of 3
 // or 4), `mix` (item_copy writing each item 1, 2, 4 or 8 times: KDA's T checkpoints a state
-// read) and `ncu` (each copy once, eagerly, for Nsight Compute: it showed the graph's
-// cudaMemcpyAsync to run on the copy engines, not as a kernel). Results: docs/perf.md runs 247-249.
+// read), `reads` (flash decode's B = 1 K/V stream as bulk copies, up to 192 KB a CTA in flight)
+// and `ncu` (each copy once, eagerly, for Nsight Compute: it showed the graph's
+// cudaMemcpyAsync to run on the copy engines, not as a kernel). Results: docs/perf.md runs 247-253.
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -Isrc \
 //        -o .gpubin/launch_floor dev/launch_floor/launch_floor.cu
-//   .gpubin/launch_floor [floor | variants | mix | ncu]      (a few seconds each)
+//   .gpubin/launch_floor [floor | variants | mix | reads | ncu]      (a few seconds each)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -298,6 +299,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Mode `reads`: flash decode's B = 1 stream without its math: CTA c reads its contiguous share
+// of `tiles` 8 KB tiles (a 16-key K + V tile at head_dim 128) through a ring of kReadStages bulk
+// copies (thread 0 issues; a tile's stage is refilled as soon as it has landed), so up to
+// kReadStages x 8 KB are in flight per CTA (flash decode's 8 warps x 3 stages: 192 KB).
+constexpr int kReadStages = 24;
+constexpr int kTileBytes = 8192;
+__global__ void __launch_bounds__(kThreads)
+    bulk_read(const unsigned char* __restrict__ src, int tiles_per_cta, unsigned* sink) {
+  extern __shared__ __align__(128) unsigned char ring[];  // [kReadStages][kTileBytes]
+  __shared__ std::uint64_t full[kReadStages];
+  pdl_trigger();
+  if (threadIdx.x == 0) mbar_init<kReadStages>(full);
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const unsigned char* base =
+      src + static_cast<std::size_t>(blockIdx.x) * tiles_per_cta * kTileBytes;
+  auto issue = [&](int t) {
+    std::uint64_t* bar = &full[t % kReadStages];
+    mbar_arrive_expect(bar, kTileBytes);
+    bulk_copy(ring + (t % kReadStages) * kTileBytes,
+              base + static_cast<std::size_t>(t) * kTileBytes, kTileBytes, bar);
+  };
+  pdl_wait();
+  for (int t = 0; t < kReadStages && t < tiles_per_cta; ++t) issue(t);
+  unsigned acc = 0;
+  for (int t = 0; t < tiles_per_cta; ++t) {
+    mbar_wait(&full[t % kReadStages], (t / kReadStages) & 1);
+    acc ^= ring[(t % kReadStages) * kTileBytes];
+    if (t + kReadStages < tiles_per_cta) issue(t + kReadStages);
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+
 // Median us per launch of `launches` calls of enqueue(stream, set) captured in one graph.
 double time_per_launch(const std::function<void(cudaStream_t, int)>& enqueue, int launches,
                        int sets) {
@@ -449,6 +483,32 @@ void run_mix(unsigned char* src, unsigned char* dst, std::size_t pool, std::size
   }
 }
 
+// Mode `reads`: bulk_read at flash decode's B = 1 (32, 8) K/V sizes on 64-264 CTAs.
+void run_reads(unsigned char* src, std::size_t pool, unsigned* sink, int sms) {
+  constexpr double kRead = 4.48e12;
+  CHECK(cudaFuncSetAttribute(bulk_read, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kReadStages * kTileBytes));
+  const int keys_of[] = {1024, 4096, 16384};
+  const int ctas[] = {64, 128, sms};
+  for (int keys : keys_of) {
+    const std::size_t bytes = static_cast<std::size_t>(keys) * 8 * 512;  // 8 kv heads, K + V
+    const int sets = static_cast<int>(std::min(pool / bytes, (std::size_t{512} << 20) / bytes + 1));
+    for (int g : ctas) {
+      const int tiles = static_cast<int>(bytes / kTileBytes / g);
+      char name[64];
+      std::snprintf(name, sizeof name, "bulk read %dK keys, %d CTAs", keys / 1024, g);
+      row(name, static_cast<double>(tiles) * kTileBytes * g,
+          time_per_launch(
+              [&](cudaStream_t s, int set) {
+                launch_pdl(bulk_read, g, kThreads, kReadStages * kTileBytes, s,
+                           static_cast<const unsigned char*>(src + set * bytes), tiles, sink);
+              },
+              std::max(2, sets), sets),
+          kRead);
+    }
+  }
+}
+
 // Mode `ncu`: each copy once, eagerly, for a profiler (bf16 N = 128's 134 MB).
 void run_once(unsigned char* src, unsigned char* dst, int sms) {
   const std::size_t bytes = std::size_t{4096} * 32768;
@@ -486,6 +546,10 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&big, dst_pool));
     CHECK(cudaMemset(big, 0, dst_pool));
     run_mix(src, big, pool, dst_pool, sms);
+    return 0;
+  }
+  if (mode == "reads") {
+    run_reads(src, pool, sink, sms);
     return 0;
   }
   if (mode == "ncu") {
