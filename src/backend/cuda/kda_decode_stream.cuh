@@ -739,9 +739,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
 // there unless kTuneNoOverlap): the ring, items and arithmetic of kda_decode_stream_kernel on 12
 // warps in two roles, so that an item's precompute and the previous item's RMSNorms run beside a
 // sweep instead of before it (perf.md runs 123-128).
-//   Sweep warps 0-7 (the state in registers, Layout<256, 1>), per item k: wait until item k is
-//     precomputed (mbarrier S.precomputed[k & 1]) -> state and old history from stage
-//     k % kStages into registers -> barrier X over the sweep warps (the stage is no longer read)
+//   Sweep warps 0-7 (the state in registers, Layout<256, 1>), per item k: state and old
+//     history from stage k % kStages into registers once it has landed, and the wait until
+//     item k is precomputed (mbarrier S.precomputed[k & 1]; the precompute warps also read the
+//     stage; T = 1 waits first, T > 1 loads first) -> barrier X over the sweep warps (the stage
+//     is no longer read)
 //     -> thread 0 announces item k + kStages on the stage's mbarrier, the refill's bulk copies
 //     over the 8 warps -> write-back and the sweep of item k's tokens (o into its token slots,
 //     checkpoints) -> arrive at S.swept[k & 1].
@@ -902,9 +904,15 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
           if (tl != nullptr) tl[kTlRingIssued] = global_ns();
 #endif
         }
-        handoff_wait(&S.precomputed[k & 1], k);
-        SPLICE_KDA_STAMP(k, 1);
+        // T > 1: the state into registers as soon as the stage has landed, while the precompute
+        // warps may still work on item k (item 0 of a launch always), then the wait for them
+        // (perf.md runs 254-255: bf16 T = 2 / 4 -0.3 to -0.9%). T = 1 waits for the precompute
+        // first: there the precompute paces the loop, and the state's shared-memory reads beside
+        // it cost fp32 5-6% and bf16 N = 512 1.3%.
+        const auto wait_precomputed = [&] { handoff_wait(&S.precomputed[k & 1], k); };
+        if constexpr (kOne) wait_precomputed();
         mbar_wait_warp(&S.full[s], static_cast<std::uint32_t>(k / kStages) & 1u);
+        SPLICE_KDA_STAMP(k, 1);
         const Item it = st.in.item;
         float sv[L::kRowsPerThread][L::kCols];
         if (it.live) load_stage_state(st, geo, sv);
@@ -915,10 +923,11 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
             return ConvWriteback<kStreamThreads, 1>(p, it, 0, GlobalInputs(p, it), it.live);
         }();
         const int next = k + kStages;  // the item that reuses stage s
-        SPLICE_KDA_STAMP(k, 2);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
         if (tl != nullptr && k < kTimelineItems) tl[kTlReady + k] = global_ns();
 #endif
+        if constexpr (!kOne) wait_precomputed();
+        SPLICE_KDA_STAMP(k, 2);
         // X: stage s is no longer read, and every sweep thread is past its wait for item k on
         // S.full[s]. Only then is item k + kStages announced there: a null item's announcement
         // completes its phase at once, and a warp still to test item k's parity would then see
