@@ -78,6 +78,34 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The items kernels' ring: this CTA's k-th item w = blockIdx.x + k gridDim.x (of n_items, each
+// item_bytes, a multiple of 16 * kThreads) in stage k % kRing, copied by one bulk copy that
+// completes on full[k % kRing] (issued by thread 0).
+template <int kRing>
+struct ItemRing {
+  unsigned char* ring;  // [kRing][item_bytes], shared memory
+  std::uint64_t* full;  // [kRing] mbarriers, initialized
+  const unsigned char* src;
+  int n_items, item_bytes;
+  __device__ int item(int k) const { return blockIdx.x + k * gridDim.x; }
+  __device__ unsigned char* stage(int k) const { return ring + (k % kRing) * item_bytes; }
+  __device__ void wait(int k) const { mbar_wait(&full[k % kRing], (k / kRing) & 1); }
+  // Item k's copy, its reads under an L2 evict_last policy when kEvictLast.
+  template <bool kEvictLast = false>
+  __device__ void issue(int k) const {
+    const int w = item(k);
+    if (w >= n_items) return;
+    std::uint64_t* bar = &full[k % kRing];
+    mbar_arrive_expect(bar, static_cast<std::uint32_t>(item_bytes));
+    const unsigned char* from = src + static_cast<std::size_t>(w) * item_bytes;
+    if constexpr (kEvictLast)
+      splice::cuda::detail::bulk_copy_hinted(stage(k), from, item_bytes, bar,
+                                             splice::cuda::detail::l2_evict_policy<true>());
+    else
+      bulk_copy(stage(k), from, item_bytes, bar);
+  }
+};
+
 // items: item w of `item_bytes` (a multiple of 16 * kThreads) from src to dst through the ring.
 __global__ void __launch_bounds__(kThreads)
     item_copy(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst, int n_items,
@@ -88,30 +116,20 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x;
   if (tid == 0) mbar_init<kStages>(full);
   __syncthreads();
-  // Thread 0: the k-th item of this CTA into stage k % kStages.
-  auto issue = [&](int k) {
-    const int w = blockIdx.x + k * gridDim.x;
-    if (w >= n_items) return;
-    std::uint64_t* bar = &full[k % kStages];
-    mbar_arrive_expect(bar, static_cast<std::uint32_t>(item_bytes));
-    bulk_copy(ring + (k % kStages) * item_bytes, src + static_cast<std::size_t>(w) * item_bytes,
-              item_bytes, bar);
-  };
+  const ItemRing<kStages> r{ring, full, src, n_items, item_bytes};
   if (!early) pdl_wait();
   if (tid == 0)
-    for (int k = 0; k < kStages; ++k) issue(k);
+    for (int k = 0; k < kStages; ++k) r.issue(k);
   if (early) pdl_wait();
   const int vecs = item_bytes / 16;
-  for (int k = 0;; ++k) {
-    const int w = blockIdx.x + k * gridDim.x;
-    if (w >= n_items) break;
-    mbar_wait(&full[k % kStages], (k / kStages) & 1);
-    const uint4* stage = reinterpret_cast<const uint4*>(ring + (k % kStages) * item_bytes);
-    uint4* out = reinterpret_cast<uint4*>(dst + static_cast<std::size_t>(w) * item_bytes);
+  for (int k = 0; r.item(k) < n_items; ++k) {
+    r.wait(k);
+    const uint4* stage = reinterpret_cast<const uint4*>(r.stage(k));
+    uint4* out = reinterpret_cast<uint4*>(dst + static_cast<std::size_t>(r.item(k)) * item_bytes);
 #pragma unroll 8
     for (int i = tid; i < vecs; i += kThreads) out[i] = stage[i];
     __syncthreads();  // the stage is read: refill it
-    if (tid == 0) issue(k + kStages);
+    if (tid == 0) r.issue(k + kStages);
   }
 }
 
@@ -195,37 +213,28 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x;
   if (tid == 0) mbar_init<kRing>(full);
   __syncthreads();
-  auto issue = [&](int k) {
-    const int w = blockIdx.x + k * gridDim.x;
-    if (w >= n_items) return;
-    std::uint64_t* bar = &full[k % kRing];
-    mbar_arrive_expect(bar, static_cast<std::uint32_t>(item_bytes));
-    bulk_copy(ring + (k % kRing) * item_bytes, src + static_cast<std::size_t>(w) * item_bytes,
-              item_bytes, bar);
-  };
+  const ItemRing<kRing> r{ring, full, src, n_items, item_bytes};
   pdl_wait();
   if (tid == 0)
-    for (int k = 0; k < kRing; ++k) issue(k);
+    for (int k = 0; k < kRing; ++k) r.issue(k);
   const int vecs = item_bytes / 16;
   const std::uint64_t policy = splice::cuda::detail::l2_evict_policy<false>();
-  for (int k = 0;; ++k) {
-    const int w = blockIdx.x + k * gridDim.x;
-    if (w >= n_items) break;
-    unsigned char* stage = ring + (k % kRing) * item_bytes;
-    unsigned char* out = dst + static_cast<std::size_t>(w) * item_bytes;
+  for (int k = 0; r.item(k) < n_items; ++k) {
+    unsigned char* stage = r.stage(k);
+    unsigned char* out = dst + static_cast<std::size_t>(r.item(k)) * item_bytes;
     if constexpr (kStore == 3) {
       if (tid == 0) {
-        mbar_wait(&full[k % kRing], (k / kRing) & 1);
+        r.wait(k);
         asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(out),
                      "r"(splice::cuda::detail::smem_addr(stage)), "r"(item_bytes)
                      : "memory");
         asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-        issue(k + kRing);
+        r.issue(k + kRing);
       }
       continue;
     }
-    mbar_wait(&full[k % kRing], (k / kRing) & 1);
+    r.wait(k);
     const uint4* in = reinterpret_cast<const uint4*>(stage);
     uint4* o = reinterpret_cast<uint4*>(out);
 #pragma unroll 8
@@ -240,7 +249,7 @@ __global__ void __launch_bounds__(kThreads)
                      : "memory");
     }
     __syncthreads();
-    if (tid == 0) issue(k + kRing);
+    if (tid == 0) r.issue(k + kRing);
   }
   if constexpr (kStore == 3) {
     if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -261,33 +270,19 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x;
   if (tid == 0) mbar_init<kStages>(full);
   __syncthreads();
-  auto issue = [&](int k) {
-    const int w = blockIdx.x + k * gridDim.x;
-    if (w >= n_items) return;
-    std::uint64_t* bar = &full[k % kStages];
-    mbar_arrive_expect(bar, static_cast<std::uint32_t>(item_bytes));
-    if constexpr (kEvictLastReads)
-      splice::cuda::detail::bulk_copy_hinted(
-          ring + (k % kStages) * item_bytes, src + static_cast<std::size_t>(w) * item_bytes,
-          item_bytes, bar, splice::cuda::detail::l2_evict_policy<true>());
-    else
-      bulk_copy(ring + (k % kStages) * item_bytes, src + static_cast<std::size_t>(w) * item_bytes,
-                item_bytes, bar);
-  };
+  const ItemRing<kStages> r{ring, full, src, n_items, item_bytes};
   pdl_wait();
   if (tid == 0)
-    for (int k = 0; k < kStages; ++k) issue(k);
+    for (int k = 0; k < kStages; ++k) r.template issue<kEvictLastReads>(k);
   const int vecs = item_bytes / 16;
   const std::uint64_t policy = splice::cuda::detail::l2_evict_policy<false>();
-  for (int k = 0;; ++k) {
-    const int w = blockIdx.x + k * gridDim.x;
-    if (w >= n_items) break;
-    mbar_wait(&full[k % kStages], (k / kStages) & 1);
-    const uint4* in = reinterpret_cast<const uint4*>(ring + (k % kStages) * item_bytes);
+  for (int k = 0; r.item(k) < n_items; ++k) {
+    r.wait(k);
+    const uint4* in = reinterpret_cast<const uint4*>(r.stage(k));
 #pragma unroll
     for (int j = 0; j < kWrites; ++j) {
-      uint4* o =
-          reinterpret_cast<uint4*>(dst + (static_cast<std::size_t>(j) * n_items + w) * item_bytes);
+      uint4* o = reinterpret_cast<uint4*>(
+          dst + (static_cast<std::size_t>(j) * n_items + r.item(k)) * item_bytes);
 #pragma unroll 8
       for (int i = tid; i < vecs; i += kThreads)
         asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(o + i),
@@ -295,7 +290,7 @@ __global__ void __launch_bounds__(kThreads)
                      : "memory");
     }
     __syncthreads();
-    if (tid == 0) issue(k + kStages);
+    if (tid == 0) r.template issue<kEvictLastReads>(k + kStages);
   }
 }
 
@@ -456,8 +451,8 @@ void run_mix(unsigned char* src, unsigned char* dst, std::size_t pool, std::size
   constexpr double kCopy = 4.24e12;
   using ItemFn = void (*)(const unsigned char*, unsigned char*, int, int);
   const ItemFn fns[] = {item_mix<1, false>, item_mix<2, false>, item_mix<4, false>,
-                        item_mix<8, false>,  item_mix<1, true>,  item_mix<2, true>,
-                        item_mix<4, true>,   item_mix<8, true>};
+                        item_mix<8, false>, item_mix<1, true>,  item_mix<2, true>,
+                        item_mix<4, true>,  item_mix<8, true>};
   const int writes[] = {1, 2, 4, 8, 1, 2, 4, 8};
   for (ItemFn f : fns)
     CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kStages * 32768));
