@@ -32,15 +32,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "../experiment_util.cuh"    // CHECK, pdl_wait / pdl_trigger, launch_pdl
-#include "backend/cuda/cluster.cuh"  // mbarrier and bulk-copy primitives
+#include "../../bench/cuda/bench_util.cuh"  // time_replays: the benches' graph timer
+#include "../experiment_util.cuh"           // CHECK, pdl_wait / pdl_trigger, launch_pdl
+#include "backend/cuda/cluster.cuh"         // mbarrier and bulk-copy primitives
 
 namespace {
 
@@ -327,7 +327,8 @@ __global__ void __launch_bounds__(kThreads)
   if (acc == 0x12345678u) *sink = acc;
 }
 
-// Median us per launch of `launches` calls of enqueue(stream, set) captured in one graph.
+// Median us per launch of `launches` calls of enqueue(stream, set) captured in one graph, timed
+// by the benches' own replay timer (3 warm-up replays, then >= 50 ms of them, 20 timed).
 double time_per_launch(const std::function<void(cudaStream_t, int)>& enqueue, int launches,
                        int sets) {
   cudaStream_t stream;
@@ -338,31 +339,11 @@ double time_per_launch(const std::function<void(cudaStream_t, int)>& enqueue, in
   CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const auto t0 = std::chrono::steady_clock::now();
-  do {  // warm for 50 ms
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaStreamSynchronize(stream));
-  } while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(50));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int r = 0; r < 20; ++r) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
+  const double us = splice::bench::time_replays(exec, stream, 3, 20, launches, 50.0).median_us;
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaStreamDestroy(stream));
-  return 1e3 * ms[ms.size() / 2] / launches;
+  return us;
 }
 
 void row(const std::string& name, double bytes, double us, double ceiling) {
