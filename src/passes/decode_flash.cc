@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <sstream>
+#include <utility>
 
+#include "passes/offer.h"
 #include "splice/core/error.h"
 
 namespace splice {
@@ -110,17 +112,11 @@ std::string decode_flash_gate(const Graph& g, const DecodeFlashSpec& s,
 OfferResult offer_decode_flash_arm(Graph& g, const DecodeFlashSpec& s, const AttentionContract& c,
                                    DecisionLog* log) {
   validate_spec(g, s);
-  OfferResult result;
   Decision decision;
   decision.kind = "flash_decode";
   decision.site = s.site;
   const std::string reason = decode_flash_gate(g, s, c);
-  if (!reason.empty()) {
-    result.reason = reason;
-    decision.reason = reason;
-    if (log) log->add(decision);
-    return result;
-  }
+  if (!reason.empty()) return decline_offer(std::move(decision), reason, log);
   FlashDecodeAttrs attrs;
   attrs.softmax_scale = s.softmax_scale;
   attrs.causal = s.causal;
@@ -136,18 +132,11 @@ OfferResult offer_decode_flash_arm(Graph& g, const DecodeFlashSpec& s, const Att
   if (s.alibi) recipe.roles["alibi"] = *s.alibi;
   recipe.selector = s.k_len;
   recipe.contract_revision = c.revision;
-  BranchBuilder builder(g, s.q);
-  builder.add_arm(s.decomposed_out, "decomposed").add_arm(fused, c.kernel + "/" + c.backend);
-  result.branch = builder.finalize(s.reconverge, recipe);
-  result.offered = true;
-  result.reason = "offered: " + c.kernel + "/" + c.backend + " rev " + c.revision +
-                  " supports every feature the spec uses";
-  decision.offered = true;
-  decision.reason = result.reason;
-  decision.branch = result.branch;
-  decision.arm_labels = g.node(result.branch).attrs.branch->arm_labels;
-  if (log) log->add(decision);
-  return result;
+  return splice_offer(g, s.q, s.decomposed_out, fused, s.reconverge, recipe,
+                      c.kernel + "/" + c.backend,
+                      "offered: " + c.kernel + "/" + c.backend + " rev " + c.revision +
+                          " supports every feature the spec uses",
+                      std::move(decision), log);
 }
 
 }  // namespace splice

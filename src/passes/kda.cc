@@ -2,7 +2,9 @@
 #include "splice/passes/kda.h"
 
 #include <algorithm>
+#include <utility>
 
+#include "passes/offer.h"
 #include "splice/core/error.h"
 
 namespace splice {
@@ -52,7 +54,6 @@ void validate(const Graph& g, const KdaDecodeSpec& s) {
 OfferResult offer_kda_arm(Graph& g, const KdaDecodeSpec& s, const KdaContract& c,
                           DecisionLog* log) {
   validate(g, s);
-  OfferResult result;
   Decision decision;
   decision.kind = "kda_decode";
   decision.site = s.site;
@@ -65,11 +66,7 @@ OfferResult offer_kda_arm(Graph& g, const KdaDecodeSpec& s, const KdaContract& c
       std::find(c.head_dims.begin(), c.head_dims.end(), d.constant()) == c.head_dims.end())
     reason += std::string(reason.empty() ? "" : "; ") + c.kernel + "/" + c.backend +
               " does not take head_dim " + d.str();
-  if (!reason.empty()) {
-    result.reason = decision.reason = reason;
-    if (log) log->add(decision);
-    return result;
-  }
+  if (!reason.empty()) return decline_offer(std::move(decision), reason, log);
   // The op's conv_state layout [slots, 3C, T+2] with strides [slot, 1, 3C] is a view of the
   // position-major state buffer [slots, T+2, 3C].
   const NodeId conv_view =
@@ -93,17 +90,9 @@ OfferResult offer_kda_arm(Graph& g, const KdaDecodeSpec& s, const KdaContract& c
                   {"conv_state", s.conv_state},
                   {"state", s.state}};
   recipe.contract_revision = c.revision;
-  BranchBuilder builder(g, s.x);
-  builder.add_arm(s.decomposed_out, "decomposed").add_arm(fused, c.kernel + "/" + c.backend);
-  result.branch = builder.finalize(s.reconverge, recipe);
-  result.offered = true;
-  result.reason = "offered: " + c.kernel + "/" + c.backend + " rev " + c.revision;
-  decision.offered = true;
-  decision.reason = result.reason;
-  decision.branch = result.branch;
-  decision.arm_labels = g.node(result.branch).attrs.branch->arm_labels;
-  if (log) log->add(decision);
-  return result;
+  return splice_offer(
+      g, s.x, s.decomposed_out, fused, s.reconverge, recipe, c.kernel + "/" + c.backend,
+      "offered: " + c.kernel + "/" + c.backend + " rev " + c.revision, std::move(decision), log);
 }
 
 }  // namespace splice

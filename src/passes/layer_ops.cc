@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "ir/infer.h"
+#include "passes/offer.h"
 #include "splice/core/error.h"
 
 namespace splice {
@@ -173,16 +175,11 @@ OfferResult offer_layer_op_arm(Graph& g, const LayerOpSpec& s, const LayerOpCont
                                DecisionLog* log) {
   validate(g, s);
   const std::string kind = layer_op_name(s.kind);
-  OfferResult result;
   Decision decision;
   decision.kind = kind;
   decision.site = s.site;
   const std::string reason = layer_op_gate(g, s, c);
-  if (!reason.empty()) {
-    result.reason = decision.reason = reason;
-    if (log) log->add(decision);
-    return result;
-  }
+  if (!reason.empty()) return decline_offer(std::move(decision), reason, log);
   const auto& in = s.inputs;
   NodeId fused;
   switch (s.kind) {
@@ -222,18 +219,10 @@ OfferResult offer_layer_op_arm(Graph& g, const LayerOpSpec& s, const LayerOpCont
   const std::vector<std::string> roles = role_names(s.kind);
   for (std::size_t i = 0; i < roles.size(); ++i) recipe.roles[roles[i]] = s.inputs[i];
   recipe.contract_revision = c.revision;
-  BranchBuilder builder(g, s.inputs[0]);
-  builder.add_arm(s.decomposed_out, "decomposed").add_arm(fused, c.kernel + "/" + c.backend);
-  result.branch = builder.finalize(s.reconverge, recipe);
-  result.offered = true;
-  result.reason =
-      "offered: " + c.kernel + "/" + c.backend + " rev " + c.revision + " implements " + kind;
-  decision.offered = true;
-  decision.reason = result.reason;
-  decision.branch = result.branch;
-  decision.arm_labels = g.node(result.branch).attrs.branch->arm_labels;
-  if (log) log->add(decision);
-  return result;
+  return splice_offer(
+      g, s.inputs[0], s.decomposed_out, fused, s.reconverge, recipe, c.kernel + "/" + c.backend,
+      "offered: " + c.kernel + "/" + c.backend + " rev " + c.revision + " implements " + kind,
+      std::move(decision), log);
 }
 
 }  // namespace splice
