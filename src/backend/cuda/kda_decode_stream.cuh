@@ -856,7 +856,8 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
   // inputs' copies; the prefetch fills that gap and the items' later copies read L2. perf.md run
   // 186: fp32 under the promise -0.8% at N = 128 T = 1 (-0.2 to -1.2% at N = 32 .. 512, T <= 2);
   // without the promise (item 0's copies then compete with it) +0.1 to +4.7%, and at bf16 +0.6
-  // to +3.9% either way, so only here.
+  // to +3.9% either way, so only here (bf16 T = 1 prefetches one item later: after item 0's
+  // precompute, below).
   if constexpr (std::is_same_v<StateT, float>) {
     constexpr int kRampPrefetchItems = (128 << 10) / (kD * kD * sizeof(StateT));
     if (p.stable_state != 0 && warp == kStreamWarps)
@@ -1013,6 +1014,12 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
     if (tl_norm != nullptr) tl_norm[kTlPrecomputed0] = global_ns();
 #endif
     handoff_arrive(&S.precomputed[0]);
+    // bf16 T = 1: the unstaggered ring has landed with item 0, and until item 0's sweep issues
+    // the refill of its stage the memory system carries only checkpoints (perf.md run 256: ~1.2
+    // us); that refill's state (the item after the ring) is prefetched into L2 meanwhile. Runs
+    // 261-263: -1% at N = 32, -0.4 to -0.9% at N = 64, level to -0.5% at N = 128 / 512; two items
+    // were no better.
+    if (!std::is_same_v<StateT, float> && kOne && kind == 0) items.prefetch_states_l2(prefill, 1);
     if (has(1)) load_taps(1);
     // Dynamic items: the resolving warp's claim turn at its item k, after the hand-off of item
     // k + 1 (StreamItems::Claims).
