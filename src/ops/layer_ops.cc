@@ -13,6 +13,7 @@
 //     residual epilogue, MatmulOptions; the two prologue products: cuda layer_ops.h).
 #include "splice/ops/layer_ops.h"
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,23 @@ const std::vector<LayerOpKind> kAllLayerOps = {LayerOpKind::rms_norm,
                                                LayerOpKind::rms_norm_matmul_rope_kv_append,
                                                LayerOpKind::rms_norm_matmul_swiglu};
 
-void check_device(const Tensor& t, const char* name, const Device& device, const char* op) {
-  check_defined(t, name);
-  if (!(t.device() == device))
-    fail<DeviceError>(op, ": `", name, "` must be on ", device.str(), ", got ", t.device().str());
+// The device op runs on: its first argument's. Every argument must be defined and on it; they
+// are checked in the order given, so the first bad one is the one an error names.
+struct NamedTensor {
+  const char* name;
+  const Tensor& tensor;
+};
+Device common_device(const char* op, std::initializer_list<NamedTensor> args) {
+  const NamedTensor& first = *args.begin();
+  check_defined(first.tensor, first.name);
+  const Device device = first.tensor.device();
+  for (const NamedTensor& a : args) {
+    check_defined(a.tensor, a.name);
+    if (!(a.tensor.device() == device))
+      fail<DeviceError>(op, ": `", a.name, "` must be on ", device.str(), ", got ",
+                        a.tensor.device().str());
+  }
+  return device;
 }
 
 const LayerOpContract& contract_for(const Device& device, const char* op) {
@@ -77,10 +91,7 @@ std::int64_t last_dim(const Tensor& t) { return t.dim() > 0 ? t.size(-1) : 1; }
 
 void fused_rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   const char* op = "rms_norm";
-  check_defined(x, "x");
-  const Device device = x.device();
-  check_device(weight, "weight", device, op);
-  check_device(out, "out", device, op);
+  const Device device = common_device(op, {{"x", x}, {"weight", weight}, {"out", out}});
   check_contract(contract_for(device, op), LayerOpKind::rms_norm, x.dtype(), last_dim(x));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) return cuda::rms_norm(x, weight, eps, out);
@@ -90,10 +101,7 @@ void fused_rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& ou
 
 void fused_silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
   const char* op = "silu_mul";
-  check_defined(a, "a");
-  const Device device = a.device();
-  check_device(b, "b", device, op);
-  check_device(out, "out", device, op);
+  const Device device = common_device(op, {{"a", a}, {"b", b}, {"out", out}});
   check_contract(contract_for(device, op), LayerOpKind::silu_mul, a.dtype(), last_dim(a));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) return cuda::silu_mul(a, b, out);
@@ -104,12 +112,8 @@ void fused_silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
 void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& position,
                 Tensor& out) {
   const char* op = "rope";
-  check_defined(x, "x");
-  const Device device = x.device();
-  check_device(cos, "cos", device, op);
-  check_device(sin, "sin", device, op);
-  check_device(position, "position", device, op);
-  check_device(out, "out", device, op);
+  const Device device = common_device(
+      op, {{"x", x}, {"cos", cos}, {"sin", sin}, {"position", position}, {"out", out}});
   check_contract(contract_for(device, op), LayerOpKind::rope, x.dtype(), last_dim(x));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) return cuda::rope(x, cos, sin, position, out);
@@ -121,14 +125,13 @@ void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& si
                           const Tensor& position, Tensor& k_cache, Tensor& v_cache, Tensor& out,
                           bool position_stable, bool trigger_dependents_first) {
   const char* op = "rope_kv_append";
-  check_defined(qkv, "qkv");
-  const Device device = qkv.device();
-  check_device(cos, "cos", device, op);
-  check_device(sin, "sin", device, op);
-  check_device(position, "position", device, op);
-  check_device(k_cache, "k_cache", device, op);
-  check_device(v_cache, "v_cache", device, op);
-  check_device(out, "out", device, op);
+  const Device device = common_device(op, {{"qkv", qkv},
+                                           {"cos", cos},
+                                           {"sin", sin},
+                                           {"position", position},
+                                           {"k_cache", k_cache},
+                                           {"v_cache", v_cache},
+                                           {"out", out}});
   check_contract(contract_for(device, op), LayerOpKind::rope_kv_append, qkv.dtype(), last_dim(out));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda())
@@ -146,16 +149,15 @@ void fused_rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_we
                                           Tensor& out, bool w_constant, bool position_stable,
                                           bool trigger_dependents_first) {
   const char* op = "rms_norm_matmul_rope_kv_append";
-  check_defined(x, "x");
-  const Device device = x.device();
-  check_device(norm_weight, "norm_weight", device, op);
-  check_device(w, "w", device, op);
-  check_device(cos, "cos", device, op);
-  check_device(sin, "sin", device, op);
-  check_device(position, "position", device, op);
-  check_device(k_cache, "k_cache", device, op);
-  check_device(v_cache, "v_cache", device, op);
-  check_device(out, "out", device, op);
+  const Device device = common_device(op, {{"x", x},
+                                           {"norm_weight", norm_weight},
+                                           {"w", w},
+                                           {"cos", cos},
+                                           {"sin", sin},
+                                           {"position", position},
+                                           {"k_cache", k_cache},
+                                           {"v_cache", v_cache},
+                                           {"out", out}});
   const LayerOpContract& row = contract_for(device, op);
   check_contract(row, LayerOpKind::rms_norm_matmul_rope_kv_append, x.dtype(), last_dim(x));
   // The row's qkv_rope limits, on the shapes as given (the backend checks them in full).
@@ -182,11 +184,7 @@ void fused_rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_we
 void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out,
                       bool b_constant) {
   const char* op = "matmul_add";
-  check_defined(a, "a");
-  const Device device = a.device();
-  check_device(b, "b", device, op);
-  check_device(c, "c", device, op);
-  check_device(out, "out", device, op);
+  const Device device = common_device(op, {{"a", a}, {"b", b}, {"c", c}, {"out", out}});
   check_contract(contract_for(device, op), LayerOpKind::matmul_add, a.dtype(), last_dim(a));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) {
@@ -204,11 +202,7 @@ void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor&
 void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
                            Tensor& out, bool w_constant) {
   const char* op = "rms_norm_matmul";
-  check_defined(x, "x");
-  const Device device = x.device();
-  check_device(weight, "weight", device, op);
-  check_device(w, "w", device, op);
-  check_device(out, "out", device, op);
+  const Device device = common_device(op, {{"x", x}, {"weight", weight}, {"w", w}, {"out", out}});
   check_contract(contract_for(device, op), LayerOpKind::rms_norm_matmul, x.dtype(), last_dim(x));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) return cuda::rms_norm_matmul(x, weight, eps, w, out, w_constant);
@@ -220,11 +214,8 @@ void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, con
 void fused_rms_norm_matmul_swiglu(const Tensor& x, const Tensor& norm_weight, float eps,
                                   const Tensor& w, Tensor& out, bool w_constant) {
   const char* op = "rms_norm_matmul_swiglu";
-  check_defined(x, "x");
-  const Device device = x.device();
-  check_device(norm_weight, "norm_weight", device, op);
-  check_device(w, "w", device, op);
-  check_device(out, "out", device, op);
+  const Device device =
+      common_device(op, {{"x", x}, {"norm_weight", norm_weight}, {"w", w}, {"out", out}});
   check_contract(contract_for(device, op), LayerOpKind::rms_norm_matmul_swiglu, x.dtype(),
                  last_dim(x));
 #if defined(SPLICE_WITH_CUDA)
@@ -238,12 +229,7 @@ void fused_rms_norm_matmul_swiglu(const Tensor& x, const Tensor& norm_weight, fl
 void fused_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
                                Tensor& out, bool w_constant) {
   const char* op = "silu_mul_matmul_add";
-  check_defined(a, "a");
-  const Device device = a.device();
-  check_device(b, "b", device, op);
-  check_device(w, "w", device, op);
-  check_device(c, "c", device, op);
-  check_device(out, "out", device, op);
+  const Device device = common_device(op, {{"a", a}, {"b", b}, {"w", w}, {"c", c}, {"out", out}});
   check_contract(contract_for(device, op), LayerOpKind::silu_mul_matmul_add, a.dtype(),
                  last_dim(a));
 #if defined(SPLICE_WITH_CUDA)
