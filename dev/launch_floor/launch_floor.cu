@@ -81,6 +81,13 @@ __global__ void __launch_bounds__(kThreads)
 // The items kernels' ring: this CTA's k-th item w = blockIdx.x + k gridDim.x (of n_items, each
 // item_bytes, a multiple of 16 * kThreads) in stage k % kRing, copied by one bulk copy that
 // completes on full[k % kRing] (issued by thread 0).
+// A 16-byte global store under an L2 cache policy (createpolicy), as KDA's checkpoint stores.
+__device__ __forceinline__ void store_hinted(uint4* dst, uint4 v, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy)
+               : "memory");
+}
+
 template <int kRing>
 struct ItemRing {
   unsigned char* ring;  // [kRing][item_bytes], shared memory
@@ -90,6 +97,17 @@ struct ItemRing {
   __device__ int item(int k) const { return blockIdx.x + k * gridDim.x; }
   __device__ unsigned char* stage(int k) const { return ring + (k % kRing) * item_bytes; }
   __device__ void wait(int k) const { mbar_wait(&full[k % kRing], (k / kRing) & 1); }
+  // Every thread: the barriers initialized, then the first kRing items issued (thread 0) after
+  // the PDL wait, or before it with `early` (the stable-state promise's order).
+  template <bool kEvictLast = false>
+  __device__ void start(bool early = false) const {
+    if (threadIdx.x == 0) mbar_init<kRing>(full);
+    __syncthreads();
+    if (!early) pdl_wait();
+    if (threadIdx.x == 0)
+      for (int k = 0; k < kRing; ++k) issue<kEvictLast>(k);
+    if (early) pdl_wait();
+  }
   // Item k's copy, its reads under an L2 evict_last policy when kEvictLast.
   template <bool kEvictLast = false>
   __device__ void issue(int k) const {
@@ -114,13 +132,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ std::uint64_t full[kStages];
   pdl_trigger();
   const int tid = threadIdx.x;
-  if (tid == 0) mbar_init<kStages>(full);
-  __syncthreads();
   const ItemRing<kStages> r{ring, full, src, n_items, item_bytes};
-  if (!early) pdl_wait();
-  if (tid == 0)
-    for (int k = 0; k < kStages; ++k) r.issue(k);
-  if (early) pdl_wait();
+  r.start(early != 0);
   const int vecs = item_bytes / 16;
   for (int k = 0; r.item(k) < n_items; ++k) {
     r.wait(k);
@@ -211,12 +224,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ std::uint64_t full[kRing];
   pdl_trigger();
   const int tid = threadIdx.x;
-  if (tid == 0) mbar_init<kRing>(full);
-  __syncthreads();
   const ItemRing<kRing> r{ring, full, src, n_items, item_bytes};
-  pdl_wait();
-  if (tid == 0)
-    for (int k = 0; k < kRing; ++k) r.issue(k);
+  r.start();
   const int vecs = item_bytes / 16;
   const std::uint64_t policy = splice::cuda::detail::l2_evict_policy<false>();
   for (int k = 0; r.item(k) < n_items; ++k) {
@@ -244,9 +253,7 @@ __global__ void __launch_bounds__(kThreads)
       else if constexpr (kStore == 1)
         __stcs(o + i, in[i]);
       else
-        asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(o + i),
-                     "r"(in[i].x), "r"(in[i].y), "r"(in[i].z), "r"(in[i].w), "l"(policy)
-                     : "memory");
+        store_hinted(o + i, in[i], policy);
     }
     __syncthreads();
     if (tid == 0) r.issue(k + kRing);
@@ -268,12 +275,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ std::uint64_t full[kStages];
   pdl_trigger();
   const int tid = threadIdx.x;
-  if (tid == 0) mbar_init<kStages>(full);
-  __syncthreads();
   const ItemRing<kStages> r{ring, full, src, n_items, item_bytes};
-  pdl_wait();
-  if (tid == 0)
-    for (int k = 0; k < kStages; ++k) r.template issue<kEvictLastReads>(k);
+  r.template start<kEvictLastReads>();
   const int vecs = item_bytes / 16;
   const std::uint64_t policy = splice::cuda::detail::l2_evict_policy<false>();
   for (int k = 0; r.item(k) < n_items; ++k) {
@@ -284,10 +287,7 @@ __global__ void __launch_bounds__(kThreads)
       uint4* o = reinterpret_cast<uint4*>(
           dst + (static_cast<std::size_t>(j) * n_items + r.item(k)) * item_bytes);
 #pragma unroll 8
-      for (int i = tid; i < vecs; i += kThreads)
-        asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(o + i),
-                     "r"(in[i].x), "r"(in[i].y), "r"(in[i].z), "r"(in[i].w), "l"(policy)
-                     : "memory");
+      for (int i = tid; i < vecs; i += kThreads) store_hinted(o + i, in[i], policy);
     }
     __syncthreads();
     if (tid == 0) r.template issue<kEvictLastReads>(k + kStages);
