@@ -68,7 +68,10 @@
 //   With the stable-state promise (Params::stable_state, a decode step's launches) 1 and this
 //   CTA's state rows of 2 are issued before the PDL wait, beside the predecessor's tail: after
 //   the wait only the inputs' round trip is left (N = 1 T = 1: f32 4.88 -> 3.84 us, perf.md
-//   run 93).
+//   run 93). Without it, the last warp prefetches this CTA's state rows into L2 before the wait,
+//   from metadata read there (prefetch_source_state_before_wait), so 2's state loads read L2
+//   (perf.md run 265: f32 N = 1 T = 1 / 2 / 4 -6 / -10 / -7%, bf16 T = 1 level, T = 2 / 4 -2.6 /
+//   -1.7%); the stream kernels prefetch their ring's source states the same way.
 //   then compute only: precompute -> barrier -> sweep + checkpoint stores -> barrier -> the
 //   RMSNorm partials' exchange (st.async into every slice's shared memory, an mbarrier wait; no
 //   cluster barrier, whose release fence would wait for the checkpoint stores' acks) -> output
@@ -570,6 +573,35 @@ __device__ __forceinline__ Item resolve_item(const Params& p, int u, int h) {
   }
   it.live = it.len > 0 && it.cs > 0 && it.ss > 0 && it.cs < p.num_slots && it.ss < p.num_slots;
   return it;
+}
+
+// Rows [row0, row0 + rows) of item (u, h)'s source state, found from metadata read BEFORE the PDL
+// wait, to prefetch into L2 there (no stable-state promise: a predecessor may still write the
+// metadata, so these reads are not resolve_item's). The loads are L2-only (__ldcg: no L1 line is
+// left for a load after the wait to hit), independent of each other (one round trip), and their
+// values only choose an L2 prefetch, bounded to the state tensor; a prefetch changes nothing any
+// load reads (L2 is the point of coherence), so a stale value costs bandwidth, never a result.
+template <typename StateT>
+__device__ __forceinline__ void prefetch_source_state_before_wait(const Params& p, int u, int h,
+                                                                  int row0, int rows) {
+  int ss;
+  if (p.row_slots != nullptr) {
+    ss = __ldcg(p.row_slots + u);
+  } else {
+    const int T = p.max_t;
+    const std::int32_t* slots = p.state_indices + static_cast<std::int64_t>(u) * T;
+    int row[kSpeculativeSlots];
+#pragma unroll
+    for (int t = 0; t < kSpeculativeSlots; ++t) row[t] = t < T ? __ldcg(slots + t) : 0;
+    const int a = T > 1 ? min(max(__ldcg(p.nat + u) - 1, 0), T - 1) : 0;
+    ss = a < kSpeculativeSlots ? row[0] : __ldcg(slots + a);
+#pragma unroll
+    for (int t = 1; t < kSpeculativeSlots; ++t) ss = t == a ? row[t] : ss;
+  }
+  if (ss <= 0 || ss >= p.num_slots) return;
+  const StateT* src = static_cast<const StateT*>(p.state) + ss * p.state_slot +
+                      (static_cast<std::int64_t>(h) * kD + row0) * kD;
+  bulk_prefetch_l2(src, static_cast<std::uint32_t>(rows * kD * sizeof(StateT)));
 }
 
 // The first row past the packed sequences, min(qsl[N], R) (R in per-row mode: nothing trails).
@@ -1299,11 +1331,18 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   // writes the metadata or a source state slot) the metadata and this CTA's state rows are
   // read before the wait too, and only the inputs' round trip follows it.
   const bool stable_state = p.stable_state != 0;
-  if (!stable_state) detail::pdl_prologue();
   const int slice = static_cast<int>(blockIdx.x % kSlices);
   const int h = static_cast<int>(blockIdx.y);
   const int u = static_cast<int>(blockIdx.x / kSlices);
   const int row0 = slice * L::kRows;
+  if (!stable_state) {
+    // Without the promise this CTA's state rows are only prefetched into L2 before the wait, by
+    // the last warp (its round trip there ends before the others' metadata after the wait);
+    // 16-byte aligned states only (the bulk prefetch's rule).
+    if (kVec && threadIdx.x == kThreads - kWarp)
+      prefetch_source_state_before_wait<StateT>(p, u, h, row0, L::kRows);
+    detail::pdl_prologue();
+  }
   // qsl[N] is read first, beside the item's metadata: issued after resolve_item it waited for the
   // slots (its selection) and pushed the state loads to a third round trip.
   const int qn = owned_rows(p);

@@ -67,6 +67,7 @@ constexpr int kStreamThreads = 256;
 constexpr int kStreamBlock = kStreamThreads;  // threads per CTA (no producer warp)
 constexpr int kStreamWarps = kStreamBlock / kWarp;
 constexpr int kResolveWarp = kStreamWarps - 1;      // no precompute work at T = 1
+constexpr int kPrefetchWarp = kResolveWarp - 1;     // the ring's L2 prefetch before the wait
 constexpr int kDeferNormWarp = kKindsPerToken;      // deferred norm: no precompute work at T = 1
 constexpr int kDeferSlots = 2;                      // deferred norm: token slots o / og alternate
 constexpr int kLateCopyWarp0 = kDeferNormWarp + 1;  // late copies: warps 5 .. 7
@@ -553,6 +554,9 @@ struct StreamItems {
   // 0 .. prefill-1 are read before the PDL wait, while the predecessor finishes (a back-to-back
   // stream grid: its CTAs with one item fewer exit an item early), and only the inputs' copies
   // follow the wait; items early .. prefill-1 then stage their inputs alone (copies_after_wait()).
+  // Without the promise warp kPrefetchWarp prefetches those source states into L2 before the
+  // wait (prefetch_ring_before_wait): perf.md runs 265-269, bf16 N = 32 / 128 T <= 4 -1 to -3%,
+  // N = 512 to -0.6%, fp32 to -2.4%; under the promise level, but bf16 N = 128 T = 1 +0.7-1.2%.
   template <bool kStage>
   __device__ void prologue(int prefill, int early) const {
     const int tid = threadIdx.x, warp = tid / kWarp;
@@ -560,7 +564,13 @@ struct StreamItems {
     if (tid == 0) {
       for (int s = 0; s < Smem::kStages; ++s) mbar_init(&S.full[s]);
     }
-    if (!stable) detail::pdl_prologue();  // PDL (launch.cuh's rule): global reads follow the wait
+    if (!stable) {
+      // PDL (launch.cuh's rule): global reads follow the wait, but for the ring's source states'
+      // L2 prefetch (prefetch_ring_before_wait) on a warp whose round trip there ends before
+      // the resolving warp's after the wait.
+      if (warp == kPrefetchWarp) prefetch_ring_before_wait(prefill);
+      detail::pdl_prologue();
+    }
     if (warp == kResolveWarp) resolve_batch(0, false);
     __syncthreads();
     if (tid == 0) {
@@ -588,6 +598,15 @@ struct StreamItems {
     for (int k = early; k < prefill; ++k)
       stage_item<StateT, kStage>(p, ahead_of(k), S.stage[k], &S.full[k], copies_after_wait(),
                                  false);
+  }
+  // Lane k < prefill of one warp, before the PDL wait without the stable-state promise: an L2
+  // prefetch of ring item k's source state, from metadata read there
+  // (prefetch_source_state_before_wait), so that its copy after the wait reads L2.
+  __device__ void prefetch_ring_before_wait(int prefill) const {
+    const int k = static_cast<int>(threadIdx.x % kWarp);
+    if (k >= prefill || k >= count) return;
+    const int w = static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x);
+    prefetch_source_state_before_wait<StateT>(p, w / p.num_heads, w % p.num_heads, 0, kD);
   }
   // Lane l < n of one warp: an L2 prefetch (cp.async.bulk.prefetch.L2) of item first + l's source
   // state, for items of batch 0 (resolved by the prologue) only. Nothing waits for it; a later

@@ -23,6 +23,13 @@
 //   scalar and constant tables) and flash_decode's stable_prefix (k_len, and the cache rows below
 //   k_len - q_len, which only earlier steps wrote). The promise is made at plan time
 //   (exec/node_kernels.h's NodeHints) from the graph; a false promise is a silent race.
+//   A second kind needs no promise, because nothing it reads becomes a result: L2 prefetch
+//   hints. A kernel may read, before the wait, memory a predecessor may still write, if the
+//   loads are L2-only (ld.global.cg: no L1 line outlives the wait for a later load to hit) and
+//   their values only choose the addresses of L2 prefetches bounded to a tensor; a prefetch
+//   changes nothing any load reads (L2 is the point of coherence), so a stale value costs
+//   bandwidth, never a result. KDA decode launched without its stable-state promise prefetches
+//   its first items' source states this way (kda_decode.cuh's prefetch_source_state_before_wait).
 //   A kernel launched WITHOUT the attribute (cuBLASLt, a kernel of another file launched with
 //   <<<>>>) is fully serialized behind its predecessor and needs no wait; a kernel launched WITH
 //   the attribute that does not wait breaks the chain for everything after it.
