@@ -578,9 +578,10 @@ __device__ __forceinline__ Item resolve_item(const Params& p, int u, int h) {
 // Rows [row0, row0 + rows) of item (u, h)'s source state, found from metadata read BEFORE the PDL
 // wait, to prefetch into L2 there (no stable-state promise: a predecessor may still write the
 // metadata, so these reads are not resolve_item's). The loads are L2-only (__ldcg: no L1 line is
-// left for a load after the wait to hit), independent of each other (one round trip), and their
-// values only choose an L2 prefetch, bounded to the state tensor; a prefetch changes nothing any
-// load reads (L2 is the point of coherence), so a stale value costs bandwidth, never a result.
+// left for a load after the wait to hit), independent of each other (one round trip; two at
+// T > 8: nat[u], then the slot), and their values only choose an L2 prefetch, bounded to the
+// state tensor; a prefetch changes nothing any load reads (L2 is the point of coherence), so a
+// stale value costs bandwidth, never a result.
 template <typename StateT>
 __device__ __forceinline__ void prefetch_source_state_before_wait(const Params& p, int u, int h,
                                                                   int row0, int rows) {
@@ -1337,8 +1338,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   const int row0 = slice * L::kRows;
   if (!stable_state) {
     // Without the promise this CTA's state rows are only prefetched into L2 before the wait, by
-    // the last warp (its round trip there ends before the others' metadata after the wait);
-    // 16-byte aligned states only (the bulk prefetch's rule).
+    // one warp (the last: where the wait returns within that round trip, its own metadata loads
+    // after it start that much later); 16-byte aligned states only (the bulk prefetch's rule).
     if (kVec && threadIdx.x == kThreads - kWarp)
       prefetch_source_state_before_wait<StateT>(p, u, h, row0, L::kRows);
     detail::pdl_prologue();
