@@ -68,10 +68,12 @@
 //   With the stable-state promise (Params::stable_state, a decode step's launches) 1 and this
 //   CTA's state rows of 2 are issued before the PDL wait, beside the predecessor's tail: after
 //   the wait only the inputs' round trip is left (N = 1 T = 1: f32 4.88 -> 3.84 us, perf.md
-//   run 93). Without it, the last warp prefetches this CTA's state rows into L2 before the wait,
-//   from metadata read there (prefetch_source_state_before_wait), so 2's state loads read L2
-//   (perf.md run 265: f32 N = 1 T = 1 / 2 / 4 -6 / -10 / -7%, bf16 T = 1 level, T = 2 / 4 -2.6 /
-//   -1.7%); the stream kernels prefetch their ring's source states the same way.
+//   run 93). Without it, the last warp prefetches this CTA's state rows and the head's conv
+//   history into L2 before the wait, from metadata read there (prefetch_sources_before_wait), so
+//   2's loads of them read L2: N = 1 T = 1 bf16 4.29 -> 3.70, f32 4.61 -> 3.95 us (perf.md runs
+//   265 and 270: the state rows f32 -6%, T = 2 / 4 -10 / -7%, bf16 T = 2 / 4 -2.6 / -1.7%; the
+//   history then -14% at T = 1, level at T = 2); the stream kernels prefetch their ring's states
+//   the same way (the history there measured level, run 270).
 //   then compute only: precompute -> barrier -> sweep + checkpoint stores -> barrier -> the
 //   RMSNorm partials' exchange (st.async into every slice's shared memory, an mbarrier wait; no
 //   cluster barrier, whose release fence would wait for the checkpoint stores' acks) -> output
@@ -575,31 +577,46 @@ __device__ __forceinline__ Item resolve_item(const Params& p, int u, int h) {
   return it;
 }
 
-// Rows [row0, row0 + rows) of item (u, h)'s source state, found from metadata read BEFORE the PDL
-// wait, to prefetch into L2 there (no stable-state promise: a predecessor may still write the
-// metadata, so these reads are not resolve_item's). The loads are L2-only (__ldcg: no L1 line is
-// left for a load after the wait to hit), independent of each other (one round trip; two at
-// T > 8: nat[u], then the slot), and their values only choose an L2 prefetch, bounded to the
-// state tensor; a prefetch changes nothing any load reads (L2 is the point of coherence), so a
-// stale value costs bandwidth, never a result.
+// Before the PDL wait: L2 prefetches of item (u, h)'s source state rows [row0, row0 + rows) (with
+// `state`; 16-byte aligned states only: a bulk prefetch) and conv history (with `history`: its
+// 3 x 3 vectors of 128 channels), found from metadata read there (no stable-state promise: a
+// predecessor may still write the metadata, so these reads are not resolve_item's). The loads
+// are L2-only (__ldcg: no L1 line is left for a load after the wait to hit), independent of each
+// other (one round trip; two at T > 8: nat[u], then the slot), and their values only choose L2
+// prefetches, bounded to the state and conv tensors; a prefetch changes nothing any load reads
+// (L2 is the point of coherence), so a stale value costs bandwidth, never a result.
 template <typename StateT>
-__device__ __forceinline__ void prefetch_source_state_before_wait(const Params& p, int u, int h,
-                                                                  int row0, int rows) {
-  int ss;
+__device__ __forceinline__ void prefetch_sources_before_wait(const Params& p, int u, int h,
+                                                             int row0, int rows, bool state,
+                                                             bool history) {
+  int ss, cs, a = 0;
   if (p.row_slots != nullptr) {
-    ss = __ldcg(p.row_slots + u);
+    ss = cs = __ldcg(p.row_slots + u);
   } else {
     const int T = p.max_t;
     const std::int32_t* slots = p.state_indices + static_cast<std::int64_t>(u) * T;
     int row[kSpeculativeSlots];
 #pragma unroll
     for (int t = 0; t < kSpeculativeSlots; ++t) row[t] = t < T ? __ldcg(slots + t) : 0;
-    const int a = T > 1 ? min(max(__ldcg(p.nat + u) - 1, 0), T - 1) : 0;
+    a = T > 1 ? min(max(__ldcg(p.nat + u) - 1, 0), T - 1) : 0;
+    cs = row[0];
     ss = a < kSpeculativeSlots ? row[0] : __ldcg(slots + a);
 #pragma unroll
     for (int t = 1; t < kSpeculativeSlots; ++t) ss = t == a ? row[t] : ss;
   }
-  if (ss <= 0 || ss >= p.num_slots) return;
+  if (history && cs > 0 && cs < p.num_slots) {
+    const std::uint16_t* hist =
+        p.conv + cs * p.conv_slot + static_cast<std::int64_t>(a) * kProj * p.channels + h * kD;
+#pragma unroll
+    for (int pos = 0; pos < kHist; ++pos)
+#pragma unroll
+      for (int pr = 0; pr < kProj; ++pr) {
+        const std::uint16_t* v = hist + (pos * kProj + pr) * p.channels;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(v)));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(v + kD - 1)));
+      }
+  }
+  if (!state || ss <= 0 || ss >= p.num_slots) return;
   const StateT* src = static_cast<const StateT*>(p.state) + ss * p.state_slot +
                       (static_cast<std::int64_t>(h) * kD + row0) * kD;
   bulk_prefetch_l2(src, static_cast<std::uint32_t>(rows * kD * sizeof(StateT)));
@@ -1337,11 +1354,12 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   const int u = static_cast<int>(blockIdx.x / kSlices);
   const int row0 = slice * L::kRows;
   if (!stable_state) {
-    // Without the promise this CTA's state rows are only prefetched into L2 before the wait, by
-    // one warp (the last: where the wait returns within that round trip, its own metadata loads
-    // after it start that much later); 16-byte aligned states only (the bulk prefetch's rule).
-    if (kVec && threadIdx.x == kThreads - kWarp)
-      prefetch_source_state_before_wait<StateT>(p, u, h, row0, L::kRows);
+    // Without the promise the conv history and this CTA's state rows (16-byte aligned states: a
+    // bulk prefetch) are only prefetched into L2 before the wait, by one warp (the last: where
+    // the wait returns within that round trip, its own metadata loads after it start that much
+    // later).
+    if (threadIdx.x == kThreads - kWarp)
+      prefetch_sources_before_wait<StateT>(p, u, h, row0, L::kRows, kVec, true);
     detail::pdl_prologue();
   }
   // qsl[N] is read first, beside the item's metadata: issued after resolve_item it waited for the

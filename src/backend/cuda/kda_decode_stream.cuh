@@ -601,12 +601,13 @@ struct StreamItems {
   }
   // Lane k < prefill of one warp, before the PDL wait without the stable-state promise: an L2
   // prefetch of ring item k's source state, from metadata read there
-  // (prefetch_source_state_before_wait), so that its copy after the wait reads L2.
+  // (prefetch_sources_before_wait), so that its copy after the wait reads L2 (its conv history
+  // too measured level, perf.md run 270).
   __device__ void prefetch_ring_before_wait(int prefill) const {
     const int k = static_cast<int>(threadIdx.x % kWarp);
     if (k >= prefill || k >= count) return;
     const int w = static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x);
-    prefetch_source_state_before_wait<StateT>(p, w / p.num_heads, w % p.num_heads, 0, kD);
+    prefetch_sources_before_wait<StateT>(p, w / p.num_heads, w % p.num_heads, 0, kD, true, false);
   }
   // Lane l < n of one warp: an L2 prefetch (cp.async.bulk.prefetch.L2) of item first + l's source
   // state, for items of batch 0 (resolved by the prologue) only. Nothing waits for it; a later

@@ -29,7 +29,8 @@
 //   their values only choose the addresses of L2 prefetches bounded to a tensor; a prefetch
 //   changes nothing any load reads (L2 is the point of coherence), so a stale value costs
 //   bandwidth, never a result. KDA decode launched without its stable-state promise prefetches
-//   its first items' source states this way (kda_decode.cuh's prefetch_source_state_before_wait).
+//   its first items' source states and conv history this way (kda_decode.cuh's
+//   prefetch_sources_before_wait).
 //   A kernel launched WITHOUT the attribute (cuBLASLt, a kernel of another file launched with
 //   <<<>>>) is fully serialized behind its predecessor and needs no wait; a kernel launched WITH
 //   the attribute that does not wait breaks the chain for everything after it.
