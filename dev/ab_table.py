@@ -4,11 +4,14 @@ dev/refresh_call.sh and the one-off calls of session 21): reads LOGDIR/<binary>_
 output, one file per binary and round) and prints, per (state, N, T), the first binary's median
 `stream` time and share of the floor, and each other binary's median and its change against it;
 then the same for the times under the stable-state promise (the bench's `chosen_stable`, what a
-decode step launches), where the bench printed them.
+decode step launches), where the bench printed them; then, from the bench's JSON
+(LOGDIR/<binary>_<round>.json) where it wrote one, the rule's own choice at the points where that
+is not `stream` (the per-head kernels at small N: the variant the launch would run).
 
 usage: ab_table.py LOGDIR BASELINE OTHER...
 """
 import glob
+import json
 import os
 import re
 import statistics
@@ -40,6 +43,20 @@ def main():
                 times[key] = [(u, floors.get(key, 0.0)) for u in v]
         print()
         table(stable, baseline, others, " (stable)")
+    chosen = {}
+    for path in glob.glob(os.path.join(logdir, "*_*.json")):
+        binary = os.path.basename(path)[: -len(".json")].rsplit("_", 1)[0]
+        try:
+            points = json.load(open(path))
+        except (OSError, ValueError):
+            continue
+        for r in points:
+            if r.get("variant", "stream") != "stream" and r.get("us", -1) > 0:
+                key = (r["state"], r["N"], r["T"], r["variant"])
+                chosen.setdefault(binary, {}).setdefault(key, []).append((r["us"], r["floor_us"]))
+    if chosen.get(baseline):
+        print()
+        table(chosen, baseline, others, " (chosen)")
 
 
 def table(runs, baseline, others, label):
@@ -52,6 +69,8 @@ def table(runs, baseline, others, label):
         h = statistics.median(u for u, _ in base[key])
         floor = base[key][0][1]
         row = f"{key[0]:6} {key[1]:4} {key[2]:2} {h:9.2f} {100 * floor / h:6.1f}%"
+        if len(key) > 3:  # the chosen table: the variant's name
+            row += f" {key[3]}"
         for b in others:
             v = runs.get(b, {}).get(key)
             if v:
