@@ -577,6 +577,19 @@ __device__ __forceinline__ Item resolve_item(const Params& p, int u, int h) {
   return it;
 }
 
+// L2 prefetches of the conv history of head h in conv slot cs from accepted offset a (positions
+// a .. a + kHist - 1 of the 3 projections: 9 vectors of 128 channels, the first and last line of
+// each), spread over `lanes` lanes from lane `first`.
+__device__ __forceinline__ void prefetch_history_l2(const Params& p, int cs, int a, int h,
+                                                    int first, int lanes) {
+  const std::uint16_t* hist =
+      p.conv + cs * p.conv_slot + static_cast<std::int64_t>(a) * kProj * p.channels + h * kD;
+  for (int i = first; i < kHist * kProj * 2; i += lanes) {
+    const std::uint16_t* v = hist + (i / 2) * p.channels + (i % 2) * (kD - 1);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(v)));
+  }
+}
+
 // Before the PDL wait: L2 prefetches of item (u, h)'s source state rows [row0, row0 + rows) (with
 // `state`; 16-byte aligned states only: a bulk prefetch) and conv history (with `history`: its
 // 3 x 3 vectors of 128 channels), found from metadata read there (no stable-state promise: a
@@ -604,18 +617,7 @@ __device__ __forceinline__ void prefetch_sources_before_wait(const Params& p, in
 #pragma unroll
     for (int t = 1; t < kSpeculativeSlots; ++t) ss = t == a ? row[t] : ss;
   }
-  if (history && cs > 0 && cs < p.num_slots) {
-    const std::uint16_t* hist =
-        p.conv + cs * p.conv_slot + static_cast<std::int64_t>(a) * kProj * p.channels + h * kD;
-#pragma unroll
-    for (int pos = 0; pos < kHist; ++pos)
-#pragma unroll
-      for (int pr = 0; pr < kProj; ++pr) {
-        const std::uint16_t* v = hist + (pos * kProj + pr) * p.channels;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(v)));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(v + kD - 1)));
-      }
-  }
+  if (history && cs > 0 && cs < p.num_slots) prefetch_history_l2(p, cs, a, h, 0, 1);
   if (!state || ss <= 0 || ss >= p.num_slots) return;
   const StateT* src = static_cast<const StateT*>(p.state) + ss * p.state_slot +
                       (static_cast<std::int64_t>(h) * kD + row0) * kD;
@@ -1378,6 +1380,10 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
       for (int c = 0; c < G::kVecs; ++c)
         raw[i][c] = load_state_vec<StateT, kVec>(src + (row0 + geo.row(i)) * kD + geo.col(c));
   }
+  // Under the promise the conv history's lines (read after the wait, with the inputs) are
+  // prefetched into L2 before it too, by the last warp, from the item it resolved there.
+  if (stable_state && it.live && threadIdx.x / kWarp == kThreads / kWarp - 1)
+    prefetch_history_l2(p, it.cs, it.a, h, threadIdx.x % kWarp, kWarp);
   if (stable_state) detail::pdl_prologue();  // every store, and every input load, after it
   zero_unowned<kThreads, L::kRows>(p, it, row0, qn);
   if (!it.live) return;  // uniform over the cluster: every slice resolves the same item
