@@ -73,7 +73,7 @@ phase_tests() {
     pids+=($!)
   done
   local kda_small='KdaCuda.PlainPackedT1Agree:KdaCuda.EveryAcceptedOffset'
-  local kda_mem="$kda_small:KdaCuda.StreamManyItemsPerCta*:KdaCuda.StableStatePromise*:KdaCuda.PrecomputeGroupRing*:KdaCuda.OneStreamCta*:KdaCuda.DynamicItems*"
+  local kda_mem="$kda_small:KdaCuda.PreWaitReadsOfRewrittenMetadata:KdaCuda.StreamManyItemsPerCta*:KdaCuda.StableStatePromise*:KdaCuda.PrecomputeGroupRing*:KdaCuda.OneStreamCta*:KdaCuda.DynamicItems*"
   local name tool filter
   for name in att_memcheck att_racecheck kda_memcheck kda_racecheck; do
     case $name in

@@ -12,7 +12,8 @@
 //      output: within kOutputTol of the reference and of the CPU kernel; unowned rows exact zeros.
 // Plus: CUDA-graph replay with query_start_loc, num_accepted_tokens and slots changed between
 // replays equals per-call results bit for bit; repeated runs bitwise identical; the plain T = 1
-// call equals the packed T = 1 call bit for bit. The worst errors are printed at the end.
+// call equals the packed T = 1 call bit for bit; metadata a predecessor rewrites while the
+// launch's pre-wait reads run changes nothing. The worst errors are printed at the end.
 // Skips without a GPU.
 #include "splice/backend/cuda/kda_decode.h"
 
@@ -23,6 +24,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -35,6 +38,7 @@
 #include "splice/core/tolerance.h"
 #include "splice/ops/kda_decode.h"
 #include "support/cuda_test_util.h"
+#include "support/late_copy.h"
 #include "support/reference_kda.h"
 #include "support/test_util.h"
 
@@ -1003,6 +1007,128 @@ void check_stable_state_stream_ring(DType sdt, std::uint64_t seed) {
 }
 TEST(KdaCuda, StableStatePromiseStreamRingF32) { check_stable_state_stream_ring(DType::f32, 31); }
 TEST(KdaCuda, StableStatePromiseStreamRingBf16) { check_stable_state_stream_ring(DType::bf16, 32); }
+
+// Without the promise the kernels read their first items' slots (state_indices or the per-row
+// slots, num_accepted_tokens) before their PDL wait, with L2-only loads whose values only choose
+// L2 prefetches (kda_decode.cuh's prefetch_sources_before_wait, launch.cuh's second kind of
+// pre-wait read): a stale value may cost bandwidth, never a result. Here the predecessor
+// (testing::launch_late_copies) lets the KDA launch start, then rewrites its metadata
+// kLateCopyDelayUs later, so those reads see the stale bytes: other slots in range (a prefetch of
+// the wrong state and history), or garbage (slots far out of range and negative, offsets past T).
+// The output, conv_state and state equal a serial call on the new metadata, bit for bit.
+constexpr unsigned kLateCopyDelayUs = 50;
+enum class Stale { other_slots, garbage };
+
+// Stale bytes for an int32 metadata tensor whose new values are `fresh`, `num_slots` slots.
+std::vector<int> stale_values(const std::vector<int>& fresh, Stale kind, std::int64_t num_slots) {
+  const int garbage[] = {std::numeric_limits<int>::max(), std::numeric_limits<int>::min(), -1,
+                         static_cast<int>(num_slots), 1 << 30};
+  std::vector<int> out(fresh.size());
+  for (std::size_t i = 0; i < fresh.size(); ++i)
+    out[i] = kind == Stale::garbage
+                 ? garbage[i % std::size(garbage)]
+                 : static_cast<int>((fresh[i] + 1 + static_cast<std::int64_t>(i)) % num_slots);
+  return out;
+}
+
+// The int32 values of a host tensor (contiguous).
+std::vector<int> host_ints(const Tensor& t) {
+  const std::int32_t* v = t.data<std::int32_t>();
+  return std::vector<int>(v, v + t.numel());
+}
+
+// Runs `args` (on `launched`'s device tensors, whose int32 metadata `live` holds `fresh`'s
+// values) after a late copy on a PDL stream, with `live` first overwritten by stale bytes, and
+// `same_args` (on `serial`) serially; expects the two bit-identical.
+void expect_late_metadata_matches_serial(const KdaDecodeArgs& args, Problem& launched,
+                                         const KdaDecodeArgs& same_args, Problem& serial,
+                                         const std::vector<Tensor*>& live,
+                                         const std::vector<Tensor>& fresh, Stale kind,
+                                         std::int64_t num_slots, cuda::KdaVariant v) {
+  const PdlStream stream;
+  std::vector<Tensor> kept;  // the new metadata, on the device, until the late copy
+  std::vector<testing::DeviceCopy> copies;
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    kept.push_back(mirror(fresh[i], Device::cuda()));
+    const std::vector<int> stale = stale_values(host_ints(fresh[i]), kind, num_slots);
+    device_copy(live[i]->raw_data(), Device::cuda(), stale.data(), Device::cpu(),
+                stale.size() * sizeof(int));
+    copies.push_back({live[i]->raw_data(), kept.back().raw_data(), stale.size() * sizeof(int)});
+  }
+  cuda::synchronize();
+  testing::launch_late_copies(copies, kLateCopyDelayUs, stream.get());
+  cuda::kda_decode(args, stream.get(), v);
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  cuda::kda_decode(same_args, nullptr, v);
+  cuda::synchronize();
+  expect_bitwise_equal(launched, serial);
+}
+
+void check_late_packed_metadata(Rng& rng, int N, std::int64_t H, int T, DType sdt,
+                                const std::vector<cuda::KdaVariant>& variants) {
+  const Problem p = make_problem(rng.integer(0, 1 << 30), H, random_meta(rng, N, T, 1, true), sdt);
+  for (Stale kind : {Stale::other_slots, Stale::garbage})
+    for (auto v : variants) {
+      SCOPED_TRACE("N=" + std::to_string(N) + " H=" + std::to_string(H) +
+                   " T=" + std::to_string(T) + " " + dtype_name(sdt) +
+                   (kind == Stale::garbage ? " garbage" : " other slots") +
+                   " variant=" + cuda::kda_variant_name(v));
+      Problem launched = to_device(p, Device::cuda()), serial = to_device(p, Device::cuda());
+      expect_late_metadata_matches_serial(packed_args(launched, -5.0f), launched,
+                                          packed_args(serial, -5.0f), serial,
+                                          {&launched.state_indices, &launched.qsl, &launched.nat},
+                                          {p.state_indices, p.qsl, p.nat}, kind, p.slots, v);
+    }
+}
+
+TEST(KdaCuda, PreWaitReadsOfRewrittenMetadata) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(33);
+  for (DType sdt : {DType::f32, DType::bf16}) {
+    for (int T : {1, 3, 9}) check_late_packed_metadata(rng, 3, 8, T, sdt, variants_and_automatic());
+    // The stream kernels with several items per CTA (the ring's first items prefetched).
+    for (int T : {1, 3})
+      check_late_packed_metadata(rng, 24, 32, T, sdt,
+                                 {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain});
+  }
+  // Per-row slots (plain mode): the pre-wait read is row_slots[u].
+  const int R = 40;
+  Meta m;
+  std::vector<int> slots;
+  for (int r = 0; r < R; ++r) {
+    m.lens.push_back(1);
+    m.nat.push_back(1);
+    slots.push_back(r % 7 == 3 ? 0 : r + 1);
+    m.si.push_back({slots.back()});
+  }
+  m.slots = R + 2;
+  const Tensor host_slots = int_tensor(slots, {R});
+  for (DType sdt : {DType::f32, DType::bf16}) {
+    const Problem p = make_problem(rng.integer(0, 1 << 30), 8, m, sdt);
+    for (Stale kind : {Stale::other_slots, Stale::garbage})
+      for (auto v : kVariants) {
+        SCOPED_TRACE(std::string("plain ") + dtype_name(sdt) +
+                     (kind == Stale::garbage ? " garbage" : " other slots") +
+                     " variant=" + cuda::kda_variant_name(v));
+        Problem launched = to_device(p, Device::cuda()), serial = to_device(p, Device::cuda());
+        Tensor launched_slots = mirror(host_slots, Device::cuda());
+        const Tensor serial_slots = mirror(host_slots, Device::cuda());
+        auto plain_args = [&](Problem& q, const Tensor& row_slots) {
+          KdaDecodeArgs a = packed_args(q, -5.0f);
+          a.mode = KdaMode::plain;
+          a.state_indices = row_slots;
+          a.row_slots = row_slots;
+          a.query_start_loc = Tensor();
+          a.num_accepted_tokens = Tensor();
+          a.num_seqs = R;
+          return a;
+        };
+        expect_late_metadata_matches_serial(plain_args(launched, launched_slots), launched,
+                                            plain_args(serial, serial_slots), serial,
+                                            {&launched_slots}, {host_slots}, kind, p.slots, v);
+      }
+  }
+}
 
 // One captured launch replayed with new query_start_loc, num_accepted_tokens and slot tables
 // equals a direct call on the same inputs, bit for bit.
