@@ -25,7 +25,8 @@
 #   flash-variants  .gpubin/pack/flash-variants.tgz for dev/flash_variant_call.sh: for each PATCH
 #             (touching src/backend/cuda/flash_decode*) a directory named after it with
 #             flash_decode_cuda_bench, built as the KDA variants are (flash_decode.cu swapped in),
-#             and head/flash_decode_cuda_bench
+#             and head/flash_decode_cuda_bench (WITH_TESTS=1: each variant's cuda_all_test too, e.g.
+#             the mutation checks dev/flash-mutant-*.patch)
 #   timeline  .gpubin/pack/timeline.tgz for dev/timeline_call.sh: the same from build/kdaattr (the
 #             attribution build, KDA_BENCH_TIMELINE; kda_decode_cuda_bench only), once:
 #               cmake -S . -B build/kdaattr -DCMAKE_BUILD_TYPE=Release -DSPLICE_BUILD_BENCH=ON \
@@ -86,8 +87,10 @@ for e in json.load(open('$B/compile_commands.json')):
       cp "$B/libsplice_backend_cuda.a" "$W/$name.a"
       (cd "$W" && cp "$obj" $unit.cu.o && ar r "$name.a" $unit.cu.o)
       mkdir -p "$W/v/$name"
-      [[ $kind == variants && -z ${BENCH_ONLY:-} ]] &&
+      if [[ $kind == variants && -z ${BENCH_ONLY:-} ]] ||
+         [[ $kind == flash-variants && -n ${WITH_TESTS:-} ]]; then
         relink "$B/tests" cuda_all_test "$W/$name.a" "$W/v/$name/cuda_all_test"
+      fi
       relink "$B/bench" $bench "$W/$name.a" "$W/v/$name/$bench"
       strip "$W/v/$name/"*
       echo "$name: $(nm -C "$W/$name.a" 2>/dev/null | grep -c "${unit}_") kernel symbols"

@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -47,6 +48,7 @@
 #include "splice/core/random.h"
 #include "splice/core/tolerance.h"
 #include "support/cuda_test_util.h"
+#include "support/late_copy.h"
 #include "support/test_util.h"
 
 namespace splice {
@@ -1140,9 +1142,30 @@ TEST(FlashDecodeCuda, StablePrefixIsBitwiseThePlainKernel) {
   }
 }
 
-// The promise's other half: the rows [k_len - q_len, k_len) are written by the kernel just before
-// (two write_at launches, PDL on), and the stable-prefix kernel must read them after its wait, not
-// the NaN they held before. Repeated on one stream, the caches re-poisoned between rounds.
+// The device copies that put rows [first, first + n) of `cache` ([B, Hkv, capacity, D], batch 0)
+// from `rows` ([1, Hkv, n, D], contiguous, on the device): one a head where the cache's rows are
+// contiguous, else one a (head, row).
+std::vector<testing::DeviceCopy> row_copies(const Tensor& cache, const Tensor& rows,
+                                            std::int64_t first) {
+  std::vector<testing::DeviceCopy> copies;
+  const std::size_t es = dtype_size(cache.dtype());
+  const std::int64_t head_dim = cache.shape()[3], n = rows.shape()[2];
+  const bool dense = cache.strides()[3] == 1 && cache.strides()[2] == head_dim;
+  auto at = [es](const Tensor& t, const Dims& index) {
+    return static_cast<char*>(t.storage()->data) + t.element_offset(index) * es;
+  };
+  for (std::int64_t h = 0; h < cache.shape()[1]; ++h)
+    for (std::int64_t i = 0; i < n; i += dense ? n : 1)
+      copies.push_back({at(cache, {0, h, first + i, 0}), at(rows, {0, h, i, 0}),
+                        static_cast<std::size_t>((dense ? n : 1) * head_dim) * es});
+  return copies;
+}
+
+// The promise's other half: the rows [k_len - q_len, k_len) are written by the kernel just before,
+// and the stable-prefix kernel must read them after its wait, not the NaN they held before. Two
+// producers: two write_at launches (PDL on), and a late copy (testing::launch_late_copies: the
+// rows land 50 us after the flash launch started, so a read of them before its wait would see
+// NaN for certain). Repeated on one stream, the caches re-poisoned between rounds.
 TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
   SKIP_WITHOUT_GPU();
   testing::PdlScope restore_pdl;
@@ -1187,12 +1210,20 @@ TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
         Tensor offset = Tensor::empty({1}, DType::i64);
         offset.data<std::int64_t>()[0] = first_new;
         const Tensor offset_device = offset.to_device(Device::cuda());
+        std::vector<testing::DeviceCopy> late =
+            row_copies(problem.k.device, new_k_device, first_new);
+        for (const auto& copy : row_copies(problem.v.device, new_v_device, first_new))
+          late.push_back(copy);
         for (int round = 0; round < 8; ++round) {
+          const bool late_copy = round % 2 == 1;
           problem.k.upload();  // NaN in the new rows again
           problem.v.upload();
           poison_nan(problem.out.host_base);
           problem.out.upload();
-          {
+          if (late_copy) {
+            cuda::synchronize();  // the uploads (legacy stream) before the late copy
+            testing::launch_late_copies(late, testing::kLateCopyDelayUs, stream);
+          } else {
             cuda::StreamGuard on(stream);
             Tensor k_cache = problem.k.device, v_cache = problem.v.device;
             cuda::write_at(k_cache, new_k_device, 2, offset_device);
@@ -1204,7 +1235,76 @@ TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
           cuda_ok(cudaStreamSynchronize(stream), "sync");
           const Tensor out = problem.out.download().clone();
           EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)))
-              << "round " << round;
+              << "round " << round << (late_copy ? " (late copy)" : " (write_at)");
+        }
+      }
+    }
+  }
+  cuda_ok(cudaStreamDestroy(stream), "stream destroy");
+}
+
+// Without the promise nothing is read before the PDL wait: a late copy (testing::
+// launch_late_copies) rewrites k_len from a stale value (0, one key, the capacity, or a length
+// that crosses the single-split limit the other way) and writes the rows [k_len - q_len, k_len)
+// 50 us after the flash launch started; the kernel must see the new length and rows. Both plan
+// paths (the head plan at head_dim 128, one split and merged splits).
+TEST(FlashDecodeCuda, PlainKernelReadsKLenAfterItsWait) {
+  SKIP_WITHOUT_GPU();
+  testing::PdlScope restore_pdl;
+  cuda::set_pdl_enabled(true);
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  std::uint64_t seed = 1300;
+  for (std::int64_t head_dim : {64, 128}) {
+    const std::int32_t limit = single_split_keys(head_dim);
+    for (std::int64_t q_len : {1, 4}) {
+      for (std::int32_t len : {5, limit + 1, 1000}) {
+        Case c;
+        c.num_qo_heads = head_dim == 64 ? 9 : 32;
+        c.num_kv_heads = head_dim == 64 ? 3 : 8;
+        c.head_dim = head_dim;
+        c.q_len = q_len;
+        c.capacity = 1024;
+        c.k_len = {len};
+        SCOPED_TRACE(c.str());
+        Rng rng(seed++);
+        Problem problem(c, rng);  // rows >= len are NaN in the caches
+        const auto [ref_out, ref_lse] = problem.reference();
+        // The new rows as the producer writes them, then NaN in the device caches.
+        const std::int64_t first_new = len - q_len;
+        const Tensor new_k =
+            problem.k.host.slice(2, first_new, len).clone().to_device(Device::cuda());
+        const Tensor new_v =
+            problem.v.host.slice(2, first_new, len).clone().to_device(Device::cuda());
+        for (std::int64_t h = 0; h < c.num_kv_heads; ++h)
+          for (std::int64_t i = first_new; i < len; ++i)
+            for (std::int64_t d = 0; d < head_dim; ++d) {
+              problem.k.host.set({0, h, i, d}, NAN);
+              problem.v.host.set({0, h, i, d}, NAN);
+            }
+        const Tensor fresh_len = problem.k_len_host.to_device(Device::cuda());
+        std::vector<testing::DeviceCopy> late = row_copies(problem.k.device, new_k, first_new);
+        for (const auto& copy : row_copies(problem.v.device, new_v, first_new))
+          late.push_back(copy);
+        late.push_back(
+            {problem.k_len_device.raw_data(), fresh_len.raw_data(), sizeof(std::int32_t)});
+        for (std::int32_t stale :
+             {0, 1, static_cast<std::int32_t>(c.capacity), len > limit ? 17 : limit + 1}) {
+          problem.k.upload();
+          problem.v.upload();
+          poison_nan(problem.out.host_base);
+          problem.out.upload();
+          device_copy(problem.k_len_device.raw_data(), Device::cuda(), &stale, Device::cpu(),
+                      sizeof(stale));
+          cuda::synchronize();
+          testing::launch_late_copies(late, testing::kLateCopyDelayUs, stream);
+          cuda::flash_decode(problem.q.device, problem.k.device, problem.v.device,
+                             problem.k_len_device, nullptr, problem.options(), problem.out.device,
+                             nullptr, stream);
+          cuda_ok(cudaStreamSynchronize(stream), "sync");
+          const Tensor out = problem.out.download().clone();
+          EXPECT_TRUE(testing::close(out, ref_out, default_tolerance(c.dtype)))
+              << "stale k_len " << stale;
         }
       }
     }

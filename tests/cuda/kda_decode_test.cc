@@ -1013,10 +1013,10 @@ TEST(KdaCuda, StableStatePromiseStreamRingBf16) { check_stable_state_stream_ring
 // L2 prefetches (kda_decode.cuh's prefetch_sources_before_wait, launch.cuh's second kind of
 // pre-wait read): a stale value may cost bandwidth, never a result. Here the predecessor
 // (testing::launch_late_copies) lets the KDA launch start, then rewrites its metadata
-// kLateCopyDelayUs later, so those reads see the stale bytes: other slots in range (a prefetch of
-// the wrong state and history), or garbage (slots far out of range and negative, offsets past T).
-// The output, conv_state and state equal a serial call on the new metadata, bit for bit.
-constexpr unsigned kLateCopyDelayUs = 50;
+// testing::kLateCopyDelayUs (50 us) later, so those reads see the stale bytes: other slots in range
+// (a prefetch of the wrong state and history), or garbage (slots far out of range and negative,
+// offsets past T). The output, conv_state and state equal a serial call on the new metadata, bit
+// for bit.
 enum class Stale { other_slots, garbage };
 
 // Stale bytes for an int32 metadata tensor whose new values are `fresh`, `num_slots` slots.
@@ -1056,7 +1056,7 @@ void expect_late_metadata_matches_serial(const KdaDecodeArgs& args, Problem& lau
     copies.push_back({live[i]->raw_data(), kept.back().raw_data(), stale.size() * sizeof(int)});
   }
   cuda::synchronize();
-  testing::launch_late_copies(copies, kLateCopyDelayUs, stream.get());
+  testing::launch_late_copies(copies, testing::kLateCopyDelayUs, stream.get());
   cuda::kda_decode(args, stream.get(), v);
   ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
   cuda::kda_decode(same_args, nullptr, v);

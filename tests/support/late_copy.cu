@@ -1,5 +1,5 @@
 // launch_late_copies (late_copy.h): trigger, spin on %globaltimer, then copy byte by byte over
-// one warp (the copies are a few hundred bytes of metadata).
+// one warp (the copies are small: metadata, a few cache rows).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -9,10 +9,8 @@
 namespace splice::testing {
 namespace {
 
-constexpr int kMaxCopies = 4;
-
 struct Copies {
-  DeviceCopy copy[kMaxCopies];
+  DeviceCopy copy[kMaxLateCopies];
   int count = 0;
   unsigned long long delay_ns = 0;
 };
@@ -39,9 +37,9 @@ __global__ void late_copies_kernel(Copies copies) {
 
 void launch_late_copies(const std::vector<DeviceCopy>& copies, unsigned delay_us,
                         cudaStream_t stream) {
-  if (copies.size() > kMaxCopies)
+  if (copies.size() > kMaxLateCopies)
     throw std::runtime_error("launch_late_copies: " + std::to_string(copies.size()) +
-                             " copies, at most " + std::to_string(kMaxCopies));
+                             " copies, at most " + std::to_string(kMaxLateCopies));
   Copies params;
   for (const DeviceCopy& c : copies) params.copy[params.count++] = c;
   params.delay_ns = 1000ull * delay_us;
