@@ -31,6 +31,10 @@
 //   bandwidth, never a result. KDA decode launched without its stable-state promise prefetches
 //   its first items' source states and conv history this way (kda_decode.cuh's
 //   prefetch_sources_before_wait).
+//   Tests of both kinds make the stale read happen: a predecessor of their own
+//   (tests/support/late_copy.h) lets the launch start and writes 50 us later
+//   (KdaCuda.PreWaitReadsOfRewrittenMetadata, FlashDecodeCuda.PlainKernelReadsKLenAfterItsWait and
+//   .StablePrefixReadsTheRowsItsProducerWrites; builds that break a rule fail them, dev/*mutant*).
 //   A kernel launched WITHOUT the attribute (cuBLASLt, a kernel of another file launched with
 //   <<<>>>) is fully serialized behind its predecessor and needs no wait; a kernel launched WITH
 //   the attribute that does not wait breaks the chain for everything after it.
