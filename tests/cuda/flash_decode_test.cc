@@ -1142,6 +1142,19 @@ TEST(FlashDecodeCuda, StablePrefixIsBitwiseThePlainKernel) {
   }
 }
 
+// One sequence of `len` keys in a 1024-key cache, (Hq, Hkv) = (9, 3) at head_dim 64 and (32, 8)
+// at 128: the cases of the PDL producer tests below.
+Case pdl_case(std::int64_t head_dim, std::int64_t q_len, std::int32_t len) {
+  Case c;
+  c.num_qo_heads = head_dim == 64 ? 9 : 32;
+  c.num_kv_heads = head_dim == 64 ? 3 : 8;
+  c.head_dim = head_dim;
+  c.q_len = q_len;
+  c.capacity = 1024;
+  c.k_len = {len};
+  return c;
+}
+
 // The device copies that put rows [first, first + n) of `cache` ([B, Hkv, capacity, D], batch 0)
 // from `rows` ([1, Hkv, n, D], contiguous, on the device): one a head where the cache's rows are
 // contiguous, else one a (head, row).
@@ -1176,13 +1189,7 @@ TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
   for (std::int64_t head_dim : {64, 128}) {
     for (std::int64_t q_len : {1, 4}) {
       for (std::int32_t len : {5, 40, 200, 700}) {
-        Case c;
-        c.num_qo_heads = head_dim == 64 ? 9 : 32;
-        c.num_kv_heads = head_dim == 64 ? 3 : 8;
-        c.head_dim = head_dim;
-        c.q_len = q_len;
-        c.capacity = 1024;
-        c.k_len = {len};
+        const Case c = pdl_case(head_dim, q_len, len);
         SCOPED_TRACE(c.str());
         Rng rng(seed++);
         Problem problem(c, rng);  // rows >= len are NaN in the caches
@@ -1259,13 +1266,7 @@ TEST(FlashDecodeCuda, PlainKernelReadsKLenAfterItsWait) {
     const std::int32_t limit = single_split_keys(head_dim);
     for (std::int64_t q_len : {1, 4}) {
       for (std::int32_t len : {5, limit + 1, 1000}) {
-        Case c;
-        c.num_qo_heads = head_dim == 64 ? 9 : 32;
-        c.num_kv_heads = head_dim == 64 ? 3 : 8;
-        c.head_dim = head_dim;
-        c.q_len = q_len;
-        c.capacity = 1024;
-        c.k_len = {len};
+        const Case c = pdl_case(head_dim, q_len, len);
         SCOPED_TRACE(c.str());
         Rng rng(seed++);
         Problem problem(c, rng);  // rows >= len are NaN in the caches

@@ -245,6 +245,25 @@ Meta in_place_meta(int N, int T) {
   return m;
 }
 
+// Metadata of R one-token rows (T = 1): row r in slot r + 1, null (slot 0) where r % period == 3.
+Meta per_row_meta(int R, int period) {
+  Meta m;
+  for (int r = 0; r < R; ++r) {
+    m.lens.push_back(1);
+    m.nat.push_back(1);
+    m.si.push_back({r % period == 3 ? 0 : r + 1});
+  }
+  m.slots = R + 2;
+  return m;
+}
+
+// The slot of each row of a one-token Meta (the per-row modes' slot table).
+std::vector<int> row_slots_of(const Meta& m) {
+  std::vector<int> slots;
+  for (const auto& row : m.si) slots.push_back(row[0]);
+  return slots;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Device mirrors.
 
@@ -759,16 +778,8 @@ TEST(KdaCuda, PlainPackedT1Agree) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(15);
   const int R = 9;
-  Meta m;
-  m.T = 1;
-  std::vector<int> slots;
-  for (int r = 0; r < R; ++r) {
-    m.lens.push_back(1);
-    m.nat.push_back(1);
-    slots.push_back(r % 4 == 3 ? 0 : r + 1);
-    m.si.push_back({slots.back()});
-  }
-  m.slots = R + 2;
+  const Meta m = per_row_meta(R, 4);
+  const std::vector<int> slots = row_slots_of(m);
   for (DType sdt : {DType::f32, DType::bf16}) {
     const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
     Problem a = to_device(p, Device::cuda()), b = to_device(p, Device::cuda()),
@@ -796,16 +807,8 @@ TEST(KdaCuda, PerRowModesEveryVariant) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(18);
   const int R = 300;
-  Meta m;
-  m.T = 1;
-  std::vector<int> slots;
-  for (int r = 0; r < R; ++r) {
-    m.lens.push_back(1);
-    m.nat.push_back(1);
-    slots.push_back(r % 7 == 3 ? 0 : r + 1);
-    m.si.push_back({slots.back()});
-  }
-  m.slots = R + 2;
+  const Meta m = per_row_meta(R, 7);
+  const std::vector<int> slots = row_slots_of(m);
   for (DType sdt : {DType::f32, DType::bf16}) {
     const Problem p = make_problem(rng.integer(0, 1 << 30), 4, m, sdt);
     const Tensor row_slots = mirror(int_tensor(slots, {R}), Device::cuda());
@@ -1093,16 +1096,8 @@ TEST(KdaCuda, PreWaitReadsOfRewrittenMetadata) {
   }
   // Per-row slots (plain mode): the pre-wait read is row_slots[u].
   const int R = 40;
-  Meta m;
-  std::vector<int> slots;
-  for (int r = 0; r < R; ++r) {
-    m.lens.push_back(1);
-    m.nat.push_back(1);
-    slots.push_back(r % 7 == 3 ? 0 : r + 1);
-    m.si.push_back({slots.back()});
-  }
-  m.slots = R + 2;
-  const Tensor host_slots = int_tensor(slots, {R});
+  const Meta m = per_row_meta(R, 7);
+  const Tensor host_slots = int_tensor(row_slots_of(m), {R});
   for (DType sdt : {DType::f32, DType::bf16}) {
     const Problem p = make_problem(rng.integer(0, 1 << 30), 8, m, sdt);
     for (Stale kind : {Stale::other_slots, Stale::garbage})
