@@ -23,7 +23,9 @@
 //      launches with PDL on and off.
 //   7. The stable-prefix promise (k_len and the cache rows below k_len - q_len read before the PDL
 //      wait): bitwise the plain kernel over the grid's features, and the rows [k_len - q_len,
-//      k_len) written by write_at launches just before are the ones read, never their old NaN.
+//      k_len) written by write_at launches just before, or by a late copy 50 us after the launch
+//      started (tests/support/late_copy.h), are the ones read, never their old NaN. Without the
+//      promise, a late copy of k_len (from a stale length) and the new rows is what the kernel sees.
 //   8. Bad arguments raise the typed errors that name them.
 #include "splice/backend/cuda/flash_decode.h"
 
