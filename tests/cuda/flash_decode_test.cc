@@ -1183,10 +1183,8 @@ std::vector<testing::DeviceCopy> row_copies(const Tensor& cache, const Tensor& r
 // NaN for certain). Repeated on one stream, the caches re-poisoned between rounds.
 TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
   SKIP_WITHOUT_GPU();
-  testing::PdlScope restore_pdl;
-  cuda::set_pdl_enabled(true);
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const testing::PdlStream pdl_stream;
+  const cudaStream_t stream = pdl_stream.get();
   std::uint64_t seed = 1200;
   for (std::int64_t head_dim : {64, 128}) {
     for (std::int64_t q_len : {1, 4}) {
@@ -1249,7 +1247,6 @@ TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
       }
     }
   }
-  cuda_ok(cudaStreamDestroy(stream), "stream destroy");
 }
 
 // Without the promise nothing is read before the PDL wait: a late copy (testing::
@@ -1259,10 +1256,8 @@ TEST(FlashDecodeCuda, StablePrefixReadsTheRowsItsProducerWrites) {
 // paths (the head plan at head_dim 128, one split and merged splits).
 TEST(FlashDecodeCuda, PlainKernelReadsKLenAfterItsWait) {
   SKIP_WITHOUT_GPU();
-  testing::PdlScope restore_pdl;
-  cuda::set_pdl_enabled(true);
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const testing::PdlStream pdl_stream;
+  const cudaStream_t stream = pdl_stream.get();
   std::uint64_t seed = 1300;
   for (std::int64_t head_dim : {64, 128}) {
     const std::int32_t limit = single_split_keys(head_dim);
@@ -1312,7 +1307,6 @@ TEST(FlashDecodeCuda, PlainKernelReadsKLenAfterItsWait) {
       }
     }
   }
-  cuda_ok(cudaStreamDestroy(stream), "stream destroy");
 }
 
 TEST(FlashDecodeCuda, BadArgumentsRaiseTypedErrors) {

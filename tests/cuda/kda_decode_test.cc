@@ -345,6 +345,19 @@ KdaDecodeArgs packed_args(Problem& p, std::optional<float> lb) {
   return a;
 }
 
+// The KdaDecodeArgs of a plain (per-row) call on `p`'s rows with the slot table `row_slots`
+// (device tensors).
+KdaDecodeArgs plain_args(Problem& p, const Tensor& row_slots, std::optional<float> lb) {
+  KdaDecodeArgs a = packed_args(p, lb);
+  a.mode = KdaMode::plain;
+  a.state_indices = row_slots;
+  a.row_slots = row_slots;
+  a.query_start_loc = Tensor();
+  a.num_accepted_tokens = Tensor();
+  a.num_seqs = p.R;
+  return a;
+}
+
 // Raw bytes of a tensor's whole storage.
 std::vector<std::uint8_t> storage_bytes(const Tensor& t) {
   const auto& st = t.storage();
@@ -505,23 +518,7 @@ void expect_bitwise_equal(const Problem& got, const Problem& want) {
   EXPECT_TRUE(storage_bytes(got.state) == storage_bytes(want.state)) << "state";
 }
 
-// A non-blocking stream with programmatic dependent launch on for a test's scope (the previous
-// setting restored after).
-class PdlStream {
- public:
-  PdlStream() {
-    cuda::set_pdl_enabled(true);
-    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
-  }
-  ~PdlStream() { cudaStreamDestroy(stream_); }
-  PdlStream(const PdlStream&) = delete;
-  PdlStream& operator=(const PdlStream&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  testing::PdlScope restore_pdl_;
-  cudaStream_t stream_ = nullptr;
-};
+using testing::PdlStream;
 
 // ---------------------------------------------------------------------------------------------
 
@@ -819,14 +816,7 @@ TEST(KdaCuda, PerRowModesEveryVariant) {
       Problem a = to_device(p, Device::cuda()), b = to_device(p, Device::cuda()),
               c = to_device(p, Device::cuda());
       cuda::kda_decode(packed_args(a, -5.0f), nullptr, v);
-      KdaDecodeArgs plain = packed_args(b, -5.0f);
-      plain.mode = KdaMode::plain;
-      plain.state_indices = row_slots;
-      plain.row_slots = row_slots;
-      plain.query_start_loc = Tensor();
-      plain.num_accepted_tokens = Tensor();
-      plain.num_seqs = R;
-      cuda::kda_decode(plain, nullptr, v);
+      cuda::kda_decode(plain_args(b, row_slots, -5.0f), nullptr, v);
       KdaDecodeArgs t1 = packed_args(c, -5.0f);
       t1.mode = KdaMode::t1;
       t1.row_slots = row_slots;
@@ -1108,18 +1098,8 @@ TEST(KdaCuda, PreWaitReadsOfRewrittenMetadata) {
         Problem launched = to_device(p, Device::cuda()), serial = to_device(p, Device::cuda());
         Tensor launched_slots = mirror(host_slots, Device::cuda());
         const Tensor serial_slots = mirror(host_slots, Device::cuda());
-        auto plain_args = [&](Problem& q, const Tensor& row_slots) {
-          KdaDecodeArgs a = packed_args(q, -5.0f);
-          a.mode = KdaMode::plain;
-          a.state_indices = row_slots;
-          a.row_slots = row_slots;
-          a.query_start_loc = Tensor();
-          a.num_accepted_tokens = Tensor();
-          a.num_seqs = R;
-          return a;
-        };
-        expect_late_metadata_matches_serial(plain_args(launched, launched_slots), launched,
-                                            plain_args(serial, serial_slots), serial,
+        expect_late_metadata_matches_serial(plain_args(launched, launched_slots, -5.0f), launched,
+                                            plain_args(serial, serial_slots, -5.0f), serial,
                                             {&launched_slots}, {host_slots}, kind, p.slots, v);
       }
   }

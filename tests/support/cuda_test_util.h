@@ -1,8 +1,12 @@
 // Helpers for the GPU tests (tests/cuda): device copies that keep a view's whole storage (so
 // NaN padding outside the view travels both ways), NaN-poisoned host layouts and the check that
-// a kernel kept to its view, a scope guard for the PDL switch, and SKIP_WITHOUT_GPU.
-// Header-only: the support library is also built without CUDA.
+// a kernel kept to its view, a scope guard for the PDL switch and a PDL stream, and
+// SKIP_WITHOUT_GPU.
+// Header-only (included by tests/cuda alone): the support library is also built without CUDA.
 #pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -110,6 +114,24 @@ class PdlScope {
 
  private:
   bool saved_;
+};
+
+// A non-blocking stream with programmatic dependent launch on for a test's scope (the previous
+// setting restored after).
+class PdlStream {
+ public:
+  PdlStream() {
+    cuda::set_pdl_enabled(true);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  ~PdlStream() { cudaStreamDestroy(stream_); }
+  PdlStream(const PdlStream&) = delete;
+  PdlStream& operator=(const PdlStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  PdlScope restore_pdl_;
+  cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace splice::testing
