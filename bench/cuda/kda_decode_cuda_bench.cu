@@ -25,7 +25,8 @@
 //     decision table (us and % of the floor per mask) and the JSON field "stream_tune_us"; the main
 //     table and "stream_us" keep the default.
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
-// given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us>" per line).
+// given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us> [<flashinfer_us>]"
+// per line, -1 where a peer was not timed; FlashInfer's fused_kda_decode runs T = 1 only).
 // Environment: KDA_BENCH_QUICK (T in {1, 4}), KDA_BENCH_NS / KDA_BENCH_TS (comma lists),
 // KDA_BENCH_STATES (comma list of state dtypes, f32 and/or bf16, in that order; default
 // bf16,f32),
@@ -119,7 +120,12 @@ struct Result {
   std::map<std::string, double> ab_us;  // A/B configurations (not in the table's `best`)
   std::string chosen;
   double us = 0;
-  double fla_us = -1, fla_rec_us = -1;
+  double fla_us = -1, fla_rec_us = -1, flashinfer_us = -1;
+};
+
+// One shape's peer timings (bench/peers/kda_peers.py), us; -1 where not timed.
+struct PeerTimes {
+  double fla = -1, fla_recurrent = -1, flashinfer = -1;
 };
 
 splice::Tensor borrow(void* p, const splice::Dims& shape, splice::DType dt,
@@ -470,15 +476,19 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
 
 int main(int argc, char** argv) {
   const std::string json_path = argc > 1 ? argv[1] : "kda_decode_cuda_bench.json";
-  std::map<std::string, std::pair<double, double>> peers;
+  std::map<std::string, PeerTimes> peers;
   if (argc > 2) {
     std::ifstream in(argv[2]);
-    std::string dt;
-    int n, t;
-    double us, rec;
-    while (in >> dt >> n >> t >> us >> rec)
-      peers[dt + " " + std::to_string(n) + " " + std::to_string(t)] = {us, rec};
-    std::printf("read %zu FLA peer timings from %s\n", peers.size(), argv[2]);
+    for (std::string text; std::getline(in, text);) {
+      std::istringstream fields(text);
+      std::string dt;
+      int n, t;
+      PeerTimes pt;
+      if (!(fields >> dt >> n >> t >> pt.fla >> pt.fla_recurrent)) continue;
+      if (!(fields >> pt.flashinfer)) pt.flashinfer = -1;  // a file of FLA alone
+      peers[dt + " " + std::to_string(n) + " " + std::to_string(t)] = pt;
+    }
+    std::printf("read %zu peer timings from %s\n", peers.size(), argv[2]);
   }
   splice::cuda::ensure_registered();
   std::printf("device: %s\n", splice::cuda::device_name().c_str());
@@ -587,8 +597,9 @@ int main(int argc, char** argv) {
     Result& r = results[i];
     const auto it = peers.find(r.dtype + " " + std::to_string(r.n) + " " + std::to_string(r.t));
     if (it != peers.end()) {
-      r.fla_us = it->second.first;
-      r.fla_rec_us = it->second.second;
+      r.fla_us = it->second.fla;
+      r.fla_rec_us = it->second.fla_recurrent;
+      r.flashinfer_us = it->second.flashinfer;
     }
     auto us_of = [&](const std::string& name) {
       return r.variant_us.count(name) ? r.variant_us.at(name) : -1.0;
@@ -609,23 +620,27 @@ int main(int argc, char** argv) {
          << (r.ab_us.count("chosen_nopdl") ? r.ab_us["chosen_nopdl"] : -1)
          << ", \"chosen_stable_us\": "
          << (r.ab_us.count("chosen_stable") ? r.ab_us["chosen_stable"] : -1)
-         << ", \"fla_us\": " << r.fla_us << ", \"fla_recurrent_us\": " << r.fla_rec_us << "}"
-         << (i + 1 < results.size() ? "," : "") << "\n";
+         << ", \"fla_us\": " << r.fla_us << ", \"fla_recurrent_us\": " << r.fla_rec_us
+         << ", \"flashinfer_us\": " << r.flashinfer_us << "}" << (i + 1 < results.size() ? "," : "")
+         << "\n";
   }
   json << "]\n";
 
   // `stable` = the chosen variant under the stable-state promise (a decode step's launches).
-  std::printf("\n%-6s %4s %2s %-7s %9s %8s %7s %9s %7s %9s %7s %9s %7s\n", "state", "N", "T",
-              "variant", "us", "GB/s", "%floor", "FLA us", "ratio", "FLArec", "best", "stable",
-              "%floor");
+  // `FI us` / `FIx`: FlashInfer's fused_kda_decode (T = 1) and its time over splice's.
+  std::printf("\n%-6s %4s %2s %-7s %9s %8s %7s %9s %7s %9s %7s %9s %7s %9s %6s\n", "state", "N",
+              "T", "variant", "us", "GB/s", "%floor", "FLA us", "ratio", "FLArec", "best", "stable",
+              "%floor", "FI us", "FIx");
   for (const Result& r : results) {
     double best = 1e30;
     for (const auto& [k, v] : r.variant_us) best = std::min(best, v);
     const double stable = r.ab_us.count("chosen_stable") ? r.ab_us.at("chosen_stable") : -1.0;
-    std::printf("%-6s %4d %2d %-7s %9.2f %8.0f %6.1f%% %9.2f %7.2f %9.2f %7.2f %9.2f %6.1f%%\n",
-                r.dtype.c_str(), r.n, r.t, r.chosen.c_str(), r.us, r.floor_bytes / r.us * 1e-3,
-                100.0 * r.floor_us / r.us, r.fla_us, r.fla_us > 0 ? r.fla_us / r.us : 0.0,
-                r.fla_rec_us, best, stable, stable > 0 ? 100.0 * r.floor_us / stable : 0.0);
+    std::printf(
+        "%-6s %4d %2d %-7s %9.2f %8.0f %6.1f%% %9.2f %7.2f %9.2f %7.2f %9.2f %6.1f%% %9.2f %6.2f\n",
+        r.dtype.c_str(), r.n, r.t, r.chosen.c_str(), r.us, r.floor_bytes / r.us * 1e-3,
+        100.0 * r.floor_us / r.us, r.fla_us, r.fla_us > 0 ? r.fla_us / r.us : 0.0, r.fla_rec_us,
+        best, stable, stable > 0 ? 100.0 * r.floor_us / stable : 0.0, r.flashinfer_us,
+        r.flashinfer_us > 0 ? r.flashinfer_us / r.us : 0.0);
   }
   if (!opt.tunes.empty()) {
     // The decision table of the dev A/B (dev/kda_b/README.md): `stream` with each tune mask, us

@@ -22,18 +22,23 @@ KDA_PEERS_TUNE_ONCE=1 keeps the first shape's choices instead.
 
 Timing: G iterations over disjoint slot sets (>= 400 MB of state per replay, as the C++ bench)
 captured in one torch CUDA graph, replayed after warm-up (at least KDA_BENCH_WARM_MS, default 50
-ms); median replay time / G. The recurrent kernel alone is timed the same way. FlashInfer's
-fused_kda_decode needs SM10x for T > 1 and is not installed on the device; it is reported as
-skipped.
+ms); median replay time / G. The recurrent kernel alone is timed the same way.
 
-Writes "<dtype> <N> <T> <fla_us> <fla_recurrent_us>" lines to argv[1]. KDA_BENCH_STATES (f32,
-bf16), KDA_BENCH_TS and KDA_BENCH_NS (comma lists) restrict the grid as they do the C++ bench's.
+FlashInfer: its T = 1 `fused_kda_decode` (the plain form of the op splice implements) is checked
+against a float64 reference and timed the same way when it imports (bench/peers/flashinfer_kda.py;
+its packed T > 1 kernel needs SM10x). KDA_PEERS_FLASHINFER=0 skips it.
+
+Writes "<dtype> <N> <T> <fla_us> <fla_recurrent_us> <flashinfer_us>" lines to argv[1] (-1 where a
+peer was not timed). KDA_BENCH_STATES (f32, bf16), KDA_BENCH_TS and KDA_BENCH_NS (comma lists)
+restrict the grid as they do the C++ bench's.
 """
 import math
 import os
 import sys
 
 import torch
+
+from flashinfer_kda import flashinfer_t1_times
 
 H, D = 32, 128
 TARGET_SET_BYTES = 400 * 2**20
@@ -71,32 +76,38 @@ def main():
     tune_once = os.environ.get("KDA_PEERS_TUNE_ONCE", "0") == "1"
     if not tune_once:
         os.environ.setdefault("FLA_CACHE_RESULTS", "0")  # read when fla is imported
-    try:
-        from fla.modules.causal_conv1d.ops import causal_conv1d_update
-        from fla.modules.norm.fused_norm_gate import rms_norm_gated
-        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
-    except Exception as e:  # noqa: BLE001
-        print(f"FLA not importable, peers skipped: {e!r}")
-        open(out_path, "w").close()
-        return
-    try:
-        import flashinfer  # noqa: F401
-        print("flashinfer is installed but its KDA decode targets SM10x; not timed on Hopper")
-    except Exception:
-        print("flashinfer: not installed on this machine (its packed KDA decode also refuses "
-              "Hopper for T > 1); skipped")
 
     def env_list(name, default):
         value = os.environ.get(name, "")
         return [v.strip() for v in value.split(",") if v.strip()] if value else default
 
-    states = {"f32": torch.float32, "bf16": torch.bfloat16}
+    states = [{"f32": torch.float32, "bf16": torch.bfloat16}[s]
+              for s in env_list("KDA_BENCH_STATES", ["f32", "bf16"])]
+    token_counts = [int(t) for t in env_list("KDA_BENCH_TS", ["1", "2", "4", "8"])]
+    sequence_counts = [int(n) for n in env_list("KDA_BENCH_NS", ["1", "8", "32", "128", "512"])]
+    fi = (flashinfer_t1_times(states, sequence_counts, WARM_MS, TARGET_SET_BYTES, MAX_SETS)
+          if 1 in token_counts else {})
+
+    def line(dt, N, T, fla_us, fla_rec_us):
+        fi_us = fi.get((dt, N), -1.0) if T == 1 else -1.0
+        return f"{dt} {N} {T} {fla_us:.3f} {fla_rec_us:.3f} {fi_us:.3f}\n"
+
+    try:
+        from fla.modules.causal_conv1d.ops import causal_conv1d_update
+        from fla.modules.norm.fused_norm_gate import rms_norm_gated
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    except Exception as e:  # noqa: BLE001
+        print(f"FLA not importable, its timings skipped: {e!r}")
+        with open(out_path, "w") as f:
+            f.writelines(line(dt, N, 1, -1.0, -1.0) for (dt, N) in fi)
+        return
+
     dev = torch.device("cuda")
     C = H * D
     lines = []
-    for sdt in (states[s] for s in env_list("KDA_BENCH_STATES", ["f32", "bf16"])):
-        for T in (int(t) for t in env_list("KDA_BENCH_TS", ["1", "2", "4", "8"])):
-            for N in (int(n) for n in env_list("KDA_BENCH_NS", ["1", "8", "32", "128", "512"])):
+    for sdt in states:
+        for T in token_counts:
+            for N in sequence_counts:
                 if not tune_once:
                     cleared = reset_fla_autotuners()
                     if N == 1 and T == 1:
@@ -191,7 +202,7 @@ def main():
                 dt = "f32" if sdt == torch.float32 else "bf16"
                 print(f"FLA {dt} N={N} T={T}: full {times['full']:.2f} us, recurrent "
                       f"{times['rec']:.2f} us (G={G})", flush=True)
-                lines.append(f"{dt} {N} {T} {times['full']:.3f} {times['rec']:.3f}\n")
+                lines.append(line(dt, N, T, times['full'], times['rec']))
                 del state, sis
                 torch.cuda.empty_cache()
     with open(out_path, "w") as f:
