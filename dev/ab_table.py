@@ -6,7 +6,8 @@ output, one file per binary and round) and prints, per (state, N, T), the first 
 then the same for the times under the stable-state promise (the bench's `chosen_stable`, what a
 decode step launches), where the bench printed them; then, from the bench's JSON
 (LOGDIR/<binary>_<round>.json) where it wrote one, the rule's own choice at the points where that
-is not `stream` (the per-head kernels at small N: the variant the launch would run).
+is not `stream` (the per-head kernels at small N: the variant the launch would run), and the
+times of each variant AB_VARIANTS names (a comma list) whatever the rule chose.
 
 usage: ab_table.py LOGDIR BASELINE OTHER...
 """
@@ -44,6 +45,9 @@ def main():
         print()
         table(stable, baseline, others, " (stable)")
     chosen = {}
+    # AB_VARIANTS (variant_ab_call.sh's BENCH_VARIANTS other than stream): each one's own time
+    # from the JSON (`<name>_us`), whatever the rule chose.
+    named = {v: {} for v in os.environ.get("AB_VARIANTS", "").split(",") if v and v != "stream"}
     for path in glob.glob(os.path.join(logdir, "*_*.json")):
         binary = os.path.basename(path)[: -len(".json")].rsplit("_", 1)[0]
         try:
@@ -51,12 +55,21 @@ def main():
         except (OSError, ValueError):
             continue
         for r in points:
+            for v, times in named.items():
+                if r.get(f"{v}_us", -1) > 0:
+                    key = (r["state"], r["N"], r["T"])
+                    times.setdefault(binary, {}).setdefault(key, []).append(
+                        (r[f"{v}_us"], r["floor_us"]))
             if r.get("variant", "stream") != "stream" and r.get("us", -1) > 0:
                 key = (r["state"], r["N"], r["T"], r["variant"])
                 chosen.setdefault(binary, {}).setdefault(key, []).append((r["us"], r["floor_us"]))
     if chosen.get(baseline):
         print()
         table(chosen, baseline, others, " (chosen)")
+    for v, times in named.items():
+        if times.get(baseline):
+            print()
+            table(times, baseline, others, f" ({v})")
 
 
 def table(runs, baseline, others, label):

@@ -14,7 +14,8 @@
 #      (dev/ab_table.py).
 # Environment (defaults): PACK (.gpubin/pack/variants.tgz), HANG_ROUNDS (3), TESTS ('KdaCuda.*'), TEST_CUT (110), RACE (a glob of
 # the OneStreamCta suffixes, '*'), STATES (bf16,f32), TS (1,2,4,8), NS (128,512), BENCH_CUT (40 s
-# a bench process), ROUNDS (3). A session's last
+# a bench process), ROUNDS (3), BENCH_VARIANTS (stream: the variants each bench process times,
+# KDA_BENCH_VARIANTS; the table adds one for each other than stream). A session's last
 # device minutes (perf.md run 170, ~1 minute):
 #   HANG_ROUNDS=0 TESTS='KdaCuda.*F32*:KdaCuda.T1Grid:KdaCuda.PerRowModesEveryVariant' TEST_CUT=75
 #   RACE=F32T1 STATES=f32 TS=1 NS=32,128,512 dev/variant_ab_call.sh
@@ -31,7 +32,7 @@ for v in "${variants[@]}"; do [[ -x $P/$v/cuda_all_test ]] && tested+=($v); done
 (( ${#tested[@]} < ${#variants[@]} )) && echo "untested (bench only): $(( ${#variants[@]} - ${#tested[@]} )) variant(s)"
 HANG_ROUNDS=${HANG_ROUNDS:-3} TESTS=${TESTS:-KdaCuda.*} TEST_CUT=${TEST_CUT:-110} RACE=${RACE:-*}
 STATES=${STATES:-bf16,f32} TS=${TS:-1,2,4,8} NS=${NS:-128,512} BENCH_CUT=${BENCH_CUT:-40}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-3} BENCH_VARIANTS=${BENCH_VARIANTS:-stream}
 # The OneStreamCta* cases matching RACE that a variant's cuda_all_test holds (F32T1, ...).
 race_cases() {
   $P/$1/cuda_all_test --gtest_list_tests --gtest_filter="KdaCuda.OneStreamCta$RACE" |
@@ -72,10 +73,10 @@ done
 echo "== 3. timed A/B (at $((SECONDS - T0)) s)"
 for round in $(seq 1 $ROUNDS); do
   for b in head "${variants[@]}"; do
-    KDA_BENCH_NS=$NS KDA_BENCH_TS=$TS KDA_BENCH_STATES=$STATES KDA_BENCH_VARIANTS=stream \
+    KDA_BENCH_NS=$NS KDA_BENCH_TS=$TS KDA_BENCH_STATES=$STATES KDA_BENCH_VARIANTS=$BENCH_VARIANTS \
       timeout $BENCH_CUT $P/$b/kda_decode_cuda_bench $L/${b}_$round.json >$L/${b}_bench_$round.txt 2>&1 || echo "$b round $round: rc $?"
   done
 done
-python3 dev/ab_table.py $L head "${variants[@]}"
+AB_VARIANTS=$BENCH_VARIANTS python3 dev/ab_table.py $L head "${variants[@]}"
 echo "done at $((SECONDS - T0)) s"
 tar czf $OUT/logs.tgz -C $L .
