@@ -6,7 +6,8 @@
 // ConvWriteback); the per-head kernel is at the end of this file, the two stream kernels with
 // their ring, item schedule and claims in kda_decode_stream.cuh:
 //   kda_decode_kernel: one CTA per (item, value slice s); a cluster of kSlices CTAs covers one
-//     head's 128 value rows. The state loads are issued before the precompute.
+//     head's 128 value rows. The state loads are issued before the precompute (one CTA a head,
+//     `wide`: after it, from L2, where they were prefetched before the PDL wait).
 //   kda_decode_stream_kernel: one persistent CTA of 8 warps per SM walks items with a grid
 //     stride, keeping a ring of 2 (fp32) or 3 (bf16) shared-memory stages filled by the copy
 //     engine (cp.async.bulk + mbarrier) with each coming item's source state and first-chunk
@@ -1355,25 +1356,33 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   const int h = static_cast<int>(blockIdx.y);
   const int u = static_cast<int>(blockIdx.x / kSlices);
   const int row0 = slice * L::kRows;
-  if (!stable_state) {
+  // One CTA a head (wide), 16-byte aligned states: the state rows are loaded after the
+  // precompute, from L2, where the last warp prefetches them before the wait (with or without
+  // the promise). Loaded before it, 64 (bf16 32) registers a thread beside the precompute's
+  // spilled, and each spill store waited for its load: the state's round trip landed before the
+  // precompute instead of beside it (ncu, perf.md run 285). Runs 286-287: bf16 N = 8 T = 1 / 2 /
+  // 4 -13 / -15 / -11%, T = 9 / 16 -6 to -8% at N = 8-128; f32 wide (the rule's fallback) -9 to
+  // +3%.
+  constexpr bool kStateAfterPrecompute = kSlices == 1 && kVec;
+  if (!stable_state || kStateAfterPrecompute) {
     // Without the promise the conv history and this CTA's state rows (16-byte aligned states: a
     // bulk prefetch) are only prefetched into L2 before the wait, by one warp (the last: where
     // the wait returns within that round trip, its own metadata loads after it start that much
-    // later).
+    // later); wide's state rows are prefetched so under the promise too.
     if (threadIdx.x == kThreads - kWarp)
-      prefetch_sources_before_wait<StateT>(p, u, h, row0, L::kRows, kVec, true);
-    detail::pdl_prologue();
+      prefetch_sources_before_wait<StateT>(p, u, h, row0, L::kRows, kVec, !stable_state);
+    if (!stable_state) detail::pdl_prologue();
   }
   // qsl[N] is read first, beside the item's metadata: issued after resolve_item it waited for the
   // slots (its selection) and pushed the state loads to a third round trip.
   const int qn = owned_rows(p);
   const Item it = resolve_item(p, u, h);
   const G geo;
+  const StateT* src = static_cast<const StateT*>(p.state) +
+                      static_cast<std::int64_t>(it.ss) * p.state_slot +
+                      static_cast<std::int64_t>(h) * kD * kD;
   uint4 raw[L::kRowsPerThread][G::kVecs];
-  if (it.live) {
-    const StateT* src = static_cast<const StateT*>(p.state) +
-                        static_cast<std::int64_t>(it.ss) * p.state_slot +
-                        static_cast<std::int64_t>(h) * kD * kD;
+  if (it.live && !kStateAfterPrecompute) {
 #pragma unroll
     for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
@@ -1397,6 +1406,13 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   run_item<kThreads, kSlices, StateT, kVec>(
       p, sm, it, slice, FirstInputs(p, it),
       [&](float(&s)[L::kRowsPerThread][L::kCols]) {
+        if constexpr (kStateAfterPrecompute) {
+#pragma unroll
+          for (int i = 0; i < L::kRowsPerThread; ++i)
+#pragma unroll
+            for (int c = 0; c < G::kVecs; ++c)
+              raw[i][c] = load_state_vec<StateT, kVec>(src + (row0 + geo.row(i)) * kD + geo.col(c));
+        }
 #pragma unroll
         for (int i = 0; i < L::kRowsPerThread; ++i)
 #pragma unroll
