@@ -9,6 +9,9 @@
 # wheels are 33-101 MB of a call's 64 MiB.) install_peer_wheels ROOT installs them once into
 # /tmp/peer-site (no index, no deps) and puts that on PYTHONPATH; FlashInfer then JIT-compiles its
 # kernels at first use with the image's nvcc, into /tmp/flashinfer-ws.
+# FlashInfer's KDA decode (bench/peers/flashinfer_kda.py) needs 0.6.18 and its CuTe DSL, 70 MB
+# compressed: it travels on its own, in two calls (dev/kda_flashinfer_call.sh); with .whl's 0.5.3
+# alone the KDA peer script reports it as not importable and times FLA.
 install_peer_wheels() {
   [[ -n ${SPLICE_PEER_SITE:-} ]] && return 0
   export SPLICE_PEER_SITE=/tmp/peer-site
