@@ -15,14 +15,17 @@ rounding points: output within atol 2e-2 / rtol 3e-2 (FlashInfer's own test tole
 written states within atol 2e-3 / rtol 3e-2, the conv history bit for bit, the null row zero and
 its slot untouched. A peer that fails it is reported and not timed.
 
-Timing: as bench/peers/kda_peers.py times FLA: G calls over disjoint slot sets (>= 400 MB of
-state a replay) captured in one CUDA graph, warmed for >= KDA_BENCH_WARM_MS, median of 21 replays
-/ G. The bytes are the ones splice's T = 1 floor counts (the state read and written once).
+Timing: as bench/peers/kda_peers.py times FLA (graph_timing.py): G calls over disjoint slot sets
+(>= 400 MB of state a replay) captured in one CUDA graph, warmed for >= KDA_BENCH_WARM_MS, median
+of 21 replays / G. The bytes are the ones splice's T = 1 floor counts (the state read and written
+once).
 """
 import math
 import os
 
 import torch
+
+from graph_timing import graph_us
 
 H, D = 32, 128
 C = H * D
@@ -143,7 +146,7 @@ def check_against_reference(fused_kda_decode, dev):
 
 
 def time_fused_kda_decode(fused_kda_decode, states, ns, dev, warm_ms, target_set_bytes,
-                          max_sets, warmup=3, replays=21):
+                          max_sets):
     """{(dtype name, N): us per call} at T = 1 (a shape that fails: -1)."""
     times = {}
     for sdt in states:
@@ -163,39 +166,7 @@ def time_fused_kda_decode(fused_kda_decode, states, ns, dev, warm_ms, target_set
                                  norm_eps=1e-5, output=out)
 
             try:
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    for si in sets[:2]:
-                        call(si)  # compile outside capture
-                torch.cuda.current_stream().wait_stream(s)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for si in sets:
-                        call(si)
-                w0 = torch.cuda.Event(enable_timing=True)
-                w1 = torch.cuda.Event(enable_timing=True)
-                w0.record()
-                while True:
-                    for _ in range(warmup):
-                        graph.replay()
-                    w1.record()
-                    w1.synchronize()
-                    if w0.elapsed_time(w1) >= warm_ms:
-                        break
-                ts = []
-                for _ in range(replays):
-                    a = torch.cuda.Event(enable_timing=True)
-                    b = torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    graph.replay()
-                    b.record()
-                    b.synchronize()
-                    ts.append(a.elapsed_time(b))
-                ts.sort()
-                times[(dt, N)] = ts[len(ts) // 2] * 1e3 / G
-                del graph
+                times[(dt, N)] = graph_us(call, sets, warm_ms)
             except Exception as e:  # noqa: BLE001
                 print(f"FlashInfer fused_kda_decode failed for {dt} N={N}: {e!r}")
                 times[(dt, N)] = -1.0

@@ -22,7 +22,7 @@ KDA_PEERS_TUNE_ONCE=1 keeps the first shape's choices instead.
 
 Timing: G iterations over disjoint slot sets (>= 400 MB of state per replay, as the C++ bench)
 captured in one torch CUDA graph, replayed after warm-up (at least KDA_BENCH_WARM_MS, default 50
-ms); median replay time / G. The recurrent kernel alone is timed the same way.
+ms); median replay time / G (graph_timing.py). The recurrent kernel alone is timed the same way.
 
 FlashInfer: its T = 1 `fused_kda_decode` (the plain form of the op splice implements) is checked
 against a float64 reference and timed the same way when it imports (bench/peers/flashinfer_kda.py;
@@ -39,11 +39,11 @@ import sys
 import torch
 
 from flashinfer_kda import flashinfer_t1_times
+from graph_timing import graph_us
 
 H, D = 32, 128
 TARGET_SET_BYTES = 400 * 2**20
 MAX_SETS = 64
-WARMUP, REPLAYS = 3, 21
 # Untimed replays for at least this many ms before the timed ones (KDA_BENCH_WARM_MS, as the C++
 # bench: with 3 replays alone its first configurations after a switch read up to 10% slow).
 WARM_MS = float(os.environ.get("KDA_BENCH_WARM_MS", "50"))
@@ -162,40 +162,7 @@ def main():
                 for name, fn in (("full", lambda si: full(si)),
                                  ("rec", lambda si: recurrent(si, qf, kf, vf))):
                     try:
-                        s = torch.cuda.Stream()
-                        s.wait_stream(torch.cuda.current_stream())
-                        with torch.cuda.stream(s):
-                            for si in sis[:2]:
-                                fn(si)  # compile / autotune outside capture
-                        torch.cuda.current_stream().wait_stream(s)
-                        torch.cuda.synchronize()
-                        graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph):
-                            for si in sis:
-                                fn(si)
-                        w0 = torch.cuda.Event(enable_timing=True)
-                        w1 = torch.cuda.Event(enable_timing=True)
-                        w0.record()
-                        while True:
-                            for _ in range(WARMUP):
-                                graph.replay()
-                            w1.record()
-                            w1.synchronize()
-                            if w0.elapsed_time(w1) >= WARM_MS:
-                                break
-                        torch.cuda.synchronize()
-                        ts = []
-                        for _ in range(REPLAYS):
-                            a = torch.cuda.Event(enable_timing=True)
-                            b = torch.cuda.Event(enable_timing=True)
-                            a.record()
-                            graph.replay()
-                            b.record()
-                            b.synchronize()
-                            ts.append(a.elapsed_time(b))
-                        ts.sort()
-                        times[name] = ts[len(ts) // 2] * 1e3 / G
-                        del graph
+                        times[name] = graph_us(fn, sis, WARM_MS)
                     except Exception as e:  # noqa: BLE001
                         print(f"FLA {name} failed for {sdt} N={N} T={T}: {e!r}")
                         times[name] = -1.0
