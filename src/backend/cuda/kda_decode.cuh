@@ -1361,8 +1361,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   // the promise). Loaded before it, 64 (bf16 32) registers a thread beside the precompute's
   // spilled, and each spill store waited for its load: the state's round trip landed before the
   // precompute instead of beside it (ncu, perf.md run 285). Runs 286-287: bf16 N = 8 T = 1 / 2 /
-  // 4 -13 / -15 / -11%, T = 9 / 16 -6 to -8% at N = 8-128; f32 wide (the rule's fallback) -9 to
-  // +3%.
+  // 4 -13 / -15 / -11%, T = 9 / 16 -6 to -8% at N = 8-128; f32 wide, which the rule picks only
+  // for unaligned states (they keep the old order), -9 to +3% where forced.
   constexpr bool kStateAfterPrecompute = kSlices == 1 && kVec;
   if (!stable_state || kStateAfterPrecompute) {
     // Without the promise the conv history and this CTA's state rows (16-byte aligned states: a
