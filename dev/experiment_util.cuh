@@ -30,13 +30,13 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// One launch with the PDL attribute (the kernel must pdl_wait() before touching what its
-// predecessor writes).
+// One launch of a `grid` of CTAs (a count, or a dim3) with the PDL attribute (the kernel must
+// pdl_wait() before touching what its predecessor writes).
 template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), int ctas, int threads, int smem, cudaStream_t stream,
+void launch_pdl(void (*kernel)(Params...), dim3 grid, int threads, int smem, cudaStream_t stream,
                 Args&&... args) {
   cudaLaunchConfig_t c{};
-  c.gridDim = dim3(ctas);
+  c.gridDim = grid;
   c.blockDim = dim3(threads);
   c.dynamicSmemBytes = smem;
   c.stream = stream;

@@ -43,6 +43,7 @@ namespace {
 
 using experiment::bf;
 using experiment::download;
+using experiment::launch_pdl;
 using experiment::pdl_trigger;
 using experiment::pdl_wait;
 using experiment::to_bf;
@@ -290,26 +291,11 @@ void free_problem(Problem& p) {
 
 }  // namespace
 
-// experiment::launch_pdl takes a 1-D grid; this kernel's is (H, R).
-template <typename StateT>
-static void launch_grid(const Args& a, int rows, cudaStream_t stream) {
-  cudaLaunchConfig_t c{};
-  c.gridDim = dim3(kH, rows);
-  c.blockDim = dim3(kThreads);
-  c.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  c.attrs = &attr;
-  c.numAttrs = 1;
-  CHECK(cudaLaunchKernelEx(&c, &kda_rows_t1<StateT>, a));
-}
-
 static void run(const Args& a, int rows, bool bf16_state, cudaStream_t stream) {
   if (bf16_state)
-    launch_grid<__nv_bfloat16>(a, rows, stream);
+    launch_pdl(&kda_rows_t1<__nv_bfloat16>, dim3(kH, rows), kThreads, 0, stream, a);
   else
-    launch_grid<float>(a, rows, stream);
+    launch_pdl(&kda_rows_t1<float>, dim3(kH, rows), kThreads, 0, stream, a);
 }
 
 // The spec's T = 1 math in float64 for row r of `p` (slot > 0), against the kernel's results.
