@@ -44,6 +44,8 @@
 //           S[v,k] *= decay[k];  pred[v] = sum_k S[v,k] k^[k]      (per-thread partials, then a
 //           delta[v] = beta (v[v] - pred[v])                        transposing butterfly over
 //           S[v,k] += delta[v] k^[k];  o[v] = sum_k S[v,k] q^[k]    the kLanes lanes of a row)
+//         (the per-head kernels sum o over the decayed state in the first pass instead:
+//         o[v] = sum_k S'[v,k] q^[k] + delta[v] (k^ . q^); SweepPasses)
 //         then o_b[t][v] = bf16(o[v]) into shared memory and S into slot dst[t] when dst[t] > 0
 //         (rounded to the state dtype at the store; the carried S stays fp32).
 //      c. Gated RMSNorm (one warp per token): inv = 1/sqrt(sum_v o_b^2 / D + eps), summed over
@@ -1049,9 +1051,18 @@ struct ConvWriteback {
   }
 };
 
+// The order of stage 3b's row sums. kTwo: pred = S' k^ over the decayed state S' = S diag(decay),
+// the update, then o = S q^ over the updated state (two passes, three butterflies). kOne: both
+// sums over S' in one pass, pred = S' k^ and S' q^, and o = S' q^ + delta (k^ . q^) (= the
+// updated S times q^), so the output waits for no butterfly after the update; k^ . q^ is reduced
+// beside them. The per-head kernels take kOne (perf.md run 289: wide bf16 -3% at N = 8, fp32
+// -17 to -26%: the third butterfly's registers were spilled; split4 -0.5 to -2.4%); the stream
+// kernels keep kTwo (run 192: bf16 +0.5-3.8% slower at T > 1 with kOne, run 289: level at T = 1).
+enum class SweepPasses { kTwo, kOne };
+
 // Stage 3b for one token (slot `slot` of sm) on this thread's rows s of the state: the decay, the
 // delta rule, o_b into sm.o[slot] and the checkpoint into slot dst (when dst > 0).
-template <int kThreads, int kSlices, typename StateT, bool kVec, int kSlots>
+template <int kThreads, int kSlices, typename StateT, bool kVec, SweepPasses kPasses, int kSlots>
 __device__ __forceinline__ void sweep_token(
     const Params& p, Shared<Layout<kThreads, kSlices>::kRows, kSlots>& sm,
     float (&s)[Layout<kThreads, kSlices>::kRowsPerThread][Layout<kThreads, kSlices>::kCols],
@@ -1065,9 +1076,12 @@ __device__ __forceinline__ void sweep_token(
   const G geo;
   const int my_row = geo.j >> log2_int(kLanes / kRt);         // row reduced into lane j
   const bool row_leader = (geo.j & (kLanes / kRt - 1)) == 0;  // one writer per reduced row
-  float part[kRt];
+  constexpr bool kOnePass = kPasses == SweepPasses::kOne;
+  float part[kRt];   // pred's partials: S' k^
+  float opart[kRt];  // kOne: o's partials over S': S' q^
 #pragma unroll
-  for (int i = 0; i < kRt; ++i) part[i] = 0.0f;
+  for (int i = 0; i < kRt; ++i) part[i] = opart[i] = 0.0f;
+  float kq = 0.0f;  // kOne: this thread's columns of k^ . q^
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
   const bool drop_math = (p.tune & kTuneDevDropSweepMath) != 0;
   const bool drop_stores = (p.tune & kTuneDevDropCheckpoints) != 0;
@@ -1082,16 +1096,21 @@ __device__ __forceinline__ void sweep_token(
       for (int e = 0; e < kVecElems; e += 4) {
         const float4 dv = *reinterpret_cast<const float4*>(&sm.decay[slot][geo.col(c) + e]);
         const float4 kv = *reinterpret_cast<const float4*>(&sm.k[slot][geo.col(c) + e]);
+        float4 qv{};
+        if constexpr (kOnePass) qv = *reinterpret_cast<const float4*>(&sm.q[slot][geo.col(c) + e]);
         const float dd[4] = {dv.x, dv.y, dv.z, dv.w};
-        const float kq[4] = {kv.x, kv.y, kv.z, kv.w};
+        const float kc[4] = {kv.x, kv.y, kv.z, kv.w};
+        const float qc[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
           const int col = c * kVecElems + e + x;
-          kk[col] = kq[x];
+          kk[col] = kc[x];
+          if constexpr (kOnePass) kq = fmaf(kc[x], qc[x], kq);
 #pragma unroll
           for (int i = 0; i < kRt; ++i) {
             s[i][col] *= dd[x];
-            part[i] = fmaf(s[i][col], kq[x], part[i]);
+            part[i] = fmaf(s[i][col], kc[x], part[i]);
+            if constexpr (kOnePass) opart[i] = fmaf(s[i][col], qc[x], opart[i]);
           }
         }
       }
@@ -1103,6 +1122,14 @@ __device__ __forceinline__ void sweep_token(
   constexpr bool drop_shuffles = false;
 #endif
   const float pred = drop_shuffles ? part[0] : reduce_rows<kRt, kLanes>(part, geo.j);
+  float o_decayed = 0.0f;  // kOne: (S' q^)[my_row]
+  if constexpr (kOnePass) {
+    o_decayed = drop_shuffles ? opart[0] : reduce_rows<kRt, kLanes>(opart, geo.j);
+    if (!drop_shuffles) {
+#pragma unroll
+      for (int m = kLanes / 2; m >= 1; m /= 2) kq += __shfl_xor_sync(kFullMask, kq, m);
+    }
+  }
   const float delta_mine = sm.beta[slot] * (sm.v[slot][geo.row(my_row)] - pred);
   float delta[kRt];
   if (drop_shuffles) {
@@ -1112,10 +1139,15 @@ __device__ __forceinline__ void sweep_token(
     gather_rows<kRt, kLanes>(delta_mine, delta, geo.j);
   }
 
-  float o[kRt];
+  float o[kRt];  // kTwo: o's partials over the updated S
 #pragma unroll
   for (int i = 0; i < kRt; ++i) o[i] = 0.0f;
-  if (!drop_math) {
+  if (!drop_math && kOnePass) {
+#pragma unroll
+    for (int col = 0; col < L::kCols; ++col)
+#pragma unroll
+      for (int i = 0; i < kRt; ++i) s[i][col] = fmaf(delta[i], kk[col], s[i][col]);
+  } else if (!drop_math) {
 #pragma unroll
     for (int c = 0; c < kVecs; ++c) {
 #pragma unroll
@@ -1134,7 +1166,9 @@ __device__ __forceinline__ void sweep_token(
       }
     }
   }
-  const float o_total = drop_shuffles ? o[0] : reduce_rows<kRt, kLanes>(o, geo.j);
+  const float o_total = kOnePass        ? fmaf(delta_mine, kq, o_decayed)
+                        : drop_shuffles ? o[0]
+                                        : reduce_rows<kRt, kLanes>(o, geo.j);
   if (row_leader) sm.o[slot][geo.row(my_row)] = round_bf16(o_total);
 
   const int dst = sm.dst[slot];
@@ -1188,8 +1222,8 @@ __device__ __forceinline__ void sweep_token(
 // precompute; then one barrier, after which `first` is no longer read and `release()` runs.
 // `defer_slot` (stream, T = 1 only; else -1): the item's one token uses token slot defer_slot
 // of sm, and its RMSNorm is left to the caller (norm_head_token, during the next item).
-template <int kThreads, int kSlices, typename StateT, bool kVec, int kSlots, typename FirstInputs,
-          typename LoadState, typename Release>
+template <int kThreads, int kSlices, typename StateT, bool kVec, SweepPasses kPasses, int kSlots,
+          typename FirstInputs, typename LoadState, typename Release>
 __device__ __forceinline__ void run_item(const Params& p,
                                          Shared<Layout<kThreads, kSlices>::kRows, kSlots>& sm,
                                          const Item& it, int slice, const FirstInputs& first,
@@ -1240,7 +1274,7 @@ __device__ __forceinline__ void run_item(const Params& p,
     // Stage 3b: the state sweep.
 #pragma unroll 1
     for (int t = 0; t < nt; ++t)
-      sweep_token<kThreads, kSlices, StateT, kVec>(p, sm, s, ts + t, row0, h);
+      sweep_token<kThreads, kSlices, StateT, kVec, kPasses>(p, sm, s, ts + t, row0, h);
     cta_sync<kThreads>();
 
     // Stage 3c: gated RMSNorm, one warp per token. In a cluster each slice stores its partial
@@ -1403,7 +1437,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kThreads, kSlices>::kMinBlock
   }
   prefetch_first_chunk(p, it);
   using FirstInputs = std::conditional_t<kSlices == 4, LeanInputs, GlobalInputs>;
-  run_item<kThreads, kSlices, StateT, kVec>(
+  run_item<kThreads, kSlices, StateT, kVec, SweepPasses::kOne>(
       p, sm, it, slice, FirstInputs(p, it),
       [&](float(&s)[L::kRowsPerThread][L::kCols]) {
         if constexpr (kStateAfterPrecompute) {

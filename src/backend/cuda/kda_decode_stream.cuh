@@ -738,11 +738,11 @@ __global__ void __launch_bounds__(kStreamBlock, 1) kda_decode_stream_kernel(cons
     };
     const int defer_slot = defer_norm ? k % kDeferSlots : -1;
     if constexpr (kStage) {
-      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, StagedInputs<>{&st.in, &st.taps},
-                                                load_state, release, defer_slot);
+      run_item<kStreamThreads, 1, StateT, true, SweepPasses::kTwo>(
+          p, S.sm, it, 0, StagedInputs<>{&st.in, &st.taps}, load_state, release, defer_slot);
     } else {
-      run_item<kStreamThreads, 1, StateT, true>(p, S.sm, it, 0, GlobalInputs(p, it), load_state,
-                                                release, defer_slot);
+      run_item<kStreamThreads, 1, StateT, true, SweepPasses::kTwo>(
+          p, S.sm, it, 0, GlobalInputs(p, it), load_state, release, defer_slot);
     }
     if (defer_norm) {
       pending_slot = defer_slot;
@@ -969,7 +969,8 @@ __global__ void __launch_bounds__(kWsBlock, 1) kda_decode_stream_ws_kernel(const
           wb.store(p, S.sm, 0, 0, len, slot);
 #pragma unroll 1
           for (int t = 0; t < len; ++t)
-            sweep_token<kStreamThreads, 1, StateT, true>(p, S.sm, sv, slot + t, 0, it.h);
+            sweep_token<kStreamThreads, 1, StateT, true, SweepPasses::kTwo>(p, S.sm, sv, slot + t,
+                                                                            0, it.h);
         }
         SPLICE_KDA_STAMP(k, 5);
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
