@@ -20,12 +20,18 @@
 //   - Barrier; warp 0: inv = 1 / sqrt(mean(o_b^2) + eps), out = bf16(o_b inv scale).
 // The host check runs the spec's math in float64 on a few rows (one null) and compares.
 //
-// Registers (ptxas, __launch_bounds__(512, 2)): 64, bf16 no spills, f32 32 bytes. Not yet run
-// (session 38 had no device time left); one call builds and runs it, no carry:
+// Registers (ptxas): __launch_bounds__(512, 2) 64, bf16 no spills, f32 32 bytes; (512, 1) 72 / 80.
+// Measured (perf.md runs 289-290, H200, float64 check passed): PDL and 2 CTAs an SM best; bf16
+// N = 1 / 8 / 32 / 128 / 512: 4.62 / 8.21 / 29.80 / 105.97 / 402.21 us (FlashInfer 4.47 / 7.43 /
+// 24.20 / 84.10 / 310.85 in run 291, splice's rule 3.73 / 8.99 / 27.96 / 83.06 / 299.28); f32 5.26
+// / 12.53 / 45.34 / 162.75 / 620.66. A plain launch: +0-5%; 1 CTA an SM: +20-40% from N = 8. So
+// FlashInfer's pattern in splice's hands wins only at N = 8 (-9% bf16, -6% f32 against the rule)
+// and still trails FlashInfer there by 10%: not built into the family (perf-gpu-kda.md).
+// One call builds and runs it, no carry:
 //   run(command="mkdir -p .gpubin && nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17
 //       -Isrc -o .gpubin/kda_rows dev/kda_rows/kda_rows.cu && .gpubin/kda_rows")
-//   (the check, then N in {1, 8, 32, 128, 512} x {bf16, f32} state; `kda_rows check` stops after
-//   the check)
+//   (the check for each launch variant, then N in {1, 8, 32, 128, 512} x {bf16, f32} state x
+//   the variants; `kda_rows check` stops after the check)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -117,8 +123,10 @@ __device__ __forceinline__ void store_row(StateT* s, int row, int lane, const fl
     *reinterpret_cast<uint2*>(s + row * kD + 4 * lane) = pack4(f);
 }
 
-template <typename StateT>
-__global__ void __launch_bounds__(kThreads, 2) kda_rows_t1(const Args a) {
+// kMinBlocks: 2 CTAs an SM (64 registers a thread) or 1 (up to 128; FlashInfer's kernel states no
+// bound).
+template <typename StateT, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) kda_rows_t1(const Args a) {
   __shared__ float mixed[3 * kD];  // [3, D] q, k, v after conv + SiLU (bf16-exact)
   __shared__ float decay[kD];      // [D] exp(g)
   __shared__ float out_scale[kD];  // [D] norm_weight * sigmoid(output_gate)
@@ -291,11 +299,33 @@ void free_problem(Problem& p) {
 
 }  // namespace
 
-static void run(const Args& a, int rows, bool bf16_state, cudaStream_t stream) {
-  if (bf16_state)
-    launch_pdl(&kda_rows_t1<__nv_bfloat16>, dim3(kH, rows), kThreads, 0, stream, a);
+// The launch variants timed: PDL (as splice launches) or a plain launch (as FlashInfer's peer is
+// timed), 2 or 1 CTAs an SM.
+struct Variant {
+  const char* name;
+  bool pdl;
+  int min_blocks;
+};
+constexpr Variant kVariants[] = {
+    {"pdl/2", true, 2}, {"plain/2", false, 2}, {"pdl/1", true, 1}, {"plain/1", false, 1}};
+
+template <typename StateT, int kMinBlocks>
+static void launch(const Args& a, int rows, bool pdl, cudaStream_t stream) {
+  if (pdl)
+    launch_pdl(&kda_rows_t1<StateT, kMinBlocks>, dim3(kH, rows), kThreads, 0, stream, a);
   else
-    launch_pdl(&kda_rows_t1<float>, dim3(kH, rows), kThreads, 0, stream, a);
+    kda_rows_t1<StateT, kMinBlocks><<<dim3(kH, rows), kThreads, 0, stream>>>(a);
+}
+
+static void run(const Args& a, int rows, bool bf16_state, cudaStream_t stream,
+                const Variant& v = kVariants[0]) {
+  if (bf16_state)
+    v.min_blocks == 2 ? launch<__nv_bfloat16, 2>(a, rows, v.pdl, stream)
+                      : launch<__nv_bfloat16, 1>(a, rows, v.pdl, stream);
+  else
+    v.min_blocks == 2 ? launch<float, 2>(a, rows, v.pdl, stream)
+                      : launch<float, 1>(a, rows, v.pdl, stream);
+  CHECK(cudaGetLastError());
 }
 
 // The spec's T = 1 math in float64 for row r of `p` (slot > 0), against the kernel's results.
@@ -387,16 +417,18 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   int failures = 0;
-  for (bool bf16_state : {false, true}) {  // the float64 check: 5 rows, one null
-    Problem p = make_problem(5, 8, bf16_state, 11);
-    const std::vector<std::int32_t> slots = {3, 0, 7, 1, 5};
-    p.dev.slots = upload(slots);
-    run(p.dev, p.rows, bf16_state, stream);
-    CHECK(cudaStreamSynchronize(stream));
-    std::printf("check, %s state:\n", bf16_state ? "bf16" : "f32");
-    check(p, slots, &failures);
-    CHECK(cudaFree(const_cast<std::int32_t*>(p.dev.slots)));
-    free_problem(p);
+  for (const Variant& v : kVariants) {
+    for (bool bf16_state : {false, true}) {  // the float64 check: 5 rows, one null
+      Problem p = make_problem(5, 8, bf16_state, 11);
+      const std::vector<std::int32_t> slots = {3, 0, 7, 1, 5};
+      p.dev.slots = upload(slots);
+      run(p.dev, p.rows, bf16_state, stream, v);
+      CHECK(cudaStreamSynchronize(stream));
+      std::printf("check %s, %s state:\n", v.name, bf16_state ? "bf16" : "f32");
+      check(p, slots, &failures);
+      CHECK(cudaFree(const_cast<std::int32_t*>(p.dev.slots)));
+      free_problem(p);
+    }
   }
   std::printf("check: %s (%d mismatches)\n", failures == 0 ? "PASSED" : "FAILED", failures);
   if (argc > 1 && std::string(argv[1]) == "check") return failures != 0;
@@ -414,21 +446,24 @@ int main(int argc, char** argv) {
         for (int i = 0; i < n; ++i) s[i] = 1 + g * n + i;
         args[g].slots = slot_sets[g] = upload(s);
       }
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      for (int g = 0; g < sets; ++g) run(args[g], n, bf16_state, stream);
-      CHECK(cudaStreamEndCapture(stream, &graph));
-      CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      const auto t = splice::bench::time_replays(exec, stream, 3, 21, sets, 50.0);
-      // Floor: the state read and written, x, the conv history read and written, the gates and
-      // the output, over the copy bandwidth.
-      const double bytes = 2 * state_bytes + n * (3.0 * kC * 2 * (1 + 3 + 3) + 3.0 * kC * 2);
-      std::printf("rows %s N=%d T=1 (G=%d): %.2f us (spread %.2f), floor %.2f us (%.1f%%)\n",
-                  bf16_state ? "bf16" : "f32", n, sets, t.median_us, t.spread_us,
-                  bytes / kCopyBandwidth * 1e6, 100.0 * bytes / kCopyBandwidth * 1e6 / t.median_us);
-      CHECK(cudaGraphExecDestroy(exec));
-      CHECK(cudaGraphDestroy(graph));
+      for (const Variant& v : kVariants) {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        for (int g = 0; g < sets; ++g) run(args[g], n, bf16_state, stream, v);
+        CHECK(cudaStreamEndCapture(stream, &graph));
+        CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        const auto t = splice::bench::time_replays(exec, stream, 3, 21, sets, 50.0);
+        // Floor: the state read and written, x, the conv history read and written, the gates
+        // and the output, over the copy bandwidth.
+        const double bytes = 2 * state_bytes + n * (3.0 * kC * 2 * (1 + 3 + 3) + 3.0 * kC * 2);
+        const double floor_us = bytes / kCopyBandwidth * 1e6;
+        std::printf("rows %-7s %s N=%d T=1 (G=%d): %.2f us (spread %.2f), floor %.2f us (%.1f%%)\n",
+                    v.name, bf16_state ? "bf16" : "f32", n, sets, t.median_us, t.spread_us,
+                    floor_us, 100.0 * floor_us / t.median_us);
+        CHECK(cudaGraphExecDestroy(exec));
+        CHECK(cudaGraphDestroy(graph));
+      }
       for (std::int32_t* d : slot_sets) CHECK(cudaFree(d));
       free_problem(p);
     }
