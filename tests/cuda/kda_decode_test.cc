@@ -500,8 +500,8 @@ void check_variants(const Problem& host, std::optional<float> lb, const Variants
 }
 
 const cuda::KdaVariant kVariants[] = {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain,
-                                      cuda::KdaVariant::wide, cuda::KdaVariant::split2,
-                                      cuda::KdaVariant::split4};
+                                      cuda::KdaVariant::wide,   cuda::KdaVariant::wide512,
+                                      cuda::KdaVariant::split2, cuda::KdaVariant::split4};
 
 // Every forced variant, then the automatic choice.
 std::vector<cuda::KdaVariant> variants_and_automatic() {
@@ -567,7 +567,7 @@ TEST(KdaCuda, RuleBoundaryCases) {
   struct Case {
     int n, t;
   };
-  for (const Case c : {Case{8, 1}, Case{8, 2}, Case{8, 4}, Case{1, 4}, Case{1, 8}})
+  for (const Case c : {Case{8, 1}, Case{8, 2}, Case{8, 4}, Case{4, 2}, Case{1, 4}, Case{1, 8}})
     for (DType sdt : {DType::f32, DType::bf16}) {
       Meta m = random_meta(rng, c.n, c.t, 1, false);
       for (int& l : m.lens) l = c.t;

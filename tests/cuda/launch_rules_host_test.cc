@@ -275,16 +275,21 @@ TEST(KdaCuda, RuleTable) {
       {1, 2, DType::f32, V::split4},   {1, 2, DType::bf16, V::split4},
       {1, 4, DType::f32, V::split4},   {1, 4, DType::bf16, V::split4},
       {1, 8, DType::f32, V::split4},   {1, 8, DType::bf16, V::split4},
+      {4, 1, DType::f32, V::wide512},  {4, 1, DType::bf16, V::wide512},
+      {4, 8, DType::f32, V::wide512},  {4, 8, DType::bf16, V::wide512},
   };
   for (const Row& r : rows) {
     EXPECT_EQ(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms), r.want)
         << "N=" << r.n << " T=" << r.t << " " << dtype_name(r.dtype) << ": got "
         << cuda::kda_variant_name(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms));
   }
-  // Band edges in items: 2 SMs (stream), SMs / 2 (middle band), one below (small band).
+  // Band edges in items: 2 SMs (stream), SMs (wide512 below), SMs / 2 (wide512), one below
+  // (split4).
   EXPECT_EQ(cuda::choose_kda_variant(2 * kSms, 1, 1, DType::bf16, kSms), V::stream);
   EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 1, DType::bf16, kSms), V::wide);
-  EXPECT_EQ(cuda::choose_kda_variant(kSms / 2, 1, 2, DType::f32, kSms), V::stream);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms, 1, 2, DType::f32, kSms), V::stream);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms - 1, 1, 2, DType::f32, kSms), V::wide512);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms / 2, 1, 2, DType::f32, kSms), V::wide512);
   EXPECT_EQ(cuda::choose_kda_variant(kSms / 2 - 1, 1, 2, DType::f32, kSms), V::split4);
 }
 

@@ -46,6 +46,7 @@ namespace {
 
 constexpr std::size_t kVecAlign = 16;  // bytes of one state vector
 constexpr int kWideThreads = 256;
+constexpr int kWide512Threads = 512;  // Layout<512, 1>::kMinBlocks = 1: up to 128 registers
 constexpr int kSplitThreads = 128;
 constexpr std::int64_t kWideBf16MinT = 9;  // the rule: bf16 state from this T runs `wide`
 
@@ -337,6 +338,9 @@ void launch_variant(KdaVariant variant, const kda::Params& base_params, std::int
     case KdaVariant::wide:
       launch<kWideThreads, 1, StateT, kVec>(base_params, units, heads, stream);
       return;
+    case KdaVariant::wide512:
+      launch<kWide512Threads, 1, StateT, kVec>(base_params, units, heads, stream);
+      return;
     case KdaVariant::split2:
       launch<kSplitThreads, 2, StateT, kVec>(base_params, units, heads, stream);
       return;
@@ -472,6 +476,8 @@ const char* kda_variant_name(KdaVariant variant) {
       return "stream_plain";
     case KdaVariant::wide:
       return "wide";
+    case KdaVariant::wide512:
+      return "wide512";
     case KdaVariant::split2:
       return "split2";
     case KdaVariant::split4:
@@ -491,7 +497,12 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   //   items < SMs/2                 any   any  split4   N=1 T=1 f32 5.47* bf16 4.93*; T=8 f32
   //                                                     17.17~ (stream 19.99), bf16 T=4/8
   //                                                     9.90/16.45~ (stream 10.54/17.06)
-  //   SMs/2 <= items < 2 SMs        f32   any  stream   N=8 T=1 15.20* (split2 17.59), T=2/4/8
+  //   SMs/2 <= items < SMs          any   any  wide512  (session 39, perf.md run 292, N=4: bf16
+  //                                                     T=1/2/4/8 5.58/6.90/10.01/16.83 against
+  //                                                     wide's 6.19/7.61/11.07/18.73; f32
+  //                                                     6.83/8.89/14.08/24.43 against stream's
+  //                                                     8.49/10.98/17.28/28.03)
+  //   SMs <= items < 2 SMs          f32   any  stream   N=8 T=1 15.20* (split2 17.59), T=2/4/8
   //                                                     19.75/29.73/51.42*
   //                                 bf16  any  wide     N=8 T=1 10.49~ (split2 11.01, stream
   //                                                     11.91), T=2 12.50*, T=4/8 19.09/31.94~
@@ -508,6 +519,7 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   const std::int64_t sms = sm_count;
   const bool bf16 = state_dtype == DType::bf16;
   if (2 * items < sms) return KdaVariant::split4;
+  if (items < sms) return KdaVariant::wide512;
   if (bf16 && (items < 2 * sms || max_t >= kWideBf16MinT)) return KdaVariant::wide;
   return KdaVariant::stream;
 }

@@ -6,8 +6,9 @@
 // ConvWriteback); the per-head kernel is at the end of this file, the two stream kernels with
 // their ring, item schedule and claims in kda_decode_stream.cuh:
 //   kda_decode_kernel: one CTA per (item, value slice s); a cluster of kSlices CTAs covers one
-//     head's 128 value rows. The state loads are issued before the precompute (one CTA a head,
-//     `wide`: after it, from L2, where they were prefetched before the PDL wait).
+//     head's 128 value rows (`wide` 256 threads and `wide512` 512 threads one CTA a head,
+//     `split2` / `split4` 2 / 4 CTAs of 128). The state loads are issued before the precompute
+//     (one CTA a head: after it, from L2, where they were prefetched before the PDL wait).
 //   kda_decode_stream_kernel: one persistent CTA of 8 warps per SM walks items with a grid
 //     stride, keeping a ring of 2 (fp32) or 3 (bf16) shared-memory stages filled by the copy
 //     engine (cp.async.bulk + mbarrier) with each coming item's source state and first-chunk
@@ -525,7 +526,7 @@ struct Layout {
   static constexpr int kGroups = kWarp / kLanes;  // rows per warp per instruction
   static constexpr int kRowsPerThread = kRows / (kWarps * kGroups);
   static constexpr int kCols = kD / kLanes;  // columns per thread
-  static constexpr int kMinBlocks = (kThreads >= 256 ? 2 : 4);
+  static constexpr int kMinBlocks = (kThreads >= 512 ? 1 : kThreads >= 256 ? 2 : 4);
   static constexpr int kWriteback = (kProj * kRows + kThreads - 1) / kThreads;
   static_assert(kRowsPerThread >= 1 && kRowsPerThread <= kLanes, "bad row split");
   static_assert((kRowsPerThread & (kRowsPerThread - 1)) == 0, "rows per thread: power of 2");

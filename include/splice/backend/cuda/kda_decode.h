@@ -39,6 +39,7 @@ enum class KdaVariant : std::uint8_t {
                  // read from device memory)
   stream_plain,  // stream that stages only the state, never the inputs (tuning, A/B)
   wide,          // 1 CTA of 256 threads per head: 4 rows x 16 columns of state per thread
+  wide512,       // 1 CTA of 512 threads per head, one CTA an SM: 2 rows x 16 columns a thread
   split2,        // a cluster of 2 CTAs of 128 threads per head (64 rows each), 4 rows per thread
   split4,        // a cluster of 4 CTAs of 128 threads per head (32 rows each), 2 rows per thread
 };
@@ -49,6 +50,7 @@ const char* kda_variant_name(KdaVariant variant);
 // table (measured on the H200, dev/kda_b's run) is in kda_decode.cu; in short, with
 // items = units * heads:
 //   items < sm_count / 2           -> split4
+//   items < sm_count               -> wide512 (one CTA an SM holds one head)
 //   items < 2 * sm_count           -> stream for f32 state, wide for bf16
 //   otherwise                      -> stream (each SM pipelines two or more heads), but wide for
 //                                     bf16 state at T > 8 (unmeasured there; stream wins at 8)
