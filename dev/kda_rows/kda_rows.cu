@@ -20,13 +20,17 @@
 //   - Barrier; warp 0: inv = 1 / sqrt(mean(o_b^2) + eps), out = bf16(o_b inv scale).
 // The host check runs the spec's math in float64 on a few rows (one null) and compares.
 //
-// Registers (ptxas): __launch_bounds__(512, 2) 64, bf16 no spills, f32 32 bytes; (512, 1) 72 / 80.
-// Measured (perf.md runs 289-290, H200, float64 check passed): PDL and 2 CTAs an SM best; bf16
-// N = 1 / 8 / 32 / 128 / 512: 4.62 / 8.21 / 29.80 / 105.97 / 402.21 us (FlashInfer 4.47 / 7.43 /
-// 24.20 / 84.10 / 310.85 in run 291, splice's rule 3.73 / 8.99 / 27.96 / 83.06 / 299.28); f32 5.26
-// / 12.53 / 45.34 / 162.75 / 620.66. A plain launch: +0-5%; 1 CTA an SM: +20-40% from N = 8. So
-// FlashInfer's pattern in splice's hands wins only at N = 8 (-9% bf16, -6% f32 against the rule)
-// and still trails FlashInfer there by 10%: not built into the family (perf-gpu-kda.md).
+// Registers (ptxas): __launch_bounds__(512, 2) 64, no spills; (512, 1) 80.
+// Measured (perf.md runs 289-290, H200, float64 check passed): PDL and 2 CTAs an SM best; a plain
+// launch +0-5%, 1 CTA an SM +20-40% from N = 8. Run 295, after the gate threads' loads were
+// grouped into one round trip and sigmoid took the approximate reciprocal (before, each gate
+// load waited for the previous one's use: IEEE division's slow path is a call the compiler did
+// not move loads across), bf16 N = 1 / 8 / 32 / 128 / 512: 4.44 / 8.17 / 26.26 / 88.02 / 330.53 us
+// (run 290: 4.62 / 8.21 / 29.80 / 105.97 / 402.21; FlashInfer 4.47 / 7.43 / 24.20 / 84.10 /
+// 310.85 in run 291, splice's rule 3.73 / 8.99 / 27.96 / 83.06 / 299.28); f32 5.25 / 11.95 /
+// 42.20 / 144.90 / 552.83 (FlashInfer 4.58 / 10.91 / 38.84 / 143.74 / 552.99, splice 3.87 /
+// 13.79 / 41.71 / 143.10 / 540.99). It now beats splice's rule at N = 8 (bf16 -9%, f32 -13%) and
+// at bf16 N = 32 (-6%), and trails FlashInfer by 4-10% at N = 8-32 (perf-gpu-kda.md).
 // One call builds and runs it, no carry:
 //   run(command="mkdir -p .gpubin && nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17
 //       -Isrc -o .gpubin/kda_rows dev/kda_rows/kda_rows.cu && .gpubin/kda_rows")
@@ -82,7 +86,13 @@ struct Args {
   std::uint16_t* out;         // [R, H, D] bf16
 };
 
-__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + __expf(-z)); }
+// 1 / (1 + e^-z) with the approximate reciprocal (no IEEE division: its slow path is a call the
+// compiler will not move loads across; rcp.approx(inf) = 0 keeps z -> -inf exact).
+__device__ __forceinline__ float sigmoid(float z) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + __expf(-z)));
+  return r;
+}
 __device__ __forceinline__ float bf16_round(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
@@ -131,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) kda_rows_t1(const Args a
   __shared__ float decay[kD];      // [D] exp(g)
   __shared__ float out_scale[kD];  // [D] norm_weight * sigmoid(output_gate)
   __shared__ float o_b[kD];        // [D] bf16(o)
-  __shared__ float beta_s;
+  __shared__ float beta_k[kD];     // [D] sigmoid(raw_beta), the same value from each gate thread
   const int h = blockIdx.x, r = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   pdl_trigger();
@@ -176,14 +186,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) kda_rows_t1(const Args a
   } else if (tid >= kGateThread0) {
     const int k = tid - kGateThread0;
     const std::int64_t hk = (static_cast<std::int64_t>(r) * kH + h) * kD + k;
-    const float z =
-        __uint_as_float(static_cast<unsigned>(a.gate[hk]) << 16) + a.dt_bias[h * kD + k];
-    decay[k] = __expf(kLowerBound * sigmoid(__expf(a.a_log[h]) * z));
-    out_scale[k] =
-        a.norm_weight[k] * sigmoid(__uint_as_float(static_cast<unsigned>(a.og[hk]) << 16));
-    if (k == 0)
-      beta_s = sigmoid(__uint_as_float(
-          static_cast<unsigned>(a.beta[static_cast<std::int64_t>(r) * kH + h]) << 16));
+    // Every load first: one round trip for the gate threads, not one per use.
+    const unsigned gate_bits = a.gate[hk], og_bits = a.og[hk];
+    // Every gate thread loads beta and stores its own copy: loaded by thread 0 alone, the
+    // compiler sinks the load into that thread's branch, a second round trip on the path.
+    const unsigned beta_bits = a.beta[static_cast<std::int64_t>(r) * kH + h];
+    const float dt_bias = a.dt_bias[h * kD + k], a_log = a.a_log[h], norm_w = a.norm_weight[k];
+    const float z = __uint_as_float(gate_bits << 16) + dt_bias;
+    decay[k] = __expf(kLowerBound * sigmoid(__expf(a_log) * z));
+    out_scale[k] = norm_w * sigmoid(__uint_as_float(og_bits << 16));
+    beta_k[k] = sigmoid(__uint_as_float(beta_bits << 16));
   }
   __syncthreads();
 
@@ -203,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) kda_rows_t1(const Args a
   const float khat_qhat = qk * q_scale * k_scale;
 #pragma unroll
   for (int c = 0; c < 4; ++c) q[c] *= q_scale, k[c] *= k_scale;
-  const float beta = beta_s;
+  const float beta = beta_k[0];
 
   float sk[kRowsPerWarp], sq[kRowsPerWarp];
 #pragma unroll
