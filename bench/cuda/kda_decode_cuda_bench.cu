@@ -10,7 +10,7 @@
 //  3. Timing: G launches over G disjoint slot sets (so the state working set is >= 400 MB and the
 //     50 MB L2 cannot flatter small N) captured in one CUDA graph; the graph is replayed after
 //     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
-//  4. Every variant (stream, stream_plain, wide, wide512, split2, split4) is timed; the table
+//  4. Every variant (stream, stream_plain, wide, wide512, rows, split2, split4) is timed; the table
 //  reports the
 //     automatic choice. A/B configurations are timed beside them and printed as "A/B" lines (and
 //     JSON fields): `chosen_nopdl` = the chosen variant launched without PDL (N <= 8; every
@@ -421,7 +421,8 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
   };
   for (auto variant : {splice::cuda::KdaVariant::stream, splice::cuda::KdaVariant::stream_plain,
                        splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::wide512,
-                       splice::cuda::KdaVariant::split2, splice::cuda::KdaVariant::split4}) {
+                       splice::cuda::KdaVariant::rows, splice::cuda::KdaVariant::split2,
+                       splice::cuda::KdaVariant::split4}) {
     const std::string name = splice::cuda::kda_variant_name(variant);
     if (variant == chosen ||
         std::find(opt.variants.begin(), opt.variants.end(), name) != opt.variants.end())
@@ -522,7 +523,7 @@ int main(int argc, char** argv) {
   int_list("KDA_BENCH_NS", ns);
   int_list("KDA_BENCH_TS", ts);
   Options opt;
-  opt.variants = {"stream", "stream_plain", "wide", "wide512", "split2", "split4"};
+  opt.variants = {"stream", "stream_plain", "wide", "wide512", "rows", "split2", "split4"};
   if (const char* v = std::getenv("KDA_BENCH_VARIANTS"); v != nullptr && *v != '\0') {
     opt.variants.clear();
     std::stringstream in(v);
@@ -616,9 +617,9 @@ int main(int argc, char** argv) {
          << ", \"floor_us\": " << r.floor_us << ", \"variant\": \"" << r.chosen
          << "\", \"us\": " << r.us << ", \"stream_us\": " << us_of("stream")
          << ", \"stream_plain_us\": " << us_of("stream_plain") << ", \"wide_us\": " << us_of("wide")
-         << ", \"wide512_us\": " << us_of("wide512") << ", \"split2_us\": " << us_of("split2")
-         << ", \"split4_us\": " << us_of("split4") << ", \"stream_tune_us\": " << tune_json.str()
-         << ", \"chosen_nopdl_us\": "
+         << ", \"wide512_us\": " << us_of("wide512") << ", \"rows_us\": " << us_of("rows")
+         << ", \"split2_us\": " << us_of("split2") << ", \"split4_us\": " << us_of("split4")
+         << ", \"stream_tune_us\": " << tune_json.str() << ", \"chosen_nopdl_us\": "
          << (r.ab_us.count("chosen_nopdl") ? r.ab_us["chosen_nopdl"] : -1)
          << ", \"chosen_stable_us\": "
          << (r.ab_us.count("chosen_stable") ? r.ab_us["chosen_stable"] : -1)

@@ -501,7 +501,8 @@ void check_variants(const Problem& host, std::optional<float> lb, const Variants
 
 const cuda::KdaVariant kVariants[] = {cuda::KdaVariant::stream, cuda::KdaVariant::stream_plain,
                                       cuda::KdaVariant::wide,   cuda::KdaVariant::wide512,
-                                      cuda::KdaVariant::split2, cuda::KdaVariant::split4};
+                                      cuda::KdaVariant::rows,   cuda::KdaVariant::split2,
+                                      cuda::KdaVariant::split4};
 
 // Every forced variant, then the automatic choice.
 std::vector<cuda::KdaVariant> variants_and_automatic() {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/kda_decode_rows.cuh"
 #include "backend/cuda/kda_decode_stream.cuh"
 #include "backend/cuda/launch.cuh"
 #include "splice/backend/cuda/kda_decode.h"
@@ -89,6 +90,17 @@ void launch(const kda::Params& params, std::int64_t units, std::int64_t heads,
       1u};
   detail::launch_kernel(&kda::kda_decode_kernel<kThreads, kSlices, StateT, kVec>, shape, stream,
                         params);
+}
+
+// `rows`: one CTA per (head, unit), heads fastest along x.
+template <typename StateT>
+void launch_rows(const kda::Params& params, std::int64_t units, std::int64_t heads,
+                 cudaStream_t stream) {
+  SPLICE_INTERNAL_CHECK(units * heads <= 0x7fffffff, "kda rows grid of ", units, " x ", heads,
+                        " CTAs");
+  const detail::LaunchShape shape{dim3(static_cast<unsigned>(units * heads)),
+                                  dim3(kda::kRowsThreads), 0, 1u};
+  detail::launch_kernel(&kda::kda_decode_rows_kernel<StateT>, shape, stream, params);
 }
 
 // Whether the compiled `stream` kernel can be placed, checked once per instantiation (and its
@@ -335,6 +347,16 @@ void launch_variant(KdaVariant variant, const kda::Params& base_params, std::int
           return;
       }
       [[fallthrough]];
+    case KdaVariant::rows:
+      // T = 1 with 16-byte aligned state, inputs and output (its vector loads and stores).
+      if constexpr (kVec) {
+        if (variant == KdaVariant::rows && base_params.max_t == 1 &&
+            inputs_stageable(base_params) && aligned16(base_params.out)) {
+          launch_rows<StateT>(base_params, units, heads, stream);
+          return;
+        }
+      }
+      [[fallthrough]];
     case KdaVariant::wide:
       launch<kWideThreads, 1, StateT, kVec>(base_params, units, heads, stream);
       return;
@@ -478,6 +500,8 @@ const char* kda_variant_name(KdaVariant variant) {
       return "wide";
     case KdaVariant::wide512:
       return "wide512";
+    case KdaVariant::rows:
+      return "rows";
     case KdaVariant::split2:
       return "split2";
     case KdaVariant::split4:
@@ -511,10 +535,12 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   //                                 otherwise  stream   every other point; bf16 T=8 N=32/128/512
   //                                                     119.49/453.73/1746.53* (wide 122.59/
   //                                                     474.69/1772.54; perf.md run 109)
-  // (stream falls back to `wide` for state that is not 16-byte aligned.) Until run 109 bf16
-  // T >= 8 ran `wide` (run 7: 115.70/425.89/1641.44 against stream's 121.09/453.82/1740.38);
-  // the stream kernel has since gained more than `wide` at T = 8. Between the measured points
-  // the bands are a guess.
+  // (stream falls back to `wide` for state that is not 16-byte aligned.) `rows` (T = 1) is not in
+  // the table yet: its standalone probe beat this band's picks at N = 8 (bf16 8.17 against wide's
+  // 8.99, f32 11.95 against stream's 13.79 us, perf.md run 295); the kernel itself is untimed.
+  // Until run 109 bf16 T >= 8 ran `wide` (run 7: 115.70/425.89/1641.44 against stream's
+  // 121.09/453.82/1740.38); the stream kernel has since gained more than `wide` at T = 8. Between
+  // the measured points the bands are a guess.
   const std::int64_t items = units * heads;
   const std::int64_t sms = sm_count;
   const bool bf16 = state_dtype == DType::bf16;

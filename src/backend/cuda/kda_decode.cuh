@@ -9,6 +9,8 @@
 //     head's 128 value rows (`wide` 256 threads and `wide512` 512 threads one CTA a head,
 //     `split2` / `split4` 2 / 4 CTAs of 128). The state loads are issued before the precompute
 //     (one CTA a head: after it, from L2, where they were prefetched before the PDL wait).
+//   kda_decode_rows_kernel (kda_decode_rows.cuh, T = 1): one CTA of 512 threads per item, two
+//     CTAs an SM, 8 rows x 4 columns of state a thread, conv and gates on threads of their own.
 //   kda_decode_stream_kernel: one persistent CTA of 8 warps per SM walks items with a grid
 //     stride, keeping a ring of 2 (fp32) or 3 (bf16) shared-memory stages filled by the copy
 //     engine (cp.async.bulk + mbarrier) with each coming item's source state and first-chunk

@@ -40,6 +40,9 @@ enum class KdaVariant : std::uint8_t {
   stream_plain,  // stream that stages only the state, never the inputs (tuning, A/B)
   wide,          // 1 CTA of 256 threads per head: 4 rows x 16 columns of state per thread
   wide512,       // 1 CTA of 512 threads per head, one CTA an SM: 2 rows x 16 columns a thread
+  rows,          // T = 1: 1 CTA of 512 threads per head, two CTAs an SM, 8 rows x 4 columns a
+                 // thread, conv and gates on threads of their own (T > 1, or state, inputs or
+                 // output not 16-byte aligned: runs `wide`)
   split2,        // a cluster of 2 CTAs of 128 threads per head (64 rows each), 4 rows per thread
   split4,        // a cluster of 4 CTAs of 128 threads per head (32 rows each), 2 rows per thread
 };

@@ -1,0 +1,241 @@
+// The `rows` KDA decode kernel (spec kda_decode.md §2-§3, T = 1 only): device code. It shares
+// kda_decode.cuh's Params, metadata (resolve_item, owned_rows,
+// zero_unowned), input addressing (GlobalInputs) and numerics (sigmoid_n, inv_sqrt_rn, softplus)
+// it shares.
+//
+// One CTA of 16 warps per item (head h of unit u), two CTAs an SM (64 registers a thread):
+//   - warp w owns value rows 8w .. 8w + 7 of the head's state S [V, K] and lane l its key columns
+//     4l .. 4l + 3: 32 state values a thread (FlashInfer's fused_kda_decode shape; issue 6's
+//     mid-N sizes, where splice's per-head kernels, holding a head on 256 threads, ran slower:
+//     perf.md runs 291, 295). The rows are loaded at entry, beside
+//   - the conv (threads 0-95: projection pr = tid / 32, channels 4l .. 4l + 3):
+//     pre = hist0 w0 + hist1 w1 + hist2 w2 + x w3 (multiply, add in tap order, no contraction),
+//     mixed = bf16(pre sigmoid(pre)) into shared memory, and the conv write-back of those
+//     channels (positions 0, 1, 2 <- hist1, hist2, x: T = 1, accepted offset 0);
+//   - the gates (threads 384-511, key channel k each): decay = e^g with g = lb sigmoid(e^A z) or
+//     -e^A softplus(z), z = raw_gate + dt_bias; norm_weight sigmoid(output_gate); beta (each of
+//     these threads loads it, so its load is issued with the others: loaded by one thread, the
+//     compiler sinks it into that thread's branch, a second round trip, perf.md run 295).
+//   - Barrier; every warp: q^, k^ (L2 norms by warp sums, as the per-head kernels), k^ . q^; then
+//     per row one pass over the decayed state S' = S diag(decay): pred = S' k^ and S' q^ (warp
+//     sums), delta = beta (v - pred), S += delta k^ (stored in place: T = 1's checkpoint is the
+//     source slot), o = S' q^ + delta (k^ . q^), o_b = bf16(o) into shared memory.
+//   - Barrier; warp 0: the gated RMSNorm, out = bf16(o_b inv norm_weight sigmoid(output_gate)).
+// PDL as the per-head kernels: without the stable-state promise one thread prefetches the item's
+// source state and conv history into L2 before the wait and the metadata is read after it; under
+// the promise the metadata and the state rows are read before it. The launcher runs it only for
+// T = 1 with 16-byte aligned states, inputs and output (else `wide`).
+#pragma once
+
+#include "backend/cuda/kda_decode.cuh"
+#include "backend/cuda/launch.cuh"
+
+namespace splice::cuda::kda {
+
+constexpr int kRowsThreads = 512;
+constexpr int kRowsWarps = kRowsThreads / kWarp;                 // 16
+constexpr int kRowsPerWarp = kD / kRowsWarps;                    // 8 value rows a warp
+constexpr int kRowsConvThreads = kProj * kD / kChannelsPerLane;  // 96
+constexpr int kRowsGateThread0 = kRowsThreads - kD;              // 384: one key channel each
+
+// This lane's 4 columns of state row `row` of the head's [D, D] block at `s` <-> fp32.
+template <typename StateT>
+__device__ __forceinline__ void load_row4(const StateT* s, int row, int lane, float (&f)[4]) {
+  if constexpr (sizeof(StateT) == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(s + row * kD + 4 * lane);
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(s + row * kD + 4 * lane);
+    f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
+  }
+}
+template <typename StateT>
+__device__ __forceinline__ void store_row4(StateT* s, int row, int lane, const float (&f)[4]) {
+  if constexpr (sizeof(StateT) == 4) {
+    *reinterpret_cast<float4*>(s + row * kD + 4 * lane) = make_float4(f[0], f[1], f[2], f[3]);
+  } else {
+    const std::uint32_t lo =
+        f32_to_bf16(f[0]) | (static_cast<std::uint32_t>(f32_to_bf16(f[1])) << 16);
+    const std::uint32_t hi =
+        f32_to_bf16(f[2]) | (static_cast<std::uint32_t>(f32_to_bf16(f[3])) << 16);
+    *reinterpret_cast<uint2*>(s + row * kD + 4 * lane) = make_uint2(lo, hi);
+  }
+}
+// Four bf16 channels (8 bytes) as raw bits.
+__device__ __forceinline__ void load_bits4(const std::uint16_t* at, std::uint16_t (&b)[4]) {
+  const uint2 v = *reinterpret_cast<const uint2*>(at);
+  b[0] = v.x & 0xffffu, b[1] = v.x >> 16, b[2] = v.y & 0xffffu, b[3] = v.y >> 16;
+}
+__device__ __forceinline__ void store_bits4(std::uint16_t* at, const std::uint16_t (&b)[4]) {
+  *reinterpret_cast<uint2*>(at) = make_uint2(b[0] | (static_cast<std::uint32_t>(b[1]) << 16),
+                                             b[2] | (static_cast<std::uint32_t>(b[3]) << 16));
+}
+
+// resolve_item and prefetch_sources_before_wait at T = 1 (a = 0, cs = ss = the unit's one slot),
+// without their T > 1 paths' registers (the slot row of up to kSpeculativeSlots entries).
+__device__ __forceinline__ Item resolve_item_t1(const Params& p, int u, int h) {
+  Item it;
+  it.u = u;
+  it.h = h;
+  if (p.row_slots == nullptr) {
+    const int q0 = p.qsl[u], q1 = p.qsl[u + 1];
+    it.dst_row = p.state_indices + u;  // [N, 1]
+    it.cs = it.ss = it.dst_row[0];
+    it.b = max(q0, 0);
+    it.len = min(min(q1, p.num_rows) - q0, 1);
+  } else {
+    it.b = u;
+    it.len = 1;
+    it.cs = it.ss = p.row_slots[u];
+  }
+  it.live = it.len > 0 && it.cs > 0 && it.cs < p.num_slots;
+  return it;
+}
+template <typename StateT>
+__device__ __forceinline__ void prefetch_t1_before_wait(const Params& p, int u, int h) {
+  const int slot = __ldcg(p.row_slots != nullptr ? p.row_slots + u : p.state_indices + u);
+  if (slot <= 0 || slot >= p.num_slots) return;
+  prefetch_history_l2(p, slot, 0, h, 0, 1);
+  bulk_prefetch_l2(static_cast<const StateT*>(p.state) + slot * p.state_slot +
+                       static_cast<std::int64_t>(h) * kD * kD,
+                   static_cast<std::uint32_t>(kD * kD * sizeof(StateT)));
+}
+
+// Grid: H x units CTAs in x (head fastest: a unit's heads share its rows' input lines).
+template <typename StateT>
+__global__ void __launch_bounds__(kRowsThreads, 2) kda_decode_rows_kernel(const Params p) {
+  __shared__ alignas(16) float mixed[kProj][kD];  // q, k, v after conv + SiLU (bf16-exact)
+  __shared__ alignas(16) float decay[kD];         // [K] e^g
+  __shared__ alignas(16) float out_scale[kD];     // [V] norm_weight sigmoid(output_gate)
+  __shared__ alignas(16) float o_b[kD];           // [V] bf16(o)
+  __shared__ float beta_k[kD];                    // sigmoid(raw_beta), one copy a gate thread
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / kWarp, lane = tid % kWarp;
+  const int h = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.num_heads));
+  const int u = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.num_heads));
+  const bool stable_state = p.stable_state != 0;
+  if (!stable_state) {
+    if (tid == kRowsThreads - kWarp) prefetch_t1_before_wait<StateT>(p, u, h);
+    detail::pdl_prologue();
+  }
+  const int qn = owned_rows(p);
+  const Item it = resolve_item_t1(p, u, h);
+  StateT* const state = static_cast<StateT*>(p.state) +
+                        static_cast<std::int64_t>(it.ss) * p.state_slot +
+                        static_cast<std::int64_t>(h) * kD * kD;
+  float s[kRowsPerWarp][4];  // rows 8 warp + i, columns 4 lane .. 4 lane + 3
+  if (it.live) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) load_row4(state, warp * kRowsPerWarp + i, lane, s[i]);
+  }
+  if (stable_state) detail::pdl_prologue();  // every store, and every input load, after it
+  zero_unowned<kRowsThreads, kD>(p, it, 0, qn);
+  if (!it.live) return;
+
+  const GlobalInputs in(p, it);
+  if (tid < kRowsConvThreads) {
+    const int pr = tid / kWarp, d = 4 * lane;
+    std::uint16_t act[kConvWidth][4];
+    float w[kConvWidth][4];
+#pragma unroll
+    for (int tap = 0; tap < kHist; ++tap) load_bits4(in.hist_at(tap, pr) + d, act[tap]);
+    load_bits4(in.x_at(0, pr) + d, act[kHist]);
+#pragma unroll
+    for (int tap = 0; tap < kConvWidth; ++tap) {
+      const float4 v = *reinterpret_cast<const float4*>(in.w_at(pr, tap) + d);
+      w[tap][0] = v.x, w[tap][1] = v.y, w[tap][2] = v.z, w[tap][3] = v.w;
+    }
+    float pre[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sig[4];
+#pragma unroll
+    for (int tap = 0; tap < kConvWidth; ++tap)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        pre[c] = __fadd_rn(pre[c], __fmul_rn(bf16_to_f32(act[tap][c]), w[tap][c]));
+    sigmoid_n<4>(pre, sig);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) mixed[pr][d + c] = round_bf16(pre[c] * sig[c]);
+    // The write-back: positions 0, 1, 2 of conv slot cs <- hist1, hist2, x (this thread's
+    // channels only, read above by this thread alone).
+    std::uint16_t* conv = p.conv + static_cast<std::int64_t>(it.cs) * p.conv_slot +
+                          static_cast<std::int64_t>(pr) * p.channels + h * kD + d;
+    const std::int64_t width = static_cast<std::int64_t>(kProj) * p.channels;
+#pragma unroll
+    for (int pos = 0; pos < kHist; ++pos) store_bits4(conv + pos * width, act[pos + 1]);
+  } else if (tid >= kRowsGateThread0) {
+    const int k = tid - kRowsGateThread0;
+    const std::uint16_t gate_bits = in.gate_bits(0, k), og_bits = in.og_bits(0, k);
+    const std::uint16_t beta_bits = in.beta_bits(0);
+    const float bias = in.dt_bias(0, k), a_log = in.a_log(), norm_w = __ldg(p.norm_weight + k);
+    const float a_h = exp_f32(a_log);
+    const float z = bf16_to_f32(gate_bits) + bias;
+    float gz[3] = {a_h * z, bf16_to_f32(og_bits), bf16_to_f32(beta_bits)}, sig[3];
+    sigmoid_n<3>(gz, sig);
+    decay[k] = p.use_lower_bound ? exp_f32(p.lower_bound * sig[0]) : exp_f32(-a_h * softplus(z));
+    out_scale[k] = norm_w * sig[1];
+    beta_k[k] = sig[2];
+  }
+  __syncthreads();
+
+  float q[4], kk[4], dec[4];
+  {
+    const float4 qv = *reinterpret_cast<const float4*>(&mixed[0][4 * lane]);
+    const float4 kv = *reinterpret_cast<const float4*>(&mixed[1][4 * lane]);
+    const float4 dv = *reinterpret_cast<const float4*>(&decay[4 * lane]);
+    q[0] = qv.x, q[1] = qv.y, q[2] = qv.z, q[3] = qv.w;
+    kk[0] = kv.x, kk[1] = kv.y, kk[2] = kv.z, kk[3] = kv.w;
+    dec[0] = dv.x, dec[1] = dv.y, dec[2] = dv.z, dec[3] = dv.w;
+  }
+  float qq = 0.0f, k2 = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) qq += q[c] * q[c], k2 += kk[c] * kk[c];
+  const float q_inv = inv_sqrt_rn(warp_sum(qq) + kL2Eps);
+  const float k_inv = inv_sqrt_rn(warp_sum(k2) + kL2Eps);
+  const float q_scale = 1.0f / sqrtf(static_cast<float>(kD));
+  float kq = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    q[c] = q[c] * q_inv * q_scale;
+    kk[c] = kk[c] * k_inv;
+    kq = fmaf(kk[c], q[c], kq);
+  }
+  kq = warp_sum(kq);  // k^ . q^
+  const float beta = beta_k[0];
+
+  float pred[kRowsPerWarp], sq[kRowsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    pred[i] = sq[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      s[i][c] *= dec[c];
+      pred[i] = fmaf(s[i][c], kk[c], pred[i]);
+      sq[i] = fmaf(s[i][c], q[c], sq[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) pred[i] = warp_sum(pred[i]), sq[i] = warp_sum(sq[i]);
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int row = warp * kRowsPerWarp + i;
+    const float delta = beta * (mixed[2][row] - pred[i]);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s[i][c] = fmaf(delta, kk[c], s[i][c]);
+    store_row4(state, row, lane, s[i]);  // the checkpoint: T = 1 writes the source slot
+    if (lane == 0) o_b[row] = round_bf16(fmaf(delta, kq, sq[i]));
+  }
+  __syncthreads();
+
+  if (warp == 0) {
+    float o[4], ssq = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[c] = o_b[4 * lane + c], ssq += o[c] * o[c];
+    const float inv = 1.0f / sqrtf(warp_sum(ssq) / static_cast<float>(kD) + p.norm_eps);
+    std::uint16_t ob[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) ob[c] = f32_to_bf16(o[c] * inv * out_scale[4 * lane + c]);
+    store_bits4(p.out + (it.b * p.num_heads + h) * kD + 4 * lane, ob);
+  }
+}
+
+}  // namespace splice::cuda::kda
