@@ -549,14 +549,17 @@ struct Item {
 // Stage 1 for item (u, h). Packed T = 1 reads no num_accepted_tokens (a = 0). For 1 < T <=
 // kSpeculativeSlots the whole slot row is read beside nat[u] and the source slot selected from
 // it, so the state address waits for one memory round trip instead of two (nat, then the slot).
+// kOneToken: a kernel that runs only T = 1 (`rows`) compiles out the T > 1 paths and their
+// registers.
 constexpr int kSpeculativeSlots = 8;
+template <bool kOneToken = false>
 __device__ __forceinline__ Item resolve_item(const Params& p, int u, int h) {
   Item it;
   it.u = u;
   it.h = h;
   if (p.row_slots == nullptr) {
     const int q0 = p.qsl[u], q1 = p.qsl[u + 1];
-    const int T = p.max_t;
+    const int T = kOneToken ? 1 : p.max_t;
     it.dst_row = p.state_indices + static_cast<std::int64_t>(u) * T;
     if (T > 1 && T <= kSpeculativeSlots) {
       int row[kSpeculativeSlots];
@@ -604,7 +607,7 @@ __device__ __forceinline__ void prefetch_history_l2(const Params& p, int cs, int
 // other (one round trip; two at T > 8: nat[u], then the slot), and their values only choose L2
 // prefetches, bounded to the state and conv tensors; a prefetch changes nothing any load reads
 // (L2 is the point of coherence), so a stale value costs bandwidth, never a result.
-template <typename StateT>
+template <typename StateT, bool kOneToken = false>
 __device__ __forceinline__ void prefetch_sources_before_wait(const Params& p, int u, int h,
                                                              int row0, int rows, bool state,
                                                              bool history) {
@@ -612,7 +615,7 @@ __device__ __forceinline__ void prefetch_sources_before_wait(const Params& p, in
   if (p.row_slots != nullptr) {
     ss = cs = __ldcg(p.row_slots + u);
   } else {
-    const int T = p.max_t;
+    const int T = kOneToken ? 1 : p.max_t;
     const std::int32_t* slots = p.state_indices + static_cast<std::int64_t>(u) * T;
     int row[kSpeculativeSlots];
 #pragma unroll

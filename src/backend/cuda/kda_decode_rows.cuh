@@ -72,36 +72,6 @@ __device__ __forceinline__ void store_bits4(std::uint16_t* at, const std::uint16
                                              b[2] | (static_cast<std::uint32_t>(b[3]) << 16));
 }
 
-// resolve_item and prefetch_sources_before_wait at T = 1 (a = 0, cs = ss = the unit's one slot),
-// without their T > 1 paths' registers (the slot row of up to kSpeculativeSlots entries).
-__device__ __forceinline__ Item resolve_item_t1(const Params& p, int u, int h) {
-  Item it;
-  it.u = u;
-  it.h = h;
-  if (p.row_slots == nullptr) {
-    const int q0 = p.qsl[u], q1 = p.qsl[u + 1];
-    it.dst_row = p.state_indices + u;  // [N, 1]
-    it.cs = it.ss = it.dst_row[0];
-    it.b = max(q0, 0);
-    it.len = min(min(q1, p.num_rows) - q0, 1);
-  } else {
-    it.b = u;
-    it.len = 1;
-    it.cs = it.ss = p.row_slots[u];
-  }
-  it.live = it.len > 0 && it.cs > 0 && it.cs < p.num_slots;
-  return it;
-}
-template <typename StateT>
-__device__ __forceinline__ void prefetch_t1_before_wait(const Params& p, int u, int h) {
-  const int slot = __ldcg(p.row_slots != nullptr ? p.row_slots + u : p.state_indices + u);
-  if (slot <= 0 || slot >= p.num_slots) return;
-  prefetch_history_l2(p, slot, 0, h, 0, 1);
-  bulk_prefetch_l2(static_cast<const StateT*>(p.state) + slot * p.state_slot +
-                       static_cast<std::int64_t>(h) * kD * kD,
-                   static_cast<std::uint32_t>(kD * kD * sizeof(StateT)));
-}
-
 // Grid: H x units CTAs in x (head fastest: a unit's heads share its rows' input lines).
 template <typename StateT>
 __global__ void __launch_bounds__(kRowsThreads, 2) kda_decode_rows_kernel(const Params p) {
@@ -116,11 +86,12 @@ __global__ void __launch_bounds__(kRowsThreads, 2) kda_decode_rows_kernel(const 
   const int u = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.num_heads));
   const bool stable_state = p.stable_state != 0;
   if (!stable_state) {
-    if (tid == kRowsThreads - kWarp) prefetch_t1_before_wait<StateT>(p, u, h);
+    if (tid == kRowsThreads - kWarp)
+      prefetch_sources_before_wait<StateT, true>(p, u, h, 0, kD, true, true);
     detail::pdl_prologue();
   }
   const int qn = owned_rows(p);
-  const Item it = resolve_item_t1(p, u, h);
+  const Item it = resolve_item<true>(p, u, h);  // T = 1 only: no slot row in registers
   StateT* const state = static_cast<StateT*>(p.state) +
                         static_cast<std::int64_t>(it.ss) * p.state_slot +
                         static_cast<std::int64_t>(h) * kD * kD;
