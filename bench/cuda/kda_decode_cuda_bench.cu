@@ -10,13 +10,12 @@
 //  3. Timing: G launches over G disjoint slot sets (so the state working set is >= 400 MB and the
 //     50 MB L2 cannot flatter small N) captured in one CUDA graph; the graph is replayed after
 //     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
-//  4. Every variant (stream, stream_plain, wide, wide512, rows, split2, split4) is timed; the table
-//  reports the
-//     automatic choice. A/B configurations are timed beside them and printed as "A/B" lines (and
-//     JSON fields): `chosen_nopdl` = the chosen variant launched without PDL (N <= 8; every
-//     other time is with PDL unless SPLICE_PDL=0: the launches of one graph then overlap their
-//     predecessor's tail); `chosen_stable` = the chosen variant under the stable-state promise
-//     (KdaDecodeArgs::stable_state, what a decode step launches; consecutive launches use
+//  4. Every variant (stream, stream_plain, wide, wide512, rows, split2, split4) is timed; the
+//     table reports the automatic choice. A/B configurations are timed beside them and printed as
+//     "A/B" lines (and JSON fields): `chosen_nopdl` = the chosen variant launched without PDL (N <=
+//     8; every other time is with PDL unless SPLICE_PDL=0: the launches of one graph then overlap
+//     their predecessor's tail); `chosen_stable` = the chosen variant under the stable-state
+//     promise (KdaDecodeArgs::stable_state, what a decode step launches; consecutive launches use
 //     disjoint slot sets, so the promise holds), also the table's `stable` column.
 //  5. Dev A/B of the `stream` kernel's schedule knob (cuda::KdaTuneBits, dev/kda_b/): with
 //     KDA_BENCH_TUNES=1 (kKdaTuneNoOverlap: bf16 T <= 8 on the 8-warp item loop instead of the

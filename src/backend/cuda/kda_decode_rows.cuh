@@ -1,7 +1,6 @@
 // The `rows` KDA decode kernel (spec kda_decode.md §2-§3, T = 1 only): device code. It shares
-// kda_decode.cuh's Params, metadata (resolve_item, owned_rows,
-// zero_unowned), input addressing (GlobalInputs) and numerics (sigmoid_n, inv_sqrt_rn, softplus)
-// it shares.
+// kda_decode.cuh's Params, metadata (resolve_item, owned_rows, zero_unowned), input addressing
+// (GlobalInputs) and numerics (sigmoid_n, inv_sqrt_rn, softplus).
 //
 // One CTA of 16 warps per item (head h of unit u), two CTAs an SM (64 registers a thread):
 //   - warp w owns value rows 8w .. 8w + 7 of the head's state S [V, K] and lane l its key columns
@@ -24,7 +23,9 @@
 // PDL as the per-head kernels: without the stable-state promise one thread prefetches the item's
 // source state and conv history into L2 before the wait and the metadata is read after it; under
 // the promise the metadata and the state rows are read before it. The launcher runs it only for
-// T = 1 with 16-byte aligned states, inputs and output (else `wide`).
+// T = 1 with 16-byte aligned states, inputs and output (else `wide`). Status (session 39): in
+// every every-variant test (perf.md run 296), not yet timed as itself, so the rule does not pick
+// it; forced, it runs (KdaVariant::rows).
 #pragma once
 
 #include "backend/cuda/kda_decode.cuh"
