@@ -51,16 +51,22 @@ __device__ __forceinline__ void load_row4(const StateT* s, int row, int lane, fl
     f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
   }
 }
+// One vector store as PTX (a plain float4 / uint2 assignment reached PTX as 4 / 2 scalar stores,
+// which ptxas did not rejoin here: 4x / 2x the store requests; store_state_vec's note).
 template <typename StateT>
 __device__ __forceinline__ void store_row4(StateT* s, int row, int lane, const float (&f)[4]) {
+  void* const at = s + row * kD + 4 * lane;
   if constexpr (sizeof(StateT) == 4) {
-    *reinterpret_cast<float4*>(s + row * kD + 4 * lane) = make_float4(f[0], f[1], f[2], f[3]);
+    store_state_vec<StateT, true>(static_cast<StateT*>(at),
+                                  make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]),
+                                             __float_as_uint(f[2]), __float_as_uint(f[3])));
   } else {
     const std::uint32_t lo =
         f32_to_bf16(f[0]) | (static_cast<std::uint32_t>(f32_to_bf16(f[1])) << 16);
     const std::uint32_t hi =
         f32_to_bf16(f[2]) | (static_cast<std::uint32_t>(f32_to_bf16(f[3])) << 16);
-    *reinterpret_cast<uint2*>(s + row * kD + 4 * lane) = make_uint2(lo, hi);
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(__cvta_generic_to_global(at)), "r"(lo),
+                 "r"(hi));
   }
 }
 // Four bf16 channels (8 bytes) as raw bits.
