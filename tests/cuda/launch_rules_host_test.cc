@@ -267,7 +267,7 @@ TEST(KdaCuda, RuleTable) {
       {32, 4, DType::bf16, V::stream}, {32, 8, DType::f32, V::stream},
       {32, 8, DType::bf16, V::stream}, {512, 8, DType::bf16, V::stream},
       {32, 9, DType::bf16, V::wide},   {512, 16, DType::bf16, V::wide},
-      {8, 1, DType::f32, V::stream},   {8, 1, DType::bf16, V::wide},
+      {8, 1, DType::f32, V::rows},     {8, 1, DType::bf16, V::rows},
       {8, 2, DType::f32, V::stream},   {8, 2, DType::bf16, V::wide},
       {8, 4, DType::f32, V::stream},   {8, 4, DType::bf16, V::wide},
       {8, 8, DType::f32, V::stream},   {8, 8, DType::bf16, V::wide},
@@ -275,7 +275,10 @@ TEST(KdaCuda, RuleTable) {
       {1, 2, DType::f32, V::split4},   {1, 2, DType::bf16, V::split4},
       {1, 4, DType::f32, V::split4},   {1, 4, DType::bf16, V::split4},
       {1, 8, DType::f32, V::split4},   {1, 8, DType::bf16, V::split4},
-      {4, 1, DType::f32, V::wide512},  {4, 1, DType::bf16, V::wide512},
+      {4, 1, DType::f32, V::wide512},  {4, 1, DType::bf16, V::rows},
+      {2, 1, DType::f32, V::rows},     {2, 1, DType::bf16, V::rows},
+      {2, 2, DType::f32, V::split4},   {2, 2, DType::bf16, V::split4},
+      {16, 1, DType::f32, V::stream},  {16, 1, DType::bf16, V::stream},
       {4, 8, DType::f32, V::wide512},  {4, 8, DType::bf16, V::wide512},
   };
   for (const Row& r : rows) {
@@ -284,9 +287,16 @@ TEST(KdaCuda, RuleTable) {
         << cuda::kda_variant_name(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms));
   }
   // Band edges in items: 2 SMs (stream), SMs (wide512 below), SMs / 2 (wide512), one below
-  // (split4).
+  // (split4); at T = 1: rows below 2 SMs and above SMs / 4 (but f32's wide512 band).
   EXPECT_EQ(cuda::choose_kda_variant(2 * kSms, 1, 1, DType::bf16, kSms), V::stream);
-  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 1, DType::bf16, kSms), V::wide);
+  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 1, DType::bf16, kSms), V::rows);
+  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 2, DType::bf16, kSms), V::wide);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms, 1, 1, DType::f32, kSms), V::rows);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms - 1, 1, 1, DType::f32, kSms), V::wide512);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms / 2, 1, 1, DType::f32, kSms), V::wide512);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms / 2 - 1, 1, 1, DType::f32, kSms), V::rows);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms / 4 + 1, 1, 1, DType::bf16, kSms), V::rows);
+  EXPECT_EQ(cuda::choose_kda_variant(kSms / 4, 1, 1, DType::bf16, kSms), V::split4);
   EXPECT_EQ(cuda::choose_kda_variant(kSms, 1, 2, DType::f32, kSms), V::stream);
   EXPECT_EQ(cuda::choose_kda_variant(kSms - 1, 1, 2, DType::f32, kSms), V::wide512);
   EXPECT_EQ(cuda::choose_kda_variant(kSms / 2, 1, 2, DType::f32, kSms), V::wide512);

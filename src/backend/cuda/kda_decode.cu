@@ -535,15 +535,26 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   //                                 otherwise  stream   every other point; bf16 T=8 N=32/128/512
   //                                                     119.49/453.73/1746.53* (wide 122.59/
   //                                                     474.69/1772.54; perf.md run 109)
-  // (stream falls back to `wide` for state that is not 16-byte aligned.) `rows` (T = 1) is not in
-  // the table yet: its standalone probe beat this band's picks at N = 8 (bf16 8.17 against wide's
-  // 8.99, f32 11.95 against stream's 13.79 us, perf.md run 295); the kernel itself is untimed.
+  // T = 1 first (session 40, perf.md run 298, under the stable-state promise a decode step gives,
+  // us against the band's pick below; N at H = 32):
+  //   SMs/4 < items < 2 SMs         bf16  1    rows     N=3/4/6/8 4.47/4.69/8.10/8.61 (wide512
+  //                                                     4.94/5.35, wide 8.45/9.53); N=12 +2.2%
+  //                                 f32   1    rows     N=6/8 10.79/12.25 (stream 11.36/13.24)
+  //                                                     but not SMs/2 <= items < SMs: N=4 +5.6%,
+  //                                                     N=3 -2.3% against wide512
+  //   N=2 (no promise): rows bf16 4.22, f32 5.14 against split4's 4.94 / 5.87; N=1 split4 (3.73
+  //   against rows' 4.4, run 295's probe).
+  // (stream falls back to `wide` for state that is not 16-byte aligned; rows to `wide` for state,
+  // inputs or output that are not.)
   // Until run 109 bf16 T >= 8 ran `wide` (run 7: 115.70/425.89/1641.44 against stream's
   // 121.09/453.82/1740.38); the stream kernel has since gained more than `wide` at T = 8. Between
   // the measured points the bands are a guess.
   const std::int64_t items = units * heads;
   const std::int64_t sms = sm_count;
   const bool bf16 = state_dtype == DType::bf16;
+  const bool f32_wide512_band = !bf16 && 2 * items >= sms && items < sms;
+  if (max_t == 1 && 4 * items > sms && items < 2 * sms && !f32_wide512_band)
+    return KdaVariant::rows;
   if (2 * items < sms) return KdaVariant::split4;
   if (items < sms) return KdaVariant::wide512;
   if (bf16 && (items < 2 * sms || max_t >= kWideBf16MinT)) return KdaVariant::wide;

@@ -23,9 +23,10 @@
 // PDL as the per-head kernels: without the stable-state promise one thread prefetches the item's
 // source state and conv history into L2 before the wait and the metadata is read after it; under
 // the promise the metadata and the state rows are read before it. The launcher runs it only for
-// T = 1 with 16-byte aligned states, inputs and output (else `wide`). Status (session 39): in
-// every every-variant test (perf.md run 296), not yet timed as itself, so the rule does not pick
-// it; forced, it runs (KdaVariant::rows).
+// T = 1 with 16-byte aligned states, inputs and output (else `wide`). The rule runs it at T = 1
+// for SMs / 4 < items < 2 SMs (N = 2-8 at H = 32; f32 keeps wide512 at SMs / 2 <= items < SMs):
+// perf.md run 298, e.g. bf16 N = 8 8.61 us against wide's 9.53, f32 12.25 against stream's 13.24,
+// under the stable-state promise.
 #pragma once
 
 #include "backend/cuda/kda_decode.cuh"
