@@ -52,12 +52,16 @@ const char* kda_variant_name(KdaVariant variant);
 // x `heads` heads, T = `max_t`, state dtype, on a device with `sm_count` multiprocessors. Its
 // table (measured on the H200, dev/kda_b's run) is in kda_decode.cu; in short, with
 // items = units * heads:
-//   items < sm_count / 2           -> split4
+//   T = 1, sm_count / 4 < items < 2 * sm_count
+//                                  -> rows (but f32 state from sm_count / 2 to sm_count: wide512)
+//   items <= sm_count / 4          -> split4
+//   items < sm_count / 2           -> wide for bf16 state, wide512 for f32
 //   items < sm_count               -> wide512 (one CTA an SM holds one head)
 //   items < 2 * sm_count           -> stream for f32 state, wide for bf16
 //   otherwise                      -> stream (each SM pipelines two or more heads), but wide for
 //                                     bf16 state at T > 8 (unmeasured there; stream wins at 8)
-// (stream falls back to wide when the state is not 16-byte aligned).
+// (stream falls back to wide when the state is not 16-byte aligned, rows when the state, inputs
+// or output are not).
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
                               DType state_dtype, int sm_count);
 
