@@ -43,6 +43,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -445,8 +446,20 @@ int main(int argc, char** argv) {
   std::printf("check: %s (%d mismatches)\n", failures == 0 ? "PASSED" : "FAILED", failures);
   if (argc > 1 && std::string(argv[1]) == "check") return failures != 0;
 
+  // KDA_ROWS_NS: the N list (comma-separated; default 1, 8, 32, 128, 512), e.g. one N for ncu.
+  std::vector<int> ns = {1, 8, 32, 128, 512};
+  if (const char* env = std::getenv("KDA_ROWS_NS")) {
+    ns.clear();
+    const std::string list = env;
+    for (std::size_t at = 0; at < list.size();) {
+      const std::size_t comma = list.find(',', at);
+      ns.push_back(std::stoi(list.substr(at, comma - at)));
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+  }
   for (bool bf16_state : {true, false}) {
-    for (int n : {1, 8, 32, 128, 512}) {
+    for (int n : ns) {
       const double state_bytes = static_cast<double>(n) * kH * kD * kD * (bf16_state ? 2 : 4);
       const int sets =
           std::max(2, std::min(64, static_cast<int>(std::ceil(400e6 / (2 * state_bytes)))));
