@@ -35,7 +35,8 @@
 //   run(command="mkdir -p .gpubin && nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17
 //       -Isrc -o .gpubin/kda_rows dev/kda_rows/kda_rows.cu && .gpubin/kda_rows")
 //   (the check for each launch variant, then N in {1, 8, 32, 128, 512} x {bf16, f32} state x
-//   the variants; `kda_rows check` stops after the check)
+//   the variants; `kda_rows check` stops after the check; KDA_ROWS_NS=8 times one N, as
+//   dev/ncu_rows_call.sh runs it under Nsight Compute)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
