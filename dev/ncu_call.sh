@@ -6,7 +6,7 @@
 # of dev/gridcap_call.sh):
 #   run(command="CASES='bf16:128:1 bf16:128:2' dev/ncu_call.sh",
 #       carry=[".gpubin/pack/gridcap.tgz", ".deps"])
-# Environment (defaults): CASES (state:N:T, space-separated; bf16:128:1), SKIP (launches of the
+# Environment (defaults): CASES (state:N:T, space-separated; bf16:128:1), NCU_SKIP (launches of the
 # kernel to skip before the profiled one: 8), SET (ncu section set: full), FLASH (below).
 # Output: $OUT/ncu-<case>.tgz per case: details.csv (every section's metrics), source.csv (per
 # SASS instruction: PC-sampled stall reasons), and ncu's log.
@@ -15,36 +15,18 @@ source "$(dirname "$0")/call_env.sh"
 P=/tmp/ncu-pack
 rm -rf "$P" && mkdir -p "$P" && tar xzf .gpubin/pack/gridcap.tgz -C "$P"
 which ncu || { echo "no ncu on the PATH"; exit 1; }
-# profile NAME KERNEL_REGEX COMMAND...: ncu on one launch of the kernel COMMAND runs (after SKIP
-# of them), its details and source pages as CSV and the headline metrics; $OUT/ncu-NAME.tgz.
-profile() {
-  local name=$1 regex=$2 W=/tmp/ncu-$1
-  shift 2
-  rm -rf "$W" && mkdir -p "$W"
-  echo "== $name (at $(el) s)"
-  timeout 240 ncu --clock-control none --set "${SET:-full}" --import-source no \
-    --kernel-name "regex:$regex" --launch-skip "${SKIP:-8}" --launch-count 1 -o "$W/prof" \
-    "$@" >"$W/ncu.log" 2>&1 || echo "$name: ncu rc $?"
-  tail -4 "$W/ncu.log"
-  if [[ -f $W/prof.ncu-rep ]]; then
-    ncu -i "$W/prof.ncu-rep" --page details --csv >"$W/details.csv" 2>&1
-    ncu -i "$W/prof.ncu-rep" --page source --csv --print-source sass >"$W/source.csv" 2>&1
-    grep -i '"Duration"\|DRAM Throughput\|Registers Per\|Grid Size\|Block Size\|No Eligible\|Issued Warp' \
-      "$W/details.csv" | cut -d, -f13-15 | head -12
-  fi
-  tar czf "$OUT/ncu-$name.tgz" -C "$W" --exclude=prof.ncu-rep .
-}
+source "$(dirname "$0")/ncu_lib.sh"
 for c in ${CASES:-bf16:128:1}; do
   IFS=: read -r st n t <<<"$c"
   KDA_BENCH_NS=$n KDA_BENCH_TS=$t KDA_BENCH_STATES=$st KDA_BENCH_VARIANTS=stream KDA_BENCH_WARM_MS=1 \
-    profile "$st-$n-$t" kda_decode_stream "$P/head/kda_decode_cuda_bench" "/tmp/ncu-$st-$n-$t.json"
+    ncu_profile "$st-$n-$t" kda_decode_stream "$P/head/kda_decode_cuda_bench" "/tmp/ncu-$st-$n-$t.json"
 done
 # FLASH (shapes 'B,Hq,Hkv,k_len,D;...'; carry .gpubin/pack/refresh2.tgz too): one flash-decode
 # launch (of the first shape) under the same sections.
 if [[ -n ${FLASH:-} ]]; then
   F=/tmp/ncu-flash-pack
   rm -rf "$F" && mkdir -p "$F" && tar xzf .gpubin/pack/refresh2.tgz -C "$F"
-  profile flash flash "$F/head/flash_decode_cuda_bench" --shapes "$FLASH" --no-variants \
+  ncu_profile flash flash "$F/head/flash_decode_cuda_bench" --shapes "$FLASH" --no-variants \
     --warm-ms 1 --reps 3 --json /tmp/ncu-flash.json
 fi
 echo "done at $(el) s"

@@ -9,7 +9,7 @@
 #     dev/kda_rows/kda_rows.cu
 #   run(command="dev/ncu_rows_call.sh", carry=[".gpubin/pack/refresh1.tgz", ".gpubin/kda_rows",
 #       ".deps"])
-# Environment (defaults): STATES (bf16 f32), N (8), SET (full).
+# Environment (defaults): STATES (bf16 f32), N (8), SET (full), NCU_SKIP (4).
 # Output: $OUT/ncu-<kernel>-<state>.tgz: details.csv (every section), source.csv (per SASS
 # instruction: PC-sampled stall reasons), ncu's log; the headline metrics printed.
 set -uo pipefail
@@ -17,32 +17,16 @@ source "$(dirname "$0")/call_env.sh"
 P=/tmp/ncu-rows && rm -rf $P && mkdir -p $P && tar xzf .gpubin/pack/refresh1.tgz -C $P
 which ncu || { echo "no ncu on the PATH"; exit 1; }
 n=${N:-8}
-# profile NAME KERNEL_REGEX COMMAND...: one launch (after 4 of the kernel) into $OUT/ncu-NAME.tgz.
-profile() {
-  local name=$1 regex=$2 W=/tmp/ncu-$1
-  shift 2
-  rm -rf "$W" && mkdir -p "$W"
-  echo "== $name (at $(el) s)"
-  timeout 200 ncu --clock-control none --set "${SET:-full}" --import-source no \
-    --kernel-name-base mangled --kernel-name "regex:$regex" --launch-skip 4 --launch-count 1 \
-    -o "$W/prof" "$@" >"$W/ncu.log" 2>&1 || echo "$name: ncu rc $?"
-  tail -2 "$W/ncu.log"
-  if [[ -f $W/prof.ncu-rep ]]; then
-    ncu -i "$W/prof.ncu-rep" --page details --csv >"$W/details.csv" 2>&1
-    ncu -i "$W/prof.ncu-rep" --page source --csv --print-source sass >"$W/source.csv" 2>&1
-    grep -i '"Duration"\|DRAM Throughput\|Registers Per\|Grid Size\|No Eligible\|Issued Warp\|Achieved Occupancy\|Elapsed Cycles' \
-      "$W/details.csv" | cut -d, -f13-15 | head -12
-  fi
-  tar czf "$OUT/ncu-$name.tgz" -C "$W" --exclude=prof.ncu-rep .
-}
+source "$(dirname "$0")/ncu_lib.sh"
+export NCU_SKIP=${NCU_SKIP:-4}
 for st in ${STATES:-bf16 f32}; do
   if [[ $st == bf16 ]]; then rows_t=I13__nv_bfloat16E probe_t=I13__nv_bfloat16Li2E; else rows_t=IfE probe_t=IfLi2E; fi
   KDA_BENCH_NS=$n KDA_BENCH_TS=1 KDA_BENCH_STATES=$st KDA_BENCH_VARIANTS=rows KDA_BENCH_WARM_MS=1 \
-    SPLICE_PDL=0 profile "rows-$st" "kda_decode_rows_kernel$rows_t" \
+    SPLICE_PDL=0 ncu_profile "rows-$st" "kda_decode_rows_kernel$rows_t" \
     "$P/head/kda_decode_cuda_bench" /tmp/ncu-rows.json
   # The probe: its check launches (5 rows) come first; KDA_ROWS_NS=$n leaves the one N after them.
   # Its launches alternate pdl/2, plain/2, pdl/1, plain/1 per graph, so the regex (2 CTAs an SM)
   # still mixes PDL and plain launches: the profiled one runs alone either way under ncu.
-  KDA_ROWS_NS=$n profile "probe-$st" "kda_rows_t1$probe_t" .gpubin/kda_rows
+  KDA_ROWS_NS=$n ncu_profile "probe-$st" "kda_rows_t1$probe_t" .gpubin/kda_rows
 done
 echo "done at $(el) s"
