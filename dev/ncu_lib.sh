@@ -17,7 +17,7 @@ ncu_profile() {
     ncu -i "$W/prof.ncu-rep" --page source --csv --print-source sass >"$W/source.csv" 2>&1
     # Metric name and value columns of the headline rows.
     grep -i '"Duration"\|DRAM Throughput\|Registers Per\|Grid Size\|No Eligible\|Issued Warp\|Achieved Occupancy\|Elapsed Cycles' \
-      "$W/details.csv" | awk -F'","' '{print $13 " = " $15}' | head -12
+      "$W/details.csv" | awk -F'","' '$13 != "" {sub(/",.*$/, "", $15); print $13 " = " $15}' | head -12
   fi
   tar czf "$OUT/ncu-$name.tgz" -C "$W" --exclude=prof.ncu-rep .
 }
