@@ -518,8 +518,7 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   // 10.52 us at f32 N = 1 T = 1 / 2 / 4 extrapolates to T = 8 at 17.2; at bf16 N = 8 T = 1
   // split4 ran ~20 us in run 7 and stream 11.91, leaving wide. The next run confirms them.):
   //   band (items = units x heads)  state T    pick     measured points
-  //   items <= SMs/4 (< SMs/2 until any   any  split4   N=1 T=1 f32 5.47* bf16 4.93*; T=8 f32
-  //   session 40: N = 2 below)
+  //   items <= SMs/4                any   any  split4   N=1 T=1 f32 5.47* bf16 4.93*; T=8 f32
   //                                                     17.17~ (stream 19.99), bf16 T=4/8
   //                                                     9.90/16.45~ (stream 10.54/17.06)
   //   SMs/2 <= items < SMs          any   any  wide512  (session 39, perf.md run 292, N=4: bf16
@@ -547,7 +546,8 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   //   against rows' 4.4, run 295's probe).
   // and T > 1 from SMs/4 to SMs/2 items (N = 2), perf.md runs 300-301, under the promise, T = 2 /
   // 4 / 8: bf16 wide 5.99 / 8.68 / 14.64 (split4 7.09 / 10.89 / 18.61), f32 wide512 6.31 / 9.84 /
-  // 16.67 (split4 8.32 / 12.50 / 21.22); split4 stays at and below SMs/4 (N = 1).
+  // 16.67 (split4 8.32 / 12.50 / 21.22); split4 stays at and below SMs/4 (N = 1; it held every
+  // items < SMs/2 until session 40).
   // (stream falls back to `wide` for state that is not 16-byte aligned; rows to `wide` for state,
   // inputs or output that are not.)
   // Until run 109 bf16 T >= 8 ran `wide` (run 7: 115.70/425.89/1641.44 against stream's
