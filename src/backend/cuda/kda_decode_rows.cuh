@@ -6,7 +6,8 @@
 //   - warp w owns value rows 8w .. 8w + 7 of the head's state S [V, K] and lane l its key columns
 //     4l .. 4l + 3: 32 state values a thread (FlashInfer's fused_kda_decode shape; issue 6's
 //     mid-N sizes, where splice's per-head kernels, holding a head on 256 threads, ran slower:
-//     perf.md runs 291, 295). The rows are loaded at entry, beside
+//     perf.md runs 291, 295). The rows are loaded at entry (kept as loaded until the barrier, so
+//     no conv or gate thread waits for them before issuing its own loads), beside
 //   - the conv (threads 0-95: projection pr = tid / 32, channels 4l .. 4l + 3):
 //     pre = hist0 w0 + hist1 w1 + hist2 w2 + x w3 (multiply, add in tap order, no contraction),
 //     mixed = bf16(pre sigmoid(pre)) into shared memory, and the conv write-back of those
@@ -16,9 +17,12 @@
 //     these threads loads it, so its load is issued with the others: loaded by one thread, the
 //     compiler sinks it into that thread's branch, a second round trip, perf.md run 295).
 //   - Barrier; every warp: q^, k^ (L2 norms by warp sums, as the per-head kernels), k^ . q^; then
-//     per row one pass over the decayed state S' = S diag(decay): pred = S' k^ and S' q^ (warp
-//     sums), delta = beta (v - pred), S += delta k^ (stored in place: T = 1's checkpoint is the
-//     source slot), o = S' q^ + delta (k^ . q^), o_b = bf16(o) into shared memory.
+//     per row one pass over the decayed state S' = S diag(decay): pred = S' k^ and S' q^ (the
+//     warp's 16 row sums by one transposing butterfly: 16 shuffles, not 16 x 5; shuffles issue
+//     at one warp instruction a clock an SM, and a wave's 32 warps an SM reach this phase at
+//     once: perf.md run 304, bf16 N = 8 -6.7%), delta = beta (v - pred), S += delta k^ (stored in
+//     place: T = 1's checkpoint is the source slot), o = S' q^ + delta (k^ . q^), o_b = bf16(o)
+//     into shared memory.
 //   - Barrier; warp 0: the gated RMSNorm, out = bf16(o_b inv norm_weight sigmoid(output_gate)).
 // PDL as the per-head kernels: without the stable-state promise one thread prefetches the item's
 // source state and conv history into L2 before the wait and the metadata is read after it; under
@@ -28,6 +32,8 @@
 // perf.md run 298, e.g. bf16 N = 8 8.61 us against wide's 9.53, f32 12.25 against stream's 13.24,
 // under the stable-state promise.
 #pragma once
+
+#include <type_traits>
 
 #include "backend/cuda/kda_decode.cuh"
 #include "backend/cuda/launch.cuh"
@@ -40,17 +46,22 @@ constexpr int kRowsPerWarp = kD / kRowsWarps;                    // 8 value rows
 constexpr int kRowsConvThreads = kProj * kD / kChannelsPerLane;  // 96
 constexpr int kRowsGateThread0 = kRowsThreads - kD;              // 384: one key channel each
 
-// This lane's 4 columns of state row `row` of the head's [D, D] block at `s` <-> fp32.
+// This lane's 4 columns of state row `row` of the head's [D, D] block at `s`, as loaded (raw:
+// float4 for fp32, uint2 of 4 bf16 for bf16), and as fp32. The raw form is what crosses the
+// inputs' section: a bf16 unpack there (shifts of the loaded words) would make each conv and gate
+// thread wait for its state rows before issuing its own loads.
 template <typename StateT>
-__device__ __forceinline__ void load_row4(const StateT* s, int row, int lane, float (&f)[4]) {
-  if constexpr (sizeof(StateT) == 4) {
-    const float4 v = *reinterpret_cast<const float4*>(s + row * kD + 4 * lane);
-    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-  } else {
-    const uint2 v = *reinterpret_cast<const uint2*>(s + row * kD + 4 * lane);
-    f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
-    f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
-  }
+using RawRow4 = std::conditional_t<sizeof(StateT) == 4, float4, uint2>;
+template <typename StateT>
+__device__ __forceinline__ RawRow4<StateT> load_row4(const StateT* s, int row, int lane) {
+  return *reinterpret_cast<const RawRow4<StateT>*>(s + row * kD + 4 * lane);
+}
+__device__ __forceinline__ void unpack_row4(const float4& v, float (&f)[4]) {
+  f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+}
+__device__ __forceinline__ void unpack_row4(const uint2& v, float (&f)[4]) {
+  f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
+  f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
 }
 // One vector store as PTX (a plain float4 / uint2 assignment reached PTX as 4 / 2 scalar stores,
 // which ptxas did not rejoin here: 4x / 2x the store requests; store_state_vec's note).
@@ -103,10 +114,10 @@ __global__ void __launch_bounds__(kRowsThreads, 2) kda_decode_rows_kernel(const 
   StateT* const state = static_cast<StateT*>(p.state) +
                         static_cast<std::int64_t>(it.ss) * p.state_slot +
                         static_cast<std::int64_t>(h) * kD * kD;
-  float s[kRowsPerWarp][4];  // rows 8 warp + i, columns 4 lane .. 4 lane + 3
+  RawRow4<StateT> raw[kRowsPerWarp];  // rows 8 warp + i, columns 4 lane .. 4 lane + 3
   if (it.live) {
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) load_row4(state, warp * kRowsPerWarp + i, lane, s[i]);
+    for (int i = 0; i < kRowsPerWarp; ++i) raw[i] = load_row4(state, warp * kRowsPerWarp + i, lane);
   }
   if (stable_state) detail::pdl_prologue();  // every store, and every input load, after it
   zero_unowned<kRowsThreads, kD>(p, it, 0, qn);
@@ -156,6 +167,10 @@ __global__ void __launch_bounds__(kRowsThreads, 2) kda_decode_rows_kernel(const 
   }
   __syncthreads();
 
+  float s[kRowsPerWarp][4];  // the state rows in fp32
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) unpack_row4(raw[i], s[i]);
+
   float q[4], kk[4], dec[4];
   {
     const float4 qv = *reinterpret_cast<const float4*>(&mixed[0][4 * lane]);
@@ -181,27 +196,33 @@ __global__ void __launch_bounds__(kRowsThreads, 2) kda_decode_rows_kernel(const 
   kq = warp_sum(kq);  // k^ . q^
   const float beta = beta_k[0];
 
-  float pred[kRowsPerWarp], sq[kRowsPerWarp];
+  // Per row i: pred_i = S'_i k^ and (S' q^)_i as lane partials, summed over the warp by one
+  // transposing butterfly (16 shuffles for the 16 sums, not 80): lane l gets the total of partial
+  // l / 2, i.e. lanes 2i, 2i + 1 pred_i and lanes 16 + 2i, 17 + 2i (S' q^)_i.
+  float part[2 * kRowsPerWarp];  // [pred_0 .. pred_7, (S' q^)_0 .. (S' q^)_7] lane partials
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
-    pred[i] = sq[i] = 0.0f;
+    part[i] = part[kRowsPerWarp + i] = 0.0f;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       s[i][c] *= dec[c];
-      pred[i] = fmaf(s[i][c], kk[c], pred[i]);
-      sq[i] = fmaf(s[i][c], q[c], sq[i]);
+      part[i] = fmaf(s[i][c], kk[c], part[i]);
+      part[kRowsPerWarp + i] = fmaf(s[i][c], q[c], part[kRowsPerWarp + i]);
     }
   }
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) pred[i] = warp_sum(pred[i]), sq[i] = warp_sum(sq[i]);
+  const float total = reduce_rows<2 * kRowsPerWarp, kWarp>(part, lane);
+  const int my_row = warp * kRowsPerWarp + (lane / 2) % kRowsPerWarp;
+  // delta of my_row (computed from pred in lanes 0-15; lanes 16-31 take it from lane l - 16).
+  const float delta_pred = beta * (mixed[2][my_row] - total);
+  const float delta_other = __shfl_xor_sync(kFullMask, delta_pred, kWarp / 2);
+  const float delta_mine = lane < kWarp / 2 ? delta_pred : delta_other;
+  if (lane >= kWarp / 2 && lane % 2 == 0) o_b[my_row] = round_bf16(fmaf(delta_mine, kq, total));
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int row = warp * kRowsPerWarp + i;
-    const float delta = beta * (mixed[2][row] - pred[i]);
+    const float delta = __shfl_sync(kFullMask, delta_mine, 2 * i);
 #pragma unroll
     for (int c = 0; c < 4; ++c) s[i][c] = fmaf(delta, kk[c], s[i][c]);
-    store_row4(state, row, lane, s[i]);  // the checkpoint: T = 1 writes the source slot
-    if (lane == 0) o_b[row] = round_bf16(fmaf(delta, kq, sq[i]));
+    store_row4(state, warp * kRowsPerWarp + i, lane, s[i]);  // the checkpoint: the source slot
   }
   __syncthreads();
 
