@@ -537,13 +537,17 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   //                                                     474.69/1772.54; perf.md run 109)
   // T = 1 first (session 40, perf.md run 298, under the stable-state promise a decode step gives,
   // us against the band's pick below; N at H = 32):
-  //   SMs/4 < items < 2 SMs         bf16  1    rows     N=3/4/6/8 4.47/4.69/8.10/8.61 (wide512
+  //   SMs/4 < items < 4 SMs         bf16  1    rows     N=3/4/6/8 4.47/4.69/8.10/8.61 (wide512
   //                                                     4.94/5.35, wide 8.45/9.53); N=12 +2.2%
   //                                 f32   1    rows     N=6/8 10.79/12.25 (stream 11.36/13.24)
   //                                                     but not SMs/2 <= items < SMs: N=4 +5.6%,
   //                                                     N=3 -2.3% against wide512
   //   N=2 (no promise): rows bf16 4.22, f32 5.14 against split4's 4.94 / 5.87; N=1 split4 (3.73
   //   against rows' 4.4, run 295's probe).
+  // Session 41 (perf.md run 305, rows with its transposed row sums, under the promise): bf16
+  // rows also from 2 SMs to 4 SMs of items (N=12/16 12.50/14.89 against stream's 13.48/16.18;
+  // N=24/32 +2.9/+8.4%, stream stays); f32 rows loses from N=12 (+1.5 to +10.5%), its band stays;
+  // N=1 rows +4.4% (bf16) / +6.0% (f32) against split4.
   // and T > 1 from SMs/4 to SMs/2 items (N = 2), perf.md runs 300-301, under the promise, T = 2 /
   // 4 / 8: bf16 wide 5.99 / 8.68 / 14.64 (split4 7.09 / 10.89 / 18.61), f32 wide512 6.31 / 9.84 /
   // 16.67 (split4 8.32 / 12.50 / 21.22); split4 stays at and below SMs/4 (N = 1; it held every
@@ -557,7 +561,8 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   const std::int64_t sms = sm_count;
   const bool bf16 = state_dtype == DType::bf16;
   const bool f32_wide512_band = !bf16 && 2 * items >= sms && items < sms;
-  if (max_t == 1 && 4 * items > sms && items < 2 * sms && !f32_wide512_band)
+  const std::int64_t rows_end = bf16 ? 4 * sms : 2 * sms;  // the first item count past rows
+  if (max_t == 1 && 4 * items > sms && items < rows_end && !f32_wide512_band)
     return KdaVariant::rows;
   if (4 * items <= sms) return KdaVariant::split4;
   if (2 * items < sms) return bf16 ? KdaVariant::wide : KdaVariant::wide512;

@@ -28,9 +28,10 @@
 // source state and conv history into L2 before the wait and the metadata is read after it; under
 // the promise the metadata and the state rows are read before it. The launcher runs it only for
 // T = 1 with 16-byte aligned states, inputs and output (else `wide`). The rule runs it at T = 1
-// for SMs / 4 < items < 2 SMs (N = 2-8 at H = 32; f32 keeps wide512 at SMs / 2 <= items < SMs):
-// perf.md run 298, e.g. bf16 N = 8 8.61 us against wide's 9.53, f32 12.25 against stream's 13.24,
-// under the stable-state promise.
+// for SMs / 4 < items < 4 SMs with bf16 state (N = 2-16 at H = 32), < 2 SMs with f32 (N = 2-8;
+// wide512 at SMs / 2 <= items < SMs): perf.md runs 298 and 305, e.g. bf16 N = 8 8.05 us against
+// wide's 9.53, N = 16 14.89 against stream's 16.18, f32 N = 8 12.37 against stream's 13.24, under
+// the stable-state promise.
 #pragma once
 
 #include <type_traits>

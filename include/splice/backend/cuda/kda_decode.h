@@ -52,7 +52,7 @@ const char* kda_variant_name(KdaVariant variant);
 // x `heads` heads, T = `max_t`, state dtype, on a device with `sm_count` multiprocessors. Its
 // table (measured on the H200, dev/kda_b's run) is in kda_decode.cu; in short, with
 // items = units * heads:
-//   T = 1, sm_count / 4 < items < 2 * sm_count
+//   T = 1, sm_count / 4 < items < 4 * sm_count (bf16 state) or 2 * sm_count (f32)
 //                                  -> rows (but f32 state from sm_count / 2 to sm_count: wide512)
 //   items <= sm_count / 4          -> split4
 //   items < sm_count / 2           -> wide for bf16 state, wide512 for f32
