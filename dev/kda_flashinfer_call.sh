@@ -15,6 +15,10 @@
 #   tar cf - -C SITE --exclude=__pycache__ flashinfer flashinfer_python-0.6.18.dist-info \
 #     nvidia_cutlass_dsl nvidia_cutlass_dsl*.dist-info tvm_ffi apache_tvm_ffi-*.dist-info |
 #     xz -9 -T8 | split -b 38M - .gpubin/kdafi-parts/part.
+# (Any number of parts: `run` unpacks the staged ones and the carried ones in name order, so with
+# 30M parts the stage call can also carry refresh1.tgz and run
+# `dev/kda_flashinfer_call.sh stage && dev/refresh_call.sh control tests`, and the run call
+# carries the other two parts. Session 41 made the site with pip install --no-deps --target.)
 #   mkdir -p .gpubin/kdafi && cp .gpubin/kdafi-parts/part.aa .gpubin/kdafi/
 #   run(command="dev/kda_flashinfer_call.sh stage", carry=[".gpubin/kdafi"])
 #   rm .gpubin/kdafi/part.aa && cp .gpubin/kdafi-parts/part.ab .gpubin/kdafi/
@@ -36,11 +40,12 @@ case ${1:?usage: kda_flashinfer_call.sh stage|run} in
     nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
     site=/tmp/kda-fi-site
     mkdir -p "$site"
-    first=$stash/part.aa
-    [[ -f $first ]] || first=/tmp/kdafi-stash/part.aa
-    ls -la "$first" .gpubin/kdafi/part.ab
-    cat "$first" .gpubin/kdafi/part.ab | xz -d | tar x -C "$site" ||
-      { echo "the archive did not unpack"; exit 3; }
+    # The parts in name order: the staged ones (stash, else /tmp), then the carried ones.
+    staged=$stash; [[ -f $staged/part.aa ]] || staged=/tmp/kdafi-stash
+    parts=$(for f in "$staged"/part.* .gpubin/kdafi/part.*; do echo "$(basename "$f") $f"; done |
+      sort -u -k1,1 | cut -d' ' -f2)
+    ls -la $parts
+    cat $parts | xz -d | tar x -C "$site" || { echo "the archive did not unpack"; exit 3; }
     install_peer_wheels "$root"  # FLA (and FlashInfer 0.5.3, shadowed by $site's 0.6.18)
     export PYTHONPATH=$site:$site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
     P=/tmp/kdafi-bench && mkdir -p "$P" && tar xzf .gpubin/pack/kdabench.tgz -C "$P"

@@ -12,7 +12,7 @@
 #      KdaCuda.OneStreamCta* case matching RACE.
 #   3. Timed alone: head and the variants in interleaved processes, 3 rounds, at STATES x TS x NS
 #      (dev/ab_table.py).
-# Environment (defaults): PACK (.gpubin/pack/variants.tgz), HANG_ROUNDS (3), TESTS ('KdaCuda.*'), TEST_CUT (110), RACE (a glob of
+# Environment (defaults): PACK (.gpubin/pack/variants.tgz), ENV_VARIANTS (below), HANG_ROUNDS (3), TESTS ('KdaCuda.*'), TEST_CUT (110), RACE (a glob of
 # the OneStreamCta suffixes, '*'), STATES (bf16,f32), TS (1,2,4,8), NS (128,512), BENCH_CUT (40 s
 # a bench process), ROUNDS (3), BENCH_VARIANTS (stream: the variants each bench process times,
 # KDA_BENCH_VARIANTS; the table adds one for each other than stream). A session's last
@@ -23,6 +23,12 @@ set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/variants; L=/tmp/variants-logs
 rm -rf $P $L; mkdir -p $P $L; tar xzf "${PACK:-.gpubin/pack/variants.tgz}" -C $P
+# ENV_VARIANTS="name:VAR=value[,VAR=value...] ...": head's bench timed again as variant `name`
+# under those environment variables (bench only; e.g. carveout-default:SPLICE_SMEM_CARVEOUT=-1).
+for ev in ${ENV_VARIANTS:-}; do
+  mkdir -p $P/${ev%%:*} && cp $P/head/kda_decode_cuda_bench $P/${ev%%:*}/ &&
+    tr ',' '\n' <<<"${ev#*:}" >$P/${ev%%:*}/env
+done
 variants=()
 for d in $P/*/; do d=$(basename $d); [[ $d != head ]] && variants+=($d); done
 echo "variants: ${variants[*]}"
@@ -73,7 +79,8 @@ done
 echo "== 3. timed A/B (at $((SECONDS - T0)) s)"
 for round in $(seq 1 $ROUNDS); do
   for b in head "${variants[@]}"; do
-    KDA_BENCH_NS=$NS KDA_BENCH_TS=$TS KDA_BENCH_STATES=$STATES KDA_BENCH_VARIANTS=$BENCH_VARIANTS \
+    benv=(); [[ -f $P/$b/env ]] && mapfile -t benv <$P/$b/env
+    env "${benv[@]}" KDA_BENCH_NS=$NS KDA_BENCH_TS=$TS KDA_BENCH_STATES=$STATES KDA_BENCH_VARIANTS=$BENCH_VARIANTS \
       timeout $BENCH_CUT $P/$b/kda_decode_cuda_bench $L/${b}_$round.json >$L/${b}_bench_$round.txt 2>&1 || echo "$b round $round: rc $?"
   done
 done

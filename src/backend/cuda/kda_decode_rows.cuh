@@ -16,7 +16,8 @@
 //     -e^A softplus(z), z = raw_gate + dt_bias; norm_weight sigmoid(output_gate); beta (each of
 //     these threads loads it, so its load is issued with the others: loaded by one thread, the
 //     compiler sinks it into that thread's branch, a second round trip, perf.md run 295).
-//   - Barrier; every warp: q^, k^ (L2 norms by warp sums, as the per-head kernels), k^ . q^; then
+//     Warps 0 and 1 also L2-normalize q and k (one warp sum each): q^ = q / |q| / sqrt(D), k^.
+//   - Barrier; every warp: k^ . q^ (a warp sum); then
 //     per row one pass over the decayed state S' = S diag(decay): pred = S' k^ and S' q^ (the
 //     warp's 16 row sums by one transposing butterfly: 16 shuffles, not 16 x 5; shuffles issue
 //     at one warp instruction a clock an SM, and a wave's 32 warps an SM reach this phase at
@@ -95,7 +96,7 @@ __device__ __forceinline__ void store_bits4(std::uint16_t* at, const std::uint16
 // Grid: H x units CTAs in x (head fastest: a unit's heads share its rows' input lines).
 template <typename StateT>
 __global__ void __launch_bounds__(kRowsThreads, 2) kda_decode_rows_kernel(const Params p) {
-  __shared__ alignas(16) float mixed[kProj][kD];  // q, k, v after conv + SiLU (bf16-exact)
+  __shared__ alignas(16) float mixed[kProj][kD];  // q^, k^, v: conv + SiLU, q and k L2-normed
   __shared__ alignas(16) float decay[kD];         // [K] e^g
   __shared__ alignas(16) float out_scale[kD];     // [V] norm_weight sigmoid(output_gate)
   __shared__ alignas(16) float o_b[kD];           // [V] bf16(o)
@@ -144,8 +145,22 @@ __global__ void __launch_bounds__(kRowsThreads, 2) kda_decode_rows_kernel(const 
       for (int c = 0; c < 4; ++c)
         pre[c] = __fadd_rn(pre[c], __fmul_rn(bf16_to_f32(act[tap][c]), w[tap][c]));
     sigmoid_n<4>(pre, sig);
+    float m[4];  // mixed = bf16(pre sigmoid(pre)), channels d .. d + 3 of projection pr
 #pragma unroll
-    for (int c = 0; c < 4; ++c) mixed[pr][d + c] = round_bf16(pre[c] * sig[c]);
+    for (int c = 0; c < 4; ++c) m[c] = round_bf16(pre[c] * sig[c]);
+    // q and k (warps 0 and 1 hold all 128 channels of one each): the L2 norm here, once, not by
+    // every warp after the barrier: q^ = q / |q| / sqrt(D), k^ = k / |k|.
+    if (pr < 2) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) ss += m[c] * m[c];
+      const float inv = inv_sqrt_rn(warp_sum(ss) + kL2Eps);
+      const float scale = pr == 0 ? 1.0f / sqrtf(static_cast<float>(kD)) : 1.0f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) m[c] = pr == 0 ? m[c] * inv * scale : m[c] * inv;
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) mixed[pr][d + c] = m[c];
     // The write-back: positions 0, 1, 2 of conv slot cs <- hist1, hist2, x (this thread's
     // channels only, read above by this thread alone).
     std::uint16_t* conv = p.conv + static_cast<std::int64_t>(it.cs) * p.conv_slot +
@@ -172,7 +187,7 @@ __global__ void __launch_bounds__(kRowsThreads, 2) kda_decode_rows_kernel(const 
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) unpack_row4(raw[i], s[i]);
 
-  float q[4], kk[4], dec[4];
+  float q[4], kk[4], dec[4];  // q^, k^ and decay at this lane's columns
   {
     const float4 qv = *reinterpret_cast<const float4*>(&mixed[0][4 * lane]);
     const float4 kv = *reinterpret_cast<const float4*>(&mixed[1][4 * lane]);
@@ -181,19 +196,9 @@ __global__ void __launch_bounds__(kRowsThreads, 2) kda_decode_rows_kernel(const 
     kk[0] = kv.x, kk[1] = kv.y, kk[2] = kv.z, kk[3] = kv.w;
     dec[0] = dv.x, dec[1] = dv.y, dec[2] = dv.z, dec[3] = dv.w;
   }
-  float qq = 0.0f, k2 = 0.0f;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) qq += q[c] * q[c], k2 += kk[c] * kk[c];
-  const float q_inv = inv_sqrt_rn(warp_sum(qq) + kL2Eps);
-  const float k_inv = inv_sqrt_rn(warp_sum(k2) + kL2Eps);
-  const float q_scale = 1.0f / sqrtf(static_cast<float>(kD));
   float kq = 0.0f;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    q[c] = q[c] * q_inv * q_scale;
-    kk[c] = kk[c] * k_inv;
-    kq = fmaf(kk[c], q[c], kq);
-  }
+  for (int c = 0; c < 4; ++c) kq = fmaf(kk[c], q[c], kq);
   kq = warp_sum(kq);  // k^ . q^
   const float beta = beta_k[0];
 
