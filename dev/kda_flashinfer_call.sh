@@ -15,10 +15,11 @@
 #   tar cf - -C SITE --exclude=__pycache__ flashinfer flashinfer_python-0.6.18.dist-info \
 #     nvidia_cutlass_dsl nvidia_cutlass_dsl*.dist-info tvm_ffi apache_tvm_ffi-*.dist-info |
 #     xz -9 -T8 | split -b 38M - .gpubin/kdafi-parts/part.
-# (Any number of parts: `run` unpacks the staged ones and the carried ones in name order, so with
-# 30M parts the stage call can also carry refresh1.tgz and run
-# `dev/kda_flashinfer_call.sh stage && dev/refresh_call.sh control tests`, and the run call
-# carries the other two parts. Session 41 made the site with pip install --no-deps --target.)
+# (Any number of parts: `run` unpacks the staged ones and the carried ones in name order. The
+# tracked tree, ~4.2 MB, counts against the carry too: a stage call with part.aa beside
+# refresh1.tgz and .deps was refused in session 41. The calls must follow each other: issue the
+# second only after the first returns. Session 41 made the site with pip install --no-deps
+# --target SITE ... under python3.12.)
 #   mkdir -p .gpubin/kdafi && cp .gpubin/kdafi-parts/part.aa .gpubin/kdafi/
 #   run(command="dev/kda_flashinfer_call.sh stage", carry=[".gpubin/kdafi"])
 #   rm .gpubin/kdafi/part.aa && cp .gpubin/kdafi-parts/part.ab .gpubin/kdafi/
