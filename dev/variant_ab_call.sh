@@ -23,10 +23,11 @@ set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/variants; L=/tmp/variants-logs
 rm -rf $P $L; mkdir -p $P $L; tar xzf "${PACK:-.gpubin/pack/variants.tgz}" -C $P
-# ENV_VARIANTS="name:VAR=value[,VAR=value...] ...": head's bench timed again as variant `name`
-# under those environment variables (bench only; e.g. carveout-default:SPLICE_SMEM_CARVEOUT=-1).
+# ENV_VARIANTS="name:VAR=value[,VAR=value...] ...": head's bench (ENV_BASE's, a variant of the
+# pack, if set) timed again as variant `name` under those environment variables (bench only;
+# e.g. carveout-default:SPLICE_SMEM_CARVEOUT=-1).
 for ev in ${ENV_VARIANTS:-}; do
-  mkdir -p $P/${ev%%:*} && cp $P/head/kda_decode_cuda_bench $P/${ev%%:*}/ &&
+  mkdir -p $P/${ev%%:*} && cp $P/${ENV_BASE:-head}/kda_decode_cuda_bench $P/${ev%%:*}/ &&
     tr ',' '\n' <<<"${ev#*:}" >$P/${ev%%:*}/env
 done
 variants=()
