@@ -539,6 +539,7 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   // us against the band's pick below; N at H = 32):
   //   SMs/4 < items < 4 SMs         bf16  1    rows     N=3/4/6/8 4.47/4.69/8.10/8.61 (wide512
   //                                                     4.94/5.35, wide 8.45/9.53); N=12 +2.2%
+  //                                                     then (-7.3% since session 41, below)
   //                                 f32   1    rows     N=6/8 10.79/12.25 (stream 11.36/13.24)
   //                                                     but not SMs/2 <= items < SMs: N=4 +5.6%,
   //                                                     N=3 -2.3% against wide512
