@@ -1,7 +1,8 @@
 // The splice CLI as a user runs it (a real process): `op decode-attention` and `op kda-decode`
 // reproduce the library's results from safetensors files; bad input exits non-zero with one line
 // naming the argument and leaves OUT unwritten; `inspect` prints the graph before/after and the
-// decisions; `run` decodes the embedded default model; unknown flags fail cleanly; `run
+// decisions; `run` decodes the embedded default model; `bench --batch` times a batched step
+// and counts its tokens; unknown flags fail cleanly; `run
 // --no-optimize` (every branch left uncollapsed, arm 0 run) decodes the optimized run's greedy
 // tokens on the default model and on a tiny Llama, up to the first bf16 near-tie of the logits.
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -194,6 +196,20 @@ TEST(Cli, RunsTheDefaultModelAndRejectsBadFlags) {
   EXPECT_NE(run_cli("frobnicate").status, 0);
 }
 
+// `bench --batch B` times the decode step of B sequences in lockstep: B tokens a step.
+TEST(Cli, BenchTimesABatchedStep) {
+  const Result r = run_cli("bench --batch 3 --steps 8 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j.at("batch").get<int>(), 3);
+  EXPECT_EQ(j.at("steps").get<int>(), 8);
+  const double p50 = j.at("p50_us").get<double>();
+  ASSERT_GT(p50, 0.0);
+  EXPECT_LE(p50, j.at("p99_us").get<double>());
+  EXPECT_NEAR(j.at("tokens_per_s").get<double>(), 3e6 / p50, 1e-9 * 3e6 / p50);
+  EXPECT_FALSE(j.at("decisions").empty()) << r.output;
+}
+
 // Bad generation and graph options fail before the report starts (the options before the model
 // loads; the prompt's ids and length once it has): a non-zero exit, the error naming the
 // option, and no report line.
@@ -209,6 +225,8 @@ TEST(Cli, BadOptionsFailBeforeAnyOutput) {
       {"run --max-seq-len 2 --prompt-ids 1,2,3", "does not fit"},
       {"run --dtype i32", "--dtype"},
       {"bench --steps 100 --max-seq-len 50", "--max-seq-len 50"},
+      {"bench --batch 0", "--batch"},
+      {"bench --batch 2 --host-greedy", "--host-greedy"},
       {"inspect --dtype bool", "--dtype"},
       {"inspect --capacity 0", "--capacity"},
       {"inspect --heads 0", "--heads"},

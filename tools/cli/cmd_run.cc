@@ -4,13 +4,17 @@
 //              [--temperature T --top-k K --top-p P --seed S] [--stop ID,...] [--max-seq-len N]
 //              [--dtype bf16|f32] [--device cpu|cuda] [--tuning-cache FILE] [--host-greedy]
 //              [--json]
-//   splice bench [same model options] [--steps N] [--host-greedy] [--json]
+//   splice bench [same model options] [--steps N] [--batch B] [--host-greedy] [--json]
 // Greedy decoding (temperature 0, and every bench step) chooses each token inside the step by
 // default: the argmax runs on the device right after the logits (captured into the step's CUDA
 // graph) and feeds the next step there, so a token costs one 4-byte read back instead of a token
 // upload, a logits download and a host argmax; --host-greedy selects the host path (A/B).
 // Without --model, the embedded default model (a small hybrid KDA/attention decoder whose weights
 // splice creates deterministically) is written to the cache directory on first use and loaded.
+// `bench --batch B` (B > 1) times the decode step of B sequences in lockstep (every row at the
+// same position, as a batched decode step runs its KDA layers with N = B): the session alone,
+// fixed tokens (the step's work does not depend on their values) and no token chosen (the
+// Generator decodes batch 1); tokens/s counts B tokens a step.
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -20,10 +24,15 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "splice/core/error.h"
+#include "splice/exec/session.h"
 #include "splice/model/default_model.h"
 #include "splice/model/generate.h"
 #include "splice/model/loader.h"
 #include "splice/model/safetensors.h"
+#include "splice/tune/optimize.h"
+#ifdef SPLICE_WITH_CUDA
+#include "splice/backend/cuda/runtime.h"
+#endif
 
 namespace splice::cli {
 namespace {
@@ -74,30 +83,105 @@ struct Opened {
   std::unique_ptr<Generator> generator;
 };
 
-// `sampled`: the run samples on the host (temperature > 0), so no in-step argmax is installed.
-Opened open(const ModelArgs& m, bool quiet, bool sampled = false) {
-  Opened o;
+// The model at --model (or the default one) and its decode graph for `batch` sequences.
+DecodeModel load_and_build(const ModelArgs& m, std::int64_t batch, ProgressBar& bar,
+                           LoadedModel& loaded) {
   const std::string path = m.model.empty() ? default_model_dir() : m.model;
   const DType dtype = parse_dtype(m.dtype, "--dtype");
-  ProgressBar bar(quiet ? nullptr : &std::cerr);
   bar.tick("loading " + path);
-  o.loaded = load_model(path, dtype);
+  loaded = load_model(path, dtype);
   BuildOptions build;
+  build.batch = batch;
   build.max_seq_len = m.max_seq_len;
   build.dtype = dtype;
   bar.tick("building the decode graph");
-  DecodeModel model = build_decode_model(o.loaded.config, o.loaded.weights, build);
+  return build_decode_model(loaded.config, loaded.weights, build);
+}
+
+OptimizeOptions optimize_options(const ModelArgs& m, Device device, ProgressBar& bar) {
+  OptimizeOptions o;
+  o.tune.device_name = device_key(device);
+  o.tune.cache_path = m.tuning_cache;
+  o.select = !m.no_optimize;
+  o.tune.progress = [&bar](const std::string& what) { bar.tick(what); };
+  return o;
+}
+
+// `sampled`: the run samples on the host (temperature > 0), so no in-step argmax is installed.
+Opened open(const ModelArgs& m, bool quiet, bool sampled = false) {
+  Opened o;
+  ProgressBar bar(quiet ? nullptr : &std::cerr);
+  DecodeModel model = load_and_build(m, 1, bar, o.loaded);
   GeneratorOptions go;
   go.device = parse_device(m.device);
-  go.optimize.tune.device_name = device_key(go.device);
-  go.optimize.tune.cache_path = m.tuning_cache;
-  go.optimize.select = !m.no_optimize;
-  go.optimize.tune.progress = [&](const std::string& what) { bar.tick(what); };
+  go.optimize = optimize_options(m, go.device, bar);
   go.measure_host_overhead = true;
   go.greedy_in_step = !m.host_greedy && !sampled;
   o.generator = std::make_unique<Generator>(std::move(model), go);
   bar.done();
   return o;
+}
+
+// Median and 99th percentile of `v` (sorted here).
+std::pair<double, double> p50_p99(std::vector<double>& v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
+}
+
+// bench --batch B > 1 (the header's note): `steps` timed steps after 4 untimed ones, each from
+// step() to the device's idle, positions 1 .. steps + 4.
+int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bool json) {
+  ProgressBar bar(json ? nullptr : &std::cerr);
+  LoadedModel loaded;
+  DecodeModel model = load_and_build(m, batch, bar, loaded);
+  const Device device = parse_device(m.device);
+  OptimizeOptions opt = optimize_options(m, device, bar);
+  opt.tune.device = device;
+  const DecisionLog decisions =
+      optimize_graph(model.graph, model.attention_specs, opt, model.kda_specs, model.layer_specs);
+  SessionOptions so;
+  so.device = device;
+  so.measure_host_overhead = true;
+  Session session(std::move(model.graph), so);
+  bar.done();
+  // [batch] i32: the first token of every row, then the same ids every step.
+  Tensor tokens = Tensor::empty({batch}, DType::i32);
+  for (std::int64_t r = 0; r < batch; ++r)
+    tokens.data<std::int32_t>()[r] = static_cast<std::int32_t>(r % loaded.config.vocab_size);
+  std::vector<double> total, host;
+  for (std::int64_t i = 0; i < steps + 4; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    session.step({{"k_len", i + 1}}, {{"tokens", tokens}});
+#ifdef SPLICE_WITH_CUDA
+    if (device.is_cuda()) cuda::synchronize();
+#endif
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (i < 4) continue;  // warm-up (and, on CUDA, the step that captures the graph)
+    total.push_back(us);
+    host.push_back(session.last_timing().host_us());
+  }
+  const auto [p50, p99] = p50_p99(total);
+  const double host50 = p50_p99(host).first;
+  const double tokens_per_s = static_cast<double>(batch) * 1e6 / p50;
+  if (json) {
+    nlohmann::json j{{"model", loaded.source},
+                     {"device", m.device},
+                     {"batch", batch},
+                     {"steps", total.size()},
+                     {"p50_us", p50},
+                     {"p99_us", p99},
+                     {"tokens_per_s", tokens_per_s},
+                     {"host_overhead_us_p50", host50},
+                     {"decisions", decisions_json(decisions)}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << loaded.source << " on " << m.device << ", batch " << batch << ": " << total.size()
+              << " steps, p50 " << p50 << " us, p99 " << p99 << " us, " << tokens_per_s
+              << " tokens/s (" << batch << " a step), host overhead " << host50
+              << " us/step (p50)\n";
+  }
+  return 0;
 }
 
 std::vector<std::int32_t> parse_ids(const std::string& text, const char* what) {
@@ -222,11 +306,17 @@ Runner add_run(CLI::App& app) {
 Runner add_bench(CLI::App& app) {
   auto m = std::make_shared<ModelArgs>();
   auto steps = std::make_shared<std::int64_t>(128);
+  auto batch = std::make_shared<std::int64_t>(1);
   auto json = std::make_shared<bool>(false);
   add_model_options(app, *m);
   app.add_option("--steps", *steps, "decode steps to time")
       ->capture_default_str()
       ->check(CLI::Range(8, 1 << 20));
+  app.add_option("--batch", *batch,
+                 "sequences decoded in lockstep; above 1 the step is timed alone (no token "
+                 "chosen, tokens/s counts batch tokens a step)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   app.add_flag("--json", *json, "machine-readable output");
   return [=]() {
     // The timed steps, their warm-up and the generate() pass after a reset all decode from
@@ -238,6 +328,12 @@ Runner add_bench(CLI::App& app) {
       fail<ValueError>("--max-seq-len ", args.max_seq_len, " holds fewer positions than --steps ",
                        *steps, " needs (", needed, "); pass at least ", needed, " or leave it out");
     args.max_seq_len = std::max(args.max_seq_len, needed);
+    if (*batch > 1) {
+      if (args.host_greedy)
+        fail<ValueError>("--host-greedy chooses tokens, which --batch ", *batch,
+                         " does not (a batched bench times the step alone); drop one of them");
+      return bench_batched(args, *batch, *steps, *json);
+    }
     Opened o = open(args, *json);
     std::vector<double> total, host;
     constexpr std::int32_t kFirstToken = 1;
@@ -253,11 +349,8 @@ Runner add_bench(CLI::App& app) {
       total.push_back(us);
       host.push_back(o.generator->session().last_timing().host_us());
     }
-    std::sort(total.begin(), total.end());
-    std::sort(host.begin(), host.end());
-    const double p50 = total[total.size() / 2],
-                 p99 = total[std::min(total.size() - 1, total.size() * 99 / 100)];
-    const double host50 = host[host.size() / 2];
+    const auto [p50, p99] = p50_p99(total);
+    const double host50 = p50_p99(host).first;
     // The decode loop as `run` drives it (generate(): pipelined where it can be, generate.h), the
     // same number of tokens from the start: the time between consecutive tokens, p50.
     o.generator->reset();
