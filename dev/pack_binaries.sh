@@ -18,6 +18,8 @@
 #             named after it with cuda_all_test and kda_decode_cuda_bench: kda_decode.cu of a
 #             patched copy of the tree compiled with build/bundle's command, swapped into a copy
 #             of libsplice_backend_cuda.a, both executables relinked with their link.txt.
+#   (WITH_SPLICE=1: head's and each variant's `splice` CLI too, relinked the same way, for
+#   dev/model_batch_call.sh's decode steps.)
 #   (PACK_NAME=name: .gpubin/pack/name.tgz instead, e.g. two variant packs side by side; the
 #   calls take PACK=.gpubin/pack/name.tgz. BENCH_ONLY=1: the variants' benches alone, ~3.5 MB
 #   each instead of ~22, so five variants share a call; dev/variant_ab_call.sh then only times
@@ -71,6 +73,7 @@ case $kind in
     unit=kda_decode bench=kda_decode_cuda_bench
     [[ $kind == flash-variants ]] && unit=flash_decode bench=flash_decode_cuda_bench
     put "$B/bench/$bench" v/head
+    [[ -n ${WITH_SPLICE:-} ]] && put "$B/splice" v/head
     compile=$(python3 -c "
 import json, sys
 for e in json.load(open('$B/compile_commands.json')):
@@ -93,6 +96,7 @@ for e in json.load(open('$B/compile_commands.json')):
         relink "$B/tests" cuda_all_test "$W/$name.a" "$W/v/$name/cuda_all_test"
       fi
       relink "$B/bench" $bench "$W/$name.a" "$W/v/$name/$bench"
+      [[ -n ${WITH_SPLICE:-} ]] && relink "$B" splice "$W/$name.a" "$W/v/$name/splice"
       strip "$W/v/$name/"*
       echo "$name: $(nm -C "$W/$name.a" 2>/dev/null | grep -c "${unit}_") kernel symbols"
     done
