@@ -13,17 +13,14 @@ set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/model-batch; L=/tmp/model-batch-logs
 rm -rf $P $L; mkdir -p $P $L; tar xzf "${PACK:-.gpubin/pack/variants.tgz}" -C $P
-for ev in ${ENV_VARIANTS:-}; do
-  mkdir -p $P/${ev%%:*} && cp $P/head/splice $P/${ev%%:*}/ &&
-    tr ',' '\n' <<<"${ev#*:}" >$P/${ev%%:*}/env
-done
+make_env_variants $P head splice
 binaries=(head)
 for d in $P/*/; do d=$(basename $d); [[ $d != head && -x $P/$d/splice ]] && binaries+=($d); done
 echo "binaries: ${binaries[*]}"
 BATCHES=${BATCHES:-1,8,32} STEPS=${STEPS:-256} ROUNDS=${ROUNDS:-3} DEVICE=${DEVICE:-cuda}
 for round in $(seq 1 $ROUNDS); do
   for b in "${binaries[@]}"; do
-    benv=(); [[ -f $P/$b/env ]] && mapfile -t benv <$P/$b/env
+    variant_env $P/$b
     for batch in ${BATCHES//,/ }; do
       env "${benv[@]}" timeout 120 $P/$b/splice bench --device $DEVICE --batch $batch \
         --steps $STEPS --json >$L/${b}_b${batch}_$round.json 2>$L/${b}_b${batch}_$round.err ||

@@ -26,10 +26,7 @@ rm -rf $P $L; mkdir -p $P $L; tar xzf "${PACK:-.gpubin/pack/variants.tgz}" -C $P
 # ENV_VARIANTS="name:VAR=value[,VAR=value...] ...": head's bench (ENV_BASE's, a variant of the
 # pack, if set) timed again as variant `name` under those environment variables (bench only;
 # e.g. carveout-default:SPLICE_SMEM_CARVEOUT=-1).
-for ev in ${ENV_VARIANTS:-}; do
-  mkdir -p $P/${ev%%:*} && cp $P/${ENV_BASE:-head}/kda_decode_cuda_bench $P/${ev%%:*}/ &&
-    tr ',' '\n' <<<"${ev#*:}" >$P/${ev%%:*}/env
-done
+make_env_variants $P "${ENV_BASE:-head}" kda_decode_cuda_bench
 variants=()
 for d in $P/*/; do d=$(basename $d); [[ $d != head ]] && variants+=($d); done
 echo "variants: ${variants[*]}"
@@ -80,7 +77,7 @@ done
 echo "== 3. timed A/B (at $((SECONDS - T0)) s)"
 for round in $(seq 1 $ROUNDS); do
   for b in head "${variants[@]}"; do
-    benv=(); [[ -f $P/$b/env ]] && mapfile -t benv <$P/$b/env
+    variant_env $P/$b
     env "${benv[@]}" KDA_BENCH_NS=$NS KDA_BENCH_TS=$TS KDA_BENCH_STATES=$STATES KDA_BENCH_VARIANTS=$BENCH_VARIANTS \
       timeout $BENCH_CUT $P/$b/kda_decode_cuda_bench $L/${b}_$round.json >$L/${b}_bench_$round.txt 2>&1 || echo "$b round $round: rc $?"
   done

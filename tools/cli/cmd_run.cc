@@ -100,6 +100,7 @@ DecodeModel load_and_build(const ModelArgs& m, std::int64_t batch, ProgressBar& 
 
 OptimizeOptions optimize_options(const ModelArgs& m, Device device, ProgressBar& bar) {
   OptimizeOptions o;
+  o.tune.device = device;
   o.tune.device_name = device_key(device);
   o.tune.cache_path = m.tuning_cache;
   o.select = !m.no_optimize;
@@ -128,6 +129,26 @@ std::pair<double, double> p50_p99(std::vector<double>& v) {
   return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
 }
 
+// `steps` timed calls of step(i) after 4 untimed ones (warm-up; on CUDA the step that captures
+// the graph), i counting from 0: each call's wall time and the session's host overhead in it.
+struct StepTimes {
+  std::vector<double> total, host;
+};
+template <typename Step>
+StepTimes time_steps(std::int64_t steps, const Session& session, Step step) {
+  StepTimes t;
+  for (std::int64_t i = 0; i < steps + 4; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step(i);
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (i < 4) continue;
+    t.total.push_back(us);
+    t.host.push_back(session.last_timing().host_us());
+  }
+  return t;
+}
+
 // bench --batch B > 1 (the header's note): `steps` timed steps after 4 untimed ones, each from
 // step() to the device's idle, positions 1 .. steps + 4.
 int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bool json) {
@@ -135,10 +156,9 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bo
   LoadedModel loaded;
   DecodeModel model = load_and_build(m, batch, bar, loaded);
   const Device device = parse_device(m.device);
-  OptimizeOptions opt = optimize_options(m, device, bar);
-  opt.tune.device = device;
   const DecisionLog decisions =
-      optimize_graph(model.graph, model.attention_specs, opt, model.kda_specs, model.layer_specs);
+      optimize_graph(model.graph, model.attention_specs, optimize_options(m, device, bar),
+                     model.kda_specs, model.layer_specs);
   SessionOptions so;
   so.device = device;
   so.measure_host_overhead = true;
@@ -148,27 +168,20 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bo
   Tensor tokens = Tensor::empty({batch}, DType::i32);
   for (std::int64_t r = 0; r < batch; ++r)
     tokens.data<std::int32_t>()[r] = static_cast<std::int32_t>(r % loaded.config.vocab_size);
-  std::vector<double> total, host;
-  for (std::int64_t i = 0; i < steps + 4; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+  StepTimes t = time_steps(steps, session, [&](std::int64_t i) {
     session.step({{"k_len", i + 1}}, {{"tokens", tokens}});
 #ifdef SPLICE_WITH_CUDA
     if (device.is_cuda()) cuda::synchronize();
 #endif
-    const double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    if (i < 4) continue;  // warm-up (and, on CUDA, the step that captures the graph)
-    total.push_back(us);
-    host.push_back(session.last_timing().host_us());
-  }
-  const auto [p50, p99] = p50_p99(total);
-  const double host50 = p50_p99(host).first;
+  });
+  const auto [p50, p99] = p50_p99(t.total);
+  const double host50 = p50_p99(t.host).first;
   const double tokens_per_s = static_cast<double>(batch) * 1e6 / p50;
   if (json) {
     nlohmann::json j{{"model", loaded.source},
                      {"device", m.device},
                      {"batch", batch},
-                     {"steps", total.size()},
+                     {"steps", t.total.size()},
                      {"p50_us", p50},
                      {"p99_us", p99},
                      {"tokens_per_s", tokens_per_s},
@@ -176,9 +189,9 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bo
                      {"decisions", decisions_json(decisions)}};
     std::cout << j.dump(2) << "\n";
   } else {
-    std::cout << loaded.source << " on " << m.device << ", batch " << batch << ": " << total.size()
-              << " steps, p50 " << p50 << " us, p99 " << p99 << " us, " << tokens_per_s
-              << " tokens/s (" << batch << " a step), host overhead " << host50
+    std::cout << loaded.source << " on " << m.device << ", batch " << batch << ": "
+              << t.total.size() << " steps, p50 " << p50 << " us, p99 " << p99 << " us, "
+              << tokens_per_s << " tokens/s (" << batch << " a step), host overhead " << host50
               << " us/step (p50)\n";
   }
   return 0;
@@ -335,22 +348,15 @@ Runner add_bench(CLI::App& app) {
       return bench_batched(args, *batch, *steps, *json);
     }
     Opened o = open(args, *json);
-    std::vector<double> total, host;
     constexpr std::int32_t kFirstToken = 1;
     const bool in_step = o.generator->greedy_in_step();
-    for (std::int64_t i = 0; i < *steps + 4; ++i) {
-      // Greedy decoding: each step appends the previous step's pick (in the step: it never leaves
-      // the device; otherwise the logits come to the host for the argmax).
-      const auto t0 = std::chrono::steady_clock::now();
+    // Greedy decoding: each step appends the previous step's pick (in the step: it never leaves
+    // the device; otherwise the logits come to the host for the argmax).
+    StepTimes t = time_steps(*steps, o.generator->session(), [&](std::int64_t i) {
       o.generator->step_greedy(i == 0 ? std::optional<std::int32_t>(kFirstToken) : std::nullopt);
-      const double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      if (i < 4) continue;  // warm-up
-      total.push_back(us);
-      host.push_back(o.generator->session().last_timing().host_us());
-    }
-    const auto [p50, p99] = p50_p99(total);
-    const double host50 = p50_p99(host).first;
+    });
+    const auto [p50, p99] = p50_p99(t.total);
+    const double host50 = p50_p99(t.host).first;
     // The decode loop as `run` drives it (generate(): pipelined where it can be, generate.h), the
     // same number of tokens from the start: the time between consecutive tokens, p50.
     o.generator->reset();
@@ -362,7 +368,7 @@ Runner add_bench(CLI::App& app) {
     if (*json) {
       nlohmann::json j{{"model", o.loaded.source},
                        {"device", m->device},
-                       {"steps", total.size()},
+                       {"steps", t.total.size()},
                        {"p50_us", p50},
                        {"p99_us", p99},
                        {"tokens_per_s", 1e6 / p50},
@@ -373,9 +379,10 @@ Runner add_bench(CLI::App& app) {
                        {"generate_pipelined", r.pipelined}};
       std::cout << j.dump(2) << "\n";
     } else {
-      std::cout << o.loaded.source << " on " << m->device << ": " << total.size() << " steps, p50 "
-                << p50 << " us, p99 " << p99 << " us, " << 1e6 / p50 << " tokens/s, host overhead "
-                << host50 << " us/token (p50); greedy: " << greedy_path(in_step, m->device)
+      std::cout << o.loaded.source << " on " << m->device << ": " << t.total.size()
+                << " steps, p50 " << p50 << " us, p99 " << p99 << " us, " << 1e6 / p50
+                << " tokens/s, host overhead " << host50
+                << " us/token (p50); greedy: " << greedy_path(in_step, m->device)
                 << "; decode loop (generate" << (r.pipelined ? ", pipelined" : "") << "): p50 "
                 << loop50 << " us/token\n";
     }
