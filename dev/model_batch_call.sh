@@ -7,13 +7,13 @@
 # back-to-back KDA bench cannot show, e.g. a carveout change's cost beside its neighbours).
 #   run(command="BATCHES=1,8,32 dev/model_batch_call.sh", carry=[".gpubin/pack/variants.tgz", ".deps"])
 # Environment (defaults): PACK (.gpubin/pack/variants.tgz), BATCHES (1,8,32), STEPS (256), ROUNDS
-# (3), DEVICE (cuda), ENV_VARIANTS (as dev/variant_ab_call.sh's: head's binaries again under
-# environment variables).
+# (3), DEVICE (cuda), ENV_VARIANTS (as dev/variant_ab_call.sh's: head's binaries, or ENV_BASE's
+# (a variant of the pack), again under environment variables).
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/model-batch; L=/tmp/model-batch-logs
 rm -rf $P $L; mkdir -p $P $L; tar xzf "${PACK:-.gpubin/pack/variants.tgz}" -C $P
-make_env_variants $P head splice
+make_env_variants $P "${ENV_BASE:-head}" splice
 binaries=(head)
 for d in $P/*/; do d=$(basename $d); [[ $d != head && -x $P/$d/splice ]] && binaries+=($d); done
 echo "binaries: ${binaries[*]}"

@@ -164,10 +164,12 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bo
   so.measure_host_overhead = true;
   Session session(std::move(model.graph), so);
   bar.done();
-  // [batch] i32: the first token of every row, then the same ids every step.
-  Tensor tokens = Tensor::empty({batch}, DType::i32);
+  // [batch] i32: the first token of every row, then the same ids every step; on the session's
+  // device (uploaded once, as Generator feeds its prompt).
+  Tensor tokens_host = Tensor::empty({batch}, DType::i32);
   for (std::int64_t r = 0; r < batch; ++r)
-    tokens.data<std::int32_t>()[r] = static_cast<std::int32_t>(r % loaded.config.vocab_size);
+    tokens_host.data<std::int32_t>()[r] = static_cast<std::int32_t>(r % loaded.config.vocab_size);
+  const Tensor tokens = device.is_cpu() ? tokens_host : tokens_host.to_device(device);
   StepTimes t = time_steps(steps, session, [&](std::int64_t i) {
     session.step({{"k_len", i + 1}}, {{"tokens", tokens}});
 #ifdef SPLICE_WITH_CUDA

@@ -54,9 +54,23 @@ constexpr int kRowsGateThread0 = kRowsThreads - kD;              // 384: one key
 // thread wait for its state rows before issuing its own loads.
 template <typename StateT>
 using RawRow4 = std::conditional_t<sizeof(StateT) == 4, float4, uint2>;
+// The load keeps no L1 line (L1::no_allocate): under the carveout rule's largest shared
+// carveout an SM has ~23 KB of L1, and two CTAs' state rows (64 KB bf16, 128 KB fp32), read
+// once, gain nothing from it (perf.md run 311: -2.8 to -4.6% under the promise at N = 8 / 16).
 template <typename StateT>
 __device__ __forceinline__ RawRow4<StateT> load_row4(const StateT* s, int row, int lane) {
-  return *reinterpret_cast<const RawRow4<StateT>*>(s + row * kD + 4 * lane);
+  const void* at = s + row * kD + 4 * lane;
+  RawRow4<StateT> v;
+  if constexpr (sizeof(StateT) == 4) {
+    asm volatile("ld.global.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(__cvta_generic_to_global(at)));
+  } else {
+    asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "l"(__cvta_generic_to_global(at)));
+  }
+  return v;
 }
 __device__ __forceinline__ void unpack_row4(const float4& v, float (&f)[4]) {
   f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
