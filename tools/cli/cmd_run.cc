@@ -188,6 +188,7 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bo
                      {"p99_us", p99},
                      {"tokens_per_s", tokens_per_s},
                      {"host_overhead_us_p50", host50},
+                     {"cuda_graph", session.cuda_graph_status()},
                      {"decisions", decisions_json(decisions)}};
     std::cout << j.dump(2) << "\n";
   } else {
@@ -195,6 +196,7 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bo
               << t.total.size() << " steps, p50 " << p50 << " us, p99 " << p99 << " us, "
               << tokens_per_s << " tokens/s (" << batch << " a step), host overhead " << host50
               << " us/step (p50)\n";
+    if (device.is_cuda()) std::cout << "cuda graph, each arm choice:\n" << session.cuda_graph_status();
   }
   return 0;
 }
