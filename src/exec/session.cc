@@ -564,8 +564,22 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
   }
 
   if (!replay || replay->mode == Impl::Mode::eager || warm_up) {
-    run_nodes(key, run, inputs, kernel_us);
-    if (warm_up) replay->mode = Impl::Mode::warm;  // captured the next time this choice runs
+    // The warm-up holds every scratch tensor to the step's end, as the capture will (a graph
+    // keeps its scratch): released together, they leave the caching allocator one block for
+    // each the capture asks for, so it never calls cudaMalloc, which a capturing stream refuses
+    // (a batched step's GEMMs each take an f32 product of the same size; eagerly they share one).
+    std::vector<Tensor> warm_scratch;
+    if (warm_up) cuda::retain_scratch(&warm_scratch);
+    try {
+      run_nodes(key, run, inputs, kernel_us);
+    } catch (...) {
+      if (warm_up) cuda::retain_scratch(nullptr);
+      throw;
+    }
+    if (warm_up) {
+      cuda::retain_scratch(nullptr);
+      replay->mode = Impl::Mode::warm;  // captured the next time this choice runs
+    }
     return;
   }
   if (replay->mode == Impl::Mode::warm) {

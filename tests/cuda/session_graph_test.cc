@@ -21,6 +21,9 @@
 //     with the fused arms chosen: every decode step after the first is one graph replay (the
 //     fused KDA op launches on the session's stream), and the logits match the CPU backend running
 //     the same optimized graph at every step.
+//  8. The same model batched (8 sequences a step): the step after the warm-up is captured (its
+//     GEMMs' scratch comes from blocks the warm-up left cached, never a cudaMalloc while
+//     capturing), every later one replayed, the logits matching the CPU at every step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,6 +43,7 @@
 #include "splice/model/model.h"
 #include "splice/ops/decode_attention.h"
 #include "splice/passes/decode_flash.h"
+#include "splice/tune/optimize.h"
 #include "support/cuda_test_util.h"
 #include "support/test_util.h"
 
@@ -307,6 +311,49 @@ TEST(CudaSessionGraph, HybridKdaModelDecodesByReplayAndMatchesCpu) {
   }
   std::printf("[hybrid model] CUDA replay vs CPU: max |logit err| %.4g over 48 steps\n", worst);
   EXPECT_NE(gpu.session().cuda_graph_status().find("captured"), std::string::npos);
+}
+
+// 8. The same model's decode step for 8 sequences in lockstep (`splice bench --batch`'s session):
+// its projections are GEMMs whose residual adds each take an f32 product from the scratch pool,
+// one block at a time eagerly but all at once in a captured graph. With require_cuda_graph the
+// step after the warm-up must capture without allocating (a cudaMalloc on a capturing stream is
+// refused), replay every later step, and match the CPU running the same choices.
+TEST(CudaSessionGraph, BatchedHybridModelStepIsCapturedAndMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = default_model_dir();
+  const ModelConfig config = load_config(dir);
+  const Weights weights = Weights::from_directory(dir);
+  constexpr std::int64_t kBatch = 8;
+  auto make = [&](Device device) {
+    BuildOptions build;
+    build.batch = kBatch;
+    build.max_seq_len = 32;
+    DecodeModel model = build_decode_model(config, weights, build);
+    OptimizeOptions o;
+    o.tune.device = device;
+    o.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 0 ? 2.0 : 1.0; };
+    optimize_graph(model.graph, model.attention_specs, o, model.kda_specs, model.layer_specs);
+    SessionOptions so;
+    so.device = device;
+    so.require_cuda_graph = device.is_cuda();
+    return Session(std::move(model.graph), so);
+  };
+  Session gpu = make(Device::cuda());
+  Session cpu = make(Device::cpu());
+  Tensor tokens = Tensor::empty({kBatch}, DType::i32);  // [batch]
+  constexpr Tolerance kLogits{1e-1, 2e-2};  // the hybrid test's policy, above
+  for (int step = 1; step <= 12; ++step) {
+    for (std::int64_t r = 0; r < kBatch; ++r)
+      tokens.data<std::int32_t>()[r] = static_cast<std::int32_t>((7 * r + 3 * step) % config.vocab_size);
+    cpu.step({{"k_len", step}}, {{"tokens", tokens}});
+    gpu.step({{"k_len", step}}, {{"tokens", tokens.to_device(Device::cuda())}});
+    if (step >= 2) {
+      EXPECT_TRUE(gpu.last_step_replayed()) << "step " << step << "\n" << gpu.cuda_graph_status();
+    }
+    const CompareReport r = compare_tensors(gpu.output("logits").to_device(Device::cpu()),
+                                            cpu.output("logits"), kLogits);  // [batch, vocab]
+    ASSERT_TRUE(r.ok) << "step " << step << ": " << r.str();
+  }
 }
 
 }  // namespace

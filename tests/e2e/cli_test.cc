@@ -227,6 +227,7 @@ TEST(Cli, BadOptionsFailBeforeAnyOutput) {
       {"bench --steps 100 --max-seq-len 50", "--max-seq-len 50"},
       {"bench --batch 0", "--batch"},
       {"bench --batch 2 --host-greedy", "--host-greedy"},
+      {"bench --kda-state-dtype f16", "--kda-state-dtype"},
       {"inspect --dtype bool", "--dtype"},
       {"inspect --capacity 0", "--capacity"},
       {"inspect --heads 0", "--heads"},
@@ -267,6 +268,20 @@ GreedyRun greedy_run(const std::string& args, const std::string& logits_path) {
   for (std::int32_t id; ids >> id;) run.tokens.push_back(id);
   run.logits = SafeTensorsFile::open(logits_path).tensor_as("all_logits", DType::f32);
   return run;
+}
+
+// `--kda-state-dtype bf16` reaches the model: the default model's KDA layers store their state in
+// bf16, so the first prompt-fed step already reads back a rounded state; its logits stay within
+// four bf16 steps of the f32-state run's but are not bitwise equal (an ignored option would be).
+TEST(Cli, KdaStateDtypeReachesTheModel) {
+  const std::string args = "run --prompt-ids 1,2,3 --max-new-tokens 1 --max-seq-len 16";
+  const GreedyRun f32 = greedy_run(args, temp("cli_state_f32.safetensors"));
+  const GreedyRun bf16 =
+      greedy_run(args + " --kda-state-dtype bf16", temp("cli_state_bf16.safetensors"));
+  ASSERT_EQ(f32.logits.shape(), bf16.logits.shape());
+  EXPECT_FALSE(compare_tensors(bf16.logits, f32.logits, Tolerance{0.0, 0.0}).ok);
+  const CompareReport r = compare_tensors(bf16.logits, f32.logits, Tolerance{0.0625, 0.0});
+  EXPECT_TRUE(r.ok) << r.str();
 }
 
 // `run --no-optimize` plans the uncollapsed graph (nested branches, KDA's state writes in both

@@ -2,8 +2,8 @@
 //
 //   splice run [--model DIR|FILE.gguf] [--prompt TEXT | --prompt-ids 1,2,3] [--max-new-tokens N]
 //              [--temperature T --top-k K --top-p P --seed S] [--stop ID,...] [--max-seq-len N]
-//              [--dtype bf16|f32] [--device cpu|cuda] [--tuning-cache FILE] [--host-greedy]
-//              [--json]
+//              [--dtype bf16|f32] [--kda-state-dtype f32|bf16] [--device cpu|cuda]
+//              [--tuning-cache FILE] [--host-greedy] [--json]
 //   splice bench [same model options] [--steps N] [--batch B] [--host-greedy] [--json]
 // Greedy decoding (temperature 0, and every bench step) chooses each token inside the step by
 // default: the argmax runs on the device right after the logits (captured into the step's CUDA
@@ -41,6 +41,7 @@ struct ModelArgs {
   std::string model;
   std::string device = "cpu";
   std::string dtype = "bf16";
+  std::string kda_state_dtype = "f32";
   std::int64_t max_seq_len = 512;
   bool max_seq_len_given = false;  // --max-seq-len was on the command line
   std::string tuning_cache;
@@ -56,6 +57,10 @@ void add_model_options(CLI::App& app, ModelArgs& m) {
   app.add_option("--dtype", m.dtype, "weights and activations: bf16, f16 or f32")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  app.add_option("--kda-state-dtype", m.kda_state_dtype,
+                 "KDA layers' recurrent state storage: f32 or bf16 (models without KDA ignore it)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option_function<std::int64_t>(
          "--max-seq-len",
          [&m](std::int64_t n) {
@@ -94,6 +99,7 @@ DecodeModel load_and_build(const ModelArgs& m, std::int64_t batch, ProgressBar& 
   build.batch = batch;
   build.max_seq_len = m.max_seq_len;
   build.dtype = dtype;
+  build.kda_state_dtype = parse_dtype(m.kda_state_dtype, "--kda-state-dtype");
   bar.tick("building the decode graph");
   return build_decode_model(loaded.config, loaded.weights, build);
 }

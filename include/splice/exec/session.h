@@ -21,7 +21,8 @@
 // by a single async copy from pinned host memory before the step runs, and everything runs on the
 // device's one shared session stream (cuda::shared_stream: kernels with module-owned workspaces
 // must not overlap across sessions). With `cuda_graph` on, each distinct arm-choice vector is
-// first run eagerly once (warm-up: workspaces, cuBLASLt handles), then captured once as a CUDA
+// first run eagerly once (warm-up: workspaces, cuBLASLt handles; its scratch tensors all held to
+// the step's end, so the capture finds each block it needs cached), then captured once as a CUDA
 // graph and replayed on every later step with that choice; a graph reads its inputs from
 // session-owned device buffers, which each step fills by a copy (or the caller fills through
 // input_buffer), while eager steps read the caller's tensors in place. Capture is refused when a
