@@ -8,7 +8,10 @@
 #   run(command="BATCHES=1,8,32 dev/model_batch_call.sh", carry=[".gpubin/pack/variants.tgz", ".deps"])
 # Environment (defaults): PACK (.gpubin/pack/variants.tgz), BATCHES (1,8,32), STEPS (256), ROUNDS
 # (3), DEVICE (cuda), ENV_VARIANTS (as dev/variant_ab_call.sh's: head's binaries, or ENV_BASE's
-# (a variant of the pack), again under environment variables).
+# (a variant of the pack), again under environment variables), EXTRA_ARGS (more `splice bench`
+# options, e.g. --kda-state-dtype bf16). Each binary keeps its arm decisions in a tuning cache, so
+# only its first process times the arms (session 42: untimed-cache processes at B = 8-128 ran the
+# two 170 s calls out before the first round ended).
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/model-batch; L=/tmp/model-batch-logs
@@ -23,7 +26,7 @@ for round in $(seq 1 $ROUNDS); do
     variant_env $P/$b
     for batch in ${BATCHES//,/ }; do
       env "${benv[@]}" timeout 120 $P/$b/splice bench --device $DEVICE --batch $batch \
-        --steps $STEPS --json >$L/${b}_b${batch}_$round.json 2>$L/${b}_b${batch}_$round.err ||
+        --steps $STEPS --tuning-cache $L/tuning_${b}.json ${EXTRA_ARGS:-} --json >$L/${b}_b${batch}_$round.json 2>$L/${b}_b${batch}_$round.err ||
         echo "$b batch $batch round $round: rc $? ($(tail -1 $L/${b}_b${batch}_$round.err))"
     done
   done
