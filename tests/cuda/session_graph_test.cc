@@ -341,10 +341,11 @@ TEST(CudaSessionGraph, BatchedHybridModelStepIsCapturedAndMatchesCpu) {
   Session gpu = make(Device::cuda());
   Session cpu = make(Device::cpu());
   Tensor tokens = Tensor::empty({kBatch}, DType::i32);  // [batch]
-  constexpr Tolerance kLogits{1e-1, 2e-2};  // the hybrid test's policy, above
+  constexpr Tolerance kLogits{1e-1, 2e-2};              // the hybrid test's policy, above
   for (int step = 1; step <= 12; ++step) {
     for (std::int64_t r = 0; r < kBatch; ++r)
-      tokens.data<std::int32_t>()[r] = static_cast<std::int32_t>((7 * r + 3 * step) % config.vocab_size);
+      tokens.data<std::int32_t>()[r] =
+          static_cast<std::int32_t>((7 * r + 3 * step) % config.vocab_size);
     cpu.step({{"k_len", step}}, {{"tokens", tokens}});
     gpu.step({{"k_len", step}}, {{"tokens", tokens.to_device(Device::cuda())}});
     if (step >= 2) {

@@ -202,7 +202,8 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bo
               << t.total.size() << " steps, p50 " << p50 << " us, p99 " << p99 << " us, "
               << tokens_per_s << " tokens/s (" << batch << " a step), host overhead " << host50
               << " us/step (p50)\n";
-    if (device.is_cuda()) std::cout << "cuda graph, each arm choice:\n" << session.cuda_graph_status();
+    if (device.is_cuda())
+      std::cout << "cuda graph, each arm choice:\n" << session.cuda_graph_status();
   }
   return 0;
 }
