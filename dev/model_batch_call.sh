@@ -10,8 +10,8 @@
 # (3), DEVICE (cuda), ENV_VARIANTS (as dev/variant_ab_call.sh's: head's binaries, or ENV_BASE's
 # (a variant of the pack), again under environment variables), EXTRA_ARGS (more `splice bench`
 # options, e.g. --kda-state-dtype bf16). Each binary keeps its arm decisions in a tuning cache, so
-# only its first process times the arms (session 42: untimed-cache processes at B = 8-128 ran the
-# two 170 s calls out before the first round ended).
+# only its first process times the arms (session 42, perf.md run 317: ~10 s a process without
+# one, so 24 processes ran a 170 s call out before any table).
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/model-batch; L=/tmp/model-batch-logs
@@ -21,10 +21,14 @@ binaries=(head)
 for d in $P/*/; do d=$(basename $d); [[ $d != head && -x $P/$d/splice ]] && binaries+=($d); done
 echo "binaries: ${binaries[*]}"
 BATCHES=${BATCHES:-1,8,32} STEPS=${STEPS:-256} ROUNDS=${ROUNDS:-3} DEVICE=${DEVICE:-cuda}
+# The logs so far every 10 s (a call cut short still returns what ran).
+( while sleep 10; do tar czf "$OUT/logs.tgz" -C $L . 2>/dev/null; done ) &
+saver=$!
 for round in $(seq 1 $ROUNDS); do
   for b in "${binaries[@]}"; do
     variant_env $P/$b
     for batch in ${BATCHES//,/ }; do
+      echo "round $round $b batch $batch (at $(el) s)"
       env "${benv[@]}" timeout 120 $P/$b/splice bench --device $DEVICE --batch $batch \
         --steps $STEPS --tuning-cache $L/tuning_${b}.json ${EXTRA_ARGS:-} --json >$L/${b}_b${batch}_$round.json 2>$L/${b}_b${batch}_$round.err ||
         echo "$b batch $batch round $round: rc $? ($(tail -1 $L/${b}_b${batch}_$round.err))"
@@ -57,4 +61,5 @@ for batch in batches:
     print(f"{batch:>5} " + " ".join(cells))
 PY
 echo "done at $(el) s"
+kill $saver 2>/dev/null
 tar czf $OUT/logs.tgz -C $L .

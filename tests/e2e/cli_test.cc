@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "splice/core/random.h"
+#include "splice/model/default_model.h"
 #include "splice/model/safetensors.h"
 #include "splice/ops/decode_attention.h"
 #include "splice/ops/kda_decode.h"
@@ -183,6 +184,11 @@ TEST(Cli, InspectPrintsGraphsAndDecisions) {
   const Result json = run_cli("inspect --layers 1 --capacity 16 --json --no-select");
   ASSERT_EQ(json.status, 0) << json.output;
   EXPECT_NE(json.output.find("\"offered\": true"), std::string::npos) << json.output;
+  // --batch reaches a model's graph: its token input holds one id a sequence.
+  const Result batched = run_cli("inspect --model " + default_model_dir() +
+                                 " --batch 3 --capacity 16 --no-select");
+  ASSERT_EQ(batched.status, 0) << batched.output;
+  EXPECT_NE(batched.output.find("'tokens' : i32[3]"), std::string::npos) << batched.output;
 }
 
 TEST(Cli, RunsTheDefaultModelAndRejectsBadFlags) {
@@ -230,6 +236,7 @@ TEST(Cli, BadOptionsFailBeforeAnyOutput) {
       {"bench --kda-state-dtype f16", "--kda-state-dtype"},
       {"inspect --dtype bool", "--dtype"},
       {"inspect --capacity 0", "--capacity"},
+      {"inspect --batch 0", "--batch"},
       {"inspect --heads 0", "--heads"},
       {"inspect --head-dim 0", "--head-dim"},
       {"inspect --window-left -5", "--window-left"},

@@ -1,6 +1,7 @@
 // splice inspect: builds a demo decode graph of attention layers (or a model's graph), prints it
 // before and after the optimizer, and prints every decision (offered / declined and why, max
-// error, timings per bucket, winner). --dot FILE writes Graphviz of the optimized graph.
+// error, timings per bucket, winner). --dot FILE writes Graphviz of the optimized graph; --batch B
+// builds the graph of B sequences a step.
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -37,6 +38,9 @@ Runner add_inspect(CLI::App& app) {
   app.add_option("--head-dim", o->head_dim, "head dimension")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_option("--batch", o->batch, "sequences a step (the demo graph's and the model's)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--capacity", o->capacity, "KV capacity (k_len upper bound)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -69,6 +73,7 @@ Runner add_inspect(CLI::App& app) {
     } else {
       const LoadedModel loaded = load_model(*model, opts.dtype);
       BuildOptions build;
+      build.batch = opts.batch;
       build.max_seq_len = opts.capacity;
       build.dtype = opts.dtype;
       DecodeModel m = build_decode_model(loaded.config, loaded.weights, build);
