@@ -3,7 +3,9 @@
 //
 //   1. Shapes: y [M, N] = x [M, K] . w [N, K]^T, bf16, M in {1, 2, 4, 8}, (N, K) from SmolLM2-135M
 //      (576x576 q/o, 192x576 k/v, 1536x576 gate/up, 576x1536 down, 3072x576 fused gate+up,
-//      960x576 fused qkv, 49152x576 lm_head) and Llama-8B-like (4096x4096, 14336x4096).
+//      960x576 fused qkv, 49152x576 lm_head), Llama-8B-like (4096x4096, 14336x4096) and the
+//      embedded default model's (1026x256: a KDA layer's six stacked input projections, just
+//      over the routing rule's 1024 columns for 2-8 rows; 1024x256 gate+up, 256x512 down).
 //   2. Bytes first: the floor is the weight read, N * K * 2 bytes / 4.48 TB/s (design.md §4's
 //      measured read ceiling); x and y are negligible and stay in L2 as they do in decode.
 //   3. Timing: `copies` weight copies rotate so at least kRotateBytes of weights are read per
@@ -325,7 +327,8 @@ int main(int argc, char** argv) {
       {"smollm2 gate/up", 1536, 576},   {"smollm2 down", 576, 1536},
       {"smollm2 gate+up", 3072, 576},   {"smollm2 qkv", 960, 576},
       {"smollm2 lm_head", 49152, 576},  {"llama8b q/o", 4096, 4096},
-      {"llama8b gate/up", 14336, 4096},
+      {"llama8b gate/up", 14336, 4096}, {"default kda in", 1026, 256},
+      {"default gate+up", 1024, 256},   {"default down", 256, 512},
   };
   std::size_t pool_bytes = 0;
   for (const Shape& s : shapes)
