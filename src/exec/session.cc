@@ -139,6 +139,11 @@ struct Session::Impl {
   void* stream = nullptr;                   // cuda::Stream: the device's shared stream
   void* scalars_copied = nullptr;           // cuda::Event: the pinned buffer may be rewritten
 
+  // ---- per-node profile (set_profile_nodes) ----
+  bool profile = false;
+  std::vector<void*> profile_events;  // cuda::Event timing events, two a node, reused
+  double profile_hold_us = 20000;     // CUDA: hold_stream before a profiled step
+
   void write_scalar(std::size_t node, DType dtype, std::int64_t value) {
     if (!cuda || scalar_slot[node] < 0) return;
     unsigned char* slot = scalar_host + scalar_slot[node];
@@ -160,6 +165,7 @@ Session::Impl::~Impl() {
   } catch (const Error&) {  // a destructor reports nothing; the context may already be broken
   }
   for (auto& [key, r] : replays) cuda::destroy_graph(static_cast<cuda::GraphExec>(r.exec));
+  for (void* e : profile_events) cuda::destroy_event(static_cast<cuda::Event>(e));
   cuda::destroy_event(static_cast<cuda::Event>(scalars_copied));
   cuda::free_pinned(scalar_host);
 #endif
@@ -389,6 +395,7 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
 
   // Stage 4: execute (on CUDA: decide eager / capture / replay for this arm choice first).
   last_replayed_ = false;
+  node_times_.clear();
   if (im.cuda) {
     execute_cuda(key, run, inputs, kernel_us);
   } else {
@@ -495,10 +502,26 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
     std::vector<Tensor>& args = im.args[id.index];
     args.resize(n.inputs.size());
     for (std::size_t i = 0; i < n.inputs.size(); ++i) args[i] = im.values[n.inputs[i].index];
-    if (options_.measure_host_overhead) {
+    if (options_.measure_host_overhead || im.profile) {
+      const std::size_t mark = 2 * node_times_.size();  // CUDA: this node's two events
+#ifdef SPLICE_WITH_CUDA
+      if (im.profile && im.cuda) {
+        while (im.profile_events.size() < mark + 2)
+          im.profile_events.push_back(cuda::create_timing_event());
+        cuda::record_event(static_cast<cuda::Event>(im.profile_events[mark]),
+                           static_cast<cuda::Stream>(im.stream));
+      }
+#endif
       const auto k0 = Clock::now();
       run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index], im.hints[id.index]);
-      kernel_us += std::chrono::duration<double, std::micro>(Clock::now() - k0).count();
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - k0).count();
+#ifdef SPLICE_WITH_CUDA
+      if (im.profile && im.cuda)
+        cuda::record_event(static_cast<cuda::Event>(im.profile_events[mark + 1]),
+                           static_cast<cuda::Stream>(im.stream));
+#endif
+      if (options_.measure_host_overhead) kernel_us += us;
+      if (im.profile) node_times_.push_back({id, im.cuda ? 0.0 : us});  // CUDA: filled at the end
     } else {
       run_compute_node(n, args, value, im.scalars[id.index], im.aux[id.index], im.hints[id.index]);
     }
@@ -525,7 +548,7 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
   // compares on the host, so it runs eagerly by design.
   Impl::Replay* replay = nullptr;
   bool warm_up = false;
-  if (options_.cuda_graph && !shadow) {
+  if (options_.cuda_graph && !shadow && !im.profile) {
     replay = &im.replays[key];
     if (replay->mode == Impl::Mode::fresh) {
       const std::string reason = cuda_graph_refusal(graph_, plan_, run);
@@ -563,6 +586,22 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
       cuda::cast(given, staged);
   }
 
+  if (im.profile) {
+    // Profiled (set_profile_nodes): eager, behind a hold so the device runs the nodes back to
+    // back, then each node's events read once the device is done.
+    cuda::hold_stream(im.profile_hold_us);
+    const auto enqueue0 = std::chrono::steady_clock::now();
+    run_nodes(key, run, inputs, kernel_us);
+    const double enqueue_us = std::chrono::duration<double, std::micro>(
+                                  std::chrono::steady_clock::now() - enqueue0)
+                                  .count();
+    cuda::stream_synchronize(stream);
+    for (std::size_t i = 0; i < node_times_.size(); ++i)
+      node_times_[i].us = cuda::elapsed_us(static_cast<cuda::Event>(im.profile_events[2 * i]),
+                                           static_cast<cuda::Event>(im.profile_events[2 * i + 1]));
+    im.profile_hold_us = std::max(1000.0, 2 * enqueue_us);
+    return;
+  }
   if (!replay || replay->mode == Impl::Mode::eager || warm_up) {
     // The warm-up holds every scratch tensor to the step's end, as the capture will (a graph
     // keeps its scratch): released together, they leave the caching allocator one block for
@@ -619,6 +658,11 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
   (void)kernel_us;
   fail<DeviceError>("Session: CUDA execution needs the CUDA backend, absent from this build");
 #endif
+}
+
+void Session::set_profile_nodes(bool on) {
+  impl_->profile = on;
+  if (!on) node_times_.clear();
 }
 
 Tensor Session::input_buffer(const std::string& name, const SymBindings& symbols) const {

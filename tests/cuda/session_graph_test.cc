@@ -357,5 +357,63 @@ TEST(CudaSessionGraph, BatchedHybridModelStepIsCapturedAndMatchesCpu) {
   }
 }
 
+// 9. The per-node profile on CUDA (Session::set_profile_nodes): a profiled step runs eagerly and
+// computes bit for bit what the replayed steps compute, times every compute node it runs (each
+// fused KDA node a positive device time, the sum within the step's wall time), and leaves the
+// arm choice's graph alone: off again, the next step replays.
+TEST(CudaSessionGraph, ProfiledStepTimesEveryNodeAndLeavesTheGraph) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = default_model_dir();
+  const ModelConfig config = load_config(dir);
+  const Weights weights = Weights::from_directory(dir);
+  auto make = [&] {
+    BuildOptions build;
+    build.batch = 2;
+    build.max_seq_len = 32;
+    DecodeModel model = build_decode_model(config, weights, build);
+    OptimizeOptions o;
+    o.tune.device = Device::cuda();
+    o.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 0 ? 2.0 : 1.0; };
+    optimize_graph(model.graph, model.attention_specs, o, model.kda_specs, model.layer_specs);
+    SessionOptions so;
+    so.device = Device::cuda();
+    return Session(std::move(model.graph), so);
+  };
+  Session replayed = make(), profiled = make();
+  Tensor tokens = Tensor::empty({2}, DType::i32);  // [batch]
+  for (int step = 1; step <= 6; ++step) {
+    tokens.data<std::int32_t>()[0] = 5 * step % config.vocab_size;
+    tokens.data<std::int32_t>()[1] = 11 * step % config.vocab_size;
+    const Tensor feed = tokens.to_device(Device::cuda());
+    profiled.set_profile_nodes(step == 4 || step == 5);
+    replayed.step({{"k_len", step}}, {{"tokens", feed}});
+    profiled.step({{"k_len", step}}, {{"tokens", feed}});
+    const CompareReport same = compare_bits(profiled.output("logits").to_device(Device::cpu()),
+                                            replayed.output("logits").to_device(Device::cpu()));
+    ASSERT_TRUE(same.ok) << "step " << step << ": " << same.str();
+    if (step < 4) continue;
+    const std::vector<NodeTime>& times = profiled.last_node_times();
+    if (step == 6) {
+      EXPECT_TRUE(times.empty());
+      EXPECT_TRUE(profiled.last_step_replayed()) << profiled.cuda_graph_status();
+      continue;
+    }
+    EXPECT_FALSE(profiled.last_step_replayed());
+    ASSERT_FALSE(times.empty());
+    double sum = 0;
+    int kda = 0;
+    for (const NodeTime& t : times) {
+      EXPECT_GE(t.us, 0.0);
+      sum += t.us;
+      if (profiled.graph().node(t.node).op == Op::KdaDecode) {
+        ++kda;
+        EXPECT_GT(t.us, 0.5) << "a KDA launch takes microseconds";
+      }
+    }
+    EXPECT_EQ(kda, 3);  // the default model's three KDA layers
+    EXPECT_LT(sum, profiled.last_timing().total_us);
+  }
+}
+
 }  // namespace
 }  // namespace splice

@@ -94,6 +94,51 @@ TEST(Session, ToyDecodeLoopMatchesNaiveRecompute) {
   EXPECT_EQ(session.steps(), 50);
 }
 
+// set_profile_nodes: a profiled step times each compute node it runs once, in schedule order
+// (never an input, parameter, constant, state or branch: they launch nothing), within the step's
+// wall time, every matmul among them, and computes what an unprofiled step computes; off again,
+// a step records nothing.
+TEST(Session, ProfiledStepTimesEachComputeNodeOnce) {
+  DemoAttentionOptions o;
+  o.num_layers = 2;
+  o.head_dim = 16;
+  o.capacity = 32;
+  DemoAttentionGraph demo = build_demo_attention_graph(o);
+  Session plain(demo.graph), profiled(std::move(demo.graph));
+  profiled.set_profile_nodes(true);
+  Rng rng(3);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    const Tensor x = testing::random_tensor(rng, {1, 1, 64}, DType::f32);
+    plain.step({{"k_len", step}}, {{"x", x}});
+    profiled.step({{"k_len", step}}, {{"x", x}});
+    ASSERT_TRUE(close(profiled.output("y"), plain.output("y"), {0.0, 0.0})) << "step " << step;
+    const std::vector<NodeTime>& times = profiled.last_node_times();
+    ASSERT_FALSE(times.empty());
+    const Plan& plan = profiled.plan();
+    double sum = 0;
+    std::int64_t matmuls = 0;
+    for (std::size_t i = 0; i < times.size(); ++i) {
+      const Node& n = profiled.graph().node(times[i].node);
+      EXPECT_TRUE(n.op != Op::Input && n.op != Op::Param && n.op != Op::Constant &&
+                  n.op != Op::State && n.op != Op::Branch)
+          << op_name(n.op);
+      if (i > 0) {
+        EXPECT_LT(plan.position[times[i - 1].node.index], plan.position[times[i].node.index]);
+      }
+      EXPECT_GE(times[i].us, 0.0);
+      sum += times[i].us;
+      matmuls += n.op == Op::MatMul;
+    }
+    std::int64_t scheduled_matmuls = 0;
+    for (NodeId id : plan.schedule) scheduled_matmuls += profiled.graph().node(id).op == Op::MatMul;
+    EXPECT_EQ(matmuls, scheduled_matmuls);
+    EXPECT_LE(sum, profiled.last_timing().total_us);
+  }
+  profiled.set_profile_nodes(false);
+  profiled.step({{"k_len", 4}}, {{"x", testing::random_tensor(rng, {1, 1, 64}, DType::f32)}});
+  EXPECT_TRUE(profiled.last_node_times().empty());
+}
+
 TEST(Session, PlansOnceAndReusesMemory) {
   DemoAttentionOptions o;
   o.num_layers = 3;

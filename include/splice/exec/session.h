@@ -81,6 +81,12 @@ struct ShadowEvent {
   bool demoted = false;
 };
 
+// One compute node's time in a profiled step (Session::set_profile_nodes).
+struct NodeTime {
+  NodeId node;
+  double us = 0;
+};
+
 using SymBindings = std::map<std::string, std::int64_t>;
 using TensorMap = std::map<std::string, Tensor>;
 
@@ -114,6 +120,16 @@ class Session {
   Tensor input_buffer(const std::string& name, const SymBindings& symbols = {}) const;
   // One line per arm choice seen so far: "arms [1, 1]: captured" / "...: eager (reason)".
   std::string cuda_graph_status() const;
+  // Per-node profile. While on, each step also times every compute node it runs, in schedule
+  // order, into last_node_times() (empty after an unprofiled step). On the CPU: each node's wall
+  // time. On CUDA a profiled step runs eagerly (its arm choice's graph is left as it is) behind a
+  // hold_stream long enough for the host to enqueue the whole step, with a timing event either
+  // side of each node, and waits for the device at its end: a node's time is its launches'
+  // device time back to back, without the PDL overlap of a replayed step, so the sum exceeds a
+  // replayed step's time. The hold lasts twice the previous profiled step's enqueue time (at
+  // least 1 ms; 20 ms the first time).
+  void set_profile_nodes(bool on);
+  const std::vector<NodeTime>& last_node_times() const { return node_times_; }
 
  private:
   struct Impl;
@@ -130,6 +146,7 @@ class Session {
   std::vector<int> choices_;
   StepTiming timing_;
   bool last_replayed_ = false;
+  std::vector<NodeTime> node_times_;
 };
 
 // The arm a branch's dispatch table picks for `selector` (arm 0 outside every bucket).

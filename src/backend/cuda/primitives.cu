@@ -589,6 +589,17 @@ void check_out_shape(const Tensor& out, const Dims& want, const char* what) {
 
 thread_local std::vector<Tensor>* t_scratch_sink = nullptr;
 
+// hold_stream's kernel: one thread reads %globaltimer until `nanoseconds` have passed. It reads
+// and writes no memory, so the launch rule's PDL safety holds trivially.
+__global__ void hold_kernel(unsigned long long nanoseconds) {
+  unsigned long long start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
 // The PDL switch of launch.cuh: SPLICE_PDL=0 turns it off; read once, at the first launch.
 std::atomic<bool>& pdl_switch() {
   static std::atomic<bool> enabled{[] {
@@ -716,6 +727,12 @@ void iota(Tensor& out, std::int64_t axis, double start, double step) {
   set_operand(p, 0, out);
   set_space(p, out.shape(), {broadcast_strides(out, out.shape(), "out")}, false);
   launch(p);
+}
+
+void hold_stream(double microseconds) {
+  if (!(microseconds > 0)) return;
+  detail::launch_kernel(hold_kernel, dim3(1), dim3(1), current_stream(),
+                        static_cast<unsigned long long>(microseconds * 1e3));
 }
 
 void fill(Tensor& out, double value) {

@@ -211,6 +211,18 @@ Event create_event() {
   return event;
 }
 
+Event create_timing_event() {
+  cudaEvent_t event = nullptr;
+  SPLICE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDefault));
+  return event;
+}
+
+double elapsed_us(Event start, Event end) {
+  float ms = 0;
+  SPLICE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+  return 1e3 * static_cast<double>(ms);
+}
+
 void destroy_event(Event event) {
   if (event) cudaEventDestroy(event);
 }

@@ -91,6 +91,11 @@ void write_at(Tensor& state, const Tensor& value, std::int64_t axis, const Tenso
 // out = value everywhere (any dtype).
 void fill(Tensor& out, double value);
 
+// One thread that spins for `microseconds` of device time (%globaltimer): work queued behind it
+// starts only after, so a host can enqueue a whole step first and time its kernels back to back
+// (Session's per-node profile).
+void hold_stream(double microseconds);
+
 // While `sink` is non-null, every scratch tensor a primitive allocates on this host thread is also
 // appended to it (a captured graph's launches keep pointing at them).
 void retain_scratch(std::vector<Tensor>* sink);

@@ -87,9 +87,13 @@ void copy_async(void* dst, const void* src, std::size_t bytes, Stream stream);
 void* alloc_pinned(std::size_t bytes);
 void free_pinned(void* pointer);  // never throws
 Event create_event();
+// An event that keeps a device timestamp (create_event's do not): for elapsed_us.
+Event create_timing_event();
 void destroy_event(Event event);  // never throws
 void record_event(Event event, Stream stream);
 void event_synchronize(Event event);
+// Microseconds between two completed timing events (cudaEventElapsedTime, ~0.5 us resolution).
+double elapsed_us(Event start, Event end);
 
 // ---- graphs -------------------------------------------------------------------------------
 void begin_capture(Stream stream);
