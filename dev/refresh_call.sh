@@ -151,7 +151,7 @@ phase_model() {
     >"$OUT/model_table.txt" 2>&1 || echo "llama peers rc=$?"
   timeout 100 "$P/head/splice" bench --device cuda --steps 128 >>"$OUT/model_table.txt" 2>&1 ||
     echo "default model bench rc=$?"
-  timeout 100 "$P/head/splice" bench --device cuda --batch 32 --steps 128 >>"$OUT/model_table.txt" 2>&1 ||
+  timeout 100 "$P/head/splice" bench --device cuda --batch 32 --steps 128 --profile 8 >>"$OUT/model_table.txt" 2>&1 ||
     echo "default model batch-32 bench rc=$?"
   cat "$OUT/model_table.txt"
 }

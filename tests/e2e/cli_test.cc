@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -216,6 +217,36 @@ TEST(Cli, BenchTimesABatchedStep) {
   EXPECT_FALSE(j.at("decisions").empty()) << r.output;
 }
 
+// `bench --profile P`: P more steps with every node timed; the JSON lists each compute node once
+// (label, op, median us), largest first, and their sum; at batch 1 and batched.
+TEST(Cli, BenchProfilesEveryNode) {
+  for (const char* batch : {"1", "3"}) {
+    SCOPED_TRACE(std::string("batch ") + batch);
+    const Result r = run_cli(std::string("bench --steps 8 --profile 3 --json --batch ") + batch);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const nlohmann::json j = nlohmann::json::parse(r.output);
+    const nlohmann::json& p = j.at("profile");
+    EXPECT_EQ(p.at("steps").get<int>(), 3);
+    const nlohmann::json& nodes = p.at("nodes");
+    ASSERT_GT(nodes.size(), 10u);
+    double sum = 0, previous = INFINITY;
+    bool has_matmul = false;
+    std::set<int> seen;
+    for (const nlohmann::json& n : nodes) {
+      const double us = n.at("us").get<double>();
+      EXPECT_GE(us, 0.0);
+      EXPECT_LE(us, previous);
+      previous = us;
+      sum += us;
+      EXPECT_TRUE(seen.insert(n.at("node").get<int>()).second) << n.dump();
+      has_matmul |= n.at("op").get<std::string>() == "matmul";
+    }
+    EXPECT_TRUE(has_matmul) << p.dump();
+    EXPECT_NEAR(p.at("sum_us").get<double>(), sum, 1e-9 * sum + 1e-12);
+  }
+  EXPECT_EQ(run_cli("bench --steps 8 --json").output.find("\"profile\""), std::string::npos);
+}
+
 // Bad generation and graph options fail before the report starts (the options before the model
 // loads; the prompt's ids and length once it has): a non-zero exit, the error naming the
 // option, and no report line.
@@ -234,6 +265,7 @@ TEST(Cli, BadOptionsFailBeforeAnyOutput) {
       {"bench --batch 0", "--batch"},
       {"bench --batch 2 --host-greedy", "--host-greedy"},
       {"bench --kda-state-dtype f16", "--kda-state-dtype"},
+      {"bench --profile -1", "--profile"},
       {"inspect --dtype bool", "--dtype"},
       {"inspect --capacity 0", "--capacity"},
       {"inspect --batch 0", "--batch"},

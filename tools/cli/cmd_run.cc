@@ -4,7 +4,8 @@
 //              [--temperature T --top-k K --top-p P --seed S] [--stop ID,...] [--max-seq-len N]
 //              [--dtype bf16|f32] [--kda-state-dtype f32|bf16] [--device cpu|cuda]
 //              [--tuning-cache FILE] [--host-greedy] [--json]
-//   splice bench [same model options] [--steps N] [--batch B] [--host-greedy] [--json]
+//   splice bench [same model options] [--steps N] [--batch B] [--profile P] [--host-greedy]
+//                [--json]
 // Greedy decoding (temperature 0, and every bench step) chooses each token inside the step by
 // default: the argmax runs on the device right after the logits (captured into the step's CUDA
 // graph) and feeds the next step there, so a token costs one 4-byte read back instead of a token
@@ -14,10 +15,14 @@
 // `bench --batch B` (B > 1) times the decode step of B sequences in lockstep (every row at the
 // same position, as a batched decode step runs its KDA layers with N = B): the session alone,
 // fixed tokens (the step's work does not depend on their values) and no token chosen (the
-// Generator decodes batch 1); tokens/s counts B tokens a step.
+// Generator decodes batch 1); tokens/s counts B tokens a step. `--profile P` runs P more steps
+// with the session's per-node profile on (Session::set_profile_nodes: eager, each node's device
+// time back to back) and prints the nodes by median time, largest first.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -155,9 +160,71 @@ StepTimes time_steps(std::int64_t steps, const Session& session, Step step) {
   return t;
 }
 
+// bench --profile: `steps` more calls of step(i), i counting on from `first`, with the session's
+// per-node profile on; each compute node's median time, largest first.
+struct ProfiledNode {
+  NodeId node;
+  double us;
+};
+template <typename Step>
+std::vector<ProfiledNode> profile_steps(Session& session, std::int64_t first, std::int64_t steps,
+                                        Step step) {
+  std::map<std::size_t, std::vector<double>> times;  // node index -> one time a step
+  session.set_profile_nodes(true);
+  for (std::int64_t i = first; i < first + steps; ++i) {
+    step(i);
+    for (const NodeTime& t : session.last_node_times()) times[t.node.index].push_back(t.us);
+  }
+  session.set_profile_nodes(false);
+  std::vector<ProfiledNode> nodes;
+  for (auto& [index, v] : times) {
+    std::sort(v.begin(), v.end());
+    nodes.push_back({NodeId{static_cast<std::uint32_t>(index)}, v[v.size() / 2]});
+  }
+  std::sort(nodes.begin(), nodes.end(),
+            [](const ProfiledNode& a, const ProfiledNode& b) { return a.us > b.us; });
+  return nodes;
+}
+
+// A node's name in a profile: its label (or %index) and its op.
+std::string node_name(const Graph& graph, NodeId id) {
+  const Node& n = graph.node(id);
+  return (n.label.empty() ? "%" + std::to_string(id.index) : n.label) + " (" + op_name(n.op) + ")";
+}
+
+// The profile as JSON (every node) or as text (the `top` largest, then the sum).
+nlohmann::json profile_json(const Graph& graph, const std::vector<ProfiledNode>& nodes,
+                            std::int64_t steps) {
+  nlohmann::json list = nlohmann::json::array();
+  double sum = 0;
+  for (const ProfiledNode& p : nodes) {
+    const Node& n = graph.node(p.node);
+    list.push_back({{"node", p.node.index}, {"label", n.label}, {"op", op_name(n.op)},
+                    {"us", p.us}});
+    sum += p.us;
+  }
+  return {{"steps", steps}, {"sum_us", sum}, {"nodes", list}};
+}
+void print_profile(std::ostream& out, const Graph& graph, const std::vector<ProfiledNode>& nodes,
+                   std::int64_t steps, const std::string& device) {
+  double sum = 0;
+  for (const ProfiledNode& p : nodes) sum += p.us;
+  out << "profile (" << steps << " steps, median a node; "
+      << (device == "cpu" ? "wall time" : "device time, eager, back to back") << "):\n";
+  constexpr std::size_t kTop = 15;
+  char line[64];
+  for (std::size_t i = 0; i < std::min(kTop, nodes.size()); ++i) {
+    std::snprintf(line, sizeof line, "  %9.2f us %5.1f%%  ", nodes[i].us,
+                  sum > 0 ? 100 * nodes[i].us / sum : 0.0);
+    out << line << node_name(graph, nodes[i].node) << "\n";
+  }
+  out << "  sum " << sum << " us over " << nodes.size() << " nodes\n";
+}
+
 // bench --batch B > 1 (the header's note): `steps` timed steps after 4 untimed ones, each from
 // step() to the device's idle, positions 1 .. steps + 4.
-int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bool json) {
+int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps,
+                  std::int64_t profile, bool json) {
   ProgressBar bar(json ? nullptr : &std::cerr);
   LoadedModel loaded;
   DecodeModel model = load_and_build(m, batch, bar, loaded);
@@ -176,12 +243,14 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bo
   for (std::int64_t r = 0; r < batch; ++r)
     tokens_host.data<std::int32_t>()[r] = static_cast<std::int32_t>(r % loaded.config.vocab_size);
   const Tensor tokens = device.is_cpu() ? tokens_host : tokens_host.to_device(device);
-  StepTimes t = time_steps(steps, session, [&](std::int64_t i) {
+  const auto step = [&](std::int64_t i) {
     session.step({{"k_len", i + 1}}, {{"tokens", tokens}});
 #ifdef SPLICE_WITH_CUDA
     if (device.is_cuda()) cuda::synchronize();
 #endif
-  });
+  };
+  StepTimes t = time_steps(steps, session, step);
+  const std::vector<ProfiledNode> nodes = profile_steps(session, steps + 4, profile, step);
   const auto [p50, p99] = p50_p99(t.total);
   const double host50 = p50_p99(t.host).first;
   const double tokens_per_s = static_cast<double>(batch) * 1e6 / p50;
@@ -196,6 +265,7 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bo
                      {"host_overhead_us_p50", host50},
                      {"cuda_graph", session.cuda_graph_status()},
                      {"decisions", decisions_json(decisions)}};
+    if (profile > 0) j["profile"] = profile_json(session.graph(), nodes, profile);
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << loaded.source << " on " << m.device << ", batch " << batch << ": "
@@ -204,6 +274,7 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, bo
               << " us/step (p50)\n";
     if (device.is_cuda())
       std::cout << "cuda graph, each arm choice:\n" << session.cuda_graph_status();
+    if (profile > 0) print_profile(std::cout, session.graph(), nodes, profile, m.device);
   }
   return 0;
 }
@@ -331,6 +402,7 @@ Runner add_bench(CLI::App& app) {
   auto m = std::make_shared<ModelArgs>();
   auto steps = std::make_shared<std::int64_t>(128);
   auto batch = std::make_shared<std::int64_t>(1);
+  auto profile = std::make_shared<std::int64_t>(0);
   auto json = std::make_shared<bool>(false);
   add_model_options(app, *m);
   app.add_option("--steps", *steps, "decode steps to time")
@@ -341,31 +413,42 @@ Runner add_bench(CLI::App& app) {
                  "chosen, tokens/s counts batch tokens a step)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  app.add_option("--profile", *profile,
+                 "after the timed steps, this many steps with every node timed (eagerly); "
+                 "prints the nodes by median time")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 16));
   app.add_flag("--json", *json, "machine-readable output");
   return [=]() {
-    // The timed steps, their warm-up and the generate() pass after a reset all decode from
-    // position 0: the caches need steps + 8 positions. Raised when left at its default, refused
-    // when the user asked for less.
+    // The timed steps, their warm-up, the profiled steps and the generate() pass after a reset
+    // all decode from position 0: the caches need steps + profile + 8 positions. Raised when left
+    // at its default, refused when the user asked for less.
     ModelArgs args = *m;
-    const std::int64_t needed = *steps + 8;
+    const std::int64_t needed = *steps + *profile + 8;
     if (args.max_seq_len_given && args.max_seq_len < needed)
-      fail<ValueError>("--max-seq-len ", args.max_seq_len, " holds fewer positions than --steps ",
-                       *steps, " needs (", needed, "); pass at least ", needed, " or leave it out");
+      fail<ValueError>("--max-seq-len ", args.max_seq_len,
+                       " holds fewer positions than --steps ", *steps, " and --profile ",
+                       *profile, " need (", needed, "); pass at least ", needed,
+                       " or leave it out");
     args.max_seq_len = std::max(args.max_seq_len, needed);
     if (*batch > 1) {
       if (args.host_greedy)
         fail<ValueError>("--host-greedy chooses tokens, which --batch ", *batch,
                          " does not (a batched bench times the step alone); drop one of them");
-      return bench_batched(args, *batch, *steps, *json);
+      return bench_batched(args, *batch, *steps, *profile, *json);
     }
     Opened o = open(args, *json);
     constexpr std::int32_t kFirstToken = 1;
     const bool in_step = o.generator->greedy_in_step();
     // Greedy decoding: each step appends the previous step's pick (in the step: it never leaves
     // the device; otherwise the logits come to the host for the argmax).
-    StepTimes t = time_steps(*steps, o.generator->session(), [&](std::int64_t i) {
+    const auto step = [&](std::int64_t i) {
       o.generator->step_greedy(i == 0 ? std::optional<std::int32_t>(kFirstToken) : std::nullopt);
-    });
+    };
+    StepTimes t = time_steps(*steps, o.generator->session(), step);
+    const std::vector<ProfiledNode> nodes =
+        profile_steps(o.generator->session(), *steps + 4, *profile, step);
+    const Graph& graph = o.generator->session().graph();
     const auto [p50, p99] = p50_p99(t.total);
     const double host50 = p50_p99(t.host).first;
     // The decode loop as `run` drives it (generate(): pipelined where it can be, generate.h), the
@@ -388,6 +471,7 @@ Runner add_bench(CLI::App& app) {
                        {"generate_p50_us", loop50},
                        {"generate_tokens_per_s", loop50 > 0 ? 1e6 / loop50 : 0.0},
                        {"generate_pipelined", r.pipelined}};
+      if (*profile > 0) j["profile"] = profile_json(graph, nodes, *profile);
       std::cout << j.dump(2) << "\n";
     } else {
       std::cout << o.loaded.source << " on " << m->device << ": " << t.total.size()
@@ -396,6 +480,7 @@ Runner add_bench(CLI::App& app) {
                 << " us/token (p50); greedy: " << greedy_path(in_step, m->device)
                 << "; decode loop (generate" << (r.pipelined ? ", pipelined" : "") << "): p50 "
                 << loop50 << " us/token\n";
+      if (*profile > 0) print_profile(std::cout, graph, nodes, *profile, m->device);
     }
     return 0;
   };
