@@ -122,6 +122,14 @@ NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype,
 
 NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias) {
   NodeId y = g.matmul(x, weight, /*transpose_b=*/true);
+  // The product named after its weight ("model.layers.0.attn.in_proj" for a param named
+  // "...in_proj.weight"), so profiles and printed graphs say which linear it is; a caller's
+  // label replaces it.
+  const Node& w = g.node(weight);
+  const std::string suffix = ".weight";
+  if (w.op == Op::Param && w.attrs.name.size() > suffix.size() &&
+      w.attrs.name.ends_with(suffix))
+    y = g.labeled(y, w.attrs.name.substr(0, w.attrs.name.size() - suffix.size()));
   if (bias) y = g.binary(Op::Add, y, *bias);
   return y;
 }

@@ -84,7 +84,8 @@ namespace layers {
 // y = x * rsqrt(mean(x^2, -1) + eps) * weight, computed in f32, returned in `out_dtype`.
 NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype,
                 std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
-// x @ W^T (+ bias) for a Hugging Face [out, in] weight.
+// x @ W^T (+ bias) for a Hugging Face [out, in] weight; the product is labelled after a weight
+// param named "<linear>.weight".
 NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias = {});
 // residual + x @ W^T (+ bias): a linear layer and its residual add. Without a bias and with the
 // residual of the product's shape, the region is a matmul_add LayerOpSpec (inputs {x, weight,
