@@ -5,6 +5,7 @@
 # under the carry limit (64 MiB with .deps and .whl):
 #   refresh1.tgz: head/cuda_all_test, head/kda_decode_cuda_bench
 #   refresh2.tgz: head/splice, head/flash_decode_cuda_bench
+#   refresh3.tgz: head/gemv_cuda_bench (the `gemv` phase; 12 MB, so carried with refresh2, not 1)
 # each `tar czf .gpubin/pack/refreshN.tgz -C /tmp/refresh-pack FILES`; then
 #   run(command="dev/refresh_call.sh control tests kda",
 #       carry=[".gpubin/pack/refresh1.tgz", ".deps", ".whl"])
@@ -19,6 +20,8 @@
 #   flash      the flash-decode GPU tests (and the model tests that run it), attention sanitizers
 #   attention  alone: the flash-decode grid, then PyTorch SDPA (cuDNN, FA2) and the combined table
 #   model      the Llama cross-check and SmolLM2-shaped speed beside transformers; the default model
+#              at batch 1 and 32 (`--profile 8`: every node timed)
+#   gemv       the GEMV against cuBLASLt at M = 1, 2, 4, 8 (gemv_cuda_bench: the routing rule's table)
 # Output: summary.txt (everything printed), logs.tgz, kda_table.txt, attention_table.txt,
 # model_table.txt, and the benches' JSON (kda.json, attention.json).
 set -uo pipefail
@@ -154,6 +157,13 @@ phase_model() {
   timeout 100 "$P/head/splice" bench --device cuda --batch 32 --steps 128 --profile 8 >>"$OUT/model_table.txt" 2>&1 ||
     echo "default model batch-32 bench rc=$?"
   cat "$OUT/model_table.txt"
+}
+
+phase_gemv() {
+  echo "== gemv (at $(el) s)"
+  timeout 240 "$P/head/gemv_cuda_bench" "$L/gemv.json" >"$OUT/gemv_table.txt" 2>&1 ||
+    echo "gemv bench rc=$?"
+  cat "$OUT/gemv_table.txt"
 }
 
 for phase in "$@"; do "phase_$phase"; done
