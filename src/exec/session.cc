@@ -191,7 +191,8 @@ Session::Session(Graph graph, SessionOptions options)
   im.slice_start.assign(count, 0);
   im.slice_end.assign(count, 0);
   const Device dev = options_.device;
-  im.arena = Tensor::empty({std::max<std::int64_t>(plan_.arena_bytes / 4, 1)}, DType::f32, dev).storage();
+  im.arena =
+      Tensor::empty({std::max<std::int64_t>(plan_.arena_bytes / 4, 1)}, DType::f32, dev).storage();
   const SymEnv no_bindings(graph_.symbols());  // static shapes and constant bounds read no symbol
   for (NodeId id : plan_.schedule) {
     const Node& n = graph_.node(id);
@@ -286,8 +287,8 @@ Tensor Session::state(const std::string& name) const {
 
 namespace {
 
-Tensor arena_view(const std::shared_ptr<Storage>& arena, std::int64_t offset_bytes, const Dims& shape,
-                  DType dtype) {
+Tensor arena_view(const std::shared_ptr<Storage>& arena, std::int64_t offset_bytes,
+                  const Dims& shape, DType dtype) {
   return Tensor::view_of(arena, offset_bytes / static_cast<std::int64_t>(dtype_size(dtype)), shape,
                          Tensor::contiguous_strides(shape), dtype);
 }
@@ -340,7 +341,8 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
       case Op::WriteAt: {
         const std::int64_t offset = n.attrs.offset.eval(env);
         const std::size_t axis = static_cast<std::size_t>(
-            n.attrs.axis < 0 ? n.attrs.axis + static_cast<std::int64_t>(n.shape.size()) : n.attrs.axis);
+            n.attrs.axis < 0 ? n.attrs.axis + static_cast<std::int64_t>(n.shape.size())
+                             : n.attrs.axis);
         const std::int64_t rows = im.shapes[n.inputs[1].index][axis];
         const std::int64_t cap = shape[axis];
         if (offset < 0 || offset + rows > cap)
@@ -425,7 +427,9 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
       case Op::Constant: value = im.persistent[id.index]; continue;
       case Op::State: {
         const Tensor& t = im.persistent[id.index];
-        value = t.shape() == shape ? t : Tensor::view_of(t.storage(), t.offset(), shape, t.strides(), t.dtype());
+        value = t.shape() == shape
+                    ? t
+                    : Tensor::view_of(t.storage(), t.offset(), shape, t.strides(), t.dtype());
         continue;
       }
       case Op::Permute: value = im.values[n.inputs[0].index].permute(n.attrs.perm); continue;
@@ -463,9 +467,9 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
           event.branch = id;
           event.arm = arm;
           event.selector = im.selectors[b];
-          event.report = compare_tensors(value.device().is_cpu() ? value : value.to_device(Device::cpu()),
-                                         oracle.device().is_cpu() ? oracle : oracle.to_device(Device::cpu()),
-                                         tol);
+          event.report = compare_tensors(
+              value.device().is_cpu() ? value : value.to_device(Device::cpu()),
+              oracle.device().is_cpu() ? oracle : oracle.to_device(Device::cpu()), tol);
           if (!event.report.ok) {
             // Demote: the bucket holding this selector value runs the oracle from now on.
             auto& dispatch = graph_.mutable_node(id).attrs.branch->dispatch;
