@@ -9,7 +9,7 @@
 #     -DCMAKE_PREFIX_PATH=/usr -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
 #     -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
 #   cmake --build build/bundle -j2 --target cuda_all_test splice kda_decode_cuda_bench \
-#     flash_decode_cuda_bench
+#     flash_decode_cuda_bench gemv_cuda_bench
 # KIND:
 #   refresh   .gpubin/pack/refresh1.tgz (head/cuda_all_test, head/kda_decode_cuda_bench),
 #             refresh2.tgz (head/splice, head/flash_decode_cuda_bench) and refresh3.tgz
