@@ -218,7 +218,18 @@ void print_profile(std::ostream& out, const Graph& graph, const std::vector<Prof
                   sum > 0 ? 100 * nodes[i].us / sum : 0.0);
     out << line << node_name(graph, nodes[i].node) << "\n";
   }
-  out << "  sum " << sum << " us over " << nodes.size() << " nodes\n";
+  out << "  sum " << sum << " us over " << nodes.size() << " nodes; by op:";
+  std::map<std::string, std::pair<double, int>> by_op;  // op -> (us, nodes)
+  for (const ProfiledNode& p : nodes) {
+    auto& [us, count] = by_op[op_name(graph.node(p.node).op)];
+    us += p.us;
+    ++count;
+  }
+  for (const auto& [op, total] : by_op) {
+    std::snprintf(line, sizeof line, " %s %.1f us (%d)", op.c_str(), total.first, total.second);
+    out << line;
+  }
+  out << "\n";
 }
 
 // bench --batch B > 1 (the header's note): `steps` timed steps after 4 untimed ones, each from
