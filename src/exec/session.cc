@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "exec/node_kernels.h"
@@ -540,6 +541,20 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
   }
 }
 
+#ifdef SPLICE_WITH_CUDA
+namespace {
+// cuda::retain_scratch(sink) for a scope: every scratch tensor the scope's primitives allocate is
+// also kept in `sink`; cleared when the scope ends, by a throw too.
+class ScratchSink {
+ public:
+  explicit ScratchSink(std::vector<Tensor>* sink) { cuda::retain_scratch(sink); }
+  ~ScratchSink() { cuda::retain_scratch(nullptr); }
+  ScratchSink(const ScratchSink&) = delete;
+  ScratchSink& operator=(const ScratchSink&) = delete;
+};
+}  // namespace
+#endif
+
 void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>& run,
                            const TensorMap& inputs, double& kernel_us) {
 #ifdef SPLICE_WITH_CUDA
@@ -612,17 +627,12 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
     // each the capture asks for, so it never calls cudaMalloc, which a capturing stream refuses
     // (a batched step's GEMMs each take an f32 product of the same size; eagerly they share one).
     std::vector<Tensor> warm_scratch;
-    if (warm_up) cuda::retain_scratch(&warm_scratch);
-    try {
+    {
+      std::optional<ScratchSink> hold;
+      if (warm_up) hold.emplace(&warm_scratch);
       run_nodes(key, run, inputs, kernel_us);
-    } catch (...) {
-      if (warm_up) cuda::retain_scratch(nullptr);
-      throw;
     }
-    if (warm_up) {
-      cuda::retain_scratch(nullptr);
-      replay->mode = Impl::Mode::warm;  // captured the next time this choice runs
-    }
+    if (warm_up) replay->mode = Impl::Mode::warm;  // captured the next time this choice runs
     return;
   }
   if (replay->mode == Impl::Mode::warm) {
@@ -630,14 +640,14 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
     cuda::GraphExec exec = nullptr;
     std::vector<Tensor> scratch;
     cuda::begin_capture(stream);
-    cuda::retain_scratch(&scratch);
     try {
       double ignored = 0;
-      run_nodes(key, run, inputs, ignored);
-      cuda::retain_scratch(nullptr);
+      {
+        ScratchSink hold(&scratch);
+        run_nodes(key, run, inputs, ignored);
+      }
       exec = cuda::end_capture(stream);
     } catch (const Error& e) {
-      cuda::retain_scratch(nullptr);
       cuda::abort_capture(stream);
       if (options_.require_cuda_graph) throw;
       replay->mode = Impl::Mode::eager;

@@ -161,14 +161,17 @@ StepTimes time_steps(std::int64_t steps, const Session& session, Step step) {
 }
 
 // bench --profile: `steps` more calls of step(i), i counting on from `first`, with the session's
-// per-node profile on; each compute node's median time, largest first.
+// per-node profile on; each compute node's median time, largest first, and their sum.
 struct ProfiledNode {
   NodeId node;
   double us;
 };
+struct Profile {
+  std::vector<ProfiledNode> nodes;
+  double sum_us = 0;
+};
 template <typename Step>
-std::vector<ProfiledNode> profile_steps(Session& session, std::int64_t first, std::int64_t steps,
-                                        Step step) {
+Profile profile_steps(Session& session, std::int64_t first, std::int64_t steps, Step step) {
   std::map<std::size_t, std::vector<double>> times;  // node index -> one time a step
   session.set_profile_nodes(true);
   for (std::int64_t i = first; i < first + steps; ++i) {
@@ -176,14 +179,15 @@ std::vector<ProfiledNode> profile_steps(Session& session, std::int64_t first, st
     for (const NodeTime& t : session.last_node_times()) times[t.node.index].push_back(t.us);
   }
   session.set_profile_nodes(false);
-  std::vector<ProfiledNode> nodes;
+  Profile profile;
   for (auto& [index, v] : times) {
     std::sort(v.begin(), v.end());
-    nodes.push_back({NodeId{static_cast<std::uint32_t>(index)}, v[v.size() / 2]});
+    profile.nodes.push_back({NodeId{static_cast<std::uint32_t>(index)}, v[v.size() / 2]});
+    profile.sum_us += profile.nodes.back().us;
   }
-  std::sort(nodes.begin(), nodes.end(),
+  std::sort(profile.nodes.begin(), profile.nodes.end(),
             [](const ProfiledNode& a, const ProfiledNode& b) { return a.us > b.us; });
-  return nodes;
+  return profile;
 }
 
 // A node's name in a profile: its label (or %index) and its op.
@@ -193,22 +197,19 @@ std::string node_name(const Graph& graph, NodeId id) {
 }
 
 // The profile as JSON (every node) or as text (the `top` largest, then the sum).
-nlohmann::json profile_json(const Graph& graph, const std::vector<ProfiledNode>& nodes,
-                            std::int64_t steps) {
+nlohmann::json profile_json(const Graph& graph, const Profile& profile, std::int64_t steps) {
   nlohmann::json list = nlohmann::json::array();
-  double sum = 0;
-  for (const ProfiledNode& p : nodes) {
+  for (const ProfiledNode& p : profile.nodes) {
     const Node& n = graph.node(p.node);
     list.push_back({{"node", p.node.index}, {"label", n.label}, {"op", op_name(n.op)},
                     {"us", p.us}});
-    sum += p.us;
   }
-  return {{"steps", steps}, {"sum_us", sum}, {"nodes", list}};
+  return {{"steps", steps}, {"sum_us", profile.sum_us}, {"nodes", list}};
 }
-void print_profile(std::ostream& out, const Graph& graph, const std::vector<ProfiledNode>& nodes,
+void print_profile(std::ostream& out, const Graph& graph, const Profile& profile,
                    std::int64_t steps, const std::string& device) {
-  double sum = 0;
-  for (const ProfiledNode& p : nodes) sum += p.us;
+  const std::vector<ProfiledNode>& nodes = profile.nodes;
+  const double sum = profile.sum_us;
   out << "profile (" << steps << " steps, median a node; "
       << (device == "cpu" ? "wall time" : "device time, eager, back to back") << "):\n";
   constexpr std::size_t kTop = 15;
@@ -261,7 +262,7 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps,
 #endif
   };
   StepTimes t = time_steps(steps, session, step);
-  const std::vector<ProfiledNode> nodes = profile_steps(session, steps + 4, profile, step);
+  const Profile profiled = profile_steps(session, steps + 4, profile, step);
   const auto [p50, p99] = p50_p99(t.total);
   const double host50 = p50_p99(t.host).first;
   const double tokens_per_s = static_cast<double>(batch) * 1e6 / p50;
@@ -276,7 +277,7 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps,
                      {"host_overhead_us_p50", host50},
                      {"cuda_graph", session.cuda_graph_status()},
                      {"decisions", decisions_json(decisions)}};
-    if (profile > 0) j["profile"] = profile_json(session.graph(), nodes, profile);
+    if (profile > 0) j["profile"] = profile_json(session.graph(), profiled, profile);
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << loaded.source << " on " << m.device << ", batch " << batch << ": "
@@ -285,7 +286,7 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps,
               << " us/step (p50)\n";
     if (device.is_cuda())
       std::cout << "cuda graph, each arm choice:\n" << session.cuda_graph_status();
-    if (profile > 0) print_profile(std::cout, session.graph(), nodes, profile, m.device);
+    if (profile > 0) print_profile(std::cout, session.graph(), profiled, profile, m.device);
   }
   return 0;
 }
@@ -457,8 +458,7 @@ Runner add_bench(CLI::App& app) {
       o.generator->step_greedy(i == 0 ? std::optional<std::int32_t>(kFirstToken) : std::nullopt);
     };
     StepTimes t = time_steps(*steps, o.generator->session(), step);
-    const std::vector<ProfiledNode> nodes =
-        profile_steps(o.generator->session(), *steps + 4, *profile, step);
+    const Profile profiled = profile_steps(o.generator->session(), *steps + 4, *profile, step);
     const Graph& graph = o.generator->session().graph();
     const auto [p50, p99] = p50_p99(t.total);
     const double host50 = p50_p99(t.host).first;
@@ -482,7 +482,7 @@ Runner add_bench(CLI::App& app) {
                        {"generate_p50_us", loop50},
                        {"generate_tokens_per_s", loop50 > 0 ? 1e6 / loop50 : 0.0},
                        {"generate_pipelined", r.pipelined}};
-      if (*profile > 0) j["profile"] = profile_json(graph, nodes, *profile);
+      if (*profile > 0) j["profile"] = profile_json(graph, profiled, *profile);
       std::cout << j.dump(2) << "\n";
     } else {
       std::cout << o.loaded.source << " on " << m->device << ": " << t.total.size()
@@ -491,7 +491,7 @@ Runner add_bench(CLI::App& app) {
                 << " us/token (p50); greedy: " << greedy_path(in_step, m->device)
                 << "; decode loop (generate" << (r.pipelined ? ", pipelined" : "") << "): p50 "
                 << loop50 << " us/token\n";
-      if (*profile > 0) print_profile(std::cout, graph, nodes, *profile, m->device);
+      if (*profile > 0) print_profile(std::cout, graph, profiled, *profile, m->device);
     }
     return 0;
   };
