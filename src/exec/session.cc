@@ -134,6 +134,7 @@ struct Session::Impl {
     std::string reason;                     // why an eager choice is not captured
     void* exec = nullptr;                   // cuda::GraphExec
     std::vector<Tensor> scratch;            // kept alive for the graph's launches
+    std::vector<Tensor> warm_scratch;       // the warm-up's scratch, held until the capture
     std::vector<std::pair<std::size_t, Tensor>> outputs;  // output node -> its value
   };
   std::map<std::vector<int>, Replay> replays;  // arm choice -> graph state
@@ -622,16 +623,15 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
     return;
   }
   if (!replay || replay->mode == Impl::Mode::eager || warm_up) {
-    // The warm-up holds every scratch tensor to the step's end, as the capture will (a graph
-    // keeps its scratch): released together, they leave the caching allocator one block for
-    // each the capture asks for, so it never calls cudaMalloc, which a capturing stream refuses
-    // (a batched step's GEMMs each take an f32 product of the same size; eagerly they share one).
-    std::vector<Tensor> warm_scratch;
-    {
-      std::optional<ScratchSink> hold;
-      if (warm_up) hold.emplace(&warm_scratch);
-      run_nodes(key, run, inputs, kernel_us);
-    }
+    // The warm-up holds every scratch tensor it takes, as the capture will (a graph keeps its
+    // scratch), and keeps them until this choice's capture: released just before it, they leave
+    // the caching allocator one block for each the capture asks for, so it never calls
+    // cudaMalloc, which a capturing stream refuses (a batched step's GEMMs each take an f32
+    // product of the same size; eagerly they share one). Held until then, no other session's
+    // capture in between can take them.
+    std::optional<ScratchSink> hold;
+    if (warm_up) hold.emplace(&replay->warm_scratch);
+    run_nodes(key, run, inputs, kernel_us);
     if (warm_up) replay->mode = Impl::Mode::warm;  // captured the next time this choice runs
     return;
   }
@@ -639,6 +639,7 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
     // Capture: the same launches as the eager run, recorded instead of executed.
     cuda::GraphExec exec = nullptr;
     std::vector<Tensor> scratch;
+    replay->warm_scratch.clear();  // their blocks back to the cache, for the capture to take
     cuda::begin_capture(stream);
     try {
       double ignored = 0;

@@ -360,7 +360,8 @@ TEST(CudaSessionGraph, BatchedHybridModelStepIsCapturedAndMatchesCpu) {
 // 9. The per-node profile on CUDA (Session::set_profile_nodes): a profiled step runs eagerly and
 // computes bit for bit what the replayed steps compute, times every compute node it runs (each
 // fused KDA node a positive device time, the sum within the step's wall time), and leaves the
-// arm choice's graph alone: off again, the next step replays.
+// arm choice's graph alone: off again, the next step replays. The two sessions' steps interleave
+// on one device (one caching allocator): each must capture without the other's scratch blocks.
 TEST(CudaSessionGraph, ProfiledStepTimesEveryNodeAndLeavesTheGraph) {
   SKIP_WITHOUT_GPU();
   const std::string dir = default_model_dir();
@@ -391,6 +392,15 @@ TEST(CudaSessionGraph, ProfiledStepTimesEveryNodeAndLeavesTheGraph) {
     const CompareReport same = compare_bits(profiled.output("logits").to_device(Device::cpu()),
                                             replayed.output("logits").to_device(Device::cpu()));
     ASSERT_TRUE(same.ok) << "step " << step << ": " << same.str();
+    // Two sessions' steps interleaved: each captures from the blocks its own warm-up held.
+    if (step >= 2) {
+      EXPECT_TRUE(replayed.last_step_replayed()) << "step " << step << "\n"
+                                                 << replayed.cuda_graph_status();
+    }
+    if (step == 2 || step == 3) {
+      EXPECT_TRUE(profiled.last_step_replayed()) << "step " << step << "\n"
+                                                 << profiled.cuda_graph_status();
+    }
     if (step < 4) continue;
     const std::vector<NodeTime>& times = profiled.last_node_times();
     if (step == 6) {
