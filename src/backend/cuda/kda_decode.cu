@@ -98,8 +98,13 @@ void launch_rows(const kda::Params& params, std::int64_t units, std::int64_t hea
                  cudaStream_t stream) {
   SPLICE_INTERNAL_CHECK(units * heads <= 0x7fffffff, "kda rows grid of ", units, " x ", heads,
                         " CTAs");
-  const detail::LaunchShape shape{dim3(static_cast<unsigned>(units * heads)),
-                                  dim3(kda::kRowsThreads), 0, 1u};
+  detail::LaunchShape shape{dim3(static_cast<unsigned>(units * heads)), dim3(kda::kRowsThreads),
+                            0, 1u};
+  // bf16 state: 8% shared memory (16 KB; two CTAs need ~11 KB), the rest L1, which rows' inputs
+  // and conv weights read through: -3 to -4% under the promise at N = 4-16, -7 to -12% forced at
+  // multi-wave N; f32 state keeps the rule's (it loses 2.5-3% with L1): perf.md runs 312, 315.
+  // Inside the default model's batched step (B = 32-128) no cost beside its neighbours: run 320.
+  if constexpr (std::is_same_v<StateT, __nv_bfloat16>) shape.carveout = 8;
   detail::launch_kernel(&kda::kda_decode_rows_kernel<StateT>, shape, stream, params);
 }
 

@@ -264,6 +264,9 @@ struct LaunchShape {
   // Ask the scheduler to spread a cluster's CTAs over the SMs of its GPC instead of packing them
   // (cudaClusterSchedulingPolicySpread).
   bool cluster_spread = false;
+  // The kernel's shared-memory carveout preference in percent, where it departs from the
+  // carveout rule below (-1: the rule's). One value per kernel: set at its first launch.
+  int carveout = -1;
 };
 
 // The one launcher every kernel here goes through: launches `kernel` on `stream` with `shape`,
@@ -277,13 +280,14 @@ struct LaunchShape {
 // one preference for every kernel of a step, flash decode's CTAs (66-196 KB) become resident
 // while their producer still runs, as PDL intends. The GEMVs give up L1 they barely use (weights
 // bypass it). SPLICE_SMEM_CARVEOUT=<percent> overrides the preference, -1 leaves the driver's
-// default (A/B tests: docs/perf.md runs 43-44).
-void prefer_smem_carveout(const void* kernel);
+// default (A/B tests: docs/perf.md runs 43-44). A kernel whose LaunchShape names a carveout
+// departs from the rule (`rows` with bf16 state: perf.md runs 312, 315).
+void prefer_smem_carveout(const void* kernel, int percent = -1);
 
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), const LaunchShape& shape, Stream stream,
                    Args&&... args) {
-  prefer_smem_carveout(reinterpret_cast<const void*>(kernel));
+  prefer_smem_carveout(reinterpret_cast<const void*>(kernel), shape.carveout);
   cudaLaunchConfig_t config{};
   config.gridDim = shape.grid;
   config.blockDim = shape.block;

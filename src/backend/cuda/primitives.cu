@@ -617,14 +617,16 @@ void set_pdl_enabled(bool enabled) { pdl_switch().store(enabled, std::memory_ord
 namespace detail {
 
 // launch.cuh's carveout rule: every kernel prefers the largest shared-memory carveout, set once
-// per kernel; SPLICE_SMEM_CARVEOUT=<percent> overrides the preference, -1 leaves the driver's
-// default (read once, at the first launch).
-void prefer_smem_carveout(const void* kernel) {
-  static const int percent = [] {
+// per kernel, unless its LaunchShape names its own (`percent` >= 0); SPLICE_SMEM_CARVEOUT=<percent>
+// overrides the rule's preference, -1 leaves the driver's default (read once, at the first
+// launch).
+void prefer_smem_carveout(const void* kernel, int percent) {
+  static const int rule = [] {
     const char* value = std::getenv("SPLICE_SMEM_CARVEOUT");
     return value && *value ? std::atoi(value) : cudaSharedmemCarveoutMaxShared;
   }();
-  if (percent < 0) return;
+  const int want = percent >= 0 ? percent : rule;
+  if (want < 0) return;
   // Once per (thread, device, kernel): no lock on the launch path, and every device's copy of
   // the kernel gets the preference (setting it again from another thread is harmless).
   thread_local std::set<std::pair<int, const void*>> done;
@@ -632,7 +634,7 @@ void prefer_smem_carveout(const void* kernel) {
   SPLICE_CUDA_CHECK(cudaGetDevice(&device));
   if (!done.insert({device, kernel}).second) return;
   SPLICE_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, want));
 }
 
 Tensor scratch(const Dims& shape, DType dtype, Device device) {
