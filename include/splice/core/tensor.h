@@ -11,6 +11,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -93,6 +94,10 @@ class Tensor {
   Tensor select(std::int64_t axis, std::int64_t index) const;  // drops `axis`
   Tensor permute(const std::vector<std::int64_t>& perm) const;
   Tensor reshape(const Dims& shape) const;  // contiguous input only; -1 infers one dim
+  // `shape` (same element count) as a view of any strided tensor, torch's view rule: each run of
+  // dims contiguous with each other is split into, or merged from, whole dims of `shape`;
+  // nullopt where the strides allow no view (a copy is needed).
+  std::optional<Tensor> view_reshape(const Dims& shape) const;
   Tensor unsqueeze(std::int64_t axis) const;
 
   // A contiguous deep copy (CPU).
