@@ -490,6 +490,13 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
           value = src.reshape(shape);
           continue;
         }
+        // A strided input (e.g. a column slice of a batch's stacked projections) whose new shape
+        // only splits or merges dims that are contiguous with each other is a view too; the
+        // planner already counts a reshape as an alias of its input.
+        if (std::optional<Tensor> view = src.view_reshape(shape)) {
+          value = std::move(*view);
+          continue;
+        }
         break;
       }
       default: break;

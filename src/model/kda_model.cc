@@ -159,8 +159,15 @@ struct Builder {
                          {p + "attn.g_proj.0.", Dv}, {p + "attn.b_proj.", HV}};
     NodeId x, f_low, g_low, beta_low;
     if (o.stack_projections) {
+      // Zero rows up to a multiple of 8 (the default model's 1026 -> 1032): every row of the
+      // stacked product, and the strided views of it that a batch makes, start 16-byte aligned
+      // in bf16, as the KDA kernels' staged inputs need (inputs_stageable).
+      Parts padded = parts;
+      std::int64_t rows = 0;
+      for (const auto& part : parts) rows += part.second;
+      if (rows % 8 != 0) padded.push_back({"", 8 - rows % 8});
       const std::vector<NodeId> y =
-          norm_project(norm, flat, p + "attn.in_proj.", parts, false, {3, 1, 1, 1});
+          norm_project(norm, flat, p + "attn.in_proj.", padded, false, {3, 1, 1, 1});
       x = L(g.reshape(y[0], {B, SymExpr(2 * kd + vd)}), "x");  // [B, 2*kd + vd]
       f_low = y[1], g_low = y[2], beta_low = y[3];
     } else {

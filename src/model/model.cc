@@ -250,11 +250,13 @@ NodeId stacked_param(Graph& g, const Weights& w, DType dtype, const std::string&
                      const LinearParts& parts, const std::string& suffix, std::int64_t cols) {
   std::int64_t rows = 0;
   for (const auto& part : parts) rows += part.second;
-  Tensor t = Tensor::empty(cols ? Dims{rows, cols} : Dims{rows}, dtype);
+  Tensor t = Tensor::zeros(cols ? Dims{rows, cols} : Dims{rows}, dtype);
   std::int64_t at = 0;
   for (const auto& [prefix, n] : parts) {
-    Tensor dst = t.slice(0, at, at + n);
-    dst.copy_from(w.get(prefix + suffix, dtype, cols ? Dims{n, cols} : Dims{n}));
+    if (!prefix.empty()) {  // an empty prefix: n zero rows of padding (LinearParts)
+      Tensor dst = t.slice(0, at, at + n);
+      dst.copy_from(w.get(prefix + suffix, dtype, cols ? Dims{n, cols} : Dims{n}));
+    }
     at += n;
   }
   return g.param(stacked_prefix + suffix, std::move(t));
@@ -290,7 +292,8 @@ std::vector<NodeId> project(Graph& g, const Weights& w, DType dtype, bool stack,
     for (std::size_t size : groups)
       SPLICE_INTERNAL_CHECK(size == 1, "project: grouped projections need stacking");
     for (const auto& [prefix, n] : parts)
-      out.push_back(
+      if (!prefix.empty())  // padding parts exist only stacked
+        out.push_back(
           linear(g, x, param(prefix + "weight", {n, in_features}),
                  bias ? std::optional<NodeId>(param(prefix + "bias", {n})) : std::nullopt));
     return out;

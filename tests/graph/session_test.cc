@@ -139,6 +139,37 @@ TEST(Session, ProfiledStepTimesEachComputeNodeOnce) {
   EXPECT_TRUE(profiled.last_node_times().empty());
 }
 
+// A reshape of a strided tensor is a view when the new shape only splits or merges dims that are
+// contiguous with each other (a batch's column slice of a stacked projection split into heads),
+// and a copy otherwise (merging rows that a slice left apart): both compute the same values,
+// and only the copy is a compute node (the profile times no view).
+TEST(Session, ReshapeOfAStridedSliceIsAViewWhereStridesAllow) {
+  Graph g;
+  const NodeId x = g.input("x", {4, 10}, DType::f32);
+  const NodeId y = g.unary(Op::Neg, x);  // [4, 10] in the arena
+  const NodeId cols =
+      g.slice(y, 1, DynScalar::Concrete(2), DynScalar::Concrete(8));  // [4, 6], row stride 10
+  g.mark_output("split", g.reshape(cols, {4, 1, 2, 3}));  // a view: strides [10, 6, 3, 1]
+  g.mark_output("merged", g.reshape(cols, {24}));         // rows apart: a copy
+  Session session(std::move(g));
+  session.set_profile_nodes(true);
+  Rng rng(5);
+  const Tensor in = testing::random_tensor(rng, {4, 10}, DType::f32);
+  session.step({}, {{"x", in}});
+  const Tensor split = session.output("split"), merged = session.output("merged");
+  EXPECT_EQ(split.strides(), (Dims{10, 6, 3, 1}));
+  for (std::int64_t r = 0; r < 4; ++r)
+    for (std::int64_t c = 0; c < 6; ++c) {
+      const double want = -in.at({r, 2 + c});
+      EXPECT_EQ(split.at({r, 0, c / 3, c % 3}), want) << r << ", " << c;
+      EXPECT_EQ(merged.at({6 * r + c}), want) << r << ", " << c;
+    }
+  int reshapes = 0;
+  for (const NodeTime& t : session.last_node_times())
+    reshapes += session.graph().node(t.node).op == Op::Reshape;
+  EXPECT_EQ(reshapes, 1);  // the merge's copy
+}
+
 TEST(Session, PlansOnceAndReusesMemory) {
   DemoAttentionOptions o;
   o.num_layers = 3;

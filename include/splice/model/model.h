@@ -122,7 +122,8 @@ RopeKvAppendOut rope_kv_append(Graph& g, NodeId qkv, std::int64_t heads, NodeId 
                                const DynScalar& write, std::vector<LayerOpSpec>* specs = nullptr,
                                const std::string& site = "",
                                const LayerOpSpec* projection = nullptr);
-// Hugging Face linears of one input, as (weight/bias name prefix, output rows).
+// Hugging Face linears of one input, as (weight/bias name prefix, output rows); stacked, a part
+// with an empty prefix is that many zero rows of padding (in no group's view).
 using LinearParts = std::vector<std::pair<std::string, std::int64_t>>;
 // x [..., in_features] through the linears `parts` (prefix + "weight" [rows, in_features], prefix
 // + "bias" [rows] when `bias`), weights read from `w` in `dtype`. With `stack`: one matmul over
