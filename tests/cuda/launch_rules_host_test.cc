@@ -234,20 +234,30 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::plan_flash_decode(1, 32, 8, 1, 128, 16384, 16384, 132, 0, 4).cluster, 4);
 }
 
-// The GEMV route on the measured shapes (one and four rows).
+// The GEMV route on the measured shapes (one, four and eight rows; perf.md run 321).
 TEST(CudaGemv, RoutingRuleOnMeasuredShapes) {
   using Shape = std::pair<std::int64_t, std::int64_t>;  // (n, k)
   // One row: always the GEMV (wins or ties everywhere measured; the lm_head is the predicted one).
   const Shape one_row[] = {{192, 576}, {49152, 576}, {4096, 4096}, {14336, 4096}};
   for (const auto& [n, k] : one_row) EXPECT_TRUE(cuda::gemv::preferred(1, n, k)) << n << "x" << k;
-  // Four rows: the GEMV on the small weights it won at, cuBLASLt on those it lost at.
-  const Shape four_rows_gemv[] = {{576, 576}, {192, 576}, {576, 1536}, {960, 576}};
-  for (const auto& [n, k] : four_rows_gemv)
-    EXPECT_TRUE(cuda::gemv::preferred(4, n, k)) << n << "x" << k;
-  const Shape four_rows_lt[] = {
-      {1536, 576}, {3072, 576}, {49152, 576}, {4096, 4096}, {14336, 4096}};
-  for (const auto& [n, k] : four_rows_lt)
-    EXPECT_FALSE(cuda::gemv::preferred(4, n, k)) << n << "x" << k;
+  // Two and four rows: the GEMV on the weights it won at (the default model's KDA projections
+  // 1026 and 1032 wide among them), cuBLASLt on those it lost at.
+  const Shape few_rows_gemv[] = {{576, 576},  {192, 576},  {576, 1536}, {960, 576},
+                                 {1536, 576}, {3072, 576}, {1026, 256}, {1032, 256}};
+  const Shape few_rows_lt[] = {{49152, 576}, {4096, 4096}, {14336, 4096}};
+  for (const std::int64_t m : {2, 4}) {
+    for (const auto& [n, k] : few_rows_gemv)
+      EXPECT_TRUE(cuda::gemv::preferred(m, n, k)) << m << " rows, " << n << "x" << k;
+    for (const auto& [n, k] : few_rows_lt)
+      EXPECT_FALSE(cuda::gemv::preferred(m, n, k)) << m << " rows, " << n << "x" << k;
+  }
+  // Eight rows: the GEMV up to 1536x576; 3072x576 already loses.
+  const Shape eight_rows_gemv[] = {{576, 576}, {192, 576}, {1536, 576}, {960, 576}, {1026, 256}};
+  const Shape eight_rows_lt[] = {{3072, 576}, {49152, 576}, {4096, 4096}, {14336, 4096}};
+  for (const auto& [n, k] : eight_rows_gemv)
+    EXPECT_TRUE(cuda::gemv::preferred(8, n, k)) << n << "x" << k;
+  for (const auto& [n, k] : eight_rows_lt)
+    EXPECT_FALSE(cuda::gemv::preferred(8, n, k)) << n << "x" << k;
   EXPECT_FALSE(cuda::gemv::preferred(cuda::gemv::kMaxRows + 1, 192, 576));
 }
 

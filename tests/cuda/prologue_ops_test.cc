@@ -186,11 +186,11 @@ TEST(PrologueOpsCuda, FallbackRouteMatchesCpu) {
   struct Case {
     std::int64_t m, n, k;
   };
-  // 9 and 16 rows: beyond the GEMV; 4 rows of a 1536 x 576 weight: gemv::preferred says
-  // cuBLASLt; one row of k = 4104: beyond kPrologueGemvMaxK; one row of k = 32776: also beyond
-  // the prologue's shared memory (bf16: 32768 at one row).
-  const Case cases[] = {
-      {9, 96, 576}, {16, 577, 1536}, {4, 1536, 576}, {1, 960, 4104}, {1, 17, 32776}};
+  // 9 and 16 rows: beyond the GEMV; 8 rows of a 3072 x 576 weight and 4 rows of a 4096 x 576
+  // one: gemv::preferred says cuBLASLt; one row of k = 4104: beyond kPrologueGemvMaxK; one row of
+  // k = 32776: also beyond the prologue's shared memory (bf16: 32768 at one row).
+  const Case cases[] = {{9, 96, 576},   {16, 577, 1536}, {8, 3072, 576},
+                        {4, 4096, 576}, {1, 960, 4104},  {1, 17, 32776}};
   for (const Case& c : cases) {
     SCOPED_TRACE("m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " +
                  std::to_string(c.k));

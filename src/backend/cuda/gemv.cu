@@ -1738,15 +1738,25 @@ std::uint64_t swiglu_launches() { return g_swiglu_launches.load(std::memory_orde
 //   M = 4: wins at 576x576 2.59 vs 3.24, 192x576 2.39 vs 3.15, 576x1536 3.59 vs 4.65, 960x576
 //          2.74 vs 3.61 (n <= 960, n k <= 884736); loses at 1536x576 3.80 vs 3.53, 3072x576
 //          5.27 vs 3.74, 49152x576 37.8 vs 16.9, 4096x4096 15.5 vs 12.5, 14336x4096 43.4 vs 32.8.
-//          So 2 .. 8 rows take the GEMV only for n <= kSmallN and n k <= kSmallWeight (M = 2 and 8
-//          unmeasured then: the bench now times M = 1, 2, 4, 8; retune these from its table).
+//          (M = 2 and 8 unmeasured then.)
+//   Session 43 (perf.md run 321, the current kernel), GEMV us vs cuBLASLt us:
+//   M = 2: 1536x576 1.92 vs 3.52, 3072x576 2.82 vs 3.74, default model's KDA in 1026x256 1.50 vs
+//          5.27; loses at 4096x4096 12.91 vs 12.40, 49152x576 17.42 vs 16.36.
+//   M = 4: 1536x576 2.27 vs 3.36, 3072x576 3.10 vs 3.74, 1026x256 1.68 vs 5.26; loses at
+//          4096x4096 13.17 vs 12.55, 49152x576 23.26 vs 16.50.
+//   M = 8: 1536x576 3.23 vs 3.38, 960x576 3.16 vs 3.31, 1026x256 1.98 vs 3.89; loses at 3072x576
+//          4.29 vs 3.75, 4096x4096 16.36 vs 12.46.
+//   So the width alone no longer decides (the n <= 1024 bound sent 1026x256 to cuBLASLt at 3x the
+//   time): 2 .. 4 rows take the GEMV for n k <= 2^21 (the largest win 1.77M, the smallest loss
+//   16.8M), 5 .. 8 rows for n k <= 2^20 (the largest win 0.88M, the smallest loss 1.77M).
 bool preferred(std::int64_t rows, std::int64_t n, std::int64_t k) {
-  constexpr std::int64_t kAlwaysRows = 1;             // rows up to this: always the GEMV
-  constexpr std::int64_t kSmallN = 1024;              // 2 .. 8 rows: at most this many columns
-  constexpr std::int64_t kSmallWeight = 1024 * 1024;  // 2 .. 8 rows: at most this many n k
+  constexpr std::int64_t kAlwaysRows = 1;            // rows up to this: always the GEMV
+  constexpr std::int64_t kFewRows = 4;               // 2 .. this many rows: kFewRowsWeight
+  constexpr std::int64_t kFewRowsWeight = 1 << 21;   // at most this many n k
+  constexpr std::int64_t kManyRowsWeight = 1 << 20;  // kFewRows + 1 .. kMaxRows rows
   if (rows < 1 || rows > kMaxRows) return false;
   if (rows <= kAlwaysRows) return true;
-  return n <= kSmallN && n * k <= kSmallWeight;
+  return n * k <= (rows <= kFewRows ? kFewRowsWeight : kManyRowsWeight);
 }
 
 }  // namespace splice::cuda::gemv

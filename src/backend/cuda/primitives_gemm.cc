@@ -9,8 +9,8 @@
 //   1b. GEMV route: when a and b share a dtype, b is one matrix (its batch dims are all 1) read as
 //      w [n, k] with unit stride along k, a has a unit inner stride, all of a's rows (batch dims
 //      and m flattened) number at most gemv::kMaxRows and gemv::preferred(rows, n, k) holds (the
-//      measured routing rule, documented in gemv.cu: one row always; 2 .. 8 rows only for small
-//      weights, n <= 1024 and n k <= 2^20), the product is one launch of the weight-streaming
+//      measured routing rule, documented in gemv.cu: one row always; 2 .. 4 rows for n k <=
+//      2^21, 5 .. 8 rows for n k <= 2^20), the product is one launch of the weight-streaming
 //      GEMV kernel: x rows are passed as pointers (any batch strides), y rows likewise with any
 //      column stride, out in any float dtype. Everything else goes to cuBLASLt. The GEMV joins the
 //      PDL chain (launch.cuh); with MatmulOptions::b_constant (b is a weight no kernel in flight
