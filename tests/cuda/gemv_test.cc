@@ -40,7 +40,8 @@
 //     exactly when promised.
 //  8. The residual epilogue (MatmulOptions::residual, out = a . b^T + c with one rounding): GEMV
 //     rows (M = 1, 3) and cuBLASLt rows (M = 9) in bf16 and f32, a residual of another dtype, a
-//     strided residual, and c = out itself (h += linear(x)), against the CPU's f32 product plus c.
+//     strided residual, and c = out itself (h += linear(x)), against the CPU's f32 product plus c;
+//     which cuBLASLt cases take its own epilogue (beta = 1), also over batch dims.
 //  9. fused_matmul_add (the MatMulAdd layer op) on CUDA against cpu::matmul_add.
 //  7. A Session marks a MatMul whose weight is a Param as constant (the prefetch path) and one
 //     whose b is an Input not, and both agree with the CPU.
@@ -52,6 +53,7 @@
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
 // within default_tolerance(out dtype) (design.md §2).
 #include "../../src/backend/cuda/gemv.h"  // internal: the kernel is also tested directly
+#include "../../src/backend/cuda/primitives_internal.h"  // internal: the residual route counter
 
 #include <gtest/gtest.h>
 
@@ -629,9 +631,46 @@ TEST(CudaGemv, ResidualEpilogueAgainstCpu) {
           cuda::MatmulOptions options;
           options.residual = &dc;
           options.b_constant = true;
+          const std::uint64_t epilogues = cuda::detail::lt_residual_epilogues();
           cuda::matmul(dx, dw, dout, true, options);
           EXPECT_TRUE(testing::close(download(dout), expected, default_tolerance(dtype)));
+          // Nine rows go to cuBLASLt: its own epilogue adds a residual of out's dtype and
+          // strides (c = out among them); the others take the f32 product and an add.
+          const bool lt_epilogue = m == 9 && c_dtype == dtype && layout != 1;
+          EXPECT_EQ(cuda::detail::lt_residual_epilogues() - epilogues, lt_epilogue ? 1u : 0u);
         }
+}
+
+// The residual in cuBLASLt's epilogue over batch dims: a [2, 9, k] against one weight (the batch
+// folded into one GEMM's rows) and against a batch of weights (a strided-batched GEMM), c
+// contiguous and c = out, against the CPU's f32 product plus c.
+TEST(CudaGemv, ResidualEpilogueOverBatchDims) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(37);
+  constexpr std::int64_t kB = 2, kM = 9, kN = 96, kK = 64;
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (bool batched_w : {false, true})
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + (batched_w ? " batched w" : " one w") +
+                     (in_place ? " c = out" : " c"));
+        const Tensor x = contiguous_poisoned(rng, {kB, kM, kK}, dtype);  // [B, M, K]
+        const Tensor w = batched_w ? contiguous_poisoned(rng, {kB, kN, kK}, dtype)  // [B, N, K]
+                                   : contiguous_poisoned(rng, {kN, kK}, dtype);     // [N, K]
+        const Tensor c = contiguous_poisoned(rng, {kB, kM, kN}, dtype);             // [B, M, N]
+        Tensor product = Tensor::empty({kB, kM, kN}, DType::f32);                   // [B, M, N]
+        cpu::matmul(x, w, product, true);
+        Tensor expected = Tensor::empty({kB, kM, kN}, dtype);  // [B, M, N]
+        cpu::binary(cpu::BinaryKind::add, product, c, expected);
+        const Tensor dx = upload(x), dw = upload(w);
+        Tensor dc = upload(c);
+        Tensor dout = in_place ? dc : upload(nan_output({kB, kM, kN}, dtype));
+        cuda::MatmulOptions options;
+        options.residual = &dc;
+        const std::uint64_t epilogues = cuda::detail::lt_residual_epilogues();
+        cuda::matmul(dx, dw, dout, true, options);
+        EXPECT_EQ(cuda::detail::lt_residual_epilogues() - epilogues, 1u);
+        EXPECT_TRUE(testing::close(download(dout), expected, default_tolerance(dtype)));
+      }
 }
 
 // ---- 10. The prologue products, and the decode-row kernel against the general kernel --------

@@ -3,7 +3,7 @@
 //
 // cuBLASLt is column-major, splice tensors are strided row-major views, so the product is taken
 // transposed:  out^T [n, m] = b^T [n, k] . a^T [k, m],  fp32 compute (CUBLAS_COMPUTE_32F: true
-// fp32, no TF32), alpha = 1, beta = 0.
+// fp32, no TF32), alpha = 1, beta = 0 (1 with a residual epilogue, stage 1c).
 //   1. Validate (ranks >= 2, inner dims agree, batch dims broadcast, out shape, float dtypes,
 //      no overlap between out and an input); m or n == 0 is a no-op, k == 0 fills zeros.
 //   1b. GEMV route: when a and b share a dtype, b is one matrix (its batch dims are all 1) read as
@@ -24,9 +24,11 @@
 //   4. Batch dims of a, b and out (broadcast ones with stride 0) are merged where they are
 //      uniformly strided in all three; the innermost merged dim becomes one strided-batched call
 //      and the outer ones, if any, loop on the host.
-//   1c. Residual epilogue (MatmulOptions::residual): the GEMV adds c before its store; every other
-//      route computes the product into f32 scratch and adds c in one elementwise kernel (fp32
-//      math, one rounding into out either way).
+//   1c. Residual epilogue (MatmulOptions::residual): the GEMV adds c before its store; a product
+//      that reaches cuBLASLt without staging, with c of out's dtype and strides, adds it in
+//      cuBLASLt's epilogue (beta = 1, C = c, which may be out itself); every other route computes
+//      the product into f32 scratch and adds c in one elementwise kernel (fp32 math, one rounding
+//      into out every way).
 //   5. One cuBLASLt handle and a 32 MiB workspace per device, created on first use (run a shape
 //      once outside stream capture); the heuristic's algorithm is cached per problem key.
 #include <cublasLt.h>
@@ -34,6 +36,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -168,7 +171,9 @@ struct LtProblem {
 };
 
 // Returns false when cuBLASLt offers no algorithm for this problem (nothing is launched).
-bool run_lt(const LtProblem& p, const void* a, const void* b, void* d, int device) {
+// With `c` (D's type and layout; it may be d itself): D = op(A) . op(B) + C, beta = 1.
+bool run_lt(const LtProblem& p, const void* a, const void* b, void* d, int device,
+            const void* c = nullptr) {
   std::lock_guard<std::mutex> lock(context_mutex());
   DeviceContext& ctx = context(device);
   LtDescriptors desc;
@@ -186,7 +191,8 @@ bool run_lt(const LtProblem& p, const void* a, const void* b, void* d, int devic
   set_layout(&desc.d, p.out_type, p.mm, p.nn, p.ldd, p.batch, p.stride_d);
 
   const std::uint64_t align_a = alignment_of(a, p.in_size), align_b = alignment_of(b, p.in_size),
-                      align_d = alignment_of(d, p.out_size);
+                      align_d = alignment_of(d, p.out_size),
+                      align_c = c ? std::min(alignment_of(c, p.out_size), align_d) : align_d;
   const std::vector<long long> key = {device,
                                       p.in_type,
                                       p.out_type,
@@ -204,7 +210,8 @@ bool run_lt(const LtProblem& p, const void* a, const void* b, void* d, int devic
                                       p.stride_d,
                                       static_cast<long long>(align_a),
                                       static_cast<long long>(align_b),
-                                      static_cast<long long>(align_d)};
+                                      static_cast<long long>(align_d),
+                                      static_cast<long long>(align_c)};
   auto it = ctx.algos.find(key);
   if (it == ctx.algos.end()) {
     SPLICE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
@@ -215,7 +222,7 @@ bool run_lt(const LtProblem& p, const void* a, const void* b, void* d, int devic
     const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> aligns[] = {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<std::uint32_t>(align_a)},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<std::uint32_t>(align_b)},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<std::uint32_t>(align_d)},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<std::uint32_t>(align_c)},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<std::uint32_t>(align_d)}};
     for (const auto& [attr, value] : aligns)
       SPLICE_CUBLAS_CHECK(
@@ -227,14 +234,15 @@ bool run_lt(const LtProblem& p, const void* a, const void* b, void* d, int devic
     if (found < 1) return false;
     it = ctx.algos.emplace(key, result.algo).first;
   }
-  const float alpha = 1.0f, beta = 0.0f;
-  SPLICE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, desc.op, &alpha, a, desc.a, b, desc.b, &beta, d,
-                                     desc.d, d, desc.d, &it->second, ctx.workspace, kWorkspaceBytes,
-                                     current_stream()));
+  const float alpha = 1.0f, beta = c ? 1.0f : 0.0f;
+  SPLICE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, desc.op, &alpha, a, desc.a, b, desc.b, &beta,
+                                     c ? c : d, desc.d, d, desc.d, &it->second, ctx.workspace,
+                                     kWorkspaceBytes, current_stream()));
   return true;
 }
 
 thread_local bool t_contiguous_retry = false;  // inside matmul's contiguous-copy retry
+std::atomic<std::uint64_t> g_lt_residual_epilogues{0};
 
 bool lt_output_allowed(DType in, DType out) {
   return out == DType::f32 || (in == out && (in == DType::bf16 || in == DType::f16));
@@ -303,103 +311,23 @@ bool try_gemv(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b,
   gemv::launch(p, current_stream());
   return true;
 }
-}  // namespace
 
-void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
-  matmul(a, b, out, transpose_b, MatmulOptions{});
-}
-
-void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b,
-            const MatmulOptions& options) {
-  // Stage 1: validation.
-  check_matmul_device(a, "a");
-  check_matmul_device(b, "b");
-  check_matmul_device(out, "out");
-  if (!(a.device() == out.device()) || !(b.device() == out.device()))
-    fail<DeviceError>("cuda matmul: `a`, `b` and `out` must be on one device, got ",
-                      a.device().str(), ", ", b.device().str(), " and ", out.device().str());
-  check_dtype(a, "a", {DType::f32, DType::f16, DType::bf16});
-  check_dtype(b, "b", {DType::f32, DType::f16, DType::bf16});
-  check_dtype(out, "out", {DType::f32, DType::f16, DType::bf16});
-  if (a.dim() < 2 || b.dim() < 2)
-    fail<ShapeError>("matmul: `a` and `b` must have rank >= 2, got ", dims_str(a.shape()), " and ",
-                     dims_str(b.shape()));
+// Stages 3-4 and the launches: the product straight into `out` by cuBLASLt, for a and b of one
+// dtype that cuBLASLt writes as out's dtype (lt_output_allowed) and out with a unit last stride
+// and a valid layout. With `c` (out's dtype and strides; it may be out itself): out = a b + c in
+// cuBLASLt's epilogue (beta = 1, one rounding of the fp32 sum). Returns false, having launched
+// nothing, where a or b needs a contiguous copy or cuBLASLt offers no algorithm for the first
+// product (the caller copies, or takes another route).
+bool lt_direct(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b, const Dims& batch,
+               const Tensor* c) {
   const long long m = a.size(-2), k = a.size(-1);
-  const long long bk = transpose_b ? b.size(-1) : b.size(-2);
   const long long n = transpose_b ? b.size(-2) : b.size(-1);
-  if (bk != k)
-    fail<ShapeError>("matmul: `a` ", dims_str(a.shape()), " and `b` ", dims_str(b.shape()),
-                     transpose_b ? " (transposed)" : "", " disagree on the inner dim");
-  const std::size_t batch_rank = static_cast<std::size_t>(std::max(a.dim(), b.dim()) - 2);
-  Dims batch(batch_rank, 1);
-  for (std::size_t i = 0; i < batch_rank; ++i) {
-    const auto dim_of = [&](const Tensor& t) -> std::int64_t {
-      const std::size_t lead = batch_rank - static_cast<std::size_t>(t.dim() - 2);
-      return i < lead ? 1 : t.shape()[i - lead];
-    };
-    const std::int64_t x = dim_of(a), y = dim_of(b);
-    if (x != y && x != 1 && y != 1)
-      fail<ShapeError>("matmul: batch dims of `a` ", dims_str(a.shape()), " and `b` ",
-                       dims_str(b.shape()), " do not broadcast");
-    batch[i] = x == 1 ? y : x;
-  }
-  Dims want = batch;
-  want.push_back(m);
-  want.push_back(n);
-  if (out.shape() != want)
-    fail<ShapeError>("matmul: `out` must have shape ", dims_str(want), ", got ",
-                     dims_str(out.shape()));
-  if (detail::overlaps(out, a) || detail::overlaps(out, b))
-    fail<LayoutError>("matmul: `out` must not overlap `a` or `b`");
-  if (const Tensor* c = options.residual) {
-    check_matmul_device(*c, "residual");
-    if (!(c->device() == out.device()))
-      fail<DeviceError>("cuda matmul: `residual` must be on `out`'s device ", out.device().str(),
-                        ", got ", c->device().str());
-    check_dtype(*c, "residual", {DType::f32, DType::f16, DType::bf16});
-    if (c->shape() != out.shape())
-      fail<ShapeError>("matmul: `residual` must have `out`'s shape ", dims_str(out.shape()),
-                       ", got ", dims_str(c->shape()));
-    const bool same_view = c->raw_data() == out.raw_data() && c->strides() == out.strides() &&
-                           c->dtype() == out.dtype();
-    if (detail::overlaps(*c, out) && !same_view)
-      fail<LayoutError>("matmul: `residual` overlaps `out` (only the identical view is allowed)");
-    if (m == 0 || n == 0) return;
-    if (k == 0) return cast(*c, out);
-    // Every route but the GEMV: the product in f32 scratch, then one fp32 add rounded into out.
-    MatmulOptions plain = options;
-    plain.residual = nullptr;
-    if (a.dtype() == b.dtype() && try_gemv(a, b, out, transpose_b, options)) return;
-    Tensor product = detail::scratch(out.shape(), DType::f32, out.device());
-    matmul(a, b, product, transpose_b, plain);
-    return cuda::binary(BinaryKind::add, product, *c, out);
-  }
-  if (m == 0 || n == 0) return;
-  if (k == 0) return fill(out, 0.0);
-
-  // Stage 2: dtypes.
-  if (a.dtype() != b.dtype()) {
-    const Tensor a32 = contiguous_copy(a, DType::f32), b32 = contiguous_copy(b, DType::f32);
-    return matmul(a32, b32, out, transpose_b);  // b32 is scratch the cast just wrote
-  }
-  if (try_gemv(a, b, out, transpose_b, options)) return;
-  if (!lt_output_allowed(a.dtype(), out.dtype()) || out.stride(-1) != 1 ||
-      layout_of(n, m, out.stride(-1), out.stride(-2)).transposed ||
-      !layout_of(n, m, out.stride(-1), out.stride(-2)).ok) {
-    Tensor staged = detail::scratch(
-        out.shape(), lt_output_allowed(a.dtype(), out.dtype()) ? out.dtype() : DType::f32,
-        out.device());
-    matmul(a, b, staged, transpose_b, options);
-    return cast(staged, out);
-  }
-
-  // Stage 3: layouts (Lt's A is b^T [n, k], Lt's B is a^T [k, m], D is out^T [n, m]).
+  const std::size_t batch_rank = batch.size();
   const long long s_bk = transpose_b ? b.stride(-1) : b.stride(-2);
   const long long s_bn = transpose_b ? b.stride(-2) : b.stride(-1);
   const MatrixLayout lb = layout_of(n, k, s_bn, s_bk);
-  if (!lb.ok) return matmul(a, contiguous_copy(b, b.dtype()), out, transpose_b);
   const MatrixLayout la = layout_of(k, m, a.stride(-1), a.stride(-2));
-  if (!la.ok) return matmul(contiguous_copy(a, a.dtype()), b, out, transpose_b, options);
+  if (!lb.ok || !la.ok) return false;
 
   // Stage 4: batch dims, merged where uniformly strided.
   const auto batch_strides = [&](const Tensor& t) {
@@ -464,6 +392,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b,
   const auto* a_base = static_cast<const char*>(a.raw_data());
   const auto* b_base = static_cast<const char*>(b.raw_data());
   auto* d_base = static_cast<char*>(out.raw_data());
+  const char* c_base = c ? static_cast<const char*>(c->raw_data()) : nullptr;
   for (long long o = 0; o < outer; ++o) {
     long long rest = o, off_a = 0, off_b = 0, off_d = 0;
     for (std::size_t i = dims.empty() ? 0 : dims.size() - 1; i-- > 0;) {
@@ -473,28 +402,149 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b,
       off_b += idx * strides[i][1];
       off_d += idx * strides[i][2];
     }
+    const long long d_bytes = off_d * static_cast<long long>(p.out_size);
     if (run_lt(p, b_base + off_b * static_cast<long long>(p.in_size),
-               a_base + off_a * static_cast<long long>(p.in_size),
-               d_base + off_d * static_cast<long long>(p.out_size), out.device().index))
+               a_base + off_a * static_cast<long long>(p.in_size), d_base + d_bytes,
+               out.device().index, c_base ? c_base + d_bytes : nullptr))
       continue;
-    // No algorithm for these leading dims / alignments (decided before anything launched, so
-    // o == 0): retry once on fresh contiguous copies, which are 256-byte aligned.
-    if (t_contiguous_retry || o != 0)
+    // No algorithm for these leading dims / alignments: decided before anything launched.
+    if (o != 0)
       fail<UnsupportedError>("cuda matmul: cuBLASLt has no algorithm for ", dims_str(a.shape()),
-                             " x ", dims_str(b.shape()), transpose_b ? " (transposed)" : "", " in ",
-                             dtype_name(a.dtype()), " -> ", dtype_name(out.dtype()));
-    t_contiguous_retry = true;
-    try {
-      Tensor staged = detail::scratch(out.shape(), out.dtype(), out.device());
-      matmul(contiguous_copy(a, a.dtype()), contiguous_copy(b, b.dtype()), staged, transpose_b);
-      cast(staged, out);
-    } catch (...) {
-      t_contiguous_retry = false;
-      throw;
-    }
-    t_contiguous_retry = false;
-    return;
+                             " x ", dims_str(b.shape()), transpose_b ? " (transposed)" : "",
+                             " in ", dtype_name(a.dtype()), " -> ", dtype_name(out.dtype()));
+    return false;
   }
+  return true;
 }
 
+}  // namespace
+
+std::uint64_t detail::lt_residual_epilogues() {
+  return g_lt_residual_epilogues.load(std::memory_order_relaxed);
+}
+
+void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
+  matmul(a, b, out, transpose_b, MatmulOptions{});
+}
+
+void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b,
+            const MatmulOptions& options) {
+  // Stage 1: validation.
+  check_matmul_device(a, "a");
+  check_matmul_device(b, "b");
+  check_matmul_device(out, "out");
+  if (!(a.device() == out.device()) || !(b.device() == out.device()))
+    fail<DeviceError>("cuda matmul: `a`, `b` and `out` must be on one device, got ",
+                      a.device().str(), ", ", b.device().str(), " and ", out.device().str());
+  check_dtype(a, "a", {DType::f32, DType::f16, DType::bf16});
+  check_dtype(b, "b", {DType::f32, DType::f16, DType::bf16});
+  check_dtype(out, "out", {DType::f32, DType::f16, DType::bf16});
+  if (a.dim() < 2 || b.dim() < 2)
+    fail<ShapeError>("matmul: `a` and `b` must have rank >= 2, got ", dims_str(a.shape()), " and ",
+                     dims_str(b.shape()));
+  const long long m = a.size(-2), k = a.size(-1);
+  const long long bk = transpose_b ? b.size(-1) : b.size(-2);
+  const long long n = transpose_b ? b.size(-2) : b.size(-1);
+  if (bk != k)
+    fail<ShapeError>("matmul: `a` ", dims_str(a.shape()), " and `b` ", dims_str(b.shape()),
+                     transpose_b ? " (transposed)" : "", " disagree on the inner dim");
+  const std::size_t batch_rank = static_cast<std::size_t>(std::max(a.dim(), b.dim()) - 2);
+  Dims batch(batch_rank, 1);
+  for (std::size_t i = 0; i < batch_rank; ++i) {
+    const auto dim_of = [&](const Tensor& t) -> std::int64_t {
+      const std::size_t lead = batch_rank - static_cast<std::size_t>(t.dim() - 2);
+      return i < lead ? 1 : t.shape()[i - lead];
+    };
+    const std::int64_t x = dim_of(a), y = dim_of(b);
+    if (x != y && x != 1 && y != 1)
+      fail<ShapeError>("matmul: batch dims of `a` ", dims_str(a.shape()), " and `b` ",
+                       dims_str(b.shape()), " do not broadcast");
+    batch[i] = x == 1 ? y : x;
+  }
+  Dims want = batch;
+  want.push_back(m);
+  want.push_back(n);
+  if (out.shape() != want)
+    fail<ShapeError>("matmul: `out` must have shape ", dims_str(want), ", got ",
+                     dims_str(out.shape()));
+  if (detail::overlaps(out, a) || detail::overlaps(out, b))
+    fail<LayoutError>("matmul: `out` must not overlap `a` or `b`");
+  if (const Tensor* c = options.residual) {
+    check_matmul_device(*c, "residual");
+    if (!(c->device() == out.device()))
+      fail<DeviceError>("cuda matmul: `residual` must be on `out`'s device ", out.device().str(),
+                        ", got ", c->device().str());
+    check_dtype(*c, "residual", {DType::f32, DType::f16, DType::bf16});
+    if (c->shape() != out.shape())
+      fail<ShapeError>("matmul: `residual` must have `out`'s shape ", dims_str(out.shape()),
+                       ", got ", dims_str(c->shape()));
+    const bool same_view = c->raw_data() == out.raw_data() && c->strides() == out.strides() &&
+                           c->dtype() == out.dtype();
+    if (detail::overlaps(*c, out) && !same_view)
+      fail<LayoutError>("matmul: `residual` overlaps `out` (only the identical view is allowed)");
+    if (m == 0 || n == 0) return;
+    if (k == 0) return cast(*c, out);
+    MatmulOptions plain = options;
+    plain.residual = nullptr;
+    if (a.dtype() == b.dtype() && try_gemv(a, b, out, transpose_b, options)) return;
+    // cuBLASLt's own epilogue (beta = 1, C = the residual) where the product goes straight into
+    // out and the residual has out's dtype and strides: one launch, the same fp32 sum.
+    if (a.dtype() == b.dtype() && lt_output_allowed(a.dtype(), out.dtype()) &&
+        c->dtype() == out.dtype() && c->strides() == out.strides() && out.stride(-1) == 1) {
+      const MatrixLayout lo = layout_of(n, m, out.stride(-1), out.stride(-2));
+      if (lo.ok && !lo.transposed && lt_direct(a, b, out, transpose_b, batch, c)) {
+        g_lt_residual_epilogues.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
+    // Every other route: the product in f32 scratch, then one fp32 add rounded into out.
+    Tensor product = detail::scratch(out.shape(), DType::f32, out.device());
+    matmul(a, b, product, transpose_b, plain);
+    return cuda::binary(BinaryKind::add, product, *c, out);
+  }
+  if (m == 0 || n == 0) return;
+  if (k == 0) return fill(out, 0.0);
+
+  // Stage 2: dtypes.
+  if (a.dtype() != b.dtype()) {
+    const Tensor a32 = contiguous_copy(a, DType::f32), b32 = contiguous_copy(b, DType::f32);
+    return matmul(a32, b32, out, transpose_b);  // b32 is scratch the cast just wrote
+  }
+  if (try_gemv(a, b, out, transpose_b, options)) return;
+  if (!lt_output_allowed(a.dtype(), out.dtype()) || out.stride(-1) != 1 ||
+      layout_of(n, m, out.stride(-1), out.stride(-2)).transposed ||
+      !layout_of(n, m, out.stride(-1), out.stride(-2)).ok) {
+    Tensor staged = detail::scratch(
+        out.shape(), lt_output_allowed(a.dtype(), out.dtype()) ? out.dtype() : DType::f32,
+        out.device());
+    matmul(a, b, staged, transpose_b, options);
+    return cast(staged, out);
+  }
+
+  // Stage 3: layouts (Lt's A is b^T [n, k], Lt's B is a^T [k, m], D is out^T [n, m]).
+  const long long s_bk = transpose_b ? b.stride(-1) : b.stride(-2);
+  const long long s_bn = transpose_b ? b.stride(-2) : b.stride(-1);
+  const MatrixLayout lb = layout_of(n, k, s_bn, s_bk);
+  if (!lb.ok) return matmul(a, contiguous_copy(b, b.dtype()), out, transpose_b);
+  const MatrixLayout la = layout_of(k, m, a.stride(-1), a.stride(-2));
+  if (!la.ok) return matmul(contiguous_copy(a, a.dtype()), b, out, transpose_b, options);
+
+  if (lt_direct(a, b, out, transpose_b, batch, nullptr)) return;
+  // No algorithm for these leading dims / alignments: retry once on fresh contiguous copies,
+  // which are 256-byte aligned.
+  if (t_contiguous_retry)
+    fail<UnsupportedError>("cuda matmul: cuBLASLt has no algorithm for ", dims_str(a.shape()),
+                           " x ", dims_str(b.shape()), transpose_b ? " (transposed)" : "", " in ",
+                           dtype_name(a.dtype()), " -> ", dtype_name(out.dtype()));
+  t_contiguous_retry = true;
+  try {
+    Tensor staged = detail::scratch(out.shape(), out.dtype(), out.device());
+    matmul(contiguous_copy(a, a.dtype()), contiguous_copy(b, b.dtype()), staged, transpose_b);
+    cast(staged, out);
+  } catch (...) {
+    t_contiguous_retry = false;
+    throw;
+  }
+  t_contiguous_retry = false;
+}
 }  // namespace splice::cuda

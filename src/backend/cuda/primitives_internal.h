@@ -1,6 +1,8 @@
 // Internal helpers shared by the CUDA primitive sources (primitives.cu, primitives_gemm.cc).
 #pragma once
 
+#include <cstdint>
+
 #include "splice/core/tensor.h"
 
 namespace splice::cuda::detail {
@@ -15,5 +17,9 @@ Tensor scratch(const Dims& shape, DType dtype, Device device);
 
 // True when the byte ranges spanned by `a` and `b` in one storage intersect.
 bool overlaps(const Tensor& a, const Tensor& b);
+
+// Matmuls whose residual cuBLASLt's epilogue added (primitives_gemm.cc stage 1c; process-wide,
+// relaxed): tests check which route a residual took.
+std::uint64_t lt_residual_epilogues();
 
 }  // namespace splice::cuda::detail
