@@ -416,6 +416,50 @@ TEST(DefaultModel, RoundTripsThroughDiskAndDecodes) {
   fs::remove_all(dir);
 }
 
+// The default model's batched step with every fused arm chosen (8 sequences in lockstep,
+// distinct tokens), as a GPU decode step runs it: every logit against the reference, and no
+// reshape copies: the fused KDA and attention arms read the per-sequence views of the stacked
+// projections (column slices, strided once B > 1; the KDA projections padded from 1026 to 1032
+// rows) as views, so the profiled step times no Reshape node. (The decomposed arms keep 3 copies
+// of permuted values, one a KDA layer.)
+TEST(DefaultModel, BatchedFusedStepMatchesTheReferenceWithoutReshapeCopies) {
+  constexpr std::int64_t kBatch = 8;
+  const std::string dir = default_model_dir();
+  const ModelConfig config = load_config(dir);
+  const Weights weights = Weights::from_directory(dir);
+  BuildOptions options;
+  options.batch = kBatch;
+  options.max_seq_len = 16;
+  DecodeModel model = build_decode_model(config, weights, options);
+  OptimizeOptions o;
+  o.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 0 ? 2.0 : 1.0; };
+  optimize_graph(model.graph, model.attention_specs, o, model.kda_specs, model.layer_specs);
+  Session session(std::move(model.graph));
+  session.set_profile_nodes(true);
+  testing::ReferenceKdaModel reference(config, weights, kBatch);
+  Tensor tokens = Tensor::empty({kBatch}, DType::i32);  // [batch]
+  for (int step = 1; step <= 4; ++step) {
+    std::vector<std::int64_t> ids;
+    for (std::int64_t b = 0; b < kBatch; ++b) {
+      ids.push_back((13 * b + 5 * step) % config.vocab_size);
+      tokens.set({b}, static_cast<double>(ids.back()));
+    }
+    session.step({{"k_len", step}}, {{"tokens", tokens}});
+    const auto want = reference.step(ids);
+    Tensor expected = Tensor::empty({kBatch, config.vocab_size}, DType::f32);  // [batch, vocab]
+    for (std::int64_t b = 0; b < kBatch; ++b)
+      for (std::int64_t v = 0; v < config.vocab_size; ++v)
+        expected.set({b, v}, want[static_cast<std::size_t>(b)][static_cast<std::size_t>(v)]);
+    const CompareReport r =
+        compare_tensors(session.output("logits"), expected, Tolerance{kAtol, kRtol});
+    EXPECT_TRUE(r.ok) << "step " << step << ": " << r.str();
+    int reshape_copies = 0;
+    for (const NodeTime& t : session.last_node_times())
+      reshape_copies += session.graph().node(t.node).op == Op::Reshape;
+    EXPECT_EQ(reshape_copies, 0) << "step " << step;
+  }
+}
+
 TEST(DefaultModel, CacheDirIsWrittenOnceAndReused) {
   namespace fs = std::filesystem;
   const fs::path root =
