@@ -9,11 +9,11 @@
 #     -DCMAKE_PREFIX_PATH=/usr -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
 #     -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
 #   cmake --build build/bundle -j2 --target cuda_all_test splice kda_decode_cuda_bench \
-#     flash_decode_cuda_bench gemv_cuda_bench
+#     flash_decode_cuda_bench gemv_cuda_bench layer_ops_cuda_bench
 # KIND:
 #   refresh   .gpubin/pack/refresh1.tgz (head/cuda_all_test, head/kda_decode_cuda_bench),
 #             refresh2.tgz (head/splice, head/flash_decode_cuda_bench) and refresh3.tgz
-#             (head/gemv_cuda_bench, 12 MB) for dev/refresh_call.sh
+#             (head/gemv_cuda_bench, head/layer_ops_cuda_bench) for dev/refresh_call.sh
 #   variants  .gpubin/pack/variants.tgz for dev/variant_ab_call.sh: head/kda_decode_cuda_bench,
 #             and for each PATCH (a dev/*.patch touching src/backend/cuda/kda_decode*) a directory
 #             named after it with cuda_all_test and kda_decode_cuda_bench: kda_decode.cu of a
@@ -45,7 +45,7 @@ shift
 # Every packed executable newer than every source (session 42: a bench linked before the
 # library's last rebuild went out as `head`, carrying a patch the sources had lost).
 for exe in tests/cuda_all_test bench/kda_decode_cuda_bench bench/flash_decode_cuda_bench \
-    bench/gemv_cuda_bench splice; do
+    bench/gemv_cuda_bench bench/layer_ops_cuda_bench splice; do
   [[ -e $B/$exe ]] || continue
   dirs="src include"; [[ $exe == splice ]] && dirs+=" tools"
   stale=$(find $dirs -newer "$B/$exe" -type f | head -3)
@@ -74,6 +74,7 @@ case $kind in
     put "$B/splice" r2/head
     put "$B/bench/flash_decode_cuda_bench" r2/head
     put "$B/bench/gemv_cuda_bench" r3/head
+    put "$B/bench/layer_ops_cuda_bench" r3/head
     tar czf .gpubin/pack/refresh1.tgz -C "$W/r1" .
     tar czf .gpubin/pack/refresh2.tgz -C "$W/r2" .
     tar czf .gpubin/pack/refresh3.tgz -C "$W/r3" .

@@ -5,7 +5,8 @@
 # under the carry limit (64 MiB with .deps and .whl):
 #   refresh1.tgz: head/cuda_all_test, head/kda_decode_cuda_bench
 #   refresh2.tgz: head/splice, head/flash_decode_cuda_bench
-#   refresh3.tgz: head/gemv_cuda_bench (the `gemv` phase; 12 MB, so carried with refresh2, not 1)
+#   refresh3.tgz: head/gemv_cuda_bench, head/layer_ops_cuda_bench (the `gemv` and `layer_ops`
+#                 phases; carried with refresh2 or refresh1, not both)
 # each `tar czf .gpubin/pack/refreshN.tgz -C /tmp/refresh-pack FILES`; then
 #   run(command="dev/refresh_call.sh control tests kda",
 #       carry=[".gpubin/pack/refresh1.tgz", ".deps", ".whl"])
@@ -22,6 +23,8 @@
 #   model      the Llama cross-check and SmolLM2-shaped speed beside transformers; the default model
 #              at batch 1 and 32 (`--profile 8`: every node timed)
 #   gemv       the GEMV against cuBLASLt at M = 1, 2, 4, 8 (gemv_cuda_bench: the routing rule's table)
+#   layer_ops  the fused layer ops against their chains (layer_ops_cuda_bench smollm2: SmolLM2's
+#              shapes and the default model's batched products at M = 1, 2, 4, 8)
 # Output: summary.txt (everything printed), logs.tgz, kda_table.txt, attention_table.txt,
 # model_table.txt, and the benches' JSON (kda.json, attention.json).
 set -uo pipefail
@@ -164,6 +167,13 @@ phase_gemv() {
   timeout 240 "$P/head/gemv_cuda_bench" "$L/gemv.json" >"$OUT/gemv_table.txt" 2>&1 ||
     echo "gemv bench rc=$?"
   cat "$OUT/gemv_table.txt"
+}
+
+phase_layer_ops() {
+  echo "== layer_ops (at $(el) s)"
+  timeout 240 "$P/head/layer_ops_cuda_bench" "$L/layer_ops.json" 30 smollm2 \
+    >"$OUT/layer_ops_table.txt" 2>&1 || echo "layer_ops bench rc=$?"
+  cat "$OUT/layer_ops_table.txt"
 }
 
 for phase in "$@"; do "phase_$phase"; done

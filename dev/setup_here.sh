@@ -29,7 +29,7 @@ step "build/bundle"
 cmake -S . -B build/bundle -DCMAKE_BUILD_TYPE=Release -DSPLICE_BUILD_TESTS=ON \
   -DSPLICE_BUILD_BENCH=ON -DSPLICE_GPU_TEST_BUNDLE=ON -DBLA_VENDOR=Generic "${cuda20[@]}" >/dev/null
 cmake --build build/bundle -j"$(nproc)" --target cuda_all_test splice kda_decode_cuda_bench \
-  flash_decode_cuda_bench gemv_cuda_bench >/tmp/setup_bundle.log 2>&1 || { tail -20 /tmp/setup_bundle.log; exit 1; }
+  flash_decode_cuda_bench gemv_cuda_bench layer_ops_cuda_bench >/tmp/setup_bundle.log 2>&1 || { tail -20 /tmp/setup_bundle.log; exit 1; }
 if [[ ${SETUP_ATTR:-1} != 0 ]]; then
   step "build/kdaattr"
   cmake -S . -B build/kdaattr -DCMAKE_BUILD_TYPE=Release -DSPLICE_BUILD_BENCH=ON \

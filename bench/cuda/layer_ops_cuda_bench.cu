@@ -26,6 +26,9 @@
 //   5c. qkv_rope: rms_norm_matmul_rope_kv_append (the q|k|v GEMV with the RoPE and KV-append
 //      epilogue, one launch) against rms_norm_matmul then rope_kv_append (2), SmolLM2's shape
 //      (K <= 2048 only).
+//   5d. The default model's batched products at M = 1, 2, 4, 8 rows: rms_norm_matmul (its KDA
+//      input projections, 1032 x 256) and rms_norm_matmul_swiglu (gate|up, 1024 x 256) against
+//      their chains; run in every mode, smollm2 included (small weights, milliseconds).
 //   6. Output: one row per op and shape (fused us with and without PDL, primitive us with and
 //      without PDL, kernels, ratio) and JSON at argv[1] (default layer_ops_cuda_bench.json);
 //      argv[2] the replays (default 30), argv[3] "smollm2": the SmolLM2 shapes only.
@@ -333,16 +336,17 @@ Row bench_layer_mix(splice::Rng& rng, std::int64_t hidden, std::int64_t inter, s
 // shapes' weights stay in the 50 MB L2 across the 100 captured calls, which flatters both arms
 // alike; the point is the launch saved.
 Row bench_rms_norm_matmul(splice::Rng& rng, std::int64_t hidden, std::int64_t n, int reps,
-                          cuda::Stream stream) {
-  const Tensor x = device_random(rng, {1, hidden}, DType::bf16);             // [1, K]
+                          cuda::Stream stream, std::int64_t rows = 1) {
+  const Tensor x = device_random(rng, {rows, hidden}, DType::bf16);          // [M, K]
   const Tensor norm = device_random(rng, {hidden}, DType::bf16, 1.0, 0.1);   // [K]
   const Tensor w = device_random(rng, {n, hidden}, DType::bf16, 0.0, 0.04);  // [N, K]
-  Tensor fused = device_empty({1, n}, DType::bf16), chain = device_empty({1, n}, DType::bf16);
-  Tensor xn = device_empty({1, hidden}, DType::bf16);  // [1, K]
+  Tensor fused = device_empty({rows, n}, DType::bf16);                       // [M, N]
+  Tensor chain = device_empty({rows, n}, DType::bf16);                       // [M, N]
+  Tensor xn = device_empty({rows, hidden}, DType::bf16);                     // [M, K]
   cuda::MatmulOptions options;
   options.b_constant = true;
-  Row row{"rms_norm_matmul", "[1, " + std::to_string(hidden) + "] x [" + std::to_string(n) + ", " +
-                                 std::to_string(hidden) + "]"};
+  Row row{"rms_norm_matmul", "[" + std::to_string(rows) + ", " + std::to_string(hidden) + "] x [" +
+                                 std::to_string(n) + ", " + std::to_string(hidden) + "]"};
   row.fused_us = time_arm([&] { cuda::rms_norm_matmul(x, norm, kEps, w, fused, true); }, reps,
                           stream, &row.fused_us_no_pdl);
   row.primitive_us = time_arm(
@@ -353,6 +357,39 @@ Row bench_rms_norm_matmul(splice::Rng& rng, std::int64_t hidden, std::int64_t n,
       reps, stream, &row.primitive_us_no_pdl);
   row.primitive_kernels = 2;
   row.bytes = 2.0 * static_cast<double>(n) * hidden;
+  row.max_abs_diff = max_abs_diff(fused, chain);
+  return row;
+}
+
+// The gate|up product with the SwiGLU epilogue (rms_norm_matmul_swiglu: one launch at one row,
+// rms_norm_matmul then silu_mul at more) against its three-kernel chain (rms_norm, matmul,
+// silu_mul), M rows: at M > 1 the op's own two kernels, so the row shows what a multi-row SwiGLU
+// epilogue could save. Bytes: the weight read once.
+Row bench_rms_norm_matmul_swiglu(splice::Rng& rng, std::int64_t hidden, std::int64_t inter,
+                                 std::int64_t rows, int reps, cuda::Stream stream) {
+  const Tensor x = device_random(rng, {rows, hidden}, DType::bf16);                  // [M, K]
+  const Tensor norm = device_random(rng, {hidden}, DType::bf16, 1.0, 0.1);           // [K]
+  const Tensor w = device_random(rng, {2 * inter, hidden}, DType::bf16, 0.0, 0.04);  // [2I, K]
+  Tensor fused = device_empty({rows, inter}, DType::bf16);                           // [M, I]
+  Tensor chain = device_empty({rows, inter}, DType::bf16);                           // [M, I]
+  Tensor xn = device_empty({rows, hidden}, DType::bf16);                             // [M, K]
+  Tensor y = device_empty({rows, 2 * inter}, DType::bf16);  // [M, 2I]: gate | up
+  cuda::MatmulOptions options;
+  options.b_constant = true;
+  Row row{"rms_norm_mm_swiglu", "[" + std::to_string(rows) + ", " + std::to_string(hidden) +
+                                    "] x [" + std::to_string(2 * inter) + ", " +
+                                    std::to_string(hidden) + "]"};
+  row.fused_us = time_arm([&] { cuda::rms_norm_matmul_swiglu(x, norm, kEps, w, fused, true); },
+                          reps, stream, &row.fused_us_no_pdl);
+  row.primitive_us = time_arm(
+      [&] {
+        cuda::rms_norm(x, norm, kEps, xn);
+        cuda::matmul(xn, w, y, /*transpose_b=*/true, options);
+        cuda::silu_mul(y.slice(1, 0, inter), y.slice(1, inter, 2 * inter), chain);
+      },
+      reps, stream, &row.primitive_us_no_pdl);
+  row.primitive_kernels = 3;
+  row.bytes = 2.0 * static_cast<double>(2 * inter) * hidden;
   row.max_abs_diff = max_abs_diff(fused, chain);
   return row;
 }
@@ -505,6 +542,15 @@ int main(int argc, char** argv) {
       add("qkv_rope",
           [&] { return bench_qkv_rope(rng, hidden, heads, kv_heads, dim, reps, stream); });
     if (smollm2_only) break;  // the first shape set is SmolLM2's
+  }
+  // 5d. The embedded default model's batched products (hidden 256, its KDA layers' stacked input
+  // projections 1032 rows, gate|up 2 x 512) at M = 1, 2, 4, 8 rows: the norm prologue's cost
+  // beside gemv_cuda_bench's plain products of the same weights, and the SwiGLU epilogue's.
+  for (const std::int64_t rows : {1, 2, 4, 8}) {
+    add("rms_norm_matmul",
+        [&] { return bench_rms_norm_matmul(rng, 256, 1032, reps, stream, rows); });
+    add("rms_norm_mm_swiglu",
+        [&] { return bench_rms_norm_matmul_swiglu(rng, 256, 512, rows, reps, stream); });
   }
   std::ofstream json(json_path);
   json << "[\n";
