@@ -7,6 +7,11 @@
 //      buffer, then each input into its session-owned device buffer;
 //   c. the arm choice's state machine: new -> (refused: eager for good) | warm-up (eager) ->
 //      capture (run the nodes under stream capture, instantiate, launch) -> replay (launch).
+//      The warm-up keeps every scratch tensor it takes until its capture, which releases them
+//      and so finds one cached block for each scratch request (cudaMalloc is refused while a
+//      stream captures); a captured graph keeps its scratch for good.
+// Reshape nodes are views of their input whenever the strides allow one (Tensor::view_reshape),
+// strided inputs included; the planner counts a reshape as an alias of its input.
 // The graph's launches read offsets and lengths from the step-scalar buffer, inputs from the
 // staged buffers and write the same arena, so a replay computes this step's values.
 #include "splice/exec/session.h"
