@@ -23,6 +23,8 @@
 #   model      the Llama cross-check and SmolLM2-shaped speed beside transformers; the default model
 #              at batch 1 and 32 (`--profile 8`: every node timed)
 #   gemv       the GEMV against cuBLASLt at M = 1, 2, 4, 8 (gemv_cuda_bench: the routing rule's table)
+#   ptx        CUDA_FORCE_PTX_JIT=1: the KDA, flash and session-graph tests on the fatbin's
+#              compute_90 PTX, JIT-compiled as on a GPU after Hopper (issue 6)
 #   layer_ops  the fused layer ops against their chains (layer_ops_cuda_bench smollm2: SmolLM2's
 #              shapes and the default model's batched products at M = 1, 2, 4, 8)
 # Output: summary.txt (everything printed), logs.tgz, kda_table.txt, attention_table.txt,
@@ -167,6 +169,16 @@ phase_gemv() {
   timeout 240 "$P/head/gemv_cuda_bench" "$L/gemv.json" >"$OUT/gemv_table.txt" 2>&1 ||
     echo "gemv bench rc=$?"
   cat "$OUT/gemv_table.txt"
+}
+
+# The compute_90 PTX (what a GPU after Hopper JIT-compiles) in place of the sm_90a SASS.
+phase_ptx() {
+  echo "== ptx: CUDA_FORCE_PTX_JIT=1 (at $(el) s)"
+  local s=$SECONDS
+  CUDA_FORCE_PTX_JIT=1 timeout 400 "$P/head/cuda_all_test" \
+    --gtest_filter='KdaCuda.T1Grid:KdaCuda.PackedGrid:KdaCuda.PlainPackedT1Agree:FlashDecodeCuda.OddLengthsWithPoisonedTails:FlashDecodeCuda.ClusterMergeIsBitwiseTheGlobalMerge:CudaSessionGraph.*' \
+    >"$L/ptx.txt" 2>&1
+  echo "ptx: rc $? in $((SECONDS - s)) s: $(grep -c '^\[       OK \]' "$L/ptx.txt") passed, $(grep '^\[  FAILED  \] [A-Za-z]' "$L/ptx.txt" | grep -vc 'listed below') failed"
 }
 
 phase_layer_ops() {
