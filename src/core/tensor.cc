@@ -237,6 +237,22 @@ std::optional<Tensor> Tensor::view_reshape(const Dims& shape) const {
   return view_of(storage_, offset_, shape, strides, dtype_);
 }
 
+Tensor Tensor::expand(const Dims& shape) const {
+  const auto lead = static_cast<std::int64_t>(shape.size()) - dim();
+  if (lead < 0) fail<ShapeError>("cannot expand ", dims_str(shape_), " to ", dims_str(shape));
+  Dims strides(shape.size(), 0);
+  for (std::int64_t d = 0; d < dim(); ++d) {
+    const std::int64_t to = shape[static_cast<std::size_t>(lead + d)];
+    if (shape_[d] == to) {
+      strides[static_cast<std::size_t>(lead + d)] = strides_[d];
+    } else if (shape_[d] != 1) {
+      fail<ShapeError>("cannot expand ", dims_str(shape_), " to ", dims_str(shape), ": dim ", d,
+                       " is ", shape_[d], ", not 1 or ", to);
+    }
+  }
+  return view_of(storage_, offset_, shape, strides, dtype_);
+}
+
 Tensor Tensor::unsqueeze(std::int64_t axis) const {
   const std::int64_t a = axis < 0 ? axis + dim() + 1 : axis;
   if (a < 0 || a > dim()) fail<ShapeError>("unsqueeze axis ", axis, " out of range");

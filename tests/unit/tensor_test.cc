@@ -75,6 +75,22 @@ TEST(Tensor, ViewReshapeSplitsAndMergesContiguousRunsOnly) {
   EXPECT_THROW((void)cols.view_reshape({5, 5}), ShapeError);
 }
 
+// expand: a broadcast view (stride 0 on broadcast dims) sharing storage; bad shapes are errors.
+TEST(Tensor, ExpandBroadcastsWithZeroStrides) {
+  Tensor bias = Tensor::empty({3}, DType::f32);  // [3]
+  for (std::int64_t i = 0; i < 3; ++i) bias.set({i}, static_cast<double>(i + 1));
+  const Tensor rows = bias.expand({4, 1, 3});  // [4, 1, 3]
+  EXPECT_EQ(rows.strides(), (Dims{0, 0, 1}));
+  EXPECT_EQ(rows.raw_data(), bias.raw_data());
+  for (std::int64_t r = 0; r < 4; ++r)
+    for (std::int64_t i = 0; i < 3; ++i) EXPECT_EQ(rows.at({r, 0, i}), i + 1.0);
+  const Tensor column = Tensor::empty({2, 1}, DType::f32).expand({2, 5});  // [2, 5]
+  EXPECT_EQ(column.strides(), (Dims{1, 0}));
+  EXPECT_EQ(bias.expand({3}).strides(), bias.strides());
+  EXPECT_THROW((void)bias.expand({4, 2}), ShapeError);  // 3 is neither 1 nor 2
+  EXPECT_THROW((void)rows.expand({1, 3}), ShapeError);  // fewer dims than the tensor
+}
+
 TEST(Tensor, BorrowedAndCasts) {
   float buffer[6] = {1, 2, 3, 4, 5, 6};
   {

@@ -99,6 +99,10 @@ class Tensor {
   // nullopt where the strides allow no view (a copy is needed).
   std::optional<Tensor> view_reshape(const Dims& shape) const;
   Tensor unsqueeze(std::int64_t axis) const;
+  // A view of this tensor broadcast to `shape` (numpy's broadcast_to, torch's expand): dims
+  // aligned from the last, each of size 1 or `shape`'s, missing leading dims added; a broadcast
+  // dim gets stride 0. ShapeError where the shapes do not broadcast.
+  Tensor expand(const Dims& shape) const;
 
   // A contiguous deep copy (CPU).
   Tensor contiguous() const;
