@@ -289,9 +289,17 @@ Inferred infer_node(const Graph& g, const Node& n) {
                          sym_shape_str(a), " and b ", sym_shape_str(b));
       SymShape y(a.begin(), a.end() - 1);
       y.push_back(b[0]);
-      if (!same_shape(c, y))
-        fail<GraphError>("matmul_add: `c` must have the product's shape ", sym_shape_str(y),
-                         ", got ", sym_shape_str(c));
+      // c: the product's shape, or one that broadcasts to it (a bias [N]: the biased linear).
+      const bool broadcasts = c.size() <= y.size() && [&] {
+        try {
+          return same_shape(broadcast_shapes(y, c, "matmul_add"), y);
+        } catch (const GraphError&) {
+          return false;
+        }
+      }();
+      if (!broadcasts)
+        fail<GraphError>("matmul_add: `c` must have (or broadcast to) the product's shape ",
+                         sym_shape_str(y), ", got ", sym_shape_str(c));
       return {y, n.dtype};
     }
     case Op::RmsNormMatMul: {
@@ -318,8 +326,8 @@ Inferred infer_node(const Graph& g, const Node& n) {
       require_float(in(2).dtype, n, "w");
       require_float(n.dtype, n, "out");
       const SymShape &x = in(0).shape, &nw = in(1).shape, &w = in(2).shape;
-      if (x.size() < 2 || nw.size() != 1 || !nw[0].structurally_equal(x.back()) || w.size() != 2 ||
-          !w[1].structurally_equal(x.back()))
+      if (x.size() < 2 || nw.size() != 1 || !nw[0].structurally_equal(x.back()) ||
+          w.size() != 2 || !w[1].structurally_equal(x.back()))
         fail<GraphError>(
             "rms_norm_matmul_swiglu: `x` must be [..., M, K], `norm_weight` [K] and `w` [2I, K], "
             "got x ",

@@ -151,7 +151,7 @@ struct Builder {
     const NodeId flat = g.reshape(h, {B, SymExpr(hidden)});
     // Projections of `flat` (each a bf16 linear like torch's, rounded at its output): with
     // stack_projections one matmul over the stacked q, k, v, f_proj.0, b_proj, g_proj.0 weights,
-    // whose q|k|v columns are x (a contiguous copy only when batch rows make the view strided).
+    // whose q|k|v columns are x (a view, strided when the batch has several rows).
     // (b_proj's few rows last, so every view that feeds a matmul or the fused op starts at a
     // multiple of a head dim: 16-byte aligned.)
     const Parts parts = {{p + "attn.q_proj.", kd},   {p + "attn.k_proj.", kd},
@@ -179,8 +179,10 @@ struct Builder {
         L(layers::linear(g, f_low, param(p + "attn.f_proj.1.weight", {gate_dim, Dv})),
           "raw_gate");                                // [B, HV*Dk]
     const NodeId raw_beta = L(beta_low, "raw_beta");  // [B, HV]
+    // The output gate's product and bias add: a matmul_add region (the bias broadcast).
     const NodeId out_gate = L(layers::linear(g, g_low, param(p + "attn.g_proj.1.weight", {vd, Dv}),
-                                             param(p + "attn.g_proj.1.bias", {vd})),
+                                             param(p + "attn.g_proj.1.bias", {vd}), &m.layer_specs,
+                                             site + ".output_gate"),
                               "output_gate");  // [B, HV*Dv]
     const NodeId A_log = param(p + "attn.A_log", {HV}, DType::f32);
     const NodeId dt_bias = param(p + "attn.dt_bias", {gate_dim}, DType::f32);

@@ -120,7 +120,8 @@ NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype,
   return end_region(g, out, std::move(spec), specs, site);
 }
 
-NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias) {
+NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias,
+              std::vector<LayerOpSpec>* specs, const std::string& site) {
   NodeId y = g.matmul(x, weight, /*transpose_b=*/true);
   // The product named after its weight ("model.layers.0.attn.in_proj" for a param named
   // "...in_proj.weight"), so profiles and printed graphs say which linear it is; a caller's
@@ -130,8 +131,13 @@ NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias) {
   if (w.op == Op::Param && w.attrs.name.size() > suffix.size() &&
       w.attrs.name.ends_with(suffix))
     y = g.labeled(y, w.attrs.name.substr(0, w.attrs.name.size() - suffix.size()));
-  if (bias) y = g.binary(Op::Add, y, *bias);
-  return y;
+  if (!bias) return y;
+  const NodeId out = g.binary(Op::Add, y, *bias);
+  if (g.node(weight).shape.size() != 2) return out;
+  LayerOpSpec spec;
+  spec.kind = LayerOpKind::matmul_add;
+  spec.inputs = {x, weight, *bias};
+  return end_region(g, out, std::move(spec), specs, site);
 }
 
 NodeId linear_residual(Graph& g, NodeId residual, NodeId x, NodeId weight,

@@ -186,17 +186,27 @@ void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor&
   const char* op = "matmul_add";
   const Device device = common_device(op, {{"a", a}, {"b", b}, {"c", c}, {"out", out}});
   check_contract(contract_for(device, op), LayerOpKind::matmul_add, a.dtype(), last_dim(a));
+  // A c that broadcasts to out (a bias [N]) is read through a stride-0 view of out's shape.
+  Tensor residual = c;
+  if (c.shape() != out.shape()) {
+    try {
+      residual = c.expand(out.shape());
+    } catch (const ShapeError&) {
+      fail<ShapeError>(op, ": `c` ", dims_str(c.shape()), " does not broadcast to `out` ",
+                       dims_str(out.shape()));
+    }
+  }
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) {
     if (b.dim() != 2) fail<ShapeError>(op, ": `b` must be [N, K], got ", dims_str(b.shape()));
     cuda::MatmulOptions options;
     options.b_constant = b_constant;
-    options.residual = &c;
+    options.residual = &residual;
     return cuda::matmul(a, b, out, /*transpose_b=*/true, options);
   }
 #endif
   (void)b_constant;  // a CPU kernel has no launch ordering to relax
-  cpu::matmul_add(a, b, c, out);
+  cpu::matmul_add(a, b, residual, out);
 }
 
 void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,

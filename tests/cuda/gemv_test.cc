@@ -42,7 +42,8 @@
 //     rows (M = 1, 3) and cuBLASLt rows (M = 9) in bf16 and f32, a residual of another dtype, a
 //     strided residual, and c = out itself (h += linear(x)), against the CPU's f32 product plus c;
 //     which cuBLASLt cases take its own epilogue (beta = 1), also over batch dims.
-//  9. fused_matmul_add (the MatMulAdd layer op) on CUDA against cpu::matmul_add.
+//  9. fused_matmul_add (the MatMulAdd layer op) on CUDA against cpu::matmul_add, and with a bias
+//     c [N] broadcast over the rows (the biased linear's region) against the CPU op.
 //  7. A Session marks a MatMul whose weight is a Param as constant (the prefetch path) and one
 //     whose b is an Input not, and both agree with the CPU.
 //  10. The rms_norm / silu_mul prologue products, and the in-place residual epilogue and the
@@ -599,6 +600,32 @@ TEST(CudaGemv, FusedMatMulAddLayerOpAgainstTheCpuKernel) {
         << "m " << m;
   }
 }
+
+// The MatMulAdd layer op with a bias c [n] (the biased linear's region): broadcast over the rows
+// through a stride-0 view, on the GEMV (1, 3 rows: its per-row c pointers) and cuBLASLt (9 rows:
+// the scratch product and a broadcasting add, not cuBLASLt's epilogue, whose C has out's
+// strides), against the CPU op.
+TEST(CudaGemv, FusedMatMulAddBroadcastsABias) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(41);
+  constexpr std::int64_t kN = 256, kK = 128;  // the default model's g_proj.1
+  for (std::int64_t m : {1, 3, 9}) {
+    const DType dtype = DType::bf16;
+    const Tensor a = testing::random_tensor(rng, {m, kK}, dtype);             // [m, k]
+    const Tensor b = testing::random_tensor(rng, {kN, kK}, dtype, 1.0 / 16);  // [n, k]
+    const Tensor bias = testing::random_tensor(rng, {kN}, dtype);              // [n]
+    Tensor want = Tensor::empty({m, kN}, dtype);                               // [m, n]
+    fused_matmul_add(a, b, bias, want);
+    const Device d = Device::cuda();
+    Tensor got = Tensor::empty({m, kN}, dtype, d);
+    const std::uint64_t epilogues = cuda::detail::lt_residual_epilogues();
+    fused_matmul_add(a.to_device(d), b.to_device(d), bias.to_device(d), got, /*b_constant=*/true);
+    EXPECT_EQ(cuda::detail::lt_residual_epilogues(), epilogues) << "m " << m;
+    EXPECT_TRUE(testing::close(got.to_device(Device::cpu()), want, default_tolerance(dtype)))
+        << "m " << m;
+  }
+}
+
 // ---- 8b. the residual epilogue through cuda::matmul ---------------------------------------
 
 TEST(CudaGemv, ResidualEpilogueAgainstCpu) {

@@ -152,8 +152,9 @@ TEST(LayerOpsE2e, DefaultKdaModelGreedyTokensAndLogitsMatchWithAndWithoutFusedLa
   // 4 layers x (the mixer's norm fused with its stacked input projection and the MLP norm with
   // gate|up (rms_norm_matmul), the mixer's o_proj residual (matmul_add), the region around the
   // gate|up product and SwiGLU's activation (rms_norm_matmul_swiglu), down_proj with its residual
-  // (matmul_add)), the attention layer's rope, the final norm with lm_head (rms_norm_matmul).
-  EXPECT_EQ(model.layer_specs.size(), 4u * 5u + 1u + 1u);
+  // (matmul_add)), the attention layer's rope, the final norm with lm_head (rms_norm_matmul),
+  // and each KDA layer's output gate, its g_proj.1 product with its bias (matmul_add).
+  EXPECT_EQ(model.layer_specs.size(), 4u * 5u + 1u + 1u + 3u);
   int norm_products = 0;
   for (const LayerOpSpec& s : model.layer_specs) {
     norm_products += s.kind == LayerOpKind::rms_norm_matmul;
@@ -211,8 +212,8 @@ TEST(LayerOpsE2e, DefaultKdaModelTeacherForcedLogitsMatchWithAndWithoutMatMulAdd
   const Decode plain = greedy(build_decode_model(config, weights, build), true, false);
   const Decode fused =
       greedy(build_decode_model(config, weights, build), true, true, &plain.tokens);
-  // + the mixer and down_proj residuals of 4 layers
-  EXPECT_EQ(fused.fused_layer_ops, 14 + 8);
+  // + the mixer and down_proj residuals of 4 layers, the 3 KDA layers' output-gate biases
+  EXPECT_EQ(fused.fused_layer_ops, 14 + 8 + 3);
   expect_close_decode(fused, plain, /*same_tokens=*/false);
 }
 

@@ -1,5 +1,6 @@
 // The MatMulAdd layer op on the graph side: layers::linear_residual emits residual + x @ W^T with
-// a matmul_add LayerOpSpec (none with a bias or a broadcasting residual); the offer splices
+// a matmul_add LayerOpSpec (none with a bias or a broadcasting residual), layers::linear with a
+// bias x @ W^T + bias with one whose c is the bias (broadcast by the fused op); the offer splices
 // Op::MatMulAdd as arm 1 and both arms agree within the matmul_add tolerance on the CPU (the
 // fused arm rounds once where the region rounds the product first); optimize_graph verifies and
 // chooses it; declines leave the graph byte-identical; malformed specs and ill-typed nodes are
@@ -116,6 +117,41 @@ TEST(MatMulAddBranch, NoSpecWithABiasOrABroadcastResidual) {
   EXPECT_TRUE(residual_region(DType::bf16, 1, false, /*broadcast=*/true).specs.empty());
 }
 
+// A biased linear with specs (layers::linear): x @ W^T + bias is a matmul_add region whose c is
+// the bias [kOut], broadcast over the rows by the fused op; both arms agree on the CPU, and the
+// optimizer verifies and chooses the fused arm.
+TEST(MatMulAddBranch, BiasedLinearIsARegionWithABroadcastBias) {
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const auto build = [&] {
+      Region r;
+      Rng rng(11);
+      const NodeId w = r.graph.param("w", testing::random_tensor(rng, {kOut, kIn}, dtype, 0.1));
+      const NodeId b = r.graph.param("b", testing::random_tensor(rng, {kOut}, dtype));
+      const NodeId x = r.graph.input("x", {SymExpr(3), SymExpr(kIn)}, dtype);  // [3, kIn]
+      r.graph.mark_output("y", layers::linear(r.graph, x, w, b, &r.specs, "gate"));
+      return r;
+    };
+    Region probe = build();
+    ASSERT_EQ(probe.specs.size(), 1u);
+    EXPECT_EQ(probe.specs[0].kind, LayerOpKind::matmul_add);
+    EXPECT_EQ(probe.graph.node(probe.specs[0].inputs[2]).shape.size(), 1u);  // c: the bias
+    Tolerance tol = default_tolerance(dtype);
+    if (dtype != DType::f32) tol.atol *= 4;
+    EXPECT_TRUE(testing::close(run_arm(build(), 1), run_arm(build(), 0), tol));
+    Region r = build();
+    OptimizeOptions opt;
+    opt.tune.warmup = 0;
+    opt.tune.repeats = 1;
+    opt.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+    const DecisionLog log = optimize_graph(r.graph, {}, opt, {}, r.specs);
+    ASSERT_EQ(log.entries().size(), 1u);
+    EXPECT_EQ(log.entries()[0].collapsed_to, 1) << log.entries()[0].reason;
+    EXPECT_EQ(count_op(r.graph, Op::MatMulAdd), 1);
+    EXPECT_EQ(count_op(r.graph, Op::Add), 0);
+  }
+}
+
 TEST(MatMulAddBranch, DeclinesLeaveTheGraphUntouchedAndSayWhy) {
   Region r = residual_region(DType::bf16);
   const std::string before = print_graph(r.graph);
@@ -156,6 +192,16 @@ TEST(MatMulAddBranch, MalformedSpecsAndNodesAreGraphErrors) {
   EXPECT_EQ(g.node(y).shape.size(), 2u);
   EXPECT_NE(print_graph(g).find("matmul_add"), std::string::npos);
   EXPECT_THROW(g.matmul_add(a, a, c, DType::bf16), GraphError);  // b [3, 8]: product [3, 3]
+  // c broadcasts to the product: a bias [5] or [1, 5]; not [2, 5] nor [1, 3, 5].
+  EXPECT_EQ(g.node(g.matmul_add(a, b, g.input("bias", {SymExpr(5)}, DType::f32), DType::bf16))
+                .shape.size(),
+            2u);
+  (void)g.matmul_add(a, b, g.input("bias_row", {SymExpr(1), SymExpr(5)}, DType::f32), DType::bf16);
+  EXPECT_THROW(g.matmul_add(a, b, g.input("c2", {SymExpr(2), SymExpr(5)}, DType::f32), DType::bf16),
+               GraphError);
+  EXPECT_THROW(g.matmul_add(a, b, g.input("c3", {SymExpr(1), SymExpr(3), SymExpr(5)}, DType::f32),
+                            DType::bf16),
+               GraphError);
   const NodeId b32 = g.input("b32", {SymExpr(5), SymExpr(8)}, DType::f32);
   EXPECT_THROW(g.matmul_add(a, b32, c, DType::bf16), GraphError);  // a and b differ in dtype
   verify_graph(g);

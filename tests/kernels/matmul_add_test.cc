@@ -112,6 +112,26 @@ TEST(MatMulAddKernel, PublicOpMatchesTheKernel) {
   EXPECT_STREQ(layer_op_name(LayerOpKind::matmul_add), "matmul_add");
 }
 
+// The public op broadcasts a c of fewer dims (a bias [N]) over out's rows: bit for bit the kernel
+// on the expanded view; a c that does not broadcast is a ShapeError naming it.
+TEST(MatMulAddKernel, PublicOpBroadcastsABias) {
+  Rng rng(8);
+  const Tensor a = testing::random_tensor(rng, {2, 3, 64}, DType::bf16);       // [2, 3, K]
+  const Tensor b = testing::random_tensor(rng, {32, 64}, DType::bf16, 0.125);  // [N, K]
+  const Tensor bias = testing::random_tensor(rng, {32}, DType::bf16);          // [N]
+  Tensor want = Tensor::empty({2, 3, 32}, DType::bf16), got = want.clone();    // [2, 3, N]
+  cpu::matmul_add(a, b, bias.expand({2, 3, 32}), want);
+  fused_matmul_add(a, b, bias, got);
+  EXPECT_TRUE(testing::bit_equal(got, want));
+  try {
+    fused_matmul_add(a, b, testing::random_tensor(rng, {31}, DType::bf16), got);
+    ADD_FAILURE() << "a c of 31 columns for 32 was accepted";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("`c` [31] does not broadcast"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(MatMulAddKernel, Errors) {
   Rng rng(7);
   const Tensor a = testing::random_tensor(rng, {2, 8}, DType::f32);

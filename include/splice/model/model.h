@@ -85,8 +85,10 @@ namespace layers {
 NodeId rms_norm(Graph& g, NodeId x, NodeId weight, double eps, DType out_dtype,
                 std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
 // x @ W^T (+ bias) for a Hugging Face [out, in] weight; the product is labelled after a weight
-// param named "<linear>.weight".
-NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias = {});
+// param named "<linear>.weight". With a bias and `specs`, the product and its bias add are a
+// matmul_add region (inputs {x, weight, bias}; the fused op broadcasts the bias over the rows).
+NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias = {},
+              std::vector<LayerOpSpec>* specs = nullptr, const std::string& site = "");
 // residual + x @ W^T (+ bias): a linear layer and its residual add. Without a bias and with the
 // residual of the product's shape, the region is a matmul_add LayerOpSpec (inputs {x, weight,
 // residual}) so the optimizer can offer Op::MatMulAdd beside it; `label` names the add.

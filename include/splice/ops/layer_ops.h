@@ -56,9 +56,10 @@ void fused_rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_we
                                           bool position_stable = false,
                                           bool trigger_dependents_first = false);
 
-// out = round(a @ b^T + c): a [..., M, K], b [N, K] (a's dtype), c, out [..., M, N]; the fp32 sum
-// plus c rounded once into out's dtype. `b_constant`: the caller's promise that no kernel in
-// flight writes b (a model weight; cuda::MatmulOptions::b_constant), ignored on the CPU.
+// out = round(a @ b^T + c): a [..., M, K], b [N, K] (a's dtype), out [..., M, N], c out's shape
+// or one that broadcasts to it (a bias [N]); the fp32 sum plus c rounded once into out's dtype.
+// `b_constant`: the caller's promise that no kernel in flight writes b (a model weight;
+// cuda::MatmulOptions::b_constant), ignored on the CPU.
 void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out,
                       bool b_constant = false);
 
