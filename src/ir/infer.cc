@@ -289,14 +289,14 @@ Inferred infer_node(const Graph& g, const Node& n) {
                          sym_shape_str(a), " and b ", sym_shape_str(b));
       SymShape y(a.begin(), a.end() - 1);
       y.push_back(b[0]);
-      // c: the product's shape, or one that broadcasts to it (a bias [N]: the biased linear).
-      const bool broadcasts = c.size() <= y.size() && [&] {
-        try {
-          return same_shape(broadcast_shapes(y, c, "matmul_add"), y);
-        } catch (const GraphError&) {
-          return false;
-        }
-      }();
+      // c: the product's shape, or one that broadcasts to it (a bias [N]: the biased linear):
+      // aligned from the last dim, each of c's dims is y's or 1.
+      bool broadcasts = c.size() <= y.size();
+      for (std::size_t i = 0; broadcasts && i < c.size(); ++i) {
+        const SymExpr& dc = c[c.size() - 1 - i];
+        broadcasts = dc.structurally_equal(y[y.size() - 1 - i]) ||
+                     (dc.is_constant() && dc.constant() == 1);
+      }
       if (!broadcasts)
         fail<GraphError>("matmul_add: `c` must have (or broadcast to) the product's shape ",
                          sym_shape_str(y), ", got ", sym_shape_str(c));
