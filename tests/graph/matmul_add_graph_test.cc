@@ -52,6 +52,23 @@ TensorMap inputs_for(const Graph& g, std::uint64_t seed) { return testing::rando
 
 using testing::count_op;
 
+// One rounding instead of two (the fused arm rounds the product plus c once): the matmul_add
+// tolerance, default atol x4 in 16-bit.
+Tolerance matmul_add_tolerance(DType dtype) {
+  Tolerance tol = default_tolerance(dtype);
+  if (dtype != DType::f32) tol.atol *= 4;
+  return tol;
+}
+
+// Optimizer options under which every fused arm times faster than its region (one repeat).
+OptimizeOptions fused_arm_timed_faster() {
+  OptimizeOptions opt;
+  opt.tune.warmup = 0;
+  opt.tune.repeats = 1;
+  opt.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+  return opt;
+}
+
 Tensor run_arm(Region r, int arm) {
   for (const LayerOpSpec& s : r.specs) {
     const OfferResult o = offer_layer_op_arm(r.graph, s, cpu_layer_ops_contract());
@@ -82,19 +99,14 @@ TEST(MatMulAddBranch, FusedArmAgreesWithTheRegionOnTheCpu) {
     EXPECT_EQ(count_op(probe.graph, Op::Add), 0);
     const Tensor want = run_arm(residual_region(dtype, 2), 0);
     const Tensor got = run_arm(residual_region(dtype, 2), 1);
-    // One rounding instead of two per layer (the matmul_add tolerance: default atol x4 in 16-bit).
-    Tolerance tol = default_tolerance(dtype);
-    if (dtype != DType::f32) tol.atol *= 4;
+    const Tolerance tol = matmul_add_tolerance(dtype);
     EXPECT_TRUE(testing::close(got, want, tol));
   }
 }
 
 TEST(MatMulAddBranch, OptimizeVerifiesChoosesAndCollapses) {
   Region r = residual_region(DType::bf16, 2);
-  OptimizeOptions opt;
-  opt.tune.warmup = 0;
-  opt.tune.repeats = 1;
-  opt.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+  const OptimizeOptions opt = fused_arm_timed_faster();
   const DecisionLog log = optimize_graph(r.graph, {}, opt, {}, r.specs);
   ASSERT_EQ(log.entries().size(), 2u);
   for (const Decision& d : log.entries()) {
@@ -136,14 +148,10 @@ TEST(MatMulAddBranch, BiasedLinearIsARegionWithABroadcastBias) {
     ASSERT_EQ(probe.specs.size(), 1u);
     EXPECT_EQ(probe.specs[0].kind, LayerOpKind::matmul_add);
     EXPECT_EQ(probe.graph.node(probe.specs[0].inputs[2]).shape.size(), 1u);  // c: the bias
-    Tolerance tol = default_tolerance(dtype);
-    if (dtype != DType::f32) tol.atol *= 4;
+    const Tolerance tol = matmul_add_tolerance(dtype);
     EXPECT_TRUE(testing::close(run_arm(build(), 1), run_arm(build(), 0), tol));
     Region r = build();
-    OptimizeOptions opt;
-    opt.tune.warmup = 0;
-    opt.tune.repeats = 1;
-    opt.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+    const OptimizeOptions opt = fused_arm_timed_faster();
     const DecisionLog log = optimize_graph(r.graph, {}, opt, {}, r.specs);
     ASSERT_EQ(log.entries().size(), 1u);
     EXPECT_EQ(log.entries()[0].collapsed_to, 1) << log.entries()[0].reason;
