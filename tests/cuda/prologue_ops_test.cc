@@ -9,7 +9,9 @@
 //     shows up as NaN) and
 //     offset (rows start one element past a 16-byte boundary: the prologue's scalar path). Every
 //     case first asserts which route it takes (prologue_gemv_applies and the GEMV's prologue
-//     launch counter), so a routing change cannot silently turn the test into a fallback test.
+//     launch counter), so a routing change cannot silently turn the test into a fallback test;
+//     rms_norm_matmul takes the chain at 5-8 rows (kRmsNormPrologueMaxRows), and at 2-4 rows
+//     both of the GEMV's stage 0s run (registers and shared memory: the register counter).
 //     Outputs start as NaN in a padded buffer: a missed store or a write outside the view fails.
 //     Tolerance: the contract's default for out's dtype with the atol widened 4x in 16-bit (the
 //     tuner's tolerance for these ops): the fused normalization sums x^2 in another order than
@@ -99,6 +101,7 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
   SKIP_WITHOUT_GPU();
   Rng rng(31);
   int cases = 0;
+  std::uint64_t multi_row_in_registers = 0;  // 2-4 row cases whose stage 0 ran in registers
   for (DType dtype : kDtypes)
     for (std::int64_t k : kKGrid)
       for (std::int64_t n : kNGrid)
@@ -127,15 +130,27 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
           const Tensor dx = upload(x), dnorm = upload(norm), dw = upload(w);
           Tensor dout = upload(host({m, n}, out_dtype, Layout::padded));
           ASSERT_TRUE(cuda::prologue_gemv_applies(dx, dw));
+          // 5-8 rows: rms_norm then the plain GEMV (kRmsNormPrologueMaxRows).
+          const bool one_launch = cuda::rms_norm_prologue_applies(dx, dw);
+          EXPECT_EQ(one_launch, m <= cuda::kRmsNormPrologueMaxRows);
           const std::uint64_t before = prologue_launches();
+          const std::uint64_t registers_before = cuda::gemv::launch_stats().register_prologue;
           cuda::rms_norm_matmul(dx, dnorm, kEps, dw, dout, /*w_constant=*/cases % 2 == 0);
-          EXPECT_EQ(prologue_launches() - before, 1u) << "one prologue GEMV launch";
+          EXPECT_EQ(prologue_launches() - before, one_launch ? 1u : 0u)
+              << (one_launch ? "one prologue GEMV launch" : "the chain: no prologue GEMV");
+          if (m > 1)
+            multi_row_in_registers +=
+                cuda::gemv::launch_stats().register_prologue - registers_before;
           EXPECT_TRUE(agrees(dout, expected, dtype))
               << "out " << dtype_name(out_dtype) << ", norm weight " << dtype_name(norm_dtype)
               << (cases % 7 == 6 ? " (stride 2)" : "");
           ++cases;
         }
   EXPECT_GT(cases, 150);
+  // Both stage 0s at 2-4 rows: registers (k = 64 and 576 in whole aligned vectors) and shared
+  // memory (k = 97, misaligned layouts, a strided or f32 norm weight, k = 1536).
+  EXPECT_GT(multi_row_in_registers, 10u);
+  EXPECT_LT(multi_row_in_registers, static_cast<std::uint64_t>(cases) / 2);
 }
 
 // ---- 2. silu_mul_matmul_add on the GEMV route ---------------------------------------------------

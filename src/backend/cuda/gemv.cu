@@ -476,8 +476,10 @@ __device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_
 
 // Stage 0 in registers for rms_norm (the launcher's register_prologue, and row_kernel's: when the
 // rows are 16-byte vectors, one batch covers k (num_vec <= kUnroll * 32) and the norm weight is
-// read directly): each warp computes its own lanes' vectors v = u * 32 + lane of the
-// normalized rows straight into the stream's x_raw [kUnroll, kRows], right after the wait:
+// read directly; one row, or 2-8 rows in gemv_kernel, where every row's vectors of that batch
+// stay in x_raw across the warp's column groups): each warp computes its own lanes' vectors
+// v = u * 32 + lane of the normalized rows straight into the stream's x_raw [kUnroll, kRows],
+// right after the wait:
 //   s_r = sum over the warp (xor butterfly) of the lane's sum of x[r]^2: every warp reduces the
 //   whole row itself, so there is no shared memory and no barrier; then
 //   x_raw = round_T((x * inv_r) * norm_w), inv_r = 1 / sqrt(s_r / k + eps)
@@ -571,9 +573,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   // Warp-uniform: a warp without a group exits after the wait (stage 6), and the shuffles below
   // see full warps.
   const bool has_group = group < num_groups;
-  // Stage 0 in registers (the launcher's register_prologue): the
-  // prologue rows live in x_raw for the whole kernel; no shared memory, no barrier.
-  const bool in_registers = kOneBatch && kPro == Prologue::rms_norm && register_prologue;
+  // Stage 0 in registers (the launcher's register_prologue: one batch covers k, so the prologue
+  // rows live in x_raw for the whole kernel; no shared memory, no barrier).
+  const bool in_registers = kPro == Prologue::rms_norm && kVec > 1 && register_prologue;
 
   // Stage 1: the x rows, and the weight rows of the current group (clamped past n).
   const T* x_rows[kRows];  // each [k]
@@ -704,11 +706,16 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   if (!has_group) return;
   if (!p.w_constant) load_first_weights();
-  if constexpr (kOneBatch && kPro == Prologue::rms_norm) {
-    if (in_registers)
+  if constexpr (kPro == Prologue::rms_norm && kVec > 1) {
+    if (in_registers) {
       register_rms_norm_rows<T, kRows, kUnroll>(p, x_raw, lane, num_vec);
-    else
+      if constexpr (kHasTail) {  // k is whole vectors here: the tail is predicated off, zeros
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) x_tail[r] = 0;
+      }
+    } else {
       load_first_activations();
+    }
   } else {
     load_first_activations();
   }
@@ -1261,7 +1268,12 @@ int resident_ctas_per_sm(const void* kernel, unsigned threads, unsigned smem, in
 }
 
 std::atomic<std::uint64_t> g_launches{0}, g_pdl_launches{0}, g_prefetch_launches{0},
-    g_prologue_launches{0}, g_row_launches{0};
+    g_prologue_launches{0}, g_row_launches{0}, g_register_prologue_launches{0};
+
+// The kRows instance a product of `rows` rows runs (1, 2, 4 or kMaxRows).
+constexpr int row_bucket(int rows) {
+  return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : kMaxRows;
+}
 
 template <typename T, int kRows, int kCols, int kVec, Prologue kPro, int kSlots = 0>
 void launch_instance(const Params& p, Grid g, int device, cudaStream_t stream) {
@@ -1382,10 +1394,16 @@ void launch_cols(const Params& p, int cols, Grid g, bool vectorized, int device,
 template <typename T, Prologue kPro>
 void launch_rows(const Params& p, int cols, Grid g, bool vectorized, int device,
                  cudaStream_t stream) {
-  if (p.rows <= 1) return launch_cols<T, 1, kPro>(p, cols, g, vectorized, device, stream);
-  if (p.rows <= 2) return launch_cols<T, 2, kPro>(p, cols, g, vectorized, device, stream);
-  if (p.rows <= 4) return launch_cols<T, 4, kPro>(p, cols, g, vectorized, device, stream);
-  return launch_cols<T, kMaxRows, kPro>(p, cols, g, vectorized, device, stream);
+  switch (row_bucket(p.rows)) {
+    case 1:
+      return launch_cols<T, 1, kPro>(p, cols, g, vectorized, device, stream);
+    case 2:
+      return launch_cols<T, 2, kPro>(p, cols, g, vectorized, device, stream);
+    case 4:
+      return launch_cols<T, 4, kPro>(p, cols, g, vectorized, device, stream);
+    default:
+      return launch_cols<T, kMaxRows, kPro>(p, cols, g, vectorized, device, stream);
+  }
 }
 
 template <typename T>
@@ -1522,6 +1540,7 @@ LaunchStats launch_stats() {
   s.prefetch = g_prefetch_launches.load(std::memory_order_relaxed);
   s.prologue = g_prologue_launches.load(std::memory_order_relaxed);
   s.row = g_row_launches.load(std::memory_order_relaxed);
+  s.register_prologue = g_register_prologue_launches.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -1611,10 +1630,18 @@ void launch(const Params& params, cudaStream_t stream) {
         break;
       }
   }
-  // rms_norm's stage 0 in registers (register_rms_norm_rows) in a one-batch instance whose rows
-  // are 16-byte vectors and whose norm weight is read directly.
-  g.register_prologue = p.prologue == Prologue::rms_norm && g.slots > 0 && prologue_vectorized &&
-                        g.norm_direct;
+  // rms_norm's stage 0 in registers (register_rms_norm_rows) when the rows are 16-byte vectors,
+  // the norm weight is read directly and one batch covers k: a one-batch instance (one row), or
+  // at 2-8 rows the general kernel whose unroll_for(row bucket, cols) vectors per lane cover the
+  // row (K = 256 bf16 at every row count: the default model's batched norm products; K = 576 at
+  // up to 4 rows). Every warp then normalizes the rows itself: no shared rows, no barrier.
+  const std::int64_t batch_vectors =
+      static_cast<std::int64_t>(unroll_for(row_bucket(p.rows), cols)) * kWarpSize;
+  const bool one_batch_covers_k =
+      g.slots > 0 || (p.rows > 1 && vectorized && row_vectors <= batch_vectors);
+  g.register_prologue = p.prologue == Prologue::rms_norm && one_batch_covers_k &&
+                        prologue_vectorized && g.norm_direct;
+  if (g.register_prologue) g_register_prologue_launches.fetch_add(1, std::memory_order_relaxed);
   if (g.register_prologue) g.smem = 0;
 
   // The decode-row kernel: one row in a one-batch shape, a prologue it runs (rms_norm in

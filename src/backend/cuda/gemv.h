@@ -100,6 +100,7 @@ bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 // prologue, and those that took the decode-row kernel (below).
 struct LaunchStats {
   std::uint64_t launches = 0, pdl = 0, prefetch = 0, prologue = 0, row = 0;
+  std::uint64_t register_prologue = 0;  // rms_norm prologues computed in registers (no barrier)
 };
 LaunchStats launch_stats();
 

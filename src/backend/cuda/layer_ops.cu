@@ -21,7 +21,8 @@
 //      the CPU's exact operations). A position outside [0, max_seq_len) writes zeros.
 //   6. rms_norm_matmul, silu_mul_matmul_add (host only): validate, then one GEMV launch with the
 //      rms_norm / silu_mul prologue (gemv.h: each CTA computes its x rows into shared memory, then
-//      streams the weight) when prologue_gemv_applies, else the two-kernel chain (rms_norm or
+//      streams the weight) when prologue_gemv_applies (rms_norm: rms_norm_prologue_applies, at
+//      most kRmsNormPrologueMaxRows rows), else the two-kernel chain (rms_norm or
 //      silu_mul into scratch, then cuda::matmul, with the residual for silu_mul_matmul_add).
 //      rms_norm_matmul_swiglu (host only): validate, then one launch of gemv.h's swiglu epilogue
 //      kernel when gemv::swiglu_supported (one decode row of 16-bit x, w and out in launch()'s
@@ -597,6 +598,10 @@ bool prologue_gemv_applies(const Tensor& x, const Tensor& w) {
          w.stride(0) >= 0 && gemv::preferred(rows, n, k) && gemv::prologue_fits(rows, k, x.dtype());
 }
 
+bool rms_norm_prologue_applies(const Tensor& x, const Tensor& w) {
+  return prologue_gemv_applies(x, w) && row_count(x) <= kRmsNormPrologueMaxRows;
+}
+
 void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w, Tensor& out,
                      bool w_constant) {
   constexpr const char* kOp = "rms_norm_matmul";
@@ -606,7 +611,7 @@ void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Ten
   check_norm_weight(x, weight, kOp);
   check_eps(eps, kOp);
   if (out.numel() == 0) return;
-  if (!prologue_gemv_applies(x, w)) {
+  if (!rms_norm_prologue_applies(x, w)) {
     // The two-kernel chain: the RmsNorm node's output (w's dtype), then the product.
     Tensor normalized = detail::scratch(x.shape(), w.dtype(), x.device());  // [..., M, K]
     rms_norm(x, weight, eps, normalized);

@@ -61,4 +61,14 @@ inline constexpr std::int64_t kPrologueGemvMaxK = 2048;
 // tests and benches ask it).
 bool prologue_gemv_applies(const Tensor& x, const Tensor& w);
 
+// rms_norm_matmul's one-launch route also stops at this many rows: at 8 rows of the default
+// model's K = 256 products the rms_norm kernel then the plain GEMV took 3.53 us against the
+// prologue GEMV's 4.53 (5.61 before its stage 0 moved into registers), at 2 and 4 rows the
+// prologue GEMV won (2.45 / 3.26 against 3.22 / 3.41; docs/perf.md runs 329 and 332).
+inline constexpr std::int64_t kRmsNormPrologueMaxRows = 4;
+
+// Whether rms_norm_matmul takes the one-launch GEMV route: prologue_gemv_applies and at most
+// kRmsNormPrologueMaxRows rows.
+bool rms_norm_prologue_applies(const Tensor& x, const Tensor& w);
+
 }  // namespace splice::cuda
