@@ -27,6 +27,8 @@
 #              compute_90 PTX, JIT-compiled as on a GPU after Hopper (issue 6)
 #   layer_ops  the fused layer ops against their chains (layer_ops_cuda_bench smollm2: SmolLM2's
 #              shapes and the default model's batched products at M = 1, 2, 4, 8)
+#   layer_ops_ab  head's layer_ops bench against base/layer_ops_cuda_bench (a pack's bench from
+#              before a change), interleaved
 # Output: summary.txt (everything printed), logs.tgz, kda_table.txt, attention_table.txt,
 # model_table.txt, and the benches' JSON (kda.json, attention.json).
 set -uo pipefail
@@ -171,14 +173,18 @@ phase_gemv() {
   cat "$OUT/gemv_table.txt"
 }
 
-# The compute_90 PTX (what a GPU after Hopper JIT-compiles) in place of the sm_90a SASS.
+# The compute_90 PTX (what a GPU after Hopper JIT-compiles) in place of the sm_90a SASS, on the
+# tests of splice's own kernels. Not the session graphs: the forced JIT applies to every module of
+# the process, and cuBLASLt's own kernels carry no PTX to JIT (cublasLtCreate fails, run 326: so
+# also not PrologueOpsCuda.FallbackRouteMatchesCpu, run 329); on a later GPU cuBLASLt loads its own
+# SASS for that GPU.
 phase_ptx() {
   echo "== ptx: CUDA_FORCE_PTX_JIT=1 (at $(el) s)"
   local s=$SECONDS
   CUDA_FORCE_PTX_JIT=1 timeout 400 "$P/head/cuda_all_test" \
-    --gtest_filter='KdaCuda.T1Grid:KdaCuda.PackedGrid:KdaCuda.PlainPackedT1Agree:FlashDecodeCuda.OddLengthsWithPoisonedTails:FlashDecodeCuda.ClusterMergeIsBitwiseTheGlobalMerge:CudaSessionGraph.*' \
+    --gtest_filter='KdaCuda.T1Grid:KdaCuda.PackedGrid:KdaCuda.PlainPackedT1Agree:FlashDecodeCuda.OddLengthsWithPoisonedTails:FlashDecodeCuda.ClusterMergeIsBitwiseTheGlobalMerge:QkvRopeCuda.*:RopeKvAppendCuda.*:SwigluCuda.*:PrologueOpsCuda.*:CudaArgmax.*:-PrologueOpsCuda.FallbackRouteMatchesCpu' \
     >"$L/ptx.txt" 2>&1
-  echo "ptx: rc $? in $((SECONDS - s)) s: $(grep -c '^\[       OK \]' "$L/ptx.txt") passed, $(grep '^\[  FAILED  \] [A-Za-z]' "$L/ptx.txt" | grep -vc 'listed below') failed"
+  echo "ptx: rc $? in $((SECONDS - s)) s: $(grep -c '^\[       OK \]' "$L/ptx.txt") passed, $(grep '^\[  FAILED  \] [A-Za-z]' "$L/ptx.txt" | grep -v 'listed below' | cut -d' ' -f5 | sort -u | grep -c .) failed"
 }
 
 phase_layer_ops() {
@@ -186,6 +192,21 @@ phase_layer_ops() {
   timeout 240 "$P/head/layer_ops_cuda_bench" "$L/layer_ops.json" 30 smollm2 \
     >"$OUT/layer_ops_table.txt" 2>&1 || echo "layer_ops bench rc=$?"
   cat "$OUT/layer_ops_table.txt"
+}
+
+# A same-call A/B of the layer ops: head's bench against base/layer_ops_cuda_bench (carried in a
+# refresh pack: the bench built before a change), interleaved, ROUNDS (2) rounds each.
+phase_layer_ops_ab() {
+  echo "== layer_ops A/B: base against head (at $(el) s)"
+  local round b
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for b in base head; do
+      timeout 120 "$P/$b/layer_ops_cuda_bench" "$L/layer_ops_${b}_$round.json" 30 smollm2 \
+        >"$OUT/layer_ops_${b}_$round.txt" 2>&1 || echo "$b round $round: rc $?"
+      echo "-- $b, round $round"
+      grep -E "^(op|rms_norm_m|silu_mul_matmul)" "$OUT/layer_ops_${b}_$round.txt"
+    done
+  done
 }
 
 for phase in "$@"; do "phase_$phase"; done
