@@ -290,7 +290,8 @@ TEST(KdaCuda, RuleTable) {
       {2, 2, DType::f32, V::wide512},  {2, 2, DType::bf16, V::wide},
       {16, 1, DType::f32, V::stream},  {16, 1, DType::bf16, V::rows},
       {12, 1, DType::f32, V::stream},  {12, 1, DType::bf16, V::rows},
-      {24, 1, DType::f32, V::stream},  {24, 1, DType::bf16, V::stream},
+      {24, 1, DType::f32, V::stream},  {24, 1, DType::bf16, V::rows},
+      {32, 1, DType::bf16, V::rows},   {40, 1, DType::bf16, V::stream},
       {4, 8, DType::f32, V::wide512},  {4, 8, DType::bf16, V::wide512},
   };
   for (const Row& r : rows) {
@@ -300,9 +301,9 @@ TEST(KdaCuda, RuleTable) {
   }
   // Band edges in items: 2 SMs (stream), SMs (wide512 below), SMs / 2 (wide512), one below
   // (split4 at and below SMs / 4, wide / wide512 above it); at T = 1: rows above SMs / 4 and
-  // below 4 SMs (bf16) or 2 SMs (f32, but its wide512 band).
-  EXPECT_EQ(cuda::choose_kda_variant(4 * kSms, 1, 1, DType::bf16, kSms), V::stream);
-  EXPECT_EQ(cuda::choose_kda_variant(4 * kSms - 1, 1, 1, DType::bf16, kSms), V::rows);
+  // below 8 SMs (bf16) or 2 SMs (f32, but its wide512 band).
+  EXPECT_EQ(cuda::choose_kda_variant(8 * kSms, 1, 1, DType::bf16, kSms), V::stream);
+  EXPECT_EQ(cuda::choose_kda_variant(8 * kSms - 1, 1, 1, DType::bf16, kSms), V::rows);
   EXPECT_EQ(cuda::choose_kda_variant(2 * kSms, 1, 1, DType::bf16, kSms), V::rows);
   EXPECT_EQ(cuda::choose_kda_variant(2 * kSms, 1, 1, DType::f32, kSms), V::stream);
   EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 1, DType::f32, kSms), V::rows);

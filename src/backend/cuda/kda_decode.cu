@@ -542,7 +542,7 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   //                                                     474.69/1772.54; perf.md run 109)
   // T = 1 first (session 40, perf.md run 298, under the stable-state promise a decode step gives,
   // us against the band's pick below; N at H = 32):
-  //   SMs/4 < items < 4 SMs         bf16  1    rows     N=3/4/6/8 4.47/4.69/8.10/8.61 (wide512
+  //   SMs/4 < items < 8 SMs         bf16  1    rows     N=3/4/6/8 4.47/4.69/8.10/8.61 (wide512
   //                                                     4.94/5.35, wide 8.45/9.53); N=12 +2.2%
   //                                                     then (-7.3% since session 41, below)
   //                                 f32   1    rows     N=6/8 10.79/12.25 (stream 11.36/13.24)
@@ -558,6 +558,10 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   // 4 / 8: bf16 wide 5.99 / 8.68 / 14.64 (split4 7.09 / 10.89 / 18.61), f32 wide512 6.31 / 9.84 /
   // 16.67 (split4 8.32 / 12.50 / 21.22); split4 stays at and below SMs/4 (N = 1; it held every
   // items < SMs/2 until session 40).
+  // Session 44 (perf.md runs 328 and 334, rows with its 8% carveout since session 43, under the
+  // promise, 5 rounds): bf16 rows up to 8 SMs of items: N=20/24/28/32 17.65/20.02/23.20/25.68
+  // against stream's 18.47/20.88/23.54/25.94 (-4.4/-4.1/-1.4/-1.0%); without the promise N=32
+  // rows 26.29 against 28.08 (run 328).
   // (stream falls back to `wide` for state that is not 16-byte aligned; rows to `wide` for state,
   // inputs or output that are not.)
   // Until run 109 bf16 T >= 8 ran `wide` (run 7: 115.70/425.89/1641.44 against stream's
@@ -567,7 +571,7 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   const std::int64_t sms = sm_count;
   const bool bf16 = state_dtype == DType::bf16;
   const bool f32_wide512_band = !bf16 && 2 * items >= sms && items < sms;
-  const std::int64_t rows_end = bf16 ? 4 * sms : 2 * sms;  // the first item count past rows
+  const std::int64_t rows_end = bf16 ? 8 * sms : 2 * sms;  // the first item count past rows
   if (max_t == 1 && 4 * items > sms && items < rows_end && !f32_wide512_band)
     return KdaVariant::rows;
   if (4 * items <= sms) return KdaVariant::split4;
