@@ -8,7 +8,12 @@
 //     the two kernels, and the fused kernel launched exactly where gemv::swiglu_supported says
 //     (SmolLM2's shape always); within the arm generator's tolerance (the bf16 / f16 policy with a
 //     4x atol) of the CPU op.
-//  2. The fallback (three rows, f32, K not in whole 16-byte vectors): the two kernels, bitwise.
+//  2. The fallback (five rows, f32, K not in whole 16-byte vectors): the two kernels, bitwise.
+//  2b. 2-4 rows (swiglu_rows_kernel): the default model's (256, 512), SmolLM2's (576, 1536), odd
+//     I and K = 768 at 2, 3 and 4 rows, x rows in a padded buffer (strided rows), out rows
+//     NaN-poisoned first: one fused launch, every element written, within the tolerance of the
+//     CPU op and of the two kernels (not bitwise: the chain's GEMV sums with other columns per
+//     warp).
 //  3. A captured CUDA graph of the fused launch, replayed with new x: bit for bit the eager
 //     two-kernel chain each time.
 //  4. Errors: typed, before any launch (odd weight rows, a host tensor, a wrong out shape).
@@ -134,8 +139,8 @@ TEST(SwigluCuda, FallbackIsTheTwoKernels) {
     std::int64_t rows, k, inter;
     DType dtype;
   };
-  // Three rows; f32; K = 100 (not whole 16-byte vectors of bf16).
-  for (const Case& c : {Case{3, 576, 192, DType::bf16}, Case{1, 576, 192, DType::f32},
+  // Five rows (past kSwigluMaxRows); f32; K = 100 (not whole 16-byte vectors of bf16).
+  for (const Case& c : {Case{5, 576, 192, DType::bf16}, Case{1, 576, 192, DType::f32},
                         Case{1, 100, 96, DType::bf16}}) {
     SCOPED_TRACE(std::string(dtype_name(c.dtype)) + " rows " + std::to_string(c.rows) + " K " +
                  std::to_string(c.k));
@@ -154,6 +159,44 @@ TEST(SwigluCuda, FallbackIsTheTwoKernels) {
     cpu::rms_norm_matmul_swiglu(o.x, o.norm_weight, kEps, o.w, cpu_out);
     EXPECT_TRUE(testing::close(testing::download(one), cpu_out, swiglu_tolerance(c.dtype)));
   }
+}
+
+TEST(SwigluCuda, FusedKernelAtTwoToFourRows) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(85);
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {
+      {256, 512}, {576, 1536}, {64, 17}, {768, 192}};
+  int fused_cases = 0;
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (const auto& [k, inter] : shapes)
+      for (const std::int64_t rows : {2, 3, 4}) {
+        const bool w_constant = (fused_cases % 2) == 0;
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " K " + std::to_string(k) + " I " +
+                     std::to_string(inter) + " rows " + std::to_string(rows));
+        const Operands o = make_operands(rows, k, inter, dtype, rng);
+        // x [rows, 1, K] with 16 bytes of NaN after every row: strided rows, each 16-byte aligned.
+        Tensor xh = testing::padded_tensor({rows, 1, k}, dtype,
+                                           16 / static_cast<std::int64_t>(dtype_size(dtype)));
+        rng.normal(xh, 0.0, 1.0);
+        const Tensor x = testing::upload(xh), nw = testing::upload(o.norm_weight),
+                     w = testing::upload(o.w);
+        Tensor want = Tensor::empty({rows, 1, inter}, dtype, Device::cuda());
+        two_kernels(x, nw, w, want, false);
+        Tensor got = testing::upload(testing::host({rows, 1, inter}, dtype,
+                                                   testing::Layout::contiguous));  // NaN
+        const std::uint64_t before = cuda::gemv::swiglu_launches();
+        cuda::rms_norm_matmul_swiglu(x, nw, kEps, w, got, w_constant);
+        EXPECT_EQ(cuda::gemv::swiglu_launches() - before, 1u) << "one fused launch";
+        ++fused_cases;
+        Tensor cpu_out = Tensor::empty({rows, 1, inter}, dtype);
+        cpu::rms_norm_matmul_swiglu(xh.clone(), o.norm_weight, kEps, o.w, cpu_out);
+        const Tensor host_got = testing::download(got);
+        EXPECT_TRUE(testing::close(host_got, cpu_out, swiglu_tolerance(dtype)))
+            << compare_tensors(host_got, cpu_out, swiglu_tolerance(dtype)).str();
+        EXPECT_TRUE(testing::close(host_got, testing::download(want), swiglu_tolerance(dtype)))
+            << "against the two kernels";
+      }
+  EXPECT_EQ(fused_cases, 24);
 }
 
 TEST(SwigluCuda, CapturedGraphReplaysBitwise) {

@@ -15,11 +15,12 @@
 // op) a third kernel, swiglu_pairs_kernel, runs one row with stage 0 in registers, stages 2-5 for
 // four weight rows per warp (gate j, j + 1 and up j, j + 1 of the stacked gate|up weight), and
 // instead of storing y writes silu(gate) * up for its two outputs (its own numbered stages,
-// after rope_pairs_kernel).
+// after rope_pairs_kernel); at 2-4 rows swiglu_rows_kernel does the same for every row.
 //
 // Kernels: gemv_kernel (the general product, any rows <= 8, persistent column-group loop),
 // row_kernel (launch()'s one-row, one-wave decode products), rope_pairs_kernel and
-// swiglu_pairs_kernel (the two epilogue siblings of row_kernel).
+// swiglu_pairs_kernel (the two epilogue siblings of row_kernel), swiglu_rows_kernel
+// (swiglu_pairs_kernel for 2-4 rows).
 //
 // At rows <= 8 the product is a stream over the weight: n * k elements read once, a handful of
 // FLOPs per byte, so the floor is bytes(w) / DRAM bandwidth and the kernel's job is to keep enough
@@ -1216,6 +1217,88 @@ __global__ void __launch_bounds__(kMaxThreads)
   stages.mark(kMarkRowStored);
 }
 
+// ---- the SwiGLU epilogue at 2-4 rows (launch_swiglu with product.rows > 1) ------------------
+//
+// swiglu_pairs_kernel's mapping and stages for a batch of kRows (2 or 4) rows x [rows, k]: warp g
+// takes j = 2 g and the same four weight rows; each weight vector a lane loads is used for every
+// row. Stage 0 is register_rms_norm_rows over the kRows rows; stage 3 is gemv_kernel's for kRows
+// rows and four columns (kValues = 4 kRows >= kMinChains: one FMA chain per value); the
+// transposed reduction leaves value v = r * 4 + c in lanes v * kLanesPerValue ..; gate (r, c)
+// and up (r, c + 2) are 2 kLanesPerValue lanes apart, so one shuffle down hands each gate lane
+// its up sum, and lane v * kLanesPerValue (c < 2, r < rows) stores out[r, j + c] with
+// swiglu_pairs_kernel's stage 5. Rows r >= rows read row 0's address with their loads
+// predicated off (zeros) and store nothing.
+// Not bitwise the two-kernel chain: launch() accumulates the [rows, 2I] product with its own
+// columns per warp (1 at n = 1024), whose per-lane partials order the fp32 sums differently;
+// the CPU contract's tolerance covers it (tests/cuda/swiglu_test.cc).
+template <typename T, int kRows, int kSlots>
+__global__ void __launch_bounds__(kMaxThreads)
+    swiglu_rows_kernel(const SwigluParams p, bool single_wave) {
+  static_assert(kRows == 2 || kRows == 4, "swiglu_rows_kernel: 2 or 4 rows");
+  constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
+  constexpr int kCols = 4;  // gate j, gate j + 1, up j, up j + 1
+  constexpr int kValues = kRows * kCols;
+  constexpr int kLanesPerValue = kWarpSize / kValues;
+  const Params& q = p.product;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int pair = static_cast<int>(blockIdx.x) * static_cast<int>(blockDim.x / kWarpSize) +
+                   static_cast<int>(threadIdx.x) / kWarpSize;
+  const std::int64_t inter = p.inter;
+  const bool has_pair = pair < static_cast<int>((inter + 1) / 2);  // warp-uniform
+  const int num_vec = static_cast<int>(q.k / kVec);
+  const int lane_vectors = num_vec - lane;
+  // Stage 1: the four weight rows.
+  const std::int64_t j = 2 * static_cast<std::int64_t>(has_pair ? pair : 0);
+  const std::int64_t rows[kCols] = {j, j + 1, inter + j, inter + j + 1};
+  LaneWeights<T, kSlots, kCols> w(q, rows, lane);
+  // Stage 5's target: this lane's value (r, c) after the reduction; gate lanes store out[r, j + c].
+  const int value = lane / kLanesPerValue;
+  const int out_row = value / kCols, out_col = value % kCols;
+  void* y_row = q.y[0];
+#pragma unroll
+  for (int r = 1; r < kRows; ++r)
+    if (out_row == r) y_row = q.y[r];
+  const std::int64_t e = j + out_col;
+  const bool stores =
+      has_pair && lane % kLanesPerValue == 0 && out_col < 2 && out_row < q.rows && e < inter;
+
+  if (single_wave) detail::allow_dependents();  // launch.cuh
+  if (q.w_constant && has_pair) w.load(lane_vectors);
+  detail::wait_for_producers();
+  if (!has_pair) return;
+  if (!q.w_constant) w.load(lane_vectors);
+  uint4 x_raw[kSlots][kRows];  // [slots, rows] vectors of the normalized rows
+  register_rms_norm_rows<T, kRows, kSlots>(q, x_raw, lane, num_vec);
+  // Stage 4: gemv_kernel's stage 3 for kRows rows and the four columns.
+  float acc[kValues];  // [rows * cols]
+#pragma unroll
+  for (int v = 0; v < kValues; ++v) acc[v] = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kSlots; ++u) {
+    if (u * kWarpSize >= num_vec) break;  // zeros past the row (warp-uniform)
+    float wf[kCols][kVec];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) unpack<T>(w.raw[u][c], wf[c]);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float xf[kVec];
+      unpack<T>(x_raw[u][r], xf);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+#pragma unroll
+        for (int i = 0; i < kVec; ++i)
+          acc[r * kCols + c] = fmaf(xf[i], wf[c][i], acc[r * kCols + c]);
+    }
+  }
+  const float sum = transposed_warp_sum(acc, lane);
+  const float up = __shfl_down_sync(kFullMask, sum, 2 * kLanesPerValue);  // (r, c + 2)'s sum
+  if (!stores) return;
+  // Stage 5.
+  const float g = to_float(from_float<T>(sum)), u = to_float(from_float<T>(up));
+  const float s = to_float(from_float<T>(g / (1.0f + expf(-g))));
+  static_cast<T*>(y_row)[e * q.y_col_stride] = from_float<T>(__fmul_rn(s, u));
+}
+
 // ---- host ----------------------------------------------------------------------------------
 
 int sm_count(int device) { return device_facts(device).sm_count; }
@@ -1531,6 +1614,30 @@ void launch_swiglu_typed(const SwigluParams& p, int slots, bool partials, int de
   launch_swiglu_instance<T, kLargeSlots, true>(p, device, stream);
 }
 
+// swiglu_rows_kernel for 2 (kRows 2) or 3-4 (kRows 4) rows: one warp per pair of output
+// columns, pair_grid's CTAs; counted as a prologue launch with its stage 0 in registers.
+template <typename T, int kRows>
+void launch_swiglu_rows_instance(const SwigluParams& p, int device, cudaStream_t stream) {
+  const auto kernel = swiglu_rows_kernel<T, kRows, kSmallSlots>;
+  static OccupancyCache cache;
+  const PairGrid g =
+      pair_grid(reinterpret_cast<const void*>(kernel), (p.inter + 1) / 2, device, cache);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  if (stream != nullptr && pdl_enabled()) g_pdl_launches.fetch_add(1, std::memory_order_relaxed);
+  if (p.product.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
+  g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
+  g_register_prologue_launches.fetch_add(1, std::memory_order_relaxed);
+  g_swiglu_launches.fetch_add(1, std::memory_order_relaxed);
+  detail::launch_kernel(kernel, dim3(static_cast<unsigned>(g.blocks)), dim3(g.threads), stream, p,
+                        g.single_wave);
+}
+
+template <typename T>
+void launch_swiglu_rows(const SwigluParams& p, int device, cudaStream_t stream) {
+  if (p.product.rows <= 2) return launch_swiglu_rows_instance<T, 2>(p, device, stream);
+  launch_swiglu_rows_instance<T, 4>(p, device, stream);
+}
+
 }  // namespace
 
 LaunchStats launch_stats() {
@@ -1719,7 +1826,8 @@ std::uint64_t rope_launches() { return g_rope_launches.load(std::memory_order_re
 
 bool swiglu_supported(const Params& q) {
   const bool sixteen_bit = q.in_dtype == DType::bf16 || q.in_dtype == DType::f16;
-  if (!sixteen_bit || q.out_dtype != q.in_dtype || q.rows != 1 || q.k < 1 || q.n < 2 ||
+  if (!sixteen_bit || q.out_dtype != q.in_dtype || q.rows < 1 || q.rows > kSwigluMaxRows ||
+      q.k < 1 || q.n < 2 ||
       q.n % 2 != 0 || q.n > 0x7fffffff || q.w == nullptr || q.x[0] == nullptr ||
       q.norm_weight == nullptr || q.norm_weight_dtype != q.in_dtype ||
       (q.norm_weight_stride != 1 && q.k > 1) || q.w_row_stride < 0)
@@ -1727,8 +1835,12 @@ bool swiglu_supported(const Params& q) {
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(q.in_dtype));
   const std::int64_t vec = kVectorBytes / elem;
   if (q.k % vec != 0 || !aligned(q.w) || (q.w_row_stride * elem) % kVectorBytes != 0 ||
-      !aligned(q.x[0]) || !aligned(q.norm_weight))
+      !aligned(q.norm_weight))
     return false;
+  for (int r = 0; r < q.rows; ++r)
+    if (q.x[r] == nullptr || !aligned(q.x[r]) || (q.rows > 1 && q.y[r] == nullptr)) return false;
+  // 2-4 rows: swiglu_rows_kernel's one batch of kSmallSlots vectors per lane covers k.
+  if (q.rows > 1) return q.k / vec <= static_cast<std::int64_t>(kSmallSlots) * kWarpSize;
   // launch()'s one-batch register-prologue instance for this product (the bitwise reference).
   return one_batch_slots(q.k, q.in_dtype, default_cols(q.n, sm_count(current_device()))) > 0;
 }
@@ -1741,6 +1853,17 @@ void launch_swiglu(const SwigluParams& params, cudaStream_t stream) {
                             q.n * q.w_row_stride < (std::int64_t{1} << 62),
                         "gemv swiglu epilogue params: inter ", params.inter, ", n ", q.n);
   const int device = current_device();
+  if (q.rows > 1) {
+    // Rows past `rows` of the kernel's row bucket read row 0 (valid memory) and store nothing.
+    SwigluParams rows_params = params;
+    for (int r = q.rows; r < kMaxRows; ++r) {
+      rows_params.product.x[r] = q.x[0];
+      rows_params.product.y[r] = q.y[0];
+    }
+    if (q.in_dtype == DType::bf16)
+      return launch_swiglu_rows<__nv_bfloat16>(rows_params, device, stream);
+    return launch_swiglu_rows<__half>(rows_params, device, stream);
+  }
   // launch()'s columns per warp at n = 2I, hence its per-lane accumulation (stage 3: a partial
   // per vector below kMinChains accumulators) and its one-batch slots.
   const int cols = default_cols(q.n, sm_count(device));

@@ -170,23 +170,30 @@ std::uint64_t rope_launches();
 // 2I, k, x[0], norm_weight (T, unit stride), eps, in_dtype = out_dtype = T, w_constant; rows = 1,
 // prologue = rms_norm.
 struct SwigluParams {
-  Params product;
-  void* out = nullptr;     // [I], T, unit stride
+  Params product;          // at 2-4 rows out row r is product.y[r] (product.y_col_stride)
+  void* out = nullptr;     // one row: [I], T, unit stride
   std::int64_t inter = 0;  // I
 };
 
-// Whether launch_swiglu takes `product` as given: one row of 16-bit x, w, norm weight and y of
-// one dtype (unit strides, every row 16-byte aligned), k a whole number of 16-byte vectors, and
-// launch() would run this product (n = 2I) in a one-batch instance with the register prologue
-// (k <= 768 bf16 / f16 at 4 columns per warp, <= 1536 at 1 or 2: gemv.h's header), the case in
-// which the fused kernel is bitwise launch() then silu_mul.
+// The most rows of x launch_swiglu takes (swiglu_rows_kernel at 2-4 rows).
+inline constexpr int kSwigluMaxRows = 4;
+
+// Whether launch_swiglu takes `product` as given: 16-bit x, w, norm weight and y of one dtype
+// (unit strides, every x row and w row 16-byte aligned), k a whole number of 16-byte vectors, and
+//   one row: launch() would run this product (n = 2I) in a one-batch instance with the register
+//     prologue (k <= 768 bf16 / f16 at 4 columns per warp, <= 1536 at 1 or 2: gemv.h's header),
+//     the case in which the fused kernel is bitwise launch() then silu_mul;
+//   2-4 rows: k <= 768 (bf16 / f16: one batch of 3 vectors per lane).
 bool swiglu_supported(const Params& product);
 
-// Launches the fused kernel on `stream` (PDL and w_constant as launch(); it counts in
-// launch_stats() as a decode-row launch with a prologue); invalid params are an internal error.
-// Per lane, the accumulation order is launch()'s for the columns per warp launch() would pick at
-// n = 2I on this device, and the reduction tree is the same for every column count, so out is
-// bitwise launch() into a [2I] row of T followed by cuda::silu_mul of its halves.
+// Launches the fused kernel on `stream` (PDL and w_constant as launch(); one row counts in
+// launch_stats() as a decode-row launch with a prologue, 2-4 rows as a prologue launch with its
+// stage 0 in registers); invalid params are an internal error.
+// One row: per lane, the accumulation order is launch()'s for the columns per warp launch() would
+// pick at n = 2I on this device, and the reduction tree is the same for every column count, so
+// out is bitwise launch() into a [2I] row of T followed by cuda::silu_mul of its halves. 2-4 rows:
+// the same operations with four columns per warp, so the fp32 sums may be ordered differently
+// from launch()'s (the CPU contract's tolerance, not bits).
 void launch_swiglu(const SwigluParams& params, cudaStream_t stream);
 // Launches of launch_swiglu (process-wide, relaxed): tests count kernels per step with it.
 std::uint64_t swiglu_launches();

@@ -26,8 +26,9 @@
 //      silu_mul into scratch, then cuda::matmul, with the residual for silu_mul_matmul_add).
 //      rms_norm_matmul_swiglu (host only): validate, then one launch of gemv.h's swiglu epilogue
 //      kernel when gemv::swiglu_supported (one decode row of 16-bit x, w and out in launch()'s
-//      one-batch shape), else rms_norm_matmul into a [..., M, 2I] scratch row of out's dtype, then
-//      silu_mul of its two halves (bitwise the same where both run).
+//      one-batch shape, or 2-4 rows of k <= 768), else rms_norm_matmul into a [..., M, 2I]
+//      scratch row of out's dtype, then silu_mul of its two halves (bitwise the same where both
+//      run at one row).
 //   5. Launch (launch.cuh): every kernel opens with pdl_prologue() (single-wave grids let the next
 //      kernel launch, then every thread waits for its producers before touching global memory)
 //      and is launched with programmatic dependent launch on a created stream unless SPLICE_PDL=0.
@@ -639,10 +640,10 @@ void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, co
   if (detail::overlaps(out, x) || detail::overlaps(out, w))
     fail<LayoutError>(kOp, ": `out` must not overlap `x` or `w`");
   if (out.numel() == 0) return;
-  if (row_count(x) == 1 && x.dtype() == w.dtype() && out.dtype() == w.dtype() &&
-      prologue_gemv_applies(x, w)) {
-    // One launch: the gate|up GEMV with the SwiGLU epilogue, when its layout rules hold (it
-    // then equals the chain below bit for bit).
+  if (row_count(x) <= gemv::kSwigluMaxRows && x.dtype() == w.dtype() && out.dtype() == w.dtype() &&
+      rms_norm_prologue_applies(x, w)) {
+    // One launch: the gate|up GEMV with the SwiGLU epilogue, when its layout rules hold (at one
+    // row it then equals the chain below bit for bit; at 2-4 rows within the op's tolerance).
     gemv::SwigluParams p;
     p.product = product_params(x, w, out, w_constant);
     p.product.prologue = gemv::Prologue::rms_norm;

@@ -44,10 +44,11 @@ void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, cons
 // out[..., j] = round_T(round_T(silu(y[..., j])) * y[..., I + j]) with y = round_T(rms_norm_matmul(
 // x, weight, eps, w)): x [..., M, K], weight [K], w [2I, K] (gate rows, then up rows; unit stride
 // along K), out [..., M, I] (T its dtype). SwiGLU's activation in the gate|up GEMV's epilogue: ONE
-// launch of gemv.h's swiglu epilogue kernel when gemv::swiglu_supported (one row; x, w, the norm
-// weight and out of one 16-bit dtype, 16-byte aligned; K in whole 16-byte vectors that launch()
-// covers in one batch at n = 2I), bitwise rms_norm_matmul into a [..., M, 2I] temporary then
-// silu_mul of its halves; otherwise exactly those two launches.
+// launch of gemv.h's swiglu epilogue kernel when gemv::swiglu_supported (x, w, the norm weight
+// and out of one 16-bit dtype, 16-byte aligned; K in whole 16-byte vectors: one row that launch()
+// covers in one batch at n = 2I, bitwise rms_norm_matmul into a [..., M, 2I] temporary then
+// silu_mul of its halves; or 2-4 rows of K <= 768, within the op's tolerance of them); otherwise
+// exactly those two launches.
 void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
                             Tensor& out, bool w_constant = false);
 
