@@ -1167,6 +1167,16 @@ __global__ void __launch_bounds__(kMaxThreads)
 //      under w_constant.
 // So out is bit for bit the two kernels' wherever launch() runs the product in a one-batch
 // instance with the register prologue, which swiglu_supported requires.
+// Stage 5 of the SwiGLU kernels: the gate and up sums as the chain stores and reads them back
+// (g = float(round_T(gate)), u = float(round_T(up))), then silu_mul's exact operations:
+// s = round_T(g / (1 + e^-g)), out = round_T(s * u) (IEEE division, __fmul_rn).
+template <typename T>
+__device__ __forceinline__ T swiglu_of_sums(float gate_sum, float up_sum) {
+  const float g = to_float(from_float<T>(gate_sum)), u = to_float(from_float<T>(up_sum));
+  const float s = to_float(from_float<T>(g / (1.0f + expf(-g))));
+  return from_float<T>(__fmul_rn(s, u));
+}
+
 template <typename T, int kSlots, bool kPartials>
 __global__ void __launch_bounds__(kMaxThreads)
     swiglu_pairs_kernel(const SwigluParams p, bool single_wave) {
@@ -1211,9 +1221,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const float up = __shfl_xor_sync(kFullMask, sum, kWarpSize / 2);
   if (!stores) return;
   // Stage 5.
-  const float g = to_float(from_float<T>(sum)), u = to_float(from_float<T>(up));
-  const float s = to_float(from_float<T>(g / (1.0f + expf(-g))));
-  *target = from_float<T>(__fmul_rn(s, u));
+  *target = swiglu_of_sums<T>(sum, up);
   stages.mark(kMarkRowStored);
 }
 
@@ -1294,9 +1302,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const float up = __shfl_down_sync(kFullMask, sum, 2 * kLanesPerValue);  // (r, c + 2)'s sum
   if (!stores) return;
   // Stage 5.
-  const float g = to_float(from_float<T>(sum)), u = to_float(from_float<T>(up));
-  const float s = to_float(from_float<T>(g / (1.0f + expf(-g))));
-  static_cast<T*>(y_row)[e * q.y_col_stride] = from_float<T>(__fmul_rn(s, u));
+  static_cast<T*>(y_row)[e * q.y_col_stride] = swiglu_of_sums<T>(sum, up);
 }
 
 // ---- host ----------------------------------------------------------------------------------
