@@ -1754,8 +1754,10 @@ void launch(const Params& params, cudaStream_t stream) {
       g.slots > 0 || (p.rows > 1 && vectorized && row_vectors <= batch_vectors);
   g.register_prologue = p.prologue == Prologue::rms_norm && one_batch_covers_k &&
                         prologue_vectorized && g.norm_direct;
-  if (g.register_prologue) g_register_prologue_launches.fetch_add(1, std::memory_order_relaxed);
-  if (g.register_prologue) g.smem = 0;
+  if (g.register_prologue) {
+    g_register_prologue_launches.fetch_add(1, std::memory_order_relaxed);
+    g.smem = 0;
+  }
 
   // The decode-row kernel: one row in a one-batch shape, a prologue it runs (rms_norm in
   // registers, silu_mul from 16-byte vectors) and the launcher's grid (no max_ctas), when the
@@ -1833,9 +1835,8 @@ std::uint64_t rope_launches() { return g_rope_launches.load(std::memory_order_re
 bool swiglu_supported(const Params& q) {
   const bool sixteen_bit = q.in_dtype == DType::bf16 || q.in_dtype == DType::f16;
   if (!sixteen_bit || q.out_dtype != q.in_dtype || q.rows < 1 || q.rows > kSwigluMaxRows ||
-      q.k < 1 || q.n < 2 ||
-      q.n % 2 != 0 || q.n > 0x7fffffff || q.w == nullptr || q.x[0] == nullptr ||
-      q.norm_weight == nullptr || q.norm_weight_dtype != q.in_dtype ||
+      q.k < 1 || q.n < 2 || q.n % 2 != 0 || q.n > 0x7fffffff || q.w == nullptr ||
+      q.x[0] == nullptr || q.norm_weight == nullptr || q.norm_weight_dtype != q.in_dtype ||
       (q.norm_weight_stride != 1 && q.k > 1) || q.w_row_stride < 0)
     return false;
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(q.in_dtype));

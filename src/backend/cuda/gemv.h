@@ -161,14 +161,15 @@ std::uint64_t rope_launches();
 
 // ---- the gate|up GEMV with a SwiGLU epilogue (cuda::rms_norm_matmul_swiglu) -----------------
 //
-// One row x [k] (16-bit), the register rms_norm prologue, the stacked weight w [2I, k] (rows 0 ..
-// I-1 the gate, I .. 2I-1 the up projection) and the "swiglu pairs" column mapping: warp g
-// computes columns j, j + 1, I + j, I + j + 1 (j = 2 g), so after the reduction one warp holds
-// the gate and up sums of two outputs. Each sum is rounded to T as launch() stores it, then
-// out[j] = round_T(round_T(silu(gate)) * up) (layer_ops.cu's silu_mul operations; gemv.cu's
-// swiglu_pairs_kernel has the algorithm). `product` carries the GEMV part: w, w_row_stride, n =
-// 2I, k, x[0], norm_weight (T, unit stride), eps, in_dtype = out_dtype = T, w_constant; rows = 1,
-// prologue = rms_norm.
+// One row x [k] (16-bit; or 2-4 rows, swiglu_rows_kernel), the register rms_norm prologue, the
+// stacked weight w [2I, k] (rows 0 .. I-1 the gate, I .. 2I-1 the up projection) and the "swiglu
+// pairs" column mapping: warp g computes columns j, j + 1, I + j, I + j + 1 (j = 2 g) of every
+// row, so after the reduction one warp holds the gate and up sums of two outputs a row. Each sum
+// is rounded to T as launch() stores it, then out[j] = round_T(round_T(silu(gate)) * up)
+// (layer_ops.cu's silu_mul operations; gemv.cu's swiglu_pairs_kernel has the algorithm).
+// `product` carries the GEMV part: w, w_row_stride, n = 2I, k, x[0 .. rows-1], norm_weight (T,
+// unit stride), eps, in_dtype = out_dtype = T, w_constant; rows = 1-4 (kSwigluMaxRows), prologue =
+// rms_norm; at 2-4 rows also y[0 .. rows-1] and y_col_stride (out's rows).
 struct SwigluParams {
   Params product;          // at 2-4 rows out row r is product.y[r] (product.y_col_stride)
   void* out = nullptr;     // one row: [I], T, unit stride
