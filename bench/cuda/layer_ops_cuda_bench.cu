@@ -361,10 +361,10 @@ Row bench_rms_norm_matmul(splice::Rng& rng, std::int64_t hidden, std::int64_t n,
   return row;
 }
 
-// The gate|up product with the SwiGLU epilogue (rms_norm_matmul_swiglu: one launch at one row,
-// rms_norm_matmul then silu_mul at more) against its three-kernel chain (rms_norm, matmul,
-// silu_mul), M rows: at M > 1 the op's own two kernels, so the row shows what a multi-row SwiGLU
-// epilogue could save. Bytes: the weight read once.
+// The gate|up product with the SwiGLU epilogue (rms_norm_matmul_swiglu: one launch at 1-4 rows
+// of K <= 768, swiglu_pairs_kernel / swiglu_rows_kernel; rms_norm_matmul then silu_mul beyond)
+// against its three-kernel chain (rms_norm, matmul, silu_mul), M rows. Bytes: the weight read
+// once.
 Row bench_rms_norm_matmul_swiglu(splice::Rng& rng, std::int64_t hidden, std::int64_t inter,
                                  std::int64_t rows, int reps, cuda::Stream stream) {
   const Tensor x = device_random(rng, {rows, hidden}, DType::bf16);                  // [M, K]
