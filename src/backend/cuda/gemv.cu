@@ -481,13 +481,17 @@ __device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_
 // stay in x_raw across the warp's column groups): each warp computes its own lanes' vectors
 // v = u * 32 + lane of the normalized rows straight into the stream's x_raw [kUnroll, kRows],
 // right after the wait:
-//   s_r = sum over the warp (xor butterfly) of the lane's sum of x[r]^2: every warp reduces the
-//   whole row itself, so there is no shared memory and no barrier; then
+//   s_r = sum over the warp of the lane's sum of x[r]^2: every warp reduces the whole row itself,
+//   so there is no shared memory and no barrier. One row: an xor butterfly. Several rows: the
+//   transposed reduction (transposed_warp_sum: row r's total lands in lanes r * 32 / kRows ..,
+//   kRows - 1 + log2(32 / kRows) shuffles instead of 5 kRows), one division and square root a
+//   lane for its own row, then inv_r from row r's first lane (a shuffle); then
 //   x_raw = round_T((x * inv_r) * norm_w), inv_r = 1 / sqrt(s_r / k + eps)
 // The shared-memory stage 0's exact operations; only the order of the fp32 sum of squares
 // differs. The post-wait critical path drops three barriers, the cross-warp sum and two
 // shared-memory round trips (-0.2 to -0.3 us per call on the H200, docs/perf.md run 19; -30 us per
-// SmolLM2-shaped token, run 21).
+// SmolLM2-shaped token, run 21). The transposed form at 2-8 rows: 4 rows of K = 256 3.17 -> 2.73
+// us, with the SwiGLU epilogue 2.45 -> 1.95 (runs 337-338).
 template <typename T, int kRows, int kUnroll, typename Raw, typename Index>
 __device__ __forceinline__ void register_rms_norm_rows(const Params& p,
                                                        Raw (&x_raw)[kUnroll][kRows], int lane,
@@ -505,22 +509,32 @@ __device__ __forceinline__ void register_rms_norm_rows(const Params& p,
     n_raw[u] = load_activation(
         reinterpret_cast<const Raw*>(static_cast<const T*>(p.norm_weight) + v * kW), in);
   }
-  float inv[kRows];
+  float ss[kRows];  // this lane's sum of x[r]^2
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    float ss = 0.0f;
+    ss[r] = 0.0f;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (static_cast<Index>(u) * kWarpSize >= num_vec) break;  // zeros past the row
       float f[kW];
       unpack<T>(x_raw[u][r], f);
 #pragma unroll
-      for (int i = 0; i < kW; ++i) ss += f[i] * f[i];
+      for (int i = 0; i < kW; ++i) ss[r] += f[i] * f[i];
     }
+  }
+  float inv[kRows];
+  if constexpr (kRows == 1) {
 #pragma unroll
     for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-      ss += __shfl_xor_sync(kFullMask, ss, offset);
-    inv[r] = 1.0f / sqrtf(ss / static_cast<float>(p.k) + p.eps);
+      ss[0] += __shfl_xor_sync(kFullMask, ss[0], offset);
+    inv[0] = 1.0f / sqrtf(ss[0] / static_cast<float>(p.k) + p.eps);
+  } else {
+    // Several rows: the transposed reduction (row r's sum in lanes r * 32 / kRows ..), one
+    // division and square root a lane for its row, then each row's inv_r from its first lane.
+    const float total = transposed_warp_sum(ss, lane);
+    const float mine = 1.0f / sqrtf(total / static_cast<float>(p.k) + p.eps);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) inv[r] = __shfl_sync(kFullMask, mine, r * (kWarpSize / kRows));
   }
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
