@@ -28,7 +28,9 @@
 //      (K <= 2048 only).
 //   5d. The default model's batched products at M = 1, 2, 4, 8 rows: rms_norm_matmul (its KDA
 //      input projections, 1032 x 256) and rms_norm_matmul_swiglu (gate|up, 1024 x 256) against
-//      their chains; run in every mode, smollm2 included (small weights, milliseconds).
+//      their chains; run in every mode, smollm2 included (small weights, milliseconds); and the
+//      rms_norm prologue GEMV launched directly at 6 and 8 rows (rms_norm_mm_gemv), where
+//      rms_norm_matmul takes the chain (kRmsNormPrologueMaxRows).
 //   6. Output: one row per op and shape (fused us with and without PDL, primitive us with and
 //      without PDL, kernels, ratio) and JSON at argv[1] (default layer_ops_cuda_bench.json);
 //      argv[2] the replays (default 30), argv[3] "smollm2": the SmolLM2 shapes only.
@@ -45,6 +47,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../../src/backend/cuda/gemv.h"  // internal: the prologue GEMV launched directly (5d)
 #include "bench_util.cuh"
 #include "splice/backend/cuda/layer_ops.h"
 #include "splice/backend/cuda/primitives.h"
@@ -329,14 +332,43 @@ Row bench_layer_mix(splice::Rng& rng, std::int64_t hidden, std::int64_t inter, s
   return row;
 }
 
+// The prologue GEMV's params for x [M, K] (contiguous rows), w [N, K], norm [K] into out [M, N].
+cuda::gemv::Params rms_norm_gemv_params(const Tensor& x, const Tensor& norm, const Tensor& w,
+                                        Tensor& out) {
+  const std::int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
+  cuda::gemv::Params p;
+  p.w = w.raw_data();
+  p.n = n;
+  p.k = k;
+  p.w_row_stride = k;
+  p.rows = static_cast<int>(rows);
+  p.in_dtype = p.out_dtype = DType::bf16;
+  p.y_col_stride = 1;
+  p.w_constant = true;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    p.x[r] = static_cast<const std::uint16_t*>(x.raw_data()) + r * k;
+    p.y[r] = static_cast<std::uint16_t*>(out.raw_data()) + r * n;
+  }
+  p.prologue = cuda::gemv::Prologue::rms_norm;
+  p.norm_weight = norm.raw_data();
+  p.norm_weight_stride = 1;
+  p.norm_weight_dtype = DType::bf16;
+  p.eps = kEps;
+  return p;
+}
+
 // The prologue products against their two-kernel chains (the fallback route and what the model
 // ran before): rms_norm_matmul = rms_norm -> matmul (q|k|v or gate|up), silu_mul_matmul_add =
 // silu_mul -> matmul with the residual epilogue (down_proj + h), both with the weight promised
 // constant (the session's hint). Bytes: the weight read once (the floor of both arms). The small
 // shapes' weights stay in the 50 MB L2 across the 100 captured calls, which flatters both arms
 // alike; the point is the launch saved.
+// `direct`: the fused arm is the rms_norm prologue GEMV launched directly (gemv::launch, row
+// "rms_norm_mm_gemv"), at the rows rms_norm_matmul leaves to the chain (rows >
+// kRmsNormPrologueMaxRows). Alone it wins at 6 and 8 rows (runs 338-339) while the decode step
+// with it loses (run 340): read it beside `splice bench --batch 8`, not instead of it.
 Row bench_rms_norm_matmul(splice::Rng& rng, std::int64_t hidden, std::int64_t n, int reps,
-                          cuda::Stream stream, std::int64_t rows = 1) {
+                          cuda::Stream stream, std::int64_t rows = 1, bool direct = false) {
   const Tensor x = device_random(rng, {rows, hidden}, DType::bf16);          // [M, K]
   const Tensor norm = device_random(rng, {hidden}, DType::bf16, 1.0, 0.1);   // [K]
   const Tensor w = device_random(rng, {n, hidden}, DType::bf16, 0.0, 0.04);  // [N, K]
@@ -345,10 +377,16 @@ Row bench_rms_norm_matmul(splice::Rng& rng, std::int64_t hidden, std::int64_t n,
   Tensor xn = device_empty({rows, hidden}, DType::bf16);                     // [M, K]
   cuda::MatmulOptions options;
   options.b_constant = true;
-  Row row{"rms_norm_matmul", "[" + std::to_string(rows) + ", " + std::to_string(hidden) + "] x [" +
-                                 std::to_string(n) + ", " + std::to_string(hidden) + "]"};
-  row.fused_us = time_arm([&] { cuda::rms_norm_matmul(x, norm, kEps, w, fused, true); }, reps,
-                          stream, &row.fused_us_no_pdl);
+  Row row{direct ? "rms_norm_mm_gemv" : "rms_norm_matmul",
+          "[" + std::to_string(rows) + ", " + std::to_string(hidden) + "] x [" + std::to_string(n) +
+              ", " + std::to_string(hidden) + "]"};
+  const cuda::gemv::Params direct_params = rms_norm_gemv_params(x, norm, w, fused);
+  row.fused_us = time_arm(
+      [&] {
+        if (direct) return cuda::gemv::launch(direct_params, cuda::current_stream());
+        cuda::rms_norm_matmul(x, norm, kEps, w, fused, true);
+      },
+      reps, stream, &row.fused_us_no_pdl);
   row.primitive_us = time_arm(
       [&] {
         cuda::rms_norm(x, norm, kEps, xn);
@@ -552,6 +590,10 @@ int main(int argc, char** argv) {
     add("rms_norm_mm_swiglu",
         [&] { return bench_rms_norm_matmul_swiglu(rng, 256, 512, rows, reps, stream); });
   }
+  // The one-launch route at the rows past kRmsNormPrologueMaxRows (the chain takes them).
+  for (const std::int64_t rows : {6, 8})
+    add("rms_norm_mm_gemv",
+        [&] { return bench_rms_norm_matmul(rng, 256, 1032, reps, stream, rows, true); });
   std::ofstream json(json_path);
   json << "[\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {

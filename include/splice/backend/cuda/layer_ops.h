@@ -62,10 +62,13 @@ inline constexpr std::int64_t kPrologueGemvMaxK = 2048;
 // tests and benches ask it).
 bool prologue_gemv_applies(const Tensor& x, const Tensor& w);
 
-// rms_norm_matmul's one-launch route also stops at this many rows: at 8 rows of the default
-// model's K = 256 products the rms_norm kernel then the plain GEMV took 3.53 us against the
-// prologue GEMV's 4.53 (5.61 before its stage 0 moved into registers), at 2 and 4 rows the
-// prologue GEMV won (2.45 / 3.26 against 3.22 / 3.41; docs/perf.md runs 329 and 332).
+// rms_norm_matmul's one-launch route also stops at this many rows. At 8 rows of the default
+// model's K = 256 products the prologue GEMV alone is now faster than rms_norm + the plain GEMV
+// (3.18 against 3.62 us with the transposed register norm, layer_ops_cuda_bench's
+// rms_norm_mm_gemv; 4.53 against 3.53 before it), yet the captured decode step with it at 5-8
+// rows was 10-12% slower at B = 6 and 8, and level eagerly with every node timed (docs/perf.md
+// runs 329, 338-341): the loss is in how the captured launches overlap, not in the kernel alone.
+// At 2 and 4 rows the prologue GEMV wins in both.
 inline constexpr std::int64_t kRmsNormPrologueMaxRows = 4;
 
 // Whether rms_norm_matmul takes the one-launch GEMV route: prologue_gemv_applies and at most
