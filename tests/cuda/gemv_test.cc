@@ -49,7 +49,8 @@
 //  10. The rms_norm / silu_mul prologue products, and the in-place residual epilogue and the
 //     rms_norm prologue on 2 CTAs (many column groups per warp), against the CPU; and the
 //     decode-row kernel (one row, one wave) against the general kernel bit for bit, over every
-//     prologue, the residual, columns per warp and dtype.
+//     prologue, the residual, columns per warp and dtype; the 2-4 row rms_norm kernel against the
+//     CPU and the general kernel (within tolerance: another fp32 summation order).
 // Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
 // within default_tolerance(out dtype) (design.md §2).
@@ -869,6 +870,70 @@ TEST(CudaGemv, DecodeRowKernelIsBitwiseTheGeneralKernel) {
               }
             }
       }
+}
+
+// The 2-4 row rms_norm kernel (gemv.cu's norm_rows_kernel: 2-4 rows of a register prologue in a
+// k <= 768 16-bit product, y in x's dtype, no residual, one resident wave) against the CPU
+// composition and against gemv_kernel (the same launch with max_ctas set): bf16 and f16, 2, 3 and
+// 4 rows, k = 64, 576, 768 (its largest) and 776 (gemv_kernel), n = 1, 17, 1030 and 3072 (column
+// groups ending after 1, 1, 2 and 4 columns), w_constant on and off, y rows at a column stride of
+// 2 in a NaN-poisoned buffer (gaps and row ends must stay NaN). Not bitwise gemv_kernel (it orders
+// the fp32 sums otherwise): both within the prologue ops' tolerance of the CPU. The launch
+// counter (LaunchStats::norm_rows) says which kernel ran.
+TEST(CudaGemv, NormRowsKernelAgreesWithTheCpuAndTheGeneralKernel) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(59);
+  constexpr float kEpsNorm = 1e-5f;
+  int on_norm_rows = 0;
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (std::int64_t k : {64, 576, 768, 776})
+      for (std::int64_t n : {1, 17, 1030, 3072})
+        for (std::int64_t m : {2, 3, 4}) {
+          SCOPED_TRACE(label(dtype, m, n, k, "norm rows"));
+          Tolerance tol = default_tolerance(dtype);
+          tol.atol *= 4;
+          const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
+          const Tensor w =
+              testing::random_tensor(rng, {n, k}, dtype, 1.0 / std::sqrt(static_cast<double>(k)));
+          const Tensor norm = testing::random_tensor(rng, {k}, dtype, 0.3, 1.0);  // [k]
+          Tensor expected = Tensor::empty({m, n}, dtype);                         // [m, n]
+          cpu::rms_norm_matmul(x, norm, kEpsNorm, w, expected);
+          const Tensor dx = upload(x), dw = upload(w), dnorm = upload(norm);
+          const std::int64_t row_stride = 2 * n + 3;  // y [m, n] at strides (2 n + 3, 2)
+          const std::int64_t size = static_cast<std::int64_t>(dtype_size(dtype));
+          for (bool general : {false, true}) {
+            Tensor dy = upload(nan_output({m, row_stride}, dtype));  // [m, 2 n + 3] buffer
+            cuda::gemv::Params p;
+            p.w = dw.raw_data();
+            p.w_row_stride = dw.stride(0);
+            p.n = n;
+            p.k = k;
+            p.rows = static_cast<int>(m);
+            p.in_dtype = p.out_dtype = dtype;
+            p.y_col_stride = 2;
+            p.w_constant = n != 17;
+            p.max_ctas = general ? 1 << 20 : 0;
+            p.prologue = cuda::gemv::Prologue::rms_norm;
+            p.norm_weight = dnorm.raw_data();
+            p.norm_weight_dtype = dtype;
+            p.eps = kEpsNorm;
+            for (std::int64_t r = 0; r < m; ++r) {
+              p.x[r] = static_cast<const char*>(dx.raw_data()) + r * dx.stride(0) * size;
+              p.y[r] = static_cast<char*>(dy.raw_data()) + r * row_stride * size;
+            }
+            const std::uint64_t before = cuda::gemv::launch_stats().norm_rows;
+            cuda::gemv::launch(p, cuda::current_stream());
+            const bool took = cuda::gemv::launch_stats().norm_rows > before;
+            EXPECT_EQ(took, !general && k <= 768) << (general ? "max_ctas" : "launcher's grid");
+            on_norm_rows += took;
+            const Tensor buffer = download(dy);
+            const Tensor got =
+                Tensor::view_of(buffer.storage(), 0, {m, n}, {row_stride, 2}, dtype);  // [m, n]
+            EXPECT_TRUE(testing::close(got, expected, tol)) << (took ? "norm_rows" : "general");
+            EXPECT_EQ(testing::touched_padding(got), 0) << "a store outside y's elements";
+          }
+        }
+  EXPECT_EQ(on_norm_rows, 2 * 3 * 4 * 3);  // dtypes x k <= 768 x n x rows
 }
 
 }  // namespace

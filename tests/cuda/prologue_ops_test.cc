@@ -11,7 +11,8 @@
 //     case first asserts which route it takes (prologue_gemv_applies and the GEMV's prologue
 //     launch counter), so a routing change cannot silently turn the test into a fallback test;
 //     rms_norm_matmul takes the chain at 5-8 rows (kRmsNormPrologueMaxRows), and at 2-4 rows
-//     both of the GEMV's stage 0s run (registers and shared memory: the register counter).
+//     both of the GEMV's stage 0s run (registers and shared memory: the register counter), the
+//     register one on both its kernels (norm_rows_kernel for a 16-bit out, gemv_kernel).
 //     Outputs start as NaN in a padded buffer: a missed store or a write outside the view fails.
 //     Tolerance: the contract's default for out's dtype with the atol widened 4x in 16-bit (the
 //     tuner's tolerance for these ops): the fused normalization sums x^2 in another order than
@@ -102,6 +103,7 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
   Rng rng(31);
   int cases = 0;
   std::uint64_t multi_row_in_registers = 0;  // 2-4 row cases whose stage 0 ran in registers
+  std::uint64_t on_norm_rows = 0;            // of which on norm_rows_kernel (16-bit out, k <= 768)
   for (DType dtype : kDtypes)
     for (std::int64_t k : kKGrid)
       for (std::int64_t n : kNGrid)
@@ -135,7 +137,9 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
           EXPECT_EQ(one_launch, m <= cuda::kRmsNormPrologueMaxRows);
           const std::uint64_t before = prologue_launches();
           const std::uint64_t registers_before = cuda::gemv::launch_stats().register_prologue;
+          const std::uint64_t norm_rows_before = cuda::gemv::launch_stats().norm_rows;
           cuda::rms_norm_matmul(dx, dnorm, kEps, dw, dout, /*w_constant=*/cases % 2 == 0);
+          on_norm_rows += cuda::gemv::launch_stats().norm_rows - norm_rows_before;
           EXPECT_EQ(prologue_launches() - before, one_launch ? 1u : 0u)
               << (one_launch ? "one prologue GEMV launch" : "the chain: no prologue GEMV");
           if (m > 1)
@@ -151,6 +155,10 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
   // memory (k = 97, misaligned layouts, a strided or f32 norm weight, k = 1536).
   EXPECT_GT(multi_row_in_registers, 10u);
   EXPECT_LT(multi_row_in_registers, static_cast<std::uint64_t>(cases) / 2);
+  // Both kernels of the register stage 0 at 2-4 rows: norm_rows_kernel (16-bit out) and
+  // gemv_kernel (f32, or an f32 out).
+  EXPECT_GT(on_norm_rows, 5u);
+  EXPECT_LT(on_norm_rows, multi_row_in_registers);
 }
 
 // ---- 2. silu_mul_matmul_add on the GEMV route ---------------------------------------------------

@@ -15,12 +15,13 @@
 // op) a third kernel, swiglu_pairs_kernel, runs one row with stage 0 in registers, stages 2-5 for
 // four weight rows per warp (gate j, j + 1 and up j, j + 1 of the stacked gate|up weight), and
 // instead of storing y writes silu(gate) * up for its two outputs (its own numbered stages,
-// after rope_pairs_kernel); at 2-4 rows swiglu_rows_kernel does the same for every row.
+// after rope_pairs_kernel); at 2-4 rows norm_rows_kernel does the same for every row.
 //
 // Kernels: gemv_kernel (the general product, any rows <= 8, persistent column-group loop),
 // row_kernel (launch()'s one-row, one-wave decode products), rope_pairs_kernel and
-// swiglu_pairs_kernel (the two epilogue siblings of row_kernel), swiglu_rows_kernel
-// (swiglu_pairs_kernel for 2-4 rows).
+// swiglu_pairs_kernel (the two epilogue siblings of row_kernel), norm_rows_kernel (launch()'s
+// 2-4 row rms_norm products of K <= 768, and the SwiGLU epilogue at 2-4 rows). The decode
+// kernels are small on purpose: a decode step runs each with its code cold.
 //
 // At rows <= 8 the product is a stream over the weight: n * k elements read once, a handful of
 // FLOPs per byte, so the floor is bytes(w) / DRAM bandwidth and the kernel's job is to keep enough
@@ -1239,41 +1240,73 @@ __global__ void __launch_bounds__(kMaxThreads)
   stages.mark(kMarkRowStored);
 }
 
-// ---- the SwiGLU epilogue at 2-4 rows (launch_swiglu with product.rows > 1) ------------------
+// ---- the 2-4 row rms_norm kernel (launch()'s rms_norm products and launch_swiglu at 2-4 rows) --
 //
-// swiglu_pairs_kernel's mapping and stages for a batch of kRows (2 or 4) rows x [rows, k]: warp g
-// takes j = 2 g and the same four weight rows; each weight vector a lane loads is used for every
-// row. Stage 0 is register_rms_norm_rows over the kRows rows; stage 3 is gemv_kernel's for kRows
-// rows and four columns (kValues = 4 kRows >= kMinChains: one FMA chain per value); the
-// transposed reduction leaves value v = r * 4 + c in lanes v * kLanesPerValue ..; gate (r, c)
-// and up (r, c + 2) are 2 kLanesPerValue lanes apart, so one shuffle down hands each gate lane
-// its up sum, and lane v * kLanesPerValue (c < 2, r < rows) stores out[r, j + c] with
-// swiglu_pairs_kernel's stage 5. Rows r >= rows read row 0's address with their loads
-// predicated off (zeros) and store nothing.
-// Not bitwise the two-kernel chain: launch() accumulates the [rows, 2I] product with its own
-// columns per warp (1 at n = 1024), whose per-lane partials order the fp32 sums differently;
-// the CPU contract's tolerance covers it (tests/cuda/swiglu_test.cc).
-template <typename T, int kRows, int kSlots>
-__global__ void __launch_bounds__(kMaxThreads)
-    swiglu_rows_kernel(const SwigluParams p, bool single_wave) {
-  static_assert(kRows == 2 || kRows == 4, "swiglu_rows_kernel: 2 or 4 rows");
+// norm_rows_kernel: kRows (2 or 4) rows x [rows, k] of a K <= 768 16-bit product, stage 0 in
+// registers, four weight rows a warp, in the least code. A decode step runs every kernel with a
+// cold instruction cache (row_kernel's note): gemv_kernel's 4-row rms_norm instance is ~72-105 KB
+// of SASS and took 5.47 us cold at 4 rows of 1032 x 256, more than rms_norm then the plain GEMV
+// (4.76), where the SwiGLU form of this kernel (~30 KB) took 3.02 (docs/perf.md run 343).
+//   1. Mapping. Plain (P = Params, launch()): warp g takes columns j = 4 g .. 4 g + 3 (clamped
+//      to n - 1 for the loads, never stored past n). SwiGLU (P = SwigluParams, launch_swiglu):
+//      swiglu_pairs_kernel's pairs, j = 2 g and the rows j, j + 1 (gate), I + j, I + j + 1 (up).
+//      Each weight vector a lane loads is used for every row.
+//   2. Before the wait: with w_constant the four rows' kSlots vectors per lane; after it
+//      register_rms_norm_rows over the kRows rows (rows r >= rows read row 0's address with
+//      their loads predicated off: zeros), and the weights when not constant.
+//   3. gemv_kernel's stage 3 for kRows rows and four columns (kValues = 4 kRows >= kMinChains:
+//      one FMA chain per value), then transposed_warp_sum: value v = r * 4 + c lands in lanes
+//      v * kLanesPerValue ...
+//   4. Store, lane v * kLanesPerValue for r < rows. Plain: y[r, j + c] = round_T(sum) (launch()'s
+//      store for out_dtype = T). SwiGLU: gate (r, c < 2) and up (r, c + 2) are 2 kLanesPerValue
+//      lanes apart, so one shuffle down hands each gate lane its up sum, and out[r, j + c] is
+//      swiglu_pairs_kernel's stage 5.
+//   5. PDL as stage 6 of gemv_kernel (a one-wave grid triggers its dependents first thing).
+// Not bitwise gemv_kernel: launch() picks its own columns per warp (1 at n = 1024-1032), whose
+// per-lane partials order the fp32 sums differently; the CPU contract's tolerance covers it
+// (tests/cuda/gemv_test.cc, prologue_ops_test.cc, swiglu_test.cc).
+template <typename P>
+__host__ __device__ __forceinline__ const Params& product_of(const P& p) {
+  if constexpr (std::is_same_v<P, SwigluParams>) {
+    return p.product;
+  } else {
+    return p;
+  }
+}
+
+template <typename P, typename T, int kRows, int kSlots>
+__global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool single_wave) {
+  static_assert(kRows == 2 || kRows == 4, "norm_rows_kernel: 2 or 4 rows");
+  constexpr bool kSwiglu = std::is_same_v<P, SwigluParams>;
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
-  constexpr int kCols = 4;  // gate j, gate j + 1, up j, up j + 1
+  constexpr int kCols = 4;  // plain: j .. j + 3; SwiGLU: gate j, gate j + 1, up j, up j + 1
   constexpr int kValues = kRows * kCols;
   constexpr int kLanesPerValue = kWarpSize / kValues;
-  const Params& q = p.product;
+  const Params& q = product_of(p);
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int pair = static_cast<int>(blockIdx.x) * static_cast<int>(blockDim.x / kWarpSize) +
-                   static_cast<int>(threadIdx.x) / kWarpSize;
-  const std::int64_t inter = p.inter;
-  const bool has_pair = pair < static_cast<int>((inter + 1) / 2);  // warp-uniform
+  const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) +
+                             static_cast<std::int64_t>(threadIdx.x / kWarpSize);
+  // Stage 1: the output width (n, or I), this warp's four weight rows.
+  std::int64_t width, groups;
+  if constexpr (kSwiglu) {
+    width = p.inter, groups = (width + 1) / 2;
+  } else {
+    width = q.n, groups = (width + kCols - 1) / kCols;
+  }
+  const bool has_group = group < groups;  // warp-uniform
   const int num_vec = static_cast<int>(q.k / kVec);
   const int lane_vectors = num_vec - lane;
-  // Stage 1: the four weight rows.
-  const std::int64_t j = 2 * static_cast<std::int64_t>(has_pair ? pair : 0);
-  const std::int64_t rows[kCols] = {j, j + 1, inter + j, inter + j + 1};
+  std::int64_t j, rows[kCols];
+  if constexpr (kSwiglu) {
+    j = 2 * (has_group ? group : 0);
+    rows[0] = j, rows[1] = j + 1, rows[2] = width + j, rows[3] = width + j + 1;
+  } else {
+    j = kCols * (has_group ? group : 0);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) rows[c] = j + c;
+  }
   LaneWeights<T, kSlots, kCols> w(q, rows, lane);
-  // Stage 5's target: this lane's value (r, c) after the reduction; gate lanes store out[r, j + c].
+  // Stage 4's target: this lane's value (r, c) after the reduction.
   const int value = lane / kLanesPerValue;
   const int out_row = value / kCols, out_col = value % kCols;
   void* y_row = q.y[0];
@@ -1281,17 +1314,18 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int r = 1; r < kRows; ++r)
     if (out_row == r) y_row = q.y[r];
   const std::int64_t e = j + out_col;
-  const bool stores =
-      has_pair && lane % kLanesPerValue == 0 && out_col < 2 && out_row < q.rows && e < inter;
+  const bool stores = has_group && lane % kLanesPerValue == 0 && (!kSwiglu || out_col < 2) &&
+                      out_row < q.rows && e < width;
 
+  // Stage 2, then the wait (stage 5).
   if (single_wave) detail::allow_dependents();  // launch.cuh
-  if (q.w_constant && has_pair) w.load(lane_vectors);
+  if (q.w_constant && has_group) w.load(lane_vectors);
   detail::wait_for_producers();
-  if (!has_pair) return;
+  if (!has_group) return;
   if (!q.w_constant) w.load(lane_vectors);
   uint4 x_raw[kSlots][kRows];  // [slots, rows] vectors of the normalized rows
   register_rms_norm_rows<T, kRows, kSlots>(q, x_raw, lane, num_vec);
-  // Stage 4: gemv_kernel's stage 3 for kRows rows and the four columns.
+  // Stage 3.
   float acc[kValues];  // [rows * cols]
 #pragma unroll
   for (int v = 0; v < kValues; ++v) acc[v] = 0.0f;
@@ -1313,10 +1347,14 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
   const float sum = transposed_warp_sum(acc, lane);
-  const float up = __shfl_down_sync(kFullMask, sum, 2 * kLanesPerValue);  // (r, c + 2)'s sum
-  if (!stores) return;
-  // Stage 5.
-  static_cast<T*>(y_row)[e * q.y_col_stride] = swiglu_of_sums<T>(sum, up);
+  // Stage 4.
+  T* const target = static_cast<T*>(y_row) + e * q.y_col_stride;
+  if constexpr (kSwiglu) {
+    const float up = __shfl_down_sync(kFullMask, sum, 2 * kLanesPerValue);  // (r, c + 2)'s sum
+    if (stores) *target = swiglu_of_sums<T>(sum, up);
+  } else {
+    if (stores) *target = from_float<T>(sum);
+  }
 }
 
 // ---- host ----------------------------------------------------------------------------------
@@ -1634,28 +1672,48 @@ void launch_swiglu_typed(const SwigluParams& p, int slots, bool partials, int de
   launch_swiglu_instance<T, kLargeSlots, true>(p, device, stream);
 }
 
-// swiglu_rows_kernel for 2 (kRows 2) or 3-4 (kRows 4) rows: one warp per pair of output
-// columns, pair_grid's CTAs; counted as a prologue launch with its stage 0 in registers.
-template <typename T, int kRows>
-void launch_swiglu_rows_instance(const SwigluParams& p, int device, cudaStream_t stream) {
-  const auto kernel = swiglu_rows_kernel<T, kRows, kSmallSlots>;
+std::atomic<std::uint64_t> g_norm_rows_launches{0};
+
+// norm_rows_kernel for 2 (kRows 2) or 3-4 (kRows 4) rows: one warp per four weight rows (a
+// plain product's column group, or a SwiGLU pair), pair_grid's CTAs; counted as a prologue
+// launch with its stage 0 in registers, and in its own counter (SwiGLU: swiglu_launches, else
+// LaunchStats::norm_rows). p's rows past `rows` hold row 0's addresses (launch(), launch_swiglu).
+// With `one_wave_only` (launch()'s route: larger products keep gemv_kernel's persistent loop) it
+// launches nothing and returns false when the grid is not one resident wave.
+template <typename P, typename T, int kRows>
+bool launch_norm_rows_instance(const P& p, bool one_wave_only, int device, cudaStream_t stream) {
+  constexpr bool kSwiglu = std::is_same_v<P, SwigluParams>;
+  const auto kernel = norm_rows_kernel<P, T, kRows, kSmallSlots>;
   static OccupancyCache cache;
-  const PairGrid g =
-      pair_grid(reinterpret_cast<const void*>(kernel), (p.inter + 1) / 2, device, cache);
+  const Params& q = product_of(p);
+  std::int64_t groups;
+  if constexpr (kSwiglu) {
+    groups = (p.inter + 1) / 2;
+  } else {
+    groups = (q.n + 3) / 4;
+  }
+  const PairGrid g = pair_grid(reinterpret_cast<const void*>(kernel), groups, device, cache);
+  if (one_wave_only && !g.single_wave) return false;
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (stream != nullptr && pdl_enabled()) g_pdl_launches.fetch_add(1, std::memory_order_relaxed);
-  if (p.product.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
+  if (q.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
   g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
   g_register_prologue_launches.fetch_add(1, std::memory_order_relaxed);
-  g_swiglu_launches.fetch_add(1, std::memory_order_relaxed);
+  (kSwiglu ? g_swiglu_launches : g_norm_rows_launches).fetch_add(1, std::memory_order_relaxed);
   detail::launch_kernel(kernel, dim3(static_cast<unsigned>(g.blocks)), dim3(g.threads), stream, p,
                         g.single_wave);
+  return true;
 }
 
-template <typename T>
-void launch_swiglu_rows(const SwigluParams& p, int device, cudaStream_t stream) {
-  if (p.product.rows <= 2) return launch_swiglu_rows_instance<T, 2>(p, device, stream);
-  launch_swiglu_rows_instance<T, 4>(p, device, stream);
+template <typename P>
+bool launch_norm_rows(const P& p, bool one_wave_only, int device, cudaStream_t stream) {
+  const Params& q = product_of(p);
+  const bool bf16 = q.in_dtype == DType::bf16, two = q.rows <= 2;
+  if (bf16 && two)
+    return launch_norm_rows_instance<P, __nv_bfloat16, 2>(p, one_wave_only, device, stream);
+  if (bf16) return launch_norm_rows_instance<P, __nv_bfloat16, 4>(p, one_wave_only, device, stream);
+  if (two) return launch_norm_rows_instance<P, __half, 2>(p, one_wave_only, device, stream);
+  return launch_norm_rows_instance<P, __half, 4>(p, one_wave_only, device, stream);
 }
 
 }  // namespace
@@ -1668,6 +1726,7 @@ LaunchStats launch_stats() {
   s.prologue = g_prologue_launches.load(std::memory_order_relaxed);
   s.row = g_row_launches.load(std::memory_order_relaxed);
   s.register_prologue = g_register_prologue_launches.load(std::memory_order_relaxed);
+  s.norm_rows = g_norm_rows_launches.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -1794,6 +1853,15 @@ void launch(const Params& params, cudaStream_t stream) {
     }
     if (launched) return;
   }
+  // The 2-4 row rms_norm kernel: a register prologue of 2-4 rows in a K <= 768 16-bit product
+  // (one batch of kSmallSlots vectors per lane), y in x's dtype, no residual, the launcher's
+  // columns and grid, when its groups fit one resident wave.
+  const bool sixteen_bit = p.in_dtype == DType::bf16 || p.in_dtype == DType::f16;
+  if (p.rows >= 2 && p.rows <= 4 && g.register_prologue && sixteen_bit &&
+      p.out_dtype == p.in_dtype && !p.has_c && p.cols == 0 && p.max_ctas == 0 &&
+      !p.one_warp_per_group && p.k / (kVectorBytes / elem) <= kSmallSlots * kWarpSize &&
+      launch_norm_rows(p, /*one_wave_only=*/true, device, stream))
+    return;
 
   switch (p.in_dtype) {
     case DType::f16:
@@ -1860,7 +1928,7 @@ bool swiglu_supported(const Params& q) {
     return false;
   for (int r = 0; r < q.rows; ++r)
     if (q.x[r] == nullptr || !aligned(q.x[r]) || (q.rows > 1 && q.y[r] == nullptr)) return false;
-  // 2-4 rows: swiglu_rows_kernel's one batch of kSmallSlots vectors per lane covers k.
+  // 2-4 rows: norm_rows_kernel's one batch of kSmallSlots vectors per lane covers k.
   if (q.rows > 1) return q.k / vec <= static_cast<std::int64_t>(kSmallSlots) * kWarpSize;
   // launch()'s one-batch register-prologue instance for this product (the bitwise reference).
   return one_batch_slots(q.k, q.in_dtype, default_cols(q.n, sm_count(current_device()))) > 0;
@@ -1881,9 +1949,8 @@ void launch_swiglu(const SwigluParams& params, cudaStream_t stream) {
       rows_params.product.x[r] = q.x[0];
       rows_params.product.y[r] = q.y[0];
     }
-    if (q.in_dtype == DType::bf16)
-      return launch_swiglu_rows<__nv_bfloat16>(rows_params, device, stream);
-    return launch_swiglu_rows<__half>(rows_params, device, stream);
+    launch_norm_rows(rows_params, /*one_wave_only=*/false, device, stream);
+    return;
   }
   // launch()'s columns per warp at n = 2I, hence its per-lane accumulation (stage 3: a partial
   // per vector below kMinChains accumulators) and its one-batch slots.

@@ -18,7 +18,10 @@
 // the least code (gemv.cu's row_kernel; LaunchStats::row counts it). The batch-1 products of a
 // decode step are such calls. Two fused siblings of it reuse its stages with their own column
 // mapping and epilogue: launch_rope (q|k|v + RoPE + KV appends) and launch_swiglu (gate|up +
-// SwiGLU's activation), below.
+// SwiGLU's activation), below. An rms_norm product of 2-4 rows whose stage 0 runs in registers
+// (16-bit, k <= 768), y in x's dtype, no residual, no max_ctas or cols, whose four-column groups
+// fit one resident wave, takes the 2-4 row kernel (gemv.cu's norm_rows_kernel; within tolerance,
+// not bitwise, of the general kernel; LaunchStats::norm_rows counts it).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -101,6 +104,7 @@ bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 struct LaunchStats {
   std::uint64_t launches = 0, pdl = 0, prefetch = 0, prologue = 0, row = 0;
   std::uint64_t register_prologue = 0;  // rms_norm prologues computed in registers (no barrier)
+  std::uint64_t norm_rows = 0;          // 2-4 row rms_norm products on norm_rows_kernel (gemv.cu)
 };
 LaunchStats launch_stats();
 
@@ -161,7 +165,7 @@ std::uint64_t rope_launches();
 
 // ---- the gate|up GEMV with a SwiGLU epilogue (cuda::rms_norm_matmul_swiglu) -----------------
 //
-// One row x [k] (16-bit; or 2-4 rows, swiglu_rows_kernel), the register rms_norm prologue, the
+// One row x [k] (16-bit; or 2-4 rows, norm_rows_kernel), the register rms_norm prologue, the
 // stacked weight w [2I, k] (rows 0 .. I-1 the gate, I .. 2I-1 the up projection) and the "swiglu
 // pairs" column mapping: warp g computes columns j, j + 1, I + j, I + j + 1 (j = 2 g) of every
 // row, so after the reduction one warp holds the gate and up sums of two outputs a row. Each sum
@@ -176,7 +180,7 @@ struct SwigluParams {
   std::int64_t inter = 0;  // I
 };
 
-// The most rows of x launch_swiglu takes (swiglu_rows_kernel at 2-4 rows).
+// The most rows of x launch_swiglu takes (norm_rows_kernel at 2-4 rows).
 inline constexpr int kSwigluMaxRows = 4;
 
 // Whether launch_swiglu takes `product` as given: 16-bit x, w, norm weight and y of one dtype

@@ -66,9 +66,10 @@ bool prologue_gemv_applies(const Tensor& x, const Tensor& w);
 // model's K = 256 products the prologue GEMV alone is now faster than rms_norm + the plain GEMV
 // (3.18 against 3.62 us with the transposed register norm, layer_ops_cuda_bench's
 // rms_norm_mm_gemv; 4.53 against 3.53 before it), yet the captured decode step with it at 5-8
-// rows was 10-12% slower at B = 6 and 8, and level eagerly with every node timed (docs/perf.md
-// runs 329, 338-341): the loss is in how the captured launches overlap, not in the kernel alone.
-// At 2 and 4 rows the prologue GEMV wins in both.
+// rows was 10-12% slower at B = 6 and 8 (docs/perf.md runs 329, 338-342): in a step each kernel
+// runs with its code cold, and cold the 8-row prologue GEMV takes 6.43 us against the chain's
+// 5.02 (run 343: its gemv_kernel instance is ~127 KB of SASS). At 2-4 rows gemv::launch takes the
+// lean norm_rows_kernel (2.91 us cold at 4 rows).
 inline constexpr std::int64_t kRmsNormPrologueMaxRows = 4;
 
 // Whether rms_norm_matmul takes the one-launch GEMV route: prologue_gemv_applies and at most
