@@ -31,6 +31,11 @@
 //      their chains; run in every mode, smollm2 included (small weights, milliseconds); and the
 //      rms_norm prologue GEMV launched directly at 6 and 8 rows (rms_norm_mm_gemv), where
 //      rms_norm_matmul takes the chain (kRmsNormPrologueMaxRows).
+//   5e. Cold code ("~" rows): 5d's products at 4 and 8 rows (at 8 the prologue GEMV launched
+//      directly) with a kernel of 256 KB of straight-line code between calls, its own graph's
+//      time subtracted: each call then starts with its code out of the SMs' instruction caches,
+//      as in a decode step. The step found the 8-row prologue GEMV slower though the warm bench
+//      finds it faster (perf.md runs 340-342); cold it is slower here too (run 343).
 //   6. Output: one row per op and shape (fused us with and without PDL, primitive us with and
 //      without PDL, kernels, ratio) and JSON at argv[1] (default layer_ops_cuda_bench.json);
 //      argv[2] the replays (default 30), argv[3] "smollm2": the SmolLM2 shapes only.
@@ -87,8 +92,31 @@ Tensor device_empty(const splice::Dims& shape, DType dtype) {
   return Tensor::empty(shape, dtype, splice::Device::cuda());
 }
 
+// Straight-line code larger than an SM's instruction caches: kColdCodeFmas FFMAs with distinct
+// immediates in 8 independent chains (~16 B of SASS each: 256 KB), one warp on every SM. Run
+// between two calls of an arm it leaves none of the arm's code cached, as in a decode step where
+// each kernel runs once among ~30 others (the cold-code rows, 5e).
+constexpr int kColdCodeFmas = 16384;
+__global__ void cold_code_kernel(float* sink, float seed) {
+  float acc[8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) acc[c] = seed + static_cast<float>(threadIdx.x + c);
+#pragma unroll
+  for (int i = 0; i < kColdCodeFmas / 8; ++i)
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[c] = fmaf(acc[c], 0.999f + 1e-7f * (i * 8 + c), 1e-3f * c);
+  float sum = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) sum += acc[c];
+  if (sum == 1234.5f) sink[threadIdx.x] = sum;  // keeps the chains; never true for these seeds
+}
+
+// Set while the cold-code rows are timed: time_arm_once then runs cold_code_kernel before every
+// call of the arm and subtracts a graph of the flushes alone.
+bool g_cold_code = false;
+
 // Median microseconds per call of `arm` captured kCalls times into one graph.
-double time_arm_once(const std::function<void()>& arm, int reps, cuda::Stream stream) {
+double time_graph(const std::function<void()>& arm, int reps, cuda::Stream stream) {
   cuda::StreamGuard guard(stream);
   arm();  // eager once: any lazy setup happens outside the capture
   cuda::stream_synchronize(stream);
@@ -99,6 +127,24 @@ double time_arm_once(const std::function<void()>& arm, int reps, cuda::Stream st
       reinterpret_cast<cudaGraphExec_t>(exec), stream, kWarmupReplays, reps, kCalls);
   cuda::destroy_graph(exec);
   return t.median_us;
+}
+
+// time_graph of `arm`; with g_cold_code, of (flush, arm) less that of the flush alone.
+double time_arm_once(const std::function<void()>& arm, int reps, cuda::Stream stream) {
+  if (!g_cold_code) return time_graph(arm, reps, stream);
+  static float* sink = nullptr;
+  if (sink == nullptr) BENCH_CHECK(cudaMalloc(&sink, 32 * sizeof(float)));
+  const auto flush = [&] {
+    cold_code_kernel<<<cuda::current_device_facts().sm_count, 32, 0, cuda::current_stream()>>>(
+        sink, 0.5f);
+  };
+  const double both = time_graph(
+      [&] {
+        flush();
+        arm();
+      },
+      reps, stream);
+  return both - time_graph(flush, reps, stream);
 }
 
 // time_arm_once with PDL on (the returned value) and off (*no_pdl); the switch is restored.
@@ -365,8 +411,8 @@ cuda::gemv::Params rms_norm_gemv_params(const Tensor& x, const Tensor& norm, con
 // alike; the point is the launch saved.
 // `direct`: the fused arm is the rms_norm prologue GEMV launched directly (gemv::launch, row
 // "rms_norm_mm_gemv"), at the rows rms_norm_matmul leaves to the chain (rows >
-// kRmsNormPrologueMaxRows). Alone it wins at 6 and 8 rows (runs 338-339) while the decode step
-// with it loses (run 340): read it beside `splice bench --batch 8`, not instead of it.
+// kRmsNormPrologueMaxRows). Warm it wins at 6 and 8 rows (runs 338-339), cold it loses (run
+// 343), as the decode step with it did (run 340).
 Row bench_rms_norm_matmul(splice::Rng& rng, std::int64_t hidden, std::int64_t n, int reps,
                           cuda::Stream stream, std::int64_t rows = 1, bool direct = false) {
   const Tensor x = device_random(rng, {rows, hidden}, DType::bf16);          // [M, K]
@@ -520,6 +566,12 @@ Row bench_qkv_rope(splice::Rng& rng, std::int64_t hidden, std::int64_t heads, st
 
 }  // namespace
 
+// A cold-code row: its op name marked with "~".
+Row cold(Row row) {
+  row.op += "~";
+  return row;
+}
+
 int main(int argc, char** argv) {
   const std::string json_path = argc > 1 ? argv[1] : "layer_ops_cuda_bench.json";
   const int reps = argc > 2 ? std::max(1, std::atoi(argv[2])) : kDefaultReps;
@@ -594,6 +646,16 @@ int main(int argc, char** argv) {
   for (const std::int64_t rows : {6, 8})
     add("rms_norm_mm_gemv",
         [&] { return bench_rms_norm_matmul(rng, 256, 1032, reps, stream, rows, true); });
+  // 5e. Cold code: the 5d products at 4 and 8 rows again with cold_code_kernel between calls
+  // (each kernel's code cold, as in a decode step); op names end in "~".
+  g_cold_code = true;
+  for (const std::int64_t rows : {4, 8}) {
+    add("rms_norm_matmul~",
+        [&] { return cold(bench_rms_norm_matmul(rng, 256, 1032, reps, stream, rows, rows > 4)); });
+    add("rms_norm_mm_swiglu~",
+        [&] { return cold(bench_rms_norm_matmul_swiglu(rng, 256, 512, rows, reps, stream)); });
+  }
+  g_cold_code = false;
   std::ofstream json(json_path);
   json << "[\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {
