@@ -28,14 +28,13 @@
 //      (K <= 2048 only).
 //   5d. The default model's batched products at M = 1, 2, 4, 8 rows: rms_norm_matmul (its KDA
 //      input projections, 1032 x 256) and rms_norm_matmul_swiglu (gate|up, 1024 x 256) against
-//      their chains; run in every mode, smollm2 included (small weights, milliseconds); and the
-//      rms_norm prologue GEMV launched directly at 6 and 8 rows (rms_norm_mm_gemv), where
-//      rms_norm_matmul takes the chain (kRmsNormPrologueMaxRows).
-//   5e. Cold code ("~" rows): 5d's products at 4 and 8 rows (at 8 the prologue GEMV launched
-//      directly) with a kernel of 256 KB of straight-line code between calls, its own graph's
-//      time subtracted: each call then starts with its code out of the SMs' instruction caches,
-//      as in a decode step. The step found the 8-row prologue GEMV slower though the warm bench
-//      finds it faster (perf.md runs 340-342); cold it is slower here too (run 343).
+//      their chains; run in every mode, smollm2 included (small weights, milliseconds).
+//   5e. Cold code ("~" rows): 5d's products at 4 and 8 rows, and the 8-row product on
+//      gemv_kernel (rms_norm_mm_gemv~), with a kernel of 256 KB of straight-line code between
+//      calls, its own graph's time subtracted: each call then starts with its code out of the SMs'
+//      instruction caches, as in a decode step. The step found the 8-row prologue GEMV slower
+//      though the warm bench finds it faster (perf.md runs 340-342); cold it is slower here too
+//      (run 343).
 //   6. Output: one row per op and shape (fused us with and without PDL, primitive us with and
 //      without PDL, kernels, ratio) and JSON at argv[1] (default layer_ops_cuda_bench.json);
 //      argv[2] the replays (default 30), argv[3] "smollm2": the SmolLM2 shapes only.
@@ -378,7 +377,8 @@ Row bench_layer_mix(splice::Rng& rng, std::int64_t hidden, std::int64_t inter, s
   return row;
 }
 
-// The prologue GEMV's params for x [M, K] (contiguous rows), w [N, K], norm [K] into out [M, N].
+// The prologue GEMV's params for x [M, K] (contiguous rows), w [N, K], norm [K] into out [M, N],
+// on gemv_kernel (max_ctas set: what launch() ran before norm_rows_kernel).
 cuda::gemv::Params rms_norm_gemv_params(const Tensor& x, const Tensor& norm, const Tensor& w,
                                         Tensor& out) {
   const std::int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
@@ -391,6 +391,7 @@ cuda::gemv::Params rms_norm_gemv_params(const Tensor& x, const Tensor& norm, con
   p.in_dtype = p.out_dtype = DType::bf16;
   p.y_col_stride = 1;
   p.w_constant = true;
+  p.max_ctas = 1 << 20;
   for (std::int64_t r = 0; r < rows; ++r) {
     p.x[r] = static_cast<const std::uint16_t*>(x.raw_data()) + r * k;
     p.y[r] = static_cast<std::uint16_t*>(out.raw_data()) + r * n;
@@ -409,10 +410,9 @@ cuda::gemv::Params rms_norm_gemv_params(const Tensor& x, const Tensor& norm, con
 // constant (the session's hint). Bytes: the weight read once (the floor of both arms). The small
 // shapes' weights stay in the 50 MB L2 across the 100 captured calls, which flatters both arms
 // alike; the point is the launch saved.
-// `direct`: the fused arm is the rms_norm prologue GEMV launched directly (gemv::launch, row
-// "rms_norm_mm_gemv"), at the rows rms_norm_matmul leaves to the chain (rows >
-// kRmsNormPrologueMaxRows). Warm it wins at 6 and 8 rows (runs 338-339), cold it loses (run
-// 343), as the decode step with it did (run 340).
+// `direct`: the fused arm is the rms_norm prologue GEMV on gemv_kernel (row "rms_norm_mm_gemv"),
+// the one-launch route before norm_rows_kernel: at 8 rows it wins warm (runs 338-339) and loses
+// cold (run 343), as the decode step with it did (run 340).
 Row bench_rms_norm_matmul(splice::Rng& rng, std::int64_t hidden, std::int64_t n, int reps,
                           cuda::Stream stream, std::int64_t rows = 1, bool direct = false) {
   const Tensor x = device_random(rng, {rows, hidden}, DType::bf16);          // [M, K]
@@ -642,19 +642,17 @@ int main(int argc, char** argv) {
     add("rms_norm_mm_swiglu",
         [&] { return bench_rms_norm_matmul_swiglu(rng, 256, 512, rows, reps, stream); });
   }
-  // The one-launch route at the rows past kRmsNormPrologueMaxRows (the chain takes them).
-  for (const std::int64_t rows : {6, 8})
-    add("rms_norm_mm_gemv",
-        [&] { return bench_rms_norm_matmul(rng, 256, 1032, reps, stream, rows, true); });
   // 5e. Cold code: the 5d products at 4 and 8 rows again with cold_code_kernel between calls
   // (each kernel's code cold, as in a decode step); op names end in "~".
   g_cold_code = true;
   for (const std::int64_t rows : {4, 8}) {
     add("rms_norm_matmul~",
-        [&] { return cold(bench_rms_norm_matmul(rng, 256, 1032, reps, stream, rows, rows > 4)); });
+        [&] { return cold(bench_rms_norm_matmul(rng, 256, 1032, reps, stream, rows)); });
     add("rms_norm_mm_swiglu~",
         [&] { return cold(bench_rms_norm_matmul_swiglu(rng, 256, 512, rows, reps, stream)); });
   }
+  add("rms_norm_mm_gemv~",
+      [&] { return cold(bench_rms_norm_matmul(rng, 256, 1032, reps, stream, 8, true)); });
   g_cold_code = false;
   std::ofstream json(json_path);
   json << "[\n";

@@ -49,7 +49,7 @@
 //  10. The rms_norm / silu_mul prologue products, and the in-place residual epilogue and the
 //     rms_norm prologue on 2 CTAs (many column groups per warp), against the CPU; and the
 //     decode-row kernel (one row, one wave) against the general kernel bit for bit, over every
-//     prologue, the residual, columns per warp and dtype; the 2-4 row rms_norm kernel against the
+//     prologue, the residual, columns per warp and dtype; the 2-8 row rms_norm kernel against the
 //     CPU and the general kernel (within tolerance: another fp32 summation order).
 // Inputs have mean 0.5 so the dot products stay away from cancellation, where the fp32
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
@@ -872,24 +872,26 @@ TEST(CudaGemv, DecodeRowKernelIsBitwiseTheGeneralKernel) {
       }
 }
 
-// The 2-4 row rms_norm kernel (gemv.cu's norm_rows_kernel: 2-4 rows of a register prologue in a
-// k <= 768 16-bit product, y in x's dtype, no residual, one resident wave) against the CPU
-// composition and against gemv_kernel (the same launch with max_ctas set): bf16 and f16, 2, 3 and
-// 4 rows, k = 64, 576, 768 (its largest) and 776 (gemv_kernel), n = 1, 17, 1030 and 3072 (column
-// groups ending after 1, 1, 2 and 4 columns), w_constant on and off, y rows at a column stride of
-// 2 in a NaN-poisoned buffer (gaps and row ends must stay NaN). Not bitwise gemv_kernel (it orders
-// the fp32 sums otherwise): both within the prologue ops' tolerance of the CPU. The launch
-// counter (LaunchStats::norm_rows) says which kernel ran.
+// The multi-row rms_norm kernel (gemv.cu's norm_rows_kernel: 2-8 rows of a register prologue in
+// a 16-bit product of k <= 768 at 2-4 rows and <= 256 at 5-8, y in x's dtype, no residual, one
+// resident wave) against the CPU composition and against gemv_kernel (the same launch with
+// max_ctas set): bf16 and f16, 2, 3, 4, 5 and 8 rows, k = 64, 256 (one slot a lane), 576, 768
+// (the largest) and 776 (gemv_kernel), n = 1, 17, 1030 and 3072 (column groups ending after 1,
+// 1, 2 and 4 columns), w_constant on and off, y rows at a column stride of 2 in a NaN-poisoned
+// buffer (gaps and row ends must stay NaN). Not bitwise gemv_kernel (it orders the fp32 sums
+// otherwise): both within the prologue ops' tolerance of the CPU. The launch counter
+// (LaunchStats::norm_rows) says which kernel ran.
 TEST(CudaGemv, NormRowsKernelAgreesWithTheCpuAndTheGeneralKernel) {
   SKIP_WITHOUT_GPU();
   Rng rng(59);
   constexpr float kEpsNorm = 1e-5f;
   int on_norm_rows = 0;
   for (DType dtype : {DType::bf16, DType::f16})
-    for (std::int64_t k : {64, 576, 768, 776})
+    for (std::int64_t k : {64, 256, 576, 768, 776})
       for (std::int64_t n : {1, 17, 1030, 3072})
-        for (std::int64_t m : {2, 3, 4}) {
+        for (std::int64_t m : {2, 3, 4, 5, 8}) {
           SCOPED_TRACE(label(dtype, m, n, k, "norm rows"));
+          const bool fits = k <= (m <= 4 ? 768 : 256);  // one batch: 3 slots at 2-4 rows, 1 past
           Tolerance tol = default_tolerance(dtype);
           tol.atol *= 4;
           const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
@@ -924,7 +926,7 @@ TEST(CudaGemv, NormRowsKernelAgreesWithTheCpuAndTheGeneralKernel) {
             const std::uint64_t before = cuda::gemv::launch_stats().norm_rows;
             cuda::gemv::launch(p, cuda::current_stream());
             const bool took = cuda::gemv::launch_stats().norm_rows > before;
-            EXPECT_EQ(took, !general && k <= 768) << (general ? "max_ctas" : "launcher's grid");
+            EXPECT_EQ(took, !general && fits) << (general ? "max_ctas" : "launcher's grid");
             on_norm_rows += took;
             const Tensor buffer = download(dy);
             const Tensor got =
@@ -933,7 +935,7 @@ TEST(CudaGemv, NormRowsKernelAgreesWithTheCpuAndTheGeneralKernel) {
             EXPECT_EQ(testing::touched_padding(got), 0) << "a store outside y's elements";
           }
         }
-  EXPECT_EQ(on_norm_rows, 2 * 3 * 4 * 3);  // dtypes x k <= 768 x n x rows
+  EXPECT_EQ(on_norm_rows, 2 * 4 * (4 * 3 + 2 * 2));  // dtypes x n x (2-4 rows: 4 k; 5, 8: 2 k)
 }
 
 }  // namespace

@@ -10,9 +10,10 @@
 //     offset (rows start one element past a 16-byte boundary: the prologue's scalar path). Every
 //     case first asserts which route it takes (prologue_gemv_applies and the GEMV's prologue
 //     launch counter), so a routing change cannot silently turn the test into a fallback test;
-//     rms_norm_matmul takes the chain at 5-8 rows (kRmsNormPrologueMaxRows), and at 2-4 rows
-//     both of the GEMV's stage 0s run (registers and shared memory: the register counter), the
-//     register one on both its kernels (norm_rows_kernel for a 16-bit out, gemv_kernel).
+//     at 2-4 rows both of the GEMV's stage 0s run (registers and shared memory: the register
+//     counter), the register one on both its kernels (norm_rows_kernel for a 16-bit out,
+//     gemv_kernel); at 5-8 rows rms_norm_matmul takes one launch only on norm_rows_kernel, else
+//     the chain (kRmsNormPrologueMaxRows), and both run.
 //     Outputs start as NaN in a padded buffer: a missed store or a write outside the view fails.
 //     Tolerance: the contract's default for out's dtype with the atol widened 4x in 16-bit (the
 //     tuner's tolerance for these ops): the fused normalization sums x^2 in another order than
@@ -104,6 +105,7 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
   int cases = 0;
   std::uint64_t multi_row_in_registers = 0;  // 2-4 row cases whose stage 0 ran in registers
   std::uint64_t on_norm_rows = 0;            // of which on norm_rows_kernel (16-bit out, k <= 768)
+  int wide_on_norm_rows = 0, wide_chain = 0;  // 5-8 row cases: norm_rows_kernel, the chain
   for (DType dtype : kDtypes)
     for (std::int64_t k : kKGrid)
       for (std::int64_t n : kNGrid)
@@ -132,19 +134,23 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
           const Tensor dx = upload(x), dnorm = upload(norm), dw = upload(w);
           Tensor dout = upload(host({m, n}, out_dtype, Layout::padded));
           ASSERT_TRUE(cuda::prologue_gemv_applies(dx, dw));
-          // 5-8 rows: rms_norm then the plain GEMV (kRmsNormPrologueMaxRows).
-          const bool one_launch = cuda::rms_norm_prologue_applies(dx, dw);
-          EXPECT_EQ(one_launch, m <= cuda::kRmsNormPrologueMaxRows);
           const std::uint64_t before = prologue_launches();
           const std::uint64_t registers_before = cuda::gemv::launch_stats().register_prologue;
           const std::uint64_t norm_rows_before = cuda::gemv::launch_stats().norm_rows;
           cuda::rms_norm_matmul(dx, dnorm, kEps, dw, dout, /*w_constant=*/cases % 2 == 0);
-          on_norm_rows += cuda::gemv::launch_stats().norm_rows - norm_rows_before;
+          const std::uint64_t norm_rows = cuda::gemv::launch_stats().norm_rows - norm_rows_before;
+          // 1-4 rows: one prologue GEMV launch; 5-8 rows: one on norm_rows_kernel (16-bit out, k
+          // <= 256 in aligned vectors), else rms_norm then the plain GEMV.
+          const bool one_launch = m <= cuda::kRmsNormPrologueMaxRows || norm_rows == 1;
           EXPECT_EQ(prologue_launches() - before, one_launch ? 1u : 0u)
               << (one_launch ? "one prologue GEMV launch" : "the chain: no prologue GEMV");
-          if (m > 1)
+          if (m > cuda::kRmsNormPrologueMaxRows) {
+            (norm_rows == 1 ? wide_on_norm_rows : wide_chain) += 1;
+          } else if (m > 1) {
+            on_norm_rows += norm_rows;
             multi_row_in_registers +=
                 cuda::gemv::launch_stats().register_prologue - registers_before;
+          }
           EXPECT_TRUE(agrees(dout, expected, dtype))
               << "out " << dtype_name(out_dtype) << ", norm weight " << dtype_name(norm_dtype)
               << (cases % 7 == 6 ? " (stride 2)" : "");
@@ -159,6 +165,9 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
   // gemv_kernel (f32, or an f32 out).
   EXPECT_GT(on_norm_rows, 5u);
   EXPECT_LT(on_norm_rows, multi_row_in_registers);
+  // Both routes at 5-8 rows: norm_rows_kernel (k = 64) and the chain (k >= 97, f32, misaligned).
+  EXPECT_GT(wide_on_norm_rows, 5);
+  EXPECT_GT(wide_chain, 5);
 }
 
 // ---- 2. silu_mul_matmul_add on the GEMV route ---------------------------------------------------

@@ -8,12 +8,13 @@
 //     the two kernels, and the fused kernel launched exactly where gemv::swiglu_supported says
 //     (SmolLM2's shape always); within the arm generator's tolerance (the bf16 / f16 policy with a
 //     4x atol) of the CPU op.
-//  2. The fallback (five rows, f32, K not in whole 16-byte vectors): the two kernels, bitwise.
-//  2b. 2-4 rows (swiglu_rows_kernel): the default model's (256, 512), SmolLM2's (576, 1536), odd
-//     I and K = 768 at 2, 3 and 4 rows, x rows in a padded buffer (strided rows), out rows
-//     NaN-poisoned first: one fused launch, every element written, within the tolerance of the
-//     CPU op and of the two kernels (not bitwise: the chain's GEMV sums with other columns per
-//     warp).
+//  2. The fallback (five rows of K = 576, f32, K not in whole 16-byte vectors): the two kernels,
+//     bitwise.
+//  2b. 2-8 rows (norm_rows_kernel): the default model's (256, 512), SmolLM2's (576, 1536), odd
+//     I and K = 768 at 2, 3 and 4 rows, and the K <= 256 shapes at 5 and 8, x rows in a padded
+//     buffer (strided rows), out rows NaN-poisoned first: one fused launch, every element
+//     written, within the tolerance of the CPU op and of the two kernels (not bitwise: the
+//     chain's GEMV sums with other columns per warp).
 //  3. A captured CUDA graph of the fused launch, replayed with new x: bit for bit the eager
 //     two-kernel chain each time.
 //  4. Errors: typed, before any launch (odd weight rows, a host tensor, a wrong out shape).
@@ -139,7 +140,8 @@ TEST(SwigluCuda, FallbackIsTheTwoKernels) {
     std::int64_t rows, k, inter;
     DType dtype;
   };
-  // Five rows (past kSwigluMaxRows); f32; K = 100 (not whole 16-byte vectors of bf16).
+  // Five rows of K = 576 (past norm_rows_kernel's 256 at 5-8 rows); f32; K = 100 (not whole
+  // 16-byte vectors of bf16).
   for (const Case& c : {Case{5, 576, 192, DType::bf16}, Case{1, 576, 192, DType::f32},
                         Case{1, 100, 96, DType::bf16}}) {
     SCOPED_TRACE(std::string(dtype_name(c.dtype)) + " rows " + std::to_string(c.rows) + " K " +
@@ -161,7 +163,7 @@ TEST(SwigluCuda, FallbackIsTheTwoKernels) {
   }
 }
 
-TEST(SwigluCuda, FusedKernelAtTwoToFourRows) {
+TEST(SwigluCuda, FusedKernelAtTwoToEightRows) {
   SKIP_WITHOUT_GPU();
   Rng rng(85);
   const std::pair<std::int64_t, std::int64_t> shapes[] = {
@@ -169,7 +171,8 @@ TEST(SwigluCuda, FusedKernelAtTwoToFourRows) {
   int fused_cases = 0;
   for (DType dtype : {DType::bf16, DType::f16})
     for (const auto& [k, inter] : shapes)
-      for (const std::int64_t rows : {2, 3, 4}) {
+      for (const std::int64_t rows : {2, 3, 4, 5, 8}) {
+        if (rows > 4 && k > 256) continue;  // 5-8 rows: one slot a lane (FallbackIsTheTwoKernels)
         const bool w_constant = (fused_cases % 2) == 0;
         SCOPED_TRACE(std::string(dtype_name(dtype)) + " K " + std::to_string(k) + " I " +
                      std::to_string(inter) + " rows " + std::to_string(rows));
@@ -196,7 +199,7 @@ TEST(SwigluCuda, FusedKernelAtTwoToFourRows) {
         EXPECT_TRUE(testing::close(host_got, testing::download(want), swiglu_tolerance(dtype)))
             << "against the two kernels";
       }
-  EXPECT_EQ(fused_cases, 24);
+  EXPECT_EQ(fused_cases, 32);  // dtypes x (4 shapes x 3 row counts + 2 shapes of K <= 256 x 2)
 }
 
 TEST(SwigluCuda, CapturedGraphReplaysBitwise) {

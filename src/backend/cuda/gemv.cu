@@ -1242,9 +1242,10 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // ---- the 2-4 row rms_norm kernel (launch()'s rms_norm products and launch_swiglu at 2-4 rows) --
 //
-// norm_rows_kernel: kRows (2 or 4) rows x [rows, k] of a K <= 768 16-bit product, stage 0 in
-// registers, four weight rows a warp, in the least code. A decode step runs every kernel with a
-// cold instruction cache (row_kernel's note): gemv_kernel's 4-row rms_norm instance is ~72-105 KB
+// norm_rows_kernel: kRows (2, 4 or 8) rows x [rows, k] of a 16-bit product that one batch of
+// kSlots vectors per lane covers (K <= 256: one slot, at 2-8 rows; K <= 768: three, at 2-4), stage
+// 0 in registers, four weight rows a warp, in the least code. A decode step runs every kernel with
+// a cold instruction cache (row_kernel's note): gemv_kernel's 4-row rms_norm instance is ~72-105 KB
 // of SASS and took 5.47 us cold at 4 rows of 1032 x 256, more than rms_norm then the plain GEMV
 // (4.76), where the SwiGLU form of this kernel (~30 KB) took 3.02 (docs/perf.md run 343).
 //   1. Mapping. Plain (P = Params, launch()): warp g takes columns j = 4 g .. 4 g + 3 (clamped
@@ -1276,7 +1277,7 @@ __host__ __device__ __forceinline__ const Params& product_of(const P& p) {
 
 template <typename P, typename T, int kRows, int kSlots>
 __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool single_wave) {
-  static_assert(kRows == 2 || kRows == 4, "norm_rows_kernel: 2 or 4 rows");
+  static_assert(kRows == 2 || kRows == 4 || kRows == 8, "norm_rows_kernel: 2, 4 or 8 rows");
   constexpr bool kSwiglu = std::is_same_v<P, SwigluParams>;
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
   constexpr int kCols = 4;  // plain: j .. j + 3; SwiGLU: gate j, gate j + 1, up j, up j + 1
@@ -1674,16 +1675,41 @@ void launch_swiglu_typed(const SwigluParams& p, int slots, bool partials, int de
 
 std::atomic<std::uint64_t> g_norm_rows_launches{0};
 
-// norm_rows_kernel for 2 (kRows 2) or 3-4 (kRows 4) rows: one warp per four weight rows (a
-// plain product's column group, or a SwiGLU pair), pair_grid's CTAs; counted as a prologue
-// launch with its stage 0 in registers, and in its own counter (SwiGLU: swiglu_launches, else
+// The most 16-byte vectors a row may have on norm_rows_kernel at `rows` rows: one slot a lane
+// (K <= 256 in 16-bit) at 5-8 rows, where three would hold 96 x registers a lane; kSmallSlots at
+// 2-4.
+std::int64_t norm_rows_max_vectors(int rows) {
+  return static_cast<std::int64_t>(rows > 4 ? 1 : kSmallSlots) * kWarpSize;
+}
+
+// Calls f.template operator()<T, kRows, kSlots>() for q's norm_rows_kernel instance: T from
+// in_dtype (bf16 or f16), kRows the row bucket (2, 4, 8), kSlots 1 when one slot a lane covers
+// the row, else kSmallSlots (at most 4 rows: norm_rows_max_vectors).
+template <typename F>
+decltype(auto) with_norm_rows_instance(const Params& q, F&& f) {
+  const std::int64_t vec = kVectorBytes / static_cast<std::int64_t>(dtype_size(q.in_dtype));
+  const bool one_slot = q.k / vec <= kWarpSize;
+  const auto for_type = [&]<typename T>() -> decltype(auto) {
+    if (q.rows > 4) return f.template operator()<T, 8, 1>();
+    if (q.rows > 2) {
+      if (one_slot) return f.template operator()<T, 4, 1>();
+      return f.template operator()<T, 4, kSmallSlots>();
+    }
+    if (one_slot) return f.template operator()<T, 2, 1>();
+    return f.template operator()<T, 2, kSmallSlots>();
+  };
+  if (q.in_dtype == DType::bf16) return for_type.template operator()<__nv_bfloat16>();
+  return for_type.template operator()<__half>();
+}
+
+// norm_rows_kernel's grid for p (one warp per four weight rows: a plain product's column group,
+// or a SwiGLU pair; pair_grid's CTAs), and its launch when `launch`: counted as a prologue launch
+// with its stage 0 in registers, and in its own counter (SwiGLU: swiglu_launches, else
 // LaunchStats::norm_rows). p's rows past `rows` hold row 0's addresses (launch(), launch_swiglu).
-// With `one_wave_only` (launch()'s route: larger products keep gemv_kernel's persistent loop) it
-// launches nothing and returns false when the grid is not one resident wave.
-template <typename P, typename T, int kRows>
-bool launch_norm_rows_instance(const P& p, bool one_wave_only, int device, cudaStream_t stream) {
+template <typename P, typename T, int kRows, int kSlots>
+PairGrid norm_rows_instance(const P& p, bool launch, int device, cudaStream_t stream) {
   constexpr bool kSwiglu = std::is_same_v<P, SwigluParams>;
-  const auto kernel = norm_rows_kernel<P, T, kRows, kSmallSlots>;
+  const auto kernel = norm_rows_kernel<P, T, kRows, kSlots>;
   static OccupancyCache cache;
   const Params& q = product_of(p);
   std::int64_t groups;
@@ -1693,7 +1719,7 @@ bool launch_norm_rows_instance(const P& p, bool one_wave_only, int device, cudaS
     groups = (q.n + 3) / 4;
   }
   const PairGrid g = pair_grid(reinterpret_cast<const void*>(kernel), groups, device, cache);
-  if (one_wave_only && !g.single_wave) return false;
+  if (!launch) return g;
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (stream != nullptr && pdl_enabled()) g_pdl_launches.fetch_add(1, std::memory_order_relaxed);
   if (q.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
@@ -1702,18 +1728,34 @@ bool launch_norm_rows_instance(const P& p, bool one_wave_only, int device, cudaS
   (kSwiglu ? g_swiglu_launches : g_norm_rows_launches).fetch_add(1, std::memory_order_relaxed);
   detail::launch_kernel(kernel, dim3(static_cast<unsigned>(g.blocks)), dim3(g.threads), stream, p,
                         g.single_wave);
-  return true;
+  return g;
 }
 
 template <typename P>
-bool launch_norm_rows(const P& p, bool one_wave_only, int device, cudaStream_t stream) {
-  const Params& q = product_of(p);
-  const bool bf16 = q.in_dtype == DType::bf16, two = q.rows <= 2;
-  if (bf16 && two)
-    return launch_norm_rows_instance<P, __nv_bfloat16, 2>(p, one_wave_only, device, stream);
-  if (bf16) return launch_norm_rows_instance<P, __nv_bfloat16, 4>(p, one_wave_only, device, stream);
-  if (two) return launch_norm_rows_instance<P, __half, 2>(p, one_wave_only, device, stream);
-  return launch_norm_rows_instance<P, __half, 4>(p, one_wave_only, device, stream);
+void launch_norm_rows(const P& p, int device, cudaStream_t stream) {
+  with_norm_rows_instance(product_of(p), [&]<typename T, int kRows, int kSlots>() {
+    norm_rows_instance<P, T, kRows, kSlots>(p, /*launch=*/true, device, stream);
+  });
+}
+
+// What norm_rows_kernel needs of a product's rows and weights (both epilogues): 16-bit x, w, norm
+// weight and y of one dtype, unit strides, every x row, w row and the norm weight 16-byte
+// aligned, k a whole number of vectors within norm_rows_max_vectors(rows).
+bool norm_rows_layout(const Params& q) {
+  const bool sixteen_bit = q.in_dtype == DType::bf16 || q.in_dtype == DType::f16;
+  if (!sixteen_bit || q.out_dtype != q.in_dtype || q.rows < 2 || q.rows > kMaxRows || q.k < 1 ||
+      q.n < 1 || q.n > 0x7fffffff || q.w == nullptr || q.norm_weight == nullptr ||
+      q.norm_weight_dtype != q.in_dtype || (q.norm_weight_stride != 1 && q.k > 1) ||
+      q.w_row_stride < 0)
+    return false;
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(q.in_dtype));
+  const std::int64_t vec = kVectorBytes / elem;
+  if (q.k % vec != 0 || q.k / vec > norm_rows_max_vectors(q.rows) || !aligned(q.w) ||
+      (q.w_row_stride * elem) % kVectorBytes != 0 || !aligned(q.norm_weight))
+    return false;
+  for (int r = 0; r < q.rows; ++r)
+    if (q.x[r] == nullptr || !aligned(q.x[r])) return false;
+  return true;
 }
 
 }  // namespace
@@ -1853,15 +1895,8 @@ void launch(const Params& params, cudaStream_t stream) {
     }
     if (launched) return;
   }
-  // The 2-4 row rms_norm kernel: a register prologue of 2-4 rows in a K <= 768 16-bit product
-  // (one batch of kSmallSlots vectors per lane), y in x's dtype, no residual, the launcher's
-  // columns and grid, when its groups fit one resident wave.
-  const bool sixteen_bit = p.in_dtype == DType::bf16 || p.in_dtype == DType::f16;
-  if (p.rows >= 2 && p.rows <= 4 && g.register_prologue && sixteen_bit &&
-      p.out_dtype == p.in_dtype && !p.has_c && p.cols == 0 && p.max_ctas == 0 &&
-      !p.one_warp_per_group && p.k / (kVectorBytes / elem) <= kSmallSlots * kWarpSize &&
-      launch_norm_rows(p, /*one_wave_only=*/true, device, stream))
-    return;
+  // The 2-8 row rms_norm kernel (norm_rows_supported).
+  if (norm_rows_supported(p)) return launch_norm_rows(p, device, stream);
 
   switch (p.in_dtype) {
     case DType::f16:
@@ -1914,6 +1949,21 @@ void launch_rope(const RopeParams& params, cudaStream_t stream) {
 
 std::uint64_t rope_launches() { return g_rope_launches.load(std::memory_order_relaxed); }
 
+bool norm_rows_supported(const Params& params) {
+  if (params.prologue != Prologue::rms_norm || params.has_c || params.max_ctas != 0 ||
+      params.cols != 0 || params.one_warp_per_group || !norm_rows_layout(params))
+    return false;
+  // Its four-column groups in one resident wave (larger products keep gemv_kernel's persistent
+  // loop); rows past `rows` as launch() fills them.
+  Params p = params;
+  for (int r = p.rows; r < kMaxRows; ++r) p.x[r] = p.x[0];
+  return with_norm_rows_instance(p, [&]<typename T, int kRows, int kSlots>() {
+    return norm_rows_instance<Params, T, kRows, kSlots>(p, /*launch=*/false, current_device(),
+                                                        nullptr)
+        .single_wave;
+  });
+}
+
 bool swiglu_supported(const Params& q) {
   const bool sixteen_bit = q.in_dtype == DType::bf16 || q.in_dtype == DType::f16;
   if (!sixteen_bit || q.out_dtype != q.in_dtype || q.rows < 1 || q.rows > kSwigluMaxRows ||
@@ -1928,8 +1978,8 @@ bool swiglu_supported(const Params& q) {
     return false;
   for (int r = 0; r < q.rows; ++r)
     if (q.x[r] == nullptr || !aligned(q.x[r]) || (q.rows > 1 && q.y[r] == nullptr)) return false;
-  // 2-4 rows: norm_rows_kernel's one batch of kSmallSlots vectors per lane covers k.
-  if (q.rows > 1) return q.k / vec <= static_cast<std::int64_t>(kSmallSlots) * kWarpSize;
+  // 2-8 rows: norm_rows_kernel's layout (its one batch covers k).
+  if (q.rows > 1) return norm_rows_layout(q);
   // launch()'s one-batch register-prologue instance for this product (the bitwise reference).
   return one_batch_slots(q.k, q.in_dtype, default_cols(q.n, sm_count(current_device()))) > 0;
 }
@@ -1949,8 +1999,7 @@ void launch_swiglu(const SwigluParams& params, cudaStream_t stream) {
       rows_params.product.x[r] = q.x[0];
       rows_params.product.y[r] = q.y[0];
     }
-    launch_norm_rows(rows_params, /*one_wave_only=*/false, device, stream);
-    return;
+    return launch_norm_rows(rows_params, device, stream);
   }
   // launch()'s columns per warp at n = 2I, hence its per-lane accumulation (stage 3: a partial
   // per vector below kMinChains accumulators) and its one-batch slots.

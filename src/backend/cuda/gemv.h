@@ -18,10 +18,9 @@
 // the least code (gemv.cu's row_kernel; LaunchStats::row counts it). The batch-1 products of a
 // decode step are such calls. Two fused siblings of it reuse its stages with their own column
 // mapping and epilogue: launch_rope (q|k|v + RoPE + KV appends) and launch_swiglu (gate|up +
-// SwiGLU's activation), below. An rms_norm product of 2-4 rows whose stage 0 runs in registers
-// (16-bit, k <= 768), y in x's dtype, no residual, no max_ctas or cols, whose four-column groups
-// fit one resident wave, takes the 2-4 row kernel (gemv.cu's norm_rows_kernel; within tolerance,
-// not bitwise, of the general kernel; LaunchStats::norm_rows counts it).
+// SwiGLU's activation), below. An rms_norm product of 2-8 rows that norm_rows_supported takes
+// runs on the multi-row decode kernel (gemv.cu's norm_rows_kernel; within tolerance, not bitwise,
+// of the general kernel; LaunchStats::norm_rows counts it).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -98,13 +97,20 @@ struct Params {
 // Whether a prologue launch of `rows` rows of length k in `dtype` fits the shared-memory limit.
 bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 
+// Whether launch(params) takes norm_rows_kernel: an rms_norm prologue, no residual, no max_ctas,
+// cols or one_warp_per_group; 2-8 rows of 16-bit x, w, norm weight and y of one dtype (unit
+// strides; x rows, w rows and the norm weight 16-byte aligned), k a whole number of 16-byte
+// vectors, at most 768 elements at 2-4 rows and 256 at 5-8 (one batch of loads covers the row);
+// and its four-column groups in one resident wave. y needs no alignment.
+bool norm_rows_supported(const Params& params);
+
 // Launch counters (process-wide, relaxed atomics) for tests and SPLICE_DEBUG: launches issued,
 // those with the PDL attribute, those that take the constant-weight prefetch path, those with a
 // prologue, and those that took the decode-row kernel (below).
 struct LaunchStats {
   std::uint64_t launches = 0, pdl = 0, prefetch = 0, prologue = 0, row = 0;
   std::uint64_t register_prologue = 0;  // rms_norm prologues computed in registers (no barrier)
-  std::uint64_t norm_rows = 0;          // 2-4 row rms_norm products on norm_rows_kernel (gemv.cu)
+  std::uint64_t norm_rows = 0;          // 2-8 row rms_norm products on norm_rows_kernel (gemv.cu)
 };
 LaunchStats launch_stats();
 
@@ -165,38 +171,38 @@ std::uint64_t rope_launches();
 
 // ---- the gate|up GEMV with a SwiGLU epilogue (cuda::rms_norm_matmul_swiglu) -----------------
 //
-// One row x [k] (16-bit; or 2-4 rows, norm_rows_kernel), the register rms_norm prologue, the
+// One row x [k] (16-bit; or 2-8 rows, norm_rows_kernel), the register rms_norm prologue, the
 // stacked weight w [2I, k] (rows 0 .. I-1 the gate, I .. 2I-1 the up projection) and the "swiglu
 // pairs" column mapping: warp g computes columns j, j + 1, I + j, I + j + 1 (j = 2 g) of every
 // row, so after the reduction one warp holds the gate and up sums of two outputs a row. Each sum
 // is rounded to T as launch() stores it, then out[j] = round_T(round_T(silu(gate)) * up)
 // (layer_ops.cu's silu_mul operations; gemv.cu's swiglu_pairs_kernel has the algorithm).
 // `product` carries the GEMV part: w, w_row_stride, n = 2I, k, x[0 .. rows-1], norm_weight (T,
-// unit stride), eps, in_dtype = out_dtype = T, w_constant; rows = 1-4 (kSwigluMaxRows), prologue =
-// rms_norm; at 2-4 rows also y[0 .. rows-1] and y_col_stride (out's rows).
+// unit stride), eps, in_dtype = out_dtype = T, w_constant; rows = 1-8 (kSwigluMaxRows), prologue =
+// rms_norm; at 2-8 rows also y[0 .. rows-1] and y_col_stride (out's rows).
 struct SwigluParams {
-  Params product;          // at 2-4 rows out row r is product.y[r] (product.y_col_stride)
+  Params product;          // at 2-8 rows out row r is product.y[r] (product.y_col_stride)
   void* out = nullptr;     // one row: [I], T, unit stride
   std::int64_t inter = 0;  // I
 };
 
-// The most rows of x launch_swiglu takes (norm_rows_kernel at 2-4 rows).
-inline constexpr int kSwigluMaxRows = 4;
+// The most rows of x launch_swiglu takes (norm_rows_kernel at 2-8 rows).
+inline constexpr int kSwigluMaxRows = 8;
 
 // Whether launch_swiglu takes `product` as given: 16-bit x, w, norm weight and y of one dtype
 // (unit strides, every x row and w row 16-byte aligned), k a whole number of 16-byte vectors, and
 //   one row: launch() would run this product (n = 2I) in a one-batch instance with the register
 //     prologue (k <= 768 bf16 / f16 at 4 columns per warp, <= 1536 at 1 or 2: gemv.h's header),
 //     the case in which the fused kernel is bitwise launch() then silu_mul;
-//   2-4 rows: k <= 768 (bf16 / f16: one batch of 3 vectors per lane).
+//   2-8 rows: norm_rows_kernel's k (at most 768 at 2-4 rows, 256 at 5-8; one batch of loads).
 bool swiglu_supported(const Params& product);
 
 // Launches the fused kernel on `stream` (PDL and w_constant as launch(); one row counts in
-// launch_stats() as a decode-row launch with a prologue, 2-4 rows as a prologue launch with its
+// launch_stats() as a decode-row launch with a prologue, 2-8 rows as a prologue launch with its
 // stage 0 in registers); invalid params are an internal error.
 // One row: per lane, the accumulation order is launch()'s for the columns per warp launch() would
 // pick at n = 2I on this device, and the reduction tree is the same for every column count, so
-// out is bitwise launch() into a [2I] row of T followed by cuda::silu_mul of its halves. 2-4 rows:
+// out is bitwise launch() into a [2I] row of T followed by cuda::silu_mul of its halves. 2-8 rows:
 // the same operations with four columns per warp, so the fp32 sums may be ordered differently
 // from launch()'s (the CPU contract's tolerance, not bits).
 void launch_swiglu(const SwigluParams& params, cudaStream_t stream);

@@ -21,12 +21,12 @@
 //      the CPU's exact operations). A position outside [0, max_seq_len) writes zeros.
 //   6. rms_norm_matmul, silu_mul_matmul_add (host only): validate, then one GEMV launch with the
 //      rms_norm / silu_mul prologue (gemv.h: each CTA computes its x rows into shared memory, then
-//      streams the weight) when prologue_gemv_applies (rms_norm: rms_norm_prologue_applies, at
-//      most kRmsNormPrologueMaxRows rows), else the two-kernel chain (rms_norm or
+//      streams the weight) when prologue_gemv_applies (rms_norm: at most kRmsNormPrologueMaxRows
+//      rows, or gemv::norm_rows_supported), else the two-kernel chain (rms_norm or
 //      silu_mul into scratch, then cuda::matmul, with the residual for silu_mul_matmul_add).
 //      rms_norm_matmul_swiglu (host only): validate, then one launch of gemv.h's swiglu epilogue
 //      kernel when gemv::swiglu_supported (one decode row of 16-bit x, w and out in launch()'s
-//      one-batch shape, or 2-4 rows of k <= 768), else rms_norm_matmul into a [..., M, 2I]
+//      one-batch shape, or 2-8 rows on norm_rows_kernel), else rms_norm_matmul into a [..., M, 2I]
 //      scratch row of out's dtype, then silu_mul of its two halves (bitwise the same where both
 //      run at one row).
 //   5. Launch (launch.cuh): every kernel opens with pdl_prologue() (single-wave grids let the next
@@ -455,6 +455,15 @@ gemv::Params product_params(const Tensor& x, const Tensor& w, Tensor& out, bool 
   return p;
 }
 
+// p's prologue: rms_norm of x's rows by `weight` [K] with eps.
+void set_rms_norm(gemv::Params& p, const Tensor& weight, float eps) {
+  p.prologue = gemv::Prologue::rms_norm;
+  p.norm_weight = weight.raw_data();
+  p.norm_weight_stride = weight.stride(0);
+  p.norm_weight_dtype = weight.dtype();
+  p.eps = eps;
+}
+
 }  // namespace
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
@@ -599,10 +608,6 @@ bool prologue_gemv_applies(const Tensor& x, const Tensor& w) {
          w.stride(0) >= 0 && gemv::preferred(rows, n, k) && gemv::prologue_fits(rows, k, x.dtype());
 }
 
-bool rms_norm_prologue_applies(const Tensor& x, const Tensor& w) {
-  return prologue_gemv_applies(x, w) && row_count(x) <= kRmsNormPrologueMaxRows;
-}
-
 void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w, Tensor& out,
                      bool w_constant) {
   constexpr const char* kOp = "rms_norm_matmul";
@@ -612,21 +617,19 @@ void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Ten
   check_norm_weight(x, weight, kOp);
   check_eps(eps, kOp);
   if (out.numel() == 0) return;
-  if (!rms_norm_prologue_applies(x, w)) {
-    // The two-kernel chain: the RmsNorm node's output (w's dtype), then the product.
-    Tensor normalized = detail::scratch(x.shape(), w.dtype(), x.device());  // [..., M, K]
-    rms_norm(x, weight, eps, normalized);
-    MatmulOptions options;
-    options.b_constant = w_constant;
-    return matmul(normalized, w, out, /*transpose_b=*/true, options);
+  if (prologue_gemv_applies(x, w)) {
+    gemv::Params p = product_params(x, w, out, w_constant);
+    set_rms_norm(p, weight, eps);
+    // One launch up to kRmsNormPrologueMaxRows rows; past them only on norm_rows_kernel.
+    if (p.rows <= kRmsNormPrologueMaxRows || gemv::norm_rows_supported(p))
+      return gemv::launch(p, current_stream());
   }
-  gemv::Params p = product_params(x, w, out, w_constant);
-  p.prologue = gemv::Prologue::rms_norm;
-  p.norm_weight = weight.raw_data();
-  p.norm_weight_stride = weight.stride(0);
-  p.norm_weight_dtype = weight.dtype();
-  p.eps = eps;
-  gemv::launch(p, current_stream());
+  // The two-kernel chain: the RmsNorm node's output (w's dtype), then the product.
+  Tensor normalized = detail::scratch(x.shape(), w.dtype(), x.device());  // [..., M, K]
+  rms_norm(x, weight, eps, normalized);
+  MatmulOptions options;
+  options.b_constant = w_constant;
+  matmul(normalized, w, out, /*transpose_b=*/true, options);
 }
 
 void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
@@ -641,16 +644,12 @@ void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, co
     fail<LayoutError>(kOp, ": `out` must not overlap `x` or `w`");
   if (out.numel() == 0) return;
   if (row_count(x) <= gemv::kSwigluMaxRows && x.dtype() == w.dtype() && out.dtype() == w.dtype() &&
-      rms_norm_prologue_applies(x, w)) {
+      prologue_gemv_applies(x, w)) {
     // One launch: the gate|up GEMV with the SwiGLU epilogue, when its layout rules hold (at one
-    // row it then equals the chain below bit for bit; at 2-4 rows within the op's tolerance).
+    // row it then equals the chain below bit for bit; at 2-8 rows within the op's tolerance).
     gemv::SwigluParams p;
     p.product = product_params(x, w, out, w_constant);
-    p.product.prologue = gemv::Prologue::rms_norm;
-    p.product.norm_weight = weight.raw_data();
-    p.product.norm_weight_stride = weight.stride(0);
-    p.product.norm_weight_dtype = weight.dtype();
-    p.product.eps = eps;
+    set_rms_norm(p.product, weight, eps);
     p.out = p.product.y[0];
     p.inter = inter;
     if (gemv::swiglu_supported(p.product)) return gemv::launch_swiglu(p, current_stream());

@@ -62,18 +62,11 @@ inline constexpr std::int64_t kPrologueGemvMaxK = 2048;
 // tests and benches ask it).
 bool prologue_gemv_applies(const Tensor& x, const Tensor& w);
 
-// rms_norm_matmul's one-launch route also stops at this many rows. At 8 rows of the default
-// model's K = 256 products the prologue GEMV alone is now faster than rms_norm + the plain GEMV
-// (3.18 against 3.62 us with the transposed register norm, layer_ops_cuda_bench's
-// rms_norm_mm_gemv; 4.53 against 3.53 before it), yet the captured decode step with it at 5-8
-// rows was 10-12% slower at B = 6 and 8 (docs/perf.md runs 329, 338-342): in a step each kernel
-// runs with its code cold, and cold the 8-row prologue GEMV takes 6.43 us against the chain's
-// 5.02 (run 343: its gemv_kernel instance is ~127 KB of SASS). At 2-4 rows gemv::launch takes the
-// lean norm_rows_kernel (2.91 us cold at 4 rows).
+// rms_norm_matmul's one-launch route stops at this many rows unless gemv::norm_rows_supported
+// (the lean multi-row kernel: 16-bit, K <= 256 at 5-8 rows). In a decode step each kernel runs
+// with its code cold: cold, gemv_kernel's 8-row rms_norm instance (~127 KB of SASS) took 6.43 us
+// against rms_norm + the plain GEMV's 5.02, though warm it wins (3.22 / 3.66), and the step with
+// it was 10-12% slower at B = 6 and 8 (docs/perf.md runs 338-343).
 inline constexpr std::int64_t kRmsNormPrologueMaxRows = 4;
-
-// Whether rms_norm_matmul takes the one-launch GEMV route: prologue_gemv_applies and at most
-// kRmsNormPrologueMaxRows rows.
-bool rms_norm_prologue_applies(const Tensor& x, const Tensor& w);
 
 }  // namespace splice::cuda
