@@ -8,7 +8,8 @@
 #   run(command="BATCHES=1,8,32 dev/model_batch_call.sh", carry=[".gpubin/pack/variants.tgz", ".deps"])
 # Environment (defaults): PACK (.gpubin/pack/variants.tgz), BATCHES (1,8,32), STEPS (256), ROUNDS
 # (3), DEVICE (cuda), ENV_VARIANTS (as dev/variant_ab_call.sh's: head's binaries, or ENV_BASE's
-# (a variant of the pack), again under environment variables), EXTRA_ARGS (more `splice bench`
+# or a `name@base` variant's own base (call_env.sh), again under environment variables; e.g.
+# "nopdl:SPLICE_PDL=0 nopdl-v@v:SPLICE_PDL=0", perf.md run 342), EXTRA_ARGS (more `splice bench`
 # options, e.g. --kda-state-dtype bf16). Each binary keeps its arm decisions in a tuning cache, so
 # only its first process times the arms (session 42, perf.md run 317: ~10 s a process without
 # one, so 24 processes ran a 170 s call out before any table).
