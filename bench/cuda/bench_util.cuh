@@ -80,4 +80,31 @@ inline ReplayTimes time_replays(cudaGraphExec_t exec, cudaStream_t stream, int w
   return {us[us.size() / 2], us.back() - us.front()};
 }
 
+// Straight-line code larger than an SM's instruction caches: kColdCodeFmas FFMAs with distinct
+// immediates in 8 independent chains (~16 B of SASS each: 256 KB), one warp on every SM. Run
+// between two calls of an arm (flush_code) it leaves none of the arm's code cached, as in a
+// decode step where each kernel runs once among ~30 others (docs/perf.md run 343). A bench
+// times (flush, arm) and subtracts the flushes alone.
+constexpr int kColdCodeFmas = 16384;
+__global__ inline void cold_code_kernel(float* sink, float seed) {
+  float acc[8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) acc[c] = seed + static_cast<float>(threadIdx.x + c);
+#pragma unroll
+  for (int i = 0; i < kColdCodeFmas / 8; ++i)
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[c] = fmaf(acc[c], 0.999f + 1e-7f * (i * 8 + c), 1e-3f * c);
+  float sum = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) sum += acc[c];
+  if (sum == 1234.5f) sink[threadIdx.x] = sum;  // keeps the chains; never true for these seeds
+}
+
+// cold_code_kernel on `sms` CTAs of one warp on `stream` (capturable).
+inline void flush_code(int sms, cudaStream_t stream) {
+  static float* sink = nullptr;
+  if (sink == nullptr) BENCH_CHECK(cudaMalloc(&sink, 32 * sizeof(float)));
+  cold_code_kernel<<<sms, 32, 0, stream>>>(sink, 0.5f);
+}
+
 }  // namespace splice::bench

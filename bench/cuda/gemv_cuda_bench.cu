@@ -23,6 +23,10 @@
 //      the first weight batch is issued before the wait) and `nopdl` captures with PDL off;
 //      `ep` is `pf` plus the residual epilogue (Params::has_c: y = x w^T + c, the MatMulAdd layer
 //      op's GEMV), whose cost over `pf` is the c read.
+//   3c. Cold code: both default arms again with splice::bench::flush_code (256 KB of straight-line
+//      code on every SM) before every call and the flushes' own graph subtracted, so each call
+//      starts with its code out of the instruction caches, as in a decode step (docs/perf.md run
+//      343: a kernel that wins warm can lose cold); the "cold us" columns.
 //   4. Check: both arms' outputs of the last copy agree (max |gemv - lt| / max |lt| printed), and
 //      splice::cuda::matmul (the routed primitive) once more on copy 0 agrees with them.
 //   5. Output (--m M: that M only): one row per shape (us, GB/s of weight reads, % of 4.48
@@ -90,6 +94,9 @@ struct Result {
   // Stage 3b's variants, us: a warp per group, then 1, 2 and 4 columns per warp.
   static constexpr int kVariants = 7;  // 1wpg, c1, c2, c4, pf, nopdl, ep
   double variant_us[kVariants] = {};
+  // Stage 3c: each call with its code cold (bench::flush_code before it, the flushes' own time
+  // subtracted), the default GEMV and cuBLASLt, us.
+  double gemv_cold_us = 0.0, lt_cold_us = 0.0;
   std::int64_t weight_bytes() const { return shape.n * shape.k * 2; }
 };
 
@@ -264,6 +271,28 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
   r.lt_spread_us = std::max(r.lt_spread_us, lt_spread2);
   for (int v = 0; v < Result::kVariants; ++v)
     r.variant_us[v] = time_graph(execs[2 + v], reps, r.copies, stream).first;
+  // Stage 3c: graphs of (flush, call) per copy for both arms and of the flushes alone.
+  int sms = 0;
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  double cold[3];  // flushes alone, flush + GEMV, flush + cuBLASLt
+  for (int which = 0; which < 3; ++which) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < r.copies; ++i) {
+      splice::bench::flush_code(sms, stream);
+      if (which == 1) run_gemv(w[static_cast<std::size_t>(i)], -1);
+      if (which == 2)
+        arm.run(w[static_cast<std::size_t>(i)].raw_data(), x.raw_data(), y_lt.raw_data(), stream);
+    }
+    BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+    cold[which] = time_graph(exec, reps, r.copies, stream).first;
+    BENCH_CHECK(cudaGraphExecDestroy(exec));
+  }
+  r.gemv_cold_us = cold[1] - cold[0];
+  r.lt_cold_us = cold[2] - cold[0];
   // The default GEMV graph last, so y_gemv holds its output for the check below.
   BENCH_CHECK(cudaGraphLaunch(execs[0], stream));
   BENCH_CHECK(cudaStreamSynchronize(stream));
@@ -369,7 +398,8 @@ int main(int argc, char** argv) {
        << " replays / copies\",\n  \"rows\": [\n";
   std::printf("\n%-3s %-16s %6s %5s %9s %8s %7s %9s %8s %7s %9s %6s %3s %9s  %s\n", "M", "shape",
               "N", "K", "gemv us", "GB/s", "%4.48", "cublas us", "GB/s", "ratio", "rel diff",
-              "route", "ok", "routed d", "variants us: 1wpg  c1  c2  c4  pf  nopdl  ep");
+              "route", "ok", "routed d",
+              "variants us: 1wpg  c1  c2  c4  pf  nopdl  ep | cold us: gemv  lt");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bytes = static_cast<double>(r.weight_bytes());
@@ -383,12 +413,12 @@ int main(int argc, char** argv) {
     const bool route_ok = r.routed_gemv ? ratio >= 1.0 - kTie : ratio <= 1.0 + kTie;
     std::printf(
         "%-3lld %-16s %6lld %5lld %9.2f %8.0f %6.1f%% %9.2f %8.0f %6.2fx %9.2e %6s %3s %9.2e  "
-        "%.2f %.2f %.2f %.2f %.2f %.2f %.2f\n",
+        "%.2f %.2f %.2f %.2f %.2f %.2f %.2f | %.2f %.2f\n",
         static_cast<long long>(r.m), r.shape.name, static_cast<long long>(r.shape.n),
         static_cast<long long>(r.shape.k), r.gemv_us, gemv_gbps, pct, r.lt_us, lt_gbps, ratio,
         r.rel_diff, r.routed_gemv ? "gemv" : "lt", route_ok ? "yes" : "no", r.routed_rel_diff,
         r.variant_us[0], r.variant_us[1], r.variant_us[2], r.variant_us[3], r.variant_us[4],
-        r.variant_us[5], r.variant_us[6]);
+        r.variant_us[5], r.variant_us[6], r.gemv_cold_us, r.lt_cold_us);
     json << "    {\"m\": " << r.m << ", \"name\": \"" << r.shape.name << "\", \"n\": " << r.shape.n
          << ", \"k\": " << r.shape.k << ", \"weight_bytes\": " << r.weight_bytes()
          << ", \"copies\": " << r.copies << ", \"gemv_us\": " << r.gemv_us
@@ -404,6 +434,7 @@ int main(int argc, char** argv) {
          << ", \"cols1_us\": " << r.variant_us[1] << ", \"cols2_us\": " << r.variant_us[2]
          << ", \"cols4_us\": " << r.variant_us[3] << ", \"prefetch_us\": " << r.variant_us[4]
          << ", \"pdl_off_us\": " << r.variant_us[5] << ", \"epilogue_us\": " << r.variant_us[6]
+         << ", \"gemv_cold_us\": " << r.gemv_cold_us << ", \"cublaslt_cold_us\": " << r.lt_cold_us
          << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";

@@ -91,26 +91,7 @@ Tensor device_empty(const splice::Dims& shape, DType dtype) {
   return Tensor::empty(shape, dtype, splice::Device::cuda());
 }
 
-// Straight-line code larger than an SM's instruction caches: kColdCodeFmas FFMAs with distinct
-// immediates in 8 independent chains (~16 B of SASS each: 256 KB), one warp on every SM. Run
-// between two calls of an arm it leaves none of the arm's code cached, as in a decode step where
-// each kernel runs once among ~30 others (the cold-code rows, 5e).
-constexpr int kColdCodeFmas = 16384;
-__global__ void cold_code_kernel(float* sink, float seed) {
-  float acc[8];
-#pragma unroll
-  for (int c = 0; c < 8; ++c) acc[c] = seed + static_cast<float>(threadIdx.x + c);
-#pragma unroll
-  for (int i = 0; i < kColdCodeFmas / 8; ++i)
-#pragma unroll
-    for (int c = 0; c < 8; ++c) acc[c] = fmaf(acc[c], 0.999f + 1e-7f * (i * 8 + c), 1e-3f * c);
-  float sum = 0.0f;
-#pragma unroll
-  for (int c = 0; c < 8; ++c) sum += acc[c];
-  if (sum == 1234.5f) sink[threadIdx.x] = sum;  // keeps the chains; never true for these seeds
-}
-
-// Set while the cold-code rows are timed: time_arm_once then runs cold_code_kernel before every
+// Set while the cold-code rows are timed: time_arm_once then runs bench::flush_code before every
 // call of the arm and subtracts a graph of the flushes alone.
 bool g_cold_code = false;
 
@@ -131,11 +112,8 @@ double time_graph(const std::function<void()>& arm, int reps, cuda::Stream strea
 // time_graph of `arm`; with g_cold_code, of (flush, arm) less that of the flush alone.
 double time_arm_once(const std::function<void()>& arm, int reps, cuda::Stream stream) {
   if (!g_cold_code) return time_graph(arm, reps, stream);
-  static float* sink = nullptr;
-  if (sink == nullptr) BENCH_CHECK(cudaMalloc(&sink, 32 * sizeof(float)));
-  const auto flush = [&] {
-    cold_code_kernel<<<cuda::current_device_facts().sm_count, 32, 0, cuda::current_stream()>>>(
-        sink, 0.5f);
+  const auto flush = [] {
+    splice::bench::flush_code(cuda::current_device_facts().sm_count, cuda::current_stream());
   };
   const double both = time_graph(
       [&] {
