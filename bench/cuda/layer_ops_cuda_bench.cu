@@ -423,8 +423,9 @@ Row bench_rms_norm_matmul(splice::Rng& rng, std::int64_t hidden, std::int64_t n,
   return row;
 }
 
-// The gate|up product with the SwiGLU epilogue (rms_norm_matmul_swiglu: one launch at 1-4 rows
-// of K <= 768, swiglu_pairs_kernel / swiglu_rows_kernel; rms_norm_matmul then silu_mul beyond)
+// The gate|up product with the SwiGLU epilogue (rms_norm_matmul_swiglu: one launch at 1 row,
+// swiglu_pairs_kernel, and at 2-8 rows of K <= 768 / 256, norm_rows_kernel; rms_norm_matmul then
+// silu_mul beyond)
 // against its three-kernel chain (rms_norm, matmul, silu_mul), M rows. Bytes: the weight read
 // once.
 Row bench_rms_norm_matmul_swiglu(splice::Rng& rng, std::int64_t hidden, std::int64_t inter,
