@@ -37,7 +37,9 @@
 // large N; the stable-state promise needs a neighbour to show anything), KDA_BENCH_WARM_MS
 // (untimed replays of each graph before its timed ones, at least this many ms; default 50: with
 // 3 warm-up replays alone the first configurations after a dtype switch read 8-10% slow, perf.md
-// runs 134-142), KDA_BENCH_GRID_CAP (at most this many CTAs a stream launch), SPLICE_PDL=0
+// runs 134-142), KDA_BENCH_GRID_CAP (at most this many CTAs a stream launch), KDA_BENCH_COLD (a
+// 256 KB code flush, bench::flush_code, before every launch and its own time subtracted: each
+// launch with its code cold, as in a decode step; perf.md run 343), SPLICE_PDL=0
 // (every launch without PDL), SPLICE_KDA_TUNE (the default tune mask
 // of every launch). In a SPLICE_KDA_DEV_ATTRIBUTION build also KDA_BENCH_STAMPS (per-phase clock64
 // stamps of two CTAs) and KDA_BENCH_TIMELINE (every CTA's %globaltimer timeline over 4 launches
@@ -110,6 +112,7 @@ struct Options {
   std::vector<unsigned> tunes;        // tune masks timed for `stream` as A/B
   int min_sets = 2;                   // at least this many launches per graph
   double warm_ms = 50.0;              // untimed replays of each graph, at least this long
+  bool cold = false;  // KDA_BENCH_COLD: bench::flush_code before every launch, its time subtracted
 };
 
 struct Result {
@@ -408,15 +411,22 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
     BENCH_CHECK(cudaStreamSynchronize(stream));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);
-    BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
-    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    const splice::bench::ReplayTimes t =
-        splice::bench::time_replays(exec, stream, kWarmup, kReplays, G, opt.warm_ms);
-    BENCH_CHECK(cudaGraphExecDestroy(exec));
-    BENCH_CHECK(cudaGraphDestroy(graph));
-    return t.median_us;
+    // `launch`: false for the cold mode's graph of the flushes alone.
+    const auto timed = [&](bool launch) {
+      BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      for (int g = 0; g < G; ++g) {
+        if (opt.cold) splice::bench::flush_code(sms, stream);
+        if (launch) splice::cuda::kda_decode(args[g], stream, variant);
+      }
+      BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+      BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      const splice::bench::ReplayTimes t =
+          splice::bench::time_replays(exec, stream, kWarmup, kReplays, G, opt.warm_ms);
+      BENCH_CHECK(cudaGraphExecDestroy(exec));
+      BENCH_CHECK(cudaGraphDestroy(graph));
+      return t.median_us;
+    };
+    return opt.cold ? timed(true) - timed(false) : timed(true);
   };
   for (auto variant : {splice::cuda::KdaVariant::stream, splice::cuda::KdaVariant::stream_plain,
                        splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::wide512,
@@ -536,6 +546,9 @@ int main(int argc, char** argv) {
     opt.min_sets = std::max(1, std::atoi(v));
   if (const char* v = std::getenv("KDA_BENCH_WARM_MS"); v != nullptr && *v != '\0')
     opt.warm_ms = std::max(0.0, std::atof(v));
+  opt.cold = std::getenv("KDA_BENCH_COLD") != nullptr;
+  if (opt.cold)
+    std::printf("cold code: bench::flush_code before every launch, its time subtracted\n");
   // KDA_BENCH_GRID_CAP: at most this many CTAs a stream launch (the test hook
   // set_kda_stream_grid_cap; an experiment's knob: is the bf16 item loop bound by the chip's
   // bandwidth, so fewer CTAs holding whole rounds of items run each item faster?).
