@@ -146,29 +146,36 @@ Tensor expected_of(const Tensor& x, const Tensor& w, DType out_dtype) {
 // NaN-filled device y [m, n] of expected's dtype, at most `max_ctas` CTAs (0: the launcher's
 // grid), `cols` columns per warp (0: the launcher's), a warp per group if `one_warp_per_group`,
 // against `expected` (expected_of on the host copies).
-::testing::AssertionResult agree_direct(const Tensor& expected, const Tensor& dx, const Tensor& dw,
-                                        int max_ctas = 0, int cols = 0,
-                                        bool one_warp_per_group = false) {
-  const std::int64_t m = dx.size(0), k = dx.size(1), n = dw.size(0);
-  const DType out_dtype = expected.dtype();
-  Tensor dy = upload(nan_output({m, n}, out_dtype));  // [m, n]
+// The GEMV params of dx [m, k] (row-strided) . dw [n, k]^T: the weight, the shape, the x rows and
+// the dtypes (y rows, prologue and launch knobs are the caller's).
+cuda::gemv::Params direct_params(const Tensor& dx, const Tensor& dw, DType out_dtype) {
   cuda::gemv::Params p;
   p.w = dw.raw_data();
   p.w_row_stride = dw.stride(0);
-  p.n = n;
-  p.k = k;
-  p.rows = static_cast<int>(m);
+  p.n = dw.size(0);
+  p.k = dx.size(1);
+  p.rows = static_cast<int>(dx.size(0));
   p.in_dtype = dx.dtype();
   p.out_dtype = out_dtype;
+  const std::int64_t in_size = static_cast<std::int64_t>(dtype_size(dx.dtype()));
+  for (int r = 0; r < p.rows; ++r)
+    p.x[r] = static_cast<const char*>(dx.raw_data()) + r * dx.stride(0) * in_size;
+  return p;
+}
+
+::testing::AssertionResult agree_direct(const Tensor& expected, const Tensor& dx, const Tensor& dw,
+                                        int max_ctas = 0, int cols = 0,
+                                        bool one_warp_per_group = false) {
+  const std::int64_t m = dx.size(0), n = dw.size(0);
+  const DType out_dtype = expected.dtype();
+  Tensor dy = upload(nan_output({m, n}, out_dtype));  // [m, n]
+  cuda::gemv::Params p = direct_params(dx, dw, out_dtype);
   p.max_ctas = max_ctas;
   p.cols = cols;
   p.one_warp_per_group = one_warp_per_group;
-  const std::int64_t in_size = static_cast<std::int64_t>(dtype_size(dx.dtype()));
   const std::int64_t out_size = static_cast<std::int64_t>(dtype_size(out_dtype));
-  for (std::int64_t r = 0; r < m; ++r) {
-    p.x[r] = static_cast<const char*>(dx.raw_data()) + r * dx.stride(0) * in_size;
+  for (std::int64_t r = 0; r < m; ++r)
     p.y[r] = static_cast<char*>(dy.raw_data()) + r * n * out_size;
-  }
   cuda::gemv::launch(p, cuda::current_stream());
   return testing::close(download(dy), expected, default_tolerance(out_dtype));
 }
@@ -905,13 +912,7 @@ TEST(CudaGemv, NormRowsKernelAgreesWithTheCpuAndTheGeneralKernel) {
           const std::int64_t size = static_cast<std::int64_t>(dtype_size(dtype));
           for (bool general : {false, true}) {
             Tensor dy = upload(nan_output({m, row_stride}, dtype));  // [m, 2 n + 3] buffer
-            cuda::gemv::Params p;
-            p.w = dw.raw_data();
-            p.w_row_stride = dw.stride(0);
-            p.n = n;
-            p.k = k;
-            p.rows = static_cast<int>(m);
-            p.in_dtype = p.out_dtype = dtype;
+            cuda::gemv::Params p = direct_params(dx, dw, dtype);
             p.y_col_stride = 2;
             p.w_constant = n != 17;
             p.max_ctas = general ? 1 << 20 : 0;
@@ -919,10 +920,8 @@ TEST(CudaGemv, NormRowsKernelAgreesWithTheCpuAndTheGeneralKernel) {
             p.norm_weight = dnorm.raw_data();
             p.norm_weight_dtype = dtype;
             p.eps = kEpsNorm;
-            for (std::int64_t r = 0; r < m; ++r) {
-              p.x[r] = static_cast<const char*>(dx.raw_data()) + r * dx.stride(0) * size;
+            for (std::int64_t r = 0; r < m; ++r)
               p.y[r] = static_cast<char*>(dy.raw_data()) + r * row_stride * size;
-            }
             const std::uint64_t before = cuda::gemv::launch_stats().norm_rows;
             cuda::gemv::launch(p, cuda::current_stream());
             const bool took = cuda::gemv::launch_stats().norm_rows > before;
