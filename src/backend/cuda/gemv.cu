@@ -15,12 +15,12 @@
 // op) a third kernel, swiglu_pairs_kernel, runs one row with stage 0 in registers, stages 2-5 for
 // four weight rows per warp (gate j, j + 1 and up j, j + 1 of the stacked gate|up weight), and
 // instead of storing y writes silu(gate) * up for its two outputs (its own numbered stages,
-// after rope_pairs_kernel); at 2-4 rows norm_rows_kernel does the same for every row.
+// after rope_pairs_kernel); at 2-8 rows norm_rows_kernel does the same for every row.
 //
 // Kernels: gemv_kernel (the general product, any rows <= 8, persistent column-group loop),
 // row_kernel (launch()'s one-row, one-wave decode products), rope_pairs_kernel and
 // swiglu_pairs_kernel (the two epilogue siblings of row_kernel), norm_rows_kernel (launch()'s
-// 2-4 row rms_norm products of K <= 768, and the SwiGLU epilogue at 2-4 rows). The decode
+// 2-8 row rms_norm products of K <= 768 / 256, and the SwiGLU epilogue at 2-8 rows). The decode
 // kernels are small on purpose: a decode step runs each with its code cold.
 //
 // At rows <= 8 the product is a stream over the weight: n * k elements read once, a handful of
@@ -1240,7 +1240,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   stages.mark(kMarkRowStored);
 }
 
-// ---- the 2-4 row rms_norm kernel (launch()'s rms_norm products and launch_swiglu at 2-4 rows) --
+// ---- the 2-8 row rms_norm kernel (launch()'s rms_norm products and launch_swiglu at 2-8 rows) --
 //
 // norm_rows_kernel: kRows (2, 4 or 8) rows x [rows, k] of a 16-bit product that one batch of
 // kSlots vectors per lane covers (K <= 256: one slot, at 2-8 rows; K <= 768: three, at 2-4), stage

@@ -47,7 +47,7 @@ void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, cons
 // launch of gemv.h's swiglu epilogue kernel when gemv::swiglu_supported (x, w, the norm weight
 // and out of one 16-bit dtype, 16-byte aligned; K in whole 16-byte vectors: one row that launch()
 // covers in one batch at n = 2I, bitwise rms_norm_matmul into a [..., M, 2I] temporary then
-// silu_mul of its halves; or 2-4 rows of K <= 768, within the op's tolerance of them); otherwise
+// silu_mul of its halves; or 2-8 rows on norm_rows_kernel, within the op's tolerance); otherwise
 // exactly those two launches.
 void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
                             Tensor& out, bool w_constant = false);
