@@ -521,7 +521,7 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
     args.resize(n.inputs.size());
     for (std::size_t i = 0; i < n.inputs.size(); ++i) args[i] = im.values[n.inputs[i].index];
     if (options_.measure_host_overhead || im.profile) {
-      const std::size_t mark = 2 * node_times_.size();  // CUDA: this node's two events
+      [[maybe_unused]] const std::size_t mark = 2 * node_times_.size();  // CUDA: its two events
 #ifdef SPLICE_WITH_CUDA
       if (im.profile && im.cuda) {
         while (im.profile_events.size() < mark + 2)
