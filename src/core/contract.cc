@@ -4,9 +4,11 @@
 // their op in src/ops/decode_attention.cc.
 //
 //  1. `supports*` are plain lookups in the row; nothing is inferred.
-//  2. `tolerance(dtype)` is the written policy default for that dtype (tolerance.h). The flash rows
-//     need no loosening: outputs round once to the storage dtype after fp32 accumulation, which
-//     the default's two-roundings budget already covers (measured by the kernel grid tests).
+//  2. `tolerance(dtype)` is the written policy default for that dtype (tolerance.h) unless the row
+//     states its own bound. The flash rows need no loosening: outputs round once to the storage
+//     dtype after fp32 accumulation, which the default's two-roundings budget already covers
+//     (measured by the kernel grid tests). The flash offer copies it into the branch's recipe,
+//     where the verifier (tune/select.cc) reads it.
 #include "splice/ops/contract.h"
 
 #include <algorithm>
@@ -40,7 +42,9 @@ bool AttentionContract::supports_head_dim(std::int64_t d) const {
   return std::find(head_dims.begin(), head_dims.end(), d) != head_dims.end();
 }
 
-Tolerance AttentionContract::tolerance(DType dtype) const { return default_tolerance(dtype); }
+Tolerance AttentionContract::tolerance(DType dtype) const {
+  return verify_tolerance.value_or(default_tolerance(dtype));
+}
 
 AttentionContract seed_capacity_k_contract() {
   AttentionContract row;

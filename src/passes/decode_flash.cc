@@ -132,6 +132,7 @@ OfferResult offer_decode_flash_arm(Graph& g, const DecodeFlashSpec& s, const Att
   if (s.alibi) recipe.roles["alibi"] = *s.alibi;
   recipe.selector = s.k_len;
   recipe.contract_revision = c.revision;
+  recipe.output_tolerance = c.tolerance(g.node(s.q).dtype);
   return splice_offer(g, s.q, s.decomposed_out, fused, s.reconverge, recipe,
                       c.kernel + "/" + c.backend,
                       "offered: " + c.kernel + "/" + c.backend + " rev " + c.revision +

@@ -235,7 +235,16 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+std::string tuning_device_key(Device device) {
+#ifdef SPLICE_WITH_CUDA
+  if (device.is_cuda()) return cuda::device_name(device.index);
+#endif
+  return device.str();
+}
+
 void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
+  const std::string device_key =
+      opt.device_name.empty() ? tuning_device_key(opt.device) : opt.device_name;
   nlohmann::json cache = load_cache(opt.cache_path);
   cache["format"] = "splice-tuning-cache-v1";
   if (!cache.contains("entries")) cache["entries"] = nlohmann::json::object();
@@ -267,9 +276,8 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
       hi = recipe.selector->upper_bound(graph.symbols());
     }
     const auto buckets = selector_buckets(lo, hi, opt.max_buckets);
-    const std::string base_key = opt.device_name + "|" + recipe.kind + "|" +
-                                 recipe.contract_revision + "|" + dtype_name(bnode.dtype) + "|" +
-                                 shape_key(graph, branch);
+    const std::string base_key = device_key + "|" + recipe.kind + "|" + recipe.contract_revision +
+                                 "|" + dtype_name(bnode.dtype) + "|" + shape_key(graph, branch);
 
     // Regions and sessions are built lazily: a full cache hit measures nothing.
     std::vector<std::unique_ptr<Session>> sessions;
@@ -346,7 +354,9 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
               continue;
             }
             const Tensor got = to_host(sessions[arm]->output("out"));
-            CompareReport r = compare_tensors(got, oracle, generator->tolerance(got.dtype(), ""));
+            const Tolerance exit_tolerance =
+                recipe.output_tolerance.value_or(generator->tolerance(got.dtype(), ""));
+            CompareReport r = compare_tensors(got, oracle, exit_tolerance);
             bd.max_abs_error[arm] = std::max(bd.max_abs_error[arm], r.max_abs_error);
             bd.max_rel_error[arm] = std::max(bd.max_rel_error[arm], r.max_rel_error);
             if (!r.ok) {

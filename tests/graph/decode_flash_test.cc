@@ -4,8 +4,12 @@
 // per-bucket dispatch in a plan-once session, the shadow check, and plan-once vs per-step graphs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "splice/core/error.h"
 #include "splice/exec/session.h"
@@ -77,6 +81,15 @@ TEST(Offer, SplicesABranchPerLayer) {
     EXPECT_TRUE(r.offered) << r.reason;
     EXPECT_EQ(demo.graph.node(r.branch).op, Op::Branch);
     EXPECT_EQ(demo.graph.node(spec.reconverge).inputs[0], r.branch);
+    // The branch records where the arms split and where they meet again (spec §3), and the
+    // recipe carries the contract row's verification bound (§4.1).
+    const BranchAttrs& attrs = *demo.graph.node(r.branch).attrs.branch;
+    EXPECT_EQ(attrs.diverge, spec.q);
+    EXPECT_EQ(attrs.merge, spec.reconverge);
+    ASSERT_TRUE(attrs.recipe.output_tolerance.has_value());
+    const Tolerance row = full_contract().tolerance(DType::f32);
+    EXPECT_EQ(attrs.recipe.output_tolerance->atol, row.atol);
+    EXPECT_EQ(attrs.recipe.output_tolerance->rtol, row.rtol);
   }
   verify_graph(demo.graph);
   EXPECT_EQ(log.entries().size(), 2u);
@@ -112,28 +125,102 @@ TEST(Offer, SeedContractDeclinesUnsupportedFeaturesAndLeavesGraphIdentical) {
   DemoAttentionGraph plain = build_demo_attention_graph(small());
   EXPECT_TRUE(
       offer_decode_flash_arm(plain.graph, plain.specs[0], seed_capacity_k_contract()).offered);
-  // A contract without the dtype or head dim declines with the reason.
-  AttentionContract narrow = full_contract();
-  narrow.head_dims = {128};
-  DemoAttentionGraph d2 = build_demo_attention_graph(small());
-  OfferResult r = offer_decode_flash_arm(d2.graph, d2.specs[0], narrow);
-  EXPECT_FALSE(r.offered);
-  EXPECT_NE(r.reason.find("head_dim"), std::string::npos);
+  // A contract row without the dtype, the head dim, the GQA group or a feature declines, naming
+  // what it lacks, and leaves the graph as it was.
+  struct Narrow {
+    const char* missing;  // what the reason must name
+    void (*narrow)(AttentionContract&);
+    void (*widen_spec)(DecodeFlashSpec&);
+  };
+  const Narrow narrow_cases[] = {
+      {"head_dim", [](AttentionContract& c) { c.head_dims = {128}; }, nullptr},
+      {"dtype f32", [](AttentionContract& c) { c.dtypes = {DType::bf16}; }, nullptr},
+      {"GQA group 2", [](AttentionContract& c) { c.max_group = 1; }, nullptr},
+      {"window_right",
+       [](AttentionContract& c) {
+         c.features.erase(
+             std::remove(c.features.begin(), c.features.end(), AttentionFeature::window_right),
+             c.features.end());
+       },
+       [](DecodeFlashSpec& s) { s.window_size_right = 4; }},
+  };
+  for (const Narrow& n : narrow_cases) {
+    SCOPED_TRACE(n.missing);
+    AttentionContract narrow = full_contract();
+    n.narrow(narrow);
+    DemoAttentionGraph d2 = build_demo_attention_graph(small());
+    DecodeFlashSpec spec = d2.specs[0];
+    if (n.widen_spec) n.widen_spec(spec);
+    const std::string before = print_graph(d2.graph);
+    OfferResult r = offer_decode_flash_arm(d2.graph, spec, narrow);
+    EXPECT_FALSE(r.offered);
+    EXPECT_NE(r.reason.find(n.missing), std::string::npos) << r.reason;
+    EXPECT_EQ(print_graph(d2.graph), before);
+    EXPECT_TRUE(offer_decode_flash_arm(d2.graph, spec, full_contract()).offered);
+  }
+}
+
+// The gate on a multi-token query (Sq = 2, causal): a row whose max_sq is 1 or that lacks
+// causal masking declines it, naming which; causal is no requirement at Sq = 1 (the seed case).
+TEST(Offer, GateChecksTheQueryLengthAndCausalMaskingOfMultiTokenQueries) {
+  Graph g;
+  const NodeId q = g.input("q", {SymExpr(1), SymExpr(4), SymExpr(2), SymExpr(64)}, DType::f32);
+  const NodeId k = g.input("k", {SymExpr(1), SymExpr(2), SymExpr(64), SymExpr(64)}, DType::f32);
+  const NodeId v = g.input("v", {SymExpr(1), SymExpr(2), SymExpr(64), SymExpr(64)}, DType::f32);
+  DecodeFlashSpec spec;
+  spec.q = q;
+  spec.k = k;
+  spec.v = v;
+  spec.softmax_scale = 0.125f;
+  spec.causal = true;
+  spec.k_len = DynScalar::Concrete(8);
+  AttentionContract row = full_contract();
+  row.max_sq = 8;
+  EXPECT_EQ(decode_flash_gate(g, spec, row), "");
+  AttentionContract one_token = row;
+  one_token.max_sq = 1;
+  EXPECT_NE(decode_flash_gate(g, spec, one_token).find("max_sq 1"), std::string::npos);
+  AttentionContract no_causal = row;
+  no_causal.features.erase(
+      std::remove(no_causal.features.begin(), no_causal.features.end(), AttentionFeature::causal),
+      no_causal.features.end());
+  EXPECT_NE(decode_flash_gate(g, spec, no_causal).find("causal"), std::string::npos);
+  spec.causal = false;
+  EXPECT_EQ(decode_flash_gate(g, spec, no_causal), "");
+}
+
+// Offers `s` and expects a GraphError whose message contains `needle`, the graph unchanged.
+void expect_malformed(DemoAttentionGraph& d, const DecodeFlashSpec& s, const std::string& needle) {
+  SCOPED_TRACE(needle);
+  const std::string before = print_graph(d.graph);
+  try {
+    offer_decode_flash_arm(d.graph, s, full_contract());
+    ADD_FAILURE() << "no error";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(print_graph(d.graph), before);
 }
 
 TEST(Offer, MalformedSpecsAreErrorsNotDeclines) {
   auto fresh = [] { return build_demo_attention_graph(small()); };
-  {
+  {  // every id out of range is named
     auto d = fresh();
+    const NodeId far{static_cast<std::uint32_t>(d.graph.size() + 5)};
+    const std::pair<const char*, NodeId DecodeFlashSpec::*> ids[] = {
+        {"`q`", &DecodeFlashSpec::q},
+        {"`k`", &DecodeFlashSpec::k},
+        {"`v`", &DecodeFlashSpec::v},
+        {"`decomposed_out`", &DecodeFlashSpec::decomposed_out},
+        {"`reconverge`", &DecodeFlashSpec::reconverge}};
+    for (const auto& [name, field] : ids) {
+      DecodeFlashSpec s = d.specs[0];
+      s.*field = NodeId{100000};
+      expect_malformed(d, s, std::string(name) + " = %100000 is not a live node");
+    }
     DecodeFlashSpec s = d.specs[0];
-    s.q = NodeId{100000};
-    EXPECT_THROW(offer_decode_flash_arm(d.graph, s, full_contract()), GraphError);
-  }
-  {
-    auto d = fresh();
-    DecodeFlashSpec s = d.specs[0];
-    s.decomposed_out = NodeId{static_cast<std::uint32_t>(d.graph.size() + 5)};
-    EXPECT_THROW(offer_decode_flash_arm(d.graph, s, full_contract()), GraphError);
+    s.alibi = far;
+    expect_malformed(d, s, "`alibi` = %" + std::to_string(far.index) + " is not a live node");
   }
   {  // reconverge not the sole consumer of decomposed_out
     auto d = fresh();
@@ -151,13 +238,21 @@ TEST(Offer, MalformedSpecsAreErrorsNotDeclines) {
     auto d = fresh();
     DecodeFlashSpec s = d.specs[0];
     s.q = d.graph.input("q2", {SymExpr(1), SymExpr(4), SymExpr(2), SymExpr(64)}, DType::f32);
-    EXPECT_THROW(offer_decode_flash_arm(d.graph, s, full_contract()), GraphError);
+    expect_malformed(d, s, "`decomposed_out` is f32[1, 4, 1, 64]");
   }
-  {  // dtype mismatch
+  {  // dtype mismatch between q and decomposed_out (q, k and v agree: bf16)
+    DemoAttentionOptions o = small();
+    o.dtype = DType::bf16;
+    auto d = build_demo_attention_graph(o);
+    DecodeFlashSpec s = d.specs[0];
+    s.decomposed_out = d.graph.cast(s.decomposed_out, DType::f32);
+    expect_malformed(d, s, "`decomposed_out` is f32");
+  }
+  {  // q, k and v of different dtypes
     auto d = fresh();
     DecodeFlashSpec s = d.specs[0];
     s.q = d.graph.input("q2", {SymExpr(1), SymExpr(4), SymExpr(1), SymExpr(64)}, DType::bf16);
-    EXPECT_THROW(offer_decode_flash_arm(d.graph, s, full_contract()), GraphError);
+    expect_malformed(d, s, "q, k, v dtypes differ");
   }
   {  // bad scale
     auto d = fresh();
@@ -269,6 +364,186 @@ TEST(Select, TuningCacheReusesDecisionsWithoutTiming) {
     for (const auto& b : d.buckets) EXPECT_TRUE(b.from_cache);
   EXPECT_NE(log2.str().find("tuning cache"), std::string::npos);
   std::filesystem::remove(path);
+}
+
+// The cache key (spec §4.4): device, kernel revision, dtype, shapes and fused attributes. A run
+// that changes any of them measures again; the same run again measures nothing. The default
+// device key is the tuning device's own ("cpu" here), never another device's.
+TEST(Select, TuningCacheKeysOnDeviceRevisionDtypeAndShapes) {
+  const std::string path = testing::process_temp_path("splice_tuning_cache_keys_test.json");
+  std::filesystem::remove(path);
+  int timed = 0;
+  // Tunes a fresh demo graph through `row` and returns how many arm timings it took.
+  auto tune = [&](const DemoAttentionOptions& o, const std::string& device_name,
+                  const std::string& revision) {
+    DemoAttentionGraph demo = build_demo_attention_graph(o);
+    AttentionContract row = full_contract();
+    row.revision = revision;
+    DecisionLog log;
+    for (const auto& spec : demo.specs) offer_decode_flash_arm(demo.graph, spec, row, &log);
+    TuneOptions t;
+    t.cache_path = path;
+    t.device_name = device_name;
+    t.time_override = [&](NodeId, int arm, std::int64_t) {
+      ++timed;
+      return arm == 1 ? 1.0 : 2.0;
+    };
+    const int before = timed;
+    select_arms(demo.graph, log, t);
+    return timed - before;
+  };
+  DemoAttentionOptions bf16 = small();
+  bf16.dtype = DType::bf16;
+  DemoAttentionOptions smaller = small();
+  smaller.capacity = 32;
+  EXPECT_GT(tune(small(), "", "r1"), 0);
+  EXPECT_EQ(tune(small(), "", "r1"), 0);
+  EXPECT_EQ(tune(small(), "cpu", "r1"), 0);  // the default key is the device's
+  EXPECT_GT(tune(small(), "another-device", "r1"), 0);
+  EXPECT_GT(tune(small(), "", "r2"), 0);
+  EXPECT_GT(tune(bf16, "", "r1"), 0);
+  EXPECT_GT(tune(smaller, "", "r1"), 0);
+  EXPECT_GT(tune(small(false, 30.0f), "", "r1"), 0);
+  EXPECT_EQ(tune(small(false, 30.0f), "", "r1"), 0);
+  EXPECT_EQ(tuning_device_key(Device::cpu()), "cpu");
+  std::ifstream in(path);
+  const nlohmann::json cache = nlohmann::json::parse(in);
+  std::set<std::string> devices;
+  for (const auto& [key, entry] : cache["entries"].items())
+    devices.insert(key.substr(0, key.find('|')));
+  EXPECT_EQ(devices, (std::set<std::string>{"cpu", "another-device"}));
+  std::filesystem::remove(path);
+}
+
+// Verification points (spec §4.1): every bucket's points lie inside it, and over the buckets they
+// include k_len = 1, the capacity, and in every bucket wider than two a length off every tile
+// (odd) strictly inside it.
+TEST(Select, VerificationPointsCoverOneAMisalignedLengthAndTheCapacity) {
+  const auto generator = arm_generator("flash_decode");
+  const std::int64_t capacity = 4096;
+  std::set<std::int64_t> all;
+  for (const auto& [lo, hi] : selector_buckets(1, capacity, 12)) {
+    SCOPED_TRACE("bucket [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    const std::vector<std::int64_t> points = generator->verification_points(lo, hi);
+    bool misaligned_inside = false;
+    for (std::int64_t p : points) {
+      EXPECT_GE(p, lo);
+      EXPECT_LE(p, hi);
+      misaligned_inside |= p > lo && p < hi && p % 2 == 1;
+      all.insert(p);
+    }
+    EXPECT_EQ(points.front(), lo);
+    EXPECT_EQ(points.back(), hi);
+    if (hi - lo >= 2) {
+      EXPECT_TRUE(misaligned_inside);
+    }
+  }
+  EXPECT_EQ(all.count(1), 1u);
+  EXPECT_EQ(all.count(capacity), 1u);
+}
+
+// A fused arm wrong only above some length is disqualified in those buckets alone (spec §4.1 "for
+// that bucket"): its flash node masks keys left of an 8-key window the oracle does not have, so
+// the arms agree while k_len <= 9 (every key is inside the window) and differ beyond. The
+// explanation names the rejection, its error, the timings and each bucket's winner (§4.5).
+TEST(Select, DisqualifiesTheFusedArmOnlyInTheBucketsWhereItIsWrong) {
+  DemoAttentionGraph demo = build_demo_attention_graph(small());  // capacity 64, no window
+  DecodeFlashSpec spec = demo.specs[0];
+  spec.window_size_left = 8;
+  DecisionLog log;
+  const OfferResult offer = offer_decode_flash_arm(demo.graph, spec, full_contract(), &log);
+  ASSERT_TRUE(offer.offered) << offer.reason;
+  TuneOptions t;
+  t.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+  select_arms(demo.graph, log, t);
+  const Decision* d = log.find_branch(offer.branch);
+  ASSERT_NE(d, nullptr);
+  ASSERT_EQ(d->buckets.size(), 7u);  // [1,1] [2,2] [3,4] [5,8] [9,16] [17,32] [33,64]
+  for (const auto& b : d->buckets) {
+    SCOPED_TRACE("bucket [" + std::to_string(b.lo) + ", " + std::to_string(b.hi) + "]");
+    const bool agrees = b.hi <= 9;
+    EXPECT_EQ(static_cast<bool>(b.verified[1]), agrees) << b.failure[1];
+    EXPECT_EQ(b.winner, agrees ? 1 : 0);
+    if (!agrees) {
+      EXPECT_NE(b.failure[1].find("output at selector"), std::string::npos) << b.failure[1];
+      EXPECT_GT(b.max_abs_error[1], 1e-3);
+    }
+  }
+  EXPECT_EQ(d->collapsed_to, -1);  // both arms stay, dispatched per bucket
+  const std::string text = log.str();
+  EXPECT_NE(text.find("REJECTED"), std::string::npos) << text;
+  EXPECT_NE(text.find("max_abs_err="), std::string::npos) << text;
+  EXPECT_NE(text.find("-> arm 1 (fastest verified)"), std::string::npos) << text;
+  EXPECT_NE(text.find("-> arm 0 (arm 0 (oracle): no verified fused arm)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find(" 2 us"), std::string::npos) << text;
+}
+
+// A fused arm that reads the key at k_len (its flash node attends k_len + 1 keys) meets the NaN
+// poisoned there and is rejected in every bucket (spec §4.1: rows at and beyond k_len must not
+// leak).
+TEST(Select, AFusedArmThatReadsPastKLenIsRejected) {
+  DemoAttentionGraph demo = build_demo_attention_graph(small());
+  DecisionLog log;
+  const OfferResult offer =
+      offer_decode_flash_arm(demo.graph, demo.specs[0], full_contract(), &log);
+  ASSERT_TRUE(offer.offered) << offer.reason;
+  const NodeId fused = demo.graph.node(offer.branch).inputs.at(1);
+  ASSERT_EQ(demo.graph.node(fused).op, Op::FlashDecode);
+  auto attrs = std::make_shared<FlashDecodeAttrs>(*demo.graph.node(fused).attrs.flash);
+  attrs->k_len = DynScalar::Expr(SymExpr(demo.k_len) + SymExpr(1));
+  demo.graph.mutable_node(fused).attrs.flash = attrs;
+  TuneOptions t;
+  t.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+  select_arms(demo.graph, log, t);
+  const Decision* d = log.find_branch(offer.branch);
+  ASSERT_NE(d, nullptr);
+  ASSERT_FALSE(d->buckets.empty());
+  for (const auto& b : d->buckets) {
+    SCOPED_TRACE("bucket [" + std::to_string(b.lo) + ", " + std::to_string(b.hi) + "]");
+    EXPECT_FALSE(b.verified[1]);
+    EXPECT_EQ(b.winner, 0);
+    EXPECT_NE(b.failure[1].find("selector " + std::to_string(b.lo)), std::string::npos)
+        << b.failure[1];
+  }
+  EXPECT_EQ(d->collapsed_to, 0);
+}
+
+// The contract row's bound is the verifier's (spec §4.1): a row that allows no error at all
+// rejects the real flash arm, whose fp32 sums are ordered otherwise than the oracle's, where the
+// policy default verifies it (RealFlashArmVerifiesAndDispatchesPerBucket).
+TEST(Select, VerificationUsesTheContractRowsTolerance) {
+  DemoAttentionGraph demo = build_demo_attention_graph(small(true, 20.0f, 24));
+  AttentionContract exact = full_contract();
+  exact.verify_tolerance = Tolerance{0.0, 0.0};
+  DecisionLog log;
+  const OfferResult offer = offer_decode_flash_arm(demo.graph, demo.specs[0], exact, &log);
+  ASSERT_TRUE(offer.offered) << offer.reason;
+  TuneOptions t;
+  t.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+  select_arms(demo.graph, log, t);
+  const Decision* d = log.find_branch(offer.branch);
+  ASSERT_NE(d, nullptr);
+  int rejected = 0;
+  for (const auto& b : d->buckets) {
+    if (b.verified[1]) continue;
+    ++rejected;
+    EXPECT_NE(b.failure[1].find("output at selector"), std::string::npos) << b.failure[1];
+    EXPECT_LT(b.max_abs_error[1], 1e-4);  // rounding, not a wrong arm
+  }
+  EXPECT_GT(rejected, 0);
+}
+
+TEST(Select, MissingTimingKeepsArmZero) {
+  TestBranch t(0);
+  DecisionLog log;
+  TuneOptions opt;
+  opt.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? NAN : 10.0; };
+  select_arms(t.g, log, opt);
+  const auto& bucket = log.entries()[0].buckets.at(0);
+  EXPECT_TRUE(bucket.verified[1]);
+  EXPECT_EQ(bucket.winner, 0);
+  EXPECT_NE(bucket.reason.find("missing timing"), std::string::npos) << bucket.reason;
 }
 
 TEST(Select, RealFlashArmVerifiesAndDispatchesPerBucket) {

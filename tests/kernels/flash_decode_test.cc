@@ -186,8 +186,11 @@ void run_case(const Case& c, std::uint64_t seed) {
   const Tensor ref = reference_decode_attention(in.q, in.k, in.v, in.k_len, alibi, c.options,
                                                 c.lse ? &ref_lse : nullptr);
   const AttentionContract& row = cpu_flash_decode_contract();
+  EXPECT_EQ(out.dtype(), c.dtype) << "the output is in q's dtype (spec §5)";
+  EXPECT_EQ(out.shape(), in.q.shape());
   EXPECT_TRUE(close(out, ref, row.tolerance(c.dtype)));
   if (c.lse) {
+    EXPECT_EQ(lse.dtype(), DType::f32);
     EXPECT_TRUE(close(lse, ref_lse, row.tolerance(DType::f32)));
   }
   if (c.padded) {

@@ -37,13 +37,6 @@ Device parse_device(const std::string& name) {
   fail<ValueError>("--device must be cpu, cuda or cuda:N, got '", name, "'");
 }
 
-std::string device_key(Device device) {
-#ifdef SPLICE_WITH_CUDA
-  if (device.is_cuda()) return cuda::device_name(device.index);
-#endif
-  return device.str();
-}
-
 nlohmann::json decisions_json(const DecisionLog& log) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& d : log.entries()) {

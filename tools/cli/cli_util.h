@@ -14,8 +14,6 @@ namespace splice::cli {
 // "cpu", "cuda" or "cuda:N"; throws ValueError naming --device otherwise (and DeviceError when
 // CUDA is asked for but unavailable).
 Device parse_device(const std::string& name);
-// A tuning-cache key for the device: "cpu" or the GPU's name.
-std::string device_key(Device device);
 
 nlohmann::json decisions_json(const DecisionLog& log);
 

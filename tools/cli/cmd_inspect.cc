@@ -85,7 +85,6 @@ Runner add_inspect(CLI::App& app) {
     const std::string before = print_graph(demo.graph);
     OptimizeOptions opt;
     opt.tune.device = parse_device(*device);
-    opt.tune.device_name = device_key(opt.tune.device);
     opt.tune.cache_path = *cache;
     opt.select = !*no_select;
     ProgressBar bar(*json ? nullptr : &std::cerr);

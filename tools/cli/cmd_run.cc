@@ -112,7 +112,6 @@ DecodeModel load_and_build(const ModelArgs& m, std::int64_t batch, ProgressBar& 
 OptimizeOptions optimize_options(const ModelArgs& m, Device device, ProgressBar& bar) {
   OptimizeOptions o;
   o.tune.device = device;
-  o.tune.device_name = device_key(device);
   o.tune.cache_path = m.tuning_cache;
   o.select = !m.no_optimize;
   o.tune.progress = [&bar](const std::string& what) { bar.tick(what); };

@@ -16,6 +16,7 @@
 
 #include "splice/core/sym.h"
 #include "splice/core/tensor.h"
+#include "splice/core/tolerance.h"
 #include "splice/ir/op.h"
 
 namespace splice {
@@ -53,6 +54,9 @@ struct ArmRecipe {
   std::map<std::string, NodeId> roles;  // e.g. "q", "k", "v", "alibi"
   std::optional<DynScalar> selector;    // e.g. k_len; buckets are ranges of its value
   std::string contract_revision;        // the fused kernel's revision (tuning-cache key)
+  // The fused kernel's contract bound on the exit, for verification (set by offers whose contract
+  // row states one, e.g. AttentionContract::tolerance); none: the arm generator's.
+  std::optional<Tolerance> output_tolerance;
 };
 
 // One bucket of a branch decision: selector values in [lo, hi] run `arm`.

@@ -39,10 +39,14 @@ struct AttentionContract {
   std::int64_t max_sq = 1;             // largest query length per call
   std::int64_t max_group = 0;          // largest Hq/Hkv (0 = any)
   std::vector<AttentionFeature> features;
+  // The verifier's bound on the fused arm's output against the oracle, for every dtype; none: the
+  // policy default for the output's dtype (tolerance.h).
+  std::optional<Tolerance> verify_tolerance;
   bool supports(AttentionFeature f) const;
   bool supports_dtype(DType d) const;
   bool supports_head_dim(std::int64_t d) const;
-  // Verification tolerance for outputs in `dtype` (the policy default, loosened where needed).
+  // Verification tolerance for outputs in `dtype`: verify_tolerance, else the policy default.
+  // The offer records it in the branch's recipe, so arm selection checks the row's bound.
   Tolerance tolerance(DType dtype) const;
 };
 

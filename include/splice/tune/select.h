@@ -8,8 +8,9 @@
 //      inputs or fresh states; weights stay), and an ArmInputGenerator for the recipe's kind fills
 //      it (for attention: k_len = 1, a tile-misaligned value and the bucket's top, cache rows at
 //      and beyond k_len poisoned with NaN). Outputs, and states the arm writes, are compared under
-//      the kind's tolerance; a failure disqualifies the arm for that bucket with its max abs/rel
-//      error and worst index recorded.
+//      the bound the recipe carries from the kernel's contract row (the exit; flash decode) or
+//      else the kind's tolerance (the generator's); a failure disqualifies the arm for that bucket
+//      with its max abs/rel error and worst index recorded.
 //   2. Time every arm at the bucket's top length: warm-up, then the median of repeats, taken
 //      interleaved across the arms (a drift of the machine is shared, not charged to one arm).
 //   3. Choose the fastest verified arm; a fused arm must beat arm 0 by `win_margin` (ties and
@@ -61,9 +62,13 @@ void bind_selector(const Graph& region, const ArmRecipe& recipe, std::int64_t se
 void register_arm_generator(const std::string& kind, std::shared_ptr<ArmInputGenerator> generator);
 std::shared_ptr<ArmInputGenerator> arm_generator(const std::string& kind);
 
+// The tuning cache's device key for `device`: "cpu", or a CUDA device's name ("NVIDIA H200"), so
+// decisions measured on one kind of device are never reused on another.
+std::string tuning_device_key(Device device);
+
 struct TuneOptions {
   Device device = Device::cpu();
-  std::string device_name = "cpu";  // tuning-cache key
+  std::string device_name;          // tuning-cache key; empty: tuning_device_key(device)
   std::string cache_path;           // JSON tuning cache ("" = none)
   int warmup = 2;
   int repeats = 9;
