@@ -61,16 +61,16 @@ void check_same_device(const Tensor& t, const char* name, const Tensor& x) {
                       t.device().str());
 }
 
-// A 1-D contiguous view of an f32 parameter with exactly `count` elements (any shape of that
-// count, e.g. [H] or [1, 1, H, 1]).
-Tensor flat_param(const Tensor& t, const char* name, std::int64_t count, const char* shape_text) {
+// A 1-D f32 parameter of `count` elements at unit stride (spec §1: A_log [H], dt_bias [C],
+// norm_weight [D]; `shape_text` names the dims in the message).
+Tensor vector_param(const Tensor& t, const char* name, std::int64_t count, const char* shape_text) {
   check_defined(t, name);
   check_dtype(t, name, {DType::f32});
-  if (t.numel() != count)
-    fail<ShapeError>("`", name, "` must have ", count, " elements (shape ", shape_text, "), got ",
+  if (t.shape() != Dims{count})
+    fail<ShapeError>("`", name, "` must have shape ", shape_text, " = [", count, "], got ",
                      dims_str(t.shape()));
   check_contiguous(t, name);
-  return t.reshape({count});
+  return t;
 }
 
 // Checks a rank-3 [R, H, D] bf16 logits tensor given as [1, R, H, D] (or also [R, H, D] when
@@ -213,9 +213,9 @@ KdaDecodeArgs build_args(const ArgInputs& in, bool plain) {
   a.raw_beta = in.raw_beta.select(0, 0);
 
   // Per-head and per-channel parameters.
-  a.A_log = flat_param(in.A_log, "A_log", H, "[H]");
+  a.A_log = vector_param(in.A_log, "A_log", H, "[H]");
   check_same_device(in.A_log, "A_log", in.x);
-  a.dt_bias = flat_param(in.dt_bias, "dt_bias", C, "[H * 128]");
+  a.dt_bias = vector_param(in.dt_bias, "dt_bias", C, "[H * 128]");
   check_same_device(in.dt_bias, "dt_bias", in.x);
 
   // state [slots, H, D, D] f32 | bf16, strides [slot_stride, D*D, D, 1].
@@ -240,7 +240,7 @@ KdaDecodeArgs build_args(const ArgInputs& in, bool plain) {
 
   a.output_gate = rows_heads_dim(in.output_gate, "output_gate", R, H, /*allow_rank3=*/true);
   check_same_device(in.output_gate, "output_gate", in.x);
-  a.norm_weight = flat_param(in.norm_weight, "norm_weight", kKdaHeadDim, "[128]");
+  a.norm_weight = vector_param(in.norm_weight, "norm_weight", kKdaHeadDim, "[128]");
   check_same_device(in.norm_weight, "norm_weight", in.x);
 
   // Scalars.

@@ -11,8 +11,14 @@
 // Cases cover T = 1..8 and T = 40, ragged lengths including 0 and T, every accepted offset, null
 // conv/source/destination slots, trailing rows, fp32 and bf16 state, both gate modes, padded row
 // strides, padded slot strides, conv and state sharing one page per slot, H in {1, 3, 12, 32},
-// the plain / packed T = 1 / t1_state_indices equivalence, determinism, every validation error
-// (with caches left untouched), and a speculative-decoding accept/continue scenario.
+// the plain / packed T = 1 / t1_state_indices equivalence, determinism, and a speculative-decoding
+// accept/continue scenario. Targeted cases: a bf16 state carried unrounded across 40 tokens
+// (against a per-token-rounded variant), the L2-norm epsilon with tiny q/k, negative slots acting
+// as null, t1_state_indices never reading query_start_loc / num_accepted_tokens, norm_eps = 0.
+// Validation: every structural check of the op (src/ops/kda_decode.cc, build_args: presence,
+// dtype, rank/shape, strides, device of every argument; the scalars; the mode) and every value
+// contract has a negative case raising the typed error with the argument named in its message
+// (several also check the value seen and what is allowed), with the caches left untouched.
 // The measured worst errors are printed at the end (docs/perf-cpu-kda.md records them).
 #include "splice/ops/kda_decode.h"
 
@@ -23,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -502,6 +509,185 @@ TEST(KdaDecode, AllTrailingAndAllNull) {
   check_case(p, gate_options(false), "no live sequence");
 }
 
+// Element-wise distance between two bf16 state tensors of one shape.
+struct Bf16Distance {
+  double max_abs = 0, mean_abs = 0;
+  std::int64_t max_ulp = 0, differing = 0, count = 0;
+  std::string str() const {
+    std::ostringstream s;
+    s << "max abs " << max_abs << ", mean abs " << mean_abs << ", max " << max_ulp << " ulp, "
+      << differing << " of " << count << " elements differ";
+    return s.str();
+  }
+};
+Bf16Distance bf16_distance(const Tensor& a, const Tensor& b) {
+  Bf16Distance d;
+  d.count = a.numel();
+  for (std::int64_t i = 0; i < d.count; ++i) {
+    const double x = a.at_linear(i), y = b.at_linear(i), e = std::abs(x - y);
+    d.max_abs = std::max(d.max_abs, e);
+    d.mean_abs += e / static_cast<double>(d.count);
+    d.max_ulp = std::max(d.max_ulp, bf16_ulp_distance(x, y));
+    d.differing += x != y;
+  }
+  return d;
+}
+
+// Spec §3: the state is "carried unrounded across tokens" and "rounded to the state dtype at the
+// store only". With a bf16 state, kStateTolBf16 (4e-4 abs) barely notices a kernel that rounds
+// the carried state after every token, so this case makes that rounding large: 40 tokens, a decay
+// within 1e-3 of 1 (lower_bound -1e-3) and beta = sigmoid(-6) ~ 2.5e-3, so every token moves
+// each state element by far less than half a bf16 ulp. Carried unrounded, those moves add up
+// to ~2% (several ulps) by the last token; rounded every token, each one is rounded away. Only
+// token 0 (whose destination is also the conv slot) and the last token store a checkpoint.
+TEST(KdaDecode, Bf16StateIsCarriedUnroundedAcrossTokens) {
+  constexpr int kT = 40;
+  Meta m;
+  m.T = kT;
+  m.lens = {kT};
+  m.nat = {1};  // a = 0: conv window and source state both in slot 1
+  std::vector<int> row(kT, 0);
+  row[0] = 1;
+  row[kT - 1] = 2;
+  m.si = {row};
+  m.slots = 3;
+  Problem p = make_problem(901, 1, m, DType::bf16);
+  p.raw_beta.fill(-6.0);
+  KdaDecodeOptions o = gate_options(false);
+  o.lower_bound = -1e-3f;
+  const KdaReferenceResult ref = reference(p, o);
+
+  // The per-token-rounded variant: the same tokens through single-token reference calls, each
+  // of which stores (so rounds) the state to bf16 before the next token reads it.
+  const Tensor slot = int_tensor({1}, {1});
+  Tensor conv = p.conv_state, state = p.state;
+  for (int t = 0; t < kT; ++t) {
+    const KdaReferenceResult step = testing::reference_fused_kda_decode(
+        p.x.slice(0, t, t + 1), p.weight, conv, p.raw_gate.slice(1, t, t + 1),
+        p.raw_beta.slice(1, t, t + 1), p.A_log, p.dt_bias, slot, state,
+        p.output_gate.slice(1, t, t + 1), p.norm_weight, *o.lower_bound, o.norm_eps);
+    conv = step.conv_state;
+    state = step.state;
+    // The chain computes the same math: after token 0 it equals the packed checkpoint.
+    if (t == 0) {
+      ASSERT_TRUE(testing::bit_equal(state.select(0, 1), ref.state.select(0, 1)));
+    }
+  }
+
+  check_case(p, o, "bf16 state, T=40, decay ~1, small beta");
+  // Measured: the kernel's last checkpoint differs from the reference's in 1 of 16384 elements
+  // by 1 ulp (mean abs 9.3e-10); the per-token-rounded chain in 14214 elements, by up to 108
+  // ulp, mean abs 1.08e-4 (100x the bound below), max abs 9.8e-4 (43 elements outside even
+  // kStateTolBf16).
+  constexpr double kMeanAbsBound = 1e-6;
+  const Bf16Distance kernel = bf16_distance(p.state.select(0, 2), ref.state.select(0, 2));
+  const Bf16Distance rounded = bf16_distance(state.select(0, 1), ref.state.select(0, 2));
+  EXPECT_LE(kernel.max_ulp, 1) << "kernel vs reference: " << kernel.str();
+  EXPECT_LE(kernel.mean_abs, kMeanAbsBound) << "kernel vs reference: " << kernel.str();
+  // The case can fail: rounding the carry every token lands far outside the bound.
+  EXPECT_GE(rounded.mean_abs, 20 * kMeanAbsBound) << "per-token rounded: " << rounded.str();
+  EXPECT_GE(rounded.max_ulp, 8) << "per-token rounded: " << rounded.str();
+}
+
+// Spec §2(b): "The epsilon is added to the sum of squares" (q^ = q / sqrt(sum q^2 + 1e-6)). The
+// q and k conv taps are scaled by 5e-4 so every live token's sum q^2 and sum k^2 is at most
+// 0.5e-6 (checked below): sqrt(sum + 1e-6) is then >= sqrt(3) times sqrt(sum) + 1e-6 (~ sqrt(sum),
+// as sqrt(sum) ~ 3e-4 >> 1e-6), so either wrong form scales q^ and k^ by >= sqrt(3). k^ moves the
+// stored state; q^ moves the output, because o = S q^ is far below sqrt(norm_eps) and the RMSNorm
+// no longer cancels its scale. Measured (worst sum of squares 2.6e-7): the kernel matches the
+// reference to 0 abs in the output and 7.5e-9 (f32) / 7.6e-6 (bf16) in the state; with the
+// reference switched to sqrt(sum) + 1e-6 or to no epsilon, the output is off by up to 0.149 (74x
+// kOutputTol's atol, 872 of 1536 elements outside it) and the state by up to 0.11 (14500+ of 32768
+// per slot outside kStateTolF32); a wrong form in q alone moves the output by 0.129, in k alone the
+// state by 0.05.
+TEST(KdaDecode, L2NormEpsilonIsAddedToTheSumOfSquares) {
+  Meta m;
+  m.T = 3;
+  m.lens = {3, 2};
+  m.nat = {1, 1};
+  m.si = {{1, 2, 3}, {4, 5, 6}};
+  m.trailing = 1;
+  m.slots = 7;
+  for (DType sd : {DType::f32, DType::bf16}) {
+    Problem p = make_problem(902, 2, m, sd);
+    const std::int64_t C = p.H * kD;
+    float* w = p.weight.data<float>();  // [3, 4, C]: projections q and k come first
+    for (std::int64_t i = 0; i < 2 * 4 * C; ++i) w[i] *= 5e-4f;
+    // Precondition: the bf16 conv outputs of q and k (spec §2(a), a = 0) are tiny.
+    double worst = 0;
+    int row = 0;
+    for (std::size_t n = 0; n < m.lens.size(); ++n) {
+      const int cs = m.si[n][0];
+      for (int t = 0; t < m.lens[n]; ++t, ++row) {
+        for (std::int64_t proj = 0; proj < 2; ++proj) {
+          for (std::int64_t h = 0; h < p.H; ++h) {
+            double sum = 0;
+            for (std::int64_t d = 0; d < kD; ++d) {
+              const std::int64_t cc = h * kD + d, c = proj * C + cc;
+              double pre = p.x.at({row, c}) * p.weight.at({proj, 3, cc});
+              for (int j = 0; j < 3; ++j) {  // ext = [hist0..2, x[b], x[b+1], ..]
+                const int e = t + j;
+                pre += (e < 3 ? p.conv_state.at({cs, c, e}) : p.x.at({row - t + e - 3, c})) *
+                       p.weight.at({proj, j, cc});
+              }
+              const double q = testing::round_bf16(pre / (1.0 + std::exp(-pre)));
+              sum += q * q;
+            }
+            worst = std::max(worst, sum);
+          }
+        }
+      }
+    }
+    ASSERT_LT(worst, 0.5e-6) << "sum of squares must be below the epsilon for the case to bite";
+    check_case(p, gate_options(false), std::string("tiny q/k, state ") + dtype_name(sd));
+  }
+}
+
+// Spec §4: norm_eps "finite and >= 0": zero is allowed and runs (the RMSNorm of a non-zero o
+// needs no epsilon). Spec §1 defaults: lower_bound -5.0, norm_eps 1e-5.
+TEST(KdaDecode, NormEpsZeroRunsAndDefaults) {
+  const KdaDecodeOptions defaults{};
+  ASSERT_TRUE(defaults.lower_bound.has_value());
+  EXPECT_EQ(*defaults.lower_bound, -5.0f);
+  EXPECT_EQ(defaults.norm_eps, 1e-5f);
+  for (bool softplus : {false, true}) {
+    Problem p = make_problem(903, 2, grid_meta(903, 2), DType::f32);
+    check_case(p, gate_options(softplus, 0.0f), "norm_eps = 0");
+  }
+}
+
+// Spec §1: "Slot <= 0 means null" for the conv slot, the source slot and every destination.
+// The same packed call with every null slot written as 0, and as -1 / -7 / INT32_MIN, must
+// give bitwise the same output and caches (a kernel testing `slot != 0` would read or write
+// out of bounds at a negative slot; the poisoned storage and check_case catch that).
+TEST(KdaDecode, NegativePackedSlotsAreNull) {
+  Meta zero;
+  zero.T = 3;
+  zero.lens = {3, 2, 3, 1, 3};
+  zero.nat = {1, 2, 1, 1, 2};
+  zero.si = {{1, 0, 2},    // null destination at token 1
+             {3, 0, 11},   // null source (a = 1): a null sequence
+             {0, 4, 5},    // null conv slot: a null sequence
+             {6, 7, 8},    // live, length 1
+             {9, 10, 0}};  // source 10, null destination at token 2
+  zero.trailing = 1;
+  zero.slots = 12;
+  Meta negative = zero;
+  const int values[3] = {-1, -7, std::numeric_limits<std::int32_t>::min()};
+  int next = 0;
+  for (auto& r : negative.si)
+    for (int& s : r)
+      if (s == 0) s = values[next++ % 3];
+  for (DType sd : {DType::f32, DType::bf16}) {
+    Problem a = make_problem(904, 2, zero, sd);
+    Problem b = make_problem(904, 2, negative, sd);
+    const Tensor out_a = check_case(a, gate_options(false), "null slots as 0");
+    const Tensor out_b = check_case(b, gate_options(false), "null slots negative");
+    EXPECT_TRUE(testing::bit_equal(out_b, out_a));
+    EXPECT_EQ(snapshot(b), snapshot(a));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // T = 1: packed, plain and t1_state_indices agree bit for bit.
 
@@ -542,7 +728,8 @@ TEST(KdaDecode, T1PackedPlainAndT1IndicesAgreeBitForBit) {
       EXPECT_TRUE(testing::bit_equal(out_packed, out_t1));
       EXPECT_EQ(snapshot(packed), snapshot(plain)) << "caches differ: packed vs plain";
       EXPECT_EQ(snapshot(packed), snapshot(t1)) << "caches differ: packed vs t1_state_indices";
-      // The plain path against the reference, too.
+      // The packed T = 1 path against the reference as well (the t1 path went through
+      // check_case above; the plain path is only compared bitwise with packed and t1).
       Problem fresh = make_problem(31, 3, t1_meta(), sd);
       check_case(fresh, o, "packed T=1");
     }
@@ -558,6 +745,52 @@ TEST(KdaDecode, T1IndicesOutputsMatchPacked) {
   Tensor b = run_packed(t1, o, {}, &slots);
   EXPECT_TRUE(testing::bit_equal(a, b));
   EXPECT_EQ(snapshot(packed), snapshot(t1));
+}
+
+// Spec §3: with t1_state_indices, "query_start_loc is then structural only and its values are
+// not read". Garbage values (out of range, negative, decreasing) in query_start_loc and
+// num_accepted_tokens must raise no value-contract error and change nothing, bit for bit.
+TEST(KdaDecode, T1IndicesIgnoreQueryStartLocAndAcceptedCountValues) {
+  for (DType sd : {DType::f32, DType::bf16}) {
+    const KdaDecodeOptions o = gate_options(sd == DType::bf16);
+    Problem sane = make_problem(34, 2, t1_meta(), sd);
+    Problem junk = make_problem(34, 2, t1_meta(), sd);
+    junk.qsl = int_tensor({12345, -7, 12345, -7, 0x7fffffff, -7, 3, 1, 12345}, {9});
+    junk.nat = int_tensor({-7, 12345, 0, -7, 12345, 99, -1, 12345}, {8});
+    const Tensor slots = row_slots(t1_meta());
+    const Tensor out_sane = check_case(sane, o, "t1, sane metadata", &slots);
+    Tensor out_junk;
+    ASSERT_NO_THROW(out_junk = run_packed(junk, o, {}, &slots));
+    EXPECT_TRUE(testing::bit_equal(out_junk, out_sane));
+    EXPECT_EQ(snapshot(junk), snapshot(sane));
+  }
+}
+
+// Spec §1 / §3: a plain state_indices or t1_state_indices slot <= 0 is a null row (exact zeros,
+// no cache touched). Negative slots (-1, -7, INT32_MIN) must act exactly as 0, bit for bit; a
+// kernel testing `slot != 0` would read and write outside the caches.
+TEST(KdaDecode, NegativeRowSlotsAreNull) {
+  const Tensor zero = row_slots(t1_meta());  // {3, 1, 0, 7, 0, 5, 0, 0, 0}
+  const Tensor negative =
+      int_tensor({3, 1, -1, 7, -7, 5, std::numeric_limits<std::int32_t>::min(), -1, -7}, {9});
+  ASSERT_EQ(zero.shape(), negative.shape());
+  for (DType sd : {DType::f32, DType::bf16}) {
+    const KdaDecodeOptions o = gate_options(false);
+    // t1_state_indices (through check_case: reference, zero rows, untouched storage).
+    Problem t1_zero = make_problem(35, 2, t1_meta(), sd);
+    Problem t1_neg = make_problem(35, 2, t1_meta(), sd);
+    const Tensor out_t1_zero = check_case(t1_zero, o, "t1 null rows as 0", &zero);
+    const Tensor out_t1_neg = check_case(t1_neg, o, "t1 null rows negative", &negative);
+    EXPECT_TRUE(testing::bit_equal(out_t1_neg, out_t1_zero));
+    EXPECT_EQ(snapshot(t1_neg), snapshot(t1_zero));
+    // Plain state_indices [R].
+    Problem plain = make_problem(35, 2, t1_meta(), sd);
+    const Tensor out_plain = fused_kda_decode(
+        plain.x, plain.weight, plain.conv_state, plain.raw_gate, plain.raw_beta, plain.A_log,
+        plain.dt_bias, negative, plain.state, plain.output_gate, plain.norm_weight, o);
+    EXPECT_TRUE(testing::bit_equal(out_plain, out_t1_zero));
+    EXPECT_EQ(snapshot(plain), snapshot(t1_zero));
+  }
 }
 
 TEST(KdaDecode, RepeatedRunsAreBitwiseIdentical) {
@@ -714,9 +947,11 @@ void call(CallArgs& c) {
   }
 }
 
+// Expects `mutate`d base arguments to raise ErrorType whose message contains every one of
+// `needles`, and the caches to be left untouched.
 template <typename ErrorType>
-void expect_error(Problem& p, const std::function<void(CallArgs&)>& mutate, const char* needle,
-                  const std::string& what) {
+void expect_error(Problem& p, const std::function<void(CallArgs&)>& mutate,
+                  const std::vector<std::string>& needles, const std::string& what) {
   SCOPED_TRACE(what);
   CallArgs c = base_args(p);
   mutate(c);
@@ -725,12 +960,19 @@ void expect_error(Problem& p, const std::function<void(CallArgs&)>& mutate, cons
     call(c);
     ADD_FAILURE() << what << ": no error raised";
   } catch (const ErrorType& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << what << ": message does not name " << needle << ": " << e.what();
+    for (const std::string& needle : needles)
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+          << what << ": message does not name " << needle << ": " << e.what();
   } catch (const std::exception& e) {
     ADD_FAILURE() << what << ": wrong error type: " << e.what();
   }
   EXPECT_TRUE(before == snapshot(p)) << what << ": a failing call changed the caches";
+}
+
+template <typename ErrorType>
+void expect_error(Problem& p, const std::function<void(CallArgs&)>& mutate, const char* needle,
+                  const std::string& what) {
+  expect_error<ErrorType>(p, mutate, std::vector<std::string>{needle}, what);
 }
 
 Tensor permuted_2d(const Dims& shape, DType dtype) {  // same shape, transposed strides
@@ -953,6 +1195,312 @@ TEST(KdaDecodeValidation, StructuralErrorsAreTypedAndNameTheArgument) {
         c.x = Tensor{};
       },
       "`x`", "x missing");
+}
+
+// Spec §4: "a typed error whose message names the argument, the value seen and what is allowed".
+// Representative cases check all three (the needles are taken from src/ops/kda_decode.cc and
+// src/core/tensor.cc's check_* helpers).
+TEST(KdaDecodeValidation, ErrorMessagesNameTheValueSeenAndWhatIsAllowed) {
+  Meta m;
+  m.T = 3;
+  m.lens = {3, 2};
+  m.nat = {2, 3};
+  m.si = {{1, 2, 3}, {4, 5, 6}};
+  m.trailing = 1;
+  m.slots = 7;
+  Problem p = make_problem(26, 1, m, DType::f32);
+  const std::int64_t R = p.R, C = kD;
+  using CA = CallArgs;
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.x = c.x.to(DType::f32); }, {"`x`", "got f32", "must be bf16"}, "x dtype");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.x = Tensor::zeros({R, 3 * C + 128}, DType::bf16);
+      },
+      {"`x`", "got 512", "multiple of 384"}, "x width");
+  expect_error<DTypeError>(
+      p,
+      [](CA& c) {
+        c.state = Tensor::zeros({7, 1, kD, kD}, DType::f16);
+      },
+      {"`state`", "got f16", "f32 or bf16"}, "state dtype");
+  expect_error<ShapeError>(
+      p,
+      [](CA& c) {
+        c.state = Tensor::zeros({7, 1, 64, 64}, DType::f32);
+      },
+      {"`state`", "got [7, 1, 64, 64]", "[slots, 1, 128, 128]"}, "state head dim 64");
+  expect_error<ValueError>(
+      p, [](CA& c) { c.options.lower_bound = 2.5f; }, {"`lower_bound`", "got 2.5", "negative"},
+      "lower_bound positive");
+  expect_error<ValueError>(
+      p, [](CA& c) { c.options.norm_eps = -0.25f; }, {"`norm_eps`", "got -0.25", ">= 0"},
+      "norm_eps negative");
+  expect_error<ValueError>(
+      p, [&](CA& c) { c.t1 = Tensor::zeros({R}, DType::i32); },
+      {"`t1_state_indices`", "T = 3", "only when T == 1"}, "t1_state_indices with T = 3");
+  expect_error<ValueError>(
+      p,
+      [](CA& c) {
+        c.nat = int_tensor({2, 4}, {2});
+      },
+      {"`num_accepted_tokens`[1]", "sequence 1", "[1, T = 3]", "got 4"}, "nat > T");
+  expect_error<ValueError>(
+      p,
+      [](CA& c) {
+        c.state_indices = int_tensor({1, 2, 3, 4, 7, 6}, {2, 3});
+      },
+      {"`state_indices`[1, 1]", "sequence 1", "= 7", "< num_slots = 7"}, "destination >= slots");
+}
+
+// Spec §1 / §4 structural checks not covered above, one negative case each, plus every
+// argument's presence and device.
+TEST(KdaDecodeValidation, StructuralErrorsRemainingChecks) {
+  Meta m;
+  m.T = 2;
+  m.lens = {2, 1};
+  m.nat = {1, 2};
+  m.si = {{1, 2}, {3, 4}};
+  m.trailing = 1;
+  m.slots = 5;
+  Problem p = make_problem(27, 1, m, DType::f32);
+  const std::int64_t R = p.R, C = kD;
+  using CA = CallArgs;
+  // A [.., n] view whose last axis has stride 2.
+  auto strided_last = [](Dims shape, DType dtype) {
+    shape.push_back(2);
+    return Tensor::zeros(shape, dtype).select(static_cast<std::int64_t>(shape.size()) - 1, 0);
+  };
+  // dtypes.
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.raw_beta = c.raw_beta.to(DType::f32); }, "`raw_beta`", "raw_beta dtype");
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.dt_bias = c.dt_bias.to(DType::bf16); }, "`dt_bias`", "dt_bias dtype");
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.norm_weight = c.norm_weight.to(DType::bf16); }, "`norm_weight`",
+      "norm_weight dtype");
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.output_gate = c.output_gate.to(DType::f32); }, "`output_gate`",
+      "output_gate dtype");
+  expect_error<DTypeError>(
+      p, [](CA& c) { c.nat = c.nat.to(DType::i64); }, "`num_accepted_tokens`", "nat dtype");
+  // Shapes and ranks.
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.conv_state = Tensor::zeros({5, 3 * C * 4}, DType::bf16);
+      },
+      {"`conv_state`", "rank 3"}, "conv_state rank 2");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.conv_state = Tensor::zeros({5, 4, 3 * C + 384}, DType::bf16).permute({0, 2, 1});
+      },
+      {"`conv_state`", "got [5, 768, 4]"}, "conv_state channels != 3C");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.conv_state = Tensor::zeros({0, 4, 3 * C}, DType::bf16).permute({0, 2, 1});
+      },
+      {"`conv_state`", "slots >= 1"}, "conv_state no slots");
+  expect_error<ShapeError>(
+      p,
+      [](CA& c) {
+        c.state = Tensor::zeros({5, 1, 64, 64}, DType::f32);
+      },
+      "`state`", "state head dim != 128");
+  expect_error<ShapeError>(
+      p,
+      [](CA& c) {
+        c.state = Tensor::zeros({5, 1, kD * kD}, DType::f32);
+      },
+      {"`state`", "rank 4"}, "state rank 3");
+  expect_error<ShapeError>(
+      p,
+      [](CA& c) {
+        c.state_indices = int_tensor({1, 2, 3, 4}, {4});
+      },
+      {"`state_indices`", "rank 2"}, "packed state_indices rank 1");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.plain = true;
+        c.state_indices = Tensor::zeros({R + 1}, DType::i32);
+      },
+      {"`state_indices`", "[4]"}, "plain state_indices not [R]");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.plain = true;
+        c.state_indices = Tensor::zeros({R, 1}, DType::i32);
+      },
+      "`state_indices`", "plain state_indices [R, 1]");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.raw_gate = Tensor::zeros({R, 1, kD}, DType::bf16);
+      },
+      "`raw_gate`", "raw_gate as [R, H, D] (only output_gate may drop the leading 1)");
+  expect_error<ShapeError>(
+      p,
+      [&](CA& c) {
+        c.output = Tensor::zeros({1, R + 1, 1, kD}, DType::bf16);
+      },
+      "`output`", "output rows != R");
+  // Strides.
+  expect_error<LayoutError>(
+      p,
+      [](CA& c) {
+        c.state = Tensor::view_of(c.state.storage(), 0, {5, 1, kD, kD},
+                                  {kD * kD - 1, kD * kD, kD, 1}, DType::f32);
+      },
+      {"`state`", "slot stride", "16383"}, "state slot stride < dense");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.raw_gate = strided_last({1, R, 1, kD}, DType::bf16);
+      },
+      "`raw_gate`", "raw_gate head_dim stride 2");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.output_gate = strided_last({1, R, 1, kD}, DType::bf16);
+      },
+      "`output_gate`", "output_gate head_dim stride 2");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.output_gate = strided_last({R, 1, kD}, DType::bf16);
+      },
+      "`output_gate`", "output_gate [R, H, D] head_dim stride 2");
+  expect_error<LayoutError>(
+      p, [&](CA& c) { c.qsl = strided_last({3}, DType::i32); }, "`query_start_loc`",
+      "qsl contiguity");
+  expect_error<LayoutError>(
+      p, [&](CA& c) { c.dt_bias = strided_last({C}, DType::f32); }, "`dt_bias`",
+      "dt_bias contiguity");
+  expect_error<LayoutError>(
+      p, [&](CA& c) { c.norm_weight = strided_last({kD}, DType::f32); }, "`norm_weight`",
+      "norm_weight contiguity");
+  // Scalars.
+  expect_error<ValueError>(
+      p, [](CA& c) { c.options.norm_eps = INFINITY; }, "`norm_eps`", "norm_eps +inf");
+  expect_error<ValueError>(
+      p, [](CA& c) { c.options.lower_bound = -0.0f; }, "`lower_bound`", "lower_bound -0");
+
+  // Presence: every required tensor, left out, is a ValueError naming it (output and
+  // t1_state_indices are optional).
+  using Member = Tensor CallArgs::*;
+  const std::vector<std::pair<const char*, Member>> required = {
+      {"x", &CA::x},
+      {"weight", &CA::weight},
+      {"conv_state", &CA::conv_state},
+      {"raw_gate", &CA::raw_gate},
+      {"raw_beta", &CA::raw_beta},
+      {"A_log", &CA::A_log},
+      {"dt_bias", &CA::dt_bias},
+      {"state_indices", &CA::state_indices},
+      {"state", &CA::state},
+      {"output_gate", &CA::output_gate},
+      {"norm_weight", &CA::norm_weight},
+      {"query_start_loc", &CA::qsl},
+      {"num_accepted_tokens", &CA::nat}};
+  for (const auto& [name, member] : required) {
+    const std::string needle = std::string("`") + name + "` is required";
+    expect_error<ValueError>(
+        p, [member = member](CA& c) { c.*member = Tensor{}; }, needle.c_str(),
+        std::string(name) + " missing");
+  }
+  // Device: every tensor but x (the reference device) claiming CUDA, never dereferenced.
+  auto cuda_view = [](const Tensor& t) {
+    return Tensor::borrow(t.raw_data(), t.shape(), t.dtype(), t.strides(), Device::cuda());
+  };
+  std::vector<std::pair<const char*, Member>> on_device(required.begin() + 1, required.end());
+  on_device.push_back({"output", &CA::output});
+  for (const auto& [name, member] : on_device) {
+    const std::string needle = std::string("`") + name + "` must be on the device of `x`";
+    expect_error<DeviceError>(
+        p,
+        [&, member = member](CA& c) {
+          if (!(c.*member).defined()) c.*member = Tensor::zeros({1, R, 1, kD}, DType::bf16);
+          c.*member = cuda_view(c.*member);
+        },
+        needle.c_str(), std::string(name) + " on another device");
+  }
+
+  // A_log [H] non-contiguous needs H >= 2 (a single element is always contiguous).
+  Problem two_heads = make_problem(27, 2, m, DType::f32);
+  expect_error<LayoutError>(
+      two_heads, [&](CA& c) { c.A_log = strided_last({2}, DType::f32); }, "`A_log`",
+      "A_log contiguity");
+  // The small parameters at their spec shapes only (§1: A_log [H], dt_bias [C], norm_weight
+  // [D]), not another shape of the same size.
+  expect_error<ShapeError>(
+      two_heads,
+      [](CA& c) {
+        c.A_log = c.A_log.reshape({1, 2});
+      },
+      {"`A_log`", "[H] = [2]", "got [1, 2]"}, "A_log [1, H]");
+  expect_error<ShapeError>(
+      two_heads,
+      [](CA& c) {
+        c.dt_bias = c.dt_bias.reshape({2, kD});
+      },
+      {"`dt_bias`", "[H * 128] = [256]", "got [2, 128]"}, "dt_bias [H, D]");
+  expect_error<ShapeError>(
+      two_heads,
+      [](CA& c) {
+        c.norm_weight = c.norm_weight.reshape({1, 1, kD, 1});
+      },
+      {"`norm_weight`", "[128] = [128]", "got [1, 1, 128, 1]"}, "norm_weight [1, 1, D, 1]");
+
+  // t1_state_indices (T = 1 only).
+  Problem q = make_problem(28, 1, t1_meta(), DType::f32);
+  const std::int64_t R1 = q.R;
+  expect_error<DTypeError>(
+      q, [&](CA& c) { c.t1 = Tensor::zeros({R1}, DType::i64); }, "`t1_state_indices`", "t1 dtype");
+  expect_error<ShapeError>(
+      q, [&](CA& c) { c.t1 = Tensor::zeros({R1 + 1}, DType::i32); }, "`t1_state_indices`",
+      "t1 length != R");
+  expect_error<ShapeError>(
+      q,
+      [&](CA& c) {
+        c.t1 = Tensor::zeros({R1, 1}, DType::i32);
+      },
+      "`t1_state_indices`", "t1 rank 2");
+  expect_error<LayoutError>(
+      q, [&](CA& c) { c.t1 = strided_last({R1}, DType::i32); }, "`t1_state_indices`",
+      "t1 contiguity");
+  expect_error<DeviceError>(
+      q, [&](CA& c) { c.t1 = cuda_view(Tensor::zeros({R1}, DType::i32)); }, "`t1_state_indices`",
+      "t1 on another device");
+}
+
+// Spec §4 value contracts in t1 mode and the allowed sharing: no slot that one live row or
+// sequence writes may be used by another, but two live sequences may read the same source
+// checkpoint when neither writes it.
+TEST(KdaDecodeValidation, SlotSharingContracts) {
+  Problem q = make_problem(29, 1, t1_meta(), DType::f32);
+  expect_error<ValueError>(
+      q,
+      [](CallArgs& c) {
+        c.t1 = int_tensor({3, 1, 0, 7, 0, 3, 0, 0, 0}, {9});
+      },
+      {"slot 3", "row 0", "row 5"}, "t1 rows share a slot");
+  // Sequences 0 and 1 (one token each, nat = 2) both read source slot 2 and write only their
+  // own conv slots 1 and 4; a third sequence also reads slot 2 but is empty (not live).
+  Meta m;
+  m.T = 3;
+  m.lens = {1, 1, 0};
+  m.nat = {2, 2, 2};
+  m.si = {{1, 2, 3}, {4, 2, 6}, {7, 2, 8}};
+  m.trailing = 1;
+  m.slots = 9;
+  for (DType sd : {DType::f32, DType::bf16}) {
+    Problem p = make_problem(30, 2, m, sd);
+    check_case(p, gate_options(false), std::string("shared read-only source, ") + dtype_name(sd));
+  }
 }
 
 TEST(KdaDecodeValidation, NoCudaBackendIsADeviceError) {
