@@ -317,6 +317,52 @@ TEST(FlashDecodeCuda, OpEntryDispatchesToTheCudaKernel) {
   EXPECT_TRUE(testing::close(lse.to_device(Device::cpu()), ref_lse, kLseTolerance));
 }
 
+// The value contract k_len[b] in [0, capacity] is not read on the host for a CUDA call (a
+// replayed graph never syncs; the kernel clamps k_len into range, stage 2) unless `validate` asks:
+// then a bad k_len is the ValueError the CPU backend raises, before anything is written.
+TEST(FlashDecodeCuda, ValidateModeChecksKLenOnTheHost) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.batch = 2;
+  c.k_len = {40, 64};
+  c.want_lse = false;
+  Rng rng(71);
+  Problem problem(c, rng);
+  Tensor bad_host = Tensor::empty({2}, DType::i32);  // [batch]: k_len[1] past the capacity
+  bad_host.data<std::int32_t>()[0] = 40;
+  bad_host.data<std::int32_t>()[1] = 65;
+  const Tensor bad = bad_host.to_device(Device::cuda());
+  DecodeAttentionOptions validated = problem.options();
+  validated.validate = true;
+  poison_nan(problem.out.host_base);
+  problem.out.upload();
+  try {
+    decode_attention(problem.q.device, problem.k.device, problem.v.device, bad, nullptr, validated,
+                     problem.out.device);
+    ADD_FAILURE() << "validate: no error for k_len 65 > capacity 64";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("`k_len[1]` must be in [0, 64]"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("got 65"), std::string::npos) << e.what();
+  }
+  cuda::synchronize();
+  EXPECT_TRUE(
+      testing::bit_equal(problem.out.device_base.to_device(Device::cpu()), problem.out.host_base))
+      << "a refused call wrote `out`";
+  // Without validate nothing is read on the host: the call runs, and the kernel's clamp makes
+  // k_len[1] = 65 attend what 64 attends.
+  const Dims out_shape{c.batch, c.num_qo_heads, c.q_len, c.head_dim};
+  Tensor clamped = Tensor::empty(out_shape, c.dtype, Device::cuda());   // [B, Hq, Sq, D]
+  Tensor in_range = Tensor::empty(out_shape, c.dtype, Device::cuda());  // [B, Hq, Sq, D]
+  EXPECT_NO_THROW(decode_attention(problem.q.device, problem.k.device, problem.v.device, bad,
+                                   nullptr, problem.options(), clamped));
+  decode_attention(problem.q.device, problem.k.device, problem.v.device, problem.k_len_device,
+                   nullptr, problem.options(), in_range);
+  cuda::synchronize();
+  EXPECT_TRUE(
+      testing::bit_equal(clamped.to_device(Device::cpu()), in_range.to_device(Device::cpu())));
+}
+
 TEST(FlashDecodeCuda, SpecGridMatchesFloat64Reference) {
   SKIP_WITHOUT_GPU();
   const std::int32_t lengths[] = {1, 17, 97, 4095, 4097};

@@ -750,6 +750,80 @@ TEST(KdaCuda, EveryAcceptedOffset) {
   }
 }
 
+// Spec §4 [beyond]: the opt-in `validate` mode checks the value contracts on CUDA as the CPU
+// backend always does (the metadata read back to the host) and raises before any cache or the
+// output is written. Without it nothing is read on the host (a captured launch never syncs): an
+// out-of-range num_accepted_tokens then takes §3's clamp, bit for bit the in-range value's.
+TEST(KdaCuda, ValidateModeChecksTheValueContracts) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Meta m;
+  m.T = 3;
+  m.lens = {3, 2};
+  m.nat = {3, 3};
+  m.si = {{1, 2, 3}, {4, 5, 6}};
+  m.trailing = 1;
+  m.slots = 7;
+  const Problem host = make_problem(61, 2, m, DType::f32);
+  struct Case {
+    const char* what;
+    std::vector<std::string> needles;
+    void (*edit)(Problem&);
+  };
+  const Case cases[] = {
+      {"num_accepted_tokens above T",
+       {"`num_accepted_tokens`[1]", "got 4"},
+       [](Problem& p) {
+         p.nat = int_tensor({3, 4}, {2});
+       }},
+      {"query_start_loc decreasing",
+       {"`query_start_loc` must be non-decreasing"},
+       [](Problem& p) {
+         p.qsl = int_tensor({0, 3, 2}, {3});
+       }},
+      {"a destination past the slots",
+       {"`state_indices`[1, 1]", "= 7 must be < num_slots = 7"},
+       [](Problem& p) {
+         p.state_indices = int_tensor({1, 2, 3, 4, 7, 6}, {2, 3});
+       }},
+      {"two sequences write one slot",
+       {"slot 2 is written by sequence 0"},
+       [](Problem& p) {
+         p.state_indices = int_tensor({1, 2, 3, 4, 2, 6}, {2, 3});
+       }},
+  };
+  KdaDecodeOptions validated = options_for(-5.0f);
+  validated.validate = true;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Problem edited = host;
+    c.edit(edited);
+    Problem dev = to_device(edited, Device::cuda());
+    const auto conv = storage_bytes(dev.conv_state), state = storage_bytes(dev.state),
+               out = storage_bytes(dev.output);
+    try {
+      packed_fused_kda_decode(dev.x, dev.weight, dev.conv_state, dev.raw_gate, dev.raw_beta,
+                              dev.A_log, dev.dt_bias, dev.state_indices, dev.state, dev.output_gate,
+                              dev.norm_weight, validated, dev.output, dev.qsl, dev.nat);
+      ADD_FAILURE() << "validate: no error";
+    } catch (const ValueError& e) {
+      for (const std::string& needle : c.needles)
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    cuda::synchronize();
+    EXPECT_TRUE(storage_bytes(dev.conv_state) == conv) << "a refused call wrote conv_state";
+    EXPECT_TRUE(storage_bytes(dev.state) == state) << "a refused call wrote state";
+    EXPECT_TRUE(storage_bytes(dev.output) == out) << "a refused call wrote the output";
+  }
+  Problem clamped_host = host;
+  clamped_host.nat = int_tensor({3, 4}, {2});
+  Problem clamped = to_device(clamped_host, Device::cuda());
+  Problem in_range = to_device(host, Device::cuda());
+  EXPECT_NO_THROW(run_packed(clamped, -5.0f));
+  run_packed(in_range, -5.0f);
+  cuda::synchronize();
+  expect_bitwise_equal(clamped, in_range);
+}
+
 TEST(KdaCuda, PaddedAndSharedLayouts) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(14);
