@@ -13,9 +13,11 @@
 
 #include "splice/core/error.h"
 #include "splice/exec/session.h"
+#include "splice/model/blocks.h"
 #include "splice/model/demo.h"
 #include "splice/ops/decode_attention.h"
 #include "splice/tune/optimize.h"
+#include "support/reference_attention.h"
 #include "support/test_util.h"
 
 namespace splice {
@@ -259,6 +261,75 @@ TEST(Offer, MalformedSpecsAreErrorsNotDeclines) {
     DecodeFlashSpec s = d.specs[0];
     s.softmax_scale = -1.0f;
     EXPECT_THROW(offer_decode_flash_arm(d.graph, s, full_contract()), GraphError);
+  }
+}
+
+// The oracle itself (arm 0, emit_decomposed_attention) against the float64 reference of spec §5
+// where the demo graphs do not reach: bf16, two sequences, Sq = 4 (k_len below, at and above
+// Sq), windows on both sides with and without causal masking, softcap and ALiBi; K/V NaN at and
+// beyond k_len, which the region's live slice must never read.
+TEST(Oracle, DecomposedRegionMatchesTheFloat64Reference) {
+  constexpr std::int64_t kBatch = 2, kHq = 4, kHkv = 2, kSq = 4, kD = 32, kCapacity = 40;
+  struct Variant {
+    const char* name;
+    bool causal;
+    std::optional<std::size_t> left, right;
+    std::optional<float> softcap;
+    bool alibi;
+  };
+  const Variant variants[] = {{"causal, left 5, softcap, alibi", true, 5, {}, 20.0f, true},
+                              {"full, left 3, right 2", false, 3, 2, {}, false},
+                              {"causal, right 1", true, {}, 1, {}, false}};
+  for (const Variant& variant : variants) {
+    SCOPED_TRACE(variant.name);
+    Graph g;
+    const SymId k_len = g.declare_symbol("k_len", 1, kCapacity);
+    const NodeId q = g.input("q", sym_shape_of({kBatch, kHq, kSq, kD}), DType::bf16);
+    const NodeId k = g.input("k", sym_shape_of({kBatch, kHkv, kCapacity, kD}), DType::bf16);
+    const NodeId v = g.input("v", sym_shape_of({kBatch, kHkv, kCapacity, kD}), DType::bf16);
+    Tensor slopes = Tensor::empty({kHq}, DType::f32);  // [Hq]: the geometric ALiBi slopes
+    for (std::int64_t h = 0; h < kHq; ++h)
+      slopes.set({h}, std::exp2(-8.0 * static_cast<double>(h + 1) / kHq));
+    AttentionRegionArgs args;
+    args.q = q;
+    args.k_cache = k;
+    args.v_cache = v;
+    if (variant.alibi) args.alibi = g.param("alibi", slopes);
+    args.causal = variant.causal;
+    args.window_left = variant.left;
+    args.window_right = variant.right;
+    args.softcap = variant.softcap;
+    args.k_len = DynScalar::Sym(k_len);
+    args.site = "oracle";
+    const AttentionRegion region = emit_decomposed_attention(g, args);
+    g.mark_output("y", region.output);  // [B, Sq, Hq, D]
+    Session session(g);
+    DecodeAttentionOptions options;
+    options.causal = variant.causal;
+    if (variant.left) options.window_left = static_cast<std::int64_t>(*variant.left);
+    if (variant.right) options.window_right = static_cast<std::int64_t>(*variant.right);
+    options.softcap = variant.softcap;
+    Rng rng(77);
+    for (const std::int64_t live :
+         {std::int64_t{1}, std::int64_t{3}, std::int64_t{4}, std::int64_t{17}, kCapacity}) {
+      SCOPED_TRACE("k_len " + std::to_string(live));
+      const Tensor qt = testing::random_tensor(rng, {kBatch, kHq, kSq, kD}, DType::bf16);
+      Tensor kt = testing::random_tensor(rng, {kBatch, kHkv, kCapacity, kD}, DType::bf16);
+      Tensor vt = testing::random_tensor(rng, {kBatch, kHkv, kCapacity, kD}, DType::bf16);
+      if (live < kCapacity) {
+        Tensor k_tail = kt.slice(2, live, kCapacity), v_tail = vt.slice(2, live, kCapacity);
+        poison_nan(k_tail);
+        poison_nan(v_tail);
+      }
+      session.step({{"k_len", live}}, {{"q", qt}, {"k", kt}, {"v", vt}});
+      Tensor k_lens = Tensor::empty({1}, DType::i32);
+      k_lens.set({0}, static_cast<double>(live));
+      const Tensor expected = testing::reference_decode_attention(
+          qt, kt, vt, k_lens, variant.alibi ? &slopes : nullptr, options);  // [B, Hq, Sq, D]
+      const Tensor got = session.output("y").permute({0, 2, 1, 3});         // [B, Hq, Sq, D]
+      EXPECT_EQ(got.dtype(), DType::bf16);
+      EXPECT_TRUE(testing::close(got, expected, default_tolerance(DType::bf16)));
+    }
   }
 }
 

@@ -178,6 +178,22 @@ TEST(Session, PlansOnceAndReusesMemory) {
   const Plan& plan = session.plan();
   EXPECT_GT(plan.arena_bytes, 0);
   EXPECT_LT(plan.arena_bytes, plan.unshared_bytes);  // buffers share space
+  // Every buffer holds its node's shape at each symbol's declared upper bound (spec §6), so one
+  // plan serves every k_len up to the capacity; the k_len-shaped nodes (live K/V slices, scores,
+  // probabilities) are among them.
+  const Graph& graph = session.graph();
+  int symbolic = 0;
+  for (NodeId id : plan.schedule) {
+    if (plan.buffer_offset[id.index] < 0 || plan.storage_root[id.index] != id) continue;
+    const Node& n = graph.node(id);
+    std::int64_t bytes = static_cast<std::int64_t>(dtype_size(n.dtype));
+    for (std::int64_t d : upper_bound_shape(n.shape, graph.symbols())) bytes *= d;
+    EXPECT_GE(plan.buffer_bytes[id.index], bytes) << "node %" << id.index;
+    bool reads_symbol = false;
+    for (const SymExpr& d : n.shape) reads_symbol |= !d.is_constant();
+    symbolic += reads_symbol;
+  }
+  EXPECT_GT(symbolic, 0);
   for (std::int64_t i = 0; i + 1 < static_cast<std::int64_t>(plan.schedule.size()); ++i)
     EXPECT_GE(plan.position[plan.schedule[i].index], 0);
   // Each state write comes after every reader of the version it overwrites.
