@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
 
 #include "splice/core/error.h"
 #include "splice/exec/session.h"
@@ -437,6 +438,17 @@ TEST(Select, TuningCacheReusesDecisionsWithoutTiming) {
   std::filesystem::remove(path);
 }
 
+// Selects every branch of `graph` with the fused arm timed faster (1 us against 2 for arm 0), so
+// a verified fused arm wins its bucket; returns `branch`'s decision.
+const Decision& select_fused_faster(Graph& graph, DecisionLog& log, NodeId branch) {
+  TuneOptions t;
+  t.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+  select_arms(graph, log, t);
+  const Decision* d = log.find_branch(branch);
+  if (d == nullptr) throw std::logic_error("select_fused_faster: no decision for the branch");
+  return *d;
+}
+
 // The cache key (spec §4.4): device, kernel revision, dtype, shapes and fused attributes. A run
 // that changes any of them measures again; the same run again measures nothing. The default
 // device key is the tuning device's own ("cpu" here), never another device's.
@@ -524,13 +536,9 @@ TEST(Select, DisqualifiesTheFusedArmOnlyInTheBucketsWhereItIsWrong) {
   DecisionLog log;
   const OfferResult offer = offer_decode_flash_arm(demo.graph, spec, full_contract(), &log);
   ASSERT_TRUE(offer.offered) << offer.reason;
-  TuneOptions t;
-  t.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
-  select_arms(demo.graph, log, t);
-  const Decision* d = log.find_branch(offer.branch);
-  ASSERT_NE(d, nullptr);
-  ASSERT_EQ(d->buckets.size(), 7u);  // [1,1] [2,2] [3,4] [5,8] [9,16] [17,32] [33,64]
-  for (const auto& b : d->buckets) {
+  const Decision& d = select_fused_faster(demo.graph, log, offer.branch);
+  ASSERT_EQ(d.buckets.size(), 7u);  // [1,1] [2,2] [3,4] [5,8] [9,16] [17,32] [33,64]
+  for (const auto& b : d.buckets) {
     SCOPED_TRACE("bucket [" + std::to_string(b.lo) + ", " + std::to_string(b.hi) + "]");
     const bool agrees = b.hi <= 9;
     EXPECT_EQ(static_cast<bool>(b.verified[1]), agrees) << b.failure[1];
@@ -540,7 +548,7 @@ TEST(Select, DisqualifiesTheFusedArmOnlyInTheBucketsWhereItIsWrong) {
       EXPECT_GT(b.max_abs_error[1], 1e-3);
     }
   }
-  EXPECT_EQ(d->collapsed_to, -1);  // both arms stay, dispatched per bucket
+  EXPECT_EQ(d.collapsed_to, -1);  // both arms stay, dispatched per bucket
   const std::string text = log.str();
   EXPECT_NE(text.find("REJECTED"), std::string::npos) << text;
   EXPECT_NE(text.find("max_abs_err="), std::string::npos) << text;
@@ -564,20 +572,16 @@ TEST(Select, AFusedArmThatReadsPastKLenIsRejected) {
   auto attrs = std::make_shared<FlashDecodeAttrs>(*demo.graph.node(fused).attrs.flash);
   attrs->k_len = DynScalar::Expr(SymExpr(demo.k_len) + SymExpr(1));
   demo.graph.mutable_node(fused).attrs.flash = attrs;
-  TuneOptions t;
-  t.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
-  select_arms(demo.graph, log, t);
-  const Decision* d = log.find_branch(offer.branch);
-  ASSERT_NE(d, nullptr);
-  ASSERT_FALSE(d->buckets.empty());
-  for (const auto& b : d->buckets) {
+  const Decision& d = select_fused_faster(demo.graph, log, offer.branch);
+  ASSERT_FALSE(d.buckets.empty());
+  for (const auto& b : d.buckets) {
     SCOPED_TRACE("bucket [" + std::to_string(b.lo) + ", " + std::to_string(b.hi) + "]");
     EXPECT_FALSE(b.verified[1]);
     EXPECT_EQ(b.winner, 0);
     EXPECT_NE(b.failure[1].find("selector " + std::to_string(b.lo)), std::string::npos)
         << b.failure[1];
   }
-  EXPECT_EQ(d->collapsed_to, 0);
+  EXPECT_EQ(d.collapsed_to, 0);
 }
 
 // The contract row's bound is the verifier's (spec §4.1): a row that allows no error at all
@@ -590,13 +594,9 @@ TEST(Select, VerificationUsesTheContractRowsTolerance) {
   DecisionLog log;
   const OfferResult offer = offer_decode_flash_arm(demo.graph, demo.specs[0], exact, &log);
   ASSERT_TRUE(offer.offered) << offer.reason;
-  TuneOptions t;
-  t.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
-  select_arms(demo.graph, log, t);
-  const Decision* d = log.find_branch(offer.branch);
-  ASSERT_NE(d, nullptr);
+  const Decision& d = select_fused_faster(demo.graph, log, offer.branch);
   int rejected = 0;
-  for (const auto& b : d->buckets) {
+  for (const auto& b : d.buckets) {
     if (b.verified[1]) continue;
     ++rejected;
     EXPECT_NE(b.failure[1].find("output at selector"), std::string::npos) << b.failure[1];

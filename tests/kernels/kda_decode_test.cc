@@ -979,7 +979,9 @@ Tensor permuted_2d(const Dims& shape, DType dtype) {  // same shape, transposed 
   return Tensor::zeros({shape[1], shape[0]}, dtype).permute({1, 0});
 }
 
-TEST(KdaDecodeValidation, StructuralErrorsAreTypedAndNameTheArgument) {
+// The validation tests' problem: two sequences of T = 2 (one at each accepted offset), a trailing
+// row, slots 1-4 written.
+Meta validation_meta() {
   Meta m;
   m.T = 2;
   m.lens = {2, 1};
@@ -987,6 +989,11 @@ TEST(KdaDecodeValidation, StructuralErrorsAreTypedAndNameTheArgument) {
   m.si = {{1, 2}, {3, 4}};
   m.trailing = 1;
   m.slots = 5;
+  return m;
+}
+
+TEST(KdaDecodeValidation, StructuralErrorsAreTypedAndNameTheArgument) {
+  const Meta m = validation_meta();
   Problem p = make_problem(21, 1, m, DType::f32);
   const std::int64_t R = p.R, C = kD;
   using CA = CallArgs;
@@ -1257,13 +1264,7 @@ TEST(KdaDecodeValidation, ErrorMessagesNameTheValueSeenAndWhatIsAllowed) {
 // Spec §1 / §4 structural checks not covered above, one negative case each, plus every
 // argument's presence and device.
 TEST(KdaDecodeValidation, StructuralErrorsRemainingChecks) {
-  Meta m;
-  m.T = 2;
-  m.lens = {2, 1};
-  m.nat = {1, 2};
-  m.si = {{1, 2}, {3, 4}};
-  m.trailing = 1;
-  m.slots = 5;
+  const Meta m = validation_meta();
   Problem p = make_problem(27, 1, m, DType::f32);
   const std::int64_t R = p.R, C = kD;
   using CA = CallArgs;
