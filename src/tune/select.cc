@@ -203,6 +203,12 @@ std::string shape_key(const Graph& g, NodeId branch) {
       key << "rms_norm:eps=" << eps.str() << ";";
     }
   }
+  if (r.output_tolerance) {  // the verification bound decides which arms verify
+    std::ostringstream bound;
+    bound.precision(9);
+    bound << "tol=" << r.output_tolerance->atol << "," << r.output_tolerance->rtol << ";";
+    key << bound.str();
+  }
   return key.str();
 }
 

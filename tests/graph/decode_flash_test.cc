@@ -449,19 +449,20 @@ const Decision& select_fused_faster(Graph& graph, DecisionLog& log, NodeId branc
   return *d;
 }
 
-// The cache key (spec §4.4): device, kernel revision, dtype, shapes and fused attributes. A run
-// that changes any of them measures again; the same run again measures nothing. The default
-// device key is the tuning device's own ("cpu" here), never another device's.
+// The cache key (spec §4.4): device, kernel revision, dtype, shapes, fused attributes and the
+// verification bound. A run that changes any of them measures again; the same run again measures
+// nothing. The default device key is the tuning device's own ("cpu" here), never another's.
 TEST(Select, TuningCacheKeysOnDeviceRevisionDtypeAndShapes) {
   const std::string path = testing::process_temp_path("splice_tuning_cache_keys_test.json");
   std::filesystem::remove(path);
   int timed = 0;
   // Tunes a fresh demo graph through `row` and returns how many arm timings it took.
   auto tune = [&](const DemoAttentionOptions& o, const std::string& device_name,
-                  const std::string& revision) {
+                  const std::string& revision, std::optional<Tolerance> bound = {}) {
     DemoAttentionGraph demo = build_demo_attention_graph(o);
     AttentionContract row = full_contract();
     row.revision = revision;
+    row.verify_tolerance = bound;
     DecisionLog log;
     for (const auto& spec : demo.specs) offer_decode_flash_arm(demo.graph, spec, row, &log);
     TuneOptions t;
@@ -484,6 +485,8 @@ TEST(Select, TuningCacheKeysOnDeviceRevisionDtypeAndShapes) {
   EXPECT_EQ(tune(small(), "cpu", "r1"), 0);  // the default key is the device's
   EXPECT_GT(tune(small(), "another-device", "r1"), 0);
   EXPECT_GT(tune(small(), "", "r2"), 0);
+  EXPECT_GT(tune(small(), "", "r1", Tolerance{1e-3, 1e-3}), 0);  // another verification bound
+  EXPECT_EQ(tune(small(), "", "r1", Tolerance{1e-3, 1e-3}), 0);
   EXPECT_GT(tune(bf16, "", "r1"), 0);
   EXPECT_GT(tune(smaller, "", "r1"), 0);
   EXPECT_GT(tune(small(false, 30.0f), "", "r1"), 0);
