@@ -71,15 +71,22 @@ const LayerOpContract& contract_for(const Device& device, const char* op) {
   fail<DeviceError>(op, ": no kernel for ", device.str(), " in this build");
 }
 
-void check_contract(const LayerOpContract& row, LayerOpKind kind, DType dtype,
-                    std::int64_t row_length) {
+// `activation` names the argument whose dtype is the op's activation dtype (x, a or qkv).
+void check_contract(const LayerOpContract& row, LayerOpKind kind, const char* activation,
+                    DType dtype, std::int64_t row_length) {
   const char* op = layer_op_name(kind);
   if (!row.supports(kind))
     fail<UnsupportedError>(op, ": the ", row.backend, " kernel '", row.kernel, "' (revision ",
                            row.revision, ") does not implement ", op);
-  if (!row.supports_dtype(dtype))
-    fail<UnsupportedError>(op, ": the ", row.backend, " kernel '", row.kernel,
-                           "' does not take dtype ", dtype_name(dtype));
+  if (!row.supports_dtype(dtype)) {
+    std::string allowed;
+    for (DType d : row.dtypes) {
+      if (!allowed.empty()) allowed += ", ";
+      allowed += dtype_name(d);
+    }
+    fail<UnsupportedError>(op, ": `", activation, "` must be ", allowed, " for the ", row.backend,
+                           " kernel '", row.kernel, "', got ", dtype_name(dtype));
+  }
   if (row.max_row > 0 && row_length > row.max_row)
     fail<UnsupportedError>(op, ": the ", row.backend, " kernel '", row.kernel,
                            "' takes rows of at most ", row.max_row, " elements, got ", row_length);
@@ -92,7 +99,7 @@ std::int64_t last_dim(const Tensor& t) { return t.dim() > 0 ? t.size(-1) : 1; }
 void fused_rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   const char* op = "rms_norm";
   const Device device = common_device(op, {{"x", x}, {"weight", weight}, {"out", out}});
-  check_contract(contract_for(device, op), LayerOpKind::rms_norm, x.dtype(), last_dim(x));
+  check_contract(contract_for(device, op), LayerOpKind::rms_norm, "x", x.dtype(), last_dim(x));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) return cuda::rms_norm(x, weight, eps, out);
 #endif
@@ -102,7 +109,7 @@ void fused_rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& ou
 void fused_silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
   const char* op = "silu_mul";
   const Device device = common_device(op, {{"a", a}, {"b", b}, {"out", out}});
-  check_contract(contract_for(device, op), LayerOpKind::silu_mul, a.dtype(), last_dim(a));
+  check_contract(contract_for(device, op), LayerOpKind::silu_mul, "a", a.dtype(), last_dim(a));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) return cuda::silu_mul(a, b, out);
 #endif
@@ -114,7 +121,7 @@ void fused_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Ten
   const char* op = "rope";
   const Device device = common_device(
       op, {{"x", x}, {"cos", cos}, {"sin", sin}, {"position", position}, {"out", out}});
-  check_contract(contract_for(device, op), LayerOpKind::rope, x.dtype(), last_dim(x));
+  check_contract(contract_for(device, op), LayerOpKind::rope, "x", x.dtype(), last_dim(x));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) return cuda::rope(x, cos, sin, position, out);
 #endif
@@ -132,7 +139,8 @@ void fused_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& si
                                            {"k_cache", k_cache},
                                            {"v_cache", v_cache},
                                            {"out", out}});
-  check_contract(contract_for(device, op), LayerOpKind::rope_kv_append, qkv.dtype(), last_dim(out));
+  check_contract(contract_for(device, op), LayerOpKind::rope_kv_append, "qkv", qkv.dtype(),
+                 last_dim(out));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda())
     return cuda::rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out, position_stable,
@@ -159,7 +167,7 @@ void fused_rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_we
                                            {"v_cache", v_cache},
                                            {"out", out}});
   const LayerOpContract& row = contract_for(device, op);
-  check_contract(row, LayerOpKind::rms_norm_matmul_rope_kv_append, x.dtype(), last_dim(x));
+  check_contract(row, LayerOpKind::rms_norm_matmul_rope_kv_append, "x", x.dtype(), last_dim(x));
   // The row's qkv_rope limits, on the shapes as given (the backend checks them in full).
   const std::int64_t head_dim = k_cache.dim() == 4 ? k_cache.size(3) : 0;
   const std::int64_t batch = x.dim() > 0 ? x.size(0) : 0;
@@ -185,15 +193,21 @@ void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor&
                       bool b_constant) {
   const char* op = "matmul_add";
   const Device device = common_device(op, {{"a", a}, {"b", b}, {"c", c}, {"out", out}});
-  check_contract(contract_for(device, op), LayerOpKind::matmul_add, a.dtype(), last_dim(a));
-  // A c that broadcasts to out (a bias [N]) is read through a stride-0 view of out's shape.
+  check_contract(contract_for(device, op), LayerOpKind::matmul_add, "a", a.dtype(), last_dim(a));
+  // A c that broadcasts to the product a @ b^T (a bias [N], a column [..., M, 1], a scalar) is
+  // read through a stride-0 view of the product's shape; a wrong `out` is the backend's error.
   Tensor residual = c;
-  if (c.shape() != out.shape()) {
-    try {
-      residual = c.expand(out.shape());
-    } catch (const ShapeError&) {
-      fail<ShapeError>(op, ": `c` ", dims_str(c.shape()), " does not broadcast to `out` ",
-                       dims_str(out.shape()));
+  if (a.dim() >= 2 && b.dim() == 2) {
+    Dims product = a.shape();
+    product.back() = b.size(0);
+    if (c.shape() != product) {
+      try {
+        residual = c.expand(product);
+      } catch (const ShapeError&) {
+        fail<ShapeError>(op, ": `c` ", dims_str(c.shape()), " does not broadcast to the product ",
+                         dims_str(product), " of `a` ", dims_str(a.shape()), " and `b` ",
+                         dims_str(b.shape()));
+      }
     }
   }
 #if defined(SPLICE_WITH_CUDA)
@@ -213,7 +227,8 @@ void fused_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, con
                            Tensor& out, bool w_constant) {
   const char* op = "rms_norm_matmul";
   const Device device = common_device(op, {{"x", x}, {"weight", weight}, {"w", w}, {"out", out}});
-  check_contract(contract_for(device, op), LayerOpKind::rms_norm_matmul, x.dtype(), last_dim(x));
+  check_contract(contract_for(device, op), LayerOpKind::rms_norm_matmul, "x", x.dtype(),
+                 last_dim(x));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) return cuda::rms_norm_matmul(x, weight, eps, w, out, w_constant);
 #endif
@@ -226,7 +241,7 @@ void fused_rms_norm_matmul_swiglu(const Tensor& x, const Tensor& norm_weight, fl
   const char* op = "rms_norm_matmul_swiglu";
   const Device device =
       common_device(op, {{"x", x}, {"norm_weight", norm_weight}, {"w", w}, {"out", out}});
-  check_contract(contract_for(device, op), LayerOpKind::rms_norm_matmul_swiglu, x.dtype(),
+  check_contract(contract_for(device, op), LayerOpKind::rms_norm_matmul_swiglu, "x", x.dtype(),
                  last_dim(x));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda())
@@ -240,7 +255,7 @@ void fused_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w
                                Tensor& out, bool w_constant) {
   const char* op = "silu_mul_matmul_add";
   const Device device = common_device(op, {{"a", a}, {"b", b}, {"w", w}, {"c", c}, {"out", out}});
-  check_contract(contract_for(device, op), LayerOpKind::silu_mul_matmul_add, a.dtype(),
+  check_contract(contract_for(device, op), LayerOpKind::silu_mul_matmul_add, "a", a.dtype(),
                  last_dim(a));
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) return cuda::silu_mul_matmul_add(a, b, w, c, out, w_constant);

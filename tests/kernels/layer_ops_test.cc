@@ -261,6 +261,24 @@ TEST(LayerOpsCpu, ArgumentErrorsNameTheArgument) {
   // The public ops route CPU tensors to these kernels with the same errors.
   Tensor f32_out = Tensor::empty({2, 8}, DType::f32);
   expect_error<DTypeError>([&] { fused_rope(x, cos, cos, pos, f32_out); }, "`out`");
+  // One dtype where the header says so: silu_mul's a, b and out; rope's cos and sin.
+  expect_error<DTypeError>([&] { cpu::silu_mul(x, x.to(DType::f32), out); },
+                           "`b` must have a's dtype bf16, got f32");
+  expect_error<DTypeError>([&] { cpu::silu_mul(x, x, f32_out); }, "`out` must have a's dtype");
+  expect_error<DTypeError>([&] { cpu::rope(x, cos, cos.to(DType::bf16), pos, out); },
+                           "`sin` must have cos's dtype f32, got bf16");
+  // An output whose rows share one address (an expanded view) would be written by racing rows.
+  Tensor one_row = Tensor::empty({1, 8}, DType::bf16);
+  Tensor racing = one_row.expand({2, 8});
+  expect_error<LayoutError>([&] { cpu::rms_norm(x, w, kEps, racing); }, "share an address");
+  expect_error<LayoutError>([&] { cpu::silu_mul(x, x, racing); }, "share an address");
+  expect_error<LayoutError>([&] { cpu::rope(x, cos, cos, pos, racing); }, "share an address");
+  // The contract row's refusal names the argument and the dtypes the row takes.
+  expect_error<UnsupportedError>(
+      [&] {
+        fused_rms_norm(Tensor::zeros({2, 8}, DType::i32), w, kEps, out);
+      },
+      "`x` must be bf16, f16, f32 for the cpu kernel 'layer_ops', got i32");
 }
 
 TEST(LayerOpsCpu, PublicOpsCheckTheContractRow) {

@@ -9,8 +9,9 @@
 //     it differs from the reference by the fp32 summation error (about K * 2^-24 of sum |a b|) and
 //     one rounding into out's dtype: the contract row's tolerance for out's dtype covers both at
 //     these sizes with inputs ~ N(0, 1 / sqrt(K)) weights.
-//  3. Errors: shapes (b not [N, K], c not the product's shape), dtypes, non-unit last stride of
-//     a, devices via the public op, out overlapping a.
+//  3. Errors: shapes (b not [N, K], c not the product's shape), dtypes (b in a's), non-unit last
+//     stride of a, out overlapping a or itself; the public op's broadcasts of c (bias, column,
+//     scalar).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -132,6 +133,31 @@ TEST(MatMulAddKernel, PublicOpBroadcastsABias) {
   }
 }
 
+// Any c that broadcasts to the product is read as the header says: a column [M, 1] and a scalar
+// [1] (a stride-0 last axis, which the kernel reads at that stride), each against the kernel on
+// the materialized c; and with a bias, a wrong `out` is blamed on `out`, not on c.
+TEST(MatMulAddKernel, PublicOpBroadcastsAColumnAndAScalar) {
+  Rng rng(9);
+  const Tensor a = testing::random_tensor(rng, {3, 64}, DType::f32);          // [M, K]
+  const Tensor b = testing::random_tensor(rng, {16, 64}, DType::f32, 0.125);  // [N, K]
+  for (const Dims& c_shape : {Dims{3, 1}, Dims{1}}) {
+    SCOPED_TRACE(dims_str(c_shape));
+    const Tensor c = testing::random_tensor(rng, c_shape, DType::f32);
+    Tensor want = Tensor::empty({3, 16}, DType::f32), got = want.clone();  // [M, N]
+    cpu::matmul_add(a, b, c.expand({3, 16}).contiguous(), want);
+    fused_matmul_add(a, b, c, got);
+    EXPECT_TRUE(testing::bit_equal(got, want));
+  }
+  Tensor wrong_out = Tensor::empty({2, 16}, DType::f32);
+  try {
+    fused_matmul_add(a, b, testing::random_tensor(rng, {16}, DType::f32), wrong_out);
+    ADD_FAILURE() << "an out of 2 rows for 3 was accepted";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("`out`"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("`c`"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MatMulAddKernel, Errors) {
   Rng rng(7);
   const Tensor a = testing::random_tensor(rng, {2, 8}, DType::f32);
@@ -153,6 +179,19 @@ TEST(MatMulAddKernel, Errors) {
   Tensor shared = Tensor::empty({2, 8}, DType::f32);
   Tensor out_over_a = shared.slice(1, 0, 4);
   EXPECT_THROW(cpu::matmul_add(shared, b, c, out_over_a), LayoutError);
+  // b in a's dtype (the header's contract; CUDA's GEMMs need it too).
+  try {
+    cpu::matmul_add(a, b.to(DType::bf16), c, out);
+    ADD_FAILURE() << "a bf16 b beside an f32 a was accepted";
+  } catch (const DTypeError& e) {
+    EXPECT_NE(std::string(e.what()).find("`b` must have a's dtype f32, got bf16"),
+              std::string::npos)
+        << e.what();
+  }
+  // An out whose rows share one address (an expanded view) would be written by racing rows.
+  Tensor one_row = Tensor::empty({1, 4}, DType::f32);
+  Tensor racing = one_row.expand({2, 4});
+  EXPECT_THROW(cpu::matmul_add(a, b, c, racing), LayoutError);
 }
 
 }  // namespace

@@ -180,6 +180,27 @@ TEST(PrologueOpsCpu, ValidationErrors) {
   EXPECT_THROW(cpu::silu_mul_matmul_add(x, b, w, c_bad, out), ShapeError);
   const Tensor b_bad = testing::random_tensor(rng, {2, 32}, bf);
   EXPECT_THROW(cpu::silu_mul_matmul_add(x, b_bad, w, c, out), ShapeError);
+  // Every operand float, b and w in a's dtype, each error naming its argument (c and out reach
+  // an elementwise add that would call them `a` and `out` of its own, or store integers).
+  const auto expect_dtype_error = [&](const Tensor& bb, const Tensor& cc, Tensor& oo,
+                                      const std::string& needle) {
+    try {
+      cpu::silu_mul_matmul_add(x, bb, w, cc, oo);
+      ADD_FAILURE() << needle << ": accepted";
+    } catch (const DTypeError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  Tensor out_i32 = Tensor::zeros({2, 8}, DType::i32);
+  expect_dtype_error(b, Tensor::zeros({2, 8}, DType::i32), out, "`c`");
+  expect_dtype_error(b, c, out_i32, "`out`");
+  expect_dtype_error(b.to(DType::f32), c, out, "`b` must have a's dtype bf16, got f32");
+  // out over a is refused (out may be c itself: h += down_proj(...)).
+  Tensor shared = testing::random_tensor(rng, {2, 64}, bf);
+  Tensor out_over_a = shared.slice(1, 0, 8);
+  EXPECT_THROW(cpu::silu_mul_matmul_add(shared, b, w, c, out_over_a), LayoutError);
+  Tensor h = c.clone();
+  EXPECT_NO_THROW(cpu::silu_mul_matmul_add(x, b, w, h, h));
 }
 
 TEST(PrologueOpsCpu, ContractRowsListBothOps) {

@@ -227,6 +227,26 @@ TEST(RopeKvAppendCpu, ErrorsBeforeAnyWrite) {
   EXPECT_THROW(cpu::rope_kv_append(qkv, cos, sin, pos, k_cache, v_cache, wrong_out), ShapeError);
   Tensor f32_cache = Tensor::zeros({1, kv_heads, kCapacity, dim}, DType::f32);
   EXPECT_THROW(cpu::rope_kv_append(qkv, cos, sin, pos, f32_cache, v_cache, out), DTypeError);
+  // Outputs that share memory: one cache passed as both (it would end up holding v), out inside
+  // a cache (the append would overwrite it), an expanded out whose heads share one address. Each
+  // is refused before anything is written, naming the tensor.
+  const auto expect_layout = [&](Tensor& k, Tensor& v, Tensor& o, const std::string& names) {
+    try {
+      cpu::rope_kv_append(qkv, cos, sin, pos, k, v, o);
+      ADD_FAILURE() << names << ": accepted";
+    } catch (const LayoutError& e) {
+      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
+    }
+  };
+  expect_layout(k_cache, k_cache, out, "`k_cache`");
+  Tensor out_in_v = Tensor::empty({1, heads, kCapacity, dim}, DType::bf16).slice(2, 0, 1);
+  Tensor v_holding_out =
+      Tensor::view_of(out_in_v.storage(), 0, {1, kv_heads, kCapacity, dim},
+                      {heads * kCapacity * dim, kCapacity * dim, dim, 1}, DType::bf16);
+  expect_layout(k_cache, v_holding_out, out_in_v, "`v_cache`");
+  Tensor one_head = Tensor::empty({1, 1, 1, dim}, DType::bf16);
+  Tensor racing_out = one_head.expand({1, heads, 1, dim});
+  expect_layout(k_cache, v_cache, racing_out, "`out`");
   EXPECT_TRUE(testing::bit_equal(k_cache, k_before));
   EXPECT_TRUE(testing::bit_equal(v_cache, v_before));
 }

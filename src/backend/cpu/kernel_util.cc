@@ -9,6 +9,8 @@
 //      between integers (i64 -> i32 wraps modulo 2^32, as in C++ and torch).
 #include "backend/cpu/kernel_util.h"
 
+#include <utility>
+
 #include "backend/cpu/parallel.h"
 
 namespace splice::cpu::detail {
@@ -94,6 +96,34 @@ std::pair<std::uintptr_t, std::uintptr_t> byte_range(const Tensor& t) {
 }
 
 }  // namespace
+
+void check_no_self_overlap(const Tensor& t, const char* name) {
+  if (t.numel() == 0) return;  // no element, no address to share
+  constexpr int kMaxAxes = 16;
+  std::int64_t strides[kMaxAxes], sizes[kMaxAxes];
+  int axes = 0;
+  for (std::int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) <= 1) continue;  // an axis of one element steps nowhere
+    if (axes == kMaxAxes) return;  // beyond any tensor the kernels take
+    strides[axes] = t.stride(d) < 0 ? -t.stride(d) : t.stride(d);
+    sizes[axes] = t.size(d);
+    ++axes;
+  }
+  // Insertion sort by stride (a handful of axes); then each stride must exceed the span so far.
+  for (int i = 1; i < axes; ++i)
+    for (int j = i; j > 0 && strides[j] < strides[j - 1]; --j) {
+      std::swap(strides[j], strides[j - 1]);
+      std::swap(sizes[j], sizes[j - 1]);
+    }
+  std::int64_t span = 0;  // the largest offset the smaller-stride axes reach
+  for (int i = 0; i < axes; ++i) {
+    if (strides[i] <= span)
+      fail<LayoutError>("`", name, "` ", t.describe(),
+                        " has elements that share an address (a stride-0 or interleaved axis); "
+                        "an output needs one address per element");
+    span += (sizes[i] - 1) * strides[i];
+  }
+}
 
 void check_no_overlap(const Tensor& out, const char* out_name, const Tensor& in,
                       const char* in_name, bool allow_identical) {

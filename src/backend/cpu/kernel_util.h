@@ -209,15 +209,24 @@ Dims broadcast_strides(const Tensor& t, const Dims& shape, const char* name);
 Dims broadcast_strides(const Dims& from_shape, const Dims& from_strides, const Dims& shape,
                        const char* name);
 
-// Throws ShapeError unless `out` has `expected` shape; `why` explains where `expected` came from.
+// Throws LayoutError when two elements of `t` share an address (a stride-0 axis of more than one
+// element, as an expanded view has, or axes whose strides interleave): a kernel writing `t` from
+// several rows or threads would race on them. Conservative: axes sorted by stride must each step
+// past everything the smaller ones span.
+void check_no_self_overlap(const Tensor& t, const char* name);
+
+// Throws ShapeError unless `out` has `expected` shape (`why` explains where `expected` came from),
+// and LayoutError when elements of `out` overlap (check_no_self_overlap): every kernel output.
 [[noreturn]] void fail_out_shape(const Tensor& out, const Dims& expected, const std::string& why);
 inline void check_out_shape(const Tensor& out, const Dims& expected, const char* why) {
   if (out.shape() != expected) fail_out_shape(out, expected, why);
+  check_no_self_overlap(out, "out");
 }
 // The same with the explanation built only on failure (decode loops call kernels every token).
 template <typename WhyFn>
 void check_out_shape_lazy(const Tensor& out, const Dims& expected, WhyFn&& why) {
   if (out.shape() != expected) fail_out_shape(out, expected, why());
+  check_no_self_overlap(out, "out");
 }
 
 // Throws DeviceError unless `t` lives on the CPU (and ValueError when it is undefined).

@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -146,6 +147,10 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
   if (b.shape() != a.shape())
     fail<ShapeError>(kOp, ": `a` ", dims_str(a.shape()), " and `b` ", dims_str(b.shape()),
                      " must have one shape");
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&b, "b"}, {&out, "out"}})
+    if (t->dtype() != a.dtype())
+      fail<DTypeError>(kOp, ": `", name, "` must have a's dtype ", dtype_name(a.dtype()), ", got ",
+                       dtype_name(t->dtype()));
   detail::check_out_shape(out, a.shape(), "silu_mul: out has a's shape");
   detail::check_no_overlap(out, "out", a, "a", /*allow_identical=*/true);
   detail::check_no_overlap(out, "out", b, "b", /*allow_identical=*/true);
@@ -192,6 +197,9 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
   if (cos.dim() != 2 || cos.size(1) != dim || sin.shape() != cos.shape())
     fail<ShapeError>(kOp, ": `cos` and `sin` must both be [max_seq_len, ", dim, "], got ",
                      dims_str(cos.shape()), " and ", dims_str(sin.shape()));
+  if (sin.dtype() != cos.dtype())
+    fail<DTypeError>(kOp, ": `sin` must have cos's dtype ", dtype_name(cos.dtype()), ", got ",
+                     dtype_name(sin.dtype()));
   if (position.dtype() != DType::i32 || position.shape() != Dims{1})
     fail<DTypeError>(kOp, ": `position` must be i32 [1], got ", position.describe());
   detail::check_out_shape(out, x.shape(), "rope: out has x's shape");
@@ -255,6 +263,21 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
   const std::int64_t p = position.data<std::int32_t>()[0];
   if (p < 0 || p >= capacity)
     fail<ValueError>(kOp, ": `position` ", p, " is outside the caches' [0, ", capacity, ")");
+  // What the op writes (both caches and out) shares no address with itself, another output or
+  // an input: a k_cache that is v_cache would end up holding v, an out inside a cache would be
+  // overwritten by the append.
+  const std::pair<const Tensor*, const char*> written[] = {
+      {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&out, "out"}};
+  const std::pair<const Tensor*, const char*> read[] = {
+      {&qkv, "qkv"}, {&cos, "cos"}, {&sin, "sin"}, {&position, "position"}};
+  for (std::size_t i = 0; i < std::size(written); ++i) {
+    const auto& [t, name] = written[i];
+    detail::check_no_self_overlap(*t, name);
+    for (std::size_t j = i + 1; j < std::size(written); ++j)
+      detail::check_no_overlap(*t, name, *written[j].first, written[j].second, false);
+    for (const auto& [in, in_name] : read)
+      if (in->defined()) detail::check_no_overlap(*t, name, *in, in_name, false);
+  }
   // [B, n, 1, D] head views of qkv starting at head `first`.
   auto heads_view = [&](std::int64_t first, std::int64_t n) {
     return Tensor::view_of(qkv.storage(), qkv.offset() + first * dim, {batch, n, 1, dim},
@@ -281,8 +304,10 @@ void matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) 
   check_float(c, kOp, "c");
   check_float(out, kOp, "out");
   check_rows(a, kOp, "a");
-  check_rows(c, kOp, "c");
   check_rows(out, kOp, "out");
+  if (b.dtype() != a.dtype())
+    fail<DTypeError>(kOp, ": `b` must have a's dtype ", dtype_name(a.dtype()), ", got ",
+                     dtype_name(b.dtype()));
   if (a.dim() < 2 || b.dim() != 2 || b.size(1) != a.size(-1))
     fail<ShapeError>(kOp, ": `a` must be [..., M, K] and `b` [N, K], got a ", dims_str(a.shape()),
                      " and b ", dims_str(b.shape()));
@@ -308,11 +333,11 @@ void matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) 
   const Operand ao(a), co(c), oo(out);
   const std::int64_t rows = static_cast<std::int64_t>(a_rows.size());
   // [rows, k] and [rows, n] in fp32: every row's a and c read once before any store (out may be
-  // c itself).
+  // c itself). c may have any strides: a bias broadcast over rows (stride 0) or along them.
   std::vector<float> x(static_cast<std::size_t>(rows * k)), y(static_cast<std::size_t>(rows * n));
   for (std::int64_t r = 0; r < rows; ++r) {
     detail::load_tile<float>(ao, a_rows[r], 1, k, x.data() + r * k);
-    detail::load_tile<float>(co, c_rows[r], 1, n, y.data() + r * n);
+    detail::load_tile<float>(co, c_rows[r], c.stride(-1), n, y.data() + r * n);
   }
   parallel_for(0, rows * n, row_grain(k), [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) {
@@ -395,12 +420,16 @@ void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& norm_weight, float ep
 void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
                          Tensor& out) {
   constexpr const char* kOp = "silu_mul_matmul_add";
-  detail::check_cpu(a, "a");
-  detail::check_cpu(w, "w");
-  check_float(a, kOp, "a");
-  if (w.dtype() != a.dtype())
-    fail<DTypeError>(kOp, ": `w` must have a's dtype ", dtype_name(a.dtype()), ", got ",
-                     dtype_name(w.dtype()));
+  const std::pair<const Tensor*, const char*> operands[] = {
+      {&a, "a"}, {&b, "b"}, {&w, "w"}, {&c, "c"}, {&out, "out"}};
+  for (const auto& [t, name] : operands) {
+    detail::check_cpu(*t, name);
+    check_float(*t, kOp, name);
+  }
+  for (const auto& [t, name] : {operands[1], operands[2]})
+    if (t->dtype() != a.dtype())
+      fail<DTypeError>(kOp, ": `", name, "` must have a's dtype ", dtype_name(a.dtype()), ", got ",
+                       dtype_name(t->dtype()));
   if (a.dim() < 2 || w.dim() != 2 || w.size(1) != a.size(-1))
     fail<ShapeError>(kOp, ": `a` must be [..., M, K] and `w` [N, K], got a ", dims_str(a.shape()),
                      " and w ", dims_str(w.shape()));
@@ -410,6 +439,10 @@ void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, cons
     fail<ShapeError>(kOp, ": `c` must have the product's shape ", dims_str(y_shape), ", got ",
                      dims_str(c.shape()));
   detail::check_out_shape(out, y_shape, "silu_mul_matmul_add: out has the product's shape");
+  detail::check_no_overlap(out, "out", a, "a", /*allow_identical=*/false);
+  detail::check_no_overlap(out, "out", b, "b", /*allow_identical=*/false);
+  detail::check_no_overlap(out, "out", w, "w", /*allow_identical=*/false);
+  detail::check_no_overlap(out, "out", c, "c", /*allow_identical=*/true);
   // [..., M, K] in a's dtype: the SiluMul node's output in the region.
   Tensor act = Tensor::empty(a.shape(), a.dtype());
   silu_mul(a, b, act);
