@@ -41,6 +41,15 @@ inline void check_eps(float eps, const char* op) {
     fail<ValueError>(op, ": `eps` must be finite and >= 0, got ", eps);
 }
 
+// RoPE's position is one i32 value [1] (DTypeError for another dtype, ShapeError for another
+// shape).
+inline void check_position(const Tensor& position, const char* op) {
+  if (position.dtype() != DType::i32)
+    fail<DTypeError>(op, ": `position` must be i32, got ", position.describe());
+  if (position.shape() != Dims{1})
+    fail<ShapeError>(op, ": `position` must be [1], got ", position.describe());
+}
+
 // The operands of rms_norm_matmul_rope_kv_append, on either backend (devices are the caller's):
 //   x [B, 1, K] (unit stride along K), norm_weight [K], w [N, K] (unit stride along K), N =
 //   (Hq + 2 Hkv) D; k_cache, v_cache [B, Hkv, capacity, D] (one shape, unit last stride, D even);
@@ -65,35 +74,52 @@ inline QkvRopeGeometry check_qkv_rope(const Tensor& x, const Tensor& norm_weight
                                 {&out, "out"}})
     check_float(*t, op, name);
   check_eps(eps, op);
-  if (x.dim() != 3 || x.size(1) != 1 || (x.size(2) > 1 && x.stride(2) != 1))
-    fail<ShapeError>(op, ": `x` must be [B, 1, K] with a unit stride along K, got ", x.describe());
+  // A unit stride along the last axis of `t` (named `name`), a LayoutError naming its strides.
+  const auto unit_last = [op](const Tensor& t, const char* name) {
+    if (t.dim() > 0 && t.size(-1) > 1 && t.stride(-1) != 1)
+      fail<LayoutError>(op, ": `", name,
+                        "` must have a unit stride along its last axis, got "
+                        "strides ",
+                        dims_str(t.strides()), " for shape ", dims_str(t.shape()));
+  };
+  if (x.dim() != 3 || x.size(1) != 1)
+    fail<ShapeError>(op, ": `x` must be [B, 1, K], got ", x.describe());
+  unit_last(x, "x");
   const std::int64_t batch = x.size(0), k = x.size(2);
   if (norm_weight.dim() != 1 || norm_weight.size(0) != k)
     fail<ShapeError>(op, ": `norm_weight` must be [", k, "] for x ", dims_str(x.shape()), ", got ",
                      dims_str(norm_weight.shape()));
-  if (w.dim() != 2 || w.size(1) != k || (k > 1 && w.stride(1) != 1))
-    fail<ShapeError>(op, ": `w` must be [N, ", k, "] with a unit stride along K, got ",
-                     w.describe());
-  if (k_cache.dim() != 4 || k_cache.stride(3) != 1 || v_cache.shape() != k_cache.shape() ||
-      v_cache.stride(3) != 1 || k_cache.size(0) != batch)
-    fail<ShapeError>(op, ": `k_cache` and `v_cache` must both be [", batch,
-                     ", Hkv, capacity, D] with unit last strides, got k_cache ", k_cache.describe(),
-                     " and v_cache ", v_cache.describe());
+  if (w.dim() != 2 || w.size(1) != k)
+    fail<ShapeError>(op, ": `w` must be [N, ", k, "], got ", w.describe());
+  unit_last(w, "w");
+  if (k_cache.dim() != 4 || k_cache.size(0) != batch)
+    fail<ShapeError>(op, ": `k_cache` must be [", batch, ", Hkv, capacity, D], got ",
+                     k_cache.describe());
+  if (v_cache.shape() != k_cache.shape())
+    fail<ShapeError>(op, ": `v_cache` must have k_cache's shape ", dims_str(k_cache.shape()),
+                     ", got ", v_cache.describe());
+  unit_last(k_cache, "k_cache");
+  unit_last(v_cache, "v_cache");
   QkvRopeGeometry g;
   g.kv_heads = k_cache.size(1);
   g.dim = k_cache.size(3);
   const std::int64_t n = w.size(0);
   g.heads = g.dim > 0 ? n / g.dim - 2 * g.kv_heads : 0;
-  if (g.dim % 2 != 0 || g.heads <= 0 || n != (g.heads + 2 * g.kv_heads) * g.dim)
+  if (g.dim % 2 != 0)
+    fail<ShapeError>(op, ": `k_cache`'s head_dim D must be even (rotate-half RoPE), got ",
+                     dims_str(k_cache.shape()));
+  if (g.heads <= 0 || n != (g.heads + 2 * g.kv_heads) * g.dim)
     fail<ShapeError>(op, ": `w` must have N = (Hq + 2 * ", g.kv_heads, ") * ", g.dim,
-                     " rows with Hq >= 1 and D even (the caches' Hkv and D), got N = ", n);
-  if (out.shape() != Dims{batch, g.heads, 1, g.dim} || out.stride(3) != 1)
-    fail<ShapeError>(op, ": `out` must be [", batch, ", ", g.heads, ", 1, ", g.dim,
-                     "] with a unit last stride, got ", out.describe());
-  if (v_cache.dtype() != k_cache.dtype() || out.dtype() != k_cache.dtype())
-    fail<DTypeError>(op, ": `v_cache` and `out` must have k_cache's dtype ",
-                     dtype_name(k_cache.dtype()), ", got ", dtype_name(v_cache.dtype()), " and ",
-                     dtype_name(out.dtype()));
+                     " rows with Hq >= 1 (the caches' Hkv and D), got N = ", n);
+  if (out.shape() != Dims{batch, g.heads, 1, g.dim})
+    fail<ShapeError>(op, ": `out` must be [", batch, ", ", g.heads, ", 1, ", g.dim, "], got ",
+                     out.describe());
+  unit_last(out, "out");
+  for (const auto& [t, name] :
+       {std::pair<const Tensor*, const char*>{&v_cache, "v_cache"}, {&out, "out"}})
+    if (t->dtype() != k_cache.dtype())
+      fail<DTypeError>(op, ": `", name, "` must have `k_cache`'s dtype ",
+                       dtype_name(k_cache.dtype()), ", got ", dtype_name(t->dtype()));
   if (cos.dim() != 2 || cos.size(1) != g.dim || sin.shape() != cos.shape() ||
       sin.strides() != cos.strides())
     fail<ShapeError>(op, ": `cos` and `sin` must both be [max_seq_len, ", g.dim,
@@ -101,8 +127,7 @@ inline QkvRopeGeometry check_qkv_rope(const Tensor& x, const Tensor& norm_weight
   if (sin.dtype() != cos.dtype())
     fail<DTypeError>(op, ": `cos` and `sin` must have one dtype, got ", dtype_name(cos.dtype()),
                      " and ", dtype_name(sin.dtype()));
-  if (position.dtype() != DType::i32 || position.shape() != Dims{1})
-    fail<DTypeError>(op, ": `position` must be i32 [1], got ", position.describe());
+  check_position(position, op);
   return g;
 }
 
@@ -125,11 +150,12 @@ inline std::int64_t check_swiglu(const Tensor& x, const Tensor& norm_weight, flo
   if (norm_weight.dim() != 1 || norm_weight.size(0) != k)
     fail<ShapeError>(op, ": `norm_weight` must be [", k, "] for x ", dims_str(x.shape()), ", got ",
                      dims_str(norm_weight.shape()));
-  if (w.dim() != 2 || w.size(1) != k || w.size(0) < 2 || w.size(0) % 2 != 0 ||
-      (k > 1 && w.stride(1) != 1))
-    fail<ShapeError>(op, ": `w` must be [2I, ", k,
-                     "] (gate rows, then up rows; I >= 1) with a unit stride along K, got ",
+  if (w.dim() != 2 || w.size(1) != k || w.size(0) < 2 || w.size(0) % 2 != 0)
+    fail<ShapeError>(op, ": `w` must be [2I, ", k, "] (gate rows, then up rows; I >= 1), got ",
                      w.describe());
+  if (k > 1 && w.stride(1) != 1)
+    fail<LayoutError>(op, ": `w` must have a unit stride along K, got strides ",
+                      dims_str(w.strides()), " for shape ", dims_str(w.shape()));
   const std::int64_t inter = w.size(0) / 2;
   Dims out_shape = x.shape();
   out_shape.back() = inter;

@@ -95,13 +95,14 @@ std::string LayerOpContract::qkv_rope_gate(DType x, DType norm_weight, DType w, 
   for (const auto& [dtype, name] : {std::pair<DType, const char*>{x, "x"},
                                     {norm_weight, "norm_weight"},
                                     {w, "w"},
-                                    {caches, "caches"}})
+                                    {caches, "k_cache"}})
     if (std::find(taken.begin(), taken.end(), dtype) == taken.end())
-      add(std::string("takes no ") + name + " of dtype " + dtype_name(dtype));
+      add(std::string("takes no `") + name + "` of dtype " + dtype_name(dtype));
   if (qkv_rope_one_dtype && (norm_weight != x || w != x || caches != x))
     add(std::string("takes x, norm_weight, w and the caches of one dtype, got ") + dtype_name(x) +
         ", " + dtype_name(norm_weight) + ", " + dtype_name(w) + ", " + dtype_name(caches));
-  if (head_dim % 2 != 0) add("needs an even head_dim, got " + std::to_string(head_dim));
+  if (head_dim % 2 != 0)
+    add("needs an even head_dim (`k_cache`'s D), got " + std::to_string(head_dim));
   if (!qkv_rope_head_dims.empty() && std::find(qkv_rope_head_dims.begin(), qkv_rope_head_dims.end(),
                                                head_dim) == qkv_rope_head_dims.end())
     add("takes no head_dim " + std::to_string(head_dim));

@@ -57,8 +57,8 @@ Device common_device(const char* op, std::initializer_list<NamedTensor> args) {
   for (const NamedTensor& a : args) {
     check_defined(a.tensor, a.name);
     if (!(a.tensor.device() == device))
-      fail<DeviceError>(op, ": `", a.name, "` must be on ", device.str(), ", got ",
-                        a.tensor.device().str());
+      fail<DeviceError>(op, ": `", a.name, "` must be on the device of `", first.name, "` (",
+                        device.str(), "), got ", a.tensor.device().str());
   }
   return device;
 }
@@ -168,8 +168,12 @@ void fused_rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_we
                                            {"out", out}});
   const LayerOpContract& row = contract_for(device, op);
   check_contract(row, LayerOpKind::rms_norm_matmul_rope_kv_append, "x", x.dtype(), last_dim(x));
-  // The row's qkv_rope limits, on the shapes as given (the backend checks them in full).
+  // The row's qkv_rope limits, on the shapes as given (the backend checks them in full); an odd
+  // head dim is no backend's (rotate-half pairs), so a shape error first.
   const std::int64_t head_dim = k_cache.dim() == 4 ? k_cache.size(3) : 0;
+  if (head_dim % 2 != 0)
+    fail<ShapeError>(op, ": `k_cache`'s head_dim D must be even (rotate-half RoPE), got ",
+                     dims_str(k_cache.shape()));
   const std::int64_t batch = x.dim() > 0 ? x.size(0) : 0;
   if (const std::string why = row.qkv_rope_gate(x.dtype(), norm_weight.dtype(), w.dtype(),
                                                 k_cache.dtype(), head_dim, last_dim(x), batch);

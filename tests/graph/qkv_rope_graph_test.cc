@@ -172,7 +172,7 @@ TEST(QkvRopeGraph, DeclinedWithAReasonKeepingTheInnerArms) {
     ASSERT_EQ(decisions.size(), static_cast<std::size_t>(kLayers));
     for (const Decision& d : decisions) {
       EXPECT_FALSE(d.offered);
-      EXPECT_NE(d.reason.find("takes no x of dtype f32"), std::string::npos) << d.reason;
+      EXPECT_NE(d.reason.find("takes no `x` of dtype f32"), std::string::npos) << d.reason;
     }
     EXPECT_EQ(branches_of(m.graph, "rope_kv_append").size(), static_cast<std::size_t>(kLayers));
   }

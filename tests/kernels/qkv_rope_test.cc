@@ -200,7 +200,7 @@ TEST(QkvRopeCpu, ContractRows) {
     EXPECT_NE(why.find(fragment), std::string::npos) << why;
   };
   declines(cuda_row.qkv_rope_gate(DType::f32, DType::f32, DType::f32, DType::f32, 64, 576, 1),
-           "takes no x of dtype f32");
+           "takes no `x` of dtype f32");
   declines(cuda_row.qkv_rope_gate(bf, DType::f32, bf, bf, 64, 576, 1), "of one dtype");
   declines(cuda_row.qkv_rope_gate(bf, bf, bf, bf, 64, 4096, 1), "K <= 2048");
   declines(cuda_row.qkv_rope_gate(bf, bf, bf, bf, 64, 580, 1), "multiple of 8");

@@ -47,6 +47,7 @@ constexpr int kLanes = 8;  // the reduce kernel's interleaved partial sums (redu
 using layer_op_checks::check_eps;
 using layer_op_checks::check_float;
 using layer_op_checks::check_norm_weight;
+using layer_op_checks::check_position;
 using layer_op_checks::check_rows;
 
 // Element offsets (relative to the view's first element) of every row of the last axis.
@@ -200,8 +201,7 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
   if (sin.dtype() != cos.dtype())
     fail<DTypeError>(kOp, ": `sin` must have cos's dtype ", dtype_name(cos.dtype()), ", got ",
                      dtype_name(sin.dtype()));
-  if (position.dtype() != DType::i32 || position.shape() != Dims{1})
-    fail<DTypeError>(kOp, ": `position` must be i32 [1], got ", position.describe());
+  check_position(position, kOp);
   detail::check_out_shape(out, x.shape(), "rope: out has x's shape");
   if (out.dtype() != x.dtype())
     fail<DTypeError>(kOp, ": `out` must have x's dtype ", dtype_name(x.dtype()), ", got ",
@@ -241,25 +241,35 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
   detail::check_cpu(k_cache, "k_cache");
   detail::check_cpu(v_cache, "v_cache");
   detail::check_cpu(out, "out");
-  if (qkv.dim() != 3 || qkv.size(1) != 1 || qkv.stride(2) != 1 || k_cache.dim() != 4)
-    fail<ShapeError>(kOp,
-                     ": `qkv` must be [B, 1, (Hq + 2 Hkv) D] with a unit-stride row and the "
-                     "caches [B, Hkv, capacity, D], got qkv ",
-                     qkv.describe(), " and k_cache ", dims_str(k_cache.shape()));
-  const std::int64_t batch = qkv.size(0), kv_heads = k_cache.size(1), dim = k_cache.size(3),
-                     capacity = k_cache.size(2);
+  if (qkv.dim() != 3 || qkv.size(1) != 1)
+    fail<ShapeError>(kOp, ": `qkv` must be [B, 1, (Hq + 2 Hkv) D], got ", qkv.describe());
+  check_rows(qkv, kOp, "qkv");
+  const std::int64_t batch = qkv.size(0);
+  if (k_cache.dim() != 4 || k_cache.size(0) != batch)
+    fail<ShapeError>(kOp, ": `k_cache` must be [", batch, ", Hkv, capacity, D], got ",
+                     k_cache.describe());
+  const std::int64_t kv_heads = k_cache.size(1), dim = k_cache.size(3), capacity = k_cache.size(2);
+  if (dim % 2 != 0)
+    fail<ShapeError>(kOp, ": `k_cache`'s head_dim D must be even (rotate-half RoPE), got ",
+                     dims_str(k_cache.shape()));
+  if (v_cache.shape() != k_cache.shape())
+    fail<ShapeError>(kOp, ": `v_cache` must have k_cache's shape ", dims_str(k_cache.shape()),
+                     ", got ", dims_str(v_cache.shape()));
   const std::int64_t heads = dim > 0 ? qkv.size(2) / dim - 2 * kv_heads : 0;
-  if (heads <= 0 || qkv.size(2) != (heads + 2 * kv_heads) * dim || k_cache.size(0) != batch ||
-      v_cache.shape() != k_cache.shape() || out.shape() != Dims{batch, heads, 1, dim})
-    fail<ShapeError>(kOp, ": shapes disagree: qkv ", dims_str(qkv.shape()), ", k_cache ",
-                     dims_str(k_cache.shape()), ", v_cache ", dims_str(v_cache.shape()), ", out ",
-                     dims_str(out.shape()), " (out must be [B, Hq, 1, D])");
-  for (const Tensor* t : {&k_cache, &v_cache, &out})
+  if (heads <= 0 || qkv.size(2) != (heads + 2 * kv_heads) * dim)
+    fail<ShapeError>(kOp, ": `qkv` rows must hold (Hq + 2 * ", kv_heads, ") * ", dim,
+                     " values with Hq >= 1 (the caches' Hkv and D), got qkv ",
+                     dims_str(qkv.shape()));
+  if (out.shape() != Dims{batch, heads, 1, dim})
+    fail<ShapeError>(kOp, ": `out` must be [", batch, ", ", heads, ", 1, ", dim, "], got ",
+                     dims_str(out.shape()));
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&k_cache, "k_cache"},
+                                {&v_cache, "v_cache"},
+                                {&out, "out"}})
     if (t->dtype() != qkv.dtype())
-      fail<DTypeError>(kOp, ": every tensor must have qkv's dtype ", dtype_name(qkv.dtype()),
-                       ", got ", t->describe());
-  if (position.dtype() != DType::i32 || position.shape() != Dims{1})
-    fail<DTypeError>(kOp, ": `position` must be i32 [1], got ", position.describe());
+      fail<DTypeError>(kOp, ": `", name, "` must have qkv's dtype ", dtype_name(qkv.dtype()),
+                       ", got ", dtype_name(t->dtype()));
+  check_position(position, kOp);
   const std::int64_t p = position.data<std::int32_t>()[0];
   if (p < 0 || p >= capacity)
     fail<ValueError>(kOp, ": `position` ", p, " is outside the caches' [0, ", capacity, ")");
@@ -363,6 +373,8 @@ void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Ten
   Dims y_shape = x.shape();
   y_shape.back() = w.size(0);
   detail::check_out_shape(out, y_shape, "rms_norm_matmul: out has the product's shape");
+  detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/false);
+  detail::check_no_overlap(out, "out", w, "w", /*allow_identical=*/false);
   // [..., M, K] in w's dtype: the RmsNorm node's output in the region.
   Tensor normalized = Tensor::empty(x.shape(), w.dtype());
   rms_norm(x, weight, eps, normalized);
