@@ -30,10 +30,12 @@
 #include <cmath>
 #include <cstdio>
 #include <iterator>
+#include <string>
 #include <vector>
 
 #include "splice/backend/cpu/layer_ops.h"
 #include "splice/backend/cuda/runtime.h"
+#include "splice/core/error.h"
 #include "splice/exec/session.h"
 #include "splice/model/model.h"
 #include "splice/ops/layer_ops.h"
@@ -137,6 +139,38 @@ TEST(RopeKvAppendCuda, PositionOutsideTheCachesZeroesOutAndWritesNoCache) {
     EXPECT_TRUE(testing::bit_equal(testing::download(k_cache), k_host));
     EXPECT_TRUE(testing::bit_equal(testing::download(v_cache), k_host));
   }
+}
+
+// Outputs that share memory are refused before the launch, as on the CPU: one cache passed as
+// both (it would end up holding v) and out inside a cache (the append would overwrite it); the
+// caches keep their bytes.
+TEST(RopeKvAppendCuda, OverlappingOutputsAreRefused) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(6);
+  const std::int64_t heads = 1, kv_heads = 1, dim = 64, row = (heads + 2 * kv_heads) * dim;
+  const Tensor qkv = testing::upload(testing::random_tensor(rng, {1, 1, row}, DType::bf16));
+  const Tensor cos = testing::upload(testing::random_tensor(rng, {kCapacity, dim}, DType::f32));
+  const Tensor sin = testing::upload(testing::random_tensor(rng, {kCapacity, dim}, DType::f32));
+  const Tensor k_host = testing::random_tensor(rng, {1, kv_heads, kCapacity, dim}, DType::bf16);
+  Tensor k_cache = testing::upload(k_host), v_cache = testing::upload(k_host);
+  Tensor pos = Tensor::empty({1}, DType::i32);
+  pos.data<std::int32_t>()[0] = 3;
+  const Tensor position = testing::upload(pos);
+  Tensor out = Tensor::empty({1, heads, 1, dim}, DType::bf16, Device::cuda());
+  const auto expect_refused = [&](Tensor& k, Tensor& v, Tensor& o, const std::string& needle) {
+    try {
+      cuda::rope_kv_append(qkv, cos, sin, position, k, v, o);
+      ADD_FAILURE() << needle << ": accepted";
+    } catch (const LayoutError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(k_cache, k_cache, out, "`k_cache` and `v_cache` must not overlap");
+  Tensor out_in_v = v_cache.slice(2, 5, 6);  // [1, Hkv = Hq, 1, D]: row 5 of v_cache
+  expect_refused(k_cache, v_cache, out_in_v, "`v_cache` and `out` must not overlap");
+  cuda::synchronize();
+  EXPECT_TRUE(testing::bit_equal(testing::download(k_cache), k_host));
+  EXPECT_TRUE(testing::bit_equal(testing::download(v_cache), k_host));
 }
 
 SessionOptions gpu_options() {
