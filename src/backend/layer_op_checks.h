@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 
 #include "splice/core/error.h"
@@ -39,6 +40,53 @@ inline void check_norm_weight(const Tensor& x, const Tensor& weight, const char*
 inline void check_eps(float eps, const char* op) {
   if (!std::isfinite(eps) || eps < 0)
     fail<ValueError>(op, ": `eps` must be finite and >= 0, got ", eps);
+}
+
+// Whether the byte ranges `a` and `b` span intersect (addresses, so views of one buffer from
+// different Storage objects count too; any strides; empty tensors span nothing).
+inline bool share_memory(const Tensor& a, const Tensor& b) {
+  const auto span = [](const Tensor& t) {
+    std::int64_t lo = 0, hi = 0;  // element offsets from raw_data()
+    for (std::int64_t d = 0; d < t.dim(); ++d) {
+      const std::int64_t reach = (t.size(d) - 1) * t.stride(d);
+      (reach < 0 ? lo : hi) += reach;
+    }
+    const auto width = static_cast<std::int64_t>(dtype_size(t.dtype()));
+    const auto base = reinterpret_cast<std::uintptr_t>(t.raw_data());
+    return std::pair<std::uintptr_t, std::uintptr_t>{
+        base + static_cast<std::uintptr_t>(lo * width),
+        base + static_cast<std::uintptr_t>(hi * width + width - 1)};
+  };
+  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a_lo, a_hi] = span(a);
+  const auto [b_lo, b_hi] = span(b);
+  return a_lo <= b_hi && b_lo <= a_hi;
+}
+
+// rope_kv_append's outputs (both caches and out) share no memory with each other or with an
+// input (LayoutError naming both): a cache passed as both would end up holding v, an out inside
+// a cache would be overwritten by the append, a cache over qkv would change what later heads
+// read. Checked before anything is written, on both backends.
+inline void check_rope_kv_append_aliasing(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                                          const Tensor& position, const Tensor& k_cache,
+                                          const Tensor& v_cache, const Tensor& out,
+                                          const char* op) {
+  const std::pair<const Tensor*, const char*> written[] = {
+      {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&out, "out"}};
+  const std::pair<const Tensor*, const char*> read[] = {
+      {&qkv, "qkv"}, {&cos, "cos"}, {&sin, "sin"}, {&position, "position"}};
+  for (std::size_t i = 0; i < std::size(written); ++i) {
+    const auto& [t, name] = written[i];
+    for (std::size_t j = i + 1; j < std::size(written); ++j)
+      if (share_memory(*t, *written[j].first))
+        fail<LayoutError>(op, ": `", name, "` and `", written[j].second,
+                          "` must not overlap in memory, got ", t->describe(), " and ",
+                          written[j].first->describe());
+    for (const auto& [in, in_name] : read)
+      if (share_memory(*t, *in))
+        fail<LayoutError>(op, ": `", name, "` must not overlap `", in_name, "` in memory, got ",
+                          t->describe(), " and ", in->describe());
+  }
 }
 
 // RoPE's position is one i32 value [1] (DTypeError for another dtype, ShapeError for another

@@ -28,7 +28,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -273,21 +272,12 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
   const std::int64_t p = position.data<std::int32_t>()[0];
   if (p < 0 || p >= capacity)
     fail<ValueError>(kOp, ": `position` ", p, " is outside the caches' [0, ", capacity, ")");
-  // What the op writes (both caches and out) shares no address with itself, another output or
-  // an input: a k_cache that is v_cache would end up holding v, an out inside a cache would be
-  // overwritten by the append.
-  const std::pair<const Tensor*, const char*> written[] = {
-      {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&out, "out"}};
-  const std::pair<const Tensor*, const char*> read[] = {
-      {&qkv, "qkv"}, {&cos, "cos"}, {&sin, "sin"}, {&position, "position"}};
-  for (std::size_t i = 0; i < std::size(written); ++i) {
-    const auto& [t, name] = written[i];
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&k_cache, "k_cache"},
+                                {&v_cache, "v_cache"},
+                                {&out, "out"}})
     detail::check_no_self_overlap(*t, name);
-    for (std::size_t j = i + 1; j < std::size(written); ++j)
-      detail::check_no_overlap(*t, name, *written[j].first, written[j].second, false);
-    for (const auto& [in, in_name] : read)
-      if (in->defined()) detail::check_no_overlap(*t, name, *in, in_name, false);
-  }
+  layer_op_checks::check_rope_kv_append_aliasing(qkv, cos, sin, position, k_cache, v_cache, out,
+                                                 kOp);
   // [B, n, 1, D] head views of qkv starting at head `first`.
   auto heads_view = [&](std::int64_t first, std::int64_t n) {
     return Tensor::view_of(qkv.storage(), qkv.offset() + first * dim, {batch, n, 1, dim},

@@ -37,7 +37,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <utility>
 
 #include "backend/cuda/float_convert.cuh"
@@ -222,22 +221,8 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
     fail<ShapeError>(kOp, ": `cos` and `sin` must both be [max_seq_len, ", dim,
                      "] of one dtype and layout, got ", cos.describe(), " and ", sin.describe());
   layer_op_checks::check_position(position, kOp);
-  // What the launch writes (both caches and out) shares no memory with another output or an
-  // input: a cache passed as both would end up holding v, an out inside a cache would be
-  // overwritten by the append (the CPU kernel refuses the same).
-  const std::pair<const Tensor*, const char*> written[] = {
-      {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&out, "out"}};
-  const std::pair<const Tensor*, const char*> read[] = {
-      {&qkv, "qkv"}, {&cos, "cos"}, {&sin, "sin"}, {&position, "position"}};
-  for (std::size_t i = 0; i < std::size(written); ++i) {
-    const auto& [t, name] = written[i];
-    for (std::size_t j = i + 1; j < std::size(written); ++j)
-      if (detail::overlaps(*t, *written[j].first))
-        fail<LayoutError>(kOp, ": `", name, "` and `", written[j].second, "` must not overlap");
-    for (const auto& [in, in_name] : read)
-      if (detail::overlaps(*t, *in))
-        fail<LayoutError>(kOp, ": `", name, "` must not overlap `", in_name, "`");
-  }
+  layer_op_checks::check_rope_kv_append_aliasing(qkv, cos, sin, position, k_cache, v_cache, out,
+                                                 kOp);
   RopeKvAppendParams p;
   p.g = rope_kv_append_index::geometry_of(qkv, k_cache, v_cache, out);
   p.qkv = qkv.raw_data();
