@@ -43,7 +43,8 @@ inline void check_eps(float eps, const char* op) {
 }
 
 // Whether the byte ranges `a` and `b` span intersect (addresses, so views of one buffer from
-// different Storage objects count too; any strides; empty tensors span nothing).
+// different Storage objects count too; any strides; empty tensors span nothing). Also the CPU
+// kernels' aliasing check (cpu::detail::check_no_overlap).
 inline bool share_memory(const Tensor& a, const Tensor& b) {
   const auto span = [](const Tensor& t) {
     std::int64_t lo = 0, hi = 0;  // element offsets from raw_data()

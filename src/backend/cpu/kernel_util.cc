@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "backend/cpu/parallel.h"
+#include "backend/layer_op_checks.h"
 
 namespace splice::cpu::detail {
 
@@ -79,24 +80,6 @@ void check_cpu(const Tensor& t, const char* name) {
     fail<DeviceError>("`", name, "` must be a cpu tensor, got ", t.describe());
 }
 
-namespace {
-
-// [first, last] byte addresses a view touches; empty (first > last) for zero elements.
-std::pair<std::uintptr_t, std::uintptr_t> byte_range(const Tensor& t) {
-  if (t.numel() == 0) return {1, 0};
-  std::int64_t lo = 0, hi = 0;
-  for (std::int64_t d = 0; d < t.dim(); ++d) {
-    const std::int64_t span = (t.shape()[d] - 1) * t.strides()[d];
-    (span < 0 ? lo : hi) += span;
-  }
-  const auto base = reinterpret_cast<std::uintptr_t>(t.raw_data());
-  const std::int64_t width = static_cast<std::int64_t>(dtype_size(t.dtype()));
-  return {base + static_cast<std::uintptr_t>(lo * width),
-          base + static_cast<std::uintptr_t>(hi * width + width - 1)};
-}
-
-}  // namespace
-
 void check_no_self_overlap(const Tensor& t, const char* name) {
   // Fast path, one pass (every planned buffer and row-major view; kernels call this per node and
   // token): from the innermost axis out, each stride steps past what the inner axes span.
@@ -143,9 +126,7 @@ void check_no_overlap(const Tensor& out, const char* out_name, const Tensor& in,
   if (allow_identical && out.raw_data() == in.raw_data() && out.shape() == in.shape() &&
       out.strides() == in.strides() && out.dtype() == in.dtype())
     return;
-  const auto [out_lo, out_hi] = byte_range(out);
-  const auto [in_lo, in_hi] = byte_range(in);
-  if (out_lo > out_hi || in_lo > in_hi || out_hi < in_lo || in_hi < out_lo) return;
+  if (!layer_op_checks::share_memory(out, in)) return;
   fail<LayoutError>("`", out_name, "` ", out.describe(), " overlaps `", in_name, "` ",
                     in.describe(), " in memory",
                     allow_identical ? " (only an identical view may be updated in place)" : "");
