@@ -5,7 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
-#include <iterator>
+#include <initializer_list>
 #include <utility>
 
 #include "splice/core/error.h"
@@ -42,52 +42,58 @@ inline void check_eps(float eps, const char* op) {
     fail<ValueError>(op, ": `eps` must be finite and >= 0, got ", eps);
 }
 
-// Whether the byte ranges `a` and `b` span intersect (addresses, so views of one buffer from
-// different Storage objects count too; any strides; empty tensors span nothing). Also the CPU
-// kernels' aliasing check (cpu::detail::check_no_overlap).
-inline bool share_memory(const Tensor& a, const Tensor& b) {
-  const auto span = [](const Tensor& t) {
-    std::int64_t lo = 0, hi = 0;  // element offsets from raw_data()
-    for (std::int64_t d = 0; d < t.dim(); ++d) {
-      const std::int64_t reach = (t.size(d) - 1) * t.stride(d);
-      (reach < 0 ? lo : hi) += reach;
-    }
-    const auto width = static_cast<std::int64_t>(dtype_size(t.dtype()));
-    const auto base = reinterpret_cast<std::uintptr_t>(t.raw_data());
-    return std::pair<std::uintptr_t, std::uintptr_t>{
-        base + static_cast<std::uintptr_t>(lo * width),
-        base + static_cast<std::uintptr_t>(hi * width + width - 1)};
-  };
-  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0) return false;
-  const auto [a_lo, a_hi] = span(a);
-  const auto [b_lo, b_hi] = span(b);
-  return a_lo <= b_hi && b_lo <= a_hi;
+// The aliasing rule of each layer op (splice::check_output_aliasing), named once for both
+// backends and checked before anything is written: an expanded `out` would have threads race on
+// one address, a cache passed as both k_cache and v_cache would end up holding v, an out inside a
+// cache would be overwritten by the append, a cache over x would change what later rows read.
+// In place: only the identical view of an input the op reads elementwise (rms_norm's x, silu_mul's
+// a and b, rope's x, the residual c).
+inline void check_rms_norm_aliasing(const Tensor& x, const Tensor& weight, const Tensor& out,
+                                    const char* op) {
+  check_output_aliasing({{out, "out"}}, {{x, "x", true}, {weight, "weight"}}, op);
 }
-
-// rope_kv_append's outputs (both caches and out) share no memory with each other or with an
-// input (LayoutError naming both): a cache passed as both would end up holding v, an out inside
-// a cache would be overwritten by the append, a cache over qkv would change what later heads
-// read. Checked before anything is written, on both backends.
+inline void check_silu_mul_aliasing(const Tensor& a, const Tensor& b, const Tensor& out,
+                                    const char* op) {
+  check_output_aliasing({{out, "out"}}, {{a, "a", true}, {b, "b", true}}, op);
+}
+inline void check_rope_aliasing(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                                const Tensor& position, const Tensor& out, const char* op) {
+  check_output_aliasing({{out, "out"}},
+                        {{x, "x", true}, {cos, "cos"}, {sin, "sin"}, {position, "position"}}, op);
+}
+// rms_norm_matmul and rms_norm_matmul_swiglu (`weight` named as the op names it).
+inline void check_norm_product_aliasing(const Tensor& x, const Tensor& weight,
+                                        const char* weight_name, const Tensor& w, const Tensor& out,
+                                        const char* op) {
+  check_output_aliasing({{out, "out"}}, {{x, "x"}, {weight, weight_name}, {w, "w"}}, op);
+}
+inline void check_matmul_add_aliasing(const Tensor& a, const Tensor& b, const Tensor& c,
+                                      const Tensor& out, const char* op) {
+  check_output_aliasing({{out, "out"}}, {{a, "a"}, {b, "b"}, {c, "c", true}}, op);
+}
+inline void check_silu_mul_matmul_add_aliasing(const Tensor& a, const Tensor& b, const Tensor& w,
+                                               const Tensor& c, const Tensor& out, const char* op) {
+  check_output_aliasing({{out, "out"}}, {{a, "a"}, {b, "b"}, {w, "w"}, {c, "c", true}}, op);
+}
 inline void check_rope_kv_append_aliasing(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
                                           const Tensor& position, const Tensor& k_cache,
                                           const Tensor& v_cache, const Tensor& out,
                                           const char* op) {
-  const std::pair<const Tensor*, const char*> written[] = {
-      {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&out, "out"}};
-  const std::pair<const Tensor*, const char*> read[] = {
-      {&qkv, "qkv"}, {&cos, "cos"}, {&sin, "sin"}, {&position, "position"}};
-  for (std::size_t i = 0; i < std::size(written); ++i) {
-    const auto& [t, name] = written[i];
-    for (std::size_t j = i + 1; j < std::size(written); ++j)
-      if (share_memory(*t, *written[j].first))
-        fail<LayoutError>(op, ": `", name, "` and `", written[j].second,
-                          "` must not overlap in memory, got ", t->describe(), " and ",
-                          written[j].first->describe());
-    for (const auto& [in, in_name] : read)
-      if (share_memory(*t, *in))
-        fail<LayoutError>(op, ": `", name, "` must not overlap `", in_name, "` in memory, got ",
-                          t->describe(), " and ", in->describe());
-  }
+  check_output_aliasing({{k_cache, "k_cache"}, {v_cache, "v_cache"}, {out, "out"}},
+                        {{qkv, "qkv"}, {cos, "cos"}, {sin, "sin"}, {position, "position"}}, op);
+}
+inline void check_qkv_rope_aliasing(const Tensor& x, const Tensor& norm_weight, const Tensor& w,
+                                    const Tensor& cos, const Tensor& sin, const Tensor& position,
+                                    const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                                    const char* op) {
+  check_output_aliasing({{k_cache, "k_cache"}, {v_cache, "v_cache"}, {out, "out"}},
+                        {{x, "x"},
+                         {norm_weight, "norm_weight"},
+                         {w, "w"},
+                         {cos, "cos"},
+                         {sin, "sin"},
+                         {position, "position"}},
+                        op);
 }
 
 // RoPE's position is one i32 value [1] (DTypeError for another dtype, ShapeError for another
@@ -99,20 +105,78 @@ inline void check_position(const Tensor& position, const char* op) {
     fail<ShapeError>(op, ": `position` must be [1], got ", position.describe());
 }
 
+// The operands of rope_kv_append, on either backend (devices are the caller's): qkv [B, 1, (Hq +
+// 2 Hkv) D] (unit last stride); k_cache, v_cache [B, Hkv, capacity, D] (one shape, D even); out
+// [B, Hq, 1, D]; the caches and out of qkv's dtype, each with a unit last stride; cos, sin
+// [max_seq_len, D] (one float dtype and layout); position i32 [1]; and the aliasing rule. The
+// position's value is the backend's (the CPU reads it; CUDA reads it on the device). Returns {Hq,
+// Hkv, D}.
+struct RopeGeometry {
+  std::int64_t heads = 0, kv_heads = 0, dim = 0;
+};
+inline RopeGeometry check_rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                                         const Tensor& position, const Tensor& k_cache,
+                                         const Tensor& v_cache, const Tensor& out, const char* op) {
+  check_float(qkv, op, "qkv");
+  if (qkv.dim() != 3 || qkv.size(1) != 1)
+    fail<ShapeError>(op, ": `qkv` must be [B, 1, (Hq + 2 Hkv) D], got ", qkv.describe());
+  check_rows(qkv, op, "qkv");
+  const std::int64_t batch = qkv.size(0);
+  if (k_cache.dim() != 4 || k_cache.size(0) != batch)
+    fail<ShapeError>(op, ": `k_cache` must be [", batch, ", Hkv, capacity, D], got ",
+                     k_cache.describe());
+  RopeGeometry g;
+  g.kv_heads = k_cache.size(1);
+  g.dim = k_cache.size(3);
+  if (g.dim % 2 != 0)
+    fail<ShapeError>(op, ": `k_cache`'s head_dim D must be even (rotate-half RoPE), got ",
+                     dims_str(k_cache.shape()));
+  if (v_cache.shape() != k_cache.shape())
+    fail<ShapeError>(op, ": `v_cache` must have k_cache's shape ", dims_str(k_cache.shape()),
+                     ", got ", dims_str(v_cache.shape()));
+  g.heads = g.dim > 0 ? qkv.size(2) / g.dim - 2 * g.kv_heads : 0;
+  if (g.heads <= 0 || qkv.size(2) != (g.heads + 2 * g.kv_heads) * g.dim)
+    fail<ShapeError>(op, ": `qkv` rows must hold (Hq + 2 * ", g.kv_heads, ") * ", g.dim,
+                     " values with Hq >= 1 (the caches' Hkv and D), got qkv ",
+                     dims_str(qkv.shape()));
+  if (out.shape() != Dims{batch, g.heads, 1, g.dim})
+    fail<ShapeError>(op, ": `out` must be [", batch, ", ", g.heads, ", 1, ", g.dim, "], got ",
+                     dims_str(out.shape()));
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&k_cache, "k_cache"},
+                                {&v_cache, "v_cache"},
+                                {&out, "out"}}) {
+    if (t->dtype() != qkv.dtype())
+      fail<DTypeError>(op, ": `", name, "` must have qkv's dtype ", dtype_name(qkv.dtype()),
+                       ", got ", dtype_name(t->dtype()));
+    if (g.dim > 1 && t->stride(-1) != 1)
+      fail<LayoutError>(op, ": `", name, "` must have a unit stride on its last axis, got strides ",
+                        dims_str(t->strides()), " for shape ", dims_str(t->shape()));
+  }
+  check_float(cos, op, "cos");
+  check_float(sin, op, "sin");
+  if (cos.dim() != 2 || cos.size(1) != g.dim || sin.shape() != cos.shape() ||
+      sin.strides() != cos.strides())
+    fail<ShapeError>(op, ": `cos` and `sin` must both be [max_seq_len, ", g.dim,
+                     "] of one layout, got ", cos.describe(), " and ", sin.describe());
+  if (sin.dtype() != cos.dtype())
+    fail<DTypeError>(op, ": `sin` must have cos's dtype ", dtype_name(cos.dtype()), ", got ",
+                     dtype_name(sin.dtype()));
+  check_position(position, op);
+  check_rope_kv_append_aliasing(qkv, cos, sin, position, k_cache, v_cache, out, op);
+  return g;
+}
+
 // The operands of rms_norm_matmul_rope_kv_append, on either backend (devices are the caller's):
 //   x [B, 1, K] (unit stride along K), norm_weight [K], w [N, K] (unit stride along K), N =
 //   (Hq + 2 Hkv) D; k_cache, v_cache [B, Hkv, capacity, D] (one shape, unit last stride, D even);
 //   out [B, Hq, 1, D] (unit last stride); cos, sin [max_seq_len, D] (one float dtype and layout);
 //   position i32 [1]; x, norm_weight, w float; the caches and out of one float dtype. Everything is
-//   checked before any kernel writes, so a rejected call leaves the caches untouched. Returns {Hq,
-//   Hkv, D}.
-struct QkvRopeGeometry {
-  std::int64_t heads = 0, kv_heads = 0, dim = 0;
-};
-inline QkvRopeGeometry check_qkv_rope(const Tensor& x, const Tensor& norm_weight, float eps,
-                                      const Tensor& w, const Tensor& cos, const Tensor& sin,
-                                      const Tensor& position, const Tensor& k_cache,
-                                      const Tensor& v_cache, const Tensor& out, const char* op) {
+//   checked before any kernel writes, so a rejected call leaves the caches untouched; the
+//   aliasing rule too. Returns {Hq, Hkv, D}.
+inline RopeGeometry check_qkv_rope(const Tensor& x, const Tensor& norm_weight, float eps,
+                                   const Tensor& w, const Tensor& cos, const Tensor& sin,
+                                   const Tensor& position, const Tensor& k_cache,
+                                   const Tensor& v_cache, const Tensor& out, const char* op) {
   for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&x, "x"},
                                 {&norm_weight, "norm_weight"},
                                 {&w, "w"},
@@ -149,7 +213,7 @@ inline QkvRopeGeometry check_qkv_rope(const Tensor& x, const Tensor& norm_weight
                      ", got ", v_cache.describe());
   unit_last(k_cache, "k_cache");
   unit_last(v_cache, "v_cache");
-  QkvRopeGeometry g;
+  RopeGeometry g;
   g.kv_heads = k_cache.size(1);
   g.dim = k_cache.size(3);
   const std::int64_t n = w.size(0);
@@ -177,13 +241,14 @@ inline QkvRopeGeometry check_qkv_rope(const Tensor& x, const Tensor& norm_weight
     fail<DTypeError>(op, ": `cos` and `sin` must have one dtype, got ", dtype_name(cos.dtype()),
                      " and ", dtype_name(sin.dtype()));
   check_position(position, op);
+  check_qkv_rope_aliasing(x, norm_weight, w, cos, sin, position, k_cache, v_cache, out, op);
   return g;
 }
 
 // The operands of rms_norm_matmul_swiglu, on either backend (devices are the caller's): x
 // [..., M, K] (unit stride along K), norm_weight [K], w [2I, K] (unit stride along K; rows 0..I-1
 // the gate, I..2I-1 the up projection), out [..., M, I] (x's leading shape, unit last stride);
-// all float, eps finite and >= 0. Returns I.
+// all float, eps finite and >= 0; the aliasing rule. Returns I.
 inline std::int64_t check_swiglu(const Tensor& x, const Tensor& norm_weight, float eps,
                                  const Tensor& w, const Tensor& out, const char* op) {
   for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&x, "x"},
@@ -211,6 +276,7 @@ inline std::int64_t check_swiglu(const Tensor& x, const Tensor& norm_weight, flo
   if (out.shape() != out_shape)
     fail<ShapeError>(op, ": `out` must be ", dims_str(out_shape), " (x's rows, I = ", inter,
                      " columns), got ", dims_str(out.shape()));
+  check_norm_product_aliasing(x, norm_weight, "norm_weight", w, out, op);
   return inter;
 }
 

@@ -2,10 +2,12 @@
 #include "splice/core/tensor.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <sstream>
+#include <utility>
 
 #include "splice/core/error.h"
 
@@ -395,6 +397,130 @@ Tensor Tensor::to_device(Device device) const {
 
 std::string Tensor::describe() const {
   return std::string(dtype_name(dtype_)) + dims_str(shape_) + " on " + device().str();
+}
+
+namespace {
+
+// The byte offsets [lo, hi] (inclusive) from raw_data() that axes `first`.. of `t` reach.
+std::pair<std::int64_t, std::int64_t> byte_span(const Tensor& t, std::int64_t first) {
+  std::int64_t lo = 0, hi = 0;
+  for (std::int64_t d = first; d < t.dim(); ++d) {
+    const std::int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const auto width = static_cast<std::int64_t>(dtype_size(t.dtype()));
+  return {lo * width, hi * width + width - 1};
+}
+
+std::int64_t floor_div(std::int64_t a, std::int64_t b) {  // b > 0
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+}  // namespace
+
+bool share_memory(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0) return false;
+  // Signed byte offsets from a's first element: b's base sits at `shift`.
+  const std::int64_t shift =
+      static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(b.raw_data()) -
+                                reinterpret_cast<std::uintptr_t>(a.raw_data()));
+  const auto [a_lo, a_hi] = byte_span(a, 0);
+  const auto [b_lo, b_hi] = byte_span(b, 0);
+  if (a_hi < shift + b_lo || shift + b_hi < a_lo) return false;
+  // Two views that step through the same slots (one leading stride S in bytes, each slot's rest
+  // narrower than S: a page per slot holding one slot of each, e.g. KDA's conv_state and state)
+  // overlap exactly when slot i of a meets slot j of b for some k = j - i:
+  // [a0 + i S, a1 + i S] meets [b0 + j S, b1 + j S]  <=>  a0 - b1 <= k S <= a1 - b0.
+  const std::int64_t slot =
+      a.dim() > 0 ? a.stride(0) * static_cast<std::int64_t>(dtype_size(a.dtype())) : 0;
+  if (slot > 0 && a.size(0) > 1 && b.dim() > 0 && b.size(0) > 1 &&
+      b.stride(0) * static_cast<std::int64_t>(dtype_size(b.dtype())) == slot) {
+    const auto [a0, a1] = byte_span(a, 1);
+    auto [b0, b1] = byte_span(b, 1);
+    if (a1 - a0 < slot && b1 - b0 < slot) {
+      b0 += shift;
+      b1 += shift;
+      const std::int64_t k_min = -floor_div(b1 - a0, slot);  // ceil((a0 - b1) / S)
+      const std::int64_t k_max = floor_div(a1 - b0, slot);
+      return std::max(k_min, -(a.size(0) - 1)) <= std::min(k_max, b.size(0) - 1);
+    }
+  }
+  return true;  // byte ranges meet: conservatively shared
+}
+
+bool has_internal_overlap(const Tensor& t) {
+  // Fast path, one pass (every planned buffer and row-major view; kernels check each output per
+  // node and token): from the innermost axis out, each stride steps past what the inner axes span.
+  std::int64_t inner_span = 0;
+  bool row_major = true;
+  for (std::int64_t d = t.dim() - 1; d >= 0 && row_major; --d) {
+    if (t.size(d) == 0) return false;  // no element, no address to share
+    if (t.size(d) == 1) continue;
+    const std::int64_t stride = t.stride(d) < 0 ? -t.stride(d) : t.stride(d);
+    row_major = stride > inner_span;
+    inner_span += (t.size(d) - 1) * stride;
+  }
+  if (row_major || t.numel() == 0) return false;
+  constexpr int kMaxAxes = 16;
+  std::int64_t strides[kMaxAxes], sizes[kMaxAxes];
+  int axes = 0;
+  for (std::int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) <= 1) continue;        // an axis of one element steps nowhere
+    if (axes == kMaxAxes) return false;  // beyond any tensor a kernel takes
+    strides[axes] = t.stride(d) < 0 ? -t.stride(d) : t.stride(d);
+    sizes[axes] = t.size(d);
+    ++axes;
+  }
+  // Insertion sort by stride (a handful of axes); then each stride must exceed the span so far.
+  for (int i = 1; i < axes; ++i)
+    for (int j = i; j > 0 && strides[j] < strides[j - 1]; --j) {
+      std::swap(strides[j], strides[j - 1]);
+      std::swap(sizes[j], sizes[j - 1]);
+    }
+  std::int64_t span = 0;  // the largest offset the smaller-stride axes reach
+  for (int i = 0; i < axes; ++i) {
+    if (strides[i] <= span) return true;
+    span += (sizes[i] - 1) * strides[i];
+  }
+  return false;
+}
+
+void check_no_self_overlap(const Tensor& t, const char* name) {
+  if (has_internal_overlap(t))
+    fail<LayoutError>("`", name, "` ", t.describe(),
+                      " has elements that share an address (a stride-0 or interleaved axis); "
+                      "an output needs one address per element");
+}
+
+void check_no_overlap(const Tensor& out, const char* out_name, const Tensor& in,
+                      const char* in_name, bool allow_identical) {
+  // Addresses, not Storage objects: two borrowed views of one buffer have different Storage.
+  if (allow_identical && out.raw_data() == in.raw_data() && out.shape() == in.shape() &&
+      out.strides() == in.strides() && out.dtype() == in.dtype())
+    return;
+  if (!share_memory(out, in)) return;
+  fail<LayoutError>("`", out_name, "` ", out.describe(), " overlaps `", in_name, "` ",
+                    in.describe(), " in memory",
+                    allow_identical ? " (only an identical view may be updated in place)" : "");
+}
+
+void check_output_aliasing(std::initializer_list<AliasOutput> outputs,
+                           std::initializer_list<AliasInput> inputs, const char* op) {
+  try {
+    for (const AliasOutput* o = outputs.begin(); o != outputs.end(); ++o) {
+      check_no_self_overlap(o->tensor, o->name);
+      for (const AliasOutput* other = o + 1; other != outputs.end(); ++other)
+        if (share_memory(o->tensor, other->tensor))
+          fail<LayoutError>("`", o->name, "` and `", other->name,
+                            "` must not overlap in memory, got ", o->tensor.describe(), " and ",
+                            other->tensor.describe());
+      for (const AliasInput& in : inputs)
+        check_no_overlap(o->tensor, o->name, in.tensor, in.name, in.in_place);
+    }
+  } catch (const LayoutError& e) {
+    if (op == nullptr) throw;
+    fail<LayoutError>(op, ": ", e.what());
+  }
 }
 
 void check_defined(const Tensor& t, const char* name) {

@@ -7,7 +7,8 @@
 //     head_dim, q_len <= max_sq, group size <= max_group, and every feature the call uses.
 //  3. Shapes, dtypes and layouts: q [B, Hq, Sq, D]; k, v [B, Hkv, capacity, D] of q's dtype with
 //     Hq % Hkv == 0; k_len int32 [B] or [1]; alibi f32 [Hq]; out [B, Hq, Sq, D] of q's dtype;
-//     lse f32 [B, Hq, Sq]; q/k/v/out have a unit last stride (other strides are free).
+//     lse f32 [B, Hq, Sq]; q/k/v/out have a unit last stride (other strides are free); out and
+//     lse share no memory with an input or each other (flash_decode_checks.h).
 //  4. Options: windows >= 0, softcap > 0 and finite, softmax_scale finite, num_splits >= 0.
 //  5. Value contract 0 <= k_len[b] <= capacity: always on the CPU; on CUDA only with
 //     options.validate (it reads k_len back, a device sync).
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/flash_decode_checks.h"
 #include "splice/backend/cpu/flash_decode.h"
 #include "splice/core/error.h"
 
@@ -214,6 +216,7 @@ Tensor decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
     check_dtype(*lse, "lse", {DType::f32});
     check_shape(*lse, "lse", lse_shape);
   }
+  flash_decode_checks::check_aliasing(q, k, v, k_len, alibi, out, lse);  // out may be undefined
 
   // Stage 4: options.
   if (!std::isfinite(options.softmax_scale))

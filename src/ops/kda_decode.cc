@@ -4,8 +4,9 @@
 // Stages of a call:
 //   1. Structural checks, in argument order: every tensor's presence, dtype, rank, shape, strides
 //      and device; the scalars (lower_bound finite and < 0, norm_eps finite and >= 0); the mode
-//      (t1_state_indices only with T == 1). Each failure is a typed error naming the argument,
-//      the value seen and what is allowed.
+//      (t1_state_indices only with T == 1); the caches and the output share no memory with each
+//      other or an input. Each failure is a typed error naming the argument, the value seen and
+//      what is allowed.
 //   2. Normalized views into one KdaDecodeArgs: raw_gate [1,R,H,D] -> [R,H,D], raw_beta
 //      [1,R,H] -> [R,H], output_gate [1,R,H,D] -> [R,H,D], output [1,R,H,D] -> [R,H,D],
 //      A_log/dt_bias/norm_weight -> 1-D.
@@ -301,6 +302,24 @@ KdaDecodeArgs build_args(const ArgInputs& in, bool plain) {
     in.output = Tensor::empty(out_shape, DType::bf16, in.x.device());
   }
   a.output = in.output.select(0, 0);
+
+  // Aliasing: the caches and the output are written (the caches in place, slot by slot), so
+  // they share no memory with each other or with any input.
+  static const Tensor kNone;  // an absent optional tensor: skipped
+  const auto given = [](const Tensor* t) -> const Tensor& { return t ? *t : kNone; };
+  check_output_aliasing({{in.conv_state, "conv_state"}, {in.state, "state"}, {in.output, "output"}},
+                        {{in.x, "x"},
+                         {in.weight, "weight"},
+                         {in.raw_gate, "raw_gate"},
+                         {in.raw_beta, "raw_beta"},
+                         {in.A_log, "A_log"},
+                         {in.dt_bias, "dt_bias"},
+                         {in.state_indices, "state_indices"},
+                         {in.output_gate, "output_gate"},
+                         {in.norm_weight, "norm_weight"},
+                         {given(in.query_start_loc), "query_start_loc"},
+                         {given(in.num_accepted_tokens), "num_accepted_tokens"},
+                         {given(in.t1_state_indices), "t1_state_indices"}});
   return a;
 }
 

@@ -25,7 +25,8 @@
 //      wait): bitwise the plain kernel over the grid's features, and the rows [k_len - q_len,
 //      k_len) written by write_at launches just before, or by a late copy 50 us after the launch
 //      started (tests/support/late_copy.h), are the ones read, never their old NaN. Without the
-//      promise, a late copy of k_len (from a stale length) and the new rows is what the kernel sees.
+//      promise, a late copy of k_len (from a stale length) and the new rows is what the kernel
+//      sees.
 //   8. Bad arguments raise the typed errors that name them.
 #include "splice/backend/cuda/flash_decode.h"
 
@@ -1020,8 +1021,8 @@ TEST(FlashDecodeCuda, ClusterMergeGraphReplayAndBackToBack) {
 TEST(FlashDecodeCuda, ClusterMergeWideLongRanges) {
   SKIP_WITHOUT_GPU();
   for (const std::int32_t capacity : {16384, 4096}) {
-    const auto plan =
-        cuda::plan_flash_decode(1, 32, 8, 1, 128, capacity, capacity, cuda::current_device_facts().sm_count);
+    const auto plan = cuda::plan_flash_decode(1, 32, 8, 1, 128, capacity, capacity,
+                                              cuda::current_device_facts().sm_count);
     EXPECT_EQ(plan.cluster, plan.num_splits);
     Case c;
     c.num_qo_heads = 32;
@@ -1034,7 +1035,8 @@ TEST(FlashDecodeCuda, ClusterMergeWideLongRanges) {
       check_graph_replay(c, {{4096}, {2500}, {300}, {1}, {0}, {4095}, {1100}}, 1321);
   }
   // head_dim 64 at capacity 8K: the same clusters, triggering right after the wait.
-  const auto d64 = cuda::plan_flash_decode(1, 32, 8, 1, 64, 8192, 8192, cuda::current_device_facts().sm_count);
+  const auto d64 =
+      cuda::plan_flash_decode(1, 32, 8, 1, 64, 8192, 8192, cuda::current_device_facts().sm_count);
   EXPECT_EQ(d64.cluster, d64.num_splits);
   Case c;
   c.num_qo_heads = 32;
@@ -1353,6 +1355,41 @@ TEST(FlashDecodeCuda, PlainKernelReadsKLenAfterItsWait) {
       }
     }
   }
+}
+
+// The aliasing rule (backend/flash_decode_checks.h) on the launcher a session calls: out inside
+// the KV cache, out over q, lse over out, an expanded out; refused before the launch, the cache's
+// bytes unchanged.
+TEST(FlashDecodeCuda, OutputsThatShareMemoryAreRefused) {
+  SKIP_WITHOUT_GPU();
+  const Device gpu = Device::cuda();
+  Rng rng(23);
+  const Tensor q = testing::upload(testing::random_tensor(rng, {1, 4, 1, 128}, DType::bf16));
+  const Tensor k_host = testing::random_tensor(rng, {1, 1, 64, 128}, DType::bf16);
+  Tensor k = testing::upload(k_host);
+  Tensor k_len_host = Tensor::empty({1}, DType::i32);
+  k_len_host.data<std::int32_t>()[0] = 64;
+  const Tensor k_len = testing::upload(k_len_host);
+  const DecodeAttentionOptions options;
+  const auto refused = [&](Tensor& out, Tensor* lse, const std::string& needle) {
+    try {
+      cuda::flash_decode(q, k, k, k_len, nullptr, options, out, lse);
+      ADD_FAILURE() << needle << ": accepted";
+    } catch (const LayoutError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  Tensor out_in_k = k.slice(2, 8, 12).permute({0, 2, 1, 3});  // [1, 4, 1, 128]: rows 8-11 of k
+  refused(out_in_k, nullptr, "overlaps `k`");
+  Tensor out_is_q = q;
+  refused(out_is_q, nullptr, "overlaps `q`");
+  Tensor expanded = Tensor::empty({1, 1, 1, 128}, DType::bf16, gpu).expand({1, 4, 1, 128});
+  refused(expanded, nullptr, "share an address");
+  Tensor out = Tensor::empty({1, 4, 1, 128}, DType::bf16, gpu);
+  Tensor lse_over_out = Tensor::view_of(out.storage(), 0, {1, 4, 1}, {4, 1, 1}, DType::f32);
+  refused(out, &lse_over_out, "`out` and `lse` must not overlap");
+  cuda::synchronize();
+  EXPECT_TRUE(testing::bit_equal(testing::download(k), k_host));
 }
 
 TEST(FlashDecodeCuda, BadArgumentsRaiseTypedErrors) {

@@ -254,5 +254,43 @@ TEST(LayerOpsCuda, ArgumentErrors) {
   EXPECT_THROW(cuda::rope(x, cos, cos, upload(Tensor::zeros({1}, DType::i64)), out), DTypeError);
 }
 
+// The layer ops' aliasing rule (backend/layer_op_checks.h) on CUDA, as on the CPU: an expanded
+// out, an out overlapping an input other than as the identical view of one read elementwise, an
+// out over a table or a weight; refused before any launch. In place stays allowed.
+TEST(LayerOpsCuda, OutputsThatShareMemoryAreRefused) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(19);
+  const Tensor host_buf = normal(rng, {6, 8}, DType::bf16, Layout::contiguous);
+  Tensor buf = upload(host_buf);  // [6, 8]
+  Tensor x = buf.slice(0, 0, 2), shifted = buf.slice(0, 1, 3), spare = buf.slice(0, 4, 6);
+  const Tensor weight = upload(normal(rng, {8}, DType::bf16, Layout::contiguous));
+  Tensor expanded = buf.slice(0, 5, 6).expand({2, 8});
+  const auto refused = [](const std::function<void()>& call, const std::string& needle) {
+    try {
+      call();
+      ADD_FAILURE() << needle << ": accepted";
+    } catch (const LayoutError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { cuda::rms_norm(x, weight, kEps, shifted); }, "only an identical view");
+  refused([&] { cuda::rms_norm(x, weight, kEps, expanded); }, "share an address");
+  refused([&] { cuda::silu_mul(x, spare, shifted); }, "overlaps `a`");
+  const Tensor cos = upload(normal(rng, {4, 8}, DType::f32, Layout::contiguous));
+  const Tensor position = upload(Tensor::zeros({1}, DType::i32));
+  Tensor out_over_cos = Tensor::view_of(cos.storage(), 0, {2, 8}, {8, 1}, DType::bf16);
+  refused([&] { cuda::rope(x, cos, cos, position, out_over_cos); }, "overlaps `cos`");
+  const Tensor w = upload(normal(rng, {4, 8}, DType::bf16, Layout::contiguous));
+  Tensor product_over_w = w.slice(0, 0, 2).slice(1, 0, 4);  // [2, 4] inside w
+  refused([&] { cuda::rms_norm_matmul(x, weight, kEps, w, product_over_w); }, "overlaps `w`");
+  cuda::synchronize();
+  EXPECT_TRUE(testing::bit_equal(testing::download(buf), host_buf));
+  // rms_norm in place on x's identical view equals the out-of-place result.
+  Tensor expected = Tensor::empty({2, 8}, DType::bf16, Device::cuda());
+  cuda::rms_norm(x, weight, kEps, expected);
+  cuda::rms_norm(x, weight, kEps, x);
+  EXPECT_TRUE(testing::bit_equal(testing::download(x), testing::download(expected)));
+}
+
 }  // namespace
 }  // namespace splice

@@ -466,5 +466,61 @@ TEST(CudaPrimitives, BadCallsRaiseTypedErrors) {
   }
 }
 
+// Outputs that share memory are refused before any launch, by the checks the CPU backend runs
+// (splice::check_no_self_overlap / check_no_overlap): an expanded out, an out overlapping an input
+// anywhere but as its identical view, a reduce whose out starts inside its input, a write_at
+// whose value meets its window (or, with a device offset, lies anywhere in the state). The
+// identical view still updates in place.
+TEST(CudaPrimitives, OutputsThatShareMemoryAreRefusedAsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(10);
+  const Tensor host_buf = normal(rng, {8, 16}, DType::f32);
+  Tensor buf = upload(host_buf);                                  // [8, 16]
+  Tensor top = buf.slice(0, 0, 4), shifted = buf.slice(0, 1, 5);  // [4, 16]: rows 0-3, 1-4
+  Tensor expanded = buf.slice(0, 6, 7).expand({4, 16});           // row 6 four times
+  const auto refused = [](const std::function<void()>& call, const std::string& needle) {
+    try {
+      call();
+      ADD_FAILURE() << needle << ": accepted";
+    } catch (const LayoutError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { cuda::unary(UnaryKind::exp, top, shifted); }, "overlaps `in`");
+  refused([&] { cuda::unary(UnaryKind::exp, top, expanded); }, "share an address");
+  refused([&] { cuda::binary(BinaryKind::add, top, top, shifted); }, "overlaps `a`");
+  refused([&] { cuda::cast(top, shifted); }, "overlaps `in`");
+  refused([&] { cuda::softmax(top, 1, shifted); }, "overlaps `in`");
+  Tensor sums = buf.select(0, 0).slice(0, 0, 4);  // [4]: the first floats of row 0
+  refused([&] { cuda::reduce(ReduceKind::sum, top, 1, false, sums); }, "overlaps `in`");
+  const Tensor b = upload(normal(rng, {16, 4}, DType::f32));
+  Tensor product_in_a = top.slice(1, 0, 4);  // [4, 4] inside a's rows
+  refused([&] { cuda::matmul(top, b, product_in_a); }, "overlaps `a`");
+  Tensor gathered = buf.slice(0, 6, 8);  // [2, 16]
+  const Tensor indices = upload(integers(rng, {2}, DType::i32, 0, 8));
+  refused([&] { cuda::gather(buf, indices, gathered); }, "overlaps `table`");
+  Tensor joined = buf.slice(0, 2, 6);  // [4, 16]
+  refused(
+      [&] {
+        cuda::concat({buf.slice(0, 0, 2), buf.slice(0, 6, 8)}, 0, joined);
+      },
+      "overlaps `inputs[0]`");
+  Tensor offset_host = Tensor::empty({1}, DType::i32);
+  offset_host.data<std::int32_t>()[0] = 2;
+  const Tensor offset = upload(offset_host);
+  refused([&] { cuda::write_at(buf, buf.slice(0, 7, 8), 0, offset); }, "overlaps `value`");
+  // Host offset: a value straddling rows 2 and 3 overlaps the window (row 2) it is written to.
+  const Tensor straddling =
+      Tensor::view_of(buf.storage(), buf.offset() + 40, {1, 16}, {16, 1}, DType::f32);
+  refused([&] { cuda::write_at(buf, straddling, 0, 2); }, "`state window`");
+  cuda::synchronize();
+  EXPECT_TRUE(testing::bit_equal(download(buf), host_buf));
+  // In place on the identical view: allowed, and the same as out of place.
+  cuda::unary(UnaryKind::neg, top, top);
+  Tensor negated = Tensor::empty({4, 16}, DType::f32);
+  cpu::unary(UnaryKind::neg, host_buf.slice(0, 0, 4), negated);
+  EXPECT_TRUE(testing::bit_equal(download(top), negated));
+}
+
 }  // namespace
 }  // namespace splice

@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -828,6 +829,48 @@ TEST(DecodeAttentionValidation, Options) {
     expect_error<ValueError>([bad](ValidCall& c) { c.options.softmax_scale = bad; },
                              "softmax_scale");
   expect_error<ValueError>([](ValidCall& c) { c.options.num_splits = -1; }, "num_splits");
+}
+
+TEST(DecodeAttentionValidation, OutputsShareNoMemoryWithInputsOrEachOther) {
+  // out [2, 4, 1, 64] bf16 (512 elements) as a view into another tensor's storage.
+  const auto out_inside = [](const Tensor& t) {
+    return Tensor::view_of(t.storage(), t.offset(), {2, 4, 1, 64}, {256, 64, 64, 1}, DType::bf16);
+  };
+  expect_error<LayoutError>([&](ValidCall& c) { c.out = c.q; }, "overlaps `q`");
+  expect_error<LayoutError>([&](ValidCall& c) { c.out = out_inside(c.k); }, "overlaps `k`");
+  expect_error<LayoutError>([&](ValidCall& c) { c.out = out_inside(c.v); }, "overlaps `v`");
+  expect_error<LayoutError>(
+      [](ValidCall& c) {
+        c.with_alibi = true;
+        c.out = Tensor::empty({2, 4, 1, 64}, DType::bf16);
+        c.alibi = Tensor::view_of(c.out.storage(), 0, {4}, {1}, DType::f32);
+      },
+      "overlaps `alibi`");
+  expect_error<LayoutError>(
+      [](ValidCall& c) {
+        c.with_lse = true;
+        c.out = Tensor::empty({2, 4, 1, 64}, DType::bf16);
+        c.lse = Tensor::view_of(c.out.storage(), 16, {2, 4, 1}, {4, 1, 1}, DType::f32);
+      },
+      "`out` and `lse` must not overlap");
+  expect_error<LayoutError>(
+      [](ValidCall& c) {
+        c.out = Tensor::empty({1, 4, 1, 64}, DType::bf16).expand({2, 4, 1, 64});
+      },
+      "share an address");
+  expect_error<LayoutError>(
+      [](ValidCall& c) {
+        c.with_lse = true;
+        c.lse = Tensor::empty({2, 1, 1}, DType::f32).expand({2, 4, 1});
+      },
+      "`lse`");
+  // A refused call writes nothing: the cache the output pointed into keeps its bytes.
+  ValidCall call;
+  const auto* k_bytes = static_cast<const unsigned char*>(call.k.raw_data());
+  const std::vector<unsigned char> before(k_bytes, k_bytes + call.k.nbytes());
+  call.out = out_inside(call.k);
+  EXPECT_THROW(call.run(), LayoutError);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), k_bytes));
 }
 
 TEST(DecodeAttentionValidation, AllocatesOutputsWhenUndefined) {

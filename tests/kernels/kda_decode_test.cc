@@ -1504,6 +1504,53 @@ TEST(KdaDecodeValidation, SlotSharingContracts) {
   }
 }
 
+TEST(KdaDecodeValidation, CachesAndOutputShareNoMemory) {
+  // The caches are written in place and the output once, so none of the three may share a byte
+  // with another or with an input (the shared-page layout, whose slots interleave without
+  // meeting, runs in the grid test). Each refusal leaves the caches' bytes as they were.
+  const Meta m = validation_meta();
+  Problem p = make_problem(31, 1, m, DType::f32);
+  const std::int64_t R = p.R, C3 = 3 * kD;
+  using CA = CallArgs;
+  const auto bf16_rows = [](const Tensor& t, const Dims& shape) {  // a view at t's first byte
+    return Tensor::view_of(t.storage(), 0, shape, Tensor::contiguous_strides(shape), DType::bf16);
+  };
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.output = bf16_rows(c.state, {1, R, 1, kD});
+      },
+      {"`state` and `output` must not overlap"}, "output inside state");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.output = bf16_rows(c.conv_state, {1, R, 1, kD});
+      },
+      {"`conv_state` and `output` must not overlap"}, "output inside conv_state");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.conv_state = Tensor::view_of(c.state.storage(), 0, c.conv_state.shape(),
+                                       {C3 * (m.T + 2), 1, C3}, DType::bf16);
+      },
+      {"`conv_state` and `state` must not overlap"}, "conv_state inside state");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.x = bf16_rows(c.conv_state, {R, C3});
+      },
+      {"`conv_state`", "overlaps `x`"}, "x inside conv_state");
+  expect_error<LayoutError>(
+      p,
+      [&](CA& c) {
+        c.output = c.output_gate.reshape({1, R, 1, kD});
+      },
+      {"`output`", "overlaps `output_gate`"}, "output is output_gate");
+  expect_error<LayoutError>(
+      p, [&](CA& c) { c.A_log = Tensor::view_of(c.state.storage(), 0, {1}, {1}, DType::f32); },
+      {"`state`", "overlaps `A_log`"}, "A_log inside state");
+}
+
 TEST(KdaDecodeValidation, NoCudaBackendIsADeviceError) {
 #ifndef SPLICE_WITH_CUDA
   Meta m = t1_meta();

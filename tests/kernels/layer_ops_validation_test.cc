@@ -175,7 +175,6 @@ int run_strict(const OpTable<Args>& table) {
   return count;
 }
 
-
 // ---- argument builders --------------------------------------------------------------------------
 
 Tensor random(Rng& rng, const Dims& shape, DType dtype = DType::bf16) {
@@ -456,6 +455,12 @@ OpTable<RopeArgs> rope_table() {
        Want::dtype,
        {"`out`", "f16"},
        [](A& a) { a.out = as(a.out, DType::f16); }},
+      {"out over the cos table",
+       Want::layout,
+       {"`out`", "overlaps `cos`"},
+       [](A& a) {
+         a.out = Tensor::view_of(a.cos.storage(), 0, {2, 3, 8}, {24, 8, 1}, DType::bf16);
+       }},
       {"x a scalar",
        Want::shape,
        {"`x`", "scalar"},
@@ -685,6 +690,14 @@ OpTable<RopeKvAppendArgs> rope_kv_append_table() {
        Want::layout,
        {"`out`", "[32, 16, 16, 2]"},
        [](A& a) { a.out = every_other(a.out); }},
+      {"k_cache last stride 2",
+       Want::layout,
+       {"`k_cache`", "[112, 112, 16, 2]"},
+       [](A& a) { a.k_cache = every_other(a.k_cache); }},
+      {"v_cache last stride 2",
+       Want::layout,
+       {"`v_cache`", "[112, 112, 16, 2]"},
+       [](A& a) { a.v_cache = every_other(a.v_cache); }},
       {"k_cache with a stride-0 batch axis",
        Want::layout,
        {"`k_cache`"},
@@ -932,6 +945,16 @@ OpTable<QkvRopeArgs> qkv_rope_table() {
        Want::layout,
        {"`k_cache`", "`v_cache`"},
        [](A& a) { a.v_cache = a.k_cache; }},
+      {"x inside k_cache",
+       Want::layout,
+       {"`k_cache`", "overlaps `x`"},
+       [](A& a) {
+         a.x = view_into(a.k_cache, 0, {2, 1, 16});
+       }},
+      {"norm_weight inside v_cache",
+       Want::layout,
+       {"`v_cache`", "overlaps `norm_weight`"},
+       [](A& a) { a.norm_weight = view_into(a.v_cache, 0, {16}); }},
       {"norm_weight undefined",
        Want::value,
        {"`norm_weight`", "not given"},

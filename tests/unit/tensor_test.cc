@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+
 #include "splice/core/error.h"
 #include "splice/core/random.h"
 #include "splice/core/tolerance.h"
@@ -152,6 +155,105 @@ TEST(Tensor, ErrorsNameTheArgument) {
   EXPECT_THROW(Tensor::empty({0, 1LL << 40, 1LL << 40}, DType::f32),
                ShapeError);  // overflows int64
   EXPECT_THROW(Tensor::empty({1LL << 62, 4}, DType::f32), ShapeError);
+}
+
+// ---- aliasing: share_memory, has_internal_overlap, check_output_aliasing ----------------------
+
+TEST(TensorAliasing, ShareMemoryComparesAddressesNotStorages) {
+  Tensor buffer = Tensor::empty({64}, DType::f32);
+  const Tensor left = buffer.slice(0, 0, 32), right = buffer.slice(0, 32, 64);
+  EXPECT_FALSE(share_memory(left, right));
+  EXPECT_TRUE(share_memory(left, buffer.slice(0, 31, 33)));  // one element in common
+  // A borrowed view of the same bytes is another Storage object: still shared.
+  const Tensor borrowed = Tensor::borrow(buffer.data<float>() + 16, {8}, DType::f32);
+  EXPECT_TRUE(share_memory(left, borrowed));
+  EXPECT_FALSE(share_memory(right, borrowed));
+  // Byte ranges, whatever the dtypes: a bf16 view over the last byte pair of element 31.
+  const Tensor halves = Tensor::view_of(buffer.storage(), 63, {1}, {1}, DType::bf16);
+  EXPECT_TRUE(share_memory(left, halves));
+  EXPECT_FALSE(share_memory(right, halves));
+  // Empty and undefined tensors hold no byte; negative strides span backwards.
+  EXPECT_FALSE(share_memory(left, buffer.slice(0, 8, 8)));
+  EXPECT_FALSE(share_memory(left, Tensor()));
+  const Tensor reversed = Tensor::view_of(buffer.storage(), 40, {9}, {-1}, DType::f32);  // 40..32
+  EXPECT_TRUE(share_memory(reversed, right));
+  EXPECT_FALSE(share_memory(reversed, left));
+}
+
+TEST(TensorAliasing, SlotInterleavedViewsShareMemoryOnlyWhereTheirSlotsMeet) {
+  // One page of 10 f32 per slot, 4 slots: [a: 4 | b: 6]. a and b's byte ranges meet, their
+  // elements do not (KDA's conv_state and state in one allocation, spec kda_decode.md §6).
+  Tensor pages = Tensor::empty({40}, DType::f32);
+  const auto view = [&](std::int64_t offset, std::int64_t n, std::int64_t slots,
+                        std::int64_t stride) {
+    return Tensor::view_of(pages.storage(), offset, {slots, n}, {stride, 1}, DType::f32);
+  };
+  EXPECT_FALSE(share_memory(view(0, 4, 4, 10), view(4, 6, 4, 10)));
+  EXPECT_FALSE(share_memory(view(4, 6, 4, 10), view(0, 4, 4, 10)));
+  EXPECT_TRUE(share_memory(view(0, 5, 4, 10), view(4, 6, 4, 10)));  // element 4 of each page
+  EXPECT_TRUE(share_memory(view(0, 4, 4, 10), view(3, 6, 4, 10)));
+  // Shifted by a whole page, b's slot j meets a's slot j + 1.
+  EXPECT_TRUE(share_memory(view(0, 4, 4, 10), view(10, 6, 3, 10)));
+  EXPECT_FALSE(share_memory(view(0, 4, 2, 10), view(24, 6, 1, 10)));  // ranges apart
+  // Disjoint elements at different strides (0..1, 10..11, .. and 4..5, 13..14, ..): the
+  // conservative range answer.
+  EXPECT_TRUE(share_memory(view(0, 2, 4, 10), view(4, 2, 4, 9)));
+  // The same in bytes across dtypes: bf16 pages of 20 halves.
+  const Tensor halves = Tensor::view_of(pages.storage(), 8, {4, 12}, {20, 1}, DType::bf16);
+  EXPECT_FALSE(share_memory(view(0, 4, 4, 10), halves));
+  EXPECT_TRUE(share_memory(view(0, 5, 4, 10), halves));
+}
+
+TEST(TensorAliasing, InternalOverlapIsAStrideZeroOrInterleavedAxis) {
+  Tensor base = Tensor::empty({4, 6}, DType::f32);
+  EXPECT_FALSE(has_internal_overlap(base));
+  EXPECT_FALSE(has_internal_overlap(base.permute({1, 0})));
+  EXPECT_FALSE(has_internal_overlap(base.slice(1, 0, 3)));
+  EXPECT_FALSE(has_internal_overlap(Tensor::empty({1, 6}, DType::f32).expand({1, 6})));
+  EXPECT_TRUE(has_internal_overlap(Tensor::empty({1, 6}, DType::f32).expand({3, 6})));
+  EXPECT_TRUE(has_internal_overlap(Tensor::view_of(base.storage(), 0, {3, 4}, {2, 1}, DType::f32)));
+  EXPECT_FALSE(
+      has_internal_overlap(Tensor::view_of(base.storage(), 0, {3, 2}, {1, 3}, DType::f32)));
+  EXPECT_FALSE(has_internal_overlap(Tensor::empty({0, 6}, DType::f32).expand({0, 6})));
+  EXPECT_THROW(check_no_self_overlap(Tensor::empty({1, 6}, DType::f32).expand({3, 6}), "out"),
+               LayoutError);
+}
+
+TEST(TensorAliasing, OutputAliasingNamesBothTensors) {
+  Tensor buffer = Tensor::empty({64}, DType::f32);
+  const Tensor x = buffer.slice(0, 0, 16), y = buffer.slice(0, 16, 32);
+  const Tensor out = buffer.slice(0, 32, 48), cache = buffer.slice(0, 48, 64);
+  const auto message = [](const std::function<void()>& call) -> std::string {
+    try {
+      call();
+    } catch (const LayoutError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(message([&] {
+              check_output_aliasing({{out, "out"}, {cache, "cache"}}, {{x, "x"}});
+            }),
+            "");
+  // The identical view of an in-place input passes; any other overlap names both tensors.
+  EXPECT_EQ(message([&] { check_output_aliasing({{x, "out"}}, {{x, "x", true}}); }), "");
+  std::string m = message([&] { check_output_aliasing({{x, "out"}}, {{x, "x"}}); });
+  EXPECT_NE(m.find("`out`"), std::string::npos) << m;
+  EXPECT_NE(m.find("overlaps `x`"), std::string::npos) << m;
+  m = message([&] { check_output_aliasing({{buffer.slice(0, 1, 17), "out"}}, {{x, "x", true}}); });
+  EXPECT_NE(m.find("only an identical view"), std::string::npos) << m;
+  m = message([&] { check_output_aliasing({{out, "k_cache"}, {out, "v_cache"}}, {}, "op"); });
+  EXPECT_EQ(m.rfind("op: `k_cache` and `v_cache` must not overlap", 0), 0u) << m;
+  m = message([&] {
+    check_output_aliasing({{Tensor::empty({1}, DType::f32).expand({4}), "lse"}}, {{y, "y"}});
+  });
+  EXPECT_NE(m.find("`lse`"), std::string::npos) << m;
+  EXPECT_NE(m.find("share an address"), std::string::npos) << m;
+  // Absent (undefined) tensors are skipped.
+  EXPECT_EQ(message([&] {
+              check_output_aliasing({{Tensor(), "lse"}, {out, "out"}}, {{Tensor(), "alibi"}});
+            }),
+            "");
 }
 
 TEST(Tensor, CompareReportsWorstIndex) {

@@ -195,4 +195,39 @@ void check_shape(const Tensor& t, const char* name, const Dims& expected);
 void check_contiguous(const Tensor& t, const char* name);
 void check_defined(const Tensor& t, const char* name);
 
+// Aliasing, by addresses (views of one buffer from different Storage objects count too; any
+// strides; empty and undefined tensors hold no address).
+// Whether `a` and `b` may share a byte: their byte ranges meet, and, for two views stepping
+// through slots of one leading stride (a page per slot holding one slot of each), some slot of
+// one meets a slot of the other. Other interleavings that share no element count as shared.
+bool share_memory(const Tensor& a, const Tensor& b);
+// Whether two elements of `t` share an address: a stride-0 axis of more than one element (an
+// expanded view) or axes whose strides interleave. Conservative, like PyTorch's internal-overlap
+// check: axes sorted by stride must each step past everything the smaller ones span.
+bool has_internal_overlap(const Tensor& t);
+// LayoutError naming `name` when `t`, an output, has internal overlap: a kernel writing it from
+// several rows or threads would race on the shared addresses.
+void check_no_self_overlap(const Tensor& t, const char* name);
+// LayoutError naming both when the output `out` shares memory with the input `in`, unless
+// `allow_identical` and the two are the very same view (first address, shape, strides and dtype:
+// an in-place elementwise update).
+void check_no_overlap(const Tensor& out, const char* out_name, const Tensor& in,
+                      const char* in_name, bool allow_identical);
+// The aliasing rule of a kernel call, checked before anything is written: each output has one
+// address per element (check_no_self_overlap), the outputs share no memory with each other, and
+// no output shares memory with an input except the identical view of an input marked `in_place`
+// (one the op reads elementwise). Undefined tensors are skipped. LayoutError naming both tensors;
+// `op`, when given, prefixes the messages.
+struct AliasOutput {
+  const Tensor& tensor;
+  const char* name;
+};
+struct AliasInput {
+  const Tensor& tensor;
+  const char* name;
+  bool in_place = false;  // the identical view may be written
+};
+void check_output_aliasing(std::initializer_list<AliasOutput> outputs,
+                           std::initializer_list<AliasInput> inputs, const char* op = nullptr);
+
 }  // namespace splice

@@ -170,7 +170,7 @@ Loop<N> broadcast_loop(const Tensor& out, const std::array<const Tensor*, N - 1>
     name_list.push_back(names[i]);
   }
   detail::check_cpu(out, "out");
-  for (int i = 0; i < N - 1; ++i) detail::check_no_overlap(out, "out", *inputs[i], names[i], true);
+  for (int i = 0; i < N - 1; ++i) check_no_overlap(out, "out", *inputs[i], names[i], true);
   const Dims shape = detail::broadcast_shapes(shapes, name_list);
   detail::check_out_shape_lazy(out, shape, [&] {
     std::string why = "the broadcast of";
@@ -270,7 +270,7 @@ void unary(UnaryKind kind, const Tensor& in, Tensor& out) {
   check_dtype(in, "in", kFloatTypes);
   check_dtype(out, "out", kFloatTypes);
   detail::check_out_shape(out, in.shape(), "the shape of `in`");
-  detail::check_no_overlap(out, "out", in, "in", true);
+  check_no_overlap(out, "out", in, "in", true);
   const Loop<2> loop = make_loop<2>(out.shape(), {out.strides(), in.strides()});
   const Operand o(out), x(in);
   const std::int64_t so = loop.inner_stride(0), sx = loop.inner_stride(1);
@@ -342,7 +342,7 @@ void cast(const Tensor& in, Tensor& out) {
   detail::check_cpu(in, "in");
   detail::check_cpu(out, "out");
   detail::check_out_shape(out, in.shape(), "the shape of `in`");
-  detail::check_no_overlap(out, "out", in, "in", true);
+  check_no_overlap(out, "out", in, "in", true);
   detail::copy_broadcast(in, out, "in");
 }
 

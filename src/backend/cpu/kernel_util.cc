@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "backend/cpu/parallel.h"
-#include "backend/layer_op_checks.h"
 
 namespace splice::cpu::detail {
 
@@ -78,58 +77,6 @@ void check_cpu(const Tensor& t, const char* name) {
   check_defined(t, name);
   if (!t.device().is_cpu())
     fail<DeviceError>("`", name, "` must be a cpu tensor, got ", t.describe());
-}
-
-void check_no_self_overlap(const Tensor& t, const char* name) {
-  // Fast path, one pass (every planned buffer and row-major view; kernels call this per node and
-  // token): from the innermost axis out, each stride steps past what the inner axes span.
-  std::int64_t inner_span = 0;
-  bool row_major = true;
-  for (std::int64_t d = t.dim() - 1; d >= 0 && row_major; --d) {
-    if (t.size(d) == 0) return;  // no element, no address to share
-    if (t.size(d) == 1) continue;
-    const std::int64_t stride = t.stride(d) < 0 ? -t.stride(d) : t.stride(d);
-    row_major = stride > inner_span;
-    inner_span += (t.size(d) - 1) * stride;
-  }
-  if (row_major) return;
-  if (t.numel() == 0) return;
-  constexpr int kMaxAxes = 16;
-  std::int64_t strides[kMaxAxes], sizes[kMaxAxes];
-  int axes = 0;
-  for (std::int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) <= 1) continue;  // an axis of one element steps nowhere
-    if (axes == kMaxAxes) return;  // beyond any tensor the kernels take
-    strides[axes] = t.stride(d) < 0 ? -t.stride(d) : t.stride(d);
-    sizes[axes] = t.size(d);
-    ++axes;
-  }
-  // Insertion sort by stride (a handful of axes); then each stride must exceed the span so far.
-  for (int i = 1; i < axes; ++i)
-    for (int j = i; j > 0 && strides[j] < strides[j - 1]; --j) {
-      std::swap(strides[j], strides[j - 1]);
-      std::swap(sizes[j], sizes[j - 1]);
-    }
-  std::int64_t span = 0;  // the largest offset the smaller-stride axes reach
-  for (int i = 0; i < axes; ++i) {
-    if (strides[i] <= span)
-      fail<LayoutError>("`", name, "` ", t.describe(),
-                        " has elements that share an address (a stride-0 or interleaved axis); "
-                        "an output needs one address per element");
-    span += (sizes[i] - 1) * strides[i];
-  }
-}
-
-void check_no_overlap(const Tensor& out, const char* out_name, const Tensor& in,
-                      const char* in_name, bool allow_identical) {
-  // Addresses, not Storage objects: two borrowed views of one buffer have different Storage.
-  if (allow_identical && out.raw_data() == in.raw_data() && out.shape() == in.shape() &&
-      out.strides() == in.strides() && out.dtype() == in.dtype())
-    return;
-  if (!layer_op_checks::share_memory(out, in)) return;
-  fail<LayoutError>("`", out_name, "` ", out.describe(), " overlaps `", in_name, "` ",
-                    in.describe(), " in memory",
-                    allow_identical ? " (only an identical view may be updated in place)" : "");
 }
 
 namespace {

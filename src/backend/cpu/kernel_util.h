@@ -209,14 +209,9 @@ Dims broadcast_strides(const Tensor& t, const Dims& shape, const char* name);
 Dims broadcast_strides(const Dims& from_shape, const Dims& from_strides, const Dims& shape,
                        const char* name);
 
-// Throws LayoutError when two elements of `t` share an address (a stride-0 axis of more than one
-// element, as an expanded view has, or axes whose strides interleave): a kernel writing `t` from
-// several rows or threads would race on them. Conservative: axes sorted by stride must each step
-// past everything the smaller ones span.
-void check_no_self_overlap(const Tensor& t, const char* name);
-
 // Throws ShapeError unless `out` has `expected` shape (`why` explains where `expected` came from),
-// and LayoutError when elements of `out` overlap (check_no_self_overlap): every kernel output.
+// and LayoutError when elements of `out` share an address (splice::check_no_self_overlap): every
+// kernel output.
 [[noreturn]] void fail_out_shape(const Tensor& out, const Dims& expected, const std::string& why);
 inline void check_out_shape(const Tensor& out, const Dims& expected, const char* why) {
   if (out.shape() != expected) fail_out_shape(out, expected, why);
@@ -232,13 +227,7 @@ void check_out_shape_lazy(const Tensor& out, const Dims& expected, WhyFn&& why) 
 // Throws DeviceError unless `t` lives on the CPU (and ValueError when it is undefined).
 void check_cpu(const Tensor& t, const char* name);
 
-// Aliasing contract. Throws LayoutError when the byte ranges of `out` and `in` overlap (whatever
-// Storage objects they come from), unless `allow_identical` and the two are the very same view
-// (same first address, shape, strides and dtype: an in-place elementwise update). Views that
-// interleave without sharing an element are reported too (ranges, not elements, are compared); no
-// planner produces those.
-void check_no_overlap(const Tensor& out, const char* out_name, const Tensor& in,
-                      const char* in_name, bool allow_identical);
+// Aliasing between an output and an input: splice::check_no_overlap (core/tensor.h).
 
 // An iteration space over N operands after coalescing (stage 2 above). Rank >= 1 always.
 template <int N>

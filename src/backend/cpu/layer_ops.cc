@@ -113,8 +113,7 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_norm_weight(x, weight, kOp);
   detail::check_out_shape(out, x.shape(), "rms_norm: out has x's shape");
   check_eps(eps, kOp);
-  detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/true);
-  detail::check_no_overlap(out, "out", weight, "weight", /*allow_identical=*/false);
+  layer_op_checks::check_rms_norm_aliasing(x, weight, out, kOp);
   std::vector<float> w(static_cast<std::size_t>(hidden));
   detail::load_tile<float>(Operand(weight), 0, weight.stride(0), hidden, w.data());
   const auto x_rows = row_offsets(x), out_rows = row_offsets(out);
@@ -152,8 +151,7 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
       fail<DTypeError>(kOp, ": `", name, "` must have a's dtype ", dtype_name(a.dtype()), ", got ",
                        dtype_name(t->dtype()));
   detail::check_out_shape(out, a.shape(), "silu_mul: out has a's shape");
-  detail::check_no_overlap(out, "out", a, "a", /*allow_identical=*/true);
-  detail::check_no_overlap(out, "out", b, "b", /*allow_identical=*/true);
+  layer_op_checks::check_silu_mul_aliasing(a, b, out, kOp);
   const std::int64_t n = a.size(-1);
   const auto a_rows = row_offsets(a), b_rows = row_offsets(b), out_rows = row_offsets(out);
   const Operand ao(a), bo(b), oo(out);
@@ -205,7 +203,7 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
   if (out.dtype() != x.dtype())
     fail<DTypeError>(kOp, ": `out` must have x's dtype ", dtype_name(x.dtype()), ", got ",
                      dtype_name(out.dtype()));
-  detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/true);
+  layer_op_checks::check_rope_aliasing(x, cos, sin, position, out, kOp);
   const std::int64_t p = position.data<std::int32_t>()[0];
   if (p < 0 || p >= cos.size(0))
     fail<ValueError>(kOp, ": `position` ", p, " is outside the tables' [0, ", cos.size(0), ")");
@@ -240,44 +238,14 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
   detail::check_cpu(k_cache, "k_cache");
   detail::check_cpu(v_cache, "v_cache");
   detail::check_cpu(out, "out");
-  if (qkv.dim() != 3 || qkv.size(1) != 1)
-    fail<ShapeError>(kOp, ": `qkv` must be [B, 1, (Hq + 2 Hkv) D], got ", qkv.describe());
-  check_rows(qkv, kOp, "qkv");
-  const std::int64_t batch = qkv.size(0);
-  if (k_cache.dim() != 4 || k_cache.size(0) != batch)
-    fail<ShapeError>(kOp, ": `k_cache` must be [", batch, ", Hkv, capacity, D], got ",
-                     k_cache.describe());
-  const std::int64_t kv_heads = k_cache.size(1), dim = k_cache.size(3), capacity = k_cache.size(2);
-  if (dim % 2 != 0)
-    fail<ShapeError>(kOp, ": `k_cache`'s head_dim D must be even (rotate-half RoPE), got ",
-                     dims_str(k_cache.shape()));
-  if (v_cache.shape() != k_cache.shape())
-    fail<ShapeError>(kOp, ": `v_cache` must have k_cache's shape ", dims_str(k_cache.shape()),
-                     ", got ", dims_str(v_cache.shape()));
-  const std::int64_t heads = dim > 0 ? qkv.size(2) / dim - 2 * kv_heads : 0;
-  if (heads <= 0 || qkv.size(2) != (heads + 2 * kv_heads) * dim)
-    fail<ShapeError>(kOp, ": `qkv` rows must hold (Hq + 2 * ", kv_heads, ") * ", dim,
-                     " values with Hq >= 1 (the caches' Hkv and D), got qkv ",
-                     dims_str(qkv.shape()));
-  if (out.shape() != Dims{batch, heads, 1, dim})
-    fail<ShapeError>(kOp, ": `out` must be [", batch, ", ", heads, ", 1, ", dim, "], got ",
-                     dims_str(out.shape()));
-  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&k_cache, "k_cache"},
-                                {&v_cache, "v_cache"},
-                                {&out, "out"}})
-    if (t->dtype() != qkv.dtype())
-      fail<DTypeError>(kOp, ": `", name, "` must have qkv's dtype ", dtype_name(qkv.dtype()),
-                       ", got ", dtype_name(t->dtype()));
-  check_position(position, kOp);
+  detail::check_cpu(cos, "cos");
+  detail::check_cpu(sin, "sin");
+  const auto [heads, kv_heads, dim] =
+      layer_op_checks::check_rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out, kOp);
+  const std::int64_t batch = qkv.size(0), capacity = k_cache.size(2);
   const std::int64_t p = position.data<std::int32_t>()[0];
   if (p < 0 || p >= capacity)
     fail<ValueError>(kOp, ": `position` ", p, " is outside the caches' [0, ", capacity, ")");
-  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&k_cache, "k_cache"},
-                                {&v_cache, "v_cache"},
-                                {&out, "out"}})
-    detail::check_no_self_overlap(*t, name);
-  layer_op_checks::check_rope_kv_append_aliasing(qkv, cos, sin, position, k_cache, v_cache, out,
-                                                 kOp);
   // [B, n, 1, D] head views of qkv starting at head `first`.
   auto heads_view = [&](std::int64_t first, std::int64_t n) {
     return Tensor::view_of(qkv.storage(), qkv.offset() + first * dim, {batch, n, 1, dim},
@@ -320,9 +288,7 @@ void matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) 
     fail<ShapeError>(kOp, ": `c` must have the product's shape ", dims_str(y_shape), ", got ",
                      dims_str(c.shape()));
   detail::check_out_shape(out, y_shape, "matmul_add: out has the product's shape");
-  detail::check_no_overlap(out, "out", a, "a", /*allow_identical=*/false);
-  detail::check_no_overlap(out, "out", b, "b", /*allow_identical=*/false);
-  detail::check_no_overlap(out, "out", c, "c", /*allow_identical=*/true);
+  layer_op_checks::check_matmul_add_aliasing(a, b, c, out, kOp);
   const std::int64_t k = a.size(-1), n = b.size(0);
   // [n, k] in fp32
   std::vector<float> w(static_cast<std::size_t>(n * k));
@@ -363,8 +329,7 @@ void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Ten
   Dims y_shape = x.shape();
   y_shape.back() = w.size(0);
   detail::check_out_shape(out, y_shape, "rms_norm_matmul: out has the product's shape");
-  detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/false);
-  detail::check_no_overlap(out, "out", w, "w", /*allow_identical=*/false);
+  layer_op_checks::check_norm_product_aliasing(x, weight, "weight", w, out, kOp);
   // [..., M, K] in w's dtype: the RmsNorm node's output in the region.
   Tensor normalized = Tensor::empty(x.shape(), w.dtype());
   rms_norm(x, weight, eps, normalized);
@@ -388,8 +353,6 @@ void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, 
   for (const auto& [t, name] : operands) detail::check_cpu(*t, name);
   layer_op_checks::check_qkv_rope(x, norm_weight, eps, w, cos, sin, position, k_cache, v_cache, out,
                                   kOp);
-  detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/false);
-  detail::check_no_overlap(out, "out", w, "w", /*allow_identical=*/false);
   const std::int64_t p = position.data<std::int32_t>()[0];
   const std::int64_t rows = std::min(k_cache.size(2), cos.size(0));
   if (p < 0 || p >= rows)
@@ -408,8 +371,6 @@ void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& norm_weight, float ep
       {&x, "x"}, {&norm_weight, "norm_weight"}, {&w, "w"}, {&out, "out"}};
   for (const auto& [t, name] : operands) detail::check_cpu(*t, name);
   const std::int64_t inter = layer_op_checks::check_swiglu(x, norm_weight, eps, w, out, kOp);
-  detail::check_no_overlap(out, "out", x, "x", /*allow_identical=*/false);
-  detail::check_no_overlap(out, "out", w, "w", /*allow_identical=*/false);
   // [..., M, 2I]: the gate|up row, rounded to out's dtype like the RmsNormMatMul node's output.
   Dims y_shape = x.shape();
   y_shape.back() = 2 * inter;
@@ -441,10 +402,7 @@ void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, cons
     fail<ShapeError>(kOp, ": `c` must have the product's shape ", dims_str(y_shape), ", got ",
                      dims_str(c.shape()));
   detail::check_out_shape(out, y_shape, "silu_mul_matmul_add: out has the product's shape");
-  detail::check_no_overlap(out, "out", a, "a", /*allow_identical=*/false);
-  detail::check_no_overlap(out, "out", b, "b", /*allow_identical=*/false);
-  detail::check_no_overlap(out, "out", w, "w", /*allow_identical=*/false);
-  detail::check_no_overlap(out, "out", c, "c", /*allow_identical=*/true);
+  layer_op_checks::check_silu_mul_matmul_add_aliasing(a, b, w, c, out, kOp);
   // [..., M, K] in a's dtype: the SiluMul node's output in the region.
   Tensor act = Tensor::empty(a.shape(), a.dtype());
   silu_mul(a, b, act);

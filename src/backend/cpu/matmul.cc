@@ -297,8 +297,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b) {
     return "`a` " + dims_str(a.shape()) + " @ `b` " + dims_str(b.shape()) +
            (transpose_b ? " transposed" : "");
   });
-  detail::check_no_overlap(out, "out", a, "a", false);
-  detail::check_no_overlap(out, "out", b, "b", false);
+  check_no_overlap(out, "out", a, "a", false);
+  check_no_overlap(out, "out", b, "b", false);
   const std::int64_t rc = out.dim();
   const Problem p{m,
                   k,

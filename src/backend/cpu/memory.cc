@@ -31,7 +31,7 @@ void concat(const std::vector<Tensor>& inputs, std::int64_t axis, Tensor& out) {
     const Tensor& t = inputs[i];
     const std::string name = "inputs[" + std::to_string(i) + "]";
     detail::check_cpu(t, name.c_str());
-    detail::check_no_overlap(out, "out", t, name.c_str(), false);
+    check_no_overlap(out, "out", t, name.c_str(), false);
     bool ok = t.dim() == out.dim();
     for (std::int64_t d = 0; ok && d < out.dim(); ++d)
       ok = d == a || t.shape()[d] == out.shape()[d];
@@ -57,8 +57,8 @@ void gather(const Tensor& table, const Tensor& indices, Tensor& out) {
   detail::check_cpu(indices, "indices");
   detail::check_cpu(out, "out");
   check_dtype(indices, "indices", {DType::i32, DType::i64});
-  detail::check_no_overlap(out, "out", table, "table", false);
-  detail::check_no_overlap(out, "out", indices, "indices", false);
+  check_no_overlap(out, "out", table, "table", false);
+  check_no_overlap(out, "out", indices, "indices", false);
   if (table.dim() < 1) fail<ShapeError>("gather `table` must have rank >= 1, got []");
   const std::int64_t rows = table.shape()[0];
   const Dims rest(table.shape().begin() + 1, table.shape().end());
@@ -144,7 +144,7 @@ void write_at(Tensor& state, const Tensor& value, std::int64_t axis, std::int64_
                      " does not fit in `state` ", dims_str(state.shape()), " (capacity ", capacity,
                      ")");
   Tensor window = state.slice(a, offset, offset + n);
-  detail::check_no_overlap(window, "state window", value, "value", true);
+  check_no_overlap(window, "state window", value, "value", true);
   detail::copy_broadcast(value, window, "value");
 }
 

@@ -170,7 +170,7 @@ void reduce(ReduceKind kind, const Tensor& in, std::int64_t axis, bool keepdim, 
     return std::string(kReduceNames[static_cast<int>(kind)]) + " over axis " + std::to_string(a) +
            (keepdim ? " with keepdim" : "") + " of `in` " + dims_str(in.shape());
   });
-  detail::check_no_overlap(out, "out", in, "in", true);
+  check_no_overlap(out, "out", in, "in", true);
   const Axis r{in.shape()[a], in.strides()[a]};
   if (r.length == 0 && kind == ReduceKind::max)
     fail<ShapeError>("`in` ", dims_str(in.shape()), " has size 0 on axis ", a,
@@ -191,7 +191,7 @@ void softmax(const Tensor& in, std::int64_t axis, Tensor& out) {
   check_dtype(in, "in", {DType::f32, DType::f16, DType::bf16});
   check_dtype(out, "out", {DType::f32, DType::f16, DType::bf16});
   detail::check_out_shape(out, in.shape(), "the shape of `in`");
-  detail::check_no_overlap(out, "out", in, "in", true);
+  check_no_overlap(out, "out", in, "in", true);
   const std::int64_t a = detail::wrap_axis(axis, in.dim(), "axis");
   const Axis r{in.shape()[a], in.strides()[a]};
   const std::int64_t out_stride = out.strides()[a];

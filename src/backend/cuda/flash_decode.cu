@@ -29,6 +29,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/flash_decode_kernel.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/flash_decode_checks.h"
 #include "splice/backend/cuda/flash_decode.h"
 #include "splice/backend/cuda/runtime.h"
 
@@ -500,6 +501,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
     check_dtype(*lse, "lse", {DType::f32});
     check_shape(*lse, "lse", {batch, num_qo_heads, q_len});
   }
+  flash_decode_checks::check_aliasing(q, k, v, k_len, alibi, out, lse);
   if (options.window_left && *options.window_left < 0)
     fail<ValueError>("flash_decode: `window_left` must be >= 0, got ", *options.window_left);
   if (options.window_right && *options.window_right < 0)

@@ -407,7 +407,7 @@ void row_addresses(const Tensor& t, const void* (&out)[gemv::kMaxRows]) {
 }
 
 // Checks shared by the two prologue products: x (or a) [..., M, K] rows, w [N, K] with a unit
-// stride along K, out [..., M, N] rows, out overlapping neither x nor w.
+// stride along K, out [..., M, N] rows (aliasing is each op's rule, layer_op_checks).
 void check_product(const Tensor& x, const Tensor& w, const Tensor& out, const char* op,
                    const char* x_name) {
   check_cuda_tensor(x, op, x_name);
@@ -427,8 +427,6 @@ void check_product(const Tensor& x, const Tensor& w, const Tensor& out, const ch
   Dims y_shape = x.shape();
   y_shape.back() = w.size(0);
   check_shape(out, y_shape, op, "out");
-  if (detail::overlaps(out, x) || detail::overlaps(out, w))
-    fail<LayoutError>(op, ": `out` must not overlap `", x_name, "` or `w`");
 }
 
 // The GEMV params of the product x [..., M, K] @ w^T into out (the prologue fields are the
@@ -480,6 +478,7 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_norm_weight(x, weight, kOp);
   check_shape(out, x.shape(), kOp, "out");
   check_eps(eps, kOp);
+  layer_op_checks::check_rms_norm_aliasing(x, weight, out, kOp);
   RmsNormParams p;
   p.x = x.raw_data();
   p.out = out.raw_data();
@@ -521,6 +520,7 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
                      ", ", dtype_name(b.dtype()), ", ", dtype_name(out.dtype()));
   check_shape(b, a.shape(), kOp, "b");
   check_shape(out, a.shape(), kOp, "out");
+  layer_op_checks::check_silu_mul_aliasing(a, b, out, kOp);
   SiluMulParams p;
   p.a = a.raw_data();
   p.b = b.raw_data();
@@ -577,6 +577,7 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
   if (out.dtype() != x.dtype())
     fail<DTypeError>(kOp, ": `out` must have x's dtype ", dtype_name(x.dtype()), ", got ",
                      dtype_name(out.dtype()));
+  layer_op_checks::check_rope_aliasing(x, cos, sin, position, out, kOp);
   RopeParams p;
   p.x = x.raw_data();
   p.out = out.raw_data();
@@ -616,6 +617,7 @@ void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Ten
   check_float(weight, kOp, "weight");
   check_norm_weight(x, weight, kOp);
   check_eps(eps, kOp);
+  layer_op_checks::check_norm_product_aliasing(x, weight, "weight", w, out, kOp);
   if (out.numel() == 0) return;
   if (prologue_gemv_applies(x, w)) {
     gemv::Params p = product_params(x, w, out, w_constant);
@@ -640,8 +642,6 @@ void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, co
   check_cuda_tensor(w, kOp, "w");
   check_cuda_tensor(out, kOp, "out");
   const std::int64_t inter = layer_op_checks::check_swiglu(x, weight, eps, w, out, kOp);
-  if (detail::overlaps(out, x) || detail::overlaps(out, w))
-    fail<LayoutError>(kOp, ": `out` must not overlap `x` or `w`");
   if (out.numel() == 0) return;
   if (row_count(x) <= gemv::kSwigluMaxRows && x.dtype() == w.dtype() && out.dtype() == w.dtype() &&
       prologue_gemv_applies(x, w)) {
@@ -677,11 +677,7 @@ void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, cons
                      ", ", dtype_name(b.dtype()), ", ", dtype_name(w.dtype()));
   check_shape(b, a.shape(), kOp, "b");
   check_shape(c, out.shape(), kOp, "c");
-  const bool same_view =
-      c.raw_data() == out.raw_data() && c.strides() == out.strides() && c.dtype() == out.dtype();
-  if (detail::overlaps(c, out) && !same_view)
-    fail<LayoutError>(kOp, ": `c` overlaps `out` (only the identical view is allowed)");
-  if (detail::overlaps(out, b)) fail<LayoutError>(kOp, ": `out` must not overlap `b`");
+  layer_op_checks::check_silu_mul_matmul_add_aliasing(a, b, w, c, out, kOp);
   if (out.numel() == 0) return;
   if (!prologue_gemv_applies(a, w)) {
     // The two-kernel chain: the SiluMul node's output, then the product with the residual.

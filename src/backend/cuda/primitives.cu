@@ -547,9 +547,12 @@ void launch(const ElementwiseParams& p) {
                         current_stream(), p);
 }
 
-// out = op(inputs) over out's shape, inputs broadcast to it.
+// out = op(inputs) over out's shape, inputs broadcast to it; an input shares no memory with out
+// unless it is out's identical view (an in-place update).
 void run_elementwise(int family, int op, Tensor& out, std::initializer_list<const Tensor*> inputs,
-                     std::initializer_list<const char*> names) {
+                     std::initializer_list<const char*> names, const char* out_name = "out") {
+  auto input_name = names.begin();
+  for (const Tensor* t : inputs) check_no_overlap(out, out_name, *t, *input_name++, true);
   ElementwiseParams p;
   p.family = family;
   p.op = op;
@@ -585,6 +588,7 @@ void check_out_shape(const Tensor& out, const Dims& want, const char* what) {
   if (out.shape() != want)
     fail<ShapeError>("`out` must have ", what, " ", dims_str(want), ", got ",
                      dims_str(out.shape()));
+  check_no_self_overlap(out, "out");
 }
 
 thread_local std::vector<Tensor>* t_scratch_sink = nullptr;
@@ -641,23 +645,6 @@ Tensor scratch(const Dims& shape, DType dtype, Device device) {
   Tensor t = Tensor::empty(shape, dtype, device);
   if (t_scratch_sink) t_scratch_sink->push_back(t);
   return t;
-}
-
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0) return false;
-  if (a.storage()->data != b.storage()->data) return false;
-  const auto range = [](const Tensor& t) {
-    std::int64_t lo = t.offset(), hi = t.offset();
-    for (std::int64_t d = 0; d < t.dim(); ++d) {
-      const std::int64_t span = (t.size(d) - 1) * t.stride(d);
-      (span < 0 ? lo : hi) += span;
-    }
-    const auto es = static_cast<std::int64_t>(dtype_size(t.dtype()));
-    return std::pair<std::int64_t, std::int64_t>{lo * es, (hi + 1) * es};
-  };
-  const auto [a0, a1] = range(a);
-  const auto [b0, b1] = range(b);
-  return a0 < b1 && b0 < a1;
 }
 
 }  // namespace detail
@@ -752,9 +739,6 @@ void cast(const Tensor& in, Tensor& out) {
   check_device(out, "out");
   check_same_device(in, "in", out);
   check_out_shape(out, in.shape(), "the shape of `in`");
-  if (detail::overlaps(in, out) &&
-      !(in.offset() == out.offset() && in.strides() == out.strides() && in.dtype() == out.dtype()))
-    fail<LayoutError>("cuda cast: `out` overlaps `in` (only the identical view is allowed)");
   run_elementwise(kCast, 0, out, {&in}, {"in"});
 }
 
@@ -774,8 +758,7 @@ void concat(const std::vector<Tensor>& inputs, std::int64_t axis, Tensor& out) {
       if (d != a && inputs[i].size(d) != out.size(d))
         fail<ShapeError>("cuda concat: `", name, "` ", dims_str(inputs[i].shape()),
                          " must match `out` ", dims_str(out.shape()), " off axis ", a);
-    if (detail::overlaps(inputs[i], out))
-      fail<LayoutError>("cuda concat: `out` overlaps `", name, "`");
+    check_no_overlap(out, "out", inputs[i], name.c_str(), false);
     total += inputs[i].size(a);
   }
   if (total != out.size(a))
@@ -800,8 +783,8 @@ void gather(const Tensor& table, const Tensor& indices, Tensor& out) {
   Dims shape = indices.shape();
   for (std::int64_t d = 1; d < table.dim(); ++d) shape.push_back(table.size(d));
   check_out_shape(out, shape, "indices.shape + table.shape[1:]");
-  if (detail::overlaps(table, out) || detail::overlaps(indices, out))
-    fail<LayoutError>("cuda gather: `out` overlaps an input");
+  check_no_overlap(out, "out", table, "table", false);
+  check_no_overlap(out, "out", indices, "indices", false);
   ElementwiseParams p;
   p.family = kGather;
   set_operand(p, 0, out);
@@ -848,7 +831,7 @@ void write_at(Tensor& state, const Tensor& value, std::int64_t axis, std::int64_
     fail<ValueError>("write_at: rows [", offset, ", ", offset + value.size(a),
                      ") do not fit in `state` axis ", a, " of size ", state.size(a));
   Tensor window = state.slice(a, offset, offset + value.size(a));
-  run_elementwise(kCast, 0, window, {&value}, {"value"});
+  run_elementwise(kCast, 0, window, {&value}, {"value"}, "state window");
 }
 
 void write_at(Tensor& state, const Tensor& value, std::int64_t axis, const Tensor& offset) {
@@ -863,6 +846,7 @@ void write_at(Tensor& state, const Tensor& value, std::int64_t axis, const Tenso
   const std::int64_t a = wrap_axis(axis, state.dim(), "axis");
   check_write_window(state, value, a);
   Tensor window = state.slice(a, 0, value.size(a));
+  check_no_overlap(state, "state", value, "value", false);  // the window is the device's choice
   ElementwiseParams p;
   p.family = kCast;
   set_operand(p, 0, window);
@@ -945,8 +929,7 @@ void reduce(ReduceKind kind, const Tensor& in, std::int64_t axis, bool keepdim, 
     }
     strides[static_cast<std::size_t>(d)] = out.stride(k++);
   }
-  if (detail::overlaps(in, out) && out.raw_data() != in.raw_data())
-    fail<LayoutError>("reduce: `out` overlaps `in`");
+  check_no_overlap(out, "out", in, "in", true);
   run_rows(static_cast<int>(kind), in, a, strides, 0, out);
 }
 
@@ -957,9 +940,7 @@ void softmax(const Tensor& in, std::int64_t axis, Tensor& out) {
   check_dtype(in, "in", kFloatTypes);
   check_dtype(out, "out", kFloatTypes);
   check_out_shape(out, in.shape(), "the shape of `in`");
-  if (detail::overlaps(in, out) &&
-      !(in.offset() == out.offset() && in.strides() == out.strides() && in.dtype() == out.dtype()))
-    fail<LayoutError>("softmax: `out` overlaps `in` (only the identical view is allowed)");
+  check_no_overlap(out, "out", in, "in", true);
   const std::int64_t a = wrap_axis(axis, in.dim(), "axis");
   run_rows(-1, in, a, out.strides(), out.stride(a), out);
 }

@@ -467,8 +467,9 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b,
   if (out.shape() != want)
     fail<ShapeError>("matmul: `out` must have shape ", dims_str(want), ", got ",
                      dims_str(out.shape()));
-  if (detail::overlaps(out, a) || detail::overlaps(out, b))
-    fail<LayoutError>("matmul: `out` must not overlap `a` or `b`");
+  check_no_self_overlap(out, "out");
+  check_no_overlap(out, "out", a, "a", false);
+  check_no_overlap(out, "out", b, "b", false);
   if (const Tensor* c = options.residual) {
     check_matmul_device(*c, "residual");
     if (!(c->device() == out.device()))
@@ -478,10 +479,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_b,
     if (c->shape() != out.shape())
       fail<ShapeError>("matmul: `residual` must have `out`'s shape ", dims_str(out.shape()),
                        ", got ", dims_str(c->shape()));
-    const bool same_view = c->raw_data() == out.raw_data() && c->strides() == out.strides() &&
-                           c->dtype() == out.dtype();
-    if (detail::overlaps(*c, out) && !same_view)
-      fail<LayoutError>("matmul: `residual` overlaps `out` (only the identical view is allowed)");
+    check_no_overlap(out, "out", *c, "residual", true);
     if (m == 0 || n == 0) return;
     if (k == 0) return cast(*c, out);
     MatmulOptions plain = options;

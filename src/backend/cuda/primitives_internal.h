@@ -15,9 +15,6 @@ inline constexpr int kMaxRank = 8;
 // A fresh device tensor for intermediate results; also handed to the retain_scratch sink.
 Tensor scratch(const Dims& shape, DType dtype, Device device);
 
-// True when the byte ranges spanned by `a` and `b` in one storage intersect.
-bool overlaps(const Tensor& a, const Tensor& b);
-
 // Matmuls whose residual cuBLASLt's epilogue added (primitives_gemm.cc stage 1c; process-wide,
 // relaxed): tests check which route a residual took.
 std::uint64_t lt_residual_epilogues();

@@ -196,33 +196,8 @@ void rope_kv_append(const Tensor& qkv, const Tensor& cos, const Tensor& sin, con
   check_cuda_tensor(k_cache, kOp, "k_cache");
   check_cuda_tensor(v_cache, kOp, "v_cache");
   check_cuda_tensor(out, kOp, "out");
-  layer_op_checks::check_float(qkv, kOp, "qkv");
-  layer_op_checks::check_float(cos, kOp, "cos");
-  if (qkv.dim() != 3 || qkv.size(1) != 1 || qkv.stride(2) != 1 || k_cache.dim() != 4 ||
-      k_cache.stride(3) != 1 || v_cache.stride(3) != 1 || out.dim() != 4 || out.stride(3) != 1)
-    fail<ShapeError>(kOp,
-                     ": `qkv` must be [B, 1, (Hq + 2 Hkv) D] and the caches [B, Hkv, "
-                     "capacity, D] and `out` [B, Hq, 1, D] with unit last strides, got qkv ",
-                     qkv.describe(), ", k_cache ", k_cache.describe(), ", out ", out.describe());
-  const std::int64_t batch = qkv.size(0), kv_heads = k_cache.size(1), dim = k_cache.size(3);
-  const std::int64_t heads = dim > 0 ? qkv.size(2) / dim - 2 * kv_heads : 0;
-  if (dim % 2 != 0 || heads <= 0 || qkv.size(2) != (heads + 2 * kv_heads) * dim ||
-      k_cache.size(0) != batch || v_cache.shape() != k_cache.shape() ||
-      out.shape() != Dims{batch, heads, 1, dim})
-    fail<ShapeError>(kOp, ": shapes disagree: qkv ", dims_str(qkv.shape()), ", k_cache ",
-                     dims_str(k_cache.shape()), ", v_cache ", dims_str(v_cache.shape()), ", out ",
-                     dims_str(out.shape()), " (out must be [B, Hq, 1, D], D even)");
-  for (const Tensor* t : {&k_cache, &v_cache, &out})
-    if (t->dtype() != qkv.dtype())
-      fail<DTypeError>(kOp, ": every tensor must have qkv's dtype ", dtype_name(qkv.dtype()),
-                       ", got ", t->describe());
-  if (cos.dim() != 2 || cos.size(1) != dim || sin.shape() != cos.shape() ||
-      sin.strides() != cos.strides() || sin.dtype() != cos.dtype())
-    fail<ShapeError>(kOp, ": `cos` and `sin` must both be [max_seq_len, ", dim,
-                     "] of one dtype and layout, got ", cos.describe(), " and ", sin.describe());
-  layer_op_checks::check_position(position, kOp);
-  layer_op_checks::check_rope_kv_append_aliasing(qkv, cos, sin, position, k_cache, v_cache, out,
-                                                 kOp);
+  layer_op_checks::check_rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out, kOp);
+  const std::int64_t batch = qkv.size(0);
   RopeKvAppendParams p;
   p.g = rope_kv_append_index::geometry_of(qkv, k_cache, v_cache, out);
   p.qkv = qkv.raw_data();
@@ -267,7 +242,7 @@ void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, 
                                                             {&v_cache, "v_cache"},
                                                             {&out, "out"}};
   for (const auto& [t, name] : operands) check_cuda_tensor(*t, kOp, name);
-  const layer_op_checks::QkvRopeGeometry geo = layer_op_checks::check_qkv_rope(
+  const layer_op_checks::RopeGeometry geo = layer_op_checks::check_qkv_rope(
       x, norm_weight, eps, w, cos, sin, position, k_cache, v_cache, out, kOp);
   // The kernel's own limits (the CUDA layer-op contract row's qkv_rope_* fields).
   const DType dtype = x.dtype();
@@ -297,13 +272,6 @@ void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, 
       w.size(0) > 1)
     fail<LayoutError>(kOp, ": every row of `w` must start on a ", kVectorBytes,
                       "-byte boundary on CUDA, got ", w.describe());
-  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&x, "x"},
-                                {&w, "w"},
-                                {&k_cache, "k_cache"},
-                                {&v_cache, "v_cache"}})
-    if (detail::overlaps(out, *t)) fail<LayoutError>(kOp, ": `out` must not overlap `", name, "`");
-  if (detail::overlaps(k_cache, v_cache))
-    fail<LayoutError>(kOp, ": `k_cache` and `v_cache` must not overlap");
 
   gemv::RopeParams p;
   gemv::Params& q = p.product;
