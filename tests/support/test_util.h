@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -27,6 +28,21 @@ Tensor padded_tensor(const Dims& shape, DType dtype, std::int64_t pad);
 // Asserts `actual` matches `expected` within `tol`, printing the report on failure.
 ::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, Tolerance tol);
 ::testing::AssertionResult bit_equal(const Tensor& actual, const Tensor& expected);
+
+// Expects `call()` to throw ErrorType whose message contains `needle`; a call that returns, or
+// throws another type, is a test failure naming the needle.
+template <typename ErrorType, typename Call>
+void expect_error_with(Call&& call, const std::string& needle) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one naming " << needle;
+  } catch (const ErrorType& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message does not name " << needle << ": " << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong error type for " << needle << ": " << e.what();
+  }
+}
 
 // A path under gtest's TempDir() that no other process shares: `name` plus this process's id.
 // ctest runs every test case of a binary as a process of its own, in parallel, so a fixed path
