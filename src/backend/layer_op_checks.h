@@ -105,6 +105,39 @@ inline void check_position(const Tensor& position, const char* op) {
     fail<ShapeError>(op, ": `position` must be [1], got ", position.describe());
 }
 
+// The operands of matmul_add, on either backend (devices are the caller's; the public op has
+// broadcast c to the product's shape): a [..., M, K] rows (unit last stride), b [N, K] of a's
+// dtype with a unit stride along K, c and out [..., M, N] (out rows), all float; the aliasing
+// rule (c may be out's identical view).
+inline void check_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& out,
+                             const char* op) {
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&a, "a"},
+                                {&b, "b"},
+                                {&c, "c"},
+                                {&out, "out"}})
+    check_float(*t, op, name);
+  check_rows(a, op, "a");
+  check_rows(out, op, "out");
+  if (b.dtype() != a.dtype())
+    fail<DTypeError>(op, ": `b` must have a's dtype ", dtype_name(a.dtype()), ", got ",
+                     dtype_name(b.dtype()));
+  if (a.dim() < 2 || b.dim() != 2 || b.size(1) != a.size(-1))
+    fail<ShapeError>(op, ": `a` must be [..., M, K] and `b` [N, K], got a ", dims_str(a.shape()),
+                     " and b ", dims_str(b.shape()));
+  if (b.size(1) > 1 && b.stride(1) != 1)
+    fail<LayoutError>(op, ": `b` must have a unit stride on its last axis, got strides ",
+                      dims_str(b.strides()));
+  Dims y_shape = a.shape();
+  y_shape.back() = b.size(0);
+  if (c.shape() != y_shape)
+    fail<ShapeError>(op, ": `c` must have the product's shape ", dims_str(y_shape), ", got ",
+                     dims_str(c.shape()));
+  if (out.shape() != y_shape)
+    fail<ShapeError>(op, ": `out` must have the product's shape ", dims_str(y_shape), ", got ",
+                     dims_str(out.shape()));
+  check_matmul_add_aliasing(a, b, c, out, op);
+}
+
 // The operands of rope_kv_append, on either backend (devices are the caller's): qkv [B, 1, (Hq +
 // 2 Hkv) D] (unit last stride); k_cache, v_cache [B, Hkv, capacity, D] (one shape, D even); out
 // [B, Hq, 1, D]; the caches and out of qkv's dtype, each with a unit last stride; cos, sin

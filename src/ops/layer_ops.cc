@@ -9,14 +9,16 @@
 //  3. Dispatch: cpu::rms_norm / silu_mul / rope / matmul_add / rms_norm_matmul /
 //     silu_mul_matmul_add / rope_kv_append / rms_norm_matmul_rope_kv_append /
 //     rms_norm_matmul_swiglu or their cuda::
-//     launchers (matmul_add on CUDA: cuda::matmul with the
-//     residual epilogue, MatmulOptions; the two prologue products: cuda layer_ops.h).
+//     launchers (matmul_add on CUDA: the op's operand checks, layer_op_checks::check_matmul_add,
+//     then cuda::matmul with the residual epilogue, MatmulOptions; the two prologue products:
+//     cuda layer_ops.h).
 #include "splice/ops/layer_ops.h"
 
 #include <initializer_list>
 #include <string>
 #include <vector>
 
+#include "backend/layer_op_checks.h"
 #include "splice/backend/cpu/layer_ops.h"
 #include "splice/core/error.h"
 
@@ -216,7 +218,9 @@ void fused_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor&
   }
 #if defined(SPLICE_WITH_CUDA)
   if (device.is_cuda()) {
-    if (b.dim() != 2) fail<ShapeError>(op, ": `b` must be [N, K], got ", dims_str(b.shape()));
+    // The op's operand rules under its own names (cuda::matmul names c `residual` and is more
+    // permissive: strided rows, mixed dtypes).
+    layer_op_checks::check_matmul_add(a, b, residual, out, op);
     cuda::MatmulOptions options;
     options.b_constant = b_constant;
     options.residual = &residual;

@@ -267,28 +267,7 @@ void matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) 
   detail::check_cpu(b, "b");
   detail::check_cpu(c, "c");
   detail::check_cpu(out, "out");
-  check_float(a, kOp, "a");
-  check_float(b, kOp, "b");
-  check_float(c, kOp, "c");
-  check_float(out, kOp, "out");
-  check_rows(a, kOp, "a");
-  check_rows(out, kOp, "out");
-  if (b.dtype() != a.dtype())
-    fail<DTypeError>(kOp, ": `b` must have a's dtype ", dtype_name(a.dtype()), ", got ",
-                     dtype_name(b.dtype()));
-  if (a.dim() < 2 || b.dim() != 2 || b.size(1) != a.size(-1))
-    fail<ShapeError>(kOp, ": `a` must be [..., M, K] and `b` [N, K], got a ", dims_str(a.shape()),
-                     " and b ", dims_str(b.shape()));
-  if (b.size(1) > 1 && b.stride(1) != 1)
-    fail<LayoutError>(kOp, ": `b` must have a unit stride on its last axis, got strides ",
-                      dims_str(b.strides()));
-  Dims y_shape = a.shape();
-  y_shape.back() = b.size(0);
-  if (c.shape() != y_shape)
-    fail<ShapeError>(kOp, ": `c` must have the product's shape ", dims_str(y_shape), ", got ",
-                     dims_str(c.shape()));
-  detail::check_out_shape(out, y_shape, "matmul_add: out has the product's shape");
-  layer_op_checks::check_matmul_add_aliasing(a, b, c, out, kOp);
+  layer_op_checks::check_matmul_add(a, b, c, out, kOp);
   const std::int64_t k = a.size(-1), n = b.size(0);
   // [n, k] in fp32
   std::vector<float> w(static_cast<std::size_t>(n * k));

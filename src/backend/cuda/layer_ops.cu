@@ -571,8 +571,7 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
   if (sin.dtype() != cos.dtype())
     fail<DTypeError>(kOp, ": `cos` and `sin` must have one dtype, got ", dtype_name(cos.dtype()),
                      " and ", dtype_name(sin.dtype()));
-  if (position.dtype() != DType::i32 || position.shape() != Dims{1})
-    fail<DTypeError>(kOp, ": `position` must be i32 [1], got ", position.describe());
+  layer_op_checks::check_position(position, kOp);
   check_shape(out, x.shape(), kOp, "out");
   if (out.dtype() != x.dtype())
     fail<DTypeError>(kOp, ": `out` must have x's dtype ", dtype_name(x.dtype()), ", got ",
