@@ -105,6 +105,77 @@ inline void check_position(const Tensor& position, const char* op) {
     fail<ShapeError>(op, ": `position` must be [1], got ", position.describe());
 }
 
+// An output's shape (ShapeError naming `name`, the shape expected and seen).
+inline void check_shape(const Tensor& t, const Dims& expected, const char* op, const char* name) {
+  if (t.shape() != expected)
+    fail<ShapeError>(op, ": `", name, "` must have shape ", dims_str(expected), ", got ",
+                     dims_str(t.shape()));
+}
+
+// The operands of rms_norm, on either backend (devices are the caller's): x and out [..., H] rows
+// of one shape (unit last stride), weight [H], all float (any mix), eps finite and >= 0; the
+// aliasing rule.
+inline void check_rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out,
+                           const char* op) {
+  check_float(x, op, "x");
+  check_float(weight, op, "weight");
+  check_float(out, op, "out");
+  check_rows(x, op, "x");
+  check_rows(out, op, "out");
+  check_norm_weight(x, weight, op);
+  check_shape(out, x.shape(), op, "out");
+  check_eps(eps, op);
+  check_rms_norm_aliasing(x, weight, out, op);
+}
+
+// The operands of silu_mul, on either backend: a, b and out [..., N] rows of one shape and one
+// float dtype; the aliasing rule.
+inline void check_silu_mul(const Tensor& a, const Tensor& b, const Tensor& out, const char* op) {
+  check_float(a, op, "a");
+  check_float(b, op, "b");
+  check_float(out, op, "out");
+  check_rows(a, op, "a");
+  check_rows(b, op, "b");
+  check_rows(out, op, "out");
+  if (b.shape() != a.shape())
+    fail<ShapeError>(op, ": `a` ", dims_str(a.shape()), " and `b` ", dims_str(b.shape()),
+                     " must have one shape");
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&b, "b"}, {&out, "out"}})
+    if (t->dtype() != a.dtype())
+      fail<DTypeError>(op, ": `", name, "` must have a's dtype ", dtype_name(a.dtype()), ", got ",
+                       dtype_name(t->dtype()));
+  check_shape(out, a.shape(), op, "out");
+  check_silu_mul_aliasing(a, b, out, op);
+}
+
+// The operands of rope, on either backend: x and out [..., D] rows of one shape and float dtype, D
+// even; cos, sin [max_seq_len, D] of one float dtype and layout; position i32 [1] (its value is
+// the backend's: the CPU reads it, CUDA reads it on the device); the aliasing rule.
+inline void check_rope(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                       const Tensor& position, const Tensor& out, const char* op) {
+  check_float(x, op, "x");
+  check_float(cos, op, "cos");
+  check_float(sin, op, "sin");
+  check_float(out, op, "out");
+  check_rows(x, op, "x");
+  check_rows(out, op, "out");
+  const std::int64_t dim = x.size(-1);
+  if (dim % 2 != 0) fail<ShapeError>(op, ": the last axis of `x` must be even, got ", dim);
+  if (cos.dim() != 2 || cos.size(1) != dim || sin.shape() != cos.shape() ||
+      sin.strides() != cos.strides())
+    fail<ShapeError>(op, ": `cos` and `sin` must both be [max_seq_len, ", dim,
+                     "] of one layout, got ", cos.describe(), " and ", sin.describe());
+  if (sin.dtype() != cos.dtype())
+    fail<DTypeError>(op, ": `sin` must have cos's dtype ", dtype_name(cos.dtype()), ", got ",
+                     dtype_name(sin.dtype()));
+  check_position(position, op);
+  check_shape(out, x.shape(), op, "out");
+  if (out.dtype() != x.dtype())
+    fail<DTypeError>(op, ": `out` must have x's dtype ", dtype_name(x.dtype()), ", got ",
+                     dtype_name(out.dtype()));
+  check_rope_aliasing(x, cos, sin, position, out, op);
+}
+
 // The operands of matmul_add, on either backend (devices are the caller's; the public op has
 // broadcast c to the product's shape): a [..., M, K] rows (unit last stride), b [N, K] of a's
 // dtype with a unit stride along K, c and out [..., M, N] (out rows), all float; the aliasing

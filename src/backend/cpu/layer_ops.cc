@@ -43,10 +43,7 @@ using detail::Operand;
 
 constexpr int kLanes = 8;  // the reduce kernel's interleaved partial sums (reduce.cc)
 
-using layer_op_checks::check_eps;
 using layer_op_checks::check_float;
-using layer_op_checks::check_norm_weight;
-using layer_op_checks::check_position;
 using layer_op_checks::check_rows;
 
 // Element offsets (relative to the view's first element) of every row of the last axis.
@@ -104,16 +101,8 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   detail::check_cpu(x, "x");
   detail::check_cpu(weight, "weight");
   detail::check_cpu(out, "out");
-  check_float(x, kOp, "x");
-  check_float(weight, kOp, "weight");
-  check_float(out, kOp, "out");
-  check_rows(x, kOp, "x");
-  check_rows(out, kOp, "out");
+  layer_op_checks::check_rms_norm(x, weight, eps, out, kOp);
   const std::int64_t hidden = x.size(-1);
-  check_norm_weight(x, weight, kOp);
-  detail::check_out_shape(out, x.shape(), "rms_norm: out has x's shape");
-  check_eps(eps, kOp);
-  layer_op_checks::check_rms_norm_aliasing(x, weight, out, kOp);
   std::vector<float> w(static_cast<std::size_t>(hidden));
   detail::load_tile<float>(Operand(weight), 0, weight.stride(0), hidden, w.data());
   const auto x_rows = row_offsets(x), out_rows = row_offsets(out);
@@ -137,21 +126,7 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
   detail::check_cpu(a, "a");
   detail::check_cpu(b, "b");
   detail::check_cpu(out, "out");
-  check_float(a, kOp, "a");
-  check_float(b, kOp, "b");
-  check_float(out, kOp, "out");
-  check_rows(a, kOp, "a");
-  check_rows(b, kOp, "b");
-  check_rows(out, kOp, "out");
-  if (b.shape() != a.shape())
-    fail<ShapeError>(kOp, ": `a` ", dims_str(a.shape()), " and `b` ", dims_str(b.shape()),
-                     " must have one shape");
-  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&b, "b"}, {&out, "out"}})
-    if (t->dtype() != a.dtype())
-      fail<DTypeError>(kOp, ": `", name, "` must have a's dtype ", dtype_name(a.dtype()), ", got ",
-                       dtype_name(t->dtype()));
-  detail::check_out_shape(out, a.shape(), "silu_mul: out has a's shape");
-  layer_op_checks::check_silu_mul_aliasing(a, b, out, kOp);
+  layer_op_checks::check_silu_mul(a, b, out, kOp);
   const std::int64_t n = a.size(-1);
   const auto a_rows = row_offsets(a), b_rows = row_offsets(b), out_rows = row_offsets(out);
   const Operand ao(a), bo(b), oo(out);
@@ -184,26 +159,8 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
   detail::check_cpu(sin, "sin");
   detail::check_cpu(position, "position");
   detail::check_cpu(out, "out");
-  check_float(x, kOp, "x");
-  check_float(cos, kOp, "cos");
-  check_float(sin, kOp, "sin");
-  check_float(out, kOp, "out");
-  check_rows(x, kOp, "x");
-  check_rows(out, kOp, "out");
+  layer_op_checks::check_rope(x, cos, sin, position, out, kOp);
   const std::int64_t dim = x.size(-1);
-  if (dim % 2 != 0) fail<ShapeError>(kOp, ": the last axis of `x` must be even, got ", dim);
-  if (cos.dim() != 2 || cos.size(1) != dim || sin.shape() != cos.shape())
-    fail<ShapeError>(kOp, ": `cos` and `sin` must both be [max_seq_len, ", dim, "], got ",
-                     dims_str(cos.shape()), " and ", dims_str(sin.shape()));
-  if (sin.dtype() != cos.dtype())
-    fail<DTypeError>(kOp, ": `sin` must have cos's dtype ", dtype_name(cos.dtype()), ", got ",
-                     dtype_name(sin.dtype()));
-  check_position(position, kOp);
-  detail::check_out_shape(out, x.shape(), "rope: out has x's shape");
-  if (out.dtype() != x.dtype())
-    fail<DTypeError>(kOp, ": `out` must have x's dtype ", dtype_name(x.dtype()), ", got ",
-                     dtype_name(out.dtype()));
-  layer_op_checks::check_rope_aliasing(x, cos, sin, position, out, kOp);
   const std::int64_t p = position.data<std::int32_t>()[0];
   if (p < 0 || p >= cos.size(0))
     fail<ValueError>(kOp, ": `position` ", p, " is outside the tables' [0, ", cos.size(0), ")");

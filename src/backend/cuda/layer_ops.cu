@@ -357,12 +357,8 @@ using layer_op_checks::check_eps;
 using layer_op_checks::check_float;
 using layer_op_checks::check_norm_weight;
 using layer_op_checks::check_rows;
+using layer_op_checks::check_shape;
 
-void check_shape(const Tensor& t, const Dims& expected, const char* op, const char* name) {
-  if (t.shape() != expected)
-    fail<ShapeError>(op, ": `", name, "` must have shape ", dims_str(expected), ", got ",
-                     dims_str(t.shape()));
-}
 
 RowLayout rows_of(const Tensor& t, const char* op, const char* name) {
   RowLayout l;
@@ -469,16 +465,8 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_cuda_tensor(x, kOp, "x");
   check_cuda_tensor(weight, kOp, "weight");
   check_cuda_tensor(out, kOp, "out");
-  check_float(x, kOp, "x");
-  check_float(weight, kOp, "weight");
-  check_float(out, kOp, "out");
-  check_rows(x, kOp, "x");
-  check_rows(out, kOp, "out");
+  layer_op_checks::check_rms_norm(x, weight, eps, out, kOp);
   const std::int64_t hidden = x.size(-1);
-  check_norm_weight(x, weight, kOp);
-  check_shape(out, x.shape(), kOp, "out");
-  check_eps(eps, kOp);
-  layer_op_checks::check_rms_norm_aliasing(x, weight, out, kOp);
   RmsNormParams p;
   p.x = x.raw_data();
   p.out = out.raw_data();
@@ -511,16 +499,7 @@ void silu_mul(const Tensor& a, const Tensor& b, Tensor& out) {
   check_cuda_tensor(a, kOp, "a");
   check_cuda_tensor(b, kOp, "b");
   check_cuda_tensor(out, kOp, "out");
-  check_float(a, kOp, "a");
-  check_rows(a, kOp, "a");
-  check_rows(b, kOp, "b");
-  check_rows(out, kOp, "out");
-  if (b.dtype() != a.dtype() || out.dtype() != a.dtype())
-    fail<DTypeError>(kOp, ": `a`, `b` and `out` must have one dtype, got ", dtype_name(a.dtype()),
-                     ", ", dtype_name(b.dtype()), ", ", dtype_name(out.dtype()));
-  check_shape(b, a.shape(), kOp, "b");
-  check_shape(out, a.shape(), kOp, "out");
-  layer_op_checks::check_silu_mul_aliasing(a, b, out, kOp);
+  layer_op_checks::check_silu_mul(a, b, out, kOp);
   SiluMulParams p;
   p.a = a.raw_data();
   p.b = b.raw_data();
@@ -557,26 +536,8 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
   check_cuda_tensor(sin, kOp, "sin");
   check_cuda_tensor(position, kOp, "position");
   check_cuda_tensor(out, kOp, "out");
-  check_float(x, kOp, "x");
-  check_float(cos, kOp, "cos");
-  check_rows(x, kOp, "x");
-  check_rows(out, kOp, "out");
+  layer_op_checks::check_rope(x, cos, sin, position, out, kOp);
   const std::int64_t dim = x.size(-1);
-  if (dim % 2 != 0) fail<ShapeError>(kOp, ": the last axis of `x` must be even, got ", dim);
-  if (cos.dim() != 2 || cos.size(1) != dim || sin.shape() != cos.shape() ||
-      sin.strides() != cos.strides())
-    fail<ShapeError>(kOp, ": `cos` and `sin` must both be [max_seq_len, ", dim,
-                     "] with one layout, got ", dims_str(cos.shape()), " and ",
-                     dims_str(sin.shape()));
-  if (sin.dtype() != cos.dtype())
-    fail<DTypeError>(kOp, ": `cos` and `sin` must have one dtype, got ", dtype_name(cos.dtype()),
-                     " and ", dtype_name(sin.dtype()));
-  layer_op_checks::check_position(position, kOp);
-  check_shape(out, x.shape(), kOp, "out");
-  if (out.dtype() != x.dtype())
-    fail<DTypeError>(kOp, ": `out` must have x's dtype ", dtype_name(x.dtype()), ", got ",
-                     dtype_name(out.dtype()));
-  layer_op_checks::check_rope_aliasing(x, cos, sin, position, out, kOp);
   RopeParams p;
   p.x = x.raw_data();
   p.out = out.raw_data();
