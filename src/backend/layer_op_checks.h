@@ -176,16 +176,73 @@ inline void check_rope(const Tensor& x, const Tensor& cos, const Tensor& sin,
   check_rope_aliasing(x, cos, sin, position, out, op);
 }
 
+// a [..., M, K] rows and w [N, K] with a unit stride along K (`x_name` names a): the product's
+// operands of rms_norm_matmul and silu_mul_matmul_add. Returns the product's shape [..., M, N].
+inline Dims check_product_operands(const Tensor& a, const char* x_name, const Tensor& w,
+                                   const char* op) {
+  check_rows(a, op, x_name);
+  if (a.dim() < 2 || w.dim() != 2 || w.size(1) != a.size(-1))
+    fail<ShapeError>(op, ": `", x_name, "` must be [..., M, K] and `w` [N, K], got ", x_name, " ",
+                     dims_str(a.shape()), " and w ", dims_str(w.shape()));
+  if (w.size(1) > 1 && w.stride(1) != 1)
+    fail<LayoutError>(op, ": `w` must have a unit stride on its last axis, got strides ",
+                      dims_str(w.strides()));
+  Dims y_shape = a.shape();
+  y_shape.back() = w.size(0);
+  return y_shape;
+}
+
+// The operands of rms_norm_matmul, on either backend: x [..., M, K] rows, weight [K], w [N, K]
+// (unit stride along K), out [..., M, N] rows, all float; eps finite and >= 0; the aliasing rule.
+inline void check_rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
+                                  const Tensor& out, const char* op) {
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&x, "x"},
+                                {&weight, "weight"},
+                                {&w, "w"},
+                                {&out, "out"}})
+    check_float(*t, op, name);
+  const Dims y_shape = check_product_operands(x, "x", w, op);
+  check_rows(out, op, "out");
+  check_shape(out, y_shape, op, "out");
+  check_norm_weight(x, weight, op);
+  check_eps(eps, op);
+  check_norm_product_aliasing(x, weight, "weight", w, out, op);
+}
+
+// The operands of silu_mul_matmul_add, on either backend: a, b [..., M, K] rows and w [N, K]
+// (unit stride along K) of one float dtype, c and out [..., M, N] float (out rows); the aliasing
+// rule (c may be out's identical view).
+inline void check_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w,
+                                      const Tensor& c, const Tensor& out, const char* op) {
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&a, "a"},
+                                {&b, "b"},
+                                {&w, "w"},
+                                {&c, "c"},
+                                {&out, "out"}})
+    check_float(*t, op, name);
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&b, "b"}, {&w, "w"}})
+    if (t->dtype() != a.dtype())
+      fail<DTypeError>(op, ": `", name, "` must have a's dtype ", dtype_name(a.dtype()), ", got ",
+                       dtype_name(t->dtype()));
+  const Dims y_shape = check_product_operands(a, "a", w, op);
+  check_rows(b, op, "b");
+  check_shape(b, a.shape(), op, "b");
+  if (c.shape() != y_shape)
+    fail<ShapeError>(op, ": `c` must have the product's shape ", dims_str(y_shape), ", got ",
+                     dims_str(c.shape()));
+  check_rows(out, op, "out");
+  check_shape(out, y_shape, op, "out");
+  check_silu_mul_matmul_add_aliasing(a, b, w, c, out, op);
+}
+
 // The operands of matmul_add, on either backend (devices are the caller's; the public op has
 // broadcast c to the product's shape): a [..., M, K] rows (unit last stride), b [N, K] of a's
 // dtype with a unit stride along K, c and out [..., M, N] (out rows), all float; the aliasing
 // rule (c may be out's identical view).
 inline void check_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& out,
                              const char* op) {
-  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&a, "a"},
-                                {&b, "b"},
-                                {&c, "c"},
-                                {&out, "out"}})
+  for (const auto& [t, name] :
+       {std::pair<const Tensor*, const char*>{&a, "a"}, {&b, "b"}, {&c, "c"}, {&out, "out"}})
     check_float(*t, op, name);
   check_rows(a, op, "a");
   check_rows(out, op, "out");

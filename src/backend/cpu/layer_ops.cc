@@ -254,18 +254,12 @@ void matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) 
 void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
                      Tensor& out) {
   constexpr const char* kOp = "rms_norm_matmul";
-  detail::check_cpu(x, "x");
-  detail::check_cpu(w, "w");
-  detail::check_cpu(out, "out");
-  check_float(w, kOp, "w");
-  check_rows(x, kOp, "x");
-  if (x.dim() < 2 || w.dim() != 2 || w.size(1) != x.size(-1))
-    fail<ShapeError>(kOp, ": `x` must be [..., M, K] and `w` [N, K], got x ", dims_str(x.shape()),
-                     " and w ", dims_str(w.shape()));
-  Dims y_shape = x.shape();
-  y_shape.back() = w.size(0);
-  detail::check_out_shape(out, y_shape, "rms_norm_matmul: out has the product's shape");
-  layer_op_checks::check_norm_product_aliasing(x, weight, "weight", w, out, kOp);
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&x, "x"},
+                                {&weight, "weight"},
+                                {&w, "w"},
+                                {&out, "out"}})
+    detail::check_cpu(*t, name);
+  layer_op_checks::check_rms_norm_matmul(x, weight, eps, w, out, kOp);
   // [..., M, K] in w's dtype: the RmsNorm node's output in the region.
   Tensor normalized = Tensor::empty(x.shape(), w.dtype());
   rms_norm(x, weight, eps, normalized);
@@ -321,30 +315,14 @@ void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, cons
   constexpr const char* kOp = "silu_mul_matmul_add";
   const std::pair<const Tensor*, const char*> operands[] = {
       {&a, "a"}, {&b, "b"}, {&w, "w"}, {&c, "c"}, {&out, "out"}};
-  for (const auto& [t, name] : operands) {
-    detail::check_cpu(*t, name);
-    check_float(*t, kOp, name);
-  }
-  for (const auto& [t, name] : {operands[1], operands[2]})
-    if (t->dtype() != a.dtype())
-      fail<DTypeError>(kOp, ": `", name, "` must have a's dtype ", dtype_name(a.dtype()), ", got ",
-                       dtype_name(t->dtype()));
-  if (a.dim() < 2 || w.dim() != 2 || w.size(1) != a.size(-1))
-    fail<ShapeError>(kOp, ": `a` must be [..., M, K] and `w` [N, K], got a ", dims_str(a.shape()),
-                     " and w ", dims_str(w.shape()));
-  Dims y_shape = a.shape();
-  y_shape.back() = w.size(0);
-  if (c.shape() != y_shape)
-    fail<ShapeError>(kOp, ": `c` must have the product's shape ", dims_str(y_shape), ", got ",
-                     dims_str(c.shape()));
-  detail::check_out_shape(out, y_shape, "silu_mul_matmul_add: out has the product's shape");
-  layer_op_checks::check_silu_mul_matmul_add_aliasing(a, b, w, c, out, kOp);
+  for (const auto& [t, name] : operands) detail::check_cpu(*t, name);
+  layer_op_checks::check_silu_mul_matmul_add(a, b, w, c, out, kOp);
   // [..., M, K] in a's dtype: the SiluMul node's output in the region.
   Tensor act = Tensor::empty(a.shape(), a.dtype());
   silu_mul(a, b, act);
   // The region's MatMul kernel, its fp32 sum kept unrounded, then c added in fp32 and rounded
   // once (the elementwise add reads each element of c before writing it: out may be c).
-  Tensor product = Tensor::empty(y_shape, DType::f32);  // [..., M, N]
+  Tensor product = Tensor::empty(out.shape(), DType::f32);  // [..., M, N]
   matmul(act, w, product, /*transpose_b=*/true);
   binary(BinaryKind::add, c, product, out);
 }

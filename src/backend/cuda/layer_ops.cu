@@ -353,13 +353,6 @@ void check_cuda_tensor(const Tensor& t, const char* op, const char* name) {
     fail<DeviceError>(op, ": `", name, "` must be a CUDA tensor, got ", t.device().str());
 }
 
-using layer_op_checks::check_eps;
-using layer_op_checks::check_float;
-using layer_op_checks::check_norm_weight;
-using layer_op_checks::check_rows;
-using layer_op_checks::check_shape;
-
-
 RowLayout rows_of(const Tensor& t, const char* op, const char* name) {
   RowLayout l;
   for (std::int64_t d = 0; d + 1 < t.dim(); ++d) {
@@ -400,29 +393,6 @@ void row_addresses(const Tensor& t, const void* (&out)[gemv::kMaxRows]) {
     }
     out[row] = base + offset * elem;
   }
-}
-
-// Checks shared by the two prologue products: x (or a) [..., M, K] rows, w [N, K] with a unit
-// stride along K, out [..., M, N] rows (aliasing is each op's rule, layer_op_checks).
-void check_product(const Tensor& x, const Tensor& w, const Tensor& out, const char* op,
-                   const char* x_name) {
-  check_cuda_tensor(x, op, x_name);
-  check_cuda_tensor(w, op, "w");
-  check_cuda_tensor(out, op, "out");
-  check_float(x, op, x_name);
-  check_float(w, op, "w");
-  check_float(out, op, "out");
-  check_rows(x, op, x_name);
-  check_rows(out, op, "out");
-  if (x.dim() < 2 || w.dim() != 2 || w.size(1) != x.size(-1))
-    fail<ShapeError>(op, ": `", x_name, "` must be [..., M, K] and `w` [N, K], got ", x_name, " ",
-                     dims_str(x.shape()), " and w ", dims_str(w.shape()));
-  if (w.size(1) > 1 && w.stride(1) != 1)
-    fail<LayoutError>(op, ": `w` must have a unit stride on its last axis, got strides ",
-                      dims_str(w.strides()));
-  Dims y_shape = x.shape();
-  y_shape.back() = w.size(0);
-  check_shape(out, y_shape, op, "out");
 }
 
 // The GEMV params of the product x [..., M, K] @ w^T into out (the prologue fields are the
@@ -572,12 +542,12 @@ bool prologue_gemv_applies(const Tensor& x, const Tensor& w) {
 void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w, Tensor& out,
                      bool w_constant) {
   constexpr const char* kOp = "rms_norm_matmul";
-  check_product(x, w, out, kOp, "x");
-  check_cuda_tensor(weight, kOp, "weight");
-  check_float(weight, kOp, "weight");
-  check_norm_weight(x, weight, kOp);
-  check_eps(eps, kOp);
-  layer_op_checks::check_norm_product_aliasing(x, weight, "weight", w, out, kOp);
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&x, "x"},
+                                {&weight, "weight"},
+                                {&w, "w"},
+                                {&out, "out"}})
+    check_cuda_tensor(*t, kOp, name);
+  layer_op_checks::check_rms_norm_matmul(x, weight, eps, w, out, kOp);
   if (out.numel() == 0) return;
   if (prologue_gemv_applies(x, w)) {
     gemv::Params p = product_params(x, w, out, w_constant);
@@ -627,17 +597,13 @@ void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, co
 void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
                          Tensor& out, bool w_constant) {
   constexpr const char* kOp = "silu_mul_matmul_add";
-  check_product(a, w, out, kOp, "a");
-  check_cuda_tensor(b, kOp, "b");
-  check_cuda_tensor(c, kOp, "c");
-  check_rows(b, kOp, "b");
-  check_float(c, kOp, "c");
-  if (b.dtype() != a.dtype() || w.dtype() != a.dtype())
-    fail<DTypeError>(kOp, ": `a`, `b` and `w` must have one dtype, got ", dtype_name(a.dtype()),
-                     ", ", dtype_name(b.dtype()), ", ", dtype_name(w.dtype()));
-  check_shape(b, a.shape(), kOp, "b");
-  check_shape(c, out.shape(), kOp, "c");
-  layer_op_checks::check_silu_mul_matmul_add_aliasing(a, b, w, c, out, kOp);
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&a, "a"},
+                                {&b, "b"},
+                                {&w, "w"},
+                                {&c, "c"},
+                                {&out, "out"}})
+    check_cuda_tensor(*t, kOp, name);
+  layer_op_checks::check_silu_mul_matmul_add(a, b, w, c, out, kOp);
   if (out.numel() == 0) return;
   if (!prologue_gemv_applies(a, w)) {
     // The two-kernel chain: the SiluMul node's output, then the product with the residual.
