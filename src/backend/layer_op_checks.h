@@ -1,6 +1,10 @@
-// Host-side argument checks shared by the CPU and CUDA layer-op kernels (RMSNorm, SiluMul, RoPE,
-// MatMulAdd and the prologue products): one wording of each typed error, so both backends reject
-// bad input the same way.
+// Host-side argument checks shared by the CPU and CUDA layer-op kernels: one function per op
+// (check_rms_norm, check_silu_mul, check_rope, check_matmul_add, check_rms_norm_matmul,
+// check_silu_mul_matmul_add, check_swiglu, check_rope_kv_append, check_qkv_rope) holding its
+// dtype, shape, layout and aliasing rules with one wording of each typed error, so both backends
+// refuse bad input the same way before anything is written. Devices are each backend's own check
+// (before these); what a kernel reads on the device (a position's value on CUDA) is not here.
+// tests/kernels/layer_ops_validation_tables.h runs every rule on both backends.
 #pragma once
 
 #include <cmath>
