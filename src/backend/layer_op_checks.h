@@ -46,59 +46,11 @@ inline void check_eps(float eps, const char* op) {
     fail<ValueError>(op, ": `eps` must be finite and >= 0, got ", eps);
 }
 
-// The aliasing rule of each layer op (splice::check_output_aliasing), named once for both
-// backends and checked before anything is written: an expanded `out` would have threads race on
-// one address, a cache passed as both k_cache and v_cache would end up holding v, an out inside a
-// cache would be overwritten by the append, a cache over x would change what later rows read.
-// In place: only the identical view of an input the op reads elementwise (rms_norm's x, silu_mul's
-// a and b, rope's x, the residual c).
-inline void check_rms_norm_aliasing(const Tensor& x, const Tensor& weight, const Tensor& out,
-                                    const char* op) {
-  check_output_aliasing({{out, "out"}}, {{x, "x", true}, {weight, "weight"}}, op);
-}
-inline void check_silu_mul_aliasing(const Tensor& a, const Tensor& b, const Tensor& out,
-                                    const char* op) {
-  check_output_aliasing({{out, "out"}}, {{a, "a", true}, {b, "b", true}}, op);
-}
-inline void check_rope_aliasing(const Tensor& x, const Tensor& cos, const Tensor& sin,
-                                const Tensor& position, const Tensor& out, const char* op) {
-  check_output_aliasing({{out, "out"}},
-                        {{x, "x", true}, {cos, "cos"}, {sin, "sin"}, {position, "position"}}, op);
-}
-// rms_norm_matmul and rms_norm_matmul_swiglu (`weight` named as the op names it).
-inline void check_norm_product_aliasing(const Tensor& x, const Tensor& weight,
-                                        const char* weight_name, const Tensor& w, const Tensor& out,
-                                        const char* op) {
-  check_output_aliasing({{out, "out"}}, {{x, "x"}, {weight, weight_name}, {w, "w"}}, op);
-}
-inline void check_matmul_add_aliasing(const Tensor& a, const Tensor& b, const Tensor& c,
-                                      const Tensor& out, const char* op) {
-  check_output_aliasing({{out, "out"}}, {{a, "a"}, {b, "b"}, {c, "c", true}}, op);
-}
-inline void check_silu_mul_matmul_add_aliasing(const Tensor& a, const Tensor& b, const Tensor& w,
-                                               const Tensor& c, const Tensor& out, const char* op) {
-  check_output_aliasing({{out, "out"}}, {{a, "a"}, {b, "b"}, {w, "w"}, {c, "c", true}}, op);
-}
-inline void check_rope_kv_append_aliasing(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
-                                          const Tensor& position, const Tensor& k_cache,
-                                          const Tensor& v_cache, const Tensor& out,
-                                          const char* op) {
-  check_output_aliasing({{k_cache, "k_cache"}, {v_cache, "v_cache"}, {out, "out"}},
-                        {{qkv, "qkv"}, {cos, "cos"}, {sin, "sin"}, {position, "position"}}, op);
-}
-inline void check_qkv_rope_aliasing(const Tensor& x, const Tensor& norm_weight, const Tensor& w,
-                                    const Tensor& cos, const Tensor& sin, const Tensor& position,
-                                    const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
-                                    const char* op) {
-  check_output_aliasing({{k_cache, "k_cache"}, {v_cache, "v_cache"}, {out, "out"}},
-                        {{x, "x"},
-                         {norm_weight, "norm_weight"},
-                         {w, "w"},
-                         {cos, "cos"},
-                         {sin, "sin"},
-                         {position, "position"}},
-                        op);
-}
+// Aliasing (every check_<op> below ends with its op's rule, splice::check_output_aliasing): an
+// expanded `out` would have threads race on one address, a cache passed as both k_cache and
+// v_cache would end up holding v, an out inside a cache would be overwritten by the append, a
+// cache over x would change what later rows read. In place: only the identical view of an input
+// the op reads elementwise (rms_norm's x, silu_mul's a and b, rope's x, the residual c).
 
 // RoPE's position is one i32 value [1] (DTypeError for another dtype, ShapeError for another
 // shape).
@@ -129,7 +81,7 @@ inline void check_rms_norm(const Tensor& x, const Tensor& weight, float eps, con
   check_norm_weight(x, weight, op);
   check_shape(out, x.shape(), op, "out");
   check_eps(eps, op);
-  check_rms_norm_aliasing(x, weight, out, op);
+  check_output_aliasing({{out, "out"}}, {{x, "x", true}, {weight, "weight"}}, op);
 }
 
 // The operands of silu_mul, on either backend: a, b and out [..., N] rows of one shape and one
@@ -149,7 +101,7 @@ inline void check_silu_mul(const Tensor& a, const Tensor& b, const Tensor& out, 
       fail<DTypeError>(op, ": `", name, "` must have a's dtype ", dtype_name(a.dtype()), ", got ",
                        dtype_name(t->dtype()));
   check_shape(out, a.shape(), op, "out");
-  check_silu_mul_aliasing(a, b, out, op);
+  check_output_aliasing({{out, "out"}}, {{a, "a", true}, {b, "b", true}}, op);
 }
 
 // The operands of rope, on either backend: x and out [..., D] rows of one shape and float dtype, D
@@ -177,7 +129,8 @@ inline void check_rope(const Tensor& x, const Tensor& cos, const Tensor& sin,
   if (out.dtype() != x.dtype())
     fail<DTypeError>(op, ": `out` must have x's dtype ", dtype_name(x.dtype()), ", got ",
                      dtype_name(out.dtype()));
-  check_rope_aliasing(x, cos, sin, position, out, op);
+  check_output_aliasing({{out, "out"}},
+                        {{x, "x", true}, {cos, "cos"}, {sin, "sin"}, {position, "position"}}, op);
 }
 
 // a [..., M, K] rows and w [N, K] with a unit stride along K (`x_name` names a): the product's
@@ -210,7 +163,7 @@ inline void check_rms_norm_matmul(const Tensor& x, const Tensor& weight, float e
   check_shape(out, y_shape, op, "out");
   check_norm_weight(x, weight, op);
   check_eps(eps, op);
-  check_norm_product_aliasing(x, weight, "weight", w, out, op);
+  check_output_aliasing({{out, "out"}}, {{x, "x"}, {weight, "weight"}, {w, "w"}}, op);
 }
 
 // The operands of silu_mul_matmul_add, on either backend: a, b [..., M, K] rows and w [N, K]
@@ -236,7 +189,7 @@ inline void check_silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Te
                      dims_str(c.shape()));
   check_rows(out, op, "out");
   check_shape(out, y_shape, op, "out");
-  check_silu_mul_matmul_add_aliasing(a, b, w, c, out, op);
+  check_output_aliasing({{out, "out"}}, {{a, "a"}, {b, "b"}, {w, "w"}, {c, "c", true}}, op);
 }
 
 // The operands of matmul_add, on either backend (devices are the caller's; the public op has
@@ -267,7 +220,7 @@ inline void check_matmul_add(const Tensor& a, const Tensor& b, const Tensor& c, 
   if (out.shape() != y_shape)
     fail<ShapeError>(op, ": `out` must have the product's shape ", dims_str(y_shape), ", got ",
                      dims_str(out.shape()));
-  check_matmul_add_aliasing(a, b, c, out, op);
+  check_output_aliasing({{out, "out"}}, {{a, "a"}, {b, "b"}, {c, "c", true}}, op);
 }
 
 // The operands of rope_kv_append, on either backend (devices are the caller's): qkv [B, 1, (Hq +
@@ -327,7 +280,8 @@ inline RopeGeometry check_rope_kv_append(const Tensor& qkv, const Tensor& cos, c
     fail<DTypeError>(op, ": `sin` must have cos's dtype ", dtype_name(cos.dtype()), ", got ",
                      dtype_name(sin.dtype()));
   check_position(position, op);
-  check_rope_kv_append_aliasing(qkv, cos, sin, position, k_cache, v_cache, out, op);
+  check_output_aliasing({{k_cache, "k_cache"}, {v_cache, "v_cache"}, {out, "out"}},
+                        {{qkv, "qkv"}, {cos, "cos"}, {sin, "sin"}, {position, "position"}}, op);
   return g;
 }
 
@@ -406,7 +360,14 @@ inline RopeGeometry check_qkv_rope(const Tensor& x, const Tensor& norm_weight, f
     fail<DTypeError>(op, ": `cos` and `sin` must have one dtype, got ", dtype_name(cos.dtype()),
                      " and ", dtype_name(sin.dtype()));
   check_position(position, op);
-  check_qkv_rope_aliasing(x, norm_weight, w, cos, sin, position, k_cache, v_cache, out, op);
+  check_output_aliasing({{k_cache, "k_cache"}, {v_cache, "v_cache"}, {out, "out"}},
+                        {{x, "x"},
+                         {norm_weight, "norm_weight"},
+                         {w, "w"},
+                         {cos, "cos"},
+                         {sin, "sin"},
+                         {position, "position"}},
+                        op);
   return g;
 }
 
@@ -441,7 +402,7 @@ inline std::int64_t check_swiglu(const Tensor& x, const Tensor& norm_weight, flo
   if (out.shape() != out_shape)
     fail<ShapeError>(op, ": `out` must be ", dims_str(out_shape), " (x's rows, I = ", inter,
                      " columns), got ", dims_str(out.shape()));
-  check_norm_product_aliasing(x, norm_weight, "norm_weight", w, out, op);
+  check_output_aliasing({{out, "out"}}, {{x, "x"}, {norm_weight, "norm_weight"}, {w, "w"}}, op);
   return inter;
 }
 
