@@ -19,13 +19,20 @@ namespace splice {
 
 const char* attention_feature_name(AttentionFeature f) {
   switch (f) {
-    case AttentionFeature::causal: return "causal";
-    case AttentionFeature::window_left: return "window_left";
-    case AttentionFeature::window_right: return "window_right";
-    case AttentionFeature::softcap: return "softcap";
-    case AttentionFeature::alibi: return "alibi";
-    case AttentionFeature::per_seq_klen: return "per_seq_klen";
-    case AttentionFeature::lse: return "lse";
+    case AttentionFeature::causal:
+      return "causal";
+    case AttentionFeature::window_left:
+      return "window_left";
+    case AttentionFeature::window_right:
+      return "window_right";
+    case AttentionFeature::softcap:
+      return "softcap";
+    case AttentionFeature::alibi:
+      return "alibi";
+    case AttentionFeature::per_seq_klen:
+      return "per_seq_klen";
+    case AttentionFeature::lse:
+      return "lse";
   }
   return "?";
 }
@@ -63,13 +70,20 @@ AttentionContract seed_capacity_k_contract() {
 
 const char* layer_op_name(LayerOpKind kind) {
   switch (kind) {
-    case LayerOpKind::rms_norm: return "rms_norm";
-    case LayerOpKind::silu_mul: return "silu_mul";
-    case LayerOpKind::rope: return "rope";
-    case LayerOpKind::matmul_add: return "matmul_add";
-    case LayerOpKind::rms_norm_matmul: return "rms_norm_matmul";
-    case LayerOpKind::silu_mul_matmul_add: return "silu_mul_matmul_add";
-    case LayerOpKind::rope_kv_append: return "rope_kv_append";
+    case LayerOpKind::rms_norm:
+      return "rms_norm";
+    case LayerOpKind::silu_mul:
+      return "silu_mul";
+    case LayerOpKind::rope:
+      return "rope";
+    case LayerOpKind::matmul_add:
+      return "matmul_add";
+    case LayerOpKind::rms_norm_matmul:
+      return "rms_norm_matmul";
+    case LayerOpKind::silu_mul_matmul_add:
+      return "silu_mul_matmul_add";
+    case LayerOpKind::rope_kv_append:
+      return "rope_kv_append";
     case LayerOpKind::rms_norm_matmul_rope_kv_append:
       return "rms_norm_matmul_rope_kv_append";
     case LayerOpKind::rms_norm_matmul_swiglu:
@@ -117,5 +131,47 @@ std::string LayerOpContract::qkv_rope_gate(DType x, DType norm_weight, DType w, 
 }
 
 Tolerance LayerOpContract::tolerance(DType dtype) const { return default_tolerance(dtype); }
+
+namespace {
+
+// Every feature both flash-decode kernels implement.
+const std::vector<AttentionFeature> kAllAttentionFeatures = {
+    AttentionFeature::causal,  AttentionFeature::window_left, AttentionFeature::window_right,
+    AttentionFeature::softcap, AttentionFeature::alibi,       AttentionFeature::per_seq_klen,
+    AttentionFeature::lse};
+
+}  // namespace
+
+const AttentionContract& cpu_flash_decode_contract() {
+  static const AttentionContract row = [] {
+    AttentionContract c;
+    c.kernel = "flash_decode";
+    c.backend = "cpu";
+    c.revision = "cpu-fd-1";
+    c.dtypes = {DType::f32, DType::f16, DType::bf16};
+    c.head_dims = {32, 64, 80, 96, 128, 160, 192, 256};
+    c.max_sq = 64;
+    c.max_group = 0;
+    c.features = kAllAttentionFeatures;
+    return c;
+  }();
+  return row;
+}
+
+const AttentionContract& cuda_flash_decode_contract() {
+  static const AttentionContract row = [] {
+    AttentionContract c;
+    c.kernel = "flash_decode";
+    c.backend = "cuda";
+    c.revision = "cuda-fd-1";
+    c.dtypes = {DType::bf16, DType::f16};
+    c.head_dims = {64, 128, 256};
+    c.max_sq = 8;
+    c.max_group = 0;
+    c.features = kAllAttentionFeatures;
+    return c;
+  }();
+  return row;
+}
 
 }  // namespace splice

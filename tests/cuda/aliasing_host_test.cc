@@ -11,11 +11,12 @@
 //   2. Layer ops: rms_norm, silu_mul, rope, rms_norm_matmul, silu_mul_matmul_add,
 //      rms_norm_matmul_swiglu, rope_kv_append and rms_norm_matmul_rope_kv_append.
 //   3. Flash decode's launcher (what a decode session calls): out inside k, out over q, lse over
-//      out.
+//      out; and its checks against the CUDA contract row.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -36,32 +37,12 @@ using cpu::UnaryKind;
 
 constexpr float kEps = 1e-5f;
 
-// Host bytes posing as device memory: tensors borrowed from them claim Device::cuda().
-class FakeDeviceMemory {
- public:
-  explicit FakeDeviceMemory(std::size_t bytes) : bytes_(bytes + kAlign, 0) {}
-  // A contiguous `shape` view `offset` elements of `dtype` in.
-  Tensor at(std::int64_t offset, const Dims& shape, DType dtype) {
-    return view(offset, shape, Tensor::contiguous_strides(shape), dtype);
-  }
-  Tensor view(std::int64_t offset, const Dims& shape, const Dims& strides, DType dtype) {
-    const auto start = reinterpret_cast<std::uintptr_t>(bytes_.data());
-    auto* base = reinterpret_cast<unsigned char*>((start + kAlign - 1) / kAlign * kAlign) +
-                 offset * static_cast<std::int64_t>(dtype_size(dtype));
-    return Tensor::borrow(base, shape, dtype, strides, Device::cuda());
-  }
-
- private:
-  static constexpr std::uintptr_t kAlign = 256;  // as cudaMalloc's
-  std::vector<unsigned char> bytes_;
-};
-
 void refused(const std::function<void()>& call, const std::string& needle) {
   testing::expect_error_with<LayoutError>(call, needle);
 }
 
 TEST(CudaAliasingHost, PrimitivesRefuseOutputsThatShareMemory) {
-  FakeDeviceMemory mem(1 << 16);
+  testing::FakeDeviceMemory mem(1 << 16);
   Tensor buf = mem.at(0, {8, 16}, DType::f32);                    // [8, 16]
   Tensor top = buf.slice(0, 0, 4), shifted = buf.slice(0, 1, 5);  // [4, 16]: rows 0-3, 1-4
   Tensor expanded = buf.slice(0, 6, 7).expand({4, 16});           // row 6 four times
@@ -101,7 +82,7 @@ TEST(CudaAliasingHost, PrimitivesRefuseOutputsThatShareMemory) {
 }
 
 TEST(CudaAliasingHost, LayerOpsRefuseOutputsThatShareMemory) {
-  FakeDeviceMemory mem(1 << 16);
+  testing::FakeDeviceMemory mem(1 << 16);
   Tensor buf = mem.at(0, {6, 8}, DType::bf16);  // [6, 8]
   Tensor x = buf.slice(0, 0, 2), shifted = buf.slice(0, 1, 3), spare = buf.slice(0, 4, 6);
   Tensor expanded = buf.slice(0, 5, 6).expand({2, 8});
@@ -128,7 +109,7 @@ TEST(CudaAliasingHost, LayerOpsRefuseOutputsThatShareMemory) {
 }
 
 TEST(CudaAliasingHost, RopeKvAppendOperandsAndAliasing) {
-  FakeDeviceMemory mem(1 << 16);
+  testing::FakeDeviceMemory mem(1 << 16);
   // Hq = Hkv = 1, D = 8, capacity 4: qkv [1, 1, 24], caches [1, 1, 4, 8], out [1, 1, 1, 8].
   const Tensor qkv = mem.at(0, {1, 1, 24}, DType::bf16);
   const Tensor cos = mem.at(64, {4, 8}, DType::f32), sin = mem.at(96, {4, 8}, DType::f32);
@@ -162,7 +143,7 @@ TEST(CudaAliasingHost, RopeKvAppendOperandsAndAliasing) {
 }
 
 TEST(CudaAliasingHost, FlashDecodeLauncherRefusesOutputsThatShareMemory) {
-  FakeDeviceMemory mem(1 << 20);
+  testing::FakeDeviceMemory mem(1 << 20);
   const Tensor q = mem.at(0, {1, 4, 1, 128}, DType::bf16);  // 512 elements
   Tensor k = mem.at(1024, {1, 1, 64, 128}, DType::bf16);    // 8192 elements
   const Tensor k_len = mem.at(16384, {1}, DType::i32);
@@ -177,6 +158,48 @@ TEST(CudaAliasingHost, FlashDecodeLauncherRefusesOutputsThatShareMemory) {
   Tensor out = mem.at(20480, {1, 4, 1, 128}, DType::bf16);
   Tensor lse_over_out = mem.at(10240, {1, 4, 1}, DType::f32);  // bytes 40960.., out's first
   refused(call(out, &lse_over_out), "`out` and `lse` must not overlap");
+}
+
+// The launcher's checks are the public op's against the CUDA contract row
+// (flash_decode_checks::check_call) plus this kernel's own limits; each refusal names the
+// argument (the GPU test this replaces allocated device memory for them).
+TEST(CudaAliasingHost, FlashDecodeLauncherChecksTheCudaContractRow) {
+  testing::FakeDeviceMemory mem(1 << 22);
+  const Tensor q = mem.at(0, {1, 4, 1, 128}, DType::bf16);
+  const Tensor k = mem.at(4096, {1, 1, 64, 128}, DType::bf16);
+  const Tensor k_len = mem.at(65536, {1}, DType::i32);
+  Tensor out = mem.at(81920, {1, 4, 1, 128}, DType::bf16);
+  const DecodeAttentionOptions options;
+  const auto launch = [&](const Tensor& q_, const Tensor& k_, Tensor& out_,
+                          const DecodeAttentionOptions& o = {}, const Tensor* alibi = nullptr,
+                          Tensor* lse = nullptr) {
+    return [&, o, alibi, lse] { cuda::flash_decode(q_, k_, k_, k_len, alibi, o, out_, lse); };
+  };
+  const Tensor q32 = mem.at(0, {1, 4, 1, 128}, DType::f32);
+  testing::expect_error_with<DTypeError>(launch(q32, k, out), "`q` must be bf16 or f16");
+  const Tensor q96 = mem.at(0, {1, 4, 1, 96}, DType::bf16);
+  const Tensor k96 = mem.at(4096, {1, 1, 64, 96}, DType::bf16);
+  Tensor out96 = mem.at(81920, {1, 4, 1, 96}, DType::bf16);
+  testing::expect_error_with<UnsupportedError>(launch(q96, k96, out96),
+                                               "head_dim must be one of {64, 128, 256}");
+  const Tensor q9 = mem.at(0, {1, 4, 9, 128}, DType::bf16);  // past the row's max_sq 8
+  Tensor out9 = mem.at(81920, {1, 4, 9, 128}, DType::bf16);
+  testing::expect_error_with<UnsupportedError>(launch(q9, k, out9), "q_len must be <= 8");
+  const Tensor k_odd = mem.view(4096, {1, 1, 64, 128}, {129 * 64, 129 * 64, 129, 1}, DType::bf16);
+  testing::expect_error_with<LayoutError>(launch(q, k_odd, out), "16-byte aligned rows");
+  const Tensor q3 = mem.at(0, {1, 3, 1, 128}, DType::bf16);
+  const Tensor k2 = mem.at(4096, {1, 2, 64, 128}, DType::bf16);
+  Tensor out3 = mem.at(81920, {1, 3, 1, 128}, DType::bf16);
+  testing::expect_error_with<ShapeError>(launch(q3, k2, out3), "must be a multiple of");
+  const Tensor alibi_strided = mem.view(200000, {4}, {2}, DType::f32);
+  testing::expect_error_with<LayoutError>(launch(q, k, out, options, &alibi_strided), "`alibi`");
+  DecodeAttentionOptions nan_softcap;
+  nan_softcap.softcap = std::numeric_limits<float>::quiet_NaN();
+  testing::expect_error_with<ValueError>(launch(q, k, out, nan_softcap), "softcap");
+  Tensor lse_short = mem.at(200000, {1, 4}, DType::f32);
+  testing::expect_error_with<ShapeError>(launch(q, k, out, options, nullptr, &lse_short), "`lse`");
+  const Tensor host_q = Tensor::empty({1, 4, 1, 128}, DType::bf16);
+  testing::expect_error_with<DeviceError>(launch(host_q, k, out), "`q`");
 }
 
 }  // namespace

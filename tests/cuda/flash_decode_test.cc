@@ -1388,33 +1388,5 @@ TEST(FlashDecodeCuda, OutputsThatShareMemoryAreRefused) {
   EXPECT_TRUE(testing::bit_equal(testing::download(k), k_host));
 }
 
-TEST(FlashDecodeCuda, BadArgumentsRaiseTypedErrors) {
-  SKIP_WITHOUT_GPU();
-  const Device gpu = Device::cuda();
-  const Tensor q = Tensor::empty({1, 4, 1, 128}, DType::bf16, gpu);
-  const Tensor k = Tensor::empty({1, 1, 64, 128}, DType::bf16, gpu);
-  Tensor k_len = Tensor::empty({1}, DType::i32, gpu);
-  Tensor out = Tensor::empty({1, 4, 1, 128}, DType::bf16, gpu);
-  const DecodeAttentionOptions options;
-  const Tensor q32 = Tensor::empty({1, 4, 1, 128}, DType::f32, gpu);
-  EXPECT_THROW(cuda::flash_decode(q32, k, k, k_len, nullptr, options, out, nullptr), DTypeError);
-  const Tensor q96 = Tensor::empty({1, 4, 1, 96}, DType::bf16, gpu);
-  const Tensor k96 = Tensor::empty({1, 1, 64, 96}, DType::bf16, gpu);
-  Tensor out96 = Tensor::empty({1, 4, 1, 96}, DType::bf16, gpu);
-  EXPECT_THROW(cuda::flash_decode(q96, k96, k96, k_len, nullptr, options, out96, nullptr),
-               ShapeError);
-  const Tensor k_odd = Tensor::empty({1, 1, 64, 129}, DType::bf16, gpu).slice(3, 0, 128);
-  EXPECT_THROW(cuda::flash_decode(q, k_odd, k_odd, k_len, nullptr, options, out, nullptr),
-               LayoutError);
-  const Tensor q_bad_heads = Tensor::empty({1, 3, 1, 128}, DType::bf16, gpu);
-  const Tensor k2 = Tensor::empty({1, 2, 64, 128}, DType::bf16, gpu);
-  Tensor out3 = Tensor::empty({1, 3, 1, 128}, DType::bf16, gpu);
-  EXPECT_THROW(cuda::flash_decode(q_bad_heads, k2, k2, k_len, nullptr, options, out3, nullptr),
-               ShapeError);
-  const Tensor host_q = Tensor::empty({1, 4, 1, 128}, DType::bf16);
-  EXPECT_THROW(cuda::flash_decode(host_q, k, k, k_len, nullptr, options, out, nullptr),
-               DeviceError);
-}
-
 }  // namespace
 }  // namespace splice

@@ -29,6 +29,28 @@ Tensor padded_tensor(const Dims& shape, DType dtype, std::int64_t pad);
 ::testing::AssertionResult close(const Tensor& actual, const Tensor& expected, Tolerance tol);
 ::testing::AssertionResult bit_equal(const Tensor& actual, const Tensor& expected);
 
+// Host bytes posing as device memory: tensors borrowed from them claim Device::cuda(), so a CUDA
+// launcher's host-side checks run without a GPU (they never dereference a tensor; a call that
+// passes them goes on to a CUDA call, which fails without a device).
+class FakeDeviceMemory {
+ public:
+  explicit FakeDeviceMemory(std::size_t bytes) : bytes_(bytes + kAlign, 0) {}
+  // A contiguous `shape` view `offset` elements of `dtype` in.
+  Tensor at(std::int64_t offset, const Dims& shape, DType dtype) {
+    return view(offset, shape, Tensor::contiguous_strides(shape), dtype);
+  }
+  Tensor view(std::int64_t offset, const Dims& shape, const Dims& strides, DType dtype) {
+    const auto start = reinterpret_cast<std::uintptr_t>(bytes_.data());
+    auto* base = reinterpret_cast<unsigned char*>((start + kAlign - 1) / kAlign * kAlign) +
+                 offset * static_cast<std::int64_t>(dtype_size(dtype));
+    return Tensor::borrow(base, shape, dtype, strides, Device::cuda());
+  }
+
+ private:
+  static constexpr std::uintptr_t kAlign = 256;  // as cudaMalloc's
+  std::vector<unsigned char> bytes_;
+};
+
 // Expects `call()` to throw ErrorType whose message contains `needle`; a call that returns, or
 // throws another type, is a test failure naming the needle.
 template <typename ErrorType, typename Call>

@@ -31,13 +31,13 @@ enum class AttentionFeature : std::uint8_t {
 const char* attention_feature_name(AttentionFeature f);
 
 struct AttentionContract {
-  std::string kernel;                  // "flash_decode"
-  std::string backend;                 // "cpu" or "cuda"
-  std::string revision;                // bumped whenever the kernel's numerics change
-  std::vector<DType> dtypes;           // q/k/v/o dtypes (all one dtype)
-  std::vector<std::int64_t> head_dims; // supported D
-  std::int64_t max_sq = 1;             // largest query length per call
-  std::int64_t max_group = 0;          // largest Hq/Hkv (0 = any)
+  std::string kernel;                   // "flash_decode"
+  std::string backend;                  // "cpu" or "cuda"
+  std::string revision;                 // bumped whenever the kernel's numerics change
+  std::vector<DType> dtypes;            // q/k/v/o dtypes (all one dtype)
+  std::vector<std::int64_t> head_dims;  // supported D
+  std::int64_t max_sq = 1;              // largest query length per call
+  std::int64_t max_group = 0;           // largest Hq/Hkv (0 = any)
   std::vector<AttentionFeature> features;
   // The verifier's bound on the fused arm's output against the oracle, for every dtype; none: the
   // policy default for the output's dtype (tolerance.h).
@@ -53,16 +53,21 @@ struct AttentionContract {
 // The seed's capacity-K kernel as a contract row: no ALiBi, no windows, no softcap, Sq == 1.
 AttentionContract seed_capacity_k_contract();
 
+// The contract rows of the flash-decode kernel on each backend (src/core/contract.cc): the gate,
+// the verifier and the argument checks of the op and of the CUDA launcher all read them.
+const AttentionContract& cpu_flash_decode_contract();
+const AttentionContract& cuda_flash_decode_contract();
+
 // Contracts for the fused KDA decode kernel (spec kda_decode.md §4).
 struct KdaContract {
-  std::string kernel;                  // "kda_decode"
+  std::string kernel;  // "kda_decode"
   std::string backend;
   std::string revision;
-  std::vector<DType> state_dtypes;     // f32, bf16
-  std::vector<std::int64_t> head_dims; // 128
-  std::int64_t max_t = 0;              // 0 = any T the device can hold
-  bool softplus_gate_any_t = true;     // lower_bound = none for T > 1 [beyond]
-  Tolerance output_tolerance;          // against the float64 reference / the oracle
+  std::vector<DType> state_dtypes;      // f32, bf16
+  std::vector<std::int64_t> head_dims;  // 128
+  std::int64_t max_t = 0;               // 0 = any T the device can hold
+  bool softplus_gate_any_t = true;      // lower_bound = none for T > 1 [beyond]
+  Tolerance output_tolerance;           // against the float64 reference / the oracle
   Tolerance state_tolerance;
 };
 
@@ -88,12 +93,12 @@ enum class LayerOpKind : std::uint8_t {
 const char* layer_op_name(LayerOpKind kind);
 
 struct LayerOpContract {
-  std::string kernel;               // "layer_ops"
-  std::string backend;              // "cpu" or "cuda"
-  std::string revision;             // bumped whenever a kernel's numerics change
-  std::vector<LayerOpKind> ops;     // implemented ops
-  std::vector<DType> dtypes;        // activation (x / a / b / out) dtypes
-  std::int64_t max_row = 0;         // largest last-axis length (0 = any)
+  std::string kernel;            // "layer_ops"
+  std::string backend;           // "cpu" or "cuda"
+  std::string revision;          // bumped whenever a kernel's numerics change
+  std::vector<LayerOpKind> ops;  // implemented ops
+  std::vector<DType> dtypes;     // activation (x / a / b / out) dtypes
+  std::int64_t max_row = 0;      // largest last-axis length (0 = any)
   // rms_norm_matmul_rope_kv_append only (its CUDA kernel is a register-prologue GEMV with a RoPE
   // epilogue, narrower than the other ops): the activation dtypes it takes (empty: `dtypes`), the
   // head dims (empty: any even D), the largest K (0: any), the largest batch B (0: any), and

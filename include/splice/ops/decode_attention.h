@@ -38,11 +38,7 @@ struct DecodeAttentionOptions {
 // log-sum-exp into `*lse` (allocated when undefined). Runs on the device of `q`. Validates every
 // argument against the backend's contract row and throws a typed error naming it.
 Tensor decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_len,
-                        const Tensor* alibi, const DecodeAttentionOptions& options,
-                        Tensor out = {}, Tensor* lse = nullptr);
-
-// The contract rows of the flash-decode kernel on each backend.
-const AttentionContract& cpu_flash_decode_contract();
-const AttentionContract& cuda_flash_decode_contract();
+                        const Tensor* alibi, const DecodeAttentionOptions& options, Tensor out = {},
+                        Tensor* lse = nullptr);
 
 }  // namespace splice

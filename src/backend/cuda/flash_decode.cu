@@ -441,75 +441,33 @@ FlashDecodeDevKnobs flash_decode_dev_knobs() {
 void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_len,
                   const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,
                   Tensor* lse, Stream stream, bool stable_prefix) {
-  // Stage 1: argument checks.
+  // Stage 1: argument checks. Devices, then the call against the CUDA contract row (the public
+  // op's checks, flash_decode_checks::check_call), then this kernel's own limits.
   check_cuda_tensor(q, "q");
   check_cuda_tensor(k, "k");
   check_cuda_tensor(v, "v");
   check_cuda_tensor(k_len, "k_len");
   check_cuda_tensor(out, "out");
-  check_dtype(q, "q", {DType::bf16, DType::f16});
-  check_dtype(k, "k", {q.dtype()});
-  check_dtype(v, "v", {q.dtype()});
-  check_dtype(out, "out", {q.dtype()});
-  check_dtype(k_len, "k_len", {DType::i32});
-  check_rank(q, "q", 4);
-  check_rank(k, "k", 4);
+  if (alibi) check_cuda_tensor(*alibi, "alibi");
+  if (lse) check_cuda_tensor(*lse, "lse");
+  flash_decode_checks::check_call(cuda_flash_decode_contract(), q, k, v, k_len, alibi, options,
+                                  out, lse);
   const std::int64_t batch = q.size(0);
   const std::int64_t num_qo_heads = q.size(1);
   const std::int64_t q_len = q.size(2);
   const std::int64_t head_dim = q.size(3);
   const std::int64_t num_kv_heads = k.size(1);
   const std::int64_t capacity = k.size(2);
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
-    fail<ShapeError>("flash_decode: head_dim must be one of {64, 128, 256}, got ", head_dim);
-  if (batch < 1 || q_len < 1 || num_kv_heads < 1)
-    fail<ShapeError>("flash_decode: `q` and `k` must be non-empty, got q ", dims_str(q.shape()),
-                     " and k ", dims_str(k.shape()));
-  if (num_qo_heads % num_kv_heads != 0)
-    fail<ShapeError>("flash_decode: num_qo_heads (", num_qo_heads,
-                     ") must be a multiple of num_kv_heads (", num_kv_heads, ")");
-  check_shape(k, "k", {batch, num_kv_heads, capacity, head_dim});
-  check_shape(v, "v", {batch, num_kv_heads, capacity, head_dim});
-  check_shape(out, "out", {batch, num_qo_heads, q_len, head_dim});
   if (capacity >= kMaxLength)
-    fail<ShapeError>("flash_decode: capacity must be below 2^30, got ", capacity);
+    fail<ShapeError>("flash_decode: `k` capacity must be below 2^30, got ", capacity);
   if (batch * num_kv_heads > kMaxGridYZ)
     fail<ShapeError>("flash_decode: batch * num_kv_heads must be at most ", kMaxGridYZ, ", got ",
                      batch * num_kv_heads);
-  check_rank(k_len, "k_len", 1);
-  if (k_len.size(0) != batch && k_len.size(0) != 1)
-    fail<ShapeError>("flash_decode: `k_len` must have shape [", batch, "] or [1], got ",
-                     dims_str(k_len.shape()));
-  for (const auto& [t, name] :
-       {std::pair<const Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}})
-    if (t->stride(3) != 1)
-      fail<LayoutError>("flash_decode: `", name, "` must have a unit head_dim stride, got ",
-                        t->stride(3));
   if (!aligned(k, kVecElems) || !aligned(v, kVecElems))
     fail<LayoutError>(
         "flash_decode: `k` and `v` need 16-byte aligned rows (base address and "
         "strides multiples of 8 elements), got k strides ",
         dims_str(k.strides()), " and v strides ", dims_str(v.strides()));
-  if (alibi) {
-    check_cuda_tensor(*alibi, "alibi");
-    check_dtype(*alibi, "alibi", {DType::f32});
-    check_shape(*alibi, "alibi", {num_qo_heads});
-    check_contiguous(*alibi, "alibi");
-  }
-  if (lse) {
-    check_cuda_tensor(*lse, "lse");
-    check_dtype(*lse, "lse", {DType::f32});
-    check_shape(*lse, "lse", {batch, num_qo_heads, q_len});
-  }
-  flash_decode_checks::check_aliasing(q, k, v, k_len, alibi, out, lse);
-  if (options.window_left && *options.window_left < 0)
-    fail<ValueError>("flash_decode: `window_left` must be >= 0, got ", *options.window_left);
-  if (options.window_right && *options.window_right < 0)
-    fail<ValueError>("flash_decode: `window_right` must be >= 0, got ", *options.window_right);
-  if (options.softcap && !(*options.softcap > 0.0f))
-    fail<ValueError>("flash_decode: `softcap` must be > 0, got ", *options.softcap);
-  if (options.num_splits < 0)
-    fail<ValueError>("flash_decode: `num_splits` must be >= 0, got ", options.num_splits);
 
   // Stage 2: the plan at the capacity bound.
   const FlashDecodeDevKnobs knobs = flash_decode_dev_knobs();
