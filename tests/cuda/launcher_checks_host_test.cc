@@ -1,9 +1,9 @@
-// The CUDA launchers refuse outputs that share memory before any CUDA call, so the rule runs
-// without a GPU, in CI too (label `cuda_host`): every tensor here is host memory borrowed as a
-// `cuda:0` tensor, which no check dereferences. A launcher that lost its check would go on to a
-// CUDA call and fail with a CudaError (no device here) or launch; each case expects the
-// LayoutError that names the tensors (splice::check_output_aliasing and the per-op rules of
-// backend/layer_op_checks.h and backend/flash_decode_checks.h, the CPU backend's rules).
+// The CUDA launchers' host-side argument checks, without a GPU, in CI too (label `cuda_host`):
+// every tensor here is host memory borrowed as a `cuda:0` tensor (testing::FakeDeviceMemory),
+// which no check dereferences. A launcher that lost a check would go on to a CUDA call and fail
+// with a CudaError (no device here) or launch; each case expects the typed error that names the
+// argument. Aliasing: splice::check_output_aliasing and the per-op rules of
+// backend/layer_op_checks.h and backend/flash_decode_checks.h, the CPU backend's rules.
 //
 //   1. Primitives: an out overlapping an input other than as its identical view, an expanded out,
 //      a reduce whose out starts inside its input, matmul's out and residual, gather, concat,
@@ -41,7 +41,7 @@ void refused(const std::function<void()>& call, const std::string& needle) {
   testing::expect_error_with<LayoutError>(call, needle);
 }
 
-TEST(CudaAliasingHost, PrimitivesRefuseOutputsThatShareMemory) {
+TEST(CudaLauncherChecksHost, PrimitivesRefuseOutputsThatShareMemory) {
   testing::FakeDeviceMemory mem(1 << 16);
   Tensor buf = mem.at(0, {8, 16}, DType::f32);                    // [8, 16]
   Tensor top = buf.slice(0, 0, 4), shifted = buf.slice(0, 1, 5);  // [4, 16]: rows 0-3, 1-4
@@ -81,7 +81,7 @@ TEST(CudaAliasingHost, PrimitivesRefuseOutputsThatShareMemory) {
   refused([&] { cuda::write_at(buf, buf.slice(0, 7, 8), 0, offset); }, "overlaps `value`");
 }
 
-TEST(CudaAliasingHost, LayerOpsRefuseOutputsThatShareMemory) {
+TEST(CudaLauncherChecksHost, LayerOpsRefuseOutputsThatShareMemory) {
   testing::FakeDeviceMemory mem(1 << 16);
   Tensor buf = mem.at(0, {6, 8}, DType::bf16);  // [6, 8]
   Tensor x = buf.slice(0, 0, 2), shifted = buf.slice(0, 1, 3), spare = buf.slice(0, 4, 6);
@@ -108,7 +108,7 @@ TEST(CudaAliasingHost, LayerOpsRefuseOutputsThatShareMemory) {
   refused([&] { cuda::rms_norm_matmul_swiglu(x3, weight, kEps, w, out_in_w); }, "overlaps `w`");
 }
 
-TEST(CudaAliasingHost, RopeKvAppendOperandsAndAliasing) {
+TEST(CudaLauncherChecksHost, RopeKvAppendOperandsAndAliasing) {
   testing::FakeDeviceMemory mem(1 << 16);
   // Hq = Hkv = 1, D = 8, capacity 4: qkv [1, 1, 24], caches [1, 1, 4, 8], out [1, 1, 1, 8].
   const Tensor qkv = mem.at(0, {1, 1, 24}, DType::bf16);
@@ -142,7 +142,7 @@ TEST(CudaAliasingHost, RopeKvAppendOperandsAndAliasing) {
       "overlaps `x`");
 }
 
-TEST(CudaAliasingHost, FlashDecodeLauncherRefusesOutputsThatShareMemory) {
+TEST(CudaLauncherChecksHost, FlashDecodeLauncherRefusesOutputsThatShareMemory) {
   testing::FakeDeviceMemory mem(1 << 20);
   const Tensor q = mem.at(0, {1, 4, 1, 128}, DType::bf16);  // 512 elements
   Tensor k = mem.at(1024, {1, 1, 64, 128}, DType::bf16);    // 8192 elements
@@ -163,7 +163,7 @@ TEST(CudaAliasingHost, FlashDecodeLauncherRefusesOutputsThatShareMemory) {
 // The launcher's checks are the public op's against the CUDA contract row
 // (flash_decode_checks::check_call) plus this kernel's own limits; each refusal names the
 // argument (the GPU test this replaces allocated device memory for them).
-TEST(CudaAliasingHost, FlashDecodeLauncherChecksTheCudaContractRow) {
+TEST(CudaLauncherChecksHost, FlashDecodeLauncherChecksTheCudaContractRow) {
   testing::FakeDeviceMemory mem(1 << 22);
   const Tensor q = mem.at(0, {1, 4, 1, 128}, DType::bf16);
   const Tensor k = mem.at(4096, {1, 1, 64, 128}, DType::bf16);
