@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "splice/backend/cuda/primitives.h"
@@ -321,16 +322,6 @@ TEST(CudaArgmax, PdlOnAndOffAfterAProducerKernel) {
   cuda::destroy_stream(stream);
 }
 
-template <typename E, typename Call>
-void expect_error(Call&& call, const std::string& words) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one saying " << words;
-  } catch (const E& e) {
-    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-  }
-}
-
 TEST(CudaArgmax, BadArgumentsAreTypedErrorsNamingTheArgument) {
   SKIP_WITHOUT_GPU();
   const Tensor logits = Tensor::zeros({2, 5}, DType::f32, Device::cuda());
@@ -338,20 +329,23 @@ TEST(CudaArgmax, BadArgumentsAreTypedErrorsNamingTheArgument) {
   Tensor host_ids = Tensor::zeros({2}, DType::i32);
   Tensor ids_i64 = Tensor::zeros({2}, DType::i64, Device::cuda());
   Tensor ids_short = Tensor::zeros({1}, DType::i32, Device::cuda());
-  expect_error<DeviceError>(
+  testing::expect_error_with<DeviceError>(
       [&] {
         cuda::argmax(Tensor::zeros({2, 5}, DType::f32), ids);
       },
       "`logits` must be on cuda");
-  expect_error<DeviceError>([&] { cuda::argmax(logits, host_ids); }, "`ids` must be on cuda");
-  expect_error<DTypeError>(
+  testing::expect_error_with<DeviceError>([&] { cuda::argmax(logits, host_ids); },
+                                          "`ids` must be on cuda");
+  testing::expect_error_with<DTypeError>(
       [&] {
         cuda::argmax(Tensor::zeros({2, 5}, DType::i32, Device::cuda()), ids);
       },
       "`logits` must be f32, f16 or bf16, got i32");
-  expect_error<DTypeError>([&] { cuda::argmax(logits, ids_i64); }, "`ids` must be i32, got i64");
-  expect_error<ShapeError>([&] { cuda::argmax(logits, ids_short); }, "`ids` must have shape [2]");
-  expect_error<LayoutError>(
+  testing::expect_error_with<DTypeError>([&] { cuda::argmax(logits, ids_i64); },
+                                         "`ids` must be i32, got i64");
+  testing::expect_error_with<ShapeError>([&] { cuda::argmax(logits, ids_short); },
+                                         "`ids` must have shape [2]");
+  testing::expect_error_with<LayoutError>(
       [&] {
         cuda::argmax(Tensor::zeros({5, 2}, DType::f32, Device::cuda()).permute({1, 0}), ids);
       },
@@ -359,8 +353,8 @@ TEST(CudaArgmax, BadArgumentsAreTypedErrorsNamingTheArgument) {
   for (int bad : {-1, 9}) {
     cuda::ArgmaxOptions options;
     options.ctas_per_row = bad;
-    expect_error<ValueError>([&] { cuda::argmax(logits, ids, options); },
-                             "`ctas_per_row` must be in [0, 8]");
+    testing::expect_error_with<ValueError>([&] { cuda::argmax(logits, ids, options); },
+                                           "`ctas_per_row` must be in [0, 8]");
   }
   // A mirror ring: needs the mirror, at least one slot and one row.
   Tensor counter = Tensor::zeros({1}, DType::i32, Device::cuda());
@@ -368,15 +362,17 @@ TEST(CudaArgmax, BadArgumentsAreTypedErrorsNamingTheArgument) {
   cuda::ArgmaxOptions ring;
   ring.mirror_counter = static_cast<std::uint32_t*>(counter.raw_data());
   ring.mirror_slots = 2;
-  expect_error<ValueError>([&] { cuda::argmax(logits.slice(0, 0, 1), ids_short, ring); },
-                           "`mirror_counter` needs a `host_mirror` ring");
+  testing::expect_error_with<ValueError>(
+      [&] { cuda::argmax(logits.slice(0, 0, 1), ids_short, ring); },
+      "`mirror_counter` needs a `host_mirror` ring");
   ring.host_mirror = mirror;
   ring.mirror_slots = 0;
-  expect_error<ValueError>([&] { cuda::argmax(logits.slice(0, 0, 1), ids_short, ring); },
-                           "`mirror_slots` must be >= 1, got 0");
+  testing::expect_error_with<ValueError>(
+      [&] { cuda::argmax(logits.slice(0, 0, 1), ids_short, ring); },
+      "`mirror_slots` must be >= 1, got 0");
   ring.mirror_slots = 2;
-  expect_error<ValueError>([&] { cuda::argmax(logits, ids, ring); },
-                           "takes one row, got 2 rows");
+  testing::expect_error_with<ValueError>([&] { cuda::argmax(logits, ids, ring); },
+                                         "takes one row, got 2 rows");
   cuda::free_pinned(mirror);
 }
 
@@ -464,8 +460,7 @@ double median(std::vector<double> v) {
 
 // `pipelined_with_stops`: whether the model decodes pipelined with stop tokens (no KDA state).
 void expect_in_step_equals_host(Generator& in_step, Generator& host, std::int64_t tokens,
-                                bool expect_replay, const char* what,
-                                bool pipelined_with_stops) {
+                                bool expect_replay, const char* what, bool pipelined_with_stops) {
   const std::vector<std::int32_t> prompt = {1};
   GenerateOptions options;
   options.max_new_tokens = tokens;
@@ -500,9 +495,8 @@ void expect_in_step_equals_host(Generator& in_step, Generator& host, std::int64_
   // so the taken-back step left nothing behind.
   const std::size_t stop_at = want.tokens.size() / 2;
   const std::int32_t stop = want.tokens[stop_at];
-  const std::size_t first_stop =
-      static_cast<std::size_t>(std::find(want.tokens.begin(), want.tokens.end(), stop) -
-                               want.tokens.begin());
+  const std::size_t first_stop = static_cast<std::size_t>(
+      std::find(want.tokens.begin(), want.tokens.end(), stop) - want.tokens.begin());
   in_step.reset();
   host.reset();
   GenerateOptions stopping;
@@ -512,8 +506,8 @@ void expect_in_step_equals_host(Generator& in_step, Generator& host, std::int64_
   const GenerateResult stopped_got = in_step.generate(prompt, stopping);
   EXPECT_EQ(stopped_got.pipelined, pipelined_with_stops) << what;
   EXPECT_TRUE(stopped_got.stopped_on_token) << what;
-  EXPECT_EQ(stopped_got.tokens, std::vector<std::int32_t>(want.tokens.begin(),
-                                                          want.tokens.begin() + first_stop + 1))
+  EXPECT_EQ(stopped_got.tokens,
+            std::vector<std::int32_t>(want.tokens.begin(), want.tokens.begin() + first_stop + 1))
       << what;
   EXPECT_EQ(in_step.position(), host.position()) << what;
   GenerateOptions more;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "splice/core/error.h"
@@ -37,17 +38,6 @@ Tensor filled_ids(std::int64_t n) {
   Tensor t = Tensor::empty({n}, DType::i32);
   t.fill(kUnwritten);
   return t;
-}
-
-// Runs `call`, expecting an E whose message contains `words`.
-template <typename E, typename Call>
-void expect_error(Call&& call, const std::string& words) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one saying " << words;
-  } catch (const E& e) {
-    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-  }
 }
 
 // Overwrites `copies` random positions of row r with a value above the row's maximum (ties of
@@ -123,30 +113,34 @@ TEST(CpuArgmax, BadArgumentsAreTypedErrorsNamingTheArgument) {
   Tensor ids_i64 = Tensor::zeros({2}, DType::i64);
   Tensor ids_short = Tensor::zeros({1}, DType::i32);
   Tensor ids_2d = Tensor::zeros({2, 1}, DType::i32);
-  expect_error<DTypeError>(
+  testing::expect_error_with<DTypeError>(
       [&] {
         cpu::argmax(Tensor::zeros({2, 5}, DType::i32), ids);
       },
       "`logits` must be f32, f16 or bf16, got i32");
-  expect_error<DTypeError>([&] { cpu::argmax(logits, ids_i64); }, "`ids` must be i32, got i64");
-  expect_error<ShapeError>([&] { cpu::argmax(logits, ids_short); }, "`ids` must have shape [2]");
-  expect_error<ShapeError>([&] { cpu::argmax(logits, ids_2d); }, "`ids` must have shape [2]");
-  expect_error<ShapeError>(
+  testing::expect_error_with<DTypeError>([&] { cpu::argmax(logits, ids_i64); },
+                                         "`ids` must be i32, got i64");
+  testing::expect_error_with<ShapeError>([&] { cpu::argmax(logits, ids_short); },
+                                         "`ids` must have shape [2]");
+  testing::expect_error_with<ShapeError>([&] { cpu::argmax(logits, ids_2d); },
+                                         "`ids` must have shape [2]");
+  testing::expect_error_with<ShapeError>(
       [&] {
         cpu::argmax(Tensor::zeros({2, 0}, DType::f32), ids);
       },
       "must hold 1 to 2^31 entries");
-  expect_error<ShapeError>(
+  testing::expect_error_with<ShapeError>(
       [&] {
         cpu::argmax(Tensor::zeros({1, 2, 5}, DType::f32), ids);
       },
       "`logits` must be [rows, vocab] or [vocab], got shape [1, 2, 5]");
-  expect_error<LayoutError>(
+  testing::expect_error_with<LayoutError>(
       [&] {
         cpu::argmax(Tensor::zeros({5, 2}, DType::f32).permute({1, 0}), ids);
       },
       "`logits` must have a unit stride on its vocab axis");
-  expect_error<ShapeError>([&] { cpu::argmax_row(nullptr, 0); }, "`n` must be >= 1, got 0");
+  testing::expect_error_with<ShapeError>([&] { cpu::argmax_row(nullptr, 0); },
+                                         "`n` must be >= 1, got 0");
   EXPECT_EQ(ids.at({0}), kUnwritten);  // nothing was written by a refused call
   EXPECT_EQ(ids.at({1}), kUnwritten);
   cpu::argmax(logits, ids);  // the valid call still works: all zeros tie at index 0
