@@ -879,15 +879,16 @@ TEST(CudaGemv, DecodeRowKernelIsBitwiseTheGeneralKernel) {
       }
 }
 
-// The multi-row rms_norm kernel (gemv.cu's norm_rows_kernel: 2-8 rows of a register prologue in
-// a 16-bit product of k <= 768 at 2-4 rows and <= 256 at 5-8, y in x's dtype, no residual, one
-// resident wave) against the CPU composition and against gemv_kernel (the same launch with
-// max_ctas set): bf16 and f16, 2, 3, 4, 5 and 8 rows, k = 64, 256 (one slot a lane), 576, 768
-// (the largest) and 776 (gemv_kernel), n = 1, 17, 1030 and 3072 (column groups ending after 1,
-// 1, 2 and 4 columns), w_constant on and off, y rows at a column stride of 2 in a NaN-poisoned
-// buffer (gaps and row ends must stay NaN). Not bitwise gemv_kernel (it orders the fp32 sums
-// otherwise): both within the prologue ops' tolerance of the CPU. The launch counter
-// (LaunchStats::norm_rows) says which kernel ran.
+// The multi-row decode kernel (gemv.cu's norm_rows_kernel: 2-8 rows of a 16-bit product of k <=
+// 768 at 2-4 rows and <= 256 at 5-8 with the register rms_norm, or at 2-4 rows with no prologue
+// and an f32 residual or none, y in x's dtype, one resident wave; rms_norm with a residual stays
+// on gemv_kernel) against the CPU composition and against gemv_kernel (the same launch with
+// max_ctas set): both prologues (about half the cases each), bf16 and f16, 2, 3, 4, 5 and 8 rows, k
+// = 64, 256 (one slot a lane), 576, 768 (the largest) and 776 (gemv_kernel), n = 1, 17, 1030 and
+// 3072 (column groups ending after 1, 1, 2 and 4 columns), w_constant on and off, y rows at a
+// column stride of 2 in a NaN-poisoned buffer (gaps and row ends must stay NaN). Not bitwise
+// gemv_kernel (it orders the fp32 sums otherwise): both within the prologue ops' tolerance of the
+// CPU. The launch counters (LaunchStats::norm_rows, plain_rows) say which kernel ran.
 TEST(CudaGemv, NormRowsKernelAgreesWithTheCpuAndTheGeneralKernel) {
   SKIP_WITHOUT_GPU();
   Rng rng(59);
@@ -898,16 +899,31 @@ TEST(CudaGemv, NormRowsKernelAgreesWithTheCpuAndTheGeneralKernel) {
       for (std::int64_t n : {1, 17, 1030, 3072})
         for (std::int64_t m : {2, 3, 4, 5, 8}) {
           SCOPED_TRACE(label(dtype, m, n, k, "norm rows"));
-          const bool fits = k <= (m <= 4 ? 768 : 256);  // one batch: 3 slots at 2-4 rows, 1 past
+          // The prologue: none (plain) or rms_norm; the residual epilogue on most plain cases and
+          // at k = 64 with rms_norm (which norm_rows_kernel leaves to gemv_kernel). One batch of
+          // loads: 3 slots at 2-4 rows, 1 past; a plain product at 2-4 rows only.
+          const bool plain = (k + n + m) % 2 == 1, has_c = n != 1030 && (plain || k == 64);
+          const bool fits = k <= (m <= 4 ? 768 : 256) && !(plain && m > 4) && (plain || !has_c);
           Tolerance tol = default_tolerance(dtype);
           tol.atol *= 4;
           const Tensor x = contiguous_poisoned(rng, {m, k}, dtype);  // [m, k]
           const Tensor w =
               testing::random_tensor(rng, {n, k}, dtype, 1.0 / std::sqrt(static_cast<double>(k)));
           const Tensor norm = testing::random_tensor(rng, {k}, dtype, 0.3, 1.0);  // [k]
-          Tensor expected = Tensor::empty({m, n}, dtype);                         // [m, n]
-          cpu::rms_norm_matmul(x, norm, kEpsNorm, w, expected);
-          const Tensor dx = upload(x), dw = upload(w), dnorm = upload(norm);
+          const Tensor c = contiguous_poisoned(rng, {m, n}, DType::f32);          // [m, n] residual
+          // The product in fp32 where the residual is added (one rounding), else in dtype.
+          Tensor product = Tensor::empty({m, n}, has_c ? DType::f32 : dtype);  // [m, n]
+          if (plain) {
+            cpu::matmul(x, w, product, true);
+          } else {
+            cpu::rms_norm_matmul(x, norm, kEpsNorm, w, product);
+          }
+          Tensor expected = product;  // [m, n] in dtype
+          if (has_c) {
+            expected = Tensor::empty({m, n}, dtype);
+            cpu::binary(cpu::BinaryKind::add, product, c, expected);
+          }
+          const Tensor dx = upload(x), dw = upload(w), dnorm = upload(norm), dc = upload(c);
           const std::int64_t row_stride = 2 * n + 3;  // y [m, n] at strides (2 n + 3, 2)
           const std::int64_t size = static_cast<std::int64_t>(dtype_size(dtype));
           for (bool general : {false, true}) {
@@ -916,15 +932,23 @@ TEST(CudaGemv, NormRowsKernelAgreesWithTheCpuAndTheGeneralKernel) {
             p.y_col_stride = 2;
             p.w_constant = n != 17;
             p.max_ctas = general ? 1 << 20 : 0;
-            p.prologue = cuda::gemv::Prologue::rms_norm;
+            p.prologue = plain ? cuda::gemv::Prologue::none : cuda::gemv::Prologue::rms_norm;
             p.norm_weight = dnorm.raw_data();
             p.norm_weight_dtype = dtype;
             p.eps = kEpsNorm;
-            for (std::int64_t r = 0; r < m; ++r)
+            p.has_c = has_c;
+            p.c_dtype = DType::f32;
+            for (std::int64_t r = 0; r < m; ++r) {
               p.y[r] = static_cast<char*>(dy.raw_data()) + r * row_stride * size;
-            const std::uint64_t before = cuda::gemv::launch_stats().norm_rows;
+              p.c[r] = static_cast<const float*>(dc.raw_data()) + r * n;
+            }
+            const auto routed = [plain] {
+              const cuda::gemv::LaunchStats st = cuda::gemv::launch_stats();
+              return plain ? st.plain_rows : st.norm_rows;
+            };
+            const std::uint64_t before = routed();
             cuda::gemv::launch(p, cuda::current_stream());
-            const bool took = cuda::gemv::launch_stats().norm_rows > before;
+            const bool took = routed() > before;
             EXPECT_EQ(took, !general && fits) << (general ? "max_ctas" : "launcher's grid");
             on_norm_rows += took;
             const Tensor buffer = download(dy);
@@ -934,7 +958,8 @@ TEST(CudaGemv, NormRowsKernelAgreesWithTheCpuAndTheGeneralKernel) {
             EXPECT_EQ(testing::touched_padding(got), 0) << "a store outside y's elements";
           }
         }
-  EXPECT_EQ(on_norm_rows, 2 * 4 * (4 * 3 + 2 * 2));  // dtypes x n x (2-4 rows: 4 k; 5, 8: 2 k)
+  EXPECT_EQ(on_norm_rows,
+            98);  // of 200: rms_norm (no residual) at 2-8 rows, plain at 2-4, within k
 }
 
 }  // namespace

@@ -493,6 +493,24 @@ __device__ __forceinline__ void run_prologue(const Params& p, T* xs, std::int64_
 // shared-memory round trips (-0.2 to -0.3 us per call on the H200, docs/perf.md run 19; -30 us per
 // SmolLM2-shaped token, run 21). The transposed form at 2-8 rows: 4 rows of K = 256 3.17 -> 2.73
 // us, with the SwiGLU epilogue 2.45 -> 1.95 (runs 337-338).
+// This lane's vectors v = u * 32 + lane (u < kUnroll) of x's rows r < kRows into x_raw (zeros
+// past the row and for rows r >= p.rows): the register stage 0's loads, and the whole stage 0
+// of a product without a prologue in norm_rows_kernel.
+template <typename T, int kRows, int kUnroll, typename Raw, typename Index>
+__device__ __forceinline__ void load_x_rows(const Params& p, Raw (&x_raw)[kUnroll][kRows], int lane,
+                                            Index num_vec) {
+  constexpr int kW = static_cast<int>(sizeof(Raw) / sizeof(T));
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const Index v = static_cast<Index>(u) * kWarpSize + lane;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      x_raw[u][r] =
+          load_activation(reinterpret_cast<const Raw*>(static_cast<const T*>(p.x[r]) + v * kW),
+                          v < num_vec && r < p.rows);
+  }
+}
+
 template <typename T, int kRows, int kUnroll, typename Raw, typename Index>
 __device__ __forceinline__ void register_rms_norm_rows(const Params& p,
                                                        Raw (&x_raw)[kUnroll][kRows], int lane,
@@ -1275,10 +1293,12 @@ __host__ __device__ __forceinline__ const Params& product_of(const P& p) {
   }
 }
 
-template <typename P, typename T, int kRows, int kSlots>
+template <typename P, typename T, int kRows, int kSlots, Prologue kPro>
 __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool single_wave) {
   static_assert(kRows == 2 || kRows == 4 || kRows == 8, "norm_rows_kernel: 2, 4 or 8 rows");
   constexpr bool kSwiglu = std::is_same_v<P, SwigluParams>;
+  static_assert(kPro == Prologue::rms_norm || (kPro == Prologue::none && !kSwiglu),
+                "norm_rows_kernel: rms_norm, or no prologue for a plain product");
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
   constexpr int kCols = 4;  // plain: j .. j + 3; SwiGLU: gate j, gate j + 1, up j, up j + 1
   constexpr int kValues = kRows * kCols;
@@ -1317,15 +1337,29 @@ __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool 
   const std::int64_t e = j + out_col;
   const bool stores = has_group && lane % kLanesPerValue == 0 && (!kSwiglu || out_col < 2) &&
                       out_row < q.rows && e < width;
+  // The residual element c[r, j + c] of a product without a prologue (launch()'s: y =
+  // round_T(sum + c)); the rms_norm instances carry no residual code (norm_rows_supported).
+  constexpr bool kResidual = kPro == Prologue::none;
+  const void* c_row = q.c[0];
+#pragma unroll
+  for (int r = 1; r < kRows; ++r)
+    if (out_row == r) c_row = q.c[r];
+  ResidualLoad residual =
+      ResidualLoad::at(c_row, e * q.c_col_stride, q.c_dtype, kResidual && q.has_c && stores);
 
   // Stage 2, then the wait (stage 5).
   if (single_wave) detail::allow_dependents();  // launch.cuh
   if (q.w_constant && has_group) w.load(lane_vectors);
   detail::wait_for_producers();
   if (!has_group) return;
+  residual.issue(q.c_dtype);
   if (!q.w_constant) w.load(lane_vectors);
-  uint4 x_raw[kSlots][kRows];  // [slots, rows] vectors of the normalized rows
-  register_rms_norm_rows<T, kRows, kSlots>(q, x_raw, lane, num_vec);
+  uint4 x_raw[kSlots][kRows];  // [slots, rows] vectors of the (normalized) rows
+  if constexpr (kPro == Prologue::rms_norm) {
+    register_rms_norm_rows<T, kRows, kSlots>(q, x_raw, lane, num_vec);
+  } else {
+    load_x_rows<T, kRows, kSlots>(q, x_raw, lane, num_vec);
+  }
   // Stage 3.
   float acc[kValues];  // [rows * cols]
 #pragma unroll
@@ -1354,7 +1388,8 @@ __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool 
     const float up = __shfl_down_sync(kFullMask, sum, 2 * kLanesPerValue);  // (r, c + 2)'s sum
     if (stores) *target = swiglu_of_sums<T>(sum, up);
   } else {
-    if (stores) *target = from_float<T>(sum);
+    const bool add_c = kResidual && q.has_c;
+    if (stores) *target = from_float<T>(add_c ? sum + residual.value(q.c_dtype) : sum);
   }
 }
 
@@ -1673,7 +1708,7 @@ void launch_swiglu_typed(const SwigluParams& p, int slots, bool partials, int de
   launch_swiglu_instance<T, kLargeSlots, true>(p, device, stream);
 }
 
-std::atomic<std::uint64_t> g_norm_rows_launches{0};
+std::atomic<std::uint64_t> g_norm_rows_launches{0}, g_plain_rows_launches{0};
 
 // The most 16-byte vectors a row may have on norm_rows_kernel at `rows` rows: one slot a lane
 // (K <= 256 in 16-bit) at 5-8 rows, where three would hold 96 x registers a lane; kSmallSlots at
@@ -1706,10 +1741,10 @@ decltype(auto) with_norm_rows_instance(const Params& q, F&& f) {
 // or a SwiGLU pair; pair_grid's CTAs), and its launch when `launch`: counted as a prologue launch
 // with its stage 0 in registers, and in its own counter (SwiGLU: swiglu_launches, else
 // LaunchStats::norm_rows). p's rows past `rows` hold row 0's addresses (launch(), launch_swiglu).
-template <typename P, typename T, int kRows, int kSlots>
+template <typename P, typename T, int kRows, int kSlots, Prologue kPro>
 PairGrid norm_rows_instance(const P& p, bool launch, int device, cudaStream_t stream) {
   constexpr bool kSwiglu = std::is_same_v<P, SwigluParams>;
-  const auto kernel = norm_rows_kernel<P, T, kRows, kSlots>;
+  const auto kernel = norm_rows_kernel<P, T, kRows, kSlots, kPro>;
   static OccupancyCache cache;
   const Params& q = product_of(p);
   std::int64_t groups;
@@ -1723,18 +1758,37 @@ PairGrid norm_rows_instance(const P& p, bool launch, int device, cudaStream_t st
   g_launches.fetch_add(1, std::memory_order_relaxed);
   if (stream != nullptr && pdl_enabled()) g_pdl_launches.fetch_add(1, std::memory_order_relaxed);
   if (q.w_constant) g_prefetch_launches.fetch_add(1, std::memory_order_relaxed);
-  g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
-  g_register_prologue_launches.fetch_add(1, std::memory_order_relaxed);
-  (kSwiglu ? g_swiglu_launches : g_norm_rows_launches).fetch_add(1, std::memory_order_relaxed);
+  if constexpr (kPro == Prologue::rms_norm) {
+    g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
+    g_register_prologue_launches.fetch_add(1, std::memory_order_relaxed);
+    (kSwiglu ? g_swiglu_launches : g_norm_rows_launches).fetch_add(1, std::memory_order_relaxed);
+  } else {
+    g_plain_rows_launches.fetch_add(1, std::memory_order_relaxed);
+  }
   detail::launch_kernel(kernel, dim3(static_cast<unsigned>(g.blocks)), dim3(g.threads), stream, p,
                         g.single_wave);
   return g;
 }
 
+// The most rows a product without a prologue takes on norm_rows_kernel: at 2-4 rows the default
+// model's step gained 2-6% (perf.md run 348: B = 2 -5.6%, B = 4 -2.1%), at 5-8 it was level
+// (run 350: +0.0 to +1.0%), so gemv_kernel keeps those and their instances are not built.
+constexpr int kPlainRowsMaxRows = 4;
+
+// The instance for p's prologue (a SwiGLU product always has rms_norm's).
+template <typename P, typename T, int kRows, int kSlots>
+PairGrid norm_rows_for_prologue(const P& p, bool launch, int device, cudaStream_t stream) {
+  if (product_of(p).prologue == Prologue::none) {
+    if constexpr (!std::is_same_v<P, SwigluParams> && kRows <= kPlainRowsMaxRows)
+      return norm_rows_instance<P, T, kRows, kSlots, Prologue::none>(p, launch, device, stream);
+  }
+  return norm_rows_instance<P, T, kRows, kSlots, Prologue::rms_norm>(p, launch, device, stream);
+}
+
 template <typename P>
 void launch_norm_rows(const P& p, int device, cudaStream_t stream) {
   with_norm_rows_instance(product_of(p), [&]<typename T, int kRows, int kSlots>() {
-    norm_rows_instance<P, T, kRows, kSlots>(p, /*launch=*/true, device, stream);
+    norm_rows_for_prologue<P, T, kRows, kSlots>(p, /*launch=*/true, device, stream);
   });
 }
 
@@ -1743,15 +1797,16 @@ void launch_norm_rows(const P& p, int device, cudaStream_t stream) {
 // aligned, k a whole number of vectors within norm_rows_max_vectors(rows).
 bool norm_rows_layout(const Params& q) {
   const bool sixteen_bit = q.in_dtype == DType::bf16 || q.in_dtype == DType::f16;
+  const bool norm = q.prologue == Prologue::rms_norm;
   if (!sixteen_bit || q.out_dtype != q.in_dtype || q.rows < 2 || q.rows > kMaxRows || q.k < 1 ||
-      q.n < 1 || q.n > 0x7fffffff || q.w == nullptr || q.norm_weight == nullptr ||
-      q.norm_weight_dtype != q.in_dtype || (q.norm_weight_stride != 1 && q.k > 1) ||
-      q.w_row_stride < 0)
+      q.n < 1 || q.n > 0x7fffffff || q.w == nullptr || q.w_row_stride < 0 ||
+      (norm && (q.norm_weight == nullptr || q.norm_weight_dtype != q.in_dtype ||
+                (q.norm_weight_stride != 1 && q.k > 1) || !aligned(q.norm_weight))))
     return false;
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(q.in_dtype));
   const std::int64_t vec = kVectorBytes / elem;
   if (q.k % vec != 0 || q.k / vec > norm_rows_max_vectors(q.rows) || !aligned(q.w) ||
-      (q.w_row_stride * elem) % kVectorBytes != 0 || !aligned(q.norm_weight))
+      (q.w_row_stride * elem) % kVectorBytes != 0)
     return false;
   for (int r = 0; r < q.rows; ++r)
     if (q.x[r] == nullptr || !aligned(q.x[r])) return false;
@@ -1769,6 +1824,7 @@ LaunchStats launch_stats() {
   s.row = g_row_launches.load(std::memory_order_relaxed);
   s.register_prologue = g_register_prologue_launches.load(std::memory_order_relaxed);
   s.norm_rows = g_norm_rows_launches.load(std::memory_order_relaxed);
+  s.plain_rows = g_plain_rows_launches.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -1895,7 +1951,7 @@ void launch(const Params& params, cudaStream_t stream) {
     }
     if (launched) return;
   }
-  // The 2-8 row rms_norm kernel (norm_rows_supported).
+  // The 2-8 row decode kernel (norm_rows_supported: rms_norm or no prologue).
   if (norm_rows_supported(p)) return launch_norm_rows(p, device, stream);
 
   switch (p.in_dtype) {
@@ -1950,16 +2006,27 @@ void launch_rope(const RopeParams& params, cudaStream_t stream) {
 std::uint64_t rope_launches() { return g_rope_launches.load(std::memory_order_relaxed); }
 
 bool norm_rows_supported(const Params& params) {
-  if (params.prologue != Prologue::rms_norm || params.has_c || params.max_ctas != 0 ||
-      params.cols != 0 || params.one_warp_per_group || !norm_rows_layout(params))
+  const auto is_float = [](DType d) {
+    return d == DType::f32 || d == DType::f16 || d == DType::bf16;
+  };
+  if (params.prologue == Prologue::silu_mul || params.max_ctas != 0 || params.cols != 0 ||
+      params.one_warp_per_group ||
+      (params.prologue == Prologue::none && params.rows > kPlainRowsMaxRows) ||
+      !norm_rows_layout(params))
     return false;
+  if (params.has_c) {  // the residual epilogue (no prologue): c rows of a float dtype
+    if (params.prologue != Prologue::none || !is_float(params.c_dtype)) return false;
+    for (int r = 0; r < params.rows; ++r)
+      if (params.c[r] == nullptr) return false;
+  }
   // Its four-column groups in one resident wave (larger products keep gemv_kernel's persistent
   // loop); rows past `rows` as launch() fills them.
   Params p = params;
   for (int r = p.rows; r < kMaxRows; ++r) p.x[r] = p.x[0];
+  for (int r = p.rows; r < kMaxRows; ++r) p.c[r] = p.c[0];
   return with_norm_rows_instance(p, [&]<typename T, int kRows, int kSlots>() {
-    return norm_rows_instance<Params, T, kRows, kSlots>(p, /*launch=*/false, current_device(),
-                                                        nullptr)
+    return norm_rows_for_prologue<Params, T, kRows, kSlots>(p, /*launch=*/false, current_device(),
+                                                            nullptr)
         .single_wave;
   });
 }

@@ -97,11 +97,12 @@ struct Params {
 // Whether a prologue launch of `rows` rows of length k in `dtype` fits the shared-memory limit.
 bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 
-// Whether launch(params) takes norm_rows_kernel: an rms_norm prologue, no residual, no max_ctas,
-// cols or one_warp_per_group; 2-8 rows of 16-bit x, w, norm weight and y of one dtype (unit
-// strides; x rows, w rows and the norm weight 16-byte aligned), k a whole number of 16-byte
-// vectors, at most 768 elements at 2-4 rows and 256 at 5-8 (one batch of loads covers the row);
-// and its four-column groups in one resident wave. y needs no alignment.
+// Whether launch(params) takes norm_rows_kernel: an rms_norm prologue (2-8 rows) or none (2-4
+// rows, with the residual epilogue or without), no max_ctas, cols or one_warp_per_group; 16-bit
+// x, w (and norm weight) and y of one dtype (unit strides; x rows, w rows and the norm weight
+// 16-byte aligned), k a whole number of 16-byte vectors, at most 768 elements at 2-4 rows and 256
+// at 5-8 (one batch of loads covers the row); and its four-column groups in one resident wave. y
+// needs no alignment.
 bool norm_rows_supported(const Params& params);
 
 // Launch counters (process-wide, relaxed atomics) for tests and SPLICE_DEBUG: launches issued,
@@ -111,6 +112,7 @@ struct LaunchStats {
   std::uint64_t launches = 0, pdl = 0, prefetch = 0, prologue = 0, row = 0;
   std::uint64_t register_prologue = 0;  // rms_norm prologues computed in registers (no barrier)
   std::uint64_t norm_rows = 0;          // 2-8 row rms_norm products on norm_rows_kernel (gemv.cu)
+  std::uint64_t plain_rows = 0;         // 2-4 row products without a prologue on it
 };
 LaunchStats launch_stats();
 
