@@ -531,8 +531,9 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   //                                                     wide's 6.19/7.61/11.07/18.73; f32
   //                                                     6.83/8.89/14.08/24.43 against stream's
   //                                                     8.49/10.98/17.28/28.03)
-  //   SMs <= items < 2 SMs          f32   any  stream   N=8 T=1 15.20* (split2 17.59), T=2/4/8
-  //                                                     19.75/29.73/51.42*
+  //   SMs <= items < 2 SMs          f32   any  wide     N=8 T=1 15.20 stream (split2 17.59), T=2/4/8
+  //                                                     19.75/29.73/51.42 stream (T = 1: rows
+  //                                                     and T > 1: wide since, below)
   //                                 bf16  any  wide     N=8 T=1 10.49~ (split2 11.01, stream
   //                                                     11.91), T=2 12.50*, T=4/8 19.09/31.94~
   //                                                     (stream 20.77/34.33)
@@ -562,6 +563,11 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   // promise, 5 rounds): bf16 rows up to 8 SMs of items: N=20/24/28/32 17.65/20.02/23.20/25.68
   // against stream's 18.47/20.88/23.54/25.94 (-4.4/-4.1/-1.4/-1.0%); without the promise N=32
   // rows 26.29 against 28.08 (run 328).
+  // Session 49 (perf.md run 356, no promise): f32 T > 1 in SMs <= items < 2 SMs moved from stream
+  // to wide, which session 39's one-pass per-head sweep made 17-26% faster at fp32: N=8 T=2/4/8
+  // wide 18.36/28.68/48.10 (again as `rows`, which falls through to wide at T > 1: 18.39/28.69/
+  // 47.89) against stream's 20.44/30.96/50.67 (-10/-7/-5%); wide512 19.08/27.94/47.30 is level
+  // at T >= 4 but takes two waves of CTAs anywhere in the band (wide fits one wave of 2 SMs).
   // (stream falls back to `wide` for state that is not 16-byte aligned; rows to `wide` for state,
   // inputs or output that are not.)
   // Until run 109 bf16 T >= 8 ran `wide` (run 7: 115.70/425.89/1641.44 against stream's
@@ -577,7 +583,7 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   if (4 * items <= sms) return KdaVariant::split4;
   if (2 * items < sms) return bf16 ? KdaVariant::wide : KdaVariant::wide512;
   if (items < sms) return KdaVariant::wide512;
-  if (bf16 && (items < 2 * sms || max_t >= kWideBf16MinT)) return KdaVariant::wide;
+  if (items < 2 * sms || (bf16 && max_t >= kWideBf16MinT)) return KdaVariant::wide;
   return KdaVariant::stream;
 }
 
