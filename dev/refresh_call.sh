@@ -16,7 +16,8 @@
 #   control    alone on the GPU: KdaCuda.PerRowModesEveryVariant 4 times, each timed (<= 30 s): a
 #              deadlock shows as a round that runs out its time (it found one: runs 155-159)
 #   tests      at once, each cut at 235 s: every GPU test (12 shards) and gpu-check's sanitizer
-#              filters
+#              filters; then, in one process cut at TAIL_S (150) s, the tests a cut shard left
+#              unfinished (shard_tail.txt)
 #   kda        alone: FLA's three-kernel path (bench/peers/kda_peers.py), then splice's KDA grid
 #   flash      the flash-decode GPU tests (and the model tests that run it), attention sanitizers
 #   attention  alone: the flash-decode grid, then PyTorch SDPA (cuDNN, FA2) and the combined table
@@ -74,6 +75,19 @@ phase_control() {
   for r in 1 2 3 4; do hang_round head "alone_head_$r" 30; done
 }
 
+# finished_tests LOG...: the tests that reported OK, FAILED or SKIPPED in gtest logs, one
+# Suite.Name a line.
+finished_tests() {
+  sed -n 's/^\[ \{7\}OK \] \([^ ]*\) (.*/\1/p; s/^\[  \(FAILED\|SKIPPED\) \] \([^ ]*\) (.*/\2/p' \
+    "$@" | sort -u
+}
+# every_test: cuda_all_test's tests, one Suite.Name a line (--gtest_list_tests prints "Suite."
+# lines and indented names, either maybe followed by a "# GetParam() = ..." comment).
+every_test() {
+  "$P/head/cuda_all_test" --gtest_list_tests | awk '/^[^ ]/ { s = $1; next } { print s $1 }' |
+    sort -u
+}
+
 phase_tests() {
   echo "== tests and sanitizers (at $(el) s)"
   local pids=() i
@@ -97,6 +111,14 @@ phase_tests() {
     pids+=($!)
   done
   wait "${pids[@]}"
+  # A shard cut for time leaves its test then running and the rest of its list: run them now.
+  local left
+  left=$(comm -23 <(every_test) <(finished_tests "$L"/shard_*.txt))
+  if [[ -n $left ]]; then
+    echo "tail: $(grep -c . <<<"$left") tests the cut shards left, in one process (at $(el) s)"
+    timeout "${TAIL_S:-150}" "$P/head/cuda_all_test" --gtest_filter="$(paste -sd: <<<"$left")" \
+      >"$L/shard_tail.txt" 2>&1
+  fi
   local ok failed
   ok=$(cat "$L"/shard_*.txt | grep -c '^\[       OK \]')
   failed=$(cat "$L"/shard_*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u)
