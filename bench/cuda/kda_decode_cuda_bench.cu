@@ -39,7 +39,9 @@
 // 3 warm-up replays alone the first configurations after a dtype switch read 8-10% slow, perf.md
 // runs 134-142), KDA_BENCH_GRID_CAP (at most this many CTAs a stream launch), KDA_BENCH_COLD (a
 // 256 KB code flush, bench::flush_code, before every launch and its own time subtracted: each
-// launch with its code cold, as in a decode step; perf.md run 343), SPLICE_PDL=0
+// launch with its code cold, as in a decode step; perf.md run 343), KDA_BENCH_STABLE (every timed
+// variant also under the stable-state promise: a line per shape and the JSON's "stable_us";
+// without it only the pick's, the `stable` column), SPLICE_PDL=0
 // (every launch without PDL), SPLICE_KDA_TUNE (the default tune mask
 // of every launch). In a SPLICE_KDA_DEV_ATTRIBUTION build also KDA_BENCH_STAMPS (per-phase clock64
 // stamps of two CTAs) and KDA_BENCH_TIMELINE (every CTA's %globaltimer timeline over 4 launches
@@ -113,6 +115,7 @@ struct Options {
   int min_sets = 2;                   // at least this many launches per graph
   double warm_ms = 50.0;              // untimed replays of each graph, at least this long
   bool cold = false;  // KDA_BENCH_COLD: bench::flush_code before every launch, its time subtracted
+  bool stable_all = false;  // KDA_BENCH_STABLE: every timed variant also under the promise
 };
 
 struct Result {
@@ -120,11 +123,25 @@ struct Result {
   int n = 0, t = 0, sets = 0;
   double floor_bytes = 0, floor_us = 0;
   std::map<std::string, double> variant_us;
+  std::map<std::string, double> stable_us;  // variant_us's variants under the promise (if asked)
   std::map<std::string, double> ab_us;  // A/B configurations (not in the table's `best`)
   std::string chosen;
   double us = 0;
   double fla_us = -1, fla_rec_us = -1, flashinfer_us = -1;
 };
+
+// Every variant the bench times, in its timing order, and the one a name (kda_variant_name) names.
+constexpr splice::cuda::KdaVariant kVariants[] = {
+    splice::cuda::KdaVariant::stream,  splice::cuda::KdaVariant::stream_plain,
+    splice::cuda::KdaVariant::wide,    splice::cuda::KdaVariant::wide512,
+    splice::cuda::KdaVariant::rows,    splice::cuda::KdaVariant::split2,
+    splice::cuda::KdaVariant::split4};
+splice::cuda::KdaVariant variant_of(const std::string& name) {
+  for (auto v : kVariants)
+    if (name == splice::cuda::kda_variant_name(v)) return v;
+  std::fprintf(stderr, "kda bench: no variant named %s\n", name.c_str());
+  std::exit(2);
+}
 
 // One shape's peer timings (bench/peers/kda_peers.py), us; -1 where not timed.
 struct PeerTimes {
@@ -428,10 +445,7 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
     };
     return opt.cold ? timed(true) - timed(false) : timed(true);
   };
-  for (auto variant : {splice::cuda::KdaVariant::stream, splice::cuda::KdaVariant::stream_plain,
-                       splice::cuda::KdaVariant::wide, splice::cuda::KdaVariant::wide512,
-                       splice::cuda::KdaVariant::rows, splice::cuda::KdaVariant::split2,
-                       splice::cuda::KdaVariant::split4}) {
+  for (auto variant : kVariants) {
     const std::string name = splice::cuda::kda_variant_name(variant);
     if (variant == chosen ||
         std::find(opt.variants.begin(), opt.variants.end(), name) != opt.variants.end())
@@ -470,6 +484,10 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
   if (G >= 2) {
     for (auto& a : args) a.stable_state = true;
     res.ab_us["chosen_stable"] = time_config(chosen);
+    if (opt.stable_all)
+      for (const auto& [name, plain] : res.variant_us)
+        res.stable_us[name] = name == res.chosen ? res.ab_us["chosen_stable"]
+                                                 : time_config(variant_of(name));
     for (auto& a : args) a.stable_state = false;
   }
   res.us = res.variant_us[res.chosen];
@@ -547,6 +565,7 @@ int main(int argc, char** argv) {
   if (const char* v = std::getenv("KDA_BENCH_WARM_MS"); v != nullptr && *v != '\0')
     opt.warm_ms = std::max(0.0, std::atof(v));
   opt.cold = std::getenv("KDA_BENCH_COLD") != nullptr;
+  opt.stable_all = std::getenv("KDA_BENCH_STABLE") != nullptr;
   if (opt.cold)
     std::printf("cold code: bench::flush_code before every launch, its time subtracted\n");
   // KDA_BENCH_GRID_CAP: at most this many CTAs a stream launch (the test hook
@@ -581,6 +600,11 @@ int main(int argc, char** argv) {
         std::printf("  %s N=%d T=%d (G=%d):", r.dtype.c_str(), n, t, r.sets);
         for (const auto& [name, us] : r.variant_us) std::printf(" %s %.2f", name.c_str(), us);
         std::printf(" us (floor %.2f)\n", r.floor_us);
+        if (!r.stable_us.empty()) {
+          std::printf("  %s N=%d T=%d under the promise:", r.dtype.c_str(), n, t);
+          for (const auto& [name, us] : r.stable_us) std::printf(" %s %.2f", name.c_str(), us);
+          std::printf(" us\n");
+        }
         for (unsigned bits : opt.tunes) {
           const std::string key = "stream_tune" + std::to_string(bits);
           const double base = r.variant_us.count("stream") ? r.variant_us.at("stream") : -1.0;
@@ -624,6 +648,11 @@ int main(int argc, char** argv) {
       tune_json << (k ? ", " : "") << "\"" << opt.tunes[k]
                 << "\": " << r.ab_us.at("stream_tune" + std::to_string(opt.tunes[k]));
     tune_json << "}";
+    std::ostringstream stable_json;  // {"variant": us under the promise} (KDA_BENCH_STABLE)
+    stable_json << "{";
+    for (const auto& [name, us] : r.stable_us)
+      stable_json << (stable_json.tellp() > 1 ? ", " : "") << "\"" << name << "\": " << us;
+    stable_json << "}";
     json << "  {\"state\": \"" << r.dtype << "\", \"H\": " << kH << ", \"N\": " << r.n
          << ", \"T\": " << r.t << ", \"sets\": " << r.sets << ", \"floor_bytes\": " << r.floor_bytes
          << ", \"floor_us\": " << r.floor_us << ", \"variant\": \"" << r.chosen
@@ -635,6 +664,7 @@ int main(int argc, char** argv) {
          << (r.ab_us.count("chosen_nopdl") ? r.ab_us["chosen_nopdl"] : -1)
          << ", \"chosen_stable_us\": "
          << (r.ab_us.count("chosen_stable") ? r.ab_us["chosen_stable"] : -1)
+         << ", \"stable_us\": " << stable_json.str()
          << ", \"fla_us\": " << r.fla_us << ", \"fla_recurrent_us\": " << r.fla_rec_us
          << ", \"flashinfer_us\": " << r.flashinfer_us << "}" << (i + 1 < results.size() ? "," : "")
          << "\n";
