@@ -568,6 +568,8 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   // wide 18.36/28.68/48.10 (again as `rows`, which falls through to wide at T > 1: 18.39/28.69/
   // 47.89) against stream's 20.44/30.96/50.67 (-10/-7/-5%); wide512 19.08/27.94/47.30 is level
   // at T >= 4 but takes two waves of CTAs anywhere in the band (wide fits one wave of 2 SMs).
+  // Under the stable-state promise (run 359), which takes 5-10% off stream and nothing off wide:
+  // -7.4 to +0.9% at N=5-8 (level at N=5-6 T=2, +0.7/+0.9% at N=6/8 T=4).
   // (stream falls back to `wide` for state that is not 16-byte aligned; rows to `wide` for state,
   // inputs or output that are not.)
   // Until run 109 bf16 T >= 8 ran `wide` (run 7: 115.70/425.89/1641.44 against stream's
