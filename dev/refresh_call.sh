@@ -81,11 +81,12 @@ finished_tests() {
   sed -n 's/^\[ \{7\}OK \] \([^ ]*\) (.*/\1/p; s/^\[  \(FAILED\|SKIPPED\) \] \([^ ]*\) (.*/\2/p' \
     "$@" | sort -u
 }
-# every_test: cuda_all_test's tests, one Suite.Name a line (--gtest_list_tests prints "Suite."
-# lines and indented names, either maybe followed by a "# GetParam() = ..." comment).
+# every_test: cuda_all_test's enabled tests, one Suite.Name a line (--gtest_list_tests prints
+# "Suite." lines and indented names, either maybe followed by a "# GetParam() = ..." comment, and
+# lists DISABLED_ tests too).
 every_test() {
   "$P/head/cuda_all_test" --gtest_list_tests | awk '/^[^ ]/ { s = $1; next } { print s $1 }' |
-    sort -u
+    grep -v '^DISABLED_\|\.DISABLED_' | sort -u
 }
 
 phase_tests() {
