@@ -78,7 +78,7 @@ phase_control() {
 # finished_tests LOG...: the tests that reported OK, FAILED or SKIPPED in gtest logs, one
 # Suite.Name a line (a failed parameterized test's line goes on ", where GetParam() = ...").
 finished_tests() {
-  sed -n 's/^\[  \(     OK\|FAILED  \|SKIPPED \)\] \([^ ,]*\)[ ,].*(.*/\2/p' "$@" | sort -u
+  sed -n 's/^\[  \(     OK \|FAILED  \|SKIPPED \)\] \([^ ,]*\)[ ,].*(.*/\2/p' "$@" | sort -u
 }
 # every_test: cuda_all_test's enabled tests, one Suite.Name a line (--gtest_list_tests prints
 # "Suite." lines and indented names, either maybe followed by a "# GetParam() = ..." comment, and
