@@ -1,5 +1,6 @@
-// What the CUDA benchmarks share: the error check, deterministic bf16 fills, and the timing of a
-// captured graph's replays (CUDA events around each replay, after warm-up replays).
+// What the CUDA benchmarks share: the error check, deterministic bf16 fills, the timing of a
+// captured graph's replays (CUDA events around each replay, after warm-up replays), and the
+// card's copy ceiling (a large device-to-device copy, bytes read + written).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -105,6 +106,35 @@ inline void flush_code(int sms, cudaStream_t stream) {
   static float* sink = nullptr;
   if (sink == nullptr) BENCH_CHECK(cudaMalloc(&sink, 32 * sizeof(float)));
   cold_code_kernel<<<sms, 32, 0, stream>>>(sink, 0.5f);
+}
+
+// The card's copy ceiling in bytes/s, counting bytes read plus bytes written (METHOD.md's
+// yardstick): a `bytes` device-to-device cudaMemcpyAsync between two fresh buffers, 3 warm-up
+// copies, then the median of 9 timed ones. The H200 read 4.24 TB/s (design.md), the H100 ~3.0.
+inline double measure_copy_bandwidth(cudaStream_t stream, std::size_t bytes = std::size_t{1} << 30) {
+  void *src = nullptr, *dst = nullptr;
+  BENCH_CHECK(cudaMalloc(&src, bytes));
+  BENCH_CHECK(cudaMalloc(&dst, bytes));
+  BENCH_CHECK(cudaMemsetAsync(src, 0x3c, bytes, stream));
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  std::vector<double> seconds;
+  for (int i = 0; i < 3 + 9; ++i) {
+    BENCH_CHECK(cudaEventRecord(start, stream));
+    BENCH_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+    BENCH_CHECK(cudaEventRecord(stop, stream));
+    BENCH_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 3) seconds.push_back(1e-3 * ms);
+  }
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  BENCH_CHECK(cudaFree(src));
+  BENCH_CHECK(cudaFree(dst));
+  std::sort(seconds.begin(), seconds.end());
+  return 2.0 * static_cast<double>(bytes) / seconds[seconds.size() / 2];
 }
 
 }  // namespace splice::bench

@@ -1,4 +1,4 @@
-// Benchmark of the CUDA fused KDA decode kernel on the H200 (issue 6), against its bandwidth floor
+// Benchmark of the CUDA fused KDA decode kernel (issue 6: the H200), against its bandwidth floor
 // and FLA's Triton path (timed in the same run by bench/peers/kda_peers.py).
 //
 //  1. Shapes: H = 32, D = 128, fp32 and bf16 state, N in {1, 8, 32, 128, 512}, T in {1, 2, 4, 8};
@@ -6,7 +6,9 @@
 //     checkpoints live (the floor's "one checkpoint write per token").
 //  2. Floor bytes = source state read (N H D^2 s) + T checkpoint writes (T N H D^2 s) + inputs and
 //     outputs (x, raw_gate, raw_beta, output_gate, output, conv history read + write, params),
-//     over the measured copy bandwidth 4.24 TB/s (bytes read + written).
+//     over the card's copy bandwidth (bytes read + written), measured at the start of the run
+//     (bench::measure_copy_bandwidth: 4.24 TB/s on the H200, design.md; ~3.0 on the H100) unless
+//     KDA_BENCH_COPY_TBPS pins it.
 //  3. Timing: G launches over G disjoint slot sets (so the state working set is >= 400 MB and the
 //     50 MB L2 cannot flatter small N) captured in one CUDA graph; the graph is replayed after
 //     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
@@ -69,7 +71,6 @@ namespace {
 
 constexpr int kH = 32;
 constexpr int kD = 128;
-constexpr double kCopyBandwidth = 4.24e12;  // bytes/s, measured copy ceiling (design.md)
 constexpr double kTargetWorkingSet = 400.0 * (1 << 20);  // bytes of state per graph replay
 constexpr int kMaxSets = 64;
 constexpr int kWarmup = 3;
@@ -116,6 +117,7 @@ struct Options {
   double warm_ms = 50.0;              // untimed replays of each graph, at least this long
   bool cold = false;  // KDA_BENCH_COLD: bench::flush_code before every launch, its time subtracted
   bool stable_all = false;  // KDA_BENCH_STABLE: every timed variant also under the promise
+  double copy_bandwidth = 0;  // bytes/s (read + written): the floor's yardstick on this card
 };
 
 struct Result {
@@ -416,7 +418,7 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
                     3.0 * R * C * 2 + double(R) * kH * 2 +    // raw_gate, output_gate, output, beta
                     double(N) * 3 * C * 2 * (3 + hist - 1) +  // conv history read 3, write L+2
                     12.0 * C * 4 + C * 4.0 + kH * 4.0 + kD * 4.0;  // weight, dt_bias, A_log, nw
-  res.floor_us = res.floor_bytes / kCopyBandwidth * 1e6;
+  res.floor_us = res.floor_bytes / opt.copy_bandwidth * 1e6;
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const splice::cuda::KdaVariant chosen = splice::cuda::choose_kda_variant(N, kH, T, sdt, sms);
@@ -566,6 +568,15 @@ int main(int argc, char** argv) {
     opt.warm_ms = std::max(0.0, std::atof(v));
   opt.cold = std::getenv("KDA_BENCH_COLD") != nullptr;
   opt.stable_all = std::getenv("KDA_BENCH_STABLE") != nullptr;
+  if (const char* v = std::getenv("KDA_BENCH_COPY_TBPS"); v != nullptr && *v != '\0') {
+    opt.copy_bandwidth = std::atof(v) * 1e12;
+    std::printf("floor's copy bandwidth pinned at %.3f TB/s (KDA_BENCH_COPY_TBPS)\n",
+                opt.copy_bandwidth * 1e-12);
+  } else {
+    opt.copy_bandwidth = splice::bench::measure_copy_bandwidth(stream);
+    std::printf("floor's copy bandwidth: %.3f TB/s (a 1 GiB device-to-device copy, read + written)\n",
+                opt.copy_bandwidth * 1e-12);
+  }
   if (opt.cold)
     std::printf("cold code: bench::flush_code before every launch, its time subtracted\n");
   // KDA_BENCH_GRID_CAP: at most this many CTAs a stream launch (the test hook
@@ -654,7 +665,8 @@ int main(int argc, char** argv) {
       stable_json << (stable_json.tellp() > 1 ? ", " : "") << "\"" << name << "\": " << us;
     stable_json << "}";
     json << "  {\"state\": \"" << r.dtype << "\", \"H\": " << kH << ", \"N\": " << r.n
-         << ", \"T\": " << r.t << ", \"sets\": " << r.sets << ", \"floor_bytes\": " << r.floor_bytes
+         << ", \"T\": " << r.t << ", \"sets\": " << r.sets
+         << ", \"copy_tbps\": " << opt.copy_bandwidth * 1e-12 << ", \"floor_bytes\": " << r.floor_bytes
          << ", \"floor_us\": " << r.floor_us << ", \"variant\": \"" << r.chosen
          << "\", \"us\": " << r.us << ", \"stream_us\": " << us_of("stream")
          << ", \"stream_plain_us\": " << us_of("stream_plain") << ", \"wide_us\": " << us_of("wide")
