@@ -279,8 +279,9 @@ TEST(KdaCuda, RuleTable) {
       {32, 9, DType::bf16, V::wide},   {512, 16, DType::bf16, V::wide},
       {8, 1, DType::f32, V::rows},     {8, 1, DType::bf16, V::rows},
       {8, 2, DType::f32, V::wide},     {8, 2, DType::bf16, V::wide},
-      {8, 4, DType::f32, V::wide},     {8, 4, DType::bf16, V::wide},
-      {8, 8, DType::f32, V::wide},     {8, 8, DType::bf16, V::wide},
+      {8, 4, DType::f32, V::wide512},  {8, 4, DType::bf16, V::wide},
+      {8, 8, DType::f32, V::wide512},  {8, 8, DType::bf16, V::wide},
+      {7, 4, DType::f32, V::wide},     {6, 8, DType::f32, V::wide},
       {1, 1, DType::f32, V::split4},   {1, 1, DType::bf16, V::split4},
       {1, 2, DType::f32, V::split4},   {1, 2, DType::bf16, V::split4},
       {1, 4, DType::f32, V::split4},   {1, 4, DType::bf16, V::split4},
@@ -299,7 +300,8 @@ TEST(KdaCuda, RuleTable) {
         << "N=" << r.n << " T=" << r.t << " " << dtype_name(r.dtype) << ": got "
         << cuda::kda_variant_name(cuda::choose_kda_variant(r.n, kH, r.t, r.dtype, kSms));
   }
-  // Band edges in items: 2 SMs (stream; wide below it at T > 1), SMs (wide512 below), SMs / 2
+  // Band edges in items: 2 SMs (stream; wide below it at T > 1, wide512 for f32 at T >= 4 from
+  // 7/4 SMs), SMs (wide512 below), SMs / 2
   // (wide512), one below
   // (split4 at and below SMs / 4, wide / wide512 above it); at T = 1: rows above SMs / 4 and
   // below 8 SMs (bf16) or 2 SMs (f32, but its wide512 band).
@@ -319,6 +321,13 @@ TEST(KdaCuda, RuleTable) {
   EXPECT_EQ(cuda::choose_kda_variant(2 * kSms, 1, 2, DType::f32, kSms), V::stream);
   EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 2, DType::f32, kSms), V::wide);
   EXPECT_EQ(cuda::choose_kda_variant(kSms, 1, 2, DType::f32, kSms), V::wide);
+  // f32 at T >= 4 from 7/4 SMs (231 items at 132 SMs) to 2 SMs: wide512.
+  EXPECT_EQ(cuda::choose_kda_variant(231, 1, 4, DType::f32, kSms), V::wide512);
+  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms - 1, 1, 9, DType::f32, kSms), V::wide512);
+  EXPECT_EQ(cuda::choose_kda_variant(230, 1, 4, DType::f32, kSms), V::wide);
+  EXPECT_EQ(cuda::choose_kda_variant(231, 1, 3, DType::f32, kSms), V::wide);
+  EXPECT_EQ(cuda::choose_kda_variant(231, 1, 4, DType::bf16, kSms), V::wide);
+  EXPECT_EQ(cuda::choose_kda_variant(2 * kSms, 1, 4, DType::f32, kSms), V::stream);
   EXPECT_EQ(cuda::choose_kda_variant(kSms - 1, 1, 2, DType::f32, kSms), V::wide512);
   EXPECT_EQ(cuda::choose_kda_variant(kSms / 2, 1, 2, DType::f32, kSms), V::wide512);
   EXPECT_EQ(cuda::choose_kda_variant(kSms / 2 - 1, 1, 2, DType::f32, kSms), V::wide512);

@@ -50,6 +50,7 @@ constexpr int kWideThreads = 256;
 constexpr int kWide512Threads = 512;  // Layout<512, 1>::kMinBlocks = 1: up to 128 registers
 constexpr int kSplitThreads = 128;
 constexpr std::int64_t kWideBf16MinT = 9;  // the rule: bf16 state from this T runs `wide`
+constexpr std::int64_t kWide512F32MinT = 4;  // the rule: f32 near 2 SMs of items from this T
 
 // The stream kernels' L2 priorities (Params::l2_hints, kda_decode.cuh's l2_evict_policy): on
 // when the launch's source states exceed twice the L2 (states that fit it ran slower with them),
@@ -570,6 +571,13 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   // at T >= 4 but takes two waves of CTAs anywhere in the band (wide fits one wave of 2 SMs).
   // Under the stable-state promise (run 359), which takes 5-10% off stream and nothing off wide:
   // -7.4 to +0.9% at N=5-8 (level at N=5-6 T=2, +0.7/+0.9% at N=6/8 T=4).
+  // Session 50: f32 T >= 4 from 7/4 SMs to 2 SMs of items (N = 8 at H = 32) runs wide512, whose
+  // two waves of one CTA an SM are nearly full there, where wide's one wave of two CTAs an SM
+  // runs each head slower: N=8 T=4/8 wide512 27.77/47.37 against wide's 28.63/47.99 (run 358),
+  // 27.71/47.17 against 28.47/48.12 under the promise (run 359), and on an H100 34.41/58.58
+  // against 35.42/61.65 (run 361): -1.3 to -5.0%. Not at T = 2 (wide 18.52 against 18.89), nor
+  // at N = 5-6 (wide ahead by 0.8-4.2%: wide512's second wave is half empty there); crossing at
+  // N ~ 7 by linear interpolation (unmeasured), bf16 wide best at every point (runs 358, 361).
   // (stream falls back to `wide` for state that is not 16-byte aligned; rows to `wide` for state,
   // inputs or output that are not.)
   // Until run 109 bf16 T >= 8 ran `wide` (run 7: 115.70/425.89/1641.44 against stream's
@@ -585,7 +593,10 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   if (4 * items <= sms) return KdaVariant::split4;
   if (2 * items < sms) return bf16 ? KdaVariant::wide : KdaVariant::wide512;
   if (items < sms) return KdaVariant::wide512;
-  if (items < 2 * sms || (bf16 && max_t >= kWideBf16MinT)) return KdaVariant::wide;
+  if (items < 2 * sms)
+    return !bf16 && max_t >= kWide512F32MinT && 4 * items >= 7 * sms ? KdaVariant::wide512
+                                                                     : KdaVariant::wide;
+  if (bf16 && max_t >= kWideBf16MinT) return KdaVariant::wide;
   return KdaVariant::stream;
 }
 

@@ -57,7 +57,7 @@ const char* kda_variant_name(KdaVariant variant);
 //   items <= sm_count / 4          -> split4
 //   items < sm_count / 2           -> wide for bf16 state, wide512 for f32
 //   items < sm_count               -> wide512 (one CTA an SM holds one head)
-//   items < 2 * sm_count           -> wide
+//   items < 2 * sm_count           -> wide (but f32 state at T >= 4 from 7/4 sm_count: wide512)
 //   otherwise                      -> stream (each SM pipelines two or more heads), but wide for
 //                                     bf16 state at T > 8 (unmeasured there; stream wins at 8)
 // (stream falls back to wide when the state is not 16-byte aligned, rows when the state, inputs
