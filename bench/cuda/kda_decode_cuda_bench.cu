@@ -8,7 +8,7 @@
 //     outputs (x, raw_gate, raw_beta, output_gate, output, conv history read + write, params),
 //     over the card's copy bandwidth (bytes read + written), measured at the start of the run
 //     (bench::measure_copy_bandwidth: 4.24 TB/s on the H200, design.md; ~3.0 on the H100) unless
-//     KDA_BENCH_COPY_TBPS pins it.
+//     KDA_BENCH_COPY_TBPS pins it (4.24: issue 6's own yardstick on the H200).
 //  3. Timing: G launches over G disjoint slot sets (so the state working set is >= 400 MB and the
 //     50 MB L2 cannot flatter small N) captured in one CUDA graph; the graph is replayed after
 //     warm-up, each replay timed with CUDA events; time per launch = median replay / G.
@@ -116,7 +116,7 @@ struct Options {
   int min_sets = 2;                   // at least this many launches per graph
   double warm_ms = 50.0;              // untimed replays of each graph, at least this long
   bool cold = false;  // KDA_BENCH_COLD: bench::flush_code before every launch, its time subtracted
-  bool stable_all = false;  // KDA_BENCH_STABLE: every timed variant also under the promise
+  bool stable_all = false;    // KDA_BENCH_STABLE: every timed variant also under the promise
   double copy_bandwidth = 0;  // bytes/s (read + written): the floor's yardstick on this card
 };
 
@@ -126,7 +126,7 @@ struct Result {
   double floor_bytes = 0, floor_us = 0;
   std::map<std::string, double> variant_us;
   std::map<std::string, double> stable_us;  // variant_us's variants under the promise (if asked)
-  std::map<std::string, double> ab_us;  // A/B configurations (not in the table's `best`)
+  std::map<std::string, double> ab_us;      // A/B configurations (not in the table's `best`)
   std::string chosen;
   double us = 0;
   double fla_us = -1, fla_rec_us = -1, flashinfer_us = -1;
@@ -134,9 +134,9 @@ struct Result {
 
 // Every variant the bench times, in its timing order, and the one a name (kda_variant_name) names.
 constexpr splice::cuda::KdaVariant kVariants[] = {
-    splice::cuda::KdaVariant::stream,  splice::cuda::KdaVariant::stream_plain,
-    splice::cuda::KdaVariant::wide,    splice::cuda::KdaVariant::wide512,
-    splice::cuda::KdaVariant::rows,    splice::cuda::KdaVariant::split2,
+    splice::cuda::KdaVariant::stream, splice::cuda::KdaVariant::stream_plain,
+    splice::cuda::KdaVariant::wide,   splice::cuda::KdaVariant::wide512,
+    splice::cuda::KdaVariant::rows,   splice::cuda::KdaVariant::split2,
     splice::cuda::KdaVariant::split4};
 splice::cuda::KdaVariant variant_of(const std::string& name) {
   for (auto v : kVariants)
@@ -488,8 +488,8 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
     res.ab_us["chosen_stable"] = time_config(chosen);
     if (opt.stable_all)
       for (const auto& [name, plain] : res.variant_us)
-        res.stable_us[name] = name == res.chosen ? res.ab_us["chosen_stable"]
-                                                 : time_config(variant_of(name));
+        res.stable_us[name] =
+            name == res.chosen ? res.ab_us["chosen_stable"] : time_config(variant_of(name));
     for (auto& a : args) a.stable_state = false;
   }
   res.us = res.variant_us[res.chosen];
@@ -574,8 +574,10 @@ int main(int argc, char** argv) {
                 opt.copy_bandwidth * 1e-12);
   } else {
     opt.copy_bandwidth = splice::bench::measure_copy_bandwidth(stream);
-    std::printf("floor's copy bandwidth: %.3f TB/s (a 1 GiB device-to-device copy, read + written)\n",
-                opt.copy_bandwidth * 1e-12);
+    std::printf(
+        "floor's copy bandwidth: %.3f TB/s (the faster of two 1 GiB device-to-device copies, "
+        "read + written)\n",
+        opt.copy_bandwidth * 1e-12);
   }
   if (opt.cold)
     std::printf("cold code: bench::flush_code before every launch, its time subtracted\n");
@@ -666,9 +668,10 @@ int main(int argc, char** argv) {
     stable_json << "}";
     json << "  {\"state\": \"" << r.dtype << "\", \"H\": " << kH << ", \"N\": " << r.n
          << ", \"T\": " << r.t << ", \"sets\": " << r.sets
-         << ", \"copy_tbps\": " << opt.copy_bandwidth * 1e-12 << ", \"floor_bytes\": " << r.floor_bytes
-         << ", \"floor_us\": " << r.floor_us << ", \"variant\": \"" << r.chosen
-         << "\", \"us\": " << r.us << ", \"stream_us\": " << us_of("stream")
+         << ", \"copy_tbps\": " << opt.copy_bandwidth * 1e-12
+         << ", \"floor_bytes\": " << r.floor_bytes << ", \"floor_us\": " << r.floor_us
+         << ", \"variant\": \"" << r.chosen << "\", \"us\": " << r.us
+         << ", \"stream_us\": " << us_of("stream")
          << ", \"stream_plain_us\": " << us_of("stream_plain") << ", \"wide_us\": " << us_of("wide")
          << ", \"wide512_us\": " << us_of("wide512") << ", \"rows_us\": " << us_of("rows")
          << ", \"split2_us\": " << us_of("split2") << ", \"split4_us\": " << us_of("split4")
@@ -676,10 +679,9 @@ int main(int argc, char** argv) {
          << (r.ab_us.count("chosen_nopdl") ? r.ab_us["chosen_nopdl"] : -1)
          << ", \"chosen_stable_us\": "
          << (r.ab_us.count("chosen_stable") ? r.ab_us["chosen_stable"] : -1)
-         << ", \"stable_us\": " << stable_json.str()
-         << ", \"fla_us\": " << r.fla_us << ", \"fla_recurrent_us\": " << r.fla_rec_us
-         << ", \"flashinfer_us\": " << r.flashinfer_us << "}" << (i + 1 < results.size() ? "," : "")
-         << "\n";
+         << ", \"stable_us\": " << stable_json.str() << ", \"fla_us\": " << r.fla_us
+         << ", \"fla_recurrent_us\": " << r.fla_rec_us << ", \"flashinfer_us\": " << r.flashinfer_us
+         << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "]\n";
 
