@@ -1,6 +1,7 @@
 // What the CUDA benchmarks share: the error check, deterministic bf16 fills, the timing of a
 // captured graph's replays (CUDA events around each replay, after warm-up replays), and the
-// card's copy ceiling (a large device-to-device copy, bytes read + written).
+// card's copy and read ceilings (large device-to-device copies, bytes read + written; a large
+// read).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -167,6 +168,60 @@ inline double measure_copy_bandwidth(cudaStream_t stream,
   BENCH_CHECK(cudaFree(src));
   BENCH_CHECK(cudaFree(dst));
   return best;
+}
+
+// A plain 16-byte read (grid-stride, four vectors in flight a thread), its values folded into
+// one word that is stored only if it equals `never` (so the loads stay).
+__global__ inline void read_vectors_kernel(const uint4* __restrict__ src, std::size_t count,
+                                           unsigned never, unsigned* sink) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  unsigned acc = 0;
+  for (; i + 3 * stride < count; i += 4 * stride) {
+    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^
+           d.w;
+  }
+  for (; i < count; i += stride) acc ^= src[i].x ^ src[i].y ^ src[i].z ^ src[i].w;
+  if (acc == never) *sink = acc;
+}
+
+// The card's read ceiling in bytes/s (design.md §4's yardstick for a read-bound kernel such as
+// flash decode: the H200 read 4.48 TB/s with a plain 16-byte-load kernel): read_vectors_kernel
+// (4 CTAs of 512 threads an SM) over `bytes` of fresh memory, the median of 9 timed reads after
+// 3 untimed ones.
+inline double measure_read_bandwidth(cudaStream_t stream,
+                                     std::size_t bytes = std::size_t{1} << 31) {
+  void* src = nullptr;
+  unsigned* sink = nullptr;
+  BENCH_CHECK(cudaMalloc(&src, bytes));
+  BENCH_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+  BENCH_CHECK(cudaMemsetAsync(src, 0x3c, bytes, stream));
+  int device = 0, sms = 0;
+  BENCH_CHECK(cudaGetDevice(&device));
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  std::vector<double> seconds;
+  for (int i = 0; i < 3 + 9; ++i) {
+    BENCH_CHECK(cudaEventRecord(start, stream));
+    // 0x3c3c3c3c words fold to 0 over any even count of them; `never` = 1 is never met.
+    read_vectors_kernel<<<4 * sms, 512, 0, stream>>>(static_cast<const uint4*>(src), bytes / 16, 1u,
+                                                     sink);
+    BENCH_CHECK(cudaGetLastError());
+    BENCH_CHECK(cudaEventRecord(stop, stream));
+    BENCH_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 3) seconds.push_back(1e-3 * ms);
+  }
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  BENCH_CHECK(cudaFree(src));
+  BENCH_CHECK(cudaFree(sink));
+  std::sort(seconds.begin(), seconds.end());
+  return static_cast<double>(bytes) / seconds[seconds.size() / 2];
 }
 
 }  // namespace splice::bench

@@ -5,13 +5,15 @@
 //      (64, 8)}, head_dim 128, bf16, q_len 1 (shapes whose K+V exceed --max-kv-gb are skipped),
 //      plus SmolLM2-135M's attention (B 1, Hq 9, Hkv 3, head_dim 64) at k_len 64, 256 and 1K
 //      (also in --quick).
-//   2. Bytes first: KV = 2 * batch * Hkv * k_len * head_dim * 2 bytes, the floor is KV / 4.4 TB/s.
+//   2. Bytes first: KV = 2 * batch * Hkv * k_len * head_dim * 2 bytes, the floor is KV over the
+//      card's read ceiling, measured at the start (bench::measure_read_bandwidth; ~4.48 TB/s on
+//      the H200, whose issue-5 yardstick is 4.4: --read-tbps pins it).
 //   3. Timing: `sets` independent input sets (K, V, q, out) rotate so at least 512 MB (64 sets
 //      at most), and never less than 128 MB (over twice the 60 MB L2; up to 4096 sets of the tiny
 //      shapes), is touched per replay; one CUDA graph holds one call per set; after warm-up, each
 //      of --reps replays is timed with events; time per call = median replay / sets. The PyTorch
 //      peers (bench/peers/attention_peers.py) are timed the same way.
-//   4. Output: one row per shape (us, effective KV GB/s, % of the 4.4 TB/s floor; batch <= 8
+//   4. Output: one row per shape (us, effective KV GB/s, % of the floor; batch <= 8
 //      also under the stable-prefix promise, what a decode step launches) and JSON.
 //   5. Plan check (unless --no-variants): the SmolLM2 shapes and B = 1 (32, 8) at 1K / 4K with
 //      forced split counts {1, 2, 4, 8, 16} beside the plan's, to check the single-split limit
@@ -59,7 +61,6 @@
 
 namespace {
 
-constexpr double kFloorBytesPerSecond = 4.4e12;  // measured read ceiling (design.md §4)
 constexpr std::size_t kRotateBytes = std::size_t{512} << 20;
 constexpr int kMaxSets = 64;
 constexpr std::size_t kMinTouchedBytes = std::size_t{128} << 20;  // > 2x the L2
@@ -94,13 +95,13 @@ int sets_for(const Shape& s) {
 struct Result {
   Shape shape;
   int sets = 0;
-  int splits = 0;  // the grid's split dimension (forced or planned)
-  int live = 0;    // splits the device plan runs at this k_len
-  int warps = 0;   // warps per CTA
+  int splits = 0;        // the grid's split dimension (forced or planned)
+  int live = 0;          // splits the device plan runs at this k_len
+  int warps = 0;         // warps per CTA
   bool cluster = false;  // the splits merged in thread-block clusters (every timed launch)
   int late = 0;          // late splits (the plan's, or the knob's where the plan may take them)
   double us = 0.0;
-  double spread_us = 0.0;  // max - min replay time per call
+  double spread_us = 0.0;   // max - min replay time per call
   double stable_us = -1.0;  // batch <= 8: the same under the stable-prefix promise
 };
 
@@ -252,6 +253,7 @@ int main(int argc, char** argv) {
   std::string shapes_arg;  // "B,Hq,Hkv,k_len,D[,capacity];...": replaces the grid
   std::string plans_arg;   // "LABEL:WARPS:CLUSTER:SPLITS;...": the --plans columns
   int rounds = 3;
+  double read_tbps = 0.0;  // --read-tbps: the floor's read ceiling (0: measured on this card)
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc)
@@ -282,12 +284,14 @@ int main(int argc, char** argv) {
       plans_arg = argv[++i];
     else if (arg == "--rounds" && i + 1 < argc)
       rounds = std::max(1, std::atoi(argv[++i]));
+    else if (arg == "--read-tbps" && i + 1 < argc)
+      read_tbps = std::atof(argv[++i]);
     else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--max-kv-gb G] [--reps N] [--warm-ms M] [--quick] "
                    "[--sweep] [--no-variants] [--ab] [--warps-ab] [--cluster-ab] "
                    "[--shapes 'B,Hq,Hkv,k_len,D[,capacity];...'] [--min-sets N] "
-                   "[--plans 'LABEL:WARPS:CLUSTER:SPLITS;...' [--rounds N]]\n",
+                   "[--plans 'LABEL:WARPS:CLUSTER:SPLITS;...' [--rounds N]] [--read-tbps R]\n",
                    argv[0]);
       return 2;
     }
@@ -312,16 +316,17 @@ int main(int argc, char** argv) {
       }
   for (std::int64_t k_len : {64, 256, 1024}) shapes.push_back(Shape{1, 9, 3, k_len, 64});
   if (ab || warps_ab || cluster_ab)  // the model's SmolLM2 cache: capacity 256, k_len 17-256
-    for (std::int64_t k_len : {17, 64, 128, 192, 256}) shapes.push_back(Shape{1, 9, 3, k_len, 64, 256});
+    for (std::int64_t k_len : {17, 64, 128, 192, 256})
+      shapes.push_back(Shape{1, 9, 3, k_len, 64, 256});
   if (!shapes_arg.empty()) {  // --shapes: only these
     shapes.clear();
     std::size_t start = 0;
     while (start < shapes_arg.size()) {
       const std::size_t end = std::min(shapes_arg.find(';', start), shapes_arg.size());
       long long v[6] = {0, 0, 0, 0, 0, 0};
-      const int n = std::sscanf(shapes_arg.substr(start, end - start).c_str(),
-                                "%lld,%lld,%lld,%lld,%lld,%lld", &v[0], &v[1], &v[2], &v[3],
-                                &v[4], &v[5]);
+      const int n =
+          std::sscanf(shapes_arg.substr(start, end - start).c_str(),
+                      "%lld,%lld,%lld,%lld,%lld,%lld", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]);
       if (n < 5 || v[0] < 1 || v[2] < 1 || v[1] % v[2] != 0 || v[3] < 1) {
         std::fprintf(stderr, "--shapes: bad shape '%s'\n",
                      shapes_arg.substr(start, end - start).c_str());
@@ -335,6 +340,12 @@ int main(int argc, char** argv) {
   // after a multi-GB one.
   std::stable_sort(shapes.begin(), shapes.end(),
                    [](const Shape& a, const Shape& b) { return a.kv_bytes() < b.kv_bytes(); });
+  cudaStream_t stream;  // (the read ceiling first: its 2 GiB are freed before the pools)
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double floor_bytes_per_s =
+      read_tbps > 0.0 ? read_tbps * 1e12 : splice::bench::measure_read_bandwidth(stream);
+  std::printf("floor's read bandwidth: %.3f TB/s (%s)\n", floor_bytes_per_s * 1e-12,
+              read_tbps > 0.0 ? "--read-tbps" : "a 2 GiB read of 16-byte loads on this card");
   std::size_t pool_bytes = 0;  // per tensor (K or V): the largest sets x shape
   for (const Shape& s : shapes)
     pool_bytes = std::max(pool_bytes, static_cast<std::size_t>(sets_for(s)) *
@@ -344,8 +355,6 @@ int main(int argc, char** argv) {
       splice::Tensor::empty({pool_elems}, splice::DType::bf16, splice::Device::cuda());
   splice::Tensor v_pool =
       splice::Tensor::empty({pool_elems}, splice::DType::bf16, splice::Device::cuda());
-  cudaStream_t stream;
-  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   splice::bench::fill_random<<<4096, 256, 0, stream>>>(k_pool.data<__nv_bfloat16>(), pool_elems,
                                                        1u);
   splice::bench::fill_random<<<4096, 256, 0, stream>>>(v_pool.data<__nv_bfloat16>(), pool_elems,
@@ -449,9 +458,8 @@ int main(int argc, char** argv) {
       Result best[std::size(columns)];
       for (int round = 0; round < 2; ++round)
         for (std::size_t i = 0; i < std::size(columns); ++i) {
-          set_width_and_merge(columns[i].warps, columns[i].cluster,
-                              columns[i].single_split_bytes, columns[i].spread,
-                              columns[i].trigger);
+          set_width_and_merge(columns[i].warps, columns[i].cluster, columns[i].single_split_bytes,
+                              columns[i].spread, columns[i].trigger);
           const Result r = run_shape(in, reps, stream);
           if (round == 0 || r.us < best[i].us) best[i] = r;
         }
@@ -467,7 +475,8 @@ int main(int argc, char** argv) {
   }
 
   if (warps_ab) {
-    std::printf("\n4-warp against 8-warp CTAs (us per call, graph replay; splits/live per width)\n");
+    std::printf(
+        "\n4-warp against 8-warp CTAs (us per call, graph replay; splits/live per width)\n");
     std::printf("%-26s %4s %9s %9s %7s %7s %7s %7s %6s\n", "shape (B,Hq,Hkv,k_len,D)", "sets",
                 "w4 spl/lv", "w8 spl/lv", "w4", "w8", "w4", "w8", "w8/w4");
     for (const Shape& s : shapes) {
@@ -584,17 +593,18 @@ int main(int argc, char** argv) {
   }
 
   std::ofstream json(json_path);
-  json << "{\n  \"device\": \"" << splice::cuda::device_name() << "\",\n  \"floor_tbps\": 4.4,\n"
+  json << "{\n  \"device\": \"" << splice::cuda::device_name()
+       << "\",\n  \"floor_tbps\": " << floor_bytes_per_s * 1e-12 << ",\n"
        << "  \"method\": \"graph of `sets` rotating calls, median of " << reps
        << " replays / sets\",\n  \"rows\": [\n";
   // `stable us`: batch <= 8 under the stable-prefix promise (what a decode step launches).
   std::printf("\n%-28s %10s %9s %8s %8s %10s\n", "shape (B,Hq,Hkv,k_len,D)", "splice us", "GB/s",
-              "%4.4TB", "floor us", "stable us");
+              "%floor", "floor us", "stable us");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bytes = static_cast<double>(r.shape.kv_bytes());
     const double gbps = bytes / (r.us * 1e-6) / 1e9;
-    const double floor_us = bytes / kFloorBytesPerSecond * 1e6;
+    const double floor_us = bytes / floor_bytes_per_s * 1e6;
     std::printf("%-28s %10.2f %9.0f %7.1f%% %8.2f %10.2f\n", shape_name(r.shape).c_str(), r.us,
                 gbps, 100.0 * floor_us / r.us, floor_us, r.stable_us);
     json << "    {\"batch\": " << r.shape.batch << ", \"num_qo_heads\": " << r.shape.num_qo_heads
