@@ -163,6 +163,7 @@ phase_kda() {
     >"$L/kda_peers.log" 2>&1 || echo "FLA peers rc=$? ($(tail -2 "$L/kda_peers.log"))"
   timeout 240 "$P/head/kda_decode_cuda_bench" "$OUT/kda.json" "$L/kda_peers.txt" >"$L/kda_bench.txt" 2>&1 ||
     echo "kda bench rc=$?"
+  grep -m1 "floor's copy bandwidth" "$L/kda_bench.txt"
   sed -n '/^state /,$p' "$L/kda_bench.txt" | tee "$OUT/kda_table.txt"
 }
 
@@ -171,6 +172,7 @@ phase_attention() {
   install_peer_wheels "$root"
   timeout 240 "$P/head/flash_decode_cuda_bench" --json "$L/flash.json" >"$L/flash_bench.txt" 2>&1 ||
     echo "flash bench rc=$?"
+  grep -m1 "floor's read bandwidth" "$L/flash_bench.txt"
   PYTHONUNBUFFERED=1 timeout 420 python3 bench/peers/attention_peers.py --json "$L/attention_peers.json" \
     --splice "$L/flash.json" --combined "$OUT/attention.json" --table "$OUT/attention_table.txt" \
     >"$L/attention_peers.log" 2>&1 || echo "attention peers rc=$? ($(tail -2 "$L/attention_peers.log"))"
