@@ -6,7 +6,10 @@
 # plain and under the stable-state promise (KDA_BENCH_STABLE) and prints, per point, the rule's
 # pick and the fastest variant of each.
 #   run(command="dev/rule_probe_call.sh", carry=[".gpubin/pack/kdabench.tgz", ".deps"])
-# PROBES (default below): "name|states|Ts|Ns|variants" entries separated by spaces.
+# PROBES (default below): "name|states|Ts|Ns|variants[|VAR=value,...]" entries separated by
+# spaces (the optional sixth field: more bench environment, e.g. KDA_BENCH_TUNES=256 to time
+# `stream` without its L2 priorities beside the default: "A/B" lines in <name>.txt, kept in
+# $OUT only through summary.txt's grep below).
 # Output: summary.txt, <name>.json per probe, probes.txt (the per-point lines).
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
@@ -14,14 +17,18 @@ P=/tmp/rule-probe && mkdir -p "$P" && tar xzf .gpubin/pack/kdabench.tgz -C "$P"
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
 PROBES=${PROBES:-"bf16t1|bf16|1|1,2,16,32,48,64,96,128,192,256,512|stream,rows,split4 \
 f32t1|f32|1|1,2,16,32,48,64,96,128,192,256,512|stream,rows,split4 \
-f32tn|f32|2,4,8|5,6,7,8,10,12|wide,wide512,stream"}
+f32tn|f32|2,4,8|5,6,7,8,10,12|wide,wide512,stream \
+l2hints|bf16,f32|1,2|128,512|stream|KDA_BENCH_TUNES=256"}
 for probe in $PROBES; do
-  IFS='|' read -r name states ts ns variants <<<"$probe"
+  IFS='|' read -r name states ts ns variants extra <<<"$probe"
   echo "== $name (at $(el) s)"
-  KDA_BENCH_STATES=$states KDA_BENCH_TS=$ts KDA_BENCH_NS=$ns KDA_BENCH_VARIANTS=$variants \
-    KDA_BENCH_STABLE=1 timeout 240 "$P/head/kda_decode_cuda_bench" "$OUT/$name.json" \
+  extra_env=()
+  [[ -n ${extra:-} ]] && IFS=',' read -r -a extra_env <<<"$extra"
+  env "${extra_env[@]}" KDA_BENCH_STATES=$states KDA_BENCH_TS=$ts KDA_BENCH_NS=$ns \
+    KDA_BENCH_VARIANTS=$variants KDA_BENCH_STABLE=1 timeout 240 "$P/head/kda_decode_cuda_bench" "$OUT/$name.json" \
     >"/tmp/rule-probe/$name.txt" 2>&1 || echo "$name: rc=$?"
   grep -m1 "copy bandwidth" "/tmp/rule-probe/$name.txt"
+  grep "A/B .*tune=" "/tmp/rule-probe/$name.txt"
   python3 - "$OUT/$name.json" <<'PY' | tee -a "$OUT/probes.txt"
 import json, sys
 for r in json.load(open(sys.argv[1])):
