@@ -109,6 +109,36 @@ inline void flush_code(int sms, cudaStream_t stream) {
   cold_code_kernel<<<sms, 32, 0, stream>>>(sink, 0.5f);
 }
 
+// The median time in seconds of 9 calls of `enqueue` (work on `stream`), each between two CUDA
+// events, after 3 untimed ones: the ceilings' timing.
+template <typename Enqueue>
+double median_seconds(cudaStream_t stream, Enqueue&& enqueue) {
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  std::vector<double> seconds;
+  for (int i = 0; i < 3 + 9; ++i) {
+    BENCH_CHECK(cudaEventRecord(start, stream));
+    enqueue();
+    BENCH_CHECK(cudaEventRecord(stop, stream));
+    BENCH_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 3) seconds.push_back(1e-3 * ms);
+  }
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+inline int current_sm_count() {
+  int device = 0, sms = 0;
+  BENCH_CHECK(cudaGetDevice(&device));
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 // A plain 16-byte copy (grid-stride, four vectors in flight a thread): one of the two copies
 // measure_copy_bandwidth times.
 __global__ inline void copy_vectors_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
@@ -127,47 +157,27 @@ __global__ inline void copy_vectors_kernel(const uint4* __restrict__ src, uint4*
 
 // The card's copy ceiling in bytes/s, counting bytes read plus bytes written (METHOD.md's
 // yardstick): the faster of a `bytes` device-to-device cudaMemcpyAsync and copy_vectors_kernel
-// (4 CTAs of 512 threads an SM) between two fresh buffers, each the median of 9 timed copies
-// after 3 untimed ones. The faster copy, so the floor is never set by a slow copy. The H200 read
-// 4.24 TB/s in the issues' measurement (design.md), the H100 ~3.0 (KINDS.md).
+// (4 CTAs of 512 threads an SM) between two fresh buffers (median_seconds each). The faster
+// copy, so the floor is never set by a slow copy. The H200 read 4.24 TB/s in the issues'
+// measurement (design.md), the H100 ~3.0 (KINDS.md).
 inline double measure_copy_bandwidth(cudaStream_t stream,
                                      std::size_t bytes = std::size_t{1} << 30) {
   void *src = nullptr, *dst = nullptr;
   BENCH_CHECK(cudaMalloc(&src, bytes));
   BENCH_CHECK(cudaMalloc(&dst, bytes));
   BENCH_CHECK(cudaMemsetAsync(src, 0x3c, bytes, stream));
-  int device = 0, sms = 0;
-  BENCH_CHECK(cudaGetDevice(&device));
-  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  double best = 0.0;
-  for (const bool kernel : {false, true}) {
-    std::vector<double> seconds;
-    for (int i = 0; i < 3 + 9; ++i) {
-      BENCH_CHECK(cudaEventRecord(start, stream));
-      if (kernel) {
-        copy_vectors_kernel<<<4 * sms, 512, 0, stream>>>(static_cast<const uint4*>(src),
-                                                         static_cast<uint4*>(dst), bytes / 16);
-        BENCH_CHECK(cudaGetLastError());
-      } else {
-        BENCH_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-      }
-      BENCH_CHECK(cudaEventRecord(stop, stream));
-      BENCH_CHECK(cudaEventSynchronize(stop));
-      float ms = 0.0f;
-      BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      if (i >= 3) seconds.push_back(1e-3 * ms);
-    }
-    std::sort(seconds.begin(), seconds.end());
-    best = std::max(best, 2.0 * static_cast<double>(bytes) / seconds[seconds.size() / 2]);
-  }
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
+  const int sms = current_sm_count();
+  const double memcpy_s = median_seconds(stream, [&] {
+    BENCH_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  const double kernel_s = median_seconds(stream, [&] {
+    copy_vectors_kernel<<<4 * sms, 512, 0, stream>>>(static_cast<const uint4*>(src),
+                                                     static_cast<uint4*>(dst), bytes / 16);
+    BENCH_CHECK(cudaGetLastError());
+  });
   BENCH_CHECK(cudaFree(src));
   BENCH_CHECK(cudaFree(dst));
-  return best;
+  return 2.0 * static_cast<double>(bytes) / std::min(memcpy_s, kernel_s);
 }
 
 // A plain 16-byte read (grid-stride, four vectors in flight a thread), its values folded into
@@ -188,8 +198,7 @@ __global__ inline void read_vectors_kernel(const uint4* __restrict__ src, std::s
 
 // The card's read ceiling in bytes/s (design.md §4's yardstick for a read-bound kernel such as
 // flash decode: the H200 read 4.48 TB/s with a plain 16-byte-load kernel): read_vectors_kernel
-// (4 CTAs of 512 threads an SM) over `bytes` of fresh memory, the median of 9 timed reads after
-// 3 untimed ones.
+// (4 CTAs of 512 threads an SM) over `bytes` of fresh memory (median_seconds).
 inline double measure_read_bandwidth(cudaStream_t stream,
                                      std::size_t bytes = std::size_t{1} << 31) {
   void* src = nullptr;
@@ -197,31 +206,16 @@ inline double measure_read_bandwidth(cudaStream_t stream,
   BENCH_CHECK(cudaMalloc(&src, bytes));
   BENCH_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
   BENCH_CHECK(cudaMemsetAsync(src, 0x3c, bytes, stream));
-  int device = 0, sms = 0;
-  BENCH_CHECK(cudaGetDevice(&device));
-  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  std::vector<double> seconds;
-  for (int i = 0; i < 3 + 9; ++i) {
-    BENCH_CHECK(cudaEventRecord(start, stream));
-    // 0x3c3c3c3c words fold to 0 over any even count of them; `never` = 1 is never met.
+  const int sms = current_sm_count();
+  // 0x3c3c3c3c words fold to 0 four at a time; `never` = 1 is never met.
+  const double read_s = median_seconds(stream, [&] {
     read_vectors_kernel<<<4 * sms, 512, 0, stream>>>(static_cast<const uint4*>(src), bytes / 16, 1u,
                                                      sink);
     BENCH_CHECK(cudaGetLastError());
-    BENCH_CHECK(cudaEventRecord(stop, stream));
-    BENCH_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 3) seconds.push_back(1e-3 * ms);
-  }
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
+  });
   BENCH_CHECK(cudaFree(src));
   BENCH_CHECK(cudaFree(sink));
-  std::sort(seconds.begin(), seconds.end());
-  return static_cast<double>(bytes) / seconds[seconds.size() / 2];
+  return static_cast<double>(bytes) / read_s;
 }
 
 }  // namespace splice::bench
