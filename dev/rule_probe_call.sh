@@ -2,10 +2,11 @@
 # dev/rule_probe_call.sh: the KDA launcher's rule (choose_kda_variant) against the variants it
 # chooses between, on whatever card the call gets (session 50: the H100, where bf16 T = 1 at
 # N = 128 / 512 ran `rows` 5 / 3% ahead of the rule's `stream`, perf.md run 361). Each probe runs
-# the KDA bench (head/kda_decode_cuda_bench of .gpubin/pack/kdabench.tgz) with its variants timed
+# the KDA bench (head/kda_decode_cuda_bench of PACK, default .gpubin/pack/refresh1.tgz from
+# dev/pack_binaries.sh refresh) with its variants timed
 # plain and under the stable-state promise (KDA_BENCH_STABLE) and prints, per point, the rule's
 # pick and the fastest variant of each.
-#   run(command="dev/rule_probe_call.sh", carry=[".gpubin/pack/kdabench.tgz", ".deps"])
+#   run(command="dev/rule_probe_call.sh", carry=[".gpubin/pack/refresh1.tgz", ".deps"])
 # PROBES (default below): "name|states|Ts|Ns|variants[|VAR=value,...]" entries separated by
 # spaces (the optional sixth field: more bench environment, e.g. KDA_BENCH_TUNES=256 to time
 # `stream` without its L2 priorities beside the default: "A/B" lines in <name>.txt, kept in
@@ -13,7 +14,8 @@
 # Output: summary.txt, <name>.json per probe, probes.txt (the per-point lines).
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
-P=/tmp/rule-probe && mkdir -p "$P" && tar xzf .gpubin/pack/kdabench.tgz -C "$P"
+PACK=${PACK:-.gpubin/pack/refresh1.tgz}
+P=/tmp/rule-probe && mkdir -p "$P" && tar xzf "$PACK" -C "$P" ./head/kda_decode_cuda_bench
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
 PROBES=${PROBES:-"bf16t1|bf16|1|1,2,16,32,48,64,96,128,192,256,512|stream,rows,split4 \
 f32t1|f32|1|1,2,16,32,48,64,96,128,192,256,512|stream,rows,split4 \
