@@ -253,7 +253,8 @@ def combine(splice_json, peers, info, out_json):
             "%d,%d,%d,%d,%d" % key, r["us"], r["gbps"], floor_pct, fmt(p.get("cudnn_us")),
             fmt(p.get("flash_us")), fmt(p.get("flashinfer_us")), fmt(best), fmt(ratio)))
     with open(out_json, "w") as f:
-        json.dump({"splice_device": splice.get("device"), "peers": info, "floor_tbps": splice.get("floor_tbps"),
+        json.dump({"splice_device": splice.get("device"), "peers": info,
+                   "floor_tbps": splice.get("floor_tbps"),
                    "method": splice.get("method"), "rows": table}, f, indent=1)
     return "\n".join(lines)
 
