@@ -517,6 +517,41 @@ TEST(FlashDecodeCpu, SixteenBitConversionsAreExactForEveryPattern) {
   }
 }
 
+// A NaN in a visible K or V row reaches every output of the queries that see it (as in PyTorch's
+// SDPA), whatever the tile it falls in; the other sequence's outputs stay finite. The verifier
+// relies on this: a fused arm that reads NaN-poisoned memory past k_len must show NaN. (Session
+// 51: the exponent arithmetic of the kernel's exp was undefined for a NaN score; UBSan found it.)
+TEST(FlashDecodeCpu, ANanInAVisibleRowReachesTheOutput) {
+  constexpr std::int64_t kDim = 64, kCapacity = 300, kLen = 257;
+  for (const bool poison_k : {true, false})
+    for (const std::int64_t row : {std::int64_t{0}, std::int64_t{130}, kLen - 1}) {
+      SCOPED_TRACE(std::string(poison_k ? "k" : "v") + " row " + std::to_string(row));
+      Tensor q = Tensor::empty({2, 4, 1, kDim}, DType::bf16);
+      Tensor k = Tensor::empty({2, 2, kCapacity, kDim}, DType::bf16);
+      Tensor v = Tensor::empty({2, 2, kCapacity, kDim}, DType::bf16);
+      q.fill(0.125);
+      k.fill(0.25);
+      v.fill(-0.5);
+      Tensor k_len = Tensor::empty({2}, DType::i32);
+      k_len.set({0}, kLen);
+      k_len.set({1}, kLen);
+      (poison_k ? k : v).set({0, 1, row, 3}, std::numeric_limits<double>::quiet_NaN());
+      const Tensor out = decode_attention(q, k, v, k_len, nullptr, {}, {});
+      for (std::int64_t b = 0; b < 2; ++b)
+        for (std::int64_t h = 0; h < 4; ++h)
+          for (std::int64_t d = 0; d < kDim; ++d) {
+            // KV head 1 of sequence 0 serves query heads 2 and 3; a NaN in K spoils every score
+            // of its query, a NaN in V only its own column.
+            const bool sees = b == 0 && h >= 2 && (poison_k || d == 3);
+            const double o = out.at({b, h, 0, d});
+            if (sees)
+              ASSERT_TRUE(std::isnan(o)) << "b " << b << " h " << h << " d " << d << ": " << o;
+            else
+              ASSERT_FLOAT_EQ(o, -0.5) << "b " << b << " h " << h << " d " << d;
+          }
+    }
+}
+
 // ---- contracts ---------------------------------------------------------------------------------
 
 TEST(FlashDecodeContract, RowsAndQueries) {

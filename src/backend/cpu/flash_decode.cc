@@ -152,7 +152,10 @@ SPLICE_FD_INLINE void axpy_rows(const float* __restrict p, const float* __restri
 // vectorizes: x = n ln2 + f with n = round(x / ln2), |f| <= ln2 / 2; exp(f) by the degree-6
 // minimax polynomial of Cephes' expf (about 1 ulp); 2^n added to the exponent bits. Below
 // kExpMinArg the result (< 2e-35, far under fp32 resolution of the row's sum, whose largest term
-// is 1) is flushed to 0; x = 0 gives exactly 1.
+// is 1) is flushed to 0; x = 0 gives exactly 1; a NaN stays NaN (a poisoned read must reach the
+// output, so the verifier sees an arm that reads past k_len). The reduction runs on x clamped with
+// NaN sent to kExpMinArg, so n is an integer in [-116, 0] and the exponent arithmetic (unsigned)
+// is defined for every input.
 SPLICE_FD_INLINE float exp_nonpositive(float x) {
   constexpr float kExpMinArg = -80.0f;
   constexpr float kLog2e = 1.44269504088896341f;
@@ -160,7 +163,7 @@ SPLICE_FD_INLINE float exp_nonpositive(float x) {
   constexpr float kLn2Lo = -2.12194440e-4f;
   constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   constexpr int kMantissaBits = 23;
-  const float xc = x < kExpMinArg ? kExpMinArg : x;
+  const float xc = x >= kExpMinArg ? x : kExpMinArg;  // NaN -> kExpMinArg
   const float n = (xc * kLog2e + kRoundMagic) - kRoundMagic;
   const float f = (xc - n * kLn2Hi) - n * kLn2Lo;
   float poly = 1.9875691500e-4f;
@@ -170,9 +173,10 @@ SPLICE_FD_INLINE float exp_nonpositive(float x) {
   poly = poly * f + 1.6666665459e-1f;
   poly = poly * f + 5.0000001201e-1f;
   const float y = poly * f * f + f + 1.0f;
-  const std::int32_t scale = static_cast<std::int32_t>(n) * (std::int32_t{1} << kMantissaBits);
-  const float result = f32_from_bits(f32_bits(y) + static_cast<std::uint32_t>(scale));
-  return x < kExpMinArg ? 0.0f : result;
+  const std::uint32_t scale = static_cast<std::uint32_t>(static_cast<std::int32_t>(n))
+                              << kMantissaBits;  // n * 2^23 modulo 2^32: adds n to the exponent
+  const float result = f32_from_bits(f32_bits(y) + scale);
+  return x >= kExpMinArg ? result : (x < kExpMinArg ? 0.0f : x);
 }
 
 // Asks for the cache lines of `bytes` bytes at `p` ahead of use (a hint; never faults).
