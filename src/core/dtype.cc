@@ -121,10 +121,10 @@ void store_from_double(void* data, DType dtype, std::int64_t index, double value
       static_cast<std::uint16_t*>(data)[index] = f32_to_bf16_bits(static_cast<float>(value));
       return;
     case DType::i32:
-      static_cast<std::int32_t*>(data)[index] = static_cast<std::int32_t>(value);
+      static_cast<std::int32_t*>(data)[index] = saturate_cast<std::int32_t>(value);
       return;
     case DType::i64:
-      static_cast<std::int64_t*>(data)[index] = static_cast<std::int64_t>(value);
+      static_cast<std::int64_t*>(data)[index] = saturate_cast<std::int64_t>(value);
       return;
     case DType::boolean:
       static_cast<std::uint8_t*>(data)[index] = value != 0.0;

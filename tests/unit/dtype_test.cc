@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <climits>
 #include <cstdint>
+#include <limits>
 #include <random>
 
 #include "splice/core/error.h"
@@ -110,6 +112,44 @@ TEST(DType, RoundsToNearestEven) {
   EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.5f, -25)), 0x0001);
   EXPECT_EQ(f32_to_bf16_bits(INFINITY), 0x7F80);
   EXPECT_EQ(f32_to_bf16_bits(-0.0f), 0x8000);
+}
+
+// Every float -> integer store has a defined result (session 51: UBSan's float-cast-overflow
+// found Tensor::fill / poison_nan storing NaN into integer tensors by a plain cast): NaN -> 0,
+// saturation outside the range, truncation toward zero inside; the primitives' rule.
+TEST(DType, FloatToIntegerStoresSaturate) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  std::int32_t i32 = 7;
+  std::int64_t i64 = 7;
+  const struct {
+    double value;
+    std::int32_t as_i32;
+    std::int64_t as_i64;
+  } cases[] = {
+      {nan, 0, 0},
+      {-nan, 0, 0},
+      {inf, INT32_MAX, INT64_MAX},
+      {-inf, INT32_MIN, INT64_MIN},
+      {1e30, INT32_MAX, INT64_MAX},
+      {-1e30, INT32_MIN, INT64_MIN},
+      {2147483647.9, INT32_MAX, 2147483647},
+      {2147483648.0, INT32_MAX, 2147483648LL},
+      {-2147483649.0, INT32_MIN, -2147483649LL},
+      {9223372036854775807.0, INT32_MAX, INT64_MAX},  // 2^63 as a double
+      {-9223372036854775808.0, INT32_MIN, INT64_MIN},
+      {-2.7, -2, -2},
+      {2.7, 2, 2},
+      {-0.0, 0, 0},
+  };
+  for (const auto& c : cases) {
+    store_from_double(&i32, DType::i32, 0, c.value);
+    store_from_double(&i64, DType::i64, 0, c.value);
+    EXPECT_EQ(i32, c.as_i32) << c.value;
+    EXPECT_EQ(i64, c.as_i64) << c.value;
+  }
+  EXPECT_EQ(saturate_cast<std::int32_t>(nan), 0);
+  EXPECT_EQ(saturate_cast<std::int64_t>(3.0e9f), 3000000000LL);
 }
 
 }  // namespace

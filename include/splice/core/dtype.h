@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 
 namespace splice {
@@ -117,7 +118,21 @@ struct dtype_of<bool> {
   static constexpr DType value = DType::boolean;
 };
 
-// Loads element `index` of a buffer of `dtype` as double / stores a double into it (rounding).
+// Float -> integer with defined results: NaN -> 0, out-of-range values saturate, else truncation
+// toward zero (C++ leaves all but the last undefined). The one rule of every float -> int store:
+// the primitives' casts and stores on both backends, Tensor::set / fill / copy_from.
+template <typename I, typename F>
+inline I saturate_cast(F value) {
+  if (!(value == value)) return 0;
+  constexpr F kLo = static_cast<F>(std::numeric_limits<I>::min());
+  constexpr F kHi = static_cast<F>(std::numeric_limits<I>::max());
+  if (value <= kLo) return std::numeric_limits<I>::min();
+  if (value >= kHi) return std::numeric_limits<I>::max();
+  return static_cast<I>(value);
+}
+
+// Loads element `index` of a buffer of `dtype` as double / stores a double into it (RNE to the
+// floats, saturate_cast to the integers, nonzero to bool).
 double load_as_double(const void* data, DType dtype, std::int64_t index);
 void store_from_double(void* data, DType dtype, std::int64_t index, double value);
 

@@ -63,18 +63,6 @@ decltype(auto) dispatch_dtype(DType dtype, Fn&& fn) {
 template <typename T>
 inline constexpr bool kIsHalfType = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
-// Float -> integer with defined results: NaN -> 0, out-of-range values saturate, else truncation
-// toward zero (C++ leaves all but the last undefined).
-template <typename I, typename F>
-inline I saturate_cast(F value) {
-  if (!(value == value)) return 0;
-  constexpr F kLo = static_cast<F>(std::numeric_limits<I>::min());
-  constexpr F kHi = static_cast<F>(std::numeric_limits<I>::max());
-  if (value <= kLo) return std::numeric_limits<I>::min();
-  if (value >= kHi) return std::numeric_limits<I>::max();
-  return static_cast<I>(value);
-}
-
 // Storage value -> compute value C (float, double, int64_t or uint8_t used as bool).
 template <typename C, typename T>
 inline C load_value(T v) {
