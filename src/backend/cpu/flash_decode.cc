@@ -47,15 +47,11 @@
 #include <vector>
 
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/target_clones.h"
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define SPLICE_FD_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SPLICE_FD_CLONES
-#endif
+#define SPLICE_FD_CLONES SPLICE_TARGET_CLONES("arch=x86-64-v4", "arch=x86-64-v3", "default")
 #define SPLICE_FD_INLINE inline __attribute__((always_inline))
 
 namespace splice::cpu {

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/target_clones.h"
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
 
@@ -58,6 +59,7 @@
 #endif
 
 #pragma GCC diagnostic ignored "-Wpsabi"
+#define SPLICE_KDA_CLONES SPLICE_TARGET_CLONES("arch=x86-64-v4", "avx2", "default")
 
 namespace splice::cpu {
 namespace {
@@ -334,8 +336,7 @@ SPLICE_KDA_INLINE void store_rows(RowSink kind, void* sink, const float* block) 
 }
 
 // The whole stage 3, compiled for the widest vector ISA the machine has.
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void sweep_state(
-    const SweepArgs& s, RowSource source) {
+SPLICE_KDA_CLONES void sweep_state(const SweepArgs& s, RowSource source) {
   alignas(64) float block[kRowBlock * kD];  // rows row0 .. row0 + kRowBlock - 1, fp32
   for (std::int64_t row0 = 0; row0 < kD; row0 += kRowBlock) {
     // Widen the source rows (read before any checkpoint of these rows is written: dst == ss is
@@ -358,8 +359,8 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void sweep_s
 
 // Stage 1 for one token and one projection block of one head: pre = sum_tap ext[t+tap] * w[tap]
 // (taps in order 0..3, fp32), mixed = bf16(pre * sigmoid(pre)).
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void conv_silu(
-    const std::uint16_t* const* taps, const float* wt, std::int64_t C, float* mixed) {
+SPLICE_KDA_CLONES void conv_silu(const std::uint16_t* const* taps, const float* wt, std::int64_t C,
+                                 float* mixed) {
   for (std::int64_t d = 0; d < kD; d += kLanes) {
     Vec pre = load_bf16(taps[0] + d) * load_f32(wt + d);
     for (std::int64_t tap = 1; tap < kKdaConvWidth; ++tap)
@@ -382,8 +383,7 @@ struct TokenGates {
   float* decay;  // [D] out
 };
 
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void token_gates(
-    const TokenGates& g) {
+SPLICE_KDA_CLONES void token_gates(const TokenGates& g) {
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(kD));
   const float q_inv = 1.0f / std::sqrt(sum_squares(g.q) + kKdaL2NormEps);
   const float k_inv = 1.0f / std::sqrt(sum_squares(g.k) + kKdaL2NormEps);
@@ -406,9 +406,9 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void token_g
 
 // Stage 4 for one token and head: o = bf16(o_raw), inv = 1/sqrt(mean(o^2) + eps),
 // out = bf16(o * inv * norm_weight * sigmoid(output_gate)).
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void token_output(
-    float* o, const float* norm_weight, const std::uint16_t* out_gate, float norm_eps,
-    std::uint16_t* out) {
+SPLICE_KDA_CLONES void token_output(float* o, const float* norm_weight,
+                                    const std::uint16_t* out_gate, float norm_eps,
+                                    std::uint16_t* out) {
   for (std::int64_t d = 0; d < kD; d += kLanes) store_f32(o + d, round_bf16(load_f32(o + d)));
   const float inv = 1.0f / std::sqrt(sum_squares(o) / static_cast<float>(kD) + norm_eps);
   for (std::int64_t d = 0; d < kD; d += kLanes)
