@@ -212,15 +212,66 @@ std::string shape_key(const Graph& g, NodeId branch) {
   return key.str();
 }
 
+// Checks one cached bucket decision against what select_arms writes: per-arm arrays of one
+// length (verified: bool, max_abs_error / max_rel_error: number, failure: string, median_us:
+// number or null), a winner that is a verified arm, a reason. A damaged or hand-edited entry is an
+// IoError naming the file and the key, raised when the cache loads, before any branch is touched:
+// it must never pick an arm that was not verified, or one the branch does not have.
+void check_cache_entry(const std::string& path, const std::string& key, const nlohmann::json& e) {
+  const auto malformed = [&](const std::string& why) {
+    fail<IoError>("tuning cache ", path, ": entry \"", key, "\" ", why,
+                  " (delete the file to re-tune)");
+  };
+  if (!e.is_object()) malformed("is not an object");
+  const auto field = [&](const char* name) -> const nlohmann::json& {
+    const auto f = e.find(name);
+    if (f == e.end()) malformed(std::string("has no `") + name + "`");
+    return *f;
+  };
+  const nlohmann::json& verified = field("verified");
+  if (!verified.is_array() || verified.empty())
+    malformed("has a `verified` that is not a non-empty array");
+  const std::size_t arms = verified.size();
+  const auto per_arm = [&](const char* name, auto&& element_ok) {
+    const nlohmann::json& a = field(name);
+    if (!a.is_array() || a.size() != arms)
+      malformed(std::string("has a `") + name + "` that is not an array of " +
+                std::to_string(arms) + " (one per arm)");
+    for (const auto& x : a)
+      if (!element_ok(x)) malformed(std::string("has a `") + name + "` element of the wrong type");
+  };
+  per_arm("verified", [](const nlohmann::json& x) { return x.is_boolean(); });
+  per_arm("max_abs_error", [](const nlohmann::json& x) { return x.is_number(); });
+  per_arm("max_rel_error", [](const nlohmann::json& x) { return x.is_number(); });
+  per_arm("failure", [](const nlohmann::json& x) { return x.is_string(); });
+  per_arm("median_us", [](const nlohmann::json& x) { return x.is_number() || x.is_null(); });
+  if (!field("reason").is_string()) malformed("has a `reason` that is not a string");
+  const nlohmann::json& winner = field("winner");
+  if (!winner.is_number_integer() || winner.get<std::int64_t>() < 0 ||
+      winner.get<std::int64_t>() >= static_cast<std::int64_t>(arms))
+    malformed("has a `winner` that is not an arm index in [0, " + std::to_string(arms) + ")");
+  if (!verified[winner.get<std::size_t>()].get<bool>())
+    malformed("names arm " + std::to_string(winner.get<std::int64_t>()) +
+              " as the winner, which it does not record as verified");
+}
+
 nlohmann::json load_cache(const std::string& path) {
   if (path.empty() || !std::filesystem::exists(path)) return nlohmann::json::object();
   std::ifstream in(path);
+  nlohmann::json j;
   try {
-    nlohmann::json j = nlohmann::json::parse(in);
-    if (j.is_object() && j.value("format", "") == "splice-tuning-cache-v1") return j;
+    j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception&) {
   }
-  fail<IoError>("tuning cache ", path, " is not a splice tuning cache (delete it to re-tune)");
+  if (!j.is_object() || !j.contains("format") || j["format"] != "splice-tuning-cache-v1")
+    fail<IoError>("tuning cache ", path, " is not a splice tuning cache (delete it to re-tune)");
+  if (j.contains("entries")) {
+    if (!j["entries"].is_object())
+      fail<IoError>("tuning cache ", path,
+                    ": `entries` is not an object (delete the file to re-tune)");
+    for (const auto& [key, entry] : j["entries"].items()) check_cache_entry(path, key, entry);
+  }
+  return j;
 }
 
 void save_cache(const std::string& path, const nlohmann::json& j) {

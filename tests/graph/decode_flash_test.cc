@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -435,6 +437,78 @@ TEST(Select, TuningCacheReusesDecisionsWithoutTiming) {
   for (const auto& d : log2.entries())
     for (const auto& b : d.buckets) EXPECT_TRUE(b.from_cache);
   EXPECT_NE(log2.str().find("tuning cache"), std::string::npos);
+  std::filesystem::remove(path);
+}
+
+// A tuning cache that is not what select_arms writes is an IoError naming the file (and the entry,
+// where one is at fault), raised before any branch is touched: the graph prints as before and the
+// file is left as it was. Before session 51 a cached winner out of range indexed past the arms
+// and a winner the entry did not record as verified was dispatched.
+TEST(Select, ADamagedTuningCacheIsAClearErrorAndTouchesNothing) {
+  const std::string path = testing::process_temp_path("splice_tuning_cache_damaged_test.json");
+  std::filesystem::remove(path);
+  const auto optimize = [&] {
+    DemoAttentionGraph demo = build_demo_attention_graph(small());
+    OptimizeOptions opt;
+    opt.tune.cache_path = path;
+    opt.tune.time_override = [](NodeId, int arm, std::int64_t) { return arm == 1 ? 1.0 : 2.0; };
+    return optimize_graph(demo.graph, demo.specs, opt);
+  };
+  optimize();  // writes a good cache
+  std::ifstream in(path);
+  const nlohmann::json good = nlohmann::json::parse(in);
+  in.close();
+  ASSERT_FALSE(good["entries"].empty());
+  const std::string key = good["entries"].begin().key();
+  struct Damage {
+    std::function<void(nlohmann::json&)> apply;
+    std::string needle;
+  };
+  const std::vector<Damage> damages = {
+      {[](nlohmann::json& j) { j = nlohmann::json::array(); }, "is not a splice tuning cache"},
+      {[](nlohmann::json& j) { j["format"] = 1; }, "is not a splice tuning cache"},
+      {[](nlohmann::json& j) { j["entries"] = nlohmann::json::array(); }, "`entries`"},
+      {[&](nlohmann::json& j) { j["entries"][key] = 3; }, "is not an object"},
+      {[&](nlohmann::json& j) { j["entries"][key]["winner"] = 7; }, "`winner`"},
+      {[&](nlohmann::json& j) { j["entries"][key]["winner"] = -1; }, "`winner`"},
+      {[&](nlohmann::json& j) { j["entries"][key]["winner"] = "1"; }, "`winner`"},
+      {[&](nlohmann::json& j) {
+         j["entries"][key]["winner"] = 1;
+         j["entries"][key]["verified"][1] = false;
+       },
+       "not record as verified"},
+      {[&](nlohmann::json& j) { j["entries"][key]["verified"][0] = "yes"; }, "`verified`"},
+      {[&](nlohmann::json& j) { j["entries"][key]["verified"] = nlohmann::json::array(); },
+       "`verified`"},
+      {[&](nlohmann::json& j) { j["entries"][key]["median_us"].erase(0); }, "`median_us`"},
+      {[&](nlohmann::json& j) { j["entries"][key]["failure"][0] = 0; }, "`failure`"},
+      {[&](nlohmann::json& j) { j["entries"][key].erase("reason"); }, "`reason`"},
+  };
+  for (const Damage& damage : damages) {
+    SCOPED_TRACE(damage.needle);
+    nlohmann::json bad = good;
+    damage.apply(bad);
+    const std::string text = bad.dump(2);
+    std::ofstream(path) << text;
+    DemoAttentionGraph demo = build_demo_attention_graph(small());
+    const std::string before = print_graph(demo.graph);
+    OptimizeOptions opt;
+    opt.tune.cache_path = path;
+    opt.tune.time_override = [](NodeId, int, std::int64_t) { return 1.0; };
+    try {
+      optimize_graph(demo.graph, demo.specs, opt);
+      ADD_FAILURE() << "no error";
+    } catch (const IoError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(path), std::string::npos) << what;
+      EXPECT_NE(what.find(damage.needle), std::string::npos) << what;
+      EXPECT_NE(what.find("re-tune"), std::string::npos) << what;
+    }
+    std::ifstream back(path);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(back), {}), text);
+  }
+  std::ofstream(path) << "{ not json";
+  EXPECT_THROW(optimize(), IoError);
   std::filesystem::remove(path);
 }
 
