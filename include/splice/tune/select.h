@@ -17,6 +17,8 @@
 //      missing data keep arm 0).
 //   4. Persist every decision in a JSON tuning cache keyed by device, kind, kernel revision,
 //      dtypes, shapes and bucket; a later run with the same key reuses it without measuring.
+//      The whole file is checked when it loads (per-arm arrays, a winner that is a verified arm):
+//      a damaged one is an IoError naming it and the entry, before any branch changes.
 //   5. Explain: each bucket's numbers and winner go into the DecisionLog.
 // The branch then carries a dispatch table (bucket -> arm); a branch whose buckets all pick one
 // arm is collapsed to it and dead-code elimination removes the loser.
