@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -97,6 +98,19 @@ std::int32_t Sampler::sample(const Tensor& logits) {
   const Tensor flat = logits.contiguous().to(DType::f32);
   const float* l = flat.data<float>();
   if (options_.temperature == 0.0f) return static_cast<std::int32_t>(cpu::argmax_row(l, vocab));
+  // A NaN or +inf logit, or only -inf ones, leaves no distribution to sample (and a NaN breaks
+  // the sort's ordering): an error naming the logit, as torch.multinomial raises, not a token.
+  bool any_finite = false;
+  for (std::int64_t i = 0; i < vocab; ++i) {
+    if (std::isnan(l[i]) || l[i] == std::numeric_limits<float>::infinity())
+      fail<ValueError>("sampling at temperature ", options_.temperature, ": logit ", i, " of ",
+                       vocab, " is ", l[i],
+                       " (the model produced a non-finite value; temperature 0 picks by argmax)");
+    any_finite |= std::isfinite(l[i]);
+  }
+  if (!any_finite)
+    fail<ValueError>("sampling at temperature ", options_.temperature, ": all ", vocab,
+                     " logits are -inf");
   // Candidates sorted by logit; top-k, then softmax at the temperature, then top-p.
   std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);

@@ -4,6 +4,8 @@
 // the sampler's options and reproducibility; loader errors.
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <string>
 
 #include "splice/core/error.h"
 #include "splice/model/generate.h"
@@ -89,6 +91,29 @@ TEST(Generate, GreedyAndSeededSamplingAreReproducible) {
   EXPECT_THROW(Sampler({-1.0f, 0, 1.0f, 0}), ValueError);
   EXPECT_THROW(Sampler({1.0f, -2, 1.0f, 0}), ValueError);
   EXPECT_THROW(Sampler({1.0f, 0, 0.0f, 0}), ValueError);
+  {
+    // Above temperature 0 a non-finite logit is an error naming it (session 51: a NaN broke the
+    // top-k sort's ordering and the softmax); -inf (a masked token) is fine while one is finite.
+    Sampler sampler({0.8f, 0, 1.0f, 7});
+    Tensor logits = Tensor::empty({5}, DType::f32);
+    for (std::int64_t i = 0; i < 5; ++i) logits.set({i}, 0.5 * static_cast<double>(i));
+    logits.set({4}, -std::numeric_limits<double>::infinity());
+    for (int draw = 0; draw < 20; ++draw) EXPECT_NE(sampler.sample(logits), 4);
+    for (const double bad :
+         {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+      Tensor poisoned = logits.clone();
+      poisoned.set({2}, bad);
+      try {
+        sampler.sample(poisoned);
+        ADD_FAILURE() << "no error for " << bad;
+      } catch (const ValueError& e) {
+        EXPECT_NE(std::string(e.what()).find("logit 2 of 5"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(Sampler({0.0f, 0, 1.0f, 7}).sample(poisoned), bad > 0 ? 2 : 3);  // greedy: argmax
+    }
+    logits.fill(-std::numeric_limits<double>::infinity());
+    EXPECT_THROW(sampler.sample(logits), ValueError);
+  }
   EXPECT_THROW(gen.step(97), ValueError);
   gen.reset();
   EXPECT_THROW(gen.generate(std::vector<std::int32_t>(65, 1), GenerateOptions{}), ValueError);

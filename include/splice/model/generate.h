@@ -55,7 +55,8 @@ void validate(const SamplingOptions& options);
 
 // Picks a token from logits [vocab] (host, any float dtype). Validates the options (ValueError
 // naming them). Temperature 0 is greedy: cpu::argmax_row's rule (the first maximum; NaN skipped
-// unless at index 0), which the device argmax matches.
+// unless at index 0), which the device argmax matches. Above 0, a NaN or +inf logit, or logits
+// that are all -inf, are a ValueError naming the logit (no distribution to sample).
 class Sampler {
  public:
   explicit Sampler(SamplingOptions options);
