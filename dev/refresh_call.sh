@@ -21,6 +21,7 @@
 #   kda        alone: FLA's three-kernel path (bench/peers/kda_peers.py), then splice's KDA grid
 #   flash      the flash-decode GPU tests (and the model tests that run it), attention sanitizers
 #   attention  alone: the flash-decode grid, then PyTorch SDPA (cuDNN, FA2) and the combined table
+#              (ATTENTION_PEER_ARGS="--max-kv-gb 20" on an H100: the peers copy the 34 GB points)
 #   model      the Llama cross-check and SmolLM2-shaped speed beside transformers; the default model
 #              at batch 1 and 32 (`--profile 8`: every node timed)
 #   gemv       the GEMV against cuBLASLt at M = 1, 2, 4, 8 (gemv_cuda_bench: the routing rule's table)
@@ -175,7 +176,7 @@ phase_attention() {
   grep -m1 "floor's read bandwidth" "$L/flash_bench.txt"
   PYTHONUNBUFFERED=1 timeout 420 python3 bench/peers/attention_peers.py --json "$L/attention_peers.json" \
     --splice "$L/flash.json" --combined "$OUT/attention.json" --table "$OUT/attention_table.txt" \
-    >"$L/attention_peers.log" 2>&1 || echo "attention peers rc=$? ($(tail -2 "$L/attention_peers.log"))"
+    ${ATTENTION_PEER_ARGS:-} >"$L/attention_peers.log" 2>&1 || echo "attention peers rc=$? ($(tail -2 "$L/attention_peers.log"))"
   cat "$OUT/attention_table.txt" 2>/dev/null
 }
 
