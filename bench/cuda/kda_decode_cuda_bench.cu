@@ -421,7 +421,8 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
   res.floor_us = res.floor_bytes / opt.copy_bandwidth * 1e6;
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const splice::cuda::KdaVariant chosen = splice::cuda::choose_kda_variant(N, kH, T, sdt, sms);
+  const splice::cuda::KdaVariant chosen = splice::cuda::choose_kda_variant(
+      N, kH, T, sdt, sms, splice::cuda::current_device_facts().dram_bytes_per_s);
   res.chosen = splice::cuda::kda_variant_name(chosen);
 
   // Median time per launch of G launches of one configuration captured in one graph.

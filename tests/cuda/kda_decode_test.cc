@@ -556,8 +556,8 @@ TEST(KdaCuda, StreamKernelAdmitsItsBlock) {
 }
 
 // Where the rule's choice changed with run 7's and dev/kda_b's tables (N = 8, H = 32; N = 1 at
-// T >= 4), the automatic variant against the CPU kernel and the reference, every sequence at full
-// length.
+// T >= 4; N = 48 at T = 1, bf16 past rows' band: rows on an H100, stream on an H200), the
+// automatic variant against the CPU kernel and the reference, every sequence at full length.
 TEST(KdaCuda, RuleBoundaryCases) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Rng rng(19);
@@ -568,12 +568,14 @@ TEST(KdaCuda, RuleBoundaryCases) {
   struct Case {
     int n, t;
   };
-  for (const Case c : {Case{8, 1}, Case{8, 2}, Case{8, 4}, Case{4, 2}, Case{1, 4}, Case{1, 8}})
+  for (const Case c :
+       {Case{8, 1}, Case{8, 2}, Case{8, 4}, Case{4, 2}, Case{1, 4}, Case{1, 8}, Case{48, 1}})
     for (DType sdt : {DType::f32, DType::bf16}) {
       Meta m = random_meta(rng, c.n, c.t, 1, false);
       for (int& l : m.lens) l = c.t;
       const Problem p = make_problem(rng.integer(0, 1 << 30), H, m, sdt);
-      const cuda::KdaVariant chosen = cuda::choose_kda_variant(c.n, H, c.t, sdt, sms);
+      const cuda::KdaVariant chosen = cuda::choose_kda_variant(
+          c.n, H, c.t, sdt, sms, cuda::current_device_facts().dram_bytes_per_s);
       check_case(p, -5.0f, cuda::KdaVariant::automatic,
                  "rule N=" + std::to_string(c.n) + " T=" + std::to_string(c.t) + " " +
                      dtype_name(sdt) + " picks " + cuda::kda_variant_name(chosen));

@@ -335,6 +335,15 @@ TEST(KdaCuda, RuleTable) {
   EXPECT_EQ(cuda::choose_kda_variant(kSms / 4 + 1, 1, 2, DType::bf16, kSms), V::wide);
   EXPECT_EQ(cuda::choose_kda_variant(kSms / 4, 1, 2, DType::bf16, kSms), V::split4);
   EXPECT_EQ(cuda::choose_kda_variant(kSms / 4, 1, 2, DType::f32, kSms), V::split4);
+  // Cards of fewer DRAM bytes a second per SM (the H100, 3.35 TB/s over 132 SMs): bf16 T = 1
+  // runs rows past 8 SMs of items too; the H200 (4.92 TB/s) and an unknown card keep stream.
+  constexpr double kH100 = 3.35e12, kH200 = 4.92e12;
+  EXPECT_EQ(cuda::choose_kda_variant(128, kH, 1, DType::bf16, kSms, kH100), V::rows);
+  EXPECT_EQ(cuda::choose_kda_variant(512, kH, 1, DType::bf16, kSms, kH100), V::rows);
+  EXPECT_EQ(cuda::choose_kda_variant(128, kH, 1, DType::bf16, kSms, kH200), V::stream);
+  EXPECT_EQ(cuda::choose_kda_variant(128, kH, 1, DType::bf16, kSms, 0), V::stream);
+  EXPECT_EQ(cuda::choose_kda_variant(128, kH, 2, DType::bf16, kSms, kH100), V::stream);
+  EXPECT_EQ(cuda::choose_kda_variant(128, kH, 1, DType::f32, kSms, kH100), V::stream);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -51,6 +52,11 @@ constexpr int kWide512Threads = 512;  // Layout<512, 1>::kMinBlocks = 1: up to 1
 constexpr int kSplitThreads = 128;
 constexpr std::int64_t kWideBf16MinT = 9;  // the rule: bf16 state from this T runs `wide`
 constexpr std::int64_t kWide512F32MinT = 4;  // the rule: f32 near 2 SMs of items from this T
+// The rule: bf16 T = 1 runs rows at every item count past its band on cards of fewer DRAM bytes
+// a second per SM (the H100's 25 GB/s: rows 3.7-10.5% ahead of stream at every N of 48-512 in
+// perf.md run 363's probe, 4.9 / 3.3% at N = 128 / 512 in run 361; the H200's 37: stream ahead
+// by ~4.6% at N = 128, run 321).
+constexpr double kRowsMaxDramBytesPerSm = 30e9;
 
 // The stream kernels' L2 priorities (Params::l2_hints, kda_decode.cuh's l2_evict_policy): on
 // when the launch's source states exceed twice the L2 (states that fit it ran slower with them),
@@ -517,7 +523,7 @@ const char* kda_variant_name(KdaVariant variant) {
 }
 
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
-                              DType state_dtype, int sm_count) {
+                              DType state_dtype, int sm_count, double dram_bytes_per_s) {
   // The rule's table, from the H200 run of dev/kda_b (2026-11-30, every variant forced at H = 32,
   // 132 SMs; us per call, the rule's pick marked *; a "~" pick is the run's fastest forced
   // variant whose name the summary did not print, inferred: split4's own T series 5.47 / 7.18 /
@@ -587,7 +593,10 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   const std::int64_t sms = sm_count;
   const bool bf16 = state_dtype == DType::bf16;
   const bool f32_wide512_band = !bf16 && 2 * items >= sms && items < sms;
-  const std::int64_t rows_end = bf16 ? 8 * sms : 2 * sms;  // the first item count past rows
+  const bool rows_everywhere =
+      bf16 && dram_bytes_per_s > 0 && dram_bytes_per_s < kRowsMaxDramBytesPerSm * sms;
+  const std::int64_t rows_end =  // the first item count past rows
+      rows_everywhere ? std::numeric_limits<std::int64_t>::max() : bf16 ? 8 * sms : 2 * sms;
   if (max_t == 1 && 4 * items > sms && items < rows_end && !f32_wide512_band)
     return KdaVariant::rows;
   if (4 * items <= sms) return KdaVariant::split4;
@@ -637,7 +646,8 @@ void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant) {
   const std::int64_t heads = args.num_heads;
   if (variant == KdaVariant::automatic)
     variant = choose_kda_variant(units, heads, args.max_t, args.state_dtype,
-                                 current_device_facts().sm_count);
+                                 current_device_facts().sm_count,
+                                 current_device_facts().dram_bytes_per_s);
   const std::size_t elem = dtype_size(args.state_dtype);
   const auto base = reinterpret_cast<std::uintptr_t>(args.state.raw_data());
   const bool vec = base % kVecAlign == 0 &&

@@ -151,6 +151,10 @@ const DeviceFacts& device_facts(int device) {
     slot.facts.l2_bytes = attribute(cudaDevAttrL2CacheSize);
     slot.facts.smem_optin_bytes = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     slot.facts.registers_per_sm = attribute(cudaDevAttrMaxRegistersPerMultiprocessor);
+    // Double data rate: two transfers a memory clock (kHz) over the bus (bits). H100 SXM: 2619
+    // MHz x 5120 bits = 3.35 TB/s; H200: 3201 MHz x 6144 bits = 4.92 TB/s.
+    slot.facts.dram_bytes_per_s = 2.0 * 1e3 * attribute(cudaDevAttrMemoryClockRate) *
+                                  (attribute(cudaDevAttrGlobalMemoryBusWidth) / 8.0);
   });
   return slot.facts;
 }

@@ -52,7 +52,7 @@ const char* kda_variant_name(KdaVariant variant);
 // x `heads` heads, T = `max_t`, state dtype, on a device with `sm_count` multiprocessors. Its
 // table (measured on the H200, dev/kda_b's run) is in kda_decode.cu; in short, with
 // items = units * heads:
-//   T = 1, sm_count / 4 < items < 4 * sm_count (bf16 state) or 2 * sm_count (f32)
+//   T = 1, sm_count / 4 < items < 8 * sm_count (bf16 state) or 2 * sm_count (f32)
 //                                  -> rows (but f32 state from sm_count / 2 to sm_count: wide512)
 //   items <= sm_count / 4          -> split4
 //   items < sm_count / 2           -> wide for bf16 state, wide512 for f32
@@ -62,8 +62,12 @@ const char* kda_variant_name(KdaVariant variant);
 //                                     bf16 state at T > 8 (unmeasured there; stream wins at 8)
 // (stream falls back to wide when the state is not 16-byte aligned, rows when the state, inputs
 // or output are not).
+// `dram_bytes_per_s` (DeviceFacts; 0: unknown, read as the H200's) moves one band: bf16 T = 1
+// past 8 * sm_count items runs rows, not stream, on cards of under kRowsMaxDramBytesPerSm a
+// second per SM (the H100's ~25 GB/s, not the H200's ~37), where rows' two CTAs an SM keep
+// enough bytes in flight.
 KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64_t max_t,
-                              DType state_dtype, int sm_count);
+                              DType state_dtype, int sm_count, double dram_bytes_per_s = 0);
 
 // Launch facts of the compiled `stream` kernel for a state dtype (f32 or bf16) with or without
 // staged inputs, probed once per process on the current device (cudaFuncGetAttributes). When
