@@ -584,6 +584,10 @@ KdaVariant choose_kda_variant(std::int64_t units, std::int64_t heads, std::int64
   // against 35.42/61.65 (run 361): -1.3 to -5.0%. Not at T = 2 (wide 18.52 against 18.89), nor
   // at N = 5-6 (wide ahead by 0.8-4.2%: wide512's second wave is half empty there); crossing at
   // N ~ 7 by linear interpolation (unmeasured), bf16 wide best at every point (runs 358, 361).
+  // Session 52: on cards of under kRowsMaxDramBytesPerSm (the H100) bf16 T = 1 past 8 SMs of
+  // items runs rows too: N=48/64/128/512 43.17/55.51/105.47/400.34 against stream's
+  // 44.87/62.22/110.96/414.08 (perf.md run 366; 3.1-10.5% in run 363's probe); the H200 keeps
+  // stream (83.34 against rows' 87.33 at N=128, run 321).
   // (stream falls back to `wide` for state that is not 16-byte aligned; rows to `wide` for state,
   // inputs or output that are not.)
   // Until run 109 bf16 T >= 8 ran `wide` (run 7: 115.70/425.89/1641.44 against stream's
