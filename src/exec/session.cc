@@ -19,11 +19,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iostream>
 #include <optional>
 #include <sstream>
 
 #include "exec/node_kernels.h"
 #include "splice/backend/cpu/primitives.h"
+#include "splice/core/debug.h"
 #include "splice/core/error.h"
 
 #ifdef SPLICE_WITH_CUDA
@@ -185,6 +187,9 @@ Session::Session(Graph graph, SessionOptions options)
   if (options_.device.is_cuda()) cuda::ensure_registered();
 #endif
   plan_ = make_plan(graph_);
+  if (debug_level() >= (options_.name.empty() ? 2 : 1))
+    std::cerr << "[splice] " << (options_.name.empty() ? "session" : options_.name) << " "
+              << plan_.summary(graph_) << "\n";
   const std::size_t count = graph_.size();
   Impl& im = *impl_;
   im.values.resize(count);

@@ -189,6 +189,7 @@ Generator::Generator(DecodeModel model, const GeneratorOptions& options)
   SessionOptions so;
   so.device = options.device;
   so.measure_host_overhead = options.measure_host_overhead;
+  so.name = "decode step";
   if (options.greedy_in_step) {
     bool has_logits = false;
     for (const auto& [name, id] : model.graph.outputs()) has_logits |= name == "logits";

@@ -1,21 +1,15 @@
 // The optimizer driver (see optimize.h).
 #include "splice/tune/optimize.h"
 
-#include <cstdlib>
 #include <iostream>
+
+#include "splice/core/debug.h"
 
 #include "splice/ops/decode_attention.h"
 #include "splice/ops/kda_decode.h"
 #include "splice/ops/layer_ops.h"
 
 namespace splice {
-
-int debug_level() {
-  const char* v = std::getenv("SPLICE_DEBUG");
-  if (!v) return 0;
-  const int level = std::atoi(v);
-  return level < 0 ? 0 : level;
-}
 
 const AttentionContract& flash_decode_contract_for(Device device) {
   return device.is_cpu() ? cpu_flash_decode_contract() : cuda_flash_decode_contract();

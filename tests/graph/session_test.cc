@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <utility>
 
 #include "splice/core/error.h"
 #include "splice/core/random.h"
@@ -206,6 +209,49 @@ TEST(Session, PlansOnceAndReusesMemory) {
           EXPECT_LT(plan.position[other.index], plan.position[id.index]);
         }
   }
+}
+
+// SPLICE_DEBUG (core/debug.h): a named session prints its plan summary on stderr from level 1,
+// an unnamed one (the tuner's per-arm regions) from level 2, and level 0 prints nothing; the
+// summary's counts are the plan's own.
+TEST(Session, DebugLevelsPrintThePlanSummary) {
+  const char* saved = std::getenv("SPLICE_DEBUG");
+  const std::string restore = saved ? saved : "";
+  DemoAttentionOptions o;
+  o.num_layers = 2;
+  auto printed_by = [&](const char* level, const std::string& name) {
+    EXPECT_EQ(setenv("SPLICE_DEBUG", level, 1), 0);
+    SessionOptions so;
+    so.name = name;
+    ::testing::internal::CaptureStderr();
+    Session session(build_demo_attention_graph(o).graph, so);
+    const std::string printed = ::testing::internal::GetCapturedStderr();
+    return std::make_pair(printed, session.plan().summary(session.graph()));
+  };
+  const auto [quiet, quiet_summary] = printed_by("0", "decode step");
+  const auto [named, named_summary] = printed_by("1", "decode step");
+  const auto [unnamed_1, unnamed_summary_1] = printed_by("1", "");
+  const auto [unnamed_2, unnamed_summary_2] = printed_by("2", "");
+  saved ? setenv("SPLICE_DEBUG", restore.c_str(), 1) : unsetenv("SPLICE_DEBUG");
+  EXPECT_EQ(quiet, "");
+  EXPECT_EQ(named, "[splice] decode step " + named_summary + "\n");
+  EXPECT_EQ(unnamed_1, "");
+  EXPECT_EQ(unnamed_2, "[splice] session " + unnamed_summary_2 + "\n");
+
+  Session session(build_demo_attention_graph(o).graph);
+  const Plan& plan = session.plan();
+  std::size_t buffers = 0;
+  for (auto offset : plan.buffer_offset) buffers += offset >= 0;
+  const std::string summary = plan.summary(session.graph());
+  EXPECT_EQ(summary, named_summary);
+  EXPECT_NE(summary.find(std::to_string(plan.schedule.size()) + " nodes scheduled, " +
+                         std::to_string(buffers) + " buffers in a " +
+                         std::to_string(plan.arena_bytes) + "-byte arena (" +
+                         std::to_string(plan.unshared_bytes) + " without reuse)"),
+            std::string::npos)
+      << summary;
+  EXPECT_NE(summary.find(std::to_string(plan.branches.size()) + " branches"), std::string::npos)
+      << summary;
 }
 
 TEST(Session, BadStepsThrowAndLeaveCachesUntouched) {

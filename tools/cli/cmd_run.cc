@@ -246,6 +246,7 @@ int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps,
   SessionOptions so;
   so.device = device;
   so.measure_host_overhead = true;
+  so.name = "decode step (batch " + std::to_string(batch) + ")";
   Session session(std::move(model.graph), so);
   bar.done();
   // [batch] i32: the first token of every row, then the same ids every step; on the session's

@@ -64,6 +64,9 @@ struct SessionOptions {
   // launch the same work every step. The decode loop's greedy path (model/generate.h) writes the
   // argmax of the logits into the "tokens" input buffer here.
   std::function<void(const std::map<std::string, Tensor>& outputs)> epilogue;
+  // What the session is, for SPLICE_DEBUG's log (core/debug.h): a named session prints its plan
+  // summary from level 1, an unnamed one (the tuner's per-arm regions) from level 2.
+  std::string name;
 };
 
 struct StepTiming {

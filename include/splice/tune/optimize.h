@@ -4,7 +4,7 @@
 //      device's contract row (declines recorded);
 //   2. select arms (verify, time, choose, persist, explain: select.h);
 //   3. dead-code elimination; the verifier runs after every stage.
-// SPLICE_DEBUG=1 prints the decisions, =2 also the IR after each stage.
+// SPLICE_DEBUG=1 prints the decisions, =2 also the IR after each stage (core/debug.h).
 #pragma once
 
 #include <vector>
@@ -33,8 +33,5 @@ DecisionLog optimize_graph(Graph& graph, const std::vector<DecodeFlashSpec>& att
                            const OptimizeOptions& options,
                            const std::vector<KdaDecodeSpec>& kda_specs = {},
                            const std::vector<LayerOpSpec>& layer_specs = {});
-
-// Reads SPLICE_DEBUG (0 when unset or malformed).
-int debug_level();
 
 }  // namespace splice
