@@ -41,6 +41,7 @@
 #include "backend/cuda/launch.cuh"
 #include "splice/backend/cuda/kda_decode.h"
 #include "splice/backend/cuda/runtime.h"
+#include "splice/core/debug.h"
 #include "splice/core/error.h"
 
 namespace splice::cuda {
@@ -125,11 +126,6 @@ void launch_rows(const kda::Params& params, std::int64_t units, std::int64_t hea
 constexpr int kSubPartitions = 4;  // warp schedulers (register file slices) per SM
 constexpr int kRegAllocUnit = 8;   // registers per thread are allocated in multiples of 8
 
-bool debug_enabled() {
-  const char* v = std::getenv("SPLICE_DEBUG");
-  return v != nullptr && std::atoi(v) > 0;
-}
-
 // The stream kernel of (StateT, kStage): with the precompute warp group (kWs) or not.
 template <typename StateT, bool kStage, bool kWs, int kTokens = kda::kChunk>
 constexpr auto stream_kernel() {
@@ -175,7 +171,7 @@ KdaKernelInfo probe_stream_kernel() {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, info.smem_bytes));
     info.launchable = true;
   }
-  if (!info.launchable && debug_enabled()) {
+  if (!info.launchable && debug_level() > 0) {
     std::fprintf(stderr, "splice: kda `stream`%s (%s state%s) falls back: %s\n",
                  kWs ? " with the precompute group" : "", sizeof(StateT) == 4 ? "f32" : "bf16",
                  kStage ? ", staged inputs" : "", info.reason.c_str());
@@ -481,7 +477,7 @@ unsigned kda_tune() {
     const char* env = std::getenv("SPLICE_KDA_TUNE");
     v = env != nullptr ? static_cast<long long>(std::strtoul(env, nullptr, 10) & kTuneMask) : 0;
     g_tune.store(v, std::memory_order_relaxed);
-    if (v != 0 && debug_enabled())
+    if (v != 0 && debug_level() > 0)
       std::fprintf(stderr, "splice: kda dev knob SPLICE_KDA_TUNE=%lld\n", v);
   }
   return static_cast<unsigned>(v);
