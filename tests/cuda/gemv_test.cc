@@ -804,8 +804,8 @@ TEST(CudaGemv, PrologueProductsAgreeWithTheCpu) {
         }
 }
 
-// The decode-row kernel (gemv.cu's row_kernel: one row in a one-batch shape, the launcher's grid,
-// one resident wave) is gemv_kernel's product bit for bit: every prologue (none, rms_norm in
+// The decode-row kernel (gemv_kernel.cuh's row_kernel: one row in a one-batch shape, the launcher's
+// grid, one resident wave) is gemv_kernel's product bit for bit: every prologue (none, rms_norm in
 // registers, silu_mul), with and without the residual, 1, 2 and 4 columns per warp, in every
 // dtype, at k = 64, 576, 1536 and 1544 (over the one-batch limit: both launches take gemv_kernel)
 // and n from 1 to 3072 (odd column-group tails), launched once with the launcher's grid and once
@@ -879,10 +879,10 @@ TEST(CudaGemv, DecodeRowKernelIsBitwiseTheGeneralKernel) {
       }
 }
 
-// The multi-row decode kernel (gemv.cu's norm_rows_kernel: 2-8 rows of a 16-bit product of k <=
-// 768 at 2-4 rows and <= 256 at 5-8 with the register rms_norm, or at 2-4 rows with no prologue
-// and an f32 residual or none, y in x's dtype, one resident wave; rms_norm with a residual stays
-// on gemv_kernel) against the CPU composition and against gemv_kernel (the same launch with
+// The multi-row decode kernel (gemv_kernel.cuh's norm_rows_kernel: 2-8 rows of a 16-bit product of
+// k <= 768 at 2-4 rows and <= 256 at 5-8 with the register rms_norm, or at 2-4 rows with no
+// prologue and an f32 residual or none, y in x's dtype, one resident wave; rms_norm with a residual
+// stays on gemv_kernel) against the CPU composition and against gemv_kernel (the same launch with
 // max_ctas set): both prologues (about half the cases each), bf16 and f16, 2, 3, 4, 5 and 8 rows, k
 // = 64, 256 (one slot a lane), 576, 768 (the largest) and 776 (gemv_kernel), n = 1, 17, 1030 and
 // 3072 (column groups ending after 1, 1, 2 and 4 columns), w_constant on and off, y rows at a

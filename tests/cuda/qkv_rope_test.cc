@@ -1,5 +1,5 @@
 // cuda::rms_norm_matmul_rope_kv_append (Op::RmsNormMatMulRopeKvAppend's one-launch CUDA kernel:
-// the register-prologue q|k|v GEMV with a RoPE and KV-append epilogue, gemv.cu's
+// the register-prologue q|k|v GEMV with a RoPE and KV-append epilogue, gemv_kernel.cuh's
 // rope_pairs_kernel) against the two CUDA kernels it replaces (cuda::rms_norm_matmul into a q|k|v
 // row, then cuda::rope_kv_append), a replayed region graph, and a tiny Llama.
 //

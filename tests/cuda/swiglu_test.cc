@@ -1,6 +1,6 @@
 // cuda::rms_norm_matmul_swiglu (Op::RmsNormMatMulSwiglu's CUDA launcher: the register-prologue
-// gate|up GEMV with the SwiGLU epilogue, gemv.cu's swiglu_pairs_kernel, or the two-kernel chain)
-// against the two CUDA kernels it replaces (cuda::rms_norm_matmul into a [.., 2I] row, then
+// gate|up GEMV with the SwiGLU epilogue, gemv_kernel.cuh's swiglu_pairs_kernel, or the two-kernel
+// chain) against the two CUDA kernels it replaces (cuda::rms_norm_matmul into a [.., 2I] row, then
 // cuda::silu_mul of its halves) and against the CPU op.
 //
 //  1. Kernel grid: (K, I) = SmolLM2's (576, 1536) and (64, 17), (64, 192), (576, 17), (576, 192),

@@ -1,6 +1,6 @@
 // Device-side conversions between the storage float types (f32, f16, bf16) and fp32 math, with
 // round-to-nearest-even on the way back, and the host dispatch from a DType to those types: one
-// definition for the kernels that are templated on the element type (gemv.cu, layer_ops.cu,
+// definition for the kernels that are templated on the element type (gemv_kernel.cuh, layer_ops.cu,
 // rope_kv_append.cu).
 #pragma once
 

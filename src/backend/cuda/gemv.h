@@ -15,12 +15,12 @@
 // One row of whole 16-byte vectors that one batch per lane covers (k <= 768 bf16 / f16 at any
 // column count, k <= 1536 at 1 or 2 columns per warp), with no max_ctas and column groups that
 // fit one resident wave, takes the decode-row kernel instead: the same product bit for bit in
-// the least code (gemv.cu's row_kernel; LaunchStats::row counts it). The batch-1 products of a
-// decode step are such calls. Two fused siblings of it reuse its stages with their own column
+// the least code (gemv_kernel.cuh's row_kernel; LaunchStats::row counts it). The batch-1 products
+// of a decode step are such calls. Two fused siblings of it reuse its stages with their own column
 // mapping and epilogue: launch_rope (q|k|v + RoPE + KV appends) and launch_swiglu (gate|up +
 // SwiGLU's activation), below. An rms_norm product of 2-8 rows that norm_rows_supported takes
-// runs on the multi-row decode kernel (gemv.cu's norm_rows_kernel; within tolerance, not bitwise,
-// of the general kernel; LaunchStats::norm_rows counts it).
+// runs on the multi-row decode kernel (gemv_kernel.cuh's norm_rows_kernel; within tolerance, not
+// bitwise, of the general kernel; LaunchStats::norm_rows counts it).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -111,8 +111,8 @@ bool norm_rows_supported(const Params& params);
 struct LaunchStats {
   std::uint64_t launches = 0, pdl = 0, prefetch = 0, prologue = 0, row = 0;
   std::uint64_t register_prologue = 0;  // rms_norm prologues computed in registers (no barrier)
-  std::uint64_t norm_rows = 0;          // 2-8 row rms_norm products on norm_rows_kernel (gemv.cu)
-  std::uint64_t plain_rows = 0;         // 2-4 row products without a prologue on it
+  std::uint64_t norm_rows = 0;   // 2-8 row rms_norm products on norm_rows_kernel (gemv_kernel.cuh)
+  std::uint64_t plain_rows = 0;  // 2-4 row products without a prologue on it
 };
 LaunchStats launch_stats();
 
@@ -129,7 +129,7 @@ void launch(const Params& params, cudaStream_t stream);
 // h D + i and h D + i + D/2 (both halves of one RoPE pair of head h), so after the reduction one
 // warp holds the pair. Each element is rounded to T as launch() stores it, then q heads are
 // rotated into out, k heads rotated into k_cache row p and v heads copied into v_cache row p
-// (cuda::rope_kv_append's exact operations; gemv.cu's rope_pairs_kernel has the algorithm).
+// (cuda::rope_kv_append's exact operations; gemv_kernel.cuh's rope_pairs_kernel has the algorithm).
 // `product` carries the GEMV part: w, w_row_stride, n, k, x[0], norm_weight (T, unit stride),
 // eps, in_dtype (= T = out, caches), w_constant; rows = 1, prologue = rms_norm.
 inline constexpr int kRopeMaxSlots = 8;  // 16-byte vectors per lane: k <= 8 * 32 * 8 = 2048
@@ -178,7 +178,7 @@ std::uint64_t rope_launches();
 // pairs" column mapping: warp g computes columns j, j + 1, I + j, I + j + 1 (j = 2 g) of every
 // row, so after the reduction one warp holds the gate and up sums of two outputs a row. Each sum
 // is rounded to T as launch() stores it, then out[j] = round_T(round_T(silu(gate)) * up)
-// (layer_ops.cu's silu_mul operations; gemv.cu's swiglu_pairs_kernel has the algorithm).
+// (layer_ops.cu's silu_mul operations; gemv_kernel.cuh's swiglu_pairs_kernel has the algorithm).
 // `product` carries the GEMV part: w, w_row_stride, n = 2I, k, x[0 .. rows-1], norm_weight (T,
 // unit stride), eps, in_dtype = out_dtype = T, w_constant; rows = 1-8 (kSwigluMaxRows), prologue =
 // rms_norm; at 2-8 rows also y[0 .. rows-1] and y_col_stride (out's rows).

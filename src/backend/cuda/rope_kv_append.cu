@@ -27,7 +27,7 @@
 //      instruction (launch.cuh's one exception to triggering after the wait).
 //   3. rms_norm_matmul_rope_kv_append (host only): the same checks for x, norm_weight and w
 //      (layer_op_checks::check_qkv_rope, then the kernel's limits: B = 1, one 16-bit dtype, K,
-//      alignment), then one launch of gemv.cu's rope_pairs_kernel (gemv::launch_rope): the
+//      alignment), then one launch of gemv_kernel.cuh's rope_pairs_kernel (gemv::launch_rope): the
 //      q|k|v GEMV with the register rms_norm prologue whose epilogue is step 2's RoPE and appends.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -73,7 +73,7 @@ struct RopeKvAppendParams {
 std::atomic<std::uint64_t> g_launches{0}, g_early_position_launches{0}, g_early_trigger_launches{0};
 std::atomic<std::uint64_t> g_qkv_launches{0}, g_qkv_early_position_launches{0},
     g_qkv_early_weight_launches{0}, g_qkv_early_trigger_launches{0};
-constexpr int kVectorBytes = 16;  // gemv.cu's vector loads: 16-byte aligned rows
+constexpr int kVectorBytes = 16;  // gemv_kernel.cuh's vector loads: 16-byte aligned rows
 static_assert(kQkvRopeMaxK <= static_cast<std::int64_t>(gemv::kRopeMaxSlots) * 32 * 8 &&
                   kQkvRopeKMultiple * 2 == kVectorBytes,
               "kQkvRopeMaxK / kQkvRopeKMultiple must match gemv.h's RoPE epilogue");

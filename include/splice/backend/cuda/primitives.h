@@ -20,8 +20,9 @@
 //     calls; mixed dtypes or other layouts are first copied to contiguous f32. Scratch tensors are
 //     handed to the retain_scratch sink when one is set, so a captured graph keeps them alive.
 //     Skinny products (a few activation rows times a weight, the decode case) go to splice's own
-//     bandwidth-bound GEMV kernel instead (src/backend/cuda/gemv.cu; the routing rule and the
-//     measurements behind it are in try_gemv, primitives_gemm.cc). It joins the programmatic
+//     bandwidth-bound GEMV kernels instead (src/backend/cuda/gemv_kernel.cuh, launched by
+//     gemv.cu; the routing rule and the measurements behind it are in try_gemv,
+//     primitives_gemm.cc). It joins the programmatic
 //     dependent launch chain of the other kernels here; MatmulOptions::b_constant lets it start
 //     streaming a constant weight before its producers finish.
 #pragma once

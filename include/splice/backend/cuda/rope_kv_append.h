@@ -41,10 +41,10 @@ RopeKvAppendLaunches rope_kv_append_launches();
 // rms_norm_matmul then rope_kv_append in ONE launch (cpu::rms_norm_matmul_rope_kv_append's
 // contract; Op::RmsNormMatMulRopeKvAppend): x [1, 1, K], norm_weight [K], w [N, K] with N =
 // (Hq + 2 Hkv) D; the q|k|v row round(round(rms_norm(x)) @ w^T) lives only in registers (the
-// register-prologue GEMV of gemv.cu with the "rope pairs" column mapping, gemv.h's RopeParams),
-// then out [1, Hq, 1, D] = rope(q heads), k_cache[:, :, p] = rope(k heads), v_cache[:, :, p] = v
-// heads (caches [1, Hkv, capacity, D]) at p = position[0] read on the device; a p outside [0,
-// min(max_seq_len, capacity)) writes zeros to out and leaves the caches (as rope_kv_append).
+// register-prologue GEMV of gemv_kernel.cuh with the "rope pairs" column mapping, gemv.h's
+// RopeParams), then out [1, Hq, 1, D] = rope(q heads), k_cache[:, :, p] = rope(k heads), v_cache[:,
+// :, p] = v heads (caches [1, Hkv, capacity, D]) at p = position[0] read on the device; a p outside
+// [0, min(max_seq_len, capacity)) writes zeros to out and leaves the caches (as rope_kv_append).
 // Takes: B = 1; x, norm_weight, w, out and the caches of one dtype, bf16 or f16; K a multiple of
 // kQkvRopeKMultiple and at most kQkvRopeMaxK; unit strides along K and D; x, norm_weight and
 // every w row 16-byte aligned (else UnsupportedError / LayoutError; every check runs before the
