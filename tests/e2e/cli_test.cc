@@ -1,10 +1,10 @@
 // The splice CLI as a user runs it (a real process): `op decode-attention` and `op kda-decode`
 // reproduce the library's results from safetensors files; bad input exits non-zero with one line
 // naming the argument and leaves OUT unwritten; `inspect` prints the graph before/after and the
-// decisions; `run` decodes the embedded default model; `bench --batch` times a batched step
-// and counts its tokens; unknown flags fail cleanly; `run
-// --no-optimize` (every branch left uncollapsed, arm 0 run) decodes the optimized run's greedy
-// tokens on the default model and on a tiny Llama, up to the first bf16 near-tie of the logits.
+// decisions; `run` decodes the embedded default model and streams its ids once; `bench --batch`
+// times a batched step and counts its tokens; unknown flags fail cleanly; `run --no-optimize`
+// (every branch left uncollapsed, arm 0 run) decodes the optimized run's greedy tokens on the
+// default model and on a tiny Llama, up to the first bf16 near-tie of the logits.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -321,6 +321,24 @@ TEST(Cli, KdaStateDtypeReachesTheModel) {
   EXPECT_FALSE(compare_tensors(bf16.logits, f32.logits, Tolerance{0.0, 0.0}).ok);
   const CompareReport r = compare_tensors(bf16.logits, f32.logits, Tolerance{0.0625, 0.0});
   EXPECT_TRUE(r.ok) << r.str();
+}
+
+// Without a tokenizer (the default model) `run` streams the ids after "tokens:" as they come and
+// prints them once: one "tokens:" line, no "output:" line, the ids `--json` reports.
+TEST(Cli, RunStreamsTheIdsOfAModelWithoutATokenizerOnce) {
+  const Result text = run_cli("run --max-new-tokens 4");
+  ASSERT_EQ(text.status, 0) << text.output;
+  const Result json = run_cli("run --max-new-tokens 4 --json");
+  ASSERT_EQ(json.status, 0) << json.output;
+  const nlohmann::json report = nlohmann::json::parse(json.output.substr(json.output.find('{')));
+  std::string want;
+  for (const auto& id : report["tokens"])
+    want += (want.empty() ? "" : " ") + std::to_string(id.get<int>());
+  EXPECT_EQ(greedy_tokens(text.output), want) << text.output;
+  const std::size_t first = text.output.find("\ntokens:");
+  ASSERT_NE(first, std::string::npos) << text.output;
+  EXPECT_EQ(text.output.find("\ntokens:", first + 1), std::string::npos) << text.output;
+  EXPECT_EQ(text.output.find("output:"), std::string::npos) << text.output;
 }
 
 // `run --no-optimize` plans the uncollapsed graph (nested branches, KDA's state writes in both

@@ -368,12 +368,14 @@ Runner add_run(CLI::App& app) {
         std::cout << "prompt: " << o.loaded.tokenizer->decode(prompt_ids) << "\n";
       std::cout << "prompt ids:";
       for (auto t : prompt_ids) std::cout << " " << t;
-      std::cout << "\noutput: " << std::flush;
+      // Streamed as they come: the text after "output:" with a tokenizer, else the ids after
+      // "tokens:" (the line the report ends with either way).
+      std::cout << (stream ? "\noutput: " : "\ntokens:") << std::flush;
       options.on_token = [&](std::int32_t t) {
         if (stream)
           std::cout << stream->push(t) << std::flush;
         else
-          std::cout << t << " " << std::flush;
+          std::cout << " " << t << std::flush;
       };
     }
     options.keep_logits = !logits_out->empty();
@@ -396,9 +398,10 @@ Runner add_run(CLI::App& app) {
       std::cout << j.dump(2) << "\n";
       return 0;
     }
-    if (stream) std::cout << stream->flush();
-    std::cout << "\ntokens:";
-    for (auto t : r.tokens) std::cout << " " << t;
+    if (stream) {
+      std::cout << stream->flush() << "\ntokens:";
+      for (auto t : r.tokens) std::cout << " " << t;
+    }
     std::cout << "\n"
               << r.tokens.size() << " tokens; prefill " << prompt_ids.size() << " tokens in "
               << r.prefill_seconds * 1e3 << " ms; decode " << p50 << " us/token (p50), "
