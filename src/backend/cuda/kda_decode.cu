@@ -644,10 +644,11 @@ void kda_decode(const KdaDecodeArgs& args, Stream stream, KdaVariant variant) {
   // Stage 2: variant and vector width.
   const std::int64_t units = per_row ? args.num_rows : args.num_seqs;
   const std::int64_t heads = args.num_heads;
-  if (variant == KdaVariant::automatic)
-    variant = choose_kda_variant(units, heads, args.max_t, args.state_dtype,
-                                 current_device_facts().sm_count,
-                                 current_device_facts().dram_bytes_per_s);
+  if (variant == KdaVariant::automatic) {
+    const DeviceFacts& facts = current_device_facts();
+    variant = choose_kda_variant(units, heads, args.max_t, args.state_dtype, facts.sm_count,
+                                 facts.dram_bytes_per_s);
+  }
   const std::size_t elem = dtype_size(args.state_dtype);
   const auto base = reinterpret_cast<std::uintptr_t>(args.state.raw_data());
   const bool vec = base % kVecAlign == 0 &&
