@@ -137,77 +137,53 @@ constexpr int unroll_for(int rows, int cols) {
   return kLoadBudget / (rows + cols) > 1 ? kLoadBudget / (rows + cols) : 1;
 }
 
-// Predicated read-only loads, zero when `pred` is false (memory is not touched then, so the
-// address may lie past the row). Inline PTX with the predicate inside keeps every load in one
-// basic block, so the scheduler can issue all of a batch's loads before the first use.
-// Weights are streamed (L1::no_allocate: each byte is used once); activations go through the
-// default read-only path (every warp of the CTA re-reads x from L1).
-#define SPLICE_GEMV_LOADS(NAME, HINT)                                                    \
+// Predicated loads, zero when `pred` is false (memory is not touched then, so the address may lie
+// past the row). Inline PTX with the predicate inside keeps every load in one basic block, so the
+// scheduler can issue all of a batch's loads before the first use. One macro makes each family's
+// 16-, 4- and 2-byte overloads: LOAD is the PTX instruction, and ADDRESS the operand constraint and
+// the expression of `ptr` it loads from.
+#define SPLICE_GEMV_LOADS(NAME, LOAD, ADDRESS)                                           \
   __device__ __forceinline__ uint4 NAME(const uint4* ptr, bool pred) {                   \
     uint4 r;                                                                             \
     asm volatile(                                                                        \
         "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"                                    \
         " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"           \
-        " @p ld.global.nc" HINT ".v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"                   \
+        " @p " LOAD ".v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"                               \
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)                                     \
-        : "l"(ptr), "r"(static_cast<int>(pred)));                                        \
+        : ADDRESS, "r"(static_cast<int>(pred)));                                         \
     return r;                                                                            \
   }                                                                                      \
   __device__ __forceinline__ unsigned NAME(const unsigned* ptr, bool pred) {             \
     unsigned r;                                                                          \
     asm volatile(                                                                        \
         "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b32 %0, 0;\n"                   \
-        " @p ld.global.nc" HINT ".b32 %0, [%1];\n}\n"                                    \
+        " @p " LOAD ".b32 %0, [%1];\n}\n"                                                \
         : "=r"(r)                                                                        \
-        : "l"(ptr), "r"(static_cast<int>(pred)));                                        \
+        : ADDRESS, "r"(static_cast<int>(pred)));                                         \
     return r;                                                                            \
   }                                                                                      \
   __device__ __forceinline__ unsigned short NAME(const unsigned short* ptr, bool pred) { \
     unsigned short r;                                                                    \
     asm volatile(                                                                        \
         "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b16 %0, 0;\n"                   \
-        " @p ld.global.nc" HINT ".b16 %0, [%1];\n}\n"                                    \
+        " @p " LOAD ".b16 %0, [%1];\n}\n"                                                \
         : "=h"(r)                                                                        \
-        : "l"(ptr), "r"(static_cast<int>(pred)));                                        \
+        : ADDRESS, "r"(static_cast<int>(pred)));                                         \
     return r;                                                                            \
   }
-SPLICE_GEMV_LOADS(load_weight, ".L1::no_allocate")
-SPLICE_GEMV_LOADS(load_activation, "")
-#undef SPLICE_GEMV_LOADS
 
-// The same predicated loads from shared memory (the prologue's rows; `ptr` a generic pointer into
-// this CTA's shared window).
+// Generic pointer into this CTA's shared window -> its shared-state-space address.
 __device__ __forceinline__ unsigned shared_address(const void* ptr) {
   return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
 }
-__device__ __forceinline__ uint4 load_shared(const uint4* ptr, bool pred) {
-  uint4 r;
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
-      " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
-      " @p ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "r"(shared_address(ptr)), "r"(static_cast<int>(pred)));
-  return r;
-}
-__device__ __forceinline__ unsigned load_shared(const unsigned* ptr, bool pred) {
-  unsigned r;
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b32 %0, 0;\n"
-      " @p ld.shared.b32 %0, [%1];\n}\n"
-      : "=r"(r)
-      : "r"(shared_address(ptr)), "r"(static_cast<int>(pred)));
-  return r;
-}
-__device__ __forceinline__ unsigned short load_shared(const unsigned short* ptr, bool pred) {
-  unsigned short r;
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b16 %0, 0;\n"
-      " @p ld.shared.b16 %0, [%1];\n}\n"
-      : "=h"(r)
-      : "r"(shared_address(ptr)), "r"(static_cast<int>(pred)));
-  return r;
-}
+
+// Weights are streamed (L1::no_allocate: each byte is used once); activations go through the
+// default read-only path (every warp of the CTA re-reads x from L1); load_shared reads the
+// prologue's rows from shared memory.
+SPLICE_GEMV_LOADS(load_weight, "ld.global.nc.L1::no_allocate", "l"(ptr))
+SPLICE_GEMV_LOADS(load_activation, "ld.global.nc", "l"(ptr))
+SPLICE_GEMV_LOADS(load_shared, "ld.shared", "r"(shared_address(ptr)))
+#undef SPLICE_GEMV_LOADS
 
 using detail::from_float;  // float_convert.cuh
 using detail::load_any;    // float_convert.cuh
