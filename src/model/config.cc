@@ -331,10 +331,6 @@ std::string architecture_of(const Json& j, const std::string& source) {
 
 }  // namespace
 
-const char* layer_kind_name(LayerKind kind) {
-  return kind == LayerKind::attention ? "attention" : "kda";
-}
-
 bool ModelConfig::is_attention_layer(std::int64_t layer) const {
   return layer >= 0 && layer < static_cast<std::int64_t>(layer_kinds.size()) &&
          layer_kinds[static_cast<std::size_t>(layer)] == LayerKind::attention;

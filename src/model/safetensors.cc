@@ -249,12 +249,6 @@ std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
-const char* safetensors_dtype_name(SafeTensorsDType dtype) {
-  for (const auto& entry : kDTypes)
-    if (entry.dtype == dtype) return entry.name;
-  return "?";
-}
-
 std::size_t safetensors_dtype_size(SafeTensorsDType dtype) {
   for (const auto& entry : kDTypes)
     if (entry.dtype == dtype) return entry.size;

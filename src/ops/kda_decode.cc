@@ -31,18 +31,6 @@
 
 namespace splice {
 
-const char* kda_mode_name(KdaMode mode) {
-  switch (mode) {
-    case KdaMode::plain:
-      return "plain";
-    case KdaMode::packed:
-      return "packed";
-    case KdaMode::t1:
-      return "t1";
-  }
-  return "?";
-}
-
 namespace {
 
 // Measured against the float64 reference over the test grid (tests/kernels/kda_decode_test.cc,

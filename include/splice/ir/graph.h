@@ -130,7 +130,6 @@ class Graph {
   // Named graph outputs (e.g. "logits"), readable after each step.
   void mark_output(const std::string& name, NodeId id);
   const std::vector<std::pair<std::string, NodeId>>& outputs() const { return outputs_; }
-  void set_output(std::size_t index, NodeId id) { outputs_.at(index).second = id; }
 
   // ---- builder API (each validates and infers shape/dtype) ----
   NodeId input(const std::string& name, SymShape shape, DType dtype);

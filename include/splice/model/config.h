@@ -31,7 +31,6 @@ enum class ModelFamily : std::uint8_t { llama, kda };
 // is malformed, and honouring it would allocate per-layer state without limit).
 inline constexpr std::int64_t kMaxModelLayers = 4096;
 enum class LayerKind : std::uint8_t { attention, kda };
-const char* layer_kind_name(LayerKind kind);
 
 // RoPE frequency scaling. `type` is "llama3" (Llama 3.1's band-wise scaling) or "linear"
 // (positions divided by `factor`).

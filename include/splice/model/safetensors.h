@@ -65,7 +65,6 @@ enum class SafeTensorsDType : std::uint8_t {
   F8_E5M2
 };
 
-const char* safetensors_dtype_name(SafeTensorsDType dtype);
 std::size_t safetensors_dtype_size(SafeTensorsDType dtype);
 // The splice dtype a format dtype is stored as without conversion, if there is one.
 bool safetensors_native_dtype(SafeTensorsDType dtype, DType* out);

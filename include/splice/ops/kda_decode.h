@@ -59,7 +59,6 @@ enum class KdaMode : std::uint8_t {
   packed,  // packed_fused_kda_decode: sequences from query_start_loc / num_accepted_tokens
   t1,      // packed, T = 1, with t1_state_indices: row r uses slot row_slots[r]; qsl not read
 };
-const char* kda_mode_name(KdaMode mode);
 
 // The validated arguments both backends consume. Tensor members are views of the caller's tensors
 // (no copies), normalized to the ranks below; sizes are derived once here.
