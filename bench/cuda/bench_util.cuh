@@ -88,7 +88,10 @@ inline ReplayTimes time_replays(cudaGraphExec_t exec, cudaStream_t stream, int w
 // decode step where each kernel runs once among ~30 others (docs/perf.md run 343). A bench
 // times (flush, arm) and subtracts the flushes alone.
 constexpr int kColdCodeFmas = 16384;
-__global__ inline void cold_code_kernel(float* sink, float seed) {
+// Where cold_code_kernel would store its (never taken) result: a device array, so no allocation
+// happens inside a stream capture (the benches call flush_code while capturing).
+static __device__ float g_cold_code_sink[32];
+__global__ inline void cold_code_kernel(float seed) {
   float acc[8];
 #pragma unroll
   for (int c = 0; c < 8; ++c) acc[c] = seed + static_cast<float>(threadIdx.x + c);
@@ -99,14 +102,12 @@ __global__ inline void cold_code_kernel(float* sink, float seed) {
   float sum = 0.0f;
 #pragma unroll
   for (int c = 0; c < 8; ++c) sum += acc[c];
-  if (sum == 1234.5f) sink[threadIdx.x] = sum;  // keeps the chains; never true for these seeds
+  if (sum == 1234.5f) g_cold_code_sink[threadIdx.x] = sum;  // keeps the chains; never true here
 }
 
 // cold_code_kernel on `sms` CTAs of one warp on `stream` (capturable).
 inline void flush_code(int sms, cudaStream_t stream) {
-  static float* sink = nullptr;
-  if (sink == nullptr) BENCH_CHECK(cudaMalloc(&sink, 32 * sizeof(float)));
-  cold_code_kernel<<<sms, 32, 0, stream>>>(sink, 0.5f);
+  cold_code_kernel<<<sms, 32, 0, stream>>>(0.5f);
 }
 
 // The median time in seconds of 9 calls of `enqueue` (work on `stream`), each between two CUDA
