@@ -24,7 +24,8 @@
 #              (ATTENTION_PEER_ARGS="--max-kv-gb 20" on an H100: the peers copy the 34 GB points)
 #   model      the Llama cross-check and SmolLM2-shaped speed beside transformers; the default model
 #              at batch 1 and 32 (`--profile 8`: every node timed)
-#   gemv       the GEMV against cuBLASLt at M = 1, 2, 4, 8 (gemv_cuda_bench: the routing rule's table)
+#   gemv       the GEMV against cuBLASLt at M = 1, 2, 4, 8 (gemv_cuda_bench: the routing rule's table;
+#              GEMV_ARGS: its options, e.g. "--cold --m 1": the cold-code columns at one M)
 #   ptx        CUDA_FORCE_PTX_JIT=1: the KDA, flash and session-graph tests on the fatbin's
 #              compute_90 PTX, JIT-compiled as on a GPU after Hopper (issue 6)
 #   layer_ops  the fused layer ops against their chains (layer_ops_cuda_bench smollm2: SmolLM2's
@@ -193,7 +194,7 @@ phase_model() {
 
 phase_gemv() {
   echo "== gemv (at $(el) s)"
-  timeout 240 "$P/head/gemv_cuda_bench" "$L/gemv.json" >"$OUT/gemv_table.txt" 2>&1 ||
+  timeout 240 "$P/head/gemv_cuda_bench" "$L/gemv.json" ${GEMV_ARGS:-} >"$OUT/gemv_table.txt" 2>&1 ||
     echo "gemv bench rc=$?"
   cat "$OUT/gemv_table.txt"
 }

@@ -23,10 +23,12 @@
 //      the first weight batch is issued before the wait) and `nopdl` captures with PDL off;
 //      `ep` is `pf` plus the residual epilogue (Params::has_c: y = x w^T + c, the MatMulAdd layer
 //      op's GEMV), whose cost over `pf` is the c read.
-//   3c. Cold code: both default arms again with splice::bench::flush_code (256 KB of straight-line
-//      code on every SM) before every call and the flushes' own graph subtracted, so each call
-//      starts with its code out of the instruction caches, as in a decode step (docs/perf.md run
-//      343: a kernel that wins warm can lose cold); the "cold us" columns.
+//   3c. Cold code (--cold; three more graphs a shape, so off by default: with it the whole table
+//      outlasts a 240 s device phase): both default arms again with splice::bench::flush_code
+//      (256 KB of straight-line code on every SM) before every call and the flushes' own graph
+//      subtracted, so each call starts with its code out of the instruction caches, as in a
+//      decode step (docs/perf.md run 343: a kernel that wins warm can lose cold); the "cold us"
+//      columns ("-" and JSON null without --cold).
 //   4. Check: both arms' outputs of the last copy agree (max |gemv - lt| / max |lt| printed), and
 //      splice::cuda::matmul (the routed primitive) once more on copy 0 agrees with them.
 //   5. Output (--m M: that M only): one row per shape (us, GB/s of weight reads, % of 4.48
@@ -94,9 +96,9 @@ struct Result {
   // Stage 3b's variants, us: a warp per group, then 1, 2 and 4 columns per warp.
   static constexpr int kVariants = 7;  // 1wpg, c1, c2, c4, pf, nopdl, ep
   double variant_us[kVariants] = {};
-  // Stage 3c: each call with its code cold (bench::flush_code before it, the flushes' own time
-  // subtracted), the default GEMV and cuBLASLt, us.
-  double gemv_cold_us = 0.0, lt_cold_us = 0.0;
+  // Stage 3c (--cold): each call with its code cold (bench::flush_code before it, the flushes'
+  // own time subtracted), the default GEMV and cuBLASLt, us; negative when not measured.
+  double gemv_cold_us = -1.0, lt_cold_us = -1.0;
   std::int64_t weight_bytes() const { return shape.n * shape.k * 2; }
 };
 
@@ -178,8 +180,17 @@ std::vector<float> to_host(const splice::Tensor& t) {
   return out;
 }
 
+// A cold column's text and JSON value: "-" and null when --cold was not given.
+std::string cold_text(double us) {
+  if (us < 0.0) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", us);
+  return buf;
+}
+std::string cold_json(double us) { return us < 0.0 ? "null" : std::to_string(us); }
+
 Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cublasLtHandle_t lt,
-                 void* workspace, int reps, cudaStream_t stream) {
+                 void* workspace, int reps, bool cold_code, cudaStream_t stream) {
   Result r;
   r.shape = s;
   r.m = m;
@@ -274,8 +285,8 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
   // Stage 3c: graphs of (flush, call) per copy for both arms and of the flushes alone.
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  double cold[3];  // flushes alone, flush + GEMV, flush + cuBLASLt
-  for (int which = 0; which < 3; ++which) {
+  double cold[3] = {0.0, -1.0, -1.0};  // flushes alone, flush + GEMV, flush + cuBLASLt
+  for (int which = 0; cold_code && which < 3; ++which) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -291,8 +302,10 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
     cold[which] = time_graph(exec, reps, r.copies, stream).first;
     BENCH_CHECK(cudaGraphExecDestroy(exec));
   }
-  r.gemv_cold_us = cold[1] - cold[0];
-  r.lt_cold_us = cold[2] - cold[0];
+  if (cold_code) {
+    r.gemv_cold_us = cold[1] - cold[0];
+    r.lt_cold_us = cold[2] - cold[0];
+  }
   // The default GEMV graph last, so y_gemv holds its output for the check below.
   BENCH_CHECK(cudaGraphLaunch(execs[0], stream));
   BENCH_CHECK(cudaStreamSynchronize(stream));
@@ -332,16 +345,19 @@ int main(int argc, char** argv) {
   std::string json_path = "gemv_cuda_bench.json";
   int reps = kDefaultReps;
   std::int64_t only_m = 0;  // --m M: only that M (0: 1, 2, 4 and 8)
+  bool cold_code = false;   // --cold: stage 3c
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--reps" && i + 1 < argc)
       reps = std::max(1, std::atoi(argv[++i]));
     else if (arg == "--m" && i + 1 < argc)
       only_m = std::atoll(argv[++i]);
+    else if (arg == "--cold")
+      cold_code = true;
     else if (!arg.empty() && arg[0] != '-')
       json_path = arg;
     else {
-      std::fprintf(stderr, "usage: %s [JSON_PATH] [--reps N] [--m M]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [JSON_PATH] [--reps N] [--m M] [--cold]\n", argv[0]);
       return 2;
     }
   }
@@ -382,7 +398,7 @@ int main(int argc, char** argv) {
   for (std::int64_t m : {1, 2, 4, 8})
     for (const Shape& s : shapes) {
       if (only_m > 0 && m != only_m) continue;
-      results.push_back(run_shape(s, m, pool, lt, workspace, reps, stream));
+      results.push_back(run_shape(s, m, pool, lt, workspace, reps, cold_code, stream));
       const Result& r = results.back();
       std::printf("  M=%lld %-16s N=%-6lld K=%-5lld copies=%-4d gemv %8.2f us  lt %8.2f us\n",
                   static_cast<long long>(m), s.name, static_cast<long long>(s.n),
@@ -413,12 +429,13 @@ int main(int argc, char** argv) {
     const bool route_ok = r.routed_gemv ? ratio >= 1.0 - kTie : ratio <= 1.0 + kTie;
     std::printf(
         "%-3lld %-16s %6lld %5lld %9.2f %8.0f %6.1f%% %9.2f %8.0f %6.2fx %9.2e %6s %3s %9.2e  "
-        "%.2f %.2f %.2f %.2f %.2f %.2f %.2f | %.2f %.2f\n",
+        "%.2f %.2f %.2f %.2f %.2f %.2f %.2f | %s %s\n",
         static_cast<long long>(r.m), r.shape.name, static_cast<long long>(r.shape.n),
         static_cast<long long>(r.shape.k), r.gemv_us, gemv_gbps, pct, r.lt_us, lt_gbps, ratio,
         r.rel_diff, r.routed_gemv ? "gemv" : "lt", route_ok ? "yes" : "no", r.routed_rel_diff,
         r.variant_us[0], r.variant_us[1], r.variant_us[2], r.variant_us[3], r.variant_us[4],
-        r.variant_us[5], r.variant_us[6], r.gemv_cold_us, r.lt_cold_us);
+        r.variant_us[5], r.variant_us[6], cold_text(r.gemv_cold_us).c_str(),
+        cold_text(r.lt_cold_us).c_str());
     json << "    {\"m\": " << r.m << ", \"name\": \"" << r.shape.name << "\", \"n\": " << r.shape.n
          << ", \"k\": " << r.shape.k << ", \"weight_bytes\": " << r.weight_bytes()
          << ", \"copies\": " << r.copies << ", \"gemv_us\": " << r.gemv_us
@@ -434,7 +451,8 @@ int main(int argc, char** argv) {
          << ", \"cols1_us\": " << r.variant_us[1] << ", \"cols2_us\": " << r.variant_us[2]
          << ", \"cols4_us\": " << r.variant_us[3] << ", \"prefetch_us\": " << r.variant_us[4]
          << ", \"pdl_off_us\": " << r.variant_us[5] << ", \"epilogue_us\": " << r.variant_us[6]
-         << ", \"gemv_cold_us\": " << r.gemv_cold_us << ", \"cublaslt_cold_us\": " << r.lt_cold_us
+         << ", \"gemv_cold_us\": " << cold_json(r.gemv_cold_us)
+         << ", \"cublaslt_cold_us\": " << cold_json(r.lt_cold_us)
          << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";
