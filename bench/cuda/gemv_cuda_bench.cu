@@ -28,7 +28,8 @@
 //      (256 KB of straight-line code on every SM) before every call and the flushes' own graph
 //      subtracted, so each call starts with its code out of the instruction caches, as in a
 //      decode step (docs/perf.md run 343: a kernel that wins warm can lose cold); the "cold us"
-//      columns ("-" and JSON null without --cold).
+//      columns ("-" and JSON null without --cold). Read them at small shapes only: beside a
+//      data-heavy call the flush's own time changes and the subtraction fails (runs 376-377).
 //   4. Check: both arms' outputs of the last copy agree (max |gemv - lt| / max |lt| printed), and
 //      splice::cuda::matmul (the routed primitive) once more on copy 0 agrees with them.
 //   5. Output (--m M: that M only): one row per shape (us, GB/s of weight reads, % of 4.48

@@ -41,7 +41,9 @@
 // 3 warm-up replays alone the first configurations after a dtype switch read 8-10% slow, perf.md
 // runs 134-142), KDA_BENCH_GRID_CAP (at most this many CTAs a stream launch), KDA_BENCH_COLD (a
 // 256 KB code flush, bench::flush_code, before every launch and its own time subtracted: each
-// launch with its code cold, as in a decode step; perf.md run 343), KDA_BENCH_STABLE (every timed
+// launch with its code cold, as in a decode step; perf.md run 343; read it at small launches only:
+// beside a data-heavy launch the flush's own time changes and the subtraction fails, run 376),
+// KDA_BENCH_STABLE (every timed
 // variant also under the stable-state promise: a line per shape and the JSON's "stable_us";
 // without it only the pick's, the `stable` column), SPLICE_PDL=0
 // (every launch without PDL), SPLICE_KDA_TUNE (the default tune mask
