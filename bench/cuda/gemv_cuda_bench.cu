@@ -22,7 +22,8 @@
 //      is timed with PDL on; variant `pf` adds the constant-weight prefetch (Params::w_constant:
 //      the first weight batch is issued before the wait) and `nopdl` captures with PDL off;
 //      `ep` is `pf` plus the residual epilogue (Params::has_c: y = x w^T + c, the MatMulAdd layer
-//      op's GEMV), whose cost over `pf` is the c read.
+//      op's GEMV), whose cost over `pf` is the c read; `c2pf` is `c2` with the prefetch
+//      (gemv_kernel forced, against `pf`'s routing: norm_rows_kernel at 2-4 rows).
 //   3c. Cold code (--cold; three more graphs a shape, so off by default: with it the whole table
 //      outlasts a 240 s device phase): both default arms again with splice::bench::flush_code
 //      (256 KB of straight-line code on every SM) before every call and the flushes' own graph
@@ -95,7 +96,7 @@ struct Result {
   double routed_rel_diff = 0.0;  // the same for matmul's output on copy 0 against cuBLASLt's
   bool routed_gemv = false;      // gemv::preferred(m, n, k)
   // Stage 3b's variants, us: a warp per group, then 1, 2 and 4 columns per warp.
-  static constexpr int kVariants = 7;  // 1wpg, c1, c2, c4, pf, nopdl, ep
+  static constexpr int kVariants = 8;  // 1wpg, c1, c2, c4, pf, nopdl, ep, c2pf
   double variant_us[kVariants] = {};
   // Stage 3c (--cold): each call with its code cold (bench::flush_code before it, the flushes'
   // own time subtracted), the default GEMV and cuBLASLt, us; negative when not measured.
@@ -235,10 +236,11 @@ Result run_shape(const Shape& s, std::int64_t m, const splice::Tensor& pool, cub
     call.w = weight.raw_data();
     // variant -1: the launcher's choices; 0: a warp per group; 1, 2, 3: 1, 2, 4 columns a warp;
     // 4: the constant-weight prefetch; 5: the launcher's choices with PDL off; 6: 4 plus the
-    // residual epilogue.
+    // residual epilogue; 7: 2 columns a warp with the prefetch (gemv_kernel against 4's choice,
+    // norm_rows_kernel at 2-4 rows, both as a model launches them).
     call.one_warp_per_group = variant == 0;
-    call.cols = variant > 0 && variant < 4 ? 1 << (variant - 1) : 0;
-    call.w_constant = variant == 4 || variant == 6;
+    call.cols = variant > 0 && variant < 4 ? 1 << (variant - 1) : variant == 7 ? 2 : 0;
+    call.w_constant = variant == 4 || variant == 6 || variant == 7;
     if (variant == 6) {
       call.has_c = true;
       call.c_dtype = splice::DType::bf16;
@@ -416,7 +418,7 @@ int main(int argc, char** argv) {
   std::printf("\n%-3s %-16s %6s %5s %9s %8s %7s %9s %8s %7s %9s %6s %3s %9s  %s\n", "M", "shape",
               "N", "K", "gemv us", "GB/s", "%4.48", "cublas us", "GB/s", "ratio", "rel diff",
               "route", "ok", "routed d",
-              "variants us: 1wpg  c1  c2  c4  pf  nopdl  ep | cold us: gemv  lt");
+              "variants us: 1wpg  c1  c2  c4  pf  nopdl  ep  c2pf | cold us: gemv  lt");
   for (std::size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bytes = static_cast<double>(r.weight_bytes());
@@ -430,12 +432,12 @@ int main(int argc, char** argv) {
     const bool route_ok = r.routed_gemv ? ratio >= 1.0 - kTie : ratio <= 1.0 + kTie;
     std::printf(
         "%-3lld %-16s %6lld %5lld %9.2f %8.0f %6.1f%% %9.2f %8.0f %6.2fx %9.2e %6s %3s %9.2e  "
-        "%.2f %.2f %.2f %.2f %.2f %.2f %.2f | %s %s\n",
+        "%.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f | %s %s\n",
         static_cast<long long>(r.m), r.shape.name, static_cast<long long>(r.shape.n),
         static_cast<long long>(r.shape.k), r.gemv_us, gemv_gbps, pct, r.lt_us, lt_gbps, ratio,
         r.rel_diff, r.routed_gemv ? "gemv" : "lt", route_ok ? "yes" : "no", r.routed_rel_diff,
         r.variant_us[0], r.variant_us[1], r.variant_us[2], r.variant_us[3], r.variant_us[4],
-        r.variant_us[5], r.variant_us[6], cold_text(r.gemv_cold_us).c_str(),
+        r.variant_us[5], r.variant_us[6], r.variant_us[7], cold_text(r.gemv_cold_us).c_str(),
         cold_text(r.lt_cold_us).c_str());
     json << "    {\"m\": " << r.m << ", \"name\": \"" << r.shape.name << "\", \"n\": " << r.shape.n
          << ", \"k\": " << r.shape.k << ", \"weight_bytes\": " << r.weight_bytes()
@@ -452,6 +454,7 @@ int main(int argc, char** argv) {
          << ", \"cols1_us\": " << r.variant_us[1] << ", \"cols2_us\": " << r.variant_us[2]
          << ", \"cols4_us\": " << r.variant_us[3] << ", \"prefetch_us\": " << r.variant_us[4]
          << ", \"pdl_off_us\": " << r.variant_us[5] << ", \"epilogue_us\": " << r.variant_us[6]
+         << ", \"cols2_prefetch_us\": " << r.variant_us[7]
          << ", \"gemv_cold_us\": " << cold_json(r.gemv_cold_us)
          << ", \"cublaslt_cold_us\": " << cold_json(r.lt_cold_us)
          << "}" << (i + 1 < results.size() ? "," : "") << "\n";
