@@ -342,14 +342,28 @@ static bool convert_contiguous(const Tensor& src, Tensor& dst) {
   return false;
 }
 
+namespace {
+Tensor on_host(const Tensor& t);  // below, beside byte_span
+}  // namespace
+
 void Tensor::copy_from(const Tensor& src) {
   if (src.shape_ != shape_)
     fail<ShapeError>("copy_from: source shape ", dims_str(src.shape_), " != destination ",
                      dims_str(shape_));
   if (!device().is_cpu() || !src.device().is_cpu()) {
-    if (src.dtype_ != dtype_ || !src.is_contiguous() || !is_contiguous())
-      fail<LayoutError>("device copies need contiguous tensors of one dtype");
-    device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+    if (src.dtype_ == dtype_ && src.is_contiguous() && is_contiguous()) {
+      device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+      return;
+    }
+    // A strided or converting copy: through the host (tuning and I/O, never a decode step).
+    if (!device().is_cpu() && !is_contiguous())
+      fail<LayoutError>("copy_from: a ", device().str(), " destination must be contiguous for a ",
+                        src.is_contiguous() ? "converting" : "strided", " copy; got ",
+                        describe(), " with strides ", dims_str(strides_));
+    const Tensor staged = on_host(src);
+    if (device().is_cpu()) return copy_from(staged);
+    const Tensor host = staged.dtype_ == dtype_ && staged.is_contiguous() ? staged : staged.to(dtype_);
+    device_copy(raw_data(), device(), host.raw_data(), Device::cpu(), nbytes());
     return;
   }
   const std::int64_t n = numel();
@@ -389,9 +403,8 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 Tensor Tensor::to_device(Device device) const {
-  const Tensor src = is_contiguous() ? *this : contiguous();
   Tensor out = empty(shape_, dtype_, device);
-  device_copy(out.raw_data(), device, src.raw_data(), src.device(), nbytes());
+  out.copy_from(*this);
   return out;
 }
 
@@ -410,6 +423,20 @@ std::pair<std::int64_t, std::int64_t> byte_span(const Tensor& t, std::int64_t fi
   }
   const auto width = static_cast<std::int64_t>(dtype_size(t.dtype()));
   return {lo * width, hi * width + width - 1};
+}
+
+// t's values on the host: t itself there; elsewhere the bytes t's elements span, copied to the
+// host and viewed with t's strides (a slice of a wider device buffer needs no gather kernel).
+Tensor on_host(const Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  if (t.numel() == 0) return Tensor::empty(t.shape(), t.dtype());
+  const auto [lo, hi] = byte_span(t, 0);
+  const auto width = static_cast<std::int64_t>(dtype_size(t.dtype()));
+  // [(hi - lo + 1) / width] elements of t.dtype(): the span, t's first element at -lo / width.
+  const Tensor span = Tensor::empty({(hi - lo + 1) / width}, t.dtype());
+  device_copy(span.raw_data(), Device::cpu(), static_cast<const char*>(t.raw_data()) + lo,
+              t.device(), static_cast<std::size_t>(hi - lo + 1));
+  return Tensor::view_of(span.storage(), -lo / width, t.shape(), t.strides(), t.dtype());
 }
 
 std::int64_t floor_div(std::int64_t a, std::int64_t b) {  // b > 0

@@ -20,7 +20,8 @@
 //     to the flash arm, its launches promising a stable position (the session's hint), replayed
 //     on the GPU: bit for bit the same graph with the decomposed arm
 //     (rope + two write_at) on the GPU (the two arms do the same fp32 operations and every other
-//     kernel is the same), and within the two-layer bf16 policy of the CPU (see kLogitUlps).
+//     kernel is the same), and within the two-layer bf16 policy of the CPU
+//     (testing::bf16_logit_tolerance).
 #include "splice/backend/cuda/flash_decode.h"
 #include "splice/backend/cuda/rope_kv_append.h"
 
@@ -290,22 +291,13 @@ TEST(RopeKvAppendCuda, ReplayedLlamaIsBitwiseTheDecomposedArm) {
   }
 }
 
-// The CPU comparison's policy. The logits are bf16 products stored as f32 (|logit| up to ~60
-// here, where one bf16 ulp is 0.25), two bf16 layers upstream: on the CPU alone, changing only
-// the summation and rounding order (every layer op fused vs decomposed) moves them by up to 0.28
-// and puts 10-19 of the 61 outside the default bf16 policy at every step (exactly run 14's
-// failure, which compared with that policy: 0.25, 6-18 of 61). Allowed: kLogitUlps ulps of the
-// largest logit plus 2%. Caches: the two-layer policy of session_graph_test.
-constexpr double kLogitUlps = 4;
+// The CPU comparison's policy for the logits: testing::bf16_logit_tolerance (4 ulps of the
+// largest logit plus 2%; |logit| up to ~60 here, where one bf16 ulp is 0.25: on the CPU alone,
+// changing only the summation and rounding order, every layer op fused vs decomposed, moves them
+// by up to 0.28 and puts 10-19 of the 61 outside the default bf16 policy at every step, exactly
+// run 14's failure, which compared with that policy: 0.25, 6-18 of 61). Caches: the two-layer
+// policy of session_graph_test.
 constexpr Tolerance kBf16TwoLayers = {0.03, 0.06};
-
-Tolerance logit_tolerance(const Tensor& expected) {
-  double largest = 0;
-  for (std::int64_t i = 0; i < expected.numel(); ++i)
-    largest = std::max(largest, std::abs(expected.at({0, i})));
-  const double ulp = std::ldexp(1.0, std::ilogb(std::max(largest, 1.0)) - 7);  // bf16: 8 bits
-  return {kLogitUlps * ulp, 0.02};
-}
 
 TEST(RopeKvAppendCuda, ReplayedSessionStepMatchesCpu) {
   SKIP_WITHOUT_GPU();
@@ -317,7 +309,7 @@ TEST(RopeKvAppendCuda, ReplayedSessionStepMatchesCpu) {
     fused.step({{"k_len", step}}, {{"tokens", token(step).to_device(Device::cuda())}});
     plain.step({{"k_len", step}}, {{"tokens", token(step).to_device(Device::cuda())}});
     const Tensor want = cpu.output("logits");
-    const Tolerance tol = logit_tolerance(want);
+    const Tolerance tol = testing::bf16_logit_tolerance(want);
     const Tensor got = testing::download(fused.output("logits"));
     // Printed for the record: the decomposed arm's distance to the CPU is the noise floor.
     std::printf(

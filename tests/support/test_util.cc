@@ -1,6 +1,7 @@
 // Shared test helpers (see test_util.h).
 #include "support/test_util.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace splice::testing {
@@ -27,6 +28,14 @@ Tensor padded_tensor(const Dims& shape, DType dtype, std::int64_t pad) {
   const CompareReport report = compare_tensors(actual, expected, tol);
   if (report.ok) return ::testing::AssertionSuccess() << report.str();
   return ::testing::AssertionFailure() << report.str();
+}
+
+Tolerance bf16_logit_tolerance(const Tensor& expected, double ulps) {
+  double largest = 0;
+  for (std::int64_t i = 0; i < expected.numel(); ++i)
+    largest = std::max(largest, std::abs(expected.at_linear(i)));
+  const double ulp = std::ldexp(1.0, std::ilogb(std::max(largest, 1.0)) - 7);  // bf16: 8 bits
+  return {ulps * ulp, 0.02};
 }
 
 ::testing::AssertionResult bit_equal(const Tensor& actual, const Tensor& expected) {
