@@ -30,6 +30,9 @@
 #             flash_decode_cuda_bench, built as the KDA variants are (flash_decode.cu swapped in),
 #             and head/flash_decode_cuda_bench (WITH_TESTS=1: each variant's cuda_all_test too, e.g.
 #             the mutation checks dev/flash-mutant-*.patch)
+#   gemv-variants  .gpubin/pack/gemv-variants.tgz: the same for a PATCH touching
+#             src/backend/cuda/gemv.cu (gemv_cuda_bench; WITH_TESTS=1 cuda_all_test, WITH_SPLICE=1
+#             splice for dev/model_batch_call.sh's decode steps)
 #   timeline  .gpubin/pack/timeline.tgz for dev/timeline_call.sh: the same from build/kdaattr (the
 #             attribution build, KDA_BENCH_TIMELINE; kda_decode_cuda_bench only), once:
 #               cmake -S . -B build/kdaattr -DCMAKE_BUILD_TYPE=Release -DSPLICE_BUILD_BENCH=ON \
@@ -39,7 +42,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 B=$root/build/bundle
-kind=${1:?usage: pack_binaries.sh refresh|variants|timeline [PATCH...]}
+kind=${1:?usage: pack_binaries.sh refresh|variants|flash-variants|gemv-variants|timeline [PATCH...]}
 shift
 [[ $kind == timeline ]] && B=$root/build/kdaattr
 # Every packed executable newer than every source (session 42: a bench linked before the
@@ -79,10 +82,11 @@ case $kind in
     tar czf .gpubin/pack/refresh2.tgz -C "$W/r2" .
     tar czf .gpubin/pack/refresh3.tgz -C "$W/r3" .
     ;;
-  variants | timeline | flash-variants)
+  variants | timeline | flash-variants | gemv-variants)
     # The kernel's translation unit and the binaries relinked with it.
     unit=kda_decode bench=kda_decode_cuda_bench
     [[ $kind == flash-variants ]] && unit=flash_decode bench=flash_decode_cuda_bench
+    [[ $kind == gemv-variants ]] && unit=gemv bench=gemv_cuda_bench
     put "$B/bench/$bench" v/head
     [[ -n ${WITH_SPLICE:-} ]] && put "$B/splice" v/head
     compile=$(python3 -c "
@@ -103,7 +107,7 @@ for e in json.load(open('$B/compile_commands.json')):
       (cd "$W" && cp "$obj" $unit.cu.o && ar r "$name.a" $unit.cu.o)
       mkdir -p "$W/v/$name"
       if [[ $kind == variants && -z ${BENCH_ONLY:-} ]] ||
-         [[ $kind == flash-variants && -n ${WITH_TESTS:-} ]]; then
+         [[ $kind != variants && -n ${WITH_TESTS:-} ]]; then
         relink "$B/tests" cuda_all_test "$W/$name.a" "$W/v/$name/cuda_all_test"
       fi
       relink "$B/bench" $bench "$W/$name.a" "$W/v/$name/$bench"
