@@ -362,7 +362,8 @@ void Tensor::copy_from(const Tensor& src) {
                         describe(), " with strides ", dims_str(strides_));
     const Tensor staged = on_host(src);
     if (device().is_cpu()) return copy_from(staged);
-    const Tensor host = staged.dtype_ == dtype_ && staged.is_contiguous() ? staged : staged.to(dtype_);
+    const Tensor host =
+        staged.dtype_ == dtype_ && staged.is_contiguous() ? staged : staged.to(dtype_);
     device_copy(raw_data(), device(), host.raw_data(), Device::cpu(), nbytes());
     return;
   }

@@ -442,7 +442,8 @@ TEST(CudaSessionGraph, BatchedLlamaIsTunedOnTheGpuAndMatchesCpu) {
   SKIP_WITHOUT_GPU();
   testing::TinyLlamaSpec spec;  // two heads of 64, one KV head, two layers
   spec.dtype = DType::bf16;
-  const std::string dir = testing::write_tiny_llama(testing::process_temp_path("batched_llama"), spec);
+  const std::string dir =
+      testing::write_tiny_llama(testing::process_temp_path("batched_llama"), spec);
   const ModelConfig config = load_config(dir);
   const Weights weights = Weights::from_directory(dir);
   constexpr std::int64_t kBatch = 4;
