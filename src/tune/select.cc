@@ -361,6 +361,108 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
       return std::make_pair(symbols, inputs);
     };
 
+    // The branch as an error raised while measuring it names it.
+    const std::string where = "branch %" + std::to_string(branch.index) + " (" + recipe.kind +
+                              (decision->site.empty() ? "" : " at " + decision->site) + ")";
+    // Steps 1-3 for one bucket with no cache entry: verify every arm against arm 0 at the
+    // generator's points, time the verified ones at the bucket's top, choose.
+    auto measure_bucket = [&](BucketDecision& bd, std::int64_t blo, std::int64_t bhi) {
+      ensure_sessions();
+      bd.verified[0] = true;
+      // 1. Verify.
+      std::uint64_t seed = opt.seed;
+      for (std::int64_t point : generator->verification_points(blo, bhi)) {
+        ++seed;
+        run_arm(0, point, seed);
+        const Tensor oracle = to_host(sessions[0]->output("out")).clone();
+        std::map<std::string, Tensor> oracle_states;
+        for (NodeId id : regions[0].live_nodes())
+          if (regions[0].node(id).op == Op::State)
+            oracle_states[regions[0].node(id).attrs.name] =
+                to_host(sessions[0]->state(regions[0].node(id).attrs.name)).clone();
+        for (std::size_t arm = 1; arm < num_arms; ++arm) {
+          if (!bd.failure[arm].empty()) continue;
+          try {
+            run_arm(arm, point, seed);
+          } catch (const Error& e) {
+            bd.failure[arm] = std::string("arm raised: ") + e.what();
+            continue;
+          }
+          const Tensor got = to_host(sessions[arm]->output("out"));
+          const Tolerance exit_tolerance =
+              recipe.output_tolerance.value_or(generator->tolerance(got.dtype(), ""));
+          CompareReport r = compare_tensors(got, oracle, exit_tolerance);
+          bd.max_abs_error[arm] = std::max(bd.max_abs_error[arm], r.max_abs_error);
+          bd.max_rel_error[arm] = std::max(bd.max_rel_error[arm], r.max_rel_error);
+          if (!r.ok) {
+            bd.failure[arm] = "output at selector " + std::to_string(point) + ": " + r.str();
+            continue;
+          }
+          for (const auto& [name, expected] : oracle_states) {
+            const Tensor st = to_host(sessions[arm]->state(name));
+            CompareReport rs =
+                generator->bit_exact_state(name)
+                    ? compare_bits(st, expected)
+                    : compare_tensors(st, expected, generator->tolerance(st.dtype(), name));
+            if (!rs.ok) {
+              bd.failure[arm] =
+                  "state '" + name + "' at selector " + std::to_string(point) + ": " + rs.str();
+              break;
+            }
+          }
+        }
+      }
+      for (std::size_t arm = 1; arm < num_arms; ++arm) bd.verified[arm] = bd.failure[arm].empty();
+      // 2. Time every verified arm at the bucket's top: each warmed up, then the repeats
+      //    interleaved arm by arm, so that a drift of the machine while the bucket is timed
+      //    (clocks ramping, other load) is shared by the arms instead of charged to one.
+      std::vector<std::size_t> timed;
+      std::vector<SymBindings> arm_symbols(num_arms);
+      std::vector<TensorMap> arm_inputs(num_arms);
+      std::vector<std::vector<double>> times(num_arms);
+      for (std::size_t arm = 0; arm < num_arms; ++arm) {
+        if (!bd.verified[arm]) continue;
+        if (opt.time_override) {
+          bd.median_us[arm] = opt.time_override(branch, static_cast<int>(arm), bhi);
+          continue;
+        }
+        Rng rng(opt.seed);
+        generator->fill(regions[arm], recipe, *sessions[arm], bhi, rng, arm_symbols[arm],
+                        arm_inputs[arm]);
+        for (int i = 0; i < opt.warmup; ++i)
+          sessions[arm]->step(arm_symbols[arm], arm_inputs[arm]);
+        timed.push_back(arm);
+      }
+      device_sync(opt.device);
+      for (int i = 0; i < opt.repeats; ++i)
+        for (std::size_t arm : timed) {
+          const auto t0 = Clock::now();
+          sessions[arm]->step(arm_symbols[arm], arm_inputs[arm]);
+          device_sync(opt.device);
+          times[arm].push_back(
+              std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+      for (std::size_t arm : timed) bd.median_us[arm] = median(times[arm]);
+      // 3. Choose.
+      bd.winner = 0;
+      bd.reason = "arm 0 (oracle): no verified fused arm";
+      double best = bd.median_us[0];
+      for (std::size_t arm = 1; arm < num_arms; ++arm) {
+        if (!bd.verified[arm]) continue;
+        if (std::isnan(bd.median_us[arm]) || std::isnan(best)) {
+          bd.reason = "missing timing keeps arm 0";
+          continue;
+        }
+        if (bd.median_us[arm] < best * (1.0 - opt.win_margin)) {
+          best = bd.median_us[arm];
+          bd.winner = static_cast<int>(arm);
+          bd.reason = "fastest verified";
+        } else if (bd.winner == 0) {
+          bd.reason = "tie or slower keeps arm 0";
+        }
+      }
+    };
+
     attrs.dispatch.clear();
     for (const auto& [blo, bhi] : buckets) {
       const std::string key = base_key + "|" + std::to_string(blo) + "-" + std::to_string(bhi);
@@ -389,99 +491,11 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
         if (opt.progress)
           opt.progress("tuning " + decision->site + " bucket [" + std::to_string(blo) + ", " +
                        std::to_string(bhi) + "]");
-        ensure_sessions();
-        bd.verified[0] = true;
-        // 1. Verify.
-        std::uint64_t seed = opt.seed;
-        for (std::int64_t point : generator->verification_points(blo, bhi)) {
-          ++seed;
-          run_arm(0, point, seed);
-          const Tensor oracle = to_host(sessions[0]->output("out")).clone();
-          std::map<std::string, Tensor> oracle_states;
-          for (NodeId id : regions[0].live_nodes())
-            if (regions[0].node(id).op == Op::State)
-              oracle_states[regions[0].node(id).attrs.name] =
-                  to_host(sessions[0]->state(regions[0].node(id).attrs.name)).clone();
-          for (std::size_t arm = 1; arm < num_arms; ++arm) {
-            if (!bd.failure[arm].empty()) continue;
-            try {
-              run_arm(arm, point, seed);
-            } catch (const Error& e) {
-              bd.failure[arm] = std::string("arm raised: ") + e.what();
-              continue;
-            }
-            const Tensor got = to_host(sessions[arm]->output("out"));
-            const Tolerance exit_tolerance =
-                recipe.output_tolerance.value_or(generator->tolerance(got.dtype(), ""));
-            CompareReport r = compare_tensors(got, oracle, exit_tolerance);
-            bd.max_abs_error[arm] = std::max(bd.max_abs_error[arm], r.max_abs_error);
-            bd.max_rel_error[arm] = std::max(bd.max_rel_error[arm], r.max_rel_error);
-            if (!r.ok) {
-              bd.failure[arm] = "output at selector " + std::to_string(point) + ": " + r.str();
-              continue;
-            }
-            for (const auto& [name, expected] : oracle_states) {
-              const Tensor st = to_host(sessions[arm]->state(name));
-              CompareReport rs =
-                  generator->bit_exact_state(name)
-                      ? compare_bits(st, expected)
-                      : compare_tensors(st, expected, generator->tolerance(st.dtype(), name));
-              if (!rs.ok) {
-                bd.failure[arm] =
-                    "state '" + name + "' at selector " + std::to_string(point) + ": " + rs.str();
-                break;
-              }
-            }
-          }
-        }
-        for (std::size_t arm = 1; arm < num_arms; ++arm) bd.verified[arm] = bd.failure[arm].empty();
-        // 2. Time every verified arm at the bucket's top: each warmed up, then the repeats
-        //    interleaved arm by arm, so that a drift of the machine while the bucket is timed
-        //    (clocks ramping, other load) is shared by the arms instead of charged to one.
-        std::vector<std::size_t> timed;
-        std::vector<SymBindings> arm_symbols(num_arms);
-        std::vector<TensorMap> arm_inputs(num_arms);
-        std::vector<std::vector<double>> times(num_arms);
-        for (std::size_t arm = 0; arm < num_arms; ++arm) {
-          if (!bd.verified[arm]) continue;
-          if (opt.time_override) {
-            bd.median_us[arm] = opt.time_override(branch, static_cast<int>(arm), bhi);
-            continue;
-          }
-          Rng rng(opt.seed);
-          generator->fill(regions[arm], recipe, *sessions[arm], bhi, rng, arm_symbols[arm],
-                          arm_inputs[arm]);
-          for (int i = 0; i < opt.warmup; ++i)
-            sessions[arm]->step(arm_symbols[arm], arm_inputs[arm]);
-          timed.push_back(arm);
-        }
-        device_sync(opt.device);
-        for (int i = 0; i < opt.repeats; ++i)
-          for (std::size_t arm : timed) {
-            const auto t0 = Clock::now();
-            sessions[arm]->step(arm_symbols[arm], arm_inputs[arm]);
-            device_sync(opt.device);
-            times[arm].push_back(
-                std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-          }
-        for (std::size_t arm : timed) bd.median_us[arm] = median(times[arm]);
-        // 3. Choose.
-        bd.winner = 0;
-        bd.reason = "arm 0 (oracle): no verified fused arm";
-        double best = bd.median_us[0];
-        for (std::size_t arm = 1; arm < num_arms; ++arm) {
-          if (!bd.verified[arm]) continue;
-          if (std::isnan(bd.median_us[arm]) || std::isnan(best)) {
-            bd.reason = "missing timing keeps arm 0";
-            continue;
-          }
-          if (bd.median_us[arm] < best * (1.0 - opt.win_margin)) {
-            best = bd.median_us[arm];
-            bd.winner = static_cast<int>(arm);
-            bd.reason = "fastest verified";
-          } else if (bd.winner == 0) {
-            bd.reason = "tie or slower keeps arm 0";
-          }
+        try {
+          measure_bucket(bd, blo, bhi);
+        } catch (const Error&) {
+          rethrow_with_context("arm selection of " + where + ", bucket [" + std::to_string(blo) +
+                               ", " + std::to_string(bhi) + "]: ");
         }
         // 4. Persist.
         nlohmann::json e;

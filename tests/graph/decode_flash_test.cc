@@ -10,9 +10,11 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
+#include <string>
 
 #include "splice/core/error.h"
 #include "splice/exec/session.h"
@@ -20,6 +22,7 @@
 #include "splice/model/demo.h"
 #include "splice/ops/decode_attention.h"
 #include "splice/tune/optimize.h"
+#include "splice/tune/select.h"
 #include "support/reference_attention.h"
 #include "support/test_util.h"
 
@@ -340,7 +343,7 @@ TEST(Oracle, DecomposedRegionMatchesTheFloat64Reference) {
 struct TestBranch {
   Graph g;
   NodeId branch;
-  explicit TestBranch(int variant) {
+  explicit TestBranch(int variant, const std::string& kind = "test") {
     const NodeId x = g.input("x", {SymExpr(64), SymExpr(64)}, DType::f32);
     const NodeId w =
         g.param("w", testing::random_tensor(*std::make_unique<Rng>(5), {64, 64}, DType::f32));
@@ -354,7 +357,7 @@ struct TestBranch {
         fused = g.binary(Op::Add, fused,
                          g.binary(Op::Mul, g.matmul(fused, w), g.scalar(0.0, DType::f32)));
     ArmRecipe recipe;
-    recipe.kind = "test";
+    recipe.kind = kind;
     recipe.roles = {{"x", x}};
     recipe.contract_revision = "t1";
     BranchBuilder b(g, x);
@@ -374,6 +377,35 @@ TEST(Select, WrongArmIsDisqualifiedWithItsError) {
   EXPECT_GT(bucket.max_abs_error[1], 1e-3);
   EXPECT_NE(bucket.failure[1].find("worst at"), std::string::npos) << bucket.failure[1];
   EXPECT_EQ(log.entries()[0].collapsed_to, 0);
+}
+
+// An error raised while a bucket is measured (here by the arm-input generator, before any arm
+// runs) keeps its type and is prefixed with the branch and the bucket, so a kernel or a copy that
+// refuses its input during tuning says where (session 55: a bare "device copies need contiguous
+// tensors" was all `splice bench` printed).
+class RefusingGenerator : public ArmInputGenerator {
+ public:
+  void fill(const Graph&, const ArmRecipe&, Session&, std::int64_t, Rng&, SymBindings&,
+            TensorMap&) const override {
+    fail<LayoutError>("the generator refuses this region");
+  }
+};
+
+TEST(Select, AnErrorWhileMeasuringNamesTheBranchAndBucketAndKeepsItsType) {
+  register_arm_generator("test_refusing", std::make_shared<RefusingGenerator>());
+  TestBranch t(0, "test_refusing");
+  DecisionLog log;
+  try {
+    select_arms(t.g, log, TuneOptions{});
+    FAIL() << "select_arms returned";
+  } catch (const LayoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("arm selection of branch %" + std::to_string(t.branch.index) +
+                        " (test_refusing), bucket ["),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("the generator refuses this region"), std::string::npos) << what;
+  }
 }
 
 TEST(Select, SlowArmLoses) {

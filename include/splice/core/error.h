@@ -83,6 +83,11 @@ template <typename ErrorType, typename... Args>
   throw ErrorType(detail::concat(std::forward<Args>(args)...));
 }
 
+// Inside a catch block: rethrows the exception being handled, if it is a splice::Error, as the
+// same type with `context` before its message (e.g. which branch and bucket the tuner was
+// measuring when a kernel refused its input); any other exception propagates unchanged.
+[[noreturn]] void rethrow_with_context(const std::string& context);
+
 }  // namespace splice
 
 // Internal invariant: on failure throws InternalError("internal error at file:line: ...").
