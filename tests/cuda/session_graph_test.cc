@@ -432,12 +432,6 @@ TEST(CudaSessionGraph, ProfiledStepTimesEveryNodeAndLeavesTheGraph) {
   }
 }
 
-}  // namespace
-}  // namespace splice
-
-namespace splice {
-namespace {
-
 TEST(CudaSessionGraph, BatchedLlamaIsTunedOnTheGpuAndMatchesCpu) {
   SKIP_WITHOUT_GPU();
   testing::TinyLlamaSpec spec;  // two heads of 64, one KV head, two layers
