@@ -21,24 +21,20 @@ void rethrow_as(const std::string& context) {
   }
 }
 
+// rethrow_as for each of E..., in order: the first that matches throws.
+template <typename... E>
+void rethrow_as_first_match(const std::string& context) {
+  (rethrow_as<E>(context), ...);
+}
+
 }  // namespace detail
 
 void rethrow_with_context(const std::string& context) {
-  // Most derived first: every type below is a direct subclass of Error.
-  detail::rethrow_as<ShapeError>(context);
-  detail::rethrow_as<DTypeError>(context);
-  detail::rethrow_as<ValueError>(context);
-  detail::rethrow_as<LayoutError>(context);
-  detail::rethrow_as<DeviceError>(context);
-  detail::rethrow_as<UnboundSymbolError>(context);
-  detail::rethrow_as<SymbolBindingError>(context);
-  detail::rethrow_as<GraphError>(context);
-  detail::rethrow_as<IoError>(context);
-  detail::rethrow_as<UnsupportedError>(context);
-  detail::rethrow_as<CudaError>(context);
-  detail::rethrow_as<InternalError>(context);
-  detail::rethrow_as<Error>(context);
-  throw;
+  // Each subclass before Error itself (they all derive from Error directly).
+  detail::rethrow_as_first_match<ShapeError, DTypeError, ValueError, LayoutError, DeviceError,
+                                 UnboundSymbolError, SymbolBindingError, GraphError, IoError,
+                                 UnsupportedError, CudaError, InternalError, Error>(context);
+  throw;  // not a splice::Error
 }
 
 }  // namespace splice
