@@ -35,6 +35,8 @@
 //      instruction caches, as in a decode step. The step found the 8-row prologue GEMV slower
 //      though the warm bench finds it faster (perf.md runs 340-342); cold it is slower here too
 //      (run 343).
+//   5f. SmolLM2's batched products at 8 rows (q|k|v 960 x 576, gate|up 3072 x 576), warm and cold,
+//      against their chains (rms_norm + GEMV; rms_norm + cuBLASLt + silu_mul).
 //   6. Output: one row per op and shape (fused us with and without PDL, primitive us with and
 //      without PDL, kernels, ratio) and JSON at argv[1] (default layer_ops_cuda_bench.json);
 //      argv[2] the replays (default 30), argv[3] "smollm2": the SmolLM2 shapes only.
@@ -632,6 +634,18 @@ int main(int argc, char** argv) {
   }
   add("rms_norm_mm_gemv~",
       [&] { return cold(bench_rms_norm_matmul(rng, 256, 1032, reps, stream, 8, true)); });
+  g_cold_code = false;
+  // 5f. SmolLM2's batched products at 8 rows (K = 576: q|k|v 960 and gate|up 2 x 1536), warm and
+  // cold: one norm_rows_kernel launch against the chains they replaced (rms_norm + the GEMV;
+  // rms_norm + cuBLASLt + silu_mul, the gate|up weight being past the routing rule's 2^20).
+  for (const bool cold_code : {false, true}) {
+    g_cold_code = cold_code;
+    const auto mark = [cold_code](Row row) { return cold_code ? cold(row) : row; };
+    add("rms_norm_matmul",
+        [&] { return mark(bench_rms_norm_matmul(rng, 576, 960, reps, stream, 8)); });
+    add("rms_norm_mm_swiglu",
+        [&] { return mark(bench_rms_norm_matmul_swiglu(rng, 576, 1536, 8, reps, stream)); });
+  }
   g_cold_code = false;
   std::ofstream json(json_path);
   json << "[\n";

@@ -140,7 +140,7 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
           cuda::rms_norm_matmul(dx, dnorm, kEps, dw, dout, /*w_constant=*/cases % 2 == 0);
           const std::uint64_t norm_rows = cuda::gemv::launch_stats().norm_rows - norm_rows_before;
           // 1-4 rows: one prologue GEMV launch; 5-8 rows: one on norm_rows_kernel (16-bit out, k
-          // <= 256 in aligned vectors), else rms_norm then the plain GEMV.
+          // <= 768 in aligned vectors), else rms_norm then the plain GEMV.
           const bool one_launch = m <= cuda::kRmsNormPrologueMaxRows || norm_rows == 1;
           EXPECT_EQ(prologue_launches() - before, one_launch ? 1u : 0u)
               << (one_launch ? "one prologue GEMV launch" : "the chain: no prologue GEMV");
@@ -165,7 +165,8 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
   // gemv_kernel (f32, or an f32 out).
   EXPECT_GT(on_norm_rows, 5u);
   EXPECT_LT(on_norm_rows, multi_row_in_registers);
-  // Both routes at 5-8 rows: norm_rows_kernel (k = 64) and the chain (k >= 97, f32, misaligned).
+  // Both routes at 5-8 rows: norm_rows_kernel (k = 64, 576) and the chain (k = 97, 1536, 2048,
+  // f32, misaligned).
   EXPECT_GT(wide_on_norm_rows, 5);
   EXPECT_GT(wide_chain, 5);
 }

@@ -8,10 +8,11 @@
 //     the two kernels, and the fused kernel launched exactly where gemv::swiglu_supported says
 //     (SmolLM2's shape always); within the arm generator's tolerance (the bf16 / f16 policy with a
 //     4x atol) of the CPU op.
-//  2. The fallback (five rows of K = 576, f32, K not in whole 16-byte vectors): the two kernels,
-//     bitwise.
-//  2b. 2-8 rows (norm_rows_kernel): the default model's (256, 512), SmolLM2's (576, 1536), odd
-//     I and K = 768 at 2, 3 and 4 rows, and the K <= 256 shapes at 5 and 8, x rows in a padded
+//  2. The fallback (five rows of K = 832, past norm_rows_kernel's 768; f32; K not in whole
+//     16-byte vectors): the two kernels, bitwise.
+//  2b. 2-8 rows (norm_rows_kernel): the default model's (256, 512), SmolLM2's (576, 1536) (at 5-8
+//     rows past the routing rule's 2^20 weight elements: the fused launch still takes it), odd I
+//     and K = 768 at 2, 3, 4, 5 and 8 rows, x rows in a padded
 //     buffer (strided rows), out rows NaN-poisoned first: one fused launch, every element
 //     written, within the tolerance of the CPU op and of the two kernels (not bitwise: the
 //     chain's GEMV sums with other columns per warp).
@@ -140,9 +141,9 @@ TEST(SwigluCuda, FallbackIsTheTwoKernels) {
     std::int64_t rows, k, inter;
     DType dtype;
   };
-  // Five rows of K = 576 (past norm_rows_kernel's 256 at 5-8 rows); f32; K = 100 (not whole
-  // 16-byte vectors of bf16).
-  for (const Case& c : {Case{5, 576, 192, DType::bf16}, Case{1, 576, 192, DType::f32},
+  // Five rows of K = 832 (past norm_rows_kernel's 768); f32; K = 100 (not whole 16-byte vectors
+  // of bf16).
+  for (const Case& c : {Case{5, 832, 192, DType::bf16}, Case{1, 576, 192, DType::f32},
                         Case{1, 100, 96, DType::bf16}}) {
     SCOPED_TRACE(std::string(dtype_name(c.dtype)) + " rows " + std::to_string(c.rows) + " K " +
                  std::to_string(c.k));
@@ -172,7 +173,6 @@ TEST(SwigluCuda, FusedKernelAtTwoToEightRows) {
   for (DType dtype : {DType::bf16, DType::f16})
     for (const auto& [k, inter] : shapes)
       for (const std::int64_t rows : {2, 3, 4, 5, 8}) {
-        if (rows > 4 && k > 256) continue;  // 5-8 rows: one slot a lane (FallbackIsTheTwoKernels)
         const bool w_constant = (fused_cases % 2) == 0;
         SCOPED_TRACE(std::string(dtype_name(dtype)) + " K " + std::to_string(k) + " I " +
                      std::to_string(inter) + " rows " + std::to_string(rows));
@@ -199,7 +199,7 @@ TEST(SwigluCuda, FusedKernelAtTwoToEightRows) {
         EXPECT_TRUE(testing::close(host_got, testing::download(want), swiglu_tolerance(dtype)))
             << "against the two kernels";
       }
-  EXPECT_EQ(fused_cases, 32);  // dtypes x (4 shapes x 3 row counts + 2 shapes of K <= 256 x 2)
+  EXPECT_EQ(fused_cases, 40);  // dtypes x 4 shapes x 5 row counts
 }
 
 TEST(SwigluCuda, CapturedGraphReplaysBitwise) {

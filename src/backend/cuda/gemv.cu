@@ -344,22 +344,22 @@ void launch_swiglu_typed(const SwigluParams& p, int slots, bool partials, int de
 
 std::atomic<std::uint64_t> g_norm_rows_launches{0}, g_plain_rows_launches{0};
 
-// The most 16-byte vectors a row may have on norm_rows_kernel at `rows` rows: one slot a lane
-// (K <= 256 in 16-bit) at 5-8 rows, where three would hold 96 x registers a lane; kSmallSlots at
-// 2-4.
-std::int64_t norm_rows_max_vectors(int rows) {
-  return static_cast<std::int64_t>(rows > 4 ? 1 : kSmallSlots) * kWarpSize;
-}
+// The most 16-byte vectors a row may have on norm_rows_kernel: kSmallSlots a lane (K <= 768 in
+// 16-bit) at every row count.
+std::int64_t norm_rows_max_vectors() { return static_cast<std::int64_t>(kSmallSlots) * kWarpSize; }
 
 // Calls f.template operator()<T, kRows, kSlots>() for q's norm_rows_kernel instance: T from
 // in_dtype (bf16 or f16), kRows the row bucket (2, 4, 8), kSlots 1 when one slot a lane covers
-// the row, else kSmallSlots (at most 4 rows: norm_rows_max_vectors).
+// the row, else kSmallSlots (norm_rows_max_vectors).
 template <typename F>
 decltype(auto) with_norm_rows_instance(const Params& q, F&& f) {
   const std::int64_t vec = kVectorBytes / static_cast<std::int64_t>(dtype_size(q.in_dtype));
   const bool one_slot = q.k / vec <= kWarpSize;
   const auto for_type = [&]<typename T>() -> decltype(auto) {
-    if (q.rows > 4) return f.template operator()<T, 8, 1>();
+    if (q.rows > 4) {
+      if (one_slot) return f.template operator()<T, 8, 1>();
+      return f.template operator()<T, 8, kSmallSlots>();
+    }
     if (q.rows > 2) {
       if (one_slot) return f.template operator()<T, 4, 1>();
       return f.template operator()<T, 4, kSmallSlots>();
@@ -428,7 +428,7 @@ void launch_norm_rows(const P& p, int device, cudaStream_t stream) {
 
 // What norm_rows_kernel needs of a product's rows and weights (both epilogues): 16-bit x, w, norm
 // weight and y of one dtype, unit strides, every x row, w row and the norm weight 16-byte
-// aligned, k a whole number of vectors within norm_rows_max_vectors(rows).
+// aligned, k a whole number of vectors within norm_rows_max_vectors().
 bool norm_rows_layout(const Params& q) {
   const bool sixteen_bit = q.in_dtype == DType::bf16 || q.in_dtype == DType::f16;
   const bool norm = q.prologue == Prologue::rms_norm;
@@ -439,7 +439,7 @@ bool norm_rows_layout(const Params& q) {
     return false;
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(q.in_dtype));
   const std::int64_t vec = kVectorBytes / elem;
-  if (q.k % vec != 0 || q.k / vec > norm_rows_max_vectors(q.rows) || !aligned(q.w) ||
+  if (q.k % vec != 0 || q.k / vec > norm_rows_max_vectors() || !aligned(q.w) ||
       (q.w_row_stride * elem) % kVectorBytes != 0)
     return false;
   for (int r = 0; r < q.rows; ++r)

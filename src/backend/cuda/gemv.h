@@ -100,9 +100,8 @@ bool prologue_fits(std::int64_t rows, std::int64_t k, DType dtype);
 // Whether launch(params) takes norm_rows_kernel: an rms_norm prologue (2-8 rows) or none (2-4
 // rows, with the residual epilogue or without), no max_ctas, cols or one_warp_per_group; 16-bit
 // x, w (and norm weight) and y of one dtype (unit strides; x rows, w rows and the norm weight
-// 16-byte aligned), k a whole number of 16-byte vectors, at most 768 elements at 2-4 rows and 256
-// at 5-8 (one batch of loads covers the row); and its four-column groups in one resident wave. y
-// needs no alignment.
+// 16-byte aligned), k a whole number of 16-byte vectors, at most 768 elements (one batch of loads
+// covers the row); and its four-column groups in one resident wave. y needs no alignment.
 bool norm_rows_supported(const Params& params);
 
 // Launch counters (process-wide, relaxed atomics) for tests and SPLICE_DEBUG: launches issued,
@@ -196,7 +195,7 @@ inline constexpr int kSwigluMaxRows = 8;
 //   one row: launch() would run this product (n = 2I) in a one-batch instance with the register
 //     prologue (k <= 768 bf16 / f16 at 4 columns per warp, <= 1536 at 1 or 2: gemv.h's header),
 //     the case in which the fused kernel is bitwise launch() then silu_mul;
-//   2-8 rows: norm_rows_kernel's k (at most 768 at 2-4 rows, 256 at 5-8; one batch of loads).
+//   2-8 rows: norm_rows_kernel's k (at most 768; one batch of loads).
 bool swiglu_supported(const Params& product);
 
 // Launches the fused kernel on `stream` (PDL and w_constant as launch(); one row counts in

@@ -20,7 +20,7 @@
 // Kernels: gemv_kernel (the general product, any rows <= 8, persistent column-group loop),
 // row_kernel (launch()'s one-row, one-wave decode products), rope_pairs_kernel and
 // swiglu_pairs_kernel (the two epilogue siblings of row_kernel), norm_rows_kernel (launch()'s
-// 2-8 row rms_norm products of K <= 768 / 256, and the SwiGLU epilogue at 2-8 rows). The decode
+// 2-8 row rms_norm products of K <= 768, and the SwiGLU epilogue at 2-8 rows). The decode
 // kernels are small on purpose: a decode step runs each with its code cold.
 //
 // At rows <= 8 the product is a stream over the weight: n * k elements read once, a handful of
@@ -1233,7 +1233,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 // ---- the 2-8 row rms_norm kernel (launch()'s rms_norm products and launch_swiglu at 2-8 rows) --
 //
 // norm_rows_kernel: kRows (2, 4 or 8) rows x [rows, k] of a 16-bit product that one batch of
-// kSlots vectors per lane covers (K <= 256: one slot, at 2-8 rows; K <= 768: three, at 2-4), stage
+// kSlots vectors per lane covers (K <= 256: one slot; K <= 768: three, 96 x registers a lane at 8
+// rows, 237-255 in all, no spills: two 4-warp CTAs an SM), stage
 // 0 in registers, four weight rows a warp, in the least code. A decode step runs every kernel with
 // a cold instruction cache (row_kernel's note): gemv_kernel's 4-row rms_norm instance is ~72-105 KB
 // of SASS and took 5.47 us cold at 4 rows of 1032 x 256, more than rms_norm then the plain GEMV

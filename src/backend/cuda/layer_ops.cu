@@ -26,8 +26,9 @@
 //      silu_mul into scratch, then cuda::matmul, with the residual for silu_mul_matmul_add).
 //      rms_norm_matmul_swiglu (host only): validate, then one launch of gemv.h's swiglu epilogue
 //      kernel when gemv::swiglu_supported (one decode row of 16-bit x, w and out in launch()'s
-//      one-batch shape, or 2-8 rows on norm_rows_kernel), else rms_norm_matmul into a [..., M, 2I]
-//      scratch row of out's dtype, then silu_mul of its two halves (bitwise the same where both
+//      one-batch shape, or 2-8 rows on norm_rows_kernel) and either the routing rule or, at 2-8
+//      rows, norm_rows_kernel's one resident wave takes it, else rms_norm_matmul into a [..., M,
+//      2I] scratch row of out's dtype, then silu_mul of its two halves (bitwise the same where both
 //      run at one row).
 //   5. Launch (launch.cuh): every kernel opens with pdl_prologue() (single-wave grids let the next
 //      kernel launch, then every thread waits for its producers before touching global memory)
@@ -428,6 +429,17 @@ void set_rms_norm(gemv::Params& p, const Tensor& weight, float eps) {
   p.eps = eps;
 }
 
+// prologue_gemv_applies without the routing rule: 16-bit or f32 operands of one dtype, a unit
+// stride along K, 1-8 rows, K <= kPrologueGemvMaxK and the prologue's rows in shared memory.
+bool prologue_gemv_fits(const Tensor& x, const Tensor& w) {
+  if (x.dim() < 2 || w.dim() != 2 || x.dtype() != w.dtype() || x.size(-1) != w.size(1))
+    return false;
+  if (w.size(1) > 1 && w.stride(1) != 1) return false;
+  const std::int64_t rows = row_count(x), n = w.size(0), k = w.size(1);
+  return rows >= 1 && rows <= gemv::kMaxRows && n >= 1 && k >= 1 && k <= kPrologueGemvMaxK &&
+         w.stride(0) >= 0 && gemv::prologue_fits(rows, k, x.dtype());
+}
+
 }  // namespace
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
@@ -531,12 +543,7 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
 }
 
 bool prologue_gemv_applies(const Tensor& x, const Tensor& w) {
-  if (x.dim() < 2 || w.dim() != 2 || x.dtype() != w.dtype() || x.size(-1) != w.size(1))
-    return false;
-  if (w.size(1) > 1 && w.stride(1) != 1) return false;
-  const std::int64_t rows = row_count(x), n = w.size(0), k = w.size(1);
-  return rows >= 1 && rows <= gemv::kMaxRows && n >= 1 && k >= 1 && k <= kPrologueGemvMaxK &&
-         w.stride(0) >= 0 && gemv::preferred(rows, n, k) && gemv::prologue_fits(rows, k, x.dtype());
+  return prologue_gemv_fits(x, w) && gemv::preferred(row_count(x), w.size(0), w.size(1));
 }
 
 void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w, Tensor& out,
@@ -573,8 +580,9 @@ void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, co
   check_cuda_tensor(out, kOp, "out");
   const std::int64_t inter = layer_op_checks::check_swiglu(x, weight, eps, w, out, kOp);
   if (out.numel() == 0) return;
-  if (row_count(x) <= gemv::kSwigluMaxRows && x.dtype() == w.dtype() && out.dtype() == w.dtype() &&
-      prologue_gemv_applies(x, w)) {
+  const std::int64_t rows = row_count(x);
+  if (rows <= gemv::kSwigluMaxRows && x.dtype() == w.dtype() && out.dtype() == w.dtype() &&
+      prologue_gemv_fits(x, w)) {
     // One launch: the gate|up GEMV with the SwiGLU epilogue, when its layout rules hold (at one
     // row it then equals the chain below bit for bit; at 2-8 rows within the op's tolerance).
     gemv::SwigluParams p;
@@ -582,7 +590,14 @@ void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, co
     set_rms_norm(p.product, weight, eps);
     p.out = p.product.y[0];
     p.inter = inter;
-    if (gemv::swiglu_supported(p.product)) return gemv::launch_swiglu(p, current_stream());
+    // The routing rule weighs one GEMV against cuBLASLt; this launch replaces three (rms_norm,
+    // the product, silu_mul), so it also takes the 2-8 row products past the rule that
+    // norm_rows_kernel streams in one resident wave (SmolLM2's 3072 x 576 at 5-8 rows: the
+    // chain took 14.5 us of a batch-8 layer's ~51, perf-decode-step.md §19).
+    const bool routed =
+        gemv::preferred(rows, w.size(0), w.size(1)) || gemv::norm_rows_supported(p.product);
+    if (routed && gemv::swiglu_supported(p.product))
+      return gemv::launch_swiglu(p, current_stream());
   }
   // The two-kernel chain: the RmsNormMatMul node's gate|up row in out's dtype, then the SiluMul
   // node over its halves.

@@ -47,8 +47,9 @@ void silu_mul_matmul_add(const Tensor& a, const Tensor& b, const Tensor& w, cons
 // launch of gemv.h's swiglu epilogue kernel when gemv::swiglu_supported (x, w, the norm weight
 // and out of one 16-bit dtype, 16-byte aligned; K in whole 16-byte vectors: one row that launch()
 // covers in one batch at n = 2I, bitwise rms_norm_matmul into a [..., M, 2I] temporary then
-// silu_mul of its halves; or 2-8 rows on norm_rows_kernel, within the op's tolerance); otherwise
-// exactly those two launches.
+// silu_mul of its halves; or 2-8 rows on norm_rows_kernel, within the op's tolerance), where the
+// routing rule takes the product or, at 2-8 rows, norm_rows_kernel streams it in one resident
+// wave (the alternative is three launches, not one GEMV); otherwise exactly those two launches.
 void rms_norm_matmul_swiglu(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
                             Tensor& out, bool w_constant = false);
 
@@ -63,7 +64,7 @@ inline constexpr std::int64_t kPrologueGemvMaxK = 2048;
 bool prologue_gemv_applies(const Tensor& x, const Tensor& w);
 
 // rms_norm_matmul's one-launch route stops at this many rows unless gemv::norm_rows_supported
-// (the lean multi-row kernel: 16-bit, K <= 256 at 5-8 rows). In a decode step each kernel runs
+// (the lean multi-row kernel: 16-bit, K <= 768). In a decode step each kernel runs
 // with its code cold: cold, gemv_kernel's 8-row rms_norm instance (~127 KB of SASS) took 6.43 us
 // against rms_norm + the plain GEMV's 5.02, though warm it wins (3.22 / 3.66), and the step with
 // it was 10-12% slower at B = 6 and 8 (docs/perf.md runs 338-343).
