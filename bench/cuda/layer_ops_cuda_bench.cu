@@ -35,8 +35,9 @@
 //      instruction caches, as in a decode step. The step found the 8-row prologue GEMV slower
 //      though the warm bench finds it faster (perf.md runs 340-342); cold it is slower here too
 //      (run 343).
-//   5f. SmolLM2's batched products at 8 rows (q|k|v 960 x 576, gate|up 3072 x 576), warm and cold,
-//      against their chains (rms_norm + GEMV; rms_norm + cuBLASLt + silu_mul).
+//   5f. SmolLM2's batched products at 8 rows (q|k|v 960 x 576, gate|up 3072 x 576, q|k|v with the
+//      RoPE and KV-append epilogue), warm and cold, against their chains (rms_norm + GEMV;
+//      rms_norm + cuBLASLt + silu_mul; rms_norm_matmul + rope_kv_append).
 //   6. Output: one row per op and shape (fused us with and without PDL, primitive us with and
 //      without PDL, kernels, ratio) and JSON at argv[1] (default layer_ops_cuda_bench.json);
 //      argv[2] the replays (default 30), argv[3] "smollm2": the SmolLM2 shapes only.
@@ -491,9 +492,9 @@ Row bench_silu_mul_matmul_add(splice::Rng& rng, std::int64_t inter, std::int64_t
 // GEMV, then rope_kv_append), both with the session's promises (constant weight, stable
 // position). Bytes: the weight read once. Only K <= cuda::kQkvRopeMaxK (the SmolLM2 shape).
 Row bench_qkv_rope(splice::Rng& rng, std::int64_t hidden, std::int64_t heads, std::int64_t kv_heads,
-                   std::int64_t dim, int reps, cuda::Stream stream) {
+                   std::int64_t dim, int reps, cuda::Stream stream, std::int64_t batch = 1) {
   const std::int64_t n = (heads + 2 * kv_heads) * dim;
-  const Tensor x = device_random(rng, {1, 1, hidden}, DType::bf16);          // [1, 1, K]
+  const Tensor x = device_random(rng, {batch, 1, hidden}, DType::bf16);      // [B, 1, K]
   const Tensor norm = device_random(rng, {hidden}, DType::bf16, 1.0, 0.1);   // [K]
   const Tensor w = device_random(rng, {n, hidden}, DType::bf16, 0.0, 0.04);  // [N, K]
   // [max_seq, dim], as the model's tables: |cos|, |sin| <= 1
@@ -513,14 +514,15 @@ Row bench_qkv_rope(splice::Rng& rng, std::int64_t hidden, std::int64_t heads, st
   pos_host.data<std::int32_t>()[0] = kPosition;
   const Tensor pos = pos_host.to_device(splice::Device::cuda());
   // [batch, num_kv_heads, capacity, head_dim]
-  Tensor k_fused = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
-  Tensor v_fused = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
-  Tensor k_chain = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
-  Tensor v_chain = device_empty({1, kv_heads, kMaxSeq, dim}, DType::bf16);
-  Tensor q_fused = device_empty({1, heads, 1, dim}, DType::bf16);  // [1, Hq, 1, D]
-  Tensor q_chain = device_empty({1, heads, 1, dim}, DType::bf16);
-  Tensor qkv = device_empty({1, 1, n}, DType::bf16);  // [1, 1, N]
-  Row row{"qkv_rope", "K " + std::to_string(hidden) + ", Hq " + std::to_string(heads) + ", Hkv " +
+  Tensor k_fused = device_empty({batch, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor v_fused = device_empty({batch, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor k_chain = device_empty({batch, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor v_chain = device_empty({batch, kv_heads, kMaxSeq, dim}, DType::bf16);
+  Tensor q_fused = device_empty({batch, heads, 1, dim}, DType::bf16);  // [B, Hq, 1, D]
+  Tensor q_chain = device_empty({batch, heads, 1, dim}, DType::bf16);
+  Tensor qkv = device_empty({batch, 1, n}, DType::bf16);  // [B, 1, N]
+  Row row{"qkv_rope", (batch > 1 ? "B " + std::to_string(batch) + ", " : std::string()) + "K " +
+                          std::to_string(hidden) + ", Hq " + std::to_string(heads) + ", Hkv " +
                           std::to_string(kv_heads) + ", D " + std::to_string(dim)};
   row.fused_us = time_arm(
       [&] {
@@ -635,9 +637,10 @@ int main(int argc, char** argv) {
   add("rms_norm_mm_gemv~",
       [&] { return cold(bench_rms_norm_matmul(rng, 256, 1032, reps, stream, 8, true)); });
   g_cold_code = false;
-  // 5f. SmolLM2's batched products at 8 rows (K = 576: q|k|v 960 and gate|up 2 x 1536), warm and
-  // cold: one norm_rows_kernel launch against the chains they replaced (rms_norm + the GEMV;
-  // rms_norm + cuBLASLt + silu_mul, the gate|up weight being past the routing rule's 2^20).
+  // 5f. SmolLM2's batched products at 8 rows (K = 576: q|k|v 960, gate|up 2 x 1536, q|k|v with
+  // RoPE and the KV appends), warm and cold: one norm_rows_kernel launch against the chains they
+  // replaced (rms_norm + the GEMV; rms_norm + cuBLASLt + silu_mul, the gate|up weight being past
+  // the routing rule's 2^20; rms_norm_matmul + rope_kv_append).
   for (const bool cold_code : {false, true}) {
     g_cold_code = cold_code;
     const auto mark = [cold_code](Row row) { return cold_code ? cold(row) : row; };
@@ -645,6 +648,7 @@ int main(int argc, char** argv) {
         [&] { return mark(bench_rms_norm_matmul(rng, 576, 960, reps, stream, 8)); });
     add("rms_norm_mm_swiglu",
         [&] { return mark(bench_rms_norm_matmul_swiglu(rng, 576, 1536, 8, reps, stream)); });
+    add("qkv_rope", [&] { return mark(bench_qkv_rope(rng, 576, 9, 3, 64, reps, stream, 8)); });
   }
   g_cold_code = false;
   std::ofstream json(json_path);

@@ -31,10 +31,11 @@
 namespace splice {
 namespace {
 
-// cuda::kQkvRopeMaxK and the 16-bit vector width (spelled here too: this table is compiled
-// without the CUDA backend; tests/cuda checks they agree).
+// cuda::kQkvRopeMaxK, the 16-bit vector width and cuda::kQkvRopeMaxBatch (spelled here too: this
+// table is compiled without the CUDA backend; tests/cuda checks they agree).
 constexpr std::int64_t kCudaQkvRopeMaxK = 2048;
 constexpr std::int64_t kCudaQkvRopeKMultiple = 8;
+constexpr std::int64_t kCudaQkvRopeMaxBatch = 8;
 const std::vector<DType> kFloatDtypes = {DType::bf16, DType::f16, DType::f32};
 const std::vector<LayerOpKind> kAllLayerOps = {LayerOpKind::rms_norm,
                                                LayerOpKind::silu_mul,
@@ -278,8 +279,9 @@ const LayerOpContract& cpu_layer_ops_contract() {
   return row;
 }
 
-// rms_norm_matmul_rope_kv_append's limits on CUDA (cuda::rms_norm_matmul_rope_kv_append): one
-// decode row (B = 1), 16-bit activations, K in whole 16-byte vectors of at most
+// rms_norm_matmul_rope_kv_append's limits on CUDA (cuda::rms_norm_matmul_rope_kv_append): up to
+// cuda::kQkvRopeMaxBatch decode rows (the multi-row GEMV's bucket; one launch where it takes the
+// product, else the two-kernel chain), 16-bit activations, K in whole 16-byte vectors of at most
 // cuda::kQkvRopeMaxK (the register prologue's row: every warp holds the normalized row), any
 // even head_dim.
 const LayerOpContract& cuda_layer_ops_contract() {
@@ -287,7 +289,7 @@ const LayerOpContract& cuda_layer_ops_contract() {
     LayerOpContract r{"layer_ops", "cuda", "cuda-layer-ops-1", kAllLayerOps, kFloatDtypes, 0};
     r.qkv_rope_dtypes = {DType::bf16, DType::f16};
     r.qkv_rope_max_k = kCudaQkvRopeMaxK;
-    r.qkv_rope_max_batch = 1;
+    r.qkv_rope_max_batch = kCudaQkvRopeMaxBatch;
     r.qkv_rope_k_multiple = kCudaQkvRopeKMultiple;
     r.qkv_rope_one_dtype = true;
     return r;

@@ -11,8 +11,16 @@
 //     normalized element may round one ulp apart: out and caches within the arm generator's
 //     tolerance (the bf16 / f16 policy with a 4x atol); both ways every cache row but p bit for bit
 //     unchanged. Also within that tolerance of the CPU op.
+//  1b. 2-8 rows (gemv_kernel.cuh's norm_rows_kernel with the RoPE epilogue, one launch):
+//     (Hq, Hkv, D) (9, 3, 64), (8, 2, 128) and (3, 1, 10) (an odd count of RoPE pairs: the last
+//     warp's second pair is never stored) x K 64, 576, 768 x B 2, 3, 4, 5, 8 x bf16 / f16,
+//     positions 0, 17, capacity - 1 and the stable-position promise and w_constant alternating:
+//     out and caches within the tolerance of the two CUDA kernels and of the CPU op, every other
+//     cache row and every other sequence's row bit for bit unchanged. A position outside the
+//     caches zeroes out and leaves them. B = 3 at K = 1536 (past the multi-row kernel's 768)
+//     runs the two kernels, bit for bit.
 //  2. A position outside the caches zeroes out and leaves the caches (as rope_kv_append).
-//  3. Errors (typed, caches untouched): batch 2, f32, K not in whole vectors, K > 2048, a
+//  3. Errors (typed, caches untouched): batch 9, f32, K not in whole vectors, K > 2048, a
 //     misaligned x, a host tensor.
 //  4. Region: h -> rms_norm_matmul region -> rope_kv_append region nested in the outer region,
 //     collapsed to the fused arm, replayed as a CUDA graph with the position changing every step
@@ -199,6 +207,111 @@ TEST(QkvRopeCuda, FusedKernelMatchesTheTwoKernelsInEveryOneBatchInstance) {
     }
 }
 
+// ---- 2-8 rows ----
+
+struct BatchCase {
+  std::int64_t heads, kv_heads, dim, k, batch;
+  DType dtype;
+  std::int64_t position;
+  bool position_stable, w_constant;
+};
+
+std::string batch_label(const BatchCase& c) {
+  return std::string(dtype_name(c.dtype)) + " Hq " + std::to_string(c.heads) + " Hkv " +
+         std::to_string(c.kv_heads) + " D " + std::to_string(c.dim) + " K " + std::to_string(c.k) +
+         " B " + std::to_string(c.batch) + " p " + std::to_string(c.position) +
+         (c.position_stable ? " position_stable" : "") + (c.w_constant ? " w_constant" : "");
+}
+
+// One batched call against the two CUDA kernels and the CPU op; `fused`: whether the one-launch
+// multi-row kernel must take it (else the op runs the two kernels and equals them bit for bit).
+void check_batch(const BatchCase& c, bool fused, Rng& rng) {
+  SCOPED_TRACE(batch_label(c));
+  const std::int64_t n = (c.heads + 2 * c.kv_heads) * c.dim;
+  const Tensor hx = testing::random_tensor(rng, {c.batch, 1, c.k}, c.dtype);   // [B, 1, K]
+  const Tensor hnorm = testing::random_tensor(rng, {c.k}, c.dtype, 0.1, 1.0);  // [K]
+  const Tensor hw = testing::random_tensor(rng, {n, c.k}, c.dtype,
+                                           1.0 / std::sqrt(static_cast<double>(c.k)));  // [N, K]
+  const auto [hcos, hsin] = rope_tables(kCapacity, c.dim);  // [kCapacity, D] each
+  Tensor hpos = Tensor::empty({1}, DType::i32);
+  hpos.data<std::int32_t>()[0] = static_cast<std::int32_t>(c.position);
+  // [B, Hkv, kCapacity, D] each, random in every row.
+  const Tensor hk = testing::random_tensor(rng, {c.batch, c.kv_heads, kCapacity, c.dim}, c.dtype);
+  const Tensor hv = testing::random_tensor(rng, {c.batch, c.kv_heads, kCapacity, c.dim}, c.dtype);
+  const Tensor x = testing::upload(hx), nw = testing::upload(hnorm), w = testing::upload(hw),
+               cos = testing::upload(hcos), sin = testing::upload(hsin),
+               pos = testing::upload(hpos);
+  // The two kernels.
+  Tensor qkv = Tensor::empty({c.batch, 1, n}, c.dtype, Device::cuda());  // [B, 1, N]
+  cuda::rms_norm_matmul(x, nw, kEps, w, qkv, c.w_constant);
+  Tensor k_two = testing::upload(hk), v_two = testing::upload(hv);
+  Tensor out_two = Tensor::empty({c.batch, c.heads, 1, c.dim}, c.dtype, Device::cuda());
+  cuda::rope_kv_append(qkv, cos, sin, pos, k_two, v_two, out_two, c.position_stable);
+  // The op.
+  Tensor k_one = testing::upload(hk), v_one = testing::upload(hv);
+  Tensor out_one = Tensor::empty({c.batch, c.heads, 1, c.dim}, c.dtype, Device::cuda());
+  const std::uint64_t kernels_before = cuda::gemv::rope_launches();
+  cuda::rms_norm_matmul_rope_kv_append(x, nw, kEps, w, cos, sin, pos, k_one, v_one, out_one,
+                                       c.w_constant, c.position_stable,
+                                       /*trigger_dependents_first=*/c.position_stable);
+  EXPECT_EQ(cuda::gemv::rope_launches() - kernels_before, fused ? 1u : 0u)
+      << (fused ? "one fused launch" : "the two kernels");
+  const Tensor got_out = testing::download(out_one), got_k = testing::download(k_one),
+               got_v = testing::download(v_one);
+  const Tensor want_out = testing::download(out_two), want_k = testing::download(k_two),
+               want_v = testing::download(v_two);
+  const Tolerance tol = fused ? qkv_rope_tolerance(c.dtype) : Tolerance{0.0, 0.0};
+  EXPECT_TRUE(testing::close(got_out, want_out, tol))
+      << compare_tensors(got_out, want_out, tol).str();
+  EXPECT_TRUE(testing::close(got_k, want_k, tol)) << compare_tensors(got_k, want_k, tol).str();
+  EXPECT_TRUE(testing::close(got_v, want_v, tol)) << compare_tensors(got_v, want_v, tol).str();
+  const bool inside = c.position >= 0 && c.position < kCapacity;
+  if (inside) {
+    expect_other_rows_unchanged(got_k, hk, c.position);
+    expect_other_rows_unchanged(got_v, hv, c.position);
+  } else {
+    EXPECT_TRUE(testing::bit_equal(got_k, hk));
+    EXPECT_TRUE(testing::bit_equal(got_v, hv));
+    EXPECT_TRUE(testing::bit_equal(got_out, Tensor::zeros(got_out.shape(), c.dtype)));
+    return;
+  }
+  // The CPU op (same formula; the CPU sums in another order).
+  Tensor k_cpu = hk.clone(), v_cpu = hv.clone();
+  Tensor out_cpu = Tensor::empty({c.batch, c.heads, 1, c.dim}, c.dtype);
+  fused_rms_norm_matmul_rope_kv_append(hx, hnorm, kEps, hw, hcos, hsin, hpos, k_cpu, v_cpu,
+                                       out_cpu);
+  const Tolerance cpu_tol = qkv_rope_tolerance(c.dtype);
+  EXPECT_TRUE(testing::close(got_out, out_cpu, cpu_tol)) << "vs CPU";
+  EXPECT_TRUE(testing::close(got_k, k_cpu, cpu_tol)) << "vs CPU";
+  EXPECT_TRUE(testing::close(got_v, v_cpu, cpu_tol)) << "vs CPU";
+}
+
+TEST(QkvRopeCuda, FusedKernelAtTwoToEightRows) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(35);
+  struct Heads {
+    std::int64_t heads, kv_heads, dim;
+  };
+  int cases = 0;
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (const Heads& h : {Heads{9, 3, 64}, Heads{8, 2, 128}, Heads{3, 1, 10}})
+      for (std::int64_t k : {64, 576, 768})
+        for (std::int64_t batch : {2, 3, 4, 5, 8}) {
+          const std::int64_t positions[] = {0, 17, kCapacity - 1};
+          const BatchCase c{
+              h.heads,        h.kv_heads,   h.dim, k, batch, dtype, positions[cases % 3],
+              cases % 2 == 0, cases % 4 < 2};
+          check_batch(c, /*fused=*/true, rng);
+          ++cases;
+        }
+  EXPECT_EQ(cases, 90);
+  // Positions outside the caches (both reads of p), and past the multi-row kernel's K.
+  for (const std::int64_t bad : {std::int64_t{-1}, kCapacity})
+    for (const bool stable : {false, true})
+      check_batch({9, 3, 64, 576, 5, DType::bf16, bad, stable, true}, /*fused=*/true, rng);
+  check_batch({9, 3, 64, 1536, 3, DType::bf16, 17, true, true}, /*fused=*/false, rng);
+}
+
 TEST(QkvRopeCuda, PositionOutsideTheCachesZeroesOutAndWritesNoCache) {
   SKIP_WITHOUT_GPU();
   Rng rng(32);
@@ -249,12 +362,12 @@ TEST(QkvRopeCuda, ArgumentErrorsLeaveTheCaches) {
   expect_rejected(
       [&] {
         Operands o = operands(576, DType::bf16);
-        o.x = testing::random_tensor(rng, {2, 1, 576}, DType::bf16);
-        o.k_cache = testing::random_tensor(rng, {2, kv_heads, kCapacity, dim}, DType::bf16);
+        o.x = testing::random_tensor(rng, {9, 1, 576}, DType::bf16);
+        o.k_cache = testing::random_tensor(rng, {9, kv_heads, kCapacity, dim}, DType::bf16);
         o.v_cache = o.k_cache.clone();
         return o;
       },
-      UnsupportedError{""}, "batch 2");
+      UnsupportedError{""}, "batch 9");
   expect_rejected(
       [&] {
         Operands o = operands(576, DType::bf16);
@@ -277,6 +390,7 @@ TEST(QkvRopeCuda, ArgumentErrorsLeaveTheCaches) {
   // The row's limits agree with the kernel's (the contract table is compiled without CUDA).
   const LayerOpContract& row = cuda_layer_ops_contract();
   EXPECT_EQ(row.qkv_rope_max_k, cuda::kQkvRopeMaxK);
+  EXPECT_EQ(row.qkv_rope_max_batch, cuda::kQkvRopeMaxBatch);
   EXPECT_EQ(row.qkv_rope_k_multiple, cuda::kQkvRopeKMultiple);
 }
 

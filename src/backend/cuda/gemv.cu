@@ -378,12 +378,15 @@ decltype(auto) with_norm_rows_instance(const Params& q, F&& f) {
 template <typename P, typename T, int kRows, int kSlots, Prologue kPro>
 PairGrid norm_rows_instance(const P& p, bool launch, int device, cudaStream_t stream) {
   constexpr bool kSwiglu = std::is_same_v<P, SwigluParams>;
+  constexpr bool kRope = std::is_same_v<P, RopeParams>;
   const auto kernel = norm_rows_kernel<P, T, kRows, kSlots, kPro>;
   static OccupancyCache cache;
   const Params& q = product_of(p);
   std::int64_t groups;
   if constexpr (kSwiglu) {
     groups = (p.inter + 1) / 2;
+  } else if constexpr (kRope) {
+    groups = (q.n / 2 + 1) / 2;  // two RoPE pairs a warp
   } else {
     groups = (q.n + 3) / 4;
   }
@@ -395,7 +398,8 @@ PairGrid norm_rows_instance(const P& p, bool launch, int device, cudaStream_t st
   if constexpr (kPro == Prologue::rms_norm) {
     g_prologue_launches.fetch_add(1, std::memory_order_relaxed);
     g_register_prologue_launches.fetch_add(1, std::memory_order_relaxed);
-    (kSwiglu ? g_swiglu_launches : g_norm_rows_launches).fetch_add(1, std::memory_order_relaxed);
+    auto& counter = kSwiglu ? g_swiglu_launches : kRope ? g_rope_launches : g_norm_rows_launches;
+    counter.fetch_add(1, std::memory_order_relaxed);
   } else {
     g_plain_rows_launches.fetch_add(1, std::memory_order_relaxed);
   }
@@ -409,11 +413,11 @@ PairGrid norm_rows_instance(const P& p, bool launch, int device, cudaStream_t st
 // (run 350: +0.0 to +1.0%), so gemv_kernel keeps those and their instances are not built.
 constexpr int kPlainRowsMaxRows = 4;
 
-// The instance for p's prologue (a SwiGLU product always has rms_norm's).
+// The instance for p's prologue (a SwiGLU or RoPE product always has rms_norm's).
 template <typename P, typename T, int kRows, int kSlots>
 PairGrid norm_rows_for_prologue(const P& p, bool launch, int device, cudaStream_t stream) {
   if (product_of(p).prologue == Prologue::none) {
-    if constexpr (!std::is_same_v<P, SwigluParams> && kRows <= kPlainRowsMaxRows)
+    if constexpr (std::is_same_v<P, Params> && kRows <= kPlainRowsMaxRows)
       return norm_rows_instance<P, T, kRows, kSlots, Prologue::none>(p, launch, device, stream);
   }
   return norm_rows_instance<P, T, kRows, kSlots, Prologue::rms_norm>(p, launch, device, stream);
@@ -599,6 +603,20 @@ void launch(const Params& params, cudaStream_t stream) {
 }
 
 bool rope_supported(const Params& q) {
+  if (q.rows > 1) {
+    // 2-8 rows: norm_rows_kernel's layout, its groups of two pairs in one resident wave.
+    if (q.rows > kMaxRows || q.prologue != Prologue::rms_norm || q.n % 2 != 0 ||
+        !norm_rows_layout(q))
+      return false;
+    RopeParams probe;
+    probe.product = q;
+    for (int r = q.rows; r < kMaxRows; ++r) probe.product.x[r] = q.x[0];
+    return with_norm_rows_instance(q, [&]<typename T, int kRows, int kSlots>() {
+      return norm_rows_instance<RopeParams, T, kRows, kSlots, Prologue::rms_norm>(
+                 probe, /*launch=*/false, current_device(), nullptr)
+          .single_wave;
+    });
+  }
   const bool sixteen_bit = q.in_dtype == DType::bf16 || q.in_dtype == DType::f16;
   if (!sixteen_bit || q.rows != 1 || q.k < 1 || q.n < 1 || q.w == nullptr || q.x[0] == nullptr ||
       q.norm_weight == nullptr || q.norm_weight_dtype != q.in_dtype ||
@@ -626,6 +644,15 @@ void launch_rope(const RopeParams& params, cudaStream_t stream) {
                         "gemv rope epilogue: n ", q.n, " is too large");
   const int pairs = static_cast<int>(q.n / 2);
   const int device = current_device();
+  if (q.rows > 1) {
+    // Rows past `rows` of the kernel's row bucket read row 0 (valid memory) and store nothing.
+    RopeParams rows_params = params;
+    for (int r = q.rows; r < kMaxRows; ++r) {
+      rows_params.product.x[r] = q.x[0];
+      rows_params.product.y[r] = q.y[0];
+    }
+    return launch_norm_rows(rows_params, device, stream);
+  }
   // launch()'s per-lane accumulation for the columns per warp it would pick (stage 3): a
   // partial per vector below kMinChains accumulators.
   const bool partials = default_cols(q.n, sm_count(device)) < kMinChains;

@@ -123,23 +123,29 @@ void launch(const Params& params, cudaStream_t stream);
 
 // ---- the q|k|v GEMV with a RoPE and KV-append epilogue (cuda::rms_norm_matmul_rope_kv_append) --
 //
-// One row x [k] (16-bit), the register rms_norm prologue, the stacked weight w [N, k] with N =
-// (Hq + 2 Hkv) D, and the "rope pairs" column mapping: warp g = h D/2 + i computes output columns
-// h D + i and h D + i + D/2 (both halves of one RoPE pair of head h), so after the reduction one
-// warp holds the pair. Each element is rounded to T as launch() stores it, then q heads are
-// rotated into out, k heads rotated into k_cache row p and v heads copied into v_cache row p
-// (cuda::rope_kv_append's exact operations; gemv_kernel.cuh's rope_pairs_kernel has the algorithm).
-// `product` carries the GEMV part: w, w_row_stride, n, k, x[0], norm_weight (T, unit stride),
-// eps, in_dtype (= T = out, caches), w_constant; rows = 1, prologue = rms_norm.
+// One row x [k] (16-bit; or 2-8 rows, norm_rows_kernel), the register rms_norm prologue, the
+// stacked weight w [N, k] with N = (Hq + 2 Hkv) D, and the "rope pairs" column mapping: warp g =
+// h D/2 + i computes output columns h D + i and h D + i + D/2 (both halves of one RoPE pair of
+// head h; at 2-8 rows a warp takes two consecutive pairs, for every row), so after the reduction
+// one warp holds the pair. Each element is rounded to T as launch() stores it, then q heads are
+// rotated into out, k heads rotated into k_cache row p and v heads copied into v_cache row p, one
+// p for every row (cuda::rope_kv_append's exact operations; gemv_kernel.cuh's rope_pairs_kernel
+// and norm_rows_kernel have the algorithm). `product` carries the GEMV part: w, w_row_stride, n,
+// k, x[0 .. rows-1], norm_weight (T, unit stride), eps, in_dtype (= T = out, caches),
+// w_constant; rows = 1-8, prologue = rms_norm.
 inline constexpr int kRopeMaxSlots = 8;  // 16-byte vectors per lane: k <= 8 * 32 * 8 = 2048
 struct RopeParams {
   Params product;
   int heads = 0, kv_heads = 0, dim = 0;  // Hq, Hkv, D (even)
-  void* out = nullptr;                   // [1, Hq, 1, D]: (h, e) at out[h * out_head_stride + e]
-  std::int64_t out_head_stride = 0;
-  void* k_cache = nullptr;  // [1, Hkv, capacity, D]: (h, t, e) at [h * head_stride + t * row_stride
-  void* v_cache = nullptr;  // + e], each cache its own strides
-  std::int64_t k_head_stride = 0, k_row_stride = 0, v_head_stride = 0, v_row_stride = 0;
+  // [rows, Hq, 1, D]: (r, h, e) at out[r * out_row_stride + h * out_head_stride + e]
+  void* out = nullptr;
+  std::int64_t out_row_stride = 0, out_head_stride = 0;
+  // [rows, Hkv, capacity, D] each: (r, h, t, e) at [r * batch_stride + h * head_stride + t *
+  // row_stride + e], each cache its own strides
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  std::int64_t k_batch_stride = 0, k_head_stride = 0, k_row_stride = 0;
+  std::int64_t v_batch_stride = 0, v_head_stride = 0, v_row_stride = 0;
   std::int64_t capacity = 0;
   const void* cos = nullptr;  // [table_rows, D] each, element (t, e) at t * stride0 + e * stride1
   const void* sin = nullptr;
@@ -154,18 +160,21 @@ struct RopeParams {
   bool trigger_first = false;
 };
 
-// Whether launch_rope takes `product` as given: one row of 16-bit x, w and norm weight (unit
-// stride), k a whole number of 16-byte vectors of at most kRopeMaxSlots per lane, every row
-// 16-byte aligned. The caller validates tensors first; this says whether the kernel's layout
-// assumptions hold.
+// Whether launch_rope takes `product` as given: 16-bit x, w and norm weight (unit stride), k a
+// whole number of 16-byte vectors, every row 16-byte aligned, and one row of at most
+// kRopeMaxSlots vectors per lane, or 2-8 rows of norm_rows_kernel's k (at most 768, one batch of
+// loads) whose pairs of RoPE pairs fit one resident wave. The caller validates tensors first; this
+// says whether the kernel's layout assumptions hold.
 bool rope_supported(const Params& product);
 
 // Launches the fused kernel on `stream` (PDL per launch.cuh); invalid params are an internal
-// error. Per lane, the accumulation order is launch()'s for the columns per warp launch() would
-// pick for this n on this device, and the reduction tree is the same for every column count, so
-// the q|k|v elements are bitwise launch()'s with the register prologue in a one-batch shape (k
-// <= 768 bf16 / f16 for any n; k <= 1536 where launch() takes at most 2 columns per warp);
-// elsewhere launch() sums x^2 in shared memory in another order.
+// error. One row: per lane, the accumulation order is launch()'s for the columns per warp
+// launch() would pick for this n on this device, and the reduction tree is the same for every
+// column count, so the q|k|v elements are bitwise launch()'s with the register prologue in a
+// one-batch shape (k <= 768 bf16 / f16 for any n; k <= 1536 where launch() takes at most 2
+// columns per warp); elsewhere launch() sums x^2 in shared memory in another order. 2-8 rows:
+// four columns per warp, so the fp32 sums may be ordered differently from launch()'s (the
+// tolerance, not bits; the same as launch_swiglu at 2-8 rows).
 void launch_rope(const RopeParams& params, cudaStream_t stream);
 // Launches of launch_rope (process-wide, relaxed): tests count kernels per step with it.
 std::uint64_t rope_launches();

@@ -1230,7 +1230,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   stages.mark(kMarkRowStored);
 }
 
-// ---- the 2-8 row rms_norm kernel (launch()'s rms_norm products and launch_swiglu at 2-8 rows) --
+// ---- the 2-8 row rms_norm kernel (launch()'s rms_norm products, launch_swiglu and launch_rope
+// at 2-8 rows) --
 //
 // norm_rows_kernel: kRows (2, 4 or 8) rows x [rows, k] of a 16-bit product that one batch of
 // kSlots vectors per lane covers (K <= 256: one slot; K <= 768: three, 96 x registers a lane at 8
@@ -1242,6 +1243,9 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   1. Mapping. Plain (P = Params, launch()): warp g takes columns j = 4 g .. 4 g + 3 (clamped
 //      to n - 1 for the loads, never stored past n). SwiGLU (P = SwigluParams, launch_swiglu):
 //      swiglu_pairs_kernel's pairs, j = 2 g and the rows j, j + 1 (gate), I + j, I + j + 1 (up).
+//      RoPE (P = RopeParams, launch_rope): rope_pairs_kernel's pairs, two a warp: pair q_c = 2 g
+//      + c / 2 (clamped to the last pair for the loads, never stored past it) of head h = q_c /
+//      (D/2), i = q_c % (D/2), column c the row h D + i (c even) or h D + i + D/2 (c odd).
 //      Each weight vector a lane loads is used for every row.
 //   2. Before the wait: with w_constant the four rows' kSlots vectors per lane; after it
 //      register_rms_norm_rows over the kRows rows (rows r >= rows read row 0's address with
@@ -1252,38 +1256,79 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   4. Store, lane v * kLanesPerValue for r < rows. Plain: y[r, j + c] = round_T(sum) (launch()'s
 //      store for out_dtype = T). SwiGLU: gate (r, c < 2) and up (r, c + 2) are 2 kLanesPerValue
 //      lanes apart, so one shuffle down hands each gate lane its up sum, and out[r, j + c] is
-//      swiglu_pairs_kernel's stage 5.
+//      swiglu_pairs_kernel's stage 5. RoPE: the two halves of a pair (r, c) and (r, c ^ 1) are
+//      kLanesPerValue lanes apart, so one xor shuffle hands each lane the other half, and row r's
+//      element goes out as rope_pairs_kernel's stage 5 (q heads rotated into out row r, k heads
+//      into k_cache[r, h, p], v heads copied into v_cache[r, h, p]; one p = position[0] for every
+//      row, read with this lane's cos / sin entries before the wait under position_stable).
 //   5. PDL as stage 6 of gemv_kernel (a one-wave grid triggers its dependents first thing).
 // Not bitwise gemv_kernel: launch() picks its own columns per warp (1 at n = 1024-1032), whose
 // per-lane partials order the fp32 sums differently; the CPU contract's tolerance covers it
 // (tests/cuda/gemv_test.cc, prologue_ops_test.cc, swiglu_test.cc).
 template <typename P>
 __host__ __device__ __forceinline__ const Params& product_of(const P& p) {
-  if constexpr (std::is_same_v<P, SwigluParams>) {
+  if constexpr (std::is_same_v<P, SwigluParams> || std::is_same_v<P, RopeParams>) {
     return p.product;
   } else {
     return p;
   }
 }
 
+// The RoPE epilogue's target of one lane in norm_rows_kernel (stage 4): element e of head h of
+// row r (out, or the caches at cache row 0; the caller adds p * row_stride), and the table column.
+struct RopeTarget {
+  char* base = nullptr;         // bytes: element (r, h, e) at cache row 0, or out's element
+  std::int64_t row_stride = 0;  // elements between cache rows (0 for q heads)
+  int e = 0;                    // the element's index in the head (the cos / sin column)
+  bool is_q = false, is_v = false;
+};
+template <typename T>
+__device__ __forceinline__ RopeTarget rope_target(const RopeParams& p, int row, int pair,
+                                                  bool upper) {
+  const int half = p.dim / 2;
+  const int head = pair / half;
+  RopeTarget t;
+  t.e = pair % half + (upper ? half : 0);
+  t.is_q = head < p.heads;
+  t.is_v = head >= p.heads + p.kv_heads;
+  T* at;
+  if (t.is_q) {
+    at = static_cast<T*>(p.out) + row * p.out_row_stride + head * p.out_head_stride;
+  } else if (!t.is_v) {
+    at = static_cast<T*>(p.k_cache) + row * p.k_batch_stride + (head - p.heads) * p.k_head_stride;
+    t.row_stride = p.k_row_stride;
+  } else {
+    at = static_cast<T*>(p.v_cache) + row * p.v_batch_stride +
+         (head - p.heads - p.kv_heads) * p.v_head_stride;
+    t.row_stride = p.v_row_stride;
+  }
+  t.base = reinterpret_cast<char*>(at + t.e);
+  return t;
+}
+
 template <typename P, typename T, int kRows, int kSlots, Prologue kPro>
 __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool single_wave) {
   static_assert(kRows == 2 || kRows == 4 || kRows == 8, "norm_rows_kernel: 2, 4 or 8 rows");
   constexpr bool kSwiglu = std::is_same_v<P, SwigluParams>;
-  static_assert(kPro == Prologue::rms_norm || (kPro == Prologue::none && !kSwiglu),
+  constexpr bool kRope = std::is_same_v<P, RopeParams>;
+  static_assert(kPro == Prologue::rms_norm || (kPro == Prologue::none && !kSwiglu && !kRope),
                 "norm_rows_kernel: rms_norm, or no prologue for a plain product");
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
-  constexpr int kCols = 4;  // plain: j .. j + 3; SwiGLU: gate j, gate j + 1, up j, up j + 1
+  // plain: j .. j + 3; SwiGLU: gate j, gate j + 1, up j, up j + 1; RoPE: both halves of pairs
+  // j, j + 1
+  constexpr int kCols = 4;
   constexpr int kValues = kRows * kCols;
   constexpr int kLanesPerValue = kWarpSize / kValues;
   const Params& q = product_of(p);
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) +
                              static_cast<std::int64_t>(threadIdx.x / kWarpSize);
-  // Stage 1: the output width (n, or I), this warp's four weight rows.
+  // Stage 1: the output width (n, I, or the RoPE pairs), this warp's four weight rows.
   std::int64_t width, groups;
   if constexpr (kSwiglu) {
     width = p.inter, groups = (width + 1) / 2;
+  } else if constexpr (kRope) {
+    width = q.n / 2, groups = (width + 1) / 2;
   } else {
     width = q.n, groups = (width + kCols - 1) / kCols;
   }
@@ -1294,6 +1339,14 @@ __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool 
   if constexpr (kSwiglu) {
     j = 2 * (has_group ? group : 0);
     rows[0] = j, rows[1] = j + 1, rows[2] = width + j, rows[3] = width + j + 1;
+  } else if constexpr (kRope) {
+    j = 2 * (has_group ? group : 0);  // the first pair
+    const std::int64_t half = p.dim / 2;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const std::int64_t pair = std::min(j + c / 2, width - 1);
+      rows[c] = (pair / half) * p.dim + pair % half + (c % 2 == 1 ? half : 0);
+    }
   } else {
     j = kCols * (has_group ? group : 0);
 #pragma unroll
@@ -1307,7 +1360,8 @@ __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool 
 #pragma unroll
   for (int r = 1; r < kRows; ++r)
     if (out_row == r) y_row = q.y[r];
-  const std::int64_t e = j + out_col;
+  // e: the output column (plain, SwiGLU) or the RoPE pair of this lane's value.
+  const std::int64_t e = kRope ? j + out_col / 2 : j + out_col;
   const bool stores = has_group && lane % kLanesPerValue == 0 && (!kSwiglu || out_col < 2) &&
                       out_row < q.rows && e < width;
   // The residual element c[r, j + c] of a product without a prologue (launch()'s: y =
@@ -1320,9 +1374,34 @@ __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool 
   ResidualLoad residual =
       ResidualLoad::at(c_row, e * q.c_col_stride, q.c_dtype, kResidual && q.has_c && stores);
 
+  // The RoPE epilogue's target, position and table entries (read before the wait only under
+  // position_stable, after it otherwise).
+  [[maybe_unused]] RopeTarget rope;
+  [[maybe_unused]] bool rope_valid = false;
+  [[maybe_unused]] std::int64_t rope_row = 0;
+  [[maybe_unused]] float rope_c = 0.0f, rope_s = 0.0f;  // cos, sin at (p, e)
+  [[maybe_unused]] const auto read_position = [&] {
+    if constexpr (kRope) {
+      if (!stores) return;
+      const std::int64_t pos = detail::load_in_order(p.position);
+      rope_valid = pos >= 0 && pos < p.table_rows && pos < p.capacity;
+      rope_row = rope_valid ? pos : 0;
+      if (!rope_valid || rope.is_v) return;
+      const std::int64_t at = rope_row * p.table_stride0 + rope.e * p.table_stride1;
+      rope_c = load_any(p.cos, p.table_dtype, at);
+      rope_s = load_any(p.sin, p.table_dtype, at);
+    }
+  };
+  if constexpr (kRope) {
+    if (stores) rope = rope_target<T>(p, out_row, static_cast<int>(e), out_col % 2 == 1);
+  }
+
   // Stage 2, then the wait (stage 5).
   if (single_wave) detail::allow_dependents();  // launch.cuh
   if (q.w_constant && has_group) w.load(lane_vectors);
+  if constexpr (kRope) {
+    if (p.position_stable) read_position();
+  }
   detail::wait_for_producers();
   if (!has_group) return;
   residual.issue(q.c_dtype);
@@ -1332,6 +1411,9 @@ __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool 
     register_rms_norm_rows<T, kRows, kSlots>(q, x_raw, lane, num_vec);
   } else {
     load_x_rows<T, kRows, kSlots>(q, x_raw, lane, num_vec);
+  }
+  if constexpr (kRope) {
+    if (!p.position_stable) read_position();  // after the rows, as rope_pairs_kernel
   }
   // Stage 3.
   float acc[kValues];  // [rows * cols]
@@ -1360,6 +1442,23 @@ __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool 
   if constexpr (kSwiglu) {
     const float up = __shfl_down_sync(kFullMask, sum, 2 * kLanesPerValue);  // (r, c + 2)'s sum
     if (stores) *target = swiglu_of_sums<T>(sum, up);
+  } else if constexpr (kRope) {
+    const float other = __shfl_xor_sync(kFullMask, sum, kLanesPerValue);  // (r, c ^ 1)'s sum
+    if (!stores) return;
+    // rope_pairs_kernel's stage 5: each half rounded as launch() stores it, read back.
+    const bool upper = out_col % 2 == 1;
+    const T mine = from_float<T>(sum);
+    const float x_mine = to_float(mine), x_other = to_float(from_float<T>(other));
+    const float x1 = upper ? x_other : x_mine, x2 = upper ? x_mine : x_other;  // i, i + D/2
+    T* const y = reinterpret_cast<T*>(rope.base) + rope_row * rope.row_stride;
+    if (rope.is_v) {
+      if (rope_valid) *y = mine;  // an exact copy of the rounded element
+    } else if (rope_valid) {
+      *y = upper ? from_float<T>(__fadd_rn(__fmul_rn(x2, rope_c), __fmul_rn(x1, rope_s)))
+                 : from_float<T>(__fadd_rn(__fmul_rn(x1, rope_c), __fmul_rn(-x2, rope_s)));
+    } else if (rope.is_q) {
+      *y = from_float<T>(0.0f);
+    }
   } else {
     const bool add_c = kResidual && q.has_c;
     if (stores) *target = from_float<T>(add_c ? sum + residual.value(q.c_dtype) : sum);

@@ -26,9 +26,13 @@
 //      With `trigger_dependents_first` every CTA triggers its dependents as its first
 //      instruction (launch.cuh's one exception to triggering after the wait).
 //   3. rms_norm_matmul_rope_kv_append (host only): the same checks for x, norm_weight and w
-//      (layer_op_checks::check_qkv_rope, then the kernel's limits: B = 1, one 16-bit dtype, K,
-//      alignment), then one launch of gemv_kernel.cuh's rope_pairs_kernel (gemv::launch_rope): the
-//      q|k|v GEMV with the register rms_norm prologue whose epilogue is step 2's RoPE and appends.
+//      (layer_op_checks::check_qkv_rope, then the kernel's limits: B <= 8, one 16-bit dtype, K,
+//      alignment), then one launch of gemv.h's launch_rope (B = 1: gemv_kernel.cuh's
+//      rope_pairs_kernel; B = 2-8: its norm_rows_kernel): the q|k|v GEMV with the register
+//      rms_norm prologue whose epilogue is step 2's RoPE and appends. At B = 2-8 a product the
+//      multi-row kernel does not take (K > 768, rows not 16-byte aligned, more pairs than one
+//      resident wave) runs the chain it fuses: rms_norm_matmul into a [B, 1, N] scratch, then
+//      rope_kv_append.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -44,6 +48,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/primitives_internal.h"
 #include "backend/layer_op_checks.h"
+#include "splice/backend/cuda/layer_ops.h"
 #include "splice/backend/cuda/rope_kv_append.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
@@ -75,7 +80,7 @@ std::atomic<std::uint64_t> g_qkv_launches{0}, g_qkv_early_position_launches{0},
     g_qkv_early_weight_launches{0}, g_qkv_early_trigger_launches{0};
 constexpr int kVectorBytes = 16;  // gemv_kernel.cuh's vector loads: 16-byte aligned rows
 static_assert(kQkvRopeMaxK <= static_cast<std::int64_t>(gemv::kRopeMaxSlots) * 32 * 8 &&
-                  kQkvRopeKMultiple * 2 == kVectorBytes,
+                  kQkvRopeKMultiple * 2 == kVectorBytes && kQkvRopeMaxBatch == gemv::kMaxRows,
               "kQkvRopeMaxK / kQkvRopeKMultiple must match gemv.h's RoPE epilogue");
 
 using detail::dispatch_float;  // float_convert.cuh
@@ -254,9 +259,10 @@ void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, 
     if (t->dtype() != dtype)
       fail<DTypeError>(kOp, ": `", name, "` must have x's dtype ", dtype_name(dtype),
                        " on CUDA, got ", dtype_name(t->dtype()));
-  const std::int64_t k = x.size(2);
-  if (x.size(0) != 1)
-    fail<UnsupportedError>(kOp, ": CUDA takes batch 1 (x [1, 1, K]), got x ", dims_str(x.shape()));
+  const std::int64_t k = x.size(2), batch = x.size(0);
+  if (batch > kQkvRopeMaxBatch)
+    fail<UnsupportedError>(kOp, ": CUDA takes batch 1 to ", kQkvRopeMaxBatch,
+                           " (x [B, 1, K]), got x ", dims_str(x.shape()));
   if (k % kQkvRopeKMultiple != 0 || k > kQkvRopeMaxK)
     fail<UnsupportedError>(kOp, ": CUDA takes K a multiple of ", kQkvRopeKMultiple, " and at most ",
                            kQkvRopeMaxK, ", got K = ", k);
@@ -279,9 +285,13 @@ void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, 
   q.n = w.size(0);
   q.k = k;
   q.w_row_stride = w.stride(0);
-  q.x[0] = x.raw_data();
-  q.y[0] = out.raw_data();  // unused by the epilogue; launch()'s params keep every row non-null
-  q.rows = 1;
+  // Row r of x at x[r]; y is unused by the epilogue (launch()'s params keep every row non-null).
+  for (std::int64_t r = 0; r < batch; ++r) {
+    q.x[r] = static_cast<const char*>(x.raw_data()) +
+             r * x.stride(0) * static_cast<std::int64_t>(dtype_size(dtype));
+    q.y[r] = out.raw_data();
+  }
+  q.rows = static_cast<int>(batch);
   q.in_dtype = dtype;
   q.out_dtype = dtype;
   q.w_constant = w_constant;
@@ -290,16 +300,26 @@ void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, 
   q.norm_weight_stride = 1;
   q.norm_weight_dtype = dtype;
   q.eps = eps;
-  if (!gemv::rope_supported(q))
-    fail<UnsupportedError>(kOp, ": the fused kernel does not take x ", x.describe(), ", w ",
-                           w.describe(), " (gemv::rope_supported)");
+  if (!gemv::rope_supported(q)) {
+    if (batch == 1)
+      fail<UnsupportedError>(kOp, ": the fused kernel does not take x ", x.describe(), ", w ",
+                             w.describe(), " (gemv::rope_supported)");
+    // 2-8 rows the multi-row kernel does not take: the chain (every check above has passed).
+    Tensor qkv = detail::scratch({batch, 1, w.size(0)}, dtype, x.device());  // [B, 1, N]
+    rms_norm_matmul(x, norm_weight, eps, w, qkv, w_constant);
+    return rope_kv_append(qkv, cos, sin, position, k_cache, v_cache, out, position_stable,
+                          trigger_dependents_first);
+  }
   p.heads = static_cast<int>(geo.heads);
   p.kv_heads = static_cast<int>(geo.kv_heads);
   p.dim = static_cast<int>(geo.dim);
   p.out = out.raw_data();
+  p.out_row_stride = out.stride(0);
   p.out_head_stride = out.stride(1);
   p.k_cache = k_cache.raw_data();
   p.v_cache = v_cache.raw_data();
+  p.k_batch_stride = k_cache.stride(0);
+  p.v_batch_stride = v_cache.stride(0);
   p.k_head_stride = k_cache.stride(1);
   p.k_row_stride = k_cache.stride(2);
   p.v_head_stride = v_cache.stride(1);

@@ -39,22 +39,26 @@ struct RopeKvAppendLaunches {
 RopeKvAppendLaunches rope_kv_append_launches();
 
 // rms_norm_matmul then rope_kv_append in ONE launch (cpu::rms_norm_matmul_rope_kv_append's
-// contract; Op::RmsNormMatMulRopeKvAppend): x [1, 1, K], norm_weight [K], w [N, K] with N =
-// (Hq + 2 Hkv) D; the q|k|v row round(round(rms_norm(x)) @ w^T) lives only in registers (the
+// contract; Op::RmsNormMatMulRopeKvAppend): x [B, 1, K], norm_weight [K], w [N, K] with N =
+// (Hq + 2 Hkv) D; the q|k|v rows round(round(rms_norm(x)) @ w^T) live only in registers (the
 // register-prologue GEMV of gemv_kernel.cuh with the "rope pairs" column mapping, gemv.h's
-// RopeParams), then out [1, Hq, 1, D] = rope(q heads), k_cache[:, :, p] = rope(k heads), v_cache[:,
-// :, p] = v heads (caches [1, Hkv, capacity, D]) at p = position[0] read on the device; a p outside
-// [0, min(max_seq_len, capacity)) writes zeros to out and leaves the caches (as rope_kv_append).
-// Takes: B = 1; x, norm_weight, w, out and the caches of one dtype, bf16 or f16; K a multiple of
-// kQkvRopeKMultiple and at most kQkvRopeMaxK; unit strides along K and D; x, norm_weight and
-// every w row 16-byte aligned (else UnsupportedError / LayoutError; every check runs before the
-// launch, so a rejected call leaves the caches untouched). Bitwise rms_norm_matmul followed by
-// rope_kv_append where that GEMV takes its register prologue in a one-batch instance (K <= 768,
-// or K <= 1536 with N small enough for <= 2 columns per warp: gemv.h's launch_rope); elsewhere
-// the normalized row may round one ulp apart (the sum of x^2 in another order).
+// RopeParams), then out [B, Hq, 1, D] = rope(q heads), k_cache[:, :, p] = rope(k heads),
+// v_cache[:, :, p] = v heads (caches [B, Hkv, capacity, D]) at p = position[0] read on the device;
+// a p outside [0, min(max_seq_len, capacity)) writes zeros to out and leaves the caches (as
+// rope_kv_append). Takes: B <= kQkvRopeMaxBatch; x, norm_weight, w, out and the caches of one
+// dtype, bf16 or f16; K a multiple of kQkvRopeKMultiple and at most kQkvRopeMaxK; unit strides
+// along K and D; x, norm_weight and every w row 16-byte aligned (else UnsupportedError /
+// LayoutError; every check runs before the launch, so a rejected call leaves the caches
+// untouched). B = 1: bitwise rms_norm_matmul followed by rope_kv_append where that GEMV takes its
+// register prologue in a one-batch instance (K <= 768, or K <= 1536 with N small enough for <= 2
+// columns per warp: gemv.h's launch_rope); elsewhere the normalized row may round one ulp apart
+// (the sum of x^2 in another order). B = 2-8: one launch of the multi-row kernel where it takes
+// the product (K <= 768, 16-byte aligned x rows; within the op's tolerance of the chain, whose
+// GEMV sums with other columns per warp), else exactly that chain (two launches).
 // `w_constant` as for rms_norm_matmul (weights streamed before the wait), `position_stable` and
 // `trigger_dependents_first` as for rope_kv_append (the trigger only when the grid is one wave).
 inline constexpr std::int64_t kQkvRopeMaxK = 2048;
+inline constexpr std::int64_t kQkvRopeMaxBatch = 8;   // gemv::kMaxRows
 inline constexpr std::int64_t kQkvRopeKMultiple = 8;  // whole 16-byte vectors of 16-bit elements
 void rms_norm_matmul_rope_kv_append(const Tensor& x, const Tensor& norm_weight, float eps,
                                     const Tensor& w, const Tensor& cos, const Tensor& sin,
