@@ -10,7 +10,7 @@
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 PACK=${PACK:-.gpubin/pack/gemv-variants.tgz}
-P=/tmp/gemv-variants; rm -rf $P; mkdir -p $P; tar xzf "$PACK" -C $P
+P=/tmp/gemv-variants; rm -rf $P; mkdir -p $P; tar xf "$PACK" -C $P
 variants=(); for d in $P/*/; do d=$(basename $d); [[ $d != head ]] && variants+=($d); done
 echo "variants: ${variants[*]}"
 for v in "${variants[@]}"; do

@@ -6,17 +6,19 @@
 # `rows` KDA kernel inside a real step, beside the step's GEMMs and attention (what the
 # back-to-back KDA bench cannot show, e.g. a carveout change's cost beside its neighbours).
 #   run(command="BATCHES=1,8,32 dev/model_batch_call.sh", carry=[".gpubin/pack/variants.tgz", ".deps"])
-# Environment (defaults): PACK (.gpubin/pack/variants.tgz), BATCHES (1,8,32), STEPS (256), ROUNDS
-# (3), DEVICE (cuda), ENV_VARIANTS (as dev/variant_ab_call.sh's: head's binaries, or ENV_BASE's
-# or a `name@base` variant's own base (call_env.sh), again under environment variables; e.g.
+# Environment (defaults): PACK (.gpubin/pack/variants.tgz; any compression tar reads: three `splice`
+# copies, ~36 MB stripped each, fit a call as one tar through `xz -T1 --lzma2=preset=9e,
+# dict=96MiB`, ~36 MB in all, where gzip takes ~21 MB a copy), BATCHES (1,8,32), STEPS (256), ROUNDS
+# (3), DEVICE (cuda), ENV_VARIANTS (as dev/variant_ab_call.sh's: head's binaries, or ENV_BASE's or a
+# `name@base` variant's own base (call_env.sh), again under environment variables; e.g.
 # "nopdl:SPLICE_PDL=0 nopdl-v@v:SPLICE_PDL=0", perf.md run 342), EXTRA_ARGS (more `splice bench`
 # options, e.g. --kda-state-dtype bf16). Each binary keeps its arm decisions in a tuning cache, so
-# only its first process times the arms (session 42, perf.md run 317: ~10 s a process without
-# one, so 24 processes ran a 170 s call out before any table).
+# only its first process times the arms (session 42, perf.md run 317: ~10 s a process without one,
+# so 24 processes ran a 170 s call out before any table).
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 P=/tmp/model-batch; L=/tmp/model-batch-logs
-rm -rf $P $L; mkdir -p $P $L; tar xzf "${PACK:-.gpubin/pack/variants.tgz}" -C $P
+rm -rf $P $L; mkdir -p $P $L; tar xf "${PACK:-.gpubin/pack/variants.tgz}" -C $P
 make_env_variants $P "${ENV_BASE:-head}" splice
 binaries=(head)
 for d in $P/*/; do d=$(basename $d); [[ $d != head && -x $P/$d/splice ]] && binaries+=($d); done
