@@ -410,10 +410,12 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
   // Stage 4: execute (on CUDA: decide eager / capture / replay for this arm choice first).
   last_replayed_ = false;
   node_times_.clear();
+  profile_span_us_ = 0;
   if (im.cuda) {
     execute_cuda(key, run, inputs, kernel_us);
   } else {
     run_nodes(key, run, inputs, kernel_us);
+    for (const NodeTime& t : node_times_) profile_span_us_ += t.us;
   }
   ++steps_;
   timing_.total_us = std::chrono::duration<double, std::micro>(Clock::now() - step_start).count();
@@ -636,6 +638,10 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
     for (std::size_t i = 0; i < node_times_.size(); ++i)
       node_times_[i].us = cuda::elapsed_us(static_cast<cuda::Event>(im.profile_events[2 * i]),
                                            static_cast<cuda::Event>(im.profile_events[2 * i + 1]));
+    if (!node_times_.empty())
+      profile_span_us_ = cuda::elapsed_us(
+          static_cast<cuda::Event>(im.profile_events[0]),
+          static_cast<cuda::Event>(im.profile_events[2 * node_times_.size() - 1]));
     im.profile_hold_us = std::max(1000.0, 2 * enqueue_us);
     return;
   }

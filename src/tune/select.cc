@@ -333,8 +333,12 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
       hi = recipe.selector->upper_bound(graph.symbols());
     }
     const auto buckets = selector_buckets(lo, hi, opt.max_buckets);
-    const std::string base_key = device_key + "|" + recipe.kind + "|" + recipe.contract_revision +
-                                 "|" + dtype_name(bnode.dtype) + "|" + shape_key(graph, branch);
+    // CUDA arms are timed by their device span (step 2 below), and the key says so: decisions
+    // timed by wall clock before session 56 are not reused.
+    const bool device_span = opt.device.is_cuda();
+    const std::string base_key = device_key + (device_span ? "|device-span" : "") + "|" +
+                                 recipe.kind + "|" + recipe.contract_revision + "|" +
+                                 dtype_name(bnode.dtype) + "|" + shape_key(graph, branch);
 
     // Regions and sessions are built lazily: a full cache hit measures nothing.
     std::vector<std::unique_ptr<Session>> sessions;
@@ -415,7 +419,13 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
       for (std::size_t arm = 1; arm < num_arms; ++arm) bd.verified[arm] = bd.failure[arm].empty();
       // 2. Time every verified arm at the bucket's top: each warmed up, then the repeats
       //    interleaved arm by arm, so that a drift of the machine while the bucket is timed
-      //    (clocks ramping, other load) is shared by the arms instead of charged to one.
+      //    (clocks ramping, other load) is shared by the arms instead of charged to one. On CUDA
+      //    a repeat is the region's device span: the step runs profiled (Session::
+      //    set_profile_nodes: its nodes back to back behind a hold, the warm-up sizing the hold),
+      //    so the host's dispatch, which a replayed decode step never pays, stays out of the
+      //    comparison. Timed as wall clock it was ~13 us of an 18 us layer-op region, and a saved
+      //    launch worth 7% of the replayed step fell inside the win margin (perf.md run 392). On
+      //    the CPU, wall clock.
       std::vector<std::size_t> timed;
       std::vector<SymBindings> arm_symbols(num_arms);
       std::vector<TensorMap> arm_inputs(num_arms);
@@ -429,6 +439,7 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
         Rng rng(opt.seed);
         generator->fill(regions[arm], recipe, *sessions[arm], bhi, rng, arm_symbols[arm],
                         arm_inputs[arm]);
+        sessions[arm]->set_profile_nodes(device_span);
         for (int i = 0; i < opt.warmup; ++i)
           sessions[arm]->step(arm_symbols[arm], arm_inputs[arm]);
         timed.push_back(arm);
@@ -440,9 +451,13 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
           sessions[arm]->step(arm_symbols[arm], arm_inputs[arm]);
           device_sync(opt.device);
           times[arm].push_back(
-              std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+              device_span ? sessions[arm]->last_profile_span_us()
+                          : std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
         }
-      for (std::size_t arm : timed) bd.median_us[arm] = median(times[arm]);
+      for (std::size_t arm : timed) {
+        bd.median_us[arm] = median(times[arm]);
+        sessions[arm]->set_profile_nodes(false);
+      }
       // 3. Choose.
       bd.winner = 0;
       bd.reason = "arm 0 (oracle): no verified fused arm";

@@ -10,14 +10,19 @@
 //     writes zeros; a captured CUDA graph replays with a new position each time.
 //  3. Sessions: small graphs with every layer op offered through optimize_graph on the device
 //     (verified against arm 0 on the GPU, fused arms chosen) agree with the CPU session over
-//     several steps, captured as one CUDA graph.
+//     several steps, captured as one CUDA graph. Timed for real on the device (no override):
+//     every arm verified and given a positive device span, the fused arms chosen, and the
+//     tuning cache's keys marked "device-span".
 //  4. Typed errors: a non-unit last stride, wrong shapes, a CPU tensor.
 #include "splice/backend/cuda/layer_ops.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -234,6 +239,37 @@ TEST(LayerOpsCuda, OptimizedSessionMatchesTheCpuAndIsCaptured) {
         << "step " << step;
   }
   EXPECT_TRUE(gpu.last_step_replayed());
+}
+
+TEST(LayerOpsCuda, ArmsAreTimedByTheirDeviceSpan) {
+  SKIP_WITHOUT_GPU();
+  std::vector<LayerOpSpec> specs;
+  Graph graph = layer_graph(specs);
+  const std::string cache = testing::process_temp_path("device_span_tuning.json");
+  std::remove(cache.c_str());
+  OptimizeOptions opt;
+  opt.tune.device = Device::cuda();
+  opt.tune.cache_path = cache;
+  const DecisionLog log = optimize_graph(graph, {}, opt, {}, specs);
+  ASSERT_EQ(log.entries().size(), 3u);
+  for (const Decision& d : log.entries()) {
+    ASSERT_EQ(d.buckets.size(), 1u) << d.site;
+    const BucketDecision& b = d.buckets[0];
+    EXPECT_TRUE(b.verified.at(1)) << d.site << ": " << b.failure[1];
+    for (double us : b.median_us) {
+      EXPECT_GT(us, 0.0) << d.site;
+      EXPECT_LT(us, 1000.0) << d.site;  // microseconds of small kernels, not a stalled hold
+    }
+    // One launch against a chain of 2-10 (rms_norm's decomposed arm: 9 kernels).
+    EXPECT_EQ(d.collapsed_to, 1) << d.site << ": " << b.reason << " (" << b.median_us[0]
+                                 << " against " << b.median_us[1] << " us)";
+  }
+  std::ifstream in(cache);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j.at("entries").size(), 3u);
+  for (const auto& [key, entry] : j.at("entries").items())
+    EXPECT_NE(key.find("|device-span|"), std::string::npos) << key;
+  std::remove(cache.c_str());
 }
 
 TEST(LayerOpsCuda, ArgumentErrors) {

@@ -366,9 +366,11 @@ TEST(CudaSessionGraph, BatchedHybridModelStepIsCapturedAndMatchesCpu) {
 
 // 9. The per-node profile on CUDA (Session::set_profile_nodes): a profiled step runs eagerly and
 // computes bit for bit what the replayed steps compute, times every compute node it runs (each
-// fused KDA node a positive device time, the sum within the step's wall time), and leaves the
-// arm choice's graph alone: off again, the next step replays. The two sessions' steps interleave
-// on one device (one caching allocator): each must capture without the other's scratch blocks.
+// fused KDA node a positive device time, the sum within the step's wall time; the device span,
+// which arm selection times, at least the longest node and about the sum, within the wall time),
+// and leaves the arm choice's graph alone: off again, the next step replays (span 0). The two
+// sessions' steps interleave on one device (one caching allocator): each must capture without
+// the other's scratch blocks.
 TEST(CudaSessionGraph, ProfiledStepTimesEveryNodeAndLeavesTheGraph) {
   SKIP_WITHOUT_GPU();
   const std::string dir = default_model_dir();
@@ -412,6 +414,7 @@ TEST(CudaSessionGraph, ProfiledStepTimesEveryNodeAndLeavesTheGraph) {
     const std::vector<NodeTime>& times = profiled.last_node_times();
     if (step == 6) {
       EXPECT_TRUE(times.empty());
+      EXPECT_EQ(profiled.last_profile_span_us(), 0.0);
       EXPECT_TRUE(profiled.last_step_replayed()) << profiled.cuda_graph_status();
       continue;
     }
@@ -429,6 +432,14 @@ TEST(CudaSessionGraph, ProfiledStepTimesEveryNodeAndLeavesTheGraph) {
     }
     EXPECT_EQ(kda, 3);  // the default model's three KDA layers
     EXPECT_LT(sum, profiled.last_timing().total_us);
+    // The nodes run back to back on one stream: the span holds every node's interval (each
+    // reading rounded to the events' ~0.5 us).
+    const double span = profiled.last_profile_span_us();
+    double longest = 0;
+    for (const NodeTime& t : times) longest = std::max(longest, t.us);
+    EXPECT_GE(span, longest);
+    EXPECT_GE(span, 0.9 * sum);
+    EXPECT_LT(span, profiled.last_timing().total_us);
   }
 }
 

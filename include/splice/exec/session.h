@@ -133,6 +133,10 @@ class Session {
   // least 1 ms; 20 ms the first time).
   void set_profile_nodes(bool on);
   const std::vector<NodeTime>& last_node_times() const { return node_times_; }
+  // CUDA: the last profiled step's device span, from its first node's start to its last node's
+  // end (the nodes back to back, the gaps between them included; 0 when it ran no node): what
+  // arm selection times on the GPU. The CPU: the sum of last_node_times().
+  double last_profile_span_us() const { return profile_span_us_; }
 
  private:
   struct Impl;
@@ -150,6 +154,7 @@ class Session {
   StepTiming timing_;
   bool last_replayed_ = false;
   std::vector<NodeTime> node_times_;
+  double profile_span_us_ = 0;
 };
 
 // The arm a branch's dispatch table picks for `selector` (arm 0 outside every bucket).

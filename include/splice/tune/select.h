@@ -13,10 +13,14 @@
 //      with its max abs/rel error and worst index recorded.
 //   2. Time every arm at the bucket's top length: warm-up, then the median of repeats, taken
 //      interleaved across the arms (a drift of the machine is shared, not charged to one arm).
+//      On CUDA a repeat is the region's device span (its nodes back to back behind a hold:
+//      Session::set_profile_nodes, last_profile_span_us), not the host's wall clock: a decode
+//      step replays a CUDA graph, which pays no dispatch. On the CPU, wall clock.
 //   3. Choose the fastest verified arm; a fused arm must beat arm 0 by `win_margin` (ties and
 //      missing data keep arm 0).
-//   4. Persist every decision in a JSON tuning cache keyed by device, kind, kernel revision,
-//      dtypes, shapes and bucket; a later run with the same key reuses it without measuring.
+//   4. Persist every decision in a JSON tuning cache keyed by device (and on CUDA the timing
+//      method, "device-span"), kind, kernel revision, dtypes, shapes and bucket; a later run with
+//      the same key reuses it without measuring.
 //      The whole file is checked when it loads (per-arm arrays, a winner that is a verified arm):
 //      a damaged one is an IoError naming it and the entry, before any branch changes.
 //   5. Explain: each bucket's numbers and winner go into the DecisionLog.
