@@ -1042,6 +1042,62 @@ __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
 //   6. PDL as stage 6: every thread waits before its first read of x or write of a target and
 //      before the early exit of a warp without a pair; a single-wave grid triggers after it, or,
 //      with the trigger_first hint (rope_kv_append's trigger_dependents_first), first thing.
+// The RoPE epilogue's target of one lane (rope_pairs_kernel, and norm_rows_kernel at 2-8 rows):
+// element e of head h = pair / (D/2) of row r (q heads: out's element; k, v heads: the cache's
+// element at cache row 0, the caller adds p * row_stride), and the cos / sin column e.
+struct RopeTarget {
+  char* base = nullptr;         // bytes: element (r, h, e) at cache row 0, or out's element
+  std::int64_t row_stride = 0;  // elements between cache rows (0 for q heads)
+  int e = 0;                    // the element's index in the head (the cos / sin column)
+  bool is_q = false, is_v = false;
+};
+template <typename T>
+__device__ __forceinline__ RopeTarget rope_target(const RopeParams& p, int row, int pair,
+                                                  bool upper) {
+  const int half = p.dim / 2;
+  const int head = pair / half;
+  RopeTarget t;
+  t.e = pair % half + (upper ? half : 0);
+  t.is_q = head < p.heads;
+  t.is_v = head >= p.heads + p.kv_heads;
+  T* at;
+  if (t.is_q) {
+    at = static_cast<T*>(p.out) + row * p.out_row_stride + head * p.out_head_stride;
+  } else if (!t.is_v) {
+    at = static_cast<T*>(p.k_cache) + row * p.k_batch_stride + (head - p.heads) * p.k_head_stride;
+    t.row_stride = p.k_row_stride;
+  } else {
+    at = static_cast<T*>(p.v_cache) + row * p.v_batch_stride +
+         (head - p.heads - p.kv_heads) * p.v_head_stride;
+    t.row_stride = p.v_row_stride;
+  }
+  t.base = reinterpret_cast<char*>(at + t.e);
+  return t;
+}
+
+// The RoPE epilogue's store of one element at cache row `row` (0 for q heads): this lane's sum
+// and its pair partner's `other` (upper: this lane holds element i + D/2), each rounded to T as
+// launch() stores it and read back as rope_kv_append reads it; q, k heads rotated with (c, s),
+// each product rounded to fp32 before the sum (rope_kv_append.cu's exact operations), v heads
+// copied; a position outside the caches (!valid) zeroes a q element and writes no cache.
+template <typename T>
+__device__ __forceinline__ void store_rope_element(const RopeTarget& t, std::int64_t row,
+                                                   bool valid, bool upper, float sum, float other,
+                                                   float c, float s) {
+  const T mine = from_float<T>(sum);
+  const float x_mine = to_float(mine), x_other = to_float(from_float<T>(other));
+  const float x1 = upper ? x_other : x_mine, x2 = upper ? x_mine : x_other;  // i, i + D/2
+  T* const y = reinterpret_cast<T*>(t.base) + row * t.row_stride;
+  if (t.is_v) {
+    if (valid) *y = mine;  // an exact copy of the rounded element
+  } else if (valid) {
+    *y = upper ? from_float<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)))
+               : from_float<T>(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(-x2, s)));
+  } else if (t.is_q) {
+    *y = from_float<T>(0.0f);
+  }
+}
+
 template <typename T, int kSlots, bool kPartials>
 __global__ void __launch_bounds__(kMaxThreads)
     rope_pairs_kernel(const RopeParams p, bool single_wave) {
@@ -1072,19 +1128,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   // Stage 5's target of this lane (lanes 0 and 16 store): element e of head h at cache row 0.
   const bool upper = lane >= kWarpSize / 2;
   const bool stores = has_pair && lane % (kWarpSize / 2) == 0;
-  const int e = i + (upper ? half : 0);
-  const bool is_q = head < p.heads, is_v = head >= p.heads + p.kv_heads;
-  T* target = nullptr;
-  std::int64_t row_stride = 0;
-  if (is_q) {
-    target = static_cast<T*>(p.out) + head * p.out_head_stride + e;
-  } else if (!is_v) {
-    target = static_cast<T*>(p.k_cache) + (head - p.heads) * p.k_head_stride + e;
-    row_stride = p.k_row_stride;
-  } else {
-    target = static_cast<T*>(p.v_cache) + (head - p.heads - p.kv_heads) * p.v_head_stride + e;
-    row_stride = p.v_row_stride;
-  }
+  const RopeTarget target = rope_target<T>(p, 0, has_pair ? pair : 0, upper);
   bool valid = false;
   std::int64_t row = 0;
   float c = 0.0f, s = 0.0f;  // cos, sin at (p, e)
@@ -1094,8 +1138,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     row = valid ? pos : 0;
   };
   const auto read_tables = [&] {
-    if (!stores || !valid || is_v) return;
-    const std::int64_t at = row * p.table_stride0 + e * p.table_stride1;
+    if (!stores || !valid || target.is_v) return;
+    const std::int64_t at = row * p.table_stride0 + target.e * p.table_stride1;
     c = load_any(p.cos, p.table_dtype, at);
     s = load_any(p.sin, p.table_dtype, at);
   };
@@ -1128,18 +1172,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const float other = __shfl_xor_sync(kFullMask, sum, kWarpSize / 2);
   if (!stores) return;
   // Stage 5.
-  const T mine = from_float<T>(sum);
-  const float x_mine = to_float(mine), x_other = to_float(from_float<T>(other));
-  const float x1 = upper ? x_other : x_mine, x2 = upper ? x_mine : x_other;  // elements i, i + D/2
-  T* const y = target + row * row_stride;
-  if (is_v) {
-    if (valid) *y = mine;  // an exact copy of the rounded element
-  } else if (valid) {
-    *y = upper ? from_float<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)))
-               : from_float<T>(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(-x2, s)));
-  } else if (is_q) {
-    *y = from_float<T>(0.0f);
-  }
+  store_rope_element<T>(target, row, valid, upper, sum, other, c, s);
   stages.mark(kMarkRowStored);
 }
 
@@ -1272,38 +1305,6 @@ __host__ __device__ __forceinline__ const Params& product_of(const P& p) {
   } else {
     return p;
   }
-}
-
-// The RoPE epilogue's target of one lane in norm_rows_kernel (stage 4): element e of head h of
-// row r (out, or the caches at cache row 0; the caller adds p * row_stride), and the table column.
-struct RopeTarget {
-  char* base = nullptr;         // bytes: element (r, h, e) at cache row 0, or out's element
-  std::int64_t row_stride = 0;  // elements between cache rows (0 for q heads)
-  int e = 0;                    // the element's index in the head (the cos / sin column)
-  bool is_q = false, is_v = false;
-};
-template <typename T>
-__device__ __forceinline__ RopeTarget rope_target(const RopeParams& p, int row, int pair,
-                                                  bool upper) {
-  const int half = p.dim / 2;
-  const int head = pair / half;
-  RopeTarget t;
-  t.e = pair % half + (upper ? half : 0);
-  t.is_q = head < p.heads;
-  t.is_v = head >= p.heads + p.kv_heads;
-  T* at;
-  if (t.is_q) {
-    at = static_cast<T*>(p.out) + row * p.out_row_stride + head * p.out_head_stride;
-  } else if (!t.is_v) {
-    at = static_cast<T*>(p.k_cache) + row * p.k_batch_stride + (head - p.heads) * p.k_head_stride;
-    t.row_stride = p.k_row_stride;
-  } else {
-    at = static_cast<T*>(p.v_cache) + row * p.v_batch_stride +
-         (head - p.heads - p.kv_heads) * p.v_head_stride;
-    t.row_stride = p.v_row_stride;
-  }
-  t.base = reinterpret_cast<char*>(at + t.e);
-  return t;
 }
 
 template <typename P, typename T, int kRows, int kSlots, Prologue kPro>
@@ -1444,21 +1445,9 @@ __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool 
     if (stores) *target = swiglu_of_sums<T>(sum, up);
   } else if constexpr (kRope) {
     const float other = __shfl_xor_sync(kFullMask, sum, kLanesPerValue);  // (r, c ^ 1)'s sum
-    if (!stores) return;
-    // rope_pairs_kernel's stage 5: each half rounded as launch() stores it, read back.
-    const bool upper = out_col % 2 == 1;
-    const T mine = from_float<T>(sum);
-    const float x_mine = to_float(mine), x_other = to_float(from_float<T>(other));
-    const float x1 = upper ? x_other : x_mine, x2 = upper ? x_mine : x_other;  // i, i + D/2
-    T* const y = reinterpret_cast<T*>(rope.base) + rope_row * rope.row_stride;
-    if (rope.is_v) {
-      if (rope_valid) *y = mine;  // an exact copy of the rounded element
-    } else if (rope_valid) {
-      *y = upper ? from_float<T>(__fadd_rn(__fmul_rn(x2, rope_c), __fmul_rn(x1, rope_s)))
-                 : from_float<T>(__fadd_rn(__fmul_rn(x1, rope_c), __fmul_rn(-x2, rope_s)));
-    } else if (rope.is_q) {
-      *y = from_float<T>(0.0f);
-    }
+    if (stores)
+      store_rope_element<T>(rope, rope_row, rope_valid, out_col % 2 == 1, sum, other, rope_c,
+                            rope_s);
   } else {
     const bool add_c = kResidual && q.has_c;
     if (stores) *target = from_float<T>(add_c ? sum + residual.value(q.c_dtype) : sum);
