@@ -1043,8 +1043,8 @@ __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
 //      before the early exit of a warp without a pair; a single-wave grid triggers after it, or,
 //      with the trigger_first hint (rope_kv_append's trigger_dependents_first), first thing.
 // The RoPE epilogue's target of one lane (rope_pairs_kernel, and norm_rows_kernel at 2-8 rows):
-// element e of head h = pair / (D/2) of row r (q heads: out's element; k, v heads: the cache's
-// element at cache row 0, the caller adds p * row_stride), and the cos / sin column e.
+// element e of head h of row r (q heads: out's element; k, v heads: the cache's element at cache
+// row 0, the caller adds p * row_stride), and the cos / sin column e.
 struct RopeTarget {
   char* base = nullptr;         // bytes: element (r, h, e) at cache row 0, or out's element
   std::int64_t row_stride = 0;  // elements between cache rows (0 for q heads)
@@ -1052,12 +1052,9 @@ struct RopeTarget {
   bool is_q = false, is_v = false;
 };
 template <typename T>
-__device__ __forceinline__ RopeTarget rope_target(const RopeParams& p, int row, int pair,
-                                                  bool upper) {
-  const int half = p.dim / 2;
-  const int head = pair / half;
+__device__ __forceinline__ RopeTarget rope_target(const RopeParams& p, int row, int head, int e) {
   RopeTarget t;
-  t.e = pair % half + (upper ? half : 0);
+  t.e = e;
   t.is_q = head < p.heads;
   t.is_v = head >= p.heads + p.kv_heads;
   T* at;
@@ -1128,7 +1125,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   // Stage 5's target of this lane (lanes 0 and 16 store): element e of head h at cache row 0.
   const bool upper = lane >= kWarpSize / 2;
   const bool stores = has_pair && lane % (kWarpSize / 2) == 0;
-  const RopeTarget target = rope_target<T>(p, 0, has_pair ? pair : 0, upper);
+  const RopeTarget target = rope_target<T>(p, 0, head, i + (upper ? half : 0));
   bool valid = false;
   std::int64_t row = 0;
   float c = 0.0f, s = 0.0f;  // cos, sin at (p, e)
@@ -1394,7 +1391,8 @@ __global__ void __launch_bounds__(kMaxThreads) norm_rows_kernel(const P p, bool 
     }
   };
   if constexpr (kRope) {
-    if (stores) rope = rope_target<T>(p, out_row, static_cast<int>(e), out_col % 2 == 1);
+    const int pair = static_cast<int>(e), half = p.dim / 2;
+    if (stores) rope = rope_target<T>(p, out_row, pair / half, pair % half + (out_col % 2) * half);
   }
 
   // Stage 2, then the wait (stage 5).
