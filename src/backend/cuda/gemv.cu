@@ -344,6 +344,16 @@ void launch_swiglu_typed(const SwigluParams& p, int slots, bool partials, int de
 
 std::atomic<std::uint64_t> g_norm_rows_launches{0}, g_plain_rows_launches{0};
 
+// Rows past `rows` of a kernel's row bucket read row 0 (valid memory) and store nothing: their
+// x, y and c point at row 0's.
+void pad_rows(Params& p) {
+  for (int r = p.rows; r < kMaxRows; ++r) {
+    p.x[r] = p.x[0];
+    p.y[r] = p.y[0];
+    p.c[r] = p.c[0];
+  }
+}
+
 // The most 16-byte vectors a row may have on norm_rows_kernel: kSmallSlots a lane (K <= 768 in
 // 16-bit) at every row count.
 std::int64_t norm_rows_max_vectors() { return static_cast<std::int64_t>(kSmallSlots) * kWarpSize; }
@@ -482,10 +492,7 @@ void launch(const Params& params, cudaStream_t stream) {
           is_float(p.in_dtype) && is_float(p.out_dtype) && p.w != nullptr,
       "gemv params: rows ", p.rows, ", n ", p.n, ", k ", p.k, ", w_row_stride ", p.w_row_stride);
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.in_dtype));
-  // Rows past `rows` of the kernel's row bucket read row 0 (valid memory) and store nothing.
-  for (int r = p.rows; r < kMaxRows; ++r) p.x[r] = p.x[0];
-  for (int r = p.rows; r < kMaxRows; ++r) p.y[r] = p.y[0];
-  for (int r = p.rows; r < kMaxRows; ++r) p.c[r] = p.c[0];
+  pad_rows(p);
   SPLICE_INTERNAL_CHECK(!p.has_c || (is_float(p.c_dtype) && p.c[0] != nullptr),
                         "gemv residual: c is null or not a float dtype");
 
@@ -608,9 +615,8 @@ bool rope_supported(const Params& q) {
     if (q.rows > kMaxRows || q.prologue != Prologue::rms_norm || q.n % 2 != 0 ||
         !norm_rows_layout(q))
       return false;
-    RopeParams probe;
+    RopeParams probe;  // the grid alone, no row is read
     probe.product = q;
-    for (int r = q.rows; r < kMaxRows; ++r) probe.product.x[r] = q.x[0];
     return with_norm_rows_instance(q, [&]<typename T, int kRows, int kSlots>() {
       return norm_rows_instance<RopeParams, T, kRows, kSlots, Prologue::rms_norm>(
                  probe, /*launch=*/false, current_device(), nullptr)
@@ -645,12 +651,8 @@ void launch_rope(const RopeParams& params, cudaStream_t stream) {
   const int pairs = static_cast<int>(q.n / 2);
   const int device = current_device();
   if (q.rows > 1) {
-    // Rows past `rows` of the kernel's row bucket read row 0 (valid memory) and store nothing.
     RopeParams rows_params = params;
-    for (int r = q.rows; r < kMaxRows; ++r) {
-      rows_params.product.x[r] = q.x[0];
-      rows_params.product.y[r] = q.y[0];
-    }
+    pad_rows(rows_params.product);
     return launch_norm_rows(rows_params, device, stream);
   }
   // launch()'s per-lane accumulation for the columns per warp it would pick (stage 3): a
@@ -681,13 +683,10 @@ bool norm_rows_supported(const Params& params) {
       if (params.c[r] == nullptr) return false;
   }
   // Its four-column groups in one resident wave (larger products keep gemv_kernel's persistent
-  // loop); rows past `rows` as launch() fills them.
-  Params p = params;
-  for (int r = p.rows; r < kMaxRows; ++r) p.x[r] = p.x[0];
-  for (int r = p.rows; r < kMaxRows; ++r) p.c[r] = p.c[0];
-  return with_norm_rows_instance(p, [&]<typename T, int kRows, int kSlots>() {
-    return norm_rows_for_prologue<Params, T, kRows, kSlots>(p, /*launch=*/false, current_device(),
-                                                            nullptr)
+  // loop); the grid alone, no row is read.
+  return with_norm_rows_instance(params, [&]<typename T, int kRows, int kSlots>() {
+    return norm_rows_for_prologue<Params, T, kRows, kSlots>(params, /*launch=*/false,
+                                                            current_device(), nullptr)
         .single_wave;
   });
 }
@@ -721,12 +720,8 @@ void launch_swiglu(const SwigluParams& params, cudaStream_t stream) {
                         "gemv swiglu epilogue params: inter ", params.inter, ", n ", q.n);
   const int device = current_device();
   if (q.rows > 1) {
-    // Rows past `rows` of the kernel's row bucket read row 0 (valid memory) and store nothing.
     SwigluParams rows_params = params;
-    for (int r = q.rows; r < kMaxRows; ++r) {
-      rows_params.product.x[r] = q.x[0];
-      rows_params.product.y[r] = q.y[0];
-    }
+    pad_rows(rows_params.product);
     return launch_norm_rows(rows_params, device, stream);
   }
   // launch()'s columns per warp at n = 2I, hence its per-lane accumulation (stage 3: a partial
