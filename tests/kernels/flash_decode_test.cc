@@ -380,8 +380,8 @@ TEST(FlashDecodeCpu, EveryContractHeadDimAndLongestQueryLength) {
   }
 }
 
-// The kernel itself handles any head dim (the op only admits the contract's): odd D exercises the
-// 8-lane and scalar tails of the dot products and value folds.
+// The kernel itself handles any head dim (the op only admits the contract's): D = 37 runs the
+// blocked kernels one float wide, D = 72 eight wide (the widest power of two dividing it).
 TEST(FlashDecodeCpu, KernelHandlesHeadDimsOutsideTheContract) {
   for (std::int64_t head_dim : {37, 72}) {
     Case c;
@@ -404,6 +404,22 @@ TEST(FlashDecodeCpu, KernelHandlesHeadDimsOutsideTheContract) {
         reference_decode_attention(in.q, in.k, in.v, in.k_len, nullptr, c.options, &ref_lse);
     EXPECT_TRUE(close(out, ref, cpu_flash_decode_contract().tolerance(c.dtype)));
     EXPECT_TRUE(close(lse, ref_lse, cpu_flash_decode_contract().tolerance(DType::f32)));
+  }
+}
+
+// The blocked kernels at every vector width, whatever this CPU's own is (its loader-picked clone
+// sets the instructions; the width sets the blocks: 4 x 4, 2 x 8 and 1 x 16 rows x keys at 16
+// lanes, down to one row and one key at 1): a quarter of the grid at each width.
+TEST(FlashDecodeCpu, EveryVectorWidthMatchesTheReference) {
+  std::map<std::string, int> coverage;
+  const std::vector<Case> cases = grid_cases(coverage);
+  struct NativeLanesAfter {
+    ~NativeLanesAfter() { cpu::set_flash_decode_lanes_for_testing(0); }
+  } restore;
+  for (int lanes : {1, 2, 4, 8, 16}) {
+    SCOPED_TRACE("lanes " + std::to_string(lanes));
+    cpu::set_flash_decode_lanes_for_testing(lanes);
+    for (std::size_t n = 0; n < cases.size(); n += 4) run_case(cases[n], kGridSeed + n);
   }
 }
 

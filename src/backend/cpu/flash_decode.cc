@@ -31,25 +31,40 @@
 //       M = max_s m_s;  L = sum_s l_s exp(m_s - M);  o = (sum_s acc_s exp(m_s - M)) / L;
 //       lse = M + log(L)  (natural log). A row with no visible key writes o = 0 and lse = -inf.
 //     o is rounded once to the output dtype.
-// All arithmetic is fp32. The D loops are written as fixed-width lanes so GCC vectorizes them:
-// q . k_j keeps kDotLanes lane partials per (row, key) and sums them in a loop over the tile's
-// keys (no serial horizontal add per score); acc += e v folds kAxpyKeys value rows per pass.
-// On x86-64 the hot task is compiled three times (AVX-512, AVX2+FMA, baseline) and the loader
-// picks the best the CPU runs (the clones differ only by FMA contraction: checked equal within
-// 2e-4 relative on bf16/f16/f32 outputs, far inside the contract tolerance).
+// All arithmetic is fp32, in blocks of W-float vectors (GCC vector extensions; W = 16 where the
+// CPU has AVX-512, 8 with AVX2, 4 otherwise, halved until it divides D):
+//  - scores: RB query rows x KB keys with RB * KB = W (RB = 4, 2 or 1 by the rows left) keep W
+//    accumulator vectors over D; one transpose-add tree (log2 W rounds of even / odd lane
+//    shuffles) turns them into one vector of W dot products, so no score pays a horizontal sum of
+//    its own. A key no row sees is never loaded: its slot of a block repeats a seen key and its
+//    score is never read (no row's visible range holds it).
+//  - acc_r += p_rj v_j: up to 4 rows with the same visible keys in this tile share each V vector
+//    load; acc stays in registers over the tile's keys, W floats of D at a time.
+// On x86-64 the task is compiled three times (AVX-512, AVX2+FMA, baseline) and the loader picks
+// the best the CPU runs (the clones differ only by FMA contraction: checked equal within 2e-4
+// relative on bf16/f16/f32 outputs, far inside the contract tolerance). Inside each clone every W
+// is compiled (tests run them all, set_flash_decode_lanes_for_testing); the CPU's own W runs.
 #include "splice/backend/cpu/flash_decode.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/target_clones.h"
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/error.h"
+
+// The vector helpers take and return Vec<W> by value; they are always inlined, so the ABI note GCC
+// gives for 32- and 64-byte vectors outside an AVX function concerns no real call.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 
 #define SPLICE_FD_CLONES SPLICE_TARGET_CLONES("arch=x86-64-v4", "arch=x86-64-v3", "default")
 #define SPLICE_FD_INLINE inline __attribute__((always_inline))
@@ -68,14 +83,10 @@ constexpr i64 kTasksPerThread = 4;
 // Below this many q.k multiply-adds (~50 us on one core) the call runs on the calling thread:
 // waking the pool and a second core's cold caches would cost about as much as they save.
 constexpr i64 kSerialWorkLimit = i64{1} << 18;
-// Lanes of the vectorized dot product (one AVX2 register, two SSE registers).
-constexpr i64 kDotLanes = 8;
-// Independent accumulator chains per dot product (2 x 8 lanes: D = 16 per step; measured
-// faster than 1 or 4 chains on Zen 4 for every clone).
-constexpr i64 kDotChains = 2;
-constexpr i64 kCacheLine = 64;
-// Value rows folded into the accumulator per pass (axpy_rows is written for 4).
-constexpr i64 kAxpyKeys = 4;
+// Partial sums per row when adding a tile's probabilities (one AVX2 register).
+constexpr i64 kSumLanes = 8;
+// The widest vector of the blocked kernels, in floats (AVX-512).
+constexpr int kMaxLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---- fp32 row conversion (stages 3-4: every row is converted once, then reused) ---------------
@@ -112,36 +123,107 @@ SPLICE_FD_INLINE void load_row(const char* src, DType dtype, i64 n, float* __res
   }
 }
 
-// Lane partials of a . b: lane l accumulates sum_{d = l mod kDotLanes} a[d] b[d] and is stored at
-// out[l * out_stride]. Leaving the horizontal sum to a later loop over many keys (vectorized over
-// the key axis) avoids one serial shuffle-and-add chain per score.
-SPLICE_FD_INLINE void dot_lanes(const float* __restrict a, const float* __restrict b, i64 n,
-                                float* __restrict out, i64 out_stride) {
-  // kDotChains independent accumulator vectors hide the add latency of one chain.
-  float lanes[kDotChains][kDotLanes] = {};
-  i64 d = 0;
-  for (; d + kDotChains * kDotLanes <= n; d += kDotChains * kDotLanes)
-    for (i64 c = 0; c < kDotChains; ++c)
-      for (i64 l = 0; l < kDotLanes; ++l)
-        lanes[c][l] += a[d + c * kDotLanes + l] * b[d + c * kDotLanes + l];
-  for (; d + kDotLanes <= n; d += kDotLanes)
-    for (i64 l = 0; l < kDotLanes; ++l) lanes[0][l] += a[d + l] * b[d + l];
-  for (; d < n; ++d) lanes[0][0] += a[d] * b[d];
-  for (i64 c = 1; c < kDotChains; ++c)
-    for (i64 l = 0; l < kDotLanes; ++l) lanes[0][l] += lanes[c][l];
-  for (i64 l = 0; l < kDotLanes; ++l) out[l * out_stride] = lanes[0][l];
+// ---- the blocked SIMD kernels -------------------------------------------------------------------
+
+// W floats in one vector (one zmm at W = 16 under AVX-512; narrower ISAs split it).
+template <int W>
+struct FloatVector {
+  typedef float type __attribute__((vector_size(sizeof(float) * W)));
+};
+template <int W>
+using Vec = typename FloatVector<W>::type;
+
+template <int W>
+SPLICE_FD_INLINE Vec<W> load_vec(const float* p) {
+  Vec<W> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <int W>
+SPLICE_FD_INLINE void store_vec(float* p, Vec<W> v) {
+  std::memcpy(p, &v, sizeof v);
 }
 
-// acc += sum_u p[u] * v[u * v_stride + :] over kAxpyKeys value rows: one load and one store of
-// acc per kAxpyKeys rows instead of one per row.
-SPLICE_FD_INLINE void axpy_rows(const float* __restrict p, const float* __restrict v, i64 v_stride,
-                                i64 n, float* __restrict acc) {
-  const float* __restrict v0 = v;
-  const float* __restrict v1 = v + v_stride;
-  const float* __restrict v2 = v + 2 * v_stride;
-  const float* __restrict v3 = v + 3 * v_stride;
-  for (i64 d = 0; d < n; ++d)
-    acc[d] += (p[0] * v0[d] + p[1] * v1[d]) + (p[2] * v2[d] + p[3] * v3[d]);
+// One round of the transpose-add tree: lanes (2u, 2u + 1) of a summed into lane u, of b into lane
+// W/2 + u.
+template <int W, std::size_t... U>
+SPLICE_FD_INLINE Vec<W> add_adjacent_lanes(Vec<W> a, Vec<W> b, std::index_sequence<U...>) {
+  return __builtin_shufflevector(a, b, (2 * U)...) + __builtin_shufflevector(a, b, (2 * U + 1)...);
+}
+
+// x[0..W) -> one vector whose lane i is the sum of x[i]'s lanes (W - 1 folds, x overwritten).
+template <int W>
+SPLICE_FD_INLINE Vec<W> sum_each(Vec<W> (&x)[W]) {
+#pragma GCC unroll 16
+  for (int n = W; n > 1; n /= 2)
+#pragma GCC unroll 8
+    for (int i = 0; i < n / 2; ++i)
+      x[i] = add_adjacent_lanes<W>(x[2 * i], x[2 * i + 1], std::make_index_sequence<W>{});
+  return x[0];
+}
+
+// Scores of RB rows (q at q_rows, stride D) against the tile's keys [0, n): slot t uses key row
+// key_row[t] of kf (stride D); scores[r * kKeyTile + t] = scale * q_r . k. Blocks of KB = W / RB
+// keys; a partial last block writes slots up to round_up(n, KB) <= kKeyTile (never read).
+template <int W, int RB>
+SPLICE_FD_INLINE void score_rows(const float* __restrict q_rows, const float* __restrict kf,
+                                 const int* key_row, i64 D, i64 n, float scale,
+                                 float* __restrict scores) {
+  constexpr int KB = W / RB;
+  for (i64 t = 0; t < n; t += KB) {
+    Vec<W> acc[W] = {};  // acc[r * KB + k]
+    const float* k_rows[KB];
+#pragma GCC unroll 16
+    for (int k = 0; k < KB; ++k) k_rows[k] = kf + key_row[t + k] * D;
+    for (i64 d = 0; d < D; d += W) {
+      Vec<W> kv[KB];
+#pragma GCC unroll 16
+      for (int k = 0; k < KB; ++k) kv[k] = load_vec<W>(k_rows[k] + d);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) {
+        const Vec<W> qv = load_vec<W>(q_rows + r * D + d);
+#pragma GCC unroll 16
+        for (int k = 0; k < KB; ++k) acc[r * KB + k] += qv * kv[k];
+      }
+    }
+    const Vec<W> dots = sum_each<W>(acc);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
+      for (int k = 0; k < KB; ++k) scores[r * kKeyTile + t + k] = scale * dots[r * KB + k];
+  }
+}
+
+// Every row of the task against the tile: blocks of 4, then 2, then 1 rows.
+template <int W>
+SPLICE_FD_INLINE void score_tile(const float* qf, const float* kf, const int* key_row, i64 R,
+                                 i64 D, i64 n, float scale, float* scores) {
+  i64 r = 0;
+  if constexpr (W >= 4)
+    for (; r + 4 <= R; r += 4)
+      score_rows<W, 4>(qf + r * D, kf, key_row, D, n, scale, scores + r * kKeyTile);
+  if constexpr (W >= 2)
+    for (; r + 2 <= R; r += 2)
+      score_rows<W, 2>(qf + r * D, kf, key_row, D, n, scale, scores + r * kKeyTile);
+  for (; r < R; ++r) score_rows<W, 1>(qf + r * D, kf, key_row, D, n, scale, scores + r * kKeyTile);
+}
+
+// acc_r += sum_{t in [a, e)} p[r * kKeyTile + t] * v_t for RB rows (acc stride D, v_t = vf + t D).
+template <int W, int RB>
+SPLICE_FD_INLINE void add_values(const float* __restrict p, const float* __restrict vf, i64 a,
+                                 i64 e, i64 D, float* __restrict acc) {
+  for (i64 d = 0; d < D; d += W) {
+    Vec<W> o[RB];
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) o[r] = load_vec<W>(acc + r * D + d);
+    for (i64 t = a; t < e; ++t) {
+      const Vec<W> v = load_vec<W>(vf + t * D + d);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) o[r] += p[r * kKeyTile + t] * v;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) store_vec<W>(acc + r * D + d, o[r]);
+  }
 }
 
 // exp(x) for x <= 0 (a score minus the running max), branch-free so the loop over a tile's keys
@@ -175,11 +257,6 @@ SPLICE_FD_INLINE float exp_nonpositive(float x) {
   return x >= kExpMinArg ? result : (x < kExpMinArg ? 0.0f : x);
 }
 
-// Asks for the cache lines of `bytes` bytes at `p` ahead of use (a hint; never faults).
-SPLICE_FD_INLINE void prefetch_bytes(const char* p, i64 bytes) {
-  for (i64 x = 0; x < bytes; x += kCacheLine) __builtin_prefetch(p + x);
-}
-
 // ---- problem description -----------------------------------------------------------------------
 
 struct Strided {
@@ -201,7 +278,8 @@ struct Problem {
   std::vector<i64> lo, hi;      // [B, Sq] visible key interval of each query row (stage 1)
   std::vector<i64> u_lo, u_hi;  // [B] union of the rows' intervals
   i64 num_splits = 1;
-  i64 rows = 0;  // G * Sq rows per task
+  i64 rows = 0;   // G * Sq rows per task
+  int lanes = 1;  // W of the blocked kernels: a power of two <= kMaxLanes dividing head_dim
   // Partial results, [B, Hkv, S, rows] (+ [D] for acc).
   std::vector<float> part_m, part_l, part_acc;
 
@@ -225,23 +303,24 @@ struct Problem {
 // Scratch of one pool chunk (a range of tasks run by one thread).
 struct Scratch {
   std::vector<float> qf, kf, vf, scores;  // [rows, D], [tile, D], [tile, D], [rows, tile]
-  std::vector<float> lanes;               // [rows, kDotLanes, tile] dot-product lane partials
   std::vector<unsigned char> needed;      // [tile]
+  std::vector<int> key_row;               // [tile] the kf row each score slot reads
   void resize(i64 rows, i64 head_dim) {
     qf.resize(static_cast<std::size_t>(rows * head_dim));
     kf.resize(static_cast<std::size_t>(kKeyTile * head_dim));
     vf.resize(static_cast<std::size_t>(kKeyTile * head_dim));
     scores.resize(static_cast<std::size_t>(rows * kKeyTile));
-    lanes.resize(static_cast<std::size_t>(rows * kDotLanes * kKeyTile));
     needed.resize(static_cast<std::size_t>(kKeyTile));
+    key_row.resize(static_cast<std::size_t>(kKeyTile));
   }
 };
 
 // ---- stages 3-5: one (batch, kv head, split) task ----------------------------------------------
 
-SPLICE_FD_CLONES
-void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* __restrict m,
-              float* __restrict l, float* __restrict acc) {
+template <int W>
+SPLICE_FD_INLINE void run_task_lanes(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch,
+                                     float* __restrict m, float* __restrict l,
+                                     float* __restrict acc) {
   const i64 D = pb.head_dim, Sq = pb.q_len, G = pb.group, R = pb.rows;
   for (i64 r = 0; r < R; ++r) {
     m[r] = kNegInf;
@@ -256,8 +335,8 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
   float* __restrict kf = scratch.kf.data();
   float* __restrict vf = scratch.vf.data();
   float* __restrict scores = scratch.scores.data();
-  float* __restrict lanes = scratch.lanes.data();
   unsigned char* needed = scratch.needed.data();
+  int* key_row = scratch.key_row.data();
   const i64* row_lo = pb.lo.data() + b * Sq;
   const i64* row_hi = pb.hi.data() + b * Sq;
   const i64 pos0 = pb.kv_len[b] - Sq;  // p_i = pos0 + i
@@ -275,25 +354,14 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
     for (i64 j = t0; j < t1; ++j)
       if (needed[j - t0]) load_row(pb.k_row(b, c, j), pb.dtype, D, kf + (j - t0) * D);
 
-    // The next tile's K and V rows stream in while this one computes.
-    for (i64 j = t1; j < std::min(end, t1 + kKeyTile); ++j) {
-      prefetch_bytes(pb.k_row(b, c, j), D * static_cast<i64>(pb.elem));
-      prefetch_bytes(pb.v_row(b, c, j), D * static_cast<i64>(pb.elem));
-    }
-
-    // Stage 4: q_r . k_j as lane partials for every (row, visible key); k_j is loaded from L1
-    // once per row, never re-converted.
-    for (i64 j = t0; j < t1; ++j) {
-      if (!needed[j - t0]) continue;
-      const float* kj = kf + (j - t0) * D;
-      for (i64 i = 0; i < Sq; ++i) {
-        if (j < row_lo[i] || j >= row_hi[i]) continue;
-        for (i64 g = 0; g < G; ++g) {
-          const i64 r = g * Sq + i;
-          dot_lanes(qf + r * D, kj, D, lanes + r * kDotLanes * kKeyTile + (j - t0), kKeyTile);
-        }
-      }
-    }
+    // Stage 4: q_r . k_j for every row and every key of the tile; a key no row sees reads the
+    // first seen key instead (its score is never read), and a tile no row sees is skipped.
+    const i64 n = t1 - t0;
+    const i64 first_seen = std::find(needed, needed + n, 1) - needed;
+    if (first_seen == n) continue;
+    for (i64 t = 0; t < kKeyTile; ++t)
+      key_row[t] = static_cast<int>(t < n && needed[t] ? t : first_seen);
+    score_tile<W>(qf, kf, key_row, R, D, n, pb.scale, scores);
 
     // Stages 4-5: scores, tile max, rescale, probabilities (stored over the scores).
     for (i64 g = 0; g < G; ++g) {
@@ -304,12 +372,6 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
         const i64 a = std::max(t0, row_lo[i]) - t0, e = std::min(t1, row_hi[i]) - t0;
         if (a >= e) continue;
         float* __restrict sr = scores + r * kKeyTile;  // sr[j - t0] for j in [t0, t1)
-        const float* __restrict lr = lanes + r * kDotLanes * kKeyTile;
-        for (i64 t = a; t < e; ++t) {
-          float dot = 0.0f;
-          for (i64 l = 0; l < kDotLanes; ++l) dot += lr[l * kKeyTile + t];
-          sr[t] = pb.scale * dot;
-        }
         if (pb.has_softcap)
           for (i64 t = a; t < e; ++t) sr[t] = pb.softcap * std::tanh(sr[t] / pb.softcap);
         if (!pb.slopes.empty()) {
@@ -330,37 +392,62 @@ void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* _
           l[r] *= alpha;
         }
         for (i64 t = a; t < e; ++t) sr[t] = exp_nonpositive(sr[t] - m_new);
-        float sums[kDotLanes] = {};
+        float sums[kSumLanes] = {};
         i64 t = a;
-        for (; t + kDotLanes <= e; t += kDotLanes)
-          for (i64 u = 0; u < kDotLanes; ++u) sums[u] += sr[t + u];
+        for (; t + kSumLanes <= e; t += kSumLanes)
+          for (i64 u = 0; u < kSumLanes; ++u) sums[u] += sr[t + u];
         for (; t < e; ++t) sums[0] += sr[t];
         float sum = 0.0f;
-        for (i64 u = 0; u < kDotLanes; ++u) sum += sums[u];
+        for (i64 u = 0; u < kSumLanes; ++u) sum += sums[u];
         l[r] += sum;
         m[r] = m_new;
       }
     }
 
-    // Stage 5: acc_r += p_rj * v_j, each V row converted once for the whole group.
+    // Stage 5: acc_r += p_rj * v_j, each V row converted once for the whole group; rows r, r + 1,
+    // ... with the same visible keys in this tile (every row when Sq = 1) share the V loads.
     for (i64 j = t0; j < t1; ++j)
       if (needed[j - t0]) load_row(pb.v_row(b, c, j), pb.dtype, D, vf + (j - t0) * D);
-    for (i64 g = 0; g < G; ++g) {
-      for (i64 i = 0; i < Sq; ++i) {
-        const i64 r = g * Sq + i;
-        const i64 a = std::max(t0, row_lo[i]), e = std::min(t1, row_hi[i]);
-        float* __restrict ar = acc + r * D;
-        const float* sr = scores + r * kKeyTile;
-        i64 j = a;
-        for (; j + kAxpyKeys <= e; j += kAxpyKeys)
-          axpy_rows(sr + (j - t0), vf + (j - t0) * D, D, D, ar);
-        for (; j < e; ++j) {
-          const float p = sr[j - t0];
-          const float* __restrict vj = vf + (j - t0) * D;
-          for (i64 d = 0; d < D; ++d) ar[d] += p * vj[d];
+    const auto visible = [&](i64 r) {  // row r's keys in this tile, as tile offsets [a, e)
+      const i64 i = r % Sq;
+      return std::pair<i64, i64>{std::max(t0, row_lo[i]) - t0, std::min(t1, row_hi[i]) - t0};
+    };
+    for (i64 r = 0; r < R;) {
+      const auto [a, e] = visible(r);
+      i64 block = 1;
+      while (block < 4 && r + block < R && visible(r + block) == std::pair<i64, i64>{a, e}) ++block;
+      if (a < e) {
+        const float* p = scores + r * kKeyTile;
+        float* ar = acc + r * D;
+        if (block == 4) {
+          add_values<W, 4>(p, vf, a, e, D, ar);
+        } else if (block >= 2) {
+          block = 2;
+          add_values<W, 2>(p, vf, a, e, D, ar);
+        } else {
+          add_values<W, 1>(p, vf, a, e, D, ar);
         }
       }
+      r += block;
     }
+  }
+}
+
+// The task at pb.lanes: each clone holds every width (tests force them), the CPU's own runs.
+SPLICE_FD_CLONES
+void run_task(const Problem& pb, i64 b, i64 c, i64 s, Scratch& scratch, float* m, float* l,
+              float* acc) {
+  switch (pb.lanes) {
+    case 16:
+      return run_task_lanes<16>(pb, b, c, s, scratch, m, l, acc);
+    case 8:
+      return run_task_lanes<8>(pb, b, c, s, scratch, m, l, acc);
+    case 4:
+      return run_task_lanes<4>(pb, b, c, s, scratch, m, l, acc);
+    case 2:
+      return run_task_lanes<2>(pb, b, c, s, scratch, m, l, acc);
+    default:
+      return run_task_lanes<1>(pb, b, c, s, scratch, m, l, acc);
   }
 }
 
@@ -382,6 +469,27 @@ void store_row(const float* src, DType dtype, i64 n, char* dst) {
       return;
     }
   }
+}
+
+// set_flash_decode_lanes_for_testing's width; 0: the CPU's.
+std::atomic<int> g_forced_lanes{0};
+
+// The widest vector of floats the CPU runs natively (the run_task clone the loader picked).
+int native_lanes() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (__builtin_cpu_supports("x86-64-v4")) return 16;
+  if (__builtin_cpu_supports("x86-64-v3")) return 8;
+#endif
+  return 4;
+}
+
+// The blocked kernels' W for head_dim: the CPU's (or the forced) width, halved until it divides D.
+int lanes_for(i64 head_dim) {
+  static const int native = native_lanes();
+  const int forced = g_forced_lanes.load(std::memory_order_relaxed);
+  int w = forced > 0 ? forced : native;
+  while (w > 1 && head_dim % w != 0) w /= 2;
+  return w;
 }
 
 Strided strided_of(const Tensor& t) {
@@ -413,6 +521,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
       "flash_decode: last axes must be unit stride");
   pb.group = pb.num_qo_heads / pb.num_kv_heads;
   pb.rows = pb.group * pb.q_len;
+  pb.lanes = lanes_for(pb.head_dim);
   pb.q = strided_of(q);
   pb.k = strided_of(k);
   pb.v = strided_of(v);
@@ -538,6 +647,12 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
       for (i64 bc = first; bc < last; ++bc) merge(bc);
     });
   }
+}
+
+void set_flash_decode_lanes_for_testing(int lanes) {
+  SPLICE_INTERNAL_CHECK(lanes == 0 || (lanes <= kMaxLanes && (lanes & (lanes - 1)) == 0),
+                        "flash_decode lanes ", lanes);
+  g_forced_lanes.store(lanes, std::memory_order_relaxed);
 }
 
 }  // namespace splice::cpu

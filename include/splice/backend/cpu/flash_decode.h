@@ -21,4 +21,10 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                   const Tensor* alibi, const DecodeAttentionOptions& options, Tensor& out,
                   Tensor* lse);
 
+// Tests: the vector width, in floats, of the kernel's blocked dot products and value updates (1,
+// 2, 4, 8 or 16; halved until it divides head_dim). 0, the default, takes the CPU's widest native
+// vector (16 with AVX-512, 8 with AVX2, else 4). Every width computes the same result within
+// rounding; tests run each one on any CPU.
+void set_flash_decode_lanes_for_testing(int lanes);
+
 }  // namespace splice::cpu
