@@ -151,15 +151,18 @@ SPLICE_FD_INLINE Vec<W> add_adjacent_lanes(Vec<W> a, Vec<W> b, std::index_sequen
   return __builtin_shufflevector(a, b, (2 * U)...) + __builtin_shufflevector(a, b, (2 * U + 1)...);
 }
 
-// x[0..W) -> one vector whose lane i is the sum of x[i]'s lanes (W - 1 folds, x overwritten).
-template <int W>
+// x[0..W) -> one vector whose lane i is the sum of x[i]'s lanes (W - 1 folds over log2 W rounds
+// of N vectors each, x overwritten).
+template <int W, int N = W>
 SPLICE_FD_INLINE Vec<W> sum_each(Vec<W> (&x)[W]) {
-#pragma GCC unroll 16
-  for (int n = W; n > 1; n /= 2)
+  if constexpr (N == 1) {
+    return x[0];
+  } else {
 #pragma GCC unroll 8
-    for (int i = 0; i < n / 2; ++i)
+    for (int i = 0; i < N / 2; ++i)
       x[i] = add_adjacent_lanes<W>(x[2 * i], x[2 * i + 1], std::make_index_sequence<W>{});
-  return x[0];
+    return sum_each<W, N / 2>(x);
+  }
 }
 
 // Scores of RB rows (q at q_rows, stride D) against the tile's keys [0, n): slot t uses key row
