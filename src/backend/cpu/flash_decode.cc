@@ -40,6 +40,8 @@
 //    score is never read (no row's visible range holds it).
 //  - acc_r += p_rj v_j: up to 4 rows with the same visible keys in this tile share each V vector
 //    load; acc stays in registers over the tile's keys, W floats of D at a time.
+//  - the next tile's K and V lines are prefetched a pair per inner iteration of both loops
+//    (NextTilePrefetch), spread through this tile's arithmetic.
 // On x86-64 the task is compiled three times (AVX-512, AVX2+FMA, baseline) and the loader picks
 // the best the CPU runs (the clones differ only by FMA contraction: checked equal within 2e-4
 // relative on bf16/f16/f32 outputs, far inside the contract tolerance). Inside each clone every W
@@ -83,6 +85,7 @@ constexpr i64 kTasksPerThread = 4;
 // Below this many q.k multiply-adds (~50 us on one core) the call runs on the calling thread:
 // waking the pool and a second core's cold caches would cost about as much as they save.
 constexpr i64 kSerialWorkLimit = i64{1} << 18;
+constexpr i64 kCacheLine = 64;
 // Partial sums per row when adding a tile's probabilities (one AVX2 register).
 constexpr i64 kSumLanes = 8;
 // The widest vector of the blocked kernels, in floats (AVX-512).
@@ -165,13 +168,38 @@ SPLICE_FD_INLINE Vec<W> sum_each(Vec<W> (&x)[W]) {
   }
 }
 
+// The next tile's K and V rows, one cache line of each per step(): the blocked loops below take a
+// step per inner iteration, so the lines are asked for through this tile's arithmetic a pair at a
+// time (asked for all at once, they stall the core on its line-fill buffers). rows = 0: no next
+// tile, nothing to ask for.
+struct NextTilePrefetch {
+  const char* k = nullptr;  // the current row's first line
+  const char* v = nullptr;
+  i64 k_stride = 0, v_stride = 0;  // bytes from one key row to the next
+  i64 row_bytes = 0;
+  i64 rows = 0;    // rows left
+  i64 offset = 0;  // within the current row
+  SPLICE_FD_INLINE void step() {
+    if (rows == 0) return;
+    __builtin_prefetch(k + offset);
+    __builtin_prefetch(v + offset);
+    offset += kCacheLine;
+    if (offset >= row_bytes) {
+      offset = 0;
+      k += k_stride;
+      v += v_stride;
+      --rows;
+    }
+  }
+};
+
 // Scores of RB rows (q at q_rows, stride D) against the tile's keys [0, n): slot t uses key row
 // key_row[t] of kf (stride D); scores[r * kKeyTile + t] = scale * q_r . k. Blocks of KB = W / RB
 // keys; a partial last block writes slots up to round_up(n, KB) <= kKeyTile (never read).
 template <int W, int RB>
 SPLICE_FD_INLINE void score_rows(const float* __restrict q_rows, const float* __restrict kf,
                                  const int* key_row, i64 D, i64 n, float scale,
-                                 float* __restrict scores) {
+                                 float* __restrict scores, NextTilePrefetch& next) {
   constexpr int KB = W / RB;
   for (i64 t = 0; t < n; t += KB) {
     Vec<W> acc[W] = {};  // acc[r * KB + k]
@@ -182,6 +210,7 @@ SPLICE_FD_INLINE void score_rows(const float* __restrict q_rows, const float* __
       Vec<W> kv[KB];
 #pragma GCC unroll 16
       for (int k = 0; k < KB; ++k) kv[k] = load_vec<W>(k_rows[k] + d);
+      next.step();
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r) {
         const Vec<W> qv = load_vec<W>(q_rows + r * D + d);
@@ -200,27 +229,30 @@ SPLICE_FD_INLINE void score_rows(const float* __restrict q_rows, const float* __
 // Every row of the task against the tile: blocks of 4, then 2, then 1 rows.
 template <int W>
 SPLICE_FD_INLINE void score_tile(const float* qf, const float* kf, const int* key_row, i64 R,
-                                 i64 D, i64 n, float scale, float* scores) {
+                                 i64 D, i64 n, float scale, float* scores,
+                                 NextTilePrefetch& next) {
   i64 r = 0;
   if constexpr (W >= 4)
     for (; r + 4 <= R; r += 4)
-      score_rows<W, 4>(qf + r * D, kf, key_row, D, n, scale, scores + r * kKeyTile);
+      score_rows<W, 4>(qf + r * D, kf, key_row, D, n, scale, scores + r * kKeyTile, next);
   if constexpr (W >= 2)
     for (; r + 2 <= R; r += 2)
-      score_rows<W, 2>(qf + r * D, kf, key_row, D, n, scale, scores + r * kKeyTile);
-  for (; r < R; ++r) score_rows<W, 1>(qf + r * D, kf, key_row, D, n, scale, scores + r * kKeyTile);
+      score_rows<W, 2>(qf + r * D, kf, key_row, D, n, scale, scores + r * kKeyTile, next);
+  for (; r < R; ++r)
+    score_rows<W, 1>(qf + r * D, kf, key_row, D, n, scale, scores + r * kKeyTile, next);
 }
 
 // acc_r += sum_{t in [a, e)} p[r * kKeyTile + t] * v_t for RB rows (acc stride D, v_t = vf + t D).
 template <int W, int RB>
 SPLICE_FD_INLINE void add_values(const float* __restrict p, const float* __restrict vf, i64 a,
-                                 i64 e, i64 D, float* __restrict acc) {
+                                 i64 e, i64 D, float* __restrict acc, NextTilePrefetch& next) {
   for (i64 d = 0; d < D; d += W) {
     Vec<W> o[RB];
 #pragma GCC unroll 4
     for (int r = 0; r < RB; ++r) o[r] = load_vec<W>(acc + r * D + d);
     for (i64 t = a; t < e; ++t) {
       const Vec<W> v = load_vec<W>(vf + t * D + d);
+      next.step();
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r) o[r] += p[r * kKeyTile + t] * v;
     }
@@ -364,7 +396,16 @@ SPLICE_FD_INLINE void run_task_lanes(const Problem& pb, i64 b, i64 c, i64 s, Scr
     if (first_seen == n) continue;
     for (i64 t = 0; t < kKeyTile; ++t)
       key_row[t] = static_cast<int>(t < n && needed[t] ? t : first_seen);
-    score_tile<W>(qf, kf, key_row, R, D, n, pb.scale, scores);
+    NextTilePrefetch next;
+    if (t1 < end) {
+      next.k = pb.k_row(b, c, t1);
+      next.v = pb.v_row(b, c, t1);
+      next.k_stride = pb.k.s2 * static_cast<i64>(pb.elem);
+      next.v_stride = pb.v.s2 * static_cast<i64>(pb.elem);
+      next.row_bytes = D * static_cast<i64>(pb.elem);
+      next.rows = std::min(end, t1 + kKeyTile) - t1;
+    }
+    score_tile<W>(qf, kf, key_row, R, D, n, pb.scale, scores, next);
 
     // Stages 4-5: scores, tile max, rescale, probabilities (stored over the scores).
     for (i64 g = 0; g < G; ++g) {
@@ -423,12 +464,12 @@ SPLICE_FD_INLINE void run_task_lanes(const Problem& pb, i64 b, i64 c, i64 s, Scr
         const float* p = scores + r * kKeyTile;
         float* ar = acc + r * D;
         if (block == 4) {
-          add_values<W, 4>(p, vf, a, e, D, ar);
+          add_values<W, 4>(p, vf, a, e, D, ar, next);
         } else if (block >= 2) {
           block = 2;
-          add_values<W, 2>(p, vf, a, e, D, ar);
+          add_values<W, 2>(p, vf, a, e, D, ar, next);
         } else {
-          add_values<W, 1>(p, vf, a, e, D, ar);
+          add_values<W, 1>(p, vf, a, e, D, ar, next);
         }
       }
       r += block;
