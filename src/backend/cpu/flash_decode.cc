@@ -86,8 +86,8 @@ constexpr i64 kTasksPerThread = 4;
 // waking the pool and a second core's cold caches would cost about as much as they save.
 constexpr i64 kSerialWorkLimit = i64{1} << 18;
 constexpr i64 kCacheLine = 64;
-// Partial sums per row when adding a tile's probabilities (one AVX2 register).
-constexpr i64 kSumLanes = 8;
+// Partial sums (and maxima) per row over a tile's scores (one AVX2 register).
+constexpr int kSumLanes = 8;
 // The widest vector of the blocked kernels, in floats (AVX-512).
 constexpr int kMaxLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -422,8 +422,17 @@ SPLICE_FD_INLINE void run_task_lanes(const Problem& pb, i64 b, i64 c, i64 s, Scr
           const i64 distance0 = pos0 + i - t0;  // p_i - j = distance0 - t
           for (i64 t = a; t < e; ++t) sr[t] += -slope * static_cast<float>(distance0 - t);
         }
+        // The tile max in vector lanes (GCC keeps a float max reduction serial): a NaN score is
+        // passed over, as std::max(m, s) passes it.
+        Vec<kSumLanes> maxes = kNegInf - Vec<kSumLanes>{};
+        i64 tm = a;
+        for (; tm + kSumLanes <= e; tm += kSumLanes) {
+          const Vec<kSumLanes> v = load_vec<kSumLanes>(sr + tm);
+          maxes = v > maxes ? v : maxes;
+        }
         float tile_max = kNegInf;
-        for (i64 t = a; t < e; ++t) tile_max = std::max(tile_max, sr[t]);
+        for (int u = 0; u < kSumLanes; ++u) tile_max = std::max(tile_max, maxes[u]);
+        for (; tm < e; ++tm) tile_max = std::max(tile_max, sr[tm]);
         const float m_new = std::max(m[r], tile_max);
         if (m_new == kNegInf) {  // every visible score is -inf: all probabilities are 0
           for (i64 t = a; t < e; ++t) sr[t] = 0.0f;
