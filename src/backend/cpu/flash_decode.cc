@@ -380,6 +380,11 @@ SPLICE_FD_INLINE void run_task_lanes(const Problem& pb, i64 b, i64 c, i64 s, Scr
     for (i64 i = 0; i < Sq; ++i)
       load_row(pb.q_row(b, c * G + g, i), pb.dtype, D, qf + (g * Sq + i) * D);
 
+  NextTilePrefetch task_prefetch;  // the task's strides; each tile sets where and how many rows
+  task_prefetch.k_stride = pb.k.s2 * static_cast<i64>(pb.elem);
+  task_prefetch.v_stride = pb.v.s2 * static_cast<i64>(pb.elem);
+  task_prefetch.row_bytes = D * static_cast<i64>(pb.elem);
+
   for (i64 t0 = begin; t0 < end; t0 += kKeyTile) {
     const i64 t1 = std::min(end, t0 + kKeyTile);
     // Stage 4: mark and convert the key rows some query row sees (each exactly once).
@@ -396,13 +401,10 @@ SPLICE_FD_INLINE void run_task_lanes(const Problem& pb, i64 b, i64 c, i64 s, Scr
     if (first_seen == n) continue;
     for (i64 t = 0; t < kKeyTile; ++t)
       key_row[t] = static_cast<int>(t < n && needed[t] ? t : first_seen);
-    NextTilePrefetch next;
+    NextTilePrefetch next = task_prefetch;
     if (t1 < end) {
       next.k = pb.k_row(b, c, t1);
       next.v = pb.v_row(b, c, t1);
-      next.k_stride = pb.k.s2 * static_cast<i64>(pb.elem);
-      next.v_stride = pb.v.s2 * static_cast<i64>(pb.elem);
-      next.row_bytes = D * static_cast<i64>(pb.elem);
       next.rows = std::min(end, t1 + kKeyTile) - t1;
     }
     score_tile<W>(qf, kf, key_row, R, D, n, pb.scale, scores, next);
