@@ -30,14 +30,15 @@
 #include <thread>
 #include <vector>
 
-#include <unistd.h>
-
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/tensor.h"
 #include "splice/ops/decode_attention.h"
+#include "past_the_cache.h"
 
 namespace splice {
 namespace {
+
+using bench::past_the_cache;
 
 constexpr std::int64_t kBatch = 1, kQoHeads = 32, kKvHeads = 8, kHeadDim = 128, kQLen = 1;
 constexpr std::int64_t kGroup = kQoHeads / kKvHeads;
@@ -45,14 +46,6 @@ constexpr std::int64_t kBf16Bytes = 2;
 constexpr std::int64_t kMinRotationBytes = std::int64_t{256} << 20;   // K/V sets per rotation
 constexpr std::int64_t kMinBandwidthBytes = std::int64_t{512} << 20;  // read-bandwidth buffer
 constexpr double kGiga = 1e9;
-
-// Bytes that stream from memory, not the last-level cache: twice the L3 the OS reports, at least
-// `minimum`. (On a machine with a 480 MiB L3, 2026-12-05, a 256 MB buffer read ~15% faster than a
-// 1-4 GB one: a fixed 256 MB rotation was partly served by the cache.)
-std::int64_t past_the_cache(std::int64_t minimum) {
-  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);  // 0 or -1 where the OS does not say
-  return std::max<std::int64_t>(minimum, l3 > 0 ? 2 * std::int64_t{l3} : 0);
-}
 
 std::int64_t kv_bytes(std::int64_t k_len) {
   return 2 * kBatch * kKvHeads * k_len * kHeadDim * kBf16Bytes;  // K and V, live prefix
