@@ -24,6 +24,7 @@
 #              (ATTENTION_PEER_ARGS="--max-kv-gb 20" on an H100: the peers copy the 34 GB points)
 #   rounds     splice's flash bench and the peers in alternating processes at the close points,
 #              ROUNDS (3) rounds (ROUND_SHAPES: 'B,Hq,Hkv,k_len,D;...'), medians and a verdict
+#              (scripts/lib/attention_rounds.sh; gpu-check runs the same at its table's misses)
 #   model      the Llama cross-check and SmolLM2-shaped speed beside transformers; the default model
 #              at batch 1 and 32 (`--profile 8`: every node timed)
 #   gemv       the GEMV against cuBLASLt at M = 1, 2, 4, 8 (gemv_cuda_bench: the routing rule's table;
@@ -39,6 +40,7 @@
 set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 source "$root/scripts/lib/peer_wheels.sh"
+source "$root/scripts/lib/attention_rounds.sh"
 P=/tmp/refresh
 L=/tmp/refresh-logs
 mkdir -p "$L"
@@ -183,33 +185,17 @@ phase_attention() {
   cat "$OUT/attention_table.txt" 2>/dev/null
 }
 
-# Splice's flash bench and the peers in alternating processes, ROUNDS (3) rounds, at the close
-# points (ROUND_SHAPES; default: the one-wave 256-unit grids and the 1024-unit 4K ones, the points
-# that flipped between machines); odd rounds run splice first, even rounds the peers first.
-# bench/peers/attention_rounds.py prints medians, spreads and a verdict per shape.
+# Splice's flash bench and the peers in alternating processes (scripts/lib/attention_rounds.sh),
+# ROUNDS (3) rounds, at the close points (ROUND_SHAPES; default: the one-wave 256-unit grids and
+# the 1024-unit 4K ones, the points that flipped between machines).
 phase_rounds() {
   echo "== rounds: splice and the peers alternating (at $(el) s)"
   install_peer_wheels "$root"
   local shapes=${ROUND_SHAPES:-"32,32,8,16384,128;32,32,8,65536,128;32,64,8,16384,128;32,64,8,65536,128;8,32,32,16384,128;8,32,32,65536,128;128,32,8,4096,128;128,64,8,4096,128;128,32,32,1024,128"}
-  local r side splice_json=() peer_json=()
-  for r in $(seq 1 "${ROUNDS:-3}"); do
-    for side in $( ((r % 2)) && echo "splice peers" || echo "peers splice"); do
-      if [[ $side == splice ]]; then
-        timeout 150 "$P/head/flash_decode_cuda_bench" --no-variants --shapes "$shapes" \
-          --json "$L/rounds_splice_$r.json" >"$L/rounds_splice_$r.txt" 2>&1 ||
-          echo "round $r splice rc=$?"
-      else
-        PYTHONUNBUFFERED=1 timeout 240 python3 bench/peers/attention_peers.py --shapes "$shapes" \
-          --json "$L/rounds_peers_$r.json" >"$L/rounds_peers_$r.txt" 2>&1 ||
-          echo "round $r peers rc=$? ($(tail -2 "$L/rounds_peers_$r.txt"))"
-      fi
-    done
-    echo "round $r done at $(el) s"
-    splice_json+=("$L/rounds_splice_$r.json") peer_json+=("$L/rounds_peers_$r.json")
-  done
+  attention_rounds "$P/head/flash_decode_cuda_bench" "$shapes" "${ROUNDS:-3}" "$L" |
+    tee "$OUT/rounds_table.txt"
   grep -m1 "floor's read bandwidth" "$L/rounds_splice_1.txt"
-  python3 bench/peers/attention_rounds.py --splice "$(IFS=,; echo "${splice_json[*]}")" \
-    --peers "$(IFS=,; echo "${peer_json[*]}")" --json "$OUT/rounds.json" | tee "$OUT/rounds_table.txt"
+  cp "$L/rounds.json" "$OUT/" 2>/dev/null
 }
 
 phase_model() {

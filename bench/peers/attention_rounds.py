@@ -16,6 +16,9 @@ Usage: attention_rounds.py --splice S1.json,S2.json,... --peers P1.json,P2.json,
   S*.json: flash_decode_cuda_bench --json output (rows: batch, num_qo_heads, num_kv_heads, k_len,
            head_dim, us); P*.json: attention_peers.py --json output (rows: the same keys and
            cudnn_us, flash_us, flashinfer_us).
+       attention_rounds.py --misses COMBINED.json
+  prints the shapes of attention_peers.py's combined table where splice is behind the best peer,
+  as 'B,Hq,Hkv,k_len,D;...' (empty when there are none): the shapes to run the rounds at.
 """
 import argparse
 import json
@@ -88,12 +91,27 @@ def table(rows):
     return "\n".join(lines)
 
 
+def misses(combined_path):
+    """'B,Hq,Hkv,k_len,D;...' of the combined table's rows with splice behind the best peer."""
+    with open(combined_path) as f:
+        rows = json.load(f)["rows"]
+    behind = [r for r in rows if r.get("ratio_best_peer_over_splice") is not None
+              and r["ratio_best_peer_over_splice"] < 1.0]
+    return ";".join(",".join(str(x) for x in key_of(r)) for r in behind)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--splice", required=True, help="comma-separated splice bench JSONs")
-    parser.add_argument("--peers", required=True, help="comma-separated attention_peers JSONs")
+    parser.add_argument("--splice", help="comma-separated splice bench JSONs")
+    parser.add_argument("--peers", help="comma-separated attention_peers JSONs")
     parser.add_argument("--json", help="write the summary here")
+    parser.add_argument("--misses", help="a combined table JSON: print the shapes behind, and stop")
     args = parser.parse_args()
+    if args.misses:
+        print(misses(args.misses))
+        return 0
+    if not args.splice or not args.peers:
+        parser.error("--splice and --peers are required (or --misses)")
     splice_paths = [p for p in args.splice.split(",") if p]
     peer_paths = [p for p in args.peers.split(",") if p]
     if not splice_paths or len(splice_paths) != len(peer_paths):
