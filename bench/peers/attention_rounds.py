@@ -4,9 +4,10 @@
 A single run of the splice bench followed by a single run of the peers compares two processes
 minutes apart; at points where the two sit within a fraction of a percent (issue 5's one-wave
 256-unit grids), the card's drift between them decides the sign. This script reads R rounds of
-both (the rounds alternate which process goes first: dev/refresh_call.sh, phase `rounds`) and
-prints, per shape, every round's splice time and best-peer time, the medians, the ratio of the
-medians (> 1: splice faster) and each side's spread over the rounds, then a verdict:
+both (the rounds alternate which process goes first: scripts/lib/attention_rounds.sh, run by
+scripts/gpu-check at its table's misses and by dev/refresh_call.sh's `rounds` phase) and prints,
+per shape, every round's splice time and best-peer time, the medians, the ratio of the medians
+(> 1: splice faster) and each side's spread over the rounds, then a verdict:
   ahead   the ratio of medians >= 1
   level   behind, by less than the larger of the two sides' spreads (the method's noise: "a
           difference between versions smaller than the spread of one version is noise")
