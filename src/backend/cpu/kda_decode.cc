@@ -511,14 +511,17 @@ void run_task(const Kernel& k, const SeqWork& w, std::int64_t h, Scratch& sc) {
                  k.lower_bound.has_value(), k.lower_bound.value_or(0.0f), sc.q_hat.data() + t * kD,
                  sc.k_hat.data() + t * kD, sc.decay.data() + t * kD});
     sc.beta[t] = sigmoid(bf16f(k.beta[r * k.beta_row + h * k.beta_head]));
-    // Where token t's checkpoint goes (streamed when 16-byte aligned).
+    // Where token t's checkpoint goes: streamed when 16-byte aligned, except in place (dst ==
+    // ss), where the sweep has just read the block's lines into L1 and plain stores update them
+    // there (a streaming store to a cached line first evicts it; perf-cpu-kda.md, version 8).
     sc.sinks[t] = nullptr;
     sc.sink_kind[t] = RowSink::none;
     if (w.dst[t] > 0) {
       sc.sinks[t] = k.state + w.dst[t] * k.state_slot_bytes + head_bytes;
       const std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(sc.sinks[t]);
-      const bool line = addr % kLineAlignment == 0 && cpu_has_avx512f();
-      const bool stream = addr % kStreamAlignment == 0;
+      const bool in_place = w.dst[t] == w.source_slot;
+      const bool line = !in_place && addr % kLineAlignment == 0 && cpu_has_avx512f();
+      const bool stream = !in_place && addr % kStreamAlignment == 0;
       streamed = streamed || stream;
       if (k.state_bf16)
         sc.sink_kind[t] = line     ? RowSink::stream64_bf16
