@@ -29,7 +29,8 @@
 //      once from slot ss (widened to fp32), carried unrounded in L1 through all L tokens, and
 //      after token t stored to state[dst[t], h, rows, :] (rounded to the state dtype) when
 //      dst[t] > 0. The source rows are read before any checkpoint of them is written, so
-//      dst == ss is safe. Stages 2 and 4 run for all tokens before and after the sweep.
+//      dst == ss is safe. The source is prefetched a page ahead of the block being read.
+//      Stages 2 and 4 run for all tokens before and after the sweep.
 //   4. Gated RMSNorm: o = bf16(o_raw); inv = 1 / sqrt(mean(o^2) + eps);
 //      out[r,h,v] = bf16(o[v] * inv * norm_weight[v] * sigmoid(output_gate[r,h,v])).
 // Rows not owned by a live sequence (null sequences, null rows, rows >= qsl[N]) get exact zeros.
@@ -335,10 +336,25 @@ SPLICE_KDA_INLINE void store_rows(RowSink kind, void* sink, const float* block) 
   }
 }
 
+// How far ahead of the sweep the source is prefetched: one 4 KiB page (2 row blocks of fp32
+// state, 4 of bf16). The hardware streamers alone left the reads latency-bound (2 KiB blocks
+// with arithmetic between them); 2, 4 and 8 KiB measured alike (perf-cpu-kda.md, version 9).
+constexpr std::int64_t kPrefetchBytes = 4096;
+
 // The whole stage 3, compiled for the widest vector ISA the machine has.
 SPLICE_KDA_CLONES void sweep_state(const SweepArgs& s, RowSource source) {
   alignas(64) float block[kRowBlock * kD];  // rows row0 .. row0 + kRowBlock - 1, fp32
+  const std::uintptr_t source_addr = reinterpret_cast<std::uintptr_t>(s.source);
+  const std::int64_t block_bytes = kBlockElems * s.state_elem;
   for (std::int64_t row0 = 0; row0 < kD; row0 += kRowBlock) {
+    // Ask for the source lines kPrefetchBytes ahead of this block: past a head's last block they
+    // are the next head's, which the thread usually takes next. A prefetch never faults, and the
+    // address is formed as an integer, so running past the state tensor is harmless.
+    const std::uintptr_t ahead =
+        source_addr + static_cast<std::uintptr_t>(row0 / kRowBlock * block_bytes + kPrefetchBytes);
+    for (std::uintptr_t line = 0; line < static_cast<std::uintptr_t>(block_bytes);
+         line += kLineAlignment)
+      __builtin_prefetch(reinterpret_cast<const void*>(ahead + line), 0, 3);
     // Widen the source rows (read before any checkpoint of these rows is written: dst == ss is
     // safe).
     for (std::int64_t j = 0; j < kRowBlock * kD; j += kLanes) {
