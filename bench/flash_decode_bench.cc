@@ -30,10 +30,10 @@
 #include <thread>
 #include <vector>
 
+#include "past_the_cache.h"
 #include "splice/backend/cpu/primitives.h"
 #include "splice/core/tensor.h"
 #include "splice/ops/decode_attention.h"
-#include "past_the_cache.h"
 
 namespace splice {
 namespace {

@@ -29,9 +29,9 @@
 #include <thread>
 #include <vector>
 
+#include "past_the_cache.h"
 #include "splice/core/random.h"
 #include "splice/ops/kda_decode.h"
-#include "past_the_cache.h"
 
 namespace {
 

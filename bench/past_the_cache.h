@@ -3,10 +3,10 @@
 // read / copy ceiling.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
-
-#include <unistd.h>
 
 namespace splice::bench {
 
