@@ -18,7 +18,7 @@
 // hand-off to the next call. With `-v`, every CTA of the middle call.
 //
 //   flash_timeline [-v] [--batch B] [--warps 4|8] [--splits S] [--cluster 0|1] [--sets N]
-//                 [--head 0|1] [--split-from U] [K_LEN ...]
+//                 [--head 0|1] [--split-from U] [--late L [--shift S]] [K_LEN ...]
 //
 // (defaults: the B = 1 plan above, --batch 1 --warps 8 --splits 8 --cluster 1; k_len 4096 16384).
 // Other plans: e.g. issue 5's large points, `--batch 128 --warps 4 --splits 1 --cluster 0 4096`
@@ -31,7 +31,10 @@
 // --head 0|1 forces the head plan off or on (its speculative tile 0 in a multi-wave one-split
 // grid); --split-from U streams units below U in one split and the rest in --splits (mainline's
 // tail split, FlashDecodeParams::split_from_bh: 4-warp CTAs without clusters; first measured
-// as dev/flash-tail-split.patch, perf.md run 211).
+// as dev/flash-tail-split.patch, perf.md run 211); --late L [--shift S] runs mainline's late
+// splits (FlashDecodeParams::late_splits: with --splits 1 --cluster 0 --warps 4, a grid of
+// (1, unit, 1 + L), L pieces of n / 2^S keys a unit after its split 0; the rule's 64K one-wave
+// grids: --batch 32 --warps 4 --splits 1 --cluster 0 --late 1 65536).
 //
 // Built with -DFLASH_TIMELINE_NO_STAMPS the kernel compiles as mainline does and only the time
 // per call and the error are printed: the A/B build for kernel variants (a variant header first
@@ -100,6 +103,8 @@ struct Plan {
   int min_sets = 1;    // --sets: at least this many input sets (2: no set read twice in a row)
   int head = -1;       // --head 0|1: the head plan forced off / on (-1: flash_decode.cu's rule)
   int split_from = 0;  // --split-from U: units below U in one split (the tail split)
+  int late = 0;        // --late L: the late splits (L pieces a unit after split 0; --splits 1)
+  int late_shift = 4;  // --shift S: late pieces of n / 2^S keys (flash_decode.h's rule: 4)
 };
 
 double median(std::vector<double> v) {
@@ -138,6 +143,8 @@ template <int kWarps, bool kCluster>
 void run(const Plan& plan, int k_len, bool verbose) {
   using Cfg = kd::FlashDecodeConfig<kHeadDim, kWarps>;
   const int kSplits = plan.splits;
+  // Splits a unit: the grid's y, or its z under the late splits (grid (1, unit, split)).
+  const int unit_splits = kSplits + plan.late;
   const std::size_t batch_kv = static_cast<std::size_t>(kKvHeads) * k_len * kHeadDim;
   const std::size_t batch_q = static_cast<std::size_t>(kKvHeads) * kGroup * kHeadDim;
   const std::size_t kv_elems = batch_kv * plan.batch;  // one set
@@ -168,11 +175,13 @@ void run(const Plan& plan, int k_len, bool verbose) {
   // grids, the global merge's workspace for split grids without clusters.
   base.trigger = k_len <= 16384 ? kd::kTriggerMergeInputsLanded : kd::kTriggerAtExit;
   const int units = plan.batch * kKvHeads;
-  base.head_plan = units * kSplits <= kSmCount * (kWarps == 8 ? 1 : 2) ? 1 : 0;
+  base.head_plan = plan.late == 0 && units * kSplits <= kSmCount * (kWarps == 8 ? 1 : 2) ? 1 : 0;
   if (plan.head >= 0) base.head_plan = plan.head;
   base.split_from_bh = plan.split_from;
-  if (!kCluster && kSplits > 1) {
-    const std::size_t rows = static_cast<std::size_t>(units) * kSplits * 16;
+  base.late_splits = plan.late;
+  base.late_shift = plan.late_shift;
+  if (!kCluster && unit_splits > 1) {
+    const std::size_t rows = static_cast<std::size_t>(units) * unit_splits * 16;
     CHECK(cudaMalloc(&base.partial_lse, rows * sizeof(float)));
     CHECK(cudaMalloc(&base.partial_o, rows * kHeadDim * sizeof(float)));
     CHECK(cudaMalloc(&base.counters, units * sizeof(unsigned)));
@@ -191,7 +200,7 @@ void run(const Plan& plan, int k_len, bool verbose) {
     p.k = k_pool + set * kv_elems;
     p.v = v_pool + set * kv_elems;
     cudaLaunchConfig_t config{};
-    config.gridDim = dim3(1, kSplits, units);
+    config.gridDim = plan.late > 0 ? dim3(1, units, unit_splits) : dim3(1, kSplits, units);
     config.blockDim = dim3(Cfg::kThreads);
     config.dynamicSmemBytes = Cfg::kSmemBytes;
     config.stream = stream;
@@ -273,6 +282,8 @@ void run(const Plan& plan, int k_len, bool verbose) {
   }
   std::vector<std::uint64_t> ids;
   for (const auto& [id, ctas] : calls) ids.push_back(id);
+  // A CTA's split from its linear index (stamps: x + gridDim.x (y + gridDim.y z)).
+  const auto split_of = [&](int cta) { return plan.late > 0 ? cta / units : cta % kSplits; };
   // t0 of a call: its earliest wait return; end: split 0's latest merged store.
   const auto t0_of = [&](std::uint64_t id) {
     double t = INFINITY;
@@ -299,12 +310,12 @@ void run(const Plan& plan, int k_len, bool verbose) {
                 std::min<std::uint64_t>(min_step, static_cast<std::uint64_t>(m.t[a] - m.t[z]));
 
   std::printf(
-      "\n(%d,32,8,%d,128), %d-warp CTAs, %d split(s), %s merge, head plan %s: %d sets, %zu calls "
-      "stamped, %.2f us per call (median of 20 replays), max err %.3f of tolerance, smallest "
-      "stamp step %llu ns\n",
-      plan.batch, k_len, kWarps, kSplits, kCluster ? "cluster" : "global",
-      base.head_plan ? "on" : "off", sets, ids.size(), us_per_call, worst,
-      static_cast<unsigned long long>(min_step));
+      "\n(%d,32,8,%d,128), %d-warp CTAs, %d split(s) + %d late of n / 2^%d, %s merge, head plan "
+      "%s: %d sets, %zu calls stamped, %.2f us per call (median of 20 replays), max err %.3f of "
+      "tolerance, smallest stamp step %llu ns\n",
+      plan.batch, k_len, kWarps, kSplits, plan.late, plan.late_shift,
+      kCluster ? "cluster" : "global", base.head_plan ? "on" : "off", sets, ids.size(), us_per_call,
+      worst, static_cast<unsigned long long>(min_step));
   // A graph of one call (one input set) replays with the same grid id: its one stamped replay is
   // analysed alone; otherwise the calls but the first and last.
   const std::size_t first_call = ids.size() >= 3 ? 1 : 0;
@@ -323,7 +334,7 @@ void run(const Plan& plan, int k_len, bool verbose) {
         if (!m.has[row.mark]) continue;
         const double us = (m.t[row.mark] - t0) / 1000.0;
         all.push_back(us);
-        (cta % kSplits == 0 ? zero : rest).push_back(us);
+        (split_of(cta) == 0 ? zero : rest).push_back(us);
       }
       if (all.empty()) continue;
       lo.push_back(*std::min_element(all.begin(), all.end()));
@@ -399,7 +410,7 @@ void run(const Plan& plan, int k_len, bool verbose) {
     for (const MarkRow& row : kRows) std::printf(" %6u", row.mark);
     std::printf("\n");
     for (const auto& [cta, m] : calls[id]) {
-      std::printf("%5d %5d %4d", cta, cta % kSplits, m.sm);
+      std::printf("%5d %5d %4d", cta, split_of(cta), m.sm);
       for (const MarkRow& row : kRows) {
         if (m.has[row.mark])
           std::printf(" %6.2f", (m.t[row.mark] - t0) / 1000.0);
@@ -448,15 +459,21 @@ int main(int argc, char** argv) {
       plan.head = value();
     else if (std::strcmp(argv[i], "--split-from") == 0)
       plan.split_from = value();
+    else if (std::strcmp(argv[i], "--late") == 0)
+      plan.late = value();
+    else if (std::strcmp(argv[i], "--shift") == 0)
+      plan.late_shift = value();
     else
       k_lens.push_back(std::atoi(argv[i]));
   }
   if (plan.batch < 1 || (plan.warps != 4 && plan.warps != 8) || plan.splits < 1 ||
-      plan.splits > 16 || (plan.cluster && plan.splits < 2) ||
-      (kStamped && plan.batch * kKvHeads * plan.splits > 4096)) {
+      plan.splits > 16 || (plan.cluster && plan.splits < 2) || plan.late < 0 ||
+      (plan.late > 0 && (plan.splits != 1 || plan.cluster || plan.warps != 4)) ||
+      (kStamped && plan.batch * kKvHeads * (plan.splits + plan.late) > 4096)) {
     std::fprintf(stderr,
-                 "need --batch >= 1, --warps 4 or 8, 1 <= --splits <= 16 (>= 2 with --cluster 1) "
-                 "and (stamps builds: a CTA's stamp holds 12 bits of its index) batch x 8 x "
+                 "need --batch >= 1, --warps 4 or 8, 1 <= --splits <= 16 (>= 2 with --cluster 1), "
+                 "--late only with --splits 1 --cluster 0 --warps 4, and (stamps builds: a CTA's "
+                 "stamp holds 12 bits of its index) batch x 8 x "
                  "splits <= 4096 CTAs\n");
     return 2;
   }
