@@ -175,7 +175,9 @@ void run(const Plan& plan, int k_len, bool verbose) {
   // grids, the global merge's workspace for split grids without clusters.
   base.trigger = k_len <= 16384 ? kd::kTriggerMergeInputsLanded : kd::kTriggerAtExit;
   const int units = plan.batch * kKvHeads;
-  base.head_plan = plan.late == 0 && units * kSplits <= kSmCount * (kWarps == 8 ? 1 : 2) ? 1 : 0;
+  // (under the late splits the split 0s are the one wave, and only they speculate)
+  const int first_wave = plan.late > 0 ? units : units * kSplits;
+  base.head_plan = first_wave <= kSmCount * (kWarps == 8 ? 1 : 2) ? 1 : 0;
   if (plan.head >= 0) base.head_plan = plan.head;
   base.split_from_bh = plan.split_from;
   base.late_splits = plan.late;

@@ -555,11 +555,12 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // issued before k_len lands. Wasted copies (a k_len short of the head region) read at most
   // 16 W keys per CTA and call: free in a one-wave grid, which is latency-bound, but bandwidth in
   // a multi-wave one, so only one-wave grids take it; a forced split count (split-invariance
-  // tests) keeps contiguous splits.
+  // tests) keeps contiguous splits. Under the late splits the split 0s are the one wave: only
+  // they speculate (their first tiles are those keys), and the late pieces plan as before.
   const std::int64_t slots =
       static_cast<std::int64_t>(current_device_facts().sm_count) * plan.ctas_per_sm;
-  p.head_plan =
-      !options.window_left && forced == 0 && late_splits == 0 && units * grid_y <= slots ? 1 : 0;
+  const std::int64_t first_wave = late_splits > 0 ? units : units * grid_y;
+  p.head_plan = !options.window_left && forced == 0 && first_wave <= slots ? 1 : 0;
   p.dev_drop = knobs.drop_stages & (detail::kDropMerge | detail::kDropKv);
   static_assert(static_cast<int>(FlashDecodeTrigger::after_wait) == detail::kTriggerAfterWait &&
                 static_cast<int>(FlashDecodeTrigger::at_exit) == detail::kTriggerAtExit &&

@@ -27,7 +27,9 @@
 //      where the launcher sets p.head_plan (no left window, a one-wave grid, no forced split
 //      count) and there is no stable-prefix promise: stage 2's head plan makes those keys every
 //      split's first whatever k_len is, so every split streams from the wait on instead of after
-//      k_len's round trip (docs/perf.md run 201: (1, 32, 8) 4K 7.37 -> 7.01 us). The stable
+//      k_len's round trip (docs/perf.md run 201: (1, 32, 8) 4K 7.37 -> 7.01 us). Under the late
+//      splits (a one-wave grid of split 0s, then the pieces) split 0 alone speculates: its
+//      tile 0 of warp w is keys [16 w, + 16) at every k_len. The stable
 //      prefix plans the same way (its loads need k_len, which it has before the wait), so both
 //      compute the same sums in the same order, bit for bit. The tile is read up to the capacity
 //      (keys < capacity stay in bounds); what lies at or beyond the live end is masked in stage 4.
@@ -753,7 +755,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   // is its head tile, keys [16 (W split + w), + 16), at every k_len (stage 2: under the head plan
   // by definition, and under the one-split plan split 0's tile 0 is the same keys); it is read
   // up to the capacity (what lies at or past hi is masked in stage 4).
-  const bool speculative = !stable_prefix && p.head_plan != 0;
+  // Under the late splits only split 0 (lo = 0: its tile 0 of warp w is keys [16 w, + 16)).
+  const bool speculative = !stable_prefix && p.head_plan != 0 && (!late || split == 0);
   if (speculative) {
     load_tile(head_key, 0, 0, p.capacity, p.capacity);
     cp_async_commit();  // group 1: tile 0
