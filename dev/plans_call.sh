@@ -6,7 +6,7 @@
 #       carry=[".gpubin/pack/refresh2.tgz", ".deps"])     (+ ".whl" with FLASHINFER=1)
 # Environment (defaults in parentheses):
 #   SHAPES      the points (perf.md run 214's points behind the best peer)
-#   COLUMNS     LABEL:WARPS:CLUSTER:SPLITS[:LATE[:SHIFT]];... (widths, merges, split counts)
+#   COLUMNS     LABEL:WARPS:CLUSTER:SPLITS[:LATE[:SHIFT[:HALVING]]];... (widths, merges, splits)
 #   ROUNDS      the bench's rounds (3); PEER_RUNS: bench, then peers, this many times (1)
 #   PACK        the packs to unpack (.gpubin/pack/refresh2.tgz); BENCH the bench in them
 #               (head/flash_decode_cuda_bench)

@@ -33,9 +33,10 @@
 //      plan's rules, with the cluster grid's trigger moved, with the global split merge, and with
 //      widths and cluster sizes forced (FlashDecodeDevKnobs), two alternating rounds: the
 //      evidence for the plan's cluster rule.
-//   9. --plans 'LABEL:WARPS:CLUSTER:SPLITS[:LATE[:SHIFT]];...' (replaces 1-8): each shape timed
-//      under each plan column (FlashDecodeDevKnobs warps, cluster_merge, late_splits and
-//      late_shift, 0 / -1 / -1 / -1: the rule; SPLITS > 0 a forced split count, 0 the plan's),
+//   9. --plans 'LABEL:WARPS:CLUSTER:SPLITS[:LATE[:SHIFT[:HALVING]]];...' (replaces 1-8): each
+//      shape timed under each plan column (FlashDecodeDevKnobs warps, cluster_merge, late_splits,
+//      late_shift and late_halving, 0 / -1 / -1 / -1 / -1: the rule; SPLITS > 0 a forced split
+//      count, 0 the plan's),
 //      in --rounds rounds (default 3) that alternate the
 //      columns; per column every round's time, then the fastest: whether another plan beats
 //      the rule at a point, measured beside the rule in one process.
@@ -100,6 +101,7 @@ struct Result {
   int warps = 0;         // warps per CTA
   bool cluster = false;  // the splits merged in thread-block clusters (every timed launch)
   int late = 0;          // late splits (the plan's, or the knob's where the plan may take them)
+  bool halving = false;  // the late pieces halve in size (FlashDecodePlan::late_halving)
   double us = 0.0;
   double spread_us = 0.0;   // max - min replay time per call
   double stable_us = -1.0;  // batch <= 8: the same under the stable-prefix promise
@@ -161,10 +163,13 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
       knobs.single_split_bytes > 0 ? knobs.single_split_bytes
                                    : splice::cuda::kFlashDecodeSingleSplitBytes);
   r.warps = plan.warps;
-  r.late = forced_splits > 0 ? 0
-           : splice::cuda::flash_decode_late_knob_applies(plan, forced_splits, knobs.late_splits)
-               ? knobs.late_splits
-               : plan.late_splits;
+  const bool late_knob =
+      splice::cuda::flash_decode_late_knob_applies(plan, forced_splits, knobs.late_splits);
+  r.late = forced_splits > 0 ? 0 : late_knob ? knobs.late_splits : plan.late_splits;
+  // The launcher's choice (flash_decode.cu): the knob's, else the plan's unless the late knob
+  // replaced its pieces.
+  r.halving = r.late > 0 && r.late <= splice::cuda::kFlashDecodeLateHalvingMaxPieces &&
+              (knobs.late_halving >= 0 ? knobs.late_halving != 0 : !late_knob && plan.late_halving);
   r.splits = forced_splits > 0 ? static_cast<int>(forced_splits) : plan.num_splits;
   r.live = forced_splits > 0 ? static_cast<int>(forced_splits)
                              : splice::cuda::flash_decode_live_splits(plan, s.k_len, true);
@@ -220,11 +225,12 @@ void set_width_and_merge(int warps, int cluster_merge, std::int64_t single_split
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
-// Sets the late-split knobs (-1 / -1: the plan's rule).
-void set_late(int late_splits, int late_shift) {
+// Sets the late-split knobs (-1 / -1 / -1: the plan's rule).
+void set_late(int late_splits, int late_shift, int late_halving) {
   splice::cuda::FlashDecodeDevKnobs knobs = splice::cuda::flash_decode_dev_knobs();
   knobs.late_splits = late_splits;
   knobs.late_shift = late_shift;
+  knobs.late_halving = late_halving;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
 }
 
@@ -368,7 +374,7 @@ int main(int argc, char** argv) {
       std::string label;
       int warps = 0, cluster = -1;
       std::int64_t splits = 0;
-      int late = -1, late_shift = -1;
+      int late = -1, late_shift = -1, late_halving = -1;
     };
     std::vector<Column> columns;
     std::size_t start = 0;
@@ -378,19 +384,19 @@ int main(int argc, char** argv) {
       start = end + 1;
       if (item.empty()) continue;
       char label[32] = {};
-      int warps = 0, cluster = -1, late = -1, late_shift = -1;
+      int warps = 0, cluster = -1, late = -1, late_shift = -1, late_halving = -1;
       long long splits = 0;
-      const int fields = std::sscanf(item.c_str(), "%31[^:]:%d:%d:%lld:%d:%d", label, &warps,
-                                     &cluster, &splits, &late, &late_shift);
+      const int fields = std::sscanf(item.c_str(), "%31[^:]:%d:%d:%lld:%d:%d:%d", label, &warps,
+                                     &cluster, &splits, &late, &late_shift, &late_halving);
       if (fields < 4 || (warps != 0 && warps != 4 && warps != 8) || cluster < -1 || splits < 0 ||
-          late < -1 || late_shift < -1) {
+          late < -1 || late_shift < -1 || late_halving < -1 || late_halving > 1) {
         std::fprintf(stderr,
                      "--plans: bad column '%s' (LABEL:WARPS 0|4|8:CLUSTER >= -1:SPLITS >= "
-                     "0[:LATE >= -1[:SHIFT >= -1]])\n",
+                     "0[:LATE >= -1[:SHIFT >= -1[:HALVING -1|0|1]]])\n",
                      item.c_str());
         return 2;
       }
-      columns.push_back(Column{label, warps, cluster, splits, late, late_shift});
+      columns.push_back(Column{label, warps, cluster, splits, late, late_shift, late_halving});
     }
     std::printf(
         "\nPlan columns (us per call, graph replay; per column: the rounds, then warps/splits, "
@@ -401,11 +407,11 @@ int main(int argc, char** argv) {
       for (int round = 0; round < rounds; ++round)
         for (std::size_t i = 0; i < columns.size(); ++i) {
           set_width_and_merge(columns[i].warps, columns[i].cluster);
-          set_late(columns[i].late, columns[i].late_shift);
+          set_late(columns[i].late, columns[i].late_shift, columns[i].late_halving);
           runs[i].push_back(run_shape(in, reps, stream, columns[i].splits));
         }
       set_width_and_merge(0, -1);
-      set_late(-1, -1);
+      set_late(-1, -1, -1);
       std::printf("%-26s sets=%d\n", shape_name(s).c_str(), in.sets);
       for (std::size_t i = 0; i < columns.size(); ++i) {
         double best = runs[i][0].us;
@@ -415,8 +421,8 @@ int main(int argc, char** argv) {
           best = std::min(best, r.us);
         }
         const Result& r = runs[i][0];
-        std::printf("  w%d s%d%s l%d  best %9.2f\n", r.warps, r.splits, r.cluster ? "*" : "",
-                    r.late, best);
+        std::printf("  w%d s%d%s l%d%s  best %9.2f\n", r.warps, r.splits, r.cluster ? "*" : "",
+                    r.late, r.halving ? "h" : "", best);
       }
       std::fflush(stdout);
     }
@@ -612,9 +618,10 @@ int main(int argc, char** argv) {
          << ", \"head_dim\": " << r.shape.head_dim << ", \"kv_bytes\": " << r.shape.kv_bytes()
          << ", \"sets\": " << r.sets << ", \"warps\": " << r.warps << ", \"splits\": " << r.splits
          << ", \"live_splits\": " << r.live << ", \"late_splits\": " << r.late
-         << ", \"us\": " << r.us << ", \"spread_us\": " << r.spread_us
-         << ", \"stable_prefix_us\": " << r.stable_us << ", \"gbps\": " << gbps
-         << ", \"floor_us\": " << floor_us << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+         << ", \"late_halving\": " << (r.halving ? "true" : "false") << ", \"us\": " << r.us
+         << ", \"spread_us\": " << r.spread_us << ", \"stable_prefix_us\": " << r.stable_us
+         << ", \"gbps\": " << gbps << ", \"floor_us\": " << floor_us << "}"
+         << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";
   BENCH_CHECK(cudaStreamDestroy(stream));

@@ -635,7 +635,8 @@ TEST(FlashDecodeCuda, TailSplitOfAMultiWaveGrid) {
 // workspace. Ragged lengths (0, 1, 17, at and past the single-split limit, short of and at the
 // keys 15 pieces of n / 16 need, the capacity) against the float64 reference with the rule's count
 // and 1, 8, 10 and 15 pieces of n / 16 and 16 and 24 of n / 32, the stable prefix bit for bit,
-// and within split rounding of one split.
+// and within split rounding of one split; and halving pieces (the few-idle rule's: n / 16,
+// n / 32, ..) of 1-12 pieces from n / 16 and n / 32 around where a unit starts to split.
 TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
   SKIP_WITHOUT_GPU();
   for (const std::int64_t head_dim : {128, 64}) {
@@ -684,6 +685,25 @@ TEST(FlashDecodeCuda, LateSplitsOfAOneWaveGrid) {
       const auto [one_out, one_lse] = problem.run();
       EXPECT_TRUE(within_split_rounding(out, one_out, c.dtype));
       EXPECT_TRUE(testing::close(lse, one_lse, Tolerance{1e-6, 1e-5}));
+    }
+    {
+      // Halving pieces (the few-idle rule's, FlashDecodePlan::late_halving): c, c / 2, ..; around
+      // where the unit starts to split (L = 5 of n / 16: 752 keys, 496 of them in the pieces),
+      // and counts whose pieces exceed the capacity (L = 8, 12: one split).
+      ForcedKnob halving(&cuda::FlashDecodeDevKnobs::late_halving, 1);
+      grid.set_batch(batch, {cap, 751, 752, 753, 0, 17, 1000, cap / 2 + 5, cap - 1});
+      Problem pieces(grid.c, rng);
+      const auto [ref_p_out, ref_p_lse] = pieces.reference();
+      for (const int shift : {4, 5})
+        for (const int late : {1, 2, 3, 5, 8, 12}) {
+          ForcedKnob count(&cuda::FlashDecodeDevKnobs::late_splits, late);
+          ForcedKnob size(&cuda::FlashDecodeDevKnobs::late_shift, shift);
+          const auto [p_out, p_lse] = pieces.run();
+          EXPECT_TRUE(testing::close(p_out, ref_p_out, default_tolerance(c.dtype)))
+              << late << " halving from n / 2^" << shift;
+          EXPECT_TRUE(testing::close(p_lse, ref_p_lse, Tolerance{1e-5, 1e-5}))
+              << late << " halving from n / 2^" << shift;
+        }
     }
   }
 }

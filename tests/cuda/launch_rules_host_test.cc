@@ -97,18 +97,30 @@ TEST(FlashDecodeCuda, PlanIsBoundedByLengthAndFillsOneWave) {
   EXPECT_EQ(cuda::plan_flash_decode(17, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 8);
   EXPECT_EQ(cuda::plan_flash_decode(31, 32, 8, 1, 128, 16383, 16383, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(34, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
-  // Fewer than 264 / 16 slots idle: one late piece of n / 16 for units of 32 MiB (64K keys at
-  // head_dim 128), none below it, with every slot busy, or where the plan splits a unit (the
-  // 2-split 128 units below).
+  EXPECT_FALSE(one_wave.late_halving);
+  // Fewer than 264 / 16 slots idle: five late pieces halving from n / 16 for units of 32 MiB (64K
+  // keys at head_dim 128), none below it, with every slot busy, or where the plan splits a unit
+  // (the 2-split 128 units below).
   const auto few_idle = cuda::plan_flash_decode(32, 32, 8, 1, 128, 65536, 65536, 132);
   EXPECT_EQ(few_idle.num_splits, 1);
-  EXPECT_EQ(few_idle.late_splits, 1);
+  EXPECT_EQ(few_idle.late_splits, cuda::kFlashDecodeLateFewIdlePieces);
   EXPECT_EQ(few_idle.late_shift, cuda::kFlashDecodeLateShift);
-  EXPECT_EQ(few_idle.workspace_bytes, 256u * 2 * 16 * 129 * sizeof(float));
-  EXPECT_EQ(cuda::flash_decode_live_splits(few_idle, 65536, false), 2);
+  EXPECT_TRUE(few_idle.late_halving);
+  EXPECT_EQ(few_idle.workspace_bytes, 256u * 6 * 16 * 129 * sizeof(float));
+  EXPECT_EQ(cuda::flash_decode_live_splits(few_idle, 65536, false), 6);
   EXPECT_EQ(cuda::flash_decode_live_splits(few_idle, 32, false), 1);
-  EXPECT_EQ(cuda::plan_flash_decode(8, 32, 32, 1, 128, 65536, 65536, 132).late_splits, 1);
-  EXPECT_EQ(cuda::plan_flash_decode(263, 8, 1, 1, 128, 65536, 65536, 132).late_splits, 1);
+  EXPECT_EQ(cuda::flash_decode_live_splits(few_idle, 751, false), 1);
+  EXPECT_EQ(cuda::flash_decode_live_splits(few_idle, 752, false), 6);  // 496 late keys + 256
+  // The pieces' geometry: 5 halving from n / 16 at 64K keys are 4096, 2048, 1024, 512 and 256
+  // keys (7936 in all, the first a multiple of 16 * 2^4); equal pieces are L copies of n / 16.
+  const auto halving = cuda::flash_decode_late_pieces(65536, 5, 4, true);
+  EXPECT_EQ(halving.chunk, 4096);
+  EXPECT_EQ(halving.late_keys, 4096 + 2048 + 1024 + 512 + 256);
+  EXPECT_EQ(cuda::flash_decode_late_pieces(1000, 5, 4, true).chunk, 256);  // 63 -> 256
+  EXPECT_EQ(cuda::flash_decode_late_pieces(65536, 4, 4, false).late_keys, 4 * 4096);
+  EXPECT_EQ(cuda::flash_decode_late_pieces(1000, 4, 4, false).chunk, 64);  // 63 -> 64
+  EXPECT_EQ(cuda::plan_flash_decode(8, 32, 32, 1, 128, 65536, 65536, 132).late_splits, 5);
+  EXPECT_EQ(cuda::plan_flash_decode(263, 8, 1, 1, 128, 65536, 65536, 132).late_splits, 5);
   EXPECT_EQ(cuda::plan_flash_decode(33, 32, 8, 1, 128, 65536, 65536, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(32, 32, 8, 1, 128, 65535, 65535, 132).late_splits, 0);
   EXPECT_EQ(cuda::plan_flash_decode(32, 32, 8, 1, 128, 16384, 16384, 132).late_splits, 0);

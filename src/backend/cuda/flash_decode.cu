@@ -116,6 +116,8 @@ struct Workspace {
       knobs.late_splits = std::atoi(late);
     if (const char* shift = std::getenv("SPLICE_FLASH_DECODE_LATE_SHIFT"); shift && *shift)
       knobs.late_shift = std::atoi(shift);
+    if (const char* halving = std::getenv("SPLICE_FLASH_DECODE_LATE_HALVING"); halving && *halving)
+      knobs.late_halving = std::atoi(halving);
     return knobs;
   }
 };
@@ -399,11 +401,14 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       // Split 0 streams the largest whole number of pieces of n / 2^kFlashDecodeLateShift not
       // above units / slots of its unit, so it ends no later than an evenly shared grid would;
       // the rest of the unit runs in late pieces (header). With fewer than slots / 16 slots idle
-      // that is one piece, and only long units take it.
+      // (only long units) the pieces halve in size from n / 2^kFlashDecodeLateShift instead.
       const std::int64_t pieces = std::int64_t{1} << kFlashDecodeLateShift;
       plan.late_shift = kFlashDecodeLateShift;
-      plan.late_splits = static_cast<int>(std::clamp<std::int64_t>(
-          pieces - pieces * units / slots, few_idle ? 1 : kFlashDecodeLateSplits, pieces - 1));
+      plan.late_splits = few_idle ? kFlashDecodeLateFewIdlePieces
+                                  : static_cast<int>(std::clamp<std::int64_t>(
+                                        pieces - pieces * units / slots, kFlashDecodeLateSplits,
+                                        pieces - 1));
+      plan.late_halving = few_idle;
       plan.num_splits = 1;
     }
   }
@@ -488,13 +493,17 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   std::int64_t base_splits = std::max<std::int64_t>(plan.grid_y, forced);
   int late_splits = forced > 0 ? 0 : plan.late_splits;
   int late_shift = plan.late_shift;
+  bool late_halving = plan.late_halving;
   if (flash_decode_late_knob_applies(plan, forced, knobs.late_splits)) {
     // A tail-split plan gives its tail split up for the late splits (one split a unit).
     split_from_bh = 0;
     base_splits = 1;
     late_splits = std::min(knobs.late_splits, kFlashDecodeMaxSplits - 1);
     late_shift = knobs.late_shift >= 0 ? std::min(knobs.late_shift, 16) : kFlashDecodeLateShift;
+    late_halving = false;
   }
+  if (knobs.late_halving >= 0) late_halving = knobs.late_halving != 0;
+  late_halving = late_halving && late_splits > 0 && late_splits <= kFlashDecodeLateHalvingMaxPieces;
   // Splits per unit: the grid's y dimension, or its z dimension under the late splits.
   const std::int64_t grid_y = base_splits + late_splits;
   const std::int64_t split_units = units - split_from_bh * plan.grid_x;
@@ -550,6 +559,7 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.split_from_bh = static_cast<int>(split_from_bh);
   p.late_splits = late_splits;
   p.late_shift = late_shift;
+  p.late_halving = late_halving ? 1 : 0;
   // The head plan (kernel stages 1-2): without a left window every split's warp w streams keys
   // [16 (W split + w), + 16) first whatever k_len is, so without the stable prefix they are
   // issued before k_len lands. Wasted copies (a k_len short of the head region) read at most

@@ -48,7 +48,11 @@
 //                 dispatches before any other): with c = round_up(ceil(n / 2^late_shift), 16),
 //                 split 0 streams [lo, lo + n - L c) and split s >= 1 [lo + n - L c + (s - 1) c,
 //                 + c); live = 1 + L, or 1 while n < (L + 1) c or n <= single_split_keys. The SMs
-//                 that finish their unit first stream the other units' late pieces;
+//                 that finish their unit first stream the other units' late pieces. Halving
+//                 pieces (p.late_halving): c rounded up to 16 * 2^(L - 1) keys, the late region
+//                 K = 2 c - c / 2^(L - 1) keys, piece s >= 1 [lo + n - K + 2 c - 2 (c >> (s - 1)),
+//                 + (c >> (s - 1))), one split while n < K + c: the last slots to free take the
+//                 smallest;
 //        head plan (p.head_plan, n > single_split_keys; lo = 0): with S = gridDim.y and the
 //                 head region R = 16 W S, split s streams its head [16 W s, 16 W (s + 1)) (tile
 //                 0 of each warp) and then [c0, c1) = [R + s chunk, min(hi, R + (s + 1) chunk))
@@ -224,6 +228,8 @@ struct FlashDecodeParams {
   // blockIdx.y, split = blockIdx.z) in which split 0 streams a unit's first n - late_splits c
   // keys and splits 1 .. late_splits c keys each, c = round_up(ceil(n / 2^late_shift), 16).
   int late_splits, late_shift;
+  // 1: the late pieces halve in size, c, c / 2, .. (stage 2; FlashDecodePlan::late_halving).
+  int late_halving;
 };
 
 template <int kHeadDim, int kWarps>
@@ -496,15 +502,23 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
   if (late) {
     // Late splits: split 0 streams [lo, lo + n - L c), split s >= 1 the s-th of L pieces of c
     // keys after it; one split while n < (L + 1) c (or n <= single_split_keys).
-    const int late_chunk =
-        max(ceil_div(ceil_div(n, 1 << p.late_shift), kTileKeys) * kTileKeys, kTileKeys);
-    const int late_keys = p.late_splits * late_chunk;
+    // Halving pieces (p.late_halving): c, c / 2, .. c / 2^(L - 1), c a multiple of 16 * 2^(L - 1)
+    // (flash_decode.h, flash_decode_late_pieces: the host's copy of this arithmetic).
+    const int unit = p.late_halving ? kTileKeys << (p.late_splits - 1) : kTileKeys;
+    const int late_chunk = max(ceil_div(ceil_div(n, 1 << p.late_shift), unit) * unit, unit);
+    const int late_keys = p.late_halving ? 2 * late_chunk - (late_chunk >> (p.late_splits - 1))
+                                         : p.late_splits * late_chunk;
     const bool pieces = n > p.single_split_keys && n >= late_keys + late_chunk;
     const int first = pieces ? n - late_keys : n;
+    const int index = max(split - 1, 0);  // the late piece's, from 0 (split 0: unused)
     r.chunk = late_chunk;
     r.live = pieces ? 1 + p.late_splits : 1;
-    r.c0 = split == 0 ? r.lo : r.lo + first + (split - 1) * late_chunk;
-    r.c1 = split == 0 ? r.lo + first : min(r.hi, r.c0 + late_chunk);
+    r.c0 = split == 0 ? r.lo
+                      : r.lo + first +
+                            (p.late_halving ? 2 * late_chunk - 2 * (late_chunk >> index)
+                                            : index * late_chunk);
+    r.c1 = split == 0 ? r.lo + first
+                      : min(r.hi, r.c0 + (p.late_halving ? late_chunk >> index : late_chunk));
     return r;
   }
   if (head_tiles && n > p.single_split_keys) {

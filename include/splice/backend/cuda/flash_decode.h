@@ -21,6 +21,7 @@
 // launches with PDL when cuda::pdl_enabled() (and a created stream).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "splice/core/tensor.h"
@@ -83,12 +84,20 @@ inline constexpr std::int64_t kFlashDecodeTailMinUnitBytes = std::int64_t{2} << 
 inline constexpr int kFlashDecodeLateSplits = 4;
 inline constexpr int kFlashDecodeLateShift = 4;
 inline constexpr std::int64_t kFlashDecodeLateMinUnitBytes = std::int64_t{8} << 20;
-// A one-split grid that leaves 1 to slots / 16 - 1 slots idle: split 0 keeps 15 of 16 pieces and
-// one late piece runs per unit (the rule above, unclamped), for units of at least this many K+V
-// bytes. docs/perf.md run 233, 256 units in 264 slots: 64K keys (32 MiB) 0.2-0.55% faster than
-// one split (1902.4 -> 1892.0 us at (32, 64, 8)); 16K (8 MiB) 1-1.5% slower, and so are 1 to 4
-// pieces of n / 32 or n / 64 there; at 64K 1-3 pieces of n / 32 or n / 64 no better than n / 16.
+// A one-split grid that leaves 1 to slots / 16 - 1 slots idle, of units of at least this many K+V
+// bytes: each unit's last kFlashDecodeLateFewIdlePieces pieces halve in size, n / 16, n / 32, ..
+// (FlashDecodePlan::late_halving; 12% of the unit), dispatched largest first, so the idle slots
+// and the SMs that finish first take the large ones and the slots that free last the smallest.
+// docs/perf.md run 233, 256 units in 264 slots: one piece of n / 16 was 0.2-0.55% faster than
+// none at 64K keys (32 MiB units) on an H200, 16K (8 MiB) 1-1.5% slower; runs 398-401 (H100s):
+// 24 SMs stream ~30% faster than the rest, take every n / 16 piece by ~85% of the call and idle
+// after, and where the last pieces land on slow SMs one piece costs 1.1-1.3% against none while
+// five halving pieces are level with none or 0.3% faster (run 401).
 inline constexpr std::int64_t kFlashDecodeLateFewIdleMinUnitBytes = std::int64_t{32} << 20;
+inline constexpr int kFlashDecodeLateFewIdlePieces = 5;
+// Halving pieces: c, c / 2, .. c / 2^(L - 1) with c a multiple of 16 * 2^(L - 1) keys; at most
+// this many (the smallest piece a whole tile, c within an int).
+inline constexpr int kFlashDecodeLateHalvingMaxPieces = 12;
 
 // Where a flash-decode CTA lets the next kernel in the stream launch (PDL's trigger).
 enum class FlashDecodeTrigger : std::uint8_t {
@@ -130,7 +139,28 @@ struct FlashDecodePlan {
   // dispatches first. 0: none.
   int late_splits = 0;
   int late_shift = 0;
+  // The late pieces halve in size instead (flash_decode_late_piece): c, c / 2, .. c / 2^(L - 1)
+  // with c = ceil(n / 2^late_shift) rounded up to a multiple of 16 * 2^(L - 1) keys, each after
+  // the one before, the largest dispatched first. late_splits <= kFlashDecodeLateHalvingMaxPieces.
+  bool late_halving = false;
 };
+
+// The late pieces of a unit of n visible keys under `late_splits` pieces of n / 2^late_shift,
+// equal or halving: the first (largest) piece's keys c and all pieces' keys. Piece i (from 0)
+// starts i c (equal) or 2 c - 2 (c >> i) (halving) keys into the late region, the unit's last
+// late_keys keys, and holds c or c >> i keys. The kernel's stage 2 computes the same on the device
+// (flash_decode_kernel.cuh); flash_decode_live_splits counts with it.
+struct FlashDecodeLatePieces {
+  std::int64_t chunk;      // the first (largest) piece's keys
+  std::int64_t late_keys;  // every piece's keys
+};
+inline FlashDecodeLatePieces flash_decode_late_pieces(std::int64_t n, int late_splits,
+                                                      int late_shift, bool halving) {
+  const std::int64_t unit = std::int64_t{kFlashDecodeTileKeys} << (halving ? late_splits - 1 : 0);
+  const std::int64_t piece = (n + (std::int64_t{1} << late_shift) - 1) >> late_shift;
+  const std::int64_t chunk = std::max<std::int64_t>((piece + unit - 1) / unit * unit, unit);
+  return {chunk, halving ? 2 * chunk - (chunk >> (late_splits - 1)) : late_splits * chunk};
+}
 
 // Plans the grid for a length bound `max_live_k_len` (<= capacity; pass the capacity when
 // capturing a graph that must serve every k_len). Width: wide CTAs (kFlashDecodeWideWarps warps,
@@ -178,7 +208,8 @@ struct FlashDecodePlan {
 // last late_splits = clamp(P - floor(P units / slots), kFlashDecodeLateSplits, P - 1) pieces of
 // n / P keys, P = 2^kFlashDecodeLateShift (split 0 streams at most units / slots of its unit);
 // a one-split plan leaving 1 to slots / 16 - 1 slots idle, of units that hold
-// >= kFlashDecodeLateFewIdleMinUnitBytes, streams one late piece a unit (the same formula),
+// >= kFlashDecodeLateFewIdleMinUnitBytes, streams kFlashDecodeLateFewIdlePieces halving pieces
+// a unit from n / P (late_halving),
 // in CTAs dispatched after every unit's first split (the global merge): the idle slots stream
 // pieces from the start, and so do the SMs whose CTAs finish first (a one-wave grid's CTAs
 // stream at unequal rates, at 64K keys some ~30% faster than the rest, docs/perf.md run 216; 2
@@ -203,15 +234,14 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
 //   otherwise ceil(n / chunk) with chunk = max(min_chunk, round_up(ceil(n / num_splits), 16)).
 // A unit below the tail split's split_from_bh (`bh`, its batch * num_kv_heads index) runs one
 // split; bh = -1: a unit that splits as planned. Late splits: 1 + late_splits once n holds the
-// late splits' keys and one piece more (split 0 keeps at least a piece), else 1.
+// late splits' keys and one (largest) piece more (split 0 keeps at least a piece), else 1.
 inline int flash_decode_live_splits(const FlashDecodePlan& plan, std::int64_t n, bool head_tiles,
                                     std::int64_t bh = -1) {
   if (n <= plan.single_split_keys || (bh >= 0 && bh < plan.split_from_bh)) return 1;
   if (plan.late_splits > 0) {
-    const std::int64_t piece = (n + (std::int64_t{1} << plan.late_shift) - 1) >> plan.late_shift;
-    const std::int64_t late_chunk =
-        (piece + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys * kFlashDecodeTileKeys;
-    return n >= (plan.late_splits + 1) * late_chunk ? 1 + plan.late_splits : 1;
+    const FlashDecodeLatePieces late =
+        flash_decode_late_pieces(n, plan.late_splits, plan.late_shift, plan.late_halving);
+    return n >= late.late_keys + late.chunk ? 1 + plan.late_splits : 1;
   }
   if (head_tiles) {
     const std::int64_t head_keys = static_cast<std::int64_t>(kFlashDecodeTileKeys) * plan.warps;
@@ -267,6 +297,11 @@ struct FlashDecodeDevKnobs {
   // Defaults from SPLICE_FLASH_DECODE_LATE and SPLICE_FLASH_DECODE_LATE_SHIFT.
   int late_splits = -1;
   int late_shift = -1;
+  // Halving late pieces (FlashDecodePlan::late_halving) where late splits run: -1 the plan's (none
+  // where late_splits above overrides the plan), 0 equal pieces, 1 halving (at most
+  // kFlashDecodeLateHalvingMaxPieces pieces, else equal). Default from
+  // SPLICE_FLASH_DECODE_LATE_HALVING.
+  int late_halving = -1;
 };
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
