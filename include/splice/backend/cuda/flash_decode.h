@@ -139,7 +139,7 @@ struct FlashDecodePlan {
   // dispatches first. 0: none.
   int late_splits = 0;
   int late_shift = 0;
-  // The late pieces halve in size instead (flash_decode_late_piece): c, c / 2, .. c / 2^(L - 1)
+  // The late pieces halve in size instead (flash_decode_late_pieces): c, c / 2, .. c / 2^(L - 1)
   // with c = ceil(n / 2^late_shift) rounded up to a multiple of 16 * 2^(L - 1) keys, each after
   // the one before, the largest dispatched first. late_splits <= kFlashDecodeLateHalvingMaxPieces.
   bool late_halving = false;
