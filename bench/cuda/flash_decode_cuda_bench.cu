@@ -163,13 +163,10 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
       knobs.single_split_bytes > 0 ? knobs.single_split_bytes
                                    : splice::cuda::kFlashDecodeSingleSplitBytes);
   r.warps = plan.warps;
-  const bool late_knob =
-      splice::cuda::flash_decode_late_knob_applies(plan, forced_splits, knobs.late_splits);
-  r.late = forced_splits > 0 ? 0 : late_knob ? knobs.late_splits : plan.late_splits;
-  // The launcher's choice (flash_decode.cu): the knob's, else the plan's unless the late knob
-  // replaced its pieces.
-  r.halving = r.late > 0 && r.late <= splice::cuda::kFlashDecodeLateHalvingMaxPieces &&
-              (knobs.late_halving >= 0 ? knobs.late_halving != 0 : !late_knob && plan.late_halving);
+  const splice::cuda::FlashDecodeLateLaunch late =
+      splice::cuda::flash_decode_late_launch(plan, forced_splits, knobs);  // the launcher's
+  r.late = late.splits;
+  r.halving = late.halving;
   r.splits = forced_splits > 0 ? static_cast<int>(forced_splits) : plan.num_splits;
   r.live = forced_splits > 0 ? static_cast<int>(forced_splits)
                              : splice::cuda::flash_decode_live_splits(plan, s.k_len, true);

@@ -491,19 +491,13 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // unit evenly instead); the knobs may set the late splits where the plan could take them.
   std::int64_t split_from_bh = forced > 0 ? 0 : plan.split_from_bh;
   std::int64_t base_splits = std::max<std::int64_t>(plan.grid_y, forced);
-  int late_splits = forced > 0 ? 0 : plan.late_splits;
-  int late_shift = plan.late_shift;
-  bool late_halving = plan.late_halving;
-  if (flash_decode_late_knob_applies(plan, forced, knobs.late_splits)) {
+  const FlashDecodeLateLaunch late = flash_decode_late_launch(plan, forced, knobs);
+  const int late_splits = late.splits;
+  if (late.from_knob) {
     // A tail-split plan gives its tail split up for the late splits (one split a unit).
     split_from_bh = 0;
     base_splits = 1;
-    late_splits = std::min(knobs.late_splits, kFlashDecodeMaxSplits - 1);
-    late_shift = knobs.late_shift >= 0 ? std::min(knobs.late_shift, 16) : kFlashDecodeLateShift;
-    late_halving = false;
   }
-  if (knobs.late_halving >= 0) late_halving = knobs.late_halving != 0;
-  late_halving = late_halving && late_splits > 0 && late_splits <= kFlashDecodeLateHalvingMaxPieces;
   // Splits per unit: the grid's y dimension, or its z dimension under the late splits.
   const std::int64_t grid_y = base_splits + late_splits;
   const std::int64_t split_units = units - split_from_bh * plan.grid_x;
@@ -558,8 +552,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.single_split_keys = plan.single_split_keys;
   p.split_from_bh = static_cast<int>(split_from_bh);
   p.late_splits = late_splits;
-  p.late_shift = late_shift;
-  p.late_halving = late_halving ? 1 : 0;
+  p.late_shift = late.shift;
+  p.late_halving = late.halving ? 1 : 0;
   // The head plan (kernel stages 1-2): without a left window every split's warp w streams keys
   // [16 (W split + w), + 16) first whatever k_len is, so without the stable prefix they are
   // issued before k_len lands. Wasted copies (a k_len short of the head region) read at most

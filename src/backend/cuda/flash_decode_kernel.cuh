@@ -511,14 +511,13 @@ __device__ __forceinline__ SplitPlan plan_splits(const FlashDecodeParams& p, int
     const bool pieces = n > p.single_split_keys && n >= late_keys + late_chunk;
     const int first = pieces ? n - late_keys : n;
     const int index = max(split - 1, 0);  // the late piece's, from 0 (split 0: unused)
+    const int piece_at = p.late_halving ? 2 * late_chunk - 2 * (late_chunk >> index)
+                                        : index * late_chunk;  // into the late region
+    const int piece_keys = p.late_halving ? late_chunk >> index : late_chunk;
     r.chunk = late_chunk;
     r.live = pieces ? 1 + p.late_splits : 1;
-    r.c0 = split == 0 ? r.lo
-                      : r.lo + first +
-                            (p.late_halving ? 2 * late_chunk - 2 * (late_chunk >> index)
-                                            : index * late_chunk);
-    r.c1 = split == 0 ? r.lo + first
-                      : min(r.hi, r.c0 + (p.late_halving ? late_chunk >> index : late_chunk));
+    r.c0 = split == 0 ? r.lo : r.lo + first + piece_at;
+    r.c1 = split == 0 ? r.lo + first : min(r.hi, r.c0 + piece_keys);
     return r;
   }
   if (head_tiles && n > p.single_split_keys) {

@@ -306,6 +306,34 @@ struct FlashDecodeDevKnobs {
 void set_flash_decode_dev_knobs(const FlashDecodeDevKnobs& knobs);
 FlashDecodeDevKnobs flash_decode_dev_knobs();
 
+// The late splits a launch under `plan` runs (none with a forced split count), after the knobs:
+// `from_knob` when the late_splits knob replaced the plan's (its pieces are then equal unless the
+// late_halving knob asks otherwise); halving only for 1 .. kFlashDecodeLateHalvingMaxPieces.
+struct FlashDecodeLateLaunch {
+  int splits = 0;
+  int shift = 0;
+  bool halving = false;
+  bool from_knob = false;
+};
+inline FlashDecodeLateLaunch flash_decode_late_launch(const FlashDecodePlan& plan,
+                                                      std::int64_t forced_splits,
+                                                      const FlashDecodeDevKnobs& knobs) {
+  FlashDecodeLateLaunch late;
+  late.splits = forced_splits > 0 ? 0 : plan.late_splits;
+  late.shift = plan.late_shift;
+  late.halving = plan.late_halving;
+  if (flash_decode_late_knob_applies(plan, forced_splits, knobs.late_splits)) {
+    late.from_knob = true;
+    late.splits = std::min(knobs.late_splits, kFlashDecodeMaxSplits - 1);
+    late.shift = knobs.late_shift >= 0 ? std::min(knobs.late_shift, 16) : kFlashDecodeLateShift;
+    late.halving = false;
+  }
+  if (knobs.late_halving >= 0) late.halving = knobs.late_halving != 0;
+  late.halving =
+      late.halving && late.splits > 0 && late.splits <= kFlashDecodeLateHalvingMaxPieces;
+  return late;
+}
+
 // Computes attention into `out` (and `*lse` when non-null) on `stream`. The grid is planned at
 // the capacity bound so the launch can be captured in a graph and replayed with new k_len values;
 // `options.num_splits > 0` forces that many splits (tests use it to check split invariance).
