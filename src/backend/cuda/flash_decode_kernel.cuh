@@ -68,8 +68,13 @@
 //      .. kStages - 2 (tile 0 already, if speculative) are issued after the plan, tiles < c1 only;
 //      keys >= c1 are zero-filled; only the speculative tile, read up to the capacity, has its V
 //      rows >= hi zeroed in shared memory before use (they may hold NaN, and 0 * NaN would leak).
-//      No CTA-wide barrier in the main loop. Step `it` issues tile it + kStages - 1 and waits for
-//      exactly tile `it` (cp.async groups: one per tile, in tile order).
+//      Step `it` issues tile it + kStages - 1 and waits for exactly tile `it` (cp.async groups:
+//      one per tile, in tile order). Outside the head plan the CTA's warps take their steps
+//      together (a named barrier, not the CTA barrier, at the top of each step every warp has:
+//      the first floor(tiles / W)), so the CTA's copies in flight stay one run of keys rather
+//      than W runs drifting apart; the DRAM reads such a stream at a higher rate (docs/perf.md
+//      runs 406-407: the 64K one-wave grids' plateau 96.4 -> 96.55% of peak, cuDNN's 96.6%;
+//      0.2% faster).
 //   4. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
 //      in log2 units t = log2(e) * s with s = scale * (q . k_j), then s = cap * tanh(s / cap)
 //      (softcap), s += -slope_h * (p_i - j) (ALiBi), and t = -inf outside
@@ -871,7 +876,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     __syncwarp();
   }
 
+  // Lockstep (stage 3): every warp has floor(tiles / W) or more steps of [c0, c1); the head plan
+  // (small one-wave grids, whose warps wait on latency rather than on the DRAM's rate) is left
+  // free.
+  const int lockstep_steps =
+      plan.head || (p.dev_drop & kDropKv) || c1 <= c0 ? 0 : ceil_div(c1 - c0, kTileKeys) / kWarps;
   for (int it = 0; it < my_tiles; ++it) {
+    if (it < lockstep_steps) asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads));
     // One group per step (empty past the warp's last tile), so tile `it` always has exactly
     // kStages - 1 younger groups: waiting for all but those covers it.
     const int pre = it + kStages - 1;
