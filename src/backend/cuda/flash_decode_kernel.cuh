@@ -876,9 +876,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     __syncwarp();
   }
 
-  // Lockstep (stage 3): every warp has floor(tiles / W) or more steps of [c0, c1); the head plan
-  // (small one-wave grids, whose warps wait on latency rather than on the DRAM's rate) is left
-  // free.
+  // Lockstep (stage 3): every warp has floor(tiles / W) or more steps of [c0, c1), and c0, c1 and
+  // the plan are the CTA's, so every warp reaches each barrier. The head plan (small one-wave
+  // grids such as B = 1, latency-bound; not measured with the barrier) leaves its warps free.
   const int lockstep_steps =
       plan.head || (p.dev_drop & kDropKv) || c1 <= c0 ? 0 : ceil_div(c1 - c0, kTileKeys) / kWarps;
   for (int it = 0; it < my_tiles; ++it) {
