@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # dev/pm_sampling/pm_call.sh: Nsight Compute's PM sampling (DRAM throughput and more over the
-# launch's time) of cuDNN's decode launch and of splice's flash decode (the rule, and with no late
-# pieces), PM_COUNT (3) launches each, at each shape: where in the call each leaves the DRAM
-# idle (the start, the end) and its read rate in between.
+# launch's time) of cuDNN's decode launch and of splice's flash decode (HEAD's rule; PM_L0=1 adds
+# HEAD with no late pieces; PACK, a dev/pack_binaries.sh flash-variants pack, adds each variant
+# under the rule), PM_COUNT (3) launches each, at each shape: where in the call each leaves the
+# DRAM idle (the start, the end) and its read rate in between (perf.md runs 404-406).
 #   run(command="dev/pm_sampling/pm_call.sh", carry=[".gpubin/pack/refresh2.tgz", ".deps"])
+#   run(command="PACK=.gpubin/pack/flash-variants.tgz dev/pm_sampling/pm_call.sh",
+#       carry=[".gpubin/pack/refresh2.tgz", ".gpubin/pack/flash-variants.tgz", ".deps"])
 # Environment: SHAPES (space-separated; files numbered by position), PM_INT
-# (--pm-sampling-interval, 1000; retried at 0, ncu's choice), PM_COUNT, PM_L0, PACK (below).
+# (--pm-sampling-interval, 1000; retried at 0, ncu's choice), PM_COUNT, PM_L0, PACK.
 # Out: $OUT/pm.tgz of pm-NAMEi.csv (dev/pm_sampling/pm_dump.py's long form; pm_table.py prints
 # each shape's table on the device too).
 set -uo pipefail
@@ -34,8 +37,6 @@ pm_profile() {  # NAME REGEX SKIP COMMAND...
   ncu -i "$W/prof.ncu-rep" --page details --csv 2>&1 | grep -i '"duration"\|sampling interval' |
     awk -F'","' '{sub(/",.*$/, "", $15); print "  " $13 " = " $15}' | head -8
 }
-# Profiles: cuDNN, splice's rule (HEAD) and, with PM_L0=1, HEAD with no late pieces; with PACK (a
-# dev/pack_binaries.sh flash-variants pack) each variant's bench under the rule too.
 benches=("rule:$F/head/flash_decode_cuda_bench")
 if [[ -n ${PACK:-} ]]; then
   V=/tmp/pm-variants && rm -rf "$V" && mkdir -p "$V" && tar xzf "$PACK" -C "$V"
