@@ -69,12 +69,13 @@
 //      keys >= c1 are zero-filled; only the speculative tile, read up to the capacity, has its V
 //      rows >= hi zeroed in shared memory before use (they may hold NaN, and 0 * NaN would leak).
 //      Step `it` issues tile it + kStages - 1 and waits for exactly tile `it` (cp.async groups:
-//      one per tile, in tile order). Outside the head plan the CTA's warps take their steps
-//      together (a named barrier, not the CTA barrier, at the top of each step every warp has:
-//      the first floor(tiles / W)), so the CTA's copies in flight stay one run of keys rather
-//      than W runs drifting apart; the DRAM reads such a stream at a higher rate (docs/perf.md
-//      runs 406-407: the 64K one-wave grids' plateau 96.4 -> 96.55% of peak, cuDNN's 96.6%;
-//      0.2% faster).
+//      one per tile, in tile order). The CTA's warps take their steps together (a named barrier,
+//      not the CTA barrier, at the top of each step every warp has: the first floor(tiles / W)
+//      of [c0, c1), after the head step under the head plan when every warp's head tile is
+//      live), so the CTA's copies in flight stay one run of keys rather than W runs drifting
+//      apart; the DRAM reads such a stream at a higher rate (docs/perf.md runs 406-407: the 64K
+//      one-wave grids' plateau 96.4 -> 96.55% of peak, cuDNN's 96.6%; 0.2% faster; runs 410-411,
+//      the head plan: B = 1 16K 2.5-3% faster, 64K 1%, 4K level).
 //   4. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
 //      in log2 units t = log2(e) * s with s = scale * (q . k_j), then s = cap * tanh(s / cap)
 //      (softcap), s += -slope_h * (p_i - j) (ALiBi), and t = -inf outside
@@ -876,11 +877,14 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     __syncwarp();
   }
 
-  // Lockstep (stage 3): every warp has floor(tiles / W) or more steps of [c0, c1), and c0, c1 and
-  // the plan are the CTA's, so every warp reaches each barrier. The head plan (small one-wave
-  // grids such as B = 1, latency-bound; not measured with the barrier) leaves its warps free.
-  const int lockstep_steps =
-      plan.head || (p.dev_drop & kDropKv) || c1 <= c0 ? 0 : ceil_div(c1 - c0, kTileKeys) / kWarps;
+  // Lockstep (stage 3): every warp has floor(tiles / W) or more steps of [c0, c1) (after its head
+  // step under the head plan, which every warp has when heads_live), and c0, c1 and the plan are
+  // the CTA's, so every warp reaches each barrier.
+  const int body_steps = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) / kWarps : 0;
+  const bool heads_live = kTileKeys * kWarps * (split + 1) <= plan.hi;  // every warp's head tile
+  const int lockstep_steps = (p.dev_drop & kDropKv) ? 0
+                             : plan.head             ? (heads_live ? 1 + body_steps : 0)
+                                                     : body_steps;
   for (int it = 0; it < my_tiles; ++it) {
     if (it < lockstep_steps) asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads));
     // One group per step (empty past the warp's last tile), so tile `it` always has exactly
