@@ -15,6 +15,13 @@
 //      peers (bench/peers/attention_peers.py) are timed the same way.
 //   4. Output: one row per shape (us, effective KV GB/s, % of the floor; batch <= 8
 //      also under the stable-prefix promise, what a decode step launches) and JSON.
+//   4'. Output check (every timed configuration, every mode but the attribution knobs'): after
+//      the timing, one more call of input set 0 with the LSE, and its last unit (batch B - 1,
+//      kv head Hkv - 1: every batch and head stride in its addresses) against float64 from the
+//      same bf16 q, K and V: the outputs within bf16's default tolerance, the LSE within 1e-4
+//      (one 16-key tile left out or read twice moves it by >= 16 / k_len: 2.4e-4 at 64K keys).
+//      A failure prints CHECK FAILED with the configuration and the bench exits 1: a plan
+//      column or a dev/ variant that is fast but wrong shows in its own timing run.
 //   5. Plan check (unless --no-variants): the SmolLM2 shapes and B = 1 (32, 8) at 1K / 4K with
 //      forced split counts {1, 2, 4, 8, 16} beside the plan's, to check the single-split limit
 //      and the split rule; then the batch <= 8 shapes with programmatic dependent launch off and
@@ -47,6 +54,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,6 +67,7 @@
 #include "splice/backend/cuda/flash_decode.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/tensor.h"
+#include "splice/core/tolerance.h"
 
 namespace {
 
@@ -105,6 +114,7 @@ struct Result {
   double us = 0.0;
   double spread_us = 0.0;   // max - min replay time per call
   double stable_us = -1.0;  // batch <= 8: the same under the stable-prefix promise
+  bool checked = false;     // the output check (4') ran and passed
 };
 
 splice::Tensor device_view(const std::shared_ptr<splice::Storage>& storage, std::int64_t offset,
@@ -144,6 +154,98 @@ struct Inputs {
     BENCH_CHECK(cudaMemcpy(k_len.raw_data(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
   }
 };
+
+std::string shape_name(const Shape& s) {
+  char name[80];
+  std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld,D%lld)", static_cast<long long>(s.batch),
+                static_cast<long long>(s.num_qo_heads), static_cast<long long>(s.num_kv_heads),
+                static_cast<long long>(s.k_len), static_cast<long long>(s.head_dim));
+  std::string out = name;
+  if (s.capacity > 0) out += "c" + std::to_string(s.capacity);
+  return out;
+}
+
+// Configurations whose output check failed (4'); main exits 1 when there are any.
+int g_check_failures = 0;
+
+// main's exit code: 1 when some configuration's output check failed (named on stdout as it ran).
+int checks_exit_code() {
+  if (g_check_failures == 0) return 0;
+  std::printf("\nCHECK FAILED: %d configurations' outputs (above)\n", g_check_failures);
+  return 1;
+}
+
+// Max over elements of |actual - expected| - (atol + rtol |expected|): > 0 outside `tol`.
+double tolerance_excess(const std::vector<double>& actual, const std::vector<double>& expected,
+                        splice::Tolerance tol) {
+  double excess = -INFINITY;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    const double e =
+        std::abs(actual[i] - expected[i]) - (tol.atol + tol.rtol * std::abs(expected[i]));
+    excess = std::isnan(e) ? INFINITY : std::max(excess, e);
+  }
+  return excess;
+}
+
+std::vector<double> copy_bf16(const __nv_bfloat16* device_rows, std::size_t count) {
+  std::vector<__nv_bfloat16> raw(count);
+  BENCH_CHECK(cudaMemcpy(raw.data(), device_rows, count * 2, cudaMemcpyDeviceToHost));
+  std::vector<double> values(count);
+  for (std::size_t i = 0; i < count; ++i) values[i] = __bfloat162float(raw[i]);
+  return values;
+}
+
+// The output check (4'): `out0` and `lse0` hold input set 0's call; its last unit's G query
+// heads against float64 softmax(scale q K^T) V and log-sum-exp over keys [0, k_len).
+// Returns true when both are within tolerance (else prints CHECK FAILED and counts it).
+bool check_last_unit(const Inputs& in, const splice::Tensor& lse0, const char* what) {
+  const Shape& s = in.shape;
+  const std::int64_t g = s.num_qo_heads / s.num_kv_heads, d = s.head_dim;
+  const std::int64_t b = s.batch - 1, h = s.num_kv_heads - 1;
+  const std::int64_t kv_row0 = ((b * s.num_kv_heads + h) * s.cap()) * d;  // its first K / V row
+  const std::int64_t q_row0 = (b * s.num_qo_heads + h * g) * d;           // its first query head
+  // [k_len, D] K and V rows, [G, D] q and out rows, [G] lse.
+  const std::vector<double> k = copy_bf16(in.k[0].data<__nv_bfloat16>() + kv_row0, s.k_len * d);
+  const std::vector<double> v = copy_bf16(in.v[0].data<__nv_bfloat16>() + kv_row0, s.k_len * d);
+  const std::vector<double> q = copy_bf16(in.q[0].data<__nv_bfloat16>() + q_row0, g * d);
+  const std::vector<double> out = copy_bf16(in.out[0].data<__nv_bfloat16>() + q_row0, g * d);
+  std::vector<float> lse_f(static_cast<std::size_t>(g));
+  BENCH_CHECK(cudaMemcpy(lse_f.data(), lse0.data<float>() + b * s.num_qo_heads + h * g, g * 4,
+                         cudaMemcpyDeviceToHost));
+  const std::vector<double> lse(lse_f.begin(), lse_f.end());
+
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> ref_out(static_cast<std::size_t>(g * d), 0.0), ref_lse(g);
+  std::vector<double> score(static_cast<std::size_t>(s.k_len));
+  for (std::int64_t r = 0; r < g; ++r) {
+    double m = -INFINITY;
+    for (std::int64_t j = 0; j < s.k_len; ++j) {
+      double dot = 0.0;
+      for (std::int64_t c = 0; c < d; ++c) dot += q[r * d + c] * k[j * d + c];
+      score[j] = scale * dot;
+      m = std::max(m, score[j]);
+    }
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < s.k_len; ++j) {
+      const double p = std::exp(score[j] - m);
+      sum += p;
+      for (std::int64_t c = 0; c < d; ++c) ref_out[r * d + c] += p * v[j * d + c];
+    }
+    for (std::int64_t c = 0; c < d; ++c) ref_out[r * d + c] /= sum;
+    ref_lse[r] = m + std::log(sum);
+  }
+  const double out_excess =
+      tolerance_excess(out, ref_out, splice::default_tolerance(splice::DType::bf16));
+  const double lse_excess = tolerance_excess(lse, ref_lse, splice::Tolerance{1e-4, 0.0});
+  if (out_excess <= 0.0 && lse_excess <= 0.0) return true;
+  ++g_check_failures;
+  std::printf(
+      "CHECK FAILED %s: unit (b %lld, kv head %lld) out beyond tolerance by %.3g, lse by "
+      "%.3g\n",
+      what, static_cast<long long>(b), static_cast<long long>(h), out_excess, lse_excess);
+  std::fflush(stdout);
+  return false;
+}
 
 // `stable_prefix`: the calls carry flash_decode's stable-prefix promise (what a decode step
 // launches: nothing in flight writes k_len or the cache rows below k_len - q_len). It holds here:
@@ -193,6 +295,18 @@ Result run_shape(Inputs& in, int reps, cudaStream_t stream, std::int64_t forced_
   r.spread_us = t.spread_us;
   BENCH_CHECK(cudaGraphExecDestroy(exec));
   BENCH_CHECK(cudaGraphDestroy(graph));
+
+  if (knobs.drop_stages == 0) {  // the output check (4'); attribution runs' outputs are wrong
+    splice::Tensor lse = splice::Tensor::empty({s.batch, s.num_qo_heads, 1}, splice::DType::f32,
+                                               splice::Device::cuda());
+    splice::cuda::flash_decode(in.q[0], in.k[0], in.v[0], in.k_len, nullptr, options, in.out[0],
+                               &lse, stream, stable_prefix);
+    BENCH_CHECK(cudaStreamSynchronize(stream));
+    char what[160];
+    std::snprintf(what, sizeof what, "%s warps %d splits %d late %d%s%s", shape_name(s).c_str(),
+                  r.warps, r.splits, r.late, r.halving ? "h" : "", stable_prefix ? " stable" : "");
+    r.checked = check_last_unit(in, lse, what);
+  }
   return r;
 }
 
@@ -229,16 +343,6 @@ void set_late(int late_splits, int late_shift, int late_halving) {
   knobs.late_shift = late_shift;
   knobs.late_halving = late_halving;
   splice::cuda::set_flash_decode_dev_knobs(knobs);
-}
-
-std::string shape_name(const Shape& s) {
-  char name[80];
-  std::snprintf(name, sizeof name, "(%lld,%lld,%lld,%lld,D%lld)", static_cast<long long>(s.batch),
-                static_cast<long long>(s.num_qo_heads), static_cast<long long>(s.num_kv_heads),
-                static_cast<long long>(s.k_len), static_cast<long long>(s.head_dim));
-  std::string out = name;
-  if (s.capacity > 0) out += "c" + std::to_string(s.capacity);
-  return out;
 }
 
 }  // namespace
@@ -424,7 +528,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     BENCH_CHECK(cudaStreamDestroy(stream));
-    return 0;
+    return checks_exit_code();
   }
 
   if (cluster_ab) {
@@ -474,7 +578,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     BENCH_CHECK(cudaStreamDestroy(stream));
-    return 0;
+    return checks_exit_code();
   }
 
   if (warps_ab) {
@@ -497,7 +601,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     BENCH_CHECK(cudaStreamDestroy(stream));
-    return 0;
+    return checks_exit_code();
   }
 
   if (ab) {
@@ -528,7 +632,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     BENCH_CHECK(cudaStreamDestroy(stream));
-    return 0;
+    return checks_exit_code();
   }
 
   std::vector<Result> results;
@@ -622,5 +726,5 @@ int main(int argc, char** argv) {
   }
   json << "  ]\n}\n";
   BENCH_CHECK(cudaStreamDestroy(stream));
-  return 0;
+  return checks_exit_code();
 }
