@@ -26,6 +26,13 @@
 //     variant is also timed with each listed bit mask (set_kda_tune), printed as "A/B" lines, a
 //     decision table (us and % of the floor per mask) and the JSON field "stream_tune_us"; the main
 //     table and "stream_us" keep the default.
+//  6. Output check (every timed configuration): after its timing, one more launch of set 0, and
+//     its last sequence (rows (N - 1) T .., slots (N - 1) T + 1 ..) against the CPU kernel run
+//     on a copy of what that launch read: conv history bit for bit, output and state
+//     checkpoints within FlashInfer's tolerances (issue 6: output rtol 3e-2 / atol 2e-2, state
+//     rtol 3e-2 / atol 2e-3; the tests hold splice to tighter ones). A failure prints CHECK
+//     FAILED with the configuration and the bench exits 1: a variant or a dev/ patch that is
+//     fast but wrong shows in its own timing run.
 // Prints the table last; writes JSON to argv[1] (default kda_decode_cuda_bench.json). argv[2], if
 // given, is the peers' text file ("<dtype> <N> <T> <fla_us> <fla_recurrent_us> [<flashinfer_us>]"
 // per line, -1 where a peer was not timed; FlashInfer's fused_kda_decode runs T = 1 only).
@@ -62,9 +69,11 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench_util.cuh"
+#include "splice/backend/cpu/kda_decode.h"
 #include "splice/backend/cuda/kda_decode.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/ops/kda_decode.h"
@@ -155,6 +164,35 @@ struct PeerTimes {
 splice::Tensor borrow(void* p, const splice::Dims& shape, splice::DType dt,
                       splice::Dims strides = {}) {
   return splice::Tensor::borrow(p, shape, dt, std::move(strides), splice::Device::cuda());
+}
+
+// Configurations whose output check failed (6); main exits 1 when there are any.
+int g_check_failures = 0;
+
+std::vector<std::uint8_t> to_host(const void* device, std::size_t bytes) {
+  std::vector<std::uint8_t> host(bytes);
+  BENCH_CHECK(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// Element values of a host copy of `dtype` (f32 or bf16) data.
+double value_at(const std::vector<std::uint8_t>& bytes, splice::DType dtype, std::size_t i) {
+  if (dtype == splice::DType::f32) return reinterpret_cast<const float*>(bytes.data())[i];
+  return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(bytes.data())[i]);
+}
+
+// Max over elements of |actual - expected| - (atol + rtol |expected|): > 0 outside the bound.
+double tolerance_excess(const std::vector<std::uint8_t>& actual,
+                        const std::vector<std::uint8_t>& expected, splice::DType dtype, double atol,
+                        double rtol) {
+  const std::size_t count = actual.size() / splice::dtype_size(dtype);
+  double excess = -INFINITY;
+  for (std::size_t i = 0; i < count; ++i) {
+    const double a = value_at(actual, dtype, i), e = value_at(expected, dtype, i);
+    const double over = std::abs(a - e) - (atol + rtol * std::abs(e));
+    excess = std::isnan(over) ? INFINITY : std::max(excess, over);
+  }
+  return excess;
 }
 
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
@@ -427,7 +465,85 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
       N, kH, T, sdt, sms, splice::cuda::current_device_facts().dram_bytes_per_s);
   res.chosen = splice::cuda::kda_variant_name(chosen);
 
-  // Median time per launch of G launches of one configuration captured in one graph.
+  // The output check (6): one launch of set 0 under `variant` (and the tune bits, PDL setting
+  // and stable-state flag in force), its last sequence against the CPU kernel on a copy of the
+  // conv and state slots that launch read. Set 0's sequence n owns slots 1 + n T .. (n + 1) T;
+  // the CPU copy holds them as slots 1 .. T (slot 0 zero, unused).
+  auto check_config = [&](splice::cuda::KdaVariant variant) {
+    const std::int64_t n = N - 1, row0 = n * T, slot0 = 1 + n * T;
+    const std::size_t conv_slot = 3 * C * hist * 2, state_slot = kH * kD * kD * es;
+    BENCH_CHECK(cudaStreamSynchronize(stream));
+    std::vector<std::uint8_t> conv_in(conv_slot, 0), state_in(state_slot, 0);  // slot 0
+    for (const auto& [host, device, bytes] :
+         {std::tuple{&conv_in, static_cast<const std::uint8_t*>(static_cast<void*>(conv)),
+                     conv_slot},
+          std::tuple{&state_in, static_cast<const std::uint8_t*>(state), state_slot}}) {
+      const std::vector<std::uint8_t> slots_of_seq = to_host(device + slot0 * bytes, T * bytes);
+      host->insert(host->end(), slots_of_seq.begin(), slots_of_seq.end());
+    }
+    splice::cuda::kda_decode(args[0], stream, variant);
+    BENCH_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<std::uint8_t> gpu_out = to_host(out + row0 * C, T * C * 2);
+    const std::vector<std::uint8_t> gpu_conv =
+        to_host(static_cast<const std::uint8_t*>(static_cast<void*>(conv)) + slot0 * conv_slot,
+                T * conv_slot);
+    const std::vector<std::uint8_t> gpu_state =
+        to_host(static_cast<const std::uint8_t*>(state) + slot0 * state_slot, T * state_slot);
+
+    // The CPU kernel's arguments: sequence n alone, over host copies.
+    std::vector<std::uint8_t> h_x = to_host(x + row0 * 3 * C, T * 3 * C * 2),
+                              h_weight = to_host(weight, 12 * C * 4),
+                              h_gate = to_host(gate + row0 * C, T * C * 2),
+                              h_beta = to_host(beta + row0 * kH, T * kH * 2),
+                              h_alog = to_host(alog, kH * 4), h_dtb = to_host(dtb, C * 4),
+                              h_og = to_host(og + row0 * C, T * C * 2), h_nw = to_host(nw, kD * 4),
+                              h_out(T * C * 2, 0);
+    std::vector<int> h_si(T), h_qsl = {0, T}, h_nat = {nat[n]};
+    for (int t = 0; t < T; ++t) h_si[t] = 1 + t;
+    const auto host = [](void* p, const splice::Dims& shape, DType dt, splice::Dims strides = {}) {
+      return splice::Tensor::borrow(p, shape, dt, std::move(strides), splice::Device::cpu());
+    };
+    splice::KdaDecodeArgs c = args[0];
+    c.x = host(h_x.data(), {T, 3 * C}, DType::bf16);
+    c.weight = host(h_weight.data(), {3, 4, C}, DType::f32);
+    c.conv_state =
+        host(conv_in.data(), {T + 1, 3 * C, hist}, DType::bf16, {3 * C * hist, 1, 3 * C});
+    c.raw_gate = host(h_gate.data(), {T, kH, kD}, DType::bf16);
+    c.raw_beta = host(h_beta.data(), {T, kH}, DType::bf16);
+    c.A_log = host(h_alog.data(), {kH}, DType::f32);
+    c.dt_bias = host(h_dtb.data(), {C}, DType::f32);
+    c.state_indices = host(h_si.data(), {1, T}, DType::i32);
+    c.state = host(state_in.data(), {T + 1, kH, kD, kD}, sdt);
+    c.output_gate = host(h_og.data(), {T, kH, kD}, DType::bf16);
+    c.norm_weight = host(h_nw.data(), {kD}, DType::f32);
+    c.output = host(h_out.data(), {T, kH, kD}, DType::bf16);
+    c.query_start_loc = host(h_qsl.data(), {2}, DType::i32);
+    c.num_accepted_tokens = host(h_nat.data(), {1}, DType::i32);
+    c.num_rows = T;
+    c.num_seqs = 1;
+    c.num_slots = T + 1;
+    c.stable_state = false;
+    splice::cpu::kda_decode(c);
+
+    const std::vector<std::uint8_t> cpu_conv(conv_in.begin() + conv_slot, conv_in.end());
+    const std::vector<std::uint8_t> cpu_state(state_in.begin() + state_slot, state_in.end());
+    const bool conv_ok = gpu_conv == cpu_conv;
+    const double out_excess = tolerance_excess(gpu_out, h_out, DType::bf16, 2e-2, 3e-2);
+    const double state_excess = tolerance_excess(gpu_state, cpu_state, sdt, 2e-3, 3e-2);
+    if (conv_ok && out_excess <= 0.0 && state_excess <= 0.0) return;
+    ++g_check_failures;
+    std::printf(
+        "CHECK FAILED %s N %d T %d %s (tune %u, PDL %d%s): sequence %lld: conv history "
+        "%s, output beyond tolerance by %.3g, state checkpoints by %.3g\n",
+        splice::dtype_name(sdt), N, T, splice::cuda::kda_variant_name(variant),
+        splice::cuda::kda_tune(), splice::cuda::pdl_enabled() ? 1 : 0,
+        args[0].stable_state ? ", stable state" : "", static_cast<long long>(n),
+        conv_ok ? "equal" : "DIFFERS", out_excess, state_excess);
+    std::fflush(stdout);
+  };
+
+  // Median time per launch of G launches of one configuration captured in one graph, then its
+  // output check.
   auto time_config = [&](splice::cuda::KdaVariant variant) {
     for (int g = 0; g < G; ++g) splice::cuda::kda_decode(args[g], stream, variant);  // warm
     BENCH_CHECK(cudaStreamSynchronize(stream));
@@ -448,7 +564,9 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
       BENCH_CHECK(cudaGraphDestroy(graph));
       return t.median_us;
     };
-    return opt.cold ? timed(true) - timed(false) : timed(true);
+    const double us = opt.cold ? timed(true) - timed(false) : timed(true);
+    check_config(variant);
+    return us;
   };
   for (auto variant : kVariants) {
     const std::string name = splice::cuda::kda_variant_name(variant);
@@ -729,5 +847,9 @@ int main(int argc, char** argv) {
     }
   }
   BENCH_CHECK(cudaStreamDestroy(stream));
+  if (g_check_failures > 0) {
+    std::printf("\nCHECK FAILED: %d configurations' outputs (above)\n", g_check_failures);
+    return 1;
+  }
   return 0;
 }
