@@ -219,4 +219,11 @@ inline double measure_read_bandwidth(cudaStream_t stream,
   return static_cast<double>(bytes) / read_s;
 }
 
+// A host copy of `bytes` bytes at `device` (the benches' output checks).
+inline std::vector<std::uint8_t> to_host(const void* device, std::size_t bytes) {
+  std::vector<std::uint8_t> host(bytes);
+  BENCH_CHECK(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost));
+  return host;
+}
+
 }  // namespace splice::bench

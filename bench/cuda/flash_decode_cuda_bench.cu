@@ -17,9 +17,10 @@
 //      also under the stable-prefix promise, what a decode step launches) and JSON.
 //   4'. Output check (every timed configuration, every mode but the attribution knobs'): after
 //      the timing, one more call of input set 0 with the LSE, and its last unit (batch B - 1,
-//      kv head Hkv - 1: every batch and head stride in its addresses) against float64 from the
-//      same bf16 q, K and V: the outputs within bf16's default tolerance, the LSE within 1e-4
-//      (one 16-key tile left out or read twice moves it by >= 16 / k_len: 2.4e-4 at 64K keys).
+//      kv head Hkv - 1: every batch and head stride in its addresses) against the CPU kernel
+//      (tested against float64) on the same bf16 q, K and V: the outputs within bf16's default
+//      tolerance, the LSE within 1e-4 (one 16-key tile left out or read twice moves it by >= 16
+//      / k_len: 2.4e-4 at 64K keys).
 //      A failure prints CHECK FAILED with the configuration and the bench exits 1: a plan
 //      column or a dev/ variant that is fast but wrong shows in its own timing run.
 //   5. Plan check (unless --no-variants): the SmolLM2 shapes and B = 1 (32, 8) at 1K / 4K with
@@ -54,7 +55,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -64,12 +64,15 @@
 #include <vector>
 
 #include "bench_util.cuh"
+#include "splice/backend/cpu/flash_decode.h"
 #include "splice/backend/cuda/flash_decode.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/tensor.h"
 #include "splice/core/tolerance.h"
 
 namespace {
+
+using splice::bench::to_host;
 
 constexpr std::size_t kRotateBytes = std::size_t{512} << 20;
 constexpr int kMaxSets = 64;
@@ -175,74 +178,47 @@ int checks_exit_code() {
   return 1;
 }
 
-// Max over elements of |actual - expected| - (atol + rtol |expected|): > 0 outside `tol`.
-double tolerance_excess(const std::vector<double>& actual, const std::vector<double>& expected,
-                        splice::Tolerance tol) {
-  double excess = -INFINITY;
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    const double e =
-        std::abs(actual[i] - expected[i]) - (tol.atol + tol.rtol * std::abs(expected[i]));
-    excess = std::isnan(e) ? INFINITY : std::max(excess, e);
-  }
-  return excess;
+splice::Tensor host_tensor(std::vector<std::uint8_t>& bytes, const splice::Dims& shape,
+                           splice::DType dtype) {
+  return splice::Tensor::borrow(bytes.data(), shape, dtype, {}, splice::Device::cpu());
 }
 
-std::vector<double> copy_bf16(const __nv_bfloat16* device_rows, std::size_t count) {
-  std::vector<__nv_bfloat16> raw(count);
-  BENCH_CHECK(cudaMemcpy(raw.data(), device_rows, count * 2, cudaMemcpyDeviceToHost));
-  std::vector<double> values(count);
-  for (std::size_t i = 0; i < count; ++i) values[i] = __bfloat162float(raw[i]);
-  return values;
-}
-
-// The output check (4'): `out0` and `lse0` hold input set 0's call; its last unit's G query
-// heads against float64 softmax(scale q K^T) V and log-sum-exp over keys [0, k_len).
+// The output check (4'): `lse0` and in.out[0] hold input set 0's call; its last unit against the
+// CPU kernel (itself tested against float64) on host copies of that unit's q, K and V.
 // Returns true when both are within tolerance (else prints CHECK FAILED and counts it).
 bool check_last_unit(const Inputs& in, const splice::Tensor& lse0, const char* what) {
+  using splice::DType;
   const Shape& s = in.shape;
   const std::int64_t g = s.num_qo_heads / s.num_kv_heads, d = s.head_dim;
   const std::int64_t b = s.batch - 1, h = s.num_kv_heads - 1;
   const std::int64_t kv_row0 = ((b * s.num_kv_heads + h) * s.cap()) * d;  // its first K / V row
   const std::int64_t q_row0 = (b * s.num_qo_heads + h * g) * d;           // its first query head
-  // [k_len, D] K and V rows, [G, D] q and out rows, [G] lse.
-  const std::vector<double> k = copy_bf16(in.k[0].data<__nv_bfloat16>() + kv_row0, s.k_len * d);
-  const std::vector<double> v = copy_bf16(in.v[0].data<__nv_bfloat16>() + kv_row0, s.k_len * d);
-  const std::vector<double> q = copy_bf16(in.q[0].data<__nv_bfloat16>() + q_row0, g * d);
-  const std::vector<double> out = copy_bf16(in.out[0].data<__nv_bfloat16>() + q_row0, g * d);
-  std::vector<float> lse_f(static_cast<std::size_t>(g));
-  BENCH_CHECK(cudaMemcpy(lse_f.data(), lse0.data<float>() + b * s.num_qo_heads + h * g, g * 4,
-                         cudaMemcpyDeviceToHost));
-  const std::vector<double> lse(lse_f.begin(), lse_f.end());
-
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  std::vector<double> ref_out(static_cast<std::size_t>(g * d), 0.0), ref_lse(g);
-  std::vector<double> score(static_cast<std::size_t>(s.k_len));
-  for (std::int64_t r = 0; r < g; ++r) {
-    double m = -INFINITY;
-    for (std::int64_t j = 0; j < s.k_len; ++j) {
-      double dot = 0.0;
-      for (std::int64_t c = 0; c < d; ++c) dot += q[r * d + c] * k[j * d + c];
-      score[j] = scale * dot;
-      m = std::max(m, score[j]);
-    }
-    double sum = 0.0;
-    for (std::int64_t j = 0; j < s.k_len; ++j) {
-      const double p = std::exp(score[j] - m);
-      sum += p;
-      for (std::int64_t c = 0; c < d; ++c) ref_out[r * d + c] += p * v[j * d + c];
-    }
-    for (std::int64_t c = 0; c < d; ++c) ref_out[r * d + c] /= sum;
-    ref_lse[r] = m + std::log(sum);
-  }
-  const double out_excess =
-      tolerance_excess(out, ref_out, splice::default_tolerance(splice::DType::bf16));
-  const double lse_excess = tolerance_excess(lse, ref_lse, splice::Tolerance{1e-4, 0.0});
-  if (out_excess <= 0.0 && lse_excess <= 0.0) return true;
+  // The unit as a batch of one: [1, G, 1, D] q and out, [1, 1, k_len, D] K and V, [1, G, 1] lse.
+  std::vector<std::uint8_t> q = to_host(in.q[0].data<__nv_bfloat16>() + q_row0, g * d * 2),
+                            k = to_host(in.k[0].data<__nv_bfloat16>() + kv_row0, s.k_len * d * 2),
+                            v = to_host(in.v[0].data<__nv_bfloat16>() + kv_row0, s.k_len * d * 2),
+                            out = to_host(in.out[0].data<__nv_bfloat16>() + q_row0, g * d * 2),
+                            lse = to_host(lse0.data<float>() + b * s.num_qo_heads + h * g, g * 4),
+                            cpu_out(out.size()), cpu_lse(lse.size());
+  std::vector<std::uint8_t> k_len(4);
+  *reinterpret_cast<std::int32_t*>(k_len.data()) = static_cast<std::int32_t>(s.k_len);
+  splice::Tensor cpu_out_t = host_tensor(cpu_out, {1, g, 1, d}, DType::bf16);
+  splice::Tensor cpu_lse_t = host_tensor(cpu_lse, {1, g, 1}, DType::f32);
+  splice::cpu::flash_decode(
+      host_tensor(q, {1, g, 1, d}, DType::bf16), host_tensor(k, {1, 1, s.k_len, d}, DType::bf16),
+      host_tensor(v, {1, 1, s.k_len, d}, DType::bf16), host_tensor(k_len, {1}, DType::i32), nullptr,
+      splice::DecodeAttentionOptions{}, cpu_out_t, &cpu_lse_t);
+  const splice::CompareReport out_report =
+      splice::compare_tensors(host_tensor(out, {1, g, 1, d}, DType::bf16), cpu_out_t,
+                              splice::default_tolerance(DType::bf16));
+  const splice::CompareReport lse_report = splice::compare_tensors(
+      host_tensor(lse, {1, g, 1}, DType::f32), cpu_lse_t, splice::Tolerance{1e-4, 0.0});
+  if (out_report.ok && lse_report.ok) return true;
   ++g_check_failures;
   std::printf(
-      "CHECK FAILED %s: unit (b %lld, kv head %lld) out beyond tolerance by %.3g, lse by "
-      "%.3g\n",
-      what, static_cast<long long>(b), static_cast<long long>(h), out_excess, lse_excess);
+      "CHECK FAILED %s: unit (b %lld, kv head %lld) against the CPU kernel: out %s; lse %s\n", what,
+      static_cast<long long>(b), static_cast<long long>(h), out_report.str().c_str(),
+      lse_report.str().c_str());
   std::fflush(stdout);
   return false;
 }

@@ -76,9 +76,12 @@
 #include "splice/backend/cpu/kda_decode.h"
 #include "splice/backend/cuda/kda_decode.h"
 #include "splice/backend/cuda/runtime.h"
+#include "splice/core/tolerance.h"
 #include "splice/ops/kda_decode.h"
 
 namespace {
+
+using splice::bench::to_host;
 
 constexpr int kH = 32;
 constexpr int kD = 128;
@@ -168,32 +171,6 @@ splice::Tensor borrow(void* p, const splice::Dims& shape, splice::DType dt,
 
 // Configurations whose output check failed (6); main exits 1 when there are any.
 int g_check_failures = 0;
-
-std::vector<std::uint8_t> to_host(const void* device, std::size_t bytes) {
-  std::vector<std::uint8_t> host(bytes);
-  BENCH_CHECK(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost));
-  return host;
-}
-
-// Element values of a host copy of `dtype` (f32 or bf16) data.
-double value_at(const std::vector<std::uint8_t>& bytes, splice::DType dtype, std::size_t i) {
-  if (dtype == splice::DType::f32) return reinterpret_cast<const float*>(bytes.data())[i];
-  return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(bytes.data())[i]);
-}
-
-// Max over elements of |actual - expected| - (atol + rtol |expected|): > 0 outside the bound.
-double tolerance_excess(const std::vector<std::uint8_t>& actual,
-                        const std::vector<std::uint8_t>& expected, splice::DType dtype, double atol,
-                        double rtol) {
-  const std::size_t count = actual.size() / splice::dtype_size(dtype);
-  double excess = -INFINITY;
-  for (std::size_t i = 0; i < count; ++i) {
-    const double a = value_at(actual, dtype, i), e = value_at(expected, dtype, i);
-    const double over = std::abs(a - e) - (atol + rtol * std::abs(e));
-    excess = std::isnan(over) ? INFINITY : std::max(excess, over);
-  }
-  return excess;
-}
 
 #ifdef SPLICE_KDA_DEV_ATTRIBUTION
 // (attribution build, KDA_BENCH_STAMPS set) one more `stream` launch (bf16 T <= 8: the
@@ -483,11 +460,12 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
     }
     splice::cuda::kda_decode(args[0], stream, variant);
     BENCH_CHECK(cudaStreamSynchronize(stream));
-    const std::vector<std::uint8_t> gpu_out = to_host(out + row0 * C, T * C * 2);
-    const std::vector<std::uint8_t> gpu_conv =
+    // The GPU's results (non-const: the comparisons borrow them as CPU tensors).
+    std::vector<std::uint8_t> gpu_out = to_host(out + row0 * C, T * C * 2);
+    std::vector<std::uint8_t> gpu_conv =
         to_host(static_cast<const std::uint8_t*>(static_cast<void*>(conv)) + slot0 * conv_slot,
                 T * conv_slot);
-    const std::vector<std::uint8_t> gpu_state =
+    std::vector<std::uint8_t> gpu_state =
         to_host(static_cast<const std::uint8_t*>(state) + slot0 * state_slot, T * state_slot);
 
     // The CPU kernel's arguments: sequence n alone, over host copies.
@@ -525,20 +503,30 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
     c.stable_state = false;
     splice::cpu::kda_decode(c);
 
-    const std::vector<std::uint8_t> cpu_conv(conv_in.begin() + conv_slot, conv_in.end());
-    const std::vector<std::uint8_t> cpu_state(state_in.begin() + state_slot, state_in.end());
-    const bool conv_ok = gpu_conv == cpu_conv;
-    const double out_excess = tolerance_excess(gpu_out, h_out, DType::bf16, 2e-2, 3e-2);
-    const double state_excess = tolerance_excess(gpu_state, cpu_state, sdt, 2e-3, 3e-2);
-    if (conv_ok && out_excess <= 0.0 && state_excess <= 0.0) return;
+    // Slots 1 .. T of the CPU copy against the GPU's: [T, 3C, hist] conv, [T, H, D, D] state.
+    const auto slots_of = [&](std::vector<std::uint8_t>& bytes, std::size_t slot_bytes,
+                              const splice::Dims& shape, DType dt, splice::Dims strides = {}) {
+      return host(bytes.data() + slot_bytes, shape, dt, std::move(strides));
+    };
+    const splice::Dims conv_shape = {T, 3 * C, hist}, conv_strides = {3 * C * hist, 1, 3 * C};
+    const splice::CompareReport conv_report =
+        splice::compare_bits(host(gpu_conv.data(), conv_shape, DType::bf16, conv_strides),
+                             slots_of(conv_in, conv_slot, conv_shape, DType::bf16, conv_strides));
+    const splice::CompareReport out_report = splice::compare_tensors(
+        host(gpu_out.data(), {T, kH, kD}, DType::bf16),
+        host(h_out.data(), {T, kH, kD}, DType::bf16), splice::Tolerance{2e-2, 3e-2});
+    const splice::CompareReport state_report = splice::compare_tensors(
+        host(gpu_state.data(), {T, kH, kD, kD}, sdt),
+        slots_of(state_in, state_slot, {T, kH, kD, kD}, sdt), splice::Tolerance{2e-3, 3e-2});
+    if (conv_report.ok && out_report.ok && state_report.ok) return;
     ++g_check_failures;
     std::printf(
-        "CHECK FAILED %s N %d T %d %s (tune %u, PDL %d%s): sequence %lld: conv history "
-        "%s, output beyond tolerance by %.3g, state checkpoints by %.3g\n",
+        "CHECK FAILED %s N %d T %d %s (tune %u, PDL %d%s): sequence %lld against the CPU "
+        "kernel: conv history %s; output %s; state checkpoints %s\n",
         splice::dtype_name(sdt), N, T, splice::cuda::kda_variant_name(variant),
         splice::cuda::kda_tune(), splice::cuda::pdl_enabled() ? 1 : 0,
         args[0].stable_state ? ", stable state" : "", static_cast<long long>(n),
-        conv_ok ? "equal" : "DIFFERS", out_excess, state_excess);
+        conv_report.str().c_str(), out_report.str().c_str(), state_report.str().c_str());
     std::fflush(stdout);
   };
 
