@@ -117,7 +117,7 @@ struct Result {
   double us = 0.0;
   double spread_us = 0.0;   // max - min replay time per call
   double stable_us = -1.0;  // batch <= 8: the same under the stable-prefix promise
-  bool checked = false;     // the output check (4') ran and passed
+  bool checked = false;     // the output check (4') ran and passed (JSON: output_checked)
 };
 
 splice::Tensor device_view(const std::shared_ptr<splice::Storage>& storage, std::int64_t offset,
@@ -200,13 +200,13 @@ bool check_last_unit(const Inputs& in, const splice::Tensor& lse0, const char* w
                             out = to_host(in.out[0].data<__nv_bfloat16>() + q_row0, g * d * 2),
                             lse = to_host(lse0.data<float>() + b * s.num_qo_heads + h * g, g * 4),
                             cpu_out(out.size()), cpu_lse(lse.size());
-  std::vector<std::uint8_t> k_len(4);
-  *reinterpret_cast<std::int32_t*>(k_len.data()) = static_cast<std::int32_t>(s.k_len);
+  std::int32_t k_len = static_cast<std::int32_t>(s.k_len);
   splice::Tensor cpu_out_t = host_tensor(cpu_out, {1, g, 1, d}, DType::bf16);
   splice::Tensor cpu_lse_t = host_tensor(cpu_lse, {1, g, 1}, DType::f32);
   splice::cpu::flash_decode(
       host_tensor(q, {1, g, 1, d}, DType::bf16), host_tensor(k, {1, 1, s.k_len, d}, DType::bf16),
-      host_tensor(v, {1, 1, s.k_len, d}, DType::bf16), host_tensor(k_len, {1}, DType::i32), nullptr,
+      host_tensor(v, {1, 1, s.k_len, d}, DType::bf16),
+      splice::Tensor::borrow(&k_len, {1}, DType::i32, {}, splice::Device::cpu()), nullptr,
       splice::DecodeAttentionOptions{}, cpu_out_t, &cpu_lse_t);
   const splice::CompareReport out_report =
       splice::compare_tensors(host_tensor(out, {1, g, 1, d}, DType::bf16), cpu_out_t,
@@ -697,8 +697,8 @@ int main(int argc, char** argv) {
          << ", \"live_splits\": " << r.live << ", \"late_splits\": " << r.late
          << ", \"late_halving\": " << (r.halving ? "true" : "false") << ", \"us\": " << r.us
          << ", \"spread_us\": " << r.spread_us << ", \"stable_prefix_us\": " << r.stable_us
-         << ", \"gbps\": " << gbps << ", \"floor_us\": " << floor_us << "}"
-         << (i + 1 < results.size() ? "," : "") << "\n";
+         << ", \"output_checked\": " << (r.checked ? "true" : "false") << ", \"gbps\": " << gbps
+         << ", \"floor_us\": " << floor_us << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";
   BENCH_CHECK(cudaStreamDestroy(stream));
