@@ -23,8 +23,9 @@
 #   attention  alone: the flash-decode grid, then PyTorch SDPA (cuDNN, FA2) and the combined table
 #              (ATTENTION_PEER_ARGS="--max-kv-gb 20" on an H100: the peers copy the 34 GB points)
 #   rounds     splice's flash bench and the peers in alternating processes at the close points,
-#              ROUNDS (3) rounds (ROUND_SHAPES: 'B,Hq,Hkv,k_len,D;...'), medians and a verdict
-#              (scripts/lib/attention_rounds.sh; gpu-check runs the same at its table's misses)
+#              ROUNDS (3) rounds (ROUND_SHAPES: 'B,Hq,Hkv,k_len,D;...'; after `attention` in the
+#              same call, its points behind or within ROUND_WITHIN (0.5) percent), medians and a
+#              verdict (scripts/lib/attention_rounds.sh; gpu-check runs the same at its misses)
 #   model      the Llama cross-check and SmolLM2-shaped speed beside transformers; the default model
 #              at batch 1 and 32 (`--profile 8`: every node timed)
 #   gemv       the GEMV against cuBLASLt at M = 1, 2, 4, 8 (gemv_cuda_bench: the routing rule's table;
@@ -186,12 +187,21 @@ phase_attention() {
 }
 
 # Splice's flash bench and the peers in alternating processes (scripts/lib/attention_rounds.sh),
-# ROUNDS (3) rounds, at the close points (ROUND_SHAPES; default: the one-wave 256-unit grids and
-# the 1024-unit 4K ones, the points that flipped between machines).
+# ROUNDS (3) rounds, at the close points: ROUND_SHAPES if set; else, after an `attention` phase
+# in the same call, its table's points behind or ahead by less than ROUND_WITHIN (0.5) percent;
+# else the one-wave 256-unit grids and the 1024-unit 4K ones (the points that flipped between
+# machines).
 phase_rounds() {
   echo "== rounds: splice and the peers alternating (at $(el) s)"
   install_peer_wheels "$root"
-  local shapes=${ROUND_SHAPES:-"32,32,8,16384,128;32,32,8,65536,128;32,64,8,16384,128;32,64,8,65536,128;8,32,32,16384,128;8,32,32,65536,128;128,32,8,4096,128;128,64,8,4096,128;128,32,32,1024,128"}
+  local shapes=${ROUND_SHAPES:-}
+  if [[ -z $shapes && -f $OUT/attention.json ]]; then
+    shapes=$(python3 bench/peers/attention_rounds.py --misses "$OUT/attention.json" \
+      --within "${ROUND_WITHIN:-0.5}")
+    echo "the attention table's close points: ${shapes:-none}"
+    [[ -n $shapes ]] || return 0
+  fi
+  shapes=${shapes:-"32,32,8,16384,128;32,32,8,65536,128;32,64,8,16384,128;32,64,8,65536,128;8,32,32,16384,128;8,32,32,65536,128;128,32,8,4096,128;128,64,8,4096,128;128,32,32,1024,128"}
   attention_rounds "$P/head/flash_decode_cuda_bench" "$shapes" "${ROUNDS:-3}" "$L" |
     tee "$OUT/rounds_table.txt"
   grep -m1 "floor's read bandwidth" "$L/rounds_splice_1.txt"

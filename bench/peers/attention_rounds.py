@@ -17,9 +17,11 @@ Usage: attention_rounds.py --splice S1.json,S2.json,... --peers P1.json,P2.json,
   S*.json: flash_decode_cuda_bench --json output (rows: batch, num_qo_heads, num_kv_heads, k_len,
            head_dim, us); P*.json: attention_peers.py --json output (rows: the same keys and
            cudnn_us, flash_us, flashinfer_us).
-       attention_rounds.py --misses COMBINED.json
+       attention_rounds.py --misses COMBINED.json [--within PCT]
   prints the shapes of attention_peers.py's combined table where splice is behind the best peer,
-  as 'B,Hq,Hkv,k_len,D;...' (empty when there are none): the shapes to run the rounds at.
+  as 'B,Hq,Hkv,k_len,D;...' (empty when there are none): the shapes to run the rounds at. With
+  --within, also those ahead by less than PCT percent (the points one pass cannot call: a
+  one-pass table's 0.3% lead flipped with the card in runs 245-246).
 """
 import argparse
 import json
@@ -92,13 +94,15 @@ def table(rows):
     return "\n".join(lines)
 
 
-def misses(combined_path):
-    """'B,Hq,Hkv,k_len,D;...' of the combined table's rows with splice behind the best peer."""
+def misses(combined_path, within_pct=0.0):
+    """'B,Hq,Hkv,k_len,D;...' of the combined table's rows with splice behind the best peer, or
+    ahead of it by less than within_pct percent."""
     with open(combined_path) as f:
         rows = json.load(f)["rows"]
-    behind = [r for r in rows if r.get("ratio_best_peer_over_splice") is not None
-              and r["ratio_best_peer_over_splice"] < 1.0]
-    return ";".join(",".join(str(x) for x in key_of(r)) for r in behind)
+    bound = 1.0 + within_pct / 100.0
+    close = [r for r in rows if r.get("ratio_best_peer_over_splice") is not None
+             and r["ratio_best_peer_over_splice"] < bound]
+    return ";".join(",".join(str(x) for x in key_of(r)) for r in close)
 
 
 def main():
@@ -107,9 +111,11 @@ def main():
     parser.add_argument("--peers", help="comma-separated attention_peers JSONs")
     parser.add_argument("--json", help="write the summary here")
     parser.add_argument("--misses", help="a combined table JSON: print the shapes behind, and stop")
+    parser.add_argument("--within", type=float, default=0.0,
+                        help="with --misses: also the shapes ahead by less than this many percent")
     args = parser.parse_args()
     if args.misses:
-        print(misses(args.misses))
+        print(misses(args.misses, args.within))
         return 0
     if not args.splice or not args.peers:
         parser.error("--splice and --peers are required (or --misses)")

@@ -4,7 +4,7 @@
 Writes R rounds of splice-bench and peer JSON for shapes whose times are chosen to land in each
 verdict (ahead, level within the rounds' spread, behind beyond it), plus a shape a peer round
 lacks and a round whose best peer is not cuDNN, runs the script as a process and checks its JSON
-summary; then checks --misses on a combined table. Exit 0 when every check holds, 1 otherwise.
+summary; then checks --misses (and --within) on a combined table. Exit 0 when every check holds, 1 otherwise.
 """
 import json
 import os
@@ -95,6 +95,12 @@ def main():
                              text=True)
         check(run.returncode == 0 and run.stdout.strip() == "32,32,8,16384,128;8,32,32,65536,128",
               "--misses printed %r" % run.stdout)
+        # --within 0.5: also FLASH_BEST (level: 1.0) but not AHEAD (1.8).
+        run = subprocess.run([sys.executable, SCRIPT, "--misses", combined, "--within", "0.5"],
+                             capture_output=True, text=True)
+        check(run.returncode == 0 and run.stdout.strip() ==
+              "32,32,8,16384,128;8,32,32,65536,128;128,64,8,4096,128",
+              "--misses --within 0.5 printed %r" % run.stdout)
         run = subprocess.run([sys.executable, SCRIPT, "--splice", splice_paths[0]],
                              capture_output=True, text=True)
         check(run.returncode != 0, "--splice without --peers was accepted")
