@@ -69,7 +69,6 @@
 #include <map>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "bench_util.cuh"
@@ -449,24 +448,24 @@ Result run_shape(splice::DType sdt, int N, int T, cudaStream_t stream, const Opt
   auto check_config = [&](splice::cuda::KdaVariant variant) {
     const std::int64_t n = N - 1, row0 = n * T, slot0 = 1 + n * T;
     const std::size_t conv_slot = 3 * C * hist * 2, state_slot = kH * kD * kD * es;
+    // Host copies of sequence n's T slots of a [slots, ...] buffer (`slot_bytes` each), after
+    // `lead` zero bytes (the CPU copy's unused slot 0).
+    const auto seq_slots = [&](const void* base, std::size_t slot_bytes, std::size_t lead) {
+      std::vector<std::uint8_t> slots(lead, 0);
+      const std::vector<std::uint8_t> seq =
+          to_host(static_cast<const std::uint8_t*>(base) + slot0 * slot_bytes, T * slot_bytes);
+      slots.insert(slots.end(), seq.begin(), seq.end());
+      return slots;
+    };
     BENCH_CHECK(cudaStreamSynchronize(stream));
-    std::vector<std::uint8_t> conv_in(conv_slot, 0), state_in(state_slot, 0);  // slot 0
-    for (const auto& [host, device, bytes] :
-         {std::tuple{&conv_in, static_cast<const std::uint8_t*>(static_cast<void*>(conv)),
-                     conv_slot},
-          std::tuple{&state_in, static_cast<const std::uint8_t*>(state), state_slot}}) {
-      const std::vector<std::uint8_t> slots_of_seq = to_host(device + slot0 * bytes, T * bytes);
-      host->insert(host->end(), slots_of_seq.begin(), slots_of_seq.end());
-    }
+    std::vector<std::uint8_t> conv_in = seq_slots(conv, conv_slot, conv_slot),
+                              state_in = seq_slots(state, state_slot, state_slot);
     splice::cuda::kda_decode(args[0], stream, variant);
     BENCH_CHECK(cudaStreamSynchronize(stream));
     // The GPU's results (non-const: the comparisons borrow them as CPU tensors).
-    std::vector<std::uint8_t> gpu_out = to_host(out + row0 * C, T * C * 2);
-    std::vector<std::uint8_t> gpu_conv =
-        to_host(static_cast<const std::uint8_t*>(static_cast<void*>(conv)) + slot0 * conv_slot,
-                T * conv_slot);
-    std::vector<std::uint8_t> gpu_state =
-        to_host(static_cast<const std::uint8_t*>(state) + slot0 * state_slot, T * state_slot);
+    std::vector<std::uint8_t> gpu_out = to_host(out + row0 * C, T * C * 2),
+                              gpu_conv = seq_slots(conv, conv_slot, 0),
+                              gpu_state = seq_slots(state, state_slot, 0);
 
     // The CPU kernel's arguments: sequence n alone, over host copies.
     std::vector<std::uint8_t> h_x = to_host(x + row0 * 3 * C, T * 3 * C * 2),
