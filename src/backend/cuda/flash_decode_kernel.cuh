@@ -74,8 +74,8 @@
 //      of [c0, c1), after the head step under the head plan when every warp's head tile is
 //      live), so the CTA's copies in flight stay one run of keys rather than W runs drifting
 //      apart; the DRAM reads such a stream at a higher rate (docs/perf.md runs 406-407: the 64K
-//      one-wave grids' plateau 96.4 -> 96.55% of peak, cuDNN's 96.6%; 0.2% faster; runs 410-411,
-//      the head plan: B = 1 16K 2.5-3% faster, 64K 1%, 4K level).
+//      one-wave grids' plateau 96.4 -> 96.55% of peak, cuDNN's 96.6%; 0.2% faster; runs 410-412,
+//      the head plan: B = 1 16K 1.2-3% faster, 64K 1%, 4K level).
 //   4. Scores (tensor cores, mma.sync m16n8k16, fp32 accumulate): S = Q K^T for 16 rows x 16 keys,
 //      in log2 units t = log2(e) * s with s = scale * (q . k_j), then s = cap * tanh(s / cap)
 //      (softcap), s += -slope_h * (p_i - j) (ALiBi), and t = -inf outside
@@ -881,7 +881,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   // step under the head plan, which every warp has when heads_live), and c0, c1 and the plan are
   // the CTA's, so every warp reaches each barrier.
   const int body_steps = c1 > c0 ? ceil_div(c1 - c0, kTileKeys) / kWarps : 0;
-  const bool heads_live = kTileKeys * kWarps * (split + 1) <= plan.hi;  // every warp's head tile
+  // Every warp's head tile holds live keys (the last one wholly: a simpler, stricter test).
+  const bool heads_live = kTileKeys * kWarps * (split + 1) <= plan.hi;
   const int lockstep_steps = (p.dev_drop & kDropKv) ? 0
                              : plan.head             ? (heads_live ? 1 + body_steps : 0)
                                                      : body_steps;
