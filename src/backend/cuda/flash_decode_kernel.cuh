@@ -99,14 +99,17 @@
 //   6'. Cluster merge (the kClusterMerge instances, launched in clusters of (1, gridDim.y, 1): a
 //      unit's <= 16 splits; the launcher checks that split 0's ring holds the receive area and
 //      that every cluster of the grid is resident at once): no global round trip. At entry every
-//      CTA initializes two mbarriers and arrives (relaxed) on the cluster barrier. After its loop,
-//      split 0 expects (live - 1) partials' bytes on its barrier 0 and signals each live peer's
-//      barrier 1 (its ring is free); each peer waits for that signal and st.async-stores its (O_s,
+//      CTA initializes two mbarriers and arrives (relaxed) on the cluster barrier, and waits on it
+//      once its ring prologue is in flight (stage 3), not after its loop. After its loop, split 0
+//      expects (live - 1) partials' bytes on its barrier 0 and signals each live peer's barrier 1
+//      (relaxed: its ring is free); each peer waits for that signal and st.async-stores its (O_s,
 //      lse2_s) into entry s of split 0's receive area (after the warp-merge scratch), completing
 //      the bytes on split 0's barrier 0; split 0 writes its own entry 0, waits on barrier 0
-//      (acquire, cluster scope) and folds the entries in split order with stage 6's batch code
-//      (bitwise the global merge's result). No fence and no cluster barrier on the path
-//      (cluster.cuh's header).
+//      (acquire, cluster scope) and folds the entries in split order with stage 6's batch code,
+//      one batch of 8 entries up to 8 splits and of 16 above (bitwise the global merge's result:
+//      padding entries change no bit). No fence and no cluster barrier on the path (cluster.cuh's
+//      header). Docs/perf.md runs 429-430: (1, 32, 8) 1K / 4K 2.9 / 2.5% faster than with the wait
+//      after the loop, an acquire in the peers' wait and 16-entry batches.
 //
 // Dependent global round trips on one CTA's critical path at B = 1 (launch gap not counted):
 //   one split:    [k_len || q || split 0's tile 0] -> further K/V tiles (streaming) -> o store.
@@ -448,21 +451,23 @@ struct SplitMerge {
   float denom = 0.0f;     // D
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 };
-// Folds one batch of kMergeBatch splits' (lse2_s, O_s) into `m`, in batch order; a padding entry
-// has lse2 = -inf and O = 0 (its weight is then 0, and adding 0 * 0 changes no bit). Both merges
-// (global and cluster) fold through this, so they agree bit for bit.
-__device__ __forceinline__ void merge_batch(SplitMerge& m, const float (&ls)[kMergeBatch],
-                                            const float4 (&os)[kMergeBatch]) {
+// Folds one batch of kBatch splits' (lse2_s, O_s) into `m`, in batch order; a padding entry
+// has lse2 = -inf and O = 0 (its weight is then 0, and adding 0 * 0 changes no bit, so a batch's
+// padding is free to be left out). Both merges (global and cluster) fold through this, so they
+// agree bit for bit.
+template <int kBatch>
+__device__ __forceinline__ void merge_batch(SplitMerge& m, const float (&ls)[kBatch],
+                                            const float4 (&os)[kBatch]) {
   float batch_big = m.big;
 #pragma unroll
-  for (int i = 0; i < kMergeBatch; ++i) batch_big = fmaxf(batch_big, ls[i]);
+  for (int i = 0; i < kBatch; ++i) batch_big = fmaxf(batch_big, ls[i]);
   if (batch_big == -INFINITY) return;           // no visible key so far
   const float r = exp2_ftz(m.big - batch_big);  // 0 while M = -inf (D and A are 0 then)
   m.denom *= r;
 #pragma unroll
   for (int e = 0; e < 4; ++e) m.acc[e] *= r;
 #pragma unroll
-  for (int i = 0; i < kMergeBatch; ++i) {
+  for (int i = 0; i < kBatch; ++i) {
     const float ws = exp2_ftz(ls[i] - batch_big);  // 0 for an empty split or a padding entry
     m.denom += ws;
     m.acc[0] += ws * os[i].x;
@@ -471,6 +476,24 @@ __device__ __forceinline__ void merge_batch(SplitMerge& m, const float (&ls)[kMe
     m.acc[3] += ws * os[i].w;
   }
   m.big = batch_big;
+}
+// Stage 6''s fold of one output slot (row, d): the receive area's live <= kBatch entries
+// ([live][valid_rows][D] partials, [live][valid_rows] lse2) as one batch, in split order.
+template <int kBatch, int kHeadDim>
+__device__ __forceinline__ SplitMerge fold_received(const float* recv_o, const float* recv_lse,
+                                                    int live, int valid_rows, int row, int d) {
+  float ls[kBatch];
+  float4 os[kBatch];
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const bool ok = i < live;
+    ls[i] = ok ? recv_lse[i * valid_rows + row] : -INFINITY;
+    os[i] = ok ? *reinterpret_cast<const float4*>(recv_o + (i * valid_rows + row) * kHeadDim + d)
+               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  SplitMerge merge;
+  merge_batch(merge, ls, os);
+  return merge;
 }
 // The merged slot's output: o = A / D (0 where no split saw a key), and lse from (M, D).
 template <typename T>
@@ -816,6 +839,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     cp_async_wait<kStages - 1>();
   }
   __syncthreads();  // every thread's q rows (and pending keys) are visible
+  // Stage 6' needs every CTA of the cluster running with its barriers published before split 0
+  // signals a peer: waited for here, while the ring's first tiles are in flight (every CTA
+  // arrived at entry, so the wait costs the loads' latency nothing), not after the loop.
+  if (kClusterMerge && live_splits > 1) cluster_wait();
   stages.mark(kMarkQReady);
 
   std::uint32_t q_frag[Cfg::kQInRegs ? kHeadDim / 16 : 1][4];
@@ -1080,7 +1107,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   float* recv_lse = recv_o + live_splits * valid_rows * kHeadDim;       // [live][valid_rows]
   const bool cluster_split = kClusterMerge && live_splits > 1;
   if (cluster_split) {
-    cluster_wait();  // every CTA of the cluster runs and has published its barriers
     if (split == 0) {
       // The ring is free: expect every peer's partial, then let the peers send (thread s
       // signals split s). Relaxed: the ring's last reads (ldmatrix) returned before the barrier
@@ -1115,8 +1141,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
     const int row = slot / kSlotsPerRow;
     const int d = (slot % kSlotsPerRow) * 4;
-    // Every warp's (m, l, O) loads first, in one shared-memory round trip, and the output's
-    // address beside them; then the math. A row no warp saw a key of has m = -inf in every warp:
+    // Every warp's (m, l, O) loads first, in one shared-memory round trip; then the math, and
+    // the output's address only where this CTA stores the output (one live split: the split
+    // CTAs skip its 64-bit arithmetic). A row no warp saw a key of has m = -inf in every warp:
     // every weight is 0 then, so denom and acc stay 0 (its warps' l and O are 0).
     float mw[kWarps], lw[kWarps];
     float4 ow[kWarps];
@@ -1126,7 +1153,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       lw[w] = red_l[w * kRows + row];
       ow[w] = *reinterpret_cast<const float4*>(red_o + (w * kRows + row) * Cfg::kRedStride + d);
     }
-    const ResultSlot<T> out = result_slot<T>(p, b, kv_head, row_base + row, d);
     float big = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) big = fmaxf(big, mw[w]);
@@ -1147,7 +1173,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     for (int e = 0; e < 4; ++e) acc[e] *= inv;
     const auto lse2 = [&] { return empty ? -INFINITY : big + log2f(denom); };  // partials only
     if (live_splits == 1) {
-      store_result<T>(p, out, acc, big, denom);
+      store_result<T>(p, result_slot<T>(p, b, kv_head, row_base + row, d), acc, big, denom);
     } else if (cluster_split) {
       // Split s's partial into entry s of split 0's receive area: split 0's own by plain stores,
       // a peer's by st.async (completing its bytes on split 0's barrier) once split 0's ring is
@@ -1159,7 +1185,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
         *o_dst = o_val;
         if (d == 0) *lse_dst = lse2();
       } else {
-        mbar_wait<true>(&merge_bars[1], 0);
+        mbar_wait(&merge_bars[1], 0);  // a relaxed signal (above): nothing to acquire
         st_async_cluster(o_dst, o_val, &merge_bars[0], 0);
         if (d == 0) st_async_cluster(lse_dst, lse2(), &merge_bars[0], 0);
       }
@@ -1188,17 +1214,14 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     for (int slot = tid; slot < valid_rows * kSlotsPerRow; slot += kThreads) {
       const int row = slot / kSlotsPerRow;
       const int d = (slot % kSlotsPerRow) * 4;
-      float ls[kMergeBatch];
-      float4 os[kMergeBatch];
-#pragma unroll
-      for (int i = 0; i < kMergeBatch; ++i) {  // live <= kMergeBatch: one batch
-        const bool ok = i < live_splits;
-        ls[i] = ok ? recv_lse[i * valid_rows + row] : -INFINITY;
-        os[i] = ok ? *reinterpret_cast<const float4*>(recv_o + (i * valid_rows + row) * kHeadDim + d)
-                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-      SplitMerge merge;
-      merge_batch(merge, ls, os);
+      // live <= kMergeBatch (a cluster's splits): one batch, half as wide up to 8 splits (the
+      // 8-split plans), where the wide batch's second half would be padding.
+      SplitMerge merge =
+          live_splits <= kMergeBatch / 2
+              ? fold_received<kMergeBatch / 2, kHeadDim>(recv_o, recv_lse, live_splits,
+                                                         valid_rows, row, d)
+              : fold_received<kMergeBatch, kHeadDim>(recv_o, recv_lse, live_splits, valid_rows,
+                                                     row, d);
       store_merged<T>(p, result_slot<T>(p, b, kv_head, row_base + row, d), merge);
     }
     stages.mark(kMarkMerged);
