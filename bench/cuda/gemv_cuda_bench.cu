@@ -456,8 +456,8 @@ int main(int argc, char** argv) {
          << ", \"pdl_off_us\": " << r.variant_us[5] << ", \"epilogue_us\": " << r.variant_us[6]
          << ", \"cols2_prefetch_us\": " << r.variant_us[7]
          << ", \"gemv_cold_us\": " << cold_json(r.gemv_cold_us)
-         << ", \"cublaslt_cold_us\": " << cold_json(r.lt_cold_us)
-         << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+         << ", \"cublaslt_cold_us\": " << cold_json(r.lt_cold_us) << "}"
+         << (i + 1 < results.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";
   BENCH_CHECK(cudaFree(workspace));

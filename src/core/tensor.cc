@@ -358,8 +358,8 @@ void Tensor::copy_from(const Tensor& src) {
     // A strided or converting copy: through the host (tuning and I/O, never a decode step).
     if (!device().is_cpu() && !is_contiguous())
       fail<LayoutError>("copy_from: a ", device().str(), " destination must be contiguous for a ",
-                        src.is_contiguous() ? "converting" : "strided", " copy; got ",
-                        describe(), " with strides ", dims_str(strides_));
+                        src.is_contiguous() ? "converting" : "strided", " copy; got ", describe(),
+                        " with strides ", dims_str(strides_));
     const Tensor staged = on_host(src);
     if (device().is_cpu()) return copy_from(staged);
     const Tensor host =

@@ -25,46 +25,71 @@ namespace {
 
 cpu::UnaryKind unary_kind(Op op) {
   switch (op) {
-    case Op::Exp: return cpu::UnaryKind::exp;
-    case Op::Log: return cpu::UnaryKind::log;
-    case Op::Neg: return cpu::UnaryKind::neg;
-    case Op::Abs: return cpu::UnaryKind::abs;
-    case Op::Sqrt: return cpu::UnaryKind::sqrt;
-    case Op::Rsqrt: return cpu::UnaryKind::rsqrt;
-    case Op::Reciprocal: return cpu::UnaryKind::reciprocal;
-    case Op::Sigmoid: return cpu::UnaryKind::sigmoid;
-    case Op::Silu: return cpu::UnaryKind::silu;
-    case Op::Softplus: return cpu::UnaryKind::softplus;
-    default: return cpu::UnaryKind::tanh;
+    case Op::Exp:
+      return cpu::UnaryKind::exp;
+    case Op::Log:
+      return cpu::UnaryKind::log;
+    case Op::Neg:
+      return cpu::UnaryKind::neg;
+    case Op::Abs:
+      return cpu::UnaryKind::abs;
+    case Op::Sqrt:
+      return cpu::UnaryKind::sqrt;
+    case Op::Rsqrt:
+      return cpu::UnaryKind::rsqrt;
+    case Op::Reciprocal:
+      return cpu::UnaryKind::reciprocal;
+    case Op::Sigmoid:
+      return cpu::UnaryKind::sigmoid;
+    case Op::Silu:
+      return cpu::UnaryKind::silu;
+    case Op::Softplus:
+      return cpu::UnaryKind::softplus;
+    default:
+      return cpu::UnaryKind::tanh;
   }
 }
 
 cpu::BinaryKind binary_kind(Op op) {
   switch (op) {
-    case Op::Add: return cpu::BinaryKind::add;
-    case Op::Sub: return cpu::BinaryKind::sub;
-    case Op::Mul: return cpu::BinaryKind::mul;
-    case Op::Div: return cpu::BinaryKind::div;
-    case Op::Minimum: return cpu::BinaryKind::minimum;
-    default: return cpu::BinaryKind::maximum;
+    case Op::Add:
+      return cpu::BinaryKind::add;
+    case Op::Sub:
+      return cpu::BinaryKind::sub;
+    case Op::Mul:
+      return cpu::BinaryKind::mul;
+    case Op::Div:
+      return cpu::BinaryKind::div;
+    case Op::Minimum:
+      return cpu::BinaryKind::minimum;
+    default:
+      return cpu::BinaryKind::maximum;
   }
 }
 
 cpu::CompareKind compare_kind(Op op) {
   switch (op) {
-    case Op::Less: return cpu::CompareKind::less;
-    case Op::LessEqual: return cpu::CompareKind::less_equal;
-    case Op::Greater: return cpu::CompareKind::greater;
-    case Op::GreaterEqual: return cpu::CompareKind::greater_equal;
-    default: return cpu::CompareKind::equal;
+    case Op::Less:
+      return cpu::CompareKind::less;
+    case Op::LessEqual:
+      return cpu::CompareKind::less_equal;
+    case Op::Greater:
+      return cpu::CompareKind::greater;
+    case Op::GreaterEqual:
+      return cpu::CompareKind::greater_equal;
+    default:
+      return cpu::CompareKind::equal;
   }
 }
 
 cpu::ReduceKind reduce_kind(Op op) {
   switch (op) {
-    case Op::ReduceSum: return cpu::ReduceKind::sum;
-    case Op::ReduceMax: return cpu::ReduceKind::max;
-    default: return cpu::ReduceKind::mean;
+    case Op::ReduceSum:
+      return cpu::ReduceKind::sum;
+    case Op::ReduceMax:
+      return cpu::ReduceKind::max;
+    default:
+      return cpu::ReduceKind::mean;
   }
 }
 
@@ -72,21 +97,32 @@ void run_cpu(const Node& n, const std::vector<Tensor>& in, Tensor& out, const No
   if (is_unary(n.op)) return cpu::unary(unary_kind(n.op), in[0], out);
   if (is_binary_arith(n.op)) return cpu::binary(binary_kind(n.op), in[0], in[1], out);
   if (is_compare(n.op)) return cpu::compare(compare_kind(n.op), in[0], in[1], out);
-  if (is_reduce(n.op)) return cpu::reduce(reduce_kind(n.op), in[0], n.attrs.axis, n.attrs.keepdim, out);
+  if (is_reduce(n.op))
+    return cpu::reduce(reduce_kind(n.op), in[0], n.attrs.axis, n.attrs.keepdim, out);
   switch (n.op) {
-    case Op::SymValue: out.set({0}, static_cast<double>(s.value)); return;
-    case Op::Iota: return cpu::iota(out, n.attrs.axis);
-    case Op::Where: return cpu::where(in[0], in[1], in[2], out);
-    case Op::Softmax: return cpu::softmax(in[0], n.attrs.axis, out);
-    case Op::MatMul: return cpu::matmul(in[0], in[1], out, n.attrs.transpose_b);
+    case Op::SymValue:
+      out.set({0}, static_cast<double>(s.value));
+      return;
+    case Op::Iota:
+      return cpu::iota(out, n.attrs.axis);
+    case Op::Where:
+      return cpu::where(in[0], in[1], in[2], out);
+    case Op::Softmax:
+      return cpu::softmax(in[0], n.attrs.axis, out);
+    case Op::MatMul:
+      return cpu::matmul(in[0], in[1], out, n.attrs.transpose_b);
     case Op::Reshape: {  // reached only when the input is not contiguous: copy, then view
       Tensor view = out.reshape(in[0].shape());
       return cpu::cast(in[0], view);
     }
-    case Op::Concat: return cpu::concat(in, n.attrs.axis, out);
-    case Op::Gather: return cpu::gather(in[0], in[1], out);
-    case Op::Cast: return cpu::cast(in[0], out);
-    default: break;
+    case Op::Concat:
+      return cpu::concat(in, n.attrs.axis, out);
+    case Op::Gather:
+      return cpu::gather(in[0], in[1], out);
+    case Op::Cast:
+      return cpu::cast(in[0], out);
+    default:
+      break;
   }
   SPLICE_INTERNAL_CHECK(false, "run_cpu: op ", op_name(n.op), " is not a compute op");
 }
@@ -104,9 +140,12 @@ void run_cuda(const Node& n, const std::vector<Tensor>& in, Tensor& out, const N
     case Op::SymValue:
       if (s.device.defined()) return cuda::cast(s.device, out);
       return cuda::fill(out, static_cast<double>(s.value));
-    case Op::Iota: return cuda::iota(out, n.attrs.axis);
-    case Op::Where: return cuda::where(in[0], in[1], in[2], out);
-    case Op::Softmax: return cuda::softmax(in[0], n.attrs.axis, out);
+    case Op::Iota:
+      return cuda::iota(out, n.attrs.axis);
+    case Op::Where:
+      return cuda::where(in[0], in[1], in[2], out);
+    case Op::Softmax:
+      return cuda::softmax(in[0], n.attrs.axis, out);
     case Op::MatMul: {
       cuda::MatmulOptions options;
       options.b_constant = hints.constant_b;
@@ -116,10 +155,14 @@ void run_cuda(const Node& n, const std::vector<Tensor>& in, Tensor& out, const N
       Tensor view = out.reshape(in[0].shape());
       return cuda::cast(in[0], view);
     }
-    case Op::Concat: return cuda::concat(in, n.attrs.axis, out);
-    case Op::Gather: return cuda::gather(in[0], in[1], out);
-    case Op::Cast: return cuda::cast(in[0], out);
-    default: break;
+    case Op::Concat:
+      return cuda::concat(in, n.attrs.axis, out);
+    case Op::Gather:
+      return cuda::gather(in[0], in[1], out);
+    case Op::Cast:
+      return cuda::cast(in[0], out);
+    default:
+      break;
   }
   SPLICE_INTERNAL_CHECK(false, "run_cuda: op ", op_name(n.op), " is not a compute op");
 }
@@ -181,8 +224,7 @@ std::optional<NodeId> state_under(const Graph& graph, NodeId id) {
   for (;;) {
     const Node& n = graph.node(id);
     if (n.op == Op::State) return id;
-    if (n.op != Op::WriteAt && n.op != Op::StateAfter && n.op != Op::Sequence)
-      return std::nullopt;
+    if (n.op != Op::WriteAt && n.op != Op::StateAfter && n.op != Op::Sequence) return std::nullopt;
     id = n.inputs[0];
   }
 }
@@ -216,9 +258,8 @@ bool stable_kv_prefix(const Graph& graph, const Node& flash) {
     if (n.erased) continue;
     switch (n.op) {
       case Op::WriteAt:
-        if (is_cache(n.inputs[0]) &&
-            (!state_under(graph, n.inputs[0]) || n.attrs.axis != 2 ||
-             !n.attrs.offset.expr().structurally_equal(first_new_row)))
+        if (is_cache(n.inputs[0]) && (!state_under(graph, n.inputs[0]) || n.attrs.axis != 2 ||
+                                      !n.attrs.offset.expr().structurally_equal(first_new_row)))
           return false;
         break;
       case Op::RopeKvAppend:
@@ -319,7 +360,8 @@ bool stable_kda_state(const Graph& graph, NodeId id) {
   for (NodeId other : graph.live_nodes()) {
     if (other == id || exclusive[other.index]) continue;
     for (int i : in_place_inputs(graph.node(other))) {
-      const std::optional<NodeId> written = state_under_any_view(graph, graph.node(other).inputs[i]);
+      const std::optional<NodeId> written =
+          state_under_any_view(graph, graph.node(other).inputs[i]);
       if (written && *written == *state) return false;
     }
   }
@@ -341,8 +383,10 @@ NodeHints node_hints(const Graph& graph, NodeId id, Device device) {
   if ((n.op == Op::RopeKvAppend || n.op == Op::RmsNormMatMulRopeKvAppend) && device.is_cuda())
     hints.trigger_dependents_first = feeds_stable_prefix_attention(graph, id);
   // FlashDecode's k_len is the step-scalar slot on CUDA sessions (run_compute_node).
-  if (n.op == Op::FlashDecode && device.is_cuda()) hints.stable_kv_prefix = stable_kv_prefix(graph, n);
-  if (n.op == Op::KdaDecode && device.is_cuda()) hints.stable_kda_state = stable_kda_state(graph, id);
+  if (n.op == Op::FlashDecode && device.is_cuda())
+    hints.stable_kv_prefix = stable_kv_prefix(graph, n);
+  if (n.op == Op::KdaDecode && device.is_cuda())
+    hints.stable_kda_state = stable_kda_state(graph, id);
   return hints;
 }
 

@@ -111,16 +111,16 @@ int dispatch_arm(const BranchAttrs& branch, std::int64_t selector) {
 
 struct Session::Impl {
   std::shared_ptr<Storage> arena;
-  std::vector<Tensor> values;          // [node] -> this step's value
-  std::vector<Tensor> persistent;      // [node] -> state / param / constant tensors
-  std::vector<Tensor> aux;             // [node] -> node-owned scalar buffers
-  std::vector<Tensor> arena_views;     // [node] -> output view of a static-shape compute node
+  std::vector<Tensor> values;             // [node] -> this step's value
+  std::vector<Tensor> persistent;         // [node] -> state / param / constant tensors
+  std::vector<Tensor> aux;                // [node] -> node-owned scalar buffers
+  std::vector<Tensor> arena_views;        // [node] -> output view of a static-shape compute node
   std::vector<std::vector<Tensor>> args;  // [node] -> its inputs for this step (storage reused)
-  std::vector<Dims> shapes;            // [node] -> this step's concrete shape
-  std::vector<NodeScalars> scalars;    // [node] -> this step's evaluated scalar
-  std::vector<NodeHints> hints;        // [node] -> plan-time kernel hints (node_kernels.h)
+  std::vector<Dims> shapes;               // [node] -> this step's concrete shape
+  std::vector<NodeScalars> scalars;       // [node] -> this step's evaluated scalar
+  std::vector<NodeHints> hints;           // [node] -> plan-time kernel hints (node_kernels.h)
   std::vector<std::int64_t> slice_start, slice_end;
-  std::vector<std::int64_t> selectors; // [branch region] -> selector value
+  std::vector<std::int64_t> selectors;                      // [branch region] -> selector value
   std::map<std::vector<int>, std::vector<bool>> run_masks;  // choices -> nodes to run
   // Nodes stage 2 must visit every step: a symbolic shape, or an op whose per-step scalar or
   // input check depends on the bindings. Everything else was evaluated once at construction.
@@ -132,21 +132,21 @@ struct Session::Impl {
   std::shared_ptr<Storage> scalar_storage;  // device step scalars, kScalarSlotBytes a slot
   unsigned char* scalar_host = nullptr;     // pinned staging for them
   std::size_t scalar_bytes = 0;
-  std::vector<std::int64_t> scalar_slot;    // [node] -> byte offset of its slot, -1 if none
-  std::vector<Tensor> input_stage;          // [node] -> device buffer of an Input (upper bound)
-  bool use_input_stage = false;             // this step's Inputs read input_stage
+  std::vector<std::int64_t> scalar_slot;  // [node] -> byte offset of its slot, -1 if none
+  std::vector<Tensor> input_stage;        // [node] -> device buffer of an Input (upper bound)
+  bool use_input_stage = false;           // this step's Inputs read input_stage
   enum class Mode { fresh, eager, warm, replay };
   struct Replay {
     Mode mode = Mode::fresh;
-    std::string reason;                     // why an eager choice is not captured
-    void* exec = nullptr;                   // cuda::GraphExec
-    std::vector<Tensor> scratch;            // kept alive for the graph's launches
-    std::vector<Tensor> warm_scratch;       // the warm-up's scratch, held until the capture
+    std::string reason;                // why an eager choice is not captured
+    void* exec = nullptr;              // cuda::GraphExec
+    std::vector<Tensor> scratch;       // kept alive for the graph's launches
+    std::vector<Tensor> warm_scratch;  // the warm-up's scratch, held until the capture
     std::vector<std::pair<std::size_t, Tensor>> outputs;  // output node -> its value
   };
   std::map<std::vector<int>, Replay> replays;  // arm choice -> graph state
-  void* stream = nullptr;                   // cuda::Stream: the device's shared stream
-  void* scalars_copied = nullptr;           // cuda::Event: the pinned buffer may be rewritten
+  void* stream = nullptr;                      // cuda::Stream: the device's shared stream
+  void* scalars_copied = nullptr;              // cuda::Event: the pinned buffer may be rewritten
 
   // ---- per-node profile (set_profile_nodes) ----
   bool profile = false;
@@ -222,8 +222,8 @@ Session::Session(Graph graph, SessionOptions options)
     const bool static_slice = n.op == Op::Slice && n.attrs.start.is_concrete() &&
                               n.attrs.end.is_concrete() && plan_.static_shape[n.inputs[0].index];
     if (static_slice)
-      resolve_slice(graph_, id, im.shapes[n.inputs[0].index], no_bindings,
-                    im.slice_start[id.index], im.slice_end[id.index]);
+      resolve_slice(graph_, id, im.shapes[n.inputs[0].index], no_bindings, im.slice_start[id.index],
+                    im.slice_end[id.index]);
     const bool binds = n.op == Op::Input || (n.op == Op::Slice && !static_slice) ||
                        n.op == Op::WriteAt || n.op == Op::SymValue || n.op == Op::FlashDecode;
     if (binds || !plan_.static_shape[id.index]) im.per_step.push_back(id);
@@ -318,8 +318,8 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
   SymEnv env(table);
   for (const auto& [name, value] : symbols) env.bind(name, value);
 
-  // Stage 2: check inputs and evaluate every symbolic shape and per-step scalar (im.per_step)
-  // before anything runs.
+    // Stage 2: check inputs and evaluate every symbolic shape and per-step scalar (im.per_step)
+    // before anything runs.
 #ifdef SPLICE_WITH_CUDA
   // The previous step's copy out of the pinned scalar buffer must be done before it is rewritten.
   if (im.cuda) cuda::event_synchronize(static_cast<cuda::Event>(im.scalars_copied));
@@ -341,8 +341,8 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
           fail<ShapeError>("step: input `", n.attrs.name, "` must have shape ", dims_str(shape),
                            " under this step's bindings, got ", dims_str(t.shape()));
         if (!(t.device() == options_.device))
-          fail<DeviceError>("step: input `", n.attrs.name, "` must be on ",
-                            options_.device.str(), ", got ", t.device().str());
+          fail<DeviceError>("step: input `", n.attrs.name, "` must be on ", options_.device.str(),
+                            ", got ", t.device().str());
         ++matched_inputs;
         break;
       }
@@ -372,13 +372,14 @@ void Session::step(const SymBindings& symbols, const TensorMap& inputs) {
         const std::int64_t k_len = n.attrs.flash->k_len.eval(env);
         const std::int64_t cap = im.shapes[n.inputs[1].index][2];
         if (k_len < 0 || k_len > cap)
-          fail<ValueError>("step: flash_decode %", id.index, " k_len = ", k_len,
-                           " is outside [0, ", cap, "]");
+          fail<ValueError>("step: flash_decode %", id.index, " k_len = ", k_len, " is outside [0, ",
+                           cap, "]");
         im.scalars[id.index].value = k_len;
         im.write_scalar(id.index, DType::i32, k_len);
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
   if (matched_inputs != inputs.size())
@@ -434,11 +435,13 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
     switch (n.op) {
       case Op::Input:  // on CUDA: the session-owned buffer the input was copied into
         value = im.use_input_stage ? Tensor::view_of(im.input_stage[id.index].storage(), 0, shape,
-                                          Tensor::contiguous_strides(shape), n.dtype)
-                        : inputs.at(n.attrs.name);
+                                                     Tensor::contiguous_strides(shape), n.dtype)
+                                   : inputs.at(n.attrs.name);
         continue;
       case Op::Param:
-      case Op::Constant: value = im.persistent[id.index]; continue;
+      case Op::Constant:
+        value = im.persistent[id.index];
+        continue;
       case Op::State: {
         const Tensor& t = im.persistent[id.index];
         value = t.shape() == shape
@@ -446,7 +449,9 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
                     : Tensor::view_of(t.storage(), t.offset(), shape, t.strides(), t.dtype());
         continue;
       }
-      case Op::Permute: value = im.values[n.inputs[0].index].permute(n.attrs.perm); continue;
+      case Op::Permute:
+        value = im.values[n.inputs[0].index].permute(n.attrs.perm);
+        continue;
       case Op::Slice:
         value = im.values[n.inputs[0].index].slice(n.attrs.axis, im.slice_start[id.index],
                                                    im.slice_end[id.index]);
@@ -511,7 +516,8 @@ void Session::run_nodes(const std::vector<int>& key, const std::vector<bool>& ru
         }
         break;
       }
-      default: break;
+      default:
+        break;
     }
     // The output's arena view: built once for a static shape (the planned buffer never moves).
     if (plan_.static_shape[id.index]) {
@@ -631,17 +637,17 @@ void Session::execute_cuda(const std::vector<int>& key, const std::vector<bool>&
     cuda::hold_stream(im.profile_hold_us);
     const auto enqueue0 = std::chrono::steady_clock::now();
     run_nodes(key, run, inputs, kernel_us);
-    const double enqueue_us = std::chrono::duration<double, std::micro>(
-                                  std::chrono::steady_clock::now() - enqueue0)
-                                  .count();
+    const double enqueue_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - enqueue0)
+            .count();
     cuda::stream_synchronize(stream);
     for (std::size_t i = 0; i < node_times_.size(); ++i)
       node_times_[i].us = cuda::elapsed_us(static_cast<cuda::Event>(im.profile_events[2 * i]),
                                            static_cast<cuda::Event>(im.profile_events[2 * i + 1]));
     if (!node_times_.empty())
-      profile_span_us_ = cuda::elapsed_us(
-          static_cast<cuda::Event>(im.profile_events[0]),
-          static_cast<cuda::Event>(im.profile_events[2 * node_times_.size() - 1]));
+      profile_span_us_ =
+          cuda::elapsed_us(static_cast<cuda::Event>(im.profile_events[0]),
+                           static_cast<cuda::Event>(im.profile_events[2 * node_times_.size() - 1]));
     im.profile_hold_us = std::max(1000.0, 2 * enqueue_us);
     return;
   }
@@ -707,8 +713,9 @@ Tensor Session::input_buffer(const std::string& name, const SymBindings& symbols
   for (NodeId id : plan_.schedule) {
     const Node& n = graph_.node(id);
     if (n.op != Op::Input || n.attrs.name != name) continue;
-    if (!impl_->cuda) fail<DeviceError>("input_buffer: the session runs on ", device().str(),
-                                        ", which has no input buffers");
+    if (!impl_->cuda)
+      fail<DeviceError>("input_buffer: the session runs on ", device().str(),
+                        ", which has no input buffers");
     SymEnv env(graph_.symbols());
     for (const auto& [sym, value] : symbols) env.bind(sym, value);
     const Dims shape = eval_shape(n.shape, env);
@@ -725,10 +732,18 @@ std::string Session::cuda_graph_status() const {
     for (std::size_t b = 0; b < key.size(); b += 2) out << (b ? ", " : "") << key[b];
     out << "]: ";
     switch (r.mode) {
-      case Impl::Mode::replay: out << "captured"; break;
-      case Impl::Mode::warm: out << "warmed up, captured on its next step"; break;
-      case Impl::Mode::eager: out << "eager (" << r.reason << ")"; break;
-      default: out << "new"; break;
+      case Impl::Mode::replay:
+        out << "captured";
+        break;
+      case Impl::Mode::warm:
+        out << "warmed up, captured on its next step";
+        break;
+      case Impl::Mode::eager:
+        out << "eager (" << r.reason << ")";
+        break;
+      default:
+        out << "new";
+        break;
     }
     out << "\n";
   }

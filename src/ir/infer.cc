@@ -294,8 +294,8 @@ Inferred infer_node(const Graph& g, const Node& n) {
       bool broadcasts = c.size() <= y.size();
       for (std::size_t i = 0; broadcasts && i < c.size(); ++i) {
         const SymExpr& dc = c[c.size() - 1 - i];
-        broadcasts = dc.structurally_equal(y[y.size() - 1 - i]) ||
-                     (dc.is_constant() && dc.constant() == 1);
+        broadcasts =
+            dc.structurally_equal(y[y.size() - 1 - i]) || (dc.is_constant() && dc.constant() == 1);
       }
       if (!broadcasts)
         fail<GraphError>("matmul_add: `c` must have (or broadcast to) the product's shape ",
@@ -309,8 +309,8 @@ Inferred infer_node(const Graph& g, const Node& n) {
       require_float(in(2).dtype, n, "w");
       require_float(n.dtype, n, "out");
       const SymShape &x = in(0).shape, &nw = in(1).shape, &w = in(2).shape;
-      if (x.size() < 2 || nw.size() != 1 || !nw[0].structurally_equal(x.back()) ||
-          w.size() != 2 || !w[1].structurally_equal(x.back()))
+      if (x.size() < 2 || nw.size() != 1 || !nw[0].structurally_equal(x.back()) || w.size() != 2 ||
+          !w[1].structurally_equal(x.back()))
         fail<GraphError>(
             "rms_norm_matmul: `x` must be [..., M, K], `weight` [K] and `w` [N, K], got x ",
             sym_shape_str(x), ", weight ", sym_shape_str(nw), " and w ", sym_shape_str(w));
@@ -326,8 +326,8 @@ Inferred infer_node(const Graph& g, const Node& n) {
       require_float(in(2).dtype, n, "w");
       require_float(n.dtype, n, "out");
       const SymShape &x = in(0).shape, &nw = in(1).shape, &w = in(2).shape;
-      if (x.size() < 2 || nw.size() != 1 || !nw[0].structurally_equal(x.back()) ||
-          w.size() != 2 || !w[1].structurally_equal(x.back()))
+      if (x.size() < 2 || nw.size() != 1 || !nw[0].structurally_equal(x.back()) || w.size() != 2 ||
+          !w[1].structurally_equal(x.back()))
         fail<GraphError>(
             "rms_norm_matmul_swiglu: `x` must be [..., M, K], `norm_weight` [K] and `w` [2I, K], "
             "got x ",

@@ -50,7 +50,7 @@ constexpr int kMaxArrayDepth = 4;
 // however small on disk, so a hostile file could otherwise ask for 100x its size. Real files
 // stay far below (vocabularies of 10^5 - 10^6 tokens and merges).
 constexpr std::uint64_t kMaxMetadataItems =
-    16'000'000;  // arrays of arrays are legal; deeper is hostile
+    16'000'000;                     // arrays of arrays are legal; deeper is hostile
 constexpr std::int64_t kQK = 32;    // legacy quant block
 constexpr std::int64_t kQKK = 256;  // K-quant super-block
 
@@ -86,7 +86,6 @@ const TypeRow* type_row(std::uint32_t type) {
     if (static_cast<std::uint32_t>(row.type) == type) return &row;
   return nullptr;
 }
-
 
 // ---- dequantization, one block at a time ---------------------------------------------------
 
@@ -379,7 +378,6 @@ GgufValue read_value(Cursor& in, GgufType type, const std::string& key, const st
   }
   return v;
 }
-
 
 }  // namespace
 

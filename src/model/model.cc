@@ -128,8 +128,7 @@ NodeId linear(Graph& g, NodeId x, NodeId weight, std::optional<NodeId> bias,
   // label replaces it.
   const Node& w = g.node(weight);
   const std::string suffix = ".weight";
-  if (w.op == Op::Param && w.attrs.name.size() > suffix.size() &&
-      w.attrs.name.ends_with(suffix))
+  if (w.op == Op::Param && w.attrs.name.size() > suffix.size() && w.attrs.name.ends_with(suffix))
     y = g.labeled(y, w.attrs.name.substr(0, w.attrs.name.size() - suffix.size()));
   if (!bias) return y;
   const NodeId out = g.binary(Op::Add, y, *bias);
@@ -300,15 +299,14 @@ std::vector<NodeId> project(Graph& g, const Weights& w, DType dtype, bool stack,
     for (const auto& [prefix, n] : parts)
       if (!prefix.empty())  // padding parts exist only stacked
         out.push_back(
-          linear(g, x, param(prefix + "weight", {n, in_features}),
-                 bias ? std::optional<NodeId>(param(prefix + "bias", {n})) : std::nullopt));
+            linear(g, x, param(prefix + "weight", {n, in_features}),
+                   bias ? std::optional<NodeId>(param(prefix + "bias", {n})) : std::nullopt));
     return out;
   }
   std::optional<NodeId> stacked_bias;
   if (bias) stacked_bias = stacked_param(g, w, dtype, stacked_prefix, parts, "bias", 0);
-  const NodeId y = linear(g, x, stacked_param(g, w, dtype, stacked_prefix, parts, "weight",
-                                              in_features),
-                          stacked_bias);
+  const NodeId y = linear(
+      g, x, stacked_param(g, w, dtype, stacked_prefix, parts, "weight", in_features), stacked_bias);
   return split_views(g, y, parts, groups);
 }
 
@@ -388,14 +386,14 @@ NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId u
 }
 
 NodeId swiglu_mlp(Graph& g, const Weights& w, DType dtype, bool stack, NodeId h, NodeId norm_weight,
-                  double eps, std::int64_t hidden, std::int64_t inter, const std::string& mlp_prefix,
-                  std::vector<LayerOpSpec>* specs, const std::string& norm_site,
-                  const std::string& site) {
+                  double eps, std::int64_t hidden, std::int64_t inter,
+                  const std::string& mlp_prefix, std::vector<LayerOpSpec>* specs,
+                  const std::string& norm_site, const std::string& site) {
   const std::size_t specs_before = specs ? specs->size() : 0;
-  const std::vector<NodeId> gate_up = norm_project(
-      g, w, dtype, stack, h, norm_weight, eps, hidden, mlp_prefix + "gate_up_proj.",
-      {{mlp_prefix + "gate_proj.", inter}, {mlp_prefix + "up_proj.", inter}}, false, {}, specs,
-      norm_site);
+  const std::vector<NodeId> gate_up =
+      norm_project(g, w, dtype, stack, h, norm_weight, eps, hidden, mlp_prefix + "gate_up_proj.",
+                   {{mlp_prefix + "gate_proj.", inter}, {mlp_prefix + "up_proj.", inter}}, false,
+                   {}, specs, norm_site);
   // The rms_norm_matmul region norm_project built when stacked: with it, the activation's region
   // nests around it (one GEMV with the SwiGLU epilogue) and down_proj plus the residual are a
   // matmul_add region. A copy: swiglu_down_residual appends to `specs`.

@@ -128,7 +128,6 @@ bool json_nonneg_int(const Json& value, std::uint64_t* out) {
   return *out <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
 }
 
-
 // F8 E4M3 ("fn" variant): 1 sign, 4 exponent (bias 7), 3 mantissa; no inf; 0x7F/0xFF are NaN.
 float f8_e4m3_to_f32(std::uint8_t bits) {
   constexpr int kBias = 7, kMantissaBits = 3;

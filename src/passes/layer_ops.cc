@@ -199,8 +199,7 @@ OfferResult offer_layer_op_arm(Graph& g, const LayerOpSpec& s, const LayerOpCont
       fused = g.rms_norm_matmul(in[0], in[1], in[2], s.eps, g.node(s.decomposed_out).dtype);
       break;
     case LayerOpKind::silu_mul_matmul_add:
-      fused =
-          g.silu_mul_matmul_add(in[0], in[1], in[2], in[3], g.node(s.decomposed_out).dtype);
+      fused = g.silu_mul_matmul_add(in[0], in[1], in[2], in[3], g.node(s.decomposed_out).dtype);
       break;
     case LayerOpKind::rope_kv_append:
       fused = g.rope_kv_append(in[0], in[1], in[2], in[3], in[4], in[5]);

@@ -4,7 +4,6 @@
 #include <iostream>
 
 #include "splice/core/debug.h"
-
 #include "splice/ops/decode_attention.h"
 #include "splice/ops/kda_decode.h"
 #include "splice/ops/layer_ops.h"

@@ -440,8 +440,7 @@ void select_arms(Graph& graph, DecisionLog& log, const TuneOptions& opt) {
         generator->fill(regions[arm], recipe, *sessions[arm], bhi, rng, arm_symbols[arm],
                         arm_inputs[arm]);
         sessions[arm]->set_profile_nodes(device_span);
-        for (int i = 0; i < opt.warmup; ++i)
-          sessions[arm]->step(arm_symbols[arm], arm_inputs[arm]);
+        for (int i = 0; i < opt.warmup; ++i) sessions[arm]->step(arm_symbols[arm], arm_inputs[arm]);
         timed.push_back(arm);
       }
       device_sync(opt.device);

@@ -55,7 +55,6 @@
 // reassociation error of two valid summation orders could exceed the f32 atol; results agree
 // within default_tolerance(out dtype) (design.md §2).
 #include "../../src/backend/cuda/gemv.h"  // internal: the kernel is also tested directly
-#include "../../src/backend/cuda/primitives_internal.h"  // internal: the residual route counter
 
 #include <gtest/gtest.h>
 
@@ -66,6 +65,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../src/backend/cuda/primitives_internal.h"  // internal: the residual route counter
 #include "splice/backend/cpu/layer_ops.h"
 #include "splice/backend/cpu/primitives.h"
 #include "splice/backend/cuda/layer_ops.h"
@@ -621,8 +621,8 @@ TEST(CudaGemv, FusedMatMulAddBroadcastsABias) {
     const DType dtype = DType::bf16;
     const Tensor a = testing::random_tensor(rng, {m, kK}, dtype);             // [m, k]
     const Tensor b = testing::random_tensor(rng, {kN, kK}, dtype, 1.0 / 16);  // [n, k]
-    const Tensor bias = testing::random_tensor(rng, {kN}, dtype);              // [n]
-    Tensor want = Tensor::empty({m, kN}, dtype);                               // [m, n]
+    const Tensor bias = testing::random_tensor(rng, {kN}, dtype);             // [n]
+    Tensor want = Tensor::empty({m, kN}, dtype);                              // [m, n]
     fused_matmul_add(a, b, bias, want);
     const Device d = Device::cuda();
     Tensor got = Tensor::empty({m, kN}, dtype, d);
@@ -688,7 +688,7 @@ TEST(CudaGemv, ResidualEpilogueOverBatchDims) {
       for (bool in_place : {false, true}) {
         SCOPED_TRACE(std::string(dtype_name(dtype)) + (batched_w ? " batched w" : " one w") +
                      (in_place ? " c = out" : " c"));
-        const Tensor x = contiguous_poisoned(rng, {kB, kM, kK}, dtype);  // [B, M, K]
+        const Tensor x = contiguous_poisoned(rng, {kB, kM, kK}, dtype);             // [B, M, K]
         const Tensor w = batched_w ? contiguous_poisoned(rng, {kB, kN, kK}, dtype)  // [B, N, K]
                                    : contiguous_poisoned(rng, {kN, kK}, dtype);     // [N, K]
         const Tensor c = contiguous_poisoned(rng, {kB, kM, kN}, dtype);             // [B, M, N]
@@ -823,7 +823,7 @@ TEST(CudaGemv, DecodeRowKernelIsBitwiseTheGeneralKernel) {
         const Tensor w =
             testing::random_tensor(rng, {n, k}, dtype, 1.0 / std::sqrt(static_cast<double>(k)));
         const Tensor norm = testing::random_tensor(rng, {k}, dtype, 0.3, 1.0);  // [k]
-        const Tensor c = contiguous_poisoned(rng, {1, n}, dtype);              // [1, n]
+        const Tensor c = contiguous_poisoned(rng, {1, n}, dtype);               // [1, n]
         const Tensor dx = upload(x), db = upload(b), dw = upload(w), dnorm = upload(norm),
                      dc = upload(c);
         for (int cols : {1, 2, 4})
@@ -867,8 +867,8 @@ TEST(CudaGemv, DecodeRowKernelIsBitwiseTheGeneralKernel) {
               // The decode products of SmolLM2-135M in bf16 must take the row kernel: o_proj
               // (576 x 576), gate|up (3072 x 576) and down (576 x 1536, at most 2 columns).
               const bool decode_shape =
-                  dtype == DType::bf16 && ((k == 576 && (n == 576 || n == 3072)) ||
-                                           (k == 1536 && n == 576 && cols <= 2));
+                  dtype == DType::bf16 &&
+                  ((k == 576 && (n == 576 || n == 3072)) || (k == 1536 && n == 576 && cols <= 2));
               if (decode_shape) {
                 EXPECT_TRUE(took_row) << "a decode shape took gemv_kernel";
               }

@@ -103,8 +103,8 @@ TEST(PrologueOpsCuda, RmsNormMatMulMatchesCpu) {
   SKIP_WITHOUT_GPU();
   Rng rng(31);
   int cases = 0;
-  std::uint64_t multi_row_in_registers = 0;  // 2-4 row cases whose stage 0 ran in registers
-  std::uint64_t on_norm_rows = 0;            // of which on norm_rows_kernel (16-bit out, k <= 768)
+  std::uint64_t multi_row_in_registers = 0;   // 2-4 row cases whose stage 0 ran in registers
+  std::uint64_t on_norm_rows = 0;             // of which on norm_rows_kernel (16-bit out, k <= 768)
   int wide_on_norm_rows = 0, wide_chain = 0;  // 5-8 row cases: norm_rows_kernel, the chain
   for (DType dtype : kDtypes)
     for (std::int64_t k : kKGrid)

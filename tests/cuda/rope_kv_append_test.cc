@@ -22,7 +22,6 @@
 //     (rope + two write_at) on the GPU (the two arms do the same fp32 operations and every other
 //     kernel is the same), and within the two-layer bf16 policy of the CPU
 //     (testing::bf16_logit_tolerance).
-#include "splice/backend/cuda/flash_decode.h"
 #include "splice/backend/cuda/rope_kv_append.h"
 
 #include <gtest/gtest.h>
@@ -35,6 +34,7 @@
 #include <vector>
 
 #include "splice/backend/cpu/layer_ops.h"
+#include "splice/backend/cuda/flash_decode.h"
 #include "splice/backend/cuda/runtime.h"
 #include "splice/core/error.h"
 #include "splice/exec/session.h"

@@ -305,8 +305,8 @@ TEST(CudaSessionGraph, HybridKdaModelDecodesByReplayAndMatchesCpu) {
     const Tensor want = cpu.step(token);
     const Tensor got = gpu.step(token);
     if (step >= 3) {
-      EXPECT_TRUE(gpu.session().last_step_replayed())
-          << "step " << step << "\n" << gpu.session().cuda_graph_status();
+      EXPECT_TRUE(gpu.session().last_step_replayed()) << "step " << step << "\n"
+                                                      << gpu.session().cuda_graph_status();
     }
     const CompareReport r = compare_tensors(got, want, kLogits);
     ASSERT_TRUE(r.ok) << "step " << step << ": " << r.str();

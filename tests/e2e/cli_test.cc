@@ -12,8 +12,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -186,8 +186,8 @@ TEST(Cli, InspectPrintsGraphsAndDecisions) {
   ASSERT_EQ(json.status, 0) << json.output;
   EXPECT_NE(json.output.find("\"offered\": true"), std::string::npos) << json.output;
   // --batch reaches a model's graph: its token input holds one id a sequence.
-  const Result batched = run_cli("inspect --model " + default_model_dir() +
-                                 " --batch 3 --capacity 16 --no-select");
+  const Result batched =
+      run_cli("inspect --model " + default_model_dir() + " --batch 3 --capacity 16 --no-select");
   ASSERT_EQ(batched.status, 0) << batched.output;
   EXPECT_NE(batched.output.find("'tokens' : i32[3]"), std::string::npos) << batched.output;
 }

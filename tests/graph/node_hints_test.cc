@@ -94,9 +94,8 @@ TEST(NodeHints, AnyOtherCacheWriterTakesThePromiseAway) {
     const SymId k_len = *g.symbols().find("k_len");
     const Dims row = w.axis == 2 ? Dims{1, spec.kv_heads, 1, head_dim} : Dims{1, 1, 16, head_dim};
     const NodeId value = g.constant(Tensor::zeros(row, DType::bf16), "extra_row");
-    const DynScalar offset = w.offset_kind == 0
-                                 ? DynScalar::Concrete(0)
-                                 : DynScalar::Expr(SymExpr(k_len) - SymExpr(2));
+    const DynScalar offset =
+        w.offset_kind == 0 ? DynScalar::Concrete(0) : DynScalar::Expr(SymExpr(k_len) - SymExpr(2));
     g.write_at(cache, value, w.axis, offset);
     // Layer 1's attention loses the promise; layer 0's keeps it, and so do the RoPE kernels'
     // triggers.
@@ -164,4 +163,3 @@ TEST(NodeHints, AnyOtherKdaStateWriterTakesThePromiseAway) {
 
 }  // namespace
 }  // namespace splice
-

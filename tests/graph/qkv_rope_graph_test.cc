@@ -45,11 +45,11 @@ DecodeModel tiny_llama(DType dtype = DType::bf16) {
   return testing::rope_kv_append_llama(testing::process_temp_path("qkv_rope_llama"), dtype);
 }
 
-using testing::branches_of;
 using testing::arm0_branches;
+using testing::branches_of;
 using testing::Fused;
-using testing::offer_only;
 using testing::nodes_of;
+using testing::offer_only;
 using testing::select_fused;
 
 TEST(QkvRopeGraph, OneOuterSpecPerLayerAfterItsInnerSpecs) {

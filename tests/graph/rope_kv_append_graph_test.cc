@@ -16,14 +16,13 @@
 //  5. The region alone (region_graph), either arm, positions out of order: bit for bit.
 #include <gtest/gtest.h>
 
-
 #include "splice/exec/session.h"
 #include "splice/model/model.h"
 #include "splice/ops/layer_ops.h"
 #include "splice/passes/layer_ops.h"
 #include "splice/tune/optimize.h"
-#include "support/rope_kv_append_region.h"
 #include "support/graph_test_util.h"
+#include "support/rope_kv_append_region.h"
 #include "support/test_util.h"
 #include "support/tiny_llama.h"
 

@@ -244,11 +244,11 @@ TEST(Session, DebugLevelsPrintThePlanSummary) {
   for (auto offset : plan.buffer_offset) buffers += offset >= 0;
   const std::string summary = plan.summary(session.graph());
   EXPECT_EQ(summary, named_summary);
-  EXPECT_NE(summary.find(std::to_string(plan.schedule.size()) + " nodes scheduled, " +
-                         std::to_string(buffers) + " buffers in a " +
-                         std::to_string(plan.arena_bytes) + "-byte arena (" +
-                         std::to_string(plan.unshared_bytes) + " without reuse)"),
-            std::string::npos)
+  EXPECT_NE(
+      summary.find(std::to_string(plan.schedule.size()) + " nodes scheduled, " +
+                   std::to_string(buffers) + " buffers in a " + std::to_string(plan.arena_bytes) +
+                   "-byte arena (" + std::to_string(plan.unshared_bytes) + " without reuse)"),
+      std::string::npos)
       << summary;
   EXPECT_NE(summary.find(std::to_string(plan.branches.size()) + " branches"), std::string::npos)
       << summary;

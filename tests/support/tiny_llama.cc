@@ -6,8 +6,8 @@
 
 #include "splice/core/random.h"
 #include "splice/ir/graph.h"
-#include "splice/tune/optimize.h"
 #include "splice/model/safetensors.h"
+#include "splice/tune/optimize.h"
 #include "support/test_util.h"
 
 namespace splice::testing {

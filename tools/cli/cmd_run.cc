@@ -200,8 +200,8 @@ nlohmann::json profile_json(const Graph& graph, const Profile& profile, std::int
   nlohmann::json list = nlohmann::json::array();
   for (const ProfiledNode& p : profile.nodes) {
     const Node& n = graph.node(p.node);
-    list.push_back({{"node", p.node.index}, {"label", n.label}, {"op", op_name(n.op)},
-                    {"us", p.us}});
+    list.push_back(
+        {{"node", p.node.index}, {"label", n.label}, {"op", op_name(n.op)}, {"us", p.us}});
   }
   return {{"steps", steps}, {"sum_us", profile.sum_us}, {"nodes", list}};
 }
@@ -234,8 +234,8 @@ void print_profile(std::ostream& out, const Graph& graph, const Profile& profile
 
 // bench --batch B > 1 (the header's note): `steps` timed steps after 4 untimed ones, each from
 // step() to the device's idle, positions 1 .. steps + 4.
-int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps,
-                  std::int64_t profile, bool json) {
+int bench_batched(const ModelArgs& m, std::int64_t batch, std::int64_t steps, std::int64_t profile,
+                  bool json) {
   ProgressBar bar(json ? nullptr : &std::cerr);
   LoadedModel loaded;
   DecodeModel model = load_and_build(m, batch, bar, loaded);
@@ -441,10 +441,9 @@ Runner add_bench(CLI::App& app) {
     ModelArgs args = *m;
     const std::int64_t needed = *steps + *profile + 8;
     if (args.max_seq_len_given && args.max_seq_len < needed)
-      fail<ValueError>("--max-seq-len ", args.max_seq_len,
-                       " holds fewer positions than --steps ", *steps, " and --profile ",
-                       *profile, " need (", needed, "); pass at least ", needed,
-                       " or leave it out");
+      fail<ValueError>("--max-seq-len ", args.max_seq_len, " holds fewer positions than --steps ",
+                       *steps, " and --profile ", *profile, " need (", needed, "); pass at least ",
+                       needed, " or leave it out");
     args.max_seq_len = std::max(args.max_seq_len, needed);
     if (*batch > 1) {
       if (args.host_greedy)

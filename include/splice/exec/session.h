@@ -78,8 +78,8 @@ struct StepTiming {
 struct ShadowEvent {
   std::int64_t step = 0;
   NodeId branch;
-  int arm = 0;                 // the arm that was checked
-  std::int64_t selector = 0;   // its bound value
+  int arm = 0;                // the arm that was checked
+  std::int64_t selector = 0;  // its bound value
   CompareReport report;
   bool demoted = false;
 };

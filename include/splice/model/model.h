@@ -176,9 +176,9 @@ NodeId swiglu_down_residual(Graph& g, NodeId residual, NodeId gate_out, NodeId u
 // swiglu_down_residual with that region as its `projection` (sites `site`, `site` +
 // ".down_proj", label `site` + ".residual").
 NodeId swiglu_mlp(Graph& g, const Weights& w, DType dtype, bool stack, NodeId h, NodeId norm_weight,
-                  double eps, std::int64_t hidden, std::int64_t inter, const std::string& mlp_prefix,
-                  std::vector<LayerOpSpec>* specs, const std::string& norm_site,
-                  const std::string& site);
+                  double eps, std::int64_t hidden, std::int64_t inter,
+                  const std::string& mlp_prefix, std::vector<LayerOpSpec>* specs,
+                  const std::string& norm_site, const std::string& site);
 // cos/sin tables [max_seq_len, D] for rope_theta and optional llama3 scaling.
 std::pair<Tensor, Tensor> rope_tables(const ModelConfig& config, std::int64_t head_dim,
                                       std::int64_t max_seq_len);

@@ -74,8 +74,8 @@ std::string tuning_device_key(Device device);
 
 struct TuneOptions {
   Device device = Device::cpu();
-  std::string device_name;          // tuning-cache key; empty: tuning_device_key(device)
-  std::string cache_path;           // JSON tuning cache ("" = none)
+  std::string device_name;  // tuning-cache key; empty: tuning_device_key(device)
+  std::string cache_path;   // JSON tuning cache ("" = none)
   int warmup = 2;
   int repeats = 9;
   double win_margin = 0.05;       // a fused arm must be >= 5% faster than arm 0

@@ -228,9 +228,8 @@ SPLICE_FD_INLINE void score_rows(const float* __restrict q_rows, const float* __
 
 // Every row of the task against the tile: blocks of 4, then 2, then 1 rows.
 template <int W>
-SPLICE_FD_INLINE void score_tile(const float* qf, const float* kf, const int* key_row, i64 R,
-                                 i64 D, i64 n, float scale, float* scores,
-                                 NextTilePrefetch& next) {
+SPLICE_FD_INLINE void score_tile(const float* qf, const float* kf, const int* key_row, i64 R, i64 D,
+                                 i64 n, float scale, float* scores, NextTilePrefetch& next) {
   i64 r = 0;
   if constexpr (W >= 4)
     for (; r + 4 <= R; r += 4)

@@ -6,11 +6,10 @@
 
 #include "splice/core/error.h"
 
-#define SPLICE_CUDA_CHECK(call)                                                             \
-  do {                                                                                      \
-    const cudaError_t splice_status_ = (call);                                              \
-    if (splice_status_ != cudaSuccess)                                                      \
+#define SPLICE_CUDA_CHECK(call)                                                                \
+  do {                                                                                         \
+    const cudaError_t splice_status_ = (call);                                                 \
+    if (splice_status_ != cudaSuccess)                                                         \
       ::splice::fail<::splice::CudaError>(#call, " failed at ", __FILE__, ":", __LINE__, ": ", \
-                                          cudaGetErrorString(splice_status_));              \
+                                          cudaGetErrorString(splice_status_));                 \
   } while (0)
-

@@ -223,8 +223,7 @@ bool clusters_resident(int splits, std::int64_t clusters, Stream stream) {
     config.attrs = &attribute;
     config.numAttrs = 1;
     SPLICE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(
-        &it->second, detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods, true>,
-        &config));
+        &it->second, detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods, true>, &config));
   }
   return clusters <= it->second;
 }
@@ -236,9 +235,9 @@ template <typename T, int kHeadDim, int kWarps, bool kScoreMods>
 void launch(const FlashDecodeParams& params, const dim3& grid, bool cluster_merge, bool spread,
             Stream stream) {
   using Cfg = FlashDecodeConfig<kHeadDim, kWarps>;
-  cluster_merge = cluster_merge && clusters_resident<T, kHeadDim, kWarps, kScoreMods>(
-                                       static_cast<int>(grid.y),
-                                       static_cast<std::int64_t>(grid.x) * grid.z, stream);
+  cluster_merge = cluster_merge &&
+                  clusters_resident<T, kHeadDim, kWarps, kScoreMods>(
+                      static_cast<int>(grid.y), static_cast<std::int64_t>(grid.x) * grid.z, stream);
   g_cluster_launches.fetch_add(cluster_merge ? 1 : 0, std::memory_order_relaxed);
   // launch.cuh's launcher (the PDL attribute unless disabled or the legacy stream); the kernel
   // obeys its safety rule (stage 0 waits before any global access or early return).
@@ -246,8 +245,8 @@ void launch(const FlashDecodeParams& params, const dim3& grid, bool cluster_merg
     prepare<T, kHeadDim, kWarps, kScoreMods, true>();
     const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1), Cfg::kSmemBytes,
                                     dim3(1, grid.y, 1), spread};
-    detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods, true>,
-                          shape, stream, params);
+    detail::launch_kernel(detail::flash_decode_kernel<T, kHeadDim, kWarps, kScoreMods, true>, shape,
+                          stream, params);
   } else {
     prepare<T, kHeadDim, kWarps, kScoreMods, false>();
     const detail::LaunchShape shape{grid, dim3(Cfg::kThreads, 1, 1), Cfg::kSmemBytes};
@@ -265,14 +264,14 @@ void launch_instance(std::int64_t head_dim, int warps, const FlashDecodeParams& 
   switch (head_dim) {
     case 64:
       return wide ? launch<T, 64, detail::kWideWarps, kScoreMods>(params, grid, cluster_merge,
-                                                                   spread, stream)
+                                                                  spread, stream)
                   : launch<T, 64, detail::kNarrowWarps, kScoreMods>(params, grid, cluster_merge,
-                                                                     spread, stream);
+                                                                    spread, stream);
     case 128:
       return wide ? launch<T, 128, detail::kWideWarps, kScoreMods>(params, grid, cluster_merge,
-                                                                    spread, stream)
+                                                                   spread, stream)
                   : launch<T, 128, detail::kNarrowWarps, kScoreMods>(params, grid, cluster_merge,
-                                                                      spread, stream);
+                                                                     spread, stream);
     default:
       return launch<T, 256, detail::kNarrowWarps, kScoreMods>(params, grid, cluster_merge, spread,
                                                               stream);
@@ -375,9 +374,10 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       plan.num_splits = splits_for(plan.warps);
     }
   } else if (cluster_merge >= 1) {  // 1: up to the largest cluster; 2..16: up to that many splits
-    plan.num_splits = std::min(
-        plan.num_splits, cluster_merge == 1 ? kFlashDecodeMaxClusterSplits
-                                            : std::min(cluster_merge, kFlashDecodeMaxClusterSplits));
+    plan.num_splits =
+        std::min(plan.num_splits, cluster_merge == 1
+                                      ? kFlashDecodeMaxClusterSplits
+                                      : std::min(cluster_merge, kFlashDecodeMaxClusterSplits));
   }
   if (cluster_merge == -1 && warps == 0 && plan.warps == kFlashDecodeWarps) {
     // The tail split (header): the units past the last full wave in quarter-size pieces; the
@@ -404,10 +404,10 @@ FlashDecodePlan plan_flash_decode(std::int64_t batch, std::int64_t num_qo_heads,
       // (only long units) the pieces halve in size from n / 2^kFlashDecodeLateShift instead.
       const std::int64_t pieces = std::int64_t{1} << kFlashDecodeLateShift;
       plan.late_shift = kFlashDecodeLateShift;
-      plan.late_splits = few_idle ? kFlashDecodeLateFewIdlePieces
-                                  : static_cast<int>(std::clamp<std::int64_t>(
-                                        pieces - pieces * units / slots, kFlashDecodeLateSplits,
-                                        pieces - 1));
+      plan.late_splits =
+          few_idle ? kFlashDecodeLateFewIdlePieces
+                   : static_cast<int>(std::clamp<std::int64_t>(pieces - pieces * units / slots,
+                                                               kFlashDecodeLateSplits, pieces - 1));
       plan.late_halving = few_idle;
       plan.num_splits = 1;
     }
@@ -455,8 +455,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   check_cuda_tensor(out, "out");
   if (alibi) check_cuda_tensor(*alibi, "alibi");
   if (lse) check_cuda_tensor(*lse, "lse");
-  flash_decode_checks::check_call(cuda_flash_decode_contract(), q, k, v, k_len, alibi, options,
-                                  out, lse);
+  flash_decode_checks::check_call(cuda_flash_decode_contract(), q, k, v, k_len, alibi, options, out,
+                                  lse);
   const std::int64_t batch = q.size(0);
   const std::int64_t num_qo_heads = q.size(1);
   const std::int64_t q_len = q.size(2);
@@ -477,11 +477,10 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // Stage 2: the plan at the capacity bound.
   const FlashDecodeDevKnobs knobs = flash_decode_dev_knobs();
   const int knob_warps = head_dim <= 128 ? knobs.warps : 0;  // no wide CTAs at head_dim 256
-  const FlashDecodePlan plan =
-      plan_flash_decode(batch, num_qo_heads, num_kv_heads, q_len, head_dim, capacity, capacity,
-                        current_device_facts().sm_count, knob_warps, knobs.cluster_merge,
-                        knobs.single_split_bytes > 0 ? knobs.single_split_bytes
-                                                     : kFlashDecodeSingleSplitBytes);
+  const FlashDecodePlan plan = plan_flash_decode(
+      batch, num_qo_heads, num_kv_heads, q_len, head_dim, capacity, capacity,
+      current_device_facts().sm_count, knob_warps, knobs.cluster_merge,
+      knobs.single_split_bytes > 0 ? knobs.single_split_bytes : kFlashDecodeSingleSplitBytes);
   const std::int64_t max_splits =
       std::max<std::int64_t>(1, (capacity + kFlashDecodeTileKeys - 1) / kFlashDecodeTileKeys);
   const std::int64_t forced =
@@ -544,8 +543,8 @@ void flash_decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   p.q_len = static_cast<int>(q_len);
   p.rows = static_cast<int>(p.group * q_len);
   p.q_len_shift = std::bit_width(static_cast<std::uint64_t>(q_len - 1));  // ceil(log2 q_len)
-  p.q_len_mul = static_cast<unsigned>(
-      ((std::uint64_t{1} << (31 + p.q_len_shift)) + q_len - 1) / static_cast<std::uint64_t>(q_len));
+  p.q_len_mul = static_cast<unsigned>(((std::uint64_t{1} << (31 + p.q_len_shift)) + q_len - 1) /
+                                      static_cast<std::uint64_t>(q_len));
   p.capacity = static_cast<int>(capacity);
   p.forced_splits = static_cast<int>(forced);
   p.min_chunk = plan.min_chunk;

@@ -857,7 +857,7 @@ __device__ __forceinline__ void accumulate_row(const uint4 (&x_raw)[kSlots][1],
 template <typename T, int kSlots, int kCols>
 struct LaneWeights {
   static constexpr int kSlotElems = kWarpSize * (kVectorBytes / static_cast<int>(sizeof(T)));
-  const T* lane_row[kCols];   // each: this lane's vector of slot 0 of row c
+  const T* lane_row[kCols];  // each: this lane's vector of slot 0 of row c
   uint4 raw[kSlots][kCols];  // [slots, cols] vectors of w
 
   __device__ __forceinline__ LaneWeights(const Params& p, const std::int64_t (&rows)[kCols],
@@ -971,12 +971,12 @@ __global__ void __launch_bounds__(kMaxThreads) row_kernel(const Params p) {
   const int out_col = lane / kLanesPerValue;
   const std::int64_t j = j0 + out_col;
   const bool stores = has_group && lane % kLanesPerValue == 0 && j < p.n;
-  ResidualLoad residual = ResidualLoad::at(p.c[0], j * p.c_col_stride, p.c_dtype,
-                                           p.has_c && stores);
+  ResidualLoad residual =
+      ResidualLoad::at(p.c[0], j * p.c_col_stride, p.c_dtype, p.has_c && stores);
 
   // Stage 6.
   const detail::StageStamps stages;  // kernel-stamps builds only (launch.cuh); empty otherwise
-  detail::allow_dependents();  // first thing: one wave (launch.cuh)
+  detail::allow_dependents();        // first thing: one wave (launch.cuh)
   if (p.w_constant && has_group) w.load(lane_vectors);
   detail::wait_for_producers();
   residual.issue(p.c_dtype);
@@ -1216,7 +1216,7 @@ template <typename T, int kSlots, bool kPartials>
 __global__ void __launch_bounds__(kMaxThreads)
     swiglu_pairs_kernel(const SwigluParams p, bool single_wave) {
   constexpr int kVec = kVectorBytes / static_cast<int>(sizeof(T));
-  constexpr int kCols = 4;                      // gate j, gate j + 1, up j, up j + 1
+  constexpr int kCols = 4;  // gate j, gate j + 1, up j, up j + 1
   constexpr int kLanesPerValue = kWarpSize / kCols;
   const Params& q = p.product;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;

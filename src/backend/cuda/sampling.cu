@@ -72,7 +72,7 @@ struct ArgmaxParams {
   long long row_stride = 0;  // elements between rows
   int* ids = nullptr;        // [rows], stride ids_stride
   long long ids_stride = 0;
-  int* host_mirror = nullptr;  // [rows] (or [mirror_slots] with a counter) pinned, or null
+  int* host_mirror = nullptr;          // [rows] (or [mirror_slots] with a counter) pinned, or null
   unsigned* mirror_counter = nullptr;  // [1] device: this launch writes slot *counter % slots
   int mirror_slots = 1;
 };
@@ -299,8 +299,8 @@ void argmax(const Tensor& logits, Tensor& ids, const ArgmaxOptions& options) {
     if (options.mirror_slots < 1)
       fail<ValueError>("cuda::argmax: `mirror_slots` must be >= 1, got ", options.mirror_slots);
     if (s.rows != 1)
-      fail<ValueError>("cuda::argmax: a mirror ring (`mirror_counter`) takes one row, got ",
-                       s.rows, " rows");
+      fail<ValueError>("cuda::argmax: a mirror ring (`mirror_counter`) takes one row, got ", s.rows,
+                       " rows");
   }
   p.mirror_counter = options.mirror_counter;
   p.mirror_slots = options.mirror_slots;

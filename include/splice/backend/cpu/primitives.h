@@ -32,10 +32,27 @@
 namespace splice::cpu {
 
 enum class UnaryKind : std::uint8_t {
-  exp, log, neg, abs, sqrt, rsqrt, reciprocal, sigmoid, silu, softplus, tanh
+  exp,
+  log,
+  neg,
+  abs,
+  sqrt,
+  rsqrt,
+  reciprocal,
+  sigmoid,
+  silu,
+  softplus,
+  tanh
 };
 enum class BinaryKind : std::uint8_t { add, sub, mul, div, minimum, maximum };
-enum class CompareKind : std::uint8_t { less, less_equal, greater, greater_equal, equal, not_equal };
+enum class CompareKind : std::uint8_t {
+  less,
+  less_equal,
+  greater,
+  greater_equal,
+  equal,
+  not_equal
+};
 enum class ReduceKind : std::uint8_t { sum, max, mean };
 
 // out = f(in), elementwise; in and out have one shape, any float dtypes (they may differ).

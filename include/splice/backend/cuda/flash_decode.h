@@ -34,13 +34,13 @@ namespace splice::cuda {
 using Stream = CUstream_st*;  // a cudaStream_t; nullptr is the legacy default stream
 
 // Keys per warp tile and per-CTA layout constants shared by the planner and the kernel.
-inline constexpr int kFlashDecodeRowsPerCta = 16;   // one m16 tensor-core tile of query rows
-inline constexpr int kFlashDecodeTileKeys = 16;     // keys a warp consumes per step
-inline constexpr int kFlashDecodeWarps = 4;         // warps per CTA, each its own key stream
-inline constexpr int kFlashDecodeWideWarps = 8;     // warps per CTA of the plan's wide CTAs
+inline constexpr int kFlashDecodeRowsPerCta = 16;    // one m16 tensor-core tile of query rows
+inline constexpr int kFlashDecodeTileKeys = 16;      // keys a warp consumes per step
+inline constexpr int kFlashDecodeWarps = 4;          // warps per CTA, each its own key stream
+inline constexpr int kFlashDecodeWideWarps = 8;      // warps per CTA of the plan's wide CTAs
 inline constexpr int kFlashDecodeWideMinKeys = 256;  // fewest keys per split the wide rule takes
-inline constexpr int kFlashDecodeMinChunk = 64;     // fewest keys per split (one tile per warp)
-inline constexpr int kFlashDecodeMaxSplits = 256;   // most splits (forced ones included)
+inline constexpr int kFlashDecodeMinChunk = 64;      // fewest keys per split (one tile per warp)
+inline constexpr int kFlashDecodeMaxSplits = 256;    // most splits (forced ones included)
 // Most splits of a cluster merge (a unit's splits in one thread-block cluster; 16 is the largest
 // cluster Hopper allows, with the non-portable size attribute).
 inline constexpr int kFlashDecodeMaxClusterSplits = 16;
@@ -109,9 +109,9 @@ enum class FlashDecodeTrigger : std::uint8_t {
 };
 
 struct FlashDecodePlan {
-  int row_blocks = 1;   // ceil(group * q_len / 16)
-  int num_splits = 1;   // the grid's split dimension (an upper bound on live splits)
-  int ctas_per_sm = 2;  // resident CTAs per SM the split rule assumes
+  int row_blocks = 1;             // ceil(group * q_len / 16)
+  int num_splits = 1;             // the grid's split dimension (an upper bound on live splits)
+  int ctas_per_sm = 2;            // resident CTAs per SM the split rule assumes
   int warps = kFlashDecodeWarps;  // warps per CTA: kFlashDecodeWarps or kFlashDecodeWideWarps
   int min_chunk = kFlashDecodeMinChunk;
   int single_split_keys = 0;        // live ranges of at most this many keys run as one split
@@ -329,8 +329,7 @@ inline FlashDecodeLateLaunch flash_decode_late_launch(const FlashDecodePlan& pla
     late.halving = false;
   }
   if (knobs.late_halving >= 0) late.halving = knobs.late_halving != 0;
-  late.halving =
-      late.halving && late.splits > 0 && late.splits <= kFlashDecodeLateHalvingMaxPieces;
+  late.halving = late.halving && late.splits > 0 && late.splits <= kFlashDecodeLateHalvingMaxPieces;
   return late;
 }
 

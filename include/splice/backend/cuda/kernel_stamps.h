@@ -35,8 +35,8 @@ namespace splice::cuda::kernel_stamps {
 
 // What a stamp marks. Slot (grid_id * kMarks + mark) mod capacity of the ring.
 enum Mark : std::uint32_t {
-  kWaitReturn = 0,  // griddepcontrol.wait returned (the chain analysis uses these)
-  kArrival = 1,     // the thread reached the wait (after the kernel's pre-wait work)
+  kWaitReturn = 0,       // griddepcontrol.wait returned (the chain analysis uses these)
+  kArrival = 1,          // the thread reached the wait (after the kernel's pre-wait work)
   kFirstKernelMark = 2,  // kernel-specific stages (detail::stamp_mark in launch.cuh), < kMarks
   kMarks = 16,
 };

@@ -33,8 +33,8 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& p
 // memory (gemv::prologue_fits), ONE launch of the GEMV with the rms_norm prologue (gemv.h);
 // otherwise the two-kernel chain rms_norm into scratch of w's dtype, then cuda::matmul
 // (numerically the same definition; docs/decisions.md). `w_constant`: MatmulOptions::b_constant.
-void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w,
-                     Tensor& out, bool w_constant = false);
+void rms_norm_matmul(const Tensor& x, const Tensor& weight, float eps, const Tensor& w, Tensor& out,
+                     bool w_constant = false);
 // out = round(round(round(silu(a)) * b) @ w^T + c): a, b [..., M, K] (one dtype, unit last
 // stride), w [N, K] (a's dtype), c, out [..., M, N] (c may be out itself). The GEMV with the
 // silu_mul prologue and the residual epilogue under the same routing rule, else silu_mul into

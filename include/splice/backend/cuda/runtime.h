@@ -43,10 +43,10 @@ void synchronize();
 // What the launchers and planners read about a device on every launch: queried once per device,
 // then cached (thread-safe; the first call for a device pays the driver queries).
 struct DeviceFacts {
-  int sm_count = 0;           // streaming multiprocessors
-  std::int64_t l2_bytes = 0;  // L2 cache size
-  int smem_optin_bytes = 0;   // dynamic shared memory one CTA may opt in to
-  int registers_per_sm = 0;   // 32-bit registers of one SM
+  int sm_count = 0;             // streaming multiprocessors
+  std::int64_t l2_bytes = 0;    // L2 cache size
+  int smem_optin_bytes = 0;     // dynamic shared memory one CTA may opt in to
+  int registers_per_sm = 0;     // 32-bit registers of one SM
   double dram_bytes_per_s = 0;  // peak DRAM bandwidth: 2 x memory clock x bus width (datasheet)
 };
 // The calling host thread's current device (cudaGetDevice).
