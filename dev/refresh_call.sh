@@ -42,6 +42,7 @@ set -uo pipefail
 source "$(dirname "$0")/call_env.sh"
 source "$root/scripts/lib/peer_wheels.sh"
 source "$root/scripts/lib/attention_rounds.sh"
+source "$root/dev/gpu_checks_lib.sh"
 P=/tmp/refresh
 L=/tmp/refresh-logs
 mkdir -p "$L"
@@ -61,21 +62,8 @@ hang_round() {  # hang_round BINARY_DIR LABEL LIMIT
   fi
 }
 
-# The attention filters of the sanitizer runs (the KDA ones are in phase_tests).
-att_small='FlashDecodeCuda.RaggedBatchAndEmptySequence:FlashDecodeCuda.MisalignedQueryAndOutputRows:FlashDecodeCuda.OpEntryDispatchesToTheCudaKernel:FlashDecodeCuda.SmolLM2ShapeMatchesFloat64Reference:FlashDecodeCuda.StablePrefixReadsTheRowsItsProducerWrites'
-# sanitize NAME TOOL FILTER: compute-sanitizer's TOOL on the GPU tests FILTER names, in the
-# background ($! is its pid), into $L/NAME.txt with its exit status and time last.
-sanitize() {
-  ( s=$SECONDS
-    timeout 235 compute-sanitizer --tool "$2" --error-exitcode 3 "$P/head/cuda_all_test" \
-      --gtest_filter="$3" >"$L/$1.txt" 2>&1
-    echo "rc $? in $((SECONDS - s)) s" >>"$L/$1.txt" ) &
-}
-# sanitizer_line NAME: its summary, tests passed and exit status on one line.
-sanitizer_line() {
-  echo "$1: $(grep -E '(ERROR|RACECHECK) SUMMARY' "$L/$1.txt" | tail -1)" \
-    "$(grep -c '^\[       OK \]' "$L/$1.txt") OK, $(tail -1 "$L/$1.txt")"
-}
+# HEAD's tests for gpu_checks_lib.sh's sanitize and flash_checks.
+TEST_BIN=$P/head/cuda_all_test
 
 phase_control() {
   echo "== control, alone (at $(el) s)"
@@ -141,26 +129,11 @@ phase_tests() {
   for name in att_memcheck att_racecheck kda_memcheck kda_racecheck; do sanitizer_line "$name"; done
 }
 
-# The flash-decode GPU tests (and the model tests that run it) in 8 shards, then the attention
-# sanitizer filters: a kernel change's check in ~1.5 minutes (the whole `tests` phase takes ~2).
+# The flash-decode GPU tests and the attention sanitizer filters (gpu_checks_lib.sh): a kernel
+# change's check in ~1.5 minutes (the whole `tests` phase takes ~2).
 phase_flash() {
   echo "== flash tests and sanitizers (at $(el) s)"
-  local pids=() i tool
-  for i in $(seq 0 7); do
-    GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 235 "$P/head/cuda_all_test" \
-      --gtest_filter='FlashDecodeCuda.*:CudaGreedyDecode.*:*Llama*:CudaSessionGraph.*' \
-      >"$L/flash_shard_$i.txt" 2>&1 &
-    pids+=($!)
-  done
-  for tool in memcheck racecheck; do
-    sanitize "att_$tool" "$tool" "$att_small"
-    pids+=($!)
-  done
-  wait "${pids[@]}"
-  echo "flash GPU tests: $(cat "$L"/flash_shard_*.txt | grep -c '^\[       OK \]') passed," \
-    "$(cat "$L"/flash_shard_*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -vc 'listed below') failed"
-  cat "$L"/flash_shard_*.txt | grep '^\[  FAILED  \] [A-Za-z]' | grep -v 'listed below' | sort -u
-  for tool in memcheck racecheck; do sanitizer_line "att_$tool"; done
+  flash_checks
 }
 
 phase_kda() {
