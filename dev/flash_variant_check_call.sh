@@ -12,7 +12,11 @@ source "$(dirname "$0")/call_env.sh"
 source "$root/dev/gpu_checks_lib.sh"
 P=/tmp/flashvar-check
 rm -rf $P && mkdir -p $P && tar xzf "${PACK:-.gpubin/pack/flash-variants.tgz}" -C $P
-for TEST_BIN in $P/*/cuda_all_test; do
+shopt -s nullglob
+tests=($P/*/cuda_all_test)
+shopt -u nullglob
+((${#tests[@]})) || echo "no variant's cuda_all_test in the pack (built without WITH_TESTS=1?)"
+for TEST_BIN in "${tests[@]}"; do
   v=$(basename "$(dirname "$TEST_BIN")")
   L=$P/logs-$v
   mkdir -p "$L"
