@@ -949,9 +949,10 @@ std::pair<Tensor, Tensor> run_merge(Problem& problem, int cluster_merge, bool* c
 // memory, a counter, the last CTA merges) on the same inputs: bit for bit, out and lse, since both
 // fold the same partials in split order through the same code; and both against the float64
 // reference. Cases: every head_dim, GQA groups of 1-4 with 1 query and 16 rows (group 2 x 8
-// queries), ragged lengths with live split counts from 1 to 16 and an empty sequence, a window,
-// softcap and ALiBi, a forced split count below the plan's (still clusters), and the case the
-// receive area does not fit (16 rows x 16 splits at head_dim 64: the global merge).
+// queries), ragged lengths with live split counts from 1 to 16 (8 and 9 on both sides of the
+// cluster fold's batch width) and an empty sequence, a window, softcap and ALiBi, a forced split
+// count below the plan's (still clusters), and the case the receive area does not fit (16 rows x
+// 16 splits at head_dim 64: the global merge).
 TEST(FlashDecodeCuda, ClusterMergeIsBitwiseTheGlobalMerge) {
   SKIP_WITHOUT_GPU();
   struct MergeCase {
@@ -975,12 +976,13 @@ TEST(FlashDecodeCuda, ClusterMergeIsBitwiseTheGlobalMerge) {
   };
   // Capacities <= 1024 keep the plan at <= 16 splits (64 keys each at least), so capping the
   // splits at 16 changes nothing and both runs split the same way.
-  add(32, 8, 1, 128, 1024, {1024}, true);  // issue 5's B = 1 shape, 16 splits of 64 keys
+  add(32, 8, 1, 128, 1024, {1024}, true);  // issue 5's B = 1 shape, 8 splits of 128 keys
   add(32, 8, 1, 128, 1024, {300}, true)->dtype = DType::f16;  // 5 live splits of 16
   add(9, 3, 1, 64, 1024, {1000}, true);                       // SmolLM2's heads
   add(4, 4, 1, 256, 1024, {1023}, true);                      // head_dim 256, one row
   add(16, 8, 8, 128, 448, {448}, true);                       // 16 rows, 7 splits
   add(8, 2, 1, 128, 1024, {1000, 40, 0}, true);               // ragged: 16 / 1 / no live split
+  add(8, 2, 1, 128, 1024, {512, 513}, true);                  // 8 / 9 of 16: 8- / 16-entry folds
   add(8, 2, 8, 64, 1024, {1024}, false);                      // 16 rows x 16 splits: global
   Case* window = add(8, 2, 1, 128, 1024, {1000}, true);       // 601 visible keys, 10 splits
   window->window_left = 600;
