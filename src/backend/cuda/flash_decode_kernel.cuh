@@ -477,8 +477,9 @@ __device__ __forceinline__ void merge_batch(SplitMerge& m, const float (&ls)[kBa
   }
   m.big = batch_big;
 }
-// Stage 6''s fold of one output slot (row, d): the receive area's live <= kBatch entries
-// ([live][valid_rows][D] partials, [live][valid_rows] lse2) as one batch, in split order.
+// The cluster merge's fold (stage 6') of one output slot (row, d): the receive area's
+// live <= kBatch entries ([live][valid_rows][D] partials, [live][valid_rows] lse2) as one batch,
+// in split order.
 template <int kBatch, int kHeadDim>
 __device__ __forceinline__ SplitMerge fold_received(const float* recv_o, const float* recv_lse,
                                                     int live, int valid_rows, int row, int d) {
