@@ -2,6 +2,8 @@
 // (ggml's own reference, gguf 0.19.0 `gguf.quants.dequantize`) from seeded random blocks whose
 // f16 scale fields were set to finite values. Expected values are f32 bit patterns.
 #pragma once
+// Generated data, kept as the generator wrote it:
+// clang-format off
 
 #include <cstdint>
 
@@ -334,3 +336,4 @@ inline constexpr QuantGolden kQuantGoldens[] = {
 };
 
 }  // namespace splice::golden
+// clang-format on

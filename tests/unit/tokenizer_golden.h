@@ -3,6 +3,8 @@
 // (Sequence[Digits(individual_digits), ByteLevel(add_prefix_space=false)]) and the 17 control
 // tokens as special tokens.
 #pragma once
+// Generated data, kept as the generator wrote it:
+// clang-format off
 
 #include <cstdint>
 #include <vector>
@@ -58,3 +60,4 @@ inline const std::vector<Encoding> kSmolLM2Encodings = {
 };
 
 }  // namespace splice::golden
+// clang-format on
